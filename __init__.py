@@ -1,0 +1,33 @@
+"""isthmus: one dataflow graph, trained in the cloud and split between an edge device and the cloud.
+
+`import isthmus` is cheap: the graph machinery (isthmus.core), the edge runtime, onnx and
+grpc load only when first used, so `import isthmus.edge` stays light.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_SUBMODULES = {"core", "edge", "cloud", "partitioner", "converters", "proto", "nn", "optimizers",
+               "checkpoint", "train"}
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        target = f"isthmus.core.{name}" if name in ("nn", "optimizers", "checkpoint", "train") else f"isthmus.{name}"
+        mod = importlib.import_module(target)
+        globals()[name] = mod
+        return mod
+    core = importlib.import_module("isthmus.core")
+    try:
+        value = getattr(core, name)
+    except AttributeError:
+        raise AttributeError(f"module 'isthmus' has no attribute '{name}'") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    core = importlib.import_module("isthmus.core")
+    return sorted(set(globals()) | _SUBMODULES | {n for n in dir(core) if not n.startswith("_")})

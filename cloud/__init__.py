@@ -1,0 +1,1 @@
+"""isthmus.cloud (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""isthmus.converters (see DESIGN.md)."""

@@ -1,0 +1,17 @@
+"""isthmus.core: the graph IR, op registry, executor, autodiff, variables and training."""
+from . import dtypes
+from .dtypes import bool_, float16, float32, float64, int8, int16, int32, int64, uint8
+from .errors import (CheckpointError, ExecutionError, FeedError, GraphError, IsthmusError,
+                     OpNotFoundError, ShapeError)
+from .graph import (Graph, Node, Tensor, control_dependencies, device, get_default_graph,
+                    name_scope, reset_default_graph)
+from . import ops, registry
+from .ops.base import constant, convert as convert_to_tensor, group, identity, no_op, placeholder, stop_gradient
+from .ops.math import *  # noqa: F401,F403
+from .ops.math import abs, pow  # noqa: A004  (explicit: star-import skips shadowed builtins in linters)
+from .ops.linalg import bias_add, matmul
+from .ops.sparse import IndexedSlices, gather
+from .variables import (Variable, global_variables, global_variables_initializer, trainable_variables,
+                        variables_initializer)
+from .autodiff import gradients
+from .session import Session

@@ -1,0 +1,40 @@
+"""The dtypes a Tensor may have. They are numpy dtypes, so kernels need no mapping."""
+from __future__ import annotations
+
+import numpy as np
+
+float16 = np.dtype("float16")
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+int8 = np.dtype("int8")
+int16 = np.dtype("int16")
+int32 = np.dtype("int32")
+int64 = np.dtype("int64")
+uint8 = np.dtype("uint8")
+bool_ = np.dtype("bool")
+
+ALL = (float16, float32, float64, int8, int16, int32, int64, uint8, bool_)
+FLOATS = (float16, float32, float64)
+INTS = (int8, int16, int32, int64, uint8)
+_BY_NAME = {d.name: d for d in ALL}
+
+
+def as_dtype(value) -> np.dtype:
+    """Normalise a dtype-like value (name, numpy type, dtype) to one of ALL."""
+    if isinstance(value, str) and value in _BY_NAME:
+        return _BY_NAME[value]
+    try:
+        d = np.dtype(value)
+    except TypeError:
+        raise TypeError(f"not a dtype: {value!r}; isthmus dtypes are {', '.join(_BY_NAME)}") from None
+    if d not in ALL:
+        raise TypeError(f"unsupported dtype {d}; isthmus dtypes are {', '.join(_BY_NAME)}")
+    return d
+
+
+def is_float(d: np.dtype) -> bool:
+    return d.kind == "f"
+
+
+def is_int(d: np.dtype) -> bool:
+    return d.kind in "iu"

@@ -1,0 +1,227 @@
+"""Compile an execution plan once per (fetches, feeds), then only run it.
+
+A plan is a Python function generated from the pruned graph: one line per node, each a
+call of a kernel bound when the plan was compiled, with values held in local variables
+(the fastest storage CPython has) and deleted after their last use. Per run, the only
+Python work left is those calls; nothing is looked up in a dict or type-checked.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+import sys
+import threading
+import zlib
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .errors import ExecutionError, FeedError, GraphError, IsthmusError
+from .graph import Node, Tensor
+
+_VIEW_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
+                       "Transpose", "Slice", "StridedSlice"})
+_plan_ids = itertools.count()
+
+
+class VarSlot:
+    """Where a Variable's value lives for one session; the lock serialises read-modify-write."""
+    __slots__ = ("name", "value", "lock")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.value: Optional[np.ndarray] = None
+        self.lock = threading.Lock()
+
+
+class KernelContext:
+    """What a kernel factory may ask of the session that compiles it."""
+
+    def __init__(self, xp, state: "SessionState"):
+        self.xp = xp
+        self.state = state
+
+    def var_slot(self, var_node: Node) -> VarSlot:
+        return self.state.slot(var_node)
+
+    def rng(self, node: Node) -> np.random.Generator:
+        return self.state.rng(node)
+
+
+class SessionState:
+    """Variable values and random generators of one session."""
+
+    def __init__(self):
+        self.slots: Dict[Node, VarSlot] = {}
+        self.rngs: Dict[Node, np.random.Generator] = {}
+        self._lock = threading.Lock()
+
+    def slot(self, var_node: Node) -> VarSlot:
+        if var_node.op != "Variable":
+            raise GraphError(f"node '{var_node.name}' ({var_node.op}) is not a Variable")
+        with self._lock:
+            s = self.slots.get(var_node)
+            if s is None:
+                s = self.slots[var_node] = VarSlot(var_node.name)
+            return s
+
+    def rng(self, node: Node) -> np.random.Generator:
+        with self._lock:
+            g = self.rngs.get(node)
+            if g is None:
+                seed = node.attrs.get("seed")
+                if seed is None:  # deterministic by default: derived from graph seed and node name
+                    seed = zlib.crc32(node.name.encode())
+                g = self.rngs[node] = np.random.Generator(
+                    np.random.PCG64([int(seed) & 0xFFFFFFFF, int(node.graph.seed or 0) & 0xFFFFFFFF]))
+            return g
+
+
+def prune(fetch_nodes: Sequence[Node], fed: set) -> List[Node]:
+    """The nodes the fetches need, in topological (graph) order; fed tensors cut the walk."""
+    needed: Dict[int, Node] = {}
+    stack = list(fetch_nodes)
+    while stack:
+        n = stack.pop()
+        if id(n) in needed:
+            continue
+        needed[id(n)] = n
+        for i, t in enumerate(n.inputs):
+            if t not in fed and i not in n.opdef.ref_inputs:  # a ref names a variable, reads nothing
+                stack.append(t.node)
+        stack.extend(n.control_inputs)
+    return sorted(needed.values(), key=lambda n: n.index)
+
+
+class Plan:
+    """A compiled step: `plan(*feed_values)` returns the tuple of fetched values."""
+
+    def __init__(self, fetches: Sequence[Union[Tensor, Node]], feeds: Sequence[Tensor], ctx: KernelContext):
+        self.fetches = list(fetches)
+        self.feeds = list(feeds)
+        fed = set(self.feeds)
+        fetch_nodes = [f.node if isinstance(f, Tensor) else f for f in self.fetches]
+        self.nodes = [n for n in prune(fetch_nodes, fed)]
+        self.id = next(_plan_ids)
+        self.filename = f"<isthmus plan {self.id}>"
+        self._line_to_node: Dict[int, Node] = {}
+        self.fn = self._generate(ctx, fed)
+
+    # The generated function has one line per node; the line number of a failure names the node.
+    def _generate(self, ctx: KernelContext, fed: set):
+        names: Dict[Tensor, str] = {}
+        for i, t in enumerate(self.feeds):
+            names[t] = f"f{i}"
+        env: Dict[str, object] = {}
+        body: List[Tuple[str, Optional[Node]]] = []
+        aliases_state = set()
+        consts = 0
+        for j, n in enumerate(self.nodes):
+            if n.outputs and all(t in fed for t in n.outputs):
+                continue  # every output is fed: the node itself never runs
+            if n.op == "Placeholder" and not all(t in fed for t in n.outputs):
+                raise FeedError(f"placeholder '{n.name}' ({n.outputs[0].dtype.name}"
+                                f"{_fmt(n.outputs[0].shape)}) must be fed: pass it in feed_dict")
+            if n.op == "Const":
+                name = f"c{consts}"
+                consts += 1
+                env[name] = ctx.xp.asarray(n.attrs["value"])
+                names[n.outputs[0]] = name
+                continue
+            outs = []
+            for t in n.outputs:
+                if t in fed:
+                    outs.append("_")
+                else:
+                    names[t] = f"v{n.index}_{t.index}"
+                    outs.append(names[t])
+            try:
+                kernel = n.opdef.kernel(n, ctx)
+            except IsthmusError:
+                raise
+            except Exception as e:
+                raise ExecutionError(f"node '{n.name}' ({n.op}): cannot prepare its kernel: "
+                                     f"{type(e).__name__}: {e}", n.name, n.op) from e
+            kname = f"k{j}"
+            env[kname] = kernel
+            args = ", ".join(names[t] for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs)
+            call = f"{kname}({args})"
+            if not n.outputs:
+                line = call
+            elif len(n.outputs) == 1:
+                line = f"{outs[0]} = {call}"
+            else:
+                line = f"{', '.join(outs)}, = {call}"
+            body.append((line, n))
+            if n.op == "Variable" or n.opdef.ref_inputs or (
+                    n.op in _VIEW_OPS and n.inputs and n.inputs[0] in aliases_state):
+                aliases_state.update(n.outputs)
+        fetch_exprs = []
+        for f in self.fetches:
+            if isinstance(f, Node):
+                fetch_exprs.append("None")
+            elif f in aliases_state:  # the caller must not hold a live view of a variable
+                fetch_exprs.append(f"_copy({names[f]})")
+            else:
+                fetch_exprs.append(names[f])
+        env["_copy"] = ctx.xp.array
+        body = _insert_frees(body, names, set(self.fetches))
+        params = ", ".join(f"f{i}" for i in range(len(self.feeds)))
+        lines = [f"def plan({params}):"]
+        for line, node in body:
+            lines.append("    " + line)
+            if node is not None:
+                self._line_to_node[len(lines)] = node
+        lines.append(f"    return ({', '.join(fetch_exprs)}{',' if fetch_exprs else ''})")
+        source = "\n".join(lines) + "\n"
+        self.source = source
+        # the source is generated here from the graph's structure, never from loaded data
+        code = compile(source, self.filename, "exec")
+        linecache.cache[self.filename] = (len(source), None, source.splitlines(True), self.filename)
+        exec(code, env)  # noqa: S102
+        return env["plan"]
+
+    def __call__(self, *feeds):
+        try:
+            return self.fn(*feeds)
+        except Exception as e:
+            node = self._failing_node(sys.exc_info()[2])
+            if node is None:
+                raise
+            if isinstance(e, IsthmusError) and getattr(e, "node_name", None) == node.name:
+                raise
+            raise ExecutionError(f"node '{node.name}' ({node.op}) failed: {type(e).__name__}: {e}",
+                                 node.name, node.op) from e
+
+    def _failing_node(self, tb) -> Optional[Node]:
+        line = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == self.filename:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        return self._line_to_node.get(line) if line is not None else None
+
+
+def _insert_frees(body, names: Dict[Tensor, str], fetched: set):
+    """Delete each local after its last use, so intermediates are freed as soon as possible."""
+    last_use: Dict[str, int] = {}
+    for i, (line, node) in enumerate(body):
+        for t in node.inputs:
+            nm = names.get(t)
+            if nm and nm.startswith("v"):
+                last_use[nm] = i
+    keep = {names[t] for t in fetched if isinstance(t, Tensor) and t in names}
+    frees: Dict[int, List[str]] = {}
+    for nm, i in last_use.items():
+        if nm not in keep:
+            frees.setdefault(i, []).append(nm)
+    out = []
+    for i, (line, node) in enumerate(body):
+        out.append((line, node))
+        if i in frees:
+            out.append(("del " + ", ".join(sorted(frees[i])), None))
+    return out
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"

@@ -1,0 +1,186 @@
+"""Session: runs fetches of a graph, compiling one plan per (fetches, feeds) signature."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .errors import FeedError, GraphError
+from .executor import KernelContext, Plan, SessionState
+from .graph import Graph, Node, Tensor, get_default_graph
+from .shapes import compatible, fmt, fully_defined
+
+
+class Session:
+    """`Session(graph).run(fetches, feed_dict)`; fetches may be a Tensor, a Node, a name,
+    or a (nested) list, tuple or dict of these. Safe to call from several threads at once.
+    """
+
+    def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None):
+        if target is not None:
+            raise NotImplementedError(
+                f"target {target!r}: distributed sessions arrive with the cloud runtime; "
+                "use Session(graph) to run on this machine")
+        self.graph = graph if graph is not None else get_default_graph()
+        self.state = SessionState()
+        self._ctx = KernelContext(np, self.state)
+        self._plans: Dict[Any, Tuple[Plan, Callable, list]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---- running ----------------------------------------------------------------------
+    def run(self, fetches, feed_dict: Optional[Dict] = None):
+        if self._closed:
+            raise RuntimeError("this Session is closed")
+        feed_dict = feed_dict or {}
+        key = (_fetch_key(fetches), tuple(feed_dict))
+        entry = self._plans.get(key)
+        if entry is None:
+            entry = self._compile(key, fetches, feed_dict)
+        plan, unflatten, checks = entry
+        if checks:
+            values = [check(v) for check, v in zip(checks, feed_dict.values())]
+            return unflatten(plan(*values))
+        return unflatten(plan())
+
+    def make_callable(self, fetches, feed_list=()) -> Callable:
+        """A function f(*feed_values) that runs `fetches`, skipping the per-call key lookup."""
+        feed_list = list(feed_list)
+        entry = self._compile(None, fetches, {f: None for f in feed_list})
+        plan, unflatten, checks = entry
+
+        def call(*values):
+            return unflatten(plan(*[c(v) for c, v in zip(checks, values)]))
+        return call
+
+    def plan_for(self, fetches, feed_dict: Optional[Dict] = None) -> Plan:
+        """The compiled plan that `run(fetches, feed_dict)` uses (compiling it if needed)."""
+        feed_dict = feed_dict or {}
+        key = (_fetch_key(fetches), tuple(feed_dict))
+        entry = self._plans.get(key) or self._compile(key, fetches, feed_dict)
+        return entry[0]
+
+    def _compile(self, key, fetches, feed_dict):
+        with self._lock:
+            if key is not None and key in self._plans:
+                return self._plans[key]
+            flat: List = []
+            unflatten = _flatten(fetches, flat, self._resolve)
+            feeds = [self._resolve_feed(k) for k in feed_dict]
+            plan = Plan(flat, feeds, self._ctx)
+            checks = [_feed_check(t) for t in feeds]
+            entry = (plan, unflatten, checks)
+            if key is not None:
+                self._plans[key] = entry
+            return entry
+
+    def _resolve(self, f):
+        if isinstance(f, str):
+            name = f
+            f = self.graph.tensor(name) if ":" in name else self.graph.node(name)
+            if isinstance(f, Node) and len(f.outputs) == 1 and ":" not in name and f.op not in _OPS_FETCHED_AS_NODES:
+                f = f.outputs[0]
+        elif hasattr(f, "_as_tensor") and not isinstance(f, Tensor):
+            f = f._as_tensor()
+        if isinstance(f, (Tensor, Node)):
+            if f.graph is not self.graph:
+                raise GraphError(f"cannot fetch '{f.name}': it belongs to another graph than this session's")
+            return f
+        raise TypeError(f"cannot fetch {f!r}: fetches are Tensors, Nodes, names, or lists/tuples/dicts of them")
+
+    def _resolve_feed(self, k) -> Tensor:
+        t = self._resolve(k)
+        if isinstance(t, Node):
+            if len(t.outputs) != 1:
+                raise FeedError(f"cannot feed node '{t.name}' ({t.op}): name one of its outputs")
+            t = t.outputs[0]
+        return t
+
+    # ---- lifetime ---------------------------------------------------------------------
+    def close(self) -> None:
+        self._closed = True
+        self._plans.clear()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- variable access (checkpoints use these) -----------------------------------------
+    def variable_value(self, var) -> np.ndarray:
+        node = var.node if isinstance(var, Tensor) else var
+        slot = self.state.slot(node)
+        if slot.value is None:
+            raise FeedError(f"variable '{node.name}' is not initialized")
+        with slot.lock:
+            return slot.value.copy()
+
+    def set_variable_value(self, var, value) -> None:
+        node = var.node if isinstance(var, Tensor) else var
+        t = node.outputs[0]
+        arr = np.asarray(value)
+        if arr.dtype != t.dtype or not compatible(arr.shape, t.shape):
+            raise FeedError(f"variable '{node.name}' is {t.dtype.name}{fmt(t.shape)}; "
+                            f"value is {arr.dtype.name}{fmt(arr.shape)}")
+        slot = self.state.slot(node)
+        with slot.lock:
+            slot.value = np.array(arr, copy=True)
+
+
+_OPS_FETCHED_AS_NODES = frozenset({"NoOp", "Assign", "AssignAdd", "AssignSub", "ScatterAdd"})
+
+
+def _fetch_key(f):
+    t = type(f)
+    if t is list or t is tuple:
+        return (t, tuple(_fetch_key(x) for x in f))
+    if t is dict:
+        return (dict, tuple((k, _fetch_key(v)) for k, v in f.items()))
+    return f
+
+
+def _flatten(f, flat: list, resolve) -> Callable:
+    """Append the leaves of a fetch structure to `flat`; return a function rebuilding it."""
+    t = type(f)
+    if t is list or t is tuple:
+        parts = [_flatten(x, flat, resolve) for x in f]
+        return lambda out: t(p(out) for p in parts)
+    if t is dict:
+        keys = list(f)
+        parts = [_flatten(f[k], flat, resolve) for k in keys]
+        return lambda out: {k: p(out) for k, p in zip(keys, parts)}
+    i = len(flat)
+    flat.append(resolve(f))
+    if not flat and i == 0:
+        pass
+    return lambda out: out[i]
+
+
+def _feed_check(t: Tensor) -> Callable:
+    """A fast check for values fed to `t`; the slow path converts and names the tensor."""
+    dtype, shape = t.dtype, t.shape
+    exact = fully_defined(shape)
+    what = f"'{t.node.name}'" if t.node.op == "Placeholder" else f"tensor '{t.name}'"
+
+    def slow(v):
+        if hasattr(v, "_as_tensor") or isinstance(v, (Tensor, Node)):
+            raise FeedError(f"feed for {what} is a symbolic tensor; feed a value (numpy array)")
+        arr = np.asarray(v)
+        if arr.dtype != dtype:
+            if arr.dtype == object or not np.can_cast(arr.dtype, dtype, "same_kind"):
+                raise FeedError(f"feed for {what} has dtype {arr.dtype}; expected {dtype.name}")
+            arr = arr.astype(dtype)
+        if not compatible(arr.shape, shape):
+            raise FeedError(f"feed for {what} has shape {fmt(arr.shape)}; expected {fmt(shape)}")
+        return arr
+
+    if exact:
+        def check(v):
+            if type(v) is np.ndarray and v.dtype is dtype and v.shape == shape:
+                return v
+            return slow(v)
+    else:
+        check = slow
+    return check

@@ -1,0 +1,1 @@
+"""isthmus.edge (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""isthmus.partitioner (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""isthmus.proto (see DESIGN.md)."""

@@ -11,6 +11,11 @@ from .ops.math import *  # noqa: F401,F403
 from .ops.math import abs, pow  # noqa: A004  (explicit: star-import skips shadowed builtins in linters)
 from .ops.linalg import bias_add, matmul
 from .ops.sparse import IndexedSlices, gather
+from .ops.array import *  # noqa: F401,F403  (each family lists its public functions in __all__)
+from .ops.reduce import *  # noqa: F401,F403
+from .ops.random import *  # noqa: F401,F403
+from .ops.nn import *  # noqa: F401,F403
+from .ops.conv import *  # noqa: F401,F403
 from .variables import (Variable, global_variables, global_variables_initializer, trainable_variables,
                         variables_initializer)
 from .autodiff import gradients

@@ -1,0 +1,2 @@
+"""Op family 'array' (being written)."""
+__all__: list = []

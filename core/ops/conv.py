@@ -1,0 +1,2 @@
+"""Op family 'conv' (being written)."""
+__all__: list = []

@@ -1,0 +1,2 @@
+"""Op family 'nn' (being written)."""
+__all__: list = []

@@ -1,0 +1,2 @@
+"""Op family 'random' (being written)."""
+__all__: list = []

@@ -1,0 +1,2 @@
+"""Op family 'reduce' (being written)."""
+__all__: list = []

@@ -1,0 +1,2 @@
+"""Op family 'training' (being written)."""
+__all__: list = []

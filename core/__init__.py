@@ -8,7 +8,7 @@ from .graph import (Graph, Node, Tensor, control_dependencies, device, get_defau
 from . import ops, registry
 from .ops.base import constant, convert as convert_to_tensor, group, identity, no_op, placeholder, stop_gradient
 from .ops.math import *  # noqa: F401,F403
-from .ops.math import abs, pow  # noqa: A004  (explicit: star-import skips shadowed builtins in linters)
+from .ops.math import abs, pow  # noqa: A004
 from .ops.linalg import bias_add, matmul
 from .ops.sparse import IndexedSlices, gather
 from .ops.array import *  # noqa: F401,F403  (each family lists its public functions in __all__)

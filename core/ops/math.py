@@ -17,6 +17,8 @@ from ..registry import OpDef, elementwise_cost, register
 from ..shapes import broadcast, fully_defined
 from .base import constant, convert, convert_pair, make
 
+__all__ = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod", "add_n", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "where", "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "square", "reciprocal", "tanh", "sigmoid", "erf", "floor", "ceil", "logical_not", "cast", "relu", "relu6", "leaky_relu", "gelu", "ones_like", "zeros_like", "reduce_sum_like", "broadcast_like"]
+
 
 def _out(op: str, inputs, attrs=None, name=None) -> Tensor:
     return make(op, inputs, attrs, name=name).outputs[0]

@@ -169,7 +169,12 @@ def _feed_check(t: Tensor) -> Callable:
             raise FeedError(f"feed for {what} is a symbolic tensor; feed a value (numpy array)")
         arr = np.asarray(v)
         if arr.dtype != dtype:
-            if arr.dtype == object or not np.can_cast(arr.dtype, dtype, "same_kind"):
+            # numpy arrays keep their kind (float64 -> float32 is fine, int -> float is not);
+            # Python scalars and lists convert unless that would drop a fraction
+            same_kind = arr.dtype.kind == dtype.kind or (arr.dtype.kind in "iu" and dtype.kind in "iu")
+            from_python = not isinstance(v, (np.ndarray, np.generic))
+            ok = same_kind or (from_python and arr.dtype.kind in "biu" and dtype.kind in "fiu")
+            if arr.dtype == object or not ok:
                 raise FeedError(f"feed for {what} has dtype {arr.dtype}; expected {dtype.name}")
             arr = arr.astype(dtype)
         if not compatible(arr.shape, shape):

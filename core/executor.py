@@ -96,16 +96,30 @@ def prune(fetch_nodes: Sequence[Node], fed: set) -> List[Node]:
 class Plan:
     """A compiled step: `plan(*feed_values)` returns the tuple of fetched values."""
 
-    def __init__(self, fetches: Sequence[Union[Tensor, Node]], feeds: Sequence[Tensor], ctx: KernelContext):
+    def __init__(self, fetches: Sequence[Union[Tensor, Node]], feeds: Sequence[Tensor], ctx: KernelContext,
+                 parallel: Union[bool, str] = "auto"):
         self.fetches = list(fetches)
         self.feeds = list(feeds)
-        fed = set(self.feeds)
+        self.fed = fed = set(self.feeds)
         fetch_nodes = [f.node if isinstance(f, Tensor) else f for f in self.fetches]
         self.nodes = [n for n in prune(fetch_nodes, fed)]
         self.id = next(_plan_ids)
         self.filename = f"<isthmus plan {self.id}>"
         self._line_to_node: Dict[int, Node] = {}
+        self.kernels: Dict[Node, object] = {}
+        self.constants: Dict[Tensor, object] = {}
+        self._aliases_state: set = set()
+        self._copy = ctx.xp.array
         self.fn = self._generate(ctx, fed)
+        from .scheduler import ParallelRunner, parallelism_pays
+        if parallel == "auto":
+            parallel = parallelism_pays(self.nodes, fed)
+        self.parallel = bool(parallel)
+        self._runner = ParallelRunner(self) if self.parallel else None
+
+    def copy_fetch(self, f, value):
+        """Fetched values that alias a variable are copied: the caller must not hold a live view."""
+        return self._copy(value) if f in self._aliases_state else value
 
     # The generated function has one line per node; the line number of a failure names the node.
     def _generate(self, ctx: KernelContext, fed: set):
@@ -126,6 +140,7 @@ class Plan:
                 name = f"c{consts}"
                 consts += 1
                 env[name] = ctx.xp.asarray(n.attrs["value"])
+                self.constants[n.outputs[0]] = env[name]
                 names[n.outputs[0]] = name
                 continue
             outs = []
@@ -144,6 +159,7 @@ class Plan:
                                      f"{type(e).__name__}: {e}", n.name, n.op) from e
             kname = f"k{j}"
             env[kname] = kernel
+            self.kernels[n] = kernel
             args = ", ".join(names[t] for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs)
             call = f"{kname}({args})"
             if not n.outputs:
@@ -165,6 +181,7 @@ class Plan:
             else:
                 fetch_exprs.append(names[f])
         env["_copy"] = ctx.xp.array
+        self._aliases_state = aliases_state
         body = _insert_frees(body, names, set(self.fetches))
         params = ", ".join(f"f{i}" for i in range(len(self.feeds)))
         lines = [f"def plan({params}):"]
@@ -182,6 +199,8 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
+        if self._runner is not None:
+            return self._runner(*feeds)
         try:
             return self.fn(*feeds)
         except Exception as e:

@@ -17,7 +17,8 @@ class Session:
     or a (nested) list, tuple or dict of these. Safe to call from several threads at once.
     """
 
-    def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None):
+    def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
+                 parallel: "bool | str" = "auto"):
         if target is not None:
             raise NotImplementedError(
                 f"target {target!r}: distributed sessions arrive with the cloud runtime; "
@@ -28,6 +29,9 @@ class Session:
         self._plans: Dict[Any, Tuple[Plan, Callable, list]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        if parallel not in (True, False, "auto"):
+            raise ValueError(f"parallel must be True, False or 'auto', got {parallel!r}")
+        self.parallel = parallel  # "auto": run branches on a thread pool when the cost model says it pays
 
     # ---- running ----------------------------------------------------------------------
     def run(self, fetches, feed_dict: Optional[Dict] = None):
@@ -68,7 +72,7 @@ class Session:
             flat: List = []
             unflatten = _flatten(fetches, flat, self._resolve)
             feeds = [self._resolve_feed(k) for k in feed_dict]
-            plan = Plan(flat, feeds, self._ctx)
+            plan = Plan(flat, feeds, self._ctx, self.parallel)
             checks = [_feed_check(t) for t in feeds]
             entry = (plan, unflatten, checks)
             if key is not None:

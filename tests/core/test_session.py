@@ -171,3 +171,51 @@ def test_closed_session_refuses_to_run(g):
         s.run(c)
     with pytest.raises(RuntimeError, match="closed"):
         s.run(c)
+
+
+def _branchy_graph():
+    g = ism.Graph(seed=3)
+    with g.as_default():
+        x = ism.placeholder("float64", (64, 64), name="x")
+        v = ism.Variable(np.ones((64, 64)), name="v")
+        branches = [ism.tanh(x @ (x * float(i + 1)) + v) for i in range(4)]
+        total = ism.add_n(branches)
+        step = v.assign_add(np.full((64, 64), 0.5))
+    return g, x, v, branches, total, step
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_parallel_and_serial_plans_agree(parallel):
+    g, x, v, branches, total, step = _branchy_graph()
+    sess = ism.Session(g, parallel=parallel)
+    sess.run(ism.global_variables_initializer(g))
+    xv = np.random.default_rng(0).standard_normal((64, 64)) * 0.1
+    got = sess.run([total, branches[2]], {x: xv})
+    want = [sum(np.tanh(xv @ (xv * (i + 1)) + 1.0) for i in range(4)), np.tanh(xv @ (xv * 3) + 1.0)]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+    assert sess.plan_for([total, branches[2]], {x: None}).parallel is parallel
+    sess.run(step)
+    np.testing.assert_array_equal(sess.run(v), np.full((64, 64), 1.5))
+
+
+def test_parallel_plan_error_names_node():
+    g = ism.Graph()
+    with g.as_default():
+        idx = ism.placeholder("int32", (None,), name="idx")
+        big = ism.placeholder("float64", (64, 64), name="big")
+        a = ism.tanh(big @ big)
+        b = ism.gather(ism.constant(np.arange(3.0)), idx, name="bad_lookup")
+    sess = ism.Session(g, parallel=True)
+    with pytest.raises(ExecutionError, match="'bad_lookup'"):
+        sess.run([a, b], {idx: np.array([5], np.int32), big: np.ones((64, 64))})
+
+
+def test_auto_parallel_picks_wide_heavy_graphs_only():
+    g, x, v, branches, total, step = _branchy_graph()
+    sess = ism.Session(g)
+    assert not sess.plan_for(branches[0], {x: None}).parallel  # a chain: nothing to overlap
+    with g.as_default():
+        y = ism.placeholder("float32", (2048, 2048), name="y")
+        wide = ism.add_n([ism.tanh(y @ y), ism.exp(y @ y), ism.sigmoid(y @ y)])
+    assert sess.plan_for(wide, {y: None}).parallel

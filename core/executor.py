@@ -51,7 +51,8 @@ class KernelContext:
 class SessionState:
     """Variable values and random generators of one session."""
 
-    def __init__(self):
+    def __init__(self, rendezvous=None):
+        self.rendezvous = rendezvous  # where Send/Recv kernels exchange tensors (partitioned graphs)
         self.slots: Dict[Node, VarSlot] = {}
         self.rngs: Dict[Node, np.random.Generator] = {}
         self._lock = threading.Lock()

@@ -18,13 +18,13 @@ class Session:
     """
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
-                 parallel: "bool | str" = "auto"):
+                 parallel: "bool | str" = "auto", rendezvous=None):
         if target is not None:
             raise NotImplementedError(
                 f"target {target!r}: distributed sessions arrive with the cloud runtime; "
                 "use Session(graph) to run on this machine")
         self.graph = graph if graph is not None else get_default_graph()
-        self.state = SessionState()
+        self.state = SessionState(rendezvous)
         self._ctx = KernelContext(np, self.state)
         self._plans: Dict[Any, Tuple[Plan, Callable, list]] = {}
         self._lock = threading.Lock()

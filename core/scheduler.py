@@ -48,6 +48,8 @@ def predicted_seconds(node: Node) -> float:
 
 def parallelism_pays(nodes: Sequence[Node], fed: set) -> bool:
     """True when branches off the critical path hold enough work to be worth a thread."""
+    nodes = [n for n in nodes if n.op not in ("Const", "Placeholder")
+             and not (n.outputs and all(o in fed for o in n.outputs))]
     t = {id(n): predicted_seconds(n) for n in nodes}
     finish: Dict[int, float] = {}
     inside = {id(n) for n in nodes}
@@ -57,7 +59,7 @@ def parallelism_pays(nodes: Sequence[Node], fed: set) -> bool:
         finish[id(n)] = start + t[id(n)]
     total = sum(t.values())
     span = max(finish.values(), default=0.0)
-    return total > 2e-3 and (total - span) > 0.25 * total
+    return (total - span) > max(0.25 * total, 1e-3)
 
 
 class ParallelRunner:

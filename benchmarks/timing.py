@@ -1,0 +1,55 @@
+"""Shared timing for the benchmarks: medians over repeats, machine facts, JSON out."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 15, inner: int = 1, warmup: int = 2) -> float:
+    """Median wall time of one call of `fn` (each sample averages `inner` calls)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def machine() -> Dict[str, object]:
+    import numpy as np
+    info = {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
+            "machine": platform.machine(), "date": time.strftime("%Y-%m-%d")}
+    try:
+        import onnxruntime
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    try:
+        import torch
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return info
+
+
+def emit(name: str, results: Dict[str, object]) -> None:
+    print(json.dumps({"benchmark": name, "machine": machine(), **results}, indent=2))
+    sys.stdout.flush()
+
+
+def torch_or_none():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        print("note: torch not installed (pip install torch==2.13.0); its column is skipped", file=sys.stderr)
+        return None

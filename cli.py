@@ -1,0 +1,39 @@
+"""The `isthmus` command. Each subcommand lives in the module that owns the feature and is
+imported only when invoked, so `isthmus --help` stays fast."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+# name -> (module, one-line help); the module defines add_arguments(parser) and run(args) -> int
+COMMANDS = {
+    "demo": ("isthmus.demo", "train a model on real data, checkpoint it, restore it and evaluate"),
+    "ops": ("isthmus.core.opinfo", "list the registered ops (optionally as JSON)"),
+}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="isthmus", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if name == chosen:  # import only the module of the command being run
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    if args.version:
+        from isthmus import __version__
+        print(__version__)
+        return 0
+    if not args.command:
+        parser.print_help()
+        return 2
+    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

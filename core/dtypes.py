@@ -13,6 +13,9 @@ int64 = np.dtype("int64")
 uint8 = np.dtype("uint8")
 bool_ = np.dtype("bool")
 
+# An opaque host value (a loop's saved iterations, say): never fed, fetched or serialised.
+variant = np.dtype(object)
+
 ALL = (float16, float32, float64, int8, int16, int32, int64, uint8, bool_)
 FLOATS = (float16, float32, float64)
 INTS = (int8, int16, int32, int64, uint8)
@@ -23,6 +26,8 @@ def as_dtype(value) -> np.dtype:
     """Normalise a dtype-like value (name, numpy type, dtype) to one of ALL."""
     if isinstance(value, str) and value in _BY_NAME:
         return _BY_NAME[value]
+    if value is variant:
+        return variant
     try:
         d = np.dtype(value)
     except TypeError:

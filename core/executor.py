@@ -40,6 +40,11 @@ class KernelContext:
     def __init__(self, xp, state: "SessionState"):
         self.xp = xp
         self.state = state
+        self._used: Optional[set] = None  # tensors the plan being compiled consumes or fetches
+
+    def output_used(self, t: Tensor) -> bool:
+        """Whether the plan now being compiled reads `t` (a kernel may skip work otherwise)."""
+        return self._used is None or t in self._used
 
     def var_slot(self, var_node: Node) -> VarSlot:
         return self.state.slot(var_node)
@@ -130,6 +135,17 @@ class Plan:
         env: Dict[str, object] = {}
         body: List[Tuple[str, Optional[Node]]] = []
         aliases_state = set()
+        used = {f for f in self.fetches if isinstance(f, Tensor)}
+        for n in self.nodes:
+            used.update(n.inputs)
+        outer_used, ctx._used = ctx._used, used
+        try:
+            self._emit(ctx, fed, names, env, body, aliases_state)
+        finally:
+            ctx._used = outer_used
+        return self._finish(ctx, names, env, body, aliases_state)
+
+    def _emit(self, ctx, fed, names, env, body, aliases_state) -> None:
         consts = 0
         for j, n in enumerate(self.nodes):
             if n.outputs and all(t in fed for t in n.outputs):
@@ -173,6 +189,8 @@ class Plan:
             if n.op == "Variable" or n.opdef.ref_inputs or (
                     n.op in _VIEW_OPS and n.inputs and n.inputs[0] in aliases_state):
                 aliases_state.update(n.outputs)
+
+    def _finish(self, ctx, names, env, body, aliases_state):
         fetch_exprs = []
         for f in self.fetches:
             if isinstance(f, Node):

@@ -127,7 +127,13 @@ class _BuildContext(threading.local):
 
 
 class Graph:
-    def __init__(self, seed: Optional[int] = None):
+    """A dataflow graph. A graph with an `outer` graph is a body (of a cond or while_loop):
+    reading a tensor of an enclosing graph inside it captures that tensor as a placeholder.
+    """
+
+    def __init__(self, seed: Optional[int] = None, outer: Optional["Graph"] = None):
+        self.outer = outer
+        self.captures: Dict[Tensor, Tensor] = {}  # enclosing-graph tensor -> placeholder here
         self.nodes: List[Node] = []
         self._by_name: Dict[str, Node] = {}
         self._name_counts: Dict[str, int] = {}
@@ -155,11 +161,15 @@ class Graph:
                 self._name_counts.setdefault(name, 0)
             else:
                 node_name = self.unique_name(name or op)
+            inputs = list(inputs)
             for i, t in enumerate(inputs):
                 if not isinstance(t, Tensor):
                     raise GraphError(f"node '{node_name}' ({op}): input {i} is {type(t).__name__}, not a Tensor")
                 if t.node.graph is not self:
-                    raise GraphError(f"node '{node_name}' ({op}): input {i} '{t.name}' is from another graph")
+                    if not self.encloses(t.node.graph):
+                        raise GraphError(f"node '{node_name}' ({op}): input {i} '{t.name}' is from another graph")
+                    if not (i in opdef.ref_inputs and t.node.op == "Variable"):
+                        inputs[i] = self.capture(t)  # a value read; an outer variable updated stays a ref
             opdef.check_arity(len(inputs), node_name)
             full_attrs = opdef.fill_attrs(attrs or {}, node_name)
             controls = list(control_inputs)
@@ -185,6 +195,30 @@ class Graph:
             self._by_name[node_name] = node
             self.version += 1
             return node
+
+    def encloses(self, other: "Graph") -> bool:
+        """True when `other` is an enclosing graph of this one (its outer, or outer's outer...)."""
+        g = self.outer
+        while g is not None:
+            if g is other:
+                return True
+            g = g.outer
+        return False
+
+    def capture(self, t: Tensor) -> Tensor:
+        """The placeholder standing for enclosing-graph tensor `t` inside this body."""
+        if t.node.graph is self:
+            return t
+        if self.outer is None or not self.encloses(t.node.graph):
+            raise GraphError(f"tensor '{t.name}' is not from an enclosing graph")
+        src = t if t.node.graph is self.outer else self.outer.capture(t)
+        ph = self.captures.get(src)
+        if ph is None:
+            with self._lock:
+                node = self.add_node("Placeholder", (), {"dtype": src.dtype, "shape": src.shape},
+                                     name="capture/" + src.node.name.replace("/", "_"))
+            ph = self.captures[src] = node.outputs[0]
+        return ph
 
     def unique_name(self, base: str) -> str:
         """Scope-prefixed, graph-unique name (reserved once returned); a taken name gets _1, _2, ..."""
@@ -313,7 +347,9 @@ class Graph:
             if self._by_name.get(n.name) is not n:
                 raise GraphError(f"{where}: name table is out of date")
             n.opdef.check_arity(len(n.inputs), n.name)
-            for t in n.inputs:
+            for k, t in enumerate(n.inputs):
+                if k in n.opdef.ref_inputs and t.node.graph is not self and self.encloses(t.node.graph):
+                    continue  # a body updating an enclosing graph's variable
                 if id(t.node) not in seen:
                     raise GraphError(f"{where}: input '{t.name}' is not defined before it "
                                      "(dangling reference or wrong order)")
@@ -374,7 +410,12 @@ def control_dependencies(deps):
 
 
 def graph_of(values: Iterable[Any]) -> Graph:
-    """The graph the given tensors belong to (the default graph when none is a Tensor)."""
+    """The graph a new node on these inputs goes into: the default graph when every input
+    lives there or in a graph enclosing it (a loop body reading outer tensors), else theirs."""
+    values = list(values)
+    d = get_default_graph()
+    if all(v.graph is d or d.encloses(v.graph) for v in values if isinstance(v, (Tensor, Node))):
+        return d
     g = None
     for v in values:
         if isinstance(v, (Tensor, Node)):

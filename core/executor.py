@@ -58,27 +58,28 @@ class SessionState:
 
     def __init__(self, rendezvous=None):
         self.rendezvous = rendezvous  # where Send/Recv kernels exchange tensors (partitioned graphs)
-        self.slots: Dict[Node, VarSlot] = {}
-        self.rngs: Dict[Node, np.random.Generator] = {}
+        # keyed by node name: an optimized copy of a graph shares its variables and generators
+        self.slots: Dict[str, VarSlot] = {}
+        self.rngs: Dict[str, np.random.Generator] = {}
         self._lock = threading.Lock()
 
     def slot(self, var_node: Node) -> VarSlot:
         if var_node.op != "Variable":
             raise GraphError(f"node '{var_node.name}' ({var_node.op}) is not a Variable")
         with self._lock:
-            s = self.slots.get(var_node)
+            s = self.slots.get(var_node.name)
             if s is None:
-                s = self.slots[var_node] = VarSlot(var_node.name)
+                s = self.slots[var_node.name] = VarSlot(var_node.name)
             return s
 
     def rng(self, node: Node) -> np.random.Generator:
         with self._lock:
-            g = self.rngs.get(node)
+            g = self.rngs.get(node.name)
             if g is None:
                 seed = node.attrs.get("seed")
                 if seed is None:  # deterministic by default: derived from graph seed and node name
                     seed = zlib.crc32(node.name.encode())
-                g = self.rngs[node] = np.random.Generator(
+                g = self.rngs[node.name] = np.random.Generator(
                     np.random.PCG64([int(seed) & 0xFFFFFFFF, int(node.graph.seed or 0) & 0xFFFFFFFF]))
             return g
 

@@ -18,7 +18,7 @@ class Session:
     """
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
-                 parallel: "bool | str" = "auto", rendezvous=None):
+                 parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True):
         if target is not None:
             raise NotImplementedError(
                 f"target {target!r}: distributed sessions arrive with the cloud runtime; "
@@ -32,6 +32,7 @@ class Session:
         if parallel not in (True, False, "auto"):
             raise ValueError(f"parallel must be True, False or 'auto', got {parallel!r}")
         self.parallel = parallel  # "auto": run branches on a thread pool when the cost model says it pays
+        self.optimize = optimize  # run the graph passes (core/passes) on each plan's subgraph
 
     # ---- running ----------------------------------------------------------------------
     def run(self, fetches, feed_dict: Optional[Dict] = None):
@@ -72,7 +73,15 @@ class Session:
             flat: List = []
             unflatten = _flatten(fetches, flat, self._resolve)
             feeds = [self._resolve_feed(k) for k in feed_dict]
-            plan = Plan(flat, feeds, self._ctx, self.parallel)
+            run_fetches, run_feeds = flat, feeds
+            if self.optimize:
+                from .executor import prune
+                from .passes import optimize
+                fed = set(feeds)
+                nodes = prune([f.node if isinstance(f, Tensor) else f for f in flat], fed)
+                rw = optimize(self.graph, nodes, flat, feeds)
+                run_fetches, run_feeds = rw.fetches, rw.feeds
+            plan = Plan(run_fetches, run_feeds, self._ctx, self.parallel)
             checks = [_feed_check(t) for t in feeds]
             entry = (plan, unflatten, checks)
             if key is not None:

@@ -12,7 +12,7 @@ from .math import reduce_sum_like
 
 
 def _infer_matmul(node):
-    a, b = node.inputs
+    a, b = node.inputs[0], node.inputs[1]
     ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
     if a.dtype != b.dtype:
         raise ShapeError(f"operand dtypes differ: {a.dtype.name} vs {b.dtype.name}")
@@ -58,7 +58,7 @@ def _g_matmul(node, dys):
 
 
 def _cost_matmul(node):
-    a, b = node.inputs
+    a, b = node.inputs[0], node.inputs[1]
     out = node.outputs[0]
     k = a.shape[-2] if node.attrs["transpose_a"] else a.shape[-1]
     k = 1 if k is None else k

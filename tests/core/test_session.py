@@ -217,5 +217,5 @@ def test_auto_parallel_picks_wide_heavy_graphs_only():
     assert not sess.plan_for(branches[0], {x: None}).parallel  # a chain: nothing to overlap
     with g.as_default():
         y = ism.placeholder("float32", (2048, 2048), name="y")
-        wide = ism.add_n([ism.tanh(y @ y), ism.exp(y @ y), ism.sigmoid(y @ y)])
+        wide = ism.add_n([ism.tanh(y @ (y * 2.0)), ism.exp(y @ (y * 3.0)), ism.sigmoid(y @ (y * 4.0))])
     assert sess.plan_for(wide, {y: None}).parallel

@@ -1,0 +1,32 @@
+"""Graph passes: each takes the nodes a plan needs and returns a rewritten graph.
+
+`optimize` is what a Session runs when it compiles a plan (unless built with
+optimize=False). Passes never change a stateful node, and every fetched or fed tensor
+keeps a counterpart carrying the same value.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple, Union
+
+from ..graph import Graph, Node, Tensor
+from .fusion import fold_batch_norm, fuse_bias_activation, prune_dead
+from .simplify import Rewrite, copy_simplified
+
+Fetch = Union[Tensor, Node]
+
+
+def optimize(graph: Graph, nodes: Sequence[Node], fetches: Sequence[Fetch], feeds: Sequence[Tensor],
+             passes: Sequence[str] = ("simplify", "fold_batch_norm", "fuse")) -> Rewrite:
+    """Rewrite `nodes` (a pruned, ordered subgraph of `graph`) into a fresh graph.
+
+    Returns a Rewrite with the new graph and the mapping from old fetches/feeds to new ones.
+    """
+    rw = copy_simplified(graph, nodes, fetches, feeds, fold="simplify" in passes)
+    if "fold_batch_norm" in passes:
+        rw = fold_batch_norm(rw)
+    if "fuse" in passes:
+        rw = fuse_bias_activation(rw)
+    return prune_dead(rw)
+
+
+__all__ = ["optimize", "Rewrite", "copy_simplified", "fold_batch_norm", "fuse_bias_activation", "prune_dead"]

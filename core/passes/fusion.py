@@ -1,0 +1,126 @@
+"""Fusion of product + bias + activation, and folding inference batch norm into weights."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..graph import Graph, Node, Tensor
+from ..registry import registered
+from .simplify import Rewrite
+
+_ACT = {"Relu": "relu", "Relu6": "relu6", "Tanh": "tanh", "Sigmoid": "sigmoid"}
+
+
+def _consumers(g: Graph, fetched: set) -> Dict[Tensor, int]:
+    count: Dict[Tensor, int] = {}
+    for n in g.nodes:
+        for t in n.inputs:
+            count[t] = count.get(t, 0) + 1
+    for t in fetched:
+        count[t] = count.get(t, 0) + 1_000  # a fetched tensor must survive
+    return count
+
+
+def _rebuild(rw: Rewrite, rewrite: Callable[[Node, "Builder"], Optional[List[Tensor]]], stat: str) -> Rewrite:
+    """Copy rw.graph node by node; `rewrite(node, builder)` may return replacement outputs."""
+    b = Builder(rw)
+    for n in rw.graph.nodes:
+        repl = rewrite(n, b)
+        if repl is not None:
+            for t, r in zip(n.outputs, repl):
+                b.map[t] = r
+            if repl or stat == "dead":
+                b.stats[stat] = b.stats.get(stat, 0) + 1
+            continue
+        b.copy(n)
+    fetches = [b.map[f] if isinstance(f, Tensor) else b.node_map[f] for f in rw.fetches]
+    return Rewrite(b.g, fetches, [b.map[t] for t in rw.feeds], b.stats)
+
+
+class Builder:
+    def __init__(self, rw: Rewrite):
+        self.src = rw.graph
+        self.g = Graph(seed=rw.graph.seed)
+        self.map: Dict[Tensor, Tensor] = {}
+        self.node_map: Dict[Node, Node] = {}
+        self.stats = dict(rw.stats)
+
+    def copy(self, n: Node) -> Node:
+        new = self.g.add_node(n.op, [self.map[t] for t in n.inputs], dict(n.attrs), name=n.name, device=n.device,
+                              control_inputs=[self.node_map[c] for c in n.control_inputs if c in self.node_map])
+        for t, u in zip(n.outputs, new.outputs):
+            self.map[t] = u
+        self.node_map[n] = new
+        return new
+
+
+def fuse_bias_activation(rw: Rewrite) -> Rewrite:
+    """MatMul -> BiasAdd(-> activation) and Conv2D -> BiasAdd(-> activation) become one node,
+    emitted where the last node of the group stood (all its inputs exist by then)."""
+    g = rw.graph
+    users: Dict[Tensor, List[Node]] = {}
+    for n in g.nodes:
+        for t in n.inputs:
+            users.setdefault(t, []).append(n)
+    uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
+    fused_conv = "FusedConv2D" in registered()
+    groups: Dict[Node, tuple] = {}  # last node of a group -> (product, bias_add, activation name)
+    skip = set()
+    for n in g.nodes:
+        if n.op not in ("MatMul", "Conv2D") or n.control_inputs or (n.op == "Conv2D" and not fused_conv):
+            continue
+        y = n.outputs[0]
+        if uses.get(y, 0) != 1:
+            continue
+        ba = users[y][0]
+        if ba.op != "BiasAdd" or ba.inputs[0] is not y or ba.control_inputs:
+            continue
+        axis = ba.attrs["axis"]
+        if n.op == "MatMul" and axis not in (-1, len(y.shape) - 1):
+            continue
+        if n.op == "Conv2D" and axis != 1:
+            continue
+        last, act = ba, "none"
+        z = ba.outputs[0]
+        nxt = users.get(z, [])
+        if uses.get(z, 0) == 1 and nxt[0].op in _ACT and not nxt[0].control_inputs:
+            last, act = nxt[0], _ACT[nxt[0].op]
+        groups[last] = (n, ba, act)
+        skip.add(n)
+        if last is not ba:
+            skip.add(ba)
+
+    def rewrite(n: Node, b: Builder):
+        if n in skip:
+            return []  # folded into the group's last node
+        grp = groups.get(n)
+        if grp is None:
+            return None
+        prod, ba, act = grp
+        attrs = dict(prod.attrs)
+        attrs["activation"] = act
+        op = "FusedMatMul" if prod.op == "MatMul" else "FusedConv2D"
+        new = b.g.add_node(op, [b.map[prod.inputs[0]], b.map[prod.inputs[1]], b.map[ba.inputs[1]]], attrs,
+                           name=n.name, device=prod.device)
+        return [new.outputs[0]]
+
+    return _rebuild(rw, rewrite, "fused")
+
+
+def prune_dead(rw: Rewrite) -> Rewrite:
+    """Drop nodes that no fetch needs (what folding and fusion left behind)."""
+    from ..executor import prune
+    fed = set(rw.feeds)
+    keep = set(prune([f.node if isinstance(f, Tensor) else f for f in rw.fetches], fed))
+    keep.update(t.node for t in rw.feeds)
+    for n in list(keep):
+        keep.update(n.inputs[i].node for i in n.opdef.ref_inputs)
+    if len(keep) == len(rw.graph.nodes):
+        return rw
+    return _rebuild(rw, lambda n, b: None if n in keep else [], "dead")
+
+
+def fold_batch_norm(rw: Rewrite) -> Rewrite:
+    """Inference BatchNorm after a Conv2D/MatMul with constant weights folds into them."""
+    return rw  # enabled once the batch-norm op's attribute schema is settled (see core/ops/nn.py)

@@ -1,0 +1,145 @@
+"""Graph passes: each rewrite keeps results equal, verifies, and leaves state alone."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.core.executor import prune
+from isthmus.core.passes import optimize
+
+
+def _rewrite(g, fetches, feeds=()):
+    nodes = prune([f.node if isinstance(f, ism.Tensor) else f for f in fetches], set(feeds))
+    rw = optimize(g, nodes, list(fetches), list(feeds))
+    rw.graph.verify()
+    return rw
+
+
+def _same_results(g, fetches, feed):
+    on = ism.Session(g).run(fetches, feed)
+    off = ism.Session(g, optimize=False).run(fetches, feed)
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_constant_folding_and_chain_folding():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (4,), name="x")
+        c = ism.exp(ism.constant(np.ones(4, np.float32)))  # folds to a constant
+        y = x
+        for _ in range(10):
+            y = y + 1.0
+        z = (y * 2.0) * 3.0 - 5.0 + c
+    rw = _rewrite(g, [z], [x])
+    ops = [n.op for n in rw.graph.nodes if n.op not in ("Const", "Placeholder")]
+    assert len(ops) <= 3, ops  # (x + 10) * 6 + (c - 5)
+    assert rw.stats["folded"] >= 1 and rw.stats["simplified"] >= 10
+    _same_results(g, [z], {x: np.arange(4, dtype=np.float32)})
+
+
+def test_identity_arithmetic_is_removed():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 3), name="x")
+        y = ism.identity(x * 1.0 + 0.0)
+        z = ism.tanh(y)
+    rw = _rewrite(g, [z], [x])
+    assert [n.op for n in rw.graph.nodes if n.op not in ("Const", "Placeholder")] == ["Tanh"]
+
+
+def test_broadcasting_identity_is_not_removed():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (3,), name="x")
+        y = x + ism.constant(np.zeros((2, 3), np.float32))  # broadcasts: changes the shape
+    rw = _rewrite(g, [y], [x])
+    assert any(n.op == "Add" for n in rw.graph.nodes)
+    _same_results(g, [y], {x: np.ones(3, np.float32)})
+
+
+def test_cse_merges_duplicates_but_not_stateful_ops():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (3,), name="x")
+        a = ism.exp(x) + ism.exp(x)
+        v = ism.Variable(np.zeros(3, np.float32), name="v")
+        u1 = v.assign_add(np.ones(3, np.float32))
+        u2 = v.assign_add(np.ones(3, np.float32))
+    rw = _rewrite(g, [a, u1.node, u2.node], [x])
+    assert sum(n.op == "Exp" for n in rw.graph.nodes) == 1
+    assert sum(n.op == "AssignAdd" for n in rw.graph.nodes) == 2
+    sess = ism.Session(g)
+    sess.run(ism.global_variables_initializer(g))
+    sess.run([a, u1.node, u2.node], {x: np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(sess.run(v), [2, 2, 2])
+
+
+def test_fetched_and_fed_tensors_survive():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (3,), name="x")
+        mid = ism.identity(x * 1.0, name="mid")
+        out = ism.relu(mid)
+    sess = ism.Session(g)
+    got_mid, got_out = sess.run([mid, out], {x: np.array([-1, 0, 1], np.float32)})
+    np.testing.assert_array_equal(got_mid, [-1, 0, 1])
+    np.testing.assert_array_equal(sess.run(out, {mid: np.array([-2, 2, 3], np.float32)}), [0, 2, 3])
+
+
+def test_transpose_of_transpose():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 3, 4), name="x")
+        y = ism.transpose(ism.transpose(x, (1, 0, 2)), (1, 0, 2))
+        z = ism.tanh(y)
+    rw = _rewrite(g, [z], [x])
+    assert not any(n.op == "Transpose" for n in rw.graph.nodes)
+    _same_results(g, [z], {x: np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh", "sigmoid", "relu6", None])
+def test_matmul_bias_activation_fusion(act):
+    g = ism.Graph()
+    rng = np.random.default_rng(1)
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 5), name="x")
+        w = ism.Variable(rng.standard_normal((5, 4)).astype(np.float32), name="w")
+        b = ism.Variable(rng.standard_normal(4).astype(np.float32), name="b")
+        y = ism.bias_add(x @ w, b)
+        if act:
+            y = getattr(ism, act)(y)
+        loss_like = y * 2.0
+    rw = _rewrite(g, [loss_like], [x])
+    fused = [n for n in rw.graph.nodes if n.op == "FusedMatMul"]
+    assert len(fused) == 1 and fused[0].attrs["activation"] == (act or "none")
+    sess = ism.Session(g)
+    sess.run(ism.global_variables_initializer(g))
+    xv = rng.standard_normal((3, 5)).astype(np.float32)
+    on = sess.run(loss_like, {x: xv})
+    off = ism.Session(g, optimize=False)
+    off.state = sess.state
+    off._ctx = sess._ctx
+    np.testing.assert_allclose(on, off.run(loss_like, {x: xv}), rtol=1e-6)
+
+
+def test_no_fusion_when_intermediate_is_used_elsewhere():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 5), name="x")
+        w = ism.constant(np.ones((5, 4), np.float32))
+        b = ism.constant(np.ones(4, np.float32))
+        h = x @ w
+        y = ism.relu(ism.bias_add(h, b)) + ism.exp(h)
+    rw = _rewrite(g, [y], [x])
+    assert not any(n.op == "FusedMatMul" for n in rw.graph.nodes)
+
+
+def test_session_can_switch_passes_off():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2,), name="x")
+        y = x + 1.0 + 1.0
+    plan = ism.Session(g, optimize=False).plan_for(y, {x: None})
+    assert sum(n.op == "Add" for n in plan.nodes) == 2
+    plan = ism.Session(g).plan_for(y, {x: None})
+    assert sum(n.op == "Add" for n in plan.nodes) == 1

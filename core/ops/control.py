@@ -283,25 +283,35 @@ def _infer_while_grad(node):
 def _kernel_while_grad(node, ctx):
     n = node.attrs["n_vars"]
     fn: Function = node.attrs["grad_fn"]
-    plan = fn.compile(ctx)
     fv, fc = node.attrs["float_vars"], node.attrs["float_caps"]
-    n_caps = len(node.inputs) - n - 1 - len(fv)
     nf = len(fv)
+    # only the capture gradients this plan reads are computed (a fed sequence's is not)
+    want_caps = [k for k in range(len(fc)) if ctx.output_used(node.outputs[nf + k])]
+    from ..executor import Plan
+    plan = Plan(fn.outputs[:nf] + [fn.outputs[nf + k] for k in want_caps], fn.inputs, ctx, parallel=False)
+    n_caps = len(node.inputs) - n - 1 - nf
     xp = ctx.xp
 
     def run(*args):
         caps = args[n:n + n_caps]
         hist = args[n + n_caps]
         g_vars = list(args[n + n_caps + 1:])
-        g_caps = [xp.zeros_like(caps[j]) for j in fc]
         if hist is None:
             raise RuntimeError("the forward loop did not save its iterations")
+        acc = [None] * len(fc)
         for vals, saved in reversed(hist):
             out = plan(*vals, *caps, *saved, *g_vars)
             g_vars = list(out[:nf])
-            for k in range(len(fc)):
-                g_caps[k] = g_caps[k] + out[nf + k]
-        return (*g_vars, *g_caps)
+            for j, k in enumerate(want_caps):
+                g = out[nf + j]
+                if acc[k] is None:
+                    acc[k] = xp.array(g, copy=True)
+                else:
+                    acc[k] += g
+        for k in range(len(fc)):
+            if acc[k] is None:
+                acc[k] = xp.zeros_like(caps[fc[k]])
+        return (*g_vars, *acc)
     return run
 
 

@@ -367,3 +367,42 @@ def while_loop(cond_fn: Callable, body_fn: Callable, loop_vars, maximum_iteratio
     if maximum_iterations is not None:
         outs = outs[1:]
     return outs if (seq or len(outs) != 1) else outs[0]
+
+
+# ---- SetRow: the functional row update that accumulates a loop's per-step outputs ------------
+def _infer_set_row(node):
+    acc, idx, val = node.inputs
+    if idx.dtype.kind not in "iu" or idx.shape != ():
+        raise ShapeError(f"row index must be an integer scalar, got {idx.dtype.name}{fmt(idx.shape)}")
+    if val.dtype != acc.dtype or not compatible(val.shape, acc.shape[1:]):
+        raise ShapeError(f"row {val.dtype.name}{fmt(val.shape)} does not fit rows of {acc.dtype.name}{fmt(acc.shape)}")
+    return [(acc.dtype, acc.shape)]
+
+
+def _kernel_set_row(node, ctx):
+    def run(acc, i, value):
+        out = acc.copy()  # functional: earlier iterations' saved values stay intact
+        out[i] = value
+        return out
+    return run
+
+
+def _g_set_row(node, dys):
+    dy = dys[0]
+    acc, idx, _ = node.inputs
+    from .math import zeros_like
+    from .sparse import gather
+    d_acc = make("SetRow", (dy, idx, zeros_like(node.inputs[2])), name="SetRowGrad").outputs[0]
+    return [d_acc, None, gather(dy, idx)]
+
+
+register(OpDef("SetRow", inputs=("acc", "index", "value"), infer=_infer_set_row, kernel=_kernel_set_row,
+               grad=_g_set_row, cost=lambda node: Cost(0, *(2 * [float(node.inputs[0].dtype.itemsize)])),
+               doc="acc with row `index` replaced by value (a copy): per-step outputs of a loop."))
+
+
+def set_row(acc, index, value, name: Optional[str] = None) -> Tensor:
+    return make("SetRow", (convert(acc), convert(index), convert(value)), name=name).outputs[0]
+
+
+__all__.append("set_row")

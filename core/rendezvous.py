@@ -27,6 +27,10 @@ class RendezvousTimeout(RendezvousError, TimeoutError):
     """No value arrived for a key within the timeout."""
 
 
+class RendezvousAborted(RendezvousError):
+    """Another party aborted the rendezvous (it failed); the waiter gives up at once."""
+
+
 class InProcessRendezvous:
     """A table of values in flight, for parts running in one process.
 
@@ -94,7 +98,7 @@ class InProcessRendezvous:
 
     def _check_aborted(self, key: Hashable) -> None:
         if self._aborted is not None:
-            raise RendezvousError(f"rendezvous aborted while handling key {_show(key)}: "
+            raise RendezvousAborted(f"rendezvous aborted while handling key {_show(key)}: "
                                   f"{type(self._aborted).__name__}: {self._aborted}") from self._aborted
 
 

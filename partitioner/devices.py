@@ -1,0 +1,147 @@
+"""Device profiles and the link between the edge and the cloud.
+
+A DeviceProfile says how fast a device runs each op type: per-op-type regression
+coefficients fitted on measurements (see calibrate.py), falling back to a roofline of
+peak FLOP/s, memory bandwidth and per-op overhead. A LinkModel says how long a tensor
+takes to cross: bytes / bandwidth + half the round trip, per transfer.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+
+EDGE_DEVICE = "/job:edge/task:0/device:CPU:0"
+CLOUD_DEVICE = "/job:cloud/task:0/device:CPU:0"
+
+Coeffs = Tuple[float, float, float]  # seconds = c0 + c_flops * flops + c_bytes * bytes
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    kind: str = "CPU"                     # CPU or GPU
+    peak_flops: float = 50e9              # FLOP/s, for ops without fitted coefficients
+    mem_bandwidth: float = 10e9           # bytes/s
+    op_overhead: float = 2e-6             # seconds per op (dispatch)
+    memory_budget: Optional[float] = None  # bytes; None: unlimited
+    supported_ops: Optional[FrozenSet[str]] = None  # None: every registered op
+    op_coeffs: Dict[str, Coeffs] = field(default_factory=dict)
+    default_coeffs: Optional[Coeffs] = None  # fitted over all measured ops, for the others
+
+    def supports(self, op: str) -> bool:
+        return self.supported_ops is None or op in self.supported_ops
+
+    def op_time(self, op: str, flops: float, nbytes: float) -> float:
+        c = self.op_coeffs.get(op) or self.default_coeffs
+        if c is not None:
+            return c[0] + c[1] * flops + c[2] * nbytes
+        return self.op_overhead + flops / self.peak_flops + nbytes / self.mem_bandwidth
+
+    def scaled(self, slowdown: float, name: Optional[str] = None) -> "DeviceProfile":
+        """The same device `slowdown` times slower (an edge emulated from this machine)."""
+        if not slowdown > 0:
+            raise ValueError(f"slowdown must be positive, got {slowdown!r}")
+        s = float(slowdown)
+        return replace(self, name=name or f"{self.name}/{s:g}x",
+                       peak_flops=self.peak_flops / s, mem_bandwidth=self.mem_bandwidth / s,
+                       op_overhead=self.op_overhead * s,
+                       op_coeffs={k: _mul(c, s) for k, c in self.op_coeffs.items()},
+                       default_coeffs=None if self.default_coeffs is None else _mul(self.default_coeffs, s))
+
+    # ---- JSON ---------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["supported_ops"] = None if self.supported_ops is None else sorted(self.supported_ops)
+        d["op_coeffs"] = {k: list(v) for k, v in sorted(self.op_coeffs.items())}
+        return json.dumps(d, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceProfile":
+        d = json.loads(text)
+        known = set(cls.__dataclass_fields__)
+        extra = set(d) - known
+        if extra:
+            raise ValueError(f"device profile has unknown fields {sorted(extra)}; known: {sorted(known)}")
+        if d.get("supported_ops") is not None:
+            d["supported_ops"] = frozenset(d["supported_ops"])
+        d["op_coeffs"] = {k: _coeffs(v, k) for k, v in d.get("op_coeffs", {}).items()}
+        if d.get("default_coeffs") is not None:
+            d["default_coeffs"] = _coeffs(d["default_coeffs"], "default_coeffs")
+        return cls(**d)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            f.write(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str) -> "DeviceProfile":
+        with open(path) as f:
+            return cls.from_json(f.read())
+
+
+def _mul(c: Sequence[float], s: float) -> Coeffs:
+    return (c[0] * s, c[1] * s, c[2] * s)
+
+
+def _coeffs(v, what: str) -> Coeffs:
+    if not isinstance(v, (list, tuple)) or len(v) != 3 or not all(isinstance(x, (int, float)) for x in v):
+        raise ValueError(f"coefficients for {what} must be 3 numbers [c0, c_flops, c_bytes], got {v!r}")
+    return (float(v[0]), float(v[1]), float(v[2]))
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """The edge's link to the cloud. Bandwidths in bit/s; rtt in seconds."""
+    up_bps: float = 20e6
+    down_bps: float = 20e6
+    rtt_s: float = 0.040
+
+    def __post_init__(self):
+        if not (self.up_bps > 0 and self.down_bps > 0 and self.rtt_s >= 0):
+            raise ValueError(f"link needs positive bandwidths and rtt >= 0, got {self}")
+
+    def upload_time(self, nbytes: float) -> float:
+        return nbytes * 8.0 / self.up_bps + self.rtt_s / 2
+
+    def download_time(self, nbytes: float) -> float:
+        return nbytes * 8.0 / self.down_bps + self.rtt_s / 2
+
+    def with_uplink(self, up_bps: float) -> "LinkModel":
+        """This link at another uplink, the downlink keeping its ratio to it."""
+        return LinkModel(up_bps, self.down_bps * up_bps / self.up_bps, self.rtt_s)
+
+    @classmethod
+    def parse(cls, bandwidth: str, rtt: str = "40ms", downlink: Optional[str] = None) -> "LinkModel":
+        """LinkModel.parse('5mbps', '40ms'); the downlink defaults to the uplink."""
+        up = parse_bandwidth(bandwidth)
+        return cls(up, parse_bandwidth(downlink) if downlink else up, parse_duration(rtt))
+
+    def __str__(self) -> str:
+        return f"up {self.up_bps / 1e6:g} Mbit/s, down {self.down_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms"
+
+
+_BW_UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9}
+_T_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def parse_bandwidth(text: str) -> float:
+    """'5mbps', '0.1 Mbit/s', '1gbps' -> bit/s."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-z/]+)\s*", str(text).lower())
+    if not m or m.group(2) not in _BW_UNITS:
+        raise ValueError(f"bandwidth {text!r}: expected a number and one of {sorted(_BW_UNITS)}")
+    return float(m.group(1)) * _BW_UNITS[m.group(2)]
+
+
+def parse_duration(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*(s|ms|us)\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"duration {text!r}: expected a number and s, ms or us")
+    return float(m.group(1)) * _T_UNITS[m.group(2)]
+
+
+# Defaults: the cloud about this machine kind (one core of numpy), the edge 8x slower.
+CLOUD = DeviceProfile("cloud", peak_flops=50e9, mem_bandwidth=10e9, op_overhead=1.5e-6)
+EDGE = CLOUD.scaled(8.0, name="edge")
+EDGE = replace(EDGE, memory_budget=512e6)

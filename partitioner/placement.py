@@ -1,0 +1,253 @@
+"""Placement algorithms. Each returns a placement: a plain dict node name -> device name.
+
+- place_mincut: the exact minimum of the edge/cloud latency objective (problem.py) on any
+  DAG, as a minimum s-t cut (DADS, 2019). s is the edge, t the cloud; a node costs its
+  cloud time when cut to the cloud side and its edge time when on the edge side. A tensor
+  read by several nodes on the other side is paid once: an auxiliary vertex per tensor
+  (producer -> aux priced by the upload, aux -> each reader infinite; readers -> aux'
+  infinite, aux' -> producer priced by the download).
+- place_greedy: the whitepaper's simulated placer: nodes in topological order, each on the
+  device where it would finish earliest, transfers included; any number of devices.
+- place_exhaustive: every assignment, for small graphs (the oracle of the tests).
+- edge_only / cloud_only: the baselines.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+from ..core.graph import Graph
+from .costmodel import CostModel
+from .problem import Constraints, Fetch, Placement, PlacementError, Problem
+
+_INT_RANGE = 1 << 28   # finite capacities are scaled so that their sum fits here
+_INF = 1 << 30         # scipy's max flow takes int32 capacities
+
+
+def _problem(g: Union[Graph, Problem], cost: Optional[CostModel], outputs, constraints) -> Problem:
+    if isinstance(g, Problem):
+        return g
+    if cost is None:
+        raise ValueError("place_* needs a cost model (or a Problem)")
+    return Problem(g, cost, outputs, constraints)
+
+
+# ---- min cut ---------------------------------------------------------------------------------
+def place_mincut(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
+                 outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints()) -> Placement:
+    p = _problem(graph, cost, outputs, constraints)
+    return p.placement(solve_mincut(p))
+
+
+def solve_mincut(p: Problem) -> np.ndarray:
+    """Device indices minimising p.total, within p.allowed and the groups; under a binding edge
+    memory budget, the cheapest cut found by pricing edge memory (a Lagrangian search)."""
+    if len(p.devices) != 2 or p.edge is None:
+        raise PlacementError(f"mincut places on an edge and one cloud device; this problem has {p.devices} "
+                             "(use place_greedy for more devices)")
+    assign = _cut(p, 0.0)
+    if p.budget is None or p.edge_memory(assign)[0] <= p.budget:
+        return assign
+    return _cut_within_budget(p)
+
+
+def _cut_within_budget(p: Problem) -> np.ndarray:
+    mem_total = float(p.node_memory.sum() + sum(p.const_bytes.values())) or 1.0
+    time_total = float(p.times.sum() + sum(f.times.max() for f in p.flows)) or 1.0
+    lo, hi = 0.0, time_total / mem_total
+    best = None
+    for _ in range(60):  # find a price high enough
+        a = _cut(p, hi)
+        if p.edge_memory(a)[0] <= p.budget:
+            best = a
+            break
+        lo, hi = hi, hi * 4
+    if best is None:
+        raise PlacementError(f"the edge memory budget ({p.budget:.0f} bytes) cannot be met: what must run "
+                             f"on the edge (pins, inputs) alone needs {p.edge_memory(_cut(p, hi))[0]:.0f} bytes")
+    for _ in range(30):  # the cheapest price that fits
+        mid = (lo + hi) / 2
+        a = _cut(p, mid)
+        if p.edge_memory(a)[0] <= p.budget:
+            hi, best = mid, a
+        else:
+            lo = mid
+    return best
+
+
+def _cut(p: Problem, mem_price: float) -> np.ndarray:
+    E = p.edge
+    C = 1 - E
+    n = len(p.nodes)
+    s, t = n, n + 1
+    nxt = [n + 2]  # next free vertex id
+    rows: List[int] = []
+    cols: List[int] = []
+    caps: List[float] = []
+
+    def edge(a: int, b: int, c: float) -> None:
+        if c > 0:
+            rows.append(a)
+            cols.append(b)
+            caps.append(c)
+
+    def aux() -> int:
+        nxt[0] += 1
+        return nxt[0] - 1
+
+    inf = float("inf")
+    for i in range(n):
+        edge(s, i, p.times[i, C] if p.allowed[i, C] else 0.0)  # paid when i is on the cloud side
+        edge(i, t, p.times[i, E] + mem_price * p.node_memory[i])  # paid when i is on the edge side
+        if not p.allowed[i, C]:
+            edge(s, i, inf)
+        if not p.allowed[i, E]:
+            edge(i, t, inf)
+        g = p.group[i]
+        if g != i:
+            edge(i, g, inf)
+            edge(g, i, inf)
+    for f in p.flows:
+        up, down = f.times[E, C], f.times[C, E]
+        to_cloud = list(f.consumers) + ([t] if f.is_output and p.return_to == C else [])
+        to_edge = list(f.consumers) + ([s] if f.is_output and p.return_to == E else [])
+        if to_cloud:
+            a = aux()
+            edge(f.producer, a, up)
+            for c in to_cloud:
+                edge(a, c, inf)
+        if to_edge:
+            b = aux()
+            edge(b, f.producer, down)
+            for c in to_edge:
+                edge(c, b, inf)
+    if mem_price > 0:
+        for c, readers in p.const_readers.items():
+            if readers:
+                b = aux()
+                edge(b, t, mem_price * p.const_bytes[c])
+                for r in readers:
+                    edge(r, b, inf)
+    V = nxt[0]
+    cap = np.array(caps, dtype=np.float64)
+    finite = np.isfinite(cap)
+    total = cap[finite].sum()
+    quantum = total / _INT_RANGE if total > 0 else 1.0
+    icap = np.where(finite, np.rint(np.where(finite, cap, 0) / quantum), _INF)
+    m = sp.coo_matrix((icap, (np.array(rows), np.array(cols))), shape=(V, V)).tocsr()
+    m.sum_duplicates()
+    np.minimum(m.data, _INF, out=m.data)
+    m = sp.csr_matrix((m.data.astype(np.int32), m.indices, m.indptr), shape=(V, V))
+    m.eliminate_zeros()
+    flow = maximum_flow(m, s, t, method="dinic").flow
+    residual = (m - flow).tocsr()
+    residual.data[residual.data < 0] = 0
+    residual.eliminate_zeros()
+    reach = breadth_first_order(residual, s, directed=True, return_predecessors=False)
+    side = np.full(V, C, dtype=np.int64)
+    side[reach] = E
+    return side[:n].copy()
+
+
+# ---- exhaustive ---------------------------------------------------------------------------------
+def place_exhaustive(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
+                     outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints(),
+                     max_assignments: int = 1 << 20) -> Placement:
+    p = _problem(graph, cost, outputs, constraints)
+    return p.placement(solve_exhaustive(p, max_assignments))
+
+
+def solve_exhaustive(p: Problem, max_assignments: int = 1 << 20, chunk: int = 1 << 14) -> np.ndarray:
+    """The feasible assignment of least p.total, trying every one (ties: the first)."""
+    roots = sorted(set(p.group.tolist()))
+    choices = [np.flatnonzero(p.allowed[r]) for r in roots]
+    count = int(np.prod([len(c) for c in choices], dtype=np.float64)) if choices else 1
+    if count > max_assignments:
+        raise PlacementError(f"exhaustive placement would try {count} assignments (limit {max_assignments})")
+    col = np.searchsorted(roots, p.group)  # node -> its group's column
+    best, best_cost = None, np.inf
+    combos = itertools.product(*choices)
+    while True:
+        block = np.array(list(itertools.islice(combos, chunk)), dtype=np.int64).reshape(-1, len(roots))
+        if not len(block):
+            break
+        assign = block[:, col]
+        ok = p.feasible(assign)
+        if ok.any():
+            costs = np.where(ok, p.total(assign), np.inf)
+            j = int(np.argmin(costs))
+            if costs[j] < best_cost:
+                best, best_cost = assign[j].copy(), costs[j]
+    if best is None:
+        raise PlacementError("no assignment meets the constraints (memory budget too small?)")
+    return best
+
+
+# ---- greedy (the whitepaper's simulated placer) -----------------------------------------------------
+def place_greedy(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
+                 outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints()) -> Placement:
+    p = _problem(graph, cost, outputs, constraints)
+    return p.placement(solve_greedy(p))
+
+
+def solve_greedy(p: Problem) -> np.ndarray:
+    n, D = len(p.nodes), len(p.devices)
+    reads: List[List] = [[] for _ in range(n)]  # flows each node waits for
+    for f in p.flows:
+        for c in f.consumers:
+            reads[c].append(f)
+    assign = np.full(n, -1, dtype=np.int64)
+    finish = np.zeros(n)
+    free_at = np.zeros(D)
+    arrival: Dict[Tuple[int, int], float] = {}  # (flow id, device) -> when the value is there
+    group_dev: Dict[int, int] = {}
+    for i in range(n):
+        g = p.group[i]
+        cands = [group_dev[g]] if g in group_dev else list(np.flatnonzero(p.allowed[i]))
+        best = None
+        for d in cands:
+            ready = 0.0
+            for f in reads[i]:
+                src = assign[f.producer]
+                ready = max(ready, finish[f.producer] if src == d else
+                            arrival.get((id(f), d), finish[f.producer] + f.times[src, d]))
+            end = max(ready, free_at[d]) + p.times[i, d]
+            key = (end, p.times[i, d])
+            if best is None or key < best[0]:
+                best = (key, d)
+        d = best[1]
+        assign[i], finish[i] = d, best[0][0]
+        free_at[d] = finish[i]
+        group_dev.setdefault(g, d)
+        for f in reads[i]:
+            src = assign[f.producer]
+            if src != d:
+                arrival.setdefault((id(f), d), finish[f.producer] + f.times[src, d])
+    return assign
+
+
+# ---- baselines -------------------------------------------------------------------------------------
+def edge_only(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
+              outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints()) -> Placement:
+    """Everything the edge can run, on the edge (the rest on the cloud, as the constraints force)."""
+    p = _problem(graph, cost, outputs, constraints)
+    return p.placement(solve_preferring(p, p.edge))
+
+
+def cloud_only(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
+               outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints()) -> Placement:
+    """Everything on the cloud but what must stay on the edge (the inputs, where the data lives)."""
+    p = _problem(graph, cost, outputs, constraints)
+    return p.placement(solve_preferring(p, p._role("cloud")))
+
+
+def solve_preferring(p: Problem, device: int) -> np.ndarray:
+    assign = np.empty(len(p.nodes), dtype=np.int64)
+    for i in range(len(p.nodes)):
+        ok = p.allowed[i]
+        assign[i] = device if ok[device] else int(np.flatnonzero(ok)[0])
+    return assign

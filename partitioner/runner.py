@@ -1,0 +1,112 @@
+"""Running the parts of a partition together, in one process.
+
+One Session per part, each step on its own thread, all sharing one rendezvous. The parts'
+sessions run serial plans: a serial plan follows the part graph's order, which the
+partitioner built along one topological order of the whole graph, so no part can wait on
+a Recv whose Send sits behind another Recv (no deadlock). Every wait is bounded.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Dict, List, Mapping, Optional
+
+from ..core.graph import Tensor
+from ..core.rendezvous import InProcessRendezvous, RendezvousAborted
+from ..core.session import Session
+
+
+class SplitSession:
+    """`SplitSession(partition).run(feed_dict)` -> the outputs, in the partition's order.
+
+    Feeds are keyed by the original placeholders (names or Tensors of the unsplit graph).
+    Steps run one at a time (Send/Recv pair the n-th send with the n-th receive of a key).
+    """
+
+    def __init__(self, partition, rendezvous=None, timeout: float = 60.0, optimize: bool = True):
+        self.partition = partition
+        self.rendezvous = rendezvous if rendezvous is not None else InProcessRendezvous(timeout)
+        self.timeout = float(timeout)
+        self.sessions: Dict[str, Session] = {
+            d: Session(p.graph, parallel=False, rendezvous=self.rendezvous, optimize=optimize)
+            for d, p in partition.parts.items()}
+        self._feed_part = {name: d for d, p in partition.parts.items() for name in p.feeds}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.sessions)), thread_name_prefix="isthmus-part")
+        self._lock = threading.Lock()
+        self._broken: Optional[BaseException] = None
+
+    def run(self, feed_dict: Optional[Mapping] = None) -> list:
+        with self._lock:
+            if self._broken is not None:
+                raise RuntimeError(f"this SplitSession failed earlier ({self._broken}); make a new one")
+            feeds = self._split_feeds(feed_dict or {})
+            futures = {d: self._pool.submit(self._run_part, d, feeds[d]) for d in self.sessions}
+            results, errors = {}, []
+            for d, fut in futures.items():
+                try:
+                    results[d] = fut.result(timeout=self.timeout * 2 + 5)
+                except FutureTimeout:  # a kernel hung outside any rendezvous wait
+                    e = TimeoutError(f"part {d} did not finish within {self.timeout * 2 + 5:g} s")
+                    self.rendezvous.abort(e)
+                    errors.append(e)
+                except Exception as e:  # noqa: BLE001  (re-raised below)
+                    errors.append(e)
+            if errors:  # report the failure itself, not the other parts giving up because of it
+                self._broken = next((e for e in errors if not _caused_by_abort(e)), errors[0])
+                raise self._broken
+            return self._gather(results)
+
+    def _run_part(self, d: str, feeds: dict):
+        part = self.partition.parts[d]
+        try:
+            return self.sessions[d].run(part.fetches, feeds)
+        except BaseException as e:
+            self.rendezvous.abort(e)  # wake the other parts now, not at their timeouts
+            raise
+
+    def _split_feeds(self, feed_dict: Mapping) -> Dict[str, dict]:
+        out: Dict[str, dict] = {d: {} for d in self.sessions}
+        for k, v in feed_dict.items():
+            name = k.node.name if isinstance(k, Tensor) else str(k).split(":")[0]
+            d = self._feed_part.get(name)
+            if d is None and self.partition.source is not None and name in self.partition.source:
+                continue  # a placeholder of the graph that no output needs, as Session allows
+            if d is None:
+                raise KeyError(f"feed '{name}' is not a placeholder of any part; placeholders: "
+                               f"{sorted(self._feed_part)}")
+            out[d][name] = v
+        return out
+
+    def _gather(self, results: Dict[str, list]) -> list:
+        by_name = {}
+        for d, vals in results.items():
+            part = self.partition.parts[d]
+            for (orig, _), v in zip(part.outputs.items(), vals):
+                by_name[orig] = v
+        return [by_name[name] for name in self.partition.outputs]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for s in self.sessions.values():
+            s.close()
+
+    def __enter__(self) -> "SplitSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _caused_by_abort(e: Optional[BaseException]) -> bool:
+    """True for an error raised only because another part aborted the rendezvous."""
+    while e is not None:
+        if isinstance(e, RendezvousAborted):
+            return True
+        e = e.__cause__
+    return False
+
+
+def run_parts(partition, feed_dict: Optional[Mapping] = None, timeout: float = 60.0) -> List:
+    with SplitSession(partition, timeout=timeout) as s:
+        return s.run(feed_dict)

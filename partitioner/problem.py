@@ -71,6 +71,26 @@ class Flow:
     times: np.ndarray = field(repr=False, default=None)  # [D, D] transfer seconds src -> dst
 
 
+@dataclass(frozen=True)
+class Move:
+    """One transfer of a placement: a tensor (or ^token) from src to dst."""
+    tensor: str
+    src: str
+    dst: str
+    nbytes: int
+    seconds: float
+
+
+@dataclass
+class Breakdown:
+    compute: Dict[str, float]   # device -> seconds of compute there
+    moves: List[Move]
+
+    @property
+    def total(self) -> float:
+        return sum(self.compute.values()) + sum(m.seconds for m in self.moves)
+
+
 class Problem:
     def __init__(self, graph: Graph, cost: CostModel, outputs: Optional[Sequence[Fetch]] = None,
                  constraints: Constraints = Constraints(), devices: Optional[Sequence[str]] = None):
@@ -266,6 +286,22 @@ class Problem:
                 need &= src != d
                 total = total + np.where(need, f.times[src, d], 0.0)
         return total if np.ndim(assign) == 2 else float(total[0])
+
+    def breakdown(self, assign: Sequence[int]) -> "Breakdown":
+        """What one assignment costs, item by item (the same sum as `total`)."""
+        a = np.asarray(assign, dtype=np.int64)
+        compute = {d: 0.0 for d in self.devices}
+        for i, dev in enumerate(a):
+            compute[self.devices[dev]] += float(self.times[i, dev])
+        moves = []
+        for f in self.flows:
+            src = a[f.producer]
+            dests = {int(a[c]) for c in f.consumers}
+            if f.is_output and self.return_to is not None:
+                dests.add(self.return_to)
+            for d in sorted(dests - {src}):
+                moves.append(Move(f.name, self.devices[src], self.devices[d], f.nbytes, float(f.times[src, d])))
+        return Breakdown(compute, moves)
 
     def feasible(self, assign: np.ndarray) -> np.ndarray:
         """Which assignments [k, n] respect the allowed devices, the groups and the memory budget."""

@@ -77,13 +77,13 @@ def test_the_objective_counts_what_partition_sends(p, bits):
     assert p.total(assign) == pytest.approx(_partition_cost(p, p.placement(assign)), rel=1e-9)
 
 
-def _mlp(batch=None):
+def _mlp(batch=None, widths=(2048, 512, 64, 10)):
     g = ism.Graph()
     rng = np.random.default_rng(0)
     with g.as_default():
         x = ism.placeholder("float32", (batch, 784), name="x")
         h = x
-        for i, width in enumerate((2048, 512, 64, 10)):
+        for i, width in enumerate(widths):
             w = ism.constant(rng.standard_normal((h.shape[1], width)).astype(np.float32) * 0.05, name=f"w{i}")
             h = ism.relu(ism.matmul(h, w, name=f"mm{i}"), name=f"act{i}")
         y = ism.exp(h, name="y")

@@ -1,0 +1,181 @@
+"""Split plans: a placement with its predicted cost, able to explain itself; and the adaptive
+choice among plans precomputed for a range of bandwidths."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..core.graph import Graph
+from .costmodel import CostModel
+from .devices import LinkModel
+from .partition import Partition, partition
+from .placement import solve_exhaustive, solve_greedy, solve_mincut, solve_preferring
+from .problem import Breakdown, Constraints, Fetch, Forced, Placement, PlacementError, Problem
+
+ALGORITHMS: Dict[str, Callable[[Problem], np.ndarray]] = {
+    "mincut": solve_mincut,
+    "greedy": solve_greedy,
+    "exhaustive": solve_exhaustive,
+    "edge_only": lambda p: solve_preferring(p, p.edge),
+    "cloud_only": lambda p: solve_preferring(p, p._role("cloud")),
+}
+
+
+@dataclass
+class SplitPlan:
+    algorithm: str
+    placement: Placement
+    link: LinkModel
+    predicted: Breakdown
+    baselines: Dict[str, Breakdown]     # edge_only, cloud_only
+    forced: List[Forced]
+    problem: Problem = field(repr=False)
+
+    @property
+    def total(self) -> float:
+        return self.predicted.total
+
+    def predict(self, link: LinkModel) -> float:
+        """This placement's predicted latency over another link, in O(1)."""
+        return _link_terms(self.predicted, self.problem.cost.edge).at(link)
+
+    def partition(self) -> Partition:
+        p = self.problem
+        ret = p.devices[p.return_to] if p.return_to is not None else None
+        return partition(p.graph, self.placement, p.outputs, return_to=ret)
+
+    def explain(self) -> str:
+        p = self.problem
+        short = {d: _role(d, p.cost.edge) for d in p.devices}
+        if len(set(short.values())) < len(short):  # several devices of one job: name them in full
+            short = {d: "edge" if d == p.cost.edge else d for d in p.devices}
+        lines = [f"split plan ({self.algorithm}) for {len(p.nodes)} nodes; link {self.link}; "
+                 f"batch {p.cost.batch_size}"]
+        lines.append("placement:")
+        for d in p.devices:
+            names = [n.name for n in p.nodes if self.placement[n.name] == d]
+            if names:
+                shown = ", ".join(names[:12]) + (f", ... ({len(names) - 12} more)" if len(names) > 12 else "")
+                lines.append(f"  {short[d]:<6} {d}: {len(names)} nodes: {shown}")
+        lines.append("predicted latency:")
+        rows = [(f"compute on {short[d]}", s) for d, s in self.predicted.compute.items() if s > 0]
+        rows += [(f"transfer {m.tensor} {short[m.src]}->{short[m.dst]} ({_bytes(m.nbytes)})", m.seconds)
+                 for m in self.predicted.moves]
+        rows.append(("total", self.total))
+        width = max(len(r[0]) for r in rows)
+        lines += [f"  {label:<{width}} {_ms(sec)}" for label, sec in rows]
+        alts = {k: b.total for k, b in self.baselines.items()}
+        lines.append("alternatives: " + ", ".join(f"{k} {_ms(v).strip()}" for k, v in alts.items()))
+        if alts and self.total > 0:
+            best = min(alts.values())
+            lines.append(f"  the split takes {self.total / best:.1%} of the best of them ({best / self.total:.3g}x faster)")
+        for f in self.forced:
+            lines.append(f"constraint: '{f.node}' ({f.op}) only on {', '.join(short[d] for d in f.devices)}: {f.reason}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+
+def plan_split(graph: Graph, cost: CostModel, outputs: Optional[Sequence[Fetch]] = None,
+               constraints: Constraints = Constraints(), algorithm: str = "mincut",
+               problem: Optional[Problem] = None) -> SplitPlan:
+    """Place `graph` (the part computing `outputs`) and predict what the placement costs."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown placement algorithm {algorithm!r}; known: {sorted(ALGORITHMS)}")
+    p = problem or Problem(graph, cost, outputs, constraints)
+    assign = ALGORITHMS[algorithm](p)
+    baselines = {}
+    if p.edge is not None and len(p.devices) > 1:
+        for name in ("edge_only", "cloud_only"):
+            baselines[name] = p.breakdown(ALGORITHMS[name](p))
+    return SplitPlan(algorithm, p.placement(assign), p.cost.link, p.breakdown(assign), baselines,
+                     list(p.forced), p)
+
+
+# ---- adaptive choice ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _LinkTerms:
+    """A plan's latency as a function of the link: fixed + bits up / up_bps + bits down / down_bps + rtt terms."""
+    fixed: float
+    up_bits: float
+    n_up: int
+    down_bits: float
+    n_down: int
+
+    def at(self, link: LinkModel) -> float:
+        return (self.fixed + self.up_bits / link.up_bps + self.down_bits / link.down_bps
+                + (self.n_up + self.n_down) * link.rtt_s / 2)
+
+
+def _link_terms(b: Breakdown, edge: Optional[str]) -> _LinkTerms:
+    fixed = sum(b.compute.values())
+    ub = db = 0.0
+    nu = nd = 0
+    for m in b.moves:
+        if m.src == edge:
+            ub, nu = ub + 8.0 * m.nbytes, nu + 1
+        elif m.dst == edge:
+            db, nd = db + 8.0 * m.nbytes, nd + 1
+        else:
+            fixed += m.seconds
+    return _LinkTerms(fixed, ub, nu, db, nd)
+
+
+class AdaptivePlanner:
+    """Plans precomputed over a range of uplink bandwidths (the downlink keeping its ratio);
+    `choose(link)` finds the measured bandwidth's neighbours by bisection and returns the
+    better of their two plans over that link: O(log n) in the number of plans."""
+
+    def __init__(self, graph: Graph, cost: CostModel, outputs: Optional[Sequence[Fetch]] = None,
+                 constraints: Constraints = Constraints(), algorithm: str = "mincut",
+                 bandwidths: Sequence[float] = tuple(np.logspace(5, 9, 41))):
+        bws = sorted(float(b) for b in bandwidths)
+        if not bws:
+            raise ValueError("AdaptivePlanner needs at least one bandwidth")
+        self.bandwidths: List[float] = bws
+        self.plans: List[SplitPlan] = []
+        problem = None
+        for bw in bws:
+            c = cost.with_link(cost.link.with_uplink(bw))
+            problem = Problem(graph, c, outputs, constraints)
+            self.plans.append(plan_split(graph, c, outputs, constraints, algorithm, problem=problem))
+        self._terms = [_link_terms(p.predicted, cost.edge) for p in self.plans]
+
+    def choose(self, link: LinkModel) -> SplitPlan:
+        i = bisect.bisect_left(self.bandwidths, link.up_bps)
+        cands = {max(i - 1, 0), min(i, len(self.plans) - 1)}
+        best = min(cands, key=lambda j: (self._terms[j].at(link), j))
+        return self.plans[best]
+
+    def distinct(self) -> List[SplitPlan]:
+        """The plans that differ from their lower-bandwidth neighbour (the breakpoints)."""
+        out = []
+        for p in self.plans:
+            if not out or p.placement != out[-1].placement:
+                out.append(p)
+        return out
+
+
+def _role(device: str, edge: Optional[str]) -> str:
+    if device == edge:
+        return "edge"
+    job = device.split("/job:")[1].split("/")[0] if "/job:" in device else device
+    return job
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:10.3f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+__all__ = ["SplitPlan", "plan_split", "AdaptivePlanner", "ALGORITHMS", "PlacementError"]

@@ -1,0 +1,55 @@
+"""Split plans explain themselves; the adaptive choice picks the right precomputed plan."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import isthmus as ism
+from isthmus.partitioner.costmodel import CostModel
+from isthmus.partitioner.devices import EDGE, LinkModel
+from isthmus.partitioner.plan import AdaptivePlanner, plan_split
+from isthmus.partitioner.problem import Constraints, Problem
+
+from .test_placement import _mlp, problems
+
+
+def test_explain_names_placement_parts_transfers_and_baselines():
+    g, x, y = _mlp()
+    edge = replace(EDGE, supported_ops=frozenset({"Placeholder", "MatMul", "Relu"}))
+    cm = CostModel.edge_cloud(LinkModel.parse("5mbps", "40ms"), edge=edge, batch_size=8)
+    plan = plan_split(g, cm, [y])
+    text = plan.explain()
+    for want in ("split plan (mincut)", "up 5 Mbit/s", "compute on edge", "transfer", "edge->cloud",
+                 "edge_only", "cloud_only", "total", "'y' (Exp) only on cloud"):
+        assert want in text, (want, text)
+    assert plan.total <= min(b.total for b in plan.baselines.values()) + 1e-12
+    xv = np.random.default_rng(0).standard_normal((8, 784)).astype(np.float32)
+    np.testing.assert_allclose(plan.partition().run({"x": xv})[0], ism.Session(g).run(y, {x: xv}), rtol=1e-4)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(problems(max_nodes=10), st.floats(1e4, 1e10), st.floats(1e4, 1e10), st.floats(0, 0.2))
+def test_predict_over_another_link_matches_a_fresh_evaluation(p, up, down, rtt):
+    plan = plan_split(p.graph, p.cost, p.outputs, p.constraints, problem=p)
+    assert plan.predicted.total == pytest.approx(p.total(p.assignment(plan.placement)), rel=1e-9)
+    link = LinkModel(up, down, rtt)
+    q = Problem(p.graph, p.cost.with_link(link), p.outputs, p.constraints)
+    assert plan.predict(link) == pytest.approx(q.total(q.assignment(plan.placement)), rel=1e-9)
+
+
+def test_adaptive_choice_is_optimal_at_the_grid_and_never_worse_than_its_neighbours():
+    g, x, y = _mlp(batch=16, widths=(32, 1024, 1024, 10))  # a bottleneck: the cut has three places to be
+    cm = CostModel.edge_cloud(LinkModel(1e6, 0.5e6, 1e-3))
+    c = Constraints(edge_memory_budget=None)
+    ap = AdaptivePlanner(g, cm, [y], c, bandwidths=np.logspace(5, 10, 21))
+    assert len(ap.distinct()) >= 3  # the cut moves as the link gets faster
+    for bw in ap.bandwidths:
+        link = cm.link.with_uplink(bw)
+        fresh = plan_split(g, cm.with_link(link), [y], c)
+        assert ap.choose(link).predict(link) == pytest.approx(fresh.total, rel=1e-9)
+    for bw in np.logspace(5.1, 9.9, 13):
+        link = LinkModel(bw, bw / 3, 0.05)
+        chosen = ap.choose(link).predict(link)
+        i = int(np.searchsorted(ap.bandwidths, bw))
+        assert chosen <= min(ap.plans[i - 1].predict(link), ap.plans[i].predict(link)) + 1e-12

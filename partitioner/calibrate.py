@@ -1,0 +1,195 @@
+"""Calibration: time the real kernels through the core executor, fit a cost regression per op type.
+
+For each op type in the table, graphs of one node are built over a range of shapes and
+run in a Session; the per-node kernel times (core/profile.py) are paired with the node's
+registered cost (FLOPs, bytes) and fitted, per op type, by non-negative least squares on
+relative error:  seconds = c0 + c_flops * flops + c_bytes * bytes.
+`isthmus calibrate --device NAME` runs this and writes the device profile as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy.optimize import nnls
+
+from ..core import registry
+from ..core.graph import Graph
+from ..core.profile import time_nodes
+from ..core.registry import REQUIRED
+from ..core.session import Session
+from .costmodel import op_cost
+from .devices import CLOUD, Coeffs, DeviceProfile
+
+
+@dataclass(frozen=True)
+class Sample:
+    op: str
+    shape: str
+    flops: float
+    nbytes: float
+    seconds: float
+
+
+# one graph: (input arrays, build(graph, placeholders) -> node under test)
+Case = Tuple[List[np.ndarray], Callable]
+
+_SIZES = {"quick": (1024, 65536, 524288), "full": (256, 4096, 32768, 131072, 524288, 2097152)}
+_MATMULS = {"quick": ((1, 256, 256), (32, 512, 512), (128, 1024, 512)),
+            "full": ((1, 256, 256), (8, 512, 512), (32, 784, 512), (64, 256, 1024), (16, 64, 64),
+                     (128, 1024, 1024), (256, 256, 256), (512, 128, 64))}
+_NOT_KERNELS = {"Const", "Placeholder", "Variable", "NoOp", "Send", "Recv", "If", "While", "WhileGrad"}
+
+
+def _data(rng, shape, dtype=np.float32) -> np.ndarray:
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) < 0.5
+    return rng.uniform(0.5, 2.0, shape).astype(dtype)  # positive: log, sqrt and pow are defined
+
+
+def _placeholder(g: Graph, dtype, shape, name: str):
+    # g.add_node, not ops.placeholder(graph=g): an empty Graph is falsy (it has __len__)
+    return g.add_node("Placeholder", (), {"dtype": np.dtype(dtype), "shape": tuple(shape)}, name=name).outputs[0]
+
+
+def _node(op: str, attrs=None):
+    return lambda g, phs: g.add_node(op, phs, attrs or {})
+
+
+def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
+    """The graphs timed for `op` (none for ops calibration does not know how to build)."""
+    rng = rng or np.random.default_rng(0)
+    if op in ("MatMul", "FusedMatMul"):
+        for m, k, n in _MATMULS[level]:
+            ins = [_data(rng, (m, k)), _data(rng, (k, n))]
+            if op == "FusedMatMul":
+                yield ins + [_data(rng, (n,))], _node(op, {"activation": "relu"})
+            else:
+                yield ins, _node(op)
+        return
+    if op == "BiasAdd":
+        for size in _SIZES[level]:
+            yield [_data(rng, (size // 256, 256)), _data(rng, (256,))], _node(op)
+        return
+    if op == "AddN":
+        for size in _SIZES[level]:
+            yield [_data(rng, (size,)) for _ in range(3)], _node(op)
+        return
+    d = registry.get(op)
+    if op in _NOT_KERNELS or d.variadic or any(v is REQUIRED for v in d.attrs.values()):
+        return
+    arity = len(d.inputs)
+    if arity not in (1, 2) or d.ref_inputs:
+        return
+    for dtype in (np.float32, np.bool_):  # the first dtype the op accepts
+        try:
+            g = Graph()
+            _node(op)(g, [_placeholder(g, dtype, (4,), f"in{i}") for i in range(arity)])
+        except Exception:
+            continue
+        for size in _SIZES[level]:
+            yield [_data(rng, (size,), dtype) for _ in range(arity)], _node(op)
+        return
+
+
+def measure(ops: Optional[Sequence[str]] = None, level: str = "full", budget_s: float = 0.05) -> List[Sample]:
+    """Time every case of every op (default: all registered ops calibration can build)."""
+    if level not in _SIZES:
+        raise ValueError(f"level must be one of {sorted(_SIZES)}, got {level!r}")
+    out: List[Sample] = []
+    for op in ops or registry.registered():
+        registry.get(op)  # an unknown op lists the known ones
+        for inputs, build in cases(op, level):
+            out.append(_time_case(op, inputs, build, budget_s))
+    return out
+
+
+def _time_case(op: str, inputs: List[np.ndarray], build: Callable, budget_s: float) -> Sample:
+    g = Graph(seed=0)
+    phs = [_placeholder(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
+    node = build(g, phs)
+    sess = Session(g, parallel=False, optimize=False)
+    feed = dict(zip(phs, inputs))
+    fetch = node.outputs[0]
+    t0 = time.perf_counter()
+    sess.run(fetch, feed)  # compile and warm up
+    once = time.perf_counter() - t0
+    repeats = int(np.clip(budget_s / max(once, 1e-6), 5, 200))
+    times = time_nodes(sess, fetch, feed, repeats=repeats)
+    seconds = next(s for n, s in times.items() if n.op == op)
+    c = op_cost(node)
+    return Sample(op, "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written, seconds)
+
+
+def fit_coeffs(samples: Sequence[Sample]) -> Coeffs:
+    """c0, c_flops, c_bytes >= 0 minimising the squared relative error."""
+    t = np.array([s.seconds for s in samples])
+    A = np.array([[1.0, s.flops, s.nbytes] for s in samples]) / t[:, None]
+    scale = A.max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls(A / scale, np.ones(len(samples)))
+    x = x / scale
+    return (float(x[0]), float(x[1]), float(x[2]))
+
+
+def fit(samples: Sequence[Sample], name: str, base: DeviceProfile = CLOUD) -> DeviceProfile:
+    """A profile with one regression per measured op type and one over all of them."""
+    by_op: Dict[str, List[Sample]] = {}
+    for s in samples:
+        by_op.setdefault(s.op, []).append(s)
+    coeffs = {op: fit_coeffs(ss) for op, ss in by_op.items()}
+    mm = [s.flops / s.seconds for s in samples if s.op == "MatMul"]
+    mem = [s.nbytes / s.seconds for s in samples if s.flops <= s.nbytes]
+    small = sorted(s.seconds for s in samples)[: max(1, len(samples) // 10)]
+    return replace(base, name=name, op_coeffs=coeffs, default_coeffs=fit_coeffs(samples) if samples else None,
+                   peak_flops=max(mm) if mm else base.peak_flops,
+                   mem_bandwidth=max(mem) if mem else base.mem_bandwidth,
+                   op_overhead=float(np.median(small)) if samples else base.op_overhead)
+
+
+def errors(profile: DeviceProfile, samples: Sequence[Sample]) -> Dict[str, float]:
+    """Mean absolute percentage error of the profile's predictions, per op type."""
+    out: Dict[str, List[float]] = {}
+    for s in samples:
+        pred = profile.op_time(s.op, s.flops, s.nbytes)
+        out.setdefault(s.op, []).append(abs(pred - s.seconds) / s.seconds)
+    return {op: float(np.mean(v)) for op, v in out.items()}
+
+
+def calibrate(device: str = "cloud", ops: Optional[Sequence[str]] = None, level: str = "full",
+              slowdown: float = 1.0, path: Optional[str] = None, base: DeviceProfile = CLOUD) -> DeviceProfile:
+    """Measure this machine and return (and optionally write) the device profile `device`.
+
+    `slowdown` > 1 emulates a slower device (an edge 8x slower than this machine).
+    """
+    profile = fit(measure(ops, level), device, base)
+    if slowdown != 1.0:
+        profile = profile.scaled(slowdown, name=device)
+    if path:
+        profile.save(path)
+    return profile
+
+
+# ---- the `isthmus calibrate` command ------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cloud", help="name of the profile to write (default: cloud)")
+    p.add_argument("--out", default=None, help="JSON file to write (default: <device>.json)")
+    p.add_argument("--ops", nargs="*", default=None, help="op types to calibrate (default: all it can build)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes (a few seconds)")
+    p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower")
+
+
+def run(args) -> int:
+    samples = measure(args.ops, "quick" if args.quick else "full")
+    profile = fit(samples, args.device)
+    if args.slowdown != 1.0:
+        profile = profile.scaled(args.slowdown, name=args.device)
+    out = args.out or f"{args.device}.json"
+    profile.save(out)
+    err = errors(fit(samples, args.device), samples)
+    print(f"wrote {out}: {len(profile.op_coeffs)} op types from {len(samples)} measurements; "
+          f"mean abs error on them {np.mean(list(err.values())):.1%}")
+    return 0

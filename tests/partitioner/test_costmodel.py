@@ -1,0 +1,73 @@
+"""Device profiles, the link model, the cost model and calibration."""
+import json
+
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.partitioner.calibrate import calibrate, cases, errors, fit, fit_coeffs, measure, Sample
+from isthmus.partitioner.costmodel import CostModel, op_cost
+from isthmus.partitioner.devices import (CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel,
+                                         parse_bandwidth, parse_duration)
+
+
+def test_link_model_parses_and_prices_transfers():
+    link = LinkModel.parse("5mbps", "40ms")
+    assert (link.up_bps, link.down_bps, link.rtt_s) == (5e6, 5e6, 0.04)
+    assert link.upload_time(625_000) == pytest.approx(1.0 + 0.02)  # 5 Mbit in 1 s, plus half the round trip
+    assert parse_bandwidth("0.1 Mbit/s") == pytest.approx(1e5) and parse_duration("250us") == pytest.approx(2.5e-4)
+    assert link.with_uplink(10e6).down_bps == pytest.approx(10e6)
+    with pytest.raises(ValueError, match="bandwidth"):
+        parse_bandwidth("fast")
+    with pytest.raises(ValueError):
+        LinkModel(0, 1, 0)
+
+
+def test_profiles_scale_and_round_trip_through_json(tmp_path):
+    p = DeviceProfile("x", op_coeffs={"MatMul": (1e-6, 1e-11, 0.0)}, default_coeffs=(2e-6, 0.0, 1e-10),
+                      supported_ops=frozenset({"MatMul", "Add"}), memory_budget=1e6)
+    slow = p.scaled(8)
+    assert slow.op_time("MatMul", 1e9, 0) == pytest.approx(8 * p.op_time("MatMul", 1e9, 0))
+    assert slow.op_time("Tanh", 0, 1e6) == pytest.approx(8 * p.op_time("Tanh", 0, 1e6))  # default coefficients
+    path = tmp_path / "x.json"
+    slow.save(str(path))
+    assert DeviceProfile.load(str(path)) == slow
+    d = json.loads(path.read_text())
+    d["bogus"] = 1
+    with pytest.raises(ValueError, match="bogus"):
+        DeviceProfile.from_json(json.dumps(d))
+    assert EDGE.op_time("Add", 1e6, 0) == pytest.approx(8 * CLOUD.op_time("Add", 1e6, 0))
+
+
+def test_unknown_dims_take_the_batch_size():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 100), name="x")
+        y = ism.matmul(x, ism.constant(np.ones((100, 10), np.float32)), name="y")
+    assert op_cost(y.node, batch_size=1).flops == 2 * 100 * 10
+    cm = CostModel.edge_cloud(batch_size=32)
+    assert cm.cost(y.node).flops == 32 * 2 * 100 * 10
+    assert cm.tensor_bytes(x) == 32 * 100 * 4
+    assert cm.node_time(y.node, EDGE_DEVICE) > cm.node_time(y.node, CLOUD_DEVICE) > 0
+    assert cm.node_time(x.node, EDGE_DEVICE) == 0.0  # a placeholder costs nothing to run
+
+
+def test_regression_recovers_known_coefficients():
+    true = (3e-6, 2e-11, 5e-10)
+    samples = [Sample("Op", "", f, b, true[0] + true[1] * f + true[2] * b)
+               for f, b in [(1e3, 1e3), (1e6, 1e4), (1e8, 1e5), (1e4, 1e7), (1e9, 1e6)]]
+    assert np.allclose(fit_coeffs(samples), true, rtol=1e-6)
+
+
+def test_calibration_times_real_kernels(tmp_path):
+    ops = ["Add", "Tanh", "MatMul", "LogicalAnd"]
+    assert all(list(cases(op, "quick")) for op in ops)
+    assert not list(cases("Variable", "quick"))
+    samples = measure(ops, "quick", budget_s=0.005)
+    assert {s.op for s in samples} == set(ops) and all(s.seconds > 0 for s in samples)
+    prof = fit(samples, "here")
+    assert set(prof.op_coeffs) == set(ops) and all(min(c) >= 0 for c in prof.op_coeffs.values())
+    assert all(e < 1.0 for e in errors(prof, samples).values())  # fits its own data (loosely: CPUs are shared)
+    path = tmp_path / "edge.json"
+    edge = calibrate("edge", ["Add"], "quick", slowdown=8, path=str(path))
+    assert DeviceProfile.load(str(path)) == edge and edge.name == "edge"

@@ -1,1 +1,23 @@
-"""isthmus.partitioner (see DESIGN.md)."""
+"""isthmus.partitioner: split one graph between the edge and the cloud (DESIGN.md, "Splitting a graph").
+
+    cost = CostModel.edge_cloud(LinkModel.parse("5mbps", "40ms"), batch_size=1)
+    plan = plan_split(graph, cost, outputs=[y])       # mincut placement + prediction
+    print(plan.explain())
+    parts = plan.partition()                          # one subgraph per device, Send/Recv between
+    y_value, = parts.run({"x": x_value})              # the parts run together, in process
+
+Modules: devices (profiles, links), costmodel, calibrate, problem (constraints and the
+objective), placement (mincut, greedy, exhaustive, baselines), partition, runner, plan.
+"""
+from .costmodel import CostModel, op_cost
+from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel
+from .partition import Part, Partition, Transfer, partition
+from .placement import cloud_only, edge_only, place_exhaustive, place_greedy, place_mincut
+from .plan import AdaptivePlanner, SplitPlan, plan_split
+from .problem import Constraints, Placement, PlacementError, Problem
+from .runner import SplitSession
+
+__all__ = ["CostModel", "op_cost", "DeviceProfile", "LinkModel", "CLOUD", "EDGE", "CLOUD_DEVICE", "EDGE_DEVICE",
+           "Part", "Partition", "Transfer", "partition", "place_mincut", "place_greedy", "place_exhaustive",
+           "edge_only", "cloud_only", "AdaptivePlanner", "SplitPlan", "plan_split", "Constraints", "Placement",
+           "PlacementError", "Problem", "SplitSession"]

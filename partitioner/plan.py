@@ -70,8 +70,11 @@ class SplitPlan:
         alts = {k: b.total for k, b in self.baselines.items()}
         lines.append("alternatives: " + ", ".join(f"{k} {_ms(v).strip()}" for k, v in alts.items()))
         if alts and self.total > 0:
-            best = min(alts.values())
-            lines.append(f"  the split takes {self.total / best:.1%} of the best of them ({best / self.total:.3g}x faster)")
+            name, best = min(alts.items(), key=lambda kv: kv[1])
+            if self.total < best * (1 - 1e-9):
+                lines.append(f"  the split is {best / self.total:.3g}x faster than the best of them ({name})")
+            else:
+                lines.append(f"  the split is no faster than {name}: running that way is the best plan")
         for f in self.forced:
             lines.append(f"constraint: '{f.node}' ({f.op}) only on {', '.join(short[d] for d in f.devices)}: {f.reason}")
         return "\n".join(lines)

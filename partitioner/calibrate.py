@@ -38,9 +38,11 @@ class Sample:
 Case = Tuple[List[np.ndarray], Callable]
 
 _SIZES = {"quick": (1024, 65536, 524288), "full": (256, 4096, 32768, 131072, 524288, 2097152)}
-_MATMULS = {"quick": ((1, 256, 256), (32, 512, 512), (128, 1024, 512)),
+_MATMULS = {"quick": ((1, 256, 256), (32, 512, 512), (128, 1024, 512), (4, 1536, 1536)),
             "full": ((1, 256, 256), (8, 512, 512), (32, 784, 512), (64, 256, 1024), (16, 64, 64),
-                     (128, 1024, 1024), (256, 256, 256), (512, 128, 64))}
+                     (128, 1024, 1024), (256, 256, 256), (512, 128, 64),
+                     # few rows, large weights: memory-bound, as inference at small batch is
+                     (1, 1024, 1024), (4, 1536, 1536), (2, 512, 2048), (16, 2048, 1024))}
 _NOT_KERNELS = {"Const", "Placeholder", "Variable", "NoOp", "Send", "Recv", "If", "While", "WhileGrad"}
 
 

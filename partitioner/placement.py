@@ -196,37 +196,40 @@ def place_greedy(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
 
 def solve_greedy(p: Problem) -> np.ndarray:
     n, D = len(p.nodes), len(p.devices)
-    reads: List[List] = [[] for _ in range(n)]  # flows each node waits for
+    reads: List[List] = [[] for _ in range(n)]     # flows each node waits for
+    returned: List[List] = [[] for _ in range(n)]  # its outputs, fetched on the return device
     for f in p.flows:
         for c in f.consumers:
             reads[c].append(f)
+        if f.is_output and p.return_to is not None:
+            returned[f.producer].append(f)
     assign = np.full(n, -1, dtype=np.int64)
     finish = np.zeros(n)
     free_at = np.zeros(D)
     arrival: Dict[Tuple[int, int], float] = {}  # (flow id, device) -> when the value is there
     group_dev: Dict[int, int] = {}
+
+    def arrives(f, d: int) -> float:
+        src = assign[f.producer]
+        if src == d:
+            return finish[f.producer]
+        return arrival.get((id(f), d), finish[f.producer] + f.times[src, d])
+
     for i in range(n):
         g = p.group[i]
-        cands = [group_dev[g]] if g in group_dev else list(np.flatnonzero(p.allowed[i]))
         best = None
-        for d in cands:
-            ready = 0.0
-            for f in reads[i]:
-                src = assign[f.producer]
-                ready = max(ready, finish[f.producer] if src == d else
-                            arrival.get((id(f), d), finish[f.producer] + f.times[src, d]))
-            end = max(ready, free_at[d]) + p.times[i, d]
-            key = (end, p.times[i, d])
+        for d in ([group_dev[g]] if g in group_dev else np.flatnonzero(p.allowed[i])):
+            end = max([free_at[d]] + [arrives(f, d) for f in reads[i]]) + p.times[i, d]
+            home = max((f.times[d, p.return_to] for f in returned[i]), default=0.0)  # answers go home
+            key = (end + home, p.times[i, d], end)
             if best is None or key < best[0]:
                 best = (key, d)
         d = best[1]
-        assign[i], finish[i] = d, best[0][0]
+        assign[i], finish[i] = d, best[0][2]
         free_at[d] = finish[i]
         group_dev.setdefault(g, d)
         for f in reads[i]:
-            src = assign[f.producer]
-            if src != d:
-                arrival.setdefault((id(f), d), finish[f.producer] + f.times[src, d])
+            arrival.setdefault((id(f), d), arrives(f, d))
     return assign
 
 

@@ -86,6 +86,22 @@ class SplitSession:
                 by_name[orig] = v
         return [by_name[name] for name in self.partition.outputs]
 
+    # ---- variables live in the part that holds them -------------------------------------------
+    def _holder(self, name: str) -> Session:
+        for sess in self.sessions.values():
+            if name in sess.graph and sess.graph.node(name).op == "Variable":
+                return sess
+        raise KeyError(f"no part holds a variable named '{name}'")
+
+    def variable_value(self, name: str):
+        sess = self._holder(name)
+        return sess.variable_value(sess.graph.node(name))
+
+    def set_variable_value(self, name: str, value) -> None:
+        """Load a variable's value (from a checkpoint, or an unsplit session) into its part."""
+        sess = self._holder(name)
+        sess.set_variable_value(sess.graph.node(name), value)
+
     def close(self) -> None:
         self._pool.shutdown(wait=False)
         for s in self.sessions.values():

@@ -53,3 +53,21 @@ def test_adaptive_choice_is_optimal_at_the_grid_and_never_worse_than_its_neighbo
         chosen = ap.choose(link).predict(link)
         i = int(np.searchsorted(ap.bandwidths, bw))
         assert chosen <= min(ap.plans[i - 1].predict(link), ap.plans[i].predict(link)) + 1e-12
+
+
+def test_pictures_are_svg_with_one_box_per_node_and_the_cut_in_red(tmp_path):
+    import xml.etree.ElementTree as ET
+    from isthmus.partitioner.plots import CUT, graph_svg, latency_series, latency_svg
+    g, x, y = _mlp(batch=16, widths=(32, 1024, 1024, 10))
+    cm = CostModel.edge_cloud(LinkModel.parse("20mbps", "1ms"))
+    plan = plan_split(g, cm, [y])
+    root = ET.fromstring(graph_svg(plan, str(tmp_path / "g.svg")))
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(root.findall(f"{ns}g/{ns}rect")) == len(plan.problem.nodes)
+    crossing = sum(plan.placement[plan.problem.nodes[f.producer].name] != plan.placement[plan.problem.nodes[c].name]
+                   for f in plan.problem.flows for c in f.consumers)
+    assert crossing > 0 and len([e for e in root.iter(f"{ns}line") if e.get("stroke") == CUT]) == crossing + 1
+    ap = AdaptivePlanner(g, cm, [y], bandwidths=np.logspace(5, 9, 9))
+    ET.fromstring(latency_svg(ap, str(tmp_path / "l.svg")))
+    s = latency_series(ap)
+    assert all(sp[1] <= min(e[1], c[1]) + 1e-12 for sp, e, c in zip(s["split"], s["edge_only"], s["cloud_only"]))

@@ -1,0 +1,106 @@
+"""The `isthmus partition` command: place a model between the edge and the cloud and explain it.
+
+    isthmus partition MODEL --bandwidth 5mbps --rtt 40ms [--svg g.svg] [--latency-plot l.svg]
+
+MODEL is an ONNX file (through isthmus.converters, once it imports ONNX) or a Python
+function building the graph, as `path/to/file.py:build` or `package.module:build`; the
+function returns a Graph, or (Graph, outputs).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ..core.graph import Graph
+from .costmodel import CostModel
+from .devices import CLOUD, EDGE, DeviceProfile, LinkModel
+from .plan import ALGORITHMS, AdaptivePlanner, plan_split
+from .problem import Constraints
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an .onnx file, or file.py:function / module:function returning a Graph")
+    p.add_argument("--bandwidth", default="20mbps", help="uplink, e.g. 5mbps (default 20mbps)")
+    p.add_argument("--downlink", default=None, help="downlink (default: the uplink)")
+    p.add_argument("--rtt", default="40ms", help="round-trip time, e.g. 40ms")
+    p.add_argument("--batch", type=int, default=1, help="batch size for unknown dimensions")
+    p.add_argument("--algorithm", default="mincut", choices=sorted(ALGORITHMS))
+    p.add_argument("--edge-profile", default=None, help="device profile JSON (isthmus calibrate)")
+    p.add_argument("--cloud-profile", default=None, help="device profile JSON (isthmus calibrate)")
+    p.add_argument("--edge-slowdown", type=float, default=None,
+                   help="emulate the edge as the cloud profile this many times slower")
+    p.add_argument("--memory-budget", type=float, default=None, help="edge memory budget in bytes")
+    p.add_argument("--svg", default=None, help="write the graph coloured by device (SVG)")
+    p.add_argument("--latency-plot", default=None, help="write predicted latency vs bandwidth (SVG)")
+
+
+def load_model(spec: str) -> Tuple[Graph, Optional[list]]:
+    if spec.endswith(".onnx"):
+        try:
+            onnx_import = importlib.import_module("isthmus.converters.onnx_import")
+        except ImportError:
+            raise SystemExit(f"cannot read {spec}: ONNX import (isthmus.converters) is not available yet; "
+                             "pass a Python function building the graph (file.py:function)") from None
+        return _as_graph(onnx_import.import_model(spec))
+    where, sep, fn = spec.rpartition(":")
+    if not sep or not fn:
+        raise SystemExit(f"model {spec!r}: expected an .onnx file, file.py:function or module:function")
+    if where.endswith(".py"):
+        if not os.path.exists(where):
+            raise SystemExit(f"model {spec!r}: no file {where}")
+        s = importlib.util.spec_from_file_location("_isthmus_model", where)
+        mod = importlib.util.module_from_spec(s)
+        s.loader.exec_module(mod)  # the user's own model script, run as `python file.py` would
+    else:
+        mod = importlib.import_module(where)
+    return _as_graph(getattr(mod, fn)())
+
+
+def _as_graph(result) -> Tuple[Graph, Optional[list]]:
+    if isinstance(result, Graph):
+        return result, None
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Graph):
+        return result[0], list(result[1])
+    raise SystemExit(f"the model function returned {type(result).__name__}; expected a Graph or (Graph, outputs)")
+
+
+def cost_model(args) -> CostModel:
+    cloud = DeviceProfile.load(args.cloud_profile) if args.cloud_profile else CLOUD
+    if args.edge_profile:
+        edge = DeviceProfile.load(args.edge_profile)
+    elif args.edge_slowdown:
+        edge = cloud.scaled(args.edge_slowdown, name="edge")
+    else:
+        edge = EDGE
+    link = LinkModel.parse(args.bandwidth, args.rtt, args.downlink)
+    return CostModel.edge_cloud(link, edge, cloud, batch_size=args.batch)
+
+
+def run(args) -> int:
+    graph, outputs = load_model(args.model)
+    cm = cost_model(args)
+    c = Constraints(edge_memory_budget=args.memory_budget if args.memory_budget is not None else "profile")
+    plan = plan_split(graph, cm, outputs, c, args.algorithm)
+    print(plan.explain())
+    if args.svg or args.latency_plot:
+        from .plots import graph_svg, latency_svg
+        if args.svg:
+            graph_svg(plan, args.svg)
+            print(f"wrote {args.svg}")
+        if args.latency_plot:
+            planner = AdaptivePlanner(graph, cm, outputs, c, args.algorithm, bandwidths=np.logspace(5, 9, 41))
+            latency_svg(planner, args.latency_plot, title=f"predicted latency, rtt {cm.link.rtt_s * 1e3:g} ms")
+            print(f"wrote {args.latency_plot}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="isthmus partition", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(sys.argv[1:] if argv is None else argv))

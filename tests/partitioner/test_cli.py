@@ -1,0 +1,43 @@
+"""The partition and calibrate commands (their modules; cli.py lists them)."""
+import argparse
+import textwrap
+
+from isthmus.partitioner import calibrate
+from isthmus.partitioner.cli import main
+from isthmus.partitioner.devices import DeviceProfile
+
+MODEL = textwrap.dedent('''
+    import numpy as np
+    import isthmus as ism
+
+    def build():
+        g = ism.Graph()
+        with g.as_default():
+            x = ism.placeholder("float32", (None, 512), name="x")
+            h = ism.relu(ism.matmul(x, ism.constant(np.ones((512, 16), np.float32))), name="h")
+            y = ism.tanh(ism.matmul(h, ism.constant(np.ones((16, 512), np.float32))), name="y")
+        return g, [y]
+''')
+
+
+def test_partition_command_explains_and_draws(tmp_path, capsys):
+    model = tmp_path / "model.py"
+    model.write_text(MODEL)
+    svg, plot = tmp_path / "g.svg", tmp_path / "l.svg"
+    assert main([f"{model}:build", "--bandwidth", "5mbps", "--rtt", "40ms", "--batch", "8",
+                 "--edge-slowdown", "8", "--svg", str(svg), "--latency-plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "split plan (mincut)" in out and "up 5 Mbit/s" in out and "cloud_only" in out
+    assert svg.read_text().startswith("<svg") and plot.read_text().startswith("<svg")
+
+
+def test_calibrate_command_writes_a_profile(tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    calibrate.add_arguments(p)
+    out = tmp_path / "phone.json"
+    args = p.parse_args(["--device", "phone", "--out", str(out), "--ops", "Add", "Relu", "--quick",
+                         "--slowdown", "8"])
+    assert calibrate.run(args) == 0
+    prof = DeviceProfile.load(str(out))
+    assert prof.name == "phone" and set(prof.op_coeffs) == {"Add", "Relu"}
+    assert "wrote" in capsys.readouterr().out

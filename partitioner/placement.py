@@ -245,7 +245,7 @@ def cloud_only(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
                outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints()) -> Placement:
     """Everything on the cloud but what must stay on the edge (the inputs, where the data lives)."""
     p = _problem(graph, cost, outputs, constraints)
-    return p.placement(solve_preferring(p, p._role("cloud")))
+    return p.placement(solve_preferring(p, p.role("cloud")))
 
 
 def solve_preferring(p: Problem, device: int) -> np.ndarray:

@@ -20,7 +20,7 @@ ALGORITHMS: Dict[str, Callable[[Problem], np.ndarray]] = {
     "greedy": solve_greedy,
     "exhaustive": solve_exhaustive,
     "edge_only": lambda p: solve_preferring(p, p.edge),
-    "cloud_only": lambda p: solve_preferring(p, p._role("cloud")),
+    "cloud_only": lambda p: solve_preferring(p, p.role("cloud")),
 }
 
 

@@ -103,7 +103,7 @@ class Problem:
             raise PlacementError(f"devices {unknown} have no profile in the cost model")
         self.outputs: List[Union[Tensor, Node]] = resolve_outputs(graph, outputs)
         self.edge = self.devices.index(cost.edge) if cost.edge in self.devices else None
-        self.return_to = self._role(constraints.outputs_to)
+        self.return_to = self.role(constraints.outputs_to)
         self.forced: List[Forced] = []
         self._collect_nodes()
         self._collect_flows()
@@ -182,7 +182,7 @@ class Problem:
                 else:
                     allowed[i] &= match
             elif node.op == "Placeholder" and self.constraints.inputs_on is not None:
-                d = self._role(self.constraints.inputs_on)
+                d = self.role(self.constraints.inputs_on)
                 allowed[i] = False
                 allowed[i, d] = True
         self.group = self._groups()
@@ -228,7 +228,8 @@ class Problem:
         where = tuple(d for d, y in zip(self.devices, allowed_row) if y)
         self.forced.append(Forced(node.name, node.op, where, reason))
 
-    def _role(self, role: Optional[str]) -> Optional[int]:
+    def role(self, role: Optional[str]) -> Optional[int]:
+        """The index of a device named by role ('edge', 'cloud') or by name; None for None."""
         if role is None:
             return None
         if role == "edge":

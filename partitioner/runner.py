@@ -70,10 +70,12 @@ class SplitSession:
         for k, v in feed_dict.items():
             name = k.node.name if isinstance(k, Tensor) else str(k).split(":")[0]
             d = self._feed_part.get(name)
-            if d is None and self.partition.source is not None and name in self.partition.source:
+            src = self.partition.source
+            if d is None and src is not None and name in src and src.node(name).op == "Placeholder":
                 continue  # a placeholder of the graph that no output needs, as Session allows
             if d is None:
-                raise KeyError(f"feed '{name}' is not a placeholder of any part; placeholders: "
+                raise KeyError(f"feed '{name}' is not a placeholder of any part (a split graph is fed "
+                               f"through its placeholders only); placeholders: "
                                f"{sorted(self._feed_part)}")
             out[d][name] = v
         return out

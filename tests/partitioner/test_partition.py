@@ -151,3 +151,17 @@ def test_a_failing_part_fails_the_step_fast_with_its_own_error():
     with pytest.raises(ism.FeedError, match="'x'"):
         P.run({}, timeout=30)  # x not fed: the edge part fails, the cloud part must not wait 30 s
     assert time.perf_counter() - t0 < 5
+
+
+def test_feeds_go_to_placeholders_only():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2,), name="x")
+        unused = ism.placeholder("float32", (2,), name="unused")
+        h = ism.relu(x, name="h")
+        y = ism.tanh(h, name="y")
+    P = partition(g, {"x": EDGE_DEVICE, "h": EDGE_DEVICE, "y": CLOUD_DEVICE}, [y], return_to=EDGE_DEVICE)
+    xv = np.ones(2, np.float32)
+    assert np.allclose(P.run({"x": xv, "unused": xv})[0], np.tanh(1.0))  # unneeded, as Session allows
+    with pytest.raises(KeyError, match="placeholders only"):
+        P.run({"x": xv, "h": xv})

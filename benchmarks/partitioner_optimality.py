@@ -1,5 +1,5 @@
 """Optimality: mincut against exhaustive search on random DAGs of up to 16 placed nodes, and
-greedy's gap to the optimum.
+the gaps of greedy and of the best single layer split to the optimum.
 
 Each case draws a random DAG (matmuls, elementwise ops, fan-in up to 3, several outputs),
 random per-op speeds on edge and cloud, random pins and a random link; exhaustive tries
@@ -17,7 +17,7 @@ import numpy as np
 
 import isthmus as ism
 from isthmus.partitioner import CLOUD, EDGE, Constraints, CostModel, LinkModel, Problem
-from isthmus.partitioner.placement import solve_exhaustive, solve_greedy, solve_mincut
+from isthmus.partitioner.placement import solve_exhaustive, solve_greedy, solve_layer_split, solve_mincut
 from timing import emit
 
 OPS = ("MatMul", "Tanh", "Relu", "Add", "Mul")
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    worst_gap, mismatches, mixed, greedy_gaps, sizes = 0.0, 0, 0, [], []
+    worst_gap, mismatches, mixed, greedy_gaps, layer_gaps, sizes = 0.0, 0, 0, [], [], []
     t0 = time.perf_counter()
     for _ in range(args.cases):
         p = random_case(rng, args.max_nodes)
@@ -74,6 +74,7 @@ def main() -> None:
         mismatches += gap > 1e-6
         mixed += len(set(b.tolist())) > 1
         greedy_gaps.append((cc - cb) / cb if cb > 0 else 0.0)
+        layer_gaps.append((p.total(solve_layer_split(p)) - cb) / cb if cb > 0 else 0.0)
         sizes.append(len(p.nodes))
     emit("partitioner_optimality", {
         "cases": args.cases, "placed_nodes_max": int(max(sizes)), "placed_nodes_mean": float(np.mean(sizes)),
@@ -81,6 +82,8 @@ def main() -> None:
         "mincut_worst_relative_gap": worst_gap,
         "greedy_mean_gap": float(np.mean(greedy_gaps)), "greedy_worst_gap": float(np.max(greedy_gaps)),
         "greedy_optimal_fraction": float(np.mean(np.array(greedy_gaps) <= 1e-6)),
+        "layer_split_mean_gap": float(np.mean(layer_gaps)), "layer_split_worst_gap": float(np.max(layer_gaps)),
+        "layer_split_optimal_fraction": float(np.mean(np.array(layer_gaps) <= 1e-6)),
         "seconds": time.perf_counter() - t0})
 
 

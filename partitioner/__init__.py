@@ -12,12 +12,12 @@ objective), placement (mincut, greedy, exhaustive, baselines), partition, runner
 from .costmodel import CostModel, op_cost
 from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel
 from .partition import Part, Partition, Transfer, partition
-from .placement import cloud_only, edge_only, place_exhaustive, place_greedy, place_mincut
+from .placement import cloud_only, edge_only, place_exhaustive, place_greedy, place_layer_split, place_mincut
 from .plan import AdaptivePlanner, SplitPlan, plan_split
 from .problem import Constraints, Placement, PlacementError, Problem
 from .runner import SplitSession
 
 __all__ = ["CostModel", "op_cost", "DeviceProfile", "LinkModel", "CLOUD", "EDGE", "CLOUD_DEVICE", "EDGE_DEVICE",
-           "Part", "Partition", "Transfer", "partition", "place_mincut", "place_greedy", "place_exhaustive",
+           "Part", "Partition", "Transfer", "partition", "place_mincut", "place_greedy", "place_exhaustive", "place_layer_split",
            "edge_only", "cloud_only", "AdaptivePlanner", "SplitPlan", "plan_split", "Constraints", "Placement",
            "PlacementError", "Problem", "SplitSession"]

@@ -9,6 +9,7 @@
 - place_greedy: the whitepaper's simulated placer: nodes in topological order, each on the
   device where it would finish earliest, transfers included; any number of devices.
 - place_exhaustive: every assignment, for small graphs (the oracle of the tests).
+- place_layer_split: the best single split point in topological order (Neurosurgeon's space).
 - edge_only / cloud_only: the baselines.
 """
 from __future__ import annotations
@@ -231,6 +232,35 @@ def solve_greedy(p: Problem) -> np.ndarray:
         for f in reads[i]:
             arrival.setdefault((id(f), d), arrives(f, d))
     return assign
+
+
+# ---- layer split (Neurosurgeon, 2017) -----------------------------------------------------------------
+def place_layer_split(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
+                      outputs: Optional[Sequence[Fetch]] = None, constraints: Constraints = Constraints()) -> Placement:
+    p = _problem(graph, cost, outputs, constraints)
+    return p.placement(solve_layer_split(p))
+
+
+def solve_layer_split(p: Problem, chunk: int = 256) -> np.ndarray:
+    """The best single split point: the first k nodes (in topological order) on the edge, the rest
+    on the cloud, for every k; constraints then move what must move. The baseline of layer-wise
+    partitioners, which is optimal for chains and not for DAGs."""
+    if p.edge is None or len(p.devices) != 2:
+        raise PlacementError("a layer split needs an edge and one cloud device")
+    E, C = p.edge, 1 - p.edge
+    n = len(p.nodes)
+    best, best_cost = None, np.inf
+    for k0 in range(0, n + 1, chunk):
+        ks = np.arange(k0, min(n, k0 + chunk - 1) + 1)
+        a = np.where(np.arange(n)[None, :] < ks[:, None], E, C)
+        a = np.where(p.allowed[np.arange(n)[None, :], a], a, 1 - a)[:, p.group]
+        costs = np.where(p.feasible(a), p.total(a), np.inf)
+        j = int(np.argmin(costs))
+        if costs[j] < best_cost:
+            best, best_cost = a[j].copy(), costs[j]
+    if best is None:
+        raise PlacementError("no single split point meets the constraints (memory budget too small?)")
+    return best
 
 
 # ---- baselines -------------------------------------------------------------------------------------

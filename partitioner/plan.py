@@ -12,13 +12,14 @@ from ..core.graph import Graph
 from .costmodel import CostModel
 from .devices import LinkModel
 from .partition import Partition, partition
-from .placement import solve_exhaustive, solve_greedy, solve_mincut, solve_preferring
+from .placement import solve_exhaustive, solve_greedy, solve_layer_split, solve_mincut, solve_preferring
 from .problem import Breakdown, Constraints, Fetch, Forced, Placement, PlacementError, Problem
 
 ALGORITHMS: Dict[str, Callable[[Problem], np.ndarray]] = {
     "mincut": solve_mincut,
     "greedy": solve_greedy,
     "exhaustive": solve_exhaustive,
+    "layer_split": solve_layer_split,
     "edge_only": lambda p: solve_preferring(p, p.edge),
     "cloud_only": lambda p: solve_preferring(p, p.role("cloud")),
 }

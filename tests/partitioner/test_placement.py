@@ -10,8 +10,9 @@ import isthmus as ism
 from isthmus.partitioner.costmodel import CostModel
 from isthmus.partitioner.devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, LinkModel
 from isthmus.partitioner.partition import partition
-from isthmus.partitioner.placement import (cloud_only, edge_only, place_exhaustive, place_greedy, place_mincut,
-                                           solve_exhaustive, solve_greedy, solve_mincut)
+from isthmus.partitioner.placement import (cloud_only, edge_only, place_exhaustive, place_greedy, place_layer_split,
+                                           place_mincut, solve_exhaustive, solve_greedy, solve_layer_split,
+                                           solve_mincut)
 from isthmus.partitioner.problem import TOKEN_BYTES, Constraints, PlacementError, Problem
 
 from .randgraph import build, recipes
@@ -67,6 +68,7 @@ def test_mincut_equals_exhaustive(p):
     ca, cb = p.total(a), p.total(b)
     assert ca == pytest.approx(cb, rel=1e-6, abs=1e-12)
     assert ca <= p.total(solve_greedy(p)) * (1 + 1e-6) + 1e-12
+    assert ca <= p.total(solve_layer_split(p)) * (1 + 1e-6) + 1e-12
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -123,7 +125,7 @@ def test_pins_inputs_and_variables():
         upd = v.assign_add(h, name="upd")
         y = ism.tanh(upd, name="y")
     fast = CostModel.edge_cloud(LinkModel(1e10, 1e10, 0.0), edge=EDGE.scaled(100))
-    for place in (place_mincut, place_exhaustive, place_greedy, edge_only, cloud_only):
+    for place in (place_mincut, place_exhaustive, place_greedy, place_layer_split, edge_only, cloud_only):
         pl = place(g, fast, [y])
         assert pl["x"] == EDGE_DEVICE, place.__name__        # the data lives on the edge
         assert pl["h"] == CLOUD_DEVICE, place.__name__       # pinned
@@ -163,3 +165,10 @@ def test_greedy_places_on_many_devices_and_the_parts_run():
     np.testing.assert_allclose(got, ism.Session(g).run(y, {x: xv}), rtol=1e-4)
     with pytest.raises(PlacementError, match="mincut"):
         solve_mincut(p)
+
+
+def test_a_layer_split_is_optimal_on_a_chain():
+    g, x, y = _mlp(batch=16, widths=(32, 1024, 1024, 10))
+    for bw in (1e5, 3e6, 1e8, 1e10):
+        p = Problem(g, CostModel.edge_cloud(LinkModel(bw, bw, 1e-3)), [y], Constraints(edge_memory_budget=None))
+        assert p.total(solve_layer_split(p)) == pytest.approx(p.total(solve_mincut(p)), rel=1e-9)

@@ -55,7 +55,7 @@ def test_while_loop_shape_invariants():
     g = ism.Graph()
     with g.as_default():
         x = ism.constant(np.ones((1, 2)))
-        out = ism.while_loop(lambda a: ism.less(ism.shape(a)[0], 8), body, [x], shape_invariants=[(None, 2)])
+        [out] = ism.while_loop(lambda a: ism.less(ism.shape(a)[0], 8), body, [x], shape_invariants=[(None, 2)])
         assert out.shape == (None, 2)
         assert ism.Session(g).run(out).shape == (8, 2)
 

@@ -1,2 +1,109 @@
-"""Op family 'random' (being written)."""
-__all__: list = []
+"""Seeded random ops. Each draws from the session's generator for its node (SessionState.rng):
+deterministic for a given graph seed, op seed and node name; a new draw on every run."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import ShapeError
+from ..graph import Tensor, get_default_graph
+from ..registry import Cost, OpDef, register
+from ..shapes import as_shape, fully_defined, num_elements_est
+from .base import make
+
+__all__ = ["random_normal", "random_uniform", "truncated_normal", "random_uniform_int"]
+
+
+def _infer(node):
+    shape = node.attrs["shape"]
+    if not fully_defined(shape):
+        raise ShapeError(f"random shape {shape} must be fully known")
+    d = node.attrs["dtype"]
+    want = "iu" if node.op == "RandomUniformInt" else "f"
+    if d.kind not in want:
+        raise ShapeError(f"{node.op} cannot produce {d.name}")
+    return [(d, shape)]
+
+
+def _cost(node):
+    n = num_elements_est(node.outputs[0].shape)
+    return Cost(20 * n, 0, n * node.outputs[0].dtype.itemsize)
+
+
+def _float_draw(draw):
+    """Generator methods take dtype= only for float32/float64; float16 is drawn in float32."""
+    def factory(node, ctx):
+        g = ctx.rng(node)
+        shape, d = node.attrs["shape"], node.attrs["dtype"]
+        a, b = node.attrs["a"], node.attrs["b"]
+        native = d if d in (_dt.float32, _dt.float64) else _dt.float32
+
+        def run():
+            return draw(g, shape, native, a, b).astype(d, copy=False)
+        return run
+    return factory
+
+
+def _normal(g, shape, d, mean, std):
+    x = g.standard_normal(shape, dtype=d)
+    if std != 1.0:
+        x *= d.type(std)
+    if mean != 0.0:
+        x += d.type(mean)
+    return x
+
+
+def _uniform(g, shape, d, lo, hi):
+    x = g.random(shape, dtype=d)
+    x *= d.type(hi - lo)
+    x += d.type(lo)
+    return x
+
+
+def _truncated(g, shape, d, mean, std):
+    """Normal draws outside two standard deviations are redrawn, as in TensorFlow."""
+    x = g.standard_normal(shape, dtype=d)
+    bad = np.abs(x) > 2
+    while bad.any():
+        x[bad] = g.standard_normal(int(bad.sum()), dtype=d)
+        bad = np.abs(x) > 2
+    return x * d.type(std) + d.type(mean)
+
+
+for _name, _draw in [("RandomNormal", _normal), ("RandomUniform", _uniform), ("TruncatedNormal", _truncated)]:
+    register(OpDef(_name, inputs=(), attrs={"shape": (), "dtype": _dt.float32, "a": 0.0, "b": 1.0, "seed": None},
+                   infer=_infer, kernel=_float_draw(_draw), cost=_cost, stateful=True,
+                   doc="a, b: mean and stddev (normal) or min and max (uniform)."))
+
+
+def _kernel_int(node, ctx):
+    g = ctx.rng(node)
+    shape, d, lo, hi = node.attrs["shape"], node.attrs["dtype"], node.attrs["a"], node.attrs["b"]
+    return lambda: g.integers(int(lo), int(hi), size=shape, dtype=d)
+
+
+register(OpDef("RandomUniformInt", inputs=(), attrs={"shape": (), "dtype": _dt.int32, "a": 0, "b": 1, "seed": None},
+               infer=_infer, kernel=_kernel_int, cost=_cost, stateful=True, doc="integers in [a, b)."))
+
+
+def _make(op, shape, a, b, dtype, seed, name) -> Tensor:
+    return make(op, (), {"shape": as_shape(shape), "dtype": _dt.as_dtype(dtype), "a": a, "b": b, "seed": seed},
+                name=name or op, graph=get_default_graph()).outputs[0]
+
+
+def random_normal(shape, mean: float = 0.0, stddev: float = 1.0, dtype="float32", seed: Optional[int] = None, name=None):
+    return _make("RandomNormal", shape, float(mean), float(stddev), dtype, seed, name)
+
+
+def random_uniform(shape, minval: float = 0.0, maxval: float = 1.0, dtype="float32", seed: Optional[int] = None, name=None):
+    return _make("RandomUniform", shape, float(minval), float(maxval), dtype, seed, name)
+
+
+def truncated_normal(shape, mean: float = 0.0, stddev: float = 1.0, dtype="float32", seed: Optional[int] = None, name=None):
+    return _make("TruncatedNormal", shape, float(mean), float(stddev), dtype, seed, name)
+
+
+def random_uniform_int(shape, minval: int, maxval: int, dtype="int32", seed: Optional[int] = None, name=None):
+    return _make("RandomUniformInt", shape, int(minval), int(maxval), dtype, seed, name)

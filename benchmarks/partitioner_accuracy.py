@@ -21,7 +21,7 @@ from isthmus.core.profile import time_nodes
 from isthmus.core.rendezvous import InProcessRendezvous
 from isthmus.partitioner import CLOUD_DEVICE, EDGE_DEVICE, Constraints, CostModel, LinkModel, Problem, partition
 from isthmus.partitioner.calibrate import calibrate
-from isthmus.partitioner.runner import SplitSession
+from isthmus.partitioner.runner import SplitSession, emulated_link
 from timing import emit
 
 OPS = ["MatMul", "BiasAdd", "Relu", "Tanh", "Sigmoid", "Add"]
@@ -65,10 +65,7 @@ def measured_parts(g, x, y, xv, placement, repeats=20):
 def measured_end_to_end(g, y, xv, placement, repeats=15):
     P = partition(g, placement, [y], return_to=EDGE_DEVICE)
 
-    def delay(key, value):
-        src, dst, _ = key[0].split(";")
-        return LINK.upload_time(value.nbytes) if src == EDGE_DEVICE else LINK.download_time(value.nbytes)
-    rv = InProcessRendezvous(timeout=30, delay=delay)
+    rv = InProcessRendezvous(timeout=30, delay=emulated_link(LINK, EDGE_DEVICE))
     with SplitSession(P, rendezvous=rv, optimize=False) as s:
         s.run({"x": xv})
         samples = []

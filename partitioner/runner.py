@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
 
 from ..core.graph import Tensor
 from ..core.rendezvous import InProcessRendezvous, RendezvousAborted
@@ -114,6 +114,22 @@ class SplitSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def emulated_link(link, edge: str) -> Callable[[Hashable, Any], float]:
+    """A rendezvous delay that makes each transfer take as long as it would over `link`:
+    bytes / bandwidth + half the round trip, uploads from `edge`, downloads to it (keys are
+    the partitioner's "src;dst;tensor")."""
+    def delay(key, value) -> float:
+        name = key[0] if isinstance(key, tuple) else key
+        src, dst, _ = str(name).split(";", 2)
+        nbytes = getattr(value, "nbytes", 0)
+        if src == edge:
+            return link.upload_time(nbytes)
+        if dst == edge:
+            return link.download_time(nbytes)
+        return 0.0
+    return delay
 
 
 def _caused_by_abort(e: Optional[BaseException]) -> bool:

@@ -70,3 +70,19 @@ def test_send_and_recv_ops_pair_steps_in_order():
         sb.run(bad)
     with pytest.raises(ism.ExecutionError, match="needs a rendezvous for key 'a;b;t:0'"):
         ism.Session(b).run(y)
+
+
+def test_an_emulated_link_delays_each_transfer_by_its_size():
+    from isthmus.partitioner import CLOUD_DEVICE, EDGE_DEVICE, LinkModel, partition
+    from isthmus.partitioner.runner import SplitSession, emulated_link
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (25_000,), name="x")  # 100 KB
+        y = ism.tanh(x, name="y")
+    P = partition(g, {"x": EDGE_DEVICE, "y": CLOUD_DEVICE}, [y], return_to=EDGE_DEVICE)
+    link = LinkModel(8e6, 16e6, 0.02)  # 100 KB: 0.1 s up + 0.05 s down + one round trip
+    rv = InProcessRendezvous(timeout=5, delay=emulated_link(link, EDGE_DEVICE))
+    with SplitSession(P, rendezvous=rv) as s:
+        t0 = time.perf_counter()
+        s.run({"x": np.zeros(25_000, np.float32)})
+        assert 0.17 <= time.perf_counter() - t0 < 0.5

@@ -165,6 +165,8 @@ def place_exhaustive(graph: Union[Graph, Problem], cost: Optional[CostModel] = N
 def solve_exhaustive(p: Problem, max_assignments: int = 1 << 20, chunk: int = 1 << 14) -> np.ndarray:
     """The feasible assignment of least p.total, trying every one (ties: the first)."""
     roots = sorted(set(p.group.tolist()))
+    if not roots:
+        return np.zeros(0, dtype=np.int64)
     choices = [np.flatnonzero(p.allowed[r]) for r in roots]
     count = int(np.prod([len(c) for c in choices], dtype=np.float64)) if choices else 1
     if count > max_assignments:

@@ -71,3 +71,16 @@ def test_pictures_are_svg_with_one_box_per_node_and_the_cut_in_red(tmp_path):
     ET.fromstring(latency_svg(ap, str(tmp_path / "l.svg")))
     s = latency_series(ap)
     assert all(sp[1] <= min(e[1], c[1]) + 1e-12 for sp, e, c in zip(s["split"], s["edge_only"], s["cloud_only"]))
+
+
+@pytest.mark.parametrize("algorithm", ["mincut", "greedy", "exhaustive", "layer_split", "edge_only", "cloud_only"])
+def test_degenerate_graphs_inputs_and_constants_only(algorithm):
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2,), name="x")
+        c = ism.constant(np.ones(2, np.float32), name="c")
+    plan = plan_split(g, CostModel.edge_cloud(), [x, c], algorithm=algorithm)
+    assert plan.total == 0.0
+    got = plan.partition().run({"x": np.full(2, 3.0, np.float32)})
+    np.testing.assert_array_equal(got[0], [3.0, 3.0])
+    np.testing.assert_array_equal(got[1], [1.0, 1.0])

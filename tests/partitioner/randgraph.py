@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import isthmus as ism
 
 N = 4  # every value is an N x N float32 matrix, so any op can read any earlier node
-UNARY = ("relu", "tanh", "sigmoid", "neg", "exp_tanh")
-BINARY = ("add", "mul", "sub", "matmul", "maximum")
+UNARY = ("relu", "tanh", "sigmoid", "neg", "exp_tanh", "transpose", "reshape_twice", "add_noise")
+BINARY = ("add", "mul", "sub", "matmul", "maximum", "concat_split")
 OPS = ("const_matmul",) + UNARY + BINARY
 
 
@@ -62,6 +62,14 @@ def _op(op: str, xs, rng, name: str):
         return ism.exp(ism.tanh(xs[0]), name=name)
     if op == "matmul":
         return ism.tanh(ism.matmul(xs[0], xs[1]), name=name)  # keep values bounded
+    if op == "transpose":
+        return ism.transpose(xs[0], name=name)
+    if op == "reshape_twice":
+        return ism.reshape(ism.reshape(xs[0], (N * N,)), (N, N), name=name)
+    if op == "add_noise":  # a random op: seeded by graph seed and node name, so parts draw the same
+        return ism.add(xs[0], ism.random_normal((N, N)), name=name)
+    if op == "concat_split":
+        return ism.split(ism.concat([xs[0], xs[1]], axis=0), 2, axis=0)[1]
     if op == "mul":
         return ism.tanh(ism.mul(xs[0], xs[1]), name=name)
     return getattr(ism, op)(*xs, name=name)

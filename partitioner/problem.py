@@ -186,14 +186,15 @@ class Problem:
                 allowed[i] = False
                 allowed[i, d] = True
         self.group = self._groups()
-        for root in set(self.group.tolist()):
+        sizes = np.bincount(self.group, minlength=n)
+        for root in np.flatnonzero(sizes > 1):  # single nodes keep their own row
             members = np.flatnonzero(self.group == root)
             both = allowed[members].all(axis=0)
             if not both.any():
                 names = ", ".join(f"'{self.nodes[m].name}'" for m in members)
                 raise PlacementError(f"nodes {names} must share a device (a variable and its updates, or "
                                      "an opaque value), but their pins and supported ops leave none in common")
-            if len(members) > 1 and not (allowed[members] == both).all():
+            if not (allowed[members] == both).all():
                 for m in members:
                     if not (allowed[m] == both).all():
                         self._force(self.nodes[m], both, "colocated with the rest of its group "

@@ -85,4 +85,4 @@ def test_an_emulated_link_delays_each_transfer_by_its_size():
     with SplitSession(P, rendezvous=rv) as s:
         t0 = time.perf_counter()
         s.run({"x": np.zeros(25_000, np.float32)})
-        assert 0.17 <= time.perf_counter() - t0 < 0.5
+        assert 0.17 <= time.perf_counter() - t0 < 2.0  # generous: the CPUs are shared

@@ -29,7 +29,8 @@ def _rebuild(rw: Rewrite, rewrite: Callable[[Node, "Builder"], Optional[List[Ten
         repl = rewrite(n, b)
         if repl is not None:
             for t, r in zip(n.outputs, repl):
-                b.map[t] = r
+                if r is not None:
+                    b.map[t] = r
             if repl or stat == "dead":
                 b.stats[stat] = b.stats.get(stat, 0) + 1
             continue
@@ -122,5 +123,58 @@ def prune_dead(rw: Rewrite) -> Rewrite:
 
 
 def fold_batch_norm(rw: Rewrite) -> Rewrite:
-    """Inference BatchNorm after a Conv2D/MatMul with constant weights folds into them."""
-    return rw  # enabled once the batch-norm op's attribute schema is settled (see core/ops/nn.py)
+    """Inference BatchNorm after a Conv2D (axis 1) or MatMul (last axis) with constant weights
+    and constant statistics becomes the product with scaled weights plus a BiasAdd."""
+    g = rw.graph
+    uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
+    folds: Dict[Node, tuple] = {}  # BatchNorm node -> (product node, new weights, new bias)
+    for n in g.nodes:
+        if n.op != "BatchNorm" or n.attrs["training"] or n.control_inputs:
+            continue
+        x = n.inputs[0]
+        prod = x.node
+        if prod.op not in ("MatMul", "Conv2D") or uses.get(x, 0) != 1 or prod.control_inputs:
+            continue
+        if any(uses.get(t, 0) for t in n.outputs[1:]):
+            continue
+        params = [t.node.attrs["value"] if t.node.op == "Const" else None for t in n.inputs[1:]]
+        w = prod.inputs[1].node.attrs["value"] if prod.inputs[1].node.op == "Const" else None
+        if w is None or any(p is None for p in params):
+            continue
+        scale, offset, mean, var = (p.astype(np.float64) for p in params)
+        k = scale / np.sqrt(var + n.attrs["epsilon"])
+        rank = len(x.shape)
+        axis = n.attrs["axis"] % rank
+        if prod.op == "Conv2D" and axis == 1:
+            w2 = w.astype(np.float64) * k[:, None, None, None]
+        elif prod.op == "MatMul" and axis == rank - 1 and not prod.attrs["transpose_b"]:
+            w2 = w.astype(np.float64) * k[None, :]
+        else:
+            continue
+        folds[n] = (prod, w2.astype(w.dtype), (offset - mean * k).astype(w.dtype), axis)
+
+    skip = {f[0] for f in folds.values()}
+
+    def rewrite(n: Node, b: Builder):
+        if n in skip:
+            return []
+        f = folds.get(n)
+        if f is None:
+            return None
+        prod, w2, bias, axis = f
+        wt = b.g.add_node("Const", (), {"value": _frozen(w2)}, name=prod.name + "/folded_w").outputs[0]
+        bt = b.g.add_node("Const", (), {"value": _frozen(bias)}, name=n.name + "/folded_b").outputs[0]
+        p = b.g.add_node(prod.op, [b.map[prod.inputs[0]], wt], dict(prod.attrs), name=prod.name, device=prod.device)
+        y = b.g.add_node("BiasAdd", [p.outputs[0], bt], {"axis": 1 if prod.op == "Conv2D" else -1},
+                         name=n.name, device=n.device)
+        return [y.outputs[0]] + [None] * (len(n.outputs) - 1)
+
+    if not folds:
+        return rw
+    return _rebuild(rw, rewrite, "bn_folded")
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, order="C")
+    a.flags.writeable = False
+    return a

@@ -143,3 +143,18 @@ def test_session_can_switch_passes_off():
     assert sum(n.op == "Add" for n in plan.nodes) == 2
     plan = ism.Session(g).plan_for(y, {x: None})
     assert sum(n.op == "Add" for n in plan.nodes) == 1
+
+
+def test_batch_norm_folds_into_matmul_weights():
+    rng = np.random.default_rng(2)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 6), name="x")
+        w = ism.constant(rng.standard_normal((6, 4)).astype(np.float32))
+        stats = [ism.constant(a.astype(np.float32)) for a in
+                 (rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4))]
+        y = ism.relu(ism.batch_norm(x @ w, *stats, training=False, axis=-1))
+    rw = _rewrite(g, [y], [x])
+    ops = [n.op for n in rw.graph.nodes]
+    assert "BatchNorm" not in ops and "FusedMatMul" in ops and rw.stats.get("bn_folded") == 1
+    _same_results(g, [y], {x: rng.standard_normal((3, 6)).astype(np.float32)})

@@ -10,6 +10,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 from ..graph import Graph, Node, Tensor
 from .fusion import fold_batch_norm, fuse_bias_activation, prune_dead
+from .freeze import freeze
 from .simplify import Rewrite, copy_simplified
 
 Fetch = Union[Tensor, Node]
@@ -29,4 +30,4 @@ def optimize(graph: Graph, nodes: Sequence[Node], fetches: Sequence[Fetch], feed
     return prune_dead(rw)
 
 
-__all__ = ["optimize", "Rewrite", "copy_simplified", "fold_batch_norm", "fuse_bias_activation", "prune_dead"]
+__all__ = ["optimize", "freeze", "Rewrite", "copy_simplified", "fold_batch_norm", "fuse_bias_activation", "prune_dead"]

@@ -158,3 +158,25 @@ def test_batch_norm_folds_into_matmul_weights():
     ops = [n.op for n in rw.graph.nodes]
     assert "BatchNorm" not in ops and "FusedMatMul" in ops and rw.stats.get("bn_folded") == 1
     _same_results(g, [y], {x: rng.standard_normal((3, 6)).astype(np.float32)})
+
+
+def test_freeze_turns_variables_into_constants_and_enables_bn_folding():
+    rng = np.random.default_rng(4)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 3), name="x")
+        w = ism.Variable(rng.standard_normal((3, 2)).astype(np.float32), name="w")
+        stats = [ism.Variable(a.astype(np.float32), name=f"s{i}") for i, a in
+                 enumerate((np.ones(2), np.zeros(2), rng.standard_normal(2), rng.uniform(1, 2, 2)))]
+        y = ism.batch_norm(x @ w, *stats, training=False, axis=-1, name="logits")
+        step = w.assign_add(np.ones((3, 2), np.float32))
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer(g))
+        sess.run(step)
+    frozen = ism.core.passes.freeze(sess)
+    assert not any(n.op in ("Variable", "AssignAdd", "Assign") for n in frozen.nodes)
+    xv = rng.standard_normal((4, 3)).astype(np.float32)
+    fs = ism.Session(frozen)
+    np.testing.assert_allclose(fs.run("logits:0", {"x:0": xv}), sess.run(y, {x: xv}), rtol=1e-5)
+    plan = fs.plan_for("logits:0", {"x:0": None})
+    assert "BatchNorm" not in {n.op for n in plan.nodes}

@@ -29,10 +29,11 @@ def _glorot(rng, shape) -> np.ndarray:
 class _Cell:
     n_states = 1
 
-    def __init__(self, units: int, name: str, seed: int = 0):
+    def __init__(self, units: int, name: str, seed: int = 0, dtype="float32"):
         self.units = units
         self.name = name
         self.seed = seed
+        self.dtype = np.dtype(dtype)
         self.variables: List[Variable] = []
 
     def _weights(self, input_dim: int, gates: int):
@@ -40,28 +41,30 @@ class _Cell:
             return self.variables
         rng = np.random.default_rng(self.seed)
         u = self.units
+        d = self.dtype
         self.variables = [
-            Variable(_glorot(rng, (input_dim, gates * u)), name=f"{self.name}/kernel"),
-            Variable(np.concatenate([np.linalg.qr(rng.standard_normal((u, u)))[0].astype(np.float32)
-                                     for _ in range(gates)], axis=1), name=f"{self.name}/recurrent_kernel"),
-            Variable(np.zeros(gates * u, np.float32), name=f"{self.name}/bias"),
+            Variable(_glorot(rng, (input_dim, gates * u)).astype(d), name=f"{self.name}/kernel"),
+            Variable(np.concatenate([np.linalg.qr(rng.standard_normal((u, u)))[0]
+                                     for _ in range(gates)], axis=1).astype(d), name=f"{self.name}/recurrent_kernel"),
+            Variable(np.zeros(gates * u, d), name=f"{self.name}/bias"),
         ]
         return self.variables
 
     def zero_state(self, batch: Tensor) -> List[Tensor]:
-        return [zeros_state(batch, self.units) for _ in range(self.n_states)]
+        return [zeros_state(batch, self.units, self.dtype) for _ in range(self.n_states)]
 
 
-def zeros_state(batch: Tensor, units: int) -> Tensor:
-    return zeros(concat([expand_dims(batch, 0), constant(np.array([units], np.int32))], axis=0), "float32") \
-        if isinstance(batch, Tensor) else constant(np.zeros((batch, units), np.float32))
+def zeros_state(batch, units: int, dtype="float32") -> Tensor:
+    if isinstance(batch, Tensor):
+        return zeros(concat([expand_dims(batch, 0), constant(np.array([units], np.int32))], axis=0), dtype)
+    return constant(np.zeros((batch, units), dtype))
 
 
 class RNNCell(_Cell):
     """h' = tanh(x Wx + h Wh + b)."""
 
-    def __init__(self, units: int, name: str = "rnn_cell", seed: int = 0):
-        super().__init__(units, name, seed)
+    def __init__(self, units: int, name: str = "rnn_cell", seed: int = 0, dtype="float32"):
+        super().__init__(units, name, seed, dtype)
 
     def __call__(self, x, state):
         wx, wh, b = self._weights(x.shape[-1], 1)
@@ -73,8 +76,8 @@ class LSTMCell(_Cell):
     """Gates i, f, g, o from one product each for x and h; forget bias 1 as is customary."""
     n_states = 2
 
-    def __init__(self, units: int, name: str = "lstm_cell", forget_bias: float = 1.0, seed: int = 0):
-        super().__init__(units, name, seed)
+    def __init__(self, units: int, name: str = "lstm_cell", forget_bias: float = 1.0, seed: int = 0, dtype="float32"):
+        super().__init__(units, name, seed, dtype)
         self.forget_bias = forget_bias
 
     def __call__(self, x, state):
@@ -90,8 +93,8 @@ class LSTMCell(_Cell):
 class GRUCell(_Cell):
     """z, r gates; candidate n = tanh(x Wn + r * (h Un) + bn); h' = (1 - z) n + z h."""
 
-    def __init__(self, units: int, name: str = "gru_cell", seed: int = 0):
-        super().__init__(units, name, seed)
+    def __init__(self, units: int, name: str = "gru_cell", seed: int = 0, dtype="float32"):
+        super().__init__(units, name, seed, dtype)
 
     def __call__(self, x, state):
         h = state[0]
@@ -121,7 +124,7 @@ def dynamic_rnn(cell, inputs, sequence_length=None, initial_state=None, time_maj
     cell(gather(x, constant(0, "int32")), state)  # create the variables outside the loop body
     lengths = None if sequence_length is None else cast(convert(sequence_length), "int32")
     out_acc = zeros(concat([expand_dims(steps, 0), expand_dims(batch, 0),
-                            constant(np.array([cell.units], np.int32))], axis=0), "float32")
+                            constant(np.array([cell.units], np.int32))], axis=0), x.dtype)
 
     def body(t, *carry):
         st, acc = list(carry[:-1]), carry[-1]

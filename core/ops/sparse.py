@@ -64,10 +64,9 @@ def _g_gather(node, dys):
     axis = node.attrs["axis"] % len(params.shape)
     if axis == 0:
         # rows of dy, one per looked-up index: values [n_idx, *params.shape[1:]]
-        flat_idx = make("Reshape", (idx,), {"shape": (-1,)}).outputs[0] if len(idx.shape) != 1 else idx
-        vals = dy
-        if len(idx.shape) != 1:
-            vals = make("Reshape", (dy,), {"shape": (-1,) + tuple(-1 if d is None else d for d in params.shape[1:])}).outputs[0]
+        lead = len(idx.shape)
+        flat_idx = idx if lead == 1 else make("MergeLeading", (idx,), {"lead": lead}).outputs[0]
+        vals = dy if lead == 1 else make("MergeLeading", (dy,), {"lead": lead}).outputs[0]
         return [IndexedSlices(vals, flat_idx, params), None]
     return [make("GatherGrad", (dy, idx, params), {"axis": axis}).outputs[0], None]
 
@@ -80,6 +79,22 @@ def _gather_cost(node):
 
 register(OpDef("Gather", inputs=("params", "indices"), attrs={"axis": 0}, infer=_infer_gather,
                kernel=_kernel_gather, grad=_g_gather, cost=_gather_cost))
+
+
+def _infer_merge_leading(node):
+    x, lead = node.inputs[0], node.attrs["lead"]
+    n = 1
+    for d in x.shape[:lead]:
+        n = None if n is None or d is None else n * d
+    return [(x.dtype, (n,) + tuple(x.shape[lead:]))]
+
+
+register(OpDef("MergeLeading", inputs=("x",), attrs={"lead": 1}, infer=_infer_merge_leading,
+               kernel=lambda node, ctx: (lambda x, k=node.attrs["lead"]: x.reshape((-1,) + x.shape[k:])
+                                         if x.size or k == 0 else x.reshape((0,) + x.shape[k:])),
+               grad=lambda node, dys: [make("ReshapeLike", (dys[0], node.inputs[0])).outputs[0]],
+               cost=lambda node: Cost(0, 0, 0),
+               doc="Merge the first `lead` dims into one (none: a new leading dim of 1)."))
 
 
 def _kernel_gather_grad(node, ctx):

@@ -21,3 +21,6 @@ from .variables import (Variable, global_variables, global_variables_initializer
                         variables_initializer)
 from .autodiff import gradients
 from .session import Session
+from . import checkpoint, nn, optimizers, passes, progress, rnn  # noqa: E402  (subsystems over the core)
+from .checkpoint import Saver, latest_checkpoint  # noqa: E402
+from .passes import freeze  # noqa: E402

@@ -1,2 +1,482 @@
-"""Op family 'conv' (being written)."""
-__all__: list = []
+"""Convolution and pooling on NCHW tensors (weights OIHW), at BLAS speed.
+
+conv2d builds one im2col matrix [C*kh*kw, N*OH*OW] from a strided view of the padded input
+(a single copy) and multiplies it once; its input gradient multiplies once and scatters the
+columns back with one strided add per kernel tap; its filter gradient is one GEMM against the
+same columns. Depthwise convolutions skip the GEMM: a multiply-add per kernel tap.
+"""
+from __future__ import annotations
+
+import math as _math
+from typing import Optional, Tuple
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..errors import ShapeError
+from ..graph import Tensor
+from ..registry import Cost, OpDef, register
+from ..shapes import fmt, num_elements_est
+from .base import convert, make
+
+__all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
+
+
+def _pair(v, what) -> Tuple[int, int]:
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise ShapeError(f"{what} must be an int or a pair, got {v}")
+    return v
+
+
+def _pads(padding, size, k, stride, dil):
+    """((top, bottom), (left, right)) for SAME/VALID/explicit padding (TensorFlow's SAME)."""
+    if isinstance(padding, str):
+        p = padding.upper()
+        if p == "VALID":
+            return ((0, 0), (0, 0))
+        if p != "SAME":
+            raise ShapeError(f"padding must be SAME, VALID or explicit, got {padding!r}")
+        out = []
+        for n, kk, s, d in zip(size, k, stride, dil):
+            if n is None:
+                raise ShapeError("SAME padding needs known spatial dims")
+            total = max((-(-n // s) - 1) * s + (kk - 1) * d + 1 - n, 0)
+            out.append((total // 2, total - total // 2))
+        return tuple(out)
+    p = tuple(padding)
+    if len(p) == 4:
+        return ((int(p[0]), int(p[1])), (int(p[2]), int(p[3])))
+    if len(p) == 2 and all(isinstance(a, (tuple, list)) for a in p):
+        return tuple((int(a), int(b)) for a, b in p)
+    raise ShapeError(f"explicit padding must be ((top, bottom), (left, right)) or 4 ints, got {padding!r}")
+
+
+def _out_size(n, k, s, d, pads):
+    if n is None:
+        return None
+    eff = (k - 1) * d + 1
+    o = (n + pads[0] + pads[1] - eff) // s + 1
+    if o <= 0:
+        raise ShapeError(f"window {k} (dilation {d}) does not fit input {n} with padding {pads}")
+    return o
+
+
+def _windows(xp_, kh, kw, oh, ow, sh, sw, dh, dw):
+    """View [N, C, kh, kw, OH, OW] of a padded NCHW array (no copy)."""
+    n, c, _, _ = xp_.shape
+    s0, s1, s2, s3 = xp_.strides
+    return as_strided(xp_, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw * s3), writeable=False)
+
+
+def _padded(xp, x, pads, value=0.0):
+    (t, b), (l, r) = pads
+    if not (t or b or l or r):
+        return x if x.flags.c_contiguous else xp.ascontiguousarray(x)
+    n, c, h, w = x.shape
+    out = xp.full((n, c, h + t + b, w + l + r), value, dtype=x.dtype)
+    out[:, :, t:t + h, l:l + w] = x
+    return out
+
+
+class _Geometry:
+    __slots__ = ("kh", "kw", "sh", "sw", "dh", "dw", "pads", "oh", "ow", "groups")
+
+
+def _geometry(node, x_shape, w_shape) -> _Geometry:
+    g = _Geometry()
+    g.kh, g.kw = w_shape[2], w_shape[3]
+    g.sh, g.sw = node.attrs["strides"]
+    g.dh, g.dw = node.attrs["dilations"]
+    g.pads = node.attrs["pads"]
+    g.oh = _out_size(x_shape[2], g.kh, g.sh, g.dh, g.pads[0])
+    g.ow = _out_size(x_shape[3], g.kw, g.sw, g.dw, g.pads[1])
+    g.groups = node.attrs["groups"]
+    return g
+
+
+def _infer_conv(node):
+    x, w = node.inputs[0], node.inputs[1]
+    if x.dtype != w.dtype or x.dtype.kind != "f":
+        raise ShapeError(f"conv needs float input and weights of one dtype, got {x.dtype.name} and {w.dtype.name}")
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ShapeError(f"conv needs NCHW input and OIHW weights, got {fmt(x.shape)} and {fmt(w.shape)}")
+    groups = node.attrs["groups"]
+    c, o = x.shape[1], w.shape[0]
+    if any(d is None for d in w.shape):  # weights fed at run time: the kernel works the geometry out then
+        return [(x.dtype, (x.shape[0], o, None, None))]
+    if o % groups or (c is not None and (c % groups or c // groups != w.shape[1])):
+        raise ShapeError(f"input channels {c} and weights {fmt(w.shape)} do not fit groups={groups} "
+                         f"(weights must be [out, in/groups, kh, kw])")
+    g = _geometry(node, x.shape, w.shape)
+    return [(x.dtype, (x.shape[0], o, g.oh, g.ow))]
+
+
+def _im2col(xp, xpad, g: _Geometry, cg=None, group=0):
+    """Columns [Cg*kh*kw, N*OH*OW] for group `group` (one copy of a strided view)."""
+    win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
+    if cg is not None:
+        win = win[:, group * cg:(group + 1) * cg]
+    n, c = win.shape[0], win.shape[1]
+    return xp.ascontiguousarray(win.transpose(1, 2, 3, 0, 4, 5)).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
+
+
+def _depthwise(node, w_shape, c):
+    return node.attrs["groups"] == c and w_shape[1] == 1 and w_shape[0] == c
+
+
+def _kernel_conv(node, ctx):
+    xp = ctx.xp
+    groups = node.attrs["groups"]
+    cache = {}
+
+    def geom(x_shape, w_shape):
+        g = cache.get((x_shape, w_shape))
+        if g is None:
+            g = cache[(x_shape, w_shape)] = _geometry(node, x_shape, w_shape)
+        return g
+
+    def conv(x, w):
+        n, c = x.shape[0], x.shape[1]
+        g = geom(x.shape, w.shape)
+        xpad = _padded(xp, x, g.pads)
+        o = w.shape[0]
+        if _depthwise(node, w.shape, c):
+            win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
+            out = xp.zeros((n, c, g.oh, g.ow), dtype=x.dtype)
+            for i in range(g.kh):
+                for j in range(g.kw):
+                    out += win[:, :, i, j] * w[:, 0, i, j].reshape(1, c, 1, 1)
+            return out
+        if groups == 1:
+            cols = _im2col(xp, xpad, g)
+            res = w.reshape(o, -1) @ cols
+            return xp.ascontiguousarray(res.reshape(o, n, g.oh, g.ow).transpose(1, 0, 2, 3))
+        cg, og = c // groups, o // groups
+        out = xp.empty((n, o, g.oh, g.ow), dtype=x.dtype)
+        for k in range(groups):
+            cols = _im2col(xp, xpad, g, cg, k)
+            res = w[k * og:(k + 1) * og].reshape(og, -1) @ cols
+            out[:, k * og:(k + 1) * og] = res.reshape(og, n, g.oh, g.ow).transpose(1, 0, 2, 3)
+        return out
+    return conv
+
+
+def _cost_conv(node):
+    x, w = node.inputs[0], node.inputs[1]
+    out = node.outputs[0]
+    k = w.shape[1] * w.shape[2] * w.shape[3]
+    isz = x.dtype.itemsize
+    return Cost(2.0 * num_elements_est(out.shape) * k,
+                (num_elements_est(x.shape) * w.shape[2] * w.shape[3] + num_elements_est(w.shape)) * isz,
+                num_elements_est(out.shape) * isz)
+
+
+def _conv_attrs():
+    return {"strides": (1, 1), "dilations": (1, 1), "pads": ((0, 0), (0, 0)), "groups": 1}
+
+
+def _g_conv(node, dys):
+    dy = dys[0]
+    x, w = node.inputs[0], node.inputs[1]
+    attrs = {k: node.attrs[k] for k in _conv_attrs()}
+    dx = make("Conv2DBackpropInput", (dy, w, x), attrs).outputs[0]
+    dw = make("Conv2DBackpropFilter", (x, dy, w), attrs).outputs[0]
+    return [dx, dw]
+
+
+register(OpDef("Conv2D", inputs=("x", "w"), attrs=_conv_attrs(), infer=_infer_conv, kernel=_kernel_conv,
+               grad=_g_conv, cost=_cost_conv, doc="NCHW input, OIHW weights; pads are explicit ((t,b),(l,r))."))
+
+
+# ---- gradients -------------------------------------------------------------------------------------
+def _kernel_conv_input(node, ctx):
+    xp = ctx.xp
+    w_shape = node.inputs[1].shape
+    groups = node.attrs["groups"]
+
+    def run(dy, w, x):
+        n, c, h, wd = x.shape
+        g = _geometry(node, x.shape, w.shape)
+        (t, b), (l, r) = g.pads
+        dxp = xp.zeros((n, c, h + t + b, wd + l + r), dtype=dy.dtype)
+        o = w.shape[0]
+        hs = g.sh * (g.oh - 1) + 1
+        ws = g.sw * (g.ow - 1) + 1
+        if _depthwise(node, w.shape, c):
+            for i in range(g.kh):
+                for j in range(g.kw):
+                    dxp[:, :, i * g.dh:i * g.dh + hs:g.sh, j * g.dw:j * g.dw + ws:g.sw] += \
+                        dy * w[:, 0, i, j].reshape(1, c, 1, 1)
+        else:
+            cg, og = c // groups, o // groups
+            dy_t = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(o, n * g.oh * g.ow)
+            for k in range(groups):
+                wk = w[k * og:(k + 1) * og].reshape(og, -1)
+                dcols = (wk.T @ dy_t[k * og:(k + 1) * og]).reshape(cg, g.kh, g.kw, n, g.oh, g.ow)
+                dst = dxp[:, k * cg:(k + 1) * cg]
+                for i in range(g.kh):
+                    for j in range(g.kw):
+                        dst[:, :, i * g.dh:i * g.dh + hs:g.sh, j * g.dw:j * g.dw + ws:g.sw] += \
+                            dcols[:, i, j].transpose(1, 0, 2, 3)
+        return dxp[:, :, t:t + h, l:l + wd]
+    del w_shape
+    return run
+
+
+def _kernel_conv_filter(node, ctx):
+    xp = ctx.xp
+    groups = node.attrs["groups"]
+
+    def run(x, dy, w):
+        n, c = x.shape[0], x.shape[1]
+        g = _geometry(node, x.shape, w.shape)
+        xpad = _padded(xp, x, g.pads)
+        o = w.shape[0]
+        if _depthwise(node, w.shape, c):
+            win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
+            dw_ = xp.empty(w.shape, dtype=x.dtype)
+            for i in range(g.kh):
+                for j in range(g.kw):
+                    dw_[:, 0, i, j] = (win[:, :, i, j] * dy).sum(axis=(0, 2, 3))
+            return dw_
+        cg, og = c // groups, o // groups
+        dy_t = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(o, n * g.oh * g.ow)
+        out = xp.empty(w.shape, dtype=x.dtype)
+        for k in range(groups):
+            cols = _im2col(xp, xpad, g, cg if groups > 1 else None, k)
+            out[k * og:(k + 1) * og] = (dy_t[k * og:(k + 1) * og] @ cols.T).reshape(og, cg, g.kh, g.kw)
+        return out
+    return run
+
+
+register(OpDef("Conv2DBackpropInput", inputs=("dy", "w", "x"), attrs=_conv_attrs(),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[2].shape)], kernel=_kernel_conv_input,
+               cost=lambda node: _cost_conv(_Proxy(node)), doc="Gradient of Conv2D w.r.t. its input."))
+register(OpDef("Conv2DBackpropFilter", inputs=("x", "dy", "w"), attrs=_conv_attrs(),
+               infer=lambda node: [(node.inputs[2].dtype, node.inputs[2].shape)], kernel=_kernel_conv_filter,
+               cost=lambda node: _cost_conv(_Proxy(node)), doc="Gradient of Conv2D w.r.t. its weights."))
+
+
+class _Proxy:
+    """Cost of a conv gradient = cost of the forward conv it differentiates."""
+
+    def __init__(self, node):
+        if node.op == "Conv2DBackpropInput":
+            dy, w, x = node.inputs
+        else:
+            x, dy, w = node.inputs
+        self.inputs, self.outputs = (x, w), (dy,)
+
+
+def conv2d(x, w, strides=1, padding="SAME", dilations=1, groups: int = 1, name: Optional[str] = None) -> Tensor:
+    """NCHW x OIHW convolution; padding SAME (TensorFlow's), VALID, ((t,b),(l,r)) or 4 ints."""
+    x, w = convert(x), convert(w)
+    s, d = _pair(strides, "strides"), _pair(dilations, "dilations")
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ShapeError(f"conv2d needs NCHW input and OIHW weights, got {fmt(x.shape)} and {fmt(w.shape)}")
+    pads = _pads(padding, x.shape[2:], w.shape[2:], s, d)
+    return make("Conv2D", (x, w), {"strides": s, "dilations": d, "pads": pads, "groups": int(groups)}, name=name).outputs[0]
+
+
+def depthwise_conv2d(x, w, strides=1, padding="SAME", dilations=1, name: Optional[str] = None) -> Tensor:
+    """Per-channel convolution; w is [channels, 1, kh, kw]."""
+    x = convert(x)
+    return conv2d(x, w, strides, padding, dilations, groups=x.shape[1], name=name)
+
+
+# ---- FusedConv2D (made by the passes) ---------------------------------------------------------
+def _kernel_fused_conv(node, ctx):
+    from .fused import activation_inplace
+    conv = _kernel_conv(node, ctx)
+    act = activation_inplace(ctx.xp, node.attrs["activation"])
+    add = ctx.xp.add
+
+    def run(x, w, bias):
+        y = conv(x, w)
+        add(y, bias.reshape(1, -1, 1, 1), out=y)
+        return act(y)
+    return run
+
+
+register(OpDef("FusedConv2D", inputs=("x", "w", "bias"), attrs={**_conv_attrs(), "activation": "none"},
+               infer=_infer_conv, kernel=_kernel_fused_conv, cost=_cost_conv,
+               doc="activation(conv2d(x, w) + bias): made by the fusion pass."))
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+def _pool_geometry(node, shape):
+    g = _Geometry()
+    g.kh, g.kw = node.attrs["ksize"]
+    g.sh, g.sw = node.attrs["strides"]
+    g.dh = g.dw = 1
+    g.pads = node.attrs["pads"]
+    g.oh = _out_size(shape[2], g.kh, g.sh, 1, g.pads[0])
+    g.ow = _out_size(shape[3], g.kw, g.sw, 1, g.pads[1])
+    g.groups = 1
+    return g
+
+
+def _infer_pool(node):
+    x = node.inputs[0]
+    if len(x.shape) != 4 or x.dtype.kind != "f":
+        raise ShapeError(f"pooling needs a float NCHW input, got {x.dtype.name}{fmt(x.shape)}")
+    g = _pool_geometry(node, x.shape)
+    return [(x.dtype, (x.shape[0], x.shape[1], g.oh, g.ow))]
+
+
+def _tiles(g, shape) -> bool:
+    """Non-overlapping windows that tile the input exactly: reshape instead of strided views."""
+    return (g.kh, g.kw) == (g.sh, g.sw) and g.pads == ((0, 0), (0, 0)) and shape[2] == g.oh * g.kh \
+        and shape[3] == g.ow * g.kw
+
+
+def _kernel_max_pool(node, ctx):
+    xp = ctx.xp
+
+    def run(x):
+        g = _pool_geometry(node, x.shape)
+        n, c = x.shape[:2]
+        if _tiles(g, x.shape):
+            return x.reshape(n, c, g.oh, g.kh, g.ow, g.kw).max(axis=(3, 5))
+        xpad = _padded(xp, x, g.pads, -np.inf)
+        return _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, 1, 1).max(axis=(2, 3))
+    return run
+
+
+def _kernel_max_pool_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(x, y, dy):
+        g = _pool_geometry(node, x.shape)
+        n, c, h, w = x.shape
+        if _tiles(g, x.shape):
+            xr = x.reshape(n, c, g.oh, g.kh, g.ow, g.kw)
+            mask = xr == y[:, :, :, None, :, None]
+            return (mask * dy[:, :, :, None, :, None]).reshape(x.shape)
+        (t, b), (l, r) = g.pads
+        xpad = _padded(xp, x, g.pads, -np.inf)
+        dxp = xp.zeros(xpad.shape, dtype=x.dtype)
+        hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
+        taken = xp.zeros(y.shape, dtype=bool)  # each window sends its gradient to one maximum
+        for i in range(g.kh):
+            for j in range(g.kw):
+                src = xpad[:, :, i:i + hs:g.sh, j:j + ws:g.sw]
+                hit = (src == y) & ~taken
+                taken |= hit
+                dxp[:, :, i:i + hs:g.sh, j:j + ws:g.sw] += hit * dy
+        return dxp[:, :, t:t + h, l:l + w]
+    return run
+
+
+def _avg_counts(xp, g, shape, dtype):
+    ones = xp.ones((1, 1) + tuple(shape[2:]), dtype=dtype)
+    win = _windows(_padded(xp, ones, g.pads), g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, 1, 1)
+    return win.sum(axis=(2, 3))
+
+
+def _kernel_avg_pool(node, ctx):
+    xp = ctx.xp
+
+    def run(x):
+        g = _pool_geometry(node, x.shape)
+        n, c = x.shape[:2]
+        if _tiles(g, x.shape):
+            return x.reshape(n, c, g.oh, g.kh, g.ow, g.kw).mean(axis=(3, 5))
+        s = _windows(_padded(xp, x, g.pads), g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, 1, 1).sum(axis=(2, 3))
+        return s / _avg_counts(xp, g, x.shape, x.dtype)
+    return run
+
+
+def _kernel_avg_pool_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(x, dy):
+        g = _pool_geometry(node, x.shape)
+        n, c, h, w = x.shape
+        (t, b), (l, r) = g.pads
+        d = dy / _avg_counts(xp, g, x.shape, x.dtype)
+        dxp = xp.zeros((n, c, h + t + b, w + l + r), dtype=x.dtype)
+        hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
+        for i in range(g.kh):
+            for j in range(g.kw):
+                dxp[:, :, i:i + hs:g.sh, j:j + ws:g.sw] += d
+        return dxp[:, :, t:t + h, l:l + w]
+    return run
+
+
+def _pool_attrs():
+    return {"ksize": (2, 2), "strides": (2, 2), "pads": ((0, 0), (0, 0))}
+
+
+def _pool_cost(node):
+    x = node.inputs[0]
+    n = num_elements_est(node.outputs[0].shape) * node.attrs["ksize"][0] * node.attrs["ksize"][1]
+    return Cost(n, num_elements_est(x.shape) * x.dtype.itemsize,
+                num_elements_est(node.outputs[0].shape) * x.dtype.itemsize)
+
+
+register(OpDef("MaxPool", inputs=("x",), attrs=_pool_attrs(), infer=_infer_pool, kernel=_kernel_max_pool,
+               grad=lambda node, dys: [make("MaxPoolGrad", (node.inputs[0], node.outputs[0], dys[0]),
+                                            dict(node.attrs)).outputs[0]], cost=_pool_cost))
+register(OpDef("MaxPoolGrad", inputs=("x", "y", "dy"), attrs=_pool_attrs(),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_max_pool_grad,
+               cost=_pool_cost))
+register(OpDef("AvgPool", inputs=("x",), attrs=_pool_attrs(), infer=_infer_pool, kernel=_kernel_avg_pool,
+               grad=lambda node, dys: [make("AvgPoolGrad", (node.inputs[0], dys[0]), dict(node.attrs)).outputs[0]],
+               cost=_pool_cost, doc="SAME padding divides by the number of real (unpadded) elements."))
+register(OpDef("AvgPoolGrad", inputs=("x", "dy"), attrs=_pool_attrs(),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_avg_pool_grad,
+               cost=_pool_cost))
+
+
+def _pool(op, x, ksize, strides, padding, name):
+    x = convert(x)
+    if len(x.shape) != 4:
+        raise ShapeError(f"{op} needs an NCHW input, got {fmt(x.shape)}")
+    k = _pair(ksize, "ksize")
+    s = _pair(strides if strides is not None else ksize, "strides")
+    pads = _pads(padding, x.shape[2:], k, s, (1, 1))
+    return make(op, (x,), {"ksize": k, "strides": s, "pads": pads}, name=name).outputs[0]
+
+
+def max_pool(x, ksize=2, strides=None, padding="VALID", name: Optional[str] = None) -> Tensor:
+    return _pool("MaxPool", x, ksize, strides, padding, name)
+
+
+def avg_pool(x, ksize=2, strides=None, padding="VALID", name: Optional[str] = None) -> Tensor:
+    return _pool("AvgPool", x, ksize, strides, padding, name)
+
+
+def _infer_gap(node):
+    x = node.inputs[0]
+    if len(x.shape) != 4 or x.dtype.kind != "f":
+        raise ShapeError(f"global_avg_pool needs a float NCHW input, got {x.dtype.name}{fmt(x.shape)}")
+    keep = node.attrs["keepdims"]
+    return [(x.dtype, x.shape[:2] + ((1, 1) if keep else ()))]
+
+
+def _kernel_gap_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(x, dy):
+        h, w = x.shape[2], x.shape[3]
+        d = dy.reshape(dy.shape[0], dy.shape[1], 1, 1) / x.dtype.type(h * w)
+        return xp.broadcast_to(d, x.shape).copy()
+    return run
+
+
+register(OpDef("GlobalAvgPool", inputs=("x",), attrs={"keepdims": False}, infer=_infer_gap,
+               kernel=lambda node, ctx: (lambda x, k=node.attrs["keepdims"]: x.mean(axis=(2, 3), keepdims=k)),
+               grad=lambda node, dys: [make("GlobalAvgPoolGrad", (node.inputs[0], dys[0])).outputs[0]],
+               cost=lambda node: Cost(num_elements_est(node.inputs[0].shape),
+                                      num_elements_est(node.inputs[0].shape) * node.inputs[0].dtype.itemsize, 0)))
+register(OpDef("GlobalAvgPoolGrad", inputs=("x", "dy"),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_gap_grad,
+               cost=lambda node: Cost(num_elements_est(node.inputs[0].shape))))
+
+
+def global_avg_pool(x, keepdims: bool = False, name: Optional[str] = None) -> Tensor:
+    return make("GlobalAvgPool", (convert(x),), {"keepdims": bool(keepdims)}, name=name).outputs[0]

@@ -60,7 +60,13 @@ class Optimizer:
                 with g.device(var.node.device):
                     for slot in self.slot_names:
                         self._slot(var, slot)
-        with g.as_default(), g.name_scope(name or self.name):
+        # every gradient is computed before any variable changes: a gradient may read a variable
+        # another update writes in place (conv and matmul input gradients read the weights)
+        grad_nodes = []
+        for grad, _ in pairs:
+            parts = (grad.values, grad.indices) if isinstance(grad, IndexedSlices) else (convert(grad),)
+            grad_nodes.extend(t.node for t in parts)
+        with g.as_default(), g.name_scope(name or self.name), g.control_dependencies(grad_nodes):
             lr = convert(self.learning_rate, pairs[0][1].dtype) if not isinstance(self.learning_rate, Tensor) \
                 else self.learning_rate
             updates = []

@@ -152,3 +152,21 @@ def test_no_gradient_is_a_clear_error():
         w = ism.Variable(np.ones(2), name="w")
         with pytest.raises(ism.GraphError, match="no variable has a gradient"):
             opt.SGD(0.1).minimize(ism.reduce_sum(ism.constant(np.ones(2))), var_list=[w])
+
+
+def test_parallel_training_step_reads_weights_before_updating_them():
+    """An input gradient reads a weight that another update changes in place: the optimizer
+    makes every update wait for every gradient, so parallel and serial plans agree."""
+    results = []
+    for parallel in (False, True):
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            x = ism.constant(rng.standard_normal((8, 6)))
+            h = ism.tanh(x @ ism.Variable(rng.standard_normal((6, 5)) * 0 + 0.3, name="w1"))
+            out = h @ ism.Variable(np.full((5, 2), 0.2), name="w2")
+            loss = ism.reduce_sum(out * out)
+            step = opt.SGD(0.1).minimize(loss)
+            sess = ism.Session(g, parallel=parallel)
+            sess.run(ism.global_variables_initializer(g))
+            results.append([float(sess.run([loss, step])[0]) for _ in range(3)])
+    assert results[0] == results[1]

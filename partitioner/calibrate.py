@@ -21,7 +21,7 @@ from ..core.graph import Graph
 from ..core.profile import time_nodes
 from ..core.registry import REQUIRED
 from ..core.session import Session
-from .costmodel import op_cost
+from .costmodel import cost_key, op_cost
 from .devices import CLOUD, Coeffs, DeviceProfile
 
 
@@ -43,6 +43,16 @@ _MATMULS = {"quick": ((1, 256, 256), (32, 512, 512), (128, 1024, 512), (4, 1536,
                      (128, 1024, 1024), (256, 256, 256), (512, 128, 64),
                      # few rows, large weights: memory-bound, as inference at small batch is
                      (1, 1024, 1024), (4, 1536, 1536), (2, 512, 2048), (16, 2048, 1024))}
+# convolutions, NCHW: (batch, in channels, size, out channels, kernel, stride); groups: depthwise
+_CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)),
+          "full": ((1, 3, 224, 32, 3, 2), (1, 16, 56, 24, 1, 1), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 3, 2),
+                   (1, 96, 14, 96, 1, 1), (1, 128, 7, 256, 3, 1), (1, 256, 7, 64, 1, 1), (1, 8, 112, 16, 3, 1),
+                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1))}
+_DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1)),
+              "full": ((1, 32, 112, 3, 1), (1, 96, 56, 3, 2), (1, 144, 28, 3, 1), (1, 192, 14, 3, 1),
+                       (1, 576, 14, 3, 2), (1, 960, 7, 3, 1), (1, 16, 64, 5, 1), (4, 64, 28, 3, 1))}
+_FEATURE_MAPS = {"quick": ((1, 32, 56), (1, 96, 14), (4, 64, 28)),
+                 "full": ((1, 32, 112), (1, 24, 56), (1, 64, 28), (1, 160, 14), (1, 960, 7), (4, 64, 28))}
 _NOT_KERNELS = {"Const", "Placeholder", "Variable", "NoOp", "Send", "Recv", "If", "While", "WhileGrad"}
 
 
@@ -72,6 +82,19 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
             else:
                 yield ins, _node(op)
         return
+    if op in ("Conv2D", "FusedConv2D"):
+        yield from _conv_cases(op, level, rng)
+        return
+    if op in ("MaxPool", "AvgPool", "GlobalAvgPool", "BatchNorm"):
+        for n, c, hw in _FEATURE_MAPS[level]:
+            x = _data(rng, (n, c, hw, hw))
+            if op == "BatchNorm":
+                yield [x] + [_data(rng, (c,)) for _ in range(4)], _node(op, {"axis": 1})
+            elif op == "GlobalAvgPool":
+                yield [x], _node(op)
+            else:
+                yield [x], _node(op, {"ksize": (3, 3), "strides": (2, 2), "pads": ((1, 1), (1, 1))})
+        return
     if op == "BiasAdd":
         for size in _SIZES[level]:
             yield [_data(rng, (size // 256, 256)), _data(rng, (256,))], _node(op)
@@ -95,6 +118,19 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
         for size in _SIZES[level]:
             yield [_data(rng, (size,), dtype) for _ in range(arity)], _node(op)
         return
+
+
+def _conv_cases(op: str, level: str, rng) -> Iterator[Case]:
+    shapes = [(n, c, hw, o, k, st, 1) for n, c, hw, o, k, st in _CONVS[level]]
+    shapes += [(n, c, hw, c, k, st, c) for n, c, hw, k, st in _DEPTHWISE[level]]
+    for n, c, hw, o, k, st, groups in shapes:
+        p = (k - 1) // 2
+        attrs = {"strides": (st, st), "pads": ((p, p), (p, p)), "groups": groups}
+        ins = [_data(rng, (n, c, hw, hw)), _data(rng, (o, c // groups, k, k))]
+        if op == "FusedConv2D":
+            ins.append(_data(rng, (o,)))
+            attrs["activation"] = "relu6"
+        yield ins, _node(op, attrs)
 
 
 def measure(ops: Optional[Sequence[str]] = None, level: str = "full", budget_s: float = 0.05) -> List[Sample]:
@@ -121,9 +157,10 @@ def _time_case(op: str, inputs: List[np.ndarray], build: Callable, budget_s: flo
     once = time.perf_counter() - t0
     repeats = int(np.clip(budget_s / max(once, 1e-6), 5, 200))
     times = time_nodes(sess, fetch, feed, repeats=repeats)
-    seconds = next(s for n, s in times.items() if n.op == op)
+    seconds = next(s for n, s in times.items() if n.op == op)  # the node under test, not the feeds
     c = op_cost(node)
-    return Sample(op, "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written, seconds)
+    return Sample(cost_key(node), "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written,
+                  seconds)
 
 
 def fit_coeffs(samples: Sequence[Sample]) -> Coeffs:

@@ -46,6 +46,14 @@ def _has_unknown(n: Node) -> bool:
     return any(d is None for t in n.inputs + n.outputs for d in t.shape)
 
 
+def cost_key(node: Node) -> str:
+    """The name a node's time is fitted under: its op, or a variant the op's FLOP and byte counts
+    do not tell apart. A grouped (depthwise) convolution is a loop of small products, several
+    times slower per FLOP than one large GEMM, so it gets its own regression."""
+    groups = node.attrs.get("groups", 1) if node.op.startswith(("Conv2D", "FusedConv2D")) else 1
+    return f"{node.op}:grouped" if groups != 1 else node.op
+
+
 def op_cost(node: Node, batch_size: int = 1) -> Cost:
     """The node's registered cost with unknown dims taken as `batch_size`."""
     fn = node.opdef.cost or default_cost
@@ -110,7 +118,7 @@ class CostModel:
         if node.op in _FREE_OPS:
             return 0.0
         c = self.cost(node)
-        return self.profiles[device].op_time(node.op, c.flops, c.bytes_read + c.bytes_written)
+        return self.profiles[device].op_time(cost_key(node), c.flops, c.bytes_read + c.bytes_written)
 
     def node_times(self, node: Node, devices: Optional[Sequence[str]] = None) -> List[float]:
         return [self.node_time(node, d) for d in (devices or self.devices)]

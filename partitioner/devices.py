@@ -34,7 +34,8 @@ class DeviceProfile:
         return self.supported_ops is None or op in self.supported_ops
 
     def op_time(self, op: str, flops: float, nbytes: float) -> float:
-        c = self.op_coeffs.get(op) or self.default_coeffs
+        """Seconds for an op (a cost key: "Conv2D:grouped" falls back to "Conv2D", then to the default)."""
+        c = self.op_coeffs.get(op) or self.op_coeffs.get(op.split(":")[0]) or self.default_coeffs
         if c is not None:
             return c[0] + c[1] * flops + c[2] * nbytes
         return self.op_overhead + flops / self.peak_flops + nbytes / self.mem_bandwidth

@@ -1,9 +1,10 @@
 """Convolution and pooling on NCHW tensors (weights OIHW), at BLAS speed.
 
-conv2d builds one im2col matrix [C*kh*kw, N*OH*OW] from a strided view of the padded input
-(a single copy) and multiplies it once; its input gradient multiplies once and scatters the
-columns back with one strided add per kernel tap; its filter gradient is one GEMM against the
-same columns. Depthwise convolutions skip the GEMM: a multiply-add per kernel tap.
+conv2d builds one im2col matrix [C*kh*kw, OH*OW*N] from a strided view of the input padded in
+a [C, H, W, N] layout (one copy, in runs of OW*N values) and multiplies it once; its input
+gradient multiplies once and adds the columns back with one strided add per kernel tap; its
+filter gradient is one GEMM against the same columns. Depthwise convolutions skip the GEMM:
+a multiply-add per kernel tap.
 """
 from __future__ import annotations
 
@@ -81,6 +82,26 @@ def _padded(xp, x, pads, value=0.0):
     return out
 
 
+def _chwn_padded(xp, x, pads):
+    """x [N, C, H, W] as a zero-padded [C, Hp, Wp, N] array: in this layout each row of a
+    kernel window is one contiguous run of OW*N values, so im2col and col2im move long runs."""
+    (t, b), (l, r) = pads
+    n, c, h, w = x.shape
+    out = xp.zeros((c, h + t + b, w + l + r, n), dtype=x.dtype)
+    out[:, t:t + h, l:l + w, :] = x.transpose(1, 2, 3, 0)
+    return out
+
+
+def _cols_chwn(xp, xt, g, c0=0, c1=None):
+    """im2col rows (channel, tap) by columns (oh, ow, n), from a [C, Hp, Wp, N] array."""
+    xt = xt[c0:c1]
+    c, _, _, n = xt.shape
+    s0, s1, s2, s3 = xt.strides
+    win = as_strided(xt, (c, g.kh, g.kw, g.oh, g.ow, n),
+                     (s0, g.dh * s1, g.dw * s2, g.sh * s1, g.sw * s2, s3), writeable=False)
+    return xp.ascontiguousarray(win).reshape(c * g.kh * g.kw, g.oh * g.ow * n)
+
+
 class _Geometry:
     __slots__ = ("kh", "kw", "sh", "sw", "dh", "dw", "pads", "oh", "ow", "groups")
 
@@ -114,15 +135,6 @@ def _infer_conv(node):
     return [(x.dtype, (x.shape[0], o, g.oh, g.ow))]
 
 
-def _im2col(xp, xpad, g: _Geometry, cg=None, group=0):
-    """Columns [Cg*kh*kw, N*OH*OW] for group `group` (one copy of a strided view)."""
-    win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
-    if cg is not None:
-        win = win[:, group * cg:(group + 1) * cg]
-    n, c = win.shape[0], win.shape[1]
-    return xp.ascontiguousarray(win.transpose(1, 2, 3, 0, 4, 5)).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
-
-
 def _depthwise(node, w_shape, c):
     return node.attrs["groups"] == c and w_shape[1] == 1 and w_shape[0] == c
 
@@ -141,26 +153,22 @@ def _kernel_conv(node, ctx):
     def conv(x, w):
         n, c = x.shape[0], x.shape[1]
         g = geom(x.shape, w.shape)
-        xpad = _padded(xp, x, g.pads)
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
+            xpad = _padded(xp, x, g.pads)
             win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
             out = xp.zeros((n, c, g.oh, g.ow), dtype=x.dtype)
             for i in range(g.kh):
                 for j in range(g.kw):
                     out += win[:, :, i, j] * w[:, 0, i, j].reshape(1, c, 1, 1)
             return out
-        if groups == 1:
-            cols = _im2col(xp, xpad, g)
-            res = w.reshape(o, -1) @ cols
-            return xp.ascontiguousarray(res.reshape(o, n, g.oh, g.ow).transpose(1, 0, 2, 3))
+        xt = _chwn_padded(xp, x, g.pads)
         cg, og = c // groups, o // groups
-        out = xp.empty((n, o, g.oh, g.ow), dtype=x.dtype)
+        out = xp.empty((o, g.oh, g.ow, n), dtype=x.dtype)
         for k in range(groups):
-            cols = _im2col(xp, xpad, g, cg, k)
-            res = w[k * og:(k + 1) * og].reshape(og, -1) @ cols
-            out[:, k * og:(k + 1) * og] = res.reshape(og, n, g.oh, g.ow).transpose(1, 0, 2, 3)
-        return out
+            cols = _cols_chwn(xp, xt, g, k * cg, (k + 1) * cg)
+            xp.matmul(w[k * og:(k + 1) * og].reshape(og, -1), cols, out=out[k * og:(k + 1) * og].reshape(og, -1))
+        return xp.ascontiguousarray(out.transpose(3, 0, 1, 2))
     return conv
 
 
@@ -211,16 +219,19 @@ def _kernel_conv_input(node, ctx):
                     dxp[:, :, i * g.dh:i * g.dh + hs:g.sh, j * g.dw:j * g.dw + ws:g.sw] += \
                         dy * w[:, 0, i, j].reshape(1, c, 1, 1)
         else:
+            # [C, Hp, Wp, N] accumulation: with W's rows ordered (tap, channel) each tap's block
+            # of the column gradient is a contiguous [C, OH, OW, N] array, added in long runs
             cg, og = c // groups, o // groups
-            dy_t = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(o, n * g.oh * g.ow)
+            dy_t = xp.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
+            acc = xp.zeros((c,) + dxp.shape[2:] + (n,), dtype=dy.dtype)
             for k in range(groups):
-                wk = w[k * og:(k + 1) * og].reshape(og, -1)
-                dcols = (wk.T @ dy_t[k * og:(k + 1) * og]).reshape(cg, g.kh, g.kw, n, g.oh, g.ow)
-                dst = dxp[:, k * cg:(k + 1) * cg]
+                wk = w[k * og:(k + 1) * og].transpose(0, 2, 3, 1).reshape(og, -1)
+                dcols = (wk.T @ dy_t[k * og:(k + 1) * og]).reshape(g.kh, g.kw, cg, g.oh, g.ow, n)
+                dst = acc[k * cg:(k + 1) * cg]
                 for i in range(g.kh):
                     for j in range(g.kw):
-                        dst[:, :, i * g.dh:i * g.dh + hs:g.sh, j * g.dw:j * g.dw + ws:g.sw] += \
-                            dcols[:, i, j].transpose(1, 0, 2, 3)
+                        dst[:, i * g.dh:i * g.dh + hs:g.sh, j * g.dw:j * g.dw + ws:g.sw, :] += dcols[i, j]
+            return xp.ascontiguousarray(acc[:, t:t + h, l:l + wd, :].transpose(3, 0, 1, 2))
         return dxp[:, :, t:t + h, l:l + wd]
     del w_shape
     return run
@@ -233,9 +244,9 @@ def _kernel_conv_filter(node, ctx):
     def run(x, dy, w):
         n, c = x.shape[0], x.shape[1]
         g = _geometry(node, x.shape, w.shape)
-        xpad = _padded(xp, x, g.pads)
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
+            xpad = _padded(xp, x, g.pads)
             win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
             dw_ = xp.empty(w.shape, dtype=x.dtype)
             for i in range(g.kh):
@@ -243,10 +254,11 @@ def _kernel_conv_filter(node, ctx):
                     dw_[:, 0, i, j] = (win[:, :, i, j] * dy).sum(axis=(0, 2, 3))
             return dw_
         cg, og = c // groups, o // groups
-        dy_t = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(o, n * g.oh * g.ow)
+        xt = _chwn_padded(xp, x, g.pads)
+        dy_t = xp.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
         out = xp.empty(w.shape, dtype=x.dtype)
         for k in range(groups):
-            cols = _im2col(xp, xpad, g, cg if groups > 1 else None, k)
+            cols = _cols_chwn(xp, xt, g, k * cg, (k + 1) * cg)
             out[k * og:(k + 1) * og] = (dy_t[k * og:(k + 1) * og] @ cols.T).reshape(og, cg, g.kh, g.kw)
         return out
     return run
@@ -327,22 +339,26 @@ def _infer_pool(node):
     return [(x.dtype, (x.shape[0], x.shape[1], g.oh, g.ow))]
 
 
-def _tiles(g, shape) -> bool:
-    """Non-overlapping windows that tile the input exactly: reshape instead of strided views."""
-    return (g.kh, g.kw) == (g.sh, g.sw) and g.pads == ((0, 0), (0, 0)) and shape[2] == g.oh * g.kh \
-        and shape[3] == g.ow * g.kw
+def _taps(g):
+    hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
+    for i in range(g.kh):
+        for j in range(g.kw):
+            yield (slice(None), slice(None), slice(i, i + hs, g.sh), slice(j, j + ws, g.sw))
 
 
 def _kernel_max_pool(node, ctx):
+    """The running maximum over kernel taps: kh*kw elementwise ops on output-sized strided
+    views, several times faster than a numpy reduction over window axes."""
     xp = ctx.xp
 
     def run(x):
         g = _pool_geometry(node, x.shape)
-        n, c = x.shape[:2]
-        if _tiles(g, x.shape):
-            return x.reshape(n, c, g.oh, g.kh, g.ow, g.kw).max(axis=(3, 5))
         xpad = _padded(xp, x, g.pads, -np.inf)
-        return _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, 1, 1).max(axis=(2, 3))
+        taps = _taps(g)
+        out = xpad[next(taps)].copy()
+        for t in taps:
+            xp.maximum(out, xpad[t], out=out)
+        return out
     return run
 
 
@@ -352,29 +368,25 @@ def _kernel_max_pool_grad(node, ctx):
     def run(x, y, dy):
         g = _pool_geometry(node, x.shape)
         n, c, h, w = x.shape
-        if _tiles(g, x.shape):
-            xr = x.reshape(n, c, g.oh, g.kh, g.ow, g.kw)
-            mask = xr == y[:, :, :, None, :, None]
-            return (mask * dy[:, :, :, None, :, None]).reshape(x.shape)
         (t, b), (l, r) = g.pads
         xpad = _padded(xp, x, g.pads, -np.inf)
         dxp = xp.zeros(xpad.shape, dtype=x.dtype)
-        hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
         taken = xp.zeros(y.shape, dtype=bool)  # each window sends its gradient to one maximum
-        for i in range(g.kh):
-            for j in range(g.kw):
-                src = xpad[:, :, i:i + hs:g.sh, j:j + ws:g.sw]
-                hit = (src == y) & ~taken
-                taken |= hit
-                dxp[:, :, i:i + hs:g.sh, j:j + ws:g.sw] += hit * dy
+        for tap in _taps(g):
+            hit = xpad[tap] == y
+            hit &= ~taken
+            taken |= hit
+            dxp[tap] += hit * dy
         return dxp[:, :, t:t + h, l:l + w]
     return run
 
 
 def _avg_counts(xp, g, shape, dtype):
-    ones = xp.ones((1, 1) + tuple(shape[2:]), dtype=dtype)
-    win = _windows(_padded(xp, ones, g.pads), g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, 1, 1)
-    return win.sum(axis=(2, 3))
+    ones = _padded(xp, xp.ones((1, 1) + tuple(shape[2:]), dtype=dtype), g.pads)
+    out = xp.zeros((1, 1, g.oh, g.ow), dtype=dtype)
+    for t in _taps(g):
+        out += ones[t]
+    return out
 
 
 def _kernel_avg_pool(node, ctx):
@@ -382,11 +394,15 @@ def _kernel_avg_pool(node, ctx):
 
     def run(x):
         g = _pool_geometry(node, x.shape)
-        n, c = x.shape[:2]
-        if _tiles(g, x.shape):
-            return x.reshape(n, c, g.oh, g.kh, g.ow, g.kw).mean(axis=(3, 5))
-        s = _windows(_padded(xp, x, g.pads), g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, 1, 1).sum(axis=(2, 3))
-        return s / _avg_counts(xp, g, x.shape, x.dtype)
+        xpad = _padded(xp, x, g.pads)
+        taps = _taps(g)
+        out = xpad[next(taps)].copy()
+        for t in taps:
+            out += xpad[t]
+        if g.pads == ((0, 0), (0, 0)):
+            out *= x.dtype.type(1.0 / (g.kh * g.kw))
+            return out
+        return out / _avg_counts(xp, g, x.shape, x.dtype)
     return run
 
 
@@ -399,10 +415,8 @@ def _kernel_avg_pool_grad(node, ctx):
         (t, b), (l, r) = g.pads
         d = dy / _avg_counts(xp, g, x.shape, x.dtype)
         dxp = xp.zeros((n, c, h + t + b, w + l + r), dtype=x.dtype)
-        hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
-        for i in range(g.kh):
-            for j in range(g.kw):
-                dxp[:, :, i:i + hs:g.sh, j:j + ws:g.sw] += d
+        for tap in _taps(g):
+            dxp[tap] += d
         return dxp[:, :, t:t + h, l:l + w]
     return run
 

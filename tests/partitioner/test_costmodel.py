@@ -71,3 +71,18 @@ def test_calibration_times_real_kernels(tmp_path):
     path = tmp_path / "edge.json"
     edge = calibrate("edge", ["Add"], "quick", slowdown=8, path=str(path))
     assert DeviceProfile.load(str(path)) == edge and edge.name == "edge"
+
+
+def test_grouped_convolutions_have_their_own_cost_key():
+    from isthmus.partitioner.costmodel import cost_key
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (1, 8, 16, 16), name="x")
+        dw = ism.depthwise_conv2d(x, ism.constant(np.ones((8, 1, 3, 3), np.float32)), name="dw")
+        pw = ism.conv2d(dw, ism.constant(np.ones((4, 8, 1, 1), np.float32)), name="pw")
+    assert cost_key(dw.node) == "Conv2D:grouped" and cost_key(pw.node) == "Conv2D"
+    prof = DeviceProfile("p", op_coeffs={"Conv2D": (1e-3, 0.0, 0.0)}, default_coeffs=(1.0, 0.0, 0.0))
+    assert prof.op_time("Conv2D:grouped", 0, 0) == prof.op_time("Conv2D", 0, 0) == 1e-3  # falls back to the op
+    prof = DeviceProfile("p", op_coeffs={"Conv2D": (1e-3, 0.0, 0.0), "Conv2D:grouped": (5e-3, 0.0, 0.0)})
+    cm = CostModel.edge_cloud(edge=prof, cloud=prof)
+    assert cm.node_time(dw.node, EDGE_DEVICE) == 5e-3 and cm.node_time(pw.node, EDGE_DEVICE) == 1e-3

@@ -11,11 +11,13 @@ from typing import List, Optional
 COMMANDS = {
     "demo": ("isthmus.demo", "train a model on real data, checkpoint it, restore it and evaluate"),
     "ops": ("isthmus.core.opinfo", "list the registered ops (optionally as JSON)"),
+    "partition": ("isthmus.partitioner.cli", "place a model between edge and cloud for a link, and explain it"),
+    "calibrate": ("isthmus.partitioner.calibrate", "time the real kernels on this machine and write a device profile"),
 }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="isthmus", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="isthmus", description="isthmus: train one dataflow graph in the cloud, split it between edge and cloud.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else argv

@@ -53,3 +53,20 @@ def torch_or_none():
     except ImportError:
         print("note: torch not installed (pip install torch==2.13.0); its column is skipped", file=sys.stderr)
         return None
+
+
+def interleaved_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21, inner: int = 1,
+                        warmup: int = 2) -> Dict[str, float]:
+    """Median seconds per call of each function, sampled in alternation so that a change in the
+    machine's load hits every contender alike (the machines here are shared and noisy)."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    samples: Dict[str, list] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                f()
+            samples[k].append((time.perf_counter() - t0) / inner)
+    return {k: statistics.median(v) for k, v in samples.items()}

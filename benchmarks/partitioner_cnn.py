@@ -1,0 +1,147 @@
+"""Splitting real CNNs: a MobileNetV2-style and a ResNet-18-style network (224x224, batch 1).
+
+1. Calibrate this machine on the ops these networks use; the cloud is this machine, the edge
+   the same profile 8x slower.
+2. Benefit: uplinks of 1, 5, 20, 100 Mbit/s (downlink the same), 40 ms RTT: predicted
+   latency of edge-only, cloud-only and the mincut split; the split must never be slower than
+   the better of the two, and should be strictly faster somewhere.
+3. Optimality: mincut against greedy and the best single layer split at every link.
+4. Sanity of the prediction on the whole network: predicted vs measured compute on this machine.
+Usage: python benchmarks/partitioner_cnn.py [--quick] [--nets mobilenet_v2 resnet18]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import isthmus as ism
+from isthmus.core.profile import time_nodes
+from isthmus.partitioner import CLOUD_DEVICE, EDGE_DEVICE, Constraints, CostModel, LinkModel, Problem
+from isthmus.partitioner.calibrate import calibrate
+from isthmus.partitioner.placement import solve_greedy, solve_layer_split, solve_mincut, solve_preferring
+from timing import emit
+
+OPS = ["Conv2D", "BatchNorm", "Relu6", "Relu", "Add", "MaxPool", "GlobalAvgPool", "MatMul", "BiasAdd"]
+UPLINKS_MBPS = (1, 5, 20, 100)
+RTT = "40ms"
+
+
+class _Builder:
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+    def conv_bn(self, x, out, k=3, stride=1, groups=1, act=ism.relu6, name=None):
+        cin = x.shape[1]
+        w = self.rng.standard_normal((out, cin // groups, k, k)).astype(np.float32)
+        w *= np.sqrt(2.0 / (cin // groups * k * k))
+        y = ism.conv2d(x, ism.constant(w), strides=stride, padding="SAME", groups=groups)
+        ones, zeros = np.ones(out, np.float32), np.zeros(out, np.float32)
+        y = ism.batch_norm(y, ones, zeros, zeros, ones, axis=1)
+        return act(y, name=name) if act is not None else ism.identity(y, name=name)
+
+    def classifier(self, x, classes=1000):
+        h = ism.global_avg_pool(x, name="pool")
+        w = (self.rng.standard_normal((h.shape[1], classes)) * 0.01).astype(np.float32)
+        return ism.bias_add(ism.matmul(h, ism.constant(w)), ism.constant(np.zeros(classes, np.float32)), name="logits")
+
+
+def mobilenet_v2(size=224):
+    g, b = ism.Graph(seed=0), _Builder()
+    with g.as_default():
+        x = ism.placeholder("float32", (1, 3, size, size), name="image")
+        h = b.conv_bn(x, 32, 3, 2, name="stem")
+        cin = 32
+        for i, (t, c, n, s) in enumerate([(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                                          (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]):
+            for j in range(n):
+                stride = s if j == 0 else 1
+                with ism.name_scope(f"block{i}_{j}"):
+                    y = b.conv_bn(h, cin * t, 1) if t != 1 else h
+                    y = b.conv_bn(y, cin * t, 3, stride, groups=cin * t)
+                    y = b.conv_bn(y, c, 1, act=None)
+                    h = ism.add(h, y, name="out") if stride == 1 and cin == c else ism.identity(y, name="out")
+                cin = c
+        h = b.conv_bn(h, 1280, 1, name="head")
+        y = b.classifier(h)
+    return g, x, y
+
+
+def resnet18(size=224):
+    g, b = ism.Graph(seed=0), _Builder(1)
+    with g.as_default():
+        x = ism.placeholder("float32", (1, 3, size, size), name="image")
+        h = ism.max_pool(b.conv_bn(x, 64, 7, 2, act=ism.relu, name="stem"), ksize=3, strides=2, padding="SAME")
+        cin = 64
+        for i, c in enumerate((64, 128, 256, 512)):
+            for j in range(2):
+                stride = 2 if (j == 0 and i > 0) else 1
+                with ism.name_scope(f"stage{i}_{j}"):
+                    y = b.conv_bn(h, c, 3, stride, act=ism.relu)
+                    y = b.conv_bn(y, c, 3, 1, act=None)
+                    skip = b.conv_bn(h, c, 1, stride, act=None) if (stride != 1 or cin != c) else h
+                    h = ism.relu(ism.add(y, skip), name="out")
+                cin = c
+        y = b.classifier(h)
+    return g, x, y
+
+
+NETS = {"mobilenet_v2": mobilenet_v2, "resnet18": resnet18}
+
+
+def sweep(g, y, cloud_profile, quick_check: bool):
+    rows = []
+    for mbps in UPLINKS_MBPS:
+        link = LinkModel.parse(f"{mbps}mbps", RTT)
+        cm = CostModel.edge_cloud(link, cloud_profile.scaled(8.0, name="edge"), cloud_profile)
+        p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+        res = {"uplink_mbps": mbps}
+        for name, solve in (("edge_only", lambda q: solve_preferring(q, q.edge)),
+                            ("cloud_only", lambda q: solve_preferring(q, q.role("cloud"))),
+                            ("mincut", solve_mincut), ("greedy", solve_greedy), ("layer_split", solve_layer_split)):
+            t0 = time.perf_counter()
+            a = solve(p)
+            res[f"{name}_ms"] = round(p.total(a) * 1e3, 3)
+            if name == "mincut":
+                res["mincut_place_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+                bd = p.breakdown(a)
+                res["mincut_nodes_on_edge"] = int((a == p.edge).sum())
+                res["mincut_transfers"] = [f"{m.tensor} {m.nbytes // 1000} KB" for m in bd.moves]
+        best_single = min(res["edge_only_ms"], res["cloud_only_ms"])
+        res["split_not_slower"] = res["mincut_ms"] <= best_single + 1e-9
+        res["split_speedup_vs_best_single"] = round(best_single / res["mincut_ms"], 3)
+        rows.append(res)
+    return rows
+
+
+def measured_vs_predicted(g, x, y, profile, repeats=3):
+    xv = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    times = time_nodes(ism.Session(g, optimize=False, parallel=False), y, {x: xv}, repeats=repeats)
+    cm = CostModel.edge_cloud(LinkModel(), profile, profile)
+    pred = sum(cm.node_time(n, CLOUD_DEVICE) for n in times)
+    meas = sum(times.values())
+    return {"predicted_ms": round(pred * 1e3, 2), "measured_ms": round(meas * 1e3, 2),
+            "error": round(abs(pred - meas) / meas, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="quick calibration")
+    ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    profile = calibrate("this-machine", OPS, "quick" if args.quick else "full")
+    out = {"calibration_s": round(time.perf_counter() - t0, 2), "rtt": RTT, "edge": "this machine 8x slower",
+           "cloud": "this machine"}
+    for name in args.nets:
+        g, x, y = NETS[name]()
+        out[name] = {"nodes": len(g.nodes), "sweep": sweep(g, y, profile, args.quick),
+                     "whole_network_on_this_machine": measured_vs_predicted(g, x, y, profile)}
+        out[name]["split_strictly_faster_somewhere"] = any(r["split_speedup_vs_best_single"] > 1.0 + 1e-9
+                                                          for r in out[name]["sweep"])
+    emit("partitioner_cnn", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -135,3 +135,14 @@ def test_matmul_shape_error():
 def test_sigmoid_does_not_overflow():
     check_forward(ism.sigmoid, [np.array([-1000.0, 0.0, 1000.0], np.float32)],
                   lambda x: np.array([0.0, 0.5, 1.0], np.float32))
+
+
+def test_cast_gradient():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float64", (3,))
+        y = ism.cast(x, "float32") * 2.0
+        (dx,) = ism.gradients(y, [x])
+        got = ism.Session(g).run(dx, {x: np.ones(3)})
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, [2.0, 2.0, 2.0])

@@ -219,3 +219,39 @@ def test_auto_parallel_picks_wide_heavy_graphs_only():
         y = ism.placeholder("float32", (2048, 2048), name="y")
         wide = ism.add_n([ism.tanh(y @ (y * 2.0)), ism.exp(y @ (y * 3.0)), ism.sigmoid(y @ (y * 4.0))])
     assert sess.plan_for(wide, {y: None}).parallel
+
+
+def test_one_thread_trains_while_another_evaluates():
+    g = ism.Graph()
+    with g.as_default():
+        w = ism.Variable(np.zeros(8), name="w")
+        step = ism.optimizers.SGD(1.0).minimize(-ism.reduce_sum(w))  # each step adds exactly 1
+        evaluation = ism.reduce_mean(w * 2.0)
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer(g))
+    seen, errors, done = [], [], threading.Event()
+
+    def train():
+        try:
+            for _ in range(300):
+                sess.run(step)
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+        finally:
+            done.set()
+
+    def evaluate():
+        try:
+            while not done.is_set():
+                seen.append(float(sess.run(evaluation)))
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+    threads = [threading.Thread(target=train), threading.Thread(target=evaluate)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and seen
+    assert all(b >= a for a, b in zip(seen, seen[1:]))  # evaluations never go backwards
+    assert all(0 <= v <= 600 for v in seen)
+    np.testing.assert_array_equal(sess.run(w), np.full(8, 300.0))

@@ -229,10 +229,11 @@ def test_one_thread_trains_while_another_evaluates():
         evaluation = ism.reduce_mean(w * 2.0)
         sess = ism.Session(g)
         sess.run(ism.global_variables_initializer(g))
-    seen, errors, done = [], [], threading.Event()
+    seen, errors, done, started = [], [], threading.Event(), threading.Event()
 
     def train():
         try:
+            started.wait(timeout=30)
             for _ in range(300):
                 sess.run(step)
         except Exception as e:  # pragma: no cover
@@ -242,8 +243,9 @@ def test_one_thread_trains_while_another_evaluates():
 
     def evaluate():
         try:
-            while not done.is_set():
+            while not done.is_set() or len(seen) < 3:
                 seen.append(float(sess.run(evaluation)))
+                started.set()
         except Exception as e:  # pragma: no cover
             errors.append(e)
     threads = [threading.Thread(target=train), threading.Thread(target=evaluate)]

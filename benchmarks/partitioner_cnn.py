@@ -20,6 +20,7 @@ import isthmus as ism
 from isthmus.core.profile import time_nodes
 from isthmus.partitioner import CLOUD_DEVICE, EDGE_DEVICE, Constraints, CostModel, LinkModel, Problem
 from isthmus.partitioner.calibrate import calibrate
+from isthmus.partitioner.costmodel import cost_key
 from isthmus.partitioner.placement import solve_greedy, solve_layer_split, solve_mincut, solve_preferring
 from timing import emit
 
@@ -115,14 +116,24 @@ def sweep(g, y, cloud_profile, quick_check: bool):
     return rows
 
 
-def measured_vs_predicted(g, x, y, profile, repeats=3):
+def measured_vs_predicted(g, x, y, profile, repeats=5):
+    """Per-node kernel times in steady state (the first runs pay page faults growing the heap)."""
     xv = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
-    times = time_nodes(ism.Session(g, optimize=False, parallel=False), y, {x: xv}, repeats=repeats)
+    sess = ism.Session(g, optimize=False, parallel=False)
+    time_nodes(sess, y, {x: xv}, repeats=3)
+    times = time_nodes(sess, y, {x: xv}, repeats=repeats)
     cm = CostModel.edge_cloud(LinkModel(), profile, profile)
-    pred = sum(cm.node_time(n, CLOUD_DEVICE) for n in times)
-    meas = sum(times.values())
-    return {"predicted_ms": round(pred * 1e3, 2), "measured_ms": round(meas * 1e3, 2),
-            "error": round(abs(pred - meas) / meas, 3)}
+    by_op: dict = {}
+    for n, t in times.items():
+        row = by_op.setdefault(cost_key(n), [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += cm.node_time(n, CLOUD_DEVICE) * 1e3
+        row[2] += t * 1e3
+    pred = sum(r[1] for r in by_op.values())
+    meas = sum(r[2] for r in by_op.values())
+    return {"predicted_ms": round(pred, 2), "measured_ms": round(meas, 2), "error": round(abs(pred - meas) / meas, 3),
+            "by_op": {k: {"nodes": c, "predicted_ms": round(p, 2), "measured_ms": round(m, 2)}
+                      for k, (c, p, m) in sorted(by_op.items(), key=lambda kv: -kv[1][2])}}
 
 
 def main() -> None:

@@ -73,3 +73,23 @@ def test_loops_and_conditionals_split_at_random():
                 want = ism.Session(g).run([y, dy], {x: xv, flag: f})
                 for u, v in zip(s.run({"x": xv, "flag": f}), want):
                     np.testing.assert_allclose(u, v, rtol=1e-5)
+
+
+def test_a_small_convolutional_net_split_at_random():
+    rng = np.random.default_rng(0)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 3, 8, 8), name="x")
+        h = ism.relu6(ism.conv2d(x, ism.constant(rng.standard_normal((8, 3, 3, 3)).astype(np.float32)), strides=2))
+        d = ism.depthwise_conv2d(h, ism.constant(rng.standard_normal((8, 1, 3, 3)).astype(np.float32)))
+        ones, zeros = np.ones(8, np.float32), np.zeros(8, np.float32)
+        d = ism.batch_norm(d, ones, zeros, zeros, ones)
+        h = ism.add(h, ism.max_pool(ism.relu(d), ksize=3, strides=1, padding="SAME"))
+        y = ism.softmax(ism.matmul(ism.global_avg_pool(h), ism.constant(rng.standard_normal((8, 4)).astype(np.float32))),
+                        name="y")
+    xv = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    want = ism.Session(g).run(y, {x: xv})
+    for seed in range(4):
+        placement = _random_placement(g, [y], np.random.default_rng(seed))
+        got = partition(g, placement, [y], return_to=EDGE_DEVICE).run({"x": xv}, timeout=10)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

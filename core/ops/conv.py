@@ -157,11 +157,18 @@ def _kernel_conv(node, ctx):
         if _depthwise(node, w.shape, c):
             xpad = _padded(xp, x, g.pads)
             win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
-            out = xp.zeros((n, c, g.oh, g.ow), dtype=x.dtype)
+            wc = w.reshape(c, g.kh, g.kw)
+            out = win[:, :, 0, 0] * wc[:, 0, 0].reshape(1, c, 1, 1)
+            tmp = xp.empty_like(out)
             for i in range(g.kh):
                 for j in range(g.kw):
-                    out += win[:, :, i, j] * w[:, 0, i, j].reshape(1, c, 1, 1)
+                    if i or j:
+                        xp.multiply(win[:, :, i, j], wc[:, i, j].reshape(1, c, 1, 1), out=tmp)
+                        out += tmp
             return out
+        if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
+            # a 1x1 convolution is a matrix product over channels: no im2col, no copies
+            return xp.matmul(w.reshape(o, c), x.reshape(n, c, -1)).reshape(n, o, g.oh, g.ow)
         xt = _chwn_padded(xp, x, g.pads)
         cg, og = c // groups, o // groups
         out = xp.empty((o, g.oh, g.ow, n), dtype=x.dtype)

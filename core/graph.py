@@ -259,6 +259,9 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def __bool__(self) -> bool:  # an empty graph is still a graph (`graph or default` must keep it)
+        return True
+
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)
 

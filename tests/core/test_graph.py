@@ -125,3 +125,9 @@ def test_bool_of_tensor_is_an_error():
         with pytest.raises(TypeError, match="truth value"):
             if x:
                 pass
+
+
+def test_an_empty_graph_passed_explicitly_is_used():
+    g = ism.Graph()
+    x = ism.placeholder("float32", (2,), graph=g)
+    assert x.graph is g and len(g) == 1

@@ -8,7 +8,7 @@ import numpy as np
 
 import isthmus as ism
 from isthmus.core.profile import by_op_type, time_nodes
-from timing import emit, median_seconds, torch_or_none
+from timing import emit, interleaved_medians, median_seconds, torch_or_none
 
 BATCH = 64
 LR = 0.01
@@ -67,7 +67,7 @@ def main():
     ys = rng.integers(0, 10, BATCH).astype(np.int32)
     sess, x, y, loss, train = build_isthmus(p)
     feed = {x: xs, y: ys}
-    res = {"isthmus": median_seconds(lambda: sess.run([loss, train], feed), repeats=11)}
+    contenders = {"isthmus": lambda: sess.run([loss, train], feed)}
     profile = by_op_type(time_nodes(sess, [loss, train], feed, repeats=5))
     torch = torch_or_none()
     if torch is not None:
@@ -88,7 +88,10 @@ def main():
             out.backward()
             opt.step()
             return out
-        res["torch"] = median_seconds(tstep, repeats=11)
+        t_torch = median_seconds(tstep, repeats=11)  # alone: its OpenMP threads disturb BLAS
+    res = interleaved_medians(contenders, repeats=11)
+    if torch is not None:
+        res["torch"] = t_torch
     total = sum(s for _, s, _ in profile)
     out = {"ms": {k: round(v * 1e3, 2) for k, v in res.items()},
            "profile_by_op_type_ms": [{"op": op, "ms": round(s * 1e3, 3), "nodes": n,

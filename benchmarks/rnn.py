@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import isthmus as ism
-from timing import emit, median_seconds, torch_or_none
+from timing import emit, interleaved_medians, median_seconds, torch_or_none
 
 T, B, I, H = 50, 32, 64, 128
 LR = 0.01
@@ -73,8 +73,7 @@ def main():
     l1 = sess.run([loss, train], {xp: xs})[0]  # second step: the updates agreed too
     l2 = ref.step(xs)
     assert abs(l1 - l2) < 1e-4 * max(1, abs(l2)), (l1, l2)
-    res = {"isthmus": median_seconds(lambda: sess.run([loss, train], {xp: xs}), repeats=21),
-           "numpy_bptt": median_seconds(lambda: ref.step(xs), repeats=21)}
+    contenders = {"isthmus": lambda: sess.run([loss, train], {xp: xs}), "numpy_bptt": lambda: ref.step(xs)}
     torch = torch_or_none()
     if torch is not None:
         Wx = torch.tensor(wx, requires_grad=True)
@@ -92,7 +91,10 @@ def main():
             out.backward()
             opt.step()
             return out
-        res["torch"] = median_seconds(tstep, repeats=21)
+        t_torch = median_seconds(tstep, repeats=21)  # alone: its OpenMP threads disturb BLAS
+    res = interleaved_medians(contenders, repeats=31)
+    if torch is not None:
+        res["torch"] = t_torch
     out = {"ms": {k: round(v * 1e3, 3) for k, v in res.items()},
            "ratio_vs_numpy": round(res["isthmus"] / res["numpy_bptt"], 3), "target_vs_numpy": 1.2}
     if "torch" in res:

@@ -298,7 +298,7 @@ _UNARY = [
     ("Rsqrt", _kernel_rsqrt, "f", lambda n, x, y, dy: mul(dy, mul(-0.5, div(y, x))), 5),
     ("Square", _k("square"), "fiu", lambda n, x, y, dy: mul(dy, mul(2.0, x)), 1),
     ("Reciprocal", _k("reciprocal"), "f", lambda n, x, y, dy: neg(mul(dy, square(y))), 1),
-    ("Tanh", _k("tanh"), "f", lambda n, x, y, dy: mul(dy, sub(1.0, square(y))), 10),
+    ("Tanh", _k("tanh"), "f", lambda n, x, y, dy: _out("TanhGrad", (y, dy)), 10),
     ("Sigmoid", _kernel_sigmoid, "f", lambda n, x, y, dy: mul(dy, mul(y, sub(1.0, y))), 12),
     ("Erf", _kernel_erf, "f", lambda n, x, y, dy: mul(dy, mul(_SQRT_2_OVER_PI, exp(neg(square(x))))), 20),
     ("Floor", _k("floor"), "f", lambda n, x, y, dy: None, 1),
@@ -335,6 +335,24 @@ def erf(x, name=None): return _out("Erf", (convert(x),), name=name)
 def floor(x, name=None): return _out("Floor", (convert(x),), name=name)
 def ceil(x, name=None): return _out("Ceil", (convert(x),), name=name)
 def logical_not(x, name=None): return _out("LogicalNot", (convert(x),), name=name)
+
+
+def _kernel_tanh_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(y, dy):  # dy * (1 - y^2) with one temporary
+        t = xp.multiply(y, y)
+        xp.subtract(1, t, out=t)
+        t *= dy
+        return t
+    return run
+
+
+register(OpDef("TanhGrad", inputs=("y", "dy"), infer=lambda node: [(node.inputs[1].dtype, node.inputs[1].shape)],
+               kernel=_kernel_tanh_grad, cost=elementwise_cost(3),
+               grad=lambda node, dys: [mul(dys[0], mul(-2.0, mul(node.inputs[0], node.inputs[1]))),
+                                       mul(dys[0], sub(1.0, square(node.inputs[0])))],
+               doc="dy * (1 - y^2): the gradient of tanh from its output."))
 
 
 # ---- cast ---------------------------------------------------------------------------------

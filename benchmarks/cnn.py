@@ -8,7 +8,7 @@ import numpy as np
 
 import isthmus as ism
 from isthmus.core.profile import by_op_type, time_nodes
-from timing import emit, interleaved_medians, median_seconds, torch_or_none
+from timing import emit, measure_with_torch, torch_or_none, torch_train_step
 
 BATCH = 64
 LR = 0.01
@@ -82,16 +82,8 @@ def main():
         l_i = float(sess2.run(loss2, {x2: xs, y2: ys}))
         assert abs(l_t - l_i) < 1e-3 * max(1.0, abs(l_t)), (l_t, l_i)
 
-        def tstep():
-            opt.zero_grad(set_to_none=True)
-            out = lossf(m(tx), ty)
-            out.backward()
-            opt.step()
-            return out
-        t_torch = median_seconds(tstep, repeats=11)  # alone: its OpenMP threads disturb BLAS
-    res = interleaved_medians(contenders, repeats=11)
-    if torch is not None:
-        res["torch"] = t_torch
+        tstep = torch_train_step(opt, lambda: lossf(m(tx), ty))
+    res = measure_with_torch(contenders, tstep if torch is not None else None, repeats=11)
     total = sum(s for _, s, _ in profile)
     out = {"ms": {k: round(v * 1e3, 2) for k, v in res.items()},
            "profile_by_op_type_ms": [{"op": op, "ms": round(s * 1e3, 3), "nodes": n,

@@ -40,7 +40,6 @@ def numpy_chain():
 
 
 def ort_chain():
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
     one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import isthmus as ism
-from timing import emit, interleaved_medians, median_seconds, torch_or_none
+from timing import emit, interleaved_medians, measure_with_torch, torch_or_none, torch_train_step
 
 SIZES = (784, 512, 512, 10)
 BATCH = 128
@@ -135,16 +135,8 @@ def train_step_benchmark():
         lossf = torch.nn.CrossEntropyLoss()
         tx, ty = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
 
-        def tstep():
-            opt.zero_grad(set_to_none=True)
-            out = lossf(model(tx), ty)
-            out.backward()
-            opt.step()
-            return out
-        t_torch = median_seconds(tstep, repeats=31, inner=3)  # alone: its OpenMP threads disturb BLAS
-    res = interleaved_medians(contenders, repeats=41, inner=3)
-    if torch is not None:
-        res["torch"] = t_torch
+        tstep = torch_train_step(opt, lambda: lossf(model(tx), ty))
+    res = measure_with_torch(contenders, tstep if torch is not None else None, repeats=41, inner=3)
     out = {"ms": {k: round(v * 1e3, 3) for k, v in res.items()},
            "ratio_vs_numpy": round(res["isthmus"] / res["numpy_by_hand"], 3), "target_vs_numpy": 1.10}
     if "torch" in res:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import isthmus as ism
-from timing import emit, interleaved_medians, median_seconds, torch_or_none
+from timing import emit, measure_with_torch, torch_or_none, torch_train_step
 
 T, B, I, H = 50, 32, 64, 128
 LR = 0.01
@@ -82,19 +82,13 @@ def main():
         opt = torch.optim.SGD([Wx, Wh, Bt], lr=LR)
         txs = torch.from_numpy(xs)
 
-        def tstep():
-            opt.zero_grad(set_to_none=True)
+        def tloss():
             h = torch.zeros(B, H)
             for t in range(T):
                 h = torch.tanh(txs[t] @ Wx + h @ Wh + Bt)
-            out = (h * h).mean()
-            out.backward()
-            opt.step()
-            return out
-        t_torch = median_seconds(tstep, repeats=21)  # alone: its OpenMP threads disturb BLAS
-    res = interleaved_medians(contenders, repeats=31)
-    if torch is not None:
-        res["torch"] = t_torch
+            return (h * h).mean()
+        tstep = torch_train_step(opt, tloss)
+    res = measure_with_torch(contenders, tstep if torch is not None else None, repeats=31)
     out = {"ms": {k: round(v * 1e3, 3) for k, v in res.items()},
            "ratio_vs_numpy": round(res["isthmus"] / res["numpy_bptt"], 3), "target_vs_numpy": 1.2}
     if "torch" in res:

@@ -7,7 +7,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 15, inner: int = 1, warmup: int = 2) -> float:
@@ -70,3 +70,25 @@ def interleaved_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21,
                 f()
             samples[k].append((time.perf_counter() - t0) / inner)
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def torch_train_step(opt, loss_fn: Callable[[], object]) -> Callable[[], object]:
+    """One PyTorch training step: zero the gradients, loss_fn() forward, backward, update."""
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = loss_fn()
+        out.backward()
+        opt.step()
+        return out
+    return step
+
+
+def measure_with_torch(contenders: Dict[str, Callable[[], object]], torch_step: Optional[Callable[[], object]],
+                       repeats: int, inner: int = 1) -> Dict[str, float]:
+    """isthmus and its numpy reference interleaved; PyTorch alone (its OpenMP threads spin after
+    each call and would slow whichever contender ran next)."""
+    t_torch = median_seconds(torch_step, repeats=repeats, inner=inner) if torch_step is not None else None
+    res = interleaved_medians(contenders, repeats=repeats, inner=inner)
+    if t_torch is not None:
+        res["torch"] = t_torch
+    return res

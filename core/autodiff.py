@@ -6,11 +6,11 @@ stay sparse while every contribution is sparse.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Sequence, Union
 
 from . import dtypes as _dt
 from .errors import GraphError
-from .graph import Graph, Node, Tensor, graph_of
+from .graph import Graph, Tensor, graph_of
 from .ops.base import convert, make
 from .ops.sparse import IndexedSlices, sum_slices, to_dense
 

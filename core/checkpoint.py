@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .errors import CheckpointError
-from .graph import Graph, get_default_graph
+from .graph import Graph
 from .variables import Variable, global_variables
 
 INDEX = "checkpoint.json"

@@ -10,7 +10,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import dtypes as _dt
 from .autodiff import gradients
 from .errors import GraphError
 from .graph import Graph, Node, Tensor, get_default_graph, graph_of

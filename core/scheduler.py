@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence
 
-from .errors import ExecutionError, FeedError, IsthmusError
+from .errors import ExecutionError, IsthmusError
 from .graph import Node, Tensor
 
 # rough device figures for the decision only; the partitioner's calibrated model is the real one

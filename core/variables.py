@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-import numpy as np
-
-from . import dtypes as _dt
 from .graph import Graph, Node, Tensor, get_default_graph
 from .ops.base import convert, group, make
 from .shapes import as_shape

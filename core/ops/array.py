@@ -10,7 +10,7 @@ from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, elementwise_cost, register
-from ..shapes import as_shape, broadcast, fmt, fully_defined, normalize_axis, num_elements, num_elements_est
+from ..shapes import as_shape, broadcast, fmt, fully_defined, normalize_axis, num_elements
 from .base import constant, convert, make
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "strided_slice", "pad", "squeeze", "expand_dims",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import dtypes as _dt
-from ..errors import GraphError, ShapeError
+from ..errors import ShapeError
 from ..function import Function
 from ..graph import Graph, Tensor, get_default_graph
 from ..registry import REQUIRED, Cost, OpDef, register

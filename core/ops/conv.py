@@ -8,7 +8,6 @@ a multiply-add per kernel tap.
 """
 from __future__ import annotations
 
-import math as _math
 from typing import Optional, Tuple
 
 import numpy as np

@@ -6,8 +6,6 @@ The tables at the top of each section keep one row per op.
 from __future__ import annotations
 
 import math as _math
-from typing import Optional
-
 import numpy as np
 
 from .. import dtypes as _dt

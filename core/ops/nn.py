@@ -6,11 +6,10 @@ from typing import Optional
 
 import numpy as np
 
-from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
-from ..registry import Cost, OpDef, elementwise_cost, register
-from ..shapes import compatible, fmt, normalize_axis, num_elements_est
+from ..registry import OpDef, elementwise_cost, register
+from ..shapes import compatible, fmt, normalize_axis
 from .base import convert, make
 
 __all__ = ["softmax", "log_softmax", "sparse_softmax_cross_entropy", "softmax_cross_entropy", "dropout",

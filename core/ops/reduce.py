@@ -1,7 +1,7 @@
 """Reductions: sum, mean, max, min over axes (with keepdims), and argmax/argmin."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import numpy as np
 
@@ -9,7 +9,7 @@ from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, register
-from ..shapes import fully_defined, normalize_axis, num_elements_est
+from ..shapes import normalize_axis, num_elements_est
 from .base import constant, convert, make
 
 __all__ = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax", "argmin"]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
-
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, register

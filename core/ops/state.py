@@ -5,8 +5,6 @@ through a reference input (`ref_inputs`), so the executor binds the slot, not a 
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import ExecutionError, ShapeError
 from ..registry import REQUIRED, Cost, OpDef, elementwise_cost, register
 from ..shapes import broadcast, compatible, fmt, num_elements_est

@@ -9,7 +9,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from ..graph import Graph, Node, Tensor
+from ..graph import Graph, Tensor
 
 
 def freeze(session, outputs: Optional[Sequence[Tensor]] = None) -> Graph:

@@ -3,7 +3,7 @@ simplifies arithmetic (x*1, x+0, chains of constant adds/muls, transpose of tran
 identities) as it goes."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 

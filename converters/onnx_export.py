@@ -331,10 +331,12 @@ def _strided(c, n, ins, outs):
 
 
 def to_onnx(source: Union[Graph, "object"], outputs: Sequence[Union[Tensor, str]], inputs: Optional[Sequence] = None,
-            name: str = "isthmus", opset: int = OPSET):
+            name: str = "isthmus", opset: int = OPSET, optimize: bool = True):
     """An onnx.ModelProto computing `outputs` from the graph's placeholders (or `inputs`).
 
-    `source` is a Graph without variables, or a Session (its variables are frozen).
+    `source` is a Graph without variables, or a Session (its variables are frozen). With
+    `optimize`, the graph passes run first (folded batch norm, fused conv/matmul + bias +
+    activation), so the model is as lean as the plan isthmus itself would run.
     """
     onnx, TensorProto, helper, numpy_helper = _onnx()
     from isthmus.core.executor import prune
@@ -347,6 +349,10 @@ def to_onnx(source: Union[Graph, "object"], outputs: Sequence[Union[Tensor, str]
         graph = source
         outs = [graph.tensor(o) if isinstance(o, str) else o for o in outputs]
     ins = [graph.tensor(i) if isinstance(i, str) else i for i in (inputs or [])]
+    if optimize:
+        from isthmus.core.passes import optimize as run_passes
+        rw = run_passes(graph, prune([t.node for t in outs], set(ins)), outs, ins)
+        graph, outs, ins = rw.graph, list(rw.fetches), list(rw.feeds)
     nodes = prune([t.node for t in outs], set(ins))
     bad: Dict[str, List[str]] = {}
     for n in nodes:

@@ -2,7 +2,7 @@
 
     isthmus partition MODEL --bandwidth 5mbps --rtt 40ms [--svg g.svg] [--latency-plot l.svg]
 
-MODEL is an ONNX file (through isthmus.converters, once it imports ONNX) or a Python
+MODEL is an ONNX file (imported by isthmus.converters, loaded lazily) or a Python
 function building the graph, as `path/to/file.py:build` or `package.module:build`; the
 function returns a Graph, or (Graph, outputs).
 """
@@ -47,7 +47,8 @@ def load_model(spec: str) -> Tuple[Graph, Optional[list]]:
         except ImportError:
             raise SystemExit(f"cannot read {spec}: ONNX import (isthmus.converters) is not available yet; "
                              "pass a Python function building the graph (file.py:function)") from None
-        return _as_graph(onnx_import.import_model(spec))
+        graph, _, outputs = onnx_import.from_onnx(spec)
+        return graph, list(outputs)
     where, sep, fn = spec.rpartition(":")
     if not sep or not fn:
         raise SystemExit(f"model {spec!r}: expected an .onnx file, file.py:function or module:function")

@@ -24,3 +24,4 @@ from .session import Session
 from . import checkpoint, nn, optimizers, passes, progress, rnn  # noqa: E402  (subsystems over the core)
 from .checkpoint import Saver, latest_checkpoint  # noqa: E402
 from .passes import freeze  # noqa: E402
+from .trace import RunMetadata, RunOptions  # noqa: E402

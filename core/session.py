@@ -35,7 +35,8 @@ class Session:
         self.optimize = optimize  # run the graph passes (core/passes) on each plan's subgraph
 
     # ---- running ----------------------------------------------------------------------
-    def run(self, fetches, feed_dict: Optional[Dict] = None):
+    def run(self, fetches, feed_dict: Optional[Dict] = None, options=None, run_metadata=None):
+        """Run `fetches`. With options=RunOptions(trace=True), per-node timings go to run_metadata."""
         if self._closed:
             raise RuntimeError("this Session is closed")
         feed_dict = feed_dict or {}
@@ -44,6 +45,10 @@ class Session:
         if entry is None:
             entry = self._compile(key, fetches, feed_dict)
         plan, unflatten, checks = entry
+        if options is not None and options.trace:
+            from .trace import RunMetadata, run_traced
+            md = run_metadata if run_metadata is not None else RunMetadata()
+            return unflatten(run_traced(plan, [c(v) for c, v in zip(checks, feed_dict.values())], md))
         if checks:
             values = [check(v) for check, v in zip(checks, feed_dict.values())]
             return unflatten(plan(*values))

@@ -1,1 +1,17 @@
-"""isthmus.edge (see DESIGN.md)."""
+"""isthmus.edge: the edge runtime. Load and verify a flatbuffer model, prepare its kernels once,
+plan one memory arena, invoke. Imports numpy and flatbuffers only: never the graph machinery."""
+from .format import EdgeModelError
+from .loader import EdgeModel, load, loads
+
+
+def __getattr__(name):
+    if name in ("Interpreter",):
+        from .interpreter import Interpreter
+        return Interpreter
+    if name in ("ModelWriter",):
+        from .writer import ModelWriter
+        return ModelWriter
+    raise AttributeError(f"module 'isthmus.edge' has no attribute '{name}'")
+
+
+__all__ = ["EdgeModelError", "EdgeModel", "load", "loads", "Interpreter", "ModelWriter"]

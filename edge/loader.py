@@ -1,0 +1,304 @@
+"""Load and verify an edge model file.
+
+The Python FlatBuffers runtime trusts every offset it reads, so the reader here does not use
+the generated accessors: `verify` walks the structure with bounds-checked primitives, checking
+each offset, vector length, string, index, dtype, shape and buffer range against the file. A malformed or
+hostile file raises EdgeModelError naming what is wrong; work and memory are bounded by the
+file's size. Weights are numpy views of the memory-mapped file (no copy).
+"""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .format import ALIGN, DTYPES, FILE_IDENTIFIER, FLOAT, FLOATS, INT, INTS, SCHEMA_VERSION, STRING, EdgeModelError
+
+MAX_RANK = 8
+MIN_ACTIVATION_LIMIT = 256 << 20  # an activation may need at most max(this, 256 x file size) bytes
+
+
+class _Reader:
+    """Bounds-checked primitives over a flatbuffer."""
+
+    def __init__(self, buf):
+        self.buf = buf
+        self.n = len(buf)
+
+    def _need(self, pos: int, size: int, what: str) -> None:
+        if pos < 0 or size < 0 or pos + size > self.n:
+            raise EdgeModelError(f"{what}: bytes {pos}..{pos + size} lie outside the file ({self.n} bytes)")
+
+    def u8(self, pos, what):
+        self._need(pos, 1, what)
+        return self.buf[pos]
+
+    def u16(self, pos, what):
+        self._need(pos, 2, what)
+        return struct.unpack_from("<H", self.buf, pos)[0]
+
+    def i32(self, pos, what):
+        self._need(pos, 4, what)
+        return struct.unpack_from("<i", self.buf, pos)[0]
+
+    def u32(self, pos, what):
+        self._need(pos, 4, what)
+        return struct.unpack_from("<I", self.buf, pos)[0]
+
+    def table(self, pos: int, what: str) -> "_Table":
+        self._need(pos, 4, what)
+        if pos % 4:
+            raise EdgeModelError(f"{what}: table at {pos} is misaligned")
+        vt = pos - self.i32(pos, what)
+        vlen = self.u16(vt, f"{what} vtable")
+        tsize = self.u16(vt + 2, f"{what} vtable")
+        if vlen < 4 or vlen % 2:
+            raise EdgeModelError(f"{what}: vtable length {vlen} is invalid")
+        self._need(vt, vlen, f"{what} vtable")
+        self._need(pos, tsize, f"{what} table body")
+        return _Table(self, pos, vt, vlen, tsize, what)
+
+
+class _Table:
+    def __init__(self, r: _Reader, pos, vt, vlen, tsize, what):
+        self.r, self.pos, self.vt, self.vlen, self.tsize, self.what = r, pos, vt, vlen, tsize, what
+
+    def field(self, slot: int, size: int) -> Optional[int]:
+        """Absolute position of field `slot` (size bytes), or None when absent."""
+        e = 4 + 2 * slot
+        if e + 2 > self.vlen:
+            return None
+        off = self.r.u16(self.vt + e, self.what)
+        if off == 0:
+            return None
+        if off + size > self.tsize:
+            raise EdgeModelError(f"{self.what}: field {slot} runs past its table")
+        return self.pos + off
+
+    def scalar(self, slot: int, fmt: str, default):
+        size = struct.calcsize(fmt)
+        p = self.field(slot, size)
+        if p is None:
+            return default
+        self.r._need(p, size, self.what)
+        return struct.unpack_from("<" + fmt, self.r.buf, p)[0]
+
+    def _target(self, slot: int) -> Optional[int]:
+        p = self.field(slot, 4)
+        if p is None:
+            return None
+        return p + self.r.u32(p, self.what)
+
+    def sub(self, slot: int, what: str) -> Optional[_Table]:
+        t = self._target(slot)
+        return None if t is None else self.r.table(t, f"{self.what}.{what}")
+
+    def vector(self, slot: int, elem: int, what: str) -> Tuple[int, int]:
+        """(start, length) of a vector field, bounds checked; (0, 0) when absent."""
+        t = self._target(slot)
+        if t is None:
+            return 0, 0
+        n = self.r.u32(t, f"{self.what}.{what}")
+        if n > self.r.n // max(elem, 1):
+            raise EdgeModelError(f"{self.what}.{what}: length {n} cannot fit in the file")
+        self.r._need(t + 4, n * elem, f"{self.what}.{what}")
+        return t + 4, n
+
+    def array(self, slot: int, dtype: str, what: str) -> np.ndarray:
+        d = np.dtype(dtype)
+        start, n = self.vector(slot, d.itemsize, what)
+        return np.frombuffer(self.r.buf, dtype=d, count=n, offset=start) if n else np.zeros(0, d)
+
+    def string(self, slot: int, what: str) -> str:
+        start, n = self.vector(slot, 1, what)
+        if start == 0:
+            return ""
+        self.r._need(start + n, 1, f"{self.what}.{what}")
+        if self.r.buf[start + n] != 0:
+            raise EdgeModelError(f"{self.what}.{what}: string is not terminated")
+        try:
+            return bytes(self.r.buf[start:start + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise EdgeModelError(f"{self.what}.{what}: string is not UTF-8") from None
+
+    def tables(self, slot: int, what: str) -> List[_Table]:
+        start, n = self.vector(slot, 4, what)
+        return [self.r.table(start + 4 * i + self.r.u32(start + 4 * i, what), f"{self.what}.{what}[{i}]")
+                for i in range(n)]
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: np.dtype
+    shape: Tuple[int, ...]  # -1 for run-time dims
+    buffer: int
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+    data: Optional[np.ndarray] = None  # a read-only view of the mapped file for constants
+
+
+@dataclass
+class OperatorInfo:
+    op: str
+    version: int
+    inputs: List[int]
+    outputs: List[int]
+    attrs: Dict[str, object]
+
+
+@dataclass
+class RemoteInfo:
+    name: str
+    inputs: List[int]
+    outputs: List[int]
+
+
+@dataclass
+class EdgeModel:
+    version: int
+    producer: str
+    tensors: List[TensorInfo]
+    operators: List[OperatorInfo]
+    inputs: List[int]
+    outputs: List[int]
+    remote: List[RemoteInfo]
+    metadata: Dict[str, str]
+    size: int
+    _keep: object = field(default=None, repr=False)  # the mapping the weight views point into
+
+
+def _ints(t: _Table, slot: int, what: str, n_tensors: int, allow_absent: bool) -> List[int]:
+    vals = t.array(slot, "<i4", what).tolist()
+    for v in vals:
+        if not (0 <= v < n_tensors or (allow_absent and v == -1)):
+            raise EdgeModelError(f"{t.what}.{what}: tensor index {v} out of range [0, {n_tensors})")
+    return vals
+
+
+def _attrs(op: _Table) -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for a in op.tables(3, "attrs"):
+        name = a.string(0, "name")
+        kind = a.scalar(1, "b", 0)
+        if kind == INT:
+            out[name] = a.scalar(2, "q", 0)
+        elif kind == FLOAT:
+            out[name] = a.scalar(3, "d", 0.0)
+        elif kind == STRING:
+            out[name] = a.string(4, "s")
+        elif kind == INTS:
+            out[name] = tuple(int(v) for v in a.array(5, "<i8", "ints"))
+        elif kind == FLOATS:
+            out[name] = tuple(float(v) for v in a.array(6, "<f8", "floats"))
+        else:
+            raise EdgeModelError(f"{a.what}: attribute '{name}' has unknown kind {kind}")
+    return out
+
+
+def verify(buf) -> EdgeModel:
+    """Walk and check the whole model in `buf` (bytes, mmap, memoryview); return its contents."""
+    r = _Reader(buf)
+    if r.n < 8:
+        raise EdgeModelError(f"file is {r.n} bytes: too short to be an edge model")
+    if bytes(buf[4:8]) != FILE_IDENTIFIER:
+        raise EdgeModelError(f"not an isthmus edge model: file identifier {bytes(buf[4:8])!r}, expected {FILE_IDENTIFIER!r}")
+    m = r.table(r.u32(0, "root offset"), "model")
+    version = m.scalar(0, "I", 0)
+    if version > SCHEMA_VERSION:
+        raise EdgeModelError(f"model schema version {version} is newer than this reader's ({SCHEMA_VERSION}); "
+                             "update isthmus to load it")
+    producer = m.string(1, "producer")
+    codes = [(c.string(0, "name"), c.scalar(1, "i", 1)) for c in m.tables(2, "operator_codes")]
+    bufs = []
+    for i, b in enumerate(m.tables(4, "buffers")):
+        off, size = b.scalar(0, "Q", 0), b.scalar(1, "Q", 0)
+        if size and (off % ALIGN or off + size > r.n):
+            raise EdgeModelError(f"buffer {i}: bytes {off}..{off + size} are misaligned or outside the file ({r.n})")
+        bufs.append((off, size))
+    if not bufs or bufs[0][1] != 0:
+        raise EdgeModelError("buffer 0 must exist and be empty")
+    metadata = {md.string(0, "key"): md.string(1, "value") for md in m.tables(5, "metadata")}
+    subgraphs = m.tables(3, "subgraphs")
+    if len(subgraphs) != 1:
+        raise EdgeModelError(f"expected one subgraph, found {len(subgraphs)}")
+    sg = subgraphs[0]
+    tensors = []
+    for i, t in enumerate(sg.tables(1, "tensors")):
+        name = t.string(0, "name")
+        code = t.scalar(1, "b", 0)
+        if code not in DTYPES:
+            raise EdgeModelError(f"tensor {i} '{name}': unknown dtype code {code}")
+        shape = tuple(int(d) for d in t.array(2, "<i8", "shape"))
+        if len(shape) > MAX_RANK or any(d < -1 for d in shape):
+            raise EdgeModelError(f"tensor {i} '{name}': invalid shape {shape}")
+        buf = t.scalar(3, "I", 0)
+        if buf >= len(bufs):
+            raise EdgeModelError(f"tensor {i} '{name}': buffer {buf} out of range [0, {len(bufs)})")
+        q = t.sub(4, "quantization")
+        scale = q.array(0, "<f4", "scale") if q else np.zeros(0, np.float32)
+        zp = q.array(1, "<i8", "zero_point") if q else np.zeros(0, np.int64)
+        axis = q.scalar(2, "i", -1) if q else -1
+        if len(zp) and len(zp) != len(scale):
+            raise EdgeModelError(f"tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
+        dt = DTYPES[code]
+        data = None
+        known = math.prod(d for d in shape if d != -1) * dt.itemsize  # Python ints: no overflow
+        if known > max(MIN_ACTIVATION_LIMIT, 256 * r.n):
+            raise EdgeModelError(f"tensor {i} '{name}': {dt.name}{list(shape)} would need {known} bytes, "
+                                 "beyond the bound for a file of this size")
+        if buf:
+            off, size = bufs[buf]
+            if -1 in shape:
+                raise EdgeModelError(f"tensor {i} '{name}': a constant needs a known shape, got {shape}")
+            want = known
+            if size != want:
+                raise EdgeModelError(f"tensor {i} '{name}': buffer {buf} holds {size} bytes, "
+                                     f"{dt.name}{list(shape)} needs {want}")
+            data = np.frombuffer(r.buf, dtype=dt, count=want // dt.itemsize, offset=off).reshape(shape) \
+                if want else np.zeros(shape, dt)
+        tensors.append(TensorInfo(name, dt, shape, buf, scale, zp, axis, data))
+    n = len(tensors)
+    ops = []
+    for i, o in enumerate(sg.tables(4, "operators")):
+        code = o.scalar(0, "I", 0)
+        if code >= len(codes):
+            raise EdgeModelError(f"operator {i}: opcode {code} out of range [0, {len(codes)})")
+        ops.append(OperatorInfo(codes[code][0], codes[code][1], _ints(o, 1, "inputs", n, True),
+                                _ints(o, 2, "outputs", n, False), _attrs(o)))
+    remote = [RemoteInfo(p.string(0, "name"), _ints(p, 1, "inputs", n, False), _ints(p, 2, "outputs", n, False))
+              for p in sg.tables(5, "remote")]
+    return EdgeModel(version, producer, tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False),
+                     remote, metadata, r.n)
+
+
+def load(path: str) -> EdgeModel:
+    """Map `path` read-only and verify it; constants are views into the mapping."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise EdgeModelError(f"cannot open edge model {path}: {e}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise EdgeModelError(f"{path}: empty file")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        model = verify(mm)
+    except EdgeModelError as e:
+        mm.close()
+        raise EdgeModelError(f"{path}: {e}") from None
+    model._keep = mm
+    return model
+
+
+def loads(data: bytes) -> EdgeModel:
+    model = verify(data)
+    model._keep = data
+    return model

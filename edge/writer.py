@@ -1,0 +1,257 @@
+"""Write edge model files: a flatbuffer (model -> subgraphs -> tensors, operators) followed by
+one 16-byte-aligned data section holding every weight once."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import flatbuffers
+import numpy as np
+
+from isthmus.proto.edge import (Attr, Buffer, Metadata, Model, Operator, OperatorCode, Quantization, RemotePart,
+                                SubGraph, Tensor)
+
+from .format import ALIGN, DTYPE_CODES, FILE_IDENTIFIER, FLOAT, FLOATS, INT, INTS, SCHEMA_VERSION, STRING
+
+AttrValue = Union[int, float, str, Sequence[int], Sequence[float]]
+
+
+class ModelWriter:
+    """Collect tensors and operators, then `to_bytes()` / `save(path)`.
+
+    >>> w = ModelWriter(); x = w.add_input("x", "float32", (1, 4))
+    >>> wt = w.add_constant("w", np.ones((4, 2), np.float32)); y = w.add_tensor("y", "float32", (1, 2))
+    >>> w.add_operator("MatMul", [x, wt], [y]); w.mark_output(y)
+    """
+
+    def __init__(self, producer: str = "isthmus", version: int = SCHEMA_VERSION):
+        self.producer, self.version = producer, version
+        self.tensors: List[dict] = []
+        self.operators: List[dict] = []
+        self.opcodes: Dict[Tuple[str, int], int] = {}
+        self.buffers: List[bytes] = [b""]  # buffer 0 is empty
+        self._buffer_ids: Dict[Tuple[int, bytes], int] = {}
+        self.inputs: List[int] = []
+        self.outputs: List[int] = []
+        self.remote: List[dict] = []
+        self.metadata: Dict[str, str] = {}
+
+    # ---- building ------------------------------------------------------------------------------
+    def add_tensor(self, name: str, dtype, shape: Sequence[Optional[int]], data: Optional[np.ndarray] = None,
+                   scale: Optional[Sequence[float]] = None, zero_point: Optional[Sequence[int]] = None,
+                   axis: int = -1) -> int:
+        dt = np.dtype(dtype)
+        if dt not in DTYPE_CODES:
+            raise ValueError(f"tensor '{name}': dtype {dt} has no edge code")
+        buf = 0
+        if data is not None:
+            arr = np.ascontiguousarray(np.asarray(data, dtype=dt))
+            if tuple(arr.shape) != tuple(-1 if d is None else d for d in shape):
+                raise ValueError(f"tensor '{name}': data shape {arr.shape} != {tuple(shape)}")
+            raw = arr.tobytes()
+            key = (len(raw), raw)
+            buf = self._buffer_ids.get(key)  # weights stored once even if shared
+            if buf is None:
+                buf = self._buffer_ids[key] = len(self.buffers)
+                self.buffers.append(raw)
+        self.tensors.append(dict(name=name, dtype=DTYPE_CODES[dt], shape=[-1 if d is None else int(d) for d in shape],
+                                 buffer=buf, scale=scale, zero_point=zero_point, axis=axis))
+        return len(self.tensors) - 1
+
+    def add_input(self, name: str, dtype, shape) -> int:
+        i = self.add_tensor(name, dtype, shape)
+        self.inputs.append(i)
+        return i
+
+    def add_constant(self, name: str, value: np.ndarray, **quant) -> int:
+        value = np.asarray(value)
+        return self.add_tensor(name, value.dtype, value.shape, data=value, **quant)
+
+    def mark_output(self, index: int) -> None:
+        self.outputs.append(index)
+
+    def add_operator(self, op: str, inputs: Sequence[int], outputs: Sequence[int],
+                     attrs: Optional[Dict[str, AttrValue]] = None, version: int = 1) -> int:
+        code = self.opcodes.setdefault((op, version), len(self.opcodes))
+        self.operators.append(dict(opcode=code, inputs=list(inputs), outputs=list(outputs), attrs=dict(attrs or {})))
+        return len(self.operators) - 1
+
+    def add_remote_part(self, name: str, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+        self.remote.append(dict(name=name, inputs=list(inputs), outputs=list(outputs)))
+
+    # ---- serialising -----------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        # the flatbuffer depends on the data offsets, which depend on its size: build twice
+        fb = self._flatbuffer([0] * len(self.buffers))
+        for _ in range(3):
+            offsets = self._layout(len(fb))
+            fb2 = self._flatbuffer(offsets)
+            if len(fb2) == len(fb):
+                fb = fb2
+                break
+            fb = fb2
+        offsets = self._layout(len(fb))
+        out = bytearray(fb)
+        for off, raw in zip(offsets, self.buffers):
+            if raw:
+                out.extend(b"\0" * (off - len(out)))
+                out.extend(raw)
+        return bytes(out)
+
+    def save(self, path: str) -> str:
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(self.to_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def _layout(self, fb_size: int) -> List[int]:
+        pos = -(-fb_size // ALIGN) * ALIGN
+        offsets = []
+        for raw in self.buffers:
+            if raw:
+                offsets.append(pos)
+                pos = -(-(pos + len(raw)) // ALIGN) * ALIGN
+            else:
+                offsets.append(0)
+        return offsets
+
+    def _flatbuffer(self, offsets: List[int]) -> bytes:
+        b = flatbuffers.Builder(1024)
+
+        def strings(items):
+            return [b.CreateString(s) for s in items]
+
+        def vec_int32(items):
+            return b.CreateNumpyVector(np.asarray(items, dtype=np.int32))
+
+        def vec_int64(items):
+            return b.CreateNumpyVector(np.asarray(items, dtype=np.int64))
+
+        def table_vector(start_fn, offs):
+            start_fn(b, len(offs))
+            for o in reversed(offs):
+                b.PrependUOffsetTRelative(o)
+            return b.EndVector()
+
+        tensor_offs = []
+        for t in self.tensors:
+            name = b.CreateString(t["name"])
+            shape = vec_int64(t["shape"])
+            q = None
+            if t["scale"] is not None:
+                sc = b.CreateNumpyVector(np.asarray(t["scale"], dtype=np.float32))
+                zp = vec_int64(t["zero_point"] if t["zero_point"] is not None else [0] * len(t["scale"]))
+                Quantization.Start(b)
+                Quantization.AddScale(b, sc)
+                Quantization.AddZeroPoint(b, zp)
+                Quantization.AddAxis(b, t["axis"])
+                q = Quantization.End(b)
+            Tensor.Start(b)
+            Tensor.AddName(b, name)
+            Tensor.AddDtype(b, t["dtype"])
+            Tensor.AddShape(b, shape)
+            Tensor.AddBuffer(b, t["buffer"])
+            if q is not None:
+                Tensor.AddQuantization(b, q)
+            tensor_offs.append(Tensor.End(b))
+        op_offs = []
+        for op in self.operators:
+            attr_offs = [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())]
+            attrs = table_vector(Operator.StartAttrsVector, attr_offs)
+            ins, outs = vec_int32(op["inputs"]), vec_int32(op["outputs"])
+            Operator.Start(b)
+            Operator.AddOpcode(b, op["opcode"])
+            Operator.AddInputs(b, ins)
+            Operator.AddOutputs(b, outs)
+            Operator.AddAttrs(b, attrs)
+            op_offs.append(Operator.End(b))
+        remote_offs = []
+        for r in self.remote:
+            nm = b.CreateString(r["name"])
+            ins, outs = vec_int32(r["inputs"]), vec_int32(r["outputs"])
+            RemotePart.Start(b)
+            RemotePart.AddName(b, nm)
+            RemotePart.AddInputs(b, ins)
+            RemotePart.AddOutputs(b, outs)
+            remote_offs.append(RemotePart.End(b))
+        sg_name = b.CreateString("main")
+        tensors = table_vector(SubGraph.StartTensorsVector, tensor_offs)
+        ops = table_vector(SubGraph.StartOperatorsVector, op_offs)
+        remote = table_vector(SubGraph.StartRemoteVector, remote_offs)
+        ins, outs = vec_int32(self.inputs), vec_int32(self.outputs)
+        SubGraph.Start(b)
+        SubGraph.AddName(b, sg_name)
+        SubGraph.AddTensors(b, tensors)
+        SubGraph.AddInputs(b, ins)
+        SubGraph.AddOutputs(b, outs)
+        SubGraph.AddOperators(b, ops)
+        SubGraph.AddRemote(b, remote)
+        sg = SubGraph.End(b)
+        code_offs = []
+        for (name, version), _ in sorted(self.opcodes.items(), key=lambda kv: kv[1]):
+            nm = b.CreateString(name)
+            OperatorCode.Start(b)
+            OperatorCode.AddName(b, nm)
+            OperatorCode.AddVersion(b, version)
+            code_offs.append(OperatorCode.End(b))
+        codes = table_vector(Model.StartOperatorCodesVector, code_offs)
+        buf_offs = []
+        for off, raw in zip(offsets, self.buffers):
+            Buffer.Start(b)
+            Buffer.AddOffset(b, off)
+            Buffer.AddSize(b, len(raw))
+            buf_offs.append(Buffer.End(b))
+        bufs = table_vector(Model.StartBuffersVector, buf_offs)
+        md_offs = []
+        for k, v in sorted(self.metadata.items()):
+            ko, vo = b.CreateString(k), b.CreateString(v)
+            Metadata.Start(b)
+            Metadata.AddKey(b, ko)
+            Metadata.AddValue(b, vo)
+            md_offs.append(Metadata.End(b))
+        md = table_vector(Model.StartMetadataVector, md_offs)
+        subgraphs = table_vector(Model.StartSubgraphsVector, [sg])
+        producer = b.CreateString(self.producer)
+        Model.Start(b)
+        Model.AddVersion(b, self.version)
+        Model.AddProducer(b, producer)
+        Model.AddOperatorCodes(b, codes)
+        Model.AddSubgraphs(b, subgraphs)
+        Model.AddBuffers(b, bufs)
+        Model.AddMetadata(b, md)
+        b.Finish(Model.End(b), file_identifier=FILE_IDENTIFIER)
+        return bytes(b.Output())
+
+    @staticmethod
+    def _attr(b, name: str, value: AttrValue):
+        nm = b.CreateString(name)
+        s = ints = floats = None
+        if isinstance(value, str):
+            kind, s = STRING, b.CreateString(value)
+        elif isinstance(value, (bool, int, np.integer)):
+            kind = INT
+        elif isinstance(value, (float, np.floating)):
+            kind = FLOAT
+        else:
+            flat = list(np.asarray(value).reshape(-1).tolist())
+            if all(isinstance(v, (bool, int)) for v in flat):
+                kind, ints = INTS, b.CreateNumpyVector(np.asarray(flat, dtype=np.int64))
+            else:
+                kind, floats = FLOATS, b.CreateNumpyVector(np.asarray(flat, dtype=np.float64))
+        Attr.Start(b)
+        Attr.AddName(b, nm)
+        Attr.AddKind(b, kind)
+        if kind == INT:
+            Attr.AddI(b, int(value))
+        elif kind == FLOAT:
+            Attr.AddF(b, float(value))
+        elif s is not None:
+            Attr.AddS(b, s)
+        elif ints is not None:
+            Attr.AddInts(b, ints)
+        elif floats is not None:
+            Attr.AddFloats(b, floats)
+        return Attr.End(b)

@@ -1,0 +1,83 @@
+"""Loading edge models: round trip through the writer, and hostile files only raise EdgeModelError."""
+import numpy as np
+import pytest
+
+from isthmus.edge.format import EdgeModelError
+from isthmus.edge.loader import load, loads
+from isthmus.edge.writer import ModelWriter
+
+
+def small_model() -> bytes:
+    rng = np.random.default_rng(0)
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (1, 3, 8, 8))
+    k = w.add_constant("k", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    b = w.add_constant("b", rng.standard_normal(4).astype(np.float32))
+    c = w.add_tensor("c", "float32", (1, 4, 8, 8))
+    w.add_operator("FusedConv2D", [x, k, b], [c], {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1],
+                                                   "groups": 1, "activation": "relu"})
+    p = w.add_tensor("p", "float32", (1, 4))
+    w.add_operator("GlobalAvgPool", [c], [p], {"keepdims": 0})
+    wt = w.add_constant("w", rng.standard_normal((4, 2)).astype(np.float32),
+                        scale=[0.5, 0.25], zero_point=[0, 0], axis=1)
+    y = w.add_tensor("y", "float32", (1, 2))
+    w.add_operator("MatMul", [p, wt], [y], {"transpose_a": 0, "transpose_b": 0})
+    w.mark_output(y)
+    w.add_remote_part("cloud", [p], [y])
+    w.metadata["predicted_ms"] = "1.5"
+    return w.to_bytes()
+
+
+def test_round_trip_and_weights_are_views_of_the_file(tmp_path):
+    data = small_model()
+    path = tmp_path / "m.isth"
+    path.write_bytes(data)
+    m = load(str(path))
+    assert [o.op for o in m.operators] == ["FusedConv2D", "GlobalAvgPool", "MatMul"]
+    assert m.operators[0].attrs["pads"] == (1, 1, 1, 1) and m.operators[0].attrs["activation"] == "relu"
+    k = m.tensors[1].data
+    assert k.shape == (4, 3, 3, 3) and not k.flags.writeable and not k.flags.owndata  # mapped, not copied
+    assert m.tensors[5].scale.tolist() == [0.5, 0.25] and m.tensors[5].axis == 1
+    assert m.remote[0].name == "cloud" and m.metadata == {"predicted_ms": "1.5"}
+
+
+def test_shared_weights_are_stored_once():
+    w = ModelWriter()
+    a = np.ones((64, 64), np.float32)
+    w.add_constant("a", a)
+    w.add_constant("b", a.copy())
+    assert len(w.to_bytes()) < 64 * 64 * 4 * 1.5
+
+
+def test_newer_schema_is_refused():
+    w = ModelWriter(version=99)
+    w.mark_output(w.add_input("x", "float32", (1,)))
+    with pytest.raises(EdgeModelError, match="schema version 99 is newer"):
+        loads(w.to_bytes())
+
+
+def test_truncations_and_bit_flips_only_raise_edge_model_errors():
+    data = small_model()
+    rng = np.random.default_rng(0)
+    cases = [data[:n] for n in range(0, len(data), max(1, len(data) // 97))]
+    for _ in range(400):
+        b = bytearray(data)
+        for _ in range(rng.integers(1, 4)):
+            i = int(rng.integers(0, len(b)))
+            b[i] ^= 1 << int(rng.integers(0, 8))
+        cases.append(bytes(b))
+    ok = bad = 0
+    for c in cases:
+        try:
+            loads(c)
+            ok += 1
+        except EdgeModelError:
+            bad += 1
+    assert bad > 50 and ok + bad == len(cases)
+
+
+def test_not_a_model():
+    with pytest.raises(EdgeModelError, match="file identifier"):
+        loads(b"\x00" * 64)
+    with pytest.raises(EdgeModelError, match="too short"):
+        loads(b"abc")

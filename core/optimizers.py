@@ -14,6 +14,7 @@ from .autodiff import gradients
 from .errors import GraphError
 from .graph import Graph, Node, Tensor, get_default_graph, graph_of
 from .ops.base import constant, convert, group
+from .ops.math import cast
 from .ops.sparse import IndexedSlices
 from .ops.training import apply
 from .variables import Variable, trainable_variables
@@ -21,13 +22,25 @@ from .variables import Variable, trainable_variables
 UPDATE_OPS = "update_ops"
 
 
+GLOBAL_STEP = "global_step"
+
+
+def get_global_step(graph: Optional[Graph] = None) -> Optional[Variable]:
+    found = (graph or get_default_graph()).get_collection(GLOBAL_STEP)
+    return found[0] if found else None
+
+
 def get_or_create_global_step(graph: Optional[Graph] = None) -> Variable:
+    """The graph's step counter: a non-trainable int64 Variable (in checkpoints) that
+    `minimize(..., global_step=)` increments once per step, after every update."""
     g = graph or get_default_graph()
-    for v in g.get_collection("variables"):
-        if v.node.name == "global_step":
-            return v
-    with g.as_default():
-        return Variable(np.zeros((), np.int64), name="global_step", trainable=False)
+    with g._lock:
+        step = get_global_step(g)
+        if step is None:
+            with g.as_default():
+                step = Variable(np.zeros((), np.int64), name="global_step", trainable=False)
+            g.add_to_collection(GLOBAL_STEP, step)
+        return step
 
 
 class Optimizer:
@@ -66,12 +79,13 @@ class Optimizer:
             parts = (grad.values, grad.indices) if isinstance(grad, IndexedSlices) else (convert(grad),)
             grad_nodes.extend(t.node for t in parts)
         with g.as_default(), g.name_scope(name or self.name), g.control_dependencies(grad_nodes):
-            lr = convert(self.learning_rate, pairs[0][1].dtype) if not isinstance(self.learning_rate, Tensor) \
-                else self.learning_rate
+            lr_by_dtype: Dict[np.dtype, Tensor] = {}
             updates = []
             for grad, var in pairs:
                 with g.device(var.node.device):
-                    lr_v = lr if lr.dtype == var.dtype else constant(np.asarray(self.learning_rate, var.dtype))
+                    lr_v = lr_by_dtype.get(var.dtype)
+                    if lr_v is None:
+                        lr_v = lr_by_dtype[var.dtype] = self._learning_rate(var.dtype)
                     if isinstance(grad, IndexedSlices):
                         updates.append(self._apply(var, lr_v, grad.values, grad.indices))
                     else:
@@ -93,6 +107,22 @@ class Optimizer:
     def get_slot(self, var: Variable, name: str) -> Variable:
         return self._slots[(var.node.name, name)]
 
+    def variables(self) -> List[Variable]:
+        """The optimizer's own state (slots, step counters), for checkpoints and initializers."""
+        return list(self._slots.values()) + list(self._extra_variables())
+
+    def _extra_variables(self) -> List[Variable]:
+        return []
+
+    def _learning_rate(self, dtype) -> Tensor:
+        lr = self.learning_rate
+        if isinstance(lr, Tensor) or hasattr(lr, "_as_tensor"):
+            lr = convert(lr)
+            if lr.shape != ():
+                raise GraphError(f"learning rate '{lr.name}' must be a scalar, got shape {list(lr.shape)}")
+            return lr if lr.dtype == dtype else cast(lr, dtype)
+        return constant(np.asarray(lr, dtype), name="learning_rate")
+
     # ---- what each optimizer defines -------------------------------------------------------
     slot_names: Tuple[str, ...] = ()
     slot_init: Dict[str, float] = {}
@@ -100,9 +130,14 @@ class Optimizer:
     def _slot(self, var: Variable, slot: str) -> Variable:
         key = (var.node.name, slot)
         if key not in self._slots:
+            if any(d is None for d in var.shape):
+                raise GraphError(f"variable '{var.node.name}' has shape {list(var.shape)}; "
+                                 f"{self.name} slots need a fully known shape")
             init = np.full(tuple(var.shape), self.slot_init.get(slot, 0.0), dtype=var.dtype)
             g = var.graph
-            self._slots[key] = Variable(init, name=f"{var.node.name}/{self.name}/{slot}", trainable=False, graph=g)
+            # an absolute scope: the slot is "<var>/<Optimizer>/<slot>" whatever scope minimize runs in
+            with g.as_default(), g.name_scope(f"{var.node.name}/{self.name}/"):
+                self._slots[key] = Variable(init, name=slot, trainable=False, graph=g)
         return self._slots[key]
 
     def _prepare(self, g: Graph, variables) -> None:
@@ -157,7 +192,11 @@ class Adam(Optimizer):
 
     def _prepare(self, g, variables):
         if self._step is None:
-            self._step = Variable(np.zeros((), np.float64), name=f"{self.name}/step", trainable=False, graph=g)
+            with g.name_scope(f"{self.name}/"):
+                self._step = Variable(np.zeros((), np.float64), name="step", trainable=False, graph=g)
+
+    def _extra_variables(self):
+        return [self._step] if self._step is not None else []
 
     def _apply(self, var, lr, grad, indices):
         d = var.dtype
@@ -184,4 +223,4 @@ class AdaGrad(Optimizer):
 
 Adagrad = AdaGrad
 __all__ = ["Optimizer", "SGD", "GradientDescent", "Momentum", "Adam", "AdaGrad", "Adagrad",
-           "get_or_create_global_step", "UPDATE_OPS"]
+           "get_or_create_global_step", "get_global_step", "UPDATE_OPS", "GLOBAL_STEP"]

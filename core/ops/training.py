@@ -1,12 +1,16 @@
 """In-place optimizer updates, one record each: dense Apply* and row-sparse SparseApply*.
 
 Like the ops in state.py, variables and slots are reference inputs; every update runs under
-the locks of the variables it writes (taken in name order), so concurrent steps never lose
-an update. Sparse updates sum duplicate indices first and touch only the rows named.
+the locks of the variables it writes, taken in name order (one global order, so two updates
+sharing variables cannot deadlock), and concurrent steps never lose an update.
+
+Dense updates write through `out=` into the variable, its slots and one scratch array that
+the kernel allocates once (guarded by the variable's lock): a step allocates nothing the
+size of the variable. Sparse updates sum duplicate indices first and touch only those rows.
 """
 from __future__ import annotations
 
-import contextlib
+import math
 from typing import Sequence
 
 import numpy as np
@@ -19,27 +23,23 @@ from .base import make
 __all__: list = []
 
 
-@contextlib.contextmanager
-def _locked(slots):
-    ordered = sorted(slots, key=lambda s: s.name)
-    for s in ordered:
-        s.lock.acquire()
-    try:
-        yield
-    finally:
-        for s in reversed(ordered):
-            s.lock.release()
+class _Locks:
+    """Acquire several VarSlot locks in name order; release in reverse."""
+    __slots__ = ("locks",)
+
+    def __init__(self, slots):
+        self.locks = [s.lock for s in sorted(slots, key=lambda s: s.name)]
+
+    def __enter__(self):
+        for lock in self.locks:
+            lock.acquire()
+
+    def __exit__(self, *exc):
+        for lock in reversed(self.locks):
+            lock.release()
 
 
-def _values(slots, node):
-    vals = [s.value for s in slots]
-    for s, v in zip(slots, vals):
-        if v is None:
-            raise ExecutionError(f"variable '{s.name}' is not initialized", node.name, node.op)
-    return vals
-
-
-def _make_infer(n_refs: int, sparse: bool):
+def _make_infer(n_refs: int, scalars: Sequence[str], sparse: bool):
     def infer(node):
         refs = node.inputs[:n_refs]
         var = refs[0]
@@ -49,6 +49,13 @@ def _make_infer(n_refs: int, sparse: bool):
             if r.dtype != var.dtype or not compatible(r.shape, var.shape):
                 raise ShapeError(f"slot '{r.name}' {r.dtype.name}{fmt(r.shape)} does not match "
                                  f"variable {var.dtype.name}{fmt(var.shape)}")
+        if len({r.node.name for r in refs}) != len(refs):  # one lock taken twice would deadlock
+            raise ShapeError(f"variable and slots must be distinct: {[r.node.name for r in refs]}")
+        if var.dtype.kind != "f":
+            raise ShapeError(f"variable '{var.node.name}' is {var.dtype.name}; only float variables are trained")
+        for s, t in zip(scalars, node.inputs[n_refs:n_refs + len(scalars)]):
+            if t.shape != () or t.dtype.kind not in "fiu":
+                raise ShapeError(f"'{s}' must be a numeric scalar, got {t.dtype.name}{fmt(t.shape)}")
         g = node.inputs[-2] if sparse else node.inputs[-1]
         if g.dtype != var.dtype:
             raise ShapeError(f"gradient dtype {g.dtype.name} does not match variable {var.dtype.name}")
@@ -66,26 +73,30 @@ def _make_infer(n_refs: int, sparse: bool):
 
 def _cost(k: float):
     def cost(node):
-        n = num_elements_est(node.inputs[-1].shape if "Sparse" not in node.op else node.inputs[-2].shape)
+        sparse = node.op.startswith("Sparse")
+        n = num_elements_est(node.inputs[-2].shape if sparse else node.inputs[-1].shape)
         isz = node.inputs[0].dtype.itemsize
         return Cost(k * n, (k / 2 + 1) * n * isz, (k / 2) * n * isz)
     return cost
 
 
-def _dedupe(xp, values, indices):
-    """Rows and summed values per distinct index: duplicates accumulate, as dense would."""
-    uniq, inv = xp.unique(indices, return_inverse=True)
-    if len(uniq) == len(indices):  # no duplicates: only reorder the rows to match `uniq`
-        return uniq, _perm(values, inv)
+def _rows(xp, values, indices, n: int):
+    """Distinct rows and their summed values: duplicates accumulate, as the dense gradient would.
+
+    Negative indices count from the end, as in Gather; rows outside [0, n) raise IndexError.
+    """
+    idx = indices.astype(np.int64, copy=False)
+    if idx.size and int(idx.min()) < 0:
+        idx = xp.where(idx < 0, idx + n, idx)
+    uniq, inv = xp.unique(idx, return_inverse=True)
+    if len(uniq) and (int(uniq[0]) < 0 or int(uniq[-1]) >= n):
+        bad = int(uniq[0]) if int(uniq[0]) < 0 else int(uniq[-1])
+        raise IndexError(f"row {bad} is out of range [0, {n})")
+    if len(uniq) == len(idx):
+        return idx, values  # distinct rows: the order does not matter
     summed = xp.zeros((len(uniq),) + values.shape[1:], dtype=values.dtype)
-    xp.add.at(summed, inv, values)
+    xp.add.at(summed, inv.reshape(-1), values)
     return uniq, summed
-
-
-def _perm(values, inv):
-    out = np.empty_like(values)
-    out[inv] = values
-    return out
 
 
 def _register(name: str, n_refs: int, scalars: Sequence[str], update, sparse: bool, doc: str, k: float):
@@ -95,63 +106,103 @@ def _register(name: str, n_refs: int, scalars: Sequence[str], update, sparse: bo
         slots = [ctx.var_slot(node.inputs[i].node) for i in range(n_refs)]
         xp = ctx.xp
         attrs = node.attrs
+        locks = slots[0].lock if n_refs == 1 else _Locks(slots)
+        n_static = node.inputs[0].shape[0] if node.inputs[0].shape else None
+        scratch = [None]  # one array like the variable, used only under the locks
 
-        def run(*args):
-            with _locked(slots):
-                refs = _values(slots, node)
-                if sparse:
-                    *sc, values, indices = args
-                    rows, summed = _dedupe(xp, values, indices.astype(np.int64, copy=False))
-                    n = refs[0].shape[0]
-                    if len(rows) and (rows[0] < 0 or rows[-1] >= n):
-                        raise IndexError(f"index out of range [0, {n}) for variable '{slots[0].name}'")
-                    sub = [r[rows] for r in refs]
-                    update(xp, sub, *sc, summed, **attrs)
-                    for r, s_ in zip(refs, sub):
-                        r[rows] = s_
-                else:
-                    update(xp, refs, *args, **attrs)
+        def values_of():
+            refs = [s.value for s in slots]
+            for s, v in zip(slots, refs):
+                if v is None:
+                    raise ExecutionError(f"variable '{s.name}' is not initialized", node.name, node.op)
+            return refs
+
+        if not sparse:
+            def run(*args):
+                with locks:
+                    refs = values_of()
+                    tmp = scratch[0]
+                    if tmp is None or tmp.shape != refs[0].shape:
+                        tmp = scratch[0] = xp.empty_like(refs[0])
+                    update(xp, refs, tmp, *args, **attrs)
+                    return refs[0]
+            return run
+
+        def run_sparse(*args):
+            *sc, values, indices = args
+            if n_static is not None:  # dedupe outside the locks: a pure function of the inputs
+                rows, summed = _rows(xp, values, indices, n_static)
+            with locks:
+                refs = values_of()
+                if n_static is None:
+                    rows, summed = _rows(xp, values, indices, refs[0].shape[0])
+                sub = [r[rows] for r in refs]  # copies of the touched rows only
+                update(xp, sub, xp.empty_like(sub[0]), *sc, summed, **attrs)
+                for r, s in zip(refs, sub):
+                    r[rows] = s
                 return refs[0]
-        return run
+        return run_sparse
 
     register(OpDef(name, inputs=inputs, attrs={"use_nesterov": False} if "Momentum" in name else {},
-                   infer=_make_infer(n_refs, sparse), kernel=factory, stateful=True,
+                   infer=_make_infer(n_refs, scalars, sparse), kernel=factory, stateful=True,
                    ref_inputs=tuple(range(n_refs)), cost=_cost(k), doc=doc))
 
 
-# ---- the update rules, shared by the dense and sparse ops -----------------------------------------
-def _sgd(xp, refs, lr, g):
+# ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------
+def _sub_scaled(xp, var, a: float, x, tmp):
+    """var -= a * x in place, through `tmp` (which may be x itself).
+
+    (BLAS axpy would save a pass, but scipy's OpenBLAS is a second thread pool beside numpy's:
+    measured, it slowed the whole MLP training step by a third.)
+    """
+    xp.multiply(x, var.dtype.type(a), out=tmp)
+    xp.subtract(var, tmp, out=var)
+
+
+def _sgd(xp, refs, tmp, lr, g):
     var, = refs
-    var -= lr.astype(var.dtype) * g
+    _sub_scaled(xp, var, float(lr), g, tmp)
 
 
-def _momentum(xp, refs, lr, momentum, g, use_nesterov=False):
+def _momentum(xp, refs, tmp, lr, momentum, g, use_nesterov=False):
     var, accum = refs
-    lr, m = lr.astype(var.dtype), momentum.astype(var.dtype)
-    accum *= m
-    accum += g
-    if use_nesterov:
-        var -= lr * (g + m * accum)
+    m = momentum.astype(var.dtype, copy=False)
+    xp.multiply(accum, m, out=accum)
+    xp.add(accum, g, out=accum)
+    if use_nesterov:  # var -= lr * (g + m * accum)
+        xp.multiply(accum, m, out=tmp)
+        xp.add(tmp, g, out=tmp)
+        _sub_scaled(xp, var, float(lr), tmp, tmp)
     else:
-        var -= lr * accum
+        _sub_scaled(xp, var, float(lr), accum, tmp)
 
 
-def _adam(xp, refs, lr, beta1, beta2, eps, step, g):
+def _adam(xp, refs, tmp, lr, beta1, beta2, eps, step, g):
     var, m, v = refs
+    dt = var.dtype.type
     t = float(step) + 1.0
     b1, b2 = float(beta1), float(beta2)
-    lr_t = float(lr) * np.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
-    m *= var.dtype.type(b1)
-    m += var.dtype.type(1 - b1) * g
-    v *= var.dtype.type(b2)
-    v += var.dtype.type(1 - b2) * (g * g)
-    var -= var.dtype.type(lr_t) * m / (xp.sqrt(v) + var.dtype.type(float(eps)))
+    lr_t = float(lr) * math.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+    xp.multiply(m, dt(b1), out=m)            # m = b1 m + (1 - b1) g
+    xp.multiply(g, dt(1.0 - b1), out=tmp)
+    xp.add(m, tmp, out=m)
+    xp.multiply(v, dt(b2), out=v)            # v = b2 v + (1 - b2) g^2
+    xp.multiply(g, g, out=tmp)
+    xp.multiply(tmp, dt(1.0 - b2), out=tmp)
+    xp.add(v, tmp, out=v)
+    xp.sqrt(v, out=tmp)                      # var -= lr_t m / (sqrt(v) + eps)
+    xp.add(tmp, dt(float(eps)), out=tmp)
+    xp.divide(m, tmp, out=tmp)
+    _sub_scaled(xp, var, lr_t, tmp, tmp)
 
 
-def _adagrad(xp, refs, lr, g):
+def _adagrad(xp, refs, tmp, lr, g):
     var, accum = refs
-    accum += g * g
-    var -= lr.astype(var.dtype) * g / xp.sqrt(accum)
+    xp.multiply(g, g, out=tmp)               # accum += g^2
+    xp.add(accum, tmp, out=accum)
+    xp.sqrt(accum, out=tmp)                  # var -= lr g / sqrt(accum)
+    xp.divide(g, tmp, out=tmp)
+    _sub_scaled(xp, var, float(lr), tmp, tmp)
 
 
 for _sparse in (False, True):
@@ -160,11 +211,12 @@ for _sparse in (False, True):
     _register(_p + "Momentum", 2, ("lr", "momentum"), _momentum, _sparse,
               "accum = momentum * accum + grad; var -= lr * accum (Nesterov: lr * (grad + momentum * accum))", 5)
     _register(_p + "Adam", 3, ("lr", "beta1", "beta2", "epsilon", "step"), _adam, _sparse,
-              "Adam with bias correction from `step` (updates done before this one); sparse = lazy Adam", 12)
+              "Adam with bias correction from `step` (updates done before this one); sparse = lazy Adam "
+              "(moments of untouched rows do not decay)", 12)
     _register(_p + "Adagrad", 2, ("lr",), _adagrad, _sparse, "accum += grad^2; var -= lr * grad / sqrt(accum)", 6)
 
 
 def apply(op: str, refs, scalars, grad, attrs=None, indices=None, name=None):
-    """Build an update op: refs are Variables, scalars Tensors, grad a Tensor (values if sparse)."""
+    """Build an update op: refs are Variables, scalars 0-d Tensors, grad a Tensor (values if sparse)."""
     ins = list(refs) + list(scalars) + [grad] + ([indices] if indices is not None else [])
     return make(op, ins, attrs or {}, name=name)

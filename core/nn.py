@@ -14,7 +14,7 @@ import numpy as np
 
 from . import ops as _ops  # noqa: F401  (registers the ops)
 from .errors import ShapeError
-from .graph import Tensor, get_default_graph
+from .graph import Tensor
 from .ops.array import flatten as _flatten
 from .ops.base import convert
 from .ops.linalg import bias_add, matmul
@@ -53,7 +53,20 @@ def zeros(rng, shape, fan_in, fan_out):
     return np.zeros(shape)
 
 
-INITIALIZERS = {"glorot_uniform": glorot_uniform, "he_normal": he_normal, "zeros": zeros}
+def ones(rng, shape, fan_in, fan_out):
+    return np.ones(shape)
+
+
+INITIALIZERS = {"glorot_uniform": glorot_uniform, "he_normal": he_normal, "zeros": zeros, "ones": ones}
+
+
+def initializer(name: Union[str, Callable]) -> Callable:
+    """An initializer by name, or a callable `f(rng, shape, fan_in, fan_out) -> array` as is."""
+    if callable(name):
+        return name
+    if name not in INITIALIZERS:
+        raise ValueError(f"unknown initializer {name!r}; known: {sorted(INITIALIZERS)}")
+    return INITIALIZERS[name]
 
 
 class Layer:
@@ -79,11 +92,15 @@ class Layer:
 
     def __call__(self, x, training: bool = False):
         x = convert(x)
-        if not self.built:
-            self.name = get_default_graph().unique_name(self._base_name)
-            self.build(x)
-            self.built = True
-        return self.call(x, training)
+        g = x.graph
+        with g.as_default():  # variables go where the input lives, whatever the default graph
+            if not self.built:
+                self.name = g.unique_name(self._base_name)
+                self.build(x)
+                self.built = True
+            elif self.variables and self.variables[0].graph is not g:
+                raise ShapeError(f"layer '{self.name}' was built in another graph than input '{x.name}'")
+            return self.call(x, training)
 
     def build(self, x: Tensor) -> None:
         pass
@@ -96,14 +113,15 @@ class Dense(Layer):
     def __init__(self, units: int, activation=None, use_bias: bool = True, kernel_initializer: str = "glorot_uniform",
                  name: Optional[str] = None, seed: Optional[int] = None):
         super().__init__(name or "dense", seed)
-        self.units, self.act, self.use_bias, self.init = units, globals()["activation"](activation), use_bias, kernel_initializer
+        self.units, self.act, self.use_bias = units, globals()["activation"](activation), use_bias
+        self.init = initializer(kernel_initializer)
 
     def build(self, x):
         n_in = x.shape[-1]
         if n_in is None:
             raise ShapeError(f"Dense '{self.name}' needs a known last input dim, got {x.shape}")
         rng = self._rng()
-        self.kernel = self._var("kernel", INITIALIZERS[self.init](rng, (n_in, self.units), n_in, self.units), x.dtype)
+        self.kernel = self._var("kernel", self.init(rng, (n_in, self.units), n_in, self.units), x.dtype)
         self.bias = self._var("bias", np.zeros(self.units), x.dtype) if self.use_bias else None
 
     def call(self, x, training):
@@ -126,7 +144,8 @@ class Conv2D(Layer):
         super().__init__(name or "conv2d", seed)
         self.filters, self.kernel_size, self.strides = filters, _pair(kernel_size), _pair(strides)
         self.padding, self.dilation, self.groups = padding, _pair(dilation), groups
-        self.act, self.use_bias, self.init = globals()["activation"](activation), use_bias, kernel_initializer
+        self.act, self.use_bias = globals()["activation"](activation), use_bias
+        self.init = initializer(kernel_initializer)
 
     def build(self, x):
         if len(x.shape) != 4 or x.shape[1] is None:
@@ -137,7 +156,7 @@ class Conv2D(Layer):
         kh, kw = self.kernel_size
         fan_in = c // self.groups * kh * kw
         shape = (self.filters, c // self.groups, kh, kw)
-        self.kernel = self._var("kernel", INITIALIZERS[self.init](self._rng(), shape, fan_in, self.filters * kh * kw), x.dtype)
+        self.kernel = self._var("kernel", self.init(self._rng(), shape, fan_in, self.filters * kh * kw), x.dtype)
         self.bias = self._var("bias", np.zeros(self.filters), x.dtype) if self.use_bias else None
 
     def call(self, x, training):
@@ -166,13 +185,20 @@ class DepthwiseConv2D(Conv2D):
 
 
 class BatchNorm(Layer):
-    """Batch statistics when called with training=True (moving averages updated through the
-    graph collection "update_ops", which Optimizer.minimize runs); moving statistics otherwise."""
+    """Batch statistics when called with training=True, moving statistics otherwise.
+
+    A training-mode call builds the moving-average updates
+    (moving = momentum * moving + (1 - momentum) * batch statistic) and puts them in the graph
+    collection "update_ops" (optimizers.UPDATE_OPS), which Optimizer.minimize groups into the
+    step it returns; `layer.updates` holds the same ops for callers that use apply_gradients or
+    run them on their own.
+    """
 
     def __init__(self, axis: Optional[int] = None, momentum: float = 0.99, epsilon: float = 1e-3,
                  name: Optional[str] = None):
         super().__init__(name or "batch_norm")
         self.axis, self.momentum, self.epsilon = axis, momentum, epsilon
+        self.updates: list = []
 
     def build(self, x):
         self._axis = self.axis if self.axis is not None else (1 if len(x.shape) == 4 else -1)
@@ -194,6 +220,7 @@ class BatchNorm(Layer):
         for mv, stat in ((self.moving_mean, mean), (self.moving_variance, var)):
             upd = mv.assign(mv * m + stat * (1.0 - m))
             g.add_to_collection(UPDATE_OPS, upd.node)
+            self.updates.append(upd.node)
         return y
 
 
@@ -203,7 +230,7 @@ class LayerNorm(Layer):
         self.axis, self.epsilon = axis, epsilon
 
     def build(self, x):
-        shape = tuple(x.shape[self.axis:]) if self.axis != -1 else (x.shape[-1],)
+        shape = tuple(x.shape[self.axis:])  # normalised over axis..last, as the LayerNorm op does
         if any(d is None for d in shape):
             raise ShapeError(f"LayerNorm '{self.name}' needs known normalised dims, got {x.shape}")
         self.gamma = self._var("gamma", np.ones(shape), x.dtype)

@@ -1,0 +1,120 @@
+"""The edge interpreter: load and verify, prepare each kernel once, plan one arena, invoke.
+
+invoke() copies the inputs into the arena, calls a flat list of bound kernels that write into
+arena views, and hands back copies of the outputs; it allocates nothing else per call.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .arena import ArenaPlanner
+from .format import EdgeModelError
+from .kernels import KERNELS
+from .loader import EdgeModel, load, loads
+
+
+class Interpreter:
+    def __init__(self, model: Union[str, bytes, EdgeModel], input_shapes: Optional[Dict[str, Sequence[int]]] = None):
+        if isinstance(model, str):
+            model = load(model)
+        elif isinstance(model, (bytes, bytearray)):
+            model = loads(bytes(model))
+        self.model = model
+        if model.remote:
+            names = ", ".join(p.name for p in model.remote)
+            raise EdgeModelError(f"model has remote parts ({names}); run it with the offload client")
+        self._prepare(input_shapes or {})
+
+    # ---- prepare: shapes, kernels, arena -------------------------------------------------------
+    def _prepare(self, input_shapes: Dict[str, Sequence[int]]) -> None:
+        m = self.model
+        shapes: Dict[int, tuple] = {}
+        for i in m.inputs:
+            t = m.tensors[i]
+            shape = tuple(input_shapes.get(t.name, t.shape))
+            if -1 in shape:
+                shape = tuple(1 if d == -1 else d for d in shape)  # unknown batch: 1 unless given
+            shapes[i] = shape
+        for i, t in enumerate(m.tensors):
+            if t.data is not None:
+                shapes[i] = tuple(t.shape)
+        unknown = sorted({op.op for op in m.operators if op.op not in KERNELS})
+        if unknown:
+            raise EdgeModelError(f"no edge kernel for: {', '.join(unknown)}; edge kernels: {', '.join(sorted(KERNELS))}")
+        runs = []
+        for k, op in enumerate(m.operators):
+            ins = [i for i in op.inputs if i >= 0]
+            for i in ins:
+                if i not in shapes:
+                    raise EdgeModelError(f"operator {k} ({op.op}): input tensor {i} '{m.tensors[i].name}' "
+                                         "is read before any operator writes it")
+            try:
+                out_shapes, run = KERNELS[op.op](op.attrs, [shapes[i] for i in ins], None)
+            except EdgeModelError as e:
+                raise EdgeModelError(f"operator {k} ({op.op}): {e}") from None
+            except (KeyError, ValueError, TypeError, IndexError) as e:
+                raise EdgeModelError(f"operator {k} ({op.op}): cannot prepare: {type(e).__name__}: {e}") from None
+            if len(out_shapes) != len(op.outputs):
+                raise EdgeModelError(f"operator {k} ({op.op}): {len(op.outputs)} outputs, kernel makes {len(out_shapes)}")
+            for i, s in zip(op.outputs, out_shapes):
+                declared = m.tensors[i].shape
+                if len(declared) != len(s) or any(d not in (-1, e) for d, e in zip(declared, s)):
+                    raise EdgeModelError(f"operator {k} ({op.op}): output '{m.tensors[i].name}' is {s}, "
+                                         f"the file declares {declared}")
+                shapes[i] = tuple(s)
+            runs.append((run, ins, list(op.outputs)))
+        # lifetimes of the activations: from the op writing them to the last reading them
+        first: Dict[int, int] = {i: -1 for i in m.inputs}
+        last: Dict[int, int] = {}
+        for k, (_, ins, outs) in enumerate(runs):
+            for i in outs:
+                first.setdefault(i, k)
+            for i in ins:
+                last[i] = k
+        end = len(runs)
+        for i in m.outputs:
+            last[i] = end
+        planner = ArenaPlanner()
+        ids: Dict[int, int] = {}
+        for i, f in first.items():
+            if m.tensors[i].data is None:
+                nbytes = int(np.prod(shapes[i])) * m.tensors[i].dtype.itemsize
+                ids[i] = planner.add(nbytes, f, last.get(i, f))
+        offsets, peak = planner.plan()
+        self.arena = np.empty(max(peak, 1), np.uint8)
+        self.arena_bytes, self.arena_lower_bound = peak, planner.lower_bound()
+        self.tensor_bytes = sum(planner.buffers[j][0] for j in ids.values())
+        views: Dict[int, np.ndarray] = {}
+        for i, j in ids.items():
+            t = m.tensors[i]
+            views[i] = np.ndarray(shapes[i], dtype=t.dtype, buffer=self.arena, offset=offsets[j])
+        for i, t in enumerate(m.tensors):
+            if t.data is not None:
+                views[i] = t.data
+        self._views = views
+        self._steps = [(run, [views[i] for i in ins], [views[i] for i in outs]) for run, ins, outs in runs]
+        self._inputs = [(m.tensors[i].name, views[i]) for i in m.inputs]
+        self._outputs = [views[i] for i in m.outputs]
+        self.input_shapes = {m.tensors[i].name: shapes[i] for i in m.inputs}
+        self.output_shapes = {m.tensors[i].name: shapes[i] for i in m.outputs}
+
+    # ---- invoke ------------------------------------------------------------------------------------
+    def invoke(self, *args, **kwargs) -> List[np.ndarray]:
+        """Run on inputs given in order or by name; returns the outputs (copies)."""
+        if args and kwargs:
+            raise TypeError("pass inputs either in order or by name")
+        values = list(args) if args else [kwargs.get(name) for name, _ in self._inputs]
+        if len(values) != len(self._inputs):
+            raise ValueError(f"model takes {len(self._inputs)} inputs, got {len(values)}")
+        for (name, view), v in zip(self._inputs, values):
+            if v is None:
+                raise ValueError(f"input '{name}' missing")
+            v = np.asarray(v)
+            if v.shape != view.shape:
+                raise ValueError(f"input '{name}' has shape {v.shape}; the model was prepared for {view.shape}")
+            np.copyto(view, v, casting="same_kind")
+        for run, ins, outs in self._steps:
+            run(ins, outs)
+        return [o.copy() for o in self._outputs]

@@ -247,8 +247,8 @@ def test_mismatch_lists_every_problem_before_assigning_anything(tmp_path):
     g2 = ism.Graph()
     with g2.as_default():
         a = ism.Variable(np.zeros((2, 3), np.float32), name="fc/kernel")
-        b = ism.Variable(np.zeros(3, np.float64), name="fc/bias")
-        c = ism.Variable(np.zeros(1, np.float32), name="extra")
+        ism.Variable(np.zeros(3, np.float64), name="fc/bias")
+        ism.Variable(np.zeros(1, np.float32), name="extra")
     sess2 = ism.Session(g2)
     sess2.run(ism.global_variables_initializer(g2))
     with pytest.raises(CheckpointError) as e:

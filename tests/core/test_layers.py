@@ -29,7 +29,7 @@ def test_layer_reuses_its_variables_across_calls():
     with g.as_default():
         x = ism.placeholder("float32", (None, 3))
         layer = nn.Dense(2)
-        a, b = layer(x), layer(x * 2.0)
+        layer(x), layer(x * 2.0)
     assert len(layer.variables) == 2 and len(ism.trainable_variables(g)) == 2
 
 
@@ -84,6 +84,12 @@ def test_dropout_only_in_training_and_sequential():
         xv = np.ones((3, 4), np.float32)
         np.testing.assert_array_equal(sess.run(a, {x: xv}), sess.run(b, {x: xv}))
         assert len(net.variables) == 4
+        h = net.layers[0].call(x, False)  # what the dropout layer sees
+        hv, dropped = sess.run([h, net.layers[1](h, training=True)], {x: xv})
+        kept = dropped != 0
+        assert 0 < kept.sum() < (hv != 0).sum()  # some units dropped, the rest scaled by 1 / (1 - rate)
+        np.testing.assert_allclose(dropped[kept], hv[kept] * 2.0, rtol=1e-6)
+        assert not np.array_equal(sess.run(c, {x: xv}), sess.run(a, {x: xv}))
 
 
 def test_small_mlp_learns_xor():

@@ -97,7 +97,8 @@ class Session:
         if isinstance(f, str):
             name = f
             f = self.graph.tensor(name) if ":" in name else self.graph.node(name)
-            if isinstance(f, Node) and len(f.outputs) == 1 and ":" not in name and f.op not in _OPS_FETCHED_AS_NODES:
+            if isinstance(f, Node) and len(f.outputs) == 1 and ":" not in name and f.op not in _OPS_FETCHED_AS_NODES \
+                    and not f.opdef.ref_inputs:  # an update op fetched by name runs; it returns nothing
                 f = f.outputs[0]
         elif hasattr(f, "_as_tensor") and not isinstance(f, Tensor):
             f = f._as_tensor()

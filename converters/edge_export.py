@@ -45,8 +45,12 @@ def edge_supported(op: str) -> bool:
 
 def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
             inputs: Optional[Sequence[Union[Tensor, str]]] = None, batch: int = 1,
-            metadata: Optional[Dict[str, str]] = None) -> bytes:
-    """The edge model (bytes) computing `outputs` from the graph's placeholders (or `inputs`)."""
+            metadata: Optional[Dict[str, str]] = None, delegate: bool = False) -> bytes:
+    """The edge model (bytes) computing `outputs` from the graph's placeholders (or `inputs`).
+
+    With `delegate`, an ONNX copy of the same graph is embedded, which the interpreter hands to
+    onnxruntime when the device has it (Interpreter(..., delegate="auto")).
+    """
     from isthmus.core.executor import prune
     from isthmus.core.passes import freeze, optimize
     if hasattr(source, "graph") and hasattr(source, "run"):
@@ -96,4 +100,8 @@ def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
         w.add_operator(n.op, [index[t] for t in n.inputs], out_ids, attrs)
     for t in outs:
         w.mark_output(index[t])
+    if delegate:
+        from .onnx_export import to_onnx
+        model = to_onnx(graph, outs, inputs=ins or None, optimize=False)
+        w.metadata["delegate.onnxruntime.buffer"] = str(w.add_blob(model.SerializeToString()))
     return w.to_bytes()

@@ -15,8 +15,16 @@ from .kernels import KERNELS
 from .loader import EdgeModel, load, loads
 
 
+DELEGATE_KEY = "delegate.onnxruntime.buffer"
+
+
 class Interpreter:
-    def __init__(self, model: Union[str, bytes, EdgeModel], input_shapes: Optional[Dict[str, Sequence[int]]] = None):
+    """`delegate="onnxruntime"` hands the model to onnxruntime when the file embeds an ONNX copy
+    (to_edge(..., delegate=True)) and onnxruntime is installed; "auto" does so when it can.
+    The numpy path stays complete: it is the reference the delegate is tested against."""
+
+    def __init__(self, model: Union[str, bytes, EdgeModel], input_shapes: Optional[Dict[str, Sequence[int]]] = None,
+                 delegate: Optional[str] = None):
         if isinstance(model, str):
             model = load(model)
         elif isinstance(model, (bytes, bytearray)):
@@ -26,6 +34,33 @@ class Interpreter:
             names = ", ".join(p.name for p in model.remote)
             raise EdgeModelError(f"model has remote parts ({names}); run it with the offload client")
         self._prepare(input_shapes or {})
+        self.delegate = None
+        if delegate not in (None, "none", "auto", "onnxruntime"):
+            raise ValueError(f"delegate must be None, 'auto' or 'onnxruntime', got {delegate!r}")
+        if delegate in ("auto", "onnxruntime"):
+            self.delegate = self._make_delegate(required=delegate == "onnxruntime")
+
+    def _make_delegate(self, required: bool):
+        key = self.model.metadata.get(DELEGATE_KEY)
+        if key is None:
+            if required:
+                raise EdgeModelError("the model embeds no onnxruntime delegate (export it with delegate=True)")
+            return None
+        try:
+            import onnxruntime as ort  # only when a delegate is asked for: the edge runtime itself needs numpy
+        except ImportError:
+            if required:
+                raise EdgeModelError("delegate 'onnxruntime' requested but onnxruntime is not installed") from None
+            return None
+        try:
+            index = int(key)
+        except ValueError:
+            raise EdgeModelError(f"metadata {DELEGATE_KEY}={key!r} is not a buffer index") from None
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        sess = ort.InferenceSession(bytes(self.model.blob(index)), so, providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        return sess, names
 
     # ---- prepare: shapes, kernels, arena -------------------------------------------------------
     def _prepare(self, input_shapes: Dict[str, Sequence[int]]) -> None:
@@ -115,6 +150,9 @@ class Interpreter:
             if v.shape != view.shape:
                 raise ValueError(f"input '{name}' has shape {v.shape}; the model was prepared for {view.shape}")
             np.copyto(view, v, casting="same_kind")
+        if self.delegate is not None:
+            sess, names = self.delegate
+            return sess.run(None, {n: view for n, (_, view) in zip(names, self._inputs)})
         for run, ins, outs in self._steps:
             run(ins, outs)
         return [o.copy() for o in self._outputs]

@@ -171,7 +171,15 @@ class EdgeModel:
     remote: List[RemoteInfo]
     metadata: Dict[str, str]
     size: int
+    buffers: List[Tuple[int, int]] = field(default_factory=list)  # (offset, size), verified
     _keep: object = field(default=None, repr=False)  # the mapping the weight views point into
+
+    def blob(self, index: int) -> memoryview:
+        """The raw bytes of buffer `index` (a delegate's embedded model), without a copy."""
+        if not 0 < index < len(self.buffers):
+            raise EdgeModelError(f"buffer {index} out of range [1, {len(self.buffers)})")
+        off, size = self.buffers[index]
+        return memoryview(self._keep)[off:off + size]
 
 
 def _ints(t: _Table, slot: int, what: str, n_tensors: int, allow_absent: bool) -> List[int]:
@@ -275,7 +283,7 @@ def verify(buf) -> EdgeModel:
     remote = [RemoteInfo(p.string(0, "name"), _ints(p, 1, "inputs", n, False), _ints(p, 2, "outputs", n, False))
               for p in sg.tables(5, "remote")]
     return EdgeModel(version, producer, tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False),
-                     remote, metadata, r.n)
+                     remote, metadata, r.n, bufs)
 
 
 def load(path: str) -> EdgeModel:

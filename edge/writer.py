@@ -67,6 +67,11 @@ class ModelWriter:
         value = np.asarray(value)
         return self.add_tensor(name, value.dtype, value.shape, data=value, **quant)
 
+    def add_blob(self, data: bytes) -> int:
+        """Store opaque bytes (a delegate's model, say) in the data section; returns the buffer index."""
+        self.buffers.append(bytes(data))
+        return len(self.buffers) - 1
+
     def mark_output(self, index: int) -> None:
         self.outputs.append(index)
 

@@ -17,7 +17,7 @@ ALLOWED = {  # folder -> isthmus folders it may import
 }
 FORBIDDEN_THIRD_PARTY = {
     "core": {"onnx", "onnxruntime", "grpc", "flatbuffers", "torch"},
-    "edge": {"onnx", "onnxruntime", "torch"},  # grpc only lazily, in the offload client
+    "edge": {"onnx", "torch"},  # grpc only lazily (offload client), onnxruntime only lazily (delegate)
     "partitioner": {"onnx", "onnxruntime", "grpc", "torch"},
 }
 

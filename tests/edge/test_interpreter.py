@@ -92,8 +92,28 @@ def test_import_isthmus_edge_stays_light():
     import subprocess
     import sys
     code = ("import sys, isthmus.edge, isthmus.edge.interpreter; "
-            "bad = [m for m in sys.modules if m.startswith(('isthmus.core', 'onnx', 'grpc', 'isthmus.partitioner'))]; "
+            "bad = [m for m in sys.modules if m.startswith(('isthmus.core', 'onnx', 'grpc', 'isthmus.partitioner', 'flatbuffers'))]; "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_onnxruntime_delegate_agrees_with_the_numpy_path():
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (1, 3, 12, 12), name="x")
+        h = ism.nn.Conv2D(8, 3, activation="relu")(x)
+        h = ism.nn.DepthwiseConv2D(3, activation="relu6")(h)
+        y = ism.nn.Dense(4)(ism.global_avg_pool(h))
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    data = to_edge(sess, [y], delegate=True)
+    xv = rng.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    ref = Interpreter(data).invoke(xv)[0]
+    dele = Interpreter(data, delegate="onnxruntime")
+    assert dele.delegate is not None
+    np.testing.assert_allclose(dele.invoke(xv)[0], ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(EdgeModelError, match="embeds no onnxruntime delegate"):
+        Interpreter(to_edge(sess, [y]), delegate="onnxruntime")
+    assert Interpreter(to_edge(sess, [y]), delegate="auto").delegate is None

@@ -406,7 +406,12 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
     with g.as_default():
         inits = {i.name for i in g_onnx.initializer}
         for init in g_onnx.initializer:
-            arr = numpy_helper.to_array(init)
+            try:
+                arr = numpy_helper.to_array(init)
+            except Exception as e:
+                raise ImportError_(f"initializer '{init.name}' cannot be read: {type(e).__name__}: {e}") from None
+            if arr.dtype == object or arr.dtype.kind not in "fiub":
+                raise ImportError_(f"initializer '{init.name}' has unsupported dtype {arr.dtype}")
             consts[init.name] = arr
             if trainable and arr.dtype.kind == "f" and arr.ndim >= 1:
                 values[init.name] = ism.Variable(arr, name=_clean(init.name))
@@ -418,22 +423,39 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
             if vi.name in inits:
                 continue
             tt = vi.type.tensor_type
+            try:
+                dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            except Exception:
+                raise ImportError_(f"graph input '{vi.name}': unsupported element type {tt.elem_type}") from None
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-            t = ism.placeholder(helper.tensor_dtype_to_np_dtype(tt.elem_type), dims, name=_clean(vi.name))
+            try:
+                t = ism.placeholder(dtype, dims, name=_clean(vi.name))
+            except (TypeError, ValueError) as e:
+                raise ImportError_(f"graph input '{vi.name}': {e}") from None
             values[vi.name] = inputs[vi.name] = t
         c = _Ctx(g, consts)
-        for n in g_onnx.node:
+        for k, n in enumerate(g_onnx.node):
+            where = f"node {k} '{n.name or n.op_type}' ({n.op_type})"
+            missing_in = [i for i in n.input if i and i not in values]
+            if missing_in:
+                raise ImportError_(f"{where}: input(s) {missing_in} are defined by no earlier node, initializer "
+                                   "or graph input (the model is malformed or not topologically sorted)")
             ins = [values[i] if i else None for i in n.input]
             with g.name_scope(_clean(n.name or n.op_type)):
                 try:
                     outs = list(_pick(n.op_type, opset)(c, n, ins))
-                except ImportError_:
+                except (ImportError_, ism.ShapeError, GraphError):
                     raise
-                except Exception as e:
-                    raise ImportError_(f"node '{n.name}' ({n.op_type}): {type(e).__name__}: {e}") from e
+                except Exception as e:  # malformed attributes or inputs: say where, keep one error type
+                    raise ImportError_(f"{where}: {type(e).__name__}: {e}") from e
+            if len(outs) < len([o for o in n.output if o]):
+                raise ImportError_(f"{where}: declares {len(n.output)} outputs, the op makes {len(outs)}")
             for name, t in zip(n.output, outs):
                 if name:
                     values[name] = t
+        unknown_out = [o.name for o in g_onnx.output if o.name not in values]
+        if unknown_out:
+            raise ImportError_(f"graph outputs {unknown_out} are produced by no node")
         outputs = [values[o.name] for o in g_onnx.output]
     return g, inputs, outputs
 

@@ -5,14 +5,18 @@ arena views, and hands back copies of the outputs; it allocates nothing else per
 """
 from __future__ import annotations
 
+import math
+from functools import partial
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from .arena import ArenaPlanner
 from .format import EdgeModelError
+from .int8_kernels import INT8_KERNELS
 from .kernels import KERNELS
-from .loader import EdgeModel, load, loads
+from .loader import MIN_ACTIVATION_LIMIT, EdgeModel, load, loads
+from .opcontext import OpContext, TensorSpec, check_window_attrs
 
 
 DELEGATE_KEY = "delegate.onnxruntime.buffer"
@@ -65,20 +69,25 @@ class Interpreter:
     # ---- prepare: shapes, kernels, arena -------------------------------------------------------
     def _prepare(self, input_shapes: Dict[str, Sequence[int]]) -> None:
         m = self.model
+        limit = max(MIN_ACTIVATION_LIMIT, 256 * m.size)  # no plan may ask for more memory than this
         shapes: Dict[int, tuple] = {}
         for i in m.inputs:
             t = m.tensors[i]
-            shape = tuple(input_shapes.get(t.name, t.shape))
-            if -1 in shape:
-                shape = tuple(1 if d == -1 else d for d in shape)  # unknown batch: 1 unless given
-            shapes[i] = shape
+            shape = tuple(int(d) for d in input_shapes.get(t.name, t.shape))
+            if len(shape) != len(t.shape) or any(d not in (-1, e) for d, e in zip(t.shape, shape)):
+                raise EdgeModelError(f"input '{t.name}': shape {shape} does not fit the declared {t.shape}")
+            shapes[i] = tuple(1 if d == -1 else d for d in shape)  # unknown batch: 1 unless given
         for i, t in enumerate(m.tensors):
             if t.data is not None:
                 shapes[i] = tuple(t.shape)
-        unknown = sorted({op.op for op in m.operators if op.op not in KERNELS})
-        if unknown:
-            raise EdgeModelError(f"no edge kernel for: {', '.join(unknown)}; edge kernels: {', '.join(sorted(KERNELS))}")
-        runs = []
+        written = set(shapes)
+        for k, op in enumerate(m.operators):
+            for i in op.outputs:
+                if i in written:
+                    raise EdgeModelError(f"operator {k} ({op.op}): output tensor {i} '{m.tensors[i].name}' "
+                                         "is a constant, an input, or written twice")
+                written.add(i)
+        runs = []  # (kind, prepared, ins, outs, scratch specs)
         for k, op in enumerate(m.operators):
             ins = [i for i in op.inputs if i >= 0]
             for i in ins:
@@ -86,10 +95,10 @@ class Interpreter:
                     raise EdgeModelError(f"operator {k} ({op.op}): input tensor {i} '{m.tensors[i].name}' "
                                          "is read before any operator writes it")
             try:
-                out_shapes, run = KERNELS[op.op](op.attrs, [shapes[i] for i in ins], None)
+                kind, prepared, scratch, out_shapes = self._prepare_op(op, ins, shapes)
             except EdgeModelError as e:
                 raise EdgeModelError(f"operator {k} ({op.op}): {e}") from None
-            except (KeyError, ValueError, TypeError, IndexError) as e:
+            except (KeyError, ValueError, TypeError, IndexError, ArithmeticError, MemoryError) as e:
                 raise EdgeModelError(f"operator {k} ({op.op}): cannot prepare: {type(e).__name__}: {e}") from None
             if len(out_shapes) != len(op.outputs):
                 raise EdgeModelError(f"operator {k} ({op.op}): {len(op.outputs)} outputs, kernel makes {len(out_shapes)}")
@@ -99,11 +108,15 @@ class Interpreter:
                     raise EdgeModelError(f"operator {k} ({op.op}): output '{m.tensors[i].name}' is {s}, "
                                          f"the file declares {declared}")
                 shapes[i] = tuple(s)
-            runs.append((run, ins, list(op.outputs)))
-        # lifetimes of the activations: from the op writing them to the last reading them
+            for s, dt in [(shapes[i], m.tensors[i].dtype) for i in op.outputs] + scratch:
+                if math.prod(s) * dt.itemsize > limit:
+                    raise EdgeModelError(f"operator {k} ({op.op}): {dt.name}{list(s)} exceeds the memory bound "
+                                         f"({limit} bytes) for a file of {m.size} bytes")
+            runs.append((kind, prepared, ins, list(op.outputs), scratch))
+        # lifetimes: an activation from the op writing it to the last reading it, scratch for its op
         first: Dict[int, int] = {i: -1 for i in m.inputs}
         last: Dict[int, int] = {}
-        for k, (_, ins, outs) in enumerate(runs):
+        for k, (_, _, ins, outs, _) in enumerate(runs):
             for i in outs:
                 first.setdefault(i, k)
             for i in ins:
@@ -115,25 +128,57 @@ class Interpreter:
         ids: Dict[int, int] = {}
         for i, f in first.items():
             if m.tensors[i].data is None:
-                nbytes = int(np.prod(shapes[i])) * m.tensors[i].dtype.itemsize
-                ids[i] = planner.add(nbytes, f, last.get(i, f))
+                ids[i] = planner.add(math.prod(shapes[i]) * m.tensors[i].dtype.itemsize, f, last.get(i, f))
+        scratch_ids = [[planner.add(math.prod(s) * dt.itemsize, k, k) for s, dt in run[4]] for k, run in enumerate(runs)]
         offsets, peak = planner.plan()
+        if peak > limit:
+            raise EdgeModelError(f"the arena needs {peak} bytes, beyond the bound ({limit}) for a file of {m.size} bytes")
         self.arena = np.empty(max(peak, 1), np.uint8)
         self.arena_bytes, self.arena_lower_bound = peak, planner.lower_bound()
         self.tensor_bytes = sum(planner.buffers[j][0] for j in ids.values())
-        views: Dict[int, np.ndarray] = {}
-        for i, j in ids.items():
-            t = m.tensors[i]
-            views[i] = np.ndarray(shapes[i], dtype=t.dtype, buffer=self.arena, offset=offsets[j])
+        self.scratch_bytes = sum(planner.buffers[j][0] for js in scratch_ids for j in js)
+
+        def view(shape, dtype, j):
+            return np.ndarray(shape, dtype=dtype, buffer=self.arena, offset=offsets[j])
+        views: Dict[int, np.ndarray] = {i: view(shapes[i], m.tensors[i].dtype, j) for i, j in ids.items()}
         for i, t in enumerate(m.tensors):
             if t.data is not None:
                 views[i] = t.data
         self._views = views
-        self._steps = [(run, [views[i] for i in ins], [views[i] for i in outs]) for run, ins, outs in runs]
+        self._steps = []
+        for (kind, prepared, ins, outs, scratch), js in zip(runs, scratch_ids):
+            iv, ov = [views[i] for i in ins], [views[i] for i in outs]
+            if kind == "int8":
+                self._steps.append(prepared(iv, ov, [view(s, dt, j) for (s, dt), j in zip(scratch, js)]))
+            else:
+                self._steps.append(partial(prepared, iv, ov))
         self._inputs = [(m.tensors[i].name, views[i]) for i in m.inputs]
         self._outputs = [views[i] for i in m.outputs]
         self.input_shapes = {m.tensors[i].name: shapes[i] for i in m.inputs}
         self.output_shapes = {m.tensors[i].name: shapes[i] for i in m.outputs}
+
+    def _prepare_op(self, op, ins: List[int], shapes: Dict[int, tuple]):
+        """(kind, prepared, scratch specs, output shapes) of one operator: an int8 kernel when any of
+        its tensors is int8 (it binds arena scratch), the fp32 kernel otherwise."""
+        m = self.model
+        tensors = [m.tensors[i] for i in ins + list(op.outputs)]
+        if any(t.dtype == np.int8 for t in tensors):
+            if op.op not in INT8_KERNELS:
+                raise EdgeModelError(f"no int8 kernel; int8 kernels: {', '.join(sorted(INT8_KERNELS))}")
+            spec = lambda i: TensorSpec(m.tensors[i].name, m.tensors[i].dtype, shapes.get(i, m.tensors[i].shape),  # noqa: E731
+                                        m.tensors[i].scale, m.tensors[i].zero_point, m.tensors[i].axis,
+                                        m.tensors[i].data)
+            ctx = OpContext(op.op, op.attrs, [spec(i) for i in ins], [spec(i) for i in op.outputs])
+            out_shapes, bind = INT8_KERNELS[op.op](ctx)
+            return "int8", bind, ctx.scratch_specs, out_shapes
+        if op.op not in KERNELS:
+            raise EdgeModelError(f"no edge kernel; edge kernels: {', '.join(sorted(KERNELS))}")
+        bad = [t for t in tensors if t.dtype != np.float32]
+        if bad:
+            raise EdgeModelError(f"'{bad[0].name}' is {bad[0].dtype.name}: fp32 kernels take float32 only")
+        check_window_attrs(op.op, op.attrs, [shapes[i] for i in ins])
+        out_shapes, run = KERNELS[op.op](op.attrs, [shapes[i] for i in ins], None)
+        return "fp32", run, [], out_shapes
 
     # ---- invoke ------------------------------------------------------------------------------------
     def invoke(self, *args, **kwargs) -> List[np.ndarray]:
@@ -153,6 +198,6 @@ class Interpreter:
         if self.delegate is not None:
             sess, names = self.delegate
             return sess.run(None, {n: view for n, (_, view) in zip(names, self._inputs)})
-        for run, ins, outs in self._steps:
-            run(ins, outs)
+        for step in self._steps:
+            step()
         return [o.copy() for o in self._outputs]

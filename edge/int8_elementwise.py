@@ -1,0 +1,319 @@
+"""Elementwise and data-movement int8 kernels: add, mul, bias add, activations, reshape, concat,
+pad, softmax, quantize and dequantize.
+
+A unary int8 map (an activation, or a change of scale and zero point) is a 256-entry table built
+once in prepare from the integer requantization (quant.Requantizer), so it runs as one np.take.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from .format import EdgeModelError
+from .int8_kernels import int8_kernel
+from .opcontext import OpContext
+from .quant import Requantizer, activation_bounds, quantize_multiplier
+
+_INT8_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)  # index u -> int8
+
+
+def _same(a, b) -> bool:
+    return abs(a[0] - b[0]) <= 1e-6 * b[0] and a[1] == b[1]
+
+
+def _requant_table(ctx: OpContext, src, dst, lo: int = -128, hi: int = 127) -> np.ndarray:
+    (s1, z1), (s2, z2) = src, dst
+    return Requantizer(s1 / s2, z2, lo, hi, 256, [-z1]).table(_INT8_VALUES)
+
+
+def _bind_table(table: np.ndarray):
+    def bind(ins, outs, sc):
+        x, y, take = ins[0].view(np.uint8), outs[0], np.take
+        return lambda: take(table, x, out=y, mode="wrap")
+    return bind
+
+
+def _bind_copy(ins, outs, sc):
+    x, y, copyto = ins[0].reshape(outs[0].shape), outs[0], np.copyto
+    return lambda: copyto(y, x)
+
+
+def _unary(ctx: OpContext):
+    ctx.arity(1, 1)
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    ctx.dtype(x, "int8"), ctx.dtype(y, "int8")
+    return x, y, ctx.per_tensor(x), ctx.per_tensor(y)
+
+
+@int8_kernel("Relu", "Relu6")
+def relu(ctx: OpContext):
+    x, y, qx, qy = _unary(ctx)
+    lo, hi = activation_bounds(ctx.op.lower(), *qy)
+    if _same(qx, qy):
+        def bind(ins, outs, sc):
+            xi, yo, clip = ins[0], outs[0], np.clip
+            return lambda: clip(xi, lo, hi, out=yo)
+        return [x.shape], bind
+    return [x.shape], _bind_table(_requant_table(ctx, qx, qy, lo, hi))
+
+
+@int8_kernel("Tanh", "Sigmoid")
+def smooth(ctx: OpContext):
+    """A table of round(f(s_x (x - z_x)) / s_y) + z_y, computed once in float64."""
+    x, y, (sx, zx), (sy, zy) = _unary(ctx)
+    real = sx * (_INT8_VALUES - zx)
+    f = np.tanh(real) if ctx.op == "Tanh" else 1.0 / (1.0 + np.exp(-real))
+    table = np.clip(np.round(f / sy) + zy, -128, 127).astype(np.int8)
+    return [x.shape], _bind_table(table)
+
+
+@int8_kernel("Identity", "Reshape", "Flatten")
+def reshape(ctx: OpContext):
+    x, y, qx, qy = _unary(ctx)
+    total = math.prod(x.shape)
+    if ctx.op == "Identity":
+        shape = x.shape
+    elif ctx.op == "Flatten":
+        a = ctx.axis("axis", len(x.shape) + 1, 1)
+        shape = (math.prod(x.shape[:a]), math.prod(x.shape[a:]))
+    else:
+        target = ctx.attrs.get("shape")
+        if not isinstance(target, tuple) or not all(d == -1 or d >= 0 for d in target) or list(target).count(-1) > 1:
+            raise EdgeModelError(f"Reshape: attribute 'shape' = {target!r} is not a shape")
+        known = math.prod(d for d in target if d != -1)
+        if -1 in target and known:
+            target = tuple(total // known if d == -1 else d for d in target)
+        shape = tuple(target)
+        if math.prod(shape) != total:
+            raise EdgeModelError(f"Reshape: {x.shape} cannot become {shape}")
+    if _same(qx, qy):
+        return [shape], _bind_copy
+    table = _requant_table(ctx, qx, qy)
+
+    def bind(ins, outs, sc):
+        xi, yo, take = ins[0].reshape(shape).view(np.uint8), outs[0], np.take
+        return lambda: take(table, xi, out=yo, mode="wrap")
+    return [shape], bind
+
+
+def _broadcast(ctx: OpContext, a, b):
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        raise EdgeModelError(f"{ctx.op}: shapes {a} and {b} do not broadcast") from None
+
+
+@int8_kernel("Add", "BiasAdd")
+def add(ctx: OpContext):
+    """y = ((x1 * Q1 + x2 * Q2 + K) >> S) + clamp, with Q_i = round(s_i / s_y * 2^S) sharing one shift
+    and K folding both zero points, the rounding and z_y."""
+    ctx.arity(2, 2)
+    x1, x2, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    for t in (x1, x2, y):
+        ctx.dtype(t, "int8")
+    (s1, z1), (s2, z2), (sy, zy) = ctx.per_tensor(x1), ctx.per_tensor(x2), ctx.per_tensor(y)
+    shape2 = x2.shape
+    if ctx.op == "BiasAdd":
+        ctx.rank(x2, 1)
+        axis = ctx.axis("axis", len(x1.shape), -1)
+        if x2.shape[0] != x1.shape[axis]:
+            raise EdgeModelError(f"BiasAdd: bias of {x2.shape[0]} for axis {axis} of {x1.shape}")
+        shape2 = (x2.shape[0],) + (1,) * (len(x1.shape) - axis - 1)
+    out = _broadcast(ctx, x1.shape, shape2)
+    _, shift = quantize_multiplier(max(s1, s2) / sy)
+    q1, q2 = round(s1 / sy * 2 ** shift), round(s2 / sy * 2 ** shift)
+    k = -z1 * q1 - z2 * q2 + (1 << (shift - 1)) + (zy << shift)
+    if 128 * (q1 + q2) + abs(k) >= 1 << 63:
+        raise EdgeModelError(f"{ctx.op}: scales {s1}, {s2} -> {sy} overflow the fixed-point sum")
+    lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
+    i_t, i_b = ctx.scratch(out, np.int64), ctx.scratch(shape2, np.int64)
+
+    def bind(ins, outs, sc):
+        a, b, y, t, tb = ins[0], ins[1].reshape(shape2), outs[0], sc[i_t], sc[i_b]
+        multiply, add_, right_shift, clip, i64 = np.multiply, np.add, np.right_shift, np.clip, np.int64
+
+        def run():
+            multiply(a, q1, out=t, dtype=i64)
+            multiply(b, q2, out=tb, dtype=i64)
+            add_(t, tb, out=t)
+            add_(t, k, out=t)
+            right_shift(t, shift, out=t)
+            clip(t, lo, hi, out=y, casting="unsafe")
+        return run
+    return [out], bind
+
+
+@int8_kernel("Mul")
+def mul(ctx: OpContext):
+    ctx.arity(2, 2)
+    x1, x2, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    for t in (x1, x2, y):
+        ctx.dtype(t, "int8")
+    (s1, z1), (s2, z2), (sy, zy) = ctx.per_tensor(x1), ctx.per_tensor(x2), ctx.per_tensor(y)
+    out = _broadcast(ctx, x1.shape, x2.shape)
+    rq = Requantizer(s1 * s2 / sy, zy, -128, 127, 256 * 256)
+    i_a, i_b, i_t = ctx.scratch(x1.shape, np.int64), ctx.scratch(x2.shape, np.int64), ctx.scratch(out, np.int64)
+
+    def bind(ins, outs, sc):
+        a, b, t, ta, tb = ins[0], ins[1], sc[i_t], sc[i_a], sc[i_b]
+        requant, subtract, multiply, i64 = rq.bind(t, outs[0], t), np.subtract, np.multiply, np.int64
+
+        def run():
+            subtract(a, z1, out=ta, dtype=i64)
+            subtract(b, z2, out=tb, dtype=i64)
+            multiply(ta, tb, out=t)
+            requant()
+        return run
+    return [out], bind
+
+
+@int8_kernel("Concat")
+def concat(ctx: OpContext):
+    if not ctx.inputs or any(t is None for t in ctx.inputs) or len(ctx.outputs) != 1:
+        raise EdgeModelError("Concat: needs inputs and one output")
+    y = ctx.outputs[0]
+    ctx.dtype(y, "int8")
+    qy = ctx.per_tensor(y)
+    first = ctx.inputs[0].shape
+    axis = ctx.axis("axis", len(first), 0)
+    for t in ctx.inputs:
+        ctx.dtype(t, "int8")
+        if len(t.shape) != len(first) or any(a != b for k, (a, b) in enumerate(zip(t.shape, first)) if k != axis):
+            raise EdgeModelError(f"Concat: '{t.name}' {t.shape} does not match {first} off axis {axis}")
+    tables = [None if _same(ctx.per_tensor(t), qy) else _requant_table(ctx, ctx.per_tensor(t), qy)
+              for t in ctx.inputs]
+    sizes = [t.shape[axis] for t in ctx.inputs]
+    out = first[:axis] + (sum(sizes),) + first[axis + 1:]
+
+    def bind(ins, outs, sc):
+        parts, at = [], 0
+        for x, size, table in zip(ins, sizes, tables):
+            idx = (slice(None),) * axis + (slice(at, at + size),)
+            parts.append((x if table is None else x.view(np.uint8), outs[0][idx], table))
+            at += size
+        copyto, take = np.copyto, np.take
+
+        def run():
+            for x, dst, table in parts:
+                if table is None:
+                    copyto(dst, x)
+                else:
+                    take(table, x, out=dst, mode="wrap")
+        return run
+    return [out], bind
+
+
+@int8_kernel("Pad")
+def pad(ctx: OpContext):
+    x, y, qx, qy = _unary(ctx)
+    if not _same(qx, qy):
+        raise EdgeModelError("Pad: int8 padding keeps its input's scale and zero point")
+    if ctx.attrs.get("mode", "constant") != "constant":
+        raise EdgeModelError("Pad: int8 padding supports mode 'constant' only")
+    rank = len(x.shape)
+    p = ctx.ints("paddings", 2 * rank, lo=0, hi=1 << 16)
+    value = int(np.clip(round(ctx.number("constant_value", 0.0) / qy[0]) + qy[1], -128, 127))
+    out = tuple(d + p[2 * i] + p[2 * i + 1] for i, d in enumerate(x.shape))
+    inner = tuple(slice(p[2 * i], p[2 * i] + d) for i, d in enumerate(x.shape))
+
+    def bind(ins, outs, sc):
+        xi, yo, dst, copyto = ins[0], outs[0], outs[0][inner], np.copyto
+
+        def run():
+            yo.fill(value)
+            copyto(dst, xi)
+        return run
+    return [out], bind
+
+
+@int8_kernel("Softmax")
+def softmax(ctx: OpContext):
+    """e = E[x - max(x) + 255] with E[i] = round(2^20 exp(s_x (i - 255))); p = round(2^16 e / sum e)
+    (half up); y = requantize(p, 2^-16 / s_y)."""
+    x, y, (sx, zx), (sy, zy) = _unary(ctx)
+    axis = ctx.axis("axis", len(x.shape), -1)
+    table = np.round(np.exp(sx * (np.arange(256) - 255.0)) * (1 << 20)).astype(np.int64)
+    rq = Requantizer(2.0 ** -16 / sy, zy, -128, 127, 1 << 16)
+    red = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    i_m, i_d, i_e = ctx.scratch(red, np.int8), ctx.scratch(x.shape, np.int64), ctx.scratch(x.shape, np.int64)
+    i_s, i_h = ctx.scratch(red, np.int64), ctx.scratch(red, np.int64)
+
+    def bind(ins, outs, sc):
+        xi, mx, d, e, s, half = ins[0], sc[i_m], sc[i_d], sc[i_e], sc[i_s], sc[i_h]
+        requant = rq.bind(e, outs[0], e)
+        amax, subtract, add_, take, total = np.max, np.subtract, np.add, np.take, np.sum
+        right_shift, left_shift, floor_divide, i64 = np.right_shift, np.left_shift, np.floor_divide, np.int64
+
+        def run():
+            amax(xi, axis=axis, keepdims=True, out=mx)
+            subtract(xi, mx, out=d, dtype=i64)
+            add_(d, 255, out=d)
+            take(table, d, out=e, mode="wrap")
+            total(e, axis=axis, keepdims=True, out=s)
+            right_shift(s, 1, out=half)
+            left_shift(e, 16, out=e)
+            add_(e, half, out=e)
+            floor_divide(e, s, out=e)
+            requant()
+        return run
+    return [x.shape], bind
+
+
+def _axis_params(ctx: OpContext, t):
+    """Scale and zero point broadcastable against t (per-tensor, or per-axis along t.axis)."""
+    if len(t.scale) == 1 and t.axis == -1:
+        s, z = ctx.per_tensor(t)
+        return np.float32(s), np.float32(z)
+    ax = t.axis
+    s, z = ctx.per_channel(t, ax)
+    shape = (-1,) + (1,) * (len(t.shape) - ax - 1)
+    return s.astype(np.float32).reshape(shape), z.astype(np.float32).reshape(shape)
+
+
+@int8_kernel("Quantize")
+def quantize(ctx: OpContext):
+    """float32 -> int8: clamp(rint(x / s) + z) (rint: half to even); int8 -> int8 requantizes."""
+    ctx.arity(1, 1)
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    ctx.dtype(y, "int8")
+    if x.dtype == np.int8:
+        return [x.shape], _bind_table(_requant_table(ctx, ctx.per_tensor(x), ctx.per_tensor(y)))
+    ctx.dtype(x, "float32")
+    if y.axis >= len(x.shape):
+        raise EdgeModelError(f"Quantize: axis {y.axis} out of range for {x.shape}")
+    s, z = _axis_params(ctx, replace(y, shape=tuple(x.shape)))
+    i_t = ctx.scratch(x.shape, np.float32)
+
+    def bind(ins, outs, sc):
+        xi, yo, t = ins[0], outs[0], sc[i_t]
+        divide, rint, add_, clip = np.divide, np.rint, np.add, np.clip
+
+        def run():
+            divide(xi, s, out=t)
+            rint(t, out=t)
+            add_(t, z, out=t)
+            clip(t, -128, 127, out=yo, casting="unsafe")
+        return run
+    return [x.shape], bind
+
+
+@int8_kernel("Dequantize")
+def dequantize(ctx: OpContext):
+    """int8 -> float32: (x - z) * s."""
+    ctx.arity(1, 1)
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    ctx.dtype(x, "int8"), ctx.dtype(y, "float32")
+    if x.axis >= len(x.shape):
+        raise EdgeModelError(f"Dequantize: axis {x.axis} out of range for {x.shape}")
+    s, z = _axis_params(ctx, x)
+
+    def bind(ins, outs, sc):
+        xi, yo, subtract, multiply, f32 = ins[0], outs[0], np.subtract, np.multiply, np.float32
+
+        def run():
+            subtract(xi, z, out=yo, dtype=f32)
+            multiply(yo, s, out=yo)
+        return run
+    return [x.shape], bind

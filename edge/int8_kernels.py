@@ -1,0 +1,318 @@
+"""int8 kernels with integer semantics: conv, depthwise conv, dense/matmul, pooling.
+
+Conventions the quantizer writes and these kernels check:
+- activations are int8, per-tensor (scale, zero point);
+- conv weights are constant int8 [O, I/groups, kh, kw], per-channel along axis 0 (or per-tensor);
+  MatMul weights are constant int8 [K, N] (axis 1) or [N, K] with transpose_b (axis 0); a MatMul
+  of two activations takes per-tensor parameters for both;
+- biases are int32 with scale s_x * s_w[c] and zero point 0;
+- a fused activation (none, relu, relu6) is a clamp in the output's quantized domain.
+
+Accumulators are exact integers: (x - zx) and (w - zw) are held as float32 (float64 when a bound
+on the partial sums reaches 2^24, see quant.exact_dtype), so each GEMM runs at BLAS speed. The
+requantization is quant.Requantizer (fixed point, one rounding). Elementwise int8 kernels are in
+int8_elementwise.py.
+
+prepare(ctx) returns (output shapes, bind); bind(inputs, outputs, scratch) returns a step taking
+no arguments that writes its outputs in place.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .format import EdgeModelError
+from .opcontext import OpContext, conv_out
+from .quant import Requantizer, activation_bounds, exact_dtype, int8_range
+
+INT8_KERNELS: Dict[str, Callable] = {}
+
+
+def int8_kernel(*names):
+    def deco(f):
+        for n in names:
+            INT8_KERNELS[n] = f
+        return f
+    return deco
+
+
+def _borders(a: np.ndarray, t: int, b: int, l: int, r: int) -> List[np.ndarray]:
+    """The padding strips of a [..., Hp, Wp] array around its interior."""
+    hp, wp = a.shape[-2:]
+    views = [a[..., :t, :], a[..., hp - b:, :], a[..., t:hp - b, :l], a[..., t:hp - b, wp - r:]]
+    return [v for v, n in zip(views, (t, b, l, r)) if n]
+
+
+def _bias(ctx: OpContext, o: int, sx: float, sw: np.ndarray):
+    if len(ctx.inputs) < 3:
+        return None
+    bt = ctx.inputs[2]
+    ctx.dtype(bt, "int32")
+    b = ctx.constant(bt)
+    if b.shape != (o,):
+        raise EdgeModelError(f"{ctx.op}: bias '{bt.name}' has shape {b.shape}, expected ({o},)")
+    if len(bt.scale):
+        want = sx * sw
+        got = np.broadcast_to(bt.scale.astype(np.float64), want.shape)
+        if np.any(np.abs(got - want) > 1e-4 * want) or np.any(bt.zero_point != 0):
+            raise EdgeModelError(f"{ctx.op}: bias '{bt.name}' must have scale s_x * s_w and zero point 0")
+    return b.astype(np.int64)
+
+
+def _conv_geometry(ctx: OpContext, x, w):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    sh, sw = ctx.ints("strides", 2, (1, 1), lo=1)
+    dh, dw = ctx.ints("dilations", 2, (1, 1), lo=1)
+    t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
+    groups = ctx.one_int("groups", 1, lo=1)
+    if c % groups or o % groups or cg != c // groups or min(o, cg, kh, kw) < 1:
+        raise EdgeModelError(f"{ctx.op}: input channels {c} and weights {w.shape} do not fit groups={groups}")
+    oh = conv_out(ctx.op, h, kh, sh, dh, t, b)
+    ow = conv_out(ctx.op, wd, kw, sw, dw, l, r)
+    return n, c, h, wd, o, cg, kh, kw, sh, sw, dh, dw, t, b, l, r, groups, oh, ow
+
+
+@int8_kernel("Conv2D", "FusedConv2D")
+def conv(ctx: OpContext):
+    ctx.arity(2, 3)
+    x, w, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    ctx.rank(x, 4), ctx.rank(w, 4), ctx.dtype(x, "int8"), ctx.dtype(w, "int8"), ctx.dtype(y, "int8")
+    n, c, h, wd, o, cg, kh, kw, sh, sw_, dh, dw, t, b, l, r, groups, oh, ow = _conv_geometry(ctx, x, w)
+    sx, zx = ctx.per_tensor(x)
+    sy, zy = ctx.per_tensor(y)
+    sw, zw = ctx.per_channel(w, 0)
+    wi = ctx.constant(w).astype(np.int64) - zw.reshape(o, 1, 1, 1)
+    bound = int8_range(zx) * int(np.abs(wi).reshape(o, -1).sum(axis=1).max())
+    ft = exact_dtype(bound)
+    bias = _bias(ctx, o, sx, sw)
+    lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
+    depthwise = groups == c and cg == 1 and o == c
+    hp, wp, kk = h + t + b, wd + l + r, kh * kw
+    if depthwise:
+        rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (1, c, 1, 1))
+        wc = np.ascontiguousarray(wi.reshape(c, 1, kk).astype(ft))
+        i_pad, i_cols = ctx.scratch((n, c, hp, wp), ft), ctx.scratch((c, kk, oh * ow), ft)
+        i_acc, i_tmp = ctx.scratch((n, c, oh, ow), ft), ctx.scratch((n, c, oh, ow), np.int64)
+
+        def bind_dw(ins, outs, sc):
+            xpad, cols, acc = sc[i_pad], sc[i_cols], sc[i_acc]
+            borders, inner = _borders(xpad, t, b, l, r), xpad[:, :, t:t + h, l:l + wd]
+            s0, s1, s2, s3 = xpad.strides
+            win = as_strided(xpad, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw_ * s3),
+                             writeable=False)
+            cols6 = cols.reshape(c, kh, kw, oh, ow)
+            accs = [acc[i].reshape(c, 1, oh * ow) for i in range(n)]
+            requant, xin = rq.bind(acc, outs[0], sc[i_tmp]), ins[0]
+            subtract, copyto, matmul = np.subtract, np.copyto, np.matmul
+
+            def run():
+                for v in borders:
+                    v.fill(0)
+                subtract(xin, zx, out=inner, dtype=ft)
+                for i in range(n):
+                    copyto(cols6, win[i])
+                    matmul(wc, cols, out=accs[i])
+                requant()
+            return run
+        return [(n, o, oh, ow)], bind_dw
+    og, kg = o // groups, cg * kk
+    rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (o, 1, 1, 1))
+    wg = [np.ascontiguousarray(wi[g * og:(g + 1) * og].reshape(og, kg).astype(ft)) for g in range(groups)]
+    pointwise = kk == 1 and (sh, sw_) == (1, 1) and not (t or b or l or r)
+    i_pad = ctx.scratch((c, n, hp, wp), ft)
+    i_cols = None if pointwise else ctx.scratch((c * kk, n * oh * ow), ft)
+    i_acc, i_tmp = ctx.scratch((o, n * oh * ow), ft), ctx.scratch((o, n, oh, ow), np.int64)
+
+    def bind(ins, outs, sc):
+        xpad, acc = sc[i_pad], sc[i_acc]
+        borders, inner = _borders(xpad, t, b, l, r), xpad[:, :, t:t + h, l:l + wd]
+        if pointwise:
+            cols, cols6, win = xpad.reshape(c, n * h * wd), None, None
+        else:
+            cols = sc[i_cols]
+            s0, s1, s2, s3 = xpad.strides
+            win = as_strided(xpad, (c, kh, kw, n, oh, ow), (s0, dh * s2, dw * s3, s1, sh * s2, sw_ * s3),
+                             writeable=False)
+            cols6 = cols.reshape(c, kh, kw, n, oh, ow)
+        gemms = [(wg[g], cols[g * kg:(g + 1) * kg], acc[g * og:(g + 1) * og]) for g in range(groups)]
+        xin = ins[0].transpose(1, 0, 2, 3)
+        requant = rq.bind(acc.reshape(o, n, oh, ow), outs[0].transpose(1, 0, 2, 3), sc[i_tmp])
+        subtract, copyto, matmul = np.subtract, np.copyto, np.matmul
+
+        def run():
+            for v in borders:
+                v.fill(0)
+            subtract(xin, zx, out=inner, dtype=ft)
+            if cols6 is not None:
+                copyto(cols6, win)
+            for wm, cm, am in gemms:
+                matmul(wm, cm, out=am)
+            requant()
+        return run
+    return [(n, o, oh, ow)], bind
+
+
+@int8_kernel("MatMul", "FusedMatMul")
+def matmul(ctx: OpContext):
+    ctx.arity(2, 3)
+    a, bt, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    ctx.dtype(a, "int8"), ctx.dtype(bt, "int8"), ctx.dtype(y, "int8")
+    if len(a.shape) < 2 or len(bt.shape) < 2:
+        raise EdgeModelError(f"{ctx.op}: operands must have rank >= 2, got {a.shape} and {bt.shape}")
+    ta, tb = ctx.one_int("transpose_a", 0, 0, 1), ctx.one_int("transpose_b", 0, 0, 1)
+    m, k = (a.shape[-1], a.shape[-2]) if ta else a.shape[-2:]
+    k2, nn = (bt.shape[-1], bt.shape[-2]) if tb else bt.shape[-2:]
+    if k != k2:
+        raise EdgeModelError(f"{ctx.op}: inner dimensions differ: {a.shape} x {bt.shape} (transpose {ta}, {tb})")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], bt.shape[:-2])
+    except ValueError:
+        raise EdgeModelError(f"{ctx.op}: batch dimensions of {a.shape} and {bt.shape} do not broadcast") from None
+    sa, za = ctx.per_tensor(a)
+    sy, zy = ctx.per_tensor(y)
+    lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
+    a_shape = a.shape[:-2] + (m, k)
+    out_shape = tuple(batch) + (m, nn)
+    if bt.data is not None and len(bt.shape) == 2:
+        sb, zb = ctx.per_channel(bt, 0 if tb else 1)
+        bi = bt.data.astype(np.int64)
+        bi = (bi.T if tb else bi) - zb.reshape(1, nn)  # [K, N]
+        bound = int8_range(za) * int(np.abs(bi).sum(axis=0).max())
+        ft = exact_dtype(bound)
+        const_b, b_shape = np.ascontiguousarray(bi.astype(ft)), None
+    else:
+        sb1, zb1 = ctx.per_tensor(bt)
+        sb, zb = np.full(nn, sb1), np.full(nn, zb1)
+        bound = int8_range(za) * int8_range(zb1) * k
+        ft = exact_dtype(bound)
+        const_b, b_shape = None, bt.shape[:-2] + (k, nn)
+    bias = _bias(ctx, nn, sa, sb)
+    rq = Requantizer(sa * sb / sy, zy, lo, hi, bound, bias, (nn,))
+    i_a, i_acc, i_tmp = ctx.scratch(a_shape, ft), ctx.scratch(out_shape, ft), ctx.scratch(out_shape, np.int64)
+    i_b = None if b_shape is None else ctx.scratch(b_shape, ft)
+
+    def bind(ins, outs, sc):
+        af, acc = sc[i_a], sc[i_acc]
+        ain = ins[0].swapaxes(-1, -2) if ta else ins[0]
+        bin_ = None if i_b is None else (ins[1].swapaxes(-1, -2) if tb else ins[1])
+        bf = const_b if i_b is None else sc[i_b]
+        zb0 = int(zb[0])
+        requant = rq.bind(acc, outs[0], sc[i_tmp])
+        subtract, matmul = np.subtract, np.matmul
+
+        def run():
+            subtract(ain, za, out=af, dtype=ft)
+            if bin_ is not None:
+                subtract(bin_, zb0, out=bf, dtype=ft)
+            matmul(af, bf, out=acc)
+            requant()
+        return run
+    return [out_shape], bind
+
+
+def _pool_geometry(ctx: OpContext):
+    ctx.arity(1, 1)
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    ctx.rank(x, 4), ctx.dtype(x, "int8"), ctx.dtype(y, "int8")
+    n, c, h, w = x.shape
+    kh, kw = ctx.ints("ksize", 2, lo=1)
+    sh, sw = ctx.ints("strides", 2, (kh, kw), lo=1)
+    t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
+    oh, ow = conv_out(ctx.op, h, kh, sh, 1, t, b), conv_out(ctx.op, w, kw, sw, 1, l, r)
+    if ctx.per_tensor(x) != ctx.per_tensor(y):
+        raise EdgeModelError(f"{ctx.op}: int8 pooling keeps its input's scale and zero point; "
+                             f"'{y.name}' has different ones")
+    taps = [(slice(None), slice(None), slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
+            for i in range(kh) for j in range(kw)]
+    return (n, c, h, w, t, b, l, r, oh, ow), taps
+
+
+@int8_kernel("MaxPool")
+def max_pool(ctx: OpContext):
+    (n, c, h, w, t, b, l, r, oh, ow), taps = _pool_geometry(ctx)
+    padded = bool(t or b or l or r)
+    i_pad = ctx.scratch((n, c, h + t + b, w + l + r), np.int8) if padded else None
+
+    def bind(ins, outs, sc):
+        src, y = (sc[i_pad] if padded else ins[0]), outs[0]
+        borders = _borders(src, t, b, l, r) if padded else []
+        inner, x = src[:, :, t:t + h, l:l + w], ins[0]
+        views = [src[tp] for tp in taps]
+        first, rest = views[0], views[1:]
+        copyto, maximum = np.copyto, np.maximum
+
+        def run():
+            if padded:
+                for v in borders:
+                    v.fill(-128)
+                copyto(inner, x)
+            copyto(y, first)
+            for v in rest:
+                maximum(y, v, out=y)
+        return run
+    return [(n, c, oh, ow)], bind
+
+
+@int8_kernel("AvgPool")
+def avg_pool(ctx: OpContext):
+    """Sums raw int8 values over the real (unpadded) elements of each window, then rounds
+    sum / count half up: floor((2 * sum + count) / (2 * count))."""
+    (n, c, h, w, t, b, l, r, oh, ow), taps = _pool_geometry(ctx)
+    ones = np.zeros((1, 1, h + t + b, w + l + r), np.int32)
+    ones[:, :, t:t + h, l:l + w] = 1
+    count = sum(ones[tp] for tp in taps)
+    cnt = np.int32(count.flat[0]) if np.all(count == count.flat[0]) else count
+    cnt2 = cnt * 2
+    i_pad, i_acc = ctx.scratch((n, c, h + t + b, w + l + r), np.int32), ctx.scratch((n, c, oh, ow), np.int32)
+
+    def bind(ins, outs, sc):
+        src, acc, x, y = sc[i_pad], sc[i_acc], ins[0], outs[0]
+        borders, inner = _borders(src, t, b, l, r), src[:, :, t:t + h, l:l + w]
+        views = [src[tp] for tp in taps]
+        first, rest = views[0], views[1:]
+        copyto, add, multiply, floor_divide = np.copyto, np.add, np.multiply, np.floor_divide
+
+        def run():
+            for v in borders:
+                v.fill(0)
+            copyto(inner, x)
+            copyto(acc, first)
+            for v in rest:
+                add(acc, v, out=acc)
+            multiply(acc, 2, out=acc)
+            add(acc, cnt, out=acc)
+            floor_divide(acc, cnt2, out=acc)
+            copyto(y, acc, casting="unsafe")
+        return run
+    return [(n, c, oh, ow)], bind
+
+
+@int8_kernel("GlobalAvgPool")
+def global_avg_pool(ctx: OpContext):
+    """y = requantize(sum(x - zx) over H*W) with multiplier s_x / (s_y * H * W)."""
+    ctx.arity(1, 1)
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    ctx.rank(x, 4), ctx.dtype(x, "int8"), ctx.dtype(y, "int8")
+    n, c, h, w = x.shape
+    keep = ctx.one_int("keepdims", 0, 0, 1)
+    sx, zx = ctx.per_tensor(x)
+    sy, zy = ctx.per_tensor(y)
+    hw = h * w
+    rq = Requantizer(sx / (sy * hw), zy, -128, 127, 128 * hw, [-hw * zx])
+    i_acc, i_tmp = ctx.scratch((n, c), np.int64), ctx.scratch((n, c), np.int64)
+
+    def bind(ins, outs, sc):
+        acc, x3 = sc[i_acc], ins[0].reshape(n, c, hw)
+        requant, total = rq.bind(acc, outs[0].reshape(n, c), sc[i_tmp]), np.sum
+
+        def run():
+            total(x3, axis=2, dtype=np.int64, out=acc)
+            requant()
+        return run
+    return [(n, c, 1, 1) if keep else (n, c)], bind
+
+
+from . import int8_elementwise  # noqa: E402,F401  (registers the elementwise kernels)

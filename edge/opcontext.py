@@ -1,0 +1,179 @@
+"""What a kernel's prepare sees: its tensors (resolved shapes, dtypes, quantization, constant data),
+its attributes with checked accessors, and a way to ask the arena for scratch memory.
+
+Every accessor validates what it returns (kind, length, range), so a hostile attribute becomes an
+EdgeModelError naming it, and no geometry a kernel derives can ask for unbounded memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .format import EdgeModelError
+
+MAX_DIM = 1 << 31
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+    scale: np.ndarray  # float32, empty when not quantized
+    zero_point: np.ndarray  # int64
+    axis: int  # -1: per tensor
+    data: Optional[np.ndarray] = None  # constants only (a read-only view of the file)
+
+
+class OpContext:
+    def __init__(self, op: str, attrs: Dict[str, object], inputs: List[Optional[TensorSpec]],
+                 outputs: List[TensorSpec]):
+        self.op, self.attrs, self.inputs, self.outputs = op, attrs, inputs, outputs
+        self.scratch_specs: List[Tuple[Tuple[int, ...], np.dtype]] = []
+
+    # ---- scratch -------------------------------------------------------------------------------
+    def scratch(self, shape: Sequence[int], dtype) -> int:
+        """Ask for a scratch array alive during this op only; bind() receives it at this index."""
+        self.scratch_specs.append((tuple(int(d) for d in shape), np.dtype(dtype)))
+        return len(self.scratch_specs) - 1
+
+    # ---- checked attributes ----------------------------------------------------------------------
+    def ints(self, name: str, n: int, default: Optional[Sequence[int]] = None, lo: int = 0,
+             hi: int = MAX_DIM) -> Tuple[int, ...]:
+        v = self.attrs.get(name, default)
+        if v is None:
+            raise EdgeModelError(f"{self.op}: attribute '{name}' is required")
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            v = (int(v),) * n
+        if not isinstance(v, (tuple, list)) or len(v) != n or not all(isinstance(a, (int, np.integer)) for a in v):
+            raise EdgeModelError(f"{self.op}: attribute '{name}' must be {n} ints, got {v!r}")
+        if not all(lo <= a <= hi for a in v):
+            raise EdgeModelError(f"{self.op}: attribute '{name}' = {tuple(v)} outside [{lo}, {hi}]")
+        return tuple(int(a) for a in v)
+
+    def one_int(self, name: str, default: Optional[int] = None, lo: int = -MAX_DIM, hi: int = MAX_DIM) -> int:
+        return self.ints(name, 1, None if default is None else (default,), lo, hi)[0]
+
+    def choice(self, name: str, default: str, choices: Sequence[str]) -> str:
+        v = self.attrs.get(name, default)
+        if v not in choices:
+            raise EdgeModelError(f"{self.op}: attribute '{name}' = {v!r}; expected one of {', '.join(choices)}")
+        return v
+
+    def number(self, name: str, default: float) -> float:
+        v = self.attrs.get(name, default)
+        if not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise EdgeModelError(f"{self.op}: attribute '{name}' must be a finite number, got {v!r}")
+        return float(v)
+
+    def axis(self, name: str, rank: int, default: int) -> int:
+        return self.one_int(name, default, -rank, rank - 1) % rank
+
+    # ---- checked tensors -----------------------------------------------------------------------
+    def arity(self, lo: int, hi: int) -> None:
+        n = len(self.inputs)
+        if not lo <= n <= hi or any(t is None for t in self.inputs):
+            raise EdgeModelError(f"{self.op}: takes {lo}..{hi} inputs, got {n}")
+        if len(self.outputs) != 1:
+            raise EdgeModelError(f"{self.op}: makes one output, the file lists {len(self.outputs)}")
+
+    def rank(self, t: TensorSpec, r: int) -> None:
+        if len(t.shape) != r:
+            raise EdgeModelError(f"{self.op}: '{t.name}' must have rank {r}, got shape {t.shape}")
+
+    def dtype(self, t: TensorSpec, *names: str) -> None:
+        if t.dtype.name not in names:
+            raise EdgeModelError(f"{self.op}: '{t.name}' is {t.dtype.name}, expected {' or '.join(names)}")
+
+    def per_tensor(self, t: TensorSpec) -> Tuple[float, int]:
+        """(scale, zero_point) of a per-tensor quantized int8 tensor."""
+        if len(t.scale) != 1 or t.axis != -1:
+            raise EdgeModelError(f"{self.op}: '{t.name}' needs one scale (per-tensor quantization), "
+                                 f"has {len(t.scale)} (axis {t.axis})")
+        scale, zp = float(t.scale[0]), int(t.zero_point[0]) if len(t.zero_point) else 0
+        _check_qparams(self.op, t.name, scale, zp)
+        return scale, zp
+
+    def per_channel(self, t: TensorSpec, axis: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Scales and zero points (float64, int64) per index along `axis` (a per-tensor pair broadcast)."""
+        n = t.shape[axis]
+        if len(t.scale) == 1 and t.axis == -1:
+            s, z = self.per_tensor(t)
+            return np.full(n, s), np.full(n, z, np.int64)
+        if t.axis != axis or len(t.scale) != n:
+            raise EdgeModelError(f"{self.op}: '{t.name}' needs per-tensor or per-axis {axis} quantization "
+                                 f"({n} scales), has {len(t.scale)} scales on axis {t.axis}")
+        zp = t.zero_point if len(t.zero_point) else np.zeros(n, np.int64)
+        for s, z in zip(t.scale, zp):
+            _check_qparams(self.op, t.name, float(s), int(z))
+        return t.scale.astype(np.float64), zp.astype(np.int64)
+
+    def constant(self, t: TensorSpec) -> np.ndarray:
+        if t.data is None:
+            raise EdgeModelError(f"{self.op}: '{t.name}' must be a constant in the file")
+        return t.data
+
+
+def _check_qparams(op: str, name: str, scale: float, zp: int) -> None:
+    if not (np.isfinite(scale) and scale > 0):
+        raise EdgeModelError(f"{op}: '{name}' has scale {scale}; it must be positive and finite")
+    if not -128 <= zp <= 127:
+        raise EdgeModelError(f"{op}: '{name}' has zero point {zp} outside int8")
+
+
+def conv_out(op: str, size: int, k: int, stride: int, dilation: int, pad0: int, pad1: int) -> int:
+    """Output length of a window sweep; pads beyond the window's reach are refused (they would only
+    add all-padding windows, and they bound the padded scratch by the input's size)."""
+    eff = (k - 1) * dilation + 1
+    if max(pad0, pad1) > eff - 1 and max(pad0, pad1) > 0:
+        raise EdgeModelError(f"{op}: padding {pad0},{pad1} exceeds the window's reach {eff - 1}")
+    o = (size + pad0 + pad1 - eff) // stride + 1
+    if o <= 0:
+        raise EdgeModelError(f"{op}: window {k} (dilation {dilation}) does not fit input {size} "
+                             f"with padding {pad0},{pad1}")
+    return o
+
+
+def check_window_attrs(op: str, attrs: Dict[str, object], in_shapes: List[Tuple[int, ...]]) -> None:
+    """What the fp32 kernels (kernels.py) take on trust, checked before their prepare: ranks, window
+    geometry, padding within the window's reach, bias and concat shapes."""
+    ctx = OpContext(op, attrs, [], [])
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise EdgeModelError(f"{op}: {what} (input shapes {in_shapes})")
+    if op in ("Conv2D", "FusedConv2D"):
+        need(len(in_shapes) in (2, 3) and len(in_shapes[0]) == 4 and len(in_shapes[1]) == 4, "needs NCHW x, OIHW w")
+        (n, c, h, w), (o, cg, kh, kw) = in_shapes[0], in_shapes[1]
+        sh, sw = ctx.ints("strides", 2, (1, 1), lo=1)
+        dh, dw = ctx.ints("dilations", 2, (1, 1), lo=1)
+        t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
+        g = ctx.one_int("groups", 1, lo=1)
+        need(min(o, cg, kh, kw) >= 1 and c % g == 0 and o % g == 0 and cg == c // g, f"weights do not fit groups={g}")
+        conv_out(op, h, kh, sh, dh, t, b), conv_out(op, w, kw, sw, dw, l, r)
+        need(len(in_shapes) == 2 or tuple(in_shapes[2]) == (o,), f"bias must be ({o},)")
+    elif op in ("MaxPool", "AvgPool"):
+        need(len(in_shapes) == 1 and len(in_shapes[0]) == 4, "needs one NCHW input")
+        n, c, h, w = in_shapes[0]
+        kh, kw = ctx.ints("ksize", 2, lo=1)
+        sh, sw = ctx.ints("strides", 2, (kh, kw), lo=1)
+        t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
+        conv_out(op, h, kh, sh, 1, t, b), conv_out(op, w, kw, sw, 1, l, r)
+    elif op == "Pad":
+        need(len(in_shapes) == 1, "takes one input")
+        ctx.ints("paddings", 2 * len(in_shapes[0]), lo=0, hi=1 << 16)
+    elif op == "BiasAdd":
+        need(len(in_shapes) == 2 and len(in_shapes[0]) >= 1, "takes x and a bias")
+        axis = ctx.axis("axis", len(in_shapes[0]), -1)
+        need(tuple(in_shapes[1]) == (in_shapes[0][axis],), f"bias must match axis {axis}")
+    elif op == "Concat":
+        need(len(in_shapes) >= 1, "needs inputs")
+        axis = ctx.axis("axis", len(in_shapes[0]), 0)
+        need(all(len(s) == len(in_shapes[0]) and all(a == b for k, (a, b) in enumerate(zip(s, in_shapes[0]))
+                                                     if k != axis) for s in in_shapes), "shapes differ off the axis")
+    elif op in ("Softmax", "GlobalAvgPool", "Flatten"):
+        need(len(in_shapes) == 1 and len(in_shapes[0]) >= (4 if op == "GlobalAvgPool" else 1), "bad input rank")
+        if op != "GlobalAvgPool":
+            ctx.axis("axis", len(in_shapes[0]) + (op == "Flatten"), -1 if op == "Softmax" else 1)

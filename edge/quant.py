@@ -1,0 +1,121 @@
+"""Fixed-point arithmetic shared by the int8 kernels.
+
+A real multiplier M (say s_x * s_w / s_y) is held as an int32 `q` in [2^30, 2^31) and a right
+shift `s` with M ~= q * 2^-s. Requantizing an integer v is one rounding, half up, in int64:
+
+    y = clamp(((v + bias) * q + 2^(s-1)) >> s) + zero_point, lo, hi)
+
+(TFLite's single-rounding scheme). The tests write this definition out again in plain int64 numpy
+and compare bit for bit. The kernels fold bias, rounding and zero point into one per-channel
+constant, so a requantization costs four ufunc calls.
+
+int8 GEMMs run as float32 GEMMs on int8-valued arrays: exact while every partial sum stays below
+2^24, which `exact_dtype` checks from a bound on the accumulator (float64, exact to 2^53, otherwise).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple, Union
+
+import numpy as np
+
+from .format import EdgeModelError
+
+F32_EXACT = 1 << 24
+MAX_SHIFT = 62
+I64_LIMIT = 1 << 63
+
+
+def quantize_multiplier(m: float) -> Tuple[int, int]:
+    """(q, s) with m ~= q * 2^-s and q in [2^30, 2^31)."""
+    if not (math.isfinite(m) and m > 0):
+        raise EdgeModelError(f"requantization multiplier {m!r} must be positive and finite")
+    mant, e = math.frexp(m)  # m = mant * 2^e, mant in [0.5, 1)
+    q = int(round(mant * (1 << 31)))
+    if q == 1 << 31:
+        q, e = q >> 1, e + 1
+    s = 31 - e
+    if not 1 <= s <= MAX_SHIFT:
+        raise EdgeModelError(f"requantization multiplier {m:g} is outside [2^-31, 2^30)")
+    return q, s
+
+
+def exact_dtype(acc_bound: float) -> np.dtype:
+    """float32 when a GEMM whose partial sums are bounded by acc_bound is exact in it, else float64."""
+    if acc_bound < F32_EXACT:
+        return np.dtype(np.float32)
+    if acc_bound < 1 << 53:
+        return np.dtype(np.float64)
+    raise EdgeModelError(f"int8 accumulator bound {acc_bound:g} exceeds 2^53")
+
+
+def int8_range(zero_point: int) -> int:
+    """max |x - zero_point| over int8 x."""
+    return max(127 - zero_point, zero_point + 128)
+
+
+def activation_bounds(activation: str, scale: float, zero_point: int) -> Tuple[int, int]:
+    """The int8 clamp [lo, hi] of a fused activation in the output's quantized domain."""
+    lo, hi = -128, 127
+    if activation in ("relu", "relu6"):
+        lo = max(lo, zero_point)
+    if activation == "relu6":
+        hi = min(hi, zero_point + int(round(6.0 / scale)))
+    elif activation not in ("none", "", "relu"):
+        raise EdgeModelError(f"fused activation {activation!r} has no int8 kernel (none, relu, relu6)")
+    if lo > hi:
+        raise EdgeModelError(f"activation {activation} with scale {scale} and zero point {zero_point} "
+                             "leaves no int8 values")
+    return lo, hi
+
+
+class Requantizer:
+    """out = clamp(((acc + bias) * q + 2^(s-1)) >> s) + zp, lo, hi), per channel along one axis.
+
+    multipliers: one per channel (or one); bias: per channel ints (or None); acc_bound: max |acc|,
+    used to prove int64 never overflows; channel_shape: the broadcast shape of a per-channel vector.
+    """
+
+    def __init__(self, multipliers: Union[float, Sequence[float]], zero_point: int, lo: int, hi: int,
+                 acc_bound: int, bias=None, channel_shape: Tuple[int, ...] = (-1,)):
+        ms = np.atleast_1d(np.asarray(multipliers, dtype=np.float64))
+        qs = [quantize_multiplier(float(m)) for m in ms]
+        n = len(qs) if bias is None else max(len(qs), len(bias))
+        if len(qs) not in (1, n):
+            raise EdgeModelError(f"{len(qs)} multipliers for {n} channels")
+        if len(qs) == 1:
+            qs = qs * n
+        b = [0] * n if bias is None else [int(v) for v in bias]
+        consts, worst = [], 0
+        for (q, s), bv in zip(qs, b):
+            c = bv * q + (1 << (s - 1)) + (int(zero_point) << s)
+            consts.append(c)
+            worst = max(worst, int(acc_bound) * q + abs(c))
+        if worst >= I64_LIMIT:
+            raise EdgeModelError("requantization could overflow int64 (bias, zero point or multiplier out of range)")
+        self.lo, self.hi = int(lo), int(hi)
+        if len(set(qs)) == 1 and len(set(consts)) == 1:
+            self.q, self.c, self.s = np.int64(qs[0][0]), np.int64(consts[0]), np.int64(qs[0][1])
+        else:
+            self.q = np.array([q for q, _ in qs], np.int64).reshape(channel_shape)
+            self.c = np.array(consts, np.int64).reshape(channel_shape)
+            shifts = {s for _, s in qs}
+            self.s = np.int64(shifts.pop()) if len(shifts) == 1 else \
+                np.array([s for _, s in qs], np.int64).reshape(channel_shape)
+
+    def bind(self, acc: np.ndarray, out: np.ndarray, tmp: np.ndarray):
+        """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64)."""
+        q, c, s, lo, hi = self.q, self.c, self.s, self.lo, self.hi
+        multiply, add, right_shift, clip, i64 = np.multiply, np.add, np.right_shift, np.clip, np.int64
+
+        def run():
+            multiply(acc, q, out=tmp, dtype=i64, casting="unsafe")
+            add(tmp, c, out=tmp)
+            right_shift(tmp, s, out=tmp)
+            clip(tmp, lo, hi, out=out, casting="unsafe")
+        return run
+
+    def table(self, values: np.ndarray) -> np.ndarray:
+        """The requantization of each value (int64 in, int8 out) computed once, for lookup tables."""
+        v = (values.astype(np.int64) * self.q + self.c) >> self.s
+        return np.clip(v, self.lo, self.hi).astype(np.int8)

@@ -1,7 +1,13 @@
 """Shape and layout ops: reshape, transpose, concat, split, slice and indexing, pad, squeeze,
-expand_dims, shape, fill/zeros/ones, tile, broadcast_to, one_hot."""
+expand_dims, shape, fill/zeros/ones, tile, broadcast_to, one_hot.
+
+Kernels return numpy views wherever numpy does (reshape, transpose, split, slicing, squeeze,
+expand_dims, broadcast_to), so these ops move no data.
+"""
 from __future__ import annotations
 
+import builtins
+import math as _math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -10,12 +16,13 @@ from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, elementwise_cost, register
-from ..shapes import as_shape, broadcast, fmt, fully_defined, normalize_axis, num_elements
+from ..shapes import as_shape, fmt, fully_defined, normalize_axis, num_elements
 from .base import constant, convert, make
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "strided_slice", "pad", "squeeze", "expand_dims",
            "unsqueeze", "shape", "fill", "zeros", "ones", "tile", "broadcast_to", "one_hot", "flatten"]
 
+_py_slice = builtins.slice  # `slice` below is the op builder
 _FREE = lambda node: Cost(0, 0, 0)  # noqa: E731  (views: no data moves)
 
 
@@ -23,7 +30,44 @@ def _out(op, inputs, attrs=None, name=None) -> Tensor:
     return make(op, inputs, attrs, name=name).outputs[0]
 
 
-# ---- Reshape ------------------------------------------------------------------------------------
+def _ints(values, what: str) -> tuple:
+    if isinstance(values, Tensor):
+        raise TypeError(f"{what} must be static Python ints, not tensor '{values.name}'")
+    return tuple(int(v) for v in values)
+
+
+def static_value(t: Tensor) -> Optional[tuple]:
+    """What the graph tells, before running it, of a 0-d or 1-d integer tensor: a tuple of its
+    entries (None where unknown), or None when nothing is known. `fill(shape(x))` and friends use
+    it to keep x's static shape."""
+    n = t.node
+    if t.dtype.kind not in "iu" or len(t.shape) > 1:
+        return None
+    if n.op == "Const":
+        return tuple(int(v) for v in n.attrs["value"].reshape(-1))
+    if n.op == "Shape":
+        return n.inputs[0].shape
+    if n.op in ("Identity", "Cast", "ExpandAxes", "Reshape", "StopGradient"):
+        return static_value(n.inputs[0]) if num_elements(t.shape) is not None else None
+    if n.op == "Concat":
+        out = []
+        for i in n.inputs:
+            part = static_value(i)
+            if part is None:
+                if i.shape[0] is None:
+                    return None
+                part = (None,) * i.shape[0]
+            out.extend(part)
+        return tuple(out)
+    if n.op == "StridedSlice":
+        v = static_value(n.inputs[0])
+        if v is None or len(n.inputs[0].shape) != 1:
+            return None
+        return tuple(np.array(v, dtype=object)[_index_tuple(n.attrs["spec"])].reshape(-1).tolist())
+    return None
+
+
+# ---- Reshape, Flatten ---------------------------------------------------------------------------
 def _infer_reshape(node):
     x = node.inputs[0]
     target = tuple(node.attrs["shape"])
@@ -32,24 +76,19 @@ def _infer_reshape(node):
     if any(d < -1 for d in target):
         raise ShapeError(f"reshape target {target} has a negative size")
     n = num_elements(x.shape)
-    known = 1
-    for d in target:
-        if d != -1:
-            known *= d
-    out = []
-    for d in target:
-        if d == -1:
-            if n is None:
-                out.append(None)
-            else:
-                if known == 0 or n % known:
-                    raise ShapeError(f"cannot reshape {fmt(x.shape)} ({n} elements) to {target}")
-                out.append(n // known)
-        else:
-            out.append(d)
-    if n is not None and -1 not in target and known != n:
+    known = _math.prod(d for d in target if d != -1)
+    if n is None:
+        x_known = _math.prod(d for d in x.shape if d is not None)
+        if -1 not in target and x_known and known % x_known:
+            raise ShapeError(f"cannot reshape {fmt(x.shape)} to {target}: {known} elements is no multiple of {x_known}")
+        return [(x.dtype, tuple(None if d == -1 else d for d in target))]
+    if -1 in target:
+        if known == 0 or n % known:
+            raise ShapeError(f"cannot reshape {fmt(x.shape)} ({n} elements) to {target}")
+        return [(x.dtype, tuple(n // known if d == -1 else d for d in target))]
+    if known != n:
         raise ShapeError(f"cannot reshape {fmt(x.shape)} ({n} elements) to {target}")
-    return [(x.dtype, tuple(out))]
+    return [(x.dtype, target)]
 
 
 def _g_reshape(node, dys):
@@ -61,14 +100,23 @@ def _g_reshape(node, dys):
 
 register(OpDef("Reshape", inputs=("x",), attrs={"shape": None}, infer=_infer_reshape,
                kernel=lambda node, ctx: (lambda x, s=tuple(node.attrs["shape"]): x.reshape(s)),
-               grad=_g_reshape, cost=_FREE))
+               grad=_g_reshape, cost=_FREE, doc="shape: ints, one of them may be -1."))
 register(OpDef("ReshapeLike", inputs=("x", "like"),
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)],
                kernel=lambda node, ctx: (lambda x, like: x.reshape(like.shape)),
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE))
+               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE,
+               doc="x reshaped to like's run-time shape (gradients through unknown dims)."))
 
 
 def reshape(x, shape, name=None) -> Tensor:
+    """`shape` is a sequence of ints (None or -1 once, for the dim to infer) or an int tensor whose
+    value the graph knows statically (e.g. shape(y)); dynamic target shapes are not supported."""
+    if isinstance(shape, Tensor):
+        v = static_value(shape)
+        if v is None or len(shape.shape) != 1 or sum(d is None for d in v) > 1:
+            raise TypeError(f"reshape needs a static target shape; '{shape.name}' is only known at run time "
+                            "(use -1 for one unknown dim)")
+        shape = v
     return _out("Reshape", (convert(x),), {"shape": tuple(-1 if d is None else int(d) for d in shape)}, name=name)
 
 
@@ -79,8 +127,8 @@ def _infer_flatten(node):
 
 
 register(OpDef("Flatten", inputs=("x",), attrs={"axis": 1}, infer=_infer_flatten,
-               kernel=lambda node, ctx: (lambda x, a=node.attrs["axis"]: x.reshape(
-                   (int(np.prod(x.shape[:a])), -1) if x.size else (int(np.prod(x.shape[:a])), int(np.prod(x.shape[a:]))))),
+               kernel=lambda node, ctx: (lambda x, a=node.attrs["axis"], p=_math.prod:
+                                         x.reshape(p(x.shape[:a]), p(x.shape[a:]))),
                grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0]))], cost=_FREE,
                doc="[d0..d(a-1), da..] -> [prod(d0..d(a-1)), prod(da..)], as ONNX Flatten."))
 
@@ -91,7 +139,7 @@ def flatten(x, axis: int = 1, name=None) -> Tensor:
     return _out("Flatten", (x,), {"axis": normalize_axis(axis, len(x.shape) + 1)}, name=name)
 
 
-# ---- Transpose ----------------------------------------------------------------------------------
+# ---- Transpose ------------------------------------------------------------------------------------
 def _perm(node):
     rank = len(node.inputs[0].shape)
     p = node.attrs["perm"]
@@ -108,29 +156,34 @@ def _infer_transpose(node):
 
 register(OpDef("Transpose", inputs=("x",), attrs={"perm": None}, infer=_infer_transpose,
                kernel=lambda node, ctx: (lambda x, p=_perm(node): x.transpose(p)),
-               grad=lambda node, dys: [transpose(dys[0], tuple(np.argsort(_perm(node))))], cost=_FREE))
+               grad=lambda node, dys: [transpose(dys[0], tuple(int(i) for i in np.argsort(_perm(node))))],
+               cost=_FREE))
 
 
 def transpose(x, perm: Optional[Sequence[int]] = None, name=None) -> Tensor:
-    return _out("Transpose", (convert(x),), {"perm": None if perm is None else tuple(int(p) for p in perm)}, name=name)
+    return _out("Transpose", (convert(x),), {"perm": None if perm is None else _ints(perm, "perm")}, name=name)
 
 
-# ---- Concat and Split -------------------------------------------------------------------------
+# ---- Concat and Split -----------------------------------------------------------------------------
 def _infer_concat(node):
     first = node.inputs[0]
     rank = len(first.shape)
+    if rank == 0:
+        raise ShapeError("cannot concat scalars; expand_dims them first")
     axis = normalize_axis(node.attrs["axis"], rank)
-    total = 0
     out = list(first.shape)
+    total = 0
     for t in node.inputs:
         if t.dtype != first.dtype:
             raise ShapeError(f"concat operands differ in dtype: {first.dtype.name} vs {t.dtype.name}")
         if len(t.shape) != rank:
             raise ShapeError(f"concat operands differ in rank: {fmt(first.shape)} vs {fmt(t.shape)}")
-        for i, (a, b) in enumerate(zip(out, t.shape)):
-            if i != axis and a is not None and b is not None and a != b:
-                raise ShapeError(f"concat operands differ off the axis: {fmt(first.shape)} vs {fmt(t.shape)}")
-            if i != axis and a is None:
+        for i, b in enumerate(t.shape):
+            if i == axis:
+                continue
+            if out[i] is not None and b is not None and out[i] != b:
+                raise ShapeError(f"concat operands differ off axis {axis}: {fmt(first.shape)} vs {fmt(t.shape)}")
+            if out[i] is None:
                 out[i] = b
         total = None if total is None or t.shape[axis] is None else total + t.shape[axis]
     out[axis] = total
@@ -142,12 +195,11 @@ def _g_concat(node, dys):
     sizes = [t.shape[axis] for t in node.inputs]
     if all(s is not None for s in sizes):
         return split(dys[0], sizes, axis)
-    n = make("SplitLike", [dys[0]] + list(node.inputs), {"axis": axis})
-    return list(n.outputs[:len(node.inputs)])
+    return list(make("SplitLike", [dys[0]] + list(node.inputs), {"axis": axis}).outputs)
 
 
 register(OpDef("Concat", inputs=("x0", "*xs"), attrs={"axis": 0}, infer=_infer_concat,
-               kernel=lambda node, ctx: (lambda *xs, a=node.attrs["axis"]: ctx.xp.concatenate(xs, axis=a)),
+               kernel=lambda node, ctx: (lambda *xs, a=node.attrs["axis"], c=ctx.xp.concatenate: c(xs, axis=a)),
                grad=_g_concat, cost=elementwise_cost(0)))
 
 
@@ -158,33 +210,54 @@ def concat(values, axis: int = 0, name=None) -> Tensor:
     return _out("Concat", values, {"axis": int(axis)}, name=name)
 
 
+def _split_sizes(node):
+    """The static sizes of the pieces (entries None where only the run time knows)."""
+    x = node.inputs[0]
+    axis = normalize_axis(node.attrs["axis"], len(x.shape))
+    d, sizes, num = x.shape[axis], tuple(node.attrs["sizes"]), node.attrs["num"]
+    if not sizes:
+        if num < 1:
+            raise ShapeError(f"split needs num >= 1 or sizes, got num={num}")
+        if d is not None and d % num:
+            raise ShapeError(f"dim {axis} of {fmt(x.shape)} does not split evenly into {num}")
+        return (None if d is None else d // num,) * num
+    if any(s < -1 for s in sizes) or sum(1 for s in sizes if s == -1) > 1:
+        raise ShapeError(f"split sizes {sizes}: sizes must be >= 0, with at most one -1")
+    rest = sum(s for s in sizes if s != -1)
+    if d is not None and (rest > d if -1 in sizes else rest != d):
+        raise ShapeError(f"split sizes {sizes} do not add up to dim {axis} of {fmt(x.shape)}")
+    return tuple((None if d is None else d - rest) if s == -1 else s for s in sizes)
+
+
 def _infer_split(node):
     x = node.inputs[0]
     axis = normalize_axis(node.attrs["axis"], len(x.shape))
-    sizes = node.attrs["sizes"]
-    if not sizes:  # n equal parts of a dim known only at run time
-        return [(x.dtype, x.shape[:axis] + (None,) + x.shape[axis + 1:])] * node.attrs["num"]
-    if x.shape[axis] is not None and sum(sizes) != x.shape[axis]:
-        raise ShapeError(f"split sizes {sizes} do not add up to dim {axis} of {fmt(x.shape)}")
-    return [(x.dtype, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in sizes]
+    return [(x.dtype, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in _split_sizes(node)]
 
 
 def _kernel_split(node, ctx):
     axis = normalize_axis(node.attrs["axis"], len(node.inputs[0].shape))
-    cuts = list(np.cumsum(node.attrs["sizes"])[:-1]) if node.attrs["sizes"] else node.attrs["num"]
-    xp = ctx.xp
-    return lambda x: tuple(xp.split(x, cuts, axis=axis))
+    sizes, num, xp = node.attrs["sizes"], node.attrs["num"], ctx.xp
+    if not sizes:
+        return lambda x: tuple(xp.split(x, num, axis=axis))
+    if -1 not in sizes:
+        cuts = [int(c) for c in np.cumsum(sizes)[:-1]]
+        return lambda x: tuple(xp.split(x, cuts, axis=axis))
+
+    def run(x):  # one size is whatever the run-time dim leaves
+        rest = x.shape[axis] - sum(s for s in sizes if s != -1)
+        return tuple(xp.split(x, [int(c) for c in np.cumsum([rest if s == -1 else s for s in sizes])[:-1]], axis=axis))
+    return run
 
 
-register(OpDef("Split", inputs=("x",), attrs={"sizes": (), "num": 0, "axis": 0}, infer=_infer_split, kernel=_kernel_split,
-               grad=lambda node, dys: [concat([d if d is not None else _zeros_for(t) for d, t in zip(dys, node.outputs)],
-                                              node.attrs["axis"])],
-               cost=_FREE))
-
-
-def _zeros_for(t: Tensor) -> Tensor:
+def _g_split(node, dys):
     from .math import zeros_like
-    return zeros_like(t)
+    return [concat([d if d is not None else zeros_like(t) for d, t in zip(dys, node.outputs)], node.attrs["axis"])]
+
+
+register(OpDef("Split", inputs=("x",), attrs={"sizes": (), "num": 0, "axis": 0}, infer=_infer_split,
+               kernel=_kernel_split, grad=_g_split, cost=_FREE,
+               doc="Pieces of the given sizes (one may be -1), or `num` equal pieces when sizes is empty."))
 
 
 def _infer_split_like(node):
@@ -194,11 +267,14 @@ def _infer_split_like(node):
 
 
 def _kernel_split_like(node, ctx):
-    axis = node.attrs["axis"]
+    axis, split_ = node.attrs["axis"], ctx.xp.split
 
     def run(dy, *likes):
-        cuts = list(np.cumsum([t.shape[axis] for t in likes])[:-1])
-        return tuple(ctx.xp.split(dy, cuts, axis=axis))
+        cuts, at = [], 0
+        for t in likes[:-1]:
+            at += t.shape[axis]
+            cuts.append(at)
+        return tuple(split_(dy, cuts, axis=axis))
     return run
 
 
@@ -206,61 +282,57 @@ register(OpDef("SplitLike", inputs=("x", "*likes"), attrs={"axis": 0}, infer=_in
                kernel=_kernel_split_like, cost=_FREE, doc="Split x along axis into pieces sized like the likes."))
 
 
-def split(x, num_or_size_splits, axis: int = 0, name=None):
+def split(x, num_or_size_splits, axis: int = 0, name=None) -> list:
+    """A list of tensors: `num` equal pieces (an int) or pieces of the given sizes (one may be -1)."""
     x = convert(x)
     ax = normalize_axis(axis, len(x.shape))
     if isinstance(num_or_size_splits, (int, np.integer)):
-        n = int(num_or_size_splits)
-        d = x.shape[ax]
-        if d is None:
-            return list(make("Split", (x,), {"num": n, "axis": ax}, name=name).outputs)
-        if d % n:
-            raise ShapeError(f"dim {ax} of {fmt(x.shape)} does not split evenly into {n}")
-        sizes = (d // n,) * n
+        attrs = {"num": int(num_or_size_splits), "axis": ax}
     else:
-        sizes = tuple(int(s) for s in num_or_size_splits)
-    return list(make("Split", (x,), {"sizes": sizes, "axis": ax}, name=name).outputs)
+        sizes = _ints(num_or_size_splits, "split sizes")
+        d = x.shape[ax]
+        if -1 in sizes and d is not None:  # resolve it now: exporters see plain sizes
+            sizes = tuple(d - (sum(sizes) + 1) if s == -1 else s for s in sizes)
+        attrs = {"sizes": sizes, "axis": ax}
+    return list(make("Split", (x,), attrs, name=name).outputs)
 
 
-# ---- slicing and indexing -----------------------------------------------------------------------
+# ---- slicing and indexing -------------------------------------------------------------------------
+# A StridedSlice spec has one entry per index: ("index", i, 0, 0), ("slice", start, stop, step)
+# or ("new", 0, 0, 0) for newaxis; Ellipsis is expanded to full slices when the node is built.
 def _infer_strided(node):
     x = node.inputs[0]
-    spec = node.attrs["spec"]
-    out = []
-    dim = 0
-    for kind, a, b, c in spec:
+    out, dim = [], 0
+    for kind, a, b, c in node.attrs["spec"]:
         if kind == "new":
             out.append(1)
             continue
+        if dim >= len(x.shape):
+            raise ShapeError(f"too many indices for {fmt(x.shape)}")
         d = x.shape[dim]
         if kind == "index":
             if d is not None and not -d <= a < d:
                 raise ShapeError(f"index {a} out of range for dim {dim} of size {d}")
+        elif c == 0:
+            raise ShapeError(f"slice step of dim {dim} is zero")
         else:
-            out.append(None if d is None else len(range(*builtins_slice(a, b, c).indices(d))))
+            out.append(None if d is None else len(range(*_py_slice(a, b, c).indices(d))))
         dim += 1
     out.extend(x.shape[dim:])
     return [(x.dtype, tuple(out))]
 
 
-import builtins as _builtins  # noqa: E402
-
-builtins_slice = _builtins.slice
-
-
-def _index_tuple(spec):
-    idx = []
-    for kind, a, b, c in spec:
-        idx.append(None if kind == "new" else a if kind == "index" else builtins_slice(a, b, c))
-    return tuple(idx)
+def _index_tuple(spec) -> tuple:
+    """The numpy index for a spec; the trailing Ellipsis makes an all-int index a 0-d view, not a scalar."""
+    idx = [None if k == "new" else a if k == "index" else _py_slice(a, b, c) for k, a, b, c in spec]
+    return tuple(idx) + (Ellipsis,)
 
 
 def _kernel_strided_grad(node, ctx):
-    idx = _index_tuple(node.attrs["spec"])
-    xp = ctx.xp
+    idx, zeros_ = _index_tuple(node.attrs["spec"]), ctx.xp.zeros
 
     def run(dy, x):
-        out = xp.zeros(x.shape, dtype=dy.dtype)
+        out = zeros_(x.shape, dtype=dy.dtype)
         out[idx] = dy
         return out
     return run
@@ -272,83 +344,140 @@ register(OpDef("StridedSlice", inputs=("x",), attrs={"spec": ()}, infer=_infer_s
                cost=_FREE, doc="x[spec]: ints, slices with steps, newaxis (Tensor.__getitem__)."))
 register(OpDef("StridedSliceGrad", inputs=("dy", "x"), attrs={"spec": ()},
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)],
-               kernel=_kernel_strided_grad, cost=elementwise_cost(1)))
+               kernel=_kernel_strided_grad, cost=elementwise_cost(1), doc="dy scattered into zeros shaped like x."))
+
+
+def _opt_int(v, what: str):
+    if v is None:
+        return None
+    if isinstance(v, Tensor):
+        raise TypeError(f"slice {what} must be a Python int, not tensor '{v.name}'")
+    return int(v.__index__())
 
 
 def strided_slice(x, key, name=None) -> Tensor:
+    """x[key] with numpy's basic indexing: ints, slices (any step), None/newaxis and one Ellipsis."""
     x = convert(x)
-    if not isinstance(key, tuple):
-        key = (key,)
+    key = key if isinstance(key, tuple) else (key,)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
     rank = len(x.shape)
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > rank:
+        raise ShapeError(f"too many indices for '{x.name}' {fmt(x.shape)}: {n_real}")
     spec = []
     for k in key:
         if k is Ellipsis:
             spec.extend([("slice", None, None, None)] * (rank - n_real))
         elif k is None:
             spec.append(("new", 0, 0, 0))
-        elif isinstance(k, builtins_slice):
-            spec.append(("slice", k.start, k.stop, k.step))
+        elif isinstance(k, _py_slice):
+            spec.append(("slice", _opt_int(k.start, "start"), _opt_int(k.stop, "stop"), _opt_int(k.step, "step")))
+        elif isinstance(k, (bool, np.bool_)):
+            raise TypeError("boolean indices are not supported by []; use where or gather")
         elif isinstance(k, (int, np.integer)):
             spec.append(("index", int(k), 0, 0))
         elif isinstance(k, Tensor):
             raise TypeError("tensor indices are not supported by []; use gather(x, indices)")
         else:
             raise TypeError(f"unsupported index {k!r}: use ints, slices, None or ...")
-    if sum(1 for s in spec if s[0] != "new") > rank:
-        raise ShapeError(f"too many indices for {fmt(x.shape)}")
     return _out("StridedSlice", (x,), {"spec": tuple(spec)}, name=name)
 
 
 def slice(x, begin, size, name=None) -> Tensor:  # noqa: A001
-    """x[begin[i] : begin[i] + size[i]] per axis; size -1 means to the end."""
+    """x[begin[i] : begin[i] + size[i]] on every axis, as TensorFlow's Slice: begin >= 0, and
+    size -1 means to the end. A static dim that the slice overruns is an error, not a clip."""
     x = convert(x)
-    key = tuple(builtins_slice(int(b), None if int(s) == -1 else int(b) + int(s)) for b, s in zip(begin, size))
-    return strided_slice(x, key, name=name)
+    begin, size = _ints(begin, "slice begin"), _ints(size, "slice size")
+    where = f"slice of '{x.name}' {fmt(x.shape)}"
+    if len(begin) != len(x.shape) or len(size) != len(x.shape):
+        raise ShapeError(f"{where}: {len(begin)} begins and {len(size)} sizes for rank {len(x.shape)}")
+    key = []
+    for ax, (b, s, d) in enumerate(zip(begin, size, x.shape)):
+        if b < 0 or s < -1:
+            raise ShapeError(f"{where}: axis {ax} has begin {b} and size {s}; need begin >= 0 and size >= -1")
+        if d is not None and (b > d or (s != -1 and b + s > d)):
+            raise ShapeError(f"{where}: axis {ax} begin {b} size {s} overruns dim {d}")
+        key.append(_py_slice(b, None if s == -1 else b + s))
+    return strided_slice(x, tuple(key), name=name)
+
+
+def _iter_tensor(self: Tensor):
+    """Iterating a tensor unpacks its first dimension, which must be static."""
+    if not self.shape or self.shape[0] is None:
+        raise TypeError(f"cannot iterate over tensor '{self.name}' {fmt(self.shape)}: "
+                        "its first dimension is not statically known; use split")
+    return (strided_slice(self, i) for i in range(self.shape[0]))
 
 
 Tensor.__getitem__ = lambda self, key: strided_slice(self, key)
+Tensor.__iter__ = _iter_tensor
 
 
-# ---- Pad -------------------------------------------------------------------------------------------
+# ---- Pad --------------------------------------------------------------------------------------------
 def _infer_pad(node):
     x = node.inputs[0]
-    p = node.attrs["paddings"]
+    p, mode = node.attrs["paddings"], node.attrs["mode"]
     if len(p) != len(x.shape):
         raise ShapeError(f"{len(p)} paddings for rank {len(x.shape)}")
+    for ax, ((a, b), d) in enumerate(zip(p, x.shape)):
+        if a < 0 or b < 0:
+            raise ShapeError(f"negative padding ({a}, {b}) on axis {ax}")
+        if d is not None and (a or b) and mode == "reflect" and max(a, b) >= d:
+            raise ShapeError(f"reflect padding ({a}, {b}) on axis {ax} needs a dim larger than {max(a, b)}, got {d}")
+        if d == 0 and (a or b) and mode == "edge":
+            raise ShapeError(f"edge padding of the empty axis {ax}")
     return [(x.dtype, tuple(None if d is None else d + a + b for d, (a, b) in zip(x.shape, p)))]
 
 
 def _kernel_pad(node, ctx):
-    p, mode, v = node.attrs["paddings"], node.attrs["mode"], node.attrs["constant_value"]
-    xp = ctx.xp
+    p, mode, xp = node.attrs["paddings"], node.attrs["mode"], ctx.xp
     if mode == "constant":
-        return lambda x: xp.pad(x, p, mode="constant", constant_values=x.dtype.type(v))
-    return lambda x: xp.pad(x, p, mode={"reflect": "reflect", "edge": "edge"}[mode])
+        v = node.inputs[0].dtype.type(node.attrs["constant_value"])
+        return lambda x: xp.pad(x, p, mode="constant", constant_values=v)
+    return lambda x: xp.pad(x, p, mode=mode)
 
 
 def _g_pad(node, dys):
+    p = node.attrs["paddings"]
     if node.attrs["mode"] != "constant":
-        return [_out("PadGrad", (dys[0], node.inputs[0]), {"paddings": node.attrs["paddings"], "mode": node.attrs["mode"]})]
-    key = tuple(builtins_slice(a, None if b == 0 else -b) for a, b in node.attrs["paddings"])
-    return [strided_slice(dys[0], key)]
+        return [_out("PadGrad", (dys[0], node.inputs[0]), {"paddings": p, "mode": node.attrs["mode"]})]
+    return [strided_slice(dys[0], tuple(_py_slice(a, None if b == 0 else -b) for a, b in p))]
 
 
 def _kernel_pad_grad(node, ctx):
-    p, mode = node.attrs["paddings"], node.attrs["mode"]
-    xp = ctx.xp
+    """Fold the padded borders back onto the elements they copied, one axis at a time."""
+    xp, edge = ctx.xp, node.attrs["mode"] == "edge"
+    axes = [(k, a, b) for k, (a, b) in enumerate(node.attrs["paddings"]) if a or b]
+
+    def at(k, start, stop):
+        return (_py_slice(None),) * k + (_py_slice(start, stop),)
 
     def run(dy, x):
-        # accumulate each padded position back onto the source element it copied
-        idx = [xp.pad(xp.arange(n), pw, mode=mode) for n, pw in zip(x.shape, p)]
-        out = xp.zeros(x.shape, dtype=dy.dtype)
-        xp.add.at(out, xp.ix_(*idx), dy)
-        return out
+        g = dy
+        for k, a, b in axes:
+            n = x.shape[k]
+            r = g[at(k, a, a + n)].copy()
+            if edge:
+                if a:
+                    r[at(k, 0, 1)] += g[at(k, 0, a)].sum(axis=k, keepdims=True)
+                if b:
+                    r[at(k, n - 1, n)] += g[at(k, a + n, None)].sum(axis=k, keepdims=True)
+            else:
+                if max(a, b) >= n:
+                    raise ValueError(f"reflect padding ({a}, {b}) needs dim {k} larger than {max(a, b)}, got {n}")
+                if a:
+                    r[at(k, 1, a + 1)] += xp.flip(g[at(k, 0, a)], axis=k)
+                if b:
+                    r[at(k, n - 1 - b, n - 1)] += xp.flip(g[at(k, a + n, None)], axis=k)
+            g = r
+        return g
     return run
 
 
 register(OpDef("Pad", inputs=("x",), attrs={"paddings": (), "mode": "constant", "constant_value": 0},
-               infer=_infer_pad, kernel=_kernel_pad, grad=_g_pad, cost=elementwise_cost(0)))
+               infer=_infer_pad, kernel=_kernel_pad, grad=_g_pad, cost=elementwise_cost(0),
+               doc="mode: constant, reflect (mirror without the edge) or edge (repeat the edge)."))
 register(OpDef("PadGrad", inputs=("dy", "x"), attrs={"paddings": (), "mode": "reflect"},
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)], kernel=_kernel_pad_grad,
                cost=elementwise_cost(1)))
@@ -362,54 +491,76 @@ def pad(x, paddings, mode: str = "constant", constant_value=0, name=None) -> Ten
     return _out("Pad", (convert(x),), {"paddings": p, "mode": mode, "constant_value": constant_value}, name=name)
 
 
-# ---- Squeeze / ExpandDims ----------------------------------------------------------------------
+# ---- Squeeze / ExpandDims ---------------------------------------------------------------------------
 def _infer_squeeze(node):
     x = node.inputs[0]
-    axes = node.attrs["axis"]
-    if axes is None:
-        if not fully_defined(x.shape):
-            raise ShapeError(f"squeeze of {fmt(x.shape)} without axes needs known dims")
-        return [(x.dtype, tuple(d for d in x.shape if d != 1))]
-    axes = {normalize_axis(a, len(x.shape)) for a in axes}
+    if node.attrs["axis"] is None and not fully_defined(x.shape):
+        raise ShapeError(f"squeeze of {fmt(x.shape)} without axes needs known dims")
+    axes = _squeeze_axes(node)
     for a in axes:
         if x.shape[a] not in (1, None):
             raise ShapeError(f"cannot squeeze dim {a} of size {x.shape[a]}")
     return [(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
 
 
-def _squeeze_axes(node):
+def _squeeze_axes(node) -> tuple:
     x = node.inputs[0]
     if node.attrs["axis"] is None:
         return tuple(i for i, d in enumerate(x.shape) if d == 1)
-    return tuple(sorted(normalize_axis(a, len(x.shape)) for a in node.attrs["axis"]))
+    return tuple(sorted({normalize_axis(a, len(x.shape)) for a in node.attrs["axis"]}))
 
 
 register(OpDef("Squeeze", inputs=("x",), attrs={"axis": None}, infer=_infer_squeeze,
-               kernel=lambda node, ctx: (lambda x, a=_squeeze_axes(node): ctx.xp.squeeze(x, a)),
+               kernel=lambda node, ctx: (lambda x, a=_squeeze_axes(node), sq=ctx.xp.squeeze: sq(x, a)),
                grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0]))], cost=_FREE))
 
 
 def squeeze(x, axis=None, name=None) -> Tensor:
-    ax = None if axis is None else ((int(axis),) if isinstance(axis, (int, np.integer)) else tuple(int(a) for a in axis))
+    ax = None if axis is None else ((int(axis),) if isinstance(axis, (int, np.integer)) else _ints(axis, "axis"))
     return _out("Squeeze", (convert(x),), {"axis": ax}, name=name)
 
 
-def expand_dims(x, axis, name=None) -> Tensor:
-    x = convert(x)
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+def _infer_expand(node):
+    x = node.inputs[0]
+    axes = node.attrs["axes"]
     rank = len(x.shape) + len(axes)
-    axes = tuple(sorted(normalize_axis(int(a), rank) for a in axes))
-    return _out("ExpandAxes", (x,), {"axes": axes}, name=name)
+    if len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
+        raise ShapeError(f"expand_dims axes {axes} must be distinct and in [0, {rank})")
+    shape = list(x.shape)
+    for a in sorted(axes):
+        shape.insert(a, 1)
+    return [(x.dtype, tuple(shape))]
 
 
-unsqueeze = expand_dims
+register(OpDef("ExpandAxes", inputs=("x",), attrs={"axes": ()}, infer=_infer_expand,
+               kernel=lambda node, ctx: (lambda x, a=tuple(node.attrs["axes"]), ed=ctx.xp.expand_dims: ed(x, a)),
+               grad=lambda node, dys: [_out("Squeeze", (dys[0],), {"axis": tuple(node.attrs["axes"])})],
+               cost=_FREE, doc="Insert size-1 axes at the given (output) positions: expand_dims/unsqueeze."))
 
 
-# ---- Shape, Fill, zeros, ones ---------------------------------------------------------------------
-register(OpDef("Shape", inputs=("x",), attrs={"out_type": _dt.int32},
-               infer=lambda node: [(node.attrs["out_type"], (len(node.inputs[0].shape),))],
-               kernel=lambda node, ctx: (lambda x, d=node.attrs["out_type"]: ctx.xp.asarray(x.shape, dtype=d)),
-               grad=lambda node, dys: [None], cost=_FREE))
+def expand_dims(x, axis, name=None) -> Tensor:
+    """Insert size-1 axes; `axis` is an int or a sequence of positions in the output."""
+    x = convert(x)
+    axes = (int(axis),) if isinstance(axis, (int, np.integer)) else _ints(axis, "axis")
+    rank = len(x.shape) + len(axes)
+    return _out("ExpandAxes", (x,), {"axes": tuple(sorted(normalize_axis(a, rank) for a in axes))}, name=name)
+
+
+def unsqueeze(x, axes, name=None) -> Tensor:
+    """expand_dims under its ONNX/PyTorch name."""
+    return expand_dims(x, axes, name=name)
+
+
+# ---- Shape, Fill, zeros, ones -------------------------------------------------------------------------
+def _infer_shape(node):
+    if node.attrs["out_type"].kind not in "iu":
+        raise ShapeError(f"shape out_type must be an integer dtype, got {node.attrs['out_type'].name}")
+    return [(node.attrs["out_type"], (len(node.inputs[0].shape),))]
+
+
+register(OpDef("Shape", inputs=("x",), attrs={"out_type": _dt.int32}, infer=_infer_shape,
+               kernel=lambda node, ctx: (lambda x, d=node.attrs["out_type"], a=ctx.xp.asarray: a(x.shape, dtype=d)),
+               grad=lambda node, dys: [None], cost=_FREE, doc="The run-time shape of x as a 1-D int tensor."))
 
 
 def shape(x, out_type="int32", name=None) -> Tensor:
@@ -418,24 +569,30 @@ def shape(x, out_type="int32", name=None) -> Tensor:
 
 def _infer_fill(node):
     s = node.inputs[0]
-    if s.dtype.kind not in "iu" or len(s.shape) != 1:
-        raise ShapeError(f"fill shape must be a 1-D integer tensor, got {s.dtype.name}{fmt(s.shape)}")
-    if s.node.op == "Const":
-        return [(node.attrs["dtype"], tuple(int(d) for d in s.node.attrs["value"]))]
-    return [(node.attrs["dtype"], (None,) * (s.shape[0] or 0))]
+    if s.dtype.kind not in "iu" or len(s.shape) != 1 or s.shape[0] is None:
+        raise ShapeError(f"fill shape must be a 1-D integer tensor of known length, got {s.dtype.name}{fmt(s.shape)}")
+    v = static_value(s) or (None,) * s.shape[0]
+    if any(d is not None and d < 0 for d in v):
+        raise ShapeError(f"fill shape {v} has a negative dim")
+    return [(node.attrs["dtype"], tuple(v))]
+
+
+def _kernel_fill(node, ctx):
+    full, v, d = ctx.xp.full, node.attrs["value"], node.attrs["dtype"]
+    out = node.outputs[0].shape
+    if fully_defined(out):
+        return lambda s: full(out, v, dtype=d)
+    return lambda s: full(tuple(s.tolist()), v, dtype=d)
 
 
 register(OpDef("Fill", inputs=("shape",), attrs={"value": 0, "dtype": _dt.float32}, infer=_infer_fill,
-               kernel=lambda node, ctx: (lambda s, v=node.attrs["value"], d=node.attrs["dtype"]:
-                                         ctx.xp.full(tuple(int(i) for i in s), v, dtype=d)),
-               grad=lambda node, dys: [None], cost=elementwise_cost(0)))
+               kernel=_kernel_fill, grad=lambda node, dys: [None], cost=elementwise_cost(0)))
 
 
 def fill(shape, value, dtype="float32", name=None) -> Tensor:
+    """A tensor of `shape` (ints, or a 1-D int tensor such as shape(x)) filled with `value`."""
     if not isinstance(shape, Tensor):
         shape = constant(np.asarray(shape, dtype=np.int32).reshape(-1), dtype="int32")
-    elif shape.shape[0] is None:
-        raise ShapeError("fill needs a shape tensor of known length")
     return _out("Fill", (shape,), {"value": value, "dtype": _dt.as_dtype(dtype)}, name=name)
 
 
@@ -447,28 +604,28 @@ def ones(shape, dtype="float32", name=None) -> Tensor:
     return fill(shape, 1, dtype, name=name)
 
 
-# ---- Tile, BroadcastTo, OneHot ------------------------------------------------------------------------
+# ---- Tile, BroadcastTo, OneHot --------------------------------------------------------------------------
 def _infer_tile(node):
     x = node.inputs[0]
     m = node.attrs["multiples"]
     if len(m) != len(x.shape):
         raise ShapeError(f"{len(m)} multiples for rank {len(x.shape)}")
+    if any(k < 0 for k in m):
+        raise ShapeError(f"negative multiple in {m}")
     return [(x.dtype, tuple(None if d is None else d * k for d, k in zip(x.shape, m)))]
 
 
 def _kernel_tile_grad(node, ctx):
     m = node.attrs["multiples"]
+    axes = tuple(range(0, 2 * len(m), 2))
 
-    def run(dy, x):
-        shp = []
-        for k, d in zip(m, x.shape):
-            shp += [k, d]
-        return dy.reshape(shp).sum(axis=tuple(range(0, 2 * len(m), 2)))
+    def run(dy, x):  # tile lays copies out as [k0, d0, k1, d1, ...]: sum the k axes
+        return dy.reshape([v for kd in zip(m, x.shape) for v in kd]).sum(axis=axes)
     return run
 
 
 register(OpDef("Tile", inputs=("x",), attrs={"multiples": ()}, infer=_infer_tile,
-               kernel=lambda node, ctx: (lambda x, m=node.attrs["multiples"]: ctx.xp.tile(x, m)),
+               kernel=lambda node, ctx: (lambda x, m=node.attrs["multiples"], t=ctx.xp.tile: t(x, m)),
                grad=lambda node, dys: [_out("TileGrad", (dys[0], node.inputs[0]), {"multiples": node.attrs["multiples"]})],
                cost=elementwise_cost(0)))
 register(OpDef("TileGrad", inputs=("dy", "x"), attrs={"multiples": ()},
@@ -477,26 +634,27 @@ register(OpDef("TileGrad", inputs=("dy", "x"), attrs={"multiples": ()},
 
 
 def tile(x, multiples, name=None) -> Tensor:
-    return _out("Tile", (convert(x),), {"multiples": tuple(int(m) for m in multiples)}, name=name)
+    return _out("Tile", (convert(x),), {"multiples": _ints(multiples, "multiples")}, name=name)
 
 
 def _infer_broadcast_to(node):
-    x = node.inputs[0]
-    target = node.attrs["shape"]
-    if broadcast(x.shape, target) != target and not all(
-            a is None or b is None or a == b for a, b in zip(broadcast(x.shape, target), target)):
+    x, target = node.inputs[0], node.attrs["shape"]
+    if not fully_defined(target):
+        raise ShapeError(f"broadcast_to target {fmt(target)} must be fully known")
+    lead = len(target) - len(x.shape)
+    if lead < 0 or any(d not in (None, 1, t) for d, t in zip(x.shape, target[lead:])):
         raise ShapeError(f"cannot broadcast {fmt(x.shape)} to {fmt(target)}")
     return [(x.dtype, target)]
 
 
-register(OpDef("BroadcastTo", inputs=("x",), attrs={"shape": ()}, infer=_infer_broadcast_to,
-               kernel=lambda node, ctx: (lambda x, s=node.attrs["shape"]: ctx.xp.broadcast_to(x, s)),
-               grad=lambda node, dys: [_reduce_like(dys[0], node.inputs[0])], cost=_FREE))
-
-
-def _reduce_like(g, x):
+def _g_broadcast_to(node, dys):
     from .math import reduce_sum_like
-    return reduce_sum_like(g, x)
+    return [reduce_sum_like(dys[0], node.inputs[0])]
+
+
+register(OpDef("BroadcastTo", inputs=("x",), attrs={"shape": ()}, infer=_infer_broadcast_to,
+               kernel=lambda node, ctx: (lambda x, s=node.attrs["shape"], b=ctx.xp.broadcast_to: b(x, s)),
+               grad=_g_broadcast_to, cost=_FREE, doc="A read-only broadcast view of x."))
 
 
 def broadcast_to(x, shape, name=None) -> Tensor:
@@ -507,17 +665,19 @@ def _infer_one_hot(node):
     idx = node.inputs[0]
     if idx.dtype.kind not in "iu":
         raise ShapeError(f"one_hot indices must be integers, got {idx.dtype.name}")
+    if node.attrs["depth"] < 0:
+        raise ShapeError(f"one_hot depth {node.attrs['depth']} is negative")
     return [(node.attrs["dtype"], idx.shape + (node.attrs["depth"],))]
 
 
 def _kernel_one_hot(node, ctx):
-    depth, dt = node.attrs["depth"], node.attrs["dtype"]
-    xp = ctx.xp
-    return lambda idx: (idx[..., None] == xp.arange(depth)).astype(dt)
+    classes, dt = ctx.xp.arange(node.attrs["depth"]), node.attrs["dtype"]
+    return lambda idx: (idx[..., None] == classes).astype(dt)
 
 
 register(OpDef("OneHot", inputs=("indices",), attrs={"depth": 0, "dtype": _dt.float32}, infer=_infer_one_hot,
-               kernel=_kernel_one_hot, grad=lambda node, dys: [None], cost=elementwise_cost(1)))
+               kernel=_kernel_one_hot, grad=lambda node, dys: [None], cost=elementwise_cost(1),
+               doc="indices[..., None] == arange(depth); an index outside [0, depth) gives a zero row."))
 
 
 def one_hot(indices, depth: int, dtype="float32", name=None) -> Tensor:

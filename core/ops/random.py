@@ -1,5 +1,6 @@
 """Seeded random ops. Each draws from the session's generator for its node (SessionState.rng):
-deterministic for a given graph seed, op seed and node name; a new draw on every run."""
+deterministic for a given graph seed, op seed (attr "seed") and node name; a new draw on every run.
+Draws are made on the host with numpy and handed to the kernel's array module."""
 from __future__ import annotations
 
 from typing import Optional
@@ -32,6 +33,14 @@ def _cost(node):
     return Cost(20 * n, 0, n * node.outputs[0].dtype.itemsize)
 
 
+def _to_xp(ctx, run):
+    """Numpy draws as they are on the CPU; moved to the device under another array module."""
+    if ctx.xp is np:
+        return run
+    asarray = ctx.xp.asarray
+    return lambda: asarray(run())
+
+
 def _float_draw(draw):
     """Generator methods take dtype= only for float32/float64; float16 is drawn in float32."""
     def factory(node, ctx):
@@ -39,10 +48,9 @@ def _float_draw(draw):
         shape, d = node.attrs["shape"], node.attrs["dtype"]
         a, b = node.attrs["a"], node.attrs["b"]
         native = d if d in (_dt.float32, _dt.float64) else _dt.float32
-
-        def run():
-            return draw(g, shape, native, a, b).astype(d, copy=False)
-        return run
+        if native == d:
+            return _to_xp(ctx, lambda: draw(g, shape, d, a, b))
+        return _to_xp(ctx, lambda: draw(g, shape, native, a, b).astype(d))
     return factory
 
 
@@ -69,7 +77,11 @@ def _truncated(g, shape, d, mean, std):
     while bad.any():
         x[bad] = g.standard_normal(int(bad.sum()), dtype=d)
         bad = np.abs(x) > 2
-    return x * d.type(std) + d.type(mean)
+    if std != 1.0:
+        x *= d.type(std)
+    if mean != 0.0:
+        x += d.type(mean)
+    return x
 
 
 for _name, _draw in [("RandomNormal", _normal), ("RandomUniform", _uniform), ("TruncatedNormal", _truncated)]:
@@ -81,29 +93,60 @@ for _name, _draw in [("RandomNormal", _normal), ("RandomUniform", _uniform), ("T
 def _kernel_int(node, ctx):
     g = ctx.rng(node)
     shape, d, lo, hi = node.attrs["shape"], node.attrs["dtype"], node.attrs["a"], node.attrs["b"]
-    return lambda: g.integers(int(lo), int(hi), size=shape, dtype=d)
+    lo, hi = int(lo), int(hi)
+    return _to_xp(ctx, lambda: g.integers(lo, hi, size=shape, dtype=d))
 
 
 register(OpDef("RandomUniformInt", inputs=(), attrs={"shape": (), "dtype": _dt.int32, "a": 0, "b": 1, "seed": None},
                infer=_infer, kernel=_kernel_int, cost=_cost, stateful=True, doc="integers in [a, b)."))
 
 
+def _static_shape(shape) -> tuple:
+    if isinstance(shape, Tensor):
+        from .array import static_value
+        v = static_value(shape)
+        if v is None or len(shape.shape) != 1:
+            raise ShapeError(f"random shape tensor '{shape.name}' has no static value; random ops need a static shape")
+        return v
+    return as_shape(shape)
+
+
 def _make(op, shape, a, b, dtype, seed, name) -> Tensor:
-    return make(op, (), {"shape": as_shape(shape), "dtype": _dt.as_dtype(dtype), "a": a, "b": b, "seed": seed},
-                name=name or op, graph=get_default_graph()).outputs[0]
+    attrs = {"shape": _static_shape(shape), "dtype": _dt.as_dtype(dtype), "a": a, "b": b,
+             "seed": None if seed is None else int(seed)}
+    return make(op, (), attrs, name=name or op, graph=get_default_graph()).outputs[0]
 
 
 def random_normal(shape, mean: float = 0.0, stddev: float = 1.0, dtype="float32", seed: Optional[int] = None, name=None):
+    """Normal draws of a static `shape` (ints, or a shape tensor whose value the graph knows)."""
+    if stddev < 0:
+        raise ValueError(f"random_normal stddev must be >= 0, got {stddev}")
     return _make("RandomNormal", shape, float(mean), float(stddev), dtype, seed, name)
 
 
-def random_uniform(shape, minval: float = 0.0, maxval: float = 1.0, dtype="float32", seed: Optional[int] = None, name=None):
+def random_uniform(shape, minval: float = 0.0, maxval: Optional[float] = None, dtype="float32",
+                   seed: Optional[int] = None, name=None):
+    """Uniform draws in [minval, maxval) (maxval defaults to 1); an integer dtype draws integers
+    (then maxval is required), as in TensorFlow."""
+    if _dt.as_dtype(dtype).kind in "iu":
+        if maxval is None:
+            raise ValueError("random_uniform with an integer dtype needs maxval")
+        return random_uniform_int(shape, minval, maxval, dtype, seed, name)
+    maxval = 1.0 if maxval is None else maxval
+    if maxval < minval:
+        raise ValueError(f"random_uniform needs minval <= maxval, got [{minval}, {maxval})")
     return _make("RandomUniform", shape, float(minval), float(maxval), dtype, seed, name)
 
 
 def truncated_normal(shape, mean: float = 0.0, stddev: float = 1.0, dtype="float32", seed: Optional[int] = None, name=None):
+    """Normal draws with those beyond two standard deviations redrawn."""
+    if stddev < 0:
+        raise ValueError(f"truncated_normal stddev must be >= 0, got {stddev}")
     return _make("TruncatedNormal", shape, float(mean), float(stddev), dtype, seed, name)
 
 
 def random_uniform_int(shape, minval: int, maxval: int, dtype="int32", seed: Optional[int] = None, name=None):
+    """Integers drawn uniformly from [minval, maxval)."""
+    if int(maxval) <= int(minval):
+        raise ValueError(f"random_uniform_int needs minval < maxval, got [{minval}, {maxval})")
     return _make("RandomUniformInt", shape, int(minval), int(maxval), dtype, seed, name)

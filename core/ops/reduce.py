@@ -1,4 +1,9 @@
-"""Reductions: sum, mean, max, min over axes (with keepdims), and argmax/argmin."""
+"""Reductions: sum, mean, max, min over axes (with keepdims), and argmax/argmin.
+
+Gradients: sum broadcasts dy back; mean also divides by the reduced count (taken at run time
+when a reduced dim is unknown); max and min send dy to the positions holding the extreme value,
+split evenly between ties (as TensorFlow does), so the gradient still sums to dy.
+"""
 from __future__ import annotations
 
 from typing import Optional
@@ -15,41 +20,46 @@ from .base import constant, convert, make
 __all__ = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax", "argmin"]
 
 
-def _axes(node):
-    """The normalised axes of a reduction (all axes when the attribute is None)."""
+def _axes(node) -> tuple:
+    """The normalised, sorted axes of a reduction (all axes when the attribute is None)."""
     rank = len(node.inputs[0].shape)
     axis = node.attrs["axis"]
     if axis is None:
         return tuple(range(rank))
-    axes = tuple(sorted({normalize_axis(a, rank) for a in axis}))
-    return axes
+    return tuple(sorted({normalize_axis(a, rank) for a in axis}))
 
 
 def _infer_reduce(node):
     x = node.inputs[0]
     if x.dtype == _dt.bool_:
         raise ShapeError("cannot reduce a bool tensor; cast it first")
+    if not x.shape and node.attrs["axis"]:
+        raise ShapeError(f"cannot reduce a scalar over axes {node.attrs['axis']}")
     axes = _axes(node)
+    if node.op in ("ReduceMax", "ReduceMin") and any(x.shape[a] == 0 for a in axes):
+        raise ShapeError(f"{node.op} over an empty axis of {x.shape} has no value")
     keep = node.attrs["keepdims"]
-    shape = tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keep or i not in axes)
-    return [(x.dtype, shape)]
+    return [(x.dtype, tuple((1 if i in axes else d) for i, d in enumerate(x.shape) if keep or i not in axes))]
 
 
-def _kernel_reduce(fn_name):
-    def factory(node, ctx):
-        f = getattr(ctx.xp, fn_name)
-        axes, keep = _axes(node), node.attrs["keepdims"]
-        dt = node.outputs[0].dtype
-        if fn_name == "mean":  # numpy's mean of float16 accumulates in float32 anyway; keep the dtype
-            return lambda x: f(x, axis=axes, keepdims=keep).astype(dt, copy=False)
-        return lambda x: f(x, axis=axes, keepdims=keep)
-    return factory
-
+def _kernel_reduce(node, ctx):
+    xp = ctx.xp
+    axes, keep, dt = _axes(node), node.attrs["keepdims"], node.outputs[0].dtype
+    if node.op == "ReduceSum":  # dtype=: numpy would sum int32 into int64
+        run = (lambda x, f=xp.sum: f(x, axis=axes, keepdims=keep, dtype=dt))
+    elif node.op == "ReduceMean":  # integer means truncate, as in TensorFlow
+        run = (lambda x, f=xp.mean: f(x, axis=axes, keepdims=keep).astype(dt, copy=False))
+    else:
+        f = xp.max if node.op == "ReduceMax" else xp.min
+        run = (lambda x: f(x, axis=axes, keepdims=keep))
+    if node.outputs[0].shape == ():  # numpy returns a scalar, not a 0-d array, for a full reduction
+        return lambda x, a=xp.asarray: a(run(x))
+    return run
 
 
 def _expand(dy, node):
     """dy with the reduced axes put back as size 1, so it broadcasts against the input."""
-    if node.attrs["keepdims"]:
+    if node.attrs["keepdims"] or not _axes(node):
         return dy
     return make("ExpandAxes", (dy,), {"axes": _axes(node)}).outputs[0]
 
@@ -66,13 +76,11 @@ def _g_mean(node, dys):
     axes = _axes(node)
     dims = [x.shape[a] for a in axes]
     if all(d is not None for d in dims):
-        count = int(np.prod(dims)) if dims else 1
-        return [mul(g, constant(1.0 / max(count, 1), x.dtype))]
+        return [mul(g, constant(1.0 / max(int(np.prod(dims)), 1), x.dtype))]
     return [make("DivByReducedCount", (g, x), {"axes": axes}).outputs[0]]
 
 
-def _g_maxmin(node, dys):
-    """Gradient to the positions holding the extreme value, split evenly between ties."""
+def _g_extreme(node, dys):
     return [make("ReduceExtremeGrad", (node.inputs[0], node.outputs[0], dys[0]),
                  {"axes": _axes(node), "keepdims": node.attrs["keepdims"]}).outputs[0]]
 
@@ -80,28 +88,13 @@ def _g_maxmin(node, dys):
 def _reduce_cost(node):
     x = node.inputs[0]
     n = num_elements_est(x.shape)
-    return Cost(n, n * x.dtype.itemsize, num_elements_est(node.outputs[0].shape) * x.dtype.itemsize)
+    return Cost(n, n * x.dtype.itemsize, num_elements_est(node.outputs[0].shape) * node.outputs[0].dtype.itemsize)
 
 
-for _name, _fn, _grad in [("ReduceSum", "sum", _g_sum), ("ReduceMean", "mean", _g_mean),
-                          ("ReduceMax", "max", _g_maxmin), ("ReduceMin", "min", _g_maxmin)]:
+for _name, _grad in [("ReduceSum", _g_sum), ("ReduceMean", _g_mean), ("ReduceMax", _g_extreme), ("ReduceMin", _g_extreme)]:
     register(OpDef(_name, inputs=("x",), attrs={"axis": None, "keepdims": False}, infer=_infer_reduce,
-                   kernel=_kernel_reduce(_fn), grad=_grad, cost=_reduce_cost))
-
-
-def _expand_infer(node):
-    x = node.inputs[0]
-    axes = node.attrs["axes"]
-    shape = list(x.shape)
-    for a in sorted(axes):
-        shape.insert(a, 1)
-    return [(x.dtype, tuple(shape))]
-
-
-register(OpDef("ExpandAxes", inputs=("x",), attrs={"axes": ()}, infer=_expand_infer,
-               kernel=lambda node, ctx: (lambda x, a=node.attrs["axes"]: ctx.xp.expand_dims(x, a)),
-               grad=lambda node, dys: [make("ReduceSum", (dys[0],), {"axis": node.attrs["axes"], "keepdims": False}).outputs[0]],
-               cost=lambda node: Cost(0, 0, 0), doc="Insert size-1 axes (after a reduction without keepdims)."))
+                   kernel=_kernel_reduce, grad=_grad, cost=_reduce_cost,
+                   doc="axis: a tuple of ints, or None for all axes."))
 
 
 def _kernel_div_count(node, ctx):
@@ -123,15 +116,15 @@ register(OpDef("DivByReducedCount", inputs=("g", "x"), attrs={"axes": ()},
 
 def _kernel_extreme_grad(node, ctx):
     xp = ctx.xp
-    axes, keep = node.attrs["axes"], node.attrs["keepdims"]
+    axes, keep, dt = node.attrs["axes"], node.attrs["keepdims"], node.inputs[0].dtype
 
     def run(x, y, dy):
         if not keep:
             y = xp.expand_dims(y, axes)
             dy = xp.expand_dims(dy, axes)
-        mask = (x == y)
-        count = mask.sum(axis=axes, keepdims=True)
-        return xp.where(mask, dy / count.astype(x.dtype), 0).astype(x.dtype, copy=False)
+        mask = x == y
+        share = dy / mask.sum(axis=axes, keepdims=True).astype(dt)
+        return xp.multiply(mask, share, dtype=dt)
     return run
 
 
@@ -144,51 +137,69 @@ register(OpDef("ReduceExtremeGrad", inputs=("x", "y", "dy"), attrs={"axes": (), 
 def _norm_axis_arg(axis) -> Optional[tuple]:
     if axis is None:
         return None
+    if isinstance(axis, Tensor):
+        raise TypeError(f"reduction axes must be static ints, not tensor '{axis.name}'")
     if isinstance(axis, (int, np.integer)):
         return (int(axis),)
     return tuple(int(a) for a in axis)
 
 
+def _reduce(op, x, axis, keepdims, name) -> Tensor:
+    return make(op, (convert(x),), {"axis": _norm_axis_arg(axis), "keepdims": bool(keepdims)}, name=name).outputs[0]
+
+
 def reduce_sum(x, axis=None, keepdims: bool = False, name=None) -> Tensor:
-    return make("ReduceSum", (convert(x),), {"axis": _norm_axis_arg(axis), "keepdims": bool(keepdims)}, name=name).outputs[0]
+    return _reduce("ReduceSum", x, axis, keepdims, name)
 
 
 def reduce_mean(x, axis=None, keepdims: bool = False, name=None) -> Tensor:
-    return make("ReduceMean", (convert(x),), {"axis": _norm_axis_arg(axis), "keepdims": bool(keepdims)}, name=name).outputs[0]
+    return _reduce("ReduceMean", x, axis, keepdims, name)
 
 
 def reduce_max(x, axis=None, keepdims: bool = False, name=None) -> Tensor:
-    return make("ReduceMax", (convert(x),), {"axis": _norm_axis_arg(axis), "keepdims": bool(keepdims)}, name=name).outputs[0]
+    return _reduce("ReduceMax", x, axis, keepdims, name)
 
 
 def reduce_min(x, axis=None, keepdims: bool = False, name=None) -> Tensor:
-    return make("ReduceMin", (convert(x),), {"axis": _norm_axis_arg(axis), "keepdims": bool(keepdims)}, name=name).outputs[0]
+    return _reduce("ReduceMin", x, axis, keepdims, name)
 
 
-# ---- argmax / argmin ----------------------------------------------------------------------------
+# ---- argmax / argmin ------------------------------------------------------------------------------
 def _infer_arg(node):
     x = node.inputs[0]
+    if not x.shape:
+        raise ShapeError(f"{node.op} of a scalar")
+    if node.attrs["output_type"].kind not in "iu":
+        raise ShapeError(f"{node.op} output_type must be an integer dtype, got {node.attrs['output_type'].name}")
     axis = normalize_axis(node.attrs["axis"], len(x.shape))
+    if x.shape[axis] == 0:
+        raise ShapeError(f"{node.op} over the empty axis {axis}")
     return [(node.attrs["output_type"], x.shape[:axis] + x.shape[axis + 1:])]
 
 
-def _kernel_arg(fn_name):
-    def factory(node, ctx):
-        f = getattr(ctx.xp, fn_name)
-        axis = normalize_axis(node.attrs["axis"], len(node.inputs[0].shape))
-        dt = node.attrs["output_type"]
-        return lambda x: f(x, axis=axis).astype(dt, copy=False)
-    return factory
+def _kernel_arg(node, ctx):
+    xp = ctx.xp
+    f = xp.argmax if node.op == "ArgMax" else xp.argmin
+    axis = normalize_axis(node.attrs["axis"], len(node.inputs[0].shape))
+    dt = node.attrs["output_type"]
+    if len(node.inputs[0].shape) == 1:  # a scalar result: keep it an array
+        return lambda x, a=xp.asarray: a(f(x, axis=axis), dtype=dt)
+    return lambda x: f(x, axis=axis).astype(dt, copy=False)
 
 
-for _name, _fn in [("ArgMax", "argmax"), ("ArgMin", "argmin")]:
+for _name in ("ArgMax", "ArgMin"):
     register(OpDef(_name, inputs=("x",), attrs={"axis": -1, "output_type": _dt.int64}, infer=_infer_arg,
-                   kernel=_kernel_arg(_fn), grad=lambda node, dys: [None], cost=_reduce_cost))
+                   kernel=_kernel_arg, grad=lambda node, dys: [None], cost=_reduce_cost,
+                   doc="Index of the first extreme value along axis (ties: the lowest index)."))
 
 
 def argmax(x, axis: int = -1, output_type="int64", name=None) -> Tensor:
-    return make("ArgMax", (convert(x),), {"axis": int(axis), "output_type": _dt.as_dtype(output_type)}, name=name).outputs[0]
+    """Index of the largest entry along `axis` (the last by default)."""
+    return make("ArgMax", (convert(x),), {"axis": int(axis), "output_type": _dt.as_dtype(output_type)},
+                name=name).outputs[0]
 
 
 def argmin(x, axis: int = -1, output_type="int64", name=None) -> Tensor:
-    return make("ArgMin", (convert(x),), {"axis": int(axis), "output_type": _dt.as_dtype(output_type)}, name=name).outputs[0]
+    """Index of the smallest entry along `axis` (the last by default)."""
+    return make("ArgMin", (convert(x),), {"axis": int(axis), "output_type": _dt.as_dtype(output_type)},
+                name=name).outputs[0]

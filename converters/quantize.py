@@ -1,0 +1,162 @@
+"""Post-training int8 quantization into the edge format.
+
+Calibration runs the (frozen, optimized) graph on representative feeds and records each
+activation's range (min/max, or a percentile); activations become asymmetric per-tensor int8,
+conv and dense weights symmetric per-channel int8, biases int32 at scale s_in * s_w. Ops
+without an int8 kernel stay fp32, with Quantize/Dequantize at their borders.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.edge.writer import ModelWriter
+
+from .edge_export import EDGE_OPS
+
+INT8_OPS = {"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "GlobalAvgPool", "Reshape", "Flatten",
+            "Relu", "Relu6"}
+SAME_QPARAMS = {"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
+
+
+def _qparams(lo: float, hi: float) -> Tuple[float, int]:
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255.0 or 1e-8
+    zp = int(np.clip(round(-128 - lo / scale), -128, 127))
+    return scale, zp
+
+
+def _int8_ok(n: Node) -> bool:
+    if n.op not in INT8_OPS or n.outputs[0].dtype != np.float32:
+        return False
+    if n.op in ("FusedConv2D", "FusedMatMul") and n.attrs["activation"] not in ("none", "relu", "relu6"):
+        return False
+    if n.op in ("MatMul", "FusedMatMul") and (n.attrs["transpose_a"] or n.attrs["transpose_b"]
+                                              or len(n.inputs[0].shape) != 2 or n.inputs[1].node.op != "Const"):
+        return False
+    if n.op in ("Conv2D", "FusedConv2D") and n.inputs[1].node.op != "Const":
+        return False
+    return True
+
+
+def calibrate(sess, tensors: Sequence[Tensor], feeds: Iterable[Dict], percentile: Optional[float] = None):
+    """(min, max) per tensor over the calibration feeds."""
+    ranges: Dict[Tensor, List[float]] = {}
+    for feed in feeds:
+        vals = sess.run(list(tensors), feed)
+        for t, v in zip(tensors, vals):
+            v = np.asarray(v, np.float64)
+            lo, hi = (np.percentile(v, 100 - percentile), np.percentile(v, percentile)) if percentile else (v.min(), v.max())
+            r = ranges.get(t)
+            ranges[t] = [lo, hi] if r is None else [min(r[0], lo), max(r[1], hi)]
+    return ranges
+
+
+def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration: Iterable[Dict],
+                     percentile: Optional[float] = None, batch: int = 1) -> Tuple[bytes, Dict[str, object]]:
+    """(edge model bytes, report). `calibration` yields feed dicts keyed by placeholder name or Tensor."""
+    import isthmus.core as ism
+    from isthmus.core.executor import prune
+    from isthmus.core.passes import freeze, optimize
+    outs0 = [session.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
+    frozen = freeze(session, outs0)
+    outs0 = [frozen.tensor(t.name) for t in outs0]
+    rw = optimize(frozen, prune([t.node for t in outs0], set()), outs0, [])
+    g: Graph = rw.graph
+    outs = list(rw.fetches)
+    nodes = prune([t.node for t in outs], set())
+    calib_sess = ism.Session(g, optimize=False)
+    floats = [t for n in nodes if n.op != "Const" for t in n.outputs if t.dtype == np.float32]
+    feeds = [{(g.tensor(k if ":" in k else k + ":0") if isinstance(k, str) else g.tensor(k.name)): v
+              for k, v in f.items()} for f in calibration]
+    ranges = calibrate(calib_sess, floats, feeds, percentile)
+    qp: Dict[Tensor, Tuple[float, int]] = {t: _qparams(*ranges[t]) for t in floats}
+    int8 = {n for n in nodes if _int8_ok(n)}
+    for n in nodes:  # ops that must keep their input's quantization
+        if n in int8 and n.op in SAME_QPARAMS:
+            qp[n.outputs[0]] = qp[n.inputs[0]]
+
+    w = ModelWriter()
+    fid: Dict[Tensor, int] = {}   # float edge tensor per graph tensor
+    qid: Dict[Tensor, int] = {}   # int8 edge tensor per graph tensor
+
+    def shape_of(t):
+        return [batch if (d is None and k == 0) else (-1 if d is None else d) for k, d in enumerate(t.shape)]
+
+    def as_float(t: Tensor) -> int:
+        if t not in fid:
+            i = w.add_tensor(t.node.name + "/dequant", np.float32, shape_of(t))
+            w.add_operator("Dequantize", [qid[t]], [i])
+            fid[t] = i
+        return fid[t]
+
+    def as_int8(t: Tensor) -> int:
+        if t not in qid:
+            s, z = qp[t]
+            i = w.add_tensor(t.node.name + "/quant", np.int8, shape_of(t), scale=[s], zero_point=[z])
+            w.add_operator("Quantize", [as_float(t)], [i])
+            qid[t] = i
+        return qid[t]
+
+    report = {"tensors": {}, "int8_ops": 0, "fp32_ops": 0}
+    for n in nodes:
+        if n.op == "Placeholder":
+            fid[n.outputs[0]] = w.add_input(n.name, n.outputs[0].dtype, shape_of(n.outputs[0]))
+            continue
+        if n.op == "Const":
+            continue
+        if n in int8:
+            report["int8_ops"] += 1
+            ins = []
+            if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul"):
+                x = n.inputs[0]
+                wv = np.asarray(n.inputs[1].node.attrs["value"], np.float64)
+                axis = 0 if n.op.endswith("Conv2D") else 1
+                red = tuple(i for i in range(wv.ndim) if i != axis)
+                s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
+                shp = [-1 if i == axis else 1 for i in range(wv.ndim)]
+                wq = np.clip(np.round(wv / s_w.reshape(shp)), -127, 127).astype(np.int8)
+                ins = [as_int8(x), w.add_constant(n.inputs[1].node.name + "/int8", wq, scale=s_w.tolist(),
+                                                   zero_point=[0] * len(s_w), axis=axis)]
+                if len(n.inputs) > 2:
+                    s_in = qp[x][0]
+                    bv = np.asarray(n.inputs[2].node.attrs["value"], np.float64) if n.inputs[2].node.op == "Const" else None
+                    if bv is None:
+                        raise ValueError(f"node '{n.name}': bias must be constant to quantize")
+                    bq = np.round(bv / (s_in * s_w)).astype(np.int32)
+                    ins.append(w.add_constant(n.inputs[2].node.name + "/int32", bq, scale=(s_in * s_w).tolist(),
+                                              zero_point=[0] * len(s_w)))
+            else:
+                ins = [as_int8(t) for t in n.inputs if t.dtype == np.float32]
+            s, z = qp[n.outputs[0]]
+            out = w.add_tensor(n.name, np.int8, shape_of(n.outputs[0]), scale=[s], zero_point=[z])
+            qid[n.outputs[0]] = out
+            attrs = EDGE_OPS[n.op](n.attrs) if EDGE_OPS.get(n.op) is not None else {}
+            w.add_operator(n.op, ins, [out], attrs)
+        else:
+            report["fp32_ops"] += 1
+            if n.op not in EDGE_OPS:
+                raise ValueError(f"node '{n.name}' ({n.op}) has no edge kernel")
+            ins = []
+            for t in n.inputs:
+                if t.node.op == "Const":
+                    if t not in fid:
+                        fid[t] = w.add_constant(t.node.name, np.asarray(t.node.attrs["value"]))
+                    ins.append(fid[t])
+                else:
+                    ins.append(as_float(t))
+            produced = n.outputs[:1] if n.op == "BatchNorm" else n.outputs
+            ids = [w.add_tensor(n.name if t.index == 0 else t.name, t.dtype, shape_of(t)) for t in produced]
+            for t, i in zip(produced, ids):
+                fid[t] = i
+            attrs = EDGE_OPS[n.op](n.attrs) if EDGE_OPS[n.op] is not None else {}
+            w.add_operator(n.op, ins, ids, attrs)
+    for t in outs:
+        w.mark_output(as_float(t) if t in qid and t not in fid else fid[t])
+    for t in floats:
+        report["tensors"][t.name] = {"min": float(ranges[t][0]), "max": float(ranges[t][1]),
+                                     "scale": qp[t][0], "zero_point": qp[t][1]}
+    w.metadata["quantization"] = "int8 post-training (min/max)" if percentile is None else f"int8 p{percentile}"
+    return w.to_bytes(), report

@@ -460,6 +460,8 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
     return g, inputs, outputs
 
 
-def _clean(name: str) -> str:
+def _clean(name) -> str:
+    if isinstance(name, bytes):  # protobuf hands back bytes for a name that is not valid UTF-8
+        name = name.decode("utf-8", errors="replace")
     out = "".join(ch if ch.isalnum() or ch in "_-." else "_" for ch in name)
     return out or "onnx"

@@ -132,15 +132,19 @@ def add(ctx: OpContext):
 
     def bind(ins, outs, sc):
         a, b, y, t, tb = ins[0], ins[1].reshape(shape2), outs[0], sc[i_t], sc[i_b]
-        multiply, add_, right_shift, clip, i64 = np.multiply, np.add, np.right_shift, np.clip, np.int64
+        copyto, multiply, add_, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, np.clip
+        q1_, q2_, k_, shift_ = np.int64(q1), np.int64(q2), np.int64(k), np.int64(shift)
 
         def run():
-            multiply(a, q1, out=t, dtype=i64)
-            multiply(b, q2, out=tb, dtype=i64)
+            copyto(t, a)
+            multiply(t, q1_, out=t)
+            copyto(tb, b)
+            multiply(tb, q2_, out=tb)
             add_(t, tb, out=t)
-            add_(t, k, out=t)
-            right_shift(t, shift, out=t)
-            clip(t, lo, hi, out=y, casting="unsafe")
+            add_(t, k_, out=t)
+            right_shift(t, shift_, out=t)
+            clip(t, lo, hi, out=t)
+            copyto(y, t, casting="unsafe")
         return run
     return [out], bind
 
@@ -158,11 +162,13 @@ def mul(ctx: OpContext):
 
     def bind(ins, outs, sc):
         a, b, t, ta, tb = ins[0], ins[1], sc[i_t], sc[i_a], sc[i_b]
-        requant, subtract, multiply, i64 = rq.bind(t, outs[0], t), np.subtract, np.multiply, np.int64
+        requant, copyto, subtract, multiply = rq.bind(t, outs[0], t), np.copyto, np.subtract, np.multiply
 
         def run():
-            subtract(a, z1, out=ta, dtype=i64)
-            subtract(b, z2, out=tb, dtype=i64)
+            copyto(ta, a)
+            subtract(ta, z1, out=ta)
+            copyto(tb, b)
+            subtract(tb, z2, out=tb)
             multiply(ta, tb, out=t)
             requant()
         return run
@@ -237,18 +243,19 @@ def softmax(ctx: OpContext):
     table = np.round(np.exp(sx * (np.arange(256) - 255.0)) * (1 << 20)).astype(np.int64)
     rq = Requantizer(2.0 ** -16 / sy, zy, -128, 127, 1 << 16)
     red = x.shape[:axis] + (1,) + x.shape[axis + 1:]
-    i_m, i_d, i_e = ctx.scratch(red, np.int8), ctx.scratch(x.shape, np.int64), ctx.scratch(x.shape, np.int64)
+    i_m, i_d, i_e = ctx.scratch(red, np.int64), ctx.scratch(x.shape, np.int64), ctx.scratch(x.shape, np.int64)
     i_s, i_h = ctx.scratch(red, np.int64), ctx.scratch(red, np.int64)
 
     def bind(ins, outs, sc):
         xi, mx, d, e, s, half = ins[0], sc[i_m], sc[i_d], sc[i_e], sc[i_s], sc[i_h]
         requant = rq.bind(e, outs[0], e)
-        amax, subtract, add_, take, total = np.max, np.subtract, np.add, np.take, np.sum
-        right_shift, left_shift, floor_divide, i64 = np.right_shift, np.left_shift, np.floor_divide, np.int64
+        amax, subtract, add_, take, total, copyto = np.max, np.subtract, np.add, np.take, np.sum, np.copyto
+        right_shift, left_shift, floor_divide = np.right_shift, np.left_shift, np.floor_divide
 
         def run():
-            amax(xi, axis=axis, keepdims=True, out=mx)
-            subtract(xi, mx, out=d, dtype=i64)
+            copyto(d, xi)
+            amax(d, axis=axis, keepdims=True, out=mx)
+            subtract(d, mx, out=d)
             add_(d, 255, out=d)
             take(table, d, out=e, mode="wrap")
             total(e, axis=axis, keepdims=True, out=s)
@@ -288,13 +295,15 @@ def quantize(ctx: OpContext):
 
     def bind(ins, outs, sc):
         xi, yo, t = ins[0], outs[0], sc[i_t]
-        divide, rint, add_, clip = np.divide, np.rint, np.add, np.clip
+        divide, rint, add_, clip, copyto = np.divide, np.rint, np.add, np.clip, np.copyto
+        lo, hi = np.float32(-128), np.float32(127)
 
         def run():
             divide(xi, s, out=t)
             rint(t, out=t)
             add_(t, z, out=t)
-            clip(t, -128, 127, out=yo, casting="unsafe")
+            clip(t, lo, hi, out=t)
+            copyto(yo, t, casting="unsafe")
         return run
     return [x.shape], bind
 
@@ -310,10 +319,11 @@ def dequantize(ctx: OpContext):
     s, z = _axis_params(ctx, x)
 
     def bind(ins, outs, sc):
-        xi, yo, subtract, multiply, f32 = ins[0], outs[0], np.subtract, np.multiply, np.float32
+        xi, yo, copyto, subtract, multiply = ins[0], outs[0], np.copyto, np.subtract, np.multiply
 
         def run():
-            subtract(xi, z, out=yo, dtype=f32)
+            copyto(yo, xi)
+            subtract(yo, z, out=yo)
             multiply(yo, s, out=yo)
         return run
     return [x.shape], bind

@@ -105,13 +105,14 @@ def conv(ctx: OpContext):
                              writeable=False)
             cols6 = cols.reshape(c, kh, kw, oh, ow)
             accs = [acc[i].reshape(c, 1, oh * ow) for i in range(n)]
-            requant, xin = rq.bind(acc, outs[0], sc[i_tmp]), ins[0]
+            requant, xin, zf = rq.bind(acc, outs[0], sc[i_tmp]), ins[0], ft.type(zx)
             subtract, copyto, matmul = np.subtract, np.copyto, np.matmul
 
             def run():
                 for v in borders:
                     v.fill(0)
-                subtract(xin, zx, out=inner, dtype=ft)
+                copyto(inner, xin)
+                subtract(inner, zf, out=inner)
                 for i in range(n):
                     copyto(cols6, win[i])
                     matmul(wc, cols, out=accs[i])
@@ -140,12 +141,13 @@ def conv(ctx: OpContext):
         gemms = [(wg[g], cols[g * kg:(g + 1) * kg], acc[g * og:(g + 1) * og]) for g in range(groups)]
         xin = ins[0].transpose(1, 0, 2, 3)
         requant = rq.bind(acc.reshape(o, n, oh, ow), outs[0].transpose(1, 0, 2, 3), sc[i_tmp])
-        subtract, copyto, matmul = np.subtract, np.copyto, np.matmul
+        subtract, copyto, matmul, zf = np.subtract, np.copyto, np.matmul, ft.type(zx)
 
         def run():
             for v in borders:
                 v.fill(0)
-            subtract(xin, zx, out=inner, dtype=ft)
+            copyto(inner, xin)
+            subtract(inner, zf, out=inner)
             if cols6 is not None:
                 copyto(cols6, win)
             for wm, cm, am in gemms:
@@ -199,14 +201,16 @@ def matmul(ctx: OpContext):
         ain = ins[0].swapaxes(-1, -2) if ta else ins[0]
         bin_ = None if i_b is None else (ins[1].swapaxes(-1, -2) if tb else ins[1])
         bf = const_b if i_b is None else sc[i_b]
-        zb0 = int(zb[0])
+        zaf, zbf = ft.type(za), ft.type(zb[0])
         requant = rq.bind(acc, outs[0], sc[i_tmp])
-        subtract, matmul = np.subtract, np.matmul
+        copyto, subtract, matmul = np.copyto, np.subtract, np.matmul
 
         def run():
-            subtract(ain, za, out=af, dtype=ft)
+            copyto(af, ain)
+            subtract(af, zaf, out=af)
             if bin_ is not None:
-                subtract(bin_, zb0, out=bf, dtype=ft)
+                copyto(bf, bin_)
+                subtract(bf, zbf, out=bf)
             matmul(af, bf, out=acc)
             requant()
         return run
@@ -302,14 +306,15 @@ def global_avg_pool(ctx: OpContext):
     sy, zy = ctx.per_tensor(y)
     hw = h * w
     rq = Requantizer(sx / (sy * hw), zy, -128, 127, 128 * hw, [-hw * zx])
-    i_acc, i_tmp = ctx.scratch((n, c), np.int64), ctx.scratch((n, c), np.int64)
+    i_wide, i_acc = ctx.scratch((n, c, hw), np.int64), ctx.scratch((n, c), np.int64)
 
     def bind(ins, outs, sc):
-        acc, x3 = sc[i_acc], ins[0].reshape(n, c, hw)
-        requant, total = rq.bind(acc, outs[0].reshape(n, c), sc[i_tmp]), np.sum
+        wide, acc, x3 = sc[i_wide], sc[i_acc], ins[0].reshape(n, c, hw)
+        requant, total, copyto = rq.bind(acc, outs[0].reshape(n, c), acc), np.sum, np.copyto
 
         def run():
-            total(x3, axis=2, dtype=np.int64, out=acc)
+            copyto(wide, x3)
+            total(wide, axis=2, out=acc)
             requant()
         return run
     return [(n, c, 1, 1) if keep else (n, c)], bind

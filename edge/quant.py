@@ -104,15 +104,21 @@ class Requantizer:
                 np.array([s for _, s in qs], np.int64).reshape(channel_shape)
 
     def bind(self, acc: np.ndarray, out: np.ndarray, tmp: np.ndarray):
-        """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64)."""
+        """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64).
+        Every ufunc runs on one dtype: a casting ufunc would allocate iteration buffers per call
+        (and is slower than a separate copyto)."""
         q, c, s, lo, hi = self.q, self.c, self.s, self.lo, self.hi
-        multiply, add, right_shift, clip, i64 = np.multiply, np.add, np.right_shift, np.clip, np.int64
+        copyto, multiply, add, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, np.clip
+        load = acc is not tmp
 
         def run():
-            multiply(acc, q, out=tmp, dtype=i64, casting="unsafe")
+            if load:
+                copyto(tmp, acc, casting="unsafe")
+            multiply(tmp, q, out=tmp)
             add(tmp, c, out=tmp)
             right_shift(tmp, s, out=tmp)
-            clip(tmp, lo, hi, out=out, casting="unsafe")
+            clip(tmp, lo, hi, out=tmp)
+            copyto(out, tmp, casting="unsafe")
         return run
 
     def table(self, values: np.ndarray) -> np.ndarray:

@@ -19,8 +19,11 @@ import numpy as np
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 
-_VIEW_OPS = frozenset({"Identity", "StopGradient", "Reshape", "Squeeze", "ExpandDims",
-                       "Transpose", "Slice", "StridedSlice"})
+# ops whose kernels may return a view of their first input: a fetch through them of a variable's
+# value is copied, so the caller never holds a live view of state
+_VIEW_OPS = frozenset({"Identity", "StopGradient", "Reshape", "ReshapeLike", "Squeeze", "ExpandAxes", "Flatten",
+                       "Transpose", "StridedSlice", "Split", "SplitLike", "BroadcastTo", "MergeLeading",
+                       "Concat", "Cast"})
 _plan_ids = itertools.count()
 
 

@@ -175,10 +175,13 @@ def _infer_addn(node):
 
 
 def _kernel_addn(node, ctx):
-    add_ = ctx.xp.add
+    xp = ctx.xp
+    add_ = xp.add
 
     def run(*xs):
         acc = add_(xs[0], xs[1])
+        if len(xs) > 2 and not isinstance(acc, xp.ndarray):
+            acc = xp.array(acc)  # a numpy scalar (0-d operands) cannot take out=
         for x in xs[2:]:
             add_(acc, x, out=acc)
         return acc

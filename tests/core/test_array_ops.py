@@ -191,8 +191,6 @@ def test_unsupported_indices_are_type_errors():
             x[..., 0, ...]
 
 
-@pytest.mark.xfail(reason="executor: _VIEW_OPS names ExpandDims/Slice, not ExpandAxes/Flatten/Split, so a fetched "
-                          "view of a variable is not copied and changes with the variable", strict=False)
 def test_fetched_views_of_variables_do_not_alias_them():
     g = ism.Graph()
     with g.as_default():

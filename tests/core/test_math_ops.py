@@ -146,3 +146,14 @@ def test_cast_gradient():
         got = ism.Session(g).run(dx, {x: np.ones(3)})
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, [2.0, 2.0, 2.0])
+
+
+def test_add_n_of_scalars_fan_in():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float64", (3,))
+        s = ism.reduce_sum(x)
+        y = s * s + 2.0 * s + ism.exp(s)  # s feeds three consumers: its gradient is an AddN of scalars
+        (ds,) = ism.gradients(y, [s])
+        got = ism.Session(g).run(ds, {x: np.array([0.1, 0.2, 0.3])})
+    np.testing.assert_allclose(got, 2 * 0.6 + 2 + np.exp(0.6))

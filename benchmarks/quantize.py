@@ -1,0 +1,87 @@
+"""int8 post-training quantization on real data (scikit-learn digits): top-1 accuracy of the fp32
+and int8 edge models on held-out images, file sizes, and batch-1 latency of each path.
+Targets (edge issue): accuracy drop <= 1 point; int8 file <= 0.27x fp32 for the core CNN;
+int8 numpy path no slower than 1.2x the fp32 path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import isthmus as ism
+from cnn import build_isthmus as build_cnn, init as cnn_init
+from isthmus import nn
+from isthmus.converters.edge_export import to_edge
+from isthmus.converters.quantize import quantize_to_edge
+from isthmus.edge import Interpreter
+from timing import emit, interleaved_medians
+
+
+def digits():
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    order = np.random.default_rng(0).permutation(len(x))
+    return x[order], d.target.astype(np.int32)[order]
+
+
+def trained(kind: str, x, y, epochs: int = 15):
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xp = ism.placeholder("float32", (None, 64), name="x")
+        yp = ism.placeholder("int32", (None,), name="y")
+        if kind == "mlp":
+            net = nn.Sequential([nn.Dense(128, activation="relu"), nn.Dense(64, activation="relu"), nn.Dense(10)])
+            logits = net(xp)
+        else:
+            net = nn.Sequential([nn.Conv2D(16, 3, activation="relu"), nn.MaxPool2D(2),
+                                 nn.Conv2D(32, 3, activation="relu"), nn.MaxPool2D(2), nn.Flatten(),
+                                 nn.Dense(64, activation="relu"), nn.Dense(10)])
+            logits = net(ism.reshape(xp, (-1, 1, 8, 8)))
+        step = ism.optimizers.Adam(2e-3).minimize(nn.sparse_softmax_cross_entropy(yp, logits))
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    rng = np.random.default_rng(1)
+    for _ in range(epochs):
+        order = rng.permutation(1400)
+        for i in range(0, 1400, 64):
+            idx = order[i:i + 64]
+            sess.run(step, {xp: x[idx], yp: y[idx]})
+    return sess, logits
+
+
+def evaluate(kind, x, y):
+    sess, logits = trained(kind, x, y)
+    tx, ty = x[1400:], y[1400:]
+    fp32 = to_edge(sess, [logits], batch=len(ty))
+    int8, _ = quantize_to_edge(sess, [logits], [{"x": x[k:k + 100]} for k in range(0, 500, 100)], batch=len(ty))
+    a32 = float((Interpreter(fp32).invoke(tx)[0].argmax(1) == ty).mean())
+    a8 = float((Interpreter(int8).invoke(tx)[0].argmax(1) == ty).mean())
+    f1, q1 = Interpreter(to_edge(sess, [logits], batch=1)), None
+    q1 = Interpreter(quantize_to_edge(sess, [logits], [{"x": x[:200]}], batch=1)[0])
+    one = tx[:1]
+    t = interleaved_medians({"fp32": lambda: f1.invoke(one), "int8": lambda: q1.invoke(one)}, repeats=41)
+    return {"top1_fp32": round(a32, 4), "top1_int8": round(a8, 4), "drop_points": round(100 * (a32 - a8), 2),
+            "bytes_fp32": len(fp32), "bytes_int8": len(int8), "size_ratio": round(len(int8) / len(fp32), 3),
+            "ms_fp32_batch1": round(t["fp32"] * 1e3, 3), "ms_int8_batch1": round(t["int8"] * 1e3, 3),
+            "int8_over_fp32_time": round(t["int8"] / t["fp32"], 3)}
+
+
+def core_cnn_size():
+    sess, x, _, _, _ = build_cnn(cnn_init(), batch=1)
+    logits = [n for n in sess.graph.nodes if n.op == "BiasAdd"][-1].outputs[0]
+    xv = np.random.default_rng(2).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    fp32 = to_edge(sess, [logits], batch=1)
+    int8, _ = quantize_to_edge(sess, [logits], [{x.node.name: xv[i:i + 1]} for i in range(4)], batch=1)
+    return {"bytes_fp32": len(fp32), "bytes_int8": len(int8), "size_ratio": round(len(int8) / len(fp32), 3)}
+
+
+def main():
+    x, y = digits()
+    res = {"digits_mlp": evaluate("mlp", x, y), "digits_cnn": evaluate("cnn", x, y), "core_cnn_file": core_cnn_size()}
+    res["pass"] = (res["digits_mlp"]["drop_points"] <= 1 and res["digits_cnn"]["drop_points"] <= 1
+                   and res["core_cnn_file"]["size_ratio"] <= 0.27)
+    emit("quantize", res)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
-from .opcontext import OpContext, conv_out
+from .opcontext import OpContext, conv_out, overlay
 from .quant import Requantizer, activation_bounds, exact_dtype, int8_range
 
 INT8_KERNELS: Dict[str, Callable] = {}
@@ -94,18 +94,18 @@ def conv(ctx: OpContext):
     if depthwise:
         rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (1, c, 1, 1))
         wc = np.ascontiguousarray(wi.reshape(c, 1, kk).astype(ft))
-        i_pad, i_cols = ctx.scratch((n, c, hp, wp), ft), ctx.scratch((c, kk, oh * ow), ft)
-        i_acc, i_tmp = ctx.scratch((n, c, oh, ow), ft), ctx.scratch((n, c, oh, ow), np.int64)
+        s_cols, s_tmp = ((c, kk, oh * ow), ft), ((n, c, oh, ow), np.int64)  # never alive together
+        i_pad, i_cols, i_acc = ctx.scratch((n, c, hp, wp), ft), ctx.shared_scratch(s_cols, s_tmp), ctx.scratch(s_tmp[0], ft)
 
         def bind_dw(ins, outs, sc):
-            xpad, cols, acc = sc[i_pad], sc[i_cols], sc[i_acc]
+            xpad, cols, acc, tmp = sc[i_pad], overlay(sc[i_cols], *s_cols), sc[i_acc], overlay(sc[i_cols], *s_tmp)
             borders, inner = _borders(xpad, t, b, l, r), xpad[:, :, t:t + h, l:l + wd]
             s0, s1, s2, s3 = xpad.strides
             win = as_strided(xpad, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw_ * s3),
                              writeable=False)
             cols6 = cols.reshape(c, kh, kw, oh, ow)
             accs = [acc[i].reshape(c, 1, oh * ow) for i in range(n)]
-            requant, xin, zf = rq.bind(acc, outs[0], sc[i_tmp]), ins[0], ft.type(zx)
+            requant, xin, zf = rq.bind(acc, outs[0], tmp), ins[0], ft.type(zx)
             subtract, copyto, matmul = np.subtract, np.copyto, np.matmul
 
             def run():
@@ -123,24 +123,32 @@ def conv(ctx: OpContext):
     rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (o, 1, 1, 1))
     wg = [np.ascontiguousarray(wi[g * og:(g + 1) * og].reshape(og, kg).astype(ft)) for g in range(groups)]
     pointwise = kk == 1 and (sh, sw_) == (1, 1) and not (t or b or l or r)
-    i_pad = ctx.scratch((c, n, hp, wp), ft)
-    i_cols = None if pointwise else ctx.scratch((c * kk, n * oh * ow), ft)
-    i_acc, i_tmp = ctx.scratch((o, n * oh * ow), ft), ctx.scratch((o, n, oh, ow), np.int64)
+    # lifetimes inside the op: padded input -> columns -> (GEMM) accumulator -> int64 temporary
+    s_pad, s_cols = ((c, n, hp, wp), ft), ((c * kk, n * oh * ow), ft)
+    s_acc, s_tmp = ((o, n * oh * ow), ft), ((o, n, oh, ow), np.int64)
+    if pointwise:  # the padded input is the GEMM's operand
+        i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)
+    else:
+        i_a, i_b = ctx.shared_scratch(s_pad, s_acc), ctx.shared_scratch(s_cols, s_tmp)
 
     def bind(ins, outs, sc):
-        xpad, acc = sc[i_pad], sc[i_acc]
+        xpad = overlay(sc[i_a], *s_pad)
+        if pointwise:
+            acc, tmp = sc[i_b], overlay(sc[i_a], *s_tmp)
+        else:
+            acc, tmp = overlay(sc[i_a], *s_acc), overlay(sc[i_b], *s_tmp)
         borders, inner = _borders(xpad, t, b, l, r), xpad[:, :, t:t + h, l:l + wd]
         if pointwise:
             cols, cols6, win = xpad.reshape(c, n * h * wd), None, None
         else:
-            cols = sc[i_cols]
+            cols = overlay(sc[i_b], *s_cols)
             s0, s1, s2, s3 = xpad.strides
             win = as_strided(xpad, (c, kh, kw, n, oh, ow), (s0, dh * s2, dw * s3, s1, sh * s2, sw_ * s3),
                              writeable=False)
             cols6 = cols.reshape(c, kh, kw, n, oh, ow)
         gemms = [(wg[g], cols[g * kg:(g + 1) * kg], acc[g * og:(g + 1) * og]) for g in range(groups)]
         xin = ins[0].transpose(1, 0, 2, 3)
-        requant = rq.bind(acc.reshape(o, n, oh, ow), outs[0].transpose(1, 0, 2, 3), sc[i_tmp])
+        requant = rq.bind(acc.reshape(o, n, oh, ow), outs[0].transpose(1, 0, 2, 3), tmp)
         subtract, copyto, matmul, zf = np.subtract, np.copyto, np.matmul, ft.type(zx)
 
         def run():
@@ -193,16 +201,17 @@ def matmul(ctx: OpContext):
         const_b, b_shape = None, bt.shape[:-2] + (k, nn)
     bias = _bias(ctx, nn, sa, sb)
     rq = Requantizer(sa * sb / sy, zy, lo, hi, bound, bias, (nn,))
-    i_a, i_acc, i_tmp = ctx.scratch(a_shape, ft), ctx.scratch(out_shape, ft), ctx.scratch(out_shape, np.int64)
+    s_a, s_tmp = (a_shape, ft), (out_shape, np.int64)  # the operand is dead when requantization starts
+    i_a, i_acc = ctx.shared_scratch(s_a, s_tmp), ctx.scratch(out_shape, ft)
     i_b = None if b_shape is None else ctx.scratch(b_shape, ft)
 
     def bind(ins, outs, sc):
-        af, acc = sc[i_a], sc[i_acc]
+        af, acc, tmp = overlay(sc[i_a], *s_a), sc[i_acc], overlay(sc[i_a], *s_tmp)
         ain = ins[0].swapaxes(-1, -2) if ta else ins[0]
         bin_ = None if i_b is None else (ins[1].swapaxes(-1, -2) if tb else ins[1])
         bf = const_b if i_b is None else sc[i_b]
         zaf, zbf = ft.type(za), ft.type(zb[0])
-        requant = rq.bind(acc, outs[0], sc[i_tmp])
+        requant = rq.bind(acc, outs[0], tmp)
         copyto, subtract, matmul = np.copyto, np.subtract, np.matmul
 
         def run():

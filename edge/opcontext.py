@@ -39,6 +39,13 @@ class OpContext:
         self.scratch_specs.append((tuple(int(d) for d in shape), np.dtype(dtype)))
         return len(self.scratch_specs) - 1
 
+    def shared_scratch(self, *specs: Tuple[Sequence[int], object]) -> int:
+        """One scratch region for arrays that are never alive together within the op (say, the
+        im2col columns, dead after the GEMM, and the requantization's int64 temporary); bind()
+        receives raw bytes and cuts each array out of them with `overlay`."""
+        nbytes = max(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in specs)
+        return self.scratch((nbytes,), np.uint8)
+
     # ---- checked attributes ----------------------------------------------------------------------
     def ints(self, name: str, n: int, default: Optional[Sequence[int]] = None, lo: int = 0,
              hi: int = MAX_DIM) -> Tuple[int, ...]:
@@ -114,6 +121,11 @@ class OpContext:
         if t.data is None:
             raise EdgeModelError(f"{self.op}: '{t.name}' must be a constant in the file")
         return t.data
+
+
+def overlay(raw: np.ndarray, shape: Sequence[int], dtype) -> np.ndarray:
+    """An array of `shape` and `dtype` over the start of a raw scratch region."""
+    return np.ndarray(tuple(shape), dtype=dtype, buffer=raw)
 
 
 def _check_qparams(op: str, name: str, scale: float, zp: int) -> None:

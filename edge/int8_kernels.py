@@ -24,7 +24,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
-from .opcontext import OpContext, conv_out, overlay
+from .opcontext import OpContext, conv_geometry, overlay, pool_geometry
 from .quant import Requantizer, activation_bounds, exact_dtype, int8_range
 
 INT8_KERNELS: Dict[str, Callable] = {}
@@ -61,26 +61,14 @@ def _bias(ctx: OpContext, o: int, sx: float, sw: np.ndarray):
     return b.astype(np.int64)
 
 
-def _conv_geometry(ctx: OpContext, x, w):
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    sh, sw = ctx.ints("strides", 2, (1, 1), lo=1)
-    dh, dw = ctx.ints("dilations", 2, (1, 1), lo=1)
-    t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
-    groups = ctx.one_int("groups", 1, lo=1)
-    if c % groups or o % groups or cg != c // groups or min(o, cg, kh, kw) < 1:
-        raise EdgeModelError(f"{ctx.op}: input channels {c} and weights {w.shape} do not fit groups={groups}")
-    oh = conv_out(ctx.op, h, kh, sh, dh, t, b)
-    ow = conv_out(ctx.op, wd, kw, sw, dw, l, r)
-    return n, c, h, wd, o, cg, kh, kw, sh, sw, dh, dw, t, b, l, r, groups, oh, ow
-
-
 @int8_kernel("Conv2D", "FusedConv2D")
 def conv(ctx: OpContext):
     ctx.arity(2, 3)
     x, w, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-    ctx.rank(x, 4), ctx.rank(w, 4), ctx.dtype(x, "int8"), ctx.dtype(w, "int8"), ctx.dtype(y, "int8")
-    n, c, h, wd, o, cg, kh, kw, sh, sw_, dh, dw, t, b, l, r, groups, oh, ow = _conv_geometry(ctx, x, w)
+    ctx.dtype(x, "int8"), ctx.dtype(w, "int8"), ctx.dtype(y, "int8")
+    g = conv_geometry(ctx, x, w)
+    n, c, h, wd, o, cg, kh, kw, sh, sw_, dh, dw = g.n, g.c, g.h, g.w, g.o, g.cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw
+    t, b, l, r, groups, oh, ow = g.t, g.b, g.l, g.r, g.groups, g.oh, g.ow
     sx, zx = ctx.per_tensor(x)
     sy, zy = ctx.per_tensor(y)
     sw, zw = ctx.per_channel(w, 0)
@@ -229,18 +217,14 @@ def matmul(ctx: OpContext):
 def _pool_geometry(ctx: OpContext):
     ctx.arity(1, 1)
     x, y = ctx.inputs[0], ctx.outputs[0]
-    ctx.rank(x, 4), ctx.dtype(x, "int8"), ctx.dtype(y, "int8")
-    n, c, h, w = x.shape
-    kh, kw = ctx.ints("ksize", 2, lo=1)
-    sh, sw = ctx.ints("strides", 2, (kh, kw), lo=1)
-    t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
-    oh, ow = conv_out(ctx.op, h, kh, sh, 1, t, b), conv_out(ctx.op, w, kw, sw, 1, l, r)
+    ctx.dtype(x, "int8"), ctx.dtype(y, "int8")
+    g = pool_geometry(ctx, x)
     if ctx.per_tensor(x) != ctx.per_tensor(y):
         raise EdgeModelError(f"{ctx.op}: int8 pooling keeps its input's scale and zero point; "
                              f"'{y.name}' has different ones")
-    taps = [(slice(None), slice(None), slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
-            for i in range(kh) for j in range(kw)]
-    return (n, c, h, w, t, b, l, r, oh, ow), taps
+    taps = [(slice(None), slice(None), slice(i, i + g.sh * (g.oh - 1) + 1, g.sh),
+             slice(j, j + g.sw * (g.ow - 1) + 1, g.sw)) for i in range(g.kh) for j in range(g.kw)]
+    return (g.n, g.c, g.h, g.w, g.t, g.b, g.l, g.r, g.oh, g.ow), taps
 
 
 @int8_kernel("MaxPool")

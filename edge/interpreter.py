@@ -6,7 +6,6 @@ arena views, and hands back copies of the outputs; it allocates nothing else per
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -16,7 +15,7 @@ from .format import EdgeModelError
 from .int8_kernels import INT8_KERNELS
 from .kernels import KERNELS
 from .loader import MIN_ACTIVATION_LIMIT, EdgeModel, load, loads
-from .opcontext import OpContext, TensorSpec, check_window_attrs
+from .opcontext import OpContext, TensorSpec
 
 
 DELEGATE_KEY = "delegate.onnxruntime.buffer"
@@ -95,7 +94,7 @@ class Interpreter:
                     raise EdgeModelError(f"operator {k} ({op.op}): input tensor {i} '{m.tensors[i].name}' "
                                          "is read before any operator writes it")
             try:
-                kind, prepared, scratch, out_shapes = self._prepare_op(op, ins, shapes)
+                bind, scratch, out_shapes = self._prepare_op(op, ins, shapes)
             except EdgeModelError as e:
                 raise EdgeModelError(f"operator {k} ({op.op}): {e}") from None
             except (KeyError, ValueError, TypeError, IndexError, ArithmeticError, MemoryError) as e:
@@ -112,11 +111,11 @@ class Interpreter:
                 if math.prod(s) * dt.itemsize > limit:
                     raise EdgeModelError(f"operator {k} ({op.op}): {dt.name}{list(s)} exceeds the memory bound "
                                          f"({limit} bytes) for a file of {m.size} bytes")
-            runs.append((kind, prepared, ins, list(op.outputs), scratch))
+            runs.append((bind, ins, list(op.outputs), scratch))
         # lifetimes: an activation from the op writing it to the last reading it, scratch for its op
         first: Dict[int, int] = {i: -1 for i in m.inputs}
         last: Dict[int, int] = {}
-        for k, (_, _, ins, outs, _) in enumerate(runs):
+        for k, (_, ins, outs, _) in enumerate(runs):
             for i in outs:
                 first.setdefault(i, k)
             for i in ins:
@@ -129,7 +128,7 @@ class Interpreter:
         for i, f in first.items():
             if m.tensors[i].data is None:
                 ids[i] = planner.add(math.prod(shapes[i]) * m.tensors[i].dtype.itemsize, f, last.get(i, f))
-        scratch_ids = [[planner.add(math.prod(s) * dt.itemsize, k, k) for s, dt in run[4]] for k, run in enumerate(runs)]
+        scratch_ids = [[planner.add(math.prod(s) * dt.itemsize, k, k) for s, dt in run[3]] for k, run in enumerate(runs)]
         offsets, peak = planner.plan()
         if peak > limit:
             raise EdgeModelError(f"the arena needs {peak} bytes, beyond the bound ({limit}) for a file of {m.size} bytes")
@@ -145,40 +144,37 @@ class Interpreter:
             if t.data is not None:
                 views[i] = t.data
         self._views = views
-        self._steps = []
-        for (kind, prepared, ins, outs, scratch), js in zip(runs, scratch_ids):
-            iv, ov = [views[i] for i in ins], [views[i] for i in outs]
-            if kind == "int8":
-                self._steps.append(prepared(iv, ov, [view(s, dt, j) for (s, dt), j in zip(scratch, js)]))
-            else:
-                self._steps.append(partial(prepared, iv, ov))
+        self._steps = [bind([views[i] for i in ins], [views[i] for i in outs],
+                            [view(s, dt, j) for (s, dt), j in zip(scratch, js)])
+                       for (bind, ins, outs, scratch), js in zip(runs, scratch_ids)]
         self._inputs = [(m.tensors[i].name, views[i]) for i in m.inputs]
         self._outputs = [views[i] for i in m.outputs]
         self.input_shapes = {m.tensors[i].name: shapes[i] for i in m.inputs}
         self.output_shapes = {m.tensors[i].name: shapes[i] for i in m.outputs}
 
     def _prepare_op(self, op, ins: List[int], shapes: Dict[int, tuple]):
-        """(kind, prepared, scratch specs, output shapes) of one operator: an int8 kernel when any of
-        its tensors is int8 (it binds arena scratch), the fp32 kernel otherwise."""
+        """(bind, scratch specs, output shapes) of one operator: its int8 kernel when any of its
+        tensors is int8, its fp32 kernel otherwise."""
         m = self.model
         tensors = [m.tensors[i] for i in ins + list(op.outputs)]
+
+        def spec(i: int) -> TensorSpec:
+            t = m.tensors[i]
+            return TensorSpec(t.name, t.dtype, shapes.get(i, t.shape), t.scale, t.zero_point, t.axis, t.data)
         if any(t.dtype == np.int8 for t in tensors):
             if op.op not in INT8_KERNELS:
                 raise EdgeModelError(f"no int8 kernel; int8 kernels: {', '.join(sorted(INT8_KERNELS))}")
-            spec = lambda i: TensorSpec(m.tensors[i].name, m.tensors[i].dtype, shapes.get(i, m.tensors[i].shape),  # noqa: E731
-                                        m.tensors[i].scale, m.tensors[i].zero_point, m.tensors[i].axis,
-                                        m.tensors[i].data)
             ctx = OpContext(op.op, op.attrs, [spec(i) for i in ins], [spec(i) for i in op.outputs])
             out_shapes, bind = INT8_KERNELS[op.op](ctx)
-            return "int8", bind, ctx.scratch_specs, out_shapes
+            return bind, ctx.scratch_specs, out_shapes
         if op.op not in KERNELS:
             raise EdgeModelError(f"no edge kernel; edge kernels: {', '.join(sorted(KERNELS))}")
         bad = [t for t in tensors if t.dtype != np.float32]
         if bad:
             raise EdgeModelError(f"'{bad[0].name}' is {bad[0].dtype.name}: fp32 kernels take float32 only")
-        check_window_attrs(op.op, op.attrs, [shapes[i] for i in ins])
-        out_shapes, run = KERNELS[op.op](op.attrs, [shapes[i] for i in ins], None)
-        return "fp32", run, [], out_shapes
+        ctx = OpContext(op.op, op.attrs, [spec(i) for i in ins], [spec(i) for i in op.outputs])
+        out_shapes, bind = KERNELS[op.op](ctx)
+        return bind, ctx.scratch_specs, out_shapes
 
     # ---- invoke ------------------------------------------------------------------------------------
     def invoke(self, *args, **kwargs) -> List[np.ndarray]:

@@ -1,17 +1,23 @@
-"""fp32 kernels of the edge interpreter. Each op has a `prepare(attrs, in_shapes, consts)` that
-works out output shapes and allocates scratch once, and returns run(ins, outs) that writes its
-results into the arena views `outs` (out= everywhere), allocating nothing per call."""
+"""fp32 kernels of the edge interpreter.
+
+Each op's prepare(ctx) checks its tensors and attributes (opcontext.OpContext), works out the
+output shapes, asks the arena for scratch (padded inputs, im2col columns) and returns
+(output shapes, bind); bind(inputs, outputs, scratch) returns a step taking no arguments that
+writes into the arena views with out= everywhere, allocating nothing per call.
+"""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+import math
+from typing import Callable, Dict
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
+from .opcontext import OpContext, conv_geometry, pool_geometry
 
-Prepared = Tuple[List[Tuple[int, ...]], Callable[[list, list], None]]
-KERNELS: Dict[str, Callable[..., Prepared]] = {}
+KERNELS: Dict[str, Callable] = {}
+ACTIVATIONS = ("none", "relu", "relu6", "tanh", "sigmoid")
 
 
 def kernel(*names):
@@ -23,7 +29,8 @@ def kernel(*names):
 
 
 def _act(name: str):
-    if name in ("none", "", None):
+    """A function applying activation `name` in place (None for none)."""
+    if name == "none":
         return None
     if name == "relu":
         return lambda y: np.maximum(y, 0, out=y)
@@ -31,124 +38,171 @@ def _act(name: str):
         return lambda y: np.clip(y, 0, 6, out=y)
     if name == "tanh":
         return lambda y: np.tanh(y, out=y)
-    if name == "sigmoid":
-        def sig(y):
-            y *= 0.5
-            np.tanh(y, out=y)
-            y += 1
-            y *= 0.5
-            return y
-        return sig
-    raise EdgeModelError(f"unknown activation {name!r}")
+
+    def sigmoid(y):  # 1 / (1 + e^-y) as 0.5 tanh(y / 2) + 0.5: no overflow, no temporary
+        y *= 0.5
+        np.tanh(y, out=y)
+        y += 1
+        y *= 0.5
+    return sigmoid
 
 
-def _pads(attrs) -> Tuple[Tuple[int, int], Tuple[int, int]]:
-    p = attrs.get("pads", (0, 0, 0, 0))
-    if len(p) != 4:
-        raise EdgeModelError(f"pads must hold 4 ints (top, bottom, left, right), got {p}")
-    return (int(p[0]), int(p[1])), (int(p[2]), int(p[3]))
+def _windows(src, kh, kw, oh, ow, sh, sw, dh, dw):
+    """View [N, C, kh, kw, OH, OW] of an NCHW array (no copy)."""
+    n, c = src.shape[:2]
+    s0, s1, s2, s3 = src.strides
+    return as_strided(src, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw * s3), writeable=False)
 
 
-def _windows(xp, kh, kw, oh, ow, sh, sw, dh, dw):
-    n, c = xp.shape[:2]
-    s0, s1, s2, s3 = xp.strides
-    return as_strided(xp, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw * s3), writeable=False)
+def _borders(a, t, b, l, r):
+    hp, wp = a.shape[-2:]
+    views = [a[..., :t, :], a[..., hp - b:, :], a[..., t:hp - b, :l], a[..., t:hp - b, wp - r:]]
+    return [v for v, k in zip(views, (t, b, l, r)) if k]
+
+
+def _float_inputs(ctx: OpContext, lo: int, hi: int):
+    ctx.arity(lo, hi)
+    for t in ctx.inputs + ctx.outputs:
+        ctx.dtype(t, "float32")
 
 
 @kernel("Conv2D", "FusedConv2D")
-def conv(attrs, shapes, consts) -> Prepared:
-    (n, c, h, w), wshape = shapes[0], shapes[1]
-    o, cg, kh, kw = wshape
-    sh, sw = attrs.get("strides", (1, 1))
-    dh, dw = attrs.get("dilations", (1, 1))
-    (t, b), (l, r) = _pads(attrs)
-    groups = int(attrs.get("groups", 1))
-    if c % groups or cg != c // groups or o % groups:
-        raise EdgeModelError(f"conv: input channels {c} and weights {wshape} do not fit groups={groups}")
-    oh = (h + t + b - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + l + r - (kw - 1) * dw - 1) // sw + 1
-    if oh <= 0 or ow <= 0:
-        raise EdgeModelError(f"conv: kernel {kh}x{kw} does not fit input {h}x{w}")
-    act = _act(attrs.get("activation", "none"))
-    has_bias = len(shapes) > 2
-    padded = np.zeros((n, c, h + t + b, w + l + r), np.float32)  # scratch; borders stay zero
+def conv(ctx: OpContext):
+    _float_inputs(ctx, 2, 3)
+    g = conv_geometry(ctx, ctx.inputs[0], ctx.inputs[1])
+    n, c, h, w, o, cg, kh, kw = g.n, g.c, g.h, g.w, g.o, g.cg, g.kh, g.kw
+    t, b, l, r, oh, ow, groups = g.t, g.b, g.l, g.r, g.oh, g.ow, g.groups
+    has_bias = len(ctx.inputs) == 3
+    if has_bias and ctx.inputs[2].shape != (o,):
+        raise EdgeModelError(f"{ctx.op}: bias has shape {ctx.inputs[2].shape}, expected ({o},)")
+    act = _act(ctx.choice("activation", "none", ACTIVATIONS))
     depthwise = groups == c and cg == 1 and o == c
-    og = o // groups
-    # depthwise: per-channel columns [C, kh*kw, OH*OW] contracted with einsum (a single-threaded C
-    # loop: twice as fast as a multiply-add per tap, and unlike BLAS on thousands of 1 x 9
-    # products it does not stall when another process holds the cores)
-    cols = np.empty((c, kh * kw, oh * ow) if depthwise else (cg * kh * kw, oh * ow), np.float32)
+    pointwise = kh == kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded and groups == 1
+    og, kk, p = o // groups, kh * kw, oh * ow
+    i_pad = ctx.scratch((n, c, h + t + b, w + l + r), np.float32) if g.padded and not pointwise else None
+    i_cols = None if pointwise else ctx.scratch((c, kk, p) if depthwise else (cg * kk, p), np.float32)
 
-    pointwise = kh == kw == 1 and (sh, sw) == (1, 1) and (t, b, l, r) == (0, 0, 0, 0) and groups == 1
+    def bind(ins, outs, sc):
+        x, wt, y = ins[0], ins[1], outs[0]
+        bias = ins[2].reshape(1, o, 1, 1) if has_bias else None
+        add, copyto, matmul, einsum = np.add, np.copyto, np.matmul, np.einsum
 
-    def run(ins, outs):
-        x, wt = ins[0], ins[1]
-        y = outs[0]
-        if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
-            np.matmul(wt.reshape(o, c), x.reshape(n, c, h * w), out=y.reshape(n, o, oh * ow))
-            if has_bias:
-                y += ins[2].reshape(1, o, 1, 1)
-            if act:
+        def finish():
+            if bias is not None:
+                add(y, bias, out=y)
+            if act is not None:
                 act(y)
-            return
-        padded[:, :, t:t + h, l:l + w] = x
-        win = _windows(padded, kh, kw, oh, ow, sh, sw, dh, dw)
+        if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
+            w2, x3, y3 = wt.reshape(o, c), x.reshape(n, c, h * w), y.reshape(n, o, p)
+
+            def run_pointwise():
+                matmul(w2, x3, out=y3)
+                finish()
+            return run_pointwise
+        src = sc[i_pad] if i_pad is not None else x
+        borders = _borders(src, t, b, l, r) if i_pad is not None else []
+        inner = src[:, :, t:t + h, l:l + w]
+        win = _windows(src, kh, kw, oh, ow, g.sh, g.sw, g.dh, g.dw)
+        cols = sc[i_cols]
         if depthwise:
-            wc = wt.reshape(c, kh * kw)
-            for i in range(n):
-                np.copyto(cols.reshape(c, kh, kw, oh, ow), win[i])
-                np.einsum("ck,ckp->cp", wc, cols, out=y[i].reshape(c, oh * ow))
-        else:
-            for i in range(n):
-                for g in range(groups):
-                    np.copyto(cols.reshape(cg, kh, kw, oh, ow), win[i, g * cg:(g + 1) * cg])
-                    np.matmul(wt[g * og:(g + 1) * og].reshape(og, -1), cols,
-                              out=y[i, g * og:(g + 1) * og].reshape(og, oh * ow))
-        if has_bias:
-            y += ins[2].reshape(1, o, 1, 1)
-        if act:
-            act(y)
-    return [(n, o, oh, ow)], run
+            # per-channel columns [C, kh*kw, OH*OW] contracted with einsum: a single-threaded C loop,
+            # twice as fast as a multiply-add per tap, and unlike BLAS on thousands of 1 x 9
+            # products it does not stall when another process holds the cores
+            wc, cols6 = wt.reshape(c, kk), cols.reshape(c, kh, kw, oh, ow)
+            jobs = [(win[i], y[i].reshape(c, p)) for i in range(n)]
+
+            def run_depthwise():
+                for v in borders:
+                    v.fill(0)
+                if borders:
+                    copyto(inner, x)
+                for wi, yi in jobs:
+                    copyto(cols6, wi)
+                    einsum("ck,ckp->cp", wc, cols, out=yi)
+                finish()
+            return run_depthwise
+        cols5 = cols.reshape(cg, kh, kw, oh, ow)
+        jobs = [(win[i, k * cg:(k + 1) * cg], wt[k * og:(k + 1) * og].reshape(og, -1),
+                 y[i, k * og:(k + 1) * og].reshape(og, p)) for i in range(n) for k in range(groups)]
+
+        def run_gemm():
+            for v in borders:
+                v.fill(0)
+            if borders:
+                copyto(inner, x)
+            for wi, wk, yk in jobs:
+                copyto(cols5, wi)
+                matmul(wk, cols, out=yk)
+            finish()
+        return run_gemm
+    return [(n, o, oh, ow)], bind
 
 
 @kernel("MatMul", "FusedMatMul")
-def matmul(attrs, shapes, consts) -> Prepared:
-    ta, tb = bool(attrs.get("transpose_a", 0)), bool(attrs.get("transpose_b", 0))
-    a, b = shapes[0], shapes[1]
-    m, k = (a[-1], a[-2]) if ta else (a[-2], a[-1])
-    k2, nn = (b[-1], b[-2]) if tb else (b[-2], b[-1])
+def matmul(ctx: OpContext):
+    _float_inputs(ctx, 2, 3)
+    a, bt = ctx.inputs[0].shape, ctx.inputs[1].shape
+    if len(a) < 2 or len(bt) < 2:
+        raise EdgeModelError(f"{ctx.op}: operands must have rank >= 2, got {a} and {bt}")
+    ta, tb = ctx.one_int("transpose_a", 0, 0, 1), ctx.one_int("transpose_b", 0, 0, 1)
+    m, k = (a[-1], a[-2]) if ta else a[-2:]
+    k2, nn = (bt[-1], bt[-2]) if tb else bt[-2:]
     if k != k2:
-        raise EdgeModelError(f"matmul: inner dims differ: {a} x {b}")
-    batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
-    act = _act(attrs.get("activation", "none"))
-    has_bias = len(shapes) > 2
+        raise EdgeModelError(f"{ctx.op}: inner dimensions differ: {a} x {bt} (transpose {ta}, {tb})")
+    try:
+        batch = tuple(np.broadcast_shapes(a[:-2], bt[:-2]))
+    except ValueError:
+        raise EdgeModelError(f"{ctx.op}: batch dimensions of {a} and {bt} do not broadcast") from None
+    has_bias = len(ctx.inputs) == 3
+    if has_bias and ctx.inputs[2].shape != (nn,):
+        raise EdgeModelError(f"{ctx.op}: bias has shape {ctx.inputs[2].shape}, expected ({nn},)")
+    act = _act(ctx.choice("activation", "none", ACTIVATIONS))
 
-    def run(ins, outs):
-        x, y = ins[0], ins[1]
-        if ta:
-            x = x.swapaxes(-1, -2)
-        if tb:
-            y = y.swapaxes(-1, -2)
-        np.matmul(x, y, out=outs[0])
-        if has_bias:
-            outs[0] += ins[2]
-        if act:
-            act(outs[0])
-    return [tuple(batch) + (m, nn)], run
+    def bind(ins, outs, sc):
+        x = ins[0].swapaxes(-1, -2) if ta else ins[0]
+        wm = ins[1].swapaxes(-1, -2) if tb else ins[1]
+        y, bias, mm, add = outs[0], (ins[2] if has_bias else None), np.matmul, np.add
+
+        def run():
+            mm(x, wm, out=y)
+            if bias is not None:
+                add(y, bias, out=y)
+            if act is not None:
+                act(y)
+        return run
+    return [batch + (m, nn)], bind
 
 
 @kernel("BiasAdd")
-def bias_add(attrs, shapes, consts) -> Prepared:
-    rank = len(shapes[0])
-    axis = int(attrs.get("axis", -1)) % rank
-    view = (-1,) + (1,) * (rank - axis - 1)
-    return [tuple(shapes[0])], lambda ins, outs: np.add(ins[0], ins[1].reshape(view), out=outs[0])
+def bias_add(ctx: OpContext):
+    _float_inputs(ctx, 2, 2)
+    x, bias = ctx.inputs[0].shape, ctx.inputs[1].shape
+    if not x:
+        raise EdgeModelError("BiasAdd: x must have rank >= 1")
+    axis = ctx.axis("axis", len(x), -1)
+    if bias != (x[axis],):
+        raise EdgeModelError(f"BiasAdd: bias {bias} does not match axis {axis} of {x}")
+    view = (-1,) + (1,) * (len(x) - axis - 1)
+
+    def bind(ins, outs, sc):
+        xi, bi, y, add = ins[0], ins[1].reshape(view), outs[0], np.add
+        return lambda: add(xi, bi, out=y)
+    return [x], bind
 
 
 def _binary(f):
-    def prepare(attrs, shapes, consts):
-        return [tuple(np.broadcast_shapes(tuple(shapes[0]), tuple(shapes[1])))], \
-            lambda ins, outs: f(ins[0], ins[1], out=outs[0])
+    def prepare(ctx: OpContext):
+        _float_inputs(ctx, 2, 2)
+        try:
+            out = tuple(np.broadcast_shapes(ctx.inputs[0].shape, ctx.inputs[1].shape))
+        except ValueError:
+            raise EdgeModelError(f"{ctx.op}: shapes {ctx.inputs[0].shape} and {ctx.inputs[1].shape} "
+                                 "do not broadcast") from None
+
+        def bind(ins, outs, sc):
+            a, b, y = ins[0], ins[1], outs[0]
+            return lambda: f(a, b, out=y)
+        return [out], bind
     return prepare
 
 
@@ -157,55 +211,69 @@ for _name, _f in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply), (
     KERNELS[_name] = _binary(_f)
 
 
-def _unary(f):
-    def prepare(attrs, shapes, consts):
-        return [tuple(shapes[0])], lambda ins, outs: f(ins[0], outs[0])
+def _unary(make):
+    """make(x, y) -> a step computing y from x."""
+    def prepare(ctx: OpContext):
+        _float_inputs(ctx, 1, 1)
+        return [ctx.inputs[0].shape], lambda ins, outs, sc: make(ins[0], outs[0])
     return prepare
 
 
-KERNELS["Relu"] = _unary(lambda x, y: np.maximum(x, 0, out=y))
-KERNELS["Relu6"] = _unary(lambda x, y: np.clip(x, 0, 6, out=y))
-KERNELS["Tanh"] = _unary(lambda x, y: np.tanh(x, out=y))
-KERNELS["Identity"] = _unary(lambda x, y: np.copyto(y, x))
+KERNELS["Relu"] = _unary(lambda x, y: lambda: np.maximum(x, 0, out=y))
+KERNELS["Relu6"] = _unary(lambda x, y: lambda: np.clip(x, 0, 6, out=y))
+KERNELS["Tanh"] = _unary(lambda x, y: lambda: np.tanh(x, out=y))
+KERNELS["Identity"] = _unary(lambda x, y: lambda: np.copyto(y, x))
 
 
-@kernel("Sigmoid")
-def sigmoid(attrs, shapes, consts):
-    s = _act("sigmoid")
-    return [tuple(shapes[0])], lambda ins, outs: s(np.copyto(outs[0], ins[0]) or outs[0])
+def _sigmoid_step(x, y):
+    sig, copyto = _act("sigmoid"), np.copyto
+
+    def run():
+        copyto(y, x)
+        sig(y)
+    return run
 
 
-def _pool(kind):
-    def prepare(attrs, shapes, consts):
-        n, c, h, w = shapes[0]
-        kh, kw = attrs["ksize"]
-        sh, sw = attrs.get("strides", (kh, kw))
-        (t, b), (l, r) = _pads(attrs)
-        oh = (h + t + b - kh) // sh + 1
-        ow = (w + l + r - kw) // sw + 1
-        fill = -np.inf if kind == "max" else 0.0
-        padded = np.full((n, c, h + t + b, w + l + r), fill, np.float32)
-        taps = [(slice(None), slice(None), slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
-                for i in range(kh) for j in range(kw)]
-        inv_count = None
-        if kind == "avg":
+KERNELS["Sigmoid"] = _unary(_sigmoid_step)
+
+
+def _pool(kind: str):
+    def prepare(ctx: OpContext):
+        _float_inputs(ctx, 1, 1)
+        g = pool_geometry(ctx, ctx.inputs[0])
+        n, c, h, w, t, b, l, r, oh, ow = g.n, g.c, g.h, g.w, g.t, g.b, g.l, g.r, g.oh, g.ow
+        taps = [(slice(None), slice(None), slice(i, i + g.sh * (oh - 1) + 1, g.sh),
+                 slice(j, j + g.sw * (ow - 1) + 1, g.sw)) for i in range(g.kh) for j in range(g.kw)]
+        scale = None
+        if kind == "avg":  # divide by the real (unpadded) elements of each window
             ones = np.zeros((1, 1, h + t + b, w + l + r), np.float32)
             ones[:, :, t:t + h, l:l + w] = 1
             count = sum(ones[tap] for tap in taps)
-            inv_count = (1.0 / count).astype(np.float32)
+            scale = (1.0 / count).astype(np.float32) if g.padded else np.float32(1.0 / (g.kh * g.kw))
+        i_pad = ctx.scratch((n, c, h + t + b, w + l + r), np.float32) if g.padded else None
+        fill = -np.inf if kind == "max" else 0.0
 
-        def run(ins, outs):
-            y = outs[0]
-            padded[:, :, t:t + h, l:l + w] = ins[0]
-            np.copyto(y, padded[taps[0]])
-            for tap in taps[1:]:
-                if kind == "max":
-                    np.maximum(y, padded[tap], out=y)
-                else:
-                    y += padded[tap]
-            if inv_count is not None:
-                y *= inv_count
-        return [(n, c, oh, ow)], run
+        def bind(ins, outs, sc):
+            x, y = ins[0], outs[0]
+            src = sc[i_pad] if i_pad is not None else x
+            borders = _borders(src, t, b, l, r) if i_pad is not None else []
+            inner = src[:, :, t:t + h, l:l + w]
+            views = [src[tap] for tap in taps]
+            first, rest = views[0], views[1:]
+            combine, copyto, multiply = (np.maximum if kind == "max" else np.add), np.copyto, np.multiply
+
+            def run():
+                for v in borders:
+                    v.fill(fill)
+                if borders:
+                    copyto(inner, x)
+                copyto(y, first)
+                for v in rest:
+                    combine(y, v, out=y)
+                if scale is not None:
+                    multiply(y, scale, out=y)
+            return run
+        return [(n, c, oh, ow)], bind
     return prepare
 
 
@@ -214,83 +282,158 @@ KERNELS["AvgPool"] = _pool("avg")
 
 
 @kernel("GlobalAvgPool")
-def gap(attrs, shapes, consts):
-    n, c = shapes[0][:2]
-    keep = bool(attrs.get("keepdims", 0))
+def global_avg_pool(ctx: OpContext):
+    _float_inputs(ctx, 1, 1)
+    ctx.rank(ctx.inputs[0], 4)
+    n, c, h, w = ctx.inputs[0].shape
+    keep = ctx.one_int("keepdims", 0, 0, 1)
+    inv = np.float32(1.0 / max(h * w, 1))
 
-    def run(ins, outs):
-        np.mean(ins[0], axis=(2, 3), out=outs[0].reshape(n, c))
-    return [(n, c, 1, 1) if keep else (n, c)], run
+    def bind(ins, outs, sc):
+        x3, y2, total, multiply = ins[0].reshape(n, c, h * w), outs[0].reshape(n, c), np.sum, np.multiply
+
+        def run():
+            total(x3, axis=2, out=y2)
+            multiply(y2, inv, out=y2)
+        return run
+    return [(n, c, 1, 1) if keep else (n, c)], bind
+
+
+def reshape_target(ctx: OpContext, shape) -> tuple:
+    total = math.prod(shape)
+    if ctx.op == "Flatten":
+        a = ctx.axis("axis", len(shape) + 1, 1)
+        return math.prod(shape[:a]), math.prod(shape[a:])
+    target = ctx.attrs.get("shape")
+    if not isinstance(target, tuple) or not all(isinstance(d, int) and d >= -1 for d in target) \
+            or target.count(-1) > 1:
+        raise EdgeModelError(f"Reshape: attribute 'shape' = {target!r} is not a shape")
+    known = math.prod(d for d in target if d != -1)
+    if -1 in target and known:
+        target = tuple(total // known if d == -1 else d for d in target)
+    if math.prod(target) != total:
+        raise EdgeModelError(f"Reshape: {shape} cannot become {target}")
+    return tuple(target)
 
 
 @kernel("Reshape", "Flatten")
-def reshape(attrs, shapes, consts):
-    total = int(np.prod(shapes[0]))
-    if "shape" in attrs:
-        target = list(attrs["shape"])
-        if -1 in target:
-            known = int(np.prod([d for d in target if d != -1])) or 1
-            target[target.index(-1)] = total // known
-    else:
-        a = int(attrs.get("axis", 1))
-        target = [int(np.prod(shapes[0][:a])), int(np.prod(shapes[0][a:]))]
-    if int(np.prod(target)) != total:
-        raise EdgeModelError(f"reshape of {shapes[0]} to {target}")
-    return [tuple(target)], lambda ins, outs: np.copyto(outs[0], ins[0].reshape(outs[0].shape))
+def reshape(ctx: OpContext):
+    _float_inputs(ctx, 1, 1)
+    out = reshape_target(ctx, ctx.inputs[0].shape)
+
+    def bind(ins, outs, sc):
+        x, y, copyto = ins[0].reshape(out), outs[0], np.copyto
+        return lambda: copyto(y, x)
+    return [out], bind
 
 
 @kernel("Concat")
-def concat(attrs, shapes, consts):
-    axis = int(attrs.get("axis", 0)) % len(shapes[0])
-    out = list(shapes[0])
-    out[axis] = sum(s[axis] for s in shapes)
-    return [tuple(out)], lambda ins, outs: np.concatenate(ins, axis=axis, out=outs[0])
+def concat(ctx: OpContext):
+    if not ctx.inputs or len(ctx.outputs) != 1:
+        raise EdgeModelError("Concat: needs inputs and one output")
+    _float_inputs(ctx, 1, len(ctx.inputs))
+    first = ctx.inputs[0].shape
+    axis = ctx.axis("axis", len(first), 0)
+    for t in ctx.inputs:
+        if len(t.shape) != len(first) or any(a != b for k, (a, b) in enumerate(zip(t.shape, first)) if k != axis):
+            raise EdgeModelError(f"Concat: '{t.name}' {t.shape} does not match {first} off axis {axis}")
+    out = first[:axis] + (sum(t.shape[axis] for t in ctx.inputs),) + first[axis + 1:]
+
+    def bind(ins, outs, sc):
+        y, cat = outs[0], np.concatenate
+        return lambda: cat(ins, axis=axis, out=y)
+    return [out], bind
 
 
 @kernel("Softmax")
-def softmax(attrs, shapes, consts):
-    axis = int(attrs.get("axis", -1))
+def softmax(ctx: OpContext):
+    _float_inputs(ctx, 1, 1)
+    shape = ctx.inputs[0].shape
+    if not shape:
+        raise EdgeModelError("Softmax: x must have rank >= 1")
+    axis = ctx.axis("axis", len(shape), -1)
+    i_red = ctx.scratch(shape[:axis] + (1,) + shape[axis + 1:], np.float32)
 
-    def run(ins, outs):
-        y = outs[0]
-        np.subtract(ins[0], ins[0].max(axis=axis, keepdims=True), out=y)
-        np.exp(y, out=y)
-        y /= y.sum(axis=axis, keepdims=True)
-    return [tuple(shapes[0])], run
+    def bind(ins, outs, sc):
+        x, y, red = ins[0], outs[0], sc[i_red]
+        amax, subtract, exp, total, divide = np.max, np.subtract, np.exp, np.sum, np.divide
+
+        def run():
+            amax(x, axis=axis, keepdims=True, out=red)
+            subtract(x, red, out=y)
+            exp(y, out=y)
+            total(y, axis=axis, keepdims=True, out=red)
+            divide(y, red, out=y)
+        return run
+    return [shape], bind
 
 
 @kernel("Pad")
-def pad(attrs, shapes, consts):
-    p = attrs["paddings"]  # flat (before0, after0, before1, after1, ...)
-    pairs = [(int(p[2 * i]), int(p[2 * i + 1])) for i in range(len(shapes[0]))]
-    value = float(attrs.get("constant_value", 0.0))
-    out = tuple(d + a + b for d, (a, b) in zip(shapes[0], pairs))
-    inner = tuple(slice(a, a + d) for d, (a, _) in zip(shapes[0], pairs))
+def pad(ctx: OpContext):
+    _float_inputs(ctx, 1, 1)
+    shape = ctx.inputs[0].shape
+    if ctx.attrs.get("mode", "constant") != "constant":
+        raise EdgeModelError("Pad: the edge kernel supports mode 'constant' only")
+    p = ctx.ints("paddings", 2 * len(shape), lo=0, hi=1 << 16)  # (before0, after0, before1, after1, ...)
+    value = np.float32(ctx.number("constant_value", 0.0))
+    out = tuple(d + p[2 * i] + p[2 * i + 1] for i, d in enumerate(shape))
+    inner = tuple(slice(p[2 * i], p[2 * i] + d) for i, d in enumerate(shape))
 
-    def run(ins, outs):
-        outs[0].fill(value)
-        outs[0][inner] = ins[0]
-    return [out], run
+    def bind(ins, outs, sc):
+        x, y, copyto = ins[0], outs[0], np.copyto
+        dst = y[inner]
+
+        def run():
+            y.fill(value)
+            copyto(dst, x)
+        return run
+    return [out], bind
 
 
 @kernel("BatchNorm")
-def batch_norm(attrs, shapes, consts):
-    """Inference batch norm (the passes fold most of them into the previous conv)."""
-    rank = len(shapes[0])
-    axis = int(attrs.get("axis", 1)) % rank
-    view = (-1,) + (1,) * (rank - axis - 1)
-    eps = float(attrs.get("epsilon", 1e-3))
-    c = shapes[0][axis]
-    inv = np.empty(c, np.float32)
-    shift = np.empty(c, np.float32)
+def batch_norm(ctx: OpContext):
+    """Inference batch norm, y = x * scale / sqrt(var + eps) + (offset - mean * that); with constant
+    statistics (the usual case when the passes did not fold it) both vectors are computed once."""
+    _float_inputs(ctx, 5, 5)
+    shape = ctx.inputs[0].shape
+    if not shape:
+        raise EdgeModelError("BatchNorm: x must have rank >= 1")
+    axis = ctx.axis("axis", len(shape), 1)
+    c = shape[axis]
+    for t in ctx.inputs[1:]:
+        if t.shape != (c,):
+            raise EdgeModelError(f"BatchNorm: '{t.name}' has shape {t.shape}, expected ({c},)")
+    eps = ctx.number("epsilon", 1e-3)
+    view = (-1,) + (1,) * (len(shape) - axis - 1)
+    consts = [t.data for t in ctx.inputs[1:]]
+    fixed = None
+    if all(v is not None for v in consts):
+        scale, offset, mean, var = (v.astype(np.float64) for v in consts)
+        inv = scale / np.sqrt(var + eps)
+        fixed = (inv.astype(np.float32).reshape(view), (offset - mean * inv).astype(np.float32).reshape(view))
+    i_inv, i_shift = ctx.scratch((c,), np.float32), ctx.scratch((c,), np.float32)
 
-    def run(ins, outs):
-        x, scale, offset, mean, var = ins
-        np.add(var, eps, out=inv)
-        np.sqrt(inv, out=inv)
-        np.divide(scale, inv, out=inv)
-        np.multiply(mean, inv, out=shift)
-        np.subtract(offset, shift, out=shift)
-        np.multiply(x, inv.reshape(view), out=outs[0])
-        outs[0] += shift.reshape(view)
-    return [tuple(shapes[0])], run
+    def bind(ins, outs, sc):
+        x, y = ins[0], outs[0]
+        multiply, add = np.multiply, np.add
+        if fixed is not None:
+            inv_v, shift_v = fixed
+
+            def run_fixed():
+                multiply(x, inv_v, out=y)
+                add(y, shift_v, out=y)
+            return run_fixed
+        scale, offset, mean, var = ins[1:]
+        inv, shift = sc[i_inv], sc[i_shift]
+        inv_v, shift_v = inv.reshape(view), shift.reshape(view)
+
+        def run():
+            add(var, np.float32(eps), out=inv)
+            np.sqrt(inv, out=inv)
+            np.divide(scale, inv, out=inv)
+            multiply(mean, inv, out=shift)
+            np.subtract(offset, shift, out=shift)
+            multiply(x, inv_v, out=y)
+            add(y, shift_v, out=y)
+        return run
+    return [shape], bind

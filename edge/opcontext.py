@@ -148,44 +148,55 @@ def conv_out(op: str, size: int, k: int, stride: int, dilation: int, pad0: int, 
     return o
 
 
-def check_window_attrs(op: str, attrs: Dict[str, object], in_shapes: List[Tuple[int, ...]]) -> None:
-    """What the fp32 kernels (kernels.py) take on trust, checked before their prepare: ranks, window
-    geometry, padding within the window's reach, bias and concat shapes."""
-    ctx = OpContext(op, attrs, [], [])
 
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise EdgeModelError(f"{op}: {what} (input shapes {in_shapes})")
-    if op in ("Conv2D", "FusedConv2D"):
-        need(len(in_shapes) in (2, 3) and len(in_shapes[0]) == 4 and len(in_shapes[1]) == 4, "needs NCHW x, OIHW w")
-        (n, c, h, w), (o, cg, kh, kw) = in_shapes[0], in_shapes[1]
-        sh, sw = ctx.ints("strides", 2, (1, 1), lo=1)
-        dh, dw = ctx.ints("dilations", 2, (1, 1), lo=1)
-        t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
-        g = ctx.one_int("groups", 1, lo=1)
-        need(min(o, cg, kh, kw) >= 1 and c % g == 0 and o % g == 0 and cg == c // g, f"weights do not fit groups={g}")
-        conv_out(op, h, kh, sh, dh, t, b), conv_out(op, w, kw, sw, dw, l, r)
-        need(len(in_shapes) == 2 or tuple(in_shapes[2]) == (o,), f"bias must be ({o},)")
-    elif op in ("MaxPool", "AvgPool"):
-        need(len(in_shapes) == 1 and len(in_shapes[0]) == 4, "needs one NCHW input")
-        n, c, h, w = in_shapes[0]
-        kh, kw = ctx.ints("ksize", 2, lo=1)
-        sh, sw = ctx.ints("strides", 2, (kh, kw), lo=1)
-        t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
-        conv_out(op, h, kh, sh, 1, t, b), conv_out(op, w, kw, sw, 1, l, r)
-    elif op == "Pad":
-        need(len(in_shapes) == 1, "takes one input")
-        ctx.ints("paddings", 2 * len(in_shapes[0]), lo=0, hi=1 << 16)
-    elif op == "BiasAdd":
-        need(len(in_shapes) == 2 and len(in_shapes[0]) >= 1, "takes x and a bias")
-        axis = ctx.axis("axis", len(in_shapes[0]), -1)
-        need(tuple(in_shapes[1]) == (in_shapes[0][axis],), f"bias must match axis {axis}")
-    elif op == "Concat":
-        need(len(in_shapes) >= 1, "needs inputs")
-        axis = ctx.axis("axis", len(in_shapes[0]), 0)
-        need(all(len(s) == len(in_shapes[0]) and all(a == b for k, (a, b) in enumerate(zip(s, in_shapes[0]))
-                                                     if k != axis) for s in in_shapes), "shapes differ off the axis")
-    elif op in ("Softmax", "GlobalAvgPool", "Flatten"):
-        need(len(in_shapes) == 1 and len(in_shapes[0]) >= (4 if op == "GlobalAvgPool" else 1), "bad input rank")
-        if op != "GlobalAvgPool":
-            ctx.axis("axis", len(in_shapes[0]) + (op == "Flatten"), -1 if op == "Softmax" else 1)
+@dataclass
+class Window:
+    """The geometry of a convolution or pooling window sweep over an NCHW input."""
+    n: int
+    c: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    t: int
+    b: int
+    l: int
+    r: int
+    oh: int
+    ow: int
+    o: int = 0
+    cg: int = 0
+    groups: int = 1
+
+    @property
+    def padded(self) -> bool:
+        return bool(self.t or self.b or self.l or self.r)
+
+
+def conv_geometry(ctx: OpContext, x: TensorSpec, w: TensorSpec) -> Window:
+    """Checked geometry of Conv2D (NCHW input, OIHW weights; pads are (top, bottom, left, right))."""
+    ctx.rank(x, 4), ctx.rank(w, 4)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    sh, sw = ctx.ints("strides", 2, (1, 1), lo=1)
+    dh, dw = ctx.ints("dilations", 2, (1, 1), lo=1)
+    t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
+    groups = ctx.one_int("groups", 1, lo=1)
+    if c % groups or o % groups or cg != c // groups or min(o, cg, kh, kw) < 1:
+        raise EdgeModelError(f"{ctx.op}: input channels {c} and weights {w.shape} do not fit groups={groups}")
+    oh, ow = conv_out(ctx.op, h, kh, sh, dh, t, b), conv_out(ctx.op, wd, kw, sw, dw, l, r)
+    return Window(n, c, h, wd, kh, kw, sh, sw, dh, dw, t, b, l, r, oh, ow, o, cg, groups)
+
+
+def pool_geometry(ctx: OpContext, x: TensorSpec) -> Window:
+    ctx.rank(x, 4)
+    n, c, h, w = x.shape
+    kh, kw = ctx.ints("ksize", 2, lo=1)
+    sh, sw = ctx.ints("strides", 2, (kh, kw), lo=1)
+    t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
+    oh, ow = conv_out(ctx.op, h, kh, sh, 1, t, b), conv_out(ctx.op, w, kw, sw, 1, l, r)
+    return Window(n, c, h, w, kh, kw, sh, sw, 1, 1, t, b, l, r, oh, ow)

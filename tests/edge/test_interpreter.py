@@ -42,7 +42,7 @@ def test_cnn_with_batch_norm_and_pools(batch):
         h = ism.avg_pool(h, 3, 1, "SAME")
         return ism.nn.Dense(4)(ism.flatten(h))
     interp = _compare(build, (batch, 3, 16, 16))
-    assert interp.arena_lower_bound <= interp.arena_bytes < interp.tensor_bytes
+    assert interp.arena_lower_bound <= interp.arena_bytes < interp.tensor_bytes + interp.scratch_bytes
 
 
 def test_mobilenet_block_depthwise_residual_global_pool():

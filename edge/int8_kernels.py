@@ -25,7 +25,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
 from .opcontext import OpContext, conv_geometry, overlay, pool_geometry
-from .quant import Requantizer, activation_bounds, exact_dtype, int8_range
+from .quant import Requantizer, activation_bounds, bind_folded_output, exact_dtype, fold_requantization, int8_range
 
 INT8_KERNELS: Dict[str, Callable] = {}
 
@@ -73,15 +73,19 @@ def conv(ctx: OpContext):
     sy, zy = ctx.per_tensor(y)
     sw, zw = ctx.per_channel(w, 0)
     wi = ctx.constant(w).astype(np.int64) - zw.reshape(o, 1, 1, 1)
-    bound = int8_range(zx) * int(np.abs(wi).reshape(o, -1).sum(axis=1).max())
+    wsum = wi.reshape(o, -1).sum(axis=1)
+    # the GEMM runs on raw x (|x| <= 128); the input zero point folds into the bias, and padding
+    # holds zx itself, so every tap contributes (x - zx) * w as the integer definition says
+    bound = 128 * int(np.abs(wi).reshape(o, -1).sum(axis=1).max())
     ft = exact_dtype(bound)
     bias = _bias(ctx, o, sx, sw)
+    bias = (0 if bias is None else bias) - zx * wsum
     lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
     depthwise = groups == c and cg == 1 and o == c
-    hp, wp, kk = h + t + b, wd + l + r, kh * kw
+    hp, wp, kk, zf = h + t + b, wd + l + r, kh * kw, ft.type(zx)
     if depthwise:
         rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (1, c, 1, 1))
-        wc = np.ascontiguousarray(wi.reshape(c, 1, kk).astype(ft))
+        wc = np.ascontiguousarray(wi.reshape(c, kk).astype(ft))
         s_cols, s_tmp = ((c, kk, oh * ow), ft), ((n, c, oh, ow), np.int64)  # never alive together
         i_pad, i_cols, i_acc = ctx.scratch((n, c, hp, wp), ft), ctx.shared_scratch(s_cols, s_tmp), ctx.scratch(s_tmp[0], ft)
 
@@ -92,27 +96,32 @@ def conv(ctx: OpContext):
             win = as_strided(xpad, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw_ * s3),
                              writeable=False)
             cols6 = cols.reshape(c, kh, kw, oh, ow)
-            accs = [acc[i].reshape(c, 1, oh * ow) for i in range(n)]
-            requant, xin, zf = rq.bind(acc, outs[0], tmp), ins[0], ft.type(zx)
-            subtract, copyto, matmul = np.subtract, np.copyto, np.matmul
+            jobs = [(win[i], acc[i].reshape(c, oh * ow)) for i in range(n)]
+            requant, xin = rq.bind(acc, outs[0], tmp), ins[0]
+            copyto, einsum = np.copyto, np.einsum
 
             def run():
                 for v in borders:
-                    v.fill(0)
+                    v.fill(zf)
                 copyto(inner, xin)
-                subtract(inner, zf, out=inner)
-                for i in range(n):
-                    copyto(cols6, win[i])
-                    matmul(wc, cols, out=accs[i])
+                for wi_, ai in jobs:  # per-channel 1 x kh*kw products: einsum, not batched BLAS
+                    copyto(cols6, wi_)
+                    einsum("ck,ckp->cp", wc, cols, out=ai)
                 requant()
             return run
         return [(n, o, oh, ow)], bind_dw
     og, kg = o // groups, cg * kk
-    rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (o, 1, 1, 1))
-    wg = [np.ascontiguousarray(wi[g * og:(g + 1) * og].reshape(og, kg).astype(ft)) for g in range(groups)]
     pointwise = kk == 1 and (sh, sw_) == (1, 1) and not (t or b or l or r)
+    # one float64 GEMM doing the requantization too when that is exact (quant.fold_requantization),
+    # else an exact float32 (or float64) GEMM followed by the fixed-point Requantizer
+    folded = fold_requantization(wi.reshape(o, -1), sx * sw / sy, bias, zy, bound) if groups == 1 else None
+    if folded is not None:
+        ft, extra, wg = np.dtype(np.float64), 1, [folded]
+    else:
+        rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (o, 1, 1, 1))
+        extra, wg = 0, [np.ascontiguousarray(wi[g * og:(g + 1) * og].reshape(og, kg).astype(ft)) for g in range(groups)]
     # lifetimes inside the op: padded input -> columns -> (GEMM) accumulator -> int64 temporary
-    s_pad, s_cols = ((c, n, hp, wp), ft), ((c * kk, n * oh * ow), ft)
+    s_pad, s_cols = ((c + (extra if pointwise else 0), n, hp, wp), ft), ((c * kk + extra, n * oh * ow), ft)
     s_acc, s_tmp = ((o, n * oh * ow), ft), ((o, n, oh, ow), np.int64)
     if pointwise:  # the padded input is the GEMM's operand
         i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)
@@ -123,32 +132,33 @@ def conv(ctx: OpContext):
         xpad = overlay(sc[i_a], *s_pad)
         if pointwise:
             acc, tmp = sc[i_b], overlay(sc[i_a], *s_tmp)
+            cols, cols6, win = xpad.reshape(c + extra, n * h * wd), None, None
         else:
             acc, tmp = overlay(sc[i_a], *s_acc), overlay(sc[i_b], *s_tmp)
-        borders, inner = _borders(xpad, t, b, l, r), xpad[:, :, t:t + h, l:l + wd]
-        if pointwise:
-            cols, cols6, win = xpad.reshape(c, n * h * wd), None, None
-        else:
             cols = overlay(sc[i_b], *s_cols)
             s0, s1, s2, s3 = xpad.strides
             win = as_strided(xpad, (c, kh, kw, n, oh, ow), (s0, dh * s2, dw * s3, s1, sh * s2, sw_ * s3),
                              writeable=False)
-            cols6 = cols.reshape(c, kh, kw, n, oh, ow)
-        gemms = [(wg[g], cols[g * kg:(g + 1) * kg], acc[g * og:(g + 1) * og]) for g in range(groups)]
-        xin = ins[0].transpose(1, 0, 2, 3)
-        requant = rq.bind(acc.reshape(o, n, oh, ow), outs[0].transpose(1, 0, 2, 3), tmp)
-        subtract, copyto, matmul, zf = np.subtract, np.copyto, np.matmul, ft.type(zx)
+            cols6 = cols[:c * kk].reshape(c, kh, kw, n, oh, ow)
+        ones = cols[c * kk:] if extra else None
+        borders, inner = _borders(xpad[:c], t, b, l, r), xpad[:c, :, t:t + h, l:l + wd]
+        gemms = [(wg[g], cols[g * kg:(g + 1) * kg + extra], acc[g * og:(g + 1) * og]) for g in range(groups)]
+        xin, y4 = ins[0].transpose(1, 0, 2, 3), outs[0].transpose(1, 0, 2, 3)
+        finish = bind_folded_output(acc.reshape(o, n, oh, ow), y4, lo, hi) if extra else \
+            rq.bind(acc.reshape(o, n, oh, ow), y4, tmp)
+        copyto, matmul = np.copyto, np.matmul
 
         def run():
             for v in borders:
-                v.fill(0)
+                v.fill(zf)
             copyto(inner, xin)
-            subtract(inner, zf, out=inner)
             if cols6 is not None:
                 copyto(cols6, win)
+            if ones is not None:
+                ones.fill(1.0)
             for wm, cm, am in gemms:
                 matmul(wm, cm, out=am)
-            requant()
+            finish()
         return run
     return [(n, o, oh, ow)], bind
 
@@ -178,38 +188,48 @@ def matmul(ctx: OpContext):
         sb, zb = ctx.per_channel(bt, 0 if tb else 1)
         bi = bt.data.astype(np.int64)
         bi = (bi.T if tb else bi) - zb.reshape(1, nn)  # [K, N]
-        bound = int8_range(za) * int(np.abs(bi).sum(axis=0).max())
+        bound = 128 * int(np.abs(bi).sum(axis=0).max())  # raw a; za folds into the bias
         ft = exact_dtype(bound)
-        const_b, b_shape = np.ascontiguousarray(bi.astype(ft)), None
+        const_b, b_shape, fold = np.ascontiguousarray(bi.astype(ft)), None, -za * bi.sum(axis=0)
     else:
         sb1, zb1 = ctx.per_tensor(bt)
         sb, zb = np.full(nn, sb1), np.full(nn, zb1)
         bound = int8_range(za) * int8_range(zb1) * k
         ft = exact_dtype(bound)
-        const_b, b_shape = None, bt.shape[:-2] + (k, nn)
+        const_b, b_shape, fold = None, bt.shape[:-2] + (k, nn), 0
     bias = _bias(ctx, nn, sa, sb)
-    rq = Requantizer(sa * sb / sy, zy, lo, hi, bound, bias, (nn,))
-    s_a, s_tmp = (a_shape, ft), (out_shape, np.int64)  # the operand is dead when requantization starts
+    bias = (0 if bias is None else bias) + fold
+    folded = None
+    if const_b is not None:  # requantization inside one float64 GEMM when exact (see conv)
+        folded = fold_requantization(bi.T, sa * sb / sy, bias, zy, bound)
+    if folded is not None:
+        ft, const_b, extra = np.dtype(np.float64), np.ascontiguousarray(folded.T), 1
+    else:
+        rq, extra = Requantizer(sa * sb / sy, zy, lo, hi, bound, bias, (nn,)), 0
+    s_a, s_tmp = (a_shape[:-1] + (k + extra,), ft), (out_shape, np.int64)  # the operand is dead when requantizing
     i_a, i_acc = ctx.shared_scratch(s_a, s_tmp), ctx.scratch(out_shape, ft)
     i_b = None if b_shape is None else ctx.scratch(b_shape, ft)
 
     def bind(ins, outs, sc):
         af, acc, tmp = overlay(sc[i_a], *s_a), sc[i_acc], overlay(sc[i_a], *s_tmp)
+        a_in, ones = af[..., :k], (af[..., k:] if extra else None)
         ain = ins[0].swapaxes(-1, -2) if ta else ins[0]
         bin_ = None if i_b is None else (ins[1].swapaxes(-1, -2) if tb else ins[1])
         bf = const_b if i_b is None else sc[i_b]
         zaf, zbf = ft.type(za), ft.type(zb[0])
-        requant = rq.bind(acc, outs[0], tmp)
+        finish = bind_folded_output(acc, outs[0], lo, hi) if extra else rq.bind(acc, outs[0], tmp)
         copyto, subtract, matmul = np.copyto, np.subtract, np.matmul
 
         def run():
-            copyto(af, ain)
-            subtract(af, zaf, out=af)
+            copyto(a_in, ain)
+            if ones is not None:
+                ones.fill(1.0)
             if bin_ is not None:
+                subtract(af, zaf, out=af)
                 copyto(bf, bin_)
                 subtract(bf, zbf, out=bf)
             matmul(af, bf, out=acc)
-            requant()
+            finish()
         return run
     return [out_shape], bind
 

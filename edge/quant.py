@@ -80,12 +80,11 @@ class Requantizer:
                  acc_bound: int, bias=None, channel_shape: Tuple[int, ...] = (-1,)):
         ms = np.atleast_1d(np.asarray(multipliers, dtype=np.float64))
         qs = [quantize_multiplier(float(m)) for m in ms]
-        n = len(qs) if bias is None else max(len(qs), len(bias))
-        if len(qs) not in (1, n):
-            raise EdgeModelError(f"{len(qs)} multipliers for {n} channels")
-        if len(qs) == 1:
-            qs = qs * n
-        b = [0] * n if bias is None else [int(v) for v in bias]
+        b = [0] if bias is None else [int(v) for v in np.atleast_1d(bias)]
+        n = max(len(qs), len(b))
+        if len(qs) not in (1, n) or len(b) not in (1, n):
+            raise EdgeModelError(f"{len(qs)} multipliers and {len(b)} biases for {n} channels")
+        qs, b = qs * (n // len(qs)), b * (n // len(b))
         consts, worst = [], 0
         for (q, s), bv in zip(qs, b):
             c = bv * q + (1 << (s - 1)) + (int(zero_point) << s)
@@ -125,3 +124,45 @@ class Requantizer:
         """The requantization of each value (int64 in, int8 out) computed once, for lookup tables."""
         v = (values.astype(np.int64) * self.q + self.c) >> self.s
         return np.clip(v, self.lo, self.hi).astype(np.int8)
+
+
+F64_EXACT = 1 << 53
+
+
+def fold_requantization(w: np.ndarray, multipliers, bias, zero_point: int, acc_bound: int):
+    """Fold Requantizer's per-channel arithmetic into float64 GEMM weights, or None when not exact.
+
+    w: integer weights [O, K]. Returns [O, K + 1] float64: row o is w[o] * q_o * 2^-s_o, and its last
+    column (against a row of ones) is (bias_o * q_o + 2^(s_o - 1) + (zp + 128) * 2^s_o) * 2^-s_o.
+    Every product and partial sum of the GEMM is then a multiple of 2^-s_o below 2^(53 - s_o), so
+    exact, and floor(result) - 128 is the requantized value before its clamp: the whole
+    requantization becomes part of the GEMM, and what remains is a clip and a cast.
+    """
+    ms = np.atleast_1d(np.asarray(multipliers, np.float64))
+    o = w.shape[0]
+    if len(ms) == 1:
+        ms = np.full(o, ms[0])
+    b = np.zeros(o, np.int64) if bias is None else np.broadcast_to(np.asarray(bias, np.int64), (o,))
+    out = np.empty((o, w.shape[1] + 1), np.float64)
+    for i in range(o):
+        q, s = quantize_multiplier(float(ms[i]))
+        n = int(b[i]) * q + (1 << (s - 1)) + ((int(zero_point) + 128) << s)
+        if int(acc_bound) * q + abs(n) >= F64_EXACT or int(np.abs(w[i]).max(initial=0)) * q >= F64_EXACT:
+            return None
+        scale = math.ldexp(1.0, -s)
+        out[i, :-1] = (w[i].astype(np.int64) * q).astype(np.float64) * scale
+        out[i, -1] = float(n) * scale
+    return out
+
+
+def bind_folded_output(acc: np.ndarray, out: np.ndarray, lo: int, hi: int):
+    """The end of a folded requantization: clip to [lo, hi] + 128, truncate (a floor: all values are
+    now >= 0) into the output's bytes, and flip the top bit (u - 128 as int8)."""
+    u8 = out.view(np.uint8)
+    clip, copyto, xor, flo, fhi, top = np.clip, np.copyto, np.bitwise_xor, float(lo + 128), float(hi + 128), np.uint8(128)
+
+    def run():
+        clip(acc, flo, fhi, out=acc)
+        copyto(u8, acc, casting="unsafe")
+        xor(u8, top, out=u8)
+    return run

@@ -1,0 +1,80 @@
+"""The fixed-point requantization and its float64-GEMM folding, against plain int64 arithmetic,
+including the extremes of the accumulator bound and exact rounding ties."""
+import math
+
+import numpy as np
+import pytest
+
+from isthmus.edge import EdgeModelError
+from isthmus.edge.quant import Requantizer, bind_folded_output, fold_requantization, quantize_multiplier
+
+
+def reference(acc, bias, m, zp, lo, hi):
+    mant, e = math.frexp(m)
+    q = int(round(mant * 2 ** 31))
+    if q == 2 ** 31:
+        q, e = q // 2, e + 1
+    s = 31 - e
+    return np.clip(((acc.astype(np.int64) + bias) * q + (1 << (s - 1)) >> s) + zp, lo, hi).astype(np.int8)
+
+
+@pytest.mark.parametrize("m", [2.0 ** -31, 1e-7, 3.3e-4, 0.0123, 0.5, 1.0, 77.7])
+def test_multiplier_is_a_31_bit_mantissa_and_a_shift(m):
+    q, s = quantize_multiplier(m)
+    assert 2 ** 30 <= q < 2 ** 31 and abs(q * 2.0 ** -s / m - 1) < 2 ** -30
+
+
+@pytest.mark.parametrize("m", [0.0, -1.0, float("inf"), float("nan"), 2.0 ** -40, 2.0 ** 31])
+def test_multiplier_out_of_range_is_refused(m):
+    with pytest.raises(EdgeModelError):
+        quantize_multiplier(m)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_requantizer_and_folded_gemm_match_the_integer_definition(seed):
+    rng = np.random.default_rng(seed)
+    o, k = 6, 40
+    w = rng.integers(-127, 128, (o, k))
+    bound = 128 * int(np.abs(w).sum(axis=1).max())
+    x = rng.integers(-128, 128, (k, 300))
+    x[:, 0], x[:, 1] = 127 * np.sign(w[0]), -128 * np.sign(w[0])  # reach the bound for channel 0
+    acc = w @ x
+    ms = rng.uniform(1e-4, 1e-2, o)
+    bias = rng.integers(-20000, 20000, o)
+    zp, lo, hi = int(rng.integers(-20, 20)), -100, 90
+    want = np.stack([reference(acc[i], bias[i], ms[i], zp, lo, hi) for i in range(o)])
+
+    rq = Requantizer(ms, zp, lo, hi, bound, bias, (o, 1))
+    got = np.empty((o, 300), np.int8)
+    rq.bind(acc.astype(np.float64), got, np.empty((o, 300), np.int64))()
+    np.testing.assert_array_equal(got, want)
+
+    folded = fold_requantization(w, ms, bias, zp, bound)
+    assert folded is not None
+    out = folded @ np.vstack([x, np.ones((1, 300))])
+    got2 = np.empty((o, 300), np.int8)
+    bind_folded_output(out, got2, lo, hi)()
+    np.testing.assert_array_equal(got2, want)
+
+
+def test_rounding_ties_go_up():
+    acc = np.arange(-8, 9, dtype=np.int64)  # acc * 0.25 hits every tie
+    want = reference(acc, 0, 0.25, 0, -128, 127)
+    assert list(want[:5]) == [-2, -2, -1, -1, -1]  # -2, -1.75, -1.5, -1.25, -1 -> half up
+    got = np.empty(17, np.int8)
+    Requantizer(0.25, 0, -128, 127, 8).bind(acc, got, np.empty(17, np.int64))()
+    np.testing.assert_array_equal(got, want)
+    folded = fold_requantization(np.ones((1, 1), np.int64), 0.25, None, 0, 8)
+    out = (folded @ np.vstack([acc, np.ones(17)]).astype(np.float64)).reshape(17)
+    bind_folded_output(out, got, -128, 127)()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fold_declines_when_float64_would_round():
+    w = np.full((1, 4000), 127)
+    assert fold_requantization(w, 0.01, None, 0, 128 * 127 * 4000) is None
+
+
+def test_requantizer_refuses_what_could_overflow_int64():
+    with pytest.raises(EdgeModelError, match="overflow"):
+        Requantizer(0.5, 0, -128, 127, 1 << 40, [1 << 40])

@@ -6,13 +6,13 @@ once in prepare from the integer requantization (quant.Requantizer), so it runs 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
 from .format import EdgeModelError
 from .int8_kernels import int8_kernel
+from .kernels import reshape_target
 from .opcontext import OpContext
 from .quant import Requantizer, activation_bounds, quantize_multiplier
 
@@ -72,22 +72,7 @@ def smooth(ctx: OpContext):
 @int8_kernel("Identity", "Reshape", "Flatten")
 def reshape(ctx: OpContext):
     x, y, qx, qy = _unary(ctx)
-    total = math.prod(x.shape)
-    if ctx.op == "Identity":
-        shape = x.shape
-    elif ctx.op == "Flatten":
-        a = ctx.axis("axis", len(x.shape) + 1, 1)
-        shape = (math.prod(x.shape[:a]), math.prod(x.shape[a:]))
-    else:
-        target = ctx.attrs.get("shape")
-        if not isinstance(target, tuple) or not all(d == -1 or d >= 0 for d in target) or list(target).count(-1) > 1:
-            raise EdgeModelError(f"Reshape: attribute 'shape' = {target!r} is not a shape")
-        known = math.prod(d for d in target if d != -1)
-        if -1 in target and known:
-            target = tuple(total // known if d == -1 else d for d in target)
-        shape = tuple(target)
-        if math.prod(shape) != total:
-            raise EdgeModelError(f"Reshape: {x.shape} cannot become {shape}")
+    shape = x.shape if ctx.op == "Identity" else reshape_target(ctx, x.shape)
     if _same(qx, qy):
         return [shape], _bind_copy
     table = _requant_table(ctx, qx, qy)

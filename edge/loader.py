@@ -255,6 +255,13 @@ def verify(buf) -> EdgeModel:
         axis = q.scalar(2, "i", -1) if q else -1
         if len(zp) and len(zp) != len(scale):
             raise EdgeModelError(f"tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
+        if not -1 <= axis < len(shape):
+            raise EdgeModelError(f"tensor {i} '{name}': quantization axis {axis} outside shape {shape}")
+        want_scales = (0, 1) if axis == -1 else (shape[axis],) if shape[axis] != -1 else (len(scale),)
+        if len(scale) not in want_scales:
+            raise EdgeModelError(f"tensor {i} '{name}': {len(scale)} scales for quantization axis {axis} of {shape}")
+        if len(scale) and not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+            raise EdgeModelError(f"tensor {i} '{name}': quantization scales must be positive and finite")
         dt = DTYPES[code]
         data = None
         known = math.prod(d for d in shape if d != -1) * dt.itemsize  # Python ints: no overflow

@@ -81,3 +81,17 @@ def test_not_a_model():
         loads(b"\x00" * 64)
     with pytest.raises(EdgeModelError, match="too short"):
         loads(b"abc")
+
+
+@pytest.mark.parametrize("quant,message", [
+    (dict(scale=[0.1, 0.2], zero_point=[0, 0], axis=-1), "2 scales for quantization axis -1"),
+    (dict(scale=[0.1, 0.2], zero_point=[0, 0], axis=0), "2 scales for quantization axis 0"),
+    (dict(scale=[0.1], zero_point=[0], axis=3), "axis 3 outside"),
+    (dict(scale=[0.0], zero_point=[0]), "positive and finite"),
+    (dict(scale=[float("nan")], zero_point=[0]), "positive and finite"),
+])
+def test_quantization_parameters_are_checked(quant, message):
+    w = ModelWriter()
+    w.mark_output(w.add_constant("c", np.zeros((3, 2), np.int8), **quant))
+    with pytest.raises(EdgeModelError, match=message):
+        loads(w.to_bytes())

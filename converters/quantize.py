@@ -127,7 +127,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                         raise ValueError(f"node '{n.name}': bias must be constant to quantize")
                     bq = np.round(bv / (s_in * s_w)).astype(np.int32)
                     ins.append(w.add_constant(n.inputs[2].node.name + "/int32", bq, scale=(s_in * s_w).tolist(),
-                                              zero_point=[0] * len(s_w)))
+                                              zero_point=[0] * len(s_w), axis=0))
             else:
                 ins = [as_int8(t) for t in n.inputs if t.dtype == np.float32]
             s, z = qp[n.outputs[0]]

@@ -393,9 +393,16 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
     g_onnx = model.graph
     missing: Dict[str, List[str]] = {}
-    for n in g_onnx.node:
-        if n.domain not in ("", "ai.onnx") or _pick(n.op_type, opset) is None:
-            missing.setdefault(f"{n.domain + '.' if n.domain else ''}{n.op_type}", []).append(n.name or n.output[0])
+
+    def scan(nodes) -> None:  # subgraphs (If/Loop bodies) included
+        for n in nodes:
+            if n.domain not in ("", "ai.onnx") or _pick(n.op_type, opset) is None:
+                missing.setdefault(_text(f"{_text(n.domain) + '.' if n.domain else ''}{_text(n.op_type)}"), []).append(
+                    _text(n.name or (n.output[0] if n.output else "?")))
+            for a in n.attribute:
+                if a.type == a.GRAPH:
+                    scan(a.g.node)
+    scan(g_onnx.node)
     if missing:
         raise ImportError_(f"cannot import (opset {opset}): " + "; ".join(
             f"{op} x{len(v)} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for op, v in sorted(missing.items()))
@@ -434,30 +441,106 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
                 raise ImportError_(f"graph input '{vi.name}': {e}") from None
             values[vi.name] = inputs[vi.name] = t
         c = _Ctx(g, consts)
-        for k, n in enumerate(g_onnx.node):
-            where = f"node {k} '{n.name or n.op_type}' ({n.op_type})"
-            missing_in = [i for i in n.input if i and i not in values]
-            if missing_in:
-                raise ImportError_(f"{where}: input(s) {missing_in} are defined by no earlier node, initializer "
-                                   "or graph input (the model is malformed or not topologically sorted)")
-            ins = [values[i] if i else None for i in n.input]
-            with g.name_scope(_clean(n.name or n.op_type)):
-                try:
-                    outs = list(_pick(n.op_type, opset)(c, n, ins))
-                except (ImportError_, ism.ShapeError, GraphError):
-                    raise
-                except Exception as e:  # malformed attributes or inputs: say where, keep one error type
-                    raise ImportError_(f"{where}: {type(e).__name__}: {e}") from e
-            if len(outs) < len([o for o in n.output if o]):
-                raise ImportError_(f"{where}: declares {len(n.output)} outputs, the op makes {len(outs)}")
-            for name, t in zip(n.output, outs):
-                if name:
-                    values[name] = t
+        c.opset = opset
+        _run_nodes(c, g_onnx.node, values)
         unknown_out = [o.name for o in g_onnx.output if o.name not in values]
         if unknown_out:
             raise ImportError_(f"graph outputs {unknown_out} are produced by no node")
         outputs = [values[o.name] for o in g_onnx.output]
     return g, inputs, outputs
+
+
+def _run_nodes(c: "_Ctx", nodes, values) -> None:
+    """Import `nodes` into the default graph (a cond or loop body when called for a subgraph),
+    reading and writing `values` (name -> Tensor; a body sees its enclosing graph's names too)."""
+    from isthmus.core.graph import get_default_graph
+    g = get_default_graph()
+    for k, n in enumerate(nodes):
+        where = f"node {k} '{n.name or n.op_type}' ({n.op_type})"
+        missing_in = [i for i in n.input if i and i not in values]
+        if missing_in:
+            raise ImportError_(f"{where}: input(s) {missing_in} are defined by no earlier node, initializer "
+                               "or graph input (the model is malformed or not topologically sorted)")
+        ins = [values[i] if i else None for i in n.input]
+        with g.name_scope(_clean(n.name or n.op_type)):
+            try:
+                outs = list(_pick(n.op_type, c.opset)(c, n, ins, values) if n.op_type in _SUBGRAPH_OPS
+                            else _pick(n.op_type, c.opset)(c, n, ins))
+            except (ImportError_, ism.ShapeError, GraphError):
+                raise
+            except Exception as e:  # malformed attributes or inputs: say where, keep one error type
+                raise ImportError_(f"{where}: {type(e).__name__}: {e}") from e
+        if len(outs) < len([o for o in n.output if o]):
+            raise ImportError_(f"{where}: declares {len(n.output)} outputs, the op makes {len(outs)}")
+        for name, t in zip(n.output, outs):
+            if name:
+                values[name] = t
+
+
+# ---- control flow: If -> cond, Loop -> while_loop --------------------------------------------------
+_SUBGRAPH_OPS = {"If", "Loop"}
+
+
+def _body(c, gp, values, bind):
+    """A function building ONNX subgraph `gp` in the current (body) graph: `bind` names its formal
+    inputs; outer names resolve through `values` and are captured by the body graph."""
+    from collections import ChainMap
+
+    def build(*args):
+        scope = ChainMap(dict(zip(bind, args)), values)
+        _run_nodes(c, gp.node, scope)
+        missing = [o.name for o in gp.output if o.name not in scope]
+        if missing:
+            raise ImportError_(f"subgraph '{gp.name}': outputs {missing} are produced by no node")
+        return [scope[o.name] for o in gp.output]
+    return build
+
+
+@handler("If", 11)
+def _if(c, node, ins, values):
+    at = _attrs(node)
+    then_f, else_f = _body(c, at["then_branch"], values, []), _body(c, at["else_branch"], values, [])
+    pred = ins[0]
+    if pred.shape not in ((), (1,)):
+        pred = ism.reshape(pred, ())
+    out = ism.cond(pred, then_f, else_f)
+    return out if isinstance(out, list) else [out]
+
+
+@handler("Loop", 11)
+def _loop(c, node, ins, values):
+    at = _attrs(node)
+    body = at["body"]
+    n_state = len(ins) - 2
+    if len(body.output) != 1 + n_state:
+        raise ImportError_(f"node '{node.name}' (Loop): scan outputs are not supported "
+                           f"({len(body.output) - 1 - n_state} found)")
+    trip, cond0 = ins[0], ins[1]
+    names = [i.name for i in body.input]  # iteration number, condition, state...
+    build = _body(c, body, values, names)
+    state = list(ins[2:])
+    i0 = ism.constant(np.array(0, np.int64))
+    go0 = cond0 if cond0 is not None else ism.constant(np.array(True))
+    if go0.shape != ():
+        go0 = ism.reshape(go0, ())
+    limit = trip if trip is not None else ism.constant(np.array(np.iinfo(np.int64).max, np.int64))
+    if limit.shape != ():
+        limit = ism.reshape(limit, ())
+
+    def cond_fn(i, go, *vs):
+        return ism.logical_and(ism.less(i, limit), go)
+
+    def body_fn(i, go, *vs):
+        outs = build(i, go, *vs)
+        go2 = outs[0] if outs[0].shape == () else ism.reshape(outs[0], ())
+        return [i + np.int64(1), go2] + [ism.cast(o, v.dtype) for o, v in zip(outs[1:], vs)]
+    invariants = [(), ()] + [tuple(None for _ in v.shape) for v in state]
+    res = ism.while_loop(cond_fn, body_fn, [i0, go0] + state, shape_invariants=invariants)
+    return res[2:]
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
 
 
 def _clean(name) -> str:

@@ -107,3 +107,27 @@ def test_unsupported_ops_listed_with_counts():
              helper.make_node("Det", ["b"], ["y"], name="det")]
     with pytest.raises(OnnxImportError, match=r"Det x1 \(det\); Hardmax x2 \(hm1, hm2\)"):
         from_onnx(_model(nodes, [_vi("x", [2, 2])], [_vi("y", None)], {}))
+
+
+def test_if_maps_to_cond_and_reads_outer_values():
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [], [_vi("t", [3])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [_vi("e", [3])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["p"]),
+             helper.make_node("If", ["p"], ["y"], then_branch=then_g, else_branch=else_g)]
+    m = _model(nodes, [_vi("x", [3])], [_vi("y", [3])],
+               {"two": np.array(2, np.float32), "zero": np.array(0, np.float32)})
+    for xv in (np.array([1, 2, 3], np.float32), np.array([-1, -2, 0.5], np.float32)):
+        _compare(m, {"x": xv})
+
+
+def test_loop_maps_to_while_loop():
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["acc_in", "x"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [_vi("i", [], TensorProto.INT64), _vi("cond_in", [], TensorProto.BOOL), _vi("acc_in", [2])],
+        [_vi("cond_out", [], TensorProto.BOOL), _vi("acc_out", [2])])
+    nodes = [helper.make_node("Loop", ["n", "go", "one"], ["y"], body=body)]
+    m = _model(nodes, [_vi("x", [2]), _vi("n", [], TensorProto.INT64), _vi("go", [], TensorProto.BOOL)],
+               [_vi("y", [2])], {"one": np.ones(2, np.float32)})
+    _compare(m, {"x": np.array([2.0, 0.5], np.float32), "n": np.array(3, np.int64), "go": np.array(True)})

@@ -142,6 +142,23 @@ def _dropout(c, node, ins):
     return [ism.identity(ins[0])] + ([ism.ones_like(ins[0]) > 0.0] if len(node.output) > 1 else [])
 
 
+def _coerced_2d(fn):
+    """Softmax before opset 13: over the flattened dims from `axis` (default 1), shape kept."""
+    def h(c, node, ins):
+        x = ins[0]
+        rank = len(x.shape)
+        axis = _attrs(node).get("axis", 1) % max(rank, 1)
+        if axis == rank - 1:
+            return [fn(x, -1)]
+        flat = ism.flatten(x, axis)
+        return [ism.reshape(fn(flat, -1), tuple(-1 if d is None else d for d in x.shape))]
+    return h
+
+
+handler("Softmax", 1)(_coerced_2d(ism.softmax))
+handler("LogSoftmax", 1)(_coerced_2d(ism.log_softmax))
+
+
 @handler("Softmax", 13)
 def _softmax(c, node, ins):
     return [ism.softmax(ins[0], _attrs(node).get("axis", -1))]
@@ -255,7 +272,8 @@ def _reshape(c, node, ins):
 
 @handler("Flatten")
 def _flatten(c, node, ins):
-    return [ism.flatten(ins[0], _attrs(node).get("axis", 1))]
+    rank = len(ins[0].shape)
+    return [ism.flatten(ins[0], _attrs(node).get("axis", 1) % (rank + 1) if rank else 0)]
 
 
 @handler("Transpose")
@@ -314,7 +332,12 @@ def _gather(c, node, ins):
 
 @handler("Shape")
 def _shape(c, node, ins):
-    return [ism.shape(ins[0], "int64")]
+    at = _attrs(node)
+    s = ism.shape(ins[0], "int64")
+    start, end = at.get("start", 0), at.get("end")
+    if start or end is not None:
+        s = s[start:end]
+    return [s]
 
 
 @handler("Pad", 11)

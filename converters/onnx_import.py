@@ -260,9 +260,11 @@ def _ln(c, node, ins):
 # ---- shapes ------------------------------------------------------------------------------------------
 @handler("Reshape", 5)
 def _reshape(c, node, ins):
-    shape = [int(d) for d in c.const_value(node.input[1], "the shape", node)]
     x = ins[0]
     allowzero = _attrs(node).get("allowzero", 0)
+    if node.input[1] not in c.consts:  # a shape computed at run time
+        return [ism.reshape_to(x, ins[1], copy_zero=not allowzero)]
+    shape = [int(d) for d in c.const_value(node.input[1], "the shape", node)]
     if not allowzero:
         shape = [x.shape[i] if d == 0 and x.shape[i] is not None else d for i, d in enumerate(shape)]
         if 0 in shape:

@@ -682,3 +682,40 @@ register(OpDef("OneHot", inputs=("indices",), attrs={"depth": 0, "dtype": _dt.fl
 
 def one_hot(indices, depth: int, dtype="float32", name=None) -> Tensor:
     return _out("OneHot", (convert(indices),), {"depth": int(depth), "dtype": _dt.as_dtype(dtype)}, name=name)
+
+
+# ---- ReshapeTo: a shape known only at run time ---------------------------------------------------
+def _infer_reshape_to(node):
+    x, s = node.inputs
+    if s.dtype.kind not in "iu" or len(s.shape) != 1 or s.shape[0] is None:
+        raise ShapeError(f"the target shape must be a 1-D integer tensor of known length, got {s.dtype.name}{fmt(s.shape)}")
+    known = static_value(s)
+    if known is None:
+        return [(x.dtype, (None,) * s.shape[0])]
+    return [(x.dtype, tuple(None if (d is None or d < 0 or (d == 0 and node.attrs["copy_zero"])) else d
+                            for d in known))]
+
+
+def _kernel_reshape_to(node, ctx):
+    copy_zero = node.attrs["copy_zero"]
+
+    def run(x, s):
+        target = [int(d) for d in s]
+        if copy_zero:  # ONNX Reshape without allowzero: 0 copies the input's dimension
+            target = [x.shape[i] if d == 0 and i < x.ndim else d for i, d in enumerate(target)]
+        return x.reshape(target)
+    return run
+
+
+register(OpDef("ReshapeTo", inputs=("x", "shape"), attrs={"copy_zero": False}, infer=_infer_reshape_to,
+               kernel=_kernel_reshape_to,
+               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE,
+               doc="x reshaped to a shape computed at run time (-1 allowed; copy_zero: ONNX's 0 = keep)."))
+
+
+def reshape_to(x, shape, copy_zero: bool = False, name=None) -> Tensor:
+    """Reshape to a run-time shape tensor (reshape() takes static ints)."""
+    return _out("ReshapeTo", (convert(x), convert(shape)), {"copy_zero": bool(copy_zero)}, name=name)
+
+
+__all__.append("reshape_to")

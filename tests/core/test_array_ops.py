@@ -203,3 +203,17 @@ def test_fetched_views_of_variables_do_not_alias_them():
         sess.run(inc)
     for value in got:
         assert not value.any()
+
+
+def test_reshape_to_a_run_time_shape():
+    from .opcheck import check_forward, check_gradients
+    x = np.arange(12.0).reshape(3, 4)
+    check_forward(lambda a: ism.reshape_to(a, ism.shape(a)[::-1]), [x], lambda a: a.reshape(4, 3))
+    check_gradients(lambda a: ism.reshape_to(a, ism.constant(np.array([2, -1], np.int32))), [x])
+    g = ism.Graph()
+    with g.as_default():
+        a = ism.placeholder("float32", (2, 3, 4))
+        s = ism.placeholder("int64", (2,))
+        y = ism.reshape_to(a, s, copy_zero=True)  # ONNX: 0 keeps the input's dim
+        got = ism.Session(g).run(y, {a: np.zeros((2, 3, 4), np.float32), s: np.array([0, -1])})
+    assert got.shape == (2, 12) and y.shape == (None, None)

@@ -301,6 +301,8 @@ def _split(c, node, ins):
 
 @handler("Squeeze", 13)
 def _squeeze(c, node, ins):
+    if len(node.input) > 1 and node.input[1] and node.input[1] not in c.consts:
+        return [ism.squeeze_dynamic(ins[0], ins[1])]  # axes computed at run time
     axes = None if len(node.input) < 2 or not node.input[1] else \
         tuple(int(a) for a in c.const_value(node.input[1], "axes", node))
     return [ism.squeeze(ins[0], axes)]
@@ -308,12 +310,18 @@ def _squeeze(c, node, ins):
 
 @handler("Unsqueeze", 13)
 def _unsqueeze(c, node, ins):
+    if node.input[1] not in c.consts:
+        return [ism.expand_dynamic(ins[0], ins[1])]
     return [ism.expand_dims(ins[0], tuple(int(a) for a in c.const_value(node.input[1], "axes", node)))]
 
 
 @handler("Slice", 10)
 def _slice(c, node, ins):
     x = ins[0]
+    if any(n and n not in c.consts for n in node.input[1:]):  # bounds computed at run time
+        return [ism.slice_dynamic(x, *[t for t in ins[1:] if t is not None])
+                if all(t is not None for t in ins[1:]) else
+                ism.slice_dynamic(x, ins[1], ins[2], ins[3] if len(ins) > 3 else None, ins[4] if len(ins) > 4 else None)]
     vals = [c.const_value(n, what, node) if n else None for n, what in
             zip(list(node.input[1:]) + [""] * (5 - len(node.input)), ("starts", "ends", "axes", "steps"))]
     starts, ends, axes, steps = vals

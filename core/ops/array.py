@@ -719,3 +719,95 @@ def reshape_to(x, shape, copy_zero: bool = False, name=None) -> Tensor:
 
 
 __all__.append("reshape_to")
+
+
+# ---- slicing and axes known only at run time (ONNX feeds them as inputs) ---------------------------
+def _int_vector(t: Tensor, what: str) -> int:
+    if t.dtype.kind not in "iu" or len(t.shape) != 1 or t.shape[0] is None:
+        raise ShapeError(f"{what} must be a 1-D integer tensor of known length, got {t.dtype.name}{fmt(t.shape)}")
+    return t.shape[0]
+
+
+def _runtime_slices(x, starts, ends, axes, steps):
+    key = [_py_slice(None)] * x.ndim
+    axes = range(len(starts)) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        key[int(a) % x.ndim] = _py_slice(int(s), int(e), int(st))  # Python clamps like ONNX Slice
+    return tuple(key)
+
+
+def _infer_slice_dynamic(node):
+    x = node.inputs[0]
+    n = _int_vector(node.inputs[1], "starts")
+    for t, what in zip(node.inputs[2:], ("ends", "axes", "steps")):
+        if _int_vector(t, what) != n:
+            raise ShapeError(f"starts and {what} differ in length")
+    return [(x.dtype, (None,) * len(x.shape))]
+
+
+def _kernel_slice_dynamic(node, ctx):
+    has_axes, has_steps = len(node.inputs) > 3, len(node.inputs) > 4
+    return lambda x, s, e, *rest: x[_runtime_slices(x, s, e, rest[0] if has_axes else None,
+                                                    rest[1] if has_steps else None)]
+
+
+def _kernel_slice_dynamic_grad(node, ctx):
+    xp = ctx.xp
+    has_axes, has_steps = len(node.inputs) > 4, len(node.inputs) > 5
+
+    def run(dy, x, s, e, *rest):
+        out = xp.zeros(x.shape, dtype=dy.dtype)
+        out[_runtime_slices(x, s, e, rest[0] if has_axes else None, rest[1] if has_steps else None)] = dy
+        return out
+    return run
+
+
+register(OpDef("SliceDynamic", inputs=("x", "starts", "ends", "*axes_steps"), infer=_infer_slice_dynamic,
+               kernel=_kernel_slice_dynamic, cost=_FREE,
+               grad=lambda node, dys: [_out("SliceDynamicGrad", [dys[0]] + list(node.inputs))]
+               + [None] * (len(node.inputs) - 1),
+               doc="x sliced by run-time starts/ends (axes, steps optional), clamped as ONNX Slice is."))
+register(OpDef("SliceDynamicGrad", inputs=("dy", "x", "starts", "ends", "*axes_steps"),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)],
+               kernel=_kernel_slice_dynamic_grad, cost=elementwise_cost(1)))
+
+
+def slice_dynamic(x, starts, ends, axes=None, steps=None, name=None) -> Tensor:
+    ins = [convert(x), convert(starts), convert(ends)]
+    if axes is not None:
+        ins.append(convert(axes))
+        if steps is not None:
+            ins.append(convert(steps))
+    elif steps is not None:
+        ins += [constant(np.arange(ins[1].shape[0] or 0, dtype=np.int64)), convert(steps)]
+    return _out("SliceDynamic", ins, name=name)
+
+
+def _infer_axes_dynamic(node):
+    x, axes = node.inputs
+    n = _int_vector(axes, "axes")
+    rank = len(x.shape) + (n if node.op == "ExpandDynamic" else -n)
+    if rank < 0:
+        raise ShapeError(f"cannot squeeze {n} axes from rank {len(x.shape)}")
+    return [(x.dtype, (None,) * rank)]
+
+
+register(OpDef("SqueezeDynamic", inputs=("x", "axes"), infer=_infer_axes_dynamic,
+               kernel=lambda node, ctx: (lambda x, a: ctx.xp.squeeze(x, tuple(int(v) % x.ndim for v in a))),
+               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE))
+register(OpDef("ExpandDynamic", inputs=("x", "axes"), infer=_infer_axes_dynamic,
+               kernel=lambda node, ctx: (lambda x, a: ctx.xp.expand_dims(
+                   x, tuple(sorted(int(v) % (x.ndim + len(a)) for v in a)))),
+               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE))
+
+
+def squeeze_dynamic(x, axes, name=None) -> Tensor:
+    return _out("SqueezeDynamic", (convert(x), convert(axes)), name=name)
+
+
+def expand_dynamic(x, axes, name=None) -> Tensor:
+    return _out("ExpandDynamic", (convert(x), convert(axes)), name=name)
+
+
+__all__ += ["slice_dynamic", "squeeze_dynamic", "expand_dynamic"]

@@ -217,3 +217,16 @@ def test_reshape_to_a_run_time_shape():
         y = ism.reshape_to(a, s, copy_zero=True)  # ONNX: 0 keeps the input's dim
         got = ism.Session(g).run(y, {a: np.zeros((2, 3, 4), np.float32), s: np.array([0, -1])})
     assert got.shape == (2, 12) and y.shape == (None, None)
+
+
+def test_run_time_slices_and_axes():
+    from .opcheck import check_forward, check_gradients
+    x = np.arange(24.0).reshape(2, 3, 4)
+    c = lambda v: ism.constant(np.array(v, np.int64))  # noqa: E731
+    check_forward(lambda a: ism.slice_dynamic(a, c([1, -3]), c([3, 100]), c([2, 1]), c([1, 1])), [x],
+                  lambda a: a[:, -3:100, 1:3])
+    check_forward(lambda a: ism.slice_dynamic(a, c([3]), c([-100]), c([2]), c([-2])), [x], lambda a: a[:, :, 3::-2])
+    check_gradients(lambda a: ism.slice_dynamic(a, c([0, 1]), c([1, 3]), c([0, 2])), [x])
+    check_forward(lambda a: ism.squeeze_dynamic(ism.expand_dynamic(a, c([0, -1])), c([0])), [x],
+                  lambda a: a[..., None])
+    check_gradients(lambda a: ism.squeeze_dynamic(ism.expand_dynamic(a, c([1])), c([1])) * 2.0, [x])

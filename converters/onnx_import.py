@@ -362,19 +362,24 @@ def _pad(c, node, ins):
     return [ism.pad(x, list(zip(p[:r], p[r:])), mode, value)]
 
 
-def _reduce(fn):
+def _reduce(fn, kind):
     def h(c, node, ins):
         at = _attrs(node)
         axes = at.get("axes")
+        keep, noop = bool(at.get("keepdims", 1)), bool(at.get("noop_with_empty_axes", 0))
         if len(node.input) > 1 and node.input[1]:
-            axes = [int(a) for a in c.const_value(node.input[1], "axes", node)]
-        return [fn(ins[0], None if not axes else tuple(axes), keepdims=bool(at.get("keepdims", 1)))]
+            if node.input[1] not in c.consts:  # axes computed at run time
+                return [ism.reduce_dynamic(ins[0], ins[1], kind, keep, noop)]
+            axes = [int(a) for a in c.consts[node.input[1]]]
+        if not axes and noop:
+            return [ism.identity(ins[0])]
+        return [fn(ins[0], None if not axes else tuple(axes), keepdims=keep)]
     return h
 
 
-for _op, _fn in {"ReduceSum": ism.reduce_sum, "ReduceMean": ism.reduce_mean, "ReduceMax": ism.reduce_max,
-                 "ReduceMin": ism.reduce_min}.items():
-    handler(_op)(_reduce(_fn))
+for _op, _fn, _kind in [("ReduceSum", ism.reduce_sum, "sum"), ("ReduceMean", ism.reduce_mean, "mean"),
+                        ("ReduceMax", ism.reduce_max, "max"), ("ReduceMin", ism.reduce_min, "min")]:
+    handler(_op)(_reduce(_fn, _kind))
 
 
 @handler("ArgMax")

@@ -203,3 +203,47 @@ def argmin(x, axis: int = -1, output_type="int64", name=None) -> Tensor:
     """Index of the smallest entry along `axis` (the last by default)."""
     return make("ArgMin", (convert(x),), {"axis": int(axis), "output_type": _dt.as_dtype(output_type)},
                 name=name).outputs[0]
+
+
+# ---- reductions over axes known only at run time (ONNX feeds them as inputs) ---------------------
+def _infer_reduce_dynamic(node):
+    x, axes = node.inputs
+    if axes.dtype.kind not in "iu" or len(axes.shape) != 1 or axes.shape[0] is None:
+        raise ShapeError(f"axes must be a 1-D integer tensor of known length, got {axes.dtype.name}{list(axes.shape)}")
+    n, rank = axes.shape[0], len(x.shape)
+    if node.attrs["keepdims"] or (n == 0 and node.attrs["noop_with_empty_axes"]):
+        return [(x.dtype, (None,) * rank)]
+    return [(x.dtype, () if n == 0 else (None,) * (rank - n))]
+
+
+def _kernel_reduce_dynamic(node, ctx):
+    f = getattr(ctx.xp, {"sum": "sum", "mean": "mean", "max": "max", "min": "min"}[node.attrs["kind"]])
+    keep, noop = node.attrs["keepdims"], node.attrs["noop_with_empty_axes"]
+
+    def run(x, axes):
+        if len(axes) == 0:
+            if noop:
+                return x
+            ax = None
+        else:
+            ax = tuple(sorted({int(a) % x.ndim for a in axes}))
+        return ctx.xp.asarray(f(x, axis=ax, keepdims=keep)).astype(x.dtype, copy=False)
+    return run
+
+
+register(OpDef("ReduceDynamic", inputs=("x", "axes"),
+               attrs={"kind": "sum", "keepdims": True, "noop_with_empty_axes": False},
+               infer=_infer_reduce_dynamic, kernel=_kernel_reduce_dynamic, cost=_reduce_cost,
+               doc="sum/mean/max/min over axes given at run time (no gradient: use reduce_* with static axes)."))
+
+
+def reduce_dynamic(x, axes, kind: str = "sum", keepdims: bool = True, noop_with_empty_axes: bool = False,
+                   name=None) -> Tensor:
+    if kind not in ("sum", "mean", "max", "min"):
+        raise ValueError(f"reduce kind must be sum, mean, max or min, got {kind!r}")
+    return make("ReduceDynamic", (convert(x), convert(axes)),
+                {"kind": kind, "keepdims": bool(keepdims), "noop_with_empty_axes": bool(noop_with_empty_axes)},
+                name=name).outputs[0]
+
+
+__all__.append("reduce_dynamic")

@@ -106,3 +106,14 @@ def test_tensor_axes_are_rejected():
         x = ism.placeholder("float32", (2, 3))
         with pytest.raises(TypeError, match="static ints"):
             ism.reduce_sum(x, ism.constant(1))
+
+
+def test_reduce_over_run_time_axes():
+    from .opcheck import check_forward
+    ax = lambda v: ism.constant(np.array(v, np.int64))  # noqa: E731
+    check_forward(lambda x: ism.reduce_dynamic(x, ax([0, -1]), "sum", keepdims=False), [X], lambda x: x.sum((0, 2)))
+    check_forward(lambda x: ism.reduce_dynamic(x, ax([1]), "max", keepdims=True), [X], lambda x: x.max(1, keepdims=True))
+    check_forward(lambda x: ism.reduce_dynamic(x, ax(np.zeros(0, np.int64)), "mean", keepdims=False), [X],
+                  lambda x: np.asarray(x.mean()))
+    check_forward(lambda x: ism.reduce_dynamic(x, ax(np.zeros(0, np.int64)), "min", noop_with_empty_axes=True), [X],
+                  lambda x: x)

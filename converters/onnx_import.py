@@ -186,7 +186,7 @@ def _gemm(c, node, ins):
         y = y * float(at["alpha"])
     if len(ins) > 2 and ins[2] is not None:
         bias = ins[2] if at.get("beta", 1.0) == 1.0 else ins[2] * float(at["beta"])
-        y = ism.bias_add(y, bias) if len(bias.shape) == 1 else y + bias
+        y = ism.bias_add(y, bias) if len(bias.shape) == 1 and bias.shape[0] == y.shape[-1] else y + bias
     return [y]
 
 
@@ -275,7 +275,8 @@ def _reshape(c, node, ins):
 @handler("Flatten")
 def _flatten(c, node, ins):
     rank = len(ins[0].shape)
-    return [ism.flatten(ins[0], _attrs(node).get("axis", 1) % (rank + 1) if rank else 0)]
+    axis = _attrs(node).get("axis", 1)
+    return [ism.flatten(ins[0], axis + rank if axis < 0 else axis)]
 
 
 @handler("Transpose")
@@ -375,6 +376,11 @@ def _reduce(fn, kind):
             return [ism.identity(ins[0])]
         return [fn(ins[0], None if not axes else tuple(axes), keepdims=keep)]
     return h
+
+
+@handler("ReduceSumSquare")
+def _reduce_sum_square(c, node, ins):
+    return _reduce(ism.reduce_sum, "sum")(c, node, [ism.square(ins[0])] + list(ins[1:]))
 
 
 for _op, _fn, _kind in [("ReduceSum", ism.reduce_sum, "sum"), ("ReduceMean", ism.reduce_mean, "mean"),

@@ -80,8 +80,21 @@ def _binary(fn):
         a, b = ins
         if a.dtype != b.dtype:  # ONNX Pow allows mixed types
             b = ism.cast(b, a.dtype)
+        if fn is ism.div and a.dtype.kind in "iu":
+            return [_trunc_div(a, b)]
         return [fn(a, b)]
     return h
+
+
+def _trunc_div(a, b):
+    """ONNX integer Div truncates toward zero; numpy's // floors."""
+    q = ism.floordiv(a, b)
+    if a.dtype.kind == "u":
+        return q
+    zero = ism.constant(np.zeros((), a.dtype))
+    inexact = ism.not_equal(ism.mod(a, b), zero)
+    opposite = ism.not_equal(ism.less(a, zero), ism.less(b, zero))
+    return ism.add(q, ism.cast(ism.logical_and(inexact, opposite), a.dtype))
 
 
 for _op, _fn in _BINARY.items():
@@ -227,6 +240,16 @@ def _pool(kind):
         k = tuple(at["kernel_shape"])
         s = tuple(at.get("strides", [1] * len(k)))
         pads = _conv_pads(at, x.shape[2:], k, s, (1, 1))
+        if at.get("ceil_mode", 0):  # extend the bottom/right padding so the last partial window counts
+            grown = []
+            for n_, kk, ss, (a, b) in zip(x.shape[2:], k, s, pads):
+                if n_ is None:
+                    raise ImportError_(f"node '{node.name}': ceil_mode needs known spatial dims")
+                out = -(-(n_ + a + b - kk) // ss) + 1
+                if (out - 1) * ss >= n_ + a:
+                    out -= 1
+                grown.append((a, max(b, (out - 1) * ss + kk - n_ - a)))
+            pads = tuple(grown)
         if kind == "avg" and at.get("count_include_pad", 0) and pads != ((0, 0), (0, 0)):
             x = ism.pad(x, ((0, 0), (0, 0)) + pads)
             pads = ((0, 0), (0, 0))
@@ -295,7 +318,9 @@ def _split(c, node, ins):
     at = _attrs(node)
     axis = at.get("axis", 0)
     if len(node.input) > 1 and node.input[1]:
-        sizes = [int(s) for s in c.const_value(node.input[1], "split sizes", node)]
+        if node.input[1] not in c.consts:  # sizes computed at run time
+            return ism.split_sizes(ins[0], ins[1], len(node.output), axis)
+        sizes = [int(s) for s in c.consts[node.input[1]]]
         return ism.split(ins[0], sizes, axis)
     return ism.split(ins[0], at.get("num_outputs", len(node.output)), axis)
 

@@ -811,3 +811,39 @@ def expand_dynamic(x, axes, name=None) -> Tensor:
 
 
 __all__ += ["slice_dynamic", "squeeze_dynamic", "expand_dynamic"]
+
+
+def _infer_split_sizes(node):
+    x, sizes = node.inputs
+    if _int_vector(sizes, "split sizes") != node.attrs["num"]:
+        raise ShapeError(f"{node.attrs['num']} outputs but {sizes.shape[0]} sizes")
+    axis = normalize_axis(node.attrs["axis"], len(x.shape))
+    return [(x.dtype, x.shape[:axis] + (None,) + x.shape[axis + 1:])] * node.attrs["num"]
+
+
+def _kernel_split_sizes(node, ctx):
+    axis = normalize_axis(node.attrs["axis"], len(node.inputs[0].shape))
+
+    def run(x, sizes):
+        if int(np.sum(sizes)) != x.shape[axis] or np.any(sizes < 0):
+            raise ValueError(f"split sizes {list(sizes)} do not add up to {x.shape[axis]}")
+        return tuple(ctx.xp.split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis))
+    return run
+
+
+register(OpDef("SplitSizes", inputs=("x", "sizes"), attrs={"num": 1, "axis": 0}, infer=_infer_split_sizes,
+               kernel=_kernel_split_sizes, cost=_FREE,
+               grad=lambda node, dys: [_concat_grads(node, dys), None],
+               doc="x split along axis into pieces whose sizes are given at run time."))
+
+
+def _concat_grads(node, dys):
+    from .math import zeros_like
+    return concat([d if d is not None else zeros_like(t) for d, t in zip(dys, node.outputs)], node.attrs["axis"])
+
+
+def split_sizes(x, sizes, num: int, axis: int = 0, name=None):
+    return list(make("SplitSizes", (convert(x), convert(sizes)), {"num": int(num), "axis": int(axis)}, name=name).outputs)
+
+
+__all__.append("split_sizes")

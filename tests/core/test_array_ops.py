@@ -230,3 +230,11 @@ def test_run_time_slices_and_axes():
     check_forward(lambda a: ism.squeeze_dynamic(ism.expand_dynamic(a, c([0, -1])), c([0])), [x],
                   lambda a: a[..., None])
     check_gradients(lambda a: ism.squeeze_dynamic(ism.expand_dynamic(a, c([1])), c([1])) * 2.0, [x])
+
+
+def test_split_by_run_time_sizes():
+    from .opcheck import check_forward, check_gradients
+    x = np.arange(12.0).reshape(2, 6)
+    sz = lambda: ism.constant(np.array([1, 3, 2], np.int64))  # noqa: E731
+    check_forward(lambda a: ism.split_sizes(a, sz(), 3, axis=1), [x], lambda a: [a[:, :1], a[:, 1:4], a[:, 4:]])
+    check_gradients(lambda a: ism.split_sizes(a, sz(), 3, axis=1)[1] * 3.0, [x])

@@ -203,21 +203,40 @@ def _kernel_while(node, ctx):
     from ..executor import Plan
     body_plan = Plan(list(body.outputs) + saved, body.inputs, ctx, parallel=False)
     limit = node.attrs["max_trips"]
+    cond_fn, body_fn = cond_plan.fn, body_plan.fn  # the bare generated functions: no wrapper per trip
 
     def run(*args):
         vals, caps = args[:n], args[n:]
         hist = [] if record else None
         trips = 0
-        while cond_plan(*vals, *caps)[0]:
-            trips += 1
-            if limit is not None and trips > limit:
-                raise RuntimeError(f"loop ran past max_trips={limit}")
-            out = body_plan(*vals, *caps)
-            if record:
-                hist.append((vals, out[n:]))
-            vals = out[:n]
+        try:
+            while cond_fn(*vals, *caps)[0]:
+                trips += 1
+                if limit is not None and trips > limit:
+                    raise RuntimeError(f"loop ran past max_trips={limit}")
+                out = body_fn(*vals, *caps)
+                if record:
+                    hist.append((vals, out[n:]))
+                vals = out[:n]
+        except Exception as e:
+            _name_body_failure(e, (cond_plan, body_plan))
+            raise
         return (*vals, hist)
     return run
+
+
+def _name_body_failure(e: Exception, plans) -> None:
+    """Re-raise a failure inside a loop body as an ExecutionError naming the body's node."""
+    import sys
+    from ..errors import ExecutionError, IsthmusError
+    if isinstance(e, IsthmusError):
+        return
+    tb = sys.exc_info()[2]
+    for p in plans:
+        failing = p._failing_node(tb)
+        if failing is not None:
+            raise ExecutionError(f"node '{failing.name}' ({failing.op}) in a loop body failed: "
+                                 f"{type(e).__name__}: {e}", failing.name, failing.op) from e
 
 
 register(OpDef("While", inputs=("*inputs",),
@@ -299,15 +318,20 @@ def _kernel_while_grad(node, ctx):
         if hist is None:
             raise RuntimeError("the forward loop did not save its iterations")
         acc = [None] * len(fc)
-        for vals, saved in reversed(hist):
-            out = plan(*vals, *caps, *saved, *g_vars)
-            g_vars = list(out[:nf])
-            for j, k in enumerate(want_caps):
-                g = out[nf + j]
-                if acc[k] is None:
-                    acc[k] = xp.array(g, copy=True)
-                else:
-                    acc[k] += g
+        fn_ = plan.fn
+        try:
+            for vals, saved in reversed(hist):
+                out = fn_(*vals, *caps, *saved, *g_vars)
+                g_vars = out[:nf]
+                for j, k in enumerate(want_caps):
+                    g = out[nf + j]
+                    if acc[k] is None:
+                        acc[k] = xp.array(g, copy=True)
+                    else:
+                        acc[k] += g
+        except Exception as e:
+            _name_body_failure(e, (plan,))
+            raise
         for k in range(len(fc)):
             if acc[k] is None:
                 acc[k] = xp.zeros_like(caps[fc[k]])

@@ -145,3 +145,14 @@ def test_cond_gradient():
         return ism.cond(ism.greater(ism.reduce_sum(x), 0.0), lambda: x * y, lambda: ism.exp(x) - y)
     check_gradients(build, [np.array([0.5, 0.2]), np.array([1.5, -2.0])])
     check_gradients(build, [np.array([-0.5, 0.2]), np.array([1.5, -2.0])])
+
+
+def test_failure_inside_a_loop_body_names_the_body_node():
+    g = ism.Graph()
+    with g.as_default():
+        idx = ism.placeholder("int32", (), name="idx")
+        table = ism.constant(np.arange(3.0))
+        _, y = ism.while_loop(lambda i, a: i < 2, lambda i, a: (i + 1, a + ism.gather(table, idx, name="lookup")),
+                              [ism.constant(0), ism.constant(0.0, "float64")])
+        with pytest.raises(ism.ExecutionError, match="'lookup'"):
+            ism.Session(g).run(y, {idx: 7})

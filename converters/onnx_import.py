@@ -434,8 +434,10 @@ def _constant(c, node, ins):
 @handler("ConstantOfShape")
 def _const_of_shape(c, node, ins):
     from onnx import numpy_helper
-    shape = c.const_value(node.input[0], "the shape", node)
     v = numpy_helper.to_array(node.attribute[0].t) if node.attribute else np.zeros(1, np.float32)
+    if node.input[0] not in c.consts:  # a shape computed at run time
+        return [ism.fill(ins[0], v.reshape(-1)[0].item(), v.dtype)]
+    shape = c.const_value(node.input[0], "the shape", node)
     arr = np.full([int(s) for s in shape], v.reshape(-1)[0], dtype=v.dtype)
     c.consts[node.output[0]] = arr
     return [ism.constant(arr)]
@@ -556,7 +558,12 @@ def _body(c, gp, values, bind):
     from collections import ChainMap
 
     def build(*args):
+        from onnx import numpy_helper
         scope = ChainMap(dict(zip(bind, args)), values)
+        for init in gp.initializer:  # a subgraph's own constants
+            arr = numpy_helper.to_array(init)
+            c.consts[init.name] = arr
+            scope[init.name] = ism.constant(arr, dtype=arr.dtype, name=_clean(init.name))
         _run_nodes(c, gp.node, scope)
         missing = [o.name for o in gp.output if o.name not in scope]
         if missing:

@@ -83,3 +83,23 @@ def test_export_import_split_and_edge(name, build, shape, on_edge):
     if on_edge:
         edge = Interpreter(to_edge(ism.Session(g2), [outs[0]], batch=shape[0])).invoke(xv)[0]
         np.testing.assert_allclose(edge, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_lstm_classifier_round_trips_through_onnx_loop():
+    from isthmus.core.rnn import LSTMCell, dynamic_rnn
+    rng = np.random.default_rng(1)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 5, 4), name="x")
+        _, (c, h) = dynamic_rnn(LSTMCell(6, seed=1), x, return_outputs=False)
+        y = nn.Dense(3, name="head")(h)
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    xv = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    want = sess.run(y, {x: xv})
+    model = to_onnx(sess, [y])
+    assert any(nd.op_type == "Loop" for nd in model.graph.node)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    np.testing.assert_allclose(ref, want, rtol=1e-4, atol=1e-5)
+    g2, ins, outs = from_onnx(model)
+    np.testing.assert_allclose(ism.Session(g2).run(outs[0], {ins["x"]: xv}), ref, rtol=1e-4, atol=1e-5)

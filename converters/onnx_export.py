@@ -460,3 +460,27 @@ def _fill(c, n, ins, outs):
     c.node("Cast", [ins[0]], [shape], to=_onnx_dtype(np.int64))
     value = c.nh.from_array(np.array([n.attrs["value"]], dtype=n.attrs["dtype"]), c.fresh("fill_value"))
     c.node("ConstantOfShape", [shape], outs, value=value)
+
+
+@handler("If")
+def _if(c, n, ins, outs):
+    graphs = {}
+    for key in ("then_branch", "else_branch"):
+        fn = n.attrs[key]
+        sub = _Ctx(c.h, c.nh)
+        sub._n = c._n
+        res = _inline(sub, fn, ins[1:], f"{n.name}/{key}")
+        c._n = sub._n
+        names = []
+        for i, nm in enumerate(res):  # branch outputs get names of their own
+            fresh = f"{n.name}/{key}/out{i}"
+            sub.node("Identity", [nm], [fresh])
+            names.append(fresh)
+        graphs[key] = c.h.make_graph(sub.nodes, f"{n.name}_{key}", [],
+                                     [_value_info(c, t, nm) for t, nm in zip(fn.outputs, names)], sub.inits)
+    pred = ins[0]
+    if len(n.inputs[0].shape) == 1:
+        p2 = c.fresh("pred")
+        c.node("Squeeze", [pred, c.const(np.array([0], np.int64))], [p2])
+        pred = p2
+    c.node("If", [pred], outs, then_branch=graphs["then_branch"], else_branch=graphs["else_branch"])

@@ -68,3 +68,13 @@ def test_unsupported_ops_are_listed_all_at_once():
         y = ism.sparse_softmax_cross_entropy(ism.constant(np.zeros(2, np.int32)), ism.random_normal((2, 3)) + 0.0)
     with pytest.raises(ExportError, match="RandomNormal x1.*SparseSoftmaxCrossEntropy x1"):
         to_onnx(g, [y])
+
+
+def test_cond_exports_as_if():
+    def build():
+        x = ism.placeholder("float32", (3,), name="x")
+        y = ism.cond(ism.greater(ism.reduce_sum(x), 0.0), lambda: x * 2.0, lambda: ism.exp(x) - 1.0)
+        return [x], y
+    for sign in (1.0, -1.0):
+        m = _check(build, [sign * np.abs(rng.standard_normal(3)).astype(np.float32)])
+    assert any(n.op_type == "If" for n in m.graph.node)

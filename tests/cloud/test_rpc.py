@@ -1,0 +1,136 @@
+"""The Worker over gRPC on 127.0.0.1: every RPC with a deadline, servers stopped per test."""
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from isthmus.cloud import graph_codec, rpc, tensor_codec  # noqa: E402
+from isthmus.cloud.worker import Worker, WorkerError  # noqa: E402
+from isthmus.proto import tensor_pb2, worker_pb2, worker_pb2_grpc  # noqa: E402
+
+from .test_worker import D0, D1, two_part_graph  # noqa: E402
+
+
+@pytest.fixture
+def cluster():
+    clients, servers = {}, []
+    peers = lambda dev: clients[dev]  # noqa: E731
+    for dev, task in ((D0, "/job:worker/task:0"), (D1, "/job:worker/task:1")):
+        w = Worker(task, peers=peers, recv_timeout=5.0)
+        server, port = rpc.serve(w, chunk_bytes=1 << 20)
+        servers.append(server)
+        clients[dev] = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=10.0, name=task)
+    yield clients
+    for c in clients.values():
+        c.close()
+    for s in servers:
+        s.stop(grace=None).wait(5)
+
+
+def test_partition_runs_across_two_servers(cluster):
+    import isthmus as ism
+    g, p = two_part_graph()
+    handles = {d: cluster[d].register_graph(graph_codec.to_bytes(part.graph), d) for d, part in p.parts.items()}
+    local = ism.Session(g)
+    for step in (11, 12):
+        xv = np.random.default_rng(step).standard_normal((2, 3)).astype(np.float32)
+        out, err = {}, []
+
+        def go(d):
+            part = p.parts[d]
+            feeds = {"x:0": xv} if "x" in part.graph else {}
+            try:
+                out[d] = cluster[d].run_graph(handles[d], step, feeds, part.fetches, timeout=10)
+            except Exception as e:  # noqa: BLE001
+                err.append(e)
+        ts = [threading.Thread(target=go, args=(d,)) for d in p.parts]
+        [t.start() for t in ts]
+        [t.join(20) for t in ts]
+        assert not err, err
+        want = local.run(g.tensor("c:0"), {g.tensor("x:0"): xv})
+        assert out[D1][0].tobytes() == np.asarray(want).tobytes()
+    st = cluster[D0].status()
+    assert st["steps_run"] == 2 and st["handles"] == [handles[D0]]
+    cluster[D0].deregister_graph(handles[D0])
+    with pytest.raises(WorkerError, match=r"DeregisterGraph on task /job:worker/task:0 .*NOT_FOUND"):
+        cluster[D0].deregister_graph(handles[D0])
+
+
+def test_large_tensor_streams_in_chunks(cluster):
+    import isthmus as ism
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(ism.float32, (None,), name="x")
+        from isthmus.core.ops.comm import send
+        send(x, f"{D0};{D1};x:0", D0, D1, name="send_x")
+    h = cluster[D0].register_graph(g, D0)
+    big = np.random.default_rng(0).standard_normal(3 << 20).astype(np.float32)  # 12 MiB
+    cluster[D0].run_graph(h, 1, {"x:0": big}, ["send_x"])
+    req = worker_pb2.RecvTensorRequest(src_device=D0, dst_device=D1, tensor="x:0", step_id=1, timeout_s=5)
+    chunks = list(cluster[D0].stub.RecvTensor(req, timeout=10))
+    assert len(chunks) == 12 and all(len(c.data) <= 1 << 20 for c in chunks)
+    assert tensor_codec.decode_chunks(chunks).tobytes() == big.tobytes()
+    cluster[D0].run_graph(h, 2, {"x:0": big[:10]}, ["send_x"])
+    got = cluster[D0].recv_tensor(D0, D1, "x:0", 2, timeout=5)
+    np.testing.assert_array_equal(got, big[:10])
+
+
+def test_malformed_requests_rejected_and_server_keeps_serving(cluster):
+    import isthmus as ism
+    c = cluster[D0]
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(ism.float32, (2,), name="x")
+        ism.identity(x * 2.0, name="y")
+    h = c.register_graph(g)
+    bad = worker_pb2.RunGraphRequest(handle=h, step_id=1, fetches=["y:0"])
+    bad.feeds.add(name="x:0", tensor=tensor_pb2.TensorProto(dtype=tensor_pb2.DT_FLOAT32, shape=[2], content=b"123"))
+    for tensor, match in ((bad.feeds[0].tensor, "needs 8 payload bytes"),):
+        with pytest.raises(grpc.RpcError) as ei:
+            c.stub.RunGraph(bad, timeout=5)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and match in ei.value.details()
+    bad.feeds[0].tensor.CopyFrom(tensor_pb2.TensorProto(dtype=99, shape=[2], content=b"\0" * 8))
+    with pytest.raises(grpc.RpcError, match="unknown dtype"):
+        c.stub.RunGraph(bad, timeout=5)
+    bad.feeds[0].tensor.CopyFrom(tensor_pb2.TensorProto(dtype=1, shape=[-2], content=b""))
+    with pytest.raises(grpc.RpcError, match="negative"):
+        c.stub.RunGraph(bad, timeout=5)
+    with pytest.raises(WorkerError, match="INVALID_ARGUMENT.*cannot register"):
+        c._call("RegisterGraph", worker_pb2.RegisterGraphRequest(
+            graph=graph_codec.graph_pb2.GraphDef(version=42)))
+    with pytest.raises(WorkerError, match="DEADLINE_EXCEEDED|nothing arrived"):
+        c.recv_tensor(D0, D1, "nothing:0", 3, timeout=0.2)
+    # still serving
+    assert c.run_graph(h, 2, {"x:0": np.array([1, 2], np.float32)}, ["y:0"])[0].tolist() == [2.0, 4.0]
+
+
+def test_failing_op_reaches_the_client_with_the_node_name(cluster):
+    import isthmus as ism
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(ism.float32, (None,), name="x")
+        ism.reshape(x, (2, 2), name="needs_four")
+    h = cluster[D0].register_graph(g)
+    with pytest.raises(WorkerError, match="needs_four"):
+        cluster[D0].run_graph(h, 1, {"x:0": np.ones(3, np.float32)}, ["needs_four:0"])
+
+
+def test_unreachable_task_named_with_its_address():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with rpc.WorkerClient(f"127.0.0.1:{port}", timeout=0.5, name="/job:ps/task:3") as c:
+        with pytest.raises(WorkerError, match=rf"/job:ps/task:3 at 127.0.0.1:{port}"):
+            c.status()
+
+
+def test_health_service(cluster):
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    from grpc_health.v1 import health_pb2_grpc
+    stub = health_pb2_grpc.HealthStub(cluster[D0].channel)
+    r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert r.status == health_pb2.HealthCheckResponse.SERVING

@@ -15,7 +15,7 @@ loop (their grad_fn inputs name the saved body tensors), exactly as building did
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -59,9 +59,10 @@ def _enum_dtype(e: int) -> np.dtype:
 
 # ---- encoding ------------------------------------------------------------------------------
 class _Encoder:
-    def __init__(self, root: Graph):
+    def __init__(self, root: Graph, rebind: Optional[Callable[[Tensor], Optional[Tensor]]] = None):
         self.graphs: List[Graph] = [root]
         self.ids: Dict[int, int] = {id(root): 0}
+        self.rebind = rebind
 
     def gid(self, g: Graph) -> int:
         i = self.ids.get(id(g))
@@ -72,6 +73,10 @@ class _Encoder:
 
     def ref(self, t: Tensor, msg: graph_pb2.TensorRef, where: str) -> None:
         i = self.ids.get(id(t.node.graph))
+        if i is None and self.rebind is not None:
+            t2 = self.rebind(t)
+            if t2 is not None:
+                t, i = t2, self.ids.get(id(t2.node.graph))
         if i is None:
             raise GraphCodecError(f"{where}: tensor '{t.name}' lives in a graph outside the one encoded")
         msg.node = t.node.name
@@ -150,10 +155,16 @@ class _Encoder:
             self.ref(v.initial_value, nd.variable.initial_value, where)
             nd.variable.trainable = v.trainable
 
+    def _outer(self, g: Graph) -> int:
+        if g.outer is None:
+            return -1
+        # a body whose enclosing graph is not encoded: the root stands for it when rebinding
+        return self.ids.get(id(g.outer), -1 if self.rebind is None else 0)
+
     def subgraph(self, g: Graph, sg: graph_pb2.SubGraph) -> None:
         for n in g.nodes:
             self.node(n, sg.node.add())
-        sg.outer = self.ids.get(id(g.outer), -1) if g.outer is not None else -1
+        sg.outer = self._outer(g)
         if g.outer is not None and sg.outer == -1 and g.captures:
             raise GraphCodecError("a body graph with captures is encoded without its enclosing graph")
         for outer_t, ph in g.captures.items():
@@ -177,9 +188,14 @@ class _Encoder:
                     self.attr(x, it.value, f"collection '{key}'")
 
 
-def encode(graph: Graph) -> graph_pb2.GraphDef:
-    """The GraphDef of `graph` and of every body graph its Functions refer to."""
-    enc = _Encoder(graph)
+def encode(graph: Graph, rebind: Optional[Callable[[Tensor], Optional[Tensor]]] = None) -> graph_pb2.GraphDef:
+    """The GraphDef of `graph` and of every body graph its Functions refer to.
+
+    `rebind(t)`: for a tensor of a graph outside the encoded ones (a partition part's loop
+    body still reads the unsplit graph), the encoded graph's tensor that stands for it;
+    bodies whose enclosing graph is not encoded are then enclosed by the root.
+    """
+    enc = _Encoder(graph, rebind)
     out = graph_pb2.GraphDef(version=FORMAT_VERSION)
     # discover body graphs breadth first (a body's outer is discovered before the body)
     msgs = []
@@ -192,15 +208,15 @@ def encode(graph: Graph) -> graph_pb2.GraphDef:
         i += 1
     # outers were resolved while their ids might not exist yet: fix them now
     for k, g in enumerate(enc.graphs):
-        if g.outer is not None and id(g.outer) in enc.ids:
-            msgs[k].outer = enc.ids[id(g.outer)]
+        if k:
+            msgs[k].outer = enc._outer(g)
     for sg in msgs[1:]:
         out.library.append(sg)
     return out
 
 
-def to_bytes(graph: Graph) -> bytes:
-    return encode(graph).SerializeToString(deterministic=True)
+def to_bytes(graph: Graph, rebind: Optional[Callable[[Tensor], Optional[Tensor]]] = None) -> bytes:
+    return encode(graph, rebind).SerializeToString(deterministic=True)
 
 
 # ---- decoding ------------------------------------------------------------------------------

@@ -1,24 +1,26 @@
-"""gRPC over the Worker (proto/worker.proto): a thin servicer, a server helper and a client.
+"""gRPC over the Worker (proto/worker.proto): a thin servicer and a client.
 
-Every client RPC carries a deadline; message sizes are explicit on both ends; tensors
-fetched with RecvTensor stream in chunks (one message when small). A malformed request
-gets INVALID_ARGUMENT with a clear message and the server keeps serving. Errors reach the
-client as WorkerError naming the task's address and the RPC.
+The servicer decodes, calls the in-process Worker, encodes. RecvTensor answers with the
+bytes the Send laid out (cloud/wire.py): one message when the tensor is small; a bigger
+one answers `streamed` and its chunks follow on RecvTensorStream. Every client RPC carries
+a deadline; message sizes are explicit on both ends. A malformed request gets
+INVALID_ARGUMENT with a clear message and the server keeps serving; a failure reaches the
+client as the same error class (cloud/errors.py), naming the task.
 """
 from __future__ import annotations
 
-from concurrent import futures
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
 
-from ..core.errors import IsthmusError
-from ..core.rendezvous import RendezvousAborted, RendezvousTimeout
-from ..proto import worker_pb2, worker_pb2_grpc
-from . import graph_codec, tensor_codec
-from .worker import (DEFAULT_CHUNK_BYTES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker,
-                     WorkerError)
+from ..proto import worker_pb2
+from . import graph_codec, tensor_codec, wire
+from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
+from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
+
+SERVICE = "isthmus.Worker"
+_RECV_SLACK_S = 2.0   # a RecvTensor call's deadline over the wait it asks the task for
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
@@ -26,63 +28,64 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
             ("grpc.max_receive_message_length", max_message_bytes)]
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, worker: Worker, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
-        self.worker = worker
-        self.chunk_bytes = chunk_bytes
+def _identity(b):
+    return b
 
-    def _fail(self, context, code, e: BaseException):
-        context.abort(code, f"{self.worker.task}: {type(e).__name__}: {e}")
+
+class WorkerServicer:
+    def __init__(self, worker: Worker):
+        self.worker = worker
 
     def RegisterGraph(self, request, context):
         try:
             h = self.worker.register_graph(request.graph, request.device or None)
-        except WorkerError as e:
-            self._fail(context, grpc.StatusCode.INVALID_ARGUMENT, e)
+        except Exception as e:  # noqa: BLE001
+            abort_with(context, e, self.worker.task)
         return worker_pb2.RegisterGraphResponse(handle=h)
 
     def RunGraph(self, request, context):
+        w = self.worker
         try:
-            feeds = {t.name: tensor_codec.decode(t.tensor, self.worker.max_tensor_bytes) for t in request.feeds}
-        except tensor_codec.TensorCodecError as e:
-            self._fail(context, grpc.StatusCode.INVALID_ARGUMENT, e)
-        try:
-            outs = self.worker.run_graph(request.handle, request.step_id, feeds, list(request.fetches),
-                                         request.timeout_s or None)
-        except WorkerError as e:
-            self._fail(context, grpc.StatusCode.NOT_FOUND if "no registered graph" in str(e)
-                       else grpc.StatusCode.INVALID_ARGUMENT, e)
-        except RendezvousTimeout as e:
-            self._fail(context, grpc.StatusCode.DEADLINE_EXCEEDED, e)
-        except RendezvousAborted as e:
-            self._fail(context, grpc.StatusCode.ABORTED, e)
+            feeds = {t.name: tensor_codec.decode(t.tensor, w.max_tensor_bytes) for t in request.feeds}
+            outs = w.run_graph(request.handle, request.step_id, feeds, list(request.fetches),
+                               request.timeout_s or None)
+            resp = worker_pb2.RunGraphResponse()
+            for name, v in zip(request.fetches, outs):
+                if v is not None:
+                    tensor_codec.encode(v, out=resp.outputs.add(name=name).tensor, max_bytes=w.max_tensor_bytes)
         except Exception as e:  # noqa: BLE001  (the failing op, named by the executor)
-            self._fail(context, grpc.StatusCode.INTERNAL, e)
-        resp = worker_pb2.RunGraphResponse()
-        for name, v in zip(request.fetches, outs):
-            if v is not None:
-                nt = resp.outputs.add(name=name)
-                tensor_codec.encode(v, out=nt.tensor, max_bytes=self.worker.max_tensor_bytes)
+            abort_with(context, e, w.task)
         return resp
 
-    def RecvTensor(self, request, context):
+    def RecvTensor(self, request, context) -> bytes:
         try:
-            v = self.worker.recv_tensor(request.src_device, request.dst_device, request.tensor,
-                                        request.step_id, request.timeout_s or None)
-        except RendezvousTimeout as e:
-            self._fail(context, grpc.StatusCode.DEADLINE_EXCEEDED, e)
-        except RendezvousAborted as e:
-            self._fail(context, grpc.StatusCode.ABORTED, e)
+            wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                       request.step_id, request.timeout_s or None)
+            if wt.inline is not None:
+                return wt.inline
+            self.worker.put_back(request.src_device, request.dst_device, request.tensor, request.step_id, wt)
+        except Exception as e:  # noqa: BLE001
+            abort_with(context, e, self.worker.task)
+        return wt.header
+
+    def RecvTensorStream(self, request, context):
         try:
-            yield from tensor_codec.encode_chunks(v, self.chunk_bytes, self.worker.max_tensor_bytes)
-        except tensor_codec.TensorCodecError as e:
-            self._fail(context, grpc.StatusCode.FAILED_PRECONDITION, e)
+            wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                       request.step_id, request.timeout_s or None)
+        except Exception as e:  # noqa: BLE001
+            abort_with(context, e, self.worker.task)
+        yield from wt.chunk_messages()
+
+    def AbortStep(self, request, context):
+        from ..core.rendezvous import RendezvousAborted
+        self.worker.abort_step(request.step_id, RendezvousAborted(request.reason or "aborted by the master"))
+        return worker_pb2.AbortStepResponse()
 
     def DeregisterGraph(self, request, context):
         try:
             self.worker.deregister_graph(request.handle)
-        except WorkerError as e:
-            self._fail(context, grpc.StatusCode.NOT_FOUND, e)
+        except Exception as e:  # noqa: BLE001
+            abort_with(context, e, self.worker.task)
         return worker_pb2.DeregisterGraphResponse()
 
     def GetStatus(self, request, context):
@@ -91,31 +94,33 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                          steps_run=s["steps_run"], pending_tensors=s["pending_tensors"])
 
 
-def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 16,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-          extra_handlers: Sequence = ()) -> Tuple[grpc.Server, int]:
-    """Start a gRPC server for `worker` (port 0: a free port); returns (server, port).
+def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
+    """The Worker service's handler; the tensor answers go out as the bytes laid out for them."""
+    s = WorkerServicer(worker)
+    req = {name: getattr(worker_pb2, name + "Request").FromString for name in (
+        "RegisterGraph", "RunGraph", "RecvTensor", "AbortStep", "DeregisterGraph", "Status")}
 
-    The standard gRPC health service answers too when grpcio-health-checking is installed.
-    """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         options=channel_options(max_message_bytes))
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(worker, chunk_bytes), server)
-    try:
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-        hs = health.HealthServicer()
-        hs.set("", health_pb2.HealthCheckResponse.SERVING)
-        hs.set("isthmus.Worker", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    except ImportError:
-        pass
-    if extra_handlers:
-        server.add_generic_rpc_handlers(tuple(extra_handlers))
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise WorkerError(f"cannot listen on {host}:{port}")
-    server.start()
-    return server, bound
+    def unary(fn, req_de, out=lambda m: m.SerializeToString()):
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_de, response_serializer=out)
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        "RegisterGraph": unary(s.RegisterGraph, req["RegisterGraph"]),
+        "RunGraph": unary(s.RunGraph, req["RunGraph"]),
+        "RecvTensor": unary(s.RecvTensor, req["RecvTensor"], _identity),
+        "RecvTensorStream": grpc.unary_stream_rpc_method_handler(
+            s.RecvTensorStream, request_deserializer=req["RecvTensor"], response_serializer=_identity),
+        "AbortStep": unary(s.AbortStep, req["AbortStep"]),
+        "DeregisterGraph": unary(s.DeregisterGraph, req["DeregisterGraph"]),
+        "GetStatus": unary(s.GetStatus, req["Status"]),
+    })
+
+
+def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
+          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = ()):
+    """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
+    cloud/server.py serves a whole task (worker, master, health)."""
+    from .server import start_grpc_server
+    return start_grpc_server([worker_handler(worker), *extra_handlers], host, port, max_workers,
+                             max_message_bytes)
 
 
 class WorkerClient:
@@ -123,24 +128,37 @@ class WorkerClient:
 
     def __init__(self, address: str, timeout: float = DEFAULT_RPC_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, name: Optional[str] = None):
+                 max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, name: Optional[str] = None,
+                 channel: Optional[grpc.Channel] = None):
         self.address = address
         self.name = name or address
         self.timeout = timeout
         self.max_tensor_bytes = max_tensor_bytes
-        self.channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self._own_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        ch = self.channel
 
-    def _error(self, rpc: str, e: grpc.RpcError) -> WorkerError:
-        code = e.code() if hasattr(e, "code") else None
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return WorkerError(f"task {self.name} at {self.address} is unreachable ({rpc}): {e.details()}")
-        return WorkerError(f"{rpc} on task {self.name} at {self.address} failed "
-                           f"[{code.name if code else '?'}]: {e.details() if hasattr(e, 'details') else e}")
+        def unary(name, resp):
+            return ch.unary_unary(f"/{SERVICE}/{name}", request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=resp)
+        self._rpc = {
+            "RegisterGraph": unary("RegisterGraph", worker_pb2.RegisterGraphResponse.FromString),
+            "RunGraph": unary("RunGraph", worker_pb2.RunGraphResponse.FromString),
+            "AbortStep": unary("AbortStep", worker_pb2.AbortStepResponse.FromString),
+            "DeregisterGraph": unary("DeregisterGraph", worker_pb2.DeregisterGraphResponse.FromString),
+            "GetStatus": unary("GetStatus", worker_pb2.StatusResponse.FromString),
+        }
+        self._recv = unary("RecvTensor", _identity)
+        self._recv_stream = ch.unary_stream(f"/{SERVICE}/RecvTensorStream",
+                                            request_serializer=lambda m: m.SerializeToString(),
+                                            response_deserializer=wire.read_chunk)
+
+    def _error(self, rpc: str, e: grpc.RpcError) -> BaseException:
+        return from_rpc_error(e, rpc, self.name, self.address)
 
     def _call(self, rpc: str, request, timeout: Optional[float] = None):
         try:
-            return getattr(self.stub, rpc)(request, timeout=timeout or self.timeout)
+            return self._rpc[rpc](request, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             raise self._error(rpc, e) from None
 
@@ -152,13 +170,18 @@ class WorkerClient:
 
     def run_graph(self, handle: str, step_id: int, feeds: Optional[Mapping[str, Any]] = None,
                   fetches: Sequence[str] = (), timeout: Optional[float] = None):
+        return self.run_graph_future(handle, step_id, feeds, fetches, timeout).result()
+
+    def run_graph_future(self, handle: str, step_id: int, feeds: Optional[Mapping[str, Any]] = None,
+                         fetches: Sequence[str] = (), timeout: Optional[float] = None) -> "_Pending":
+        """Start a step of a part without waiting: `.result()` gives its outputs (or raises)."""
         req = worker_pb2.RunGraphRequest(handle=handle, step_id=step_id, fetches=list(fetches),
                                          timeout_s=timeout or 0.0)
         for k, v in (feeds or {}).items():
             tensor_codec.encode(v, out=req.feeds.add(name=k).tensor, max_bytes=self.max_tensor_bytes)
-        resp = self._call("RunGraph", req, (timeout or self.timeout) + 1.0 if timeout else None)
-        got = {t.name: tensor_codec.decode(t.tensor, self.max_tensor_bytes) for t in resp.outputs}
-        return [got.get(f) for f in fetches]
+        deadline = (timeout + _RECV_SLACK_S) if timeout else self.timeout
+        fut = self._rpc["RunGraph"].future(req, timeout=deadline)
+        return _Pending(self, fut, list(fetches))
 
     def recv_tensor(self, src_device: str, dst_device: str, tensor: str, step_id: int,
                     timeout: Optional[float] = None) -> np.ndarray:
@@ -166,23 +189,57 @@ class WorkerClient:
         req = worker_pb2.RecvTensorRequest(src_device=src_device, dst_device=dst_device, tensor=tensor,
                                            step_id=step_id, timeout_s=t)
         try:
-            return tensor_codec.decode_chunks(self.stub.RecvTensor(req, timeout=t + 1.0), self.max_tensor_bytes)
+            data = self._recv(req, timeout=t + _RECV_SLACK_S)
+            dtype, shape, content, streamed = wire.read_response(data)
+            d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)
+            if not streamed:
+                return tensor_codec.from_bytes(content, d, shp, nbytes)
+            req.timeout_s = 1.0  # the value is there already
+            return wire.chunks_array(self._recv_stream(req, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
+                                     expect=(dtype, shape))
         except grpc.RpcError as e:
             raise self._error("RecvTensor", e) from None
+
+    def abort_step(self, step_id: int, error: BaseException, timeout: Optional[float] = None) -> None:
+        self._call("AbortStep", worker_pb2.AbortStepRequest(step_id=step_id, reason=f"{type(error).__name__}: {error}"),
+                   timeout)
 
     def deregister_graph(self, handle: str) -> None:
         self._call("DeregisterGraph", worker_pb2.DeregisterGraphRequest(handle=handle))
 
-    def status(self):
-        r = self._call("GetStatus", worker_pb2.StatusRequest())
+    def status(self, timeout: Optional[float] = None):
+        r = self._call("GetStatus", worker_pb2.StatusRequest(), timeout)
         return {"task": r.task, "devices": list(r.devices), "handles": list(r.handles),
                 "steps_run": r.steps_run, "pending_tensors": r.pending_tensors}
 
     def close(self) -> None:
-        self.channel.close()
+        if self._own_channel:
+            self.channel.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Pending:
+    """A RunGraph in flight."""
+
+    def __init__(self, client: WorkerClient, fut, fetches):
+        self.client, self.fut, self.fetches = client, fut, fetches
+
+    def add_done_callback(self, fn) -> None:
+        self.fut.add_done_callback(lambda _f: fn(self))
+
+    def result(self):
+        try:
+            resp = self.fut.result()
+        except grpc.RpcError as e:
+            raise self.client._error("RunGraph", e) from None
+        got = {t.name: tensor_codec.decode(t.tensor, self.client.max_tensor_bytes) for t in resp.outputs}
+        return [got.get(f) for f in self.fetches]
+
+
+__all__ = ["WorkerServicer", "WorkerClient", "worker_handler", "serve", "channel_options", "WorkerError",
+           "TaskUnavailable"]

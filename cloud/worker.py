@@ -1,178 +1,143 @@
 """The worker task: holds registered subgraphs (partition parts), runs them for a step id,
-and serves the tensors their Sends produced through a rendezvous keyed by
+and serves the tensors their Sends produced through its rendezvous, keyed by
 (source device, destination device, tensor, step).
 
-`Worker` is the in-process object (tested without a network); `WorkerServicer` puts it
-behind gRPC (proto/worker.proto) and `WorkerClient` calls it with a deadline on every
-RPC. A Recv whose source device lives on another task pulls the tensor from that task
-(`peers(device)` gives its Worker or WorkerClient); tensors stream in chunks.
+`Worker` is the in-process object, tested without a network; cloud/rpc.py puts it behind
+gRPC. A Recv whose Send ran on another task pulls the value from that task
+(`peers(device)` gives its Worker or WorkerClient).
+
+Variables live in the task, not in one registered graph: every part registered here
+reads and updates the same variable values (by name), as parameter-server tasks need
+when a session registers one part for initialization and another for training, or when
+several clients' graphs share the ps task's variables (between-graph replication).
 """
 from __future__ import annotations
 
 import itertools
 import threading
-import time
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from ..core.devices import canonical
-from ..core.rendezvous import RendezvousAborted, RendezvousError, RendezvousTimeout
+from ..core.executor import SessionState
+from ..core.graph import Graph
+from ..core.rendezvous import RendezvousAborted
 from ..core.session import Session
-from . import graph_codec, tensor_codec
+from . import graph_codec, tensor_codec, wire
+from .errors import HandleNotFound, WorkerError
+from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezvous
 
-DEFAULT_RECV_TIMEOUT_S = 30.0
 DEFAULT_RPC_TIMEOUT_S = 30.0
-DEFAULT_MAX_MESSAGE_BYTES = 256 << 20   # one gRPC message; bigger tensors must stream
-DEFAULT_CHUNK_BYTES = 4 << 20           # tensors above this stream in chunks of this size
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20    # one gRPC message; bigger tensors must stream
 
-Key = Tuple[str, str, str, int]  # (src device, dst device, tensor, step id)
-
-
-class WorkerError(RuntimeError):
-    """A worker call failed: unknown handle, a failing step, an unreachable task."""
-
-
-class StepRendezvous:
-    """Values in flight, keyed by (src device, dst device, tensor, step id); every wait bounded."""
-
-    def __init__(self, timeout: float = DEFAULT_RECV_TIMEOUT_S):
-        self.timeout = float(timeout)
-        self._values: Dict[Key, Any] = {}
-        self._aborted: Dict[int, BaseException] = {}
-        self._cond = threading.Condition()
-
-    def put(self, key: Key, value: Any) -> None:
-        with self._cond:
-            if key[3] in self._aborted:
-                raise RendezvousAborted(f"step {key[3]} was aborted: {self._aborted[key[3]]}")
-            if key in self._values:
-                raise RendezvousError(f"tensor {_show(key)} was sent twice")
-            self._values[key] = value
-            self._cond.notify_all()
-
-    def take(self, key: Key, timeout: Optional[float] = None) -> Any:
-        timeout = self.timeout if timeout is None or timeout <= 0 else float(timeout)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                err = self._aborted.get(key[3])
-                if err is not None:
-                    raise RendezvousAborted(f"step {key[3]} was aborted while waiting for {_show(key)}: "
-                                            f"{type(err).__name__}: {err}") from err
-                if key in self._values:
-                    return self._values.pop(key)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RendezvousTimeout(f"nothing arrived for {_show(key)} within {timeout:g} s")
-                self._cond.wait(left)
-
-    def abort_step(self, step_id: int, error: BaseException) -> None:
-        with self._cond:
-            self._aborted.setdefault(step_id, error)
-            for k in [k for k in self._values if k[3] == step_id]:
-                del self._values[k]
-            self._cond.notify_all()
-
-    def forget_step(self, step_id: int) -> None:
-        with self._cond:
-            self._aborted.pop(step_id, None)
-            for k in [k for k in self._values if k[3] == step_id]:
-                del self._values[k]
-
-    def pending(self) -> List[Key]:
-        with self._cond:
-            return list(self._values)
-
-
-def _show(key: Key) -> str:
-    return f"'{key[2]}' from {key[0]} to {key[1]} (step {key[3]})"
-
-
-class _PartRendezvous:
-    """The rendezvous one registered part's Session sees: core's Send/Recv kernels key by
-    (transfer key, invocation count); this maps them to (src, dst, tensor, step id)."""
-
-    def __init__(self, worker: "Worker"):
-        self.worker = worker
-        self.step_id = 0
-        self.timeout = worker.recv_timeout
-
-    @staticmethod
-    def _split(key: Hashable) -> Tuple[str, str, str]:
-        k = key[0] if isinstance(key, tuple) else key
-        parts = str(k).split(";", 2)
-        if len(parts) != 3:
-            raise RendezvousError(f"malformed transfer key {k!r}; expected 'src;dst;tensor'")
-        return parts[0], parts[1], parts[2]
-
-    def send(self, key: Hashable, value: Any) -> None:
-        src, dst, tensor = self._split(key)
-        self.worker.table.put((src, dst, tensor, self.step_id), value)
-
-    def recv(self, key: Hashable, timeout: Optional[float] = None) -> Any:
-        src, dst, tensor = self._split(key)
-        return self.worker.fetch(src, dst, tensor, self.step_id, timeout or self.timeout)
-
-    def abort(self, error: BaseException) -> None:
-        self.worker.table.abort_step(self.step_id, error)
+__all__ = ["Worker", "WorkerError", "HandleNotFound", "StepRendezvous", "DEFAULT_RECV_TIMEOUT_S",
+           "DEFAULT_RPC_TIMEOUT_S", "DEFAULT_MAX_MESSAGE_BYTES"]
 
 
 class _Registered:
-    def __init__(self, handle: str, device: str, graph, session: Session, rv: _PartRendezvous):
-        self.handle, self.device, self.graph, self.session, self.rv = handle, device, graph, session, rv
-        self.lock = threading.Lock()  # one step of a part at a time (core's Send/Recv count per plan)
+    """One registered part. Each step runs on an instance (a Session and the rendezvous
+    view that tells its Sends and Recvs the step id) that no other step is using, so steps
+    of one part may run concurrently."""
+
+    def __init__(self, handle: str, device: str, graph: Graph, worker: "Worker"):
+        self.handle, self.device, self.graph, self.worker = handle, device, graph, worker
+        self._free: List[tuple] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> tuple:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        w = self.worker
+        rv = PartRendezvous(w._deposit, w.fetch, w.abort_step, w.recv_timeout)
+        # serial plans: a part's nodes run in the partitioner's topological order, so no Recv
+        # can wait on a Send queued behind it in the same part (no deadlock across tasks)
+        sess = Session(self.graph, parallel=False, rendezvous=rv)
+        w._share_state(sess.state)
+        return sess, rv
+
+    def release(self, inst: tuple) -> None:
+        with self._lock:
+            self._free.append(inst)
+
+    def close(self) -> None:
+        with self._lock:
+            for sess, _ in self._free:
+                sess.close()
+            self._free.clear()
 
 
 class Worker:
     """One task's worker service, in process.
 
     `peers(device) -> Worker | WorkerClient` finds the task holding a device other than
-    this task's own, for Recvs whose Send ran there.
+    this task's own, for Recvs whose Send ran there. With `wire=True` (a task served over
+    gRPC) a value sent to another task is laid out as its RecvTensor messages when the Send
+    runs, so serving it copies nothing more (cloud/wire.py).
     """
 
     def __init__(self, task: str = "/job:worker/task:0", devices: Optional[Sequence[str]] = None,
                  peers: Optional[Callable[[str], Any]] = None, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
-                 max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES):
+                 max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, wire: bool = False,
+                 inline_bytes: int = wire.DEFAULT_INLINE_BYTES, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES):
         self.task = canonical(task)
         self.devices = [canonical(d) for d in (devices or [self.task + "/device:CPU:0"])]
         self.peers = peers
         self.recv_timeout = recv_timeout
         self.max_tensor_bytes = max_tensor_bytes
+        self.wire, self.inline_bytes, self.chunk_bytes = wire, inline_bytes, chunk_bytes
         self.table = StepRendezvous(recv_timeout)
+        self.variables = SessionState()  # the task's variable values and generators, by name
         self._graphs: Dict[str, _Registered] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.steps_run = 0
 
-    # ---- the service --------------------------------------------------------------------
-    def register_graph(self, graph_def, device: Optional[str] = None) -> str:
-        """Register a serialized (or GraphDef) part; returns its handle."""
-        try:
-            graph = graph_codec.decode(graph_def, max_bytes=self.max_tensor_bytes)
-        except graph_codec.GraphCodecError as e:
-            raise WorkerError(f"{self.task}: cannot register graph: {e}") from None
+    # ---- registration --------------------------------------------------------------------
+    def register_graph(self, graph: Union[Graph, bytes, Any], device: Optional[str] = None) -> str:
+        """Register a part (a Graph, a GraphDef or its bytes); returns its handle."""
+        if not isinstance(graph, Graph):
+            try:
+                graph = graph_codec.decode(graph, max_bytes=self.max_tensor_bytes)
+            except graph_codec.GraphCodecError as e:
+                raise WorkerError(f"{self.task}: cannot register graph: {e}") from None
         dev = canonical(device) if device else self.devices[0]
         if dev not in self.devices:
             raise WorkerError(f"{self.task}: device {dev} is not one of this task's {self.devices}")
-        rv = _PartRendezvous(self)
         with self._lock:
             handle = f"{self.task}/graph:{next(self._ids)}"
-            self._graphs[handle] = _Registered(handle, dev, graph, Session(graph, rendezvous=rv), rv)
+            self._graphs[handle] = _Registered(handle, dev, graph, self)
+        for n in graph.nodes:  # variable slots exist before any step can race to create them
+            if n.op == "Variable":
+                self.variables.slot(n)
         return handle
+
+    def _share_state(self, state: SessionState) -> None:
+        state.slots = self.variables.slots
+        state.rngs = self.variables.rngs
+        state._lock = self.variables._lock
 
     def _get(self, handle: str) -> _Registered:
         try:
             return self._graphs[handle]
         except KeyError:
-            raise WorkerError(f"{self.task}: no registered graph {handle!r}") from None
+            raise HandleNotFound(f"{self.task}: no registered graph {handle!r}") from None
 
+    def deregister_graph(self, handle: str) -> None:
+        with self._lock:
+            reg = self._graphs.pop(handle, None)
+        if reg is None:
+            raise HandleNotFound(f"{self.task}: no registered graph {handle!r}")
+        reg.close()
+
+    # ---- steps -----------------------------------------------------------------------------
     def run_graph(self, handle: str, step_id: int, feeds: Optional[Mapping[str, Any]] = None,
                   fetches: Sequence[str] = (), timeout: Optional[float] = None) -> List[Optional[np.ndarray]]:
         """Run one step of a registered part: the fetched tensors' values (None for node fetches).
 
         A failure aborts the step in this task's rendezvous (its waiting Recvs wake) and
-        is raised with the failing node's name, as the Session reports it.
+        is raised as the Session reports it (naming the failing node).
         """
         reg = self._get(handle)
         g = reg.graph
@@ -181,24 +146,45 @@ class Worker:
             fl = [g.tensor(f) if ":" in f else g.node(f) for f in fetches]
         except Exception as e:  # noqa: BLE001  (GraphError naming the missing node)
             raise WorkerError(f"{self.task}: {e}") from None
-        with reg.lock:
-            reg.rv.step_id = int(step_id)
-            if timeout:
-                reg.rv.timeout = float(timeout)
-            try:
-                out = reg.session.run(fl, fd) if fl else []
-            except BaseException as e:
-                self.table.abort_step(int(step_id), e)
-                raise
-            finally:
-                reg.rv.timeout = self.recv_timeout
-            self.steps_run += 1
+        step_id = int(step_id)
+        err = self.table.aborted(step_id)
+        if err is not None:
+            raise RendezvousAborted(f"step {step_id} was aborted before it ran on {self.task}: {err}") from err
+        sess, rv = inst = reg.acquire()
+        rv.step_id = step_id
+        rv.timeout = float(timeout) if timeout else rv.default_timeout
+        try:
+            out = sess.run(fl, fd) if fl else []
+        except BaseException as e:
+            self.table.abort_step(step_id, e)
+            raise
+        finally:
+            reg.release(inst)
+        self.steps_run += 1
         return [None if not hasattr(v, "dtype") else np.asarray(v) for v in out]
+
+    def _deposit(self, key: Key, value: Any) -> None:
+        if self.wire and key[1] not in self.devices and hasattr(value, "dtype"):
+            value = wire.WireTensor(value, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+        self.table.put(key, value)
 
     def recv_tensor(self, src_device: str, dst_device: str, tensor: str, step_id: int,
                     timeout: Optional[float] = None) -> np.ndarray:
         """Take the value a Send on this task deposited for (src, dst, tensor, step)."""
-        return self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
+        v = self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
+        return v.to_array() if isinstance(v, wire.WireTensor) else v
+
+    def recv_wire(self, src_device: str, dst_device: str, tensor: str, step_id: int,
+                  timeout: Optional[float] = None) -> wire.WireTensor:
+        """Like recv_tensor, as the messages that carry it (what the gRPC servicer sends)."""
+        v = self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
+        if isinstance(v, wire.WireTensor):
+            return v
+        return wire.WireTensor(v, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+
+    def put_back(self, src_device: str, dst_device: str, tensor: str, step_id: int, value: Any) -> None:
+        """Return a taken value (a streamed tensor waits for its RecvTensorStream)."""
+        self.table.put((src_device, dst_device, tensor, int(step_id)), value)
 
     def fetch(self, src: str, dst: str, tensor: str, step_id: int, timeout: Optional[float] = None):
         """What a Recv here calls: local when the Send ran on this task, else pulled from its task."""
@@ -210,14 +196,15 @@ class Worker:
         return peer.recv_tensor(src, dst, tensor, step_id, timeout)
 
     def abort_step(self, step_id: int, error: BaseException) -> None:
-        self.table.abort_step(step_id, error)
+        self.table.abort_step(int(step_id), error)
 
-    def deregister_graph(self, handle: str) -> None:
-        with self._lock:
-            reg = self._graphs.pop(handle, None)
-        if reg is None:
-            raise WorkerError(f"{self.task}: no registered graph {handle!r}")
-        reg.session.close()
+    # ---- state -------------------------------------------------------------------------------
+    def reset_variables(self) -> None:
+        """Forget every variable value (as a restarted task would have)."""
+        with self.variables._lock:
+            for s in self.variables.slots.values():
+                with s.lock:
+                    s.value = None
 
     def status(self) -> Dict[str, Any]:
         return {"task": self.task, "devices": list(self.devices), "handles": sorted(self._graphs),

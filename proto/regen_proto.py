@@ -1,4 +1,4 @@
-"""Regenerate proto/*_pb2.py and proto/*_pb2_grpc.py from proto/{tensor,graph,worker}.proto.
+"""Regenerate proto/*_pb2.py and proto/*_pb2_grpc.py from proto/{tensor,graph,worker,master}.proto.
 
     python proto/regen_proto.py [--out DIR]
 
@@ -15,8 +15,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("tensor.proto", "graph.proto", "worker.proto")
-SERVICES = ("worker.proto",)  # the sources that declare services (get a _pb2_grpc.py)
+SOURCES = ("tensor.proto", "graph.proto", "worker.proto", "master.proto")
+SERVICES = ("worker.proto", "master.proto")  # the sources that declare services (get a _pb2_grpc.py)
 
 
 def generated_names():

@@ -24,19 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/tensor.proto\x12\x07isthmus\"\x1f\n\x10TensorShapeProto\x12\x0b\n\x03\x64im\x18\x01 \x03(\x03\"O\n\x0bTensorProto\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.isthmus.DataType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\"q\n\x0bTensorChunk\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.isthmus.DataType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c*\xac\x01\n\x08\x44\x61taType\x12\x0e\n\nDT_INVALID\x10\x00\x12\x0e\n\nDT_FLOAT16\x10\x01\x12\x0e\n\nDT_FLOAT32\x10\x02\x12\x0e\n\nDT_FLOAT64\x10\x03\x12\x0b\n\x07\x44T_INT8\x10\x04\x12\x0c\n\x08\x44T_INT16\x10\x05\x12\x0c\n\x08\x44T_INT32\x10\x06\x12\x0c\n\x08\x44T_INT64\x10\x07\x12\x0c\n\x08\x44T_UINT8\x10\x08\x12\x0b\n\x07\x44T_BOOL\x10\t\x12\x0e\n\nDT_VARIANT\x10\nb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/tensor.proto\x12\x07isthmus\"\x1f\n\x10TensorShapeProto\x12\x0b\n\x03\x64im\x18\x01 \x03(\x03\"O\n\x0bTensorProto\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.isthmus.DataType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\"q\n\x0bTensorChunk\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.isthmus.DataType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"A\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x06tensor\x18\x02 \x01(\x0b\x32\x14.isthmus.TensorProto*\xac\x01\n\x08\x44\x61taType\x12\x0e\n\nDT_INVALID\x10\x00\x12\x0e\n\nDT_FLOAT16\x10\x01\x12\x0e\n\nDT_FLOAT32\x10\x02\x12\x0e\n\nDT_FLOAT64\x10\x03\x12\x0b\n\x07\x44T_INT8\x10\x04\x12\x0c\n\x08\x44T_INT16\x10\x05\x12\x0c\n\x08\x44T_INT32\x10\x06\x12\x0c\n\x08\x44T_INT64\x10\x07\x12\x0c\n\x08\x44T_UINT8\x10\x08\x12\x0b\n\x07\x44T_BOOL\x10\t\x12\x0e\n\nDT_VARIANT\x10\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'isthmus.proto.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DATATYPE']._serialized_start=269
-  _globals['_DATATYPE']._serialized_end=441
+  _globals['_DATATYPE']._serialized_start=336
+  _globals['_DATATYPE']._serialized_end=508
   _globals['_TENSORSHAPEPROTO']._serialized_start=39
   _globals['_TENSORSHAPEPROTO']._serialized_end=70
   _globals['_TENSORPROTO']._serialized_start=72
   _globals['_TENSORPROTO']._serialized_end=151
   _globals['_TENSORCHUNK']._serialized_start=153
   _globals['_TENSORCHUNK']._serialized_end=266
+  _globals['_NAMEDTENSOR']._serialized_start=268
+  _globals['_NAMEDTENSOR']._serialized_end=333
 # @@protoc_insertion_point(module_scope)

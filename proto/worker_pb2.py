@@ -26,57 +26,37 @@ from isthmus.proto import tensor_pb2 as isthmus_dot_proto_dot_tensor__pb2
 from isthmus.proto import graph_pb2 as isthmus_dot_proto_dot_graph__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/worker.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x19isthmus/proto/graph.proto\"A\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x06tensor\x18\x02 \x01(\x0b\x32\x14.isthmus.TensorProto\"H\n\x14RegisterGraphRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"\'\n\x15RegisterGraphResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\"{\n\x0fRunGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\x12#\n\x05\x66\x65\x65\x64s\x18\x03 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"9\n\x10RunGraphResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\"o\n\x11RecvTensorRequest\x12\x12\n\nsrc_device\x18\x01 \x01(\t\x12\x12\n\ndst_device\x18\x02 \x01(\t\x12\x0e\n\x06tensor\x18\x03 \x01(\t\x12\x0f\n\x07step_id\x18\x04 \x01(\x03\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"(\n\x16\x44\x65registerGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x19\n\x17\x44\x65registerGraphResponse\"\x0f\n\rStatusRequest\"l\n\x0eStatusResponse\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\x12\x0f\n\x07handles\x18\x03 \x03(\t\x12\x11\n\tsteps_run\x18\x04 \x01(\x03\x12\x17\n\x0fpending_tensors\x18\x05 \x01(\x03\"8\n\x14\x43reateSessionRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\"F\n\x15\x43reateSessionResponse\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12\x15\n\rgraph_version\x18\x02 \x01(\x05\"o\n\x14\x45xtendSessionRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12 \n\x05graph\x18\x02 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x1d\n\x15\x63urrent_graph_version\x18\x03 \x01(\x05\"2\n\x15\x45xtendSessionResponse\x12\x19\n\x11new_graph_version\x18\x01 \x01(\x05\"\x82\x01\n\x0eRunStepRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12#\n\x05\x66\x65\x65\x64s\x18\x02 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x03 \x03(\t\x12\x0f\n\x07targets\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"I\n\x0fRunStepResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\"-\n\x13\x43loseSessionRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x14\n\x12ListDevicesRequest\"F\n\x10\x44\x65viceAttributes\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"A\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.isthmus.DeviceAttributes2\xef\x02\n\x06Worker\x12N\n\rRegisterGraph\x12\x1d.isthmus.RegisterGraphRequest\x1a\x1e.isthmus.RegisterGraphResponse\x12?\n\x08RunGraph\x12\x18.isthmus.RunGraphRequest\x1a\x19.isthmus.RunGraphResponse\x12@\n\nRecvTensor\x12\x1a.isthmus.RecvTensorRequest\x1a\x14.isthmus.TensorChunk0\x01\x12T\n\x0f\x44\x65registerGraph\x12\x1f.isthmus.DeregisterGraphRequest\x1a .isthmus.DeregisterGraphResponse\x12<\n\tGetStatus\x12\x16.isthmus.StatusRequest\x1a\x17.isthmus.StatusResponse2\xfd\x02\n\x06Master\x12N\n\rCreateSession\x12\x1d.isthmus.CreateSessionRequest\x1a\x1e.isthmus.CreateSessionResponse\x12N\n\rExtendSession\x12\x1d.isthmus.ExtendSessionRequest\x1a\x1e.isthmus.ExtendSessionResponse\x12<\n\x07RunStep\x12\x17.isthmus.RunStepRequest\x1a\x18.isthmus.RunStepResponse\x12K\n\x0c\x43loseSession\x12\x1c.isthmus.CloseSessionRequest\x1a\x1d.isthmus.CloseSessionResponse\x12H\n\x0bListDevices\x12\x1b.isthmus.ListDevicesRequest\x1a\x1c.isthmus.ListDevicesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/worker.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x19isthmus/proto/graph.proto\"H\n\x14RegisterGraphRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"\'\n\x15RegisterGraphResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\"{\n\x0fRunGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\x12#\n\x05\x66\x65\x65\x64s\x18\x03 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"9\n\x10RunGraphResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\"o\n\x11RecvTensorRequest\x12\x12\n\nsrc_device\x18\x01 \x01(\t\x12\x12\n\ndst_device\x18\x02 \x01(\t\x12\x0e\n\x06tensor\x18\x03 \x01(\t\x12\x0f\n\x07step_id\x18\x04 \x01(\x03\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"L\n\x12RecvTensorResponse\x12$\n\x06tensor\x18\x01 \x01(\x0b\x32\x14.isthmus.TensorProto\x12\x10\n\x08streamed\x18\x02 \x01(\x08\"3\n\x10\x41\x62ortStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x13\n\x11\x41\x62ortStepResponse\"(\n\x16\x44\x65registerGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x19\n\x17\x44\x65registerGraphResponse\"\x0f\n\rStatusRequest\"l\n\x0eStatusResponse\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\x12\x0f\n\x07handles\x18\x03 \x03(\t\x12\x11\n\tsteps_run\x18\x04 \x01(\x03\x12\x17\n\x0fpending_tensors\x18\x05 \x01(\x03\x32\x80\x04\n\x06Worker\x12N\n\rRegisterGraph\x12\x1d.isthmus.RegisterGraphRequest\x1a\x1e.isthmus.RegisterGraphResponse\x12?\n\x08RunGraph\x12\x18.isthmus.RunGraphRequest\x1a\x19.isthmus.RunGraphResponse\x12\x45\n\nRecvTensor\x12\x1a.isthmus.RecvTensorRequest\x1a\x1b.isthmus.RecvTensorResponse\x12\x46\n\x10RecvTensorStream\x12\x1a.isthmus.RecvTensorRequest\x1a\x14.isthmus.TensorChunk0\x01\x12\x42\n\tAbortStep\x12\x19.isthmus.AbortStepRequest\x1a\x1a.isthmus.AbortStepResponse\x12T\n\x0f\x44\x65registerGraph\x12\x1f.isthmus.DeregisterGraphRequest\x1a .isthmus.DeregisterGraphResponse\x12<\n\tGetStatus\x12\x16.isthmus.StatusRequest\x1a\x17.isthmus.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'isthmus.proto.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NAMEDTENSOR']._serialized_start=94
-  _globals['_NAMEDTENSOR']._serialized_end=159
-  _globals['_REGISTERGRAPHREQUEST']._serialized_start=161
-  _globals['_REGISTERGRAPHREQUEST']._serialized_end=233
-  _globals['_REGISTERGRAPHRESPONSE']._serialized_start=235
-  _globals['_REGISTERGRAPHRESPONSE']._serialized_end=274
-  _globals['_RUNGRAPHREQUEST']._serialized_start=276
-  _globals['_RUNGRAPHREQUEST']._serialized_end=399
-  _globals['_RUNGRAPHRESPONSE']._serialized_start=401
-  _globals['_RUNGRAPHRESPONSE']._serialized_end=458
-  _globals['_RECVTENSORREQUEST']._serialized_start=460
-  _globals['_RECVTENSORREQUEST']._serialized_end=571
-  _globals['_DEREGISTERGRAPHREQUEST']._serialized_start=573
-  _globals['_DEREGISTERGRAPHREQUEST']._serialized_end=613
-  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_start=615
-  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_end=640
-  _globals['_STATUSREQUEST']._serialized_start=642
-  _globals['_STATUSREQUEST']._serialized_end=657
-  _globals['_STATUSRESPONSE']._serialized_start=659
-  _globals['_STATUSRESPONSE']._serialized_end=767
-  _globals['_CREATESESSIONREQUEST']._serialized_start=769
-  _globals['_CREATESESSIONREQUEST']._serialized_end=825
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=827
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=897
-  _globals['_EXTENDSESSIONREQUEST']._serialized_start=899
-  _globals['_EXTENDSESSIONREQUEST']._serialized_end=1010
-  _globals['_EXTENDSESSIONRESPONSE']._serialized_start=1012
-  _globals['_EXTENDSESSIONRESPONSE']._serialized_end=1062
-  _globals['_RUNSTEPREQUEST']._serialized_start=1065
-  _globals['_RUNSTEPREQUEST']._serialized_end=1195
-  _globals['_RUNSTEPRESPONSE']._serialized_start=1197
-  _globals['_RUNSTEPRESPONSE']._serialized_end=1270
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1272
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1317
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1319
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1341
-  _globals['_LISTDEVICESREQUEST']._serialized_start=1343
-  _globals['_LISTDEVICESREQUEST']._serialized_end=1363
-  _globals['_DEVICEATTRIBUTES']._serialized_start=1365
-  _globals['_DEVICEATTRIBUTES']._serialized_end=1435
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=1437
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=1502
-  _globals['_WORKER']._serialized_start=1505
-  _globals['_WORKER']._serialized_end=1872
-  _globals['_MASTER']._serialized_start=1875
-  _globals['_MASTER']._serialized_end=2256
+  _globals['_REGISTERGRAPHREQUEST']._serialized_start=94
+  _globals['_REGISTERGRAPHREQUEST']._serialized_end=166
+  _globals['_REGISTERGRAPHRESPONSE']._serialized_start=168
+  _globals['_REGISTERGRAPHRESPONSE']._serialized_end=207
+  _globals['_RUNGRAPHREQUEST']._serialized_start=209
+  _globals['_RUNGRAPHREQUEST']._serialized_end=332
+  _globals['_RUNGRAPHRESPONSE']._serialized_start=334
+  _globals['_RUNGRAPHRESPONSE']._serialized_end=391
+  _globals['_RECVTENSORREQUEST']._serialized_start=393
+  _globals['_RECVTENSORREQUEST']._serialized_end=504
+  _globals['_RECVTENSORRESPONSE']._serialized_start=506
+  _globals['_RECVTENSORRESPONSE']._serialized_end=582
+  _globals['_ABORTSTEPREQUEST']._serialized_start=584
+  _globals['_ABORTSTEPREQUEST']._serialized_end=635
+  _globals['_ABORTSTEPRESPONSE']._serialized_start=637
+  _globals['_ABORTSTEPRESPONSE']._serialized_end=656
+  _globals['_DEREGISTERGRAPHREQUEST']._serialized_start=658
+  _globals['_DEREGISTERGRAPHREQUEST']._serialized_end=698
+  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_start=700
+  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_end=725
+  _globals['_STATUSREQUEST']._serialized_start=727
+  _globals['_STATUSREQUEST']._serialized_end=742
+  _globals['_STATUSRESPONSE']._serialized_start=744
+  _globals['_STATUSRESPONSE']._serialized_end=852
+  _globals['_WORKER']._serialized_start=855
+  _globals['_WORKER']._serialized_end=1367
 # @@protoc_insertion_point(module_scope)

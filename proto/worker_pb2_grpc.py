@@ -45,10 +45,20 @@ class WorkerStub:
                 request_serializer=isthmus_dot_proto_dot_worker__pb2.RunGraphRequest.SerializeToString,
                 response_deserializer=isthmus_dot_proto_dot_worker__pb2.RunGraphResponse.FromString,
                 _registered_method=True)
-        self.RecvTensor = channel.unary_stream(
+        self.RecvTensor = channel.unary_unary(
                 '/isthmus.Worker/RecvTensor',
                 request_serializer=isthmus_dot_proto_dot_worker__pb2.RecvTensorRequest.SerializeToString,
+                response_deserializer=isthmus_dot_proto_dot_worker__pb2.RecvTensorResponse.FromString,
+                _registered_method=True)
+        self.RecvTensorStream = channel.unary_stream(
+                '/isthmus.Worker/RecvTensorStream',
+                request_serializer=isthmus_dot_proto_dot_worker__pb2.RecvTensorRequest.SerializeToString,
                 response_deserializer=isthmus_dot_proto_dot_tensor__pb2.TensorChunk.FromString,
+                _registered_method=True)
+        self.AbortStep = channel.unary_unary(
+                '/isthmus.Worker/AbortStep',
+                request_serializer=isthmus_dot_proto_dot_worker__pb2.AbortStepRequest.SerializeToString,
+                response_deserializer=isthmus_dot_proto_dot_worker__pb2.AbortStepResponse.FromString,
                 _registered_method=True)
         self.DeregisterGraph = channel.unary_unary(
                 '/isthmus.Worker/DeregisterGraph',
@@ -78,7 +88,19 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RecvTensor(self, request, context):
-        """The tensor streams in TensorChunks (one chunk when it is small).
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecvTensorStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortStep(self, request, context):
+        """Wake every wait of a step at once (a part failed somewhere): its Recvs fail now.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,10 +131,20 @@ def add_WorkerServicer_to_server(servicer, server):
                     request_deserializer=isthmus_dot_proto_dot_worker__pb2.RunGraphRequest.FromString,
                     response_serializer=isthmus_dot_proto_dot_worker__pb2.RunGraphResponse.SerializeToString,
             ),
-            'RecvTensor': grpc.unary_stream_rpc_method_handler(
+            'RecvTensor': grpc.unary_unary_rpc_method_handler(
                     servicer.RecvTensor,
                     request_deserializer=isthmus_dot_proto_dot_worker__pb2.RecvTensorRequest.FromString,
+                    response_serializer=isthmus_dot_proto_dot_worker__pb2.RecvTensorResponse.SerializeToString,
+            ),
+            'RecvTensorStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.RecvTensorStream,
+                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.RecvTensorRequest.FromString,
                     response_serializer=isthmus_dot_proto_dot_tensor__pb2.TensorChunk.SerializeToString,
+            ),
+            'AbortStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortStep,
+                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.AbortStepRequest.FromString,
+                    response_serializer=isthmus_dot_proto_dot_worker__pb2.AbortStepResponse.SerializeToString,
             ),
             'DeregisterGraph': grpc.unary_unary_rpc_method_handler(
                     servicer.DeregisterGraph,
@@ -200,12 +232,66 @@ class Worker:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
             '/isthmus.Worker/RecvTensor',
             isthmus_dot_proto_dot_worker__pb2.RecvTensorRequest.SerializeToString,
+            isthmus_dot_proto_dot_worker__pb2.RecvTensorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecvTensorStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/isthmus.Worker/RecvTensorStream',
+            isthmus_dot_proto_dot_worker__pb2.RecvTensorRequest.SerializeToString,
             isthmus_dot_proto_dot_tensor__pb2.TensorChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/isthmus.Worker/AbortStep',
+            isthmus_dot_proto_dot_worker__pb2.AbortStepRequest.SerializeToString,
+            isthmus_dot_proto_dot_worker__pb2.AbortStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -260,250 +346,6 @@ class Worker:
             '/isthmus.Worker/GetStatus',
             isthmus_dot_proto_dot_worker__pb2.StatusRequest.SerializeToString,
             isthmus_dot_proto_dot_worker__pb2.StatusResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-
-class MasterStub:
-    """Missing associated documentation comment in .proto file."""
-
-    def __init__(self, channel):
-        """Constructor.
-
-        Args:
-            channel: A grpc.Channel.
-        """
-        self.CreateSession = channel.unary_unary(
-                '/isthmus.Master/CreateSession',
-                request_serializer=isthmus_dot_proto_dot_worker__pb2.CreateSessionRequest.SerializeToString,
-                response_deserializer=isthmus_dot_proto_dot_worker__pb2.CreateSessionResponse.FromString,
-                _registered_method=True)
-        self.ExtendSession = channel.unary_unary(
-                '/isthmus.Master/ExtendSession',
-                request_serializer=isthmus_dot_proto_dot_worker__pb2.ExtendSessionRequest.SerializeToString,
-                response_deserializer=isthmus_dot_proto_dot_worker__pb2.ExtendSessionResponse.FromString,
-                _registered_method=True)
-        self.RunStep = channel.unary_unary(
-                '/isthmus.Master/RunStep',
-                request_serializer=isthmus_dot_proto_dot_worker__pb2.RunStepRequest.SerializeToString,
-                response_deserializer=isthmus_dot_proto_dot_worker__pb2.RunStepResponse.FromString,
-                _registered_method=True)
-        self.CloseSession = channel.unary_unary(
-                '/isthmus.Master/CloseSession',
-                request_serializer=isthmus_dot_proto_dot_worker__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=isthmus_dot_proto_dot_worker__pb2.CloseSessionResponse.FromString,
-                _registered_method=True)
-        self.ListDevices = channel.unary_unary(
-                '/isthmus.Master/ListDevices',
-                request_serializer=isthmus_dot_proto_dot_worker__pb2.ListDevicesRequest.SerializeToString,
-                response_deserializer=isthmus_dot_proto_dot_worker__pb2.ListDevicesResponse.FromString,
-                _registered_method=True)
-
-
-class MasterServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def CreateSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ExtendSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def RunStep(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CloseSession(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ListDevices(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_MasterServicer_to_server(servicer, server):
-    rpc_method_handlers = {
-            'CreateSession': grpc.unary_unary_rpc_method_handler(
-                    servicer.CreateSession,
-                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.CreateSessionRequest.FromString,
-                    response_serializer=isthmus_dot_proto_dot_worker__pb2.CreateSessionResponse.SerializeToString,
-            ),
-            'ExtendSession': grpc.unary_unary_rpc_method_handler(
-                    servicer.ExtendSession,
-                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.ExtendSessionRequest.FromString,
-                    response_serializer=isthmus_dot_proto_dot_worker__pb2.ExtendSessionResponse.SerializeToString,
-            ),
-            'RunStep': grpc.unary_unary_rpc_method_handler(
-                    servicer.RunStep,
-                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.RunStepRequest.FromString,
-                    response_serializer=isthmus_dot_proto_dot_worker__pb2.RunStepResponse.SerializeToString,
-            ),
-            'CloseSession': grpc.unary_unary_rpc_method_handler(
-                    servicer.CloseSession,
-                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.CloseSessionRequest.FromString,
-                    response_serializer=isthmus_dot_proto_dot_worker__pb2.CloseSessionResponse.SerializeToString,
-            ),
-            'ListDevices': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListDevices,
-                    request_deserializer=isthmus_dot_proto_dot_worker__pb2.ListDevicesRequest.FromString,
-                    response_serializer=isthmus_dot_proto_dot_worker__pb2.ListDevicesResponse.SerializeToString,
-            ),
-    }
-    generic_handler = grpc.method_handlers_generic_handler(
-            'isthmus.Master', rpc_method_handlers)
-    server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('isthmus.Master', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class Master:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def CreateSession(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/isthmus.Master/CreateSession',
-            isthmus_dot_proto_dot_worker__pb2.CreateSessionRequest.SerializeToString,
-            isthmus_dot_proto_dot_worker__pb2.CreateSessionResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ExtendSession(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/isthmus.Master/ExtendSession',
-            isthmus_dot_proto_dot_worker__pb2.ExtendSessionRequest.SerializeToString,
-            isthmus_dot_proto_dot_worker__pb2.ExtendSessionResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def RunStep(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/isthmus.Master/RunStep',
-            isthmus_dot_proto_dot_worker__pb2.RunStepRequest.SerializeToString,
-            isthmus_dot_proto_dot_worker__pb2.RunStepResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CloseSession(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/isthmus.Master/CloseSession',
-            isthmus_dot_proto_dot_worker__pb2.CloseSessionRequest.SerializeToString,
-            isthmus_dot_proto_dot_worker__pb2.CloseSessionResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ListDevices(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/isthmus.Master/ListDevices',
-            isthmus_dot_proto_dot_worker__pb2.ListDevicesRequest.SerializeToString,
-            isthmus_dot_proto_dot_worker__pb2.ListDevicesResponse.FromString,
             options,
             channel_credentials,
             insecure,

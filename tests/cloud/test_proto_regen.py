@@ -53,6 +53,6 @@ def test_generated_imports_are_package_paths():
 
 
 def test_generated_modules_import():
-    from isthmus.proto import graph_pb2, tensor_pb2, worker_pb2, worker_pb2_grpc  # noqa: F401
+    from isthmus.proto import graph_pb2, master_pb2, master_pb2_grpc, tensor_pb2, worker_pb2, worker_pb2_grpc  # noqa: F401
     assert tensor_pb2.DataType.Value("DT_FLOAT32") == 2
-    assert hasattr(worker_pb2_grpc, "WorkerStub") and hasattr(worker_pb2_grpc, "MasterStub")
+    assert hasattr(worker_pb2_grpc, "WorkerStub") and hasattr(master_pb2_grpc, "MasterStub")

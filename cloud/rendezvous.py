@@ -1,0 +1,119 @@
+"""A task's rendezvous: values in flight, keyed by (src device, dst device, tensor, step id).
+
+core's Send/Recv kernels key a transfer by ("src;dst;tensor", invocation count) (see
+core/ops/comm.py); `PartRendezvous` is what one registered part's Session sees, and maps
+those keys to the step id the part is running. Every wait is bounded, and aborting a step
+wakes all of that step's waiters at once.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+
+from ..core.rendezvous import RendezvousAborted, RendezvousError, RendezvousTimeout
+
+DEFAULT_RECV_TIMEOUT_S = 30.0
+_ABORTED_KEPT = 4096   # aborted step ids remembered (a late Send of one is refused)
+
+Key = Tuple[str, str, str, int]  # (src device, dst device, tensor, step id)
+
+
+def show(key: Key) -> str:
+    return f"'{key[2]}' from {key[0]} to {key[1]} (step {key[3]})"
+
+
+class StepRendezvous:
+    """The table of one task. A value is taken once; `put` of an aborted step is refused."""
+
+    def __init__(self, timeout: float = DEFAULT_RECV_TIMEOUT_S):
+        self.timeout = float(timeout)
+        self._values: Dict[Key, Any] = {}
+        self._aborted: "OrderedDict[int, BaseException]" = OrderedDict()
+        self._cond = threading.Condition()
+
+    def put(self, key: Key, value: Any) -> None:
+        with self._cond:
+            err = self._aborted.get(key[3])
+            if err is not None:
+                raise RendezvousAborted(f"step {key[3]} was aborted: {err}") from err
+            if key in self._values:
+                raise RendezvousError(f"tensor {show(key)} was sent twice")
+            self._values[key] = value
+            self._cond.notify_all()
+
+    def take(self, key: Key, timeout: Optional[float] = None) -> Any:
+        timeout = self.timeout if timeout is None or timeout <= 0 else float(timeout)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                err = self._aborted.get(key[3])
+                if err is not None:
+                    raise RendezvousAborted(f"step {key[3]} was aborted while waiting for {show(key)}: "
+                                            f"{type(err).__name__}: {err}") from err
+                if key in self._values:
+                    return self._values.pop(key)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RendezvousTimeout(f"nothing arrived for {show(key)} within {timeout:g} s")
+                self._cond.wait(left)
+
+    def abort_step(self, step_id: int, error: BaseException) -> None:
+        with self._cond:
+            self._aborted.setdefault(step_id, error)
+            while len(self._aborted) > _ABORTED_KEPT:
+                self._aborted.popitem(last=False)
+            for k in [k for k in self._values if k[3] == step_id]:
+                del self._values[k]
+            self._cond.notify_all()
+
+    def aborted(self, step_id: int) -> Optional[BaseException]:
+        with self._cond:
+            return self._aborted.get(step_id)
+
+    def forget_step(self, step_id: int) -> None:
+        with self._cond:
+            self._aborted.pop(step_id, None)
+            for k in [k for k in self._values if k[3] == step_id]:
+                del self._values[k]
+
+    def pending(self) -> List[Key]:
+        with self._cond:
+            return list(self._values)
+
+
+class PartRendezvous:
+    """The rendezvous one registered part's Session sees.
+
+    `deposit(key, value)` stores a Send's value (the worker may lay it out for the wire
+    first); `fetch(src, dst, tensor, step, timeout)` gets a Recv's value, locally or from
+    the task that ran the Send. Steps of one part run one at a time (the Send/Recv kernels
+    count invocations per compiled plan), so `step_id` is set per step.
+    """
+
+    def __init__(self, deposit: Callable[[Key, Any], None], fetch: Callable[..., Any],
+                 abort: Callable[[int, BaseException], None], timeout: float = DEFAULT_RECV_TIMEOUT_S):
+        self._deposit, self._fetch, self._abort = deposit, fetch, abort
+        self.step_id = 0
+        self.default_timeout = float(timeout)
+        self.timeout = self.default_timeout
+
+    @staticmethod
+    def split(key: Hashable) -> Tuple[str, str, str]:
+        k = key[0] if isinstance(key, tuple) else key
+        parts = str(k).split(";", 2)
+        if len(parts) != 3:
+            raise RendezvousError(f"malformed transfer key {k!r}; expected 'src;dst;tensor'")
+        return parts[0], parts[1], parts[2]
+
+    def send(self, key: Hashable, value: Any) -> None:
+        src, dst, tensor = self.split(key)
+        self._deposit((src, dst, tensor, self.step_id), value)
+
+    def recv(self, key: Hashable, timeout: Optional[float] = None) -> Any:
+        src, dst, tensor = self.split(key)
+        return self._fetch(src, dst, tensor, self.step_id, timeout or self.timeout)
+
+    def abort(self, error: BaseException) -> None:
+        self._abort(self.step_id, error)

@@ -1,0 +1,76 @@
+"""Tensors laid out as their RecvTensor messages: the same bytes protobuf writes, read back in place."""
+import numpy as np
+import pytest
+
+from isthmus.cloud import tensor_codec, wire
+from isthmus.cloud.tensor_codec import TensorCodecError
+from isthmus.proto import tensor_pb2, worker_pb2
+
+VALUES = [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.array(3.5, np.float64),
+    np.zeros((0, 5), np.int8),
+    np.array([True, False]),
+    np.arange(300, dtype=np.int64) - 150,
+    np.ones((2, 3), np.float16)[:, ::2],  # not contiguous
+]
+
+
+@pytest.mark.parametrize("v", VALUES, ids=lambda v: f"{v.dtype}{list(v.shape)}")
+def test_inline_is_protobufs_own_encoding(v):
+    wt = wire.WireTensor(v)
+    ref = worker_pb2.RecvTensorResponse(tensor=tensor_codec.encode(v))
+    assert wt.inline == ref.SerializeToString(deterministic=True)
+    back = wire.response_array(wt.inline)
+    assert back.dtype == v.dtype and back.shape == v.shape and back.tobytes() == np.ascontiguousarray(v).tobytes()
+    assert back.size == 0 or not back.flags.writeable  # a view of the message, not a copy
+    # and the reader reads what protobuf writes (shape unpacked as well as packed)
+    assert wire.response_array(ref.SerializeToString()).tobytes() == back.tobytes()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_chunks_are_protobufs_own_encoding(chunk):
+    v = np.random.default_rng(chunk).standard_normal((5, 13)).astype(np.float32)
+    wt = wire.WireTensor(v, inline_bytes=16, chunk_bytes=chunk)
+    head = worker_pb2.RecvTensorResponse.FromString(wt.header)
+    assert head.streamed and list(head.tensor.shape) == [5, 13] and not head.tensor.content
+    ref = list(tensor_codec.encode_chunks(v, chunk_bytes=chunk))
+    assert [c.SerializeToString(deterministic=True) for c in ref] == wt.chunks
+    assert wire.chunks_array(wt.chunks).tobytes() == v.tobytes()
+    assert wire.chunks_array(map(wire.read_chunk, wt.chunks)).flags.writeable
+    assert wt.to_array().tobytes() == v.tobytes()
+    assert wire.chunks_array(wire.WireTensor(v).chunk_messages()).tobytes() == v.tobytes()
+
+
+def test_hostile_messages_are_refused():
+    v = np.arange(6, dtype=np.int32)
+    good = wire.WireTensor(v).inline
+    with pytest.raises(TensorCodecError, match="claims"):
+        wire.response_array(good[:-3])
+    with pytest.raises(TensorCodecError, match="truncated"):
+        wire.response_array(b"\x0a")
+    with pytest.raises(TensorCodecError, match="wire type"):
+        wire.response_array(b"\x0f")
+    bad = worker_pb2.RecvTensorResponse(tensor=tensor_pb2.TensorProto(dtype=6, shape=[7], content=v.tobytes()))
+    with pytest.raises(TensorCodecError, match="needs 28 payload bytes"):
+        wire.response_array(bad.SerializeToString())
+    bad.tensor.shape[:] = [-6]
+    with pytest.raises(TensorCodecError, match="negative"):
+        wire.response_array(bad.SerializeToString())
+    bad.tensor.dtype = 77
+    with pytest.raises(TensorCodecError, match="unknown dtype"):
+        wire.response_array(bad.SerializeToString())
+    big = worker_pb2.RecvTensorResponse(tensor=tensor_pb2.TensorProto(dtype=3, shape=[1 << 30, 1 << 30]))
+    with pytest.raises(TensorCodecError, match="over the limit"):
+        wire.response_array(big.SerializeToString())
+    with pytest.raises(TensorCodecError, match="over the limit"):
+        wire.WireTensor(np.zeros(100, np.float32), max_bytes=64)
+    chunks = wire.WireTensor(v, inline_bytes=0, chunk_bytes=8).chunks
+    with pytest.raises(TensorCodecError, match="out of order"):
+        wire.chunks_array([chunks[0], chunks[2], chunks[1]])
+    with pytest.raises(TensorCodecError, match="ended after 16 of 24"):
+        wire.chunks_array(chunks[:2])
+    with pytest.raises(TensorCodecError, match="before its first chunk"):
+        wire.chunks_array([])
+    with pytest.raises(TensorCodecError, match="announced"):
+        wire.chunks_array(chunks, expect=(6, [2, 3]))

@@ -1,0 +1,216 @@
+"""One task of a cluster: a gRPC server with the Worker, the Master and health services.
+
+    isthmus server --cluster SPEC --job worker --task 0
+    isthmus server                      # cluster and task from $TF_CONFIG (or $ISTHMUS_CLUSTER + flags)
+
+Every task can act as the master for clients that connect to it (as in TensorFlow), and
+answers the standard gRPC health check (grpc.health.v1.Health, service "" and each
+isthmus service). The server binds the port of its own address in the spec, on that
+address's host when it is a loopback or IP literal, else on every interface.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import signal
+import sys
+import threading
+from concurrent import futures
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import grpc
+
+from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
+from .errors import WorkerError
+from .master import DEFAULT_STEP_TIMEOUT_S, Master
+from .placement import default_worker
+from .rendezvous import DEFAULT_RECV_TIMEOUT_S
+from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
+
+HEALTH_SERVICES = ("", "isthmus.Worker", "isthmus.Master")
+
+
+def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
+                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                      health: bool = True) -> Tuple[grpc.Server, int]:
+    """A started server with `handlers` (and the health service): (server, bound port)."""
+    from .rpc import channel_options
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
+                         options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers(tuple(handlers))
+    if health:
+        try:
+            from grpc_health.v1 import health as health_mod, health_pb2, health_pb2_grpc
+        except ImportError:  # grpcio-health-checking is a dependency; without it, no health service
+            pass
+        else:
+            hs = health_mod.HealthServicer()
+            for name in HEALTH_SERVICES:
+                hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+            health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:
+        raise WorkerError(f"cannot listen on {host}:{port}: {e}") from None
+    if bound == 0:
+        raise WorkerError(f"cannot listen on {host}:{port}")
+    server.start()
+    return server, bound
+
+
+def bind_host(address: str) -> str:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+        return host if ":" not in host else f"[{host}]"
+    except ValueError:
+        return "0.0.0.0"
+
+
+class Server:
+    """Task `job`/`task` of `cluster`, serving until stop(). With `cluster=None` the server
+    starts on `port` (0: a free one) and learns its cluster later (`set_cluster`), as the
+    local-cluster helper does to start tasks on free ports without races."""
+
+    def __init__(self, cluster: Optional[ClusterSpec], job: str, task: int, host: Optional[str] = None,
+                 port: Optional[int] = None, max_workers: int = 64,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
+                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S, step_timeout: float = DEFAULT_STEP_TIMEOUT_S):
+        self.task_id = TaskId(job, int(task))
+        self.cluster: Optional[ClusterSpec] = None
+        self.rpc_timeout = rpc_timeout
+        self.max_message_bytes = max_message_bytes
+        self._clients: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.worker = Worker(self.task_id.name, peers=self.task_for_device, recv_timeout=recv_timeout, wire=True)
+        self.master = Master(None, self.task_for_device, step_timeout=step_timeout)
+        if cluster is not None:
+            address = cluster.address(job, task)
+            host = host or bind_host(address)
+            port = int(address.rsplit(":", 1)[1]) if port is None else port
+        from .master_rpc import master_handler
+        from .rpc import worker_handler
+        self.server, self.port = start_grpc_server([worker_handler(self.worker), master_handler(self.master)],
+                                                   host or "127.0.0.1", port or 0, max_workers, max_message_bytes)
+        if cluster is not None:
+            self.set_cluster(cluster)
+
+    def set_cluster(self, cluster: ClusterSpec) -> None:
+        cluster.address(self.task_id.job, self.task_id.index)
+        self.cluster = cluster
+        self.master.cluster = cluster
+        self.master.default_device = default_worker(cluster)
+
+    @property
+    def target(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def task_for_device(self, device: str):
+        """The Worker (this task) or a WorkerClient (another task) holding `device`."""
+        if self.cluster is None:
+            raise WorkerError(f"{self.task_id}: the cluster is not known yet")
+        t = self.cluster.task_of(device)
+        if t == self.task_id:
+            return self.worker
+        c = self._clients.get(t.name)
+        if c is None:
+            from .rpc import WorkerClient
+            with self._lock:
+                c = self._clients.get(t.name)
+                if c is None:
+                    c = self._clients[t.name] = WorkerClient(self.cluster.address(t.job, t.index),
+                                                             timeout=self.rpc_timeout, name=t.name,
+                                                             max_message_bytes=self.max_message_bytes)
+        return c
+
+    def stop(self, grace: Optional[float] = None) -> None:
+        self.master.close()
+        self.server.stop(grace).wait(10)
+        for c in self._clients.values():
+            c.close()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self.server.wait_for_termination(timeout)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---- the command -----------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", help="cluster spec: JSON, a file, TF_CONFIG JSON, or "
+                                          "'ps=host:port;worker=host:port,host:port' "
+                                          "(default: $ISTHMUS_CLUSTER, then $TF_CONFIG)")
+    parser.add_argument("--job", help="this task's job (default: TF_CONFIG's task type)")
+    parser.add_argument("--task", type=int, help="this task's index (default: TF_CONFIG's task index, else 0)")
+    parser.add_argument("--bind", help="host to listen on (default: from the task's address)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: the task's address's; 0: a free one)")
+    parser.add_argument("--cluster-from-stdin", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--recv-timeout", type=float, default=DEFAULT_RECV_TIMEOUT_S,
+                        help="seconds a Recv waits for its tensor (default %(default)s)")
+    parser.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / (1 << 20),
+                        help="largest gRPC message in MiB (default %(default)s); bigger tensors stream")
+
+
+def _resolve(args) -> Tuple[Optional[ClusterSpec], str, int]:
+    cluster, tid = None, None
+    if args.cluster:
+        cluster, tid = parse(args.cluster)
+    elif not args.cluster_from_stdin:
+        got = from_env()
+        if got is None:
+            raise ClusterSpecError("no cluster spec: give --cluster, or set $ISTHMUS_CLUSTER or $TF_CONFIG")
+        cluster, tid = got
+    job = args.job or (tid.job if tid else None)
+    if job is None:
+        raise ClusterSpecError("which task is this? give --job (and --task), or a TF_CONFIG with a task")
+    task = args.task if args.task is not None else (tid.index if tid and tid.job == job else 0)
+    if cluster is not None:
+        cluster.address(job, task)
+    return cluster, job, task
+
+
+def run(args) -> int:
+    try:
+        cluster, job, task = _resolve(args)
+        server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,
+                        max_message_bytes=int(args.max_message_mb * (1 << 20)))
+    except (ClusterSpecError, WorkerError) as e:
+        print(f"isthmus server: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if args.cluster_from_stdin:  # the local-cluster handshake: port out, cluster in, ready out
+        print(f"ISTHMUS_PORT {server.port}", flush=True)
+        line = sys.stdin.readline()
+        try:
+            server.set_cluster(ClusterSpec.parse(json.loads(line)))
+        except (ValueError, ClusterSpecError) as e:
+            print(f"isthmus server: bad cluster from the parent: {e}", file=sys.stderr)
+            server.stop()
+            return 2
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+        print("ISTHMUS_READY", flush=True)
+    else:
+        print(f"isthmus server: /job:{job}/task:{task} listening on port {server.port}", file=sys.stderr, flush=True)
+    while not stop.wait(1.0):
+        pass
+    server.stop(grace=1.0)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="isthmus server", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""The master: a client's sessions over a cluster, in process (cloud/master_rpc.py serves it).
+
+A session holds the client's graph. The first step of each (fetches, feeds, targets)
+signature places the graph on the cluster (cloud/placement.py), partitions it with one
+Send/Recv pair per tensor per destination task (partitioner/partition.py) and registers
+each part on its task, once. Every step then gets a fresh random step id and runs every
+part at once (a RunGraph per task); the parts meet in the tasks' rendezvous under that
+id. When a part fails, the master aborts the step on every task (their waiting Recvs
+wake at once) and raises the original error, naming its node and task; the session
+stays usable.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..core.errors import FeedError
+from ..core.function import Function
+from ..core.graph import Graph, Node, Tensor
+from ..core.rendezvous import RendezvousAborted
+from ..partitioner.partition import Partition, partition
+from . import graph_codec
+from .cluster import ClusterSpec, ClusterSpecError
+from .errors import HandleNotFound, WorkerError, caused_by_abort
+from .placement import cluster_devices, place_on_cluster
+
+DEFAULT_STEP_TIMEOUT_S = 60.0
+_ABORT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _PartRun:
+    device: str
+    worker: Any
+    handle: str
+    feeds: List[str]          # tensor names fed to this part ("x:0")
+    fetches: List[str]        # what one step runs: outputs, then Sends
+
+
+@dataclass
+class StepPlan:
+    """A registered signature: its partition and the parts' handles."""
+    partition: Partition
+    placement: Dict[str, str]
+    parts: List[_PartRun] = field(default_factory=list)
+    outputs: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # output name -> (part, index)
+
+
+class MasterSession:
+    def __init__(self, master: "Master", handle: str, graph: Graph):
+        self.master, self.handle, self.graph = master, handle, graph
+        self.version = 1
+        self.plans: Dict[tuple, StepPlan] = {}
+        self.placement: Optional[Dict[str, str]] = None   # every node's device, once per graph version
+        self.previous: Optional[Dict[str, str]] = None    # the placement before the graph last grew
+        self._lock = threading.Lock()
+        self.steps = 0
+
+    # ---- planning ----------------------------------------------------------------------------
+    def plan(self, fetches: Sequence[str], feeds: Sequence[str], targets: Sequence[str]) -> StepPlan:
+        key = (tuple(fetches), tuple(sorted(feeds)), tuple(targets))
+        p = self.plans.get(key)
+        if p is None:
+            with self._lock:
+                p = self.plans.get(key)
+                if p is None:
+                    p = self.plans[key] = self._build(fetches, feeds, targets)
+        return p
+
+    def _resolve(self, name: str, node: bool) -> Union[Tensor, Node]:
+        g = self.graph
+        try:
+            return g.node(name) if node else (g.tensor(name) if ":" in name else g.node(name).outputs[0])
+        except Exception as e:  # noqa: BLE001  (GraphError naming the missing node)
+            raise FeedError(str(e)) if not node else e from None
+
+    def _build(self, fetches, feeds, targets) -> StepPlan:
+        outs: List[Union[Tensor, Node]] = [self._resolve(f, False) for f in fetches]
+        outs += [self._resolve(t, True) for t in targets]
+        for f in feeds:
+            t = self._resolve(f, False)
+            if t.node.op != "Placeholder":
+                raise FeedError(f"feed '{f}': a distributed session feeds placeholders only; "
+                                f"'{t.node.name}' is a {t.node.op}")
+        uniq = list(dict.fromkeys(outs))
+        if self.master.cluster is None:
+            raise WorkerError("this master does not know its cluster yet")
+        if self.placement is None:
+            self.placement = place_on_cluster(self.graph, self.master.cluster, self.master.default_device,
+                                              self.previous)
+        placement = self.placement
+        part = partition(self.graph, placement, uniq)
+        plan = StepPlan(part, placement)
+        registered = []
+        try:
+            for dev, p in part.parts.items():
+                w = self.master.worker(dev)
+                gd = graph_codec.encode(p.graph, _rebinder(self.graph, p.graph)) if self.master.encode else p.graph
+                h = w.register_graph(gd, dev)
+                registered.append((w, h))
+                fed = [f for f in feeds if f.split(":")[0] in p.feeds]
+                plan.parts.append(_PartRun(dev, w, h, [_tensor_name(f) for f in fed], p.fetches))
+                for k, orig in enumerate(p.outputs):
+                    plan.outputs[orig] = (len(plan.parts) - 1, k)
+        except BaseException:
+            for w, h in registered:
+                _quietly(w.deregister_graph, h)
+            raise
+        return plan
+
+    # ---- steps -------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, Any], fetches: Sequence[str], targets: Sequence[str] = (),
+            timeout: Optional[float] = None) -> Tuple[List[Any], int]:
+        """(fetched values in order, step id)."""
+        timeout = timeout or self.master.step_timeout
+        plan = self.plan(list(fetches), list(feeds), list(targets))
+        by_tensor = {_tensor_name(k): v for k, v in feeds.items()}
+        step_id = self.master.new_step_id()
+        pending = []
+        for pr in plan.parts:
+            part_feeds = {f: by_tensor[f] for f in pr.feeds}
+            pending.append(self.master.start(pr.worker, pr.handle, step_id, part_feeds, pr.fetches, timeout))
+        results, errors = self._wait(plan, pending, step_id, timeout)
+        self.steps += 1
+        if errors:
+            raise _original(errors)
+        names = [_tensor_name(f) if ":" not in f else f for f in fetches]
+        out = []
+        for f, nm in zip(fetches, names):
+            i, k = plan.outputs.get(f, plan.outputs.get(nm, (None, None)))
+            out.append(results[i][k])
+        return out, step_id
+
+    def _wait(self, plan: StepPlan, pending, step_id: int, timeout: float):
+        """Collect every part's result; on the first failure abort the step everywhere."""
+        results: Dict[int, list] = {}
+        errors: List[BaseException] = []
+        done = threading.Condition()
+        order: List[int] = []
+
+        def finished(i):
+            with done:
+                order.append(i)
+                done.notify_all()
+        for i, p in enumerate(pending):
+            p.add_done_callback(lambda _p, i=i: finished(i))
+        deadline = time.monotonic() + timeout * 2 + 10  # the parts' own deadlines end them sooner
+        aborted = False
+        for seen in range(len(pending)):
+            with done:
+                while len(order) <= seen:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        e = TimeoutError(f"step {step_id}: parts on "
+                                         + ", ".join(plan.parts[j].device for j in range(len(pending))
+                                                     if j not in order)
+                                         + f" did not finish within {timeout * 2 + 10:g} s")
+                        self.master.abort_step(step_id, e, [pr.worker for pr in plan.parts])
+                        return results, errors + [e]
+                    done.wait(min(left, 1.0))
+                i = order[seen]
+            try:
+                results[i] = pending[i].result()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+                if not aborted:
+                    aborted = True
+                    self.master.abort_step(step_id, e, [pr.worker for j, pr in enumerate(plan.parts) if j != i])
+        return results, errors
+
+    def close(self) -> None:
+        for plan in self.plans.values():
+            for pr in plan.parts:
+                _quietly(pr.worker.deregister_graph, pr.handle)
+        self.plans.clear()
+
+
+def _rebinder(source: Graph, part: Graph) -> Callable[[Tensor], Optional[Tensor]]:
+    """For a part's control-flow bodies, which still read the unsplit graph: the part's
+    tensor standing for each source tensor (a node's captured inputs by position, else
+    the tensor of the same name, as variables keep their names)."""
+    table: Dict[Tensor, Tensor] = {}
+    for n in part.nodes:
+        if any(isinstance(v, (Function, tuple, list)) for v in n.attrs.values()) and n.name in source:
+            for t_src, t_part in zip(source.node(n.name).inputs, n.inputs):
+                table.setdefault(t_src, t_part)
+
+    def rebind(t: Tensor) -> Optional[Tensor]:
+        got = table.get(t)
+        if got is None and t.node.graph is source and t.node.name in part:
+            cand = part.node(t.node.name)
+            if cand.op == t.node.op and t.index < len(cand.outputs):
+                got = cand.outputs[t.index]
+        return got
+    return rebind
+
+
+def _original(errors: List[BaseException]) -> BaseException:
+    """The failure itself, not the other parts giving up because of it."""
+    return next((e for e in errors if not caused_by_abort(e)), errors[0])
+
+
+def _tensor_name(name: str) -> str:
+    return name if ":" in name else name + ":0"
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001  (cleanup of a task that may be gone)
+        pass
+
+
+class _LocalPending:
+    def __init__(self, fut):
+        self.fut = fut
+
+    def add_done_callback(self, fn) -> None:
+        self.fut.add_done_callback(lambda _f: fn(self))
+
+    def result(self):
+        return self.fut.result()
+
+
+class Master:
+    """Sessions over `cluster`. `worker(device)` gives the Worker (in process) or WorkerClient
+    of the task holding a device; `encode` sends parts as GraphDefs (over the network)."""
+
+    def __init__(self, cluster: Optional[ClusterSpec], worker: Callable[[str], Any], default_device: Optional[str] = None,
+                 step_timeout: float = DEFAULT_STEP_TIMEOUT_S, encode: bool = True):
+        self.cluster = cluster
+        self.worker = worker
+        self.default_device = default_device
+        self.step_timeout = step_timeout
+        self.encode = encode
+        self._sessions: Dict[str, MasterSession] = {}
+        self._ids = itertools.count(1)
+        self._rng = random.SystemRandom()
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="isthmus-master")
+        self._lock = threading.Lock()
+
+    def new_step_id(self) -> int:
+        # random, as TF's: steps of different sessions (and masters) sharing tasks never collide
+        return self._rng.getrandbits(62)
+
+    def start(self, worker, handle, step_id, feeds, fetches, timeout):
+        if hasattr(worker, "run_graph_future"):
+            return worker.run_graph_future(handle, step_id, feeds, fetches, timeout)
+        return _LocalPending(self._pool.submit(worker.run_graph, handle, step_id, feeds, fetches, timeout))
+
+    def abort_step(self, step_id: int, error: BaseException, workers: Sequence[Any]) -> None:
+        reason = RendezvousAborted(f"another part failed: {type(error).__name__}: {error}")
+        for w in {id(w): w for w in workers}.values():
+            try:
+                if hasattr(w, "run_graph_future"):
+                    w.abort_step(step_id, reason, timeout=_ABORT_TIMEOUT_S)
+                else:
+                    w.abort_step(step_id, reason)
+            except Exception:  # noqa: BLE001  (a task that is gone cannot wait on this step)
+                pass
+
+    # ---- the service ---------------------------------------------------------------------------
+    def create_session(self, graph: Union[Graph, Any]) -> str:
+        g = graph if isinstance(graph, Graph) else graph_codec.decode(graph)
+        with self._lock:
+            handle = f"session:{next(self._ids)}:{self._rng.getrandbits(32):08x}"
+            self._sessions[handle] = MasterSession(self, handle, g)
+        return handle
+
+    def session(self, handle: str) -> MasterSession:
+        s = self._sessions.get(handle)
+        if s is None:
+            raise HandleNotFound(f"no session {handle!r} on this master (closed, or the master restarted)")
+        return s
+
+    def extend_session(self, handle: str, graph: Union[Graph, Any], current_version: int = 0) -> int:
+        """Replace the session's graph with a grown one; parts are registered anew as needed
+        (variables keep their values: they live in the tasks, by name)."""
+        s = self.session(handle)
+        g = graph if isinstance(graph, Graph) else graph_codec.decode(graph)
+        with s._lock:
+            if current_version and current_version != s.version:
+                raise WorkerError(f"session {handle}: extended from version {current_version}, "
+                                  f"but it is at version {s.version}")
+            s.close()
+            s.graph = g
+            s.version += 1
+            s.previous, s.placement = s.placement, None
+            return s.version
+
+    def run_step(self, handle: str, feeds: Mapping[str, Any], fetches: Sequence[str],
+                 targets: Sequence[str] = (), timeout: Optional[float] = None) -> Tuple[List[Any], int]:
+        return self.session(handle).run(feeds, fetches, targets, timeout)
+
+    def close_session(self, handle: str) -> None:
+        with self._lock:
+            s = self._sessions.pop(handle, None)
+        if s is None:
+            raise HandleNotFound(f"no session {handle!r} on this master")
+        s.close()
+
+    def list_devices(self) -> List[Dict[str, str]]:
+        return [{"name": d, "device_type": "CPU", "address": self.cluster.address(*_job_task(d))}
+                for d in cluster_devices(self.cluster)]
+
+    def close(self) -> None:
+        for h in list(self._sessions):
+            _quietly(self.close_session, h)
+        self._pool.shutdown(wait=False)
+
+
+def _job_task(device: str) -> Tuple[str, int]:
+    parts = device.split("/")
+    return parts[1].split(":", 1)[1], int(parts[2].split(":", 1)[1])
+
+
+__all__ = ["Master", "MasterSession", "StepPlan", "ClusterSpecError"]

@@ -1,0 +1,157 @@
+"""Placing a client's graph on a cluster's tasks (a plain dict node name -> device).
+
+The rules of TensorFlow's distributed runtime, where a cost model has no say:
+- a node the user pinned (`with device("/job:worker/task:1")`) runs there; a partial pin
+  is completed with task 0 and the task's CPU:0;
+- a variable, the ops that update it (and a control-flow node whose body updates it), and
+  the producer and readers of an opaque value form a group that shares one device;
+- a group holding variables and no pin goes to a `ps` task: the one holding the fewest
+  variable bytes so far (TF's greedy load balancing), in graph order;
+- everything else runs on the default worker (`/job:worker/task:0`, or the first job's
+  task 0 when the cluster has no `worker` job).
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+
+from ..core import dtypes as _dt
+from ..core.devices import DeviceSpec
+from ..core.function import Function
+from ..core.graph import Graph, Node
+from ..partitioner.problem import PlacementError
+from .cluster import ClusterSpec, ClusterSpecError
+
+PS_JOB = "ps"
+WORKER_JOB = "worker"
+
+
+def task_device(job: str, index: int) -> str:
+    return f"/job:{job}/task:{index}/device:CPU:0"
+
+
+def cluster_devices(cluster: ClusterSpec) -> List[str]:
+    return [task_device(t.job, t.index) for t, _ in cluster.tasks()]
+
+
+def default_worker(cluster: ClusterSpec) -> str:
+    job = WORKER_JOB if WORKER_JOB in cluster.jobs else cluster.jobs[0]
+    return task_device(job, 0)
+
+
+def resolve_pin(pin: str, cluster: ClusterSpec, default: str, what: str) -> str:
+    """The cluster device a (possibly partial) pin names."""
+    try:
+        spec = DeviceSpec.parse(pin).merged_onto(DeviceSpec.parse(default))
+    except ValueError as e:
+        raise PlacementError(f"{what}: {e}") from None
+    if spec.job != DeviceSpec.parse(default).job and pin and DeviceSpec.parse(pin).task is None:
+        spec = DeviceSpec(spec.job, 0, spec.kind, spec.index)  # /job:ps -> /job:ps/task:0
+    try:
+        cluster.address(spec.job, spec.task)
+    except ClusterSpecError as e:
+        raise PlacementError(f"{what} is pinned to '{pin}': {e}") from None
+    if (spec.kind or "CPU") != "CPU" or (spec.index or 0) != 0:
+        raise PlacementError(f"{what} is pinned to '{pin}': tasks of this cluster have one device, CPU:0")
+    return task_device(spec.job, spec.task)
+
+
+def _bodies(node: Node) -> Iterable[Graph]:
+    stack = [v for v in node.attrs.values()]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Function):
+            yield v.graph
+            for n in v.graph.nodes:
+                stack.extend(n.attrs.values())
+        elif isinstance(v, (tuple, list)):
+            stack.extend(v)
+
+
+class _Groups:
+    def __init__(self, nodes: Sequence[Node]):
+        self.parent = {n: n for n in nodes}
+
+    def find(self, a: Node) -> Node:
+        while self.parent[a] is not a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: Node, b: Node) -> None:
+        if a in self.parent and b in self.parent:
+            ra, rb = self.find(a), self.find(b)
+            if ra is not rb:
+                if ra.index < rb.index:
+                    self.parent[rb] = ra
+                else:
+                    self.parent[ra] = rb
+
+
+def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] = None,
+                     previous: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Node name -> device for every node of the graph.
+
+    The whole graph is placed at once, so that every step of a session agrees (a variable
+    placed for its initializer stays where its training updates run); `previous` keeps the
+    devices of an earlier placement when the graph has grown since.
+    """
+    default = default or default_worker(cluster)
+    previous = previous or {}
+    nodes = list(graph.nodes)
+    groups = _Groups(nodes)
+    for n in nodes:
+        for k in n.opdef.ref_inputs:
+            groups.union(n, n.inputs[k].node)
+        for t in n.inputs:
+            if t.dtype == _dt.variant:
+                groups.union(n, t.node)
+        for body in _bodies(n):
+            for b in body.nodes:
+                for k in b.opdef.ref_inputs:
+                    v = b.inputs[k].node
+                    if v.graph is graph:
+                        groups.union(n, v)
+    members: Dict[Node, List[Node]] = {}
+    for n in nodes:
+        members.setdefault(groups.find(n), []).append(n)
+    ps = [task_device(PS_JOB, i) for i in range(cluster.num_tasks(PS_JOB))]
+    load = {d: 0 for d in ps}
+    placement: Dict[str, str] = {}
+    for root in sorted(members, key=lambda r: r.index):
+        group = members[root]
+        pins = {}
+        for n in group:
+            if n.device:
+                pins.setdefault(resolve_pin(n.device, cluster, default, f"node '{n.name}' ({n.op})"), n)
+        if len(pins) > 1:
+            names = ", ".join(f"'{n.name}' on {d}" for d, n in pins.items())
+            raise PlacementError(f"nodes that must share a device (a variable and its updates, or an opaque "
+                                 f"value) are pinned apart: {names}")
+        variables = [n for n in group if n.op == "Variable"]
+        before = {previous[n.name] for n in group if n.name in previous}
+        if len(before) > 1 or (before and pins and before != set(pins)):
+            raise PlacementError(f"nodes {', '.join(repr(n.name) for n in group[:6])} must share a device, "
+                                 f"but earlier steps placed them on {', '.join(sorted(before | set(pins)))}")
+        if before:
+            dev = next(iter(before))
+        elif pins:
+            dev = next(iter(pins))
+        elif variables and ps:
+            dev = min(ps, key=lambda d: (load[d], ps.index(d)))
+        else:
+            dev = default
+        if dev in load:
+            load[dev] += sum(_nbytes(v) for v in variables)
+        for n in group:
+            placement[n.name] = dev
+    return placement
+
+
+def _nbytes(var: Node) -> int:
+    t = var.outputs[0]
+    n = 1
+    for s in t.shape:
+        n *= s if s is not None and s >= 0 else 1
+    return n * np.dtype(t.dtype).itemsize

@@ -1,0 +1,127 @@
+"""DistributedSession: `run(fetches, feed_dict)` as core's Session, on a cluster.
+
+    sess = DistributedSession(graph, "grpc://127.0.0.1:2222")   # a task acting as master
+    sess.run(train_op, {x: xb, y: yb})
+
+The graph goes to the master once (again, whole, when it has grown since); each run sends
+the feeds and the names of the fetched tensors and nodes, and gets the values back. The
+same graph gives the same results as a local Session; a failing op raises the same
+error class, naming the node (and the task it ran on).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from ..core.graph import Graph, Node, Tensor, get_default_graph
+from ..core.session import _feed_check  # the local Session's feed conversion, for the same results
+from .master import Master
+
+_UPDATE_OPS = frozenset({"NoOp", "Assign", "AssignAdd", "AssignSub", "ScatterAdd"})
+
+
+class DistributedSession:
+    """`master`: a Master object (in process) instead of a target address."""
+
+    def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
+                 master: Optional[Union[Master, Any]] = None, timeout: Optional[float] = None,
+                 rpc_timeout: float = 30.0):
+        self.graph = graph if graph is not None else get_default_graph()
+        if master is None:
+            if not target:
+                raise ValueError("DistributedSession needs a target ('grpc://host:port') or a master")
+            if not target.startswith("grpc://"):
+                raise ValueError(f"target {target!r}: expected 'grpc://host:port'")
+            from .master_rpc import MasterClient
+            master = MasterClient(target, timeout=rpc_timeout)
+            self._own_master = True
+        else:
+            self._own_master = False
+        self.target = target
+        self.master = master
+        self.timeout = timeout
+        self._version = self.graph.version
+        self._graph_version = 1
+        self.handle = master.create_session(self.graph)
+        self._checks: Dict[Tensor, Callable] = {}
+        self._closed = False
+        self.last_step_id: Optional[int] = None
+
+    def run(self, fetches, feed_dict: Optional[Dict] = None):
+        if self._closed:
+            raise RuntimeError("this DistributedSession is closed")
+        if self.graph.version != self._version:
+            self._version = self.graph.version
+            self._graph_version = self.master.extend_session(self.handle, self.graph, self._graph_version)
+        flat: List[Union[Tensor, Node]] = []
+        unflatten = _flatten(fetches, flat, self._resolve)
+        feeds = {}
+        for k, v in (feed_dict or {}).items():
+            t = self._resolve_feed(k)
+            check = self._checks.get(t)
+            if check is None:
+                check = self._checks[t] = _feed_check(t)
+            feeds[t.name] = check(v)
+        tensors = [f.name for f in flat if isinstance(f, Tensor)]
+        targets = [f.name for f in flat if isinstance(f, Node)]
+        values, self.last_step_id = self.master.run_step(self.handle, feeds, list(dict.fromkeys(tensors)),
+                                                         list(dict.fromkeys(targets)), self.timeout)
+        got = dict(zip(dict.fromkeys(tensors), values))
+        return unflatten([got[f.name] if isinstance(f, Tensor) else None for f in flat])
+
+    def _resolve(self, f):
+        if isinstance(f, str):
+            name = f
+            f = self.graph.tensor(name) if ":" in name else self.graph.node(name)
+            if isinstance(f, Node) and ":" not in name and len(f.outputs) == 1 and f.op not in _UPDATE_OPS \
+                    and not f.opdef.ref_inputs:
+                f = f.outputs[0]
+        elif hasattr(f, "_as_tensor") and not isinstance(f, Tensor):
+            f = f._as_tensor()
+        if isinstance(f, (Tensor, Node)):
+            if f.graph is not self.graph:
+                from ..core.errors import GraphError
+                raise GraphError(f"cannot fetch '{f.name}': it belongs to another graph than this session's")
+            return f
+        raise TypeError(f"cannot fetch {f!r}: fetches are Tensors, Nodes, names, or lists/tuples/dicts of them")
+
+    def _resolve_feed(self, k) -> Tensor:
+        t = self._resolve(k)
+        if isinstance(t, Node):
+            from ..core.errors import FeedError
+            if len(t.outputs) != 1:
+                raise FeedError(f"cannot feed node '{t.name}' ({t.op}): name one of its outputs")
+            t = t.outputs[0]
+        return t
+
+    def list_devices(self) -> List[Dict[str, str]]:
+        return self.master.list_devices()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.master.close_session(self.handle)
+        finally:
+            if self._own_master:
+                self.master.close()
+
+    def __enter__(self) -> "DistributedSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _flatten(f, flat: list, resolve) -> Callable:
+    t = type(f)
+    if t is list or t is tuple:
+        parts = [_flatten(x, flat, resolve) for x in f]
+        return lambda out: t(p(out) for p in parts)
+    if t is dict:
+        keys = list(f)
+        parts = [_flatten(f[k], flat, resolve) for k in keys]
+        return lambda out: {k: p(out) for k, p in zip(keys, parts)}
+    i = len(flat)
+    flat.append(resolve(f))
+    return lambda out: out[i]

@@ -15,6 +15,7 @@ COMMANDS = {
     "calibrate": ("isthmus.partitioner.calibrate", "time the real kernels on this machine and write a device profile"),
     "convert": ("isthmus.converters.cli", "convert an ONNX model (or a graph-building function) to the edge format or ONNX"),
     "edge-run": ("isthmus.edge.cli", "run an edge model file and print outputs, timings and the arena size"),
+    "server": ("isthmus.cloud.server", "start one task of a cloud cluster (worker, ps) from a cluster spec or $TF_CONFIG"),
 }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import ops as _ops  # noqa: F401  (registers the ops)
 from .errors import ShapeError
-from .graph import Tensor
+from .graph import Tensor, get_default_graph
 from .ops.array import flatten as _flatten
 from .ops.base import convert
 from .ops.linalg import bias_add, matmul
@@ -86,7 +86,9 @@ class Layer:
         return np.random.default_rng(seed)
 
     def _var(self, suffix: str, value: np.ndarray, dtype, trainable: bool = True) -> Variable:
-        v = Variable(np.asarray(value, dtype=dtype), name=f"{self.name}/{suffix}", trainable=trainable)
+        # self.name already carries the enclosing name scope: name the variable absolutely
+        with get_default_graph().name_scope(self.name + "/"):
+            v = Variable(np.asarray(value, dtype=dtype), name=suffix, trainable=trainable)
         self.variables.append(v)
         return v
 

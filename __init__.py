@@ -10,12 +10,12 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = {"core", "edge", "cloud", "partitioner", "converters", "proto", "nn", "optimizers",
-               "checkpoint", "progress", "train"}
+               "checkpoint", "progress", "train", "summary"}
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
-        target = f"isthmus.core.{name}" if name in ("nn", "optimizers", "checkpoint", "progress", "train") else f"isthmus.{name}"
+        target = f"isthmus.core.{name}" if name in ("nn", "optimizers", "checkpoint", "progress", "train", "summary") else f"isthmus.{name}"
         mod = importlib.import_module(target)
         globals()[name] = mod
         return mod

@@ -21,7 +21,7 @@ from .variables import (Variable, global_variables, global_variables_initializer
                         variables_initializer)
 from .autodiff import gradients
 from .session import Session
-from . import checkpoint, nn, optimizers, passes, progress, rnn, train  # noqa: E402  (subsystems over the core)
+from . import checkpoint, nn, optimizers, passes, progress, rnn, summary, train  # noqa: E402  (subsystems over the core)
 from .checkpoint import Saver, latest_checkpoint  # noqa: E402
 from .passes import freeze  # noqa: E402
 from .trace import RunMetadata, RunOptions  # noqa: E402

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, TextIO, Union
 
+import time
+
 import numpy as np
 
 from .progress import ProgressBar
+from .summary import log_step
 
 
 class Batches:
@@ -58,12 +61,19 @@ def _batch_len(feed: Dict) -> int:
 
 def fit(session, train_op, loss, feeds: Union[Iterable[Dict], Callable[[], Iterable[Dict]]], epochs: int = 1,
         steps_per_epoch: Optional[int] = None, desc: str = "train", progress: bool = True,
-        stream: Optional[TextIO] = None, on_epoch_end: Optional[Callable[[int, float], None]] = None) -> List[float]:
+        stream: Optional[TextIO] = None, on_epoch_end: Optional[Callable[[int, float], None]] = None,
+        summary=None, metrics: Optional[Dict[str, object]] = None, histograms: Optional[Iterable] = None,
+        histogram_every: int = 100) -> List[float]:
     """Run `train_op` (fetching `loss`) once per feed dict, for `epochs` passes over `feeds`.
 
     `feeds` is re-iterated every epoch (a Batches, a list, or a callable returning a fresh
     iterator); `steps_per_epoch` caps each pass. Returns the mean loss of each epoch;
     `on_epoch_end(epoch, mean_loss)` runs after each (to evaluate or checkpoint).
+
+    With `summary` (a core.summary.SummaryWriter), every step writes the scalars `loss`,
+    `step_time_s`, `examples_per_s` and each of `metrics` (name -> scalar tensor fetched
+    with the step), and every `histogram_every` steps a histogram of each variable in
+    `histograms`.
     """
     per_epoch = steps_per_epoch
     if per_epoch is None and hasattr(feeds, "__len__"):
@@ -71,7 +81,10 @@ def fit(session, train_op, loss, feeds: Union[Iterable[Dict], Callable[[], Itera
     total = per_epoch * epochs if per_epoch is not None else None
     bar = ProgressBar(total, desc=desc, stream=stream) if progress else None
     history: List[float] = []
-    fetches = [loss, train_op]
+    metrics = dict(metrics or {})
+    fetches = [loss, train_op] + list(metrics.values())
+    histograms = list(histograms or ())
+    step = 0
     try:
         for epoch in range(epochs):
             it = feeds() if callable(feeds) else feeds
@@ -79,11 +92,22 @@ def fit(session, train_op, loss, feeds: Union[Iterable[Dict], Callable[[], Itera
             for feed in it:
                 if steps_per_epoch is not None and steps >= steps_per_epoch:
                     break
-                value = float(session.run(fetches, feed)[0])
+                t0 = time.perf_counter()
+                out = session.run(fetches, feed)
+                seconds = time.perf_counter() - t0
+                value = float(out[0])
                 total_loss += value
                 steps += 1
+                examples = _batch_len(feed)
                 if bar is not None:
-                    bar.update(1, loss=value, examples=_batch_len(feed))
+                    bar.update(1, loss=value, examples=examples)
+                if summary is not None:
+                    scalars = {"loss": value, "step_time_s": seconds,
+                               "examples_per_s": examples / seconds if seconds > 0 else 0.0}
+                    scalars.update({k: float(v) for k, v in zip(metrics, out[2:])})
+                    log_step(summary, step, scalars,
+                             histograms if histograms and step % histogram_every == 0 else None, session)
+                step += 1
             if steps == 0:
                 raise ValueError(f"epoch {epoch} got no feeds: pass a re-iterable (list, Batches) or a "
                                  "callable returning a fresh iterator")
@@ -93,4 +117,6 @@ def fit(session, train_op, loss, feeds: Union[Iterable[Dict], Callable[[], Itera
     finally:
         if bar is not None:
             bar.close()
+        if summary is not None:
+            summary.flush()
     return history

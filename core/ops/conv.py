@@ -1,10 +1,13 @@
 """Convolution and pooling on NCHW tensors (weights OIHW), at BLAS speed.
 
-conv2d builds one im2col matrix [C*kh*kw, OH*OW*N] from a strided view of the input padded in
-a [C, H, W, N] layout (one copy, in runs of OW*N values) and multiplies it once; its input
-gradient multiplies once and adds the columns back with one strided add per kernel tap; its
-filter gradient is one GEMM against the same columns. Depthwise convolutions skip the GEMM:
-a multiply-add per kernel tap.
+conv2d works on the input padded in a [C, H, W, N] layout. With stride 1 along H and enough
+channels it copies only the kernel's columns ("row taps": a [kw*C, Hp*OW*N] matrix, kw times
+the input instead of kh*kw times) and runs one GEMM per kernel row over a contiguous slice of
+it; otherwise it builds the full im2col matrix [C*kh*kw, OH*OW*N] (one copy, in runs of OW*N
+values) and multiplies it once. The filter gradient is the same GEMMs against the same
+columns; the input gradient of a stride-1 convolution is itself a convolution (of dy with the
+flipped, transposed weights), else one GEMM and one strided add per kernel tap. Depthwise
+convolutions skip the GEMM: a multiply-add per kernel tap.
 """
 from __future__ import annotations
 
@@ -105,6 +108,54 @@ class _Geometry:
     __slots__ = ("kh", "kw", "sh", "sw", "dh", "dw", "pads", "oh", "ow", "groups")
 
 
+# Row taps pay when each kernel row's GEMM has a deep enough contraction (kw*C) to run BLAS
+# at full speed; below this the full im2col's one deep GEMM wins (measured on 2 cores).
+_ROW_TAPS_MIN_K = 64
+
+
+def _row_taps(g, c) -> bool:
+    return g.groups == 1 and g.sh == 1 and g.kh > 1 and c * g.kw >= _ROW_TAPS_MIN_K
+
+
+def _cols_kw(xp, xt, g):
+    """[kw*C, Hp*OW*N] from a [C, Hp, Wp, N] array: row (j, c) holds x[c, :, ow*sw + j*dw, :].
+    Kernel row i's im2col block is then the contiguous column slice starting at i*dh*OW*N."""
+    c, hp, _, n = xt.shape
+    s0, s1, s2, s3 = xt.strides
+    view = as_strided(xt, (g.kw, c, hp, g.ow, n), (g.dw * s2, s0, s1, g.sw * s2, s3), writeable=False)
+    return xp.ascontiguousarray(view).reshape(g.kw * c, hp * g.ow * n)
+
+
+def _conv_row_taps(xp, x, w, g):
+    """conv2d for _row_taps geometries: one GEMM per kernel row, accumulated. -> [O, OH, OW, N]"""
+    n, c, o = x.shape[0], x.shape[1], w.shape[0]
+    cols = _cols_kw(xp, _chwn_padded(xp, x, g.pads), g)
+    span, step = g.oh * g.ow * n, g.dh * g.ow * n
+    wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
+    out = xp.matmul(wt[0], cols[:, :span])
+    tmp = xp.empty_like(out)
+    for i in range(1, g.kh):
+        xp.matmul(wt[i], cols[:, i * step:i * step + span], out=tmp)
+        out += tmp
+    return out.reshape(o, g.oh, g.ow, n)
+
+
+def _transposed_geometry(g, h, w) -> Optional["_Geometry"]:
+    """The geometry under which dx = conv2d(dy, flipped transposed weights), for stride 1
+    (None when the padding exceeds the kernel's extent and the identity does not hold)."""
+    if (g.sh, g.sw) != (1, 1) or g.groups != 1:
+        return None
+    eh, ew = g.dh * (g.kh - 1), g.dw * (g.kw - 1)
+    (t, b), (l, r) = g.pads
+    pads = ((eh - t, eh - b), (ew - l, ew - r))
+    if min(pads[0] + pads[1]) < 0:
+        return None
+    t2 = _Geometry()
+    t2.kh, t2.kw, t2.sh, t2.sw, t2.dh, t2.dw = g.kh, g.kw, 1, 1, g.dh, g.dw
+    t2.pads, t2.oh, t2.ow, t2.groups = pads, h, w, 1
+    return t2
+
+
 def _geometry(node, x_shape, w_shape) -> _Geometry:
     g = _Geometry()
     g.kh, g.kw = w_shape[2], w_shape[3]
@@ -165,6 +216,8 @@ def _kernel_conv(node, ctx):
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             # a 1x1 convolution is a matrix product over channels: no im2col, no copies
             return xp.matmul(w.reshape(o, c), x.reshape(n, c, -1)).reshape(n, o, g.oh, g.ow)
+        if _row_taps(g, c):
+            return xp.ascontiguousarray(_conv_row_taps(xp, x, w, g).transpose(3, 0, 1, 2))
         xt = _chwn_padded(xp, x, g.pads)
         cg, og = c // groups, o // groups
         out = xp.empty((o, g.oh, g.ow, n), dtype=x.dtype)
@@ -216,6 +269,10 @@ def _kernel_conv_input(node, ctx):
         o = w.shape[0]
         hs = g.sh * (g.oh - 1) + 1
         ws = g.sw * (g.ow - 1) + 1
+        t2 = None if _depthwise(node, w.shape, c) else _transposed_geometry(g, h, wd)
+        if t2 is not None and _row_taps(t2, w.shape[0]):
+            wf = xp.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+            return xp.ascontiguousarray(_conv_row_taps(xp, dy, wf, t2).transpose(3, 0, 1, 2))
         if _depthwise(node, w.shape, c):
             for i in range(g.kh):
                 for j in range(g.kw):
@@ -257,8 +314,15 @@ def _kernel_conv_filter(node, ctx):
                     dw_[:, 0, i, j] = (win[:, :, i, j] * dy).sum(axis=(0, 2, 3))
             return dw_
         cg, og = c // groups, o // groups
-        xt = _chwn_padded(xp, x, g.pads)
         dy_t = xp.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
+        if _row_taps(g, c):
+            cols = _cols_kw(xp, _chwn_padded(xp, x, g.pads), g)
+            span, step = g.oh * g.ow * n, g.dh * g.ow * n
+            rows = xp.empty((g.kh, o, g.kw * c), dtype=x.dtype)
+            for i in range(g.kh):
+                xp.matmul(dy_t, cols[:, i * step:i * step + span].T, out=rows[i])
+            return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
+        xt = _chwn_padded(xp, x, g.pads)
         out = xp.empty(w.shape, dtype=x.dtype)
         for k in range(groups):
             cols = _cols_chwn(xp, xt, g, k * cg, (k + 1) * cg)

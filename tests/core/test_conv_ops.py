@@ -127,3 +127,29 @@ def test_conv_errors_name_the_node():
             ism.conv2d(x, np.zeros((4, 3, 3, 3), np.float32), groups=2, name="c1")
         with pytest.raises(ism.ShapeError, match="does not fit input"):
             ism.conv2d(x, np.zeros((4, 3, 9, 9), np.float32), padding="VALID")
+
+
+# Both conv strategies on every case: row taps (one GEMM per kernel row, and the input gradient
+# as a convolution) wherever the geometry allows, and the full im2col.
+@pytest.fixture(params=["row_taps", "im2col"])
+def conv_strategy(request, monkeypatch):
+    from isthmus.core.ops import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 1 if request.param == "row_taps" else 10 ** 9)
+    return request.param
+
+
+STRATEGY_CASES = CONV_CASES + [
+    ("pad_beyond_kernel", dict(padding=((3, 0), (0, 3))), (3, 4, 2, 2), dict(pads=((3, 0), (0, 3)))),
+    ("stride_w_only_dilated_h", dict(padding=((1, 1), (0, 1)), strides=(1, 2), dilations=(2, 1)), (3, 4, 2, 3),
+     dict(stride=(1, 2), pads=((1, 1), (0, 1)), dil=(2, 1))),
+]
+
+
+@pytest.mark.parametrize("name,kw,wshape,refkw", STRATEGY_CASES, ids=[c[0] for c in STRATEGY_CASES])
+def test_conv_strategies_forward_and_gradients(conv_strategy, name, kw, wshape, refkw):
+    w = rng.standard_normal(wshape)
+    g = ism.Graph()
+    got = ism.Session(g).run(_build(g, lambda: ism.conv2d(ism.constant(X), ism.constant(w), **kw)))
+    np.testing.assert_allclose(got, ref_conv(X, w, **refkw), rtol=1e-9, atol=1e-10)
+    x = rng.standard_normal((1, 4, 5, 4))
+    check_gradients(lambda x_, w_: ism.conv2d(x_, w_, **kw), [x, w])

@@ -217,8 +217,11 @@ def test_auto_parallel_picks_wide_heavy_graphs_only():
     assert not sess.plan_for(branches[0], {x: None}).parallel  # a chain: nothing to overlap
     with g.as_default():
         y = ism.placeholder("float32", (2048, 2048), name="y")
-        wide = ism.add_n([ism.tanh(y @ (y * 2.0)), ism.exp(y @ (y * 3.0)), ism.sigmoid(y @ (y * 4.0))])
+        wide = ism.add_n([ism.tanh(ism.exp(y * 2.0)), ism.exp(ism.sqrt(y * 3.0)), ism.sigmoid(ism.tanh(y * 4.0))])
+        # the same width, but BLAS products (already on every core) dominate: threads would only contend
+        blas = ism.add_n([ism.tanh(y @ (y * 2.0)), ism.exp(y @ (y * 3.0)), ism.sigmoid(y @ (y * 4.0))])
     assert sess.plan_for(wide, {y: None}).parallel
+    assert not sess.plan_for(blas, {y: None}).parallel
 
 
 def test_one_thread_trains_while_another_evaluates():

@@ -437,13 +437,21 @@ def _kernel_max_pool_grad(node, ctx):
         n, c, h, w = x.shape
         (t, b), (l, r) = g.pads
         xpad = _padded(xp, x, g.pads, -np.inf)
-        dxp = xp.zeros(xpad.shape, dtype=x.dtype)
-        taken = xp.zeros(y.shape, dtype=bool)  # each window sends its gradient to one maximum
+        # windows that neither overlap nor leave gaps write each input element exactly once
+        tiled = (g.sh, g.sw) == (g.kh, g.kw) and xpad.shape[2:] == (g.oh * g.kh, g.ow * g.kw)
+        dxp = xp.empty(xpad.shape, dtype=x.dtype) if tiled else xp.zeros(xpad.shape, dtype=x.dtype)
+        free = xp.ones(y.shape, dtype=bool)  # each window sends its gradient to one maximum
+        hit = xp.empty(y.shape, dtype=bool)
+        part = None if tiled else xp.empty(y.shape, dtype=x.dtype)
         for tap in _taps(g):
-            hit = xpad[tap] == y
-            hit &= ~taken
-            taken |= hit
-            dxp[tap] += hit * dy
+            xp.equal(xpad[tap], y, out=hit)
+            xp.logical_and(hit, free, out=hit)
+            xp.logical_xor(free, hit, out=free)  # hit is a subset of free: this clears the hits
+            if tiled:
+                xp.multiply(hit, dy, out=dxp[tap])
+            else:
+                xp.multiply(hit, dy, out=part)
+                dxp[tap] += part
         return dxp[:, :, t:t + h, l:l + w]
     return run
 

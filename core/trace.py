@@ -27,6 +27,9 @@ class NodeEvent:
     start_us: float
     end_us: float
     bytes_out: int = 0
+    flops: float = 0.0        # the op's registered cost at the shapes it ran with
+    bytes_moved: float = 0.0  # bytes read + written, likewise
+    groups: int = 1           # a convolution's groups (grouped ones are priced apart)
 
 
 @dataclass
@@ -46,7 +49,8 @@ class RunMetadata:
         for e in self.events:
             pid = pids.setdefault(e.device, len(pids) + 1)
             out.append({"name": e.node, "cat": e.op, "ph": "X", "ts": e.start_us, "dur": max(e.end_us - e.start_us, 0.01),
-                        "pid": pid, "tid": e.thread, "args": {"op": e.op, "bytes_out": e.bytes_out}})
+                        "pid": pid, "tid": e.thread, "args": {"op": e.op, "bytes_out": e.bytes_out, "flops": e.flops,
+                                                              "bytes": e.bytes_moved, "groups": e.groups}})
         meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": dev}} for dev, pid in pids.items()]
         return {"traceEvents": meta + out, "displayTimeUnit": "ms"}
 
@@ -56,6 +60,38 @@ class RunMetadata:
             json.dump(self.to_chrome_trace(), f)
         os.replace(tmp, path)
         return path
+
+
+class _Shaped:
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+class _ShapedNode:
+    """A node as its cost function sees it, with the shapes of the values it actually ran on."""
+    __slots__ = ("_n", "inputs", "outputs")
+
+    def __init__(self, n, ins, outs):
+        self._n = n
+        self.inputs = tuple(_Shaped(getattr(v, "shape", t.shape), t.dtype) for t, v in zip(n.inputs, ins))
+        self.outputs = tuple(_Shaped(getattr(v, "shape", t.shape), t.dtype) for t, v in zip(n.outputs, outs))
+
+    def __getattr__(self, name):
+        return getattr(self._n, name)
+
+
+def _measured_cost(n, ins, outs):
+    """(flops, bytes read + written) of node `n` at the shapes it ran with; zeros if unknown."""
+    fn = n.opdef.cost
+    if fn is None:
+        return 0.0, 0.0
+    try:
+        c = fn(_ShapedNode(n, ins, outs))
+        return float(c.flops), float(c.bytes_read + c.bytes_written)
+    except Exception:  # a cost function must never break a traced run
+        return 0.0, 0.0
 
 
 def run_traced(plan, feeds, metadata: RunMetadata):
@@ -74,6 +110,7 @@ def run_traced(plan, feeds, metadata: RunMetadata):
         if k is None:
             continue
         args = [values[t] for j, t in enumerate(n.inputs) if j not in n.opdef.ref_inputs]
+        ins = [values.get(t) for t in n.inputs]
         s = time.perf_counter()
         try:
             out = k(*args)
@@ -88,8 +125,11 @@ def run_traced(plan, feeds, metadata: RunMetadata):
         for t, v in zip(n.outputs, outs):
             values[t] = v
             nbytes += getattr(v, "nbytes", 0)
+        flops, moved = _measured_cost(n, ins, outs)
+        groups = n.attrs.get("groups", 1)
         metadata.events.append(NodeEvent(n.name, n.op, n.device or "/job:localhost/device:CPU:0", tid,
-                                         (s - t0) * 1e6, (e_ - t0) * 1e6, int(nbytes)))
+                                         (s - t0) * 1e6, (e_ - t0) * 1e6, int(nbytes), flops, moved,
+                                         groups if isinstance(groups, int) else 1))
         for t in n.inputs:
             if last_use.get(t) == i and t not in keep and t not in plan.constants:
                 values.pop(t, None)

@@ -219,9 +219,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", nargs="*", default=None, help="op types to calibrate (default: all it can build)")
     p.add_argument("--quick", action="store_true", help="fewer shapes (a few seconds)")
     p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower")
+    p.add_argument("--from-trace", nargs="+", default=None, metavar="TRACE",
+                   help="refit from Chrome traces of real runs (RunMetadata.write_chrome_trace) instead of timing "
+                        "kernels; see partitioner/trace_fit.py")
+    p.add_argument("--base", default=None, help="with --from-trace: the profile JSON to refit (default: the built-in "
+                                                 "cloud profile)")
+
+
+def _run_from_trace(args) -> int:
+    from .trace_fit import TraceError, refit, report, samples_from_trace
+    try:
+        samples = samples_from_trace(args.from_trace)
+        base = DeviceProfile.load(args.base) if args.base else CLOUD
+    except (TraceError, OSError, ValueError) as e:
+        print(f"calibrate --from-trace: {e}")
+        return 2
+    if not samples:
+        print("calibrate --from-trace: the traces hold no node events with costs (trace with "
+              "RunOptions(trace=True) and write them with RunMetadata.write_chrome_trace)")
+        return 2
+    profile, how = refit(base, samples, name=args.device)
+    out = args.out or f"{args.device}.json"
+    profile.save(out)
+    for op, r in report(base, profile, samples).items():
+        print(f"  {op:28s} {r['events']:6d} events  {how[op]:14s} error {r['before']:8.1%} -> {r['after']:7.1%}")
+    print(f"wrote {out}: refitted {len(how)} op types from {len(samples)} traced node events")
+    return 0
 
 
 def run(args) -> int:
+    if args.from_trace:
+        return _run_from_trace(args)
     samples = measure(args.ops, "quick" if args.quick else "full")
     profile = fit(samples, args.device)
     if args.slowdown != 1.0:

@@ -308,3 +308,25 @@ class Saver:
         for v, a in values:
             sess.set_variable_value(v, a)
         return path
+
+    def restore_latest_valid(self, sess, directory: str, warn=None) -> str:
+        """Load the newest checkpoint of `directory` that verifies, falling back past corrupt ones
+        (a torn disk, a flipped byte); returns the file. Each skipped file is reported through
+        `warn(message)` (default: the `isthmus.checkpoint` logger). Raises CheckpointError,
+        listing every file's problem, when none verifies."""
+        paths = list_checkpoints(directory)
+        if not paths:
+            raise CheckpointError(f"no checkpoint in {directory}")
+        if warn is None:
+            import logging
+            warn = logging.getLogger("isthmus.checkpoint").warning
+        problems = []
+        for path in reversed(paths):
+            try:
+                used = self.restore(sess, path)
+            except CheckpointError as e:
+                problems.append(str(e))
+                warn(f"skipping checkpoint {path}: {e}")
+                continue
+            return used
+        raise CheckpointError(f"no checkpoint in {directory} verifies:\n  " + "\n  ".join(problems))

@@ -271,3 +271,36 @@ def test_restore_latest_after_several_saves(tmp_path):
     g2, sess2, _, _ = _model()
     assert Saver(graph=g2).restore(sess2, str(tmp_path)).endswith("m-2.npz")
     assert all(np.array_equal(final[k], v) for k, v in _values(sess2, g2).items())
+
+
+def test_restore_latest_valid_falls_back_past_a_corrupt_newest(tmp_path):
+    g, sess, x, step = _model()
+    saver = Saver(graph=g, max_to_keep=3)
+    saver.save(sess, str(tmp_path / "m"), global_step=0)
+    sess.run(step, {x: np.ones((4, 2), np.float32)})
+    good = saver.save(sess, str(tmp_path / "m"), global_step=1)
+    want = _values(sess, g)
+    sess.run(step, {x: np.ones((4, 2), np.float32)})
+    bad = saver.save(sess, str(tmp_path / "m"), global_step=2)
+    data = bytearray(open(bad, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(bad, "wb").write(bytes(data))
+
+    g2, sess2, _, _ = _model()
+    with pytest.raises(ism.CheckpointError, match="corrupt"):
+        Saver(graph=g2).restore(sess2, str(tmp_path))  # the plain restore refuses the newest
+    warnings = []
+    used = Saver(graph=g2).restore_latest_valid(sess2, str(tmp_path), warn=warnings.append)
+    assert used == good
+    assert len(warnings) == 1 and "m-2.npz" in warnings[0] and "corrupt" in warnings[0]
+    assert all(np.array_equal(want[k], v) for k, v in _values(sess2, g2).items())
+
+
+def test_restore_latest_valid_lists_every_problem_when_none_verifies(tmp_path):
+    g, sess, x, step = _model()
+    saver = Saver(graph=g)
+    paths = [saver.save(sess, str(tmp_path / "m"), global_step=s) for s in range(2)]
+    for p in paths:
+        open(p, "r+b").truncate(100)
+    with pytest.raises(ism.CheckpointError, match=r"no checkpoint in .* verifies:\n  .*m-1.npz.*\n  .*m-0.npz"):
+        Saver(graph=g).restore_latest_valid(sess, str(tmp_path), warn=lambda m: None)

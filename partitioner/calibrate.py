@@ -250,6 +250,11 @@ def _run_from_trace(args) -> int:
 def run(args) -> int:
     if args.from_trace:
         return _run_from_trace(args)
+    if args.device.lower() == "gpu":
+        from ..core import gpu
+        if not gpu.gpu_available():
+            raise SystemExit(f"isthmus calibrate --device gpu: no GPU available ({gpu.unavailable_reason()})")
+        raise SystemExit("isthmus calibrate --device gpu: GPU op timing is not implemented yet (issue #9)")
     samples = measure(args.ops, "quick" if args.quick else "full")
     profile = fit(samples, args.device)
     if args.slowdown != 1.0:

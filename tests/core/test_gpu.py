@@ -45,3 +45,14 @@ def test_pool_cap_applied_on_gpu():
     assert cp.get_default_memory_pool().get_limit() == cap
     a = cp.arange(10, dtype=cp.float32)
     np.testing.assert_array_equal(cp.asnumpy(np.add(a, a)), np.arange(10, dtype=np.float32) * 2)
+
+
+def test_calibrate_gpu_errors_clearly_without_gpu():
+    if gpu.gpu_available():
+        pytest.skip("a GPU is present")
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "isthmus.cli", "calibrate", "--device", "gpu"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "no GPU available" in r.stderr

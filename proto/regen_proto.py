@@ -1,4 +1,4 @@
-"""Regenerate proto/*_pb2.py and proto/*_pb2_grpc.py from proto/{tensor,graph,worker,master}.proto.
+"""Regenerate proto/*_pb2.py and proto/*_pb2_grpc.py from proto/{tensor,graph,worker,master,offload}.proto.
 
     python proto/regen_proto.py [--out DIR]
 
@@ -15,8 +15,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("tensor.proto", "graph.proto", "worker.proto", "master.proto")
-SERVICES = ("worker.proto", "master.proto")  # the sources that declare services (get a _pb2_grpc.py)
+SOURCES = ("tensor.proto", "graph.proto", "worker.proto", "master.proto", "offload.proto")
+SERVICES = ("worker.proto", "master.proto", "offload.proto")  # the sources that declare services (get a _pb2_grpc.py)
 
 
 def generated_names():

@@ -142,8 +142,10 @@ class LocalCluster:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         deadline = time.monotonic() + max(timeout, 0.1)
+        from ..proto.security import ClientSecurity, make_channel
+        security = ClientSecurity.from_env(self._env)
         for tid, addr in self.cluster.tasks():
-            with grpc.insecure_channel(addr) as ch:
+            with make_channel(addr, security) as ch:
                 stub = health_pb2_grpc.HealthStub(ch)
                 while True:
                     try:

@@ -6,6 +6,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import grpc
 
 from ..proto import master_pb2, master_pb2_grpc
+from ..proto.security import ClientSecurity, make_channel
 from . import graph_codec, tensor_codec
 from .errors import abort_with, from_rpc_error
 from .master import Master
@@ -76,10 +77,13 @@ class MasterClient:
     """Calls a master task; the same methods as Master, each RPC with a deadline."""
 
     def __init__(self, address: str, timeout: float = DEFAULT_RPC_TIMEOUT_S,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, security: Optional[ClientSecurity] = None):
+        """`security`: TLS / bearer token (proto/security.py); None: from the environment
+        ($ISTHMUS_TLS_CA, $ISTHMUS_TOKEN_FILE, ...), plaintext when it sets nothing."""
         self.address = address.split("://", 1)[1] if "://" in address else address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(self.address, options=channel_options(max_message_bytes))
+        security = ClientSecurity.from_env() if security is None else security
+        self.channel = make_channel(self.address, security, channel_options(max_message_bytes))
         self.stub = master_pb2_grpc.MasterStub(self.channel)
 
     def _call(self, rpc: str, request, timeout: Optional[float] = None):

@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from ..proto import worker_pb2
+from ..proto.security import ClientSecurity, make_channel
 from . import graph_codec, tensor_codec, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
@@ -115,12 +116,13 @@ def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
 
 
 def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = ()):
+          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None):
     """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
-    cloud/server.py serves a whole task (worker, master, health)."""
+    cloud/server.py serves a whole task (worker, master, health). `security`: a
+    proto.security.ServerSecurity (TLS, bearer token)."""
     from .server import start_grpc_server
     return start_grpc_server([worker_handler(worker), *extra_handlers], host, port, max_workers,
-                             max_message_bytes)
+                             max_message_bytes, security=security)
 
 
 class WorkerClient:
@@ -129,13 +131,13 @@ class WorkerClient:
     def __init__(self, address: str, timeout: float = DEFAULT_RPC_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, name: Optional[str] = None,
-                 channel: Optional[grpc.Channel] = None):
+                 channel: Optional[grpc.Channel] = None, security: Optional[ClientSecurity] = None):
         self.address = address
         self.name = name or address
         self.timeout = timeout
         self.max_tensor_bytes = max_tensor_bytes
         self._own_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+        self.channel = channel or make_channel(address, security, channel_options(max_message_bytes))
         ch = self.channel
 
         def unary(name, resp):

@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import grpc
 
+from ..proto.security import ClientSecurity, SecurityError, ServerSecurity
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
 from .master import DEFAULT_STEP_TIMEOUT_S, Master
@@ -33,11 +34,13 @@ HEALTH_SERVICES = ("", "isthmus.Worker", "isthmus.Master")
 
 def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                      health: bool = True) -> Tuple[grpc.Server, int]:
-    """A started server with `handlers` (and the health service): (server, bound port)."""
+                      health: bool = True, security: Optional[ServerSecurity] = None) -> Tuple[grpc.Server, int]:
+    """A started server with `handlers` (and the health service): (server, bound port).
+    `security`: TLS and/or a bearer token on every call (proto/security.py); None: plaintext."""
     from .rpc import channel_options
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
-                         options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)])
+                         options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
+                         interceptors=security.interceptors() if security else None)
     server.add_generic_rpc_handlers(tuple(handlers))
     if health:
         try:
@@ -50,7 +53,8 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
                 hs.set(name, health_pb2.HealthCheckResponse.SERVING)
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (security.add_port(server, f"{host}:{port}") if security
+                 else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError as e:
         raise WorkerError(f"cannot listen on {host}:{port}: {e}") from None
     if bound == 0:
@@ -78,8 +82,11 @@ class Server:
     def __init__(self, cluster: Optional[ClusterSpec], job: str, task: int, host: Optional[str] = None,
                  port: Optional[int] = None, max_workers: int = 64,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
-                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S, step_timeout: float = DEFAULT_STEP_TIMEOUT_S):
+                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S, step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
+                 security: Optional[ServerSecurity] = None, client_security: Optional[ClientSecurity] = None):
         self.task_id = TaskId(job, int(task))
+        self.security = security
+        self.client_security = client_security
         self.cluster: Optional[ClusterSpec] = None
         self.rpc_timeout = rpc_timeout
         self.max_message_bytes = max_message_bytes
@@ -94,7 +101,8 @@ class Server:
         from .master_rpc import master_handler
         from .rpc import worker_handler
         self.server, self.port = start_grpc_server([worker_handler(self.worker), master_handler(self.master)],
-                                                   host or "127.0.0.1", port or 0, max_workers, max_message_bytes)
+                                                   host or "127.0.0.1", port or 0, max_workers, max_message_bytes,
+                                                   security=security)
         if cluster is not None:
             self.set_cluster(cluster)
 
@@ -123,7 +131,8 @@ class Server:
                 if c is None:
                     c = self._clients[t.name] = WorkerClient(self.cluster.address(t.job, t.index),
                                                              timeout=self.rpc_timeout, name=t.name,
-                                                             max_message_bytes=self.max_message_bytes)
+                                                             max_message_bytes=self.max_message_bytes,
+                                                             security=self.client_security)
         return c
 
     def stop(self, grace: Optional[float] = None) -> None:
@@ -154,6 +163,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster-from-stdin", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--recv-timeout", type=float, default=DEFAULT_RECV_TIMEOUT_S,
                         help="seconds a Recv waits for its tensor (default %(default)s)")
+    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (default: $ISTHMUS_TLS_CERT)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: $ISTHMUS_TLS_KEY)")
+    parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
+                                                "(default: $ISTHMUS_TLS_CLIENT_CA)")
+    parser.add_argument("--tls-ca", help="CA the other tasks' certificates chain to (default: $ISTHMUS_TLS_CA, "
+                                         "else --tls-cert itself)")
+    parser.add_argument("--token-file", help="require this bearer token on every call, and send it to the "
+                                             "other tasks (default: $ISTHMUS_TOKEN_FILE)")
     parser.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / (1 << 20),
                         help="largest gRPC message in MiB (default %(default)s); bigger tensors stream")
 
@@ -176,12 +193,26 @@ def _resolve(args) -> Tuple[Optional[ClusterSpec], str, int]:
     return cluster, job, task
 
 
+def security_from_args(args):
+    """(ServerSecurity, ClientSecurity) from the flags, each flag defaulting to its variable."""
+    import os
+    env = dict(os.environ)
+    for flag, var in (("tls_cert", "ISTHMUS_TLS_CERT"), ("tls_key", "ISTHMUS_TLS_KEY"),
+                      ("tls_client_ca", "ISTHMUS_TLS_CLIENT_CA"), ("tls_ca", "ISTHMUS_TLS_CA"),
+                      ("token_file", "ISTHMUS_TOKEN_FILE")):
+        if getattr(args, flag, None):
+            env[var] = getattr(args, flag)
+    return ServerSecurity.from_env(env), ClientSecurity.from_env(env)
+
+
 def run(args) -> int:
     try:
         cluster, job, task = _resolve(args)
+        security, client_security = security_from_args(args)
         server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,
-                        max_message_bytes=int(args.max_message_mb * (1 << 20)))
-    except (ClusterSpecError, WorkerError) as e:
+                        max_message_bytes=int(args.max_message_mb * (1 << 20)),
+                        security=security, client_security=client_security)
+    except (ClusterSpecError, WorkerError, SecurityError) as e:
         print(f"isthmus server: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
@@ -199,7 +230,9 @@ def run(args) -> int:
         threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
         print("ISTHMUS_READY", flush=True)
     else:
-        print(f"isthmus server: /job:{job}/task:{task} listening on port {server.port}", file=sys.stderr, flush=True)
+        mode = security.describe() if security else "plaintext, no token: keep it on a trusted network"
+        print(f"isthmus server: /job:{job}/task:{task} listening on port {server.port} ({mode})",
+              file=sys.stderr, flush=True)
     while not stop.wait(1.0):
         pass
     server.stop(grace=1.0)

@@ -1,6 +1,7 @@
 """Session: runs fetches of a graph, compiling one plan per (fetches, feeds) signature."""
 from __future__ import annotations
 
+import importlib
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -15,14 +16,26 @@ from .shapes import compatible, fmt, fully_defined
 class Session:
     """`Session(graph).run(fetches, feed_dict)`; fetches may be a Tensor, a Node, a name,
     or a (nested) list, tuple or dict of these. Safe to call from several threads at once.
+    `Session(graph, target="grpc://host:port")` runs the graph on a cluster instead (a
+    cloud DistributedSession, with the same run/close interface).
     """
+
+    def __new__(cls, graph: Optional[Graph] = None, target: Optional[str] = None, *args, **kwargs):
+        if target is None:
+            return super().__new__(cls)
+        if not isinstance(target, str) or not target.startswith("grpc://"):
+            raise ValueError(f"target {target!r}: expected 'grpc://host:port' (a task of a cluster), "
+                             "or no target to run on this machine")
+        if args or kwargs:
+            raise ValueError(f"target {target!r}: a distributed session takes no "
+                             f"{', '.join(sorted(kwargs)) or 'local-session options'}")
+        # core imports nothing of ours (DESIGN.md); the cloud runtime is found by name, only
+        # when asked for. Not a Session subclass, so Python does not run __init__ on it again.
+        impl = importlib.import_module("isthmus.cloud.session")
+        return impl.DistributedSession(graph, target)
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True):
-        if target is not None:
-            raise NotImplementedError(
-                f"target {target!r}: distributed sessions arrive with the cloud runtime; "
-                "use Session(graph) to run on this machine")
         self.graph = graph if graph is not None else get_default_graph()
         self.state = SessionState(rendezvous)
         self._ctx = KernelContext(np, self.state)

@@ -24,8 +24,8 @@ EDGE_OPS = {
     "FusedMatMul": lambda a: {"transpose_a": int(a["transpose_a"]), "transpose_b": int(a["transpose_b"]),
                               "activation": a["activation"]},
     "BiasAdd": lambda a: {"axis": int(a["axis"])},
-    "MaxPool": lambda a: {"ksize": list(a["ksize"]), "strides": list(a["strides"]), "pads": _FLAT_PADS(a["pads"])},
-    "AvgPool": lambda a: {"ksize": list(a["ksize"]), "strides": list(a["strides"]), "pads": _FLAT_PADS(a["pads"])},
+    "MaxPool": lambda a: _edge_pool(a),
+    "AvgPool": lambda a: _edge_pool(a),
     "GlobalAvgPool": lambda a: {"keepdims": int(a["keepdims"])},
     "Reshape": lambda a: {"shape": [int(d) for d in a["shape"]]},
     "Flatten": lambda a: {"axis": int(a["axis"])},
@@ -37,6 +37,13 @@ EDGE_OPS = {
     "Add": None, "Sub": None, "Mul": None, "Div": None, "Maximum": None, "Minimum": None,
     "Relu": None, "Relu6": None, "Tanh": None, "Sigmoid": None, "Identity": None,
 }
+
+
+def _edge_pool(a):
+    """The edge pooling kernels have no dilation: such a pool stays in the cloud."""
+    if tuple(a.get("dilations", (1, 1))) != (1, 1):
+        return None
+    return {"ksize": list(a["ksize"]), "strides": list(a["strides"]), "pads": _FLAT_PADS(a["pads"])}
 
 
 def edge_supported(op: str) -> bool:

@@ -203,6 +203,8 @@ def _conv(c, n, ins, outs):
 def _pool(c, n, ins, outs):
     (t, b), (l, r) = n.attrs["pads"]
     attrs = dict(kernel_shape=list(n.attrs["ksize"]), strides=list(n.attrs["strides"]), pads=[t, l, b, r])
+    if tuple(n.attrs["dilations"]) != (1, 1):
+        attrs["dilations"] = list(n.attrs["dilations"])
     if n.op == "AvgPool":
         attrs["count_include_pad"] = 0
     c.node("MaxPool" if n.op == "MaxPool" else "AveragePool", ins, outs, **attrs)

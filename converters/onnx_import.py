@@ -239,22 +239,24 @@ def _pool(kind):
         x = ins[0]
         k = tuple(at["kernel_shape"])
         s = tuple(at.get("strides", [1] * len(k)))
-        pads = _conv_pads(at, x.shape[2:], k, s, (1, 1))
+        d = tuple(at.get("dilations", [1] * len(k)))
+        pads = _conv_pads(at, x.shape[2:], k, s, d)
         if at.get("ceil_mode", 0):  # extend the bottom/right padding so the last partial window counts
             grown = []
-            for n_, kk, ss, (a, b) in zip(x.shape[2:], k, s, pads):
+            for n_, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pads):
                 if n_ is None:
                     raise ImportError_(f"node '{node.name}': ceil_mode needs known spatial dims")
-                out = -(-(n_ + a + b - kk) // ss) + 1
+                eff = (kk - 1) * dd + 1
+                out = -(-(n_ + a + b - eff) // ss) + 1
                 if (out - 1) * ss >= n_ + a:
                     out -= 1
-                grown.append((a, max(b, (out - 1) * ss + kk - n_ - a)))
+                grown.append((a, max(b, (out - 1) * ss + eff - n_ - a)))
             pads = tuple(grown)
         if kind == "avg" and at.get("count_include_pad", 0) and pads != ((0, 0), (0, 0)):
             x = ism.pad(x, ((0, 0), (0, 0)) + pads)
             pads = ((0, 0), (0, 0))
         f = ism.max_pool if kind == "max" else ism.avg_pool
-        return [f(x, k, s, pads)]
+        return [f(x, k, s, pads, dilations=d)]
     return h
 
 
@@ -322,7 +324,15 @@ def _split(c, node, ins):
             return ism.split_sizes(ins[0], ins[1], len(node.output), axis)
         sizes = [int(s) for s in c.consts[node.input[1]]]
         return ism.split(ins[0], sizes, axis)
-    return ism.split(ins[0], at.get("num_outputs", len(node.output)), axis)
+    n = at.get("num_outputs", len(node.output))
+    size = ins[0].shape[axis]
+    if size is not None and size % n:  # opset 18: equal chunks of ceil(size / n), the last one smaller
+        chunk = -(-size // n)
+        sizes = [min(chunk, size - k * chunk) for k in range(n)]
+        if min(sizes) <= 0:
+            raise ImportError_(f"node '{node.name}' (Split): {size} elements do not make {n} outputs")
+        return ism.split(ins[0], sizes, axis)
+    return ism.split(ins[0], n, axis)
 
 
 @handler("Squeeze", 13)

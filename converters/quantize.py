@@ -31,6 +31,8 @@ def _qparams(lo: float, hi: float) -> Tuple[float, int]:
 def _int8_ok(n: Node) -> bool:
     if n.op not in INT8_OPS or n.outputs[0].dtype != np.float32:
         return False
+    if EDGE_OPS.get(n.op) is not None and EDGE_OPS[n.op](n.attrs) is None:  # a variant the edge lacks
+        return False
     if n.op in ("FusedConv2D", "FusedMatMul") and n.attrs["activation"] not in ("none", "relu", "relu6"):
         return False
     if n.op in ("MatMul", "FusedMatMul") and (n.attrs["transpose_a"] or n.attrs["transpose_b"]
@@ -137,8 +139,8 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             w.add_operator(n.op, ins, [out], attrs)
         else:
             report["fp32_ops"] += 1
-            if n.op not in EDGE_OPS:
-                raise ValueError(f"node '{n.name}' ({n.op}) has no edge kernel")
+            if n.op not in EDGE_OPS or (EDGE_OPS[n.op] is not None and EDGE_OPS[n.op](n.attrs) is None):
+                raise ValueError(f"node '{n.name}' ({n.op}) has no edge kernel for its attributes")
             ins = []
             for t in n.inputs:
                 if t.node.op == "Const":

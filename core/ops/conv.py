@@ -390,18 +390,20 @@ def _pool_geometry(node, shape):
     g = _Geometry()
     g.kh, g.kw = node.attrs["ksize"]
     g.sh, g.sw = node.attrs["strides"]
-    g.dh = g.dw = 1
+    g.dh, g.dw = node.attrs["dilations"]
     g.pads = node.attrs["pads"]
-    g.oh = _out_size(shape[2], g.kh, g.sh, 1, g.pads[0])
-    g.ow = _out_size(shape[3], g.kw, g.sw, 1, g.pads[1])
+    g.oh = _out_size(shape[2], g.kh, g.sh, g.dh, g.pads[0])
+    g.ow = _out_size(shape[3], g.kw, g.sw, g.dw, g.pads[1])
     g.groups = 1
     return g
 
 
 def _infer_pool(node):
     x = node.inputs[0]
-    if len(x.shape) != 4 or x.dtype.kind != "f":
-        raise ShapeError(f"pooling needs a float NCHW input, got {x.dtype.name}{fmt(x.shape)}")
+    kinds = "fiu" if node.op == "MaxPool" else "f"  # a maximum is exact on integers, a mean is not
+    if len(x.shape) != 4 or x.dtype.kind not in kinds:
+        raise ShapeError(f"{node.op} needs a {'numeric' if kinds == 'fiu' else 'float'} NCHW input, "
+                         f"got {x.dtype.name}{fmt(x.shape)}")
     g = _pool_geometry(node, x.shape)
     return [(x.dtype, (x.shape[0], x.shape[1], g.oh, g.ow))]
 
@@ -410,7 +412,12 @@ def _taps(g):
     hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
     for i in range(g.kh):
         for j in range(g.kw):
-            yield (slice(None), slice(None), slice(i, i + hs, g.sh), slice(j, j + ws, g.sw))
+            yield (slice(None), slice(None), slice(i * g.dh, i * g.dh + hs, g.sh),
+                   slice(j * g.dw, j * g.dw + ws, g.sw))
+
+
+def _lowest(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
 def _kernel_max_pool(node, ctx):
@@ -420,7 +427,7 @@ def _kernel_max_pool(node, ctx):
 
     def run(x):
         g = _pool_geometry(node, x.shape)
-        xpad = _padded(xp, x, g.pads, -np.inf)
+        xpad = _padded(xp, x, g.pads, _lowest(x.dtype))
         taps = _taps(g)
         out = xpad[next(taps)].copy()
         for t in taps:
@@ -438,7 +445,7 @@ def _kernel_max_pool_grad(node, ctx):
         (t, b), (l, r) = g.pads
         xpad = _padded(xp, x, g.pads, -np.inf)
         # windows that neither overlap nor leave gaps write each input element exactly once
-        tiled = (g.sh, g.sw) == (g.kh, g.kw) and xpad.shape[2:] == (g.oh * g.kh, g.ow * g.kw)
+        tiled = (g.sh, g.sw, g.dh, g.dw) == (g.kh, g.kw, 1, 1) and xpad.shape[2:] == (g.oh * g.kh, g.ow * g.kw)
         dxp = xp.empty(xpad.shape, dtype=x.dtype) if tiled else xp.zeros(xpad.shape, dtype=x.dtype)
         free = xp.ones(y.shape, dtype=bool)  # each window sends its gradient to one maximum
         hit = xp.empty(y.shape, dtype=bool)
@@ -497,7 +504,7 @@ def _kernel_avg_pool_grad(node, ctx):
 
 
 def _pool_attrs():
-    return {"ksize": (2, 2), "strides": (2, 2), "pads": ((0, 0), (0, 0))}
+    return {"ksize": (2, 2), "strides": (2, 2), "pads": ((0, 0), (0, 0)), "dilations": (1, 1)}
 
 
 def _pool_cost(node):
@@ -521,22 +528,26 @@ register(OpDef("AvgPoolGrad", inputs=("x", "dy"), attrs=_pool_attrs(),
                cost=_pool_cost))
 
 
-def _pool(op, x, ksize, strides, padding, name):
+def _pool(op, x, ksize, strides, padding, dilations, name):
     x = convert(x)
     if len(x.shape) != 4:
         raise ShapeError(f"{op} needs an NCHW input, got {fmt(x.shape)}")
     k = _pair(ksize, "ksize")
     s = _pair(strides if strides is not None else ksize, "strides")
-    pads = _pads(padding, x.shape[2:], k, s, (1, 1))
-    return make(op, (x,), {"ksize": k, "strides": s, "pads": pads}, name=name).outputs[0]
+    d = _pair(dilations, "dilations")
+    if min(k + s + d) < 1:
+        raise ShapeError(f"{op}: ksize {k}, strides {s} and dilations {d} must be >= 1")
+    pads = _pads(padding, x.shape[2:], k, s, d)
+    return make(op, (x,), {"ksize": k, "strides": s, "pads": pads, "dilations": d}, name=name).outputs[0]
 
 
-def max_pool(x, ksize=2, strides=None, padding="VALID", name: Optional[str] = None) -> Tensor:
-    return _pool("MaxPool", x, ksize, strides, padding, name)
+def max_pool(x, ksize=2, strides=None, padding="VALID", dilations=1, name: Optional[str] = None) -> Tensor:
+    return _pool("MaxPool", x, ksize, strides, padding, dilations, name)
 
 
-def avg_pool(x, ksize=2, strides=None, padding="VALID", name: Optional[str] = None) -> Tensor:
-    return _pool("AvgPool", x, ksize, strides, padding, name)
+def avg_pool(x, ksize=2, strides=None, padding="VALID", dilations=1, name: Optional[str] = None) -> Tensor:
+    """Divides by the number of real (unpadded) elements in each window."""
+    return _pool("AvgPool", x, ksize, strides, padding, dilations, name)
 
 
 def _infer_gap(node):

@@ -16,6 +16,7 @@ COMMANDS = {
     "convert": ("isthmus.converters.cli", "convert an ONNX model (or a graph-building function) to the edge format or ONNX"),
     "edge-run": ("isthmus.edge.cli", "run an edge model file and print outputs, timings and the arena size"),
     "server": ("isthmus.cloud.server", "start one task of a cloud cluster (worker, ps) from a cluster spec or $TF_CONFIG"),
+    "serve": ("isthmus.cloud.offload", "serve the cloud parts of a split model to edge clients (batched offload service)"),
 }
 
 

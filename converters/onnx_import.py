@@ -634,3 +634,6 @@ def _clean(name) -> str:
         name = name.decode("utf-8", errors="replace")
     out = "".join(ch if ch.isalnum() or ch in "_-." else "_" for ch in name)
     return out or "onnx"
+
+
+from . import onnx_rnn  # noqa: E402,F401  (registers LSTM, GRU and RNN; needs the handler table above)

@@ -12,7 +12,7 @@ The rules of TensorFlow's distributed runtime, where a cost model has no say:
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -89,16 +89,10 @@ class _Groups:
                     self.parent[ra] = rb
 
 
-def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] = None,
-                     previous: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """Node name -> device for every node of the graph.
-
-    The whole graph is placed at once, so that every step of a session agrees (a variable
-    placed for its initializer stays where its training updates run); `previous` keeps the
-    devices of an earlier placement when the graph has grown since.
-    """
-    default = default or default_worker(cluster)
-    previous = previous or {}
+def colocation_groups(graph: Graph) -> Dict[Node, List[Node]]:
+    """Nodes that must share a device, by group root (the group's first node in graph order):
+    a variable with the ops that update it (also from control-flow bodies), and the producer
+    and readers of an opaque (variant) value."""
     nodes = list(graph.nodes)
     groups = _Groups(nodes)
     for n in nodes:
@@ -116,6 +110,48 @@ def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] 
     members: Dict[Node, List[Node]] = {}
     for n in nodes:
         members.setdefault(groups.find(n), []).append(n)
+    return members
+
+
+def variable_devices(graph: Graph, cluster: ClusterSpec) -> Dict[str, str]:
+    """Variable name -> the task device place_on_cluster gives it (ps tasks, balanced by bytes)."""
+    placement = place_on_cluster(graph, cluster)
+    return {n.name: placement[n.name] for n in graph.nodes if n.op == "Variable"}
+
+
+def pin_replica(graph: Graph, worker: str, variables: Mapping[str, str]) -> None:
+    """Pin a replica's graph in place (as TF's replica_device_setter): each variable, with the
+    ops that update it, to its device in `variables` (the same in every replica's graph, so
+    that all replicas share one copy on the ps tasks), and every other node the user did not
+    pin to the replica's own `worker` task. A variable missing from `variables` (and not
+    pinned in the graph) is an error:
+    two replicas placing it on their own would train different copies."""
+    for root, group in colocation_groups(graph).items():
+        devs = {variables.get(n.name) or n.device for n in group if n.op == "Variable"}
+        missing = [n.name for n in group if n.op == "Variable" and not (variables.get(n.name) or n.device)]
+        if missing:
+            raise PlacementError(f"variable '{missing[0]}' has no device in the replicas' variable placement "
+                                 f"(every replica must build the same variables)")
+        if len(devs) > 1:
+            raise PlacementError(f"variables {', '.join(sorted(n.name for n in group if n.op == 'Variable'))} "
+                                 f"share updates but are placed on {', '.join(sorted(devs))}")
+        dev = next(iter(devs)) if devs else worker
+        for n in group:
+            if not n.device or devs:
+                n.device = dev
+
+
+def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] = None,
+                     previous: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Node name -> device for every node of the graph.
+
+    The whole graph is placed at once, so that every step of a session agrees (a variable
+    placed for its initializer stays where its training updates run); `previous` keeps the
+    devices of an earlier placement when the graph has grown since.
+    """
+    default = default or default_worker(cluster)
+    previous = previous or {}
+    members = colocation_groups(graph)
     ps = [task_device(PS_JOB, i) for i in range(cluster.num_tasks(PS_JOB))]
     load = {d: 0 for d in ps}
     placement: Dict[str, str] = {}

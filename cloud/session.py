@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Union
 
+import numpy as np
+
 from ..core.graph import Graph, Node, Tensor, get_default_graph
+from ..core.ops.base import make, placeholder
 from ..core.session import _feed_check  # the local Session's feed conversion, for the same results
 from .master import Master
 
@@ -44,6 +47,7 @@ class DistributedSession:
         self.handle = master.create_session(self.graph)
         self._checks: Dict[Tensor, Callable] = {}
         self._closed = False
+        self._assigns: Dict[str, tuple] = {}
         self.last_step_id: Optional[int] = None
 
     def run(self, fetches, feed_dict: Optional[Dict] = None):
@@ -92,6 +96,29 @@ class DistributedSession:
                 raise FeedError(f"cannot feed node '{t.name}' ({t.op}): name one of its outputs")
             t = t.outputs[0]
         return t
+
+    # ---- variable access (core's Saver uses these, as with a local Session) ----------------------
+    def variable_value(self, var) -> np.ndarray:
+        node = var.node if isinstance(var, Tensor) else var
+        return np.array(self.run(node.outputs[0]), copy=True)
+
+    def set_variable_value(self, var, value) -> None:
+        """Assign a value to a variable on the task that holds it (a step of a small Assign
+        fed from a placeholder; the graph grows once, by one such pair per variable)."""
+        node = var.node if isinstance(var, Tensor) else var
+        if node.name not in self._assigns:
+            self._build_assigns()
+        ph, op = self._assigns[node.name]
+        self.run(op, {ph: value})
+
+    def _build_assigns(self) -> None:
+        g = self.graph
+        with g.as_default(), g.name_scope("set_variable_value/"):
+            for n in g.nodes:
+                if n.op == "Variable" and n.name not in self._assigns:
+                    v = n.outputs[0]
+                    ph = placeholder(v.dtype, v.shape, name=n.name.replace("/", "_"))
+                    self._assigns[n.name] = (ph, make("Assign", (v, ph)))
 
     def list_devices(self) -> List[Dict[str, str]]:
         return self.master.list_devices()

@@ -6,7 +6,7 @@ arena views, and hands back copies of the outputs; it allocates nothing else per
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -14,11 +14,12 @@ from .arena import ArenaPlanner
 from .format import EdgeModelError
 from .int8_kernels import INT8_KERNELS
 from .kernels import KERNELS
-from .loader import MIN_ACTIVATION_LIMIT, EdgeModel, load, loads
+from .loader import MIN_ACTIVATION_LIMIT, EdgeModel, RemoteInfo, load, loads
 from .opcontext import OpContext, TensorSpec
 
 
 DELEGATE_KEY = "delegate.onnxruntime.buffer"
+RemoteCall = Callable[[RemoteInfo], Callable]  # see Interpreter.__init__: remote(part, inputs) -> outputs
 
 
 class Interpreter:
@@ -27,20 +28,27 @@ class Interpreter:
     The numpy path stays complete: it is the reference the delegate is tested against."""
 
     def __init__(self, model: Union[str, bytes, EdgeModel], input_shapes: Optional[Dict[str, Sequence[int]]] = None,
-                 delegate: Optional[str] = None):
+                 delegate: Optional[str] = None, remote: Optional[RemoteCall] = None):
+        """`remote(part, inputs) -> outputs` runs a RemotePart: it gets the part (name, tensor
+        indices) and its input arrays in RemotePart order (views into the arena, valid during the
+        call) and returns the output arrays in RemotePart order (the offload client does this)."""
         if isinstance(model, str):
             model = load(model)
         elif isinstance(model, (bytes, bytearray)):
             model = loads(bytes(model))
         self.model = model
-        if model.remote:
+        if model.remote and remote is None:
             names = ", ".join(p.name for p in model.remote)
             raise EdgeModelError(f"model has remote parts ({names}); run it with the offload client")
+        self._remote = remote
         self._prepare(input_shapes or {})
         self.delegate = None
         if delegate not in (None, "none", "auto", "onnxruntime"):
             raise ValueError(f"delegate must be None, 'auto' or 'onnxruntime', got {delegate!r}")
-        if delegate in ("auto", "onnxruntime"):
+        if delegate in ("auto", "onnxruntime") and model.remote:
+            if delegate == "onnxruntime":
+                raise EdgeModelError("a model with remote parts cannot run on the onnxruntime delegate")
+        elif delegate in ("auto", "onnxruntime"):
             self.delegate = self._make_delegate(required=delegate == "onnxruntime")
 
     def _make_delegate(self, required: bool):
@@ -86,8 +94,33 @@ class Interpreter:
                     raise EdgeModelError(f"operator {k} ({op.op}): output tensor {i} '{m.tensors[i].name}' "
                                          "is a constant, an input, or written twice")
                 written.add(i)
-        runs = []  # (kind, prepared, ins, outs, scratch specs)
-        for k, op in enumerate(m.operators):
+        for p in m.remote:
+            for i in p.outputs:
+                if i in written:
+                    raise EdgeModelError(f"remote part '{p.name}': output tensor {i} '{m.tensors[i].name}' "
+                                         "is a constant, an input, or written twice")
+                written.add(i)
+        runs = []  # (bind, ins, outs, scratch specs)
+        schedule = self._schedule()
+        for k, op in schedule:
+            if op is None:  # a remote part: its outputs' shapes are the file's, the batch from the inputs
+                p = m.remote[k]
+                for i in p.inputs:
+                    if i not in shapes:
+                        raise EdgeModelError(f"remote part '{p.name}': input tensor {i} '{m.tensors[i].name}' "
+                                             "is read before any operator writes it")
+                batch = next((shapes[i][0] for i in m.inputs if shapes[i]), 1)
+                for i in p.outputs:
+                    t = m.tensors[i]
+                    s = tuple(batch if (d == -1 and j == 0) else d for j, d in enumerate(t.shape))
+                    if -1 in s:
+                        raise EdgeModelError(f"remote part '{p.name}': output '{t.name}' has an unknown dimension {t.shape}")
+                    if math.prod(s) * t.dtype.itemsize > limit:
+                        raise EdgeModelError(f"remote part '{p.name}': output '{t.name}' {t.dtype.name}{list(s)} exceeds "
+                                             f"the memory bound ({limit} bytes) for a file of {m.size} bytes")
+                    shapes[i] = s
+                runs.append((self._remote_step(p), list(p.inputs), list(p.outputs), []))
+                continue
             ins = [i for i in op.inputs if i >= 0]
             for i in ins:
                 if i not in shapes:
@@ -112,6 +145,7 @@ class Interpreter:
                     raise EdgeModelError(f"operator {k} ({op.op}): {dt.name}{list(s)} exceeds the memory bound "
                                          f"({limit} bytes) for a file of {m.size} bytes")
             runs.append((bind, ins, list(op.outputs), scratch))
+        self.steps_info = [("remote", m.remote[k].name) if op is None else ("op", op.op) for k, op in schedule]
         # lifetimes: an activation from the op writing it to the last reading it, scratch for its op
         first: Dict[int, int] = {i: -1 for i in m.inputs}
         last: Dict[int, int] = {}
@@ -150,7 +184,63 @@ class Interpreter:
         self._inputs = [(m.tensors[i].name, views[i]) for i in m.inputs]
         self._outputs = [views[i] for i in m.outputs]
         self.input_shapes = {m.tensors[i].name: shapes[i] for i in m.inputs}
+        self.remote_shapes = {i: shapes[i] for p in m.remote for i in p.outputs}  # what a remote call returns
         self.output_shapes = {m.tensors[i].name: shapes[i] for i in m.outputs}
+
+    def _schedule(self):
+        """(index, operator) in run order; (index, None) for remote part `index`. Operators keep
+        the file's order where their inputs allow; a remote part runs as soon as its inputs are
+        written, and the operators reading its outputs wait for it (edge -> cloud -> edge)."""
+        import heapq
+        m = self.model
+        if not m.remote:
+            return list(enumerate(m.operators))
+        units = [(k, op, [i for i in op.inputs if i >= 0], op.outputs) for k, op in enumerate(m.operators)]
+        units += [(r, None, p.inputs, p.outputs) for r, p in enumerate(m.remote)]
+        ready_t = set(m.inputs) | {i for i, t in enumerate(m.tensors) if t.data is not None}
+        waiting, readers = [], {}
+        for u, (_, _, ins, _) in enumerate(units):
+            need = {i for i in ins if i not in ready_t}
+            waiting.append(len(need))
+            for i in need:
+                readers.setdefault(i, []).append(u)
+        n_ops = len(m.operators)
+        heap = [(-1 if u >= n_ops else u, u) for u in range(len(units)) if waiting[u] == 0]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            _, u = heapq.heappop(heap)
+            k, op, _, outs = units[u]
+            order.append((k, op))
+            for i in outs:
+                for v in readers.pop(i, ()):
+                    waiting[v] -= 1
+                    if waiting[v] == 0:
+                        heapq.heappush(heap, (-1 if v >= n_ops else v, v))
+        if len(order) < len(units):
+            stuck = [f"remote part '{m.remote[units[u][0]].name}'" if units[u][1] is None else
+                     f"operator {units[u][0]} ({units[u][1].op})" for u in range(len(units)) if waiting[u] > 0]
+            raise EdgeModelError("these read tensors that nothing writes first (a cycle through a remote part, "
+                                 "or a missing producer): " + ", ".join(stuck[:5]))
+        return order
+
+    def _remote_step(self, part: RemoteInfo):
+        """A step calling the remote callback and binding its outputs (bound to views in prepare)."""
+        call = self._remote
+
+        def bind(ins, outs, scratch):
+            def step():
+                got = call(part, ins)
+                if len(got) != len(outs):
+                    raise EdgeModelError(f"remote part '{part.name}' returned {len(got)} tensors, expected {len(outs)}")
+                for i, v, o in zip(part.outputs, got, outs):
+                    v = np.asarray(v)
+                    if v.shape != o.shape or v.dtype != o.dtype:
+                        raise EdgeModelError(f"remote part '{part.name}': output '{self.model.tensors[i].name}' is "
+                                             f"{v.dtype}{list(v.shape)}, expected {o.dtype}{list(o.shape)}")
+                    o[...] = v
+            return step
+        return bind
 
     def _prepare_op(self, op, ins: List[int], shapes: Dict[int, tuple]):
         """(bind, scratch specs, output shapes) of one operator: its int8 kernel when any of its

@@ -1,0 +1,530 @@
+"""The offload client: run a split edge model, sending each cut's tensors to the offload service.
+
+    client = OffloadClient("model.isth", "cloud:7000", security=ClientSecurity(...), deadline_ms=500)
+    probs, = client.invoke(x)
+    client.stats()   # cloud / fallback counts, link estimate, current cut, backoff
+
+The file (converters/split_export.py) holds one subgraph per candidate cut, the whole model for
+local fallback, and the uplink range where each cut is best. Per request the client runs the
+current cut's edge part; at its RemotePart the interpreter hands the boundary tensors here, and
+they go to the service as one Infer call with the request's remaining deadline. Round-trip time
+and bandwidth are measured as it goes (EWMA); when the bandwidth estimate leaves the current
+cut's range, the next request runs the cut whose range holds it. When the cloud is unreachable,
+refuses, or misses the deadline, the request runs locally on the full model (fallback) and the
+cloud is retried after an exponential backoff. `EmulatedLink` adds bytes / bandwidth + RTT to
+every transfer, for demos and benchmarks on loopback.
+
+grpc is imported when a connection is first needed, never by `import isthmus.edge`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .format import DTYPES, FILE_IDENTIFIER, SCHEMA_VERSION, EdgeModelError
+from .interpreter import Interpreter
+from .loader import MAX_RANK, MIN_ACTIVATION_LIMIT, EdgeModel, OperatorInfo, RemoteInfo, TensorInfo, _attrs, _ints, _Reader
+from .format import ALIGN
+
+SPLIT_KEY = "isthmus.split"
+SPLIT_VERSION = 1
+MAX_MESSAGE_BYTES = 256 << 20
+
+
+# ---- the split file --------------------------------------------------------------------------------
+@dataclass
+class Cut:
+    name: str
+    model: EdgeModel          # the edge part (the full model for an edge-only cut)
+    cloud_part: str           # "" for an edge-only cut
+    min_bps: float
+    max_bps: float
+    inputs: List[str]         # wire names, in RemotePart.inputs order
+    outputs: List[str]
+    predicted_s: float
+
+
+@dataclass
+class SplitModel:
+    name: str
+    cuts: List[Cut]           # by increasing bandwidth
+    full: Optional[EdgeModel]
+    rtt_s: float
+    metadata: Dict[str, str]
+
+    def cut_for(self, bps: float) -> int:
+        for k, c in enumerate(self.cuts):
+            if bps < c.max_bps:
+                return k
+        return len(self.cuts) - 1
+
+
+def _subgraph(r: _Reader, sg, bufs, codes, where: str) -> Tuple[List[TensorInfo], List[OperatorInfo], List[int],
+                                                                List[int], List[RemoteInfo]]:
+    """The checks of loader.verify, for one subgraph of many (same bounds, same messages)."""
+    tensors = []
+    for i, t in enumerate(sg.tables(1, "tensors")):
+        name = t.string(0, "name")
+        code = t.scalar(1, "b", 0)
+        if code not in DTYPES:
+            raise EdgeModelError(f"{where} tensor {i} '{name}': unknown dtype code {code}")
+        shape = tuple(int(d) for d in t.array(2, "<i8", "shape"))
+        if len(shape) > MAX_RANK or any(d < -1 for d in shape):
+            raise EdgeModelError(f"{where} tensor {i} '{name}': invalid shape {shape}")
+        buf = t.scalar(3, "I", 0)
+        if buf >= len(bufs):
+            raise EdgeModelError(f"{where} tensor {i} '{name}': buffer {buf} out of range [0, {len(bufs)})")
+        q = t.sub(4, "quantization")
+        scale = q.array(0, "<f4", "scale") if q else np.zeros(0, np.float32)
+        zp = q.array(1, "<i8", "zero_point") if q else np.zeros(0, np.int64)
+        axis = q.scalar(2, "i", -1) if q else -1
+        if len(zp) and len(zp) != len(scale):
+            raise EdgeModelError(f"{where} tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
+        if not -1 <= axis < len(shape):
+            raise EdgeModelError(f"{where} tensor {i} '{name}': quantization axis {axis} outside shape {shape}")
+        want_scales = (0, 1) if axis == -1 else (shape[axis],) if shape[axis] != -1 else (len(scale),)
+        if len(scale) not in want_scales:
+            raise EdgeModelError(f"{where} tensor {i} '{name}': {len(scale)} scales for axis {axis} of {shape}")
+        if len(scale) and not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+            raise EdgeModelError(f"{where} tensor {i} '{name}': quantization scales must be positive and finite")
+        dt = DTYPES[code]
+        known = math.prod(d for d in shape if d != -1) * dt.itemsize
+        if known > max(MIN_ACTIVATION_LIMIT, 256 * r.n):
+            raise EdgeModelError(f"{where} tensor {i} '{name}': {dt.name}{list(shape)} would need {known} bytes, "
+                                 "beyond the bound for a file of this size")
+        data = None
+        if buf:
+            off, size = bufs[buf]
+            if -1 in shape:
+                raise EdgeModelError(f"{where} tensor {i} '{name}': a constant needs a known shape, got {shape}")
+            if size != known:
+                raise EdgeModelError(f"{where} tensor {i} '{name}': buffer {buf} holds {size} bytes, "
+                                     f"{dt.name}{list(shape)} needs {known}")
+            data = np.frombuffer(r.buf, dtype=dt, count=known // dt.itemsize, offset=off).reshape(shape) \
+                if known else np.zeros(shape, dt)
+        tensors.append(TensorInfo(name, dt, shape, buf, scale, zp, axis, data))
+    n = len(tensors)
+    ops = []
+    for i, o in enumerate(sg.tables(4, "operators")):
+        code = o.scalar(0, "I", 0)
+        if code >= len(codes):
+            raise EdgeModelError(f"{where} operator {i}: opcode {code} out of range [0, {len(codes)})")
+        ops.append(OperatorInfo(codes[code][0], codes[code][1], _ints(o, 1, "inputs", n, True),
+                                _ints(o, 2, "outputs", n, False), _attrs(o)))
+    remote = [RemoteInfo(p.string(0, "name"), _ints(p, 1, "inputs", n, False), _ints(p, 2, "outputs", n, False))
+              for p in sg.tables(5, "remote")]
+    return tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False), remote
+
+
+def _verify_models(buf) -> List[EdgeModel]:
+    """Every subgraph of a model file as its own EdgeModel (sharing the file's buffers)."""
+    r = _Reader(buf)
+    if r.n < 8:
+        raise EdgeModelError(f"file is {r.n} bytes: too short to be an edge model")
+    if bytes(buf[4:8]) != FILE_IDENTIFIER:
+        raise EdgeModelError(f"not an isthmus edge model: file identifier {bytes(buf[4:8])!r}, expected {FILE_IDENTIFIER!r}")
+    m = r.table(r.u32(0, "root offset"), "model")
+    version = m.scalar(0, "I", 0)
+    if version > SCHEMA_VERSION:
+        raise EdgeModelError(f"model schema version {version} is newer than this reader's ({SCHEMA_VERSION}); "
+                             "update isthmus to load it")
+    producer = m.string(1, "producer")
+    codes = [(c.string(0, "name"), c.scalar(1, "i", 1)) for c in m.tables(2, "operator_codes")]
+    bufs = []
+    for i, b in enumerate(m.tables(4, "buffers")):
+        off, size = b.scalar(0, "Q", 0), b.scalar(1, "Q", 0)
+        if size and (off % ALIGN or off + size > r.n):
+            raise EdgeModelError(f"buffer {i}: bytes {off}..{off + size} are misaligned or outside the file ({r.n})")
+        bufs.append((off, size))
+    if not bufs or bufs[0][1] != 0:
+        raise EdgeModelError("buffer 0 must exist and be empty")
+    metadata = {md.string(0, "key"): md.string(1, "value") for md in m.tables(5, "metadata")}
+    out = []
+    for k, sg in enumerate(m.tables(3, "subgraphs")):
+        tensors, ops, ins, outs, remote = _subgraph(r, sg, bufs, codes, f"subgraph {k}:")
+        out.append(EdgeModel(version, producer, tensors, ops, ins, outs, remote, metadata, r.n, bufs))
+    if not out:
+        raise EdgeModelError("the model has no subgraph")
+    return out
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise EdgeModelError(f"metadata '{SPLIT_KEY}': {what}")
+
+
+def _names(v, what: str) -> List[str]:
+    _check(isinstance(v, list) and all(isinstance(s, str) and 0 < len(s) <= 1024 for s in v), f"{what} must be a list of names")
+    return list(v)
+
+
+def _number(v, what: str, allow_none: bool = False) -> float:
+    if v is None and allow_none:
+        return math.inf
+    _check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+           f"{what} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def read_split(models: List[EdgeModel]) -> SplitModel:
+    """Validate the split metadata of a verified file against its subgraphs."""
+    text = models[0].metadata.get(SPLIT_KEY)
+    if text is None:
+        raise EdgeModelError(f"not a split model: no '{SPLIT_KEY}' metadata (export it with converters/split_export.py)")
+    try:
+        meta = json.loads(text)
+    except ValueError as e:
+        raise EdgeModelError(f"metadata '{SPLIT_KEY}' is not JSON: {e}") from None
+    _check(isinstance(meta, dict), "must be an object")
+    _check(meta.get("version") == SPLIT_VERSION, f"version {meta.get('version')!r}; this reader knows {SPLIT_VERSION}")
+    full_i = meta.get("full")
+    _check(full_i is None or (isinstance(full_i, int) and 0 <= full_i < len(models)), f"full subgraph {full_i!r} out of range")
+    full = models[full_i] if full_i is not None else None
+    if full is not None:
+        _check(not full.remote, f"the full model (subgraph {full_i}) has remote parts")
+    cuts_j = meta.get("cuts")
+    _check(isinstance(cuts_j, list) and cuts_j, "no cuts")
+    cuts: List[Cut] = []
+    for k, c in enumerate(cuts_j):
+        w = f"cut {k}"
+        _check(isinstance(c, dict), f"{w} must be an object")
+        sgi = c.get("subgraph")
+        _check(isinstance(sgi, int) and 0 <= sgi < len(models), f"{w}: subgraph {sgi!r} out of range")
+        model = models[sgi]
+        part = c.get("cloud_part")
+        _check(isinstance(part, str), f"{w}: cloud_part must be a string")
+        ins, outs = _names(c.get("inputs"), f"{w} inputs"), _names(c.get("outputs"), f"{w} outputs")
+        if part:
+            _check(len(model.remote) == 1 and model.remote[0].name == part,
+                   f"{w}: subgraph {sgi} must carry exactly one remote part named '{part}'")
+            _check(len(ins) == len(model.remote[0].inputs) and len(outs) == len(model.remote[0].outputs),
+                   f"{w}: {len(ins)}/{len(outs)} wire names for a remote part of "
+                   f"{len(model.remote[0].inputs)}/{len(model.remote[0].outputs)} tensors")
+        else:
+            _check(not model.remote, f"{w}: an edge-only cut's subgraph {sgi} has remote parts")
+        lo, hi = _number(c.get("min_bps"), f"{w} min_bps"), _number(c.get("max_bps"), f"{w} max_bps", allow_none=True)
+        _check(lo < hi and (not cuts or lo == cuts[-1].max_bps), f"{w}: range {lo}..{hi} does not follow the previous cut's")
+        cuts.append(Cut(str(c.get("name", f"cut{k}")), model, part, lo, hi, ins, outs,
+                        _number(c.get("predicted_s", 0.0), f"{w} predicted_s")))
+    name = meta.get("model", "model")
+    rtt = _number(meta.get("rtt_s", 0.0), "rtt_s")
+    return SplitModel(str(name), cuts, full, rtt, models[0].metadata)
+
+
+def load_split(path: str) -> SplitModel:
+    """Map a split model file read-only and verify every subgraph and the cut table."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise EdgeModelError(f"cannot open edge model {path}: {e}") from None
+    with f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise EdgeModelError(f"{path}: empty file")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        models = _verify_models(mm)
+        split = read_split(models)
+    except EdgeModelError as e:
+        mm.close()
+        raise EdgeModelError(f"{path}: {e}") from None
+    for m in models:
+        m._keep = mm
+    return split
+
+
+# ---- tensors on the wire ---------------------------------------------------------------------------
+_WIRE = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7, "uint8": 8, "bool": 9}
+_FROM_WIRE = {v: np.dtype(k).newbyteorder("<") if np.dtype(k).itemsize > 1 else np.dtype(k) for k, v in _WIRE.items()}
+
+
+def _encode(out, a: np.ndarray) -> None:
+    """Fill a NamedTensor's TensorProto (`out`) with an array: dtype, shape, raw little-endian bytes."""
+    a = np.ascontiguousarray(a)
+    code = _WIRE.get(a.dtype.name)
+    if code is None:
+        raise EdgeModelError(f"tensor '{out.name}': dtype {a.dtype} cannot be sent")
+    out.tensor.dtype = code
+    out.tensor.shape.extend(a.shape)
+    out.tensor.content = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def _decode(nt, want_name: str, want_dtype: np.dtype, want_shape: tuple) -> np.ndarray:
+    """A response tensor, checked against what the edge model expects before its bytes are read."""
+    if nt.name != want_name:
+        raise CloudError(f"the service answered tensor '{nt.name}' where '{want_name}' was expected")
+    d = _FROM_WIRE.get(nt.tensor.dtype)
+    shape = tuple(int(s) for s in nt.tensor.shape)
+    if d is None or d.name != np.dtype(want_dtype).name or shape != tuple(want_shape):
+        raise CloudError(f"tensor '{want_name}': the service sent {getattr(d, 'name', nt.tensor.dtype)}{list(shape)}, "
+                         f"expected {np.dtype(want_dtype).name}{list(want_shape)}")
+    if len(nt.tensor.content) != math.prod(shape) * d.itemsize:
+        raise CloudError(f"tensor '{want_name}': {len(nt.tensor.content)} bytes for {d.name}{list(shape)}")
+    return np.frombuffer(nt.tensor.content, dtype=d).reshape(shape)
+
+
+# ---- the link ---------------------------------------------------------------------------------------
+class EmulatedLink:
+    """Makes each transfer take bytes * 8 / bandwidth + RTT / 2 (so a call's request and response
+    together add the RTT), like the partitioner's LinkModel. Change it while running with `set`."""
+
+    def __init__(self, bandwidth_bps: float, rtt_s: float = 0.0):
+        self.set(bandwidth_bps, rtt_s)
+
+    def set(self, bandwidth_bps: float, rtt_s: Optional[float] = None) -> None:
+        if not bandwidth_bps > 0:
+            raise ValueError(f"bandwidth must be positive, got {bandwidth_bps!r}")
+        self.bandwidth_bps = float(bandwidth_bps)
+        if rtt_s is not None:
+            if not rtt_s >= 0:
+                raise ValueError(f"rtt must be >= 0, got {rtt_s!r}")
+            self.rtt_s = float(rtt_s)
+
+    def transfer_time(self, nbytes: int) -> float:
+        return nbytes * 8.0 / self.bandwidth_bps + self.rtt_s / 2
+
+    def __repr__(self) -> str:
+        return f"EmulatedLink({self.bandwidth_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms)"
+
+
+class CloudError(RuntimeError):
+    """The cloud did not answer this request usefully (the client falls back when it can)."""
+
+
+class _Miss(Exception):
+    """The request's deadline passed on the (emulated) link."""
+
+
+# ---- the client --------------------------------------------------------------------------------------
+class OffloadClient:
+    """Runs a split model (see the module docstring). Thread-compatible, not thread-safe: one
+    request at a time per client (a lock serialises invoke)."""
+
+    def __init__(self, model_path: str, address: str, security=None, deadline_ms: float = 1000.0,
+                 link: Optional[EmulatedLink] = None, alpha: float = 0.5, hysteresis: float = 0.15,
+                 backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
+                 initial_bps: Optional[float] = None):
+        self.split = load_split(model_path)
+        self.address, self.security = address, security
+        self.deadline_s = float(deadline_ms) / 1e3
+        if not self.deadline_s > 0:
+            raise ValueError(f"deadline_ms must be positive, got {deadline_ms!r}")
+        self.link, self.alpha, self.hysteresis, self.adapt = link, float(alpha), float(hysteresis), adapt
+        self.backoff_min, self.backoff_max = backoff_s
+        self.ping_every = int(ping_every)
+        self._interp: Dict[int, Interpreter] = {}
+        self._full: Optional[Interpreter] = None
+        self._channel = self._stub = self._pb = None
+        self._lock = threading.Lock()
+        self.rtt_s: Optional[float] = None
+        self.bps: Optional[float] = initial_bps
+        start = self.split.cut_for(initial_bps) if initial_bps else len(self.split.cuts) - 1
+        self.cut = start
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._since_ping = 0
+        self._since_probe = 0
+        self._deadline_at = 0.0
+        self.counts = dict(requests=0, cloud=0, fallback=0, local=0, unavailable=0, deadline=0, errors=0,
+                           switches=0, probes=0, connects=0, pings=0)
+        self.latencies: List[float] = []
+        self.last_error: Optional[str] = None
+
+    # ---- public -------------------------------------------------------------------------------------
+    def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:
+        with self._lock:
+            t0 = time.perf_counter()
+            self._deadline_at = t0 + self.deadline_s
+            self.counts["requests"] += 1
+            try:
+                return self._invoke(inputs)
+            finally:
+                self.latencies.append(time.perf_counter() - t0)
+                if len(self.latencies) > 10000:
+                    del self.latencies[:5000]
+
+    def stats(self) -> Dict[str, object]:
+        lat = sorted(self.latencies)
+        pct = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else None)
+        c = self.split.cuts[self.cut]
+        return dict(self.counts, cut=c.name, cloud_part=c.cloud_part or None, bandwidth_bps=self.bps, rtt_ms=
+                    None if self.rtt_s is None else self.rtt_s * 1e3, backoff_s=self._backoff,
+                    cloud_down=time.monotonic() < self._retry_at, p50_ms=pct(0.5), p99_ms=pct(0.99),
+                    last_error=self.last_error)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = self._stub = None
+
+    def __enter__(self) -> "OffloadClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- one request -----------------------------------------------------------------------------------
+    def _invoke(self, inputs) -> List[np.ndarray]:
+        k = self.cut
+        down = time.monotonic() < self._retry_at
+        if not self.split.cuts[k].cloud_part:  # the planner keeps everything on the edge at this bandwidth
+            self._since_probe += 1
+            up = next((j for j in range(k + 1, len(self.split.cuts)) if self.split.cuts[j].cloud_part), None)
+            if up is None or down or self._since_probe < self.ping_every or not self.adapt:
+                self.counts["local"] += 1
+                return self._local(inputs)
+            k, self._since_probe = up, 0  # a probe: this request crosses the link to measure it
+            self.counts["probes"] += 1
+        elif down:
+            if self.split.full is None:
+                raise CloudError(f"the cloud is backing off after: {self.last_error}; the model carries no full copy")
+            self.counts["local"] += 1
+            return self._local(inputs)
+        try:
+            outs = self._interp_for(k).invoke(*inputs)
+        except (_Miss, CloudError) as e:
+            return self._fall_back(inputs, e)
+        self._backoff = 0.0
+        self.counts["cloud"] += 1
+        return outs
+
+    def _fall_back(self, inputs, e: Exception) -> List[np.ndarray]:
+        if isinstance(e, _Miss):
+            self.counts["deadline"] += 1
+        self.last_error = str(e) or type(e).__name__
+        self._backoff = min(self.backoff_max, max(self.backoff_min, self._backoff * 2))
+        self._retry_at = time.monotonic() + self._backoff
+        if self.split.full is None:
+            raise CloudError(f"cloud failed ({self.last_error}) and the model carries no full copy to fall back on") from e
+        self.counts["fallback"] += 1
+        return self._local(inputs)
+
+    def _local(self, inputs) -> List[np.ndarray]:
+        if self._full is None:
+            if self.split.full is None:
+                raise CloudError("the model carries no full copy to run locally")
+            self._full = Interpreter(self.split.full)
+        return self._full.invoke(*inputs)
+
+    def _interp_for(self, k: int) -> Interpreter:
+        it = self._interp.get(k)
+        if it is None:
+            it = self._interp[k] = Interpreter(self.split.cuts[k].model, remote=self._remote(k))
+        return it
+
+    def _remote(self, k: int):
+        """The interpreter's callback for cut k's RemotePart: one Infer call over the (emulated) link."""
+        cut = self.split.cuts[k]
+
+        def call(part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+            self._connect()
+            pb = self._pb
+            if self.rtt_s is None or self._since_ping >= self.ping_every:
+                self._ping()
+            self._since_ping += 1
+            nbytes_up = sum(a.nbytes for a in arrays)
+            req = pb.InferRequest(part=cut.cloud_part, request_id=uuid.uuid4().hex[:16])
+            for n, a in zip(cut.inputs, arrays):
+                _encode(req.inputs.add(name=n), a)
+            t0 = time.perf_counter()
+            self._sleep_link(nbytes_up)
+            resp = self._call("Infer", req)
+            if len(resp.outputs) != len(cut.outputs):
+                raise CloudError(f"part '{cut.cloud_part}': the service returned {len(resp.outputs)} outputs, "
+                                 f"expected {len(cut.outputs)}")
+            shapes = self._interp[k].remote_shapes
+            outs = [_decode(nt, n, cut.model.tensors[i].dtype, shapes[i])
+                    for nt, n, i in zip(resp.outputs, cut.outputs, part.outputs)]
+            nbytes_down = sum(o.nbytes for o in outs)
+            self._sleep_link(nbytes_down)
+            self._measure(time.perf_counter() - t0 - (resp.queue_ms + resp.compute_ms) / 1e3, nbytes_up + nbytes_down)
+            return outs
+        return call
+
+    # ---- the link and the estimate ------------------------------------------------------------------
+    def _remaining(self) -> float:
+        return self._deadline_at - time.perf_counter()
+
+    def _sleep_link(self, nbytes: int) -> None:
+        if self.link is None:
+            return
+        need = self.link.transfer_time(nbytes)
+        left = self._remaining()
+        if need > left:
+            time.sleep(max(left, 0.0))
+            raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed on the link ({nbytes} bytes at "
+                        f"{self.link.bandwidth_bps / 1e6:g} Mbit/s)")
+        time.sleep(need)
+
+    def _ping(self) -> None:
+        """One small call (Stats): its time is the round trip."""
+        t0 = time.perf_counter()
+        self._sleep_link(0)
+        self._call("Stats", self._pb.StatsRequest())
+        self._sleep_link(0)
+        rtt = time.perf_counter() - t0
+        self.counts["pings"] += 1
+        self._since_ping = 0
+        self.rtt_s = rtt if self.rtt_s is None else (1 - self.alpha) * self.rtt_s + self.alpha * rtt
+
+    def _measure(self, net_s: float, nbytes: int) -> None:
+        """A call's time on the wire (its total less the server's time) is rtt + bytes / bandwidth."""
+        rtt = self.rtt_s or 0.0
+        transfer = max(net_s - rtt, 0.02 * max(net_s, 1e-6), 1e-6)
+        bps = nbytes * 8.0 / transfer
+        self.bps = bps if self.bps is None else math.exp((1 - self.alpha) * math.log(self.bps) + self.alpha * math.log(bps))
+        if not self.adapt:
+            return
+        c = self.split.cuts[self.cut]
+        if self.bps < c.min_bps / (1 + self.hysteresis) or self.bps >= c.max_bps * (1 + self.hysteresis):
+            self._switch(self.split.cut_for(self.bps))
+
+    def _switch(self, k: int) -> None:
+        if k != self.cut:
+            self.cut = k
+            self.counts["switches"] += 1
+
+    # ---- gRPC --------------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        if self._stub is not None:
+            return
+        import grpc  # noqa: F401  (only a client that talks to the cloud needs grpc)
+        from isthmus.proto import offload_pb2, offload_pb2_grpc
+        from isthmus.proto.security import make_channel
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0)]
+        self._pb = offload_pb2
+        self._channel = make_channel(self.address, self.security, options)
+        self._stub = offload_pb2_grpc.OffloadStub(self._channel)
+        self.counts["connects"] += 1
+
+    def _call(self, method: str, request):
+        import grpc
+        left = self._remaining()
+        if left <= 0:
+            raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed before the {method} call")
+        try:
+            return getattr(self._stub, method)(request, timeout=left)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise _Miss(f"{method}: the service missed the {self.deadline_s * 1e3:g} ms deadline") from None
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.counts["unavailable"] += 1
+            else:
+                self.counts["errors"] += 1
+            details = e.details() if hasattr(e, "details") else str(e)
+            raise CloudError(f"{method} to {self.address}: {getattr(code, 'name', code)}: {details}") from None
+
+
+__all__ = ["OffloadClient", "EmulatedLink", "SplitModel", "Cut", "load_split", "CloudError"]

@@ -1,0 +1,247 @@
+"""The offload client against a real offload service on 127.0.0.1 (cloud/offload.py): split results
+equal the unsplit model, the cut follows an emulated link, and a dead or slow cloud is covered
+by the local full model within deadline + local time, then used again once it is back."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.cloud.offload import OffloadServer
+from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+from isthmus.converters.split_export import SPLIT_KEY, export_split
+from isthmus.edge import EdgeModelError, Interpreter
+from isthmus.edge.offload_client import CloudError, EmulatedLink, OffloadClient, _verify_models, load_split, read_split
+from isthmus.partitioner.costmodel import CostModel
+from isthmus.partitioner.devices import EDGE, LinkModel
+from isthmus.partitioner.plan import AdaptivePlanner
+from isthmus.partitioner.problem import Constraints
+
+# with an edge 8x slower than the profile, this MLP's best cut moves with the uplink: everything on
+# the edge below ~0.13 Mbit/s, the first layer on the edge up to ~7 Mbit/s, the input sent above
+WIDTHS = (128, 1024, 1024, 10)
+
+
+def mlp():
+    g = ism.Graph(seed=0)
+    rng = np.random.default_rng(0)
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 784), name="x")
+        h = x
+        for i, w in enumerate(WIDTHS):
+            wt = ism.constant(rng.standard_normal((h.shape[1], w)).astype(np.float32) * (2.0 / h.shape[1]) ** 0.5,
+                              name=f"w{i}")
+            h = ism.matmul(h, wt, name=f"mm{i}")
+            h = ism.relu(h, name=f"act{i}") if i < len(WIDTHS) - 1 else h
+        y = ism.softmax(h, name="y")
+    return g, x, y
+
+
+def planner(g, y):
+    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 2e-3), edge=EDGE.scaled(8))
+    return AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=np.logspace(5, 10, 21))
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    d = tmp_path_factory.mktemp("split")
+    g, x, y = mlp()
+    sp = export_split(g, [y], planner(g, y), model_name="mlp")
+    sp.save(str(d / "mlp.isth"))
+    save_cloud_parts(str(d / "mlp.cloud"), [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()],
+                     model="mlp")
+    xs = np.random.default_rng(1).standard_normal((12, 1, 784)).astype(np.float32)
+    sess = ism.Session(g)
+    ref = [sess.run(y, {x: v}) for v in xs]
+    return dict(dir=d, model=str(d / "mlp.isth"), cloud=str(d / "mlp.cloud"), sp=sp, graph=g, x=x, y=y, xs=xs, ref=ref)
+
+
+@pytest.fixture
+def server(split):
+    s = OffloadServer(split["cloud"], max_batch_size=4, max_queue_delay_ms=0.5)
+    yield s
+    s.stop(grace=0)
+
+
+def test_the_file_carries_every_cut_its_link_range_and_the_full_model(split):
+    sm = load_split(split["model"])
+    assert [c.cloud_part for c in sm.cuts] == ["", "cut1", "cut2"]  # edge only, first layer on the edge, all cloud
+    assert sm.cuts[0].model is sm.full and sm.full.remote == []
+    assert sm.cuts[0].min_bps == 0 and sm.cuts[-1].max_bps == float("inf")
+    assert all(a.max_bps == b.min_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
+    assert 0.05e6 < sm.cuts[1].min_bps < 0.5e6 and 2e6 < sm.cuts[1].max_bps < 20e6, [(c.min_bps, c.max_bps) for c in sm.cuts]
+    assert sm.cuts[1].inputs == ["mm0:0"] and sm.cuts[2].inputs == ["x:0"] and sm.cuts[1].outputs == ["y:0"]
+    # the weights the cuts share with the full model are stored once: the file is about the model's size
+    weights = sum(4 * a * b for a, b in zip((784,) + WIDTHS, WIDTHS))
+    assert weights < len(split["sp"].data) < 1.05 * weights
+    # a cut's edge part alone refuses to run without a client, naming its remote part
+    with pytest.raises(EdgeModelError, match="remote parts \\(cut1\\)"):
+        Interpreter(sm.cuts[1].model)
+    # the edge part of cut1 with a hand-written cloud (numpy) equals the unsplit graph
+    ws = [np.asarray(split["graph"].node(f"w{i}").attrs["value"]) for i in range(len(WIDTHS))]
+
+    def cloud(part, arrays):
+        h = np.maximum(arrays[0], 0) @ ws[1]  # the edge sends mm0 (before its relu)
+        h = np.maximum(h, 0) @ ws[2]
+        h = np.maximum(h, 0) @ ws[3]
+        e = np.exp(h - h.max(1, keepdims=True))
+        return [(e / e.sum(1, keepdims=True)).astype(np.float32)]
+    it = Interpreter(sm.cuts[1].model, remote=cloud)
+    assert [k for k, _ in it.steps_info] == ["op", "remote"]
+    for v, r in zip(split["xs"][:3], split["ref"][:3]):
+        np.testing.assert_allclose(it.invoke(v)[0], r, rtol=1e-5, atol=1e-7)
+
+
+def test_every_cut_over_grpc_equals_the_unsplit_model(split, server):
+    sm = load_split(split["model"])
+    for k, cut in enumerate(sm.cuts):
+        mid = (cut.min_bps + min(cut.max_bps, 1e9)) / 2
+        with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bps=mid) as c:
+            assert c.cut == k
+            for v, r in zip(split["xs"][:4], split["ref"][:4]):
+                np.testing.assert_allclose(c.invoke(v)[0], r, rtol=1e-5, atol=1e-7)
+            st = c.stats()
+            assert st["fallback"] == 0 and st["cut"] == cut.name
+            assert st["cloud"] == (4 if cut.cloud_part else 0) and st["local"] == (0 if cut.cloud_part else 4)
+
+
+def test_int8_split_stays_within_quantization_tolerance(split, tmp_path):
+    g, x, y = split["graph"], split["x"], split["y"]
+    calib = [{"x": v} for v in np.random.default_rng(2).standard_normal((16, 1, 784)).astype(np.float32)]
+    sp = export_split(g, [y], planner(g, y), int8=True, calibration=calib)
+    sp.save(str(tmp_path / "q.isth"))
+    save_cloud_parts(str(tmp_path / "q.cloud"), [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
+    with OffloadServer(str(tmp_path / "q.cloud")) as srv:
+        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=5000, adapt=False, initial_bps=1e6) as c:
+            assert c.split.cuts[c.cut].inputs == ["mm0:0"]
+            assert any(t.dtype == np.int8 for t in c.split.cuts[c.cut].model.tensors)  # the edge part is int8
+            got = np.concatenate([c.invoke(v)[0] for v in split["xs"]])
+            assert c.stats()["cloud"] == len(split["xs"])
+            local = np.concatenate([c._local([v])[0] for v in split["xs"]])  # the int8 full model
+    ref = np.concatenate(split["ref"])
+    assert np.abs(got - ref).max() < 0.05 and np.abs(local - ref).max() < 0.05, (np.abs(got - ref).max(),)
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.9
+    assert not np.array_equal(got, ref)  # it really is the quantized path
+
+
+def test_the_cut_follows_the_emulated_link(split, server):
+    link = EmulatedLink(100e6, 2e-3)
+    with OffloadClient(split["model"], server.address, deadline_ms=3000, link=link, ping_every=4) as c:
+        seen = []
+        for bw, n in ((100e6, 4), (1e6, 5), (0.04e6, 5), (100e6, 16)):
+            link.set(bw)
+            for _ in range(n):
+                v = split["xs"][len(seen) % 12]
+                np.testing.assert_allclose(c.invoke(v)[0], split["ref"][len(seen) % 12], rtol=1e-5, atol=1e-7)
+                seen.append(c.stats()["cut"])
+        st = c.stats()
+    assert seen[3] == "cut2"                  # fast link: the input goes to the cloud
+    assert seen[8] == "cut1"                  # 1 Mbit/s: the first layer runs on the edge
+    assert seen[13] == "cut0"                 # 40 kbit/s: everything on the edge
+    assert "cut2" in seen[14:], seen          # back to fast: a probe measures it and the cut moves back
+    assert st["switches"] >= 3 and st["probes"] >= 1 and st["fallback"] == 0, st
+
+
+def _local_time(split) -> float:
+    it = Interpreter(load_split(split["model"]).full)
+    times = []
+    for v in split["xs"]:
+        t = time.perf_counter()
+        it.invoke(v)
+        times.append(time.perf_counter() - t)
+    return max(times)
+
+
+def test_cloud_stopped_mid_run_falls_back_within_deadline_and_reconnects(split):
+    deadline = 0.25
+    slack = 3 * _local_time(split) + 0.05  # local compute of a fallback, plus scheduling noise
+    srv = OffloadServer(split["cloud"], max_batch_size=1)
+    port = srv.port
+    lat, phases = [], []
+    try:
+        with OffloadClient(split["model"], srv.address, deadline_ms=deadline * 1e3, backoff_s=(0.02, 0.1),
+                           adapt=False, initial_bps=1e9) as c:
+            for i in range(36):
+                if i == 8:
+                    srv.stop(grace=0)
+                if i == 20:
+                    srv = OffloadServer(split["cloud"], port=port, max_batch_size=1)
+                    time.sleep(0.15)  # past the longest backoff
+                t = time.perf_counter()
+                out = c.invoke(split["xs"][i % 12])[0]
+                lat.append(time.perf_counter() - t)
+                np.testing.assert_allclose(out, split["ref"][i % 12], rtol=1e-5, atol=1e-7)
+                phases.append((c.counts["cloud"], c.counts["fallback"], c.counts["local"]))
+            st = c.stats()
+    finally:
+        srv.stop(grace=0)
+    assert max(lat) <= deadline + slack, (max(lat), deadline + slack)
+    assert phases[7][0] == 8 and phases[7][1] == 0           # all in the cloud while it is up
+    assert phases[19][0] == 8 and phases[19][1] >= 1         # down: answered locally, by fallback or backoff
+    assert phases[19][1] + phases[19][2] == 12
+    assert phases[-1][0] > 8 + 10, phases[-1]                # back: the client reconnected
+    assert st["unavailable"] >= 1 and "UNAVAILABLE" in (st["last_error"] or "")
+
+
+def test_a_cloud_slower_than_the_deadline_is_covered_locally(split):
+    # a batch that waits 400 ms to fill: every request misses its 100 ms deadline
+    with OffloadServer(split["cloud"], max_batch_size=64, max_queue_delay_ms=400) as srv:
+        with OffloadClient(split["model"], srv.address, deadline_ms=100, backoff_s=(0.01, 0.01),
+                           adapt=False, initial_bps=1e9) as c:
+            slack = 3 * _local_time(split) + 0.05
+            for i in range(3):
+                time.sleep(0.02)  # past the backoff: each request tries the cloud again
+                t = time.perf_counter()
+                np.testing.assert_allclose(c.invoke(split["xs"][i])[0], split["ref"][i], rtol=1e-5, atol=1e-7)
+                assert time.perf_counter() - t <= 0.1 + slack
+            st = c.stats()
+    assert st["deadline"] == 3 and st["fallback"] == 3 and st["cloud"] == 0, st
+
+
+def test_a_token_server_refuses_a_client_without_it(split):
+    from isthmus.proto.security import ClientSecurity, ServerSecurity
+    with OffloadServer(split["cloud"], security=ServerSecurity(token="s3cret-token")) as srv:
+        with OffloadClient(split["model"], srv.address, adapt=False, initial_bps=1e9) as c:
+            c.invoke(split["xs"][0])
+            assert c.stats()["fallback"] == 1 and "UNAUTHENTICATED" in c.stats()["last_error"]
+        sec = ClientSecurity(token="s3cret-token", tls=False)
+        with OffloadClient(split["model"], srv.address, security=sec, adapt=False, initial_bps=1e9) as c:
+            np.testing.assert_allclose(c.invoke(split["xs"][0])[0], split["ref"][0], rtol=1e-5, atol=1e-7)
+            assert c.stats()["cloud"] == 1
+
+
+def test_no_full_model_means_a_clear_error_when_the_cloud_is_gone(split, tmp_path):
+    g, y = split["graph"], split["y"]
+    sp = export_split(g, [y], planner(g, y), include_full=False)
+    sp.save(str(tmp_path / "nofull.isth"))
+    with OffloadClient(str(tmp_path / "nofull.isth"), "127.0.0.1:1", deadline_ms=200, initial_bps=1e9) as c:
+        with pytest.raises(CloudError, match="no full copy"):
+            c.invoke(split["xs"][0])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(version=2), "version 2"),
+    (lambda m: m["cuts"][1].update(subgraph=99), "cut 1: subgraph 99 out of range"),
+    (lambda m: m["cuts"][1].update(min_bps=1.0), "cut 1: range"),
+    (lambda m: m["cuts"][1].update(inputs=["a", "b"]), "cut 1: 2/1 wire names"),
+    (lambda m: m["cuts"][2].update(cloud_part="other"), "remote part named 'other'"),
+    (lambda m: m["cuts"][0].update(max_bps=float("nan")), "max_bps must be a finite number"),
+    (lambda m: m.update(full=1), "the full model \\(subgraph 1\\) has remote parts"),
+])
+def test_a_bad_cut_table_is_refused_naming_the_field(split, edit, message):
+    with open(split["model"], "rb") as f:
+        models = _verify_models(f.read())
+    meta = json.loads(models[0].metadata[SPLIT_KEY])
+    edit(meta)
+    models[0].metadata[SPLIT_KEY] = json.dumps(meta)
+    with pytest.raises(EdgeModelError, match=message):
+        read_split(models)
+
+
+def test_a_truncated_split_file_is_refused(split, tmp_path):
+    data = open(split["model"], "rb").read()
+    p = tmp_path / "cut.isth"
+    p.write_bytes(data[: len(data) // 3])
+    with pytest.raises(EdgeModelError, match="cut.isth"):
+        load_split(str(p))

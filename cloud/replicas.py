@@ -381,12 +381,15 @@ class ReplicaTrainer:
                     self._run(start, steps)
                     return self.stats
                 except Exception as e:  # noqa: BLE001
-                    if not is_task_loss(e):
-                        raise
+                    # the error may come from any task that talked to the lost one (a Recv that
+                    # failed, wrapped as the op's error), so ask every task whether it is there
                     failure = diagnose(e, self.cluster)
+                    if not failure.tasks and not is_task_loss(e):
+                        raise                               # a failing op: it would fail again
                     self.stats.failures.append((self._failed_at, str(failure)))
                     log.warning("%s", failure)
-                    if self.restart is None or restarts >= self.max_restarts or not self.checkpoint_dir:
+                    if (failure.tasks and self.restart is None) or restarts >= self.max_restarts \
+                            or not self.checkpoint_dir:
                         raise failure from e
                     restarts += 1
                     for t in failure.tasks:

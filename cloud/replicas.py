@@ -89,6 +89,7 @@ class _Round:
     def __init__(self, needed: int, stats: ReplicaStats):
         self.needed, self.stats = needed, stats
         self.step = 0
+        self.end = 0              # the step training stops at: no replica computes it
         self.epoch = 0            # bumped on recovery: offers from before it are void
         self.taken: Dict[int, Any] = {}
         self.losses: List[float] = []
@@ -137,7 +138,7 @@ class _Round:
         with self.cond:
             while self.step <= step and not self.stop:
                 self.cond.wait(0.5)
-            return None if self.stop else self.step
+            return None if self.stop or self.step >= self.end else self.step
 
     def current(self) -> Tuple[int, int]:
         with self.cond:
@@ -148,9 +149,9 @@ class _Round:
             self.stop = True
             self.cond.notify_all()
 
-    def reset(self, step: int) -> None:
+    def reset(self, step: int, end: int) -> None:
         with self.cond:
-            self.step, self.epoch = step, self.epoch + 1
+            self.step, self.end, self.epoch = step, end, self.epoch + 1
             self.taken, self.losses, self.stop = {}, [], False
 
 
@@ -185,6 +186,7 @@ class ReplicaTrainer:
 
     `session_factory(graph, device)` opens the session of the replica (or chief) whose
     compute runs on `device`; the default connects to that worker task as its master.
+    `on_step(step, loss)` is called after each applied step (sync) or update (async).
     """
 
     def __init__(self, model_fn: Callable[[], Tuple[Tensor, Sequence[Tensor]]], optimizer_fn: Callable[[], Any],
@@ -193,7 +195,8 @@ class ReplicaTrainer:
                  session_factory: Optional[Callable[[Graph, str], Any]] = None,
                  checkpoint_dir: Optional[str] = None, checkpoint_every: int = 0,
                  restart: Optional[Callable[[str, int], None]] = None, max_restarts: int = 3,
-                 step_timeout: float = 60.0, worker_job: str = WORKER_JOB):
+                 step_timeout: float = 60.0, worker_job: str = WORKER_JOB,
+                 on_step: Optional[Callable[[int, float], None]] = None):
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
         if worker_job not in cluster.jobs:
@@ -212,6 +215,7 @@ class ReplicaTrainer:
         self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every)
         self.restart, self.max_restarts = restart, max_restarts
         self.step_timeout = step_timeout
+        self.on_step = on_step
         self.total = self.needed + self.backup
         self.devices = [task_device(worker_job, r % n_workers) for r in range(self.total)]
         self.session_factory = session_factory or self._connect
@@ -402,7 +406,7 @@ class ReplicaTrainer:
 
     def _run(self, start: int, steps: int) -> None:
         rnd = self.round
-        rnd.reset(start)
+        rnd.reset(start, steps)
         errors: List[BaseException] = []
         self._failed_at = time.monotonic()
 
@@ -453,7 +457,7 @@ class ReplicaTrainer:
         rep, rnd = self.replicas[r], self.round
         names = list(rep.sparse_rows)
         step = rnd.current()[0]
-        while step is not None:
+        while step is not None and step < rnd.end:
             feeds = self._feeds(rep, step, r)
             out = rep.session.run([rep.loss, rep.step_op, [rep.sparse_rows[n] for n in names]], feeds)
             rows = {n: int(np.asarray(v).reshape(-1)[0]) for n, v in zip(names, out[2])}
@@ -479,6 +483,8 @@ class ReplicaTrainer:
             self.stats.losses[k] = float(np.mean(losses))
             self.stats.step_times.append(time.monotonic() - t0)
             self._checkpoint(k + 1)
+            if self.on_step is not None:
+                self.on_step(k, self.stats.losses[k])
 
     def _next_ticket(self) -> Optional[int]:
         with self._ticket_lock:
@@ -497,6 +503,8 @@ class ReplicaTrainer:
                 self.stats.accepted += 1
                 self.stats.losses[k] = float(loss)
                 self.stats.step_times.append(time.monotonic() - t0)
+                if self.on_step is not None:
+                    self.on_step(k, float(loss))
 
     def _chief_async(self, start: int, steps: int, threads) -> None:
         """Checkpoints every `checkpoint_every` updates while the replicas run."""

@@ -24,3 +24,12 @@ def test_lstm_digits_runs():
     out = _run("lstm_digits.py", "--epochs", "2", "--units", "16")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "test accuracy" in out.stdout
+
+
+def test_train_mlp_cluster_trains_sync_and_async_on_a_local_cluster():
+    out = _run("train_mlp_cluster.py", "--steps", "20", "--batch", "64")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for mode in ("sync", "async"):
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"{mode}: 20 steps"))
+        assert float(line.rsplit("test accuracy ", 1)[1]) > 0.7, line  # 20 steps; 600 reach about 0.97
+    assert "40 gradients applied, 0 dropped" in out.stdout  # sync: 2 replicas x 20 steps, all taken

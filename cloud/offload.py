@@ -483,6 +483,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest request's input in MiB (default %(default)s)")
     parser.add_argument("--log-every", type=float, default=10.0,
                         help="seconds between counter log lines on stderr (0: none; default %(default)s)")
+    parser.add_argument("--blas-threads", type=int, default=None,
+                        help="threads BLAS may use (default: its own, often every core); 1 keeps BLAS from "
+                             "spinning against the gRPC threads when cores are few (needs threadpoolctl, "
+                             "else set OPENBLAS_NUM_THREADS)")
     parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (default: $ISTHMUS_TLS_CERT)")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: $ISTHMUS_TLS_KEY)")
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
@@ -493,6 +497,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from ..proto.security import SecurityError
     from .server import security_from_args
+    if args.blas_threads:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            print("isthmus serve: --blas-threads needs threadpoolctl (pip install threadpoolctl); "
+                  f"or set OPENBLAS_NUM_THREADS={args.blas_threads}", file=sys.stderr)
+            return 2
+        threadpool_limits(args.blas_threads, user_api="blas")
     try:
         security, _ = security_from_args(args)
         server = OffloadServer(args.model, host=args.host, port=args.port, security=security,

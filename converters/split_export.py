@@ -350,6 +350,8 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
     outs = [graph.tensor(t.name) for t in outs0]
     calib = [dict((k if isinstance(k, str) else k.node.name, np.asarray(v)) for k, v in f.items())
              for f in (calibration or [])] if int8 else None
+    if int8 and not calib:
+        raise ValueError("int8=True needs calibration feeds (dicts keyed by placeholder name)")
     edge_dev = planner.plans[0].problem.cost.edge
     w = SplitWriter()
     skipped: List[str] = []

@@ -1,8 +1,15 @@
 """`isthmus edge-run MODEL.isth --input x.npy`: run an edge model, print outputs, timings and the
-arena size. Inputs are .npy files loaded without pickle; without --input, zeros are used."""
+arena size. Inputs are .npy files (one per model input) or one .npz (arrays by input name, or in
+order), loaded without pickle; without --input, zeros are used.
+
+With `--cloud HOST:PORT` the model is a split model (converters/split_export.py) and runs through
+the offload client: each cut's tensors go to the offload service, with local fallback, and the
+client's stats are printed as JSON. `--emulate-link 5mbps --rtt 40ms` adds bytes / bandwidth + RTT
+to every transfer (a demo of the adaptive cut on loopback)."""
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -11,33 +18,125 @@ import numpy as np
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an edge model file (.isth)")
-    p.add_argument("--input", action="append", default=[], help="a .npy file per model input, in order")
+    p.add_argument("--input", action="append", default=[], help="a .npy file per model input, in order, or one .npz")
     p.add_argument("--repeat", type=int, default=20, help="timed runs (median reported)")
     p.add_argument("--save", default=None, help="write the first output to this .npy file")
+    p.add_argument("--cloud", default=None, metavar="HOST:PORT", help="offload service of a split model")
+    p.add_argument("--deadline-ms", type=float, default=1000.0, help="per-request deadline with --cloud (default %(default)s)")
+    p.add_argument("--token-file", default=None, help="bearer token for the offload service (default: $ISTHMUS_TOKEN_FILE)")
+    p.add_argument("--tls-ca", default=None, help="CA to check the service's certificate: use TLS (default: $ISTHMUS_TLS_CA)")
+    p.add_argument("--tls-cert", default=None, help="this client's certificate (mutual TLS)")
+    p.add_argument("--tls-key", default=None, help="the key of --tls-cert")
+    p.add_argument("--emulate-link", default=None, metavar="BANDWIDTH", help="emulate an uplink, e.g. 5mbps (with --cloud)")
+    p.add_argument("--rtt", default="40ms", help="round trip of the emulated link (default %(default)s)")
+
+
+def _inputs(paths, names, shapes):
+    if not paths:
+        return [np.zeros(s, np.float32) for s in shapes]
+    if len(paths) == 1 and paths[0].endswith(".npz"):
+        with np.load(paths[0], allow_pickle=False) as z:
+            keys = list(z.keys())
+            if all(n in z for n in names):
+                return [z[n] for n in names]
+            if len(keys) == len(names):
+                return [z[k] for k in keys]
+            raise SystemExit(f"{paths[0]} holds {keys}; the model takes {', '.join(names)}")
+    if len(paths) != len(names):
+        raise SystemExit(f"the model takes {len(names)} inputs ({', '.join(names)}); got {len(paths)} --input files")
+    return [np.load(p, allow_pickle=False) for p in paths]
+
+
+def _parse_rate(text: str, units, what: str) -> float:
+    t = text.strip().lower()
+    for u, k in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if t.endswith(u):
+            try:
+                return float(t[: -len(u)]) * k
+            except ValueError:
+                break
+    raise SystemExit(f"cannot read {what} {text!r}; e.g. " + ", ".join(f"5{u}" for u in units))
 
 
 def run(args) -> int:
+    if args.cloud:
+        return _run_split(args)
+    from .format import EdgeModelError
     from .interpreter import Interpreter
     t0 = time.perf_counter()
-    interp = Interpreter(args.model)
+    try:
+        interp = Interpreter(args.model)
+    except EdgeModelError as e:
+        if "subgraph" not in str(e):
+            raise
+        from .offload_client import load_split  # a split model without --cloud: its full model, locally
+        split = load_split(args.model)
+        if split.full is None:
+            raise SystemExit(f"{args.model} is a split model without a full copy: run it with --cloud HOST:PORT")
+        print(f"{args.model}: a split model; running its full model locally (--cloud HOST:PORT offloads)")
+        interp = Interpreter(split.full)
     t_load = time.perf_counter() - t0
     names = list(interp.input_shapes)
-    if args.input and len(args.input) != len(names):
-        raise SystemExit(f"the model takes {len(names)} inputs ({', '.join(names)}); got {len(args.input)} --input files")
-    inputs = [np.load(p, allow_pickle=False) for p in args.input] or \
-        [np.zeros(s, np.float32) for s in interp.input_shapes.values()]
+    inputs = _inputs(args.input, names, list(interp.input_shapes.values()))
     outs = interp.invoke(*inputs)
     times = []
     for _ in range(max(args.repeat, 1)):
         s = time.perf_counter()
         interp.invoke(*inputs)
         times.append(time.perf_counter() - s)
-    for name, o in zip(interp.output_shapes, outs):
-        flat = np.asarray(o).reshape(-1)
-        print(f"output {name}: {o.dtype}{list(o.shape)} first values {np.array2string(flat[:8], precision=4)}")
+    _print_outputs(interp.output_shapes, outs)
     print(f"load+prepare {t_load * 1e3:.2f} ms; invoke median {statistics.median(times) * 1e3:.3f} ms over {len(times)} runs")
     print(f"arena {interp.arena_bytes:,} bytes (lower bound {interp.arena_lower_bound:,}; "
           f"all tensors {interp.tensor_bytes:,})")
+    if args.save:
+        np.save(args.save, outs[0], allow_pickle=False)
+    return 0
+
+
+def _print_outputs(names, outs) -> None:
+    for name, o in zip(names, outs):
+        flat = np.asarray(o).reshape(-1)
+        print(f"output {name}: {o.dtype}{list(o.shape)} first values {np.array2string(flat[:8], precision=4)}")
+
+
+def _run_split(args) -> int:
+    from isthmus.proto.security import ClientSecurity, SecurityError
+    from .format import EdgeModelError
+    from .offload_client import CloudError, EmulatedLink, OffloadClient
+    try:
+        if args.tls_ca or args.tls_cert or args.token_file:
+            security = ClientSecurity.from_files(args.tls_ca, args.tls_cert, args.tls_key, token_file=args.token_file)
+        else:
+            security = ClientSecurity.from_env()
+    except SecurityError as e:
+        raise SystemExit(f"isthmus edge-run: {e}") from None
+    link = None
+    if args.emulate_link:
+        bw = _parse_rate(args.emulate_link, {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}, "bandwidth")
+        link = EmulatedLink(bw, _parse_rate(args.rtt, {"s": 1.0, "ms": 1e-3, "us": 1e-6}, "rtt"))
+    try:
+        client = OffloadClient(args.model, args.cloud, security=security, deadline_ms=args.deadline_ms, link=link,
+                               initial_bps=link.bandwidth_bps if link else None)
+    except EdgeModelError as e:
+        raise SystemExit(f"isthmus edge-run: {e}") from None
+    with client:
+        model = client.split.full or client.split.cuts[0].model
+        names = [model.tensors[i].name for i in model.inputs]
+        shapes = [tuple(1 if d == -1 else d for d in model.tensors[i].shape) for i in model.inputs]
+        inputs = _inputs(args.input, names, shapes)
+        times = []
+        try:
+            outs = client.invoke(*inputs)
+            for _ in range(max(args.repeat, 1)):
+                s = time.perf_counter()
+                client.invoke(*inputs)
+                times.append(time.perf_counter() - s)
+        except CloudError as e:
+            raise SystemExit(f"isthmus edge-run: {e}") from None
+        _print_outputs([model.tensors[i].name for i in model.outputs], outs)
+        print(f"request median {statistics.median(times) * 1e3:.3f} ms over {len(times)} runs "
+              f"(deadline {args.deadline_ms:g} ms{'; ' + repr(link) if link else ''})")
+        print("stats " + json.dumps(client.stats(), sort_keys=True, default=str))
     if args.save:
         np.save(args.save, outs[0], allow_pickle=False)
     return 0

@@ -38,11 +38,18 @@ class Sample:
 Case = Tuple[List[np.ndarray], Callable]
 
 _SIZES = {"quick": (1024, 65536, 524288), "full": (256, 4096, 32768, 131072, 524288, 2097152)}
-_MATMULS = {"quick": ((1, 256, 256), (32, 512, 512), (128, 1024, 512), (4, 1536, 1536)),
-            "full": ((1, 256, 256), (8, 512, 512), (32, 784, 512), (64, 256, 1024), (16, 64, 64),
-                     (128, 1024, 1024), (256, 256, 256), (512, 128, 64),
-                     # few rows, large weights: memory-bound, as inference at small batch is
-                     (1, 1024, 1024), (4, 1536, 1536), (2, 512, 2048), (16, 2048, 1024))}
+_MATMULS = {"quick": ((1, 256, 256), (1, 1024, 1024), (4, 1536, 1536), (8, 256, 512), (32, 512, 512),
+                      (128, 1024, 512)),
+            "full": (# many rows: FLOP-bound
+                     (32, 784, 512), (64, 256, 1024), (128, 1024, 1024), (256, 256, 256), (512, 128, 64),
+                     (100, 512, 256), (48, 96, 384), (32, 1536, 128),
+                     # few rows (MatMul:narrow), large weights: bound by packing them, as inference at small
+                     # batch is
+                     (4, 1536, 1536), (2, 512, 2048), (16, 2048, 1024), (4, 256, 512), (8, 1024, 128),
+                     (8, 512, 512), (16, 64, 64), (12, 128, 1024),
+                     # one row: BLAS's matrix-vector kernel (MatMul:vector)
+                     (1, 256, 256), (1, 1024, 1024), (1, 64, 512), (1, 2048, 512), (1, 512, 64),
+                     (1, 1536, 1536))}
 # convolutions, NCHW: (batch, in channels, size, out channels, kernel, stride); groups: depthwise
 _CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)),
           "full": ((1, 3, 224, 32, 3, 2), (1, 16, 56, 24, 1, 1), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 3, 2),
@@ -133,34 +140,51 @@ def _conv_cases(op: str, level: str, rng) -> Iterator[Case]:
         yield ins, _node(op, attrs)
 
 
-def measure(ops: Optional[Sequence[str]] = None, level: str = "full", budget_s: float = 0.05) -> List[Sample]:
-    """Time every case of every op (default: all registered ops calibration can build)."""
+def measure(ops: Optional[Sequence[str]] = None, level: str = "full", budget_s: float = 0.05,
+            rounds: int = 3) -> List[Sample]:
+    """Time every case of every op (default: all registered ops calibration can build).
+
+    Each op's cases are timed in `rounds` passes over all of them, and each case keeps its
+    least disturbed median: on a shared machine a burst of other work then slows one round
+    of every case, not every round of a few cases (one such burst made a whole op's fit 1.8x
+    too slow here)."""
     if level not in _SIZES:
         raise ValueError(f"level must be one of {sorted(_SIZES)}, got {level!r}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     out: List[Sample] = []
     for op in ops or registry.registered():
         registry.get(op)  # an unknown op lists the known ones
-        for inputs, build in cases(op, level):
-            out.append(_time_case(op, inputs, build, budget_s))
+        built = [_build_case(op, inputs, build) for inputs, build in cases(op, level)]
+        best = [np.inf] * len(built)
+        for _ in range(rounds):
+            for i, case in enumerate(built):
+                best[i] = min(best[i], _time_case(case, budget_s / rounds))
+        out.extend(Sample(key, shape, flops, nbytes, sec) for (_, _, _, _, key, shape, flops, nbytes), sec
+                   in zip(built, best))
     return out
 
 
-def _time_case(op: str, inputs: List[np.ndarray], build: Callable, budget_s: float) -> Sample:
+def _build_case(op: str, inputs: List[np.ndarray], build: Callable):
     g = Graph(seed=0)
     phs = [_placeholder(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
     node = build(g, phs)
     sess = Session(g, parallel=False, optimize=False)
     feed = dict(zip(phs, inputs))
+    c = op_cost(node)
+    return (sess, feed, node, op, cost_key(node), "x".join(str(a.shape) for a in inputs), c.flops,
+            c.bytes_read + c.bytes_written)
+
+
+def _time_case(case, budget_s: float) -> float:
+    sess, feed, node, op = case[:4]
     fetch = node.outputs[0]
     t0 = time.perf_counter()
     sess.run(fetch, feed)  # compile and warm up
     once = time.perf_counter() - t0
     repeats = int(np.clip(budget_s / max(once, 1e-6), 5, 200))
     times = time_nodes(sess, fetch, feed, repeats=repeats)
-    seconds = next(s for n, s in times.items() if n.op == op)  # the node under test, not the feeds
-    c = op_cost(node)
-    return Sample(cost_key(node), "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written,
-                  seconds)
+    return next(s for n, s in times.items() if n.op == op)  # the node under test, not the feeds
 
 
 def fit_coeffs(samples: Sequence[Sample]) -> Coeffs:

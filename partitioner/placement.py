@@ -44,43 +44,132 @@ def place_mincut(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
     return p.placement(solve_mincut(p))
 
 
-def solve_mincut(p: Problem) -> np.ndarray:
-    """Device indices minimising p.total, within p.allowed and the groups; under a binding edge
-    memory budget, the cheapest cut found by pricing edge memory (a Lagrangian search)."""
+def solve_mincut(p: Problem, max_cuts: int = 400) -> np.ndarray:
+    """Device indices minimising p.total within p.allowed, the groups and the edge memory budget.
+
+    Without a binding budget this is one minimum cut, exact. A binding budget makes the problem
+    a knapsack-like one (NP-hard in general): the edge memory gets a price (a Lagrangian
+    multiplier, found by bisection) whose cut fits, then a branch and bound over the nodes the
+    price leaves in contention, bounded by the Lagrangian dual, proves that cut optimal or finds
+    a better one. It is exact when it finishes within `max_cuts` minimum cuts (small graphs
+    always do); past that the best placement found within the budget is returned."""
     if len(p.devices) != 2 or p.edge is None:
         raise PlacementError(f"mincut places on an edge and one cloud device; this problem has {p.devices} "
                              "(use place_greedy for more devices)")
     assign = _cut(p, 0.0)
     if p.budget is None or p.edge_memory(assign)[0] <= p.budget:
         return assign
-    return _cut_within_budget(p)
+    return _BudgetSearch(p, max_cuts).solve()
 
 
-def _cut_within_budget(p: Problem) -> np.ndarray:
-    mem_total = float(p.node_memory.sum() + sum(p.const_bytes.values())) or 1.0
-    time_total = float(p.times.sum() + sum(f.times.max() for f in p.flows)) or 1.0
-    lo, hi = 0.0, time_total / mem_total
-    best = None
-    for _ in range(60):  # find a price high enough
-        a = _cut(p, hi)
+class _BudgetSearch:
+    """Branch and bound for the minimum cut under the edge memory budget.
+
+    For any price lam >= 0 on edge memory, the cut minimising total + lam * memory gives the
+    lower bound  L(lam) = total(a) + lam * (memory(a) - budget)  on every placement within the
+    budget (and within the subproblem's fixings). A subproblem is dropped when its best bound
+    reaches the incumbent, solved when its unpriced cut fits, infeasible when even the cut of
+    least memory does not fit, and otherwise split on the heaviest node that the cuts just
+    below and just above the fitting price place differently."""
+
+    def __init__(self, p: Problem, max_cuts: int):
+        self.p = p
+        self.cuts_left = max_cuts
+        mem_total = float(p.node_memory.sum() + sum(p.const_bytes.values())) or 1.0
+        time_total = float(p.times.sum() + sum(f.times.max() for f in p.flows)) or 1.0
+        self.price0 = time_total / mem_total
+        self.best: Optional[np.ndarray] = None
+        self.best_cost = np.inf
+        self.tol = 1e-9 * time_total
+
+    def cut(self, allowed: np.ndarray, price: float, time_weight: float = 1.0) -> np.ndarray:
+        self.cuts_left -= 1
+        return _cut(self.p, price, allowed, time_weight)
+
+    def offer(self, a: np.ndarray) -> None:
+        p = self.p
         if p.edge_memory(a)[0] <= p.budget:
-            best = a
-            break
-        lo, hi = hi, hi * 4
-    if best is None:
-        raise PlacementError(f"the edge memory budget ({p.budget:.0f} bytes) cannot be met: what must run "
-                             f"on the edge (pins, inputs) alone needs {p.edge_memory(_cut(p, hi))[0]:.0f} bytes")
-    for _ in range(30):  # the cheapest price that fits
-        mid = (lo + hi) / 2
-        a = _cut(p, mid)
-        if p.edge_memory(a)[0] <= p.budget:
-            hi, best = mid, a
-        else:
-            lo = mid
-    return best
+            c = p.total(a)
+            if c < self.best_cost:
+                self.best, self.best_cost = a, c
+
+    def solve(self) -> np.ndarray:
+        p = self.p
+        least = self.cut(p.allowed, 1.0, time_weight=0.0)  # the least edge memory the constraints allow
+        if p.edge_memory(least)[0] > p.budget:
+            raise PlacementError(f"the edge memory budget ({p.budget:.0f} bytes) cannot be met: what must run "
+                                 f"on the edge (pins, inputs) alone needs {p.edge_memory(least)[0]:.0f} bytes")
+        self.offer(least)
+        stack = [p.allowed.copy()]
+        while stack and self.cuts_left > 0:
+            allowed = stack.pop()
+            split = self.bound(allowed)
+            if split is None:
+                continue
+            i, first = split
+            for side in (1 - first, first):  # the child explored first goes on the stack last
+                child = allowed.copy()
+                members = p.group == p.group[i]
+                child[members, 1 - side] = False
+                if child[members].any(axis=1).all():
+                    stack.append(child)
+        return self.best
+
+    def bound(self, allowed: np.ndarray) -> Optional[Tuple[int, int]]:
+        """Bound the subproblem; (node, the side to try first) to split on, or None when it is done."""
+        p = self.p
+        B = p.budget
+
+        def lagrangian(price: float):
+            a = self.cut(allowed, price)
+            mem = p.edge_memory(a)[0]
+            self.offer(a)
+            return a, mem, p.total(a) + price * (mem - B)
+
+        a0, mem0, bound = lagrangian(0.0)
+        if mem0 <= B:
+            return None  # the unpriced cut fits: optimal for this subproblem
+        if bound >= self.best_cost - self.tol:
+            return None
+        least = self.cut(allowed, 1.0, time_weight=0.0)
+        if p.edge_memory(least)[0] > B:
+            return None  # nothing in this subproblem fits
+        lo, hi, a_lo, a_hi = 0.0, self.price0, a0, None
+        for _ in range(40):  # a price whose cut fits
+            a, mem, lb = lagrangian(hi)
+            bound = max(bound, lb)
+            if mem <= B:
+                a_hi = a
+                break
+            lo, a_lo, hi = hi, a, hi * 4
+        if a_hi is None:
+            a_hi = least
+        for _ in range(12):  # narrow the price; every cut tightens the bound or the incumbent
+            if bound >= self.best_cost - self.tol or self.cuts_left <= 0:
+                return None
+            mid = (lo + hi) / 2
+            a, mem, lb = lagrangian(mid)
+            bound = max(bound, lb)
+            if mem <= B:
+                hi, a_hi = mid, a
+            else:
+                lo, a_lo = mid, a
+        if bound >= self.best_cost - self.tol:
+            return None
+        free = allowed.all(axis=1)
+        contested = np.flatnonzero(free & (a_lo != a_hi))
+        if not len(contested):
+            contested = np.flatnonzero(free & (a_lo == p.edge))
+        if not len(contested):
+            return None
+        i = int(contested[np.argmax(p.node_memory[contested] + p.times[contested].max(axis=1) * self.price0)])
+        return i, int(a_hi[i])
 
 
-def _cut(p: Problem, mem_price: float) -> np.ndarray:
+def _cut(p: Problem, mem_price: float, allowed: Optional[np.ndarray] = None, time_weight: float = 1.0) -> np.ndarray:
+    """The minimum cut of time_weight * latency + mem_price * edge memory, within `allowed`
+    (default p.allowed) and the groups."""
+    allowed = p.allowed if allowed is None else allowed
     E = p.edge
     C = 1 - E
     n = len(p.nodes)
@@ -101,19 +190,20 @@ def _cut(p: Problem, mem_price: float) -> np.ndarray:
         return nxt[0] - 1
 
     inf = float("inf")
+    w = time_weight
     for i in range(n):
-        edge(s, i, p.times[i, C] if p.allowed[i, C] else 0.0)  # paid when i is on the cloud side
-        edge(i, t, p.times[i, E] + mem_price * p.node_memory[i])  # paid when i is on the edge side
-        if not p.allowed[i, C]:
+        edge(s, i, w * p.times[i, C] if allowed[i, C] else 0.0)  # paid when i is on the cloud side
+        edge(i, t, w * p.times[i, E] + mem_price * p.node_memory[i])  # paid when i is on the edge side
+        if not allowed[i, C]:
             edge(s, i, inf)
-        if not p.allowed[i, E]:
+        if not allowed[i, E]:
             edge(i, t, inf)
         g = p.group[i]
         if g != i:
             edge(i, g, inf)
             edge(g, i, inf)
     for f in p.flows:
-        up, down = f.times[E, C], f.times[C, E]
+        up, down = w * f.times[E, C], w * f.times[C, E]
         to_cloud = list(f.consumers) + ([t] if f.is_output and p.return_to == C else [])
         to_edge = list(f.consumers) + ([s] if f.is_output and p.return_to == E else [])
         if to_cloud:

@@ -120,7 +120,9 @@ class Problem:
         # bytes a node keeps resident where it runs: its outputs (weights, for variables)
         self.node_memory = np.array([sum(self.cost.tensor_bytes(t) for t in n.outputs) for n in self.nodes],
                                     dtype=np.float64)
-        self.times = np.array([self.cost.node_times(n, self.devices) for n in self.nodes],
+        # priced as the Session runs them: after its passes (fusion, folding), see executed.py
+        self.roles = self.cost.roles(everything, self.outputs)
+        self.times = np.array([[self.cost.run_time(n, d, self.roles) for d in self.devices] for n in self.nodes],
                               dtype=np.float64).reshape(len(self.nodes), len(self.devices))
 
     def _collect_flows(self) -> None:

@@ -64,9 +64,9 @@ def test_calibration_times_real_kernels(tmp_path):
     assert all(list(cases(op, "quick")) for op in ops)
     assert not list(cases("Variable", "quick"))
     samples = measure(ops, "quick", budget_s=0.005)
-    assert {s.op for s in samples} == set(ops) and all(s.seconds > 0 for s in samples)
+    assert {s.op for s in samples} == set(ops) | {"MatMul:vector", "MatMul:narrow"} and all(s.seconds > 0 for s in samples)
     prof = fit(samples, "here")
-    assert set(prof.op_coeffs) == set(ops) and all(min(c) >= 0 for c in prof.op_coeffs.values())
+    assert set(prof.op_coeffs) == set(ops) | {"MatMul:vector", "MatMul:narrow"} and all(min(c) >= 0 for c in prof.op_coeffs.values())
     assert all(e < 1.0 for e in errors(prof, samples).values())  # fits its own data (loosely: CPUs are shared)
     path = tmp_path / "edge.json"
     edge = calibrate("edge", ["Add"], "quick", slowdown=8, path=str(path))

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import isthmus as ism
 from isthmus.partitioner.costmodel import CostModel
@@ -12,7 +12,7 @@ from isthmus.partitioner.devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, 
 from isthmus.partitioner.partition import partition
 from isthmus.partitioner.placement import (cloud_only, edge_only, place_exhaustive, place_greedy, place_layer_split,
                                            place_mincut, solve_exhaustive, solve_greedy, solve_layer_split,
-                                           solve_mincut)
+                                           solve_mincut, _cut)
 from isthmus.partitioner.problem import TOKEN_BYTES, Constraints, PlacementError, Problem
 
 from .randgraph import build, recipes
@@ -147,6 +147,42 @@ def test_memory_budget_is_respected():
     assert tight.total(a) >= tight.total(solve_exhaustive(tight)) - 1e-12
     with pytest.raises(PlacementError, match="budget"):
         solve_mincut(Problem(g, cm, [y], Constraints(edge_memory_budget=100)))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(problems(max_nodes=10), st.floats(0, 1))
+def test_mincut_under_a_binding_memory_budget_equals_exhaustive(p, f):
+    """The budget binds (the unconstrained cut does not fit, the least-memory one does): mincut stays
+    within it and is as good as the best of every placement within it."""
+    free = _cut(p, 0.0)
+    least = _cut(p, 1.0, time_weight=0.0)  # the placement of least edge memory
+    m_free, m_least = p.edge_memory(free)[0], p.edge_memory(least)[0]
+    assume(m_free > m_least)
+    budget = m_least + f * (m_free - m_least) * 0.999
+    q = Problem(p.graph, p.cost, p.outputs, replace(p.constraints, edge_memory_budget=budget))
+    a = solve_mincut(q)
+    assert q.feasible(a)[0] and q.edge_memory(a)[0] <= budget
+    assert q.total(a) == pytest.approx(q.total(solve_exhaustive(q)), rel=1e-6, abs=1e-12)
+
+
+def test_memory_budget_search_beats_the_lagrangian_price_alone():
+    """A knapsack with a duality gap: running a (6 KB) on the edge saves 7 s, b and c (5 KB each)
+    save 5 s each, and the edge has room for 10 KB. Every price on memory keeps either all three
+    (too big) or a alone (saves 7 s); the best within the budget is b and c (saves 10 s)."""
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xa = ism.placeholder("float32", (1500,), name="xa")
+        xb = ism.placeholder("float32", (1250,), name="xb")
+        xc = ism.placeholder("float32", (1250,), name="xc")
+        outs = [ism.tanh(xa, name="a"), ism.sigmoid(xb, name="b"), ism.neg(xc, name="c")]
+    edge = replace(CLOUD, name="edge", op_coeffs={"Tanh": (1.0, 0, 0), "Sigmoid": (1.0, 0, 0), "Neg": (1.0, 0, 0)})
+    cloud = replace(CLOUD, op_coeffs={"Tanh": (8.0, 0, 0), "Sigmoid": (6.0, 0, 0), "Neg": (6.0, 0, 0)})
+    cm = CostModel.edge_cloud(LinkModel(1e12, 1e12, 0.0), edge=edge, cloud=cloud)
+    p = Problem(g, cm, outs, Constraints(edge_memory_budget=(6000 + 5000 + 5000) + 10000))
+    pl = p.placement(solve_mincut(p))
+    assert (pl["a"], pl["b"], pl["c"]) == (CLOUD_DEVICE, EDGE_DEVICE, EDGE_DEVICE)
+    assert p.total(p.assignment(pl)) == pytest.approx(p.total(solve_exhaustive(p)), rel=1e-9)
+    assert p.total(p.assignment(pl)) == pytest.approx(10.0, rel=1e-6)
 
 
 def test_greedy_places_on_many_devices_and_the_parts_run():

@@ -453,6 +453,18 @@ def _const_of_shape(c, node, ins):
     return [ism.constant(arr)]
 
 
+@handler("Range", 11)
+def _range(c, node, ins):
+    from isthmus.core.ops.arange import _count, arange
+    if all(n in c.consts for n in node.input):  # known at import: a constant
+        start, limit, delta = (np.asarray(c.consts[n]).reshape(()) for n in node.input)
+        n = _count(start, limit, delta)
+        arr = (np.arange(n, dtype=start.dtype) * delta + start).astype(start.dtype)
+        c.consts[node.output[0]] = arr
+        return [ism.constant(arr, dtype=arr.dtype)]
+    return [arange(*(ism.reshape(t, ()) if t.shape != () else t for t in ins))]
+
+
 @handler("Expand", 8)
 def _expand(c, node, ins):
     shape = [int(s) for s in c.const_value(node.input[1], "the shape", node)]
@@ -636,4 +648,4 @@ def _clean(name) -> str:
     return out or "onnx"
 
 
-from . import onnx_rnn  # noqa: E402,F401  (registers LSTM, GRU and RNN; needs the handler table above)
+from . import onnx_resize, onnx_rnn  # noqa: E402,F401  (register Resize, LSTM, GRU, RNN: need the table above)

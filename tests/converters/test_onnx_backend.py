@@ -1,7 +1,9 @@
 """The ONNX backend node tests (defined in the onnx package) through from_onnx and the isthmus
 executor, for the ops the importer claims. Out-of-scope variants (dtypes isthmus lacks, 1-D/3-D
 pooling, optional/sequence types, training-mode outputs) are excluded by name; the rest must keep
-passing (the count only goes up), and the summary is printed."""
+passing (the count only goes up) except the variants named in KNOWN_UNSUPPORTED, and the summary
+is printed."""
+import re
 import unittest
 
 import numpy as np
@@ -15,11 +17,13 @@ from isthmus.converters import from_onnx
 CLAIMED = ("relu add sub mul div matmul gemm conv maxpool averagepool globalaveragepool softmax logsoftmax "
            "batchnormalization reshape flatten transpose concat sigmoid tanh exp log sqrt neg abs clip gather "
            "squeeze unsqueeze slice split where equal less greater cast reduce_sum reduce_mean reduce_max pad "
-           "leakyrelu erf pow identity shape gelu if loop lstm gru rnn simple_rnn").split()
+           "leakyrelu erf pow identity shape gelu if loop lstm gru rnn simple_rnn resize range").split()
 OUT_OF_SCOPE = (r"(expanded|_ver\d+|bfloat16|BFLOAT16|float8|FLOAT8|float16|FLOAT16|FLOAT4|string|STRING|int4|INT4|"
                 r"INT2|UINT2|UINT4|uint16|uint32|uint64|_1d_|_3d_|with_argmax|gather_elements|_opt|sequence|"
                 r"bool_inputs|empty_set|training|seq_|_cpu_.*cuda)")
-MIN_PASSING = 285  # measured 2026-11-23 (+ LSTM, GRU, RNN); raise it as handlers improve
+# variants the importer refuses with a clear error (listed as failures in docs/onnx-coverage.md)
+KNOWN_UNSUPPORTED = r"test_resize_.*(cubic|tf_crop_and_resize|antialias)"
+MIN_PASSING = 309  # measured 2026-11-23 (+ LSTM, GRU, RNN, Resize, Range); raise it as handlers improve
 
 
 class _Rep(BackendRep):
@@ -57,7 +61,10 @@ def test_onnx_backend_node_cases(capsys):
     ran = result.testsRun - len(result.skipped)
     failed = len(result.failures) + len(result.errors)
     passed = ran - failed
+    unexpected = [str(t[0]) for t in (result.failures + result.errors) if not re.search(KNOWN_UNSUPPORTED, str(t[0]))]
     with capsys.disabled():
-        print(f"\nONNX backend node tests for the claimed ops: {passed} passed, {failed} failed, "
+        print(f"\nONNX backend node tests for the claimed ops: {passed} passed, {failed} failed "
+              f"({failed - len(unexpected)} of them variants refused as unsupported), "
               f"{len(result.skipped)} skipped (not claimed)")
-    assert passed >= MIN_PASSING, [str(t[0]) for t in (result.failures + result.errors)][:20]
+    assert not unexpected, unexpected[:20]
+    assert passed >= MIN_PASSING

@@ -1,0 +1,72 @@
+"""ONNX Resize (opset 11+) onto core Resize: nearest and linear, the common coordinate modes.
+
+Scales or sizes known at import become attributes; computed ones feed the op at run time.
+Cubic, tf_crop_and_resize and antialiasing are refused with the node named.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from isthmus.core.ops.image import COORDINATE_MODES, NEAREST_MODES, resize
+
+from .onnx_import import ImportError_, _attrs, _s, handler
+
+
+@handler("Resize", 11)
+def _resize(c, node, ins):
+    at = _attrs(node)
+    where = f"node '{node.name or 'Resize'}' (Resize)"
+    x = ins[0]
+    rank = len(x.shape)
+    mode = _s(at.get("mode", "nearest"))
+    coord = _s(at.get("coordinate_transformation_mode", "half_pixel"))
+    nearest = _s(at.get("nearest_mode", "round_prefer_floor"))
+    if mode not in ("nearest", "linear"):
+        raise ImportError_(f"{where}: mode '{mode}' is not supported (nearest and linear are)")
+    if coord not in COORDINATE_MODES:
+        raise ImportError_(f"{where}: coordinate_transformation_mode '{coord}' is not supported "
+                           f"({', '.join(COORDINATE_MODES)} are)")
+    if mode == "nearest" and nearest not in NEAREST_MODES:
+        raise ImportError_(f"{where}: nearest_mode '{nearest}' is not supported")
+    if at.get("antialias", 0) and mode != "nearest":
+        raise ImportError_(f"{where}: antialias is not supported")
+    axes = [int(a) % rank for a in at.get("axes", [])] or list(range(rank))
+    policy = _s(at.get("keep_aspect_ratio_policy", "stretch"))
+
+    def given(k):  # (constant array or None, run-time tensor or None) for input k
+        if len(node.input) <= k or not node.input[k]:
+            return None, None
+        if node.input[k] in c.consts:
+            v = np.asarray(c.consts[node.input[k]])
+            return (v if v.size else None), None
+        return None, ins[k]
+    scales, scales_t = given(2)
+    sizes, sizes_t = given(3)
+    if scales is None and scales_t is None and sizes is None and sizes_t is None:
+        raise ImportError_(f"{where}: needs scales or sizes")
+    kw = dict(mode=mode, coordinate_mode=coord, nearest_mode=nearest)
+    if scales_t is not None or sizes_t is not None:
+        return [resize(x, param=scales_t if scales_t is not None else sizes_t,
+                       param_kind="scales" if scales_t is not None else "sizes", axes=axes, policy=policy, **kw)]
+    if scales is not None:
+        full = [1.0] * rank
+        for a, s in zip(axes, scales.reshape(-1)):
+            full[a] = float(s)
+        return [resize(x, scales=full, **kw)]
+    full_sizes = list(x.shape)
+    for a, s in zip(axes, sizes.reshape(-1)):
+        full_sizes[a] = int(s)
+    if policy != "stretch":
+        if any(x.shape[a] is None for a in axes):
+            raise ImportError_(f"{where}: keep_aspect_ratio_policy '{policy}' needs known input dims")
+        ratios = [full_sizes[a] / x.shape[a] for a in axes]
+        scale = min(ratios) if policy == "not_larger" else max(ratios)
+        full = [1.0] * rank
+        for a in axes:
+            full[a] = scale
+            full_sizes[a] = int(np.floor(x.shape[a] * scale + 0.5))
+        return [resize(x, scales=full, sizes=full_sizes, **kw)]
+    if any(d is None for d in full_sizes):
+        unknown = [a for a, d in enumerate(full_sizes) if d is None]
+        raise ImportError_(f"{where}: sizes leave axes {unknown} of an input with unknown dims unspecified")
+    return [resize(x, sizes=full_sizes, **kw)]

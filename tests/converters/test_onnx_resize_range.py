@@ -1,0 +1,85 @@
+"""ONNX Resize (constant and computed scales/sizes) and Range import, against onnxruntime."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import isthmus as ism
+from isthmus.converters import from_onnx
+
+
+def _run_both(nodes, inputs, outputs, inits, feeds, opset=19):
+    m = helper.make_model(helper.make_graph(nodes, "t", inputs, outputs, inits),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    g, ins, outs = from_onnx(m)
+    got = ism.Session(g).run(outs, {ins[k]: v for k, v in feeds.items()})
+    return got, want, outs
+
+
+RESIZE = [  # attrs, scales or None, sizes or None
+    (dict(mode="linear"), [1, 1, 2.0, 1.5], None),
+    (dict(mode="linear", coordinate_transformation_mode="align_corners"), None, [1, 3, 7, 3]),
+    (dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel"), [1, 1, 0.5, 0.75], None),
+    (dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor"), [1, 1, 3.0, 2.0], None),
+    (dict(mode="nearest", nearest_mode="round_prefer_ceil"), None, [1, 3, 5, 9]),
+    (dict(mode="nearest", axes=[3, 2]), [1.5, 2.5], None),
+    (dict(mode="linear", axes=[2, 3], keep_aspect_ratio_policy="not_larger"), None, [9, 9]),
+]
+
+
+@pytest.mark.parametrize("attrs,scales,sizes", RESIZE, ids=[str(i) for i in range(len(RESIZE))])
+def test_resize_constant_params(attrs, scales, sizes):
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 6)).astype(np.float32)
+    inits, names = [], ["X", ""]
+    if scales is not None:
+        inits.append(numpy_helper.from_array(np.array(scales, np.float32), "scales"))
+        names.append("scales")
+    else:
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        names += ["", "sizes"]
+    got, want, outs = _run_both([helper.make_node("Resize", names, ["Y"], **attrs)],
+                                [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 4, 6])],
+                                [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits, {"X": x})
+    assert outs[0].shape == want[0].shape  # constant parameters: the output shape is known at import
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_resize_to_the_shape_of_another_tensor():
+    """Sizes computed in the graph (Shape of a second input), as exported segmentation nets do."""
+    rng = np.random.default_rng(1)
+    x, ref = rng.standard_normal((2, 3, 4, 5)).astype(np.float32), rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    nodes = [helper.make_node("Shape", ["R"], ["s"]), helper.make_node("Resize", ["X", "", "", "s"], ["Y"], mode="linear")]
+    got, want, _ = _run_both(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, "H", "W"]),
+                                     helper.make_tensor_value_info("R", TensorProto.FLOAT, ["N", 3, "H2", "W2"])],
+                             [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [], {"X": x, "R": ref})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_range_constant_and_computed():
+    nodes = [helper.make_node("Range", ["a", "b", "c"], ["r1"]),
+             helper.make_node("Shape", ["X"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["r2"])]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+             (("a", 3), ("b", -8), ("c", -2), ("zero", 0), ("one", 1))]
+    x = np.zeros((2, 5), np.float32)
+    got, want, outs = _run_both(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", "M"])],
+                                [helper.make_tensor_value_info(o, TensorProto.INT64, None) for o in ("r1", "r2")],
+                                inits, {"X": x})
+    assert outs[0].node.op == "Const" and outs[1].shape == (None,)
+    for gv, wv in zip(got, want):
+        np.testing.assert_array_equal(gv, wv)
+
+
+def test_cubic_resize_is_refused_naming_the_node():
+    node = helper.make_node("Resize", ["X", "", "scales"], ["Y"], mode="cubic", name="up3")
+    m = helper.make_model(helper.make_graph(
+        [node], "t", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]),
+        opset_imports=[helper.make_opsetid("", 19)])
+    with pytest.raises(ism.GraphError, match="up3.*cubic"):
+        from_onnx(m)

@@ -10,7 +10,8 @@ Each client is a thread with its own gRPC connection sending one-row requests ba
 (closed loop), each with a deadline. The same requests run twice in one run: against a
 server batching up to --max-batch rows (waiting at most --max-delay-ms), and against one with
 max batch 1 (no batching: the peer). Reported per mode: errors, throughput, client-side p50/p99
-latency, the batching factor (mean rows per batch, from the server's Stats), server RSS after a
+latency, the batching factor (mean rows per batch, from the server's Stats), the server's CPU time
+per request (from /proc: meaningful even when other work loads the machine), server RSS after a
 warm-up and after the load (growth should stay within 10%), and whether every checked answer
 equals a local Session run. JSON on stdout.
 """
@@ -61,6 +62,13 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return -1
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (robust to other load on the machine)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Server:
@@ -121,6 +129,7 @@ def run_mode(path: str, reference, inputs: np.ndarray, clients: int, requests: i
             t.join(120)
         time.sleep(0.3)
         rss_before = rss_kib(srv.proc.pid)
+        cpu_before = cpu_s(srv.proc.pid)
         base = stubs[0].Stats(offload_pb2.StatsRequest(), timeout=10)
         lat = [[] for _ in range(clients)]
         errors, wrong, checked = [], [0], [0]
@@ -154,6 +163,7 @@ def run_mode(path: str, reference, inputs: np.ndarray, clients: int, requests: i
         wall = time.perf_counter() - t0
         st = stubs[0].Stats(offload_pb2.StatsRequest(), timeout=10)
         rss_after = rss_kib(srv.proc.pid)
+        cpu_used = cpu_s(srv.proc.pid) - cpu_before
         for c in chans:
             c.close()
     finally:
@@ -167,6 +177,7 @@ def run_mode(path: str, reference, inputs: np.ndarray, clients: int, requests: i
             "p50_ms": round(float(np.percentile(all_lat, 50)), 3) if all_lat.size else None,
             "p99_ms": round(float(np.percentile(all_lat, 99)), 3) if all_lat.size else None,
             "batching_factor": round(rows / batches, 2) if batches else None, "batches": int(batches),
+            "server_cpu_ms_per_request": round(1e3 * cpu_used / max(all_lat.size, 1), 3),
             "server_p50_ms": round(st.p50_latency_ms, 3), "server_p99_ms": round(st.p99_latency_ms, 3),
             "rss_before_mib": round(rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
             "rss_growth_pct": round(100.0 * (rss_after - rss_before) / rss_before, 2),

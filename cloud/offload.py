@@ -443,7 +443,9 @@ class OffloadServer:
         from .server import start_grpc_server
         self.service = OffloadService(model, **limits)
         s = self.service
-        workers = max_workers or s.max_queue + 16  # every queued request holds a thread: keep one for refusals
+        # every queued or running request holds a thread; with one more for each refusal, no request
+        # waits unseen inside gRPC (where the queue bound could not refuse it)
+        workers = max_workers or s.max_queue + s.max_batch_size * len(s.runners) + 16
         try:
             self.server, self.port = start_grpc_server(
                 [offload_handler(s)], host, port, workers, max_message_bytes=2 * s.max_request_bytes + (1 << 20),

@@ -318,6 +318,23 @@ def test_a_tensor_whose_payload_does_not_match_its_header_is_refused(server):
         stub.Infer(req, timeout=5)
 
 
+def test_a_failing_batch_fails_its_requests_with_internal_and_the_part_keeps_serving():
+    g = ism.Graph()
+    with g.as_default():
+        idx = ism.placeholder("int64", (None,), name="idx")
+        rows = ism.gather(ism.constant(np.arange(12, dtype=np.float32).reshape(4, 3), name="table"), idx, name="rows")
+    part = cloud_part(g, ["idx"], [rows], "lookup")
+    assert part.batchable and part.inputs[0].shape == (-1,)
+    with OffloadServer(CloudModel("lookup", {"lookup": part})) as srv:
+        with grpc.insecure_channel(srv.address) as ch:
+            stub = offload_pb2_grpc.OffloadStub(ch)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Infer(_request("lookup", {"idx:0": np.array([1, 99])}), timeout=5)
+            assert e.value.code() == grpc.StatusCode.INTERNAL and "'rows'" in e.value.details(), e.value.details()
+            ok = _outputs(stub.Infer(_request("lookup", {"idx:0": np.array([3, 0])}), timeout=5))
+            np.testing.assert_array_equal(ok["rows:0"], [[9, 10, 11], [0, 1, 2]])
+
+
 def test_overload_is_refused_at_once_with_resource_exhausted(model):
     with OffloadServer(model, max_queue=2, max_batch_size=64, max_queue_delay_ms=600) as srv:
         with grpc.insecure_channel(srv.address) as ch:

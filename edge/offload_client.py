@@ -337,6 +337,10 @@ class OffloadClient:
                            switches=0, probes=0, connects=0, pings=0)
         self.latencies: List[float] = []
         self.last_error: Optional[str] = None
+        self.last: Dict[str, object] = {}  # the latest request: mode, total_s, local_s (time in the full model), cut
+        self._local_s = 0.0
+        if self.split.full is not None:  # prepared now, so that a fallback costs only its compute
+            self._full = Interpreter(self.split.full)
 
     # ---- public -------------------------------------------------------------------------------------
     def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:
@@ -344,10 +348,14 @@ class OffloadClient:
             t0 = time.perf_counter()
             self._deadline_at = t0 + self.deadline_s
             self.counts["requests"] += 1
+            before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
             try:
                 return self._invoke(inputs)
             finally:
-                self.latencies.append(time.perf_counter() - t0)
+                total = time.perf_counter() - t0
+                mode = next((k for k in ("cloud", "fallback", "local") if self.counts[k] > before[k]), "error")
+                self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut)
+                self.latencies.append(total)
                 if len(self.latencies) > 10000:
                     del self.latencies[:5000]
 
@@ -412,7 +420,11 @@ class OffloadClient:
             if self.split.full is None:
                 raise CloudError("the model carries no full copy to run locally")
             self._full = Interpreter(self.split.full)
-        return self._full.invoke(*inputs)
+        t = time.perf_counter()
+        try:
+            return self._full.invoke(*inputs)
+        finally:
+            self._local_s += time.perf_counter() - t
 
     def _interp_for(self, k: int) -> Interpreter:
         it = self._interp.get(k)

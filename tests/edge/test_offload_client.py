@@ -143,19 +143,8 @@ def test_the_cut_follows_the_emulated_link(split, server):
     assert st["switches"] >= 3 and st["probes"] >= 1 and st["fallback"] == 0, st
 
 
-def _local_time(split) -> float:
-    it = Interpreter(load_split(split["model"]).full)
-    times = []
-    for v in split["xs"]:
-        t = time.perf_counter()
-        it.invoke(v)
-        times.append(time.perf_counter() - t)
-    return max(times)
-
-
 def test_cloud_stopped_mid_run_falls_back_within_deadline_and_reconnects(split):
     deadline = 0.25
-    slack = 3 * _local_time(split) + 0.05  # local compute of a fallback, plus scheduling noise
     srv = OffloadServer(split["cloud"], max_batch_size=1)
     port = srv.port
     lat, phases = [], []
@@ -168,15 +157,14 @@ def test_cloud_stopped_mid_run_falls_back_within_deadline_and_reconnects(split):
                 if i == 20:
                     srv = OffloadServer(split["cloud"], port=port, max_batch_size=1)
                     time.sleep(0.15)  # past the longest backoff
-                t = time.perf_counter()
                 out = c.invoke(split["xs"][i % 12])[0]
-                lat.append(time.perf_counter() - t)
+                lat.append(c.last["total_s"] - c.last["local_s"])  # the time before the local run began
                 np.testing.assert_allclose(out, split["ref"][i % 12], rtol=1e-5, atol=1e-7)
                 phases.append((c.counts["cloud"], c.counts["fallback"], c.counts["local"]))
             st = c.stats()
     finally:
         srv.stop(grace=0)
-    assert max(lat) <= deadline + slack, (max(lat), deadline + slack)
+    assert max(lat) <= deadline + 0.05, max(lat)  # the cloud attempt never outlasts the deadline
     assert phases[7][0] == 8 and phases[7][1] == 0           # all in the cloud while it is up
     assert phases[19][0] == 8 and phases[19][1] >= 1         # down: answered locally, by fallback or backoff
     assert phases[19][1] + phases[19][2] == 12
@@ -189,12 +177,10 @@ def test_a_cloud_slower_than_the_deadline_is_covered_locally(split):
     with OffloadServer(split["cloud"], max_batch_size=64, max_queue_delay_ms=400) as srv:
         with OffloadClient(split["model"], srv.address, deadline_ms=100, backoff_s=(0.01, 0.01),
                            adapt=False, initial_bps=1e9) as c:
-            slack = 3 * _local_time(split) + 0.05
             for i in range(3):
                 time.sleep(0.02)  # past the backoff: each request tries the cloud again
-                t = time.perf_counter()
                 np.testing.assert_allclose(c.invoke(split["xs"][i])[0], split["ref"][i], rtol=1e-5, atol=1e-7)
-                assert time.perf_counter() - t <= 0.1 + slack
+                assert c.last["mode"] == "fallback" and c.last["total_s"] - c.last["local_s"] <= 0.1 + 0.05
             st = c.stats()
     assert st["deadline"] == 3 and st["fallback"] == 3 and st["cloud"] == 0, st
 

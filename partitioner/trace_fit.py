@@ -93,6 +93,16 @@ def refit(base: DeviceProfile, samples: Sequence[Sample], name: str = None) -> T
                 c = (base.op_overhead, 1.0 / base.peak_flops, 1.0 / base.mem_bandwidth)
             coeffs[op] = tuple(v * ratio for v in c)
             how[op] = f"scaled x{ratio:.2f}"
+    # A trace cannot tell a one-row product from a many-row one (its events carry FLOPs and bytes,
+    # symmetric in rows and columns), so the base's variants of a traced op (MatMul:vector, ...)
+    # are rescaled by how much faster or slower the traced events ran than the base predicted.
+    for key in sorted(base.op_coeffs):
+        op = key.split(":")[0]
+        if ":" in key and key not in by_op and op in by_op:
+            ratio = float(np.median([s.seconds / max(base.op_time(s.op, s.flops, s.nbytes), 1e-12)
+                                     for s in by_op[op]]))
+            coeffs[key] = tuple(v * ratio for v in base.op_coeffs[key])
+            how[key] = f"scaled x{ratio:.2f}"
     return replace(base, name=name or base.name, op_coeffs=coeffs), how
 
 

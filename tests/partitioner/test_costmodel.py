@@ -86,3 +86,58 @@ def test_grouped_convolutions_have_their_own_cost_key():
     prof = DeviceProfile("p", op_coeffs={"Conv2D": (1e-3, 0.0, 0.0), "Conv2D:grouped": (5e-3, 0.0, 0.0)})
     cm = CostModel.edge_cloud(edge=prof, cloud=prof)
     assert cm.node_time(dw.node, EDGE_DEVICE) == 5e-3 and cm.node_time(pw.node, EDGE_DEVICE) == 1e-3
+
+
+def test_the_cost_model_prices_the_graph_the_session_runs():
+    """Nodes the passes fold or merge cost nothing; a product, its bias and activation become one
+    fused kernel priced as its steps; an inference BatchNorm folded into the convolution costs a bias."""
+    from isthmus.core.profile import time_nodes
+    from isthmus.partitioner.executed import ABSORBED, FREE, RUNS
+    from isthmus.partitioner.problem import Constraints, Problem
+    rng = np.random.default_rng(0)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 8), name="x")
+        w = ism.mul(ism.constant(rng.standard_normal((8, 8)).astype(np.float32)), 2.0, name="w2")  # folded
+        h = ism.relu(ism.bias_add(ism.matmul(x, w, name="mm"), ism.constant(np.ones(8, np.float32)), name="ba"),
+                     name="act")
+        t1, t2 = ism.tanh(h, name="t1"), ism.tanh(h, name="t2")  # one of them merged
+        img = ism.reshape(ism.add(t1, t2, name="sum"), (2, 2, 2, 2), name="img")
+        c = ism.conv2d(img, ism.constant(rng.standard_normal((3, 2, 1, 1)).astype(np.float32)), name="conv")
+        k = [ism.constant(v.astype(np.float32)) for v in (np.ones(3), np.zeros(3), np.zeros(3), np.ones(3))]
+        y = ism.relu6(ism.batch_norm(c, *k, name="bn"), name="y")
+    prof = DeviceProfile("p", op_coeffs={op: (1e-3 * (i + 1), 0.0, 0.0) for i, op in enumerate(
+        ["MatMul", "BiasAdd", "Relu", "Tanh", "Add", "Conv2D", "BatchNorm", "Relu6", "Mul", "Reshape"])})
+    cm = CostModel.edge_cloud(edge=prof, cloud=prof)
+    p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+    role = {n.name: p.roles.of(n) for n in p.nodes}
+    t = {n.name: p.times[i, 0] for i, n in enumerate(p.nodes)}
+    assert role["w2"] == FREE and t["w2"] == 0.0                       # constant folded
+    assert sorted([role["t1"], role["t2"]]) == [FREE, RUNS]            # common subexpression
+    assert (role["mm"], role["ba"], role["act"]) == (RUNS, ABSORBED, ABSORBED)
+    assert (role["conv"], role["bn"], role["y"]) == (RUNS, ABSORBED, ABSORBED)
+    assert t["bn"] == pytest.approx(prof.op_time("BiasAdd", 0, 0))     # a bias now, not a BatchNorm
+    assert t["mm"] + t["ba"] + t["act"] == pytest.approx(sum(prof.op_coeffs[o][0] for o in ("MatMul", "BiasAdd", "Relu")))
+    # what runs is what was priced: one kernel per priced node (fused kernels named after their last node)
+    ran = time_nodes(ism.Session(g, parallel=False), y, {x: np.ones((2, 8), np.float32)}, repeats=1)
+    kernels = {n.name for n in ran}
+    runs = {n.name for n in p.nodes if role[n.name] == RUNS and n.op != "Placeholder"}
+    assert {n.op for n in ran} >= {"FusedMatMul", "FusedConv2D"}
+    assert len(kernels) == len(runs) and kernels - runs <= {"act", "y"}
+    # priced as written, every node costs its own op
+    q = Problem(g, CostModel.edge_cloud(edge=prof, cloud=prof, passes=False), [y], Constraints(edge_memory_budget=None))
+    assert all(q.times[i, 0] > 0 for i, n in enumerate(q.nodes) if n.op != "Placeholder")
+    assert q.times[:, 0].sum() > p.times[:, 0].sum()
+
+
+def test_one_row_and_few_row_products_have_their_own_cost_keys():
+    from isthmus.partitioner.costmodel import cost_key
+    g = ism.Graph()
+    with g.as_default():
+        w = ism.constant(np.ones((8, 4), np.float32))
+        v = ism.matmul(ism.placeholder("float32", (1, 8)), w)
+        few = ism.matmul(ism.placeholder("float32", (4, 8)), w)
+        many = ism.matmul(ism.placeholder("float32", (64, 8)), w)
+        batch = ism.matmul(ism.placeholder("float32", (None, 8)), w)
+    assert [cost_key(t.node) for t in (v, few, many)] == ["MatMul:vector", "MatMul:narrow", "MatMul"]
+    assert cost_key(batch.node, batch_size=1) == "MatMul:vector" and cost_key(batch.node, 32) == "MatMul"

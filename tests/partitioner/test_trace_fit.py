@@ -98,3 +98,15 @@ def test_calibrate_from_trace_command(tmp_path, capsys):
     prof = DeviceProfile.load(str(out))
     assert prof.name == "mine" and "MatMul" in prof.op_coeffs
     assert main(["calibrate", "--from-trace", str(tmp_path / "missing.json")]) == 2
+
+
+def test_variants_of_a_traced_op_are_rescaled_with_it():
+    from dataclasses import replace
+    from isthmus.partitioner.calibrate import Sample
+    base = replace(CLOUD, op_coeffs={"MatMul": (1e-6, 1e-11, 0.0), "MatMul:vector": (5e-7, 0.0, 1e-11)})
+    # events of a device exactly 3x slower than the base's MatMul regression says
+    samples = [Sample("MatMul", f"e{i}", f, b, 3 * base.op_time("MatMul", f, b))
+               for i, (f, b) in enumerate([(1e6, 1e4), (1e7, 1e5), (1e8, 1e6), (3e8, 1e5), (5e5, 2e6)])]
+    new, how = refit(base, samples)
+    assert how["MatMul"] == "fitted" and how["MatMul:vector"] == "scaled x3.00"
+    assert new.op_time("MatMul:vector", 1e6, 1e6) == pytest.approx(3 * base.op_time("MatMul:vector", 1e6, 1e6))

@@ -28,11 +28,21 @@ def _requant_table(ctx: OpContext, src, dst, lo: int = -128, hi: int = 127) -> n
     return Requantizer(s1 / s2, z2, lo, hi, 256, [-z1]).table(_INT8_VALUES)
 
 
-def _bind_table(table: np.ndarray):
-    def bind(ins, outs, sc):
-        x, y, take = ins[0].view(np.uint8), outs[0], np.take
-        return lambda: take(table, x, out=y, mode="wrap")
-    return bind
+def _table_step(table: np.ndarray, x: np.ndarray, y: np.ndarray, idx: np.ndarray):
+    """y = table[x as uint8]: the index goes through an intp scratch, since np.take would convert
+    uint8 indices into a fresh intp array on every call."""
+    xu, copyto, take = x.view(np.uint8).reshape(idx.shape), np.copyto, np.take
+
+    def run():
+        copyto(idx, xu)
+        take(table, idx, out=y, mode="clip")
+    return run
+
+
+def _table_kernel(ctx: OpContext, table: np.ndarray, shape):
+    """(output shapes, bind) of a 256-entry lookup from the op's input to its output of `shape`."""
+    i_idx = ctx.scratch(shape, np.intp)
+    return [tuple(shape)], lambda ins, outs, sc: _table_step(table, ins[0], outs[0], sc[i_idx])
 
 
 def _bind_copy(ins, outs, sc):
@@ -56,7 +66,7 @@ def relu(ctx: OpContext):
             xi, yo, clip = ins[0], outs[0], np.clip
             return lambda: clip(xi, lo, hi, out=yo)
         return [x.shape], bind
-    return [x.shape], _bind_table(_requant_table(ctx, qx, qy, lo, hi))
+    return _table_kernel(ctx, _requant_table(ctx, qx, qy, lo, hi), x.shape)
 
 
 @int8_kernel("Tanh", "Sigmoid")
@@ -66,7 +76,7 @@ def smooth(ctx: OpContext):
     real = sx * (_INT8_VALUES - zx)
     f = np.tanh(real) if ctx.op == "Tanh" else 1.0 / (1.0 + np.exp(-real))
     table = np.clip(np.round(f / sy) + zy, -128, 127).astype(np.int8)
-    return [x.shape], _bind_table(table)
+    return _table_kernel(ctx, table, x.shape)
 
 
 @int8_kernel("Identity", "Reshape", "Flatten")
@@ -75,12 +85,7 @@ def reshape(ctx: OpContext):
     shape = x.shape if ctx.op == "Identity" else reshape_target(ctx, x.shape)
     if _same(qx, qy):
         return [shape], _bind_copy
-    table = _requant_table(ctx, qx, qy)
-
-    def bind(ins, outs, sc):
-        xi, yo, take = ins[0].reshape(shape).view(np.uint8), outs[0], np.take
-        return lambda: take(table, xi, out=yo, mode="wrap")
-    return [shape], bind
+    return _table_kernel(ctx, _requant_table(ctx, qx, qy), shape)
 
 
 def _broadcast(ctx: OpContext, a, b):
@@ -90,10 +95,31 @@ def _broadcast(ctx: OpContext, a, b):
         raise EdgeModelError(f"{ctx.op}: shapes {a} and {b} do not broadcast") from None
 
 
+_PAIRS = (_INT8_VALUES.reshape(256, 1), _INT8_VALUES.reshape(1, 256))  # (x1, x2) at index u1 * 256 + u2
+
+
+def _bind_pair_table(table: np.ndarray, shape2, i_idx: int, i_b: int):
+    """y = table[u1 * 256 + u2] (u: an int8 input's bytes as uint8), through intp scratch."""
+    def bind(ins, outs, sc):
+        a, b = ins[0].view(np.uint8), ins[1].reshape(shape2).view(np.uint8)
+        y, idx, tb = outs[0], sc[i_idx], sc[i_b]
+        copyto, left_shift, add_, take, eight = np.copyto, np.left_shift, np.add, np.take, np.intp(8)
+
+        def run():
+            copyto(idx, a)
+            left_shift(idx, eight, out=idx)
+            copyto(tb, b)
+            add_(idx, tb, out=idx)
+            take(table, idx, out=y, mode="clip")
+        return run
+    return bind
+
+
 @int8_kernel("Add", "BiasAdd")
 def add(ctx: OpContext):
     """y = ((x1 * Q1 + x2 * Q2 + K) >> S) + clamp, with Q_i = round(s_i / s_y * 2^S) sharing one shift
-    and K folding both zero points, the rounding and z_y."""
+    and K folding both zero points, the rounding and z_y. Two int8 inputs have 65,536 pairs: the
+    definition is evaluated once for each, in int64, and the kernel is a lookup in that table."""
     ctx.arity(2, 2)
     x1, x2, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     for t in (x1, x2, y):
@@ -113,29 +139,14 @@ def add(ctx: OpContext):
     if 128 * (q1 + q2) + abs(k) >= 1 << 63:
         raise EdgeModelError(f"{ctx.op}: scales {s1}, {s2} -> {sy} overflow the fixed-point sum")
     lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
-    i_t, i_b = ctx.scratch(out, np.int64), ctx.scratch(shape2, np.int64)
-
-    def bind(ins, outs, sc):
-        a, b, y, t, tb = ins[0], ins[1].reshape(shape2), outs[0], sc[i_t], sc[i_b]
-        copyto, multiply, add_, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, np.clip
-        q1_, q2_, k_, shift_ = np.int64(q1), np.int64(q2), np.int64(k), np.int64(shift)
-
-        def run():
-            copyto(t, a)
-            multiply(t, q1_, out=t)
-            copyto(tb, b)
-            multiply(tb, q2_, out=tb)
-            add_(t, tb, out=t)
-            add_(t, k_, out=t)
-            right_shift(t, shift_, out=t)
-            clip(t, lo, hi, out=t)
-            copyto(y, t, casting="unsafe")
-        return run
-    return [out], bind
+    v = (_PAIRS[0] * q1 + _PAIRS[1] * q2 + k) >> shift
+    table = np.clip(v, lo, hi).astype(np.int8).ravel()
+    return [out], _bind_pair_table(table, shape2, ctx.scratch(out, np.intp), ctx.scratch(shape2, np.intp))
 
 
 @int8_kernel("Mul")
 def mul(ctx: OpContext):
+    """y = requantize((x1 - z1) * (x2 - z2), s1 * s2 / s_y): a lookup in the table of all 65,536 pairs."""
     ctx.arity(2, 2)
     x1, x2, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     for t in (x1, x2, y):
@@ -143,21 +154,8 @@ def mul(ctx: OpContext):
     (s1, z1), (s2, z2), (sy, zy) = ctx.per_tensor(x1), ctx.per_tensor(x2), ctx.per_tensor(y)
     out = _broadcast(ctx, x1.shape, x2.shape)
     rq = Requantizer(s1 * s2 / sy, zy, -128, 127, 256 * 256)
-    i_a, i_b, i_t = ctx.scratch(x1.shape, np.int64), ctx.scratch(x2.shape, np.int64), ctx.scratch(out, np.int64)
-
-    def bind(ins, outs, sc):
-        a, b, t, ta, tb = ins[0], ins[1], sc[i_t], sc[i_a], sc[i_b]
-        requant, copyto, subtract, multiply = rq.bind(t, outs[0], t), np.copyto, np.subtract, np.multiply
-
-        def run():
-            copyto(ta, a)
-            subtract(ta, z1, out=ta)
-            copyto(tb, b)
-            subtract(tb, z2, out=tb)
-            multiply(ta, tb, out=t)
-            requant()
-        return run
-    return [out], bind
+    table = rq.table(((_PAIRS[0] - z1) * (_PAIRS[1] - z2)).ravel())
+    return [out], _bind_pair_table(table, x2.shape, ctx.scratch(out, np.intp), ctx.scratch(x2.shape, np.intp))
 
 
 @int8_kernel("Concat")
@@ -177,21 +175,19 @@ def concat(ctx: OpContext):
               for t in ctx.inputs]
     sizes = [t.shape[axis] for t in ctx.inputs]
     out = first[:axis] + (sum(sizes),) + first[axis + 1:]
+    i_idx = [None if table is None else ctx.scratch(t.shape, np.intp) for t, table in zip(ctx.inputs, tables)]
 
     def bind(ins, outs, sc):
-        parts, at = [], 0
-        for x, size, table in zip(ins, sizes, tables):
-            idx = (slice(None),) * axis + (slice(at, at + size),)
-            parts.append((x if table is None else x.view(np.uint8), outs[0][idx], table))
+        steps, at = [], 0
+        for x, size, table, i in zip(ins, sizes, tables, i_idx):
+            dst = outs[0][(slice(None),) * axis + (slice(at, at + size),)]
+            steps.append((lambda x=x, dst=dst: np.copyto(dst, x)) if table is None else
+                         _table_step(table, x, dst, sc[i]))
             at += size
-        copyto, take = np.copyto, np.take
 
         def run():
-            for x, dst, table in parts:
-                if table is None:
-                    copyto(dst, x)
-                else:
-                    take(table, x, out=dst, mode="wrap")
+            for step in steps:
+                step()
         return run
     return [out], bind
 
@@ -242,7 +238,7 @@ def softmax(ctx: OpContext):
             amax(d, axis=axis, keepdims=True, out=mx)
             subtract(d, mx, out=d)
             add_(d, 255, out=d)
-            take(table, d, out=e, mode="wrap")
+            take(table, d, out=e, mode="clip")
             total(e, axis=axis, keepdims=True, out=s)
             right_shift(s, 1, out=half)
             left_shift(e, 16, out=e)
@@ -271,7 +267,7 @@ def quantize(ctx: OpContext):
     x, y = ctx.inputs[0], ctx.outputs[0]
     ctx.dtype(y, "int8")
     if x.dtype == np.int8:
-        return [x.shape], _bind_table(_requant_table(ctx, ctx.per_tensor(x), ctx.per_tensor(y)))
+        return _table_kernel(ctx, _requant_table(ctx, ctx.per_tensor(x), ctx.per_tensor(y)), x.shape)
     ctx.dtype(x, "float32")
     if y.axis >= len(x.shape):
         raise EdgeModelError(f"Quantize: axis {y.axis} out of range for {x.shape}")

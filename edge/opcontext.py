@@ -200,3 +200,89 @@ def pool_geometry(ctx: OpContext, x: TensorSpec) -> Window:
     t, b, l, r = ctx.ints("pads", 4, (0, 0, 0, 0))
     oh, ow = conv_out(ctx.op, h, kh, sh, 1, t, b), conv_out(ctx.op, w, kw, sw, 1, l, r)
     return Window(n, c, h, w, kh, kw, sh, sw, 1, 1, t, b, l, r, oh, ow)
+
+
+class WideIm2col:
+    """im2col whose rows are contiguous runs: each tap of a window sweep is one flat slice.
+
+    A stride-1 window's tap (i, j) over a padded image of width Wp reads, for the output row y,
+    the run image[y + i, j : j + OW]; computing every output on a grid OH x Wp instead (the
+    last Wp - OW columns of each row are junk, computed and dropped), the whole tap is the
+    single contiguous slice flat[i * Wp + j : i * Wp + j + OH * Wp]. Copying such slices runs
+    at memcpy speed, where a 5-d strided window copy pays numpy's per-row overhead for rows a
+    few elements long. A stride s splits the padded image into s_h x s_w phases
+    (rows a * s_h + p_i, columns b * s_w + p_j), in which every tap is again a stride-1 slice.
+
+    Layout: phases [S, C, N, (Hs + 1) * Ws] (one spare row per phase: the junk columns of the
+    last taps read past the image), columns [C, K, N, OH * Ws] with the taps in `order`
+    (grouped by phase; column k holds the kernel's tap order[k] = i * kw + j), and the result of
+    the contraction [., N, OH, Ws] of which [..., :OW] is the output.
+    """
+
+    def __init__(self, g: Window):
+        self.g = g
+        sh, sw = g.sh, g.sw
+        hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+        self.hs, self.ws = -(-hp // sh), -(-wp // sw)
+        self.rows = self.hs + 1
+        self.L = g.oh * self.ws
+        self.kk = g.kh * g.kw
+        self.phase_shape = (sh * sw, g.c, g.n, self.rows * self.ws)
+        self.cols_shape = (g.c, self.kk, g.n, self.L)
+        order, blocks = [], []
+        for pi in range(sh):
+            for pj in range(sw):
+                rows_i = [i for i in range(g.kh) if (i * g.dh) % sh == pi]
+                cols_j = [j for j in range(g.kw) if (j * g.dw) % sw == pj]
+                if not rows_i or not cols_j:
+                    continue
+                r0, c0 = (rows_i[0] * g.dh) // sh, (cols_j[0] * g.dw) // sw
+                rstep = (rows_i[1] * g.dh) // sh - r0 if len(rows_i) > 1 else 0
+                cstep = (cols_j[1] * g.dw) // sw - c0 if len(cols_j) > 1 else 0
+                blocks.append((pi * sw + pj, len(order), len(rows_i), len(cols_j), r0 * self.ws + c0,
+                               rstep * self.ws, cstep))
+                order += [i * g.kw + j for i in rows_i for j in cols_j]
+        self.order = order
+        self.blocks = blocks
+
+    def out_view(self, acc: np.ndarray) -> np.ndarray:
+        """[M, N * OH * Ws] (the contraction's result) -> the [M, N, OH, OW] view of real outputs."""
+        return acc.reshape(acc.shape[0], self.g.n, self.g.oh, self.ws)[..., :self.g.ow]
+
+    def bind(self, x: np.ndarray, phases: np.ndarray, cols: np.ndarray, fill):
+        """A step filling the phases from x ([N, C, H, W]) with `fill` around it, then the columns."""
+        g, ws, rows = self.g, self.ws, self.rows
+        xt = x.transpose(1, 0, 2, 3)
+        fills, copies = [], []
+        for pi in range(g.sh):
+            for pj in range(g.sw):
+                img = phases[pi * g.sw + pj].reshape(g.c, g.n, rows, ws)
+                a0 = max(0, -(-(g.t - pi) // g.sh))
+                a1 = min(self.hs, max(a0, -(-(g.t + g.h - pi) // g.sh)))
+                b0 = max(0, -(-(g.l - pj) // g.sw))
+                b1 = min(ws, max(b0, -(-(g.l + g.w - pj) // g.sw)))
+                if a1 == a0 or b1 == b0:
+                    fills.append(img)
+                    continue
+                fills += [v for v in (img[:, :, :a0], img[:, :, a1:], img[:, :, a0:a1, :b0], img[:, :, a0:a1, b1:])
+                          if v.size]
+                r, c = a0 * g.sh + pi - g.t, b0 * g.sw + pj - g.l
+                copies.append((img[:, :, a0:a1, b0:b1],
+                               xt[:, :, r:r + g.sh * (a1 - a0 - 1) + 1:g.sh, c:c + g.sw * (b1 - b0 - 1) + 1:g.sw]))
+        e = phases.itemsize
+        s_c, s_n = phases.strides[1], phases.strides[2]
+        gathers = []
+        for s, k0, ni, nj, off, rstep, cstep in self.blocks:
+            src = np.lib.stride_tricks.as_strided(
+                phases[s, :, :, off:], (g.c, ni, nj, g.n, self.L), (s_c, rstep * e, cstep * e, s_n, e), writeable=False)
+            gathers.append((cols[:, k0:k0 + ni * nj].reshape(g.c, ni, nj, g.n, self.L), src))
+        copyto = np.copyto
+
+        def run():
+            for v in fills:
+                v.fill(fill)
+            for dst, src in copies:
+                copyto(dst, src)
+            for dst, src in gathers:
+                copyto(dst, src)
+        return run

@@ -79,11 +79,23 @@ CONV_CASES = [
     ((1, 16, 5, 5), (12, 16, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1, "relu", True, True),  # pointwise
     ((2, 5, 4, 4), (3, 5, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1, "none", False, False),  # pointwise, batch 2
     ((1, 64, 6, 6), (4, 64, 7, 7), (1, 1), (1, 1), (3, 3, 3, 3), 1, "none", True, True),  # K=3136: float64 path
+    ((2, 6, 11, 13), (6, 1, 3, 3), (3, 2), (2, 3), (2, 1, 3, 0), 6, "relu", True, True),  # depthwise, 6 phases
+    ((2, 3, 12, 12), (5, 3, 3, 3), (2, 2), (1, 1), (0, 1, 0, 1), 1, "relu6", True, True),  # stride 2, SAME
+    ((1, 6, 9, 8), (4, 3, 2, 3), (2, 3), (1, 2), (1, 1, 2, 2), 2, "none", True, True),  # grouped, strided
 ]
 
 
+@pytest.fixture(params=["fold", "split"])
+def fold(request, monkeypatch):
+    """Each GEMM kernel both ways: requantization folded into a float64 GEMM, and an exact GEMM
+    followed by the int64 requantizer (the kernels pick one by a cost estimate)."""
+    import isthmus.edge.int8_kernels as k8
+    monkeypatch.setattr(k8, "fold_pays", lambda k, outputs: request.param == "fold")
+    return request.param
+
+
 @pytest.mark.parametrize("xs,ws,strides,dil,pads,groups,act,per_channel,has_bias", CONV_CASES)
-def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias):
+def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias, fold):
     x, w = i8(xs), i8(ws, -127)
     o = ws[0]
     sx, zx, sy, zy = f32(0.03), int(rng.integers(-20, 20)), f32(0.05 * (ws[1] * ws[2] * ws[3]) ** 0.5), int(rng.integers(-10, 10))
@@ -111,7 +123,7 @@ def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias):
 # ---- matmul --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("m,k,n,tb,act,bias", [(1, 32, 10, False, "none", True), (5, 200, 7, True, "relu", True),
                                                (3, 16, 4, False, "relu6", False), (2, 3000, 3, False, "none", True)])
-def test_dense(m, k, n, tb, act, bias):
+def test_dense(m, k, n, tb, act, bias, fold):
     a, w = i8((m, k)), i8((n, k) if tb else (k, n), -127)
     sa, za, sy, zy = f32(0.02), -7, f32(0.02 * k ** 0.5), 3
     sw = f32(rng.uniform(0.005, 0.01, n))

@@ -4,7 +4,8 @@
     python benchmarks/offload_load.py --clients 64 --requests 200    # issue #8's load benchmark
 
 The cloud part is the tail of an MLP (784-H-H-H-10, H = --hidden, cut after the first layer: the edge
-sends an H-float hidden row, the cloud runs three dense layers and a softmax). The service
+sends an H-float hidden row, the cloud runs three dense layers and a softmax), or with
+--model mobilenet the MobileNetV2-style network's tail after block 5 (res 64). The service
 runs in a subprocess (`isthmus serve`), so the RSS read from /proc is the server's alone.
 Each client is a thread with its own gRPC connection sending one-row requests back to back
 (closed loop), each with a deadline. The same requests run twice in one run: against a
@@ -56,6 +57,23 @@ def build(path: str, hidden: int):
     return lambda hv: sess.run(y, {g.tensor("act0:0"): hv})
 
 
+def build_mobilenet(path: str, res: int = 64):
+    """The MobileNetV2-style network's tail after block 5 (benchmarks/models.py): the edge sends
+    block5's 32 x res/8 x res/8 activation; returns (reference function, input row shape)."""
+    sys.path.insert(0, HERE)
+    import isthmus as ism
+    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    from models import mobilenet_v2
+    g, x, logits = mobilenet_v2(batch=1, res=res)
+    sess = ism.Session(g)
+    sess.run(ism.global_variables_initializer(g))
+    cut = g.tensor("block5/Add:0")
+    part = cloud_part(sess, [cut], [logits], "tail")
+    save_cloud_parts(path, [part], model="mobilenet-tail")
+    ref = ism.Session(part.graph)
+    return (lambda hv: ref.run(part.outputs[0].tensor, {part.inputs[0].tensor: hv})), tuple(part.inputs[0].shape[1:])
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -100,7 +118,7 @@ class Server:
                 self.proc.communicate(timeout=10)
 
 
-def run_mode(path: str, reference, inputs: np.ndarray, clients: int, requests: int, max_batch: int,
+def run_mode(path: str, reference, input_name: str, inputs: np.ndarray, clients: int, requests: int, max_batch: int,
              max_delay_ms: float, deadline_s: float, check_every: int, blas_threads: int) -> dict:
     import grpc
     from isthmus.cloud import tensor_codec
@@ -117,7 +135,7 @@ def run_mode(path: str, reference, inputs: np.ndarray, clients: int, requests: i
         reqs = []
         for k in range(len(inputs)):
             r = offload_pb2.InferRequest(part="tail", request_id=str(k))
-            tensor_codec.encode(inputs[k:k + 1], out=r.inputs.add(name="act0:0").tensor)
+            tensor_codec.encode(inputs[k:k + 1], out=r.inputs.add(name=input_name).tensor)
             reqs.append(r.SerializeToString())
         def warm(c: int):  # connections open, the plan compiled, the server's threads all started
             for _ in range(5):
@@ -188,7 +206,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=20, help="requests per client")
-    p.add_argument("--hidden", type=int, default=1024, help="width of the dense layers (default %(default)s)")
+    p.add_argument("--model", choices=("mlp", "mobilenet"), default="mlp")
+    p.add_argument("--hidden", type=int, default=1024, help="mlp: width of the dense layers (default %(default)s)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--blas-threads", type=int, default=1,
                    help="the server's BLAS threads (0: BLAS's default). Multithreaded BLAS spins against the "
@@ -200,14 +219,19 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "mlp-tail.cloud")
-        reference = build(path, a.hidden)
-        inputs = np.maximum(np.random.default_rng(1).standard_normal((1024, a.hidden)), 0).astype(np.float32)
+        if a.model == "mlp":
+            reference, row, input_name, model = build(path, a.hidden), (a.hidden,), "act0:0", \
+                f"MLP tail {a.hidden}-{a.hidden}-{a.hidden}-10 + softmax"
+        else:
+            (reference, row), input_name = build_mobilenet(path), "block5/Add:0"
+            model = "MobileNetV2-style tail after block 5 (res 64)"
+        inputs = np.maximum(np.random.default_rng(1).standard_normal((1024,) + row), 0).astype(np.float32)
         modes = {}
         for name, mb in (("batched", a.max_batch), ("unbatched", 1)):
-            modes[name] = run_mode(path, reference, inputs, a.clients, a.requests, mb, a.max_delay_ms,
+            modes[name] = run_mode(path, reference, input_name, inputs, a.clients, a.requests, mb, a.max_delay_ms,
                                    a.deadline_s, a.check_every, a.blas_threads)
     b, u = modes["batched"], modes["unbatched"]
-    result = {"benchmark": "offload_load", "model": f"MLP tail {a.hidden}-{a.hidden}-{a.hidden}-10 + softmax, 1 row per request",
+    result = {"benchmark": "offload_load", "model": model + ", 1 row per request",
               "clients": a.clients, "requests_per_client": a.requests, "cpus": os.cpu_count(),
               "server_blas_threads": a.blas_threads or "default",
               "load_avg_1m": round(os.getloadavg()[0], 2), "modes": modes,

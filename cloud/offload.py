@@ -135,7 +135,8 @@ class _PartRunner:
                 raise InvalidRequest(f"part '{p.name}': input '{s.name}' takes the request to {total} bytes, "
                                      f"over the limit of {max_bytes}")
             if v.dtype != s.dtype:
-                raise InvalidRequest(f"part '{p.name}': input '{s.name}' is {v.dtype.name}; the part takes {s.dtype.name}")
+                raise InvalidRequest(f"part '{p.name}': input '{s.name}' is {v.dtype.name}; "
+                                     f"the part takes {s.dtype.name}")
             if v.ndim != len(s.shape) or any(w != -1 and d != w for d, w in zip(v.shape[1:], s.shape[1:])) \
                     or (s.shape and s.shape[0] != -1 and v.shape[0] != s.shape[0]):
                 raise InvalidRequest(f"part '{p.name}': input '{s.name}' has shape {list(v.shape)}; the part takes "
@@ -239,7 +240,8 @@ class OffloadService:
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_wait_s: float = DEFAULT_MAX_WAIT_S,
                  log_every_s: Optional[float] = None, log: Optional[Callable[[str], None]] = None):
         if max_batch_size < 1 or max_queue < 1 or max_queue_delay_ms < 0 or max_request_bytes < 1 or max_wait_s <= 0:
-            raise ValueError(f"offload limits must be positive: max_batch_size={max_batch_size}, max_queue={max_queue}, "
+            raise ValueError(f"offload limits must be positive: max_batch_size={max_batch_size}, "
+                             f"max_queue={max_queue}, "
                              f"max_queue_delay_ms={max_queue_delay_ms}, max_request_bytes={max_request_bytes}, "
                              f"max_wait_s={max_wait_s}")
         self.model = model if isinstance(model, CloudModel) else load_cloud_parts(model)
@@ -536,6 +538,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="isthmus serve", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
+
+
+__all__ = ["OffloadService", "OffloadServicer", "OffloadServer", "offload_handler", "InferResult", "OffloadError",
+           "InvalidRequest", "Overloaded", "DeadlineExceeded", "ServiceStopped", "CloudModel", "CloudPart",
+           "TensorSpec", "CloudPartsError", "cloud_part", "cloud_part_from_partition", "cloud_parts_from_plans",
+           "save_cloud_parts", "load_cloud_parts"]
 
 
 if __name__ == "__main__":

@@ -310,7 +310,8 @@ def load_cloud_parts(path: Union[str, os.PathLike]) -> CloudModel:
     if man.get("format") != FORMAT:
         raise CloudPartsError(f"{where}: field 'format' is {man.get('format')!r}, not {FORMAT!r}")
     if man.get("version") != FORMAT_VERSION:
-        raise CloudPartsError(f"{where}: field 'version' is {man.get('version')!r}; this isthmus reads {FORMAT_VERSION}")
+        raise CloudPartsError(f"{where}: field 'version' is {man.get('version')!r}; "
+                              f"this isthmus reads {FORMAT_VERSION}")
     model = CloudModel(_field(man.get("model"), str, where, "model"))
     entries = _field(man.get("parts"), list, where, "parts")
     if not entries or len(entries) > MAX_PARTS:
@@ -338,7 +339,8 @@ def _load_part(e, blobs: memoryview, where: str) -> CloudPart:
     gi = _field(e.get("graph"), dict, where, "graph")
     off, size = _field(gi.get("offset"), int, where, "graph.offset"), _field(gi.get("size"), int, where, "graph.size")
     if off < 0 or size <= 0 or off + size > len(blobs):
-        raise CloudPartsError(f"{where}: field 'graph' spans bytes {off}..{off + size} of a {len(blobs)}-byte blob area")
+        raise CloudPartsError(f"{where}: field 'graph' spans bytes {off}..{off + size} "
+                              f"of a {len(blobs)}-byte blob area")
     blob = bytes(blobs[off:off + size])
     if hashlib.sha256(blob).hexdigest() != gi.get("sha256"):
         raise CloudPartsError(f"{where}: field 'graph.sha256' does not match the graph's bytes (file corrupt)")
@@ -371,7 +373,8 @@ def _load_spec(s, graph: Graph, where: str, is_input: bool) -> TensorSpec:
     except (TypeError, tensor_codec.TensorCodecError) as err:
         raise CloudPartsError(f"{where} ('{name}'): field 'dtype' {s.get('dtype')!r}: {err}") from None
     shape = _field(s.get("shape"), list, where, "shape")
-    if len(shape) > tensor_codec.MAX_RANK or any(isinstance(d, bool) or not isinstance(d, int) or d < -1 for d in shape):
+    if len(shape) > tensor_codec.MAX_RANK or any(isinstance(d, bool) or not isinstance(d, int) or d < -1
+                                                 for d in shape):
         raise CloudPartsError(f"{where} ('{name}'): field 'shape' {shape} is not a list of ints >= -1 "
                               f"(rank <= {tensor_codec.MAX_RANK})")
     try:
@@ -381,7 +384,8 @@ def _load_spec(s, graph: Graph, where: str, is_input: bool) -> TensorSpec:
     if is_input and t.node.op != "Placeholder":
         raise CloudPartsError(f"{where} ('{name}'): field 'tensor' {tname!r} is a {t.node.op}, not a Placeholder")
     if np.dtype(t.dtype) != dtype:
-        raise CloudPartsError(f"{where} ('{name}'): field 'dtype' is {dtype.name}; the graph's tensor is {np.dtype(t.dtype).name}")
+        raise CloudPartsError(f"{where} ('{name}'): field 'dtype' is {dtype.name}; "
+                              f"the graph's tensor is {np.dtype(t.dtype).name}")
     want = tuple(-1 if d is None else d for d in t.shape)
     if tuple(shape) != want:
         raise CloudPartsError(f"{where} ('{name}'): field 'shape' is {shape}; the graph's tensor is {list(want)}")

@@ -238,6 +238,26 @@ def test_a_request_whose_deadline_passes_in_the_queue_is_dropped(model):
         svc.close()
 
 
+def test_in_process_refusals_name_the_part_or_tensor(model):
+    svc = OffloadService(model, max_queue=1, max_batch_size=64, max_queue_delay_ms=300)
+    try:
+        with pytest.raises(InvalidRequest, match="input 'x:0' has shape \\[2, 7\\]"):
+            svc.infer("whole", {"x:0": np.zeros((2, 7), np.float32)})
+        first = threading.Thread(target=svc.infer, args=("whole", {"x:0": _rows(1, 0)}, 5))
+        first.start()
+        deadline = time.monotonic() + 5
+        while svc.stats()["queue_depth"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        with pytest.raises(Overloaded, match="limit 1"):
+            svc.infer("split", {"act1:0": _hidden(_rows(1, 0))})
+        first.join(10)
+        s = svc.stats()
+        assert (s["rejected_invalid"], s["rejected_overload"], s["errors"], s["batches"]) == (1, 1, 2, 1)
+    finally:
+        svc.close()
+
+
 # ---- over gRPC ------------------------------------------------------------------------------------------
 def test_describe_and_infer_match_the_unsplit_session(server):
     srv, stub = server

@@ -30,10 +30,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .format import DTYPES, FILE_IDENTIFIER, SCHEMA_VERSION, EdgeModelError
+from .format import ALIGN, DTYPES, FILE_IDENTIFIER, SCHEMA_VERSION, EdgeModelError
 from .interpreter import Interpreter
 from .loader import MAX_RANK, MIN_ACTIVATION_LIMIT, EdgeModel, OperatorInfo, RemoteInfo, TensorInfo, _attrs, _ints, _Reader
-from .format import ALIGN
 
 SPLIT_KEY = "isthmus.split"
 SPLIT_VERSION = 1

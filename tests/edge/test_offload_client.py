@@ -245,3 +245,15 @@ def test_edge_run_with_cloud_prints_outputs_and_stats(split, server, tmp_path, c
     # without --cloud, a split model runs its full model locally
     assert main(["edge-run", split["model"], "--input", str(tmp_path / "x.npz"), "--repeat", "1"]) == 0
     assert "running its full model locally" in capsys.readouterr().out
+
+
+def test_loading_a_split_model_imports_neither_grpc_nor_the_graph_machinery(split):
+    import subprocess
+    import sys
+    code = ("import sys; from isthmus.edge.offload_client import OffloadClient, load_split; "
+            f"m = load_split({split['model']!r}); c = OffloadClient({split['model']!r}, '127.0.0.1:1', initial_bps=1.0); "
+            "c.invoke(*[__import__('numpy').zeros((1, 784), 'float32')]); "
+            "bad = [k for k in sys.modules if k == 'grpc' or k.split('.')[:2] in (['isthmus', 'core'], ['isthmus', 'cloud'])]; "
+            "print(bad); assert not bad and c.last['mode'] == 'local'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -72,12 +72,17 @@ class _Task:
         self.proc.stdin.write(text + "\n")
         self.proc.stdin.flush()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def close_stdin(self) -> None:
+        """Ask the task to stop (it stops when its stdin closes), without waiting."""
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.close()  # the task stops when its stdin closes
+                self.proc.stdin.close()
             except OSError:
                 pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.close_stdin()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -192,6 +197,8 @@ class LocalCluster:
         return self.tasks[TaskId(job, index)].proc.poll() is None
 
     def stop(self) -> None:
+        for t in self.tasks.values():  # every task winds down at once, then each is waited for
+            t.close_stdin()
         for t in self.tasks.values():
             t.stop()
 

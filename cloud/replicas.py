@@ -56,7 +56,7 @@ from ..core.ops.math import add_n, mul
 from ..core.ops.reduce import reduce_sum
 from ..core.ops.sparse import IndexedSlices, gather
 from ..core.optimizers import get_or_create_global_step
-from ..core.variables import Variable, global_variables, trainable_variables
+from ..core.variables import Variable, global_variables, trainable_variables, variables_initializer
 from .cluster import ClusterSpec
 from .fault import TaskFailure, diagnose, is_task_loss, wait_until
 from .placement import PS_JOB, WORKER_JOB, pin_replica, task_device, variable_devices
@@ -81,6 +81,7 @@ class ReplicaStats:
     failures: List[Tuple[float, str]] = field(default_factory=list)   # (time.monotonic() seen, message)
     restarts: List[str] = field(default_factory=list)
     restored: List[Tuple[int, str]] = field(default_factory=list)     # (step restored, file or "init")
+    retries: int = 0      # restores redone while a restarted task was still unreachable from another
 
 
 class _Round:
@@ -223,6 +224,12 @@ class ReplicaTrainer:
         self.round = _Round(self.needed, self.stats)
         self._build()
 
+    @property
+    def checkpointed_variables(self) -> List[Variable]:
+        """What the chief's checkpoints hold (in the chief's graph): the model's variables,
+        the optimizer's slots and the global step; not the replicas' gradient buffers."""
+        return list(self.chief.saver._var_list)
+
     # ---- graphs ----------------------------------------------------------------------------------
     def _model(self, g: Graph):
         with g.as_default():
@@ -308,7 +315,6 @@ class ReplicaTrainer:
             every = global_variables(g)
             buffers = [v for v in every if v.node.name.startswith(BUFFER_SCOPE + "/")]
             saved = [v for v in every if not v.node.name.startswith(BUFFER_SCOPE + "/")]
-            from ..core.variables import variables_initializer
             init = variables_initializer(every, name="init_all")
             init_buffers = variables_initializer(buffers, name="init_buffers")
         pin_replica(g, self.devices[0], self.var_devices)
@@ -317,7 +323,6 @@ class ReplicaTrainer:
     def _build_async_chief(self) -> _Chief:
         g = self.replicas[0].graph  # replica 0's session is the chief's
         with g.as_default():
-            from ..core.variables import variables_initializer
             every = global_variables(g)
             init = variables_initializer(every, name="init_all")
         return _Chief(g, None, [], [], init, None, get_or_create_global_step(g), Saver(every, max_to_keep=3), [])
@@ -377,6 +382,7 @@ class ReplicaTrainer:
     def train(self, steps: int) -> ReplicaStats:
         """Train until the global step reaches `steps`, recovering from lost tasks."""
         restarts = 0
+        settle_until = 0.0  # after a restart: until then, "unreachable" with every task up is a reconnect
         self._open()
         start = wait_until(self._initialize, RECONNECT_TIMEOUT_S, "initializing the variables")
         try:
@@ -390,15 +396,23 @@ class ReplicaTrainer:
                     failure = diagnose(e, self.cluster)
                     if not failure.tasks and not is_task_loss(e):
                         raise                               # a failing op: it would fail again
-                    self.stats.failures.append((self._failed_at, str(failure)))
-                    log.warning("%s", failure)
-                    if (failure.tasks and self.restart is None) or restarts >= self.max_restarts \
-                            or not self.checkpoint_dir:
-                        raise failure from e
-                    restarts += 1
-                    for t in failure.tasks:
-                        self.restart(t.job, t.index)
-                        self.stats.restarts.append(t.name)
+                    if not failure.tasks and time.monotonic() < settle_until:
+                        # every task is up, but one task's channel to the restarted one is still
+                        # in gRPC's reconnect backoff: retry from the checkpoint, bounded in time
+                        self.stats.retries += 1
+                        log.info("retrying: a restarted task is not yet reachable from every task (%s)", e)
+                        time.sleep(0.25)
+                    else:
+                        self.stats.failures.append((self._failed_at, str(failure)))
+                        log.warning("%s", failure)
+                        if (failure.tasks and self.restart is None) or restarts >= self.max_restarts \
+                                or not self.checkpoint_dir:
+                            raise failure from e
+                        restarts += 1
+                        for t in failure.tasks:
+                            self.restart(t.job, t.index)
+                            self.stats.restarts.append(t.name)
+                        settle_until = time.monotonic() + RECONNECT_TIMEOUT_S
                     self._open()
                     start = wait_until(self._initialize, RECONNECT_TIMEOUT_S, "restoring after a failure")
         finally:

@@ -81,12 +81,12 @@ def run(mode: str, lc: LocalCluster, steps: int, batch: int, backup: int, lr: fl
     replicas = 2
     bar = ism.core.progress.ProgressBar(steps, desc=f"{mode} x{replicas}" + (f"+{backup}" if backup else ""),
                                         unit="ex")
+    per_step = batch * (replicas if mode == "sync" else 1)
     with tempfile.TemporaryDirectory() as ckpt:
         trainer = ReplicaTrainer(model, lambda: ism.optimizers.Adam(lr), shards(train, replicas + backup, batch),
                                  lc.cluster, mode=mode, replicas=replicas, backup=backup if mode == "sync" else 0,
                                  checkpoint_dir=ckpt, checkpoint_every=max(steps // 4, 1), restart=lc.restart,
-                                 on_step=lambda k, loss: bar.update(1, loss=loss,
-                                                                    examples=batch * (replicas if mode == "sync" else 1)))
+                                 on_step=lambda k, loss: bar.update(1, loss=loss, examples=per_step))
         t0 = time.perf_counter()
         stats = trainer.train(steps)
         bar.close()

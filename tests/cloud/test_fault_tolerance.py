@@ -43,7 +43,7 @@ def optimizer():
 def final_values(trainer):
     sess = ism.Session(trainer.chief.graph, target="grpc://" + trainer.cluster.address("worker", 0))
     try:
-        return {v.node.name: sess.variable_value(v) for v in trainer.chief.saver._var_list}
+        return {v.node.name: sess.variable_value(v) for v in trainer.checkpointed_variables}
     finally:
         sess.close()
 

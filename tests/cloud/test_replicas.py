@@ -69,7 +69,7 @@ def ps_values(trainer):
     """Every checkpointed variable, read back from the ps tasks through a fresh chief session."""
     sess = ism.Session(trainer.chief.graph, target="grpc://" + trainer.cluster.address("worker", 0))
     try:
-        return {v.node.name: sess.variable_value(v) for v in trainer.chief.saver._var_list}
+        return {v.node.name: sess.variable_value(v) for v in trainer.checkpointed_variables}
     finally:
         sess.close()
 

@@ -448,8 +448,10 @@ class ReplicaTrainer:
             rnd.halt()
             for t in threads:   # a replica still inside a step must not write a buffer after recovery
                 t.join(self.step_timeout * 2 + 15)
-            if any(t.is_alive() for t in threads):
-                errors.append(RuntimeError("a replica did not stop within its step timeout"))
+            stuck = [t.name for t in threads if t.is_alive()]
+            if stuck:  # not a task loss: recovering now could let its late step overwrite a buffer
+                raise RuntimeError(f"{', '.join(stuck)} did not stop within {self.step_timeout * 2 + 15:g} s "
+                                   f"(twice the step timeout); giving up rather than recovering around it")
         if errors:
             raise errors[0]
 

@@ -68,7 +68,11 @@ def uninterrupted(lc, tmp_path_factory):
     return final_values(t)
 
 
-@pytest.mark.parametrize("job,index,at_step", [("ps", 0, 4), ("worker", 1, 5)])
+_RNG = np.random.default_rng(5)   # the step of each kill: random, and the same on every run
+
+
+@pytest.mark.parametrize("job,index,at_step", [("ps", 0, int(_RNG.integers(1, STEPS))),
+                                               ("worker", 1, int(_RNG.integers(1, STEPS)))])
 def test_killed_task_is_restarted_and_training_ends_as_uninterrupted(lc, uninterrupted, tmp_path, job, index,
                                                                       at_step):
     killed = []

@@ -23,6 +23,7 @@ from ..core.errors import FeedError
 from ..core.function import Function
 from ..core.graph import Graph, Node, Tensor
 from ..core.rendezvous import RendezvousAborted
+from ..core.trace import RunMetadata
 from ..partitioner.partition import Partition, partition
 from . import graph_codec
 from .cluster import ClusterSpec, ClusterSpecError
@@ -115,20 +116,25 @@ class MasterSession:
 
     # ---- steps -------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any], fetches: Sequence[str], targets: Sequence[str] = (),
-            timeout: Optional[float] = None) -> Tuple[List[Any], int]:
-        """(fetched values in order, step id)."""
+            timeout: Optional[float] = None, run_metadata=None) -> Tuple[List[Any], int]:
+        """(fetched values in order, step id). With `run_metadata` (a core RunMetadata) every
+        part is traced and their events land there, on one timeline (cloud/tracing.py)."""
         timeout = timeout or self.master.step_timeout
         plan = self.plan(list(fetches), list(feeds), list(targets))
         by_tensor = {_tensor_name(k): v for k, v in feeds.items()}
         step_id = self.master.new_step_id()
         pending = []
-        for pr in plan.parts:
+        traces = [] if run_metadata is None else [RunMetadata() for _ in plan.parts]
+        for i, pr in enumerate(plan.parts):
             part_feeds = {f: by_tensor[f] for f in pr.feeds}
-            pending.append(self.master.start(pr.worker, pr.handle, step_id, part_feeds, pr.fetches, timeout))
+            pending.append(self.master.start(pr.worker, pr.handle, step_id, part_feeds, pr.fetches, timeout,
+                                             traces[i] if traces else None))
         results, errors = self._wait(plan, pending, step_id, timeout)
         self.steps += 1
         if errors:
             raise _original(errors)
+        for md in traces:
+            run_metadata.merge(md)
         names = [_tensor_name(f) if ":" not in f else f for f in fetches]
         out = []
         for f, nm in zip(fetches, names):
@@ -248,10 +254,12 @@ class Master:
         # random, as TF's: steps of different sessions (and masters) sharing tasks never collide
         return self._rng.getrandbits(62)
 
-    def start(self, worker, handle, step_id, feeds, fetches, timeout):
+    def start(self, worker, handle, step_id, feeds, fetches, timeout, run_metadata=None):
+        """Start a part's step; with `run_metadata` it is traced into it (untraced: no extra argument)."""
+        traced = () if run_metadata is None else (run_metadata,)
         if hasattr(worker, "run_graph_future"):
-            return worker.run_graph_future(handle, step_id, feeds, fetches, timeout)
-        return _LocalPending(self._pool.submit(worker.run_graph, handle, step_id, feeds, fetches, timeout))
+            return worker.run_graph_future(handle, step_id, feeds, fetches, timeout, *traced)
+        return _LocalPending(self._pool.submit(worker.run_graph, handle, step_id, feeds, fetches, timeout, *traced))
 
     def abort_step(self, step_id: int, error: BaseException, workers: Sequence[Any]) -> None:
         reason = RendezvousAborted(f"another part failed: {type(error).__name__}: {error}")
@@ -294,8 +302,9 @@ class Master:
             return s.version
 
     def run_step(self, handle: str, feeds: Mapping[str, Any], fetches: Sequence[str],
-                 targets: Sequence[str] = (), timeout: Optional[float] = None) -> Tuple[List[Any], int]:
-        return self.session(handle).run(feeds, fetches, targets, timeout)
+                 targets: Sequence[str] = (), timeout: Optional[float] = None,
+                 run_metadata=None) -> Tuple[List[Any], int]:
+        return self.session(handle).run(feeds, fetches, targets, timeout, run_metadata)
 
     def close_session(self, handle: str) -> None:
         with self._lock:

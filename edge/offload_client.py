@@ -310,7 +310,13 @@ class OffloadClient:
     def __init__(self, model_path: str, address: str, security=None, deadline_ms: float = 1000.0,
                  link: Optional[EmulatedLink] = None, alpha: float = 0.5, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
-                 initial_bps: Optional[float] = None):
+                 initial_bps: Optional[float] = None, edge_slowdown: float = 1.0):
+        """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
+        (demos, benchmarks): after each request the client sleeps (edge_slowdown - 1) x the time
+        it computed here, so a request takes what it would on that device."""
+        if not edge_slowdown >= 1.0:
+            raise ValueError(f"edge_slowdown must be >= 1, got {edge_slowdown!r}")
+        self.edge_slowdown = float(edge_slowdown)
         self.split = load_split(model_path)
         self.address, self.security = address, security
         self.deadline_s = float(deadline_ms) / 1e3
@@ -348,12 +354,21 @@ class OffloadClient:
             self._deadline_at = t0 + self.deadline_s
             self.counts["requests"] += 1
             before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
+            self._remote_s = self._server_s = 0.0
+            self._up_bytes = self._down_bytes = 0
             try:
                 return self._invoke(inputs)
             finally:
+                edge_s = max(time.perf_counter() - t0 - self._remote_s, 0.0)  # computing here, not waiting
+                if self.edge_slowdown > 1.0:
+                    time.sleep((self.edge_slowdown - 1.0) * edge_s)
                 total = time.perf_counter() - t0
                 mode = next((k for k in ("cloud", "fallback", "local") if self.counts[k] > before[k]), "error")
-                self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut)
+                # where the time went: computing on the (emulated) edge, in remote calls (link + service)
+                # and, of that, the service's queue + compute; the bytes each way
+                self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut,
+                                 edge_s=edge_s * self.edge_slowdown, remote_s=self._remote_s,
+                                 server_s=self._server_s, up_bytes=self._up_bytes, down_bytes=self._down_bytes)
                 self.latencies.append(total)
                 if len(self.latencies) > 10000:
                     del self.latencies[:5000]
@@ -433,32 +448,42 @@ class OffloadClient:
 
     def _remote(self, k: int):
         """The interpreter's callback for cut k's RemotePart: one Infer call over the (emulated) link."""
-        cut = self.split.cuts[k]
-
         def call(part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
-            self._connect()
-            pb = self._pb
-            if self.rtt_s is None or self._since_ping >= self.ping_every:
-                self._ping()
-            self._since_ping += 1
-            nbytes_up = sum(a.nbytes for a in arrays)
-            req = pb.InferRequest(part=cut.cloud_part, request_id=uuid.uuid4().hex[:16])
-            for n, a in zip(cut.inputs, arrays):
-                _encode(req.inputs.add(name=n), a)
-            t0 = time.perf_counter()
-            self._sleep_link(nbytes_up)
-            resp = self._call("Infer", req)
-            if len(resp.outputs) != len(cut.outputs):
-                raise CloudError(f"part '{cut.cloud_part}': the service returned {len(resp.outputs)} outputs, "
-                                 f"expected {len(cut.outputs)}")
-            shapes = self._interp[k].remote_shapes
-            outs = [_decode(nt, n, cut.model.tensors[i].dtype, shapes[i])
-                    for nt, n, i in zip(resp.outputs, cut.outputs, part.outputs)]
-            nbytes_down = sum(o.nbytes for o in outs)
-            self._sleep_link(nbytes_down)
-            self._measure(time.perf_counter() - t0 - (resp.queue_ms + resp.compute_ms) / 1e3, nbytes_up + nbytes_down)
-            return outs
+            t_call = time.perf_counter()
+            try:
+                return self._call_part(k, part, arrays)
+            finally:
+                self._remote_s += time.perf_counter() - t_call
         return call
+
+    def _call_part(self, k: int, part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+        """One Infer call for cut k's RemotePart over the (emulated) link."""
+        cut = self.split.cuts[k]
+        self._connect()
+        pb = self._pb
+        if self.rtt_s is None or self._since_ping >= self.ping_every:
+            self._ping()
+        self._since_ping += 1
+        nbytes_up = sum(a.nbytes for a in arrays)
+        req = pb.InferRequest(part=cut.cloud_part, request_id=uuid.uuid4().hex[:16])
+        for n, a in zip(cut.inputs, arrays):
+            _encode(req.inputs.add(name=n), a)
+        t0 = time.perf_counter()
+        self._sleep_link(nbytes_up)
+        resp = self._call("Infer", req)
+        self._server_s += (resp.queue_ms + resp.compute_ms) / 1e3
+        if len(resp.outputs) != len(cut.outputs):
+            raise CloudError(f"part '{cut.cloud_part}': the service returned {len(resp.outputs)} outputs, "
+                             f"expected {len(cut.outputs)}")
+        shapes = self._interp[k].remote_shapes
+        outs = [_decode(nt, n, cut.model.tensors[i].dtype, shapes[i])
+                for nt, n, i in zip(resp.outputs, cut.outputs, part.outputs)]
+        nbytes_down = sum(o.nbytes for o in outs)
+        self._up_bytes += nbytes_up
+        self._down_bytes += nbytes_down
+        self._sleep_link(nbytes_down)
+        self._measure(time.perf_counter() - t0 - (resp.queue_ms + resp.compute_ms) / 1e3, nbytes_up + nbytes_down)
+        return outs
 
     # ---- the link and the estimate ------------------------------------------------------------------
     def _remaining(self) -> float:

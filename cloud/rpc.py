@@ -16,7 +16,8 @@ import numpy as np
 
 from ..proto import worker_pb2
 from ..proto.security import ClientSecurity, make_channel
-from . import graph_codec, tensor_codec, wire
+from ..core.trace import RunMetadata
+from . import graph_codec, tensor_codec, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
@@ -48,9 +49,12 @@ class WorkerServicer:
         w = self.worker
         try:
             feeds = {t.name: tensor_codec.decode(t.tensor, w.max_tensor_bytes) for t in request.feeds}
+            md = RunMetadata() if request.trace else None
             outs = w.run_graph(request.handle, request.step_id, feeds, list(request.fetches),
-                               request.timeout_s or None)
+                               request.timeout_s or None, run_metadata=md)
             resp = worker_pb2.RunGraphResponse()
+            if md is not None:
+                tracing.encode(md, out=resp.trace)
             for name, v in zip(request.fetches, outs):
                 if v is not None:
                     tensor_codec.encode(v, out=resp.outputs.add(name=name).tensor, max_bytes=w.max_tensor_bytes)
@@ -171,19 +175,22 @@ class WorkerClient:
         return self._call("RegisterGraph", worker_pb2.RegisterGraphRequest(graph=gd, device=device or "")).handle
 
     def run_graph(self, handle: str, step_id: int, feeds: Optional[Mapping[str, Any]] = None,
-                  fetches: Sequence[str] = (), timeout: Optional[float] = None):
-        return self.run_graph_future(handle, step_id, feeds, fetches, timeout).result()
+                  fetches: Sequence[str] = (), timeout: Optional[float] = None,
+                  run_metadata: Optional[RunMetadata] = None):
+        return self.run_graph_future(handle, step_id, feeds, fetches, timeout, run_metadata).result()
 
     def run_graph_future(self, handle: str, step_id: int, feeds: Optional[Mapping[str, Any]] = None,
-                         fetches: Sequence[str] = (), timeout: Optional[float] = None) -> "_Pending":
-        """Start a step of a part without waiting: `.result()` gives its outputs (or raises)."""
+                         fetches: Sequence[str] = (), timeout: Optional[float] = None,
+                         run_metadata: Optional[RunMetadata] = None) -> "_Pending":
+        """Start a step of a part without waiting: `.result()` gives its outputs (or raises).
+        With `run_metadata` the step is traced and `.result()` adds the task's events to it."""
         req = worker_pb2.RunGraphRequest(handle=handle, step_id=step_id, fetches=list(fetches),
-                                         timeout_s=timeout or 0.0)
+                                         timeout_s=timeout or 0.0, trace=run_metadata is not None)
         for k, v in (feeds or {}).items():
             tensor_codec.encode(v, out=req.feeds.add(name=k).tensor, max_bytes=self.max_tensor_bytes)
         deadline = (timeout + _RECV_SLACK_S) if timeout else self.timeout
         fut = self._rpc["RunGraph"].future(req, timeout=deadline)
-        return _Pending(self, fut, list(fetches))
+        return _Pending(self, fut, list(fetches), run_metadata)
 
     def recv_tensor(self, src_device: str, dst_device: str, tensor: str, step_id: int,
                     timeout: Optional[float] = None) -> np.ndarray:
@@ -228,8 +235,9 @@ class WorkerClient:
 class _Pending:
     """A RunGraph in flight."""
 
-    def __init__(self, client: WorkerClient, fut, fetches):
+    def __init__(self, client: WorkerClient, fut, fetches, run_metadata: Optional[RunMetadata] = None):
         self.client, self.fut, self.fetches = client, fut, fetches
+        self.run_metadata = run_metadata
 
     def add_done_callback(self, fn) -> None:
         self.fut.add_done_callback(lambda _f: fn(self))
@@ -240,6 +248,13 @@ class _Pending:
         except grpc.RpcError as e:
             raise self.client._error("RunGraph", e) from None
         got = {t.name: tensor_codec.decode(t.tensor, self.client.max_tensor_bytes) for t in resp.outputs}
+        if self.run_metadata is not None:
+            if not resp.HasField("trace"):
+                raise WorkerError(f"{self.client.name}: RunGraph was asked for a trace and returned none")
+            try:
+                self.run_metadata.merge(tracing.decode(resp.trace, self.client.name))
+            except tracing.TraceDecodeError as e:
+                raise WorkerError(f"RunGraph on {self.client.name}: malformed trace: {e}") from None
         return [got.get(f) for f in self.fetches]
 
 

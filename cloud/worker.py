@@ -24,6 +24,7 @@ from ..core.executor import SessionState
 from ..core.graph import Graph
 from ..core.rendezvous import RendezvousAborted
 from ..core.session import Session
+from ..core.trace import RunMetadata, RunOptions
 from . import graph_codec, tensor_codec, wire
 from .errors import HandleNotFound, WorkerError
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezvous
@@ -133,11 +134,14 @@ class Worker:
 
     # ---- steps -----------------------------------------------------------------------------
     def run_graph(self, handle: str, step_id: int, feeds: Optional[Mapping[str, Any]] = None,
-                  fetches: Sequence[str] = (), timeout: Optional[float] = None) -> List[Optional[np.ndarray]]:
+                  fetches: Sequence[str] = (), timeout: Optional[float] = None,
+                  run_metadata: Optional[RunMetadata] = None) -> List[Optional[np.ndarray]]:
         """Run one step of a registered part: the fetched tensors' values (None for node fetches).
 
         A failure aborts the step in this task's rendezvous (its waiting Recvs wake) and
-        is raised as the Session reports it (naming the failing node).
+        is raised as the Session reports it (naming the failing node). With `run_metadata`
+        the step is traced: its node events go there, on the part's device's track, its
+        Sends and Recvs tagged with the step id that pairs them across tasks.
         """
         reg = self._get(handle)
         g = reg.graph
@@ -154,7 +158,10 @@ class Worker:
         rv.step_id = step_id
         rv.timeout = float(timeout) if timeout else rv.default_timeout
         try:
-            out = sess.run(fl, fd) if fl else []
+            if run_metadata is None:
+                out = sess.run(fl, fd) if fl else []
+            else:
+                out = self._run_traced(reg, sess, fl, fd, step_id, run_metadata)
         except BaseException as e:
             self.table.abort_step(step_id, e)
             raise
@@ -162,6 +169,16 @@ class Worker:
             reg.release(inst)
         self.steps_run += 1
         return [None if not hasattr(v, "dtype") else np.asarray(v) for v in out]
+
+    @staticmethod
+    def _run_traced(reg: _Registered, sess: Session, fl, fd, step_id: int, md: RunMetadata) -> list:
+        part = RunMetadata()
+        out = sess.run(fl, fd, options=RunOptions(trace=True), run_metadata=part) if fl else []
+        for e in part.events:
+            if e.key:
+                e.step = step_id
+        md.merge(part, device=reg.device)
+        return out
 
     def _deposit(self, key: Key, value: Any) -> None:
         if self.wire and key[1] not in self.devices and hasattr(value, "dtype"):

@@ -24,37 +24,38 @@ _sym_db = _symbol_database.Default()
 
 from isthmus.proto import tensor_pb2 as isthmus_dot_proto_dot_tensor__pb2
 from isthmus.proto import graph_pb2 as isthmus_dot_proto_dot_graph__pb2
+from isthmus.proto import worker_pb2 as isthmus_dot_proto_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/master.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x19isthmus/proto/graph.proto\"8\n\x14\x43reateSessionRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\"F\n\x15\x43reateSessionResponse\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12\x15\n\rgraph_version\x18\x02 \x01(\x05\"o\n\x14\x45xtendSessionRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12 \n\x05graph\x18\x02 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x1d\n\x15\x63urrent_graph_version\x18\x03 \x01(\x05\"2\n\x15\x45xtendSessionResponse\x12\x19\n\x11new_graph_version\x18\x01 \x01(\x05\"\x82\x01\n\x0eRunStepRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12#\n\x05\x66\x65\x65\x64s\x18\x02 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x03 \x03(\t\x12\x0f\n\x07targets\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"I\n\x0fRunStepResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\"-\n\x13\x43loseSessionRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x14\n\x12ListDevicesRequest\"F\n\x10\x44\x65viceAttributes\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"A\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.isthmus.DeviceAttributes2\xfd\x02\n\x06Master\x12N\n\rCreateSession\x12\x1d.isthmus.CreateSessionRequest\x1a\x1e.isthmus.CreateSessionResponse\x12N\n\rExtendSession\x12\x1d.isthmus.ExtendSessionRequest\x1a\x1e.isthmus.ExtendSessionResponse\x12<\n\x07RunStep\x12\x17.isthmus.RunStepRequest\x1a\x18.isthmus.RunStepResponse\x12K\n\x0c\x43loseSession\x12\x1c.isthmus.CloseSessionRequest\x1a\x1d.isthmus.CloseSessionResponse\x12H\n\x0bListDevices\x12\x1b.isthmus.ListDevicesRequest\x1a\x1c.isthmus.ListDevicesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/master.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x19isthmus/proto/graph.proto\x1a\x1aisthmus/proto/worker.proto\"8\n\x14\x43reateSessionRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\"F\n\x15\x43reateSessionResponse\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12\x15\n\rgraph_version\x18\x02 \x01(\x05\"o\n\x14\x45xtendSessionRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12 \n\x05graph\x18\x02 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x1d\n\x15\x63urrent_graph_version\x18\x03 \x01(\x05\"2\n\x15\x45xtendSessionResponse\x12\x19\n\x11new_graph_version\x18\x01 \x01(\x05\"\x91\x01\n\x0eRunStepRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\x12#\n\x05\x66\x65\x65\x64s\x18\x02 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x03 \x03(\t\x12\x0f\n\x07targets\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\r\n\x05trace\x18\x06 \x01(\x08\"l\n\x0fRunStepResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\x12!\n\x05trace\x18\x03 \x01(\x0b\x32\x12.isthmus.StepTrace\"-\n\x13\x43loseSessionRequest\x12\x16\n\x0esession_handle\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x14\n\x12ListDevicesRequest\"F\n\x10\x44\x65viceAttributes\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"A\n\x13ListDevicesResponse\x12*\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x19.isthmus.DeviceAttributes2\xfd\x02\n\x06Master\x12N\n\rCreateSession\x12\x1d.isthmus.CreateSessionRequest\x1a\x1e.isthmus.CreateSessionResponse\x12N\n\rExtendSession\x12\x1d.isthmus.ExtendSessionRequest\x1a\x1e.isthmus.ExtendSessionResponse\x12<\n\x07RunStep\x12\x17.isthmus.RunStepRequest\x1a\x18.isthmus.RunStepResponse\x12K\n\x0c\x43loseSession\x12\x1c.isthmus.CloseSessionRequest\x1a\x1d.isthmus.CloseSessionResponse\x12H\n\x0bListDevices\x12\x1b.isthmus.ListDevicesRequest\x1a\x1c.isthmus.ListDevicesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'isthmus.proto.master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATESESSIONREQUEST']._serialized_start=94
-  _globals['_CREATESESSIONREQUEST']._serialized_end=150
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=152
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=222
-  _globals['_EXTENDSESSIONREQUEST']._serialized_start=224
-  _globals['_EXTENDSESSIONREQUEST']._serialized_end=335
-  _globals['_EXTENDSESSIONRESPONSE']._serialized_start=337
-  _globals['_EXTENDSESSIONRESPONSE']._serialized_end=387
-  _globals['_RUNSTEPREQUEST']._serialized_start=390
-  _globals['_RUNSTEPREQUEST']._serialized_end=520
-  _globals['_RUNSTEPRESPONSE']._serialized_start=522
-  _globals['_RUNSTEPRESPONSE']._serialized_end=595
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=597
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=642
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=644
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=666
-  _globals['_LISTDEVICESREQUEST']._serialized_start=668
-  _globals['_LISTDEVICESREQUEST']._serialized_end=688
-  _globals['_DEVICEATTRIBUTES']._serialized_start=690
-  _globals['_DEVICEATTRIBUTES']._serialized_end=760
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=762
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=827
-  _globals['_MASTER']._serialized_start=830
-  _globals['_MASTER']._serialized_end=1211
+  _globals['_CREATESESSIONREQUEST']._serialized_start=122
+  _globals['_CREATESESSIONREQUEST']._serialized_end=178
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=180
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=250
+  _globals['_EXTENDSESSIONREQUEST']._serialized_start=252
+  _globals['_EXTENDSESSIONREQUEST']._serialized_end=363
+  _globals['_EXTENDSESSIONRESPONSE']._serialized_start=365
+  _globals['_EXTENDSESSIONRESPONSE']._serialized_end=415
+  _globals['_RUNSTEPREQUEST']._serialized_start=418
+  _globals['_RUNSTEPREQUEST']._serialized_end=563
+  _globals['_RUNSTEPRESPONSE']._serialized_start=565
+  _globals['_RUNSTEPRESPONSE']._serialized_end=673
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=675
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=720
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=722
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=744
+  _globals['_LISTDEVICESREQUEST']._serialized_start=746
+  _globals['_LISTDEVICESREQUEST']._serialized_end=766
+  _globals['_DEVICEATTRIBUTES']._serialized_start=768
+  _globals['_DEVICEATTRIBUTES']._serialized_end=838
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=840
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=905
+  _globals['_MASTER']._serialized_start=908
+  _globals['_MASTER']._serialized_end=1289
 # @@protoc_insertion_point(module_scope)

@@ -98,7 +98,7 @@ def _plan(attrs, shape: Sequence[int], param: Optional[np.ndarray]) -> Dict[int,
     out = {}
     for a in range(rank):
         n = shape[a]
-        if sizes[a] is not None:
+        if sizes[a] is not None and sizes[a] > 0:  # a static size of 0 keeps the axis
             m = int(sizes[a])
             s = scales[a] if scales[a] is not None else (m / n if n else 1.0)
         else:
@@ -132,8 +132,10 @@ def _infer_resize(node):
         return [(x.dtype, tuple(None if a in axes else d for a, d in enumerate(x.shape)))]
     out = []
     for a, d in enumerate(x.shape):
-        if node.attrs["sizes"]:
+        if node.attrs["sizes"] and int(node.attrs["sizes"][a]) > 0:
             out.append(int(node.attrs["sizes"][a]))
+        elif node.attrs["sizes"]:
+            out.append(d)
         elif d is None:
             out.append(None)
         else:
@@ -220,7 +222,7 @@ def resize(x, scales: Sequence[float] = (), sizes: Sequence[int] = (), mode: str
            coordinate_mode: str = "half_pixel", nearest_mode: str = "round_prefer_floor",
            param: Optional[Tensor] = None, param_kind: str = "scales", axes: Sequence[int] = (),
            policy: str = "stretch", name: Optional[str] = None) -> Tensor:
-    """Resample `x`: per-axis `scales` (output = floor(input * scale)) or `sizes`, or a run-time
+    """Resample `x`: per-axis `scales` (output = floor(input * scale)) or `sizes` (0: keep), or a run-time
     `param` tensor holding the scales or sizes (`param_kind`) of `axes` (default: all axes)."""
     x = convert(x)
     if param is not None and param_kind not in ("scales", "sizes"):

@@ -35,7 +35,7 @@ def _table_step(table: np.ndarray, x: np.ndarray, y: np.ndarray, idx: np.ndarray
 
     def run():
         copyto(idx, xu)
-        take(table, idx, out=y, mode="clip")
+        take(table, idx, out=y, mode="wrap")
     return run
 
 
@@ -110,7 +110,7 @@ def _bind_pair_table(table: np.ndarray, shape2, i_idx: int, i_b: int):
             left_shift(idx, eight, out=idx)
             copyto(tb, b)
             add_(idx, tb, out=idx)
-            take(table, idx, out=y, mode="clip")
+            take(table, idx, out=y, mode="wrap")
         return run
     return bind
 
@@ -238,7 +238,7 @@ def softmax(ctx: OpContext):
             amax(d, axis=axis, keepdims=True, out=mx)
             subtract(d, mx, out=d)
             add_(d, 255, out=d)
-            take(table, d, out=e, mode="clip")
+            take(table, d, out=e, mode="wrap")
             total(e, axis=axis, keepdims=True, out=s)
             right_shift(s, 1, out=half)
             left_shift(e, 16, out=e)

@@ -62,6 +62,9 @@ def _bias(ctx: OpContext, o: int, sx: float, sw: np.ndarray):
     return b.astype(np.int64)
 
 
+DEPTHWISE_FOLD = False  # depthwise: float64 einsum with the requantization folded in (see conv)
+
+
 def fold_pays(k: int, outputs: int) -> bool:
     """Whether a GEMM with k products per output and `outputs` outputs should fold its
     requantization in (quant.fold_requantization). Folding doubles the GEMM's cost (float64, about
@@ -102,21 +105,26 @@ def conv(ctx: OpContext):
     # (quant.fold_requantization), else an exact float32 (or float64) GEMM then the fixed-point
     # Requantizer
     folded = None
-    if groups == 1 and not depthwise and fold_pays(kg, o * n * oh * ow):
+    if depthwise and DEPTHWISE_FOLD:
+        folded = fold_requantization(wk.reshape(c, kk), sx * sw / sy, bias, zy, bound)
+    elif groups == 1 and fold_pays(kg, o * n * oh * ow):
         folded = fold_requantization(wk.reshape(o, -1), sx * sw / sy, bias, zy, bound)
     if folded is not None:
         ft, extra, wg = np.dtype(np.float64), 1, [folded]
     else:
         rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (o, 1, 1, 1))
         extra = 0
-        wg = [np.ascontiguousarray(wk.reshape(c, kk).astype(ft))] if depthwise else [np.ascontiguousarray(wk[k * og:(k + 1) * og].reshape(og, kg).astype(ft)) for k in range(groups)]
+        wg = [np.ascontiguousarray(wk.reshape(c, kk).astype(ft))] if depthwise else \
+            [np.ascontiguousarray(wk[k * og:(k + 1) * og].reshape(og, kg).astype(ft)) for k in range(groups)]
     s_tmp = ((o, n, oh, ow), np.int64)
     if pointwise:  # the input itself (channels first) is the GEMM's operand
         s_pad, s_acc = ((c + extra, n, h, wd), ft), ((o, n * h * wd), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)
     else:  # lifetimes inside the op: phases -> columns -> (GEMM) accumulator -> int64 temporary
         p = n * wide.L
-        s_pad, s_cols, s_acc = (wide.phase_shape, ft), ((c * kk + extra, p), ft), ((o, p), ft)
+        # depthwise columns [C, kh*kw (+ a row of ones), P]; GEMM columns [C*kh*kw (+ ones), P]
+        s_cols = ((c, kk + extra, p) if depthwise else (c * kk + extra, p), ft)
+        s_pad, s_acc = (wide.phase_shape, ft), ((o, p), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_acc), ctx.shared_scratch(s_cols, s_tmp)
 
     def bind(ins, outs, sc):
@@ -125,7 +133,7 @@ def conv(ctx: OpContext):
             xpad = overlay(sc[i_a], *s_pad)
             acc, tmp = sc[i_b], overlay(sc[i_a], *s_tmp)
             cols, acc4 = xpad.reshape(c + extra, n * h * wd), sc[i_b].reshape(o, n, oh, ow)
-            inner, xin = xpad[:c], ins[0].transpose(1, 0, 2, 3)
+            inner, xin, ones = xpad[:c], ins[0].transpose(1, 0, 2, 3), xpad[c:]
             copyto = np.copyto
 
             def gather():
@@ -133,16 +141,19 @@ def conv(ctx: OpContext):
         else:
             acc, tmp = overlay(sc[i_a], *s_acc), overlay(sc[i_b], *s_tmp)
             cols = overlay(sc[i_b], *s_cols)
-            gather = wide.bind(ins[0], overlay(sc[i_a], *s_pad), cols[:c * kk].reshape(wide.cols_shape), zf)
+            taps, ones = (cols[:, :kk], cols[:, kk:]) if depthwise else (cols[:c * kk], cols[c * kk:])
+            gather = wide.bind(ins[0], overlay(sc[i_a], *s_pad), taps.reshape(wide.cols_shape), zf)
             acc4 = wide.out_view(acc)
-        ones = cols[c * kk:] if extra else None
+        ones = ones if extra else None
         finish = bind_folded_output(acc4, y4, lo, hi) if extra else rq.bind(acc4, y4, tmp)
         if depthwise:  # per-channel 1 x kh*kw products: einsum, not thousands of tiny BLAS calls
-            wc, cols3, einsum = wg[0], cols.reshape(c, kk, -1), np.einsum
+            wc, einsum = wg[0].reshape(c, kk + extra), np.einsum
 
             def run_depthwise():
                 gather()
-                einsum("ck,ckp->cp", wc, cols3, out=acc)
+                if ones is not None:
+                    ones.fill(1.0)
+                einsum("ck,ckp->cp", wc, cols, out=acc)
                 finish()
             return run_depthwise
         gemms = [(wg[k], cols[k * kg:(k + 1) * kg + extra], acc[k * og:(k + 1) * og]) for k in range(groups)]

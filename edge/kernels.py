@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
-from .opcontext import OpContext, conv_geometry, pool_geometry
+from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 
 KERNELS: Dict[str, Callable] = {}
 ACTIVATIONS = ("none", "relu", "relu6", "tanh", "sigmoid")
@@ -79,8 +79,16 @@ def conv(ctx: OpContext):
     depthwise = groups == c and cg == 1 and o == c
     pointwise = kh == kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded and groups == 1
     og, kk, p = o // groups, kh * kw, oh * ow
-    i_pad = ctx.scratch((n, c, h + t + b, w + l + r), np.float32) if g.padded and not pointwise else None
-    i_cols = None if pointwise else ctx.scratch((c, kk, p) if depthwise else (cg * kk, p), np.float32)
+    wide = None if pointwise else WideIm2col(g)  # columns as contiguous runs (see opcontext)
+    if wide is not None:
+        s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
+            ((o, n * wide.L), np.float32)
+        # lifetimes inside the op: phases -> columns -> accumulator
+        i_a, i_cols = ctx.shared_scratch(s_pad, s_acc), ctx.scratch(*s_cols)
+        # weights in the columns' tap order: permuted once when constant, per call into scratch otherwise
+        wk = None if ctx.inputs[1].data is None else \
+            np.ascontiguousarray(ctx.inputs[1].data.reshape(o, cg, kk)[:, :, wide.order])
+        i_w = ctx.scratch((o, cg, kk), np.float32) if wk is None else None
 
     def bind(ins, outs, sc):
         x, wt, y = ins[0], ins[1], outs[0]
@@ -99,41 +107,45 @@ def conv(ctx: OpContext):
                 matmul(w2, x3, out=y3)
                 finish()
             return run_pointwise
-        src = sc[i_pad] if i_pad is not None else x
-        borders = _borders(src, t, b, l, r) if i_pad is not None else []
-        inner = src[:, :, t:t + h, l:l + w]
-        win = _windows(src, kh, kw, oh, ow, g.sh, g.sw, g.dh, g.dw)
-        cols = sc[i_cols]
+        cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
+        gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
+        res, y4 = wide.out_view(acc), y.transpose(1, 0, 2, 3)
+        b4 = None if bias is None else bias.reshape(o, 1, 1, 1)
+        wperm = wk if wk is not None else sc[i_w]
+        wsrc = None if wk is not None else wt.reshape(o, cg, kk)
+        order, take = np.array(wide.order, np.intp), np.take
+
+        def finish_wide():
+            if b4 is not None:
+                add(res, b4, out=y4)
+            else:
+                copyto(y4, res)
+            if act is not None:
+                act(y)
         if depthwise:
-            # per-channel columns [C, kh*kw, OH*OW] contracted with einsum: a single-threaded C loop,
-            # twice as fast as a multiply-add per tap, and unlike BLAS on thousands of 1 x 9
+            # per-channel columns [C, kh*kw, N*OH*Ws] contracted with einsum: a single-threaded C
+            # loop, twice as fast as a multiply-add per tap, and unlike BLAS on thousands of 1 x 9
             # products it does not stall when another process holds the cores
-            wc, cols6 = wt.reshape(c, kk), cols.reshape(c, kh, kw, oh, ow)
-            jobs = [(win[i], y[i].reshape(c, p)) for i in range(n)]
+            wc, cols3 = wperm.reshape(c, kk), cols.reshape(c, kk, -1)
 
             def run_depthwise():
-                for v in borders:
-                    v.fill(0)
-                if borders:
-                    copyto(inner, x)
-                for wi, yi in jobs:
-                    copyto(cols6, wi)
-                    einsum("ck,ckp->cp", wc, cols, out=yi)
-                finish()
+                if wsrc is not None:
+                    take(wsrc, order, axis=2, out=wperm, mode="wrap")
+                gather()
+                einsum("ck,ckp->cp", wc, cols3, out=acc)
+                finish_wide()
             return run_depthwise
-        cols5 = cols.reshape(cg, kh, kw, oh, ow)
-        jobs = [(win[i, k * cg:(k + 1) * cg], wt[k * og:(k + 1) * og].reshape(og, -1),
-                 y[i, k * og:(k + 1) * og].reshape(og, p)) for i in range(n) for k in range(groups)]
+        kg = cg * kk
+        gemms = [(wperm[k * og:(k + 1) * og].reshape(og, kg), cols[k * kg:(k + 1) * kg], acc[k * og:(k + 1) * og])
+                 for k in range(groups)]
 
         def run_gemm():
-            for v in borders:
-                v.fill(0)
-            if borders:
-                copyto(inner, x)
-            for wi, wk, yk in jobs:
-                copyto(cols5, wi)
-                matmul(wk, cols, out=yk)
-            finish()
+            if wsrc is not None:
+                take(wsrc, order, axis=2, out=wperm, mode="wrap")
+            gather()
+            for wm, cm, am in gemms:
+                matmul(wm, cm, out=am)
+            finish_wide()
         return run_gemm
     return [(n, o, oh, ow)], bind
 

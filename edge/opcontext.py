@@ -275,7 +275,10 @@ class WideIm2col:
         for s, k0, ni, nj, off, rstep, cstep in self.blocks:
             src = np.lib.stride_tricks.as_strided(
                 phases[s, :, :, off:], (g.c, ni, nj, g.n, self.L), (s_c, rstep * e, cstep * e, s_n, e), writeable=False)
-            gathers.append((cols[:, k0:k0 + ni * nj].reshape(g.c, ni, nj, g.n, self.L), src))
+            dst = cols[:, k0:k0 + ni * nj].reshape(g.c, ni, nj, g.n, self.L)
+            if not np.shares_memory(dst, cols):
+                raise EdgeModelError("im2col columns must be a view that splits into taps without a copy")
+            gathers.append((dst, src))
         copyto = np.copyto
 
         def run():

@@ -51,6 +51,8 @@ CONV_CASES = [
     ((2, 6, 6, 6), (6, 1, 5, 5), (2, 2), (1, 1), (2, 2, 2, 2), 6, "tanh"),  # depthwise, stride 2, batch 2
     ((1, 16, 5, 5), (12, 16, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1, "sigmoid"),  # pointwise
     ((2, 5, 4, 4), (3, 5, 1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 1, "none"),  # pointwise, batch 2
+    ((2, 6, 11, 13), (6, 1, 3, 3), (3, 2), (2, 3), (2, 1, 3, 0), 6, "relu"),  # depthwise, 6 stride phases
+    ((1, 6, 9, 8), (4, 3, 2, 3), (2, 3), (1, 2), (1, 1, 2, 2), 2, "none"),  # grouped, strided, dilated
 ]
 
 
@@ -63,6 +65,10 @@ def test_conv(xs, ws, strides, dil, pads, groups, act):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     want = ACT[act](want + b.reshape(1, -1, 1, 1))
     got = run("FusedConv2D", [Arg(x), Arg(w, const=True), Arg(b, const=True)], Out("float32"), want.shape,
+              {**attrs, "activation": act})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # weights computed at run time (an input, not a constant): permuted into the columns' order per call
+    got = run("FusedConv2D", [Arg(x), Arg(w), Arg(b, const=True)], Out("float32"), want.shape,
               {**attrs, "activation": act})
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 

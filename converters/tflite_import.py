@@ -226,8 +226,9 @@ def _bias(imp, op, y: Tensor) -> Tensor:
 def _conv(imp, op):
     x = imp.ins(op, 1)[0]
     w = imp.const(op, 1, "the filter")
-    if x.rank != 4 or w.ndim != 4:
-        raise TFLiteImportError(f"{imp.where(op)}: needs a 4-D input and filter, got {x.t.shape} and {w.shape}")
+    if x.rank != 4 or w.ndim != 4 or 0 in w.shape:
+        raise TFLiteImportError(f"{imp.where(op)}: needs a 4-D input and a non-empty 4-D filter, "
+                                f"got {x.t.shape} and {w.shape}")
     strides, dil, pad = _conv_common(imp, op)
     xt = as_nchw(x)
     c = xt.shape[1]
@@ -242,7 +243,7 @@ def _conv(imp, op):
 def _depthwise(imp, op):
     x = imp.ins(op, 1)[0]
     w = imp.const(op, 1, "the filter")  # [1, KH, KW, C * multiplier]
-    if x.rank != 4 or w.ndim != 4 or w.shape[0] != 1:
+    if x.rank != 4 or w.ndim != 4 or w.shape[0] != 1 or 0 in w.shape or x.t.shape[3 if not x.nchw else 1] == 0:
         raise TFLiteImportError(f"{imp.where(op)}: needs a 4-D input and a [1, KH, KW, C*M] filter, "
                                 f"got {x.t.shape} and {w.shape}")
     strides, dil, pad = _conv_common(imp, op)
@@ -442,7 +443,7 @@ def from_tflite(model: Union[str, bytes, os.PathLike], nhwc_io: bool = False, gr
                     outs = _HANDLERS[op.op](imp, op)
                 except TFLiteImportError:
                     raise
-                except (ism.ShapeError, GraphError, ValueError, TypeError) as e:  # core refused: say where
+                except (ism.ShapeError, GraphError, ValueError, TypeError, ArithmeticError) as e:  # say where
                     raise TFLiteImportError(f"{imp.where(op)}: {type(e).__name__}: {e}") from None
             if len(outs) < len(op.outputs):
                 raise TFLiteImportError(f"{imp.where(op)}: declares {len(op.outputs)} outputs, makes {len(outs)}")

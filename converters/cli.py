@@ -1,5 +1,5 @@
-"""`isthmus convert MODEL --to edge|onnx -o OUT`: convert an ONNX file (or a Python function that
-builds a graph, `file.py:function`) to the edge format or back to ONNX."""
+"""`isthmus convert MODEL --to edge|onnx -o OUT`: convert an ONNX or TFLite file (or a Python
+function that builds a graph, `file.py:function`) to the edge format or to ONNX."""
 from __future__ import annotations
 
 import argparse
@@ -8,15 +8,28 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an .onnx file, or file.py:function returning a Graph or (Graph, outputs)")
+    p.add_argument("model", help="an .onnx or .tflite file, or file.py:function returning a Graph or (Graph, outputs)")
     p.add_argument("--to", choices=["edge", "onnx"], default="edge")
     p.add_argument("-o", "--output", default=None, help="output path (default: MODEL with .isth or .onnx)")
     p.add_argument("--batch", type=int, default=1, help="batch size for unknown leading dims (edge)")
+    p.add_argument("--nhwc", action="store_true",
+                   help="TFLite: keep 4-D inputs and outputs NHWC (default NCHW, which needs no transposes)")
+
+
+def _load(args):
+    if args.model.endswith(".tflite"):
+        from .tflite_import import TFLiteImportError, from_tflite
+        try:
+            graph, _, outputs = from_tflite(args.model, nhwc_io=args.nhwc)
+        except (OSError, TFLiteImportError) as e:
+            raise SystemExit(f"cannot import {args.model}: {e}") from None
+        return graph, list(outputs)
+    from isthmus.partitioner.cli import load_model
+    return load_model(args.model)
 
 
 def run(args) -> int:
-    from isthmus.partitioner.cli import load_model
-    graph, outputs = load_model(args.model)
+    graph, outputs = _load(args)
     if not outputs:
         raise SystemExit("the model names no outputs: return (graph, outputs) from the function")
     base = os.path.splitext(args.model.split(":")[0])[0]

@@ -17,6 +17,7 @@ import numpy as np
 from ..core.graph import Graph, Node, Tensor, get_default_graph
 from ..core.ops.base import make, placeholder
 from ..core.session import _feed_check  # the local Session's feed conversion, for the same results
+from ..core.trace import RunMetadata
 from .master import Master
 
 _UPDATE_OPS = frozenset({"NoOp", "Assign", "AssignAdd", "AssignSub", "ScatterAdd"})
@@ -50,7 +51,9 @@ class DistributedSession:
         self._assigns: Dict[str, tuple] = {}
         self.last_step_id: Optional[int] = None
 
-    def run(self, fetches, feed_dict: Optional[Dict] = None):
+    def run(self, fetches, feed_dict: Optional[Dict] = None, options=None, run_metadata=None):
+        """As core's Session.run. With options=RunOptions(trace=True) every task's node events,
+        Sends and Recvs go to `run_metadata` on one timeline (RunMetadata.to_chrome_trace)."""
         if self._closed:
             raise RuntimeError("this DistributedSession is closed")
         if self.graph.version != self._version:
@@ -67,8 +70,11 @@ class DistributedSession:
             feeds[t.name] = check(v)
         tensors = [f.name for f in flat if isinstance(f, Tensor)]
         targets = [f.name for f in flat if isinstance(f, Node)]
+        traced = ()
+        if options is not None and options.trace:
+            traced = (run_metadata if run_metadata is not None else RunMetadata(),)
         values, self.last_step_id = self.master.run_step(self.handle, feeds, list(dict.fromkeys(tensors)),
-                                                         list(dict.fromkeys(targets)), self.timeout)
+                                                         list(dict.fromkeys(targets)), self.timeout, *traced)
         got = dict(zip(dict.fromkeys(tensors), values))
         return unflatten([got[f.name] if isinstance(f, Tensor) else None for f in flat])
 

@@ -5,10 +5,11 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
+from ..core.trace import RunMetadata
 from ..proto import master_pb2, master_pb2_grpc
 from ..proto.security import ClientSecurity, make_channel
-from . import graph_codec, tensor_codec
-from .errors import abort_with, from_rpc_error
+from . import graph_codec, tensor_codec, tracing
+from .errors import WorkerError, abort_with, from_rpc_error
 from .master import Master
 from .rpc import channel_options
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S
@@ -38,9 +39,12 @@ class MasterServicer:
     def RunStep(self, request, context):
         try:
             feeds = {t.name: tensor_codec.decode(t.tensor) for t in request.feeds}
+            md = RunMetadata() if request.trace else None
             outs, step_id = self.master.run_step(request.session_handle, feeds, list(request.fetches),
-                                                 list(request.targets), request.timeout_s or None)
+                                                 list(request.targets), request.timeout_s or None, run_metadata=md)
             resp = master_pb2.RunStepResponse(step_id=step_id)
+            if md is not None:
+                tracing.encode(md, out=resp.trace)
             for name, v in zip(request.fetches, outs):
                 tensor_codec.encode(v, out=resp.outputs.add(name=name).tensor)
         except Exception as e:  # noqa: BLE001  (the original error, naming its node and task)
@@ -102,14 +106,23 @@ class MasterClient:
             session_handle=handle, graph=gd, current_graph_version=current_version)).new_graph_version
 
     def run_step(self, handle: str, feeds: Mapping[str, Any], fetches: Sequence[str],
-                 targets: Sequence[str] = (), timeout: Optional[float] = None) -> Tuple[List[Any], int]:
+                 targets: Sequence[str] = (), timeout: Optional[float] = None,
+                 run_metadata: Optional[RunMetadata] = None) -> Tuple[List[Any], int]:
+        """With `run_metadata` the step is traced: every task's events are added to it."""
         req = master_pb2.RunStepRequest(session_handle=handle, fetches=list(fetches), targets=list(targets),
-                                        timeout_s=timeout or 0.0)
+                                        timeout_s=timeout or 0.0, trace=run_metadata is not None)
         for k, v in feeds.items():
             tensor_codec.encode(v, out=req.feeds.add(name=k).tensor)
         deadline = (timeout or self.timeout) + _STEP_SLACK_S
         resp = self._call("RunStep", req, deadline)
         got = {t.name: tensor_codec.decode(t.tensor) for t in resp.outputs}
+        if run_metadata is not None:
+            if not resp.HasField("trace"):
+                raise WorkerError(f"master {self.address}: RunStep was asked for a trace and returned none")
+            try:
+                run_metadata.merge(tracing.decode(resp.trace, f"master {self.address}"))
+            except tracing.TraceDecodeError as e:
+                raise WorkerError(f"RunStep on master {self.address}: malformed trace: {e}") from None
         return [got.get(f) for f in fetches], resp.step_id
 
     def close_session(self, handle: str) -> None:

@@ -258,6 +258,29 @@ def test_in_process_refusals_name_the_part_or_tensor(model):
         svc.close()
 
 
+def test_closing_answers_queued_requests_unavailable_at_once(model):
+    from isthmus.cloud.offload import ServiceStopped
+    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=5000)
+    got = []
+
+    def call():
+        try:
+            svc.infer("whole", {"x:0": _rows(1, 0)}, 20)
+        except Exception as e:  # noqa: BLE001
+            got.append(e)
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 5
+    while svc.stats()["queue_depth"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    svc.close()
+    t.join(5)
+    assert time.monotonic() - t0 < 2 and len(got) == 1 and isinstance(got[0], ServiceStopped)
+    assert svc.stats()["queue_depth"] == 0 and ServiceStopped.code == grpc.StatusCode.UNAVAILABLE
+
+
 # ---- over gRPC ------------------------------------------------------------------------------------------
 def test_describe_and_infer_match_the_unsplit_session(server):
     srv, stub = server

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
 from ..core.graph import Tensor
 from ..core.rendezvous import InProcessRendezvous, RendezvousAborted
 from ..core.session import Session
+from ..core.trace import RunMetadata, RunOptions
 
 
 class SplitSession:
@@ -36,12 +37,16 @@ class SplitSession:
         self._lock = threading.Lock()
         self._broken: Optional[BaseException] = None
 
-    def run(self, feed_dict: Optional[Mapping] = None) -> list:
+    def run(self, feed_dict: Optional[Mapping] = None, options=None, run_metadata=None) -> list:
+        """With options=RunOptions(trace=True) every part's events go to `run_metadata`, each part
+        on its device's track, Sends and Recvs paired into transfers (RunMetadata.transfers)."""
+        traced = options is not None and options.trace
         with self._lock:
             if self._broken is not None:
                 raise RuntimeError(f"this SplitSession failed earlier ({self._broken}); make a new one")
             feeds = self._split_feeds(feed_dict or {})
-            futures = {d: self._pool.submit(self._run_part, d, feeds[d]) for d in self.sessions}
+            mds = {d: RunMetadata() for d in self.sessions} if traced else {}
+            futures = {d: self._pool.submit(self._run_part, d, feeds[d], mds.get(d)) for d in self.sessions}
             results, errors = {}, []
             for d, fut in futures.items():
                 try:
@@ -55,11 +60,17 @@ class SplitSession:
             if errors:  # report the failure itself, not the other parts giving up because of it
                 self._broken = next((e for e in errors if not _caused_by_abort(e)), errors[0])
                 raise self._broken
+            if traced:
+                md = run_metadata if run_metadata is not None else RunMetadata()
+                for d, part_md in mds.items():
+                    md.merge(part_md, device=d)
             return self._gather(results)
 
-    def _run_part(self, d: str, feeds: dict):
+    def _run_part(self, d: str, feeds: dict, md: Optional[RunMetadata] = None):
         part = self.partition.parts[d]
         try:
+            if md is not None:
+                return self.sessions[d].run(part.fetches, feeds, options=RunOptions(trace=True), run_metadata=md)
             return self.sessions[d].run(part.fetches, feeds)
         except BaseException as e:
             self.rendezvous.abort(e)  # wake the other parts now, not at their timeouts

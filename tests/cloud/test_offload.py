@@ -422,25 +422,42 @@ def test_a_bearer_token_is_required_when_configured(model):
             assert offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=5).model == "tiny"
 
 
-def test_isthmus_serve_prints_its_address_logs_and_stops_on_ctrl_c(model, tmp_path):
+def test_isthmus_serve_with_tls_and_a_token_prints_its_address_logs_and_stops_on_ctrl_c(model, tmp_path):
+    pytest.importorskip("cryptography")
+    from isthmus.proto.security import ClientSecurity, make_channel
+
+    from ..tls_certs import make_certs
+    certs = make_certs(tmp_path / "certs")
     path = tmp_path / "tiny.cloud"
     save_cloud_parts(path, list(model.parts.values()), model="tiny")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")}
+    env["PYTHONPATH"] = os.path.dirname(root) + os.pathsep + os.environ.get("PYTHONPATH", "")
     proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", str(path), "--port", "0",
-                             "--log-every", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                             "--log-every", "0.2", "--tls-cert", str(certs.server_cert), "--tls-key",
+                             str(certs.server_key), "--token-file", str(certs.token)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = _readline(proc.stdout, 30)
         assert line.startswith("ISTHMUS_OFFLOAD 127.0.0.1:"), line
-        with grpc.insecure_channel(line.split()[1]) as ch:
+        address = line.split()[1]
+        good = ClientSecurity.from_files(ca=str(certs.ca), token_file=str(certs.token))
+        with make_channel(address, good) as ch:
             r = offload_pb2_grpc.OffloadStub(ch).Infer(_request("whole", {"x:0": _rows(3, 1)}), timeout=10)
             np.testing.assert_array_equal(_outputs(r)["y:0"], _hand(_rows(3, 1))[1])
+        with make_channel(address, ClientSecurity.from_files(ca=str(certs.ca))) as ch:  # no token
+            with pytest.raises(grpc.RpcError) as e:
+                offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with grpc.insecure_channel(address) as ch:  # plaintext against TLS
+            with pytest.raises(grpc.RpcError) as e:
+                offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
-        assert "listening on 127.0.0.1:" in err and "offload: 1 requests" in err, err
+        assert "listening on 127.0.0.1:" in err and "TLS + bearer token" in err and "offload: 1 requests" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()

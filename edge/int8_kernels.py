@@ -65,13 +65,15 @@ def _bias(ctx: OpContext, o: int, sx: float, sw: np.ndarray):
 DEPTHWISE_FOLD = False  # depthwise: float64 einsum with the requantization folded in (see conv)
 
 
-def fold_pays(k: int, outputs: int) -> bool:
-    """Whether a GEMM with k products per output and `outputs` outputs should fold its
-    requantization in (quant.fold_requantization). Folding doubles the GEMM's cost (float64, about
-    0.04 ns more per product here) and saves the int64 requantization's three extra passes (about
-    1.5 ns per output) and three numpy calls (about 1 us each): measured on this machine kind
-    with MobileNetV2-96's and the digits CNN's layers."""
-    return 0.04 * k * outputs < 1.5 * outputs + 3000.0
+def fold_pays(k: int, outputs: int, columns: int = 0) -> bool:
+    """Whether a GEMM with k products per output, `outputs` outputs and `columns` im2col elements
+    (0: it reads its input in place) should fold its requantization in (quant.fold_requantization).
+    Folding makes the GEMM float64, about 0.04 ns more per product here, and its im2col copy
+    about 0.5 ns more per element; it saves the float requantization's three extra passes (about
+    1.2 ns per output) and three numpy calls (about 1 us each). Fitted on this machine kind to
+    MobileNetV2-96's layers, one BLAS thread (CPU time): folding wins at K = 16 and 24 there, and
+    loses at K = 27 (the stem, an im2col), 32 (into 16 channels) and beyond."""
+    return 0.04 * k * outputs + 0.5 * columns < 1.2 * outputs + 3000.0
 
 
 @int8_kernel("Conv2D", "FusedConv2D")
@@ -107,7 +109,7 @@ def conv(ctx: OpContext):
     folded = None
     if depthwise and DEPTHWISE_FOLD:
         folded = fold_requantization(wk.reshape(c, kk), sx * sw / sy, bias, zy, bound)
-    elif groups == 1 and fold_pays(kg, o * n * oh * ow):
+    elif groups == 1 and fold_pays(kg, o * n * oh * ow, 0 if pointwise else kg * n * wide.L):
         folded = fold_requantization(wk.reshape(o, -1), sx * sw / sy, bias, zy, bound)
     if folded is not None:
         ft, extra, wg = np.dtype(np.float64), 1, [folded]

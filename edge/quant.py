@@ -22,6 +22,7 @@ import numpy as np
 from .format import EdgeModelError
 
 F32_EXACT = 1 << 24
+F64_EXACT = 1 << 53
 MAX_SHIFT = 62
 I64_LIMIT = 1 << 63
 
@@ -93,6 +94,17 @@ class Requantizer:
         if worst >= I64_LIMIT:
             raise EdgeModelError("requantization could overflow int64 (bias, zero point or multiplier out of range)")
         self.lo, self.hi = int(lo), int(hi)
+        # the same arithmetic in float64 when every value stays exact: v = acc * q 2^-s + (c + 128 * 2^s) 2^-s
+        # is then a multiple of 2^-s below 2^(53 - s), and floor(v) - 128 the requantized value
+        # (float64 multiplies vectorize; int64 ones do not, before AVX-512)
+        shifted = [cv + (128 << sv) for (_, sv), cv in zip(qs, consts)]
+        self.float_ok = all(int(acc_bound) * qv + abs(cv) < F64_EXACT for (qv, _), cv in zip(qs, shifted))
+        mf = np.array([math.ldexp(qv, -sv) for qv, sv in qs], np.float64)
+        cf = np.array([math.ldexp(float(cv), -sv) if abs(cv) < F64_EXACT else 0.0 for (_, sv), cv in zip(qs, shifted)])
+        if len(set(mf.tolist())) == 1 and len(set(cf.tolist())) == 1:
+            self.mf, self.cf = np.float64(mf[0]), np.float64(cf[0])
+        else:
+            self.mf, self.cf = mf.reshape(channel_shape), cf.reshape(channel_shape)
         if len(set(qs)) == 1 and len(set(consts)) == 1:
             self.q, self.c, self.s = np.int64(qs[0][0]), np.int64(consts[0]), np.int64(qs[0][1])
         else:
@@ -103,11 +115,27 @@ class Requantizer:
                 np.array([s for _, s in qs], np.int64).reshape(channel_shape)
 
     def bind(self, acc: np.ndarray, out: np.ndarray, tmp: np.ndarray):
-        """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64).
-        Every ufunc runs on one dtype: a casting ufunc would allocate iteration buffers per call
-        (and is slower than a separate copyto)."""
-        q, c, s, lo, hi = self.q, self.c, self.s, self.lo, self.hi
+        """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64,
+        or its bytes as float64). Every ufunc runs on one dtype: a casting ufunc would allocate
+        iteration buffers per call (and is slower than a separate copyto)."""
         copyto, multiply, add, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, np.clip
+        if self.float_ok and acc.dtype.kind == "f":
+            t, u8, mf, cf = tmp.view(np.float64), out.view(np.uint8), self.mf, self.cf
+            src = acc if acc.dtype == np.float64 else None  # float32 first widens into t
+            flo, fhi, top, xor = float(self.lo + 128), float(self.hi + 128), np.uint8(128), np.bitwise_xor
+
+            def run_float():
+                if src is None:
+                    copyto(t, acc)
+                    multiply(t, mf, out=t)
+                else:
+                    multiply(src, mf, out=t)
+                add(t, cf, out=t)
+                clip(t, flo, fhi, out=t)
+                copyto(u8, t, casting="unsafe")  # truncation: a floor, all values are >= 0 here
+                xor(u8, top, out=u8)
+            return run_float
+        q, c, s, lo, hi = self.q, self.c, self.s, self.lo, self.hi
         load = acc is not tmp
 
         def run():
@@ -125,8 +153,6 @@ class Requantizer:
         v = (values.astype(np.int64) * self.q + self.c) >> self.s
         return np.clip(v, self.lo, self.hi).astype(np.int8)
 
-
-F64_EXACT = 1 << 53
 
 
 def fold_requantization(w: np.ndarray, multipliers, bias, zero_point: int, acc_bound: int):

@@ -90,7 +90,7 @@ def fold(request, monkeypatch):
     """Each GEMM kernel both ways: requantization folded into a float64 GEMM, and an exact GEMM
     followed by the int64 requantizer (the kernels pick one by a cost estimate)."""
     import isthmus.edge.int8_kernels as k8
-    monkeypatch.setattr(k8, "fold_pays", lambda k, outputs: request.param == "fold")
+    monkeypatch.setattr(k8, "fold_pays", lambda k, outputs, columns=0: request.param == "fold")
     monkeypatch.setattr(k8, "DEPTHWISE_FOLD", request.param == "fold")
     return request.param
 

@@ -187,3 +187,24 @@ def test_a_task_returning_a_malformed_trace_fails_the_call_clearly():
                 c.run_graph("h", 1, {}, [], timeout=5.0, run_metadata=ism.RunMetadata())
     finally:
         server.stop(None).wait(5)
+
+
+def test_traced_step_with_in_process_workers():
+    """The master driving in-process Workers (no network): the same events and transfers."""
+    from tests.cloud.test_master import in_process
+    master, _ = in_process({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]})
+    try:
+        g, x, y, loss, train, init = mlp()
+        (xb, yb), = batches(1)
+        with DistributedSession(g, master=master) as s:
+            s.run(init)
+            plain = s.run(loss, {x: xb, y: yb})
+            md = ism.RunMetadata()
+            traced = s.run(loss, {x: xb, y: yb}, options=ism.RunOptions(trace=True), run_metadata=md)
+        assert np.asarray(traced).tobytes() == np.asarray(plain).tobytes()
+        ts = md.transfers()
+        assert {e.device for e in md.events} == {PS, WK} and ts
+        assert len(ts) == sum(e.op == "Recv" for e in md.events) == sum(e.op == "Send" for e in md.events)
+        assert all(t.src_device == PS and t.dst_device == WK and t.nbytes > 0 for t in ts)  # reads only
+    finally:
+        master.close()

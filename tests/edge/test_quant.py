@@ -45,8 +45,14 @@ def test_requantizer_and_folded_gemm_match_the_integer_definition(seed):
     want = np.stack([reference(acc[i], bias[i], ms[i], zp, lo, hi) for i in range(o)])
 
     rq = Requantizer(ms, zp, lo, hi, bound, bias, (o, 1))
+    assert rq.float_ok  # bound * q + |c| < 2^53: the float64 arithmetic is exact
+    for dtype in (np.float32, np.float64, np.int64):  # float64 steps from float accumulators, int64 otherwise
+        got = np.full((o, 300), 55, np.int8)
+        rq.bind(acc.astype(dtype), got, np.empty((o, 300), np.int64))()
+        np.testing.assert_array_equal(got, want)
+    rq.float_ok = False  # the int64 steps from a float accumulator
     got = np.empty((o, 300), np.int8)
-    rq.bind(acc.astype(np.float64), got, np.empty((o, 300), np.int64))()
+    rq.bind(acc.astype(np.float32), got, np.empty((o, 300), np.int64))()
     np.testing.assert_array_equal(got, want)
 
     folded = fold_requantization(w, ms, bias, zp, bound)
@@ -64,6 +70,8 @@ def test_rounding_ties_go_up():
     got = np.empty(17, np.int8)
     Requantizer(0.25, 0, -128, 127, 8).bind(acc, got, np.empty(17, np.int64))()
     np.testing.assert_array_equal(got, want)
+    Requantizer(0.25, 0, -128, 127, 8).bind(acc.astype(np.float32), got, np.empty(17, np.int64))()
+    np.testing.assert_array_equal(got, want)
     folded = fold_requantization(np.ones((1, 1), np.int64), 0.25, None, 0, 8)
     out = (folded @ np.vstack([acc, np.ones(17)]).astype(np.float64)).reshape(17)
     bind_folded_output(out, got, -128, 127)()
@@ -73,6 +81,15 @@ def test_rounding_ties_go_up():
 def test_fold_declines_when_float64_would_round():
     w = np.full((1, 4000), 127)
     assert fold_requantization(w, 0.01, None, 0, 128 * 127 * 4000) is None
+
+
+def test_requantizer_keeps_int64_where_float64_would_round():
+    rq = Requantizer(0.3, 5, -128, 127, 1 << 23, [1 << 20])
+    assert not rq.float_ok  # 2^23 * q ~ 2^54
+    acc = np.array([-(1 << 23), -12345678 // 2, -3, 0, 7, 1 << 22, (1 << 23) - 1], np.float64)
+    got = np.empty(len(acc), np.int8)
+    rq.bind(acc, got, np.empty(len(acc), np.int64))()
+    np.testing.assert_array_equal(got, reference(acc.astype(np.int64), 1 << 20, 0.3, 5, -128, 127))
 
 
 def test_requantizer_refuses_what_could_overflow_int64():

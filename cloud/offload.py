@@ -80,6 +80,10 @@ class ServiceStopped(OffloadError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Cancelled(OffloadError):
+    code = grpc.StatusCode.CANCELLED
+
+
 @dataclass
 class InferResult:
     outputs: List[np.ndarray]   # in signature order, this request's rows only
@@ -117,6 +121,13 @@ class _Request:
         self.result: Optional[InferResult] = None
         self.error: Optional[OffloadError] = None
         self.cancelled = False
+
+    def abandon(self) -> None:
+        """The caller went away (cancelled, disconnected): never run it, free the waiting thread."""
+        if self.result is None and self.error is None:
+            self.cancelled = True
+            self.error = Cancelled("the caller cancelled the request")
+        self.done.set()
 
 
 class _PartRunner:
@@ -290,7 +301,10 @@ class OffloadService:
             raise InvalidRequest(f"unknown part {part!r}; this service runs {sorted(self.runners)}")
         return r
 
-    def infer(self, part: str, inputs: Mapping[str, np.ndarray], timeout: Optional[float] = None) -> InferResult:
+    def infer(self, part: str, inputs: Mapping[str, np.ndarray], timeout: Optional[float] = None,
+              on_cancel: Optional[Callable[[Callable[[], None]], bool]] = None) -> InferResult:
+        """`on_cancel(fn)` registers fn to call when the caller goes away (a gRPC context's
+        add_callback, which returns False when the call has ended already)."""
         t0 = time.monotonic()
         self._count("requests")
         try:
@@ -298,7 +312,9 @@ class OffloadService:
                 raise ServiceStopped("the offload service is stopping")
             runner = self.runner(part)
             req = runner.check(inputs, self.max_request_bytes)
-            wait = self.max_wait_s if timeout is None else min(max(float(timeout), 0.0), self.max_wait_s)
+            wait = self.max_wait_s if timeout is None else min(float(timeout), self.max_wait_s)
+            if wait <= 0:
+                raise DeadlineExceeded(f"part '{part}': the request arrived after its deadline")
             req.t0, req.deadline = t0, t0 + wait
             with self._lock:
                 if self._pending >= self.max_queue:
@@ -306,6 +322,8 @@ class OffloadService:
                                      "retry later")
                 self._pending += 1
             runner.put(req)
+            if on_cancel is not None and not on_cancel(req.abandon):
+                req.abandon()
             if not req.done.wait(wait):
                 req.cancelled = True
                 raise DeadlineExceeded(f"part '{part}': no answer within the deadline ({wait * 1e3:.0f} ms)")
@@ -323,8 +341,9 @@ class OffloadService:
         """Count a refusal (`new_request`: one that never reached infer, refused while decoding)."""
         if new_request:
             self._count("requests")
-        self._count({InvalidRequest: "rejected_invalid", Overloaded: "rejected_overload",
-                     DeadlineExceeded: "deadline_exceeded"}.get(type(e), "failed"), errors=1)
+        kind = {InvalidRequest: "rejected_invalid", Overloaded: "rejected_overload",
+                DeadlineExceeded: "deadline_exceeded", Cancelled: "cancelled"}.get(type(e), "failed")
+        self._count(kind, errors=1)
 
     def _count(self, what, errors: int = 0) -> None:
         with self._lock:
@@ -431,7 +450,7 @@ class OffloadServicer:
                     err = InvalidRequest(f"part '{request.part}': input '{nt.name}': {e}")
                     svc.refused(err, new_request=True)
                     raise err from None
-            res = svc.infer(request.part, inputs, context.time_remaining())
+            res = svc.infer(request.part, inputs, context.time_remaining(), context.add_callback)
             resp = offload_pb2.InferResponse(request_id=request.request_id, queue_ms=res.queue_ms,
                                              compute_ms=res.compute_ms, batch_size=res.batch_size)
             for spec, v in zip(svc.runner(request.part).part.outputs, res.outputs):
@@ -562,9 +581,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 __all__ = ["OffloadService", "OffloadServicer", "OffloadServer", "offload_handler", "InferResult", "OffloadError",
-           "InvalidRequest", "Overloaded", "DeadlineExceeded", "ServiceStopped", "CloudModel", "CloudPart",
-           "TensorSpec", "CloudPartsError", "cloud_part", "cloud_part_from_partition", "cloud_parts_from_plans",
-           "save_cloud_parts", "load_cloud_parts"]
+           "InvalidRequest", "Overloaded", "DeadlineExceeded", "ServiceStopped", "Cancelled", "CloudModel",
+           "CloudPart", "TensorSpec", "CloudPartsError", "cloud_part", "cloud_part_from_partition",
+           "cloud_parts_from_plans", "save_cloud_parts", "load_cloud_parts"]
 
 
 if __name__ == "__main__":

@@ -411,6 +411,25 @@ def test_deadline_exceeded_over_grpc(model):
                 time.sleep(0.02)
 
 
+def test_a_cancelled_request_frees_its_thread_and_never_runs(model):
+    with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=800) as srv:
+        with grpc.insecure_channel(srv.address) as ch:
+            stub = offload_pb2_grpc.OffloadStub(ch)
+            fut = stub.Infer.future(_request("whole", {"x:0": _rows(1, 0)}), timeout=20)
+            _until(lambda: stub.Stats(offload_pb2.StatsRequest(), timeout=5).queue_depth == 1)
+            fut.cancel()
+            _until(lambda: stub.Stats(offload_pb2.StatsRequest(), timeout=5).errors == 1)  # the handler returned
+            _until(lambda: stub.Stats(offload_pb2.StatsRequest(), timeout=5).queue_depth == 0)
+            assert stub.Stats(offload_pb2.StatsRequest(), timeout=5).batches == 0          # and it never ran
+
+
+def _until(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached within the timeout"
+        time.sleep(0.01)
+
+
 def test_a_bearer_token_is_required_when_configured(model):
     from isthmus.proto.security import ClientSecurity, ServerSecurity, make_channel
     with OffloadServer(model, security=ServerSecurity(token="s3cret-token")) as srv:

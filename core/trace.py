@@ -52,6 +52,12 @@ class Transfer:
     recv: NodeEvent
 
     @property
+    def transit_us(self) -> float:
+        """Delivery time once both ends were ready: from the later of the Send's end and the
+        Recv's start to the Recv's end (the network or link, not the wait for the producer)."""
+        return max(self.recv.end_us - max(self.send.end_us, self.recv.start_us), 0.0)
+
+    @property
     def cross_task(self) -> bool:
         """True when it crossed tasks (processes): a network transfer, not a local hand-over."""
         return _task(self.src_device) != _task(self.dst_device)
@@ -124,7 +130,7 @@ class RunMetadata:
                         "pid": pid, "tid": e.thread, "args": args})
         for i, t in enumerate(self.transfers()):
             args = {"tensor": t.tensor, "bytes": t.nbytes, "src": t.src_device, "dst": t.dst_device,
-                    "cross_task": t.cross_task}
+                    "cross_task": t.cross_task, "transit_us": round(t.transit_us, 3)}
             for ph, e in (("s", t.send), ("f", t.recv)):
                 # inside the slice it binds to: its last instant (a slice is at least 0.01 us)
                 ev = {"name": "transfer", "cat": "transfer", "ph": ph, "id": i + 1, "pid": pids[e.device],

@@ -82,6 +82,7 @@ def test_traced_distributed_step(two_tasks, tmp_path):
         assert t.send.device == t.src_device != t.recv.device == t.dst_device and t.cross_task
         assert t.nbytes == t.send.transfer_bytes == t.recv.transfer_bytes > 0
         assert t.send.start_us <= t.recv.end_us + 1e3  # one clock for both tasks (1 ms slack)
+        assert 0.0 <= t.transit_us <= t.recv.end_us - t.recv.start_us + 1e-6
         var = t.tensor.split(":")[0]
         if var in shapes:  # a variable read on the ps task and sent to the worker: its exact size
             assert t.nbytes == 4 * math.prod(shapes[var]) and t.src_device == PS

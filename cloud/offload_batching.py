@@ -1,0 +1,378 @@
+"""The offload service's in-process core: per-part request queues and dynamic batching.
+
+`OffloadService(model).infer(part, {input name: array}, timeout)` checks the request against the
+part's signature, queues it, and returns its own rows of the batch it ran in; cloud/offload.py
+puts a gRPC adapter and a command around it. See that module's docstring for the behaviour.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Union
+
+import grpc
+import numpy as np
+
+from ..core.errors import IsthmusError
+from .offload_model import CloudModel, CloudPart, load_cloud_parts
+
+DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_DELAY_MS = 2.0
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+DEFAULT_MAX_WAIT_S = 60.0      # a request without a deadline waits at most this long
+LATENCY_WINDOW = 4096          # recent requests the percentiles are taken over
+THROUGHPUT_WINDOW_S = 10.0
+
+
+class OffloadError(IsthmusError, RuntimeError):
+    """A request the service refuses or cannot answer; `code` is the gRPC status it ends with."""
+    code = grpc.StatusCode.INTERNAL
+
+
+class InvalidRequest(OffloadError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class Overloaded(OffloadError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(OffloadError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class ServiceStopped(OffloadError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Cancelled(OffloadError):
+    code = grpc.StatusCode.CANCELLED
+
+
+@dataclass
+class InferResult:
+    outputs: List[np.ndarray]   # in signature order, this request's rows only
+    queue_ms: float
+    compute_ms: float
+    batch_size: int             # rows in the batch it ran in
+
+
+class _Signal:
+    """A one-shot event: one lock, held until set (a third of threading.Event's cost per request)."""
+    __slots__ = ("_lock",)
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:  # set twice (an answer racing the service's close): once is enough
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+
+class _Request:
+    __slots__ = ("values", "rows", "key", "deadline", "t0", "done", "result", "error", "cancelled")
+
+    def __init__(self, values: List[np.ndarray], rows: int, deadline: float):
+        self.values, self.rows, self.deadline = values, rows, deadline
+        self.key = tuple(v.shape[1:] for v in values)   # requests batch together only with equal row shapes
+        self.t0 = time.monotonic()
+        self.done = _Signal()
+        self.result: Optional[InferResult] = None
+        self.error: Optional[OffloadError] = None
+        self.cancelled = False
+
+    def abandon(self) -> None:
+        """The caller went away (cancelled, disconnected): never run it, free the waiting thread."""
+        if self.result is None and self.error is None:
+            self.cancelled = True
+            self.error = Cancelled("the caller cancelled the request")
+        self.done.set()
+
+
+class _PartRunner:
+    """One part: its compiled plan, its queue and the batcher thread that drains it."""
+
+    def __init__(self, part: CloudPart, service: "OffloadService"):
+        from ..core.session import Session
+        self.part, self.service = part, service
+        self.session = Session(part.graph)
+        self.run = self.session.make_callable([o.tensor for o in part.outputs], [i.tensor for i in part.inputs])
+        self.by_name: Dict[str, int] = {s.name: k for k, s in enumerate(part.inputs)}
+        self.queue: collections.deque = collections.deque()
+        self.queued_rows = 0
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._loop, name=f"isthmus-offload-{part.name}", daemon=True)
+
+    # ---- checks, before anything queues ----------------------------------------------------------
+    def check(self, inputs: Mapping[str, np.ndarray], max_bytes: int) -> _Request:
+        p = self.part
+        extra = [k for k in inputs if k not in self.by_name]
+        if extra:
+            raise InvalidRequest(f"part '{p.name}': input '{extra[0]}' is not in its signature; it takes "
+                                 f"{[s.name for s in p.inputs]}")
+        missing = [s.name for s in p.inputs if s.name not in inputs]
+        if missing:
+            raise InvalidRequest(f"part '{p.name}': input '{missing[0]}' is missing")
+        values, rows, total = [], None, 0
+        for s in p.inputs:
+            v = inputs[s.name]
+            if not isinstance(v, np.ndarray):
+                v = np.asarray(v)
+            total += v.nbytes
+            if total > max_bytes:
+                raise InvalidRequest(f"part '{p.name}': input '{s.name}' takes the request to {total} bytes, "
+                                     f"over the limit of {max_bytes}")
+            if v.dtype != s.dtype:
+                raise InvalidRequest(f"part '{p.name}': input '{s.name}' is {v.dtype.name}; "
+                                     f"the part takes {s.dtype.name}")
+            if v.ndim != len(s.shape) or any(w != -1 and d != w for d, w in zip(v.shape[1:], s.shape[1:])) \
+                    or (s.shape and s.shape[0] != -1 and v.shape[0] != s.shape[0]):
+                raise InvalidRequest(f"part '{p.name}': input '{s.name}' has shape {list(v.shape)}; the part takes "
+                                     f"{list(s.shape)} (-1: any)")
+            if v.ndim:
+                if rows is not None and v.shape[0] != rows:
+                    raise InvalidRequest(f"part '{p.name}': input '{s.name}' has {v.shape[0]} rows; "
+                                         f"{p.inputs[0].name} has {rows}")
+                rows = v.shape[0]
+            values.append(v)
+        if rows == 0:
+            raise InvalidRequest(f"part '{p.name}': input '{p.inputs[0].name}' has no rows")
+        return _Request(values, rows or 1, 0.0)
+
+    # ---- the batcher -----------------------------------------------------------------------------
+    def put(self, r: _Request) -> None:
+        with self.cond:
+            self.queue.append(r)
+            self.queued_rows += r.rows
+            self.cond.notify()
+
+    def _take(self) -> Optional[List[_Request]]:
+        svc = self.service
+        with self.cond:
+            while not self.queue and not svc.stopping:
+                self.cond.wait()
+            if not self.queue:
+                return None
+            flush_at = self.queue[0].t0 + svc.max_queue_delay_s
+            while not svc.stopping and self.queued_rows < svc.max_batch_size and self.part.batchable:
+                left = flush_at - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            batch, rows = [], 0
+            while self.queue:
+                r = self.queue[0]
+                if batch and (not self.part.batchable or r.key != batch[0].key or rows + r.rows > svc.max_batch_size):
+                    break
+                self.queue.popleft()
+                self.queued_rows -= r.rows
+                svc.dequeued(1)
+                if not r.cancelled:
+                    batch.append(r)
+                    rows += r.rows
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            now = time.monotonic()
+            live = []
+            for r in batch:
+                if now >= r.deadline:
+                    r.error = DeadlineExceeded(f"part '{self.part.name}': the deadline passed after "
+                                               f"{(now - r.t0) * 1e3:.1f} ms in the queue, before the request ran")
+                    r.done.set()
+                else:
+                    live.append(r)
+            if live:
+                self._run(live, now)
+
+    def _run(self, batch: List[_Request], started: float) -> None:
+        rows = sum(r.rows for r in batch)
+        try:
+            if len(batch) == 1:
+                feeds = batch[0].values
+            else:
+                feeds = [np.concatenate([r.values[k] for r in batch]) for k in range(len(self.part.inputs))]
+            outs = [np.asarray(o) for o in self.run(*feeds)]
+            if len(batch) > 1 and any(o.ndim == 0 or o.shape[0] != rows for o in outs):
+                raise OffloadError(f"part '{self.part.name}' returned {[list(o.shape) for o in outs]} "
+                                   f"for a batch of {rows} rows")
+        except Exception as e:  # noqa: BLE001  (the failing node is named by the executor)
+            err = e if isinstance(e, OffloadError) else OffloadError(
+                f"part '{self.part.name}' failed: {type(e).__name__}: {e}")
+            for r in batch:
+                r.error = err
+                r.done.set()
+            self.service.batch_done(len(batch), rows)
+            return
+        end = time.monotonic()
+        compute_ms = (end - started) * 1e3
+        off = 0
+        for r in batch:
+            mine = outs if len(batch) == 1 else [o[off:off + r.rows] for o in outs]
+            off += r.rows
+            r.result = InferResult(mine, (started - r.t0) * 1e3, compute_ms, rows)
+            r.done.set()
+        self.service.batch_done(len(batch), rows)
+
+
+class OffloadService:
+    """The in-process service: `infer(part, {input name: array}, timeout)` -> InferResult, batched
+    with whatever else is queued for that part; raises an OffloadError subclass when refused."""
+
+    def __init__(self, model: Union[CloudModel, str, os.PathLike], max_batch_size: int = DEFAULT_MAX_BATCH,
+                 max_queue_delay_ms: float = DEFAULT_MAX_DELAY_MS, max_queue: int = DEFAULT_MAX_QUEUE,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_wait_s: float = DEFAULT_MAX_WAIT_S,
+                 log_every_s: Optional[float] = None, log: Optional[Callable[[str], None]] = None):
+        if max_batch_size < 1 or max_queue < 1 or max_queue_delay_ms < 0 or max_request_bytes < 1 or max_wait_s <= 0:
+            raise ValueError(f"offload limits must be positive: max_batch_size={max_batch_size}, "
+                             f"max_queue={max_queue}, "
+                             f"max_queue_delay_ms={max_queue_delay_ms}, max_request_bytes={max_request_bytes}, "
+                             f"max_wait_s={max_wait_s}")
+        self.model = model if isinstance(model, CloudModel) else load_cloud_parts(model)
+        self.max_batch_size = int(max_batch_size)
+        self.max_queue_delay_s = float(max_queue_delay_ms) / 1e3
+        self.max_queue = int(max_queue)
+        self.max_request_bytes = int(max_request_bytes)
+        self.max_wait_s = float(max_wait_s)
+        self.stopping = False
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._counts = collections.Counter()
+        self._recent: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)  # (end time, latency ms)
+        self._started = time.monotonic()
+        self.runners = {name: _PartRunner(p, self) for name, p in self.model.parts.items()}
+        for r in self.runners.values():
+            r.thread.start()
+        self._log = log
+        self._log_stop = threading.Event()
+        if log_every_s:
+            threading.Thread(target=self._log_loop, args=(float(log_every_s),), name="isthmus-offload-log",
+                             daemon=True).start()
+
+    # ---- serving ---------------------------------------------------------------------------------
+    def runner(self, part: str) -> _PartRunner:
+        r = self.runners.get(part)
+        if r is None:
+            raise InvalidRequest(f"unknown part {part!r}; this service runs {sorted(self.runners)}")
+        return r
+
+    def infer(self, part: str, inputs: Mapping[str, np.ndarray], timeout: Optional[float] = None,
+              on_cancel: Optional[Callable[[Callable[[], None]], bool]] = None) -> InferResult:
+        """`on_cancel(fn)` registers fn to call when the caller goes away (a gRPC context's
+        add_callback, which returns False when the call has ended already)."""
+        t0 = time.monotonic()
+        self._count("requests")
+        try:
+            if self.stopping:
+                raise ServiceStopped("the offload service is stopping")
+            runner = self.runner(part)
+            req = runner.check(inputs, self.max_request_bytes)
+            wait = self.max_wait_s if timeout is None else min(float(timeout), self.max_wait_s)
+            if wait <= 0:
+                raise DeadlineExceeded(f"part '{part}': the request arrived after its deadline")
+            req.t0, req.deadline = t0, t0 + wait
+            with self._lock:
+                if self._pending >= self.max_queue:
+                    raise Overloaded(f"part '{part}': {self._pending} requests are queued (limit {self.max_queue}); "
+                                     "retry later")
+                self._pending += 1
+            runner.put(req)
+            if on_cancel is not None and not on_cancel(req.abandon):
+                req.abandon()
+            if not req.done.wait(wait):
+                req.cancelled = True
+                raise DeadlineExceeded(f"part '{part}': no answer within the deadline ({wait * 1e3:.0f} ms)")
+            if req.error is not None:
+                raise req.error
+        except OffloadError as e:
+            self.refused(e)
+            raise
+        end = time.monotonic()
+        with self._lock:
+            self._recent.append((end, (end - t0) * 1e3))
+        return req.result
+
+    def refused(self, e: OffloadError, new_request: bool = False) -> None:
+        """Count a refusal (`new_request`: one that never reached infer, refused while decoding)."""
+        if new_request:
+            self._count("requests")
+        kind = {InvalidRequest: "rejected_invalid", Overloaded: "rejected_overload",
+                DeadlineExceeded: "deadline_exceeded", Cancelled: "cancelled"}.get(type(e), "failed")
+        self._count(kind, errors=1)
+
+    def _count(self, what, errors: int = 0) -> None:
+        with self._lock:
+            self._counts[what] += 1
+            self._counts["errors"] += errors
+
+    def dequeued(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+
+    def batch_done(self, requests: int, rows: int) -> None:
+        with self._lock:
+            self._counts["batches"] += 1
+            self._counts["batch_rows"] += rows
+            self._counts["batched_requests"] += requests
+
+    # ---- counters --------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        now = time.monotonic()
+        with self._lock:
+            c = dict(self._counts)
+            lat = [ms for _, ms in self._recent]
+            span = min(THROUGHPUT_WINDOW_S, now - self._started)
+            recent = sum(1 for t, _ in self._recent if t >= now - THROUGHPUT_WINDOW_S)
+            depth = self._pending
+        batches = c.get("batches", 0)
+        return {"requests": c.get("requests", 0), "errors": c.get("errors", 0),
+                "rejected_overload": c.get("rejected_overload", 0), "rejected_invalid": c.get("rejected_invalid", 0),
+                "deadline_exceeded": c.get("deadline_exceeded", 0), "batches": batches,
+                "mean_batch_rows": c.get("batch_rows", 0) / batches if batches else 0.0,
+                "mean_batch_requests": c.get("batched_requests", 0) / batches if batches else 0.0,
+                "p50_latency_ms": float(np.percentile(lat, 50)) if lat else 0.0,
+                "p99_latency_ms": float(np.percentile(lat, 99)) if lat else 0.0,
+                "throughput_rps": recent / span if span > 0 else 0.0, "queue_depth": depth}
+
+    def stats_line(self) -> str:
+        s = self.stats()
+        return (f"offload: {s['requests']} requests ({s['errors']} refused/failed), {s['throughput_rps']:.1f} req/s, "
+                f"p50 {s['p50_latency_ms']:.2f} ms, p99 {s['p99_latency_ms']:.2f} ms, "
+                f"{s['mean_batch_rows']:.2f} rows/batch over {s['batches']} batches, queue {s['queue_depth']}")
+
+    def _log_loop(self, every: float) -> None:
+        out = self._log or (lambda line: print(line, file=sys.stderr, flush=True))
+        while not self._log_stop.wait(every):
+            out(self.stats_line())
+
+    def close(self) -> None:
+        """Stop the batchers; queued requests end UNAVAILABLE."""
+        self.stopping = True
+        self._log_stop.set()
+        for r in self.runners.values():
+            with r.cond:
+                for q in r.queue:
+                    q.error = ServiceStopped("the offload service stopped before the request ran")
+                    q.done.set()
+                self.dequeued(len(r.queue))
+                r.queue.clear()
+                r.queued_rows = 0
+                r.cond.notify_all()
+        for r in self.runners.values():
+            r.thread.join(10)
+            r.session.close()

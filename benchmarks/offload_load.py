@@ -12,8 +12,9 @@ Each client is a thread with its own gRPC connection sending one-row requests ba
 server batching up to --max-batch rows (waiting at most --max-delay-ms), and against one with
 max batch 1 (no batching: the peer). Reported per mode: errors, throughput, client-side p50/p99
 latency, the batching factor (mean rows per batch, from the server's Stats), the server's CPU time
-per request (from /proc: meaningful even when other work loads the machine), server RSS after a
-warm-up and after the load (growth should stay within 10%), and whether every checked answer
+per request (from /proc: meaningful even when other work loads the machine), server RSS at start,
+after a concurrent warm-up (every client's connection open, every server thread started) and after
+the load (growth from warm-up to end should stay within 10%), and whether every checked answer
 equals a local Session run. JSON on stdout.
 """
 from __future__ import annotations
@@ -125,6 +126,7 @@ def run_mode(path: str, reference, input_name: str, inputs: np.ndarray, clients:
     from isthmus.proto import offload_pb2, offload_pb2_grpc
     srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads)
     try:
+        rss_start = rss_kib(srv.proc.pid)
         opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per client, as separate devices have
         chans = [grpc.insecure_channel(srv.address, options=opts) for _ in range(clients)]
         stubs = [offload_pb2_grpc.OffloadStub(c) for c in chans]
@@ -197,7 +199,7 @@ def run_mode(path: str, reference, input_name: str, inputs: np.ndarray, clients:
             "batching_factor": round(rows / batches, 2) if batches else None, "batches": int(batches),
             "server_cpu_ms_per_request": round(1e3 * cpu_used / max(all_lat.size, 1), 3),
             "server_p50_ms": round(st.p50_latency_ms, 3), "server_p99_ms": round(st.p99_latency_ms, 3),
-            "rss_before_mib": round(rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
+            "rss_at_start_mib": round(rss_start / 1024, 1), "rss_before_mib": round(rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
             "rss_growth_pct": round(100.0 * (rss_after - rss_before) / rss_before, 2),
             "answers_checked": checked[0], "answers_wrong": wrong[0]}
 

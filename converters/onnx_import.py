@@ -57,6 +57,20 @@ class _Ctx:
         return self.consts[name]
 
 
+def owned_constant(arr: np.ndarray, name: str) -> Tensor:
+    """A Const over `arr` without the private copy `ism.constant` makes: importers own the arrays
+    they read (or hold read-only views of the model file) and never write them. A 90 MB model is
+    then imported without copying its weights a second time."""
+    from isthmus.core.dtypes import as_dtype
+    from isthmus.core.graph import get_default_graph
+    from isthmus.core.ops.base import make
+    if not isinstance(arr, np.ndarray) or arr.ndim == 0 or not arr.flags.c_contiguous \
+            or as_dtype(arr.dtype) != arr.dtype:
+        return ism.constant(arr, dtype=np.asarray(arr).dtype, name=name)
+    arr.flags.writeable = False
+    return make("Const", (), {"value": arr}, name=name, graph=get_default_graph()).outputs[0]
+
+
 def _attrs(node) -> Dict[str, object]:
     from onnx import helper
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -516,7 +530,7 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
             if trainable and arr.dtype.kind == "f" and arr.ndim >= 1:
                 values[init.name] = ism.Variable(arr, name=_clean(init.name))
             else:
-                values[init.name] = ism.constant(arr, dtype=arr.dtype, name=_clean(init.name))
+                values[init.name] = owned_constant(arr, _clean(init.name))
         inputs = {}
         from onnx import helper
         for vi in g_onnx.input:

@@ -25,6 +25,7 @@ from isthmus.core.errors import GraphError
 from isthmus.core.graph import Graph, Tensor
 from isthmus.core.ops.image import resize
 
+from .onnx_import import owned_constant
 from .tflite_read import ModelData, OperatorData, TensorData, TFLiteImportError, read_model
 
 __all__ = ["from_tflite", "TFLiteImportError", "supported_tflite_ops"]
@@ -34,15 +35,24 @@ NHWC_AXIS_IN_NCHW = (0, 2, 3, 1)  # NHWC axis a sits at NCHW axis NHWC_AXIS_IN_N
 
 
 class _Val:
-    """A value of the imported graph: a tensor, and whether it is a 4-D activation held NCHW."""
-    __slots__ = ("t", "nchw", "const")
+    """A value of the imported graph: a tensor, and whether it is a 4-D activation held NCHW.
+    A constant's tensor is made on first use, so weights an op consumes in another form (a
+    transposed filter) never enter the graph twice."""
+    __slots__ = ("_t", "nchw", "const", "_name")
 
-    def __init__(self, t: Tensor, nchw: bool = False, const: Optional[np.ndarray] = None):
-        self.t, self.nchw, self.const = t, nchw, const
+    def __init__(self, t: Optional[Tensor], nchw: bool = False, const: Optional[np.ndarray] = None,
+                 name: Optional[str] = None):
+        self._t, self.nchw, self.const, self._name = t, nchw, const, name
+
+    @property
+    def t(self) -> Tensor:
+        if self._t is None:
+            self._t = owned_constant(self.const, self._name or "Const")
+        return self._t
 
     @property
     def rank(self) -> int:
-        return len(self.t.shape)
+        return self.const.ndim if self._t is None else len(self._t.shape)
 
 
 _HANDLERS: Dict[str, Callable] = {}
@@ -95,8 +105,7 @@ class _Importer:
                 raise TFLiteImportError(f"{self.where(op)}: input {k} (tensor {i} '{t.name}') is produced by no "
                                         "earlier operator and is neither a constant nor a graph input "
                                         "(operators out of order?)")
-            arr = dequantize(t)
-            self.vals[i] = _Val(ism.constant(arr, dtype=arr.dtype, name=_clean(t.name) or f"t{i}"), False, arr)
+            self.vals[i] = _Val(None, False, dequantize(t), _clean(t.name) or f"t{i}")
         return self.vals[i]
 
     def const(self, op: OperatorData, k: int, what: str) -> np.ndarray:
@@ -275,7 +284,7 @@ def _fc(imp, op):
     wv = imp.value(op, 1)
     if wv is None or wv.rank != 2:
         raise TFLiteImportError(f"{imp.where(op)}: needs a 2-D weight matrix")
-    n_in = wv.t.shape[1]
+    n_in = wv.const.shape[1] if wv.const is not None else wv.t.shape[1]
     xt = x.t if (not x.nchw or _flat_order_kept(x)) else as_nhwc(x)
     lead = tuple(xt.shape[:-1]) if not x.nchw else None
     if len(xt.shape) != 2 or xt.shape[-1] != n_in:
@@ -389,7 +398,7 @@ def _dequantize(imp, op):
     x = imp.value(op, 0)
     if x.const is not None:  # constants were dequantized (or widened from float16) when read
         c = x.const.astype(np.float32, copy=False)
-        return [_Val(ism.constant(c), x.nchw, c)]
+        return [_Val(None, x.nchw, c, "dequantized")]
     if x.t.dtype.kind == "f":
         return [_Val(ism.cast(x.t, "float32") if x.t.dtype != np.float32 else x.t, x.nchw)]
     s, z, _ = _qparams(imp, op, op.inputs[0], "the input")

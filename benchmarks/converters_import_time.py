@@ -1,0 +1,109 @@
+"""Import time of a ~90 MB model: from_onnx (file to runnable graph) vs onnxruntime session
+creation on the same file, and from_tflite on a TFLite file of the same weights.
+
+    python benchmarks/converters_import_time.py [--mb 90] [--repeats 5]
+
+The model is an MLP whose Gemm weights add up to the requested size (float32), written to a
+temporary file with onnx.helper (and with the tests' TFLiteWriter as FULLY_CONNECTED layers).
+Timed: onnx.load alone, from_onnx(path), from_onnx + the first Session.run (plan compiled),
+onnxruntime.InferenceSession(path), from_tflite(path). Target (issue #7): from_onnx < 2 s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from timing import emit  # noqa: E402
+
+
+def _layers(mb: float, width: int = 2048):
+    n = max(1, int(round(mb * 2 ** 20 / 4 / (width * width))))
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((width, width)) * 0.02).astype(np.float32) for _ in range(n)]
+
+
+def write_onnx(path: str, ws) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    nodes, inits, h = [], [], "x"
+    for i, w in enumerate(ws):
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.zeros(w.shape[1], np.float32), f"b{i}")]
+        nodes += [helper.make_node("Gemm", [h, f"w{i}", f"b{i}"], [f"g{i}"]), helper.make_node("Relu", [f"g{i}"], [f"r{i}"])]
+        h = f"r{i}"
+    m = helper.make_model(helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                         ["N", ws[0].shape[0]])],
+                                            [helper.make_tensor_value_info(h, TensorProto.FLOAT, None)], inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    onnx.save(m, path)
+
+
+def write_tflite(path: str, ws) -> None:
+    from tests.converters.tflite_writer import TFLiteWriter
+    w = TFLiteWriter()
+    h = x = w.tensor("x", [1, ws[0].shape[0]])
+    for i, k in enumerate(ws):
+        y = w.tensor(f"y{i}", [1, k.shape[1]])
+        w.op("FULLY_CONNECTED", [h, w.const(f"w{i}", np.ascontiguousarray(k.T)), -1], [y],
+             dict(FusedActivationFunction=1), "FullyConnectedOptions")
+        h = y
+    with open(path, "wb") as f:
+        f.write(w.finish([x], [h]))
+
+
+def _median(fn, repeats):
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mb", type=float, default=90.0)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    import onnx
+    import onnxruntime as ort
+    import isthmus as ism
+    from isthmus.converters import from_onnx, from_tflite
+    ws = _layers(args.mb)
+    with tempfile.TemporaryDirectory() as d:
+        po, pt = os.path.join(d, "big.onnx"), os.path.join(d, "big.tflite")
+        write_onnx(po, ws)
+        write_tflite(pt, ws)
+        x = np.ones((1, ws[0].shape[0]), np.float32)
+
+        def import_and_run():
+            g, ins, outs = from_onnx(po)
+            ism.Session(g).run(outs[0], {ins["x"]: x})
+        res = {"onnx_file_mb": round(os.path.getsize(po) / 2 ** 20, 1),
+               "tflite_file_mb": round(os.path.getsize(pt) / 2 ** 20, 1), "layers": len(ws),
+               "onnx_load_s": _median(lambda: onnx.load(po), args.repeats),
+               "from_onnx_s": _median(lambda: from_onnx(po), args.repeats),
+               "from_onnx_and_first_run_s": _median(import_and_run, args.repeats),
+               "onnxruntime_session_s": _median(lambda: ort.InferenceSession(po, providers=["CPUExecutionProvider"]),
+                                                args.repeats),
+               "from_tflite_s": _median(lambda: from_tflite(pt), args.repeats)}
+    res = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()}
+    res["target"] = "from_onnx < 2 s"
+    res["meets_target"] = res["from_onnx_s"] < 2.0
+    res["load_avg"] = os.getloadavg()[0]
+    emit("converters_import_time", res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

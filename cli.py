@@ -9,7 +9,7 @@ from typing import List, Optional
 
 # name -> (module, one-line help); the module defines add_arguments(parser) and run(args) -> int
 COMMANDS = {
-    "demo": ("isthmus.demo", "train a model on real data, checkpoint it, restore it and evaluate"),
+    "demo": ("isthmus.demo", "the main demo: train on a local cluster, split, quantize, offload over an emulated link"),
     "ops": ("isthmus.core.opinfo", "list the registered ops (optionally as JSON)"),
     "partition": ("isthmus.partitioner.cli", "place a model between edge and cloud for a link, and explain it"),
     "calibrate": ("isthmus.partitioner.calibrate", "time the real kernels on this machine and write a device profile"),
@@ -26,11 +26,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    mod = None
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_)
         if name == chosen:  # import only the module of the command being run
-            importlib.import_module(module).add_arguments(p)
-    args = parser.parse_args(argv)
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+    if getattr(mod, "PASSTHROUGH", False):  # the command hands its other options to a script of its own
+        args, rest = parser.parse_known_args(argv)
+        args.args = rest
+    else:
+        args = parser.parse_args(argv)
     if args.version:
         from isthmus import __version__
         print(__version__)

@@ -123,7 +123,7 @@ def frozen_inference_graph(g, t, values):
 
 
 def plan(args, frozen, logits):
-    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel
+    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     ops = sorted({n.op for n in frozen.nodes})
@@ -136,12 +136,133 @@ def plan(args, frozen, logits):
     cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1)
     bandwidths = [float(b) for b in np.geomspace(0.1e6, 1000e6, 25)]
     planner = AdaptivePlanner(frozen, cost, outputs=[logits], bandwidths=bandwidths)
-    chosen = planner.choose(link)
-    return cost, link, planner, chosen
+    chosen = planner.choose(link)                      # the precomputed cut the client starts with
+    at_link = plan_split(frozen, cost, outputs=[logits])  # predictions at exactly this link
+    return cost, link, planner, chosen, at_link
+
+
+def export(args, frozen, logits, planner, train_data):
+    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    from isthmus.converters.split_export import export_split
+    calib = [{"image": train_data[0][i:i + 1]} for i in range(min(args.calibration, len(train_data[1])))]
+    t0 = time.perf_counter()
+    sp = export_split(frozen, [logits], planner, int8=True, calibration=calib, model_name="digits-cnn")
+    model_path = os.path.join(args.out, "digits.isth")
+    cloud_path = os.path.join(args.out, "digits.cloud")
+    sp.save(model_path)
+    save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()],
+                     model="digits-cnn")
+    print("\n".join("      " + line for line in sp.report().splitlines()))
+    print(f"      wrote {model_path} ({os.path.getsize(model_path):,} bytes: every cut's edge part + the full "
+          f"model, int8) and {cloud_path} ({os.path.getsize(cloud_path):,} bytes) in "
+          f"{time.perf_counter() - t0:.1f} s")
+    return model_path, cloud_path
+
+
+class offload_service:
+    """`isthmus serve CLOUD_PARTS` in a subprocess on a free port; stopped on exit."""
+
+    def __init__(self, cloud_path: str):
+        self.cloud_path = cloud_path
+
+    def __enter__(self) -> str:
+        import subprocess
+        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", self.cloud_path, "--port", "0",
+                                      "--log-every", "0", "--max-delay-ms", "0.5"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + 60
+        for line in self.proc.stdout:
+            if line.startswith("ISTHMUS_OFFLOAD "):
+                return line.split()[1]
+            if time.monotonic() > deadline:
+                break
+        self.proc.kill()
+        raise RuntimeError("the offload service did not start (run `isthmus serve` by hand to see why)")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+
+
+def run_client(args, model_path, address, test_data, link, chosen):
+    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    cuts = load_split(model_path).cuts
+    emu = EmulatedLink(link.up_bps, link.rtt_s)
+    bps = link.up_bps
+    x, y = test_data
+    results = {}
+    with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bps=bps,
+                       edge_slowdown=args.edge_slowdown) as client:
+        cut = cuts[client.cut]
+        correct = 0
+        rows = []
+        t0 = time.perf_counter()
+        for i in range(len(y)):
+            out = client.invoke(x[i:i + 1])[0]
+            correct += int(np.argmax(out) == y[i])
+            rows.append(dict(client.last))
+            if (i + 1) % 60 == 0 or i + 1 == len(y):
+                print(f"      {i + 1}/{len(y)} held-out images, accuracy so far {correct / (i + 1):.4f}, "
+                      f"{(time.perf_counter() - t0) / (i + 1) * 1e3:.1f} ms each", flush=True)
+        results["split"] = dict(cut=cut, accuracy=correct / len(y), rows=rows[5:], stats=client.stats())
+    # the two baselines, over the same link: the cut that keeps everything on the edge and the one
+    # that sends the image (when the sweep found them best somewhere, they are in the file)
+    baselines = {"edge_only": next((k for k, c in enumerate(cuts) if not c.cloud_part), None),
+                 "cloud_only": next((k for k, c in enumerate(cuts) if c.inputs == ["image:0"]), None)}
+    for name, k in baselines.items():
+        if k is None:
+            results[name] = None
+            continue
+        mid = (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2
+        with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bps=mid,
+                           edge_slowdown=args.edge_slowdown) as client:
+            rows = []
+            for i in range(args.samples + 5):
+                i %= len(y)
+                client.invoke(x[i:i + 1])
+                rows.append(dict(client.last))
+        results[name] = dict(cut=cuts[k], rows=rows[5:])
+    return results
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:8.2f} ms"
+
+
+def summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_path) -> None:
+    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
+    split = results["split"]
+    med = {k: float(np.median([r[k] for r in split["rows"]])) for k in ("total_s", "edge_s", "remote_s", "server_s")}
+    predicted_total = chosen.predict(link)
+    pc = chosen.predicted.compute
+    print(f"      accuracy on {len(split['rows']) + 5} held-out images: split run (int8 edge part) "
+          f"{split['accuracy']:.4f}; fp32 on the cluster {cloud_acc:.4f}")
+    where = f"cloud part '{split['cut'].cloud_part}' after {', '.join(split['cut'].inputs)}" \
+        if split["cut"].cloud_part else "everything on the edge"
+    print(f"      placement at {args.bandwidth}: {split['cut'].name}: {where}")
+    print("      per part (medians)            predicted     measured")
+    print(f"        edge compute               {_ms(pc.get(EDGE_DEVICE, 0.0))} {_ms(med['edge_s'])}")
+    print(f"        cloud compute              {_ms(pc.get(CLOUD_DEVICE, 0.0))} {_ms(med['server_s'])}")
+    link_pred = predicted_total - pc.get(EDGE_DEVICE, 0.0) - pc.get(CLOUD_DEVICE, 0.0)
+    print(f"        link + RPC                 {_ms(link_pred)} {_ms(med['remote_s'] - med['server_s'])}")
+    print(f"        total                      {_ms(predicted_total)} {_ms(med['total_s'])}")
+    print("      end to end (medians)          predicted     measured")
+    for name in ("edge_only", "cloud_only"):
+        r = results[name]
+        meas = _ms(float(np.median([x["total_s"] for x in r["rows"]]))) if r else "   (not a candidate cut)"
+        print(f"        {name:<26} {_ms(at_link.baselines[name].total)} {meas}")
+    print(f"        {'split (chosen)':<26} {_ms(predicted_total)} {_ms(med['total_s'])}")
+    st = split["stats"]
+    print(f"      client: {st['cloud']} requests offloaded, {st['fallback']} fell back, {st['local']} ran locally")
+    print(f"      plots: {plot_path} (latency against bandwidth), {graph_path} (the split graph)")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="isthmus demo" if __name__ == "isthmus_demo" else None,
+                                description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--res", type=int, default=48, help="image side the network sees (default %(default)s)")
@@ -150,12 +271,19 @@ def main(argv=None) -> int:
     p.add_argument("--edge-slowdown", type=float, default=8.0, help="edge = this machine N times slower")
     p.add_argument("--samples", type=int, default=60, help="held-out images timed per mode (default %(default)s)")
     p.add_argument("--out", default=os.path.join("runs", "demo"), help="where files go (default %(default)s)")
+    p.add_argument("--train-limit", type=int, default=0, help="train on the first N images only (quick runs)")
+    p.add_argument("--eval-limit", type=int, default=0, help="run the client on the first N held-out images only")
+    p.add_argument("--calibration", type=int, default=64, help="images calibrating int8 (default %(default)s)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t_start = time.perf_counter()
 
     step(1, "data: scikit-learn digits")
     train_data, test_data = load_digits(args.res)
+    if args.train_limit:
+        train_data = (train_data[0][:args.train_limit], train_data[1][:args.train_limit])
+    if args.eval_limit:
+        test_data = (test_data[0][:args.eval_limit], test_data[1][:args.eval_limit])
     print(f"      {len(train_data[1])} training / {len(test_data[1])} held-out images at {args.res}x{args.res}")
 
     step(2, "training on a local cloud cluster (1 ps task + 1 worker task over gRPC)")
@@ -164,14 +292,27 @@ def main(argv=None) -> int:
 
     step(3, "planning the split")
     local, frozen, logits = frozen_inference_graph(g, t, values)
-    cost, link, planner, chosen = plan(args, frozen, logits)
-    print("\n".join("      " + line for line in chosen.explain().splitlines()))
+    cost, link, planner, chosen, at_link = plan(args, frozen, logits)
+    print("\n".join("      " + line for line in at_link.explain().splitlines()))
     from isthmus.partitioner.plots import graph_svg, latency_svg
     graph_path = os.path.join(args.out, "split_graph.svg")
     plot_path = os.path.join(args.out, "latency_vs_bandwidth.svg")
     graph_svg(chosen, graph_path)
     latency_svg(planner, plot_path, title=f"predicted latency, RTT {args.rtt}, edge {args.edge_slowdown:g}x slower")
     print(f"      wrote {graph_path} and {plot_path}")
+
+    step(4, "exporting the edge parts (int8) and the cloud parts")
+    model_path, cloud_path = export(args, frozen, logits, planner, train_data)
+
+    step(5, "starting the offload service (isthmus serve, a separate process)")
+    with offload_service(cloud_path) as address:
+        print(f"      serving on {address}")
+        step(6, f"edge client over loopback, link emulated at {args.bandwidth} / RTT {args.rtt}, "
+                f"edge {args.edge_slowdown:g}x slower")
+        results = run_client(args, model_path, address, test_data, link, chosen)
+
+    step(7, "summary")
+    summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_path)
     print(f"\ndone in {time.perf_counter() - t_start:.0f} s")
     return 0
 

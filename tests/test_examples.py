@@ -33,3 +33,22 @@ def test_train_mlp_cluster_trains_sync_and_async_on_a_local_cluster():
         line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"{mode}: 20 steps"))
         assert float(line.rsplit("test accuracy ", 1)[1]) > 0.7, line  # 20 steps; 600 reach about 0.97
     assert "40 gradients applied, 0 dropped" in out.stdout  # sync: 2 replicas x 20 steps, all taken
+
+
+def test_main_demo_quick_run_end_to_end(tmp_path):
+    """`isthmus demo` (examples/edge_cloud_demo.py) on a small slice: trains on a local cluster,
+    plans, exports int8 + cloud parts, serves them, runs the edge client, prints the summary."""
+    out = subprocess.run([sys.executable, "-m", "isthmus.cli", "demo", "--epochs", "1", "--train-limit", "320",
+                          "--eval-limit", "30", "--samples", "4", "--calibration", "8", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=420)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+    text = out.stdout
+    for step in range(1, 8):
+        assert f"[{step}/7]" in text
+    assert "split (chosen)" in text and "edge_only" in text and "cloud_only" in text
+    line = next(ln for ln in text.splitlines() if "accuracy on 30 held-out images" in ln)
+    split_acc = float(line.split("(int8 edge part) ")[1].split(";")[0])
+    assert split_acc > 0.1  # better than chance after one short epoch
+    assert "0 fell back" in text
+    for f in ("digits.isth", "digits.cloud", "split_graph.svg", "latency_vs_bandwidth.svg"):
+        assert (tmp_path / f).stat().st_size > 0, f

@@ -27,12 +27,12 @@ def test_lstm_digits_runs():
 
 
 def test_train_mlp_cluster_trains_sync_and_async_on_a_local_cluster():
-    out = _run("train_mlp_cluster.py", "--steps", "20", "--batch", "64")
+    out = _run("train_mlp_cluster.py", "--steps", "10", "--batch", "64", "--lr", "0.01")
     assert out.returncode == 0, out.stderr[-2000:]
     for mode in ("sync", "async"):
-        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"{mode}: 20 steps"))
-        assert float(line.rsplit("test accuracy ", 1)[1]) > 0.7, line  # 20 steps; 600 reach about 0.97
-    assert "40 gradients applied, 0 dropped" in out.stdout  # sync: 2 replicas x 20 steps, all taken
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"{mode}: 10 steps"))
+        assert float(line.rsplit("test accuracy ", 1)[1]) > 0.6, line  # 10 steps: about 0.8; 600 steps: 0.98
+    assert "20 gradients applied, 0 dropped" in out.stdout  # sync: 2 replicas x 10 steps, all taken
 
 
 def test_main_demo_quick_run_end_to_end(tmp_path):

@@ -116,23 +116,25 @@ def test_backup_workers_drop_and_count_late_gradients(cluster, caplog):
 
 
 def test_a_straggler_does_not_slow_steps_with_a_backup_worker(cluster):
-    delay = 0.4
+    delay = 0.6
 
     def slow_data(step, replica):
         if replica == 2:
             time.sleep(delay)      # replica 2 is a straggler on every step
         return data(step, replica)
-    steps = 5
     with_backup = ReplicaTrainer(model, lambda: ism.optimizers.SGD(0.2), slow_data, cluster, mode="sync",
-                                 replicas=2, backup=1, step_timeout=20.0).train(steps)
-    assert float(np.median(with_backup.step_times)) < delay / 2
+                                 replicas=2, backup=1, step_timeout=20.0).train(4)
     assert with_backup.dropped >= 1   # the straggler's gradients, always late or stale
 
     def slow_pair(step, replica):
         return slow_data(step, 2 if replica == 1 else replica)
     without = ReplicaTrainer(model, lambda: ism.optimizers.SGD(0.2), slow_pair, cluster, mode="sync",
-                             replicas=2, backup=0, step_timeout=20.0).train(3)
-    assert float(np.median(without.step_times)) >= delay * 0.9
+                             replicas=2, backup=0, step_timeout=20.0).train(2)
+    slow, fast = float(np.median(without.step_times)), float(np.median(with_backup.step_times))
+    assert slow >= delay * 0.9
+    # without the backup every step waits for the straggler; with it, steps take what the others take
+    # (a relative bound: it holds on a loaded machine, as long as a step takes less than `delay`)
+    assert fast < 0.5 * slow, (fast, slow)
 
 
 def test_async_replicas_converge(cluster):

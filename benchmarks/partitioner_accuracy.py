@@ -4,6 +4,8 @@
 2. Held-out graphs: random MLPs (widths, depths, activations, batch sizes none of the
    calibration graphs had), each split at a random layer (edge: the first layers).
 3. Per part: predicted compute vs the measured kernel times of its nodes (target: within 20%).
+   Measured like calibration measures: the least disturbed of three medians (the machine is
+   shared; a burst of other work must not count as the model's error).
 4. End to end: the parts run together (one Session per part, one thread each) with the link
    emulated by delaying each transfer by bytes / bandwidth + rtt / 2 (target: within 15%).
 Both devices are this machine (slowdown 1): only real time can be measured.

@@ -5,6 +5,10 @@ Each case draws a random DAG (matmuls, elementwise ops, fan-in up to 3, several 
 random per-op speeds on edge and cloud, random pins and a random link; exhaustive tries
 all 2^k assignments (vectorised). The test suite runs a few hundred smaller cases through
 hypothesis; this runs thousands. (Slow: about 20 ms per 16-node case; --cases 200 for a look.)
+Each case is also solved under an edge memory budget that binds (drawn between the least edge
+memory the constraints allow and what the unconstrained optimum keeps on the edge): mincut's
+Lagrangian + branch and bound (forced: by default mincut searches graphs of up to 16 free
+nodes exhaustively) against exhaustive search within the budget.
 Usage: python benchmarks/partitioner_optimality.py [--cases 2000] [--max-nodes 16]
 """
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numpy as np
 
 import isthmus as ism
 from isthmus.partitioner import CLOUD, EDGE, Constraints, CostModel, LinkModel, Problem
-from isthmus.partitioner.placement import solve_exhaustive, solve_greedy, solve_layer_split, solve_mincut
+from isthmus.partitioner.placement import (solve_exhaustive, solve_greedy, solve_layer_split,
+                                           solve_least_edge_memory, solve_mincut)
 from timing import emit
 
 OPS = ("MatMul", "Tanh", "Relu", "Add", "Mul")
@@ -64,6 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     worst_gap, mismatches, mixed, greedy_gaps, layer_gaps, sizes = 0.0, 0, 0, [], [], []
+    binding, budget_mismatches, budget_worst = 0, 0, 0.0
     t0 = time.perf_counter()
     for _ in range(args.cases):
         p = random_case(rng, args.max_nodes)
@@ -76,6 +82,16 @@ def main() -> None:
         greedy_gaps.append((cc - cb) / cb if cb > 0 else 0.0)
         layer_gaps.append((p.total(solve_layer_split(p)) - cb) / cb if cb > 0 else 0.0)
         sizes.append(len(p.nodes))
+        m_free, m_least = p.edge_memory(a)[0], p.edge_memory(solve_least_edge_memory(p))[0]
+        if m_free > m_least:
+            budget = m_least + rng.uniform(0, 0.999) * (m_free - m_least)
+            q = Problem(p.graph, p.cost, p.outputs, replace(p.constraints, edge_memory_budget=budget))
+            qa, qb = solve_mincut(q, exhaustive_up_to=0), solve_exhaustive(q)
+            assert q.feasible(qa)[0], "mincut broke the memory budget"
+            qgap = (q.total(qa) - q.total(qb)) / q.total(qb) if q.total(qb) > 0 else 0.0
+            binding += 1
+            budget_mismatches += qgap > 1e-6
+            budget_worst = max(budget_worst, qgap)
     emit("partitioner_optimality", {
         "cases": args.cases, "placed_nodes_max": int(max(sizes)), "placed_nodes_mean": float(np.mean(sizes)),
         "optimum_splits_the_graph": mixed, "mincut_not_optimal": mismatches,
@@ -84,6 +100,8 @@ def main() -> None:
         "greedy_optimal_fraction": float(np.mean(np.array(greedy_gaps) <= 1e-6)),
         "layer_split_mean_gap": float(np.mean(layer_gaps)), "layer_split_worst_gap": float(np.max(layer_gaps)),
         "layer_split_optimal_fraction": float(np.mean(np.array(layer_gaps) <= 1e-6)),
+        "budget_binding_cases": binding, "budget_mincut_not_optimal": budget_mismatches,
+        "budget_mincut_worst_relative_gap": budget_worst,
         "seconds": time.perf_counter() - t0})
 
 

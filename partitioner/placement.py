@@ -44,22 +44,36 @@ def place_mincut(graph: Union[Graph, Problem], cost: Optional[CostModel] = None,
     return p.placement(solve_mincut(p))
 
 
-def solve_mincut(p: Problem, max_cuts: int = 400) -> np.ndarray:
+def solve_mincut(p: Problem, max_cuts: Optional[int] = None, exhaustive_up_to: int = 16) -> np.ndarray:
     """Device indices minimising p.total within p.allowed, the groups and the edge memory budget.
 
     Without a binding budget this is one minimum cut, exact. A binding budget makes the problem
-    a knapsack-like one (NP-hard in general): the edge memory gets a price (a Lagrangian
-    multiplier, found by bisection) whose cut fits, then a branch and bound over the nodes the
-    price leaves in contention, bounded by the Lagrangian dual, proves that cut optimal or finds
-    a better one. It is exact when it finishes within `max_cuts` minimum cuts (small graphs
-    always do); past that the best placement found within the budget is returned."""
+    a knapsack-like one (NP-hard in general): with at most `exhaustive_up_to` free choices every
+    assignment is tried; otherwise the edge memory gets a price (a Lagrangian multiplier, found by
+    bisection) whose cut fits, and a branch and bound over the nodes the price leaves in
+    contention, bounded by the Lagrangian dual, proves that cut optimal or finds a better one.
+    It is exact when it finishes within `max_cuts` minimum cuts (default: about 200,000 / nodes,
+    between 50 and 4,000); past that the best placement found within the budget is returned."""
     if len(p.devices) != 2 or p.edge is None:
         raise PlacementError(f"mincut places on an edge and one cloud device; this problem has {p.devices} "
                              "(use place_greedy for more devices)")
     assign = _cut(p, 0.0)
     if p.budget is None or p.edge_memory(assign)[0] <= p.budget:
         return assign
+    roots = np.unique(p.group)
+    if int(p.allowed[roots].all(axis=1).sum()) <= exhaustive_up_to:
+        return solve_exhaustive(p)
+    if max_cuts is None:
+        max_cuts = int(np.clip(200_000 // max(1, len(p.nodes)), 50, 4000))
     return _BudgetSearch(p, max_cuts).solve()
+
+
+def solve_least_edge_memory(p: Problem) -> np.ndarray:
+    """The placement of least edge memory the constraints allow (one minimum cut on memory alone):
+    the smallest budget that can be met is its edge memory."""
+    if len(p.devices) != 2 or p.edge is None:
+        raise PlacementError(f"an edge and one cloud device are needed; this problem has {p.devices}")
+    return _cut(p, 1.0, time_weight=0.0)
 
 
 class _BudgetSearch:
@@ -100,23 +114,25 @@ class _BudgetSearch:
             raise PlacementError(f"the edge memory budget ({p.budget:.0f} bytes) cannot be met: what must run "
                                  f"on the edge (pins, inputs) alone needs {p.edge_memory(least)[0]:.0f} bytes")
         self.offer(least)
-        stack = [p.allowed.copy()]
+        stack = [(p.allowed.copy(), (0.0, self.price0), 12)]
         while stack and self.cuts_left > 0:
-            allowed = stack.pop()
-            split = self.bound(allowed)
+            allowed, prices, steps = stack.pop()
+            split = self.bound(allowed, prices, steps)
             if split is None:
                 continue
-            i, first = split
+            i, first, prices = split
             for side in (1 - first, first):  # the child explored first goes on the stack last
                 child = allowed.copy()
                 members = p.group == p.group[i]
                 child[members, 1 - side] = False
                 if child[members].any(axis=1).all():
-                    stack.append(child)
+                    stack.append((child, prices, 5))  # a child's price is near its parent's
         return self.best
 
-    def bound(self, allowed: np.ndarray) -> Optional[Tuple[int, int]]:
-        """Bound the subproblem; (node, the side to try first) to split on, or None when it is done."""
+    def bound(self, allowed: np.ndarray, prices: Tuple[float, float], steps: int
+              ) -> Optional[Tuple[int, int, Tuple[float, float]]]:
+        """Bound the subproblem, searching prices from the bracket `prices` with `steps` bisections;
+        (node, the side to try first, the final bracket) to split on, or None when it is done."""
         p = self.p
         B = p.budget
 
@@ -134,8 +150,15 @@ class _BudgetSearch:
         least = self.cut(allowed, 1.0, time_weight=0.0)
         if p.edge_memory(least)[0] > B:
             return None  # nothing in this subproblem fits
-        lo, hi, a_lo, a_hi = 0.0, self.price0, a0, None
-        for _ in range(40):  # a price whose cut fits
+        lo, hi, a_lo, a_hi = 0.0, prices[1], a0, None
+        if prices[0] > 0:  # where the parent's price crossed the budget
+            a, mem, lb = lagrangian(prices[0])
+            bound = max(bound, lb)
+            if mem <= B:
+                hi, a_hi = prices[0], a
+            else:
+                lo, a_lo = prices[0], a
+        for _ in range(40 if a_hi is None else 0):  # a price whose cut fits
             a, mem, lb = lagrangian(hi)
             bound = max(bound, lb)
             if mem <= B:
@@ -144,7 +167,7 @@ class _BudgetSearch:
             lo, a_lo, hi = hi, a, hi * 4
         if a_hi is None:
             a_hi = least
-        for _ in range(12):  # narrow the price; every cut tightens the bound or the incumbent
+        for _ in range(steps):  # narrow the price; every cut tightens the bound or the incumbent
             if bound >= self.best_cost - self.tol or self.cuts_left <= 0:
                 return None
             mid = (lo + hi) / 2
@@ -163,7 +186,7 @@ class _BudgetSearch:
         if not len(contested):
             return None
         i = int(contested[np.argmax(p.node_memory[contested] + p.times[contested].max(axis=1) * self.price0)])
-        return i, int(a_hi[i])
+        return i, int(a_hi[i]), (lo, hi)
 
 
 def _cut(p: Problem, mem_price: float, allowed: Optional[np.ndarray] = None, time_weight: float = 1.0) -> np.ndarray:

@@ -8,9 +8,10 @@ sends an H-float hidden row, the cloud runs three dense layers and a softmax), o
 --model mobilenet the MobileNetV2-style network's tail after block 5 (res 64). The service
 runs in a subprocess (`isthmus serve`), so the RSS read from /proc is the server's alone.
 Each client is a thread with its own gRPC connection sending one-row requests back to back
-(closed loop), each with a deadline. The same requests run twice in one run: against a
-server batching up to --max-batch rows (waiting at most --max-delay-ms), and against one with
-max batch 1 (no batching: the peer). Reported per mode: errors, throughput, client-side p50/p99
+(closed loop), each with a deadline. The same requests run against two servers started side by
+side: one batching up to --max-batch rows (waiting at most --max-delay-ms), and one with max
+batch 1 (no batching: the peer); the two take turns in --rounds rounds, so load from other work
+on the machine drifting during the run hits both alike. Reported per mode: errors, throughput, client-side p50/p99
 latency, the batching factor (mean rows per batch, from the server's Stats), the server's CPU time
 per request (from /proc: meaningful even when other work loads the machine), server RSS at start,
 after a concurrent warm-up (every client's connection open, every server thread started) and after
@@ -119,89 +120,117 @@ class Server:
                 self.proc.communicate(timeout=10)
 
 
-def run_mode(path: str, reference, input_name: str, inputs: np.ndarray, clients: int, requests: int, max_batch: int,
-             max_delay_ms: float, deadline_s: float, check_every: int, blas_threads: int) -> dict:
-    import grpc
-    from isthmus.cloud import tensor_codec
-    from isthmus.proto import offload_pb2, offload_pb2_grpc
-    srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads)
-    try:
-        rss_start = rss_kib(srv.proc.pid)
+class Mode:
+    """One server (batched or not) with its clients' connections, run in rounds."""
+
+    def __init__(self, name: str, path: str, input_name: str, inputs: np.ndarray, clients: int, max_batch: int,
+                 max_delay_ms: float, blas_threads: int):
+        import grpc
+        from isthmus.cloud import tensor_codec
+        from isthmus.proto import offload_pb2
+        self.name, self.clients, self.max_batch, self.max_delay_ms = name, clients, max_batch, max_delay_ms
+        self.srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads)
+        self.rss_start = rss_kib(self.srv.proc.pid)
         opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per client, as separate devices have
-        chans = [grpc.insecure_channel(srv.address, options=opts) for _ in range(clients)]
-        stubs = [offload_pb2_grpc.OffloadStub(c) for c in chans]
+        self.chans = [grpc.insecure_channel(self.srv.address, options=opts) for _ in range(clients)]
         # requests go out as pre-serialized bytes and answers come back as bytes (parsed only when
-        # checked): the clients share this process's 2 cores with the server, so keep them cheap
-        raw = [c.unary_unary("/isthmus.Offload/Infer", request_serializer=None, response_deserializer=None)
-               for c in chans]
-        reqs = []
+        # checked): the clients share this machine's 2 cores with the server, so keep them cheap
+        self.raw = [c.unary_unary("/isthmus.Offload/Infer", request_serializer=None, response_deserializer=None)
+                    for c in self.chans]
+        self.reqs = []
         for k in range(len(inputs)):
             r = offload_pb2.InferRequest(part="tail", request_id=str(k))
             tensor_codec.encode(inputs[k:k + 1], out=r.inputs.add(name=input_name).tensor)
-            reqs.append(r.SerializeToString())
-        def warm(c: int):  # connections open, the plan compiled, the server's threads all started
+            self.reqs.append(r.SerializeToString())
+        self.lat: list = []
+        self.errors: list = []
+        self.checked = self.wrong = 0
+        self.wall = self.cpu = 0.0
+        self.round_rps: list = []
+
+    def warm(self) -> None:
+        """Every connection open, the plan compiled, every server thread started; then the baseline."""
+        def one(c: int):
             for _ in range(5):
-                raw[c](reqs[c % len(reqs)], timeout=30)
-        warmers = [threading.Thread(target=warm, args=(c,)) for c in range(clients)]
-        for t in warmers:
-            t.start()
-        for t in warmers:
-            t.join(120)
+                self.raw[c](self.reqs[c % len(self.reqs)], timeout=30)
+        _threads([lambda c=c: one(c) for c in range(self.clients)])
         time.sleep(0.3)
-        rss_before = rss_kib(srv.proc.pid)
-        cpu_before = cpu_s(srv.proc.pid)
-        base = stubs[0].Stats(offload_pb2.StatsRequest(), timeout=10)
-        lat = [[] for _ in range(clients)]
-        errors, wrong, checked = [], [0], [0]
-        start = threading.Barrier(clients + 1)
+        self.rss_before = rss_kib(self.srv.proc.pid)
+        self.base = self.stats()
+
+    def stats(self):
+        from isthmus.proto import offload_pb2, offload_pb2_grpc
+        return offload_pb2_grpc.OffloadStub(self.chans[0]).Stats(offload_pb2.StatsRequest(), timeout=10)
+
+    def round(self, offset: int, requests: int, reference, inputs, deadline_s: float, check_every: int) -> None:
+        import grpc
+        from isthmus.cloud import tensor_codec
+        from isthmus.proto import offload_pb2
+        lat = [[] for _ in range(self.clients)]
+        gate = threading.Barrier(self.clients + 1)
 
         def client(c: int):
-            call, mine = raw[c], lat[c]
-            start.wait(60)
+            call, mine = self.raw[c], lat[c]
+            gate.wait(60)
             for i in range(requests):
-                k = (c * requests + i) % len(reqs)
+                n = offset + c * requests + i
+                k = n % len(self.reqs)
                 t0 = time.perf_counter()
                 try:
-                    data = call(reqs[k], timeout=deadline_s)
+                    data = call(self.reqs[k], timeout=deadline_s)
                 except grpc.RpcError as e:
-                    errors.append(f"{e.code().name}: {e.details()}")
+                    self.errors.append(f"{e.code().name}: {e.details()}")
                     continue
                 mine.append(time.perf_counter() - t0)
-                if (c * requests + i) % check_every == 0:
-                    resp = offload_pb2.InferResponse.FromString(data)
-                    got = tensor_codec.decode(resp.outputs[0].tensor)
-                    checked[0] += 1
-                    if not np.allclose(got, reference(inputs[k:k + 1]), rtol=1e-5, atol=1e-7):
-                        wrong[0] += 1
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+                if n % check_every == 0:
+                    got = tensor_codec.decode(offload_pb2.InferResponse.FromString(data).outputs[0].tensor)
+                    self.checked += 1
+                    self.wrong += not np.allclose(got, reference(inputs[k:k + 1]), rtol=1e-5, atol=1e-7)
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(self.clients)]
         for t in threads:
             t.start()
-        start.wait(60)
+        cpu0 = cpu_s(self.srv.proc.pid)
+        gate.wait(60)
         t0 = time.perf_counter()
         for t in threads:
             t.join(600)
         wall = time.perf_counter() - t0
-        st = stubs[0].Stats(offload_pb2.StatsRequest(), timeout=10)
-        rss_after = rss_kib(srv.proc.pid)
-        cpu_used = cpu_s(srv.proc.pid) - cpu_before
-        for c in chans:
+        self.cpu += cpu_s(self.srv.proc.pid) - cpu0
+        self.wall += wall
+        done = sum(len(x) for x in lat)
+        self.round_rps.append(done / wall)
+        self.lat.extend(x for per in lat for x in per)
+
+    def finish(self) -> dict:
+        st = self.stats()
+        rss_after = rss_kib(self.srv.proc.pid)
+        for c in self.chans:
             c.close()
-    finally:
-        srv.stop()
-    all_lat = np.array([x for per in lat for x in per]) * 1e3
-    batches = st.batches - base.batches
-    rows = st.mean_batch_rows * st.batches - base.mean_batch_rows * base.batches
-    return {"max_batch_size": max_batch, "max_queue_delay_ms": max_delay_ms, "requests": clients * requests,
-            "ok": int(all_lat.size), "errors": len(errors), "error_examples": sorted(set(errors))[:3],
-            "wall_s": round(wall, 3), "throughput_rps": round(all_lat.size / wall, 1),
-            "p50_ms": round(float(np.percentile(all_lat, 50)), 3) if all_lat.size else None,
-            "p99_ms": round(float(np.percentile(all_lat, 99)), 3) if all_lat.size else None,
-            "batching_factor": round(rows / batches, 2) if batches else None, "batches": int(batches),
-            "server_cpu_ms_per_request": round(1e3 * cpu_used / max(all_lat.size, 1), 3),
-            "server_p50_ms": round(st.p50_latency_ms, 3), "server_p99_ms": round(st.p99_latency_ms, 3),
-            "rss_at_start_mib": round(rss_start / 1024, 1), "rss_before_mib": round(rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
-            "rss_growth_pct": round(100.0 * (rss_after - rss_before) / rss_before, 2),
-            "answers_checked": checked[0], "answers_wrong": wrong[0]}
+        self.srv.stop()
+        lat = np.array(self.lat) * 1e3
+        batches = st.batches - self.base.batches
+        rows = st.mean_batch_rows * st.batches - self.base.mean_batch_rows * self.base.batches
+        return {"max_batch_size": self.max_batch, "max_queue_delay_ms": self.max_delay_ms,
+                "ok": int(lat.size), "errors": len(self.errors), "error_examples": sorted(set(self.errors))[:3],
+                "wall_s": round(self.wall, 3), "throughput_rps": round(lat.size / self.wall, 1),
+                "round_throughputs_rps": [round(r, 1) for r in self.round_rps],
+                "p50_ms": round(float(np.percentile(lat, 50)), 3) if lat.size else None,
+                "p99_ms": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
+                "batching_factor": round(rows / batches, 2) if batches else None, "batches": int(batches),
+                "server_cpu_ms_per_request": round(1e3 * self.cpu / max(lat.size, 1), 3),
+                "server_p50_ms": round(st.p50_latency_ms, 3), "server_p99_ms": round(st.p99_latency_ms, 3),
+                "rss_at_start_mib": round(self.rss_start / 1024, 1),
+                "rss_before_mib": round(self.rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
+                "rss_growth_pct": round(100.0 * (rss_after - self.rss_before) / self.rss_before, 2),
+                "answers_checked": self.checked, "answers_wrong": int(self.wrong)}
+
+
+def _threads(fns) -> None:
+    ts = [threading.Thread(target=f) for f in fns]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
 
 
 def main(argv=None) -> int:
@@ -216,6 +245,8 @@ def main(argv=None) -> int:
                         "gRPC threads and the clients on this 2-core machine")
     p.add_argument("--max-delay-ms", type=float, default=2.0)
     p.add_argument("--deadline-s", type=float, default=30.0)
+    p.add_argument("--rounds", type=int, default=4,
+                   help="the modes take turns in this many rounds (default %(default)s)")
     p.add_argument("--check-every", type=int, default=25, help="compare every n-th answer with a local run")
     p.add_argument("--out", default=None, help="also write the JSON here")
     a = p.parse_args(argv)
@@ -228,10 +259,24 @@ def main(argv=None) -> int:
             (reference, row), input_name = build_mobilenet(path), "block5/Add:0"
             model = "MobileNetV2-style tail after block 5 (res 64)"
         inputs = np.maximum(np.random.default_rng(1).standard_normal((1024,) + row), 0).astype(np.float32)
-        modes = {}
-        for name, mb in (("batched", a.max_batch), ("unbatched", 1)):
-            modes[name] = run_mode(path, reference, input_name, inputs, a.clients, a.requests, mb, a.max_delay_ms,
-                                   a.deadline_s, a.check_every, a.blas_threads)
+        modes = {name: Mode(name, path, input_name, inputs, a.clients, mb, a.max_delay_ms, a.blas_threads)
+                 for name, mb in (("batched", a.max_batch), ("unbatched", 1))}
+        try:
+            for m in modes.values():
+                m.warm()
+            rounds = max(1, min(a.rounds, a.requests))
+            per = [a.requests // rounds + (r < a.requests % rounds) for r in range(rounds)]
+            offset = 0
+            for r, n in enumerate(per):  # alternate the modes, so drifting load on the machine hits both alike
+                order = list(modes.values()) if r % 2 == 0 else list(modes.values())[::-1]
+                for m in order:
+                    m.round(offset, n, reference, inputs, a.deadline_s, a.check_every)
+                offset += n * a.clients
+            modes = {name: m.finish() for name, m in modes.items()}
+        finally:
+            for m in modes.values():
+                if isinstance(m, Mode):
+                    m.srv.stop()
     b, u = modes["batched"], modes["unbatched"]
     result = {"benchmark": "offload_load", "model": model + ", 1 row per request",
               "clients": a.clients, "requests_per_client": a.requests, "cpus": os.cpu_count(),
@@ -239,6 +284,10 @@ def main(argv=None) -> int:
               "load_avg_1m": round(os.getloadavg()[0], 2), "modes": modes,
               "throughput_ratio_batched_over_unbatched": round(b["throughput_rps"] / u["throughput_rps"], 2)
               if u["throughput_rps"] else None,
+              "median_round_throughput_ratio": round(float(np.median(np.array(b["round_throughputs_rps"])
+                                                                    / np.array(u["round_throughputs_rps"]))), 2),
+              "server_cpu_ratio_batched_over_unbatched": round(b["server_cpu_ms_per_request"]
+                                                                / u["server_cpu_ms_per_request"], 2),
               "p99_ratio_batched_over_unbatched": round(b["p99_ms"] / u["p99_ms"], 2) if u["p99_ms"] else None,
               "zero_errors": b["errors"] == 0 and u["errors"] == 0,
               "all_checked_answers_equal": b["answers_wrong"] == 0 and u["answers_wrong"] == 0,

@@ -67,3 +67,27 @@ def test_the_scan_catches_offenders():
         "import pickle", "from marshal import ...", "eval()", "np.load without allow_pickle=False", "__import__()"]
     assert offences("exec('1')\n", "core/executor.py") == []
     assert offences("exec('1')\n", "core/graph.py") == ["core/graph.py:1: exec()"]
+
+
+def test_onnx_external_data_outside_the_model_directory_is_refused(tmp_path):
+    """A model whose weights point outside its own folder ('../secret.bin') is refused, naming the tensor."""
+    import numpy as np
+    import onnx
+    import pytest
+    from onnx import TensorProto, helper, numpy_helper
+
+    from isthmus.converters.onnx_import import from_onnx
+    (tmp_path / "secret.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    w.data_location = TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    for k, v in (("location", "../secret.bin"), ("offset", "0"), ("length", "16")):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])
+    m = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]))
+    (tmp_path / "sub").mkdir()
+    onnx.save(m, str(tmp_path / "sub" / "m.onnx"))
+    with pytest.raises(Exception, match="tensor name: w.*points outside"):
+        from_onnx(str(tmp_path / "sub" / "m.onnx"))

@@ -48,13 +48,19 @@ def final_values(trainer):
         sess.close()
 
 
-def killing_data(lc, job, index, at_step, log):
+def killing_data(lc, job, index, at_step, log, corrupt_dir=None):
     """The data, and a kill of the task just before a replica computes step `at_step` (replica
-    1 kills its own worker, so that step cannot complete before the loss is seen)."""
+    1 kills its own worker, so that step cannot complete before the loss is seen). With
+    `corrupt_dir`, a byte of the newest checkpoint there flips too (a torn disk)."""
     def batch(step, replica):
         if step == at_step and replica == (index if job == "worker" else 0) and not log:
             lc.kill(job, index)
             log.append(time.monotonic())
+            if corrupt_dir is not None:
+                path = ism.checkpoint.latest_checkpoint(corrupt_dir)
+                raw = bytearray(open(path, "rb").read())
+                raw[len(raw) // 2] ^= 0xFF
+                open(path, "wb").write(bytes(raw))
         return data(step, replica)
     return batch
 
@@ -71,12 +77,13 @@ def uninterrupted(lc, tmp_path_factory):
 _RNG = np.random.default_rng(5)   # the step of each kill: random, and the same on every run
 
 
-@pytest.mark.parametrize("job,index,at_step", [("ps", 0, int(_RNG.integers(1, STEPS))),
-                                               ("worker", 1, int(_RNG.integers(1, STEPS)))])
+@pytest.mark.parametrize("job,index,at_step,corrupt", [("ps", 0, int(_RNG.integers(1, STEPS)), False),
+                                                       ("worker", 1, int(_RNG.integers(EVERY, STEPS)), True)])
 def test_killed_task_is_restarted_and_training_ends_as_uninterrupted(lc, uninterrupted, tmp_path, job, index,
-                                                                      at_step):
+                                                                      at_step, corrupt):
     killed = []
-    t = ReplicaTrainer(model, optimizer, killing_data(lc, job, index, at_step, killed), lc.cluster, replicas=2,
+    batch = killing_data(lc, job, index, at_step, killed, str(tmp_path) if corrupt else None)
+    t = ReplicaTrainer(model, optimizer, batch, lc.cluster, replicas=2,
                        step_timeout=20.0, checkpoint_dir=str(tmp_path), checkpoint_every=EVERY, restart=lc.restart)
     stats = t.train(STEPS)
     assert killed and stats.restarts == [f"/job:{job}/task:{index}"]
@@ -84,8 +91,9 @@ def test_killed_task_is_restarted_and_training_ends_as_uninterrupted(lc, uninter
     (seen, message), = stats.failures
     assert seen - killed[0] < DETECT_BOUND_S
     assert f"/job:{job}/task:{index} at {lc.address(job, index)}" in message
-    # resumed from the newest checkpoint before the kill, and redid the steps after it once
-    assert stats.restored[-1][0] == (at_step // EVERY) * EVERY
+    # resumed from the newest valid checkpoint before the kill (the one before it when the newest
+    # was corrupted), and redid the steps after it once
+    assert stats.restored[-1][0] == (at_step // EVERY) * EVERY - (EVERY if corrupt else 0)
     assert stats.steps == STEPS and stats.dropped == 0
     got = final_values(t)
     assert int(got["global_step"]) == STEPS

@@ -1,8 +1,13 @@
 """Edge runtime, batch 1: the fp32 interpreter vs onnxruntime on the same model (MobileNetV2-style
-96x96 and the core CNN), arena size vs its lower bound, and the load time of a ~100 MB model.
-Targets (edge issue): fp32 <= 4x onnxruntime; delegate <= 1.3x; arena <= 1.1x the lower bound;
-load < 20 ms. (The delegate runs onnxruntime with one thread, as a phone would; the peer uses
-onnxruntime's defaults.)
+96x96 and the core CNN), the int8 interpreter vs the fp32 one, arena size vs its lower bound, and
+the load time of a ~100 MB model.
+Targets (edge issue): fp32 <= 4x onnxruntime; int8 numpy path <= 1.2x the fp32 numpy path;
+delegate <= 1.3x; arena <= 1.1x the lower bound; load < 20 ms. (The delegate runs onnxruntime with
+one thread, as a phone would; the peer uses onnxruntime's defaults.)
+
+The int8 model is calibrated on a few random inputs (its speed does not depend on the ranges);
+int8 and fp32 are timed interleaved, by wall clock and, less sensitive to other processes on a
+shared machine, by this thread's CPU time with BLAS on one thread.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import isthmus as ism
 from cnn import build_isthmus as build_cnn, init as cnn_init
 from isthmus.converters import to_onnx
 from isthmus.converters.edge_export import to_edge
+from isthmus.converters.quantize import quantize_to_edge
 from isthmus.edge import Interpreter, load
 from isthmus.edge.writer import ModelWriter
 from models import mobilenet_v2
@@ -43,6 +49,31 @@ def compare(sess, x, y, xv):
             "arena_over_bound": round(interp.arena_bytes / max(interp.arena_lower_bound, 1), 3)}
 
 
+def int8_vs_fp32(sess, x, y, xv, repeats=41):
+    """int8 / fp32 time of the numpy paths: interleaved wall-clock medians (BLAS threads as they
+    are), and medians of this thread's CPU time with one BLAS thread."""
+    from threadpoolctl import threadpool_limits
+    rng = np.random.default_rng(3)
+    calib = [{x: rng.standard_normal(xv.shape).astype(np.float32)} for _ in range(4)]
+    fp32 = Interpreter(to_edge(sess, [y], batch=xv.shape[0]))
+    int8 = Interpreter(quantize_to_edge(sess, [y], calib, batch=xv.shape[0])[0])
+    wall = interleaved_medians({"fp32": lambda: fp32.invoke(xv), "int8": lambda: int8.invoke(xv)}, repeats=repeats)
+    cpu = {"fp32": [], "int8": []}
+    with threadpool_limits(1):
+        for it in (fp32, int8):
+            it.invoke(xv)
+        for _ in range(repeats):
+            for k, it in (("fp32", fp32), ("int8", int8)):
+                t0 = time.thread_time()
+                it.invoke(xv)
+                cpu[k].append(time.thread_time() - t0)
+    cpu = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
+    return {"ms_fp32": round(wall["fp32"] * 1e3, 3), "ms_int8": round(wall["int8"] * 1e3, 3),
+            "int8_over_fp32": round(wall["int8"] / wall["fp32"], 3),
+            "cpu_ms_fp32_1thread": round(cpu["fp32"] * 1e3, 3), "cpu_ms_int8_1thread": round(cpu["int8"] * 1e3, 3),
+            "cpu_int8_over_fp32_1thread": round(cpu["int8"] / cpu["fp32"], 3)}
+
+
 def load_time_100mb():
     w = ModelWriter()
     for i in range(25):
@@ -62,14 +93,22 @@ def main():
     g, x, logits = mobilenet_v2()
     sess = ism.Session(g)
     sess.run(ism.global_variables_initializer(g))
-    mob = compare(sess, x, logits, np.random.default_rng(0).standard_normal((1, 3, 96, 96)).astype(np.float32))
+    mx = np.random.default_rng(0).standard_normal((1, 3, 96, 96)).astype(np.float32)
+    mob = compare(sess, x, logits, mx)
+    mob["int8"] = int8_vs_fp32(sess, x, logits, mx)
     cs, cx, _, _, _ = build_cnn(cnn_init(), batch=1)
     clogits = [n for n in cs.graph.nodes if n.op == "BiasAdd"][-1].outputs[0]
-    cnn = compare(cs, cx, clogits, np.random.default_rng(1).standard_normal((1, 1, 28, 28)).astype(np.float32))
+    cxv = np.random.default_rng(1).standard_normal((1, 1, 28, 28)).astype(np.float32)
+    cnn = compare(cs, cx, clogits, cxv)
+    cnn["int8"] = int8_vs_fp32(cs, cx, clogits, cxv)
     lt = load_time_100mb()
+    # both measures must meet it: the wall clock (the issue's) and the CPU time (robust to a loaded machine)
+    int8_ok = all(max(r["int8"]["int8_over_fp32"], r["int8"]["cpu_int8_over_fp32_1thread"]) <= 1.2 for r in (mob, cnn))
     emit("edge", {"mobilenet_v2_96_batch1": mob, "cnn_batch1": cnn, "load": lt,
-                  "targets": {"ratio_vs_ort_max": 4.0, "arena_over_bound_max": 1.1, "load_ms_max": 20},
-                  "pass": mob["ratio"] <= 4 and cnn["ratio"] <= 4 and lt["load_ms"] < 20})
+                  "targets": {"ratio_vs_ort_max": 4.0, "int8_over_fp32_max": 1.2, "arena_over_bound_max": 1.1,
+                              "load_ms_max": 20},
+                  "int8_pass": int8_ok,
+                  "pass": mob["ratio"] <= 4 and cnn["ratio"] <= 4 and lt["load_ms"] < 20 and int8_ok})
 
 
 if __name__ == "__main__":

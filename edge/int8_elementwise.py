@@ -6,6 +6,7 @@ once in prepare from the integer requantization (quant.Requantizer), so it runs 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -14,7 +15,7 @@ from .format import EdgeModelError
 from .int8_kernels import int8_kernel
 from .kernels import reshape_target
 from .opcontext import OpContext
-from .quant import Requantizer, activation_bounds, quantize_multiplier
+from .quant import F64_EXACT, Requantizer, activation_bounds, quantize_multiplier
 
 _INT8_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)  # index u -> int8
 
@@ -118,8 +119,9 @@ def _bind_pair_table(table: np.ndarray, shape2, i_idx: int, i_b: int):
 @int8_kernel("Add", "BiasAdd")
 def add(ctx: OpContext):
     """y = ((x1 * Q1 + x2 * Q2 + K) >> S) + clamp, with Q_i = round(s_i / s_y * 2^S) sharing one shift
-    and K folding both zero points, the rounding and z_y. Two int8 inputs have 65,536 pairs: the
-    definition is evaluated once for each, in int64, and the kernel is a lookup in that table."""
+    and K folding both zero points, the rounding and z_y. Evaluated in float64 where that is exact
+    (always, unless S is beyond about 45); otherwise a lookup in the table of all 65,536 pairs,
+    each evaluated once in int64."""
     ctx.arity(2, 2)
     x1, x2, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     for t in (x1, x2, y):
@@ -139,6 +141,31 @@ def add(ctx: OpContext):
     if 128 * (q1 + q2) + abs(k) >= 1 << 63:
         raise EdgeModelError(f"{ctx.op}: scales {s1}, {s2} -> {sy} overflow the fixed-point sum")
     lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
+    k128 = k + (128 << shift)
+    if 128 * (q1 + q2) + abs(k128) < F64_EXACT:
+        # in float64, exactly: v = x1 q1 2^-S + x2 q2 2^-S + (K + 128 * 2^S) 2^-S is a multiple of 2^-S
+        # below 2^(53 - S), so floor(v) - 128 is the definition's value (streaming passes, no table
+        # to fetch from memory after the convolutions between two adds have evicted it)
+        m1, m2, kf = math.ldexp(q1, -shift), math.ldexp(q2, -shift), math.ldexp(float(k128), -shift)
+        flo, fhi = float(lo + 128), float(hi + 128)
+        i_t, i_b = ctx.scratch(out, np.float64), ctx.scratch(shape2, np.float64)
+
+        def bind(ins, outs, sc):
+            a, b, t, tb, u8 = ins[0], ins[1].reshape(shape2), sc[i_t], sc[i_b], outs[0].view(np.uint8)
+            copyto, multiply, add_, clip, xor, top = np.copyto, np.multiply, np.add, np.clip, np.bitwise_xor, np.uint8(128)
+
+            def run():
+                copyto(t, a)
+                multiply(t, m1, out=t)
+                copyto(tb, b)
+                multiply(tb, m2, out=tb)
+                add_(t, tb, out=t)
+                add_(t, kf, out=t)
+                clip(t, flo, fhi, out=t)
+                copyto(u8, t, casting="unsafe")  # truncation: a floor, all values are >= 0 here
+                xor(u8, top, out=u8)
+            return run
+        return [out], bind
     v = (_PAIRS[0] * q1 + _PAIRS[1] * q2 + k) >> shift
     table = np.clip(v, lo, hi).astype(np.int8).ravel()
     return [out], _bind_pair_table(table, shape2, ctx.scratch(out, np.intp), ctx.scratch(shape2, np.intp))

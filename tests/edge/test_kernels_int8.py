@@ -160,8 +160,13 @@ def add_ref(x1, s1, z1, x2, s2, z2, sy, zy):
     return np.clip(((v + (1 << (shift - 1))) >> shift) + zy, -128, 127).astype(np.int8)
 
 
+@pytest.mark.parametrize("path", ["float64", "table"])
 @pytest.mark.parametrize("s2,shape2", [(0.05, (2, 3, 4, 4)), (0.7, (1, 3, 1, 1)), (0.001, (4,))])
-def test_add_broadcast(s2, shape2):
+def test_add_broadcast(s2, shape2, path, monkeypatch):
+    """Both ways the kernel evaluates the definition: float64 arithmetic where exact, else a table."""
+    if path == "table":
+        import isthmus.edge.int8_elementwise as e8
+        monkeypatch.setattr(e8, "F64_EXACT", 0)
     x1, x2 = i8((2, 3, 4, 4)), i8(shape2)
     want = add_ref(x1, 0.1, 5, x2, s2, -3, 0.12, 1)
     got = run("Add", [q(x1, 0.1, 5), q(x2, s2, -3)], Out("int8", [0.12], [1]), want.shape)

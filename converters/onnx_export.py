@@ -332,6 +332,48 @@ def _strided(c, n, ins, outs):
     c.node("Identity", [x], outs)
 
 
+@handler("Resize")
+def _resize(c, n, ins, outs):
+    a = n.attrs
+    if a["coordinate_mode"] not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        raise ExportError(f"node '{n.name}': Resize coordinate mode '{a['coordinate_mode']}' has no opset-{OPSET} form")
+    x_shape = n.inputs[0].shape
+    rank = len(x_shape)
+    kw = dict(mode=a["mode"], coordinate_transformation_mode=a["coordinate_mode"])
+    if a["mode"] == "nearest":
+        kw["nearest_mode"] = a["nearest_mode"]
+    if len(ins) > 1:  # run-time scales or sizes, for every axis
+        if a["axes"] and tuple(a["axes"]) != tuple(range(rank)) or a["policy"] != "stretch":
+            raise ExportError(f"node '{n.name}': run-time Resize of some axes (or keeping the aspect) has no "
+                              f"opset-{OPSET} form")
+        if a["param"] == "scales":
+            t = c.fresh("scales")
+            c.node("Cast", [ins[1]], [t], to=_onnx_dtype(np.dtype(np.float32)))
+            c.node("Resize", [ins[0], "", t], outs, **kw)
+        else:
+            t = c.fresh("sizes")
+            c.node("Cast", [ins[1]], [t], to=_onnx_dtype(np.dtype(np.int64)))
+            c.node("Resize", [ins[0], "", "", t], outs, **kw)
+        return
+    if not a["scales"] and not any(s_ > 0 for s_ in a["sizes"]):
+        c.node("Identity", ins[:1], outs)
+        return
+    if a["scales"] and not (a["sizes"] and any(s_ > 0 for s_ in a["sizes"])):
+        c.node("Resize", [ins[0], "", c.const(np.array(a["scales"], np.float32))], outs, **kw)
+        return
+    sizes = [d if s_ <= 0 else s_ for s_, d in zip(a["sizes"], x_shape)]
+    if any(d is None for d in sizes):
+        raise ExportError(f"node '{n.name}': Resize keeps an axis of unknown size")
+    if a["scales"] and any(int(np.floor(d * sc)) != sz for d, sc, sz in zip(x_shape, a["scales"], sizes)):
+        raise ExportError(f"node '{n.name}': Resize with a kept aspect ratio has no opset-{OPSET} form")
+    c.node("Resize", [ins[0], "", "", c.const(np.array(sizes, np.int64))], outs, **kw)
+
+
+@handler("Range")
+def _range(c, n, ins, outs):
+    c.node("Range", ins, outs)
+
+
 def to_onnx(source: Union[Graph, "object"], outputs: Sequence[Union[Tensor, str]], inputs: Optional[Sequence] = None,
             name: str = "isthmus", opset: int = OPSET, optimize: bool = True):
     """An onnx.ModelProto computing `outputs` from the graph's placeholders (or `inputs`).

@@ -83,3 +83,27 @@ def test_cubic_resize_is_refused_naming_the_node():
         opset_imports=[helper.make_opsetid("", 19)])
     with pytest.raises(ism.GraphError, match="up3.*cubic"):
         from_onnx(m)
+
+
+def test_resize_and_range_export_to_onnxruntime():
+    from isthmus.converters import to_onnx
+    from isthmus.core.ops.arange import arange
+    from isthmus.core.ops.image import resize
+    rng = np.random.default_rng(2)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(np.float32, (2, 3, 5, 4), name="x")
+        n = ism.placeholder(np.int64, (), name="n")
+        sz = ism.placeholder(np.int64, (4,), name="sz")
+        a = resize(x, scales=(1, 1, 1.6, 2.0), mode="linear", coordinate_mode="align_corners")
+        b = resize(x, sizes=(0, 0, 9, 3), mode="nearest", coordinate_mode="asymmetric", nearest_mode="floor")
+        r = arange(ism.constant(np.int64(1)), n, ism.constant(np.int64(2)))
+        d = resize(x, param=sz, param_kind="sizes", mode="linear")
+    feeds = {"x": rng.standard_normal((2, 3, 5, 4)).astype(np.float32), "n": np.array(10, np.int64),
+             "sz": np.array([2, 3, 7, 7], np.int64)}
+    got = ism.Session(g).run([a, b, r, d], {x: feeds["x"], n: feeds["n"], sz: feeds["sz"]})
+    m = to_onnx(g, [a, b, r, d])
+    onnx.checker.check_model(m)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for gv, wv in zip(got, want):
+        np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6)

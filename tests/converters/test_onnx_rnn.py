@@ -149,3 +149,38 @@ def test_bad_shapes_and_activations_name_the_node():
     m.graph.node[0].attribute[[a.name for a in m.graph.node[0].attribute].index("hidden_size")].i = 5
     with pytest.raises(ism.GraphError, match="W has shape"):
         from_onnx(m)
+
+
+def test_lstm_classifier_imports_splits_and_exports_back():
+    """An ONNX LSTM classifier (the issue's whole-model check): imported == onnxruntime, split
+    between edge and cloud by the partitioner, and exported back to ONNX (While -> Loop)."""
+    from isthmus.converters import to_onnx
+    from isthmus.partitioner import CostModel, LinkModel, SplitSession, plan_split
+    rng = np.random.default_rng(11)
+    t, b, i, h, k = 6, 2, 5, 8, 3
+    inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * h, i)) * 0.4).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((1, 4 * h, h)) * 0.4).astype(np.float32), "R"),
+             numpy_helper.from_array((rng.standard_normal((1, 8 * h)) * 0.4).astype(np.float32), "B"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+             numpy_helper.from_array(rng.standard_normal((h, k)).astype(np.float32), "head_w"),
+             numpy_helper.from_array(rng.standard_normal(k).astype(np.float32), "head_b")]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["", "yh"], hidden_size=h),
+             helper.make_node("Squeeze", ["yh", "ax0"], ["hT"]),
+             helper.make_node("Gemm", ["hT", "head_w", "head_b"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1)]
+    m = helper.make_model(helper.make_graph(nodes, "clf", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                         [t, b, i])],
+                                            [helper.make_tensor_value_info("p", TensorProto.FLOAT, [b, k])], inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    xv = rng.standard_normal((t, b, i)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    g, ins, outs = from_onnx(m)
+    np.testing.assert_allclose(ism.Session(g).run(outs[0], {ins["x"]: xv}), want, rtol=1e-4, atol=1e-6)
+    plan = plan_split(g, CostModel.edge_cloud(LinkModel.parse("20mbps", "40ms"), batch_size=b), outputs=[outs[0]])
+    split = SplitSession(plan.partition()).run({ins["x"].node.name: xv})[0]
+    np.testing.assert_allclose(split, want, rtol=1e-4, atol=1e-6)
+    back = to_onnx(g, outs)
+    assert any(nd.op_type == "Loop" for nd in back.graph.node)
+    again = ort.InferenceSession(back.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    np.testing.assert_allclose(again, want, rtol=1e-4, atol=1e-6)

@@ -111,6 +111,8 @@ def cloud_part(source: Source, inputs: Sequence[Name], outputs: Sequence[Name], 
             raise CloudPartsError(f"cloud part '{name}': {e}") from None
     batchable = relaxed and all(t.ndim >= 1 for t in new_ins) and all(
         t.ndim >= 1 and t.shape[0] is None for t in new_outs)
+    if relaxed and not batchable:  # an op fixes the batch after all: the signature keeps the real sizes
+        g, new_ins, new_outs = _extract(graph, ins, outs, relax=False)
     part = CloudPart(name, g, [_spec(o, n) for o, n in zip(ins, new_ins)],
                      [_spec(o, n) for o, n in zip(outs, new_outs)], batchable)
     if part.batchable and check_batching:

@@ -131,10 +131,39 @@ def test_batch_fixing_and_row_mixing_parts_are_not_batchable():
         fixed = ism.reshape(x, (2, 16), name="fixed")
         mixed = ism.softmax(x, axis=0, name="mixed")
         rowwise = ism.softmax(x, axis=1, name="rowwise")
-    assert not cloud_part(g, ["x"], [fixed], "a").batchable
-    assert not cloud_part(g, ["x"], [mixed], "b").batchable   # shapes say yes; the probe says no
+    a = cloud_part(g, ["x"], [fixed], "a")
+    assert not a.batchable and a.inputs[0].shape == (4, 8)   # the service refuses other batch sizes
+    b = cloud_part(g, ["x"], [mixed], "b")
+    assert not b.batchable and b.inputs[0].shape == (-1, 8)  # shapes say yes; the probe says no: runs alone
     ok = cloud_part(g, ["x"], [rowwise], "c")
     assert ok.batchable and ok.inputs[0].shape == (-1, 8)    # the fixed batch of 4 relaxed
+
+
+def test_unbatchable_parts_run_each_request_alone_and_fixed_batches_are_enforced():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (4, 8), name="x")
+        fixed = ism.reshape(x, (2, 16), name="fixed")
+        mixed = ism.softmax(x, axis=0, name="mixed")
+    parts = {"a": cloud_part(g, ["x"], [fixed], "a"), "b": cloud_part(g, ["x"], [mixed], "b")}
+    svc = OffloadService(CloudModel("m", parts), max_batch_size=64, max_queue_delay_ms=30)
+    try:
+        with pytest.raises(InvalidRequest, match="input 'x:0' has shape \\[3, 8\\]; the part takes \\[4, 8\\]"):
+            svc.infer("a", {"x:0": np.zeros((3, 8), np.float32)})
+        got = {}
+        xs = {k: np.random.default_rng(k).standard_normal((k, 8)).astype(np.float32) for k in (1, 2, 3)}
+        ts = [threading.Thread(target=lambda k=k: got.__setitem__(k, svc.infer("b", {"x:0": xs[k]}, 10)))
+              for k in xs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        for k, v in xs.items():
+            e = np.exp(v - v.max(0))
+            np.testing.assert_allclose(got[k].outputs[0], e / e.sum(0), rtol=1e-5)   # its own rows only
+            assert got[k].batch_size == k
+    finally:
+        svc.close()
 
 
 def test_parts_from_several_plans_skip_the_edge_only_cut(model):

@@ -14,7 +14,7 @@ import numpy as np
 from .format import EdgeModelError
 from .int8_kernels import int8_kernel
 from .kernels import reshape_target
-from .opcontext import OpContext
+from .opcontext import OpContext, clip_ufunc
 from .quant import F64_EXACT, Requantizer, activation_bounds, quantize_multiplier
 
 _INT8_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)  # index u -> int8
@@ -64,7 +64,7 @@ def relu(ctx: OpContext):
     lo, hi = activation_bounds(ctx.op.lower(), *qy)
     if _same(qx, qy):
         def bind(ins, outs, sc):
-            xi, yo, clip = ins[0], outs[0], np.clip
+            xi, yo, clip = ins[0], outs[0], clip_ufunc
             return lambda: clip(xi, lo, hi, out=yo)
         return [x.shape], bind
     return _table_kernel(ctx, _requant_table(ctx, qx, qy, lo, hi), x.shape)
@@ -152,7 +152,7 @@ def add(ctx: OpContext):
 
         def bind(ins, outs, sc):
             a, b, t, tb, u8 = ins[0], ins[1].reshape(shape2), sc[i_t], sc[i_b], outs[0].view(np.uint8)
-            copyto, multiply, add_, clip, xor, top = np.copyto, np.multiply, np.add, np.clip, np.bitwise_xor, np.uint8(128)
+            copyto, multiply, add_, clip, xor, top = np.copyto, np.multiply, np.add, clip_ufunc, np.bitwise_xor, np.uint8(128)
 
             def run():
                 copyto(t, a)
@@ -303,7 +303,7 @@ def quantize(ctx: OpContext):
 
     def bind(ins, outs, sc):
         xi, yo, t = ins[0], outs[0], sc[i_t]
-        divide, rint, add_, clip, copyto = np.divide, np.rint, np.add, np.clip, np.copyto
+        divide, rint, add_, clip, copyto = np.divide, np.rint, np.add, clip_ufunc, np.copyto
         lo, hi = np.float32(-128), np.float32(127)
 
         def run():

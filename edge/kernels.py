@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
-from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
+from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
 
 KERNELS: Dict[str, Callable] = {}
 ACTIVATIONS = ("none", "relu", "relu6", "tanh", "sigmoid")
@@ -35,7 +35,7 @@ def _act(name: str):
     if name == "relu":
         return lambda y: np.maximum(y, 0, out=y)
     if name == "relu6":
-        return lambda y: np.clip(y, 0, 6, out=y)
+        return lambda y: clip_ufunc(y, 0, 6, out=y)
     if name == "tanh":
         return lambda y: np.tanh(y, out=y)
 
@@ -232,7 +232,7 @@ def _unary(make):
 
 
 KERNELS["Relu"] = _unary(lambda x, y: lambda: np.maximum(x, 0, out=y))
-KERNELS["Relu6"] = _unary(lambda x, y: lambda: np.clip(x, 0, 6, out=y))
+KERNELS["Relu6"] = _unary(lambda x, y: lambda: clip_ufunc(x, 0, 6, out=y))
 KERNELS["Tanh"] = _unary(lambda x, y: lambda: np.tanh(x, out=y))
 KERNELS["Identity"] = _unary(lambda x, y: lambda: np.copyto(y, x))
 

@@ -20,6 +20,7 @@ from typing import Sequence, Tuple, Union
 import numpy as np
 
 from .format import EdgeModelError
+from .opcontext import clip_ufunc
 
 F32_EXACT = 1 << 24
 F64_EXACT = 1 << 53
@@ -118,7 +119,7 @@ class Requantizer:
         """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64,
         or its bytes as float64). Every ufunc runs on one dtype: a casting ufunc would allocate
         iteration buffers per call (and is slower than a separate copyto)."""
-        copyto, multiply, add, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, np.clip
+        copyto, multiply, add, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, clip_ufunc
         if self.float_ok and acc.dtype.kind == "f":
             t, u8, mf, cf = tmp.view(np.float64), out.view(np.uint8), self.mf, self.cf
             src = acc if acc.dtype == np.float64 else None  # float32 first widens into t
@@ -185,7 +186,7 @@ def bind_folded_output(acc: np.ndarray, out: np.ndarray, lo: int, hi: int):
     """The end of a folded requantization: clip to [lo, hi] + 128, truncate (a floor: all values are
     now >= 0) into the output's bytes, and flip the top bit (u - 128 as int8)."""
     u8 = out.view(np.uint8)
-    clip, copyto, xor, flo, fhi, top = np.clip, np.copyto, np.bitwise_xor, float(lo + 128), float(hi + 128), np.uint8(128)
+    clip, copyto, xor, flo, fhi, top = clip_ufunc, np.copyto, np.bitwise_xor, float(lo + 128), float(hi + 128), np.uint8(128)
 
     def run():
         clip(acc, flo, fhi, out=acc)

@@ -13,11 +13,14 @@ The sessions run their graph passes (as every Session does by default: MatMul + 
 activation fused into one kernel), and the cost model prices that fused graph; the JSON also
 says how far off the same model would be pricing the graph as written (`unfused_model_*`).
 --no-passes measures and prices the graphs as written instead.
-Usage: python benchmarks/partitioner_accuracy.py [--graphs 12] [--quick] [--no-passes]
+--blas-threads N calibrates and measures with N BLAS threads (one thread is far less disturbed
+by other work on a shared machine: a two-thread GEMM waits for its slower thread).
+Usage: python benchmarks/partitioner_accuracy.py [--graphs 12] [--quick] [--no-passes] [--blas-threads N]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -98,7 +101,16 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, default=12)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-passes", action="store_true", help="run and price the graphs as written (no fusion)")
+    ap.add_argument("--blas-threads", type=int, default=None, help="BLAS threads (default: the library's)")
     args = ap.parse_args()
+    if args.blas_threads:
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(args.blas_threads):
+            return run(args)
+    return run(args)
+
+
+def run(args) -> None:
     passes = not args.no_passes
     t0 = time.perf_counter()
     profile = calibrate("here", OPS, "quick" if args.quick else "full")
@@ -130,6 +142,7 @@ def main() -> None:
                      "e2e_pred_ms": pred.total * 1e3, "e2e_meas_ms": e2e * 1e3})
     emit("partitioner_accuracy", {
         "link": str(LINK), "calibration_s": calib_s, "calibrated_ops": OPS, "passes": passes,
+        "blas_threads": args.blas_threads or "default", "load_average_after": os.getloadavg()[0],
         "part_mape": float(np.mean(part_err)), "part_median_ape": float(np.median(part_err)), "part_target": 0.20,
         "unfused_model_part_mape": float(np.mean(unfused_err)),
         "end_to_end_mape": float(np.mean(e2e_err)), "end_to_end_target": 0.15,

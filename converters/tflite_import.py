@@ -386,6 +386,73 @@ def _resize(imp, op):
     return [_Val(resize(as_nchw(x), sizes=(0, 0) + tuple(size), **kw), True)]
 
 
+# ---- shape and indexing ops: NHWC semantics (a value held NCHW goes back first) -----------------------
+@_handler("TRANSPOSE")
+def _transpose(imp, op):
+    x = imp.value(op, 0)
+    perm = [int(a) for a in imp.const(op, 1, "the permutation").reshape(-1)]
+    if sorted(perm) != list(range(x.rank)):
+        raise TFLiteImportError(f"{imp.where(op)}: {perm} is not a permutation of {x.rank} axes")
+    if x.nchw and perm == list(TO_NCHW):  # NHWC -> NCHW of a value already held NCHW
+        return [_Val(x.t, False)]
+    return [_Val(ism.transpose(as_nhwc(x), tuple(perm)), False)]
+
+
+@_handler("SQUEEZE")
+def _squeeze(imp, op):
+    x = imp.value(op, 0)
+    dims = [int(a) % max(x.rank, 1) for a in op.options.get("SqueezeDims", [])]
+    return [_Val(ism.squeeze(as_nhwc(x), tuple(dims) if dims else None), False)]
+
+
+@_handler("EXPAND_DIMS")
+def _expand_dims(imp, op):
+    x = imp.value(op, 0)
+    axis = int(imp.const(op, 1, "the axis").reshape(-1)[0])
+    if not -x.rank - 1 <= axis <= x.rank:
+        raise TFLiteImportError(f"{imp.where(op)}: axis {axis} outside rank {x.rank} + 1")
+    return [_Val(ism.expand_dims(as_nhwc(x), axis % (x.rank + 1)), False)]
+
+
+@_handler("GATHER")
+def _gather(imp, op):
+    x, idx = imp.value(op, 0), imp.value(op, 1)
+    if x is None or idx is None or int(op.options.get("BatchDims", 0)):
+        raise TFLiteImportError(f"{imp.where(op)}: needs params and indices (batch_dims 0)")
+    axis = int(op.options.get("Axis", 0))
+    if not -x.rank <= axis < x.rank:
+        raise TFLiteImportError(f"{imp.where(op)}: axis {axis} outside rank {x.rank}")
+    return [_Val(ism.gather(as_nhwc(x), idx.t, axis % x.rank), False)]
+
+
+@_handler("BATCH_MATMUL")
+def _batch_matmul(imp, op):
+    a, b = imp.ins(op, 2)
+    return [_Val(ism.matmul(as_nhwc(a), as_nhwc(b), transpose_a=bool(op.options.get("AdjX", False)),
+                            transpose_b=bool(op.options.get("AdjY", False))), False)]
+
+
+@_handler("SPLIT", "SPLIT_V")
+def _split(imp, op):
+    if op.op == "SPLIT":  # inputs: axis, value
+        axis_k, x, sizes = 0, imp.value(op, 1), None
+    else:  # inputs: value, size_splits, axis
+        axis_k, x = 2, imp.value(op, 0)
+        sizes = [int(v) for v in imp.const(op, 1, "the split sizes").reshape(-1)]
+    axis = int(imp.const(op, axis_k, "the axis").reshape(-1)[0])
+    if x is None or not -x.rank <= axis < x.rank:
+        raise TFLiteImportError(f"{imp.where(op)}: axis {axis} outside the input's rank")
+    axis %= x.rank
+    n = len(op.outputs)
+    if sizes is not None and -1 in sizes:
+        known = x.t.shape[NHWC_AXIS_IN_NCHW[axis] if x.nchw else axis]
+        if known is None or sizes.count(-1) > 1:
+            raise TFLiteImportError(f"{imp.where(op)}: split sizes {sizes} need a known axis")
+        sizes[sizes.index(-1)] = known - sum(s_ for s_ in sizes if s_ != -1)
+    parts = ism.split(x.t, sizes if sizes is not None else n, NHWC_AXIS_IN_NCHW[axis] if x.nchw else axis)
+    return [_Val(p_, x.nchw) for p_ in parts]
+
+
 def _qparams(imp, op, i: int, what: str):
     t = imp.tensor(i)
     if t.scale is None or t.scale.size != 1:

@@ -86,7 +86,13 @@ _OPTION_FIELDS = {
     "RESIZE_BILINEAR": ("ResizeBilinearOptions", ["AlignCorners", "HalfPixelCenters"]),
     "RESIZE_NEAREST_NEIGHBOR": ("ResizeNearestNeighborOptions", ["AlignCorners", "HalfPixelCenters"]),
     "LEAKY_RELU": ("LeakyReluOptions", ["Alpha"]),
+    "SQUEEZE": ("SqueezeOptions", ["SqueezeDims"]),
+    "GATHER": ("GatherOptions", ["Axis", "BatchDims"]),
+    "BATCH_MATMUL": ("BatchMatMulOptions", ["AdjX", "AdjY"]),
+    "SPLIT": ("SplitOptions", ["NumSplits"]),
+    "SPLIT_V": ("SplitVOptions", ["NumSplits"]),
 }
+_VECTOR_FIELDS = {"NewShape", "SqueezeDims"}  # int32 vectors, read through numpy
 
 
 class _Reader:
@@ -280,8 +286,8 @@ def _options(r: _Reader, o, op: str, what: str) -> Dict[str, object]:
     r.check_table(opts, f"{what} options")
     out: Dict[str, object] = {}
     for f in fields:
-        if f == "NewShape":
-            out[f] = r.ints(f"{what} options new_shape", opts.NewShapeAsNumpy)
+        if f in _VECTOR_FIELDS:
+            out[f] = r.ints(f"{what} options {f}", getattr(opts, f + "AsNumpy"))
         else:
             out[f] = r.call(f"{what} options {f}", getattr(opts, f))
     return out

@@ -299,3 +299,33 @@ def test_short_fuzz_run_of_the_tflite_harness():
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert (row["crashes"], row["hangs"], row["over_1GiB"]) == (0, 0, 0), row
     assert row["reached_deep"] > 0  # some mutants still import, so the graph building is fuzzed too
+
+
+def test_shape_ops_transpose_squeeze_gather_batch_matmul_split():
+    w = TFLiteWriter()
+    x = w.tensor("x", [2, 3, 4, 6])
+    k = (rng.standard_normal((6, 1, 1, 6))).astype(F32)
+    c = w.tensor("c", [2, 3, 4, 6])
+    w.op("CONV_2D", [x, w.const("k", k), -1], [c], conv_opts("VALID"), "Conv2DOptions")  # value now NCHW
+    a, b = w.tensor("a", [2, 3, 4, 2]), w.tensor("b", [2, 3, 4, 4])
+    w.op("SPLIT_V", [c, w.const("sizes", np.array([2, -1], np.int32)), w.const("ax", np.array(3, np.int32))], [a, b],
+         dict(NumSplits=2), "SplitVOptions")
+    t = w.tensor("t", [2, 4, 3, 2])
+    w.op("TRANSPOSE", [a, w.const("perm", np.array([0, 2, 1, 3], np.int32))], [t])
+    r = w.tensor("r", [2, 12, 4])
+    w.op("RESHAPE", [b, w.const("shape", np.array([2, 12, 4], np.int32))], [r])
+    m = w.tensor("m", [2, 12, 12])
+    w.op("BATCH_MATMUL", [r, r], [m], dict(AdjX=False, AdjY=True), "BatchMatMulOptions")
+    gth = w.tensor("g", [2, 2, 12])
+    w.op("GATHER", [m, w.const("idx", np.array([5, 0], np.int32))], [gth], dict(Axis=1, BatchDims=0), "GatherOptions")
+    e = w.tensor("e", [2, 1, 2, 12])
+    w.op("EXPAND_DIMS", [gth, w.const("one", np.array([1], np.int32))], [e])
+    sq = w.tensor("sq", [2, 2, 12])
+    w.op("SQUEEZE", [e], [sq], dict(SqueezeDims=[1]), "SqueezeOptions")
+    data = w.finish([x], [t, sq])
+    xv = rng.standard_normal((2, 3, 4, 6)).astype(F32)
+    (got_t, got_sq), _, _ = _run(data, {"x": xv}, nhwc_io=True)
+    cv = ref_conv(xv, k, None, 1, "VALID")
+    np.testing.assert_allclose(got_t, cv[..., :2].transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
+    rv = cv[..., 2:].reshape(2, 12, 4)
+    np.testing.assert_allclose(got_sq, (rv @ rv.transpose(0, 2, 1))[:, [5, 0], :], rtol=1e-4, atol=1e-5)

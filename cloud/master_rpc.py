@@ -120,7 +120,7 @@ class MasterClient:
             if not resp.HasField("trace"):
                 raise WorkerError(f"master {self.address}: RunStep was asked for a trace and returned none")
             try:
-                run_metadata.merge(tracing.decode(resp.trace, f"master {self.address}"))
+                run_metadata.merge(tracing.decode(resp.trace, f"master {self.address}", tracing.MAX_STEP_EVENTS))
             except tracing.TraceDecodeError as e:
                 raise WorkerError(f"RunStep on master {self.address}: malformed trace: {e}") from None
         return [got.get(f) for f in fetches], resp.step_id

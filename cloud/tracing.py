@@ -16,6 +16,7 @@ from ..core.trace import NodeEvent, RunMetadata
 from ..proto import worker_pb2
 
 MAX_TRACE_EVENTS = 200_000     # one step of one part; a bigger trace is refused, not truncated
+MAX_STEP_EVENTS = 1_000_000    # one step of all parts (the master's merged trace)
 MAX_NAME_CHARS = 4096          # node names, ops, devices, keys
 _MAX_US = 1e13                 # ~4 months of microseconds from the origin, either way
 _MAX_COUNT = 1 << 53           # bytes and flops stay exact in float64 / JSON
@@ -84,4 +85,4 @@ def _event(e, where: str) -> NodeEvent:
                      float(e.flops), float(e.bytes_moved), int(e.groups), e.key, int(e.transfer_bytes), int(e.step))
 
 
-__all__ = ["encode", "decode", "TraceDecodeError", "MAX_TRACE_EVENTS"]
+__all__ = ["encode", "decode", "TraceDecodeError", "MAX_TRACE_EVENTS", "MAX_STEP_EVENTS"]

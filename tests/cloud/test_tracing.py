@@ -209,3 +209,28 @@ def test_traced_step_with_in_process_workers():
         assert all(t.src_device == PS and t.dst_device == WK and t.nbytes > 0 for t in ts)  # reads only
     finally:
         master.close()
+
+
+def test_a_master_returning_a_bad_trace_fails_the_step_clearly():
+    from isthmus.cloud.master_rpc import MasterClient
+    from isthmus.proto import master_pb2
+    answers = iter(["none", "bad"])
+
+    def run_step(request, context):
+        resp = master_pb2.RunStepResponse(step_id=7)
+        if next(answers) == "bad":
+            resp.trace.origin_s = float("nan")
+        return resp
+    handler = grpc.method_handlers_generic_handler("isthmus.Master", {"RunStep": grpc.unary_unary_rpc_method_handler(
+        run_step, request_deserializer=master_pb2.RunStepRequest.FromString,
+        response_serializer=lambda m: m.SerializeToString())})
+    server, port = start_grpc_server([handler], "127.0.0.1", 0, 4, 1 << 20)
+    c = MasterClient(f"127.0.0.1:{port}", timeout=5.0)
+    try:
+        with pytest.raises(WorkerError, match="RunStep was asked for a trace and returned none"):
+            c.run_step("s", {}, [], timeout=5.0, run_metadata=ism.RunMetadata())
+        with pytest.raises(WorkerError, match="malformed trace: .*origin_s nan"):
+            c.run_step("s", {}, [], timeout=5.0, run_metadata=ism.RunMetadata())
+    finally:
+        c.close()
+        server.stop(None).wait(5)

@@ -261,8 +261,11 @@ class WideIm2col:
         g, ws, rows = self.g, self.ws, self.rows
         xt = x.transpose(1, 0, 2, 3)
         fills, copies = [], []
+        used = {b[0] for b in self.blocks}  # a stride beyond the window leaves phases no tap reads
         for pi in range(g.sh):
             for pj in range(g.sw):
+                if pi * g.sw + pj not in used:
+                    continue
                 img = phases[pi * g.sw + pj].reshape(g.c, g.n, rows, ws)
                 a0 = max(0, -(-(g.t - pi) // g.sh))
                 a1 = min(self.hs, max(a0, -(-(g.t + g.h - pi) // g.sh)))

@@ -7,7 +7,9 @@ shift `s` with M ~= q * 2^-s. Requantizing an integer v is one rounding, half up
 
 (TFLite's single-rounding scheme). The tests write this definition out again in plain int64 numpy
 and compare bit for bit. The kernels fold bias, rounding and zero point into one per-channel
-constant, so a requantization costs four ufunc calls.
+constant c. Where |acc| q + |c| < 2^53 (nearly always) the same arithmetic runs in float64, exact:
+v = acc q 2^-s + (c + 128 * 2^s) 2^-s, then clamp and truncate into the output's bytes, whose top
+bit flips to give floor(v) - 128; float64 multiplies vectorize where int64 ones do not (AVX2).
 
 int8 GEMMs run as float32 GEMMs on int8-valued arrays: exact while every partial sum stays below
 2^24, which `exact_dtype` checks from a bound on the accumulator (float64, exact to 2^53, otherwise).

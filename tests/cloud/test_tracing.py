@@ -234,3 +234,24 @@ def test_a_master_returning_a_bad_trace_fails_the_step_clearly():
     finally:
         c.close()
         server.stop(None).wait(5)
+
+
+def test_traced_step_across_processes():
+    """Tasks in their own processes (LocalCluster): each process times its events against its own
+    origin; the merged trace still puts every Send before the Recv that took its value."""
+    from isthmus.cloud.local_cluster import LocalCluster
+    g, x, y, loss, train, init = mlp()
+    (xb, yb), = batches(1)
+    with LocalCluster({"ps": 1, "worker": 1}, timeout=60.0, recv_timeout=10.0) as c:
+        with DistributedSession(g, c.target, timeout=20.0) as s:
+            s.run(init)
+            plain = s.run(loss, {x: xb, y: yb})
+            md = ism.RunMetadata()
+            traced = s.run(loss, {x: xb, y: yb}, options=ism.RunOptions(trace=True), run_metadata=md)
+    assert np.asarray(traced).tobytes() == np.asarray(plain).tobytes()
+    ts = md.transfers()
+    assert {e.device for e in md.events} == {PS, WK} and len(ts) == 4  # the 4 variables, read once
+    assert sorted(t.nbytes for t in ts) == sorted(4 * n for n in (16 * 12, 12, 12 * 4, 4))
+    for t in ts:
+        assert t.cross_task and t.send.step == t.recv.step
+        assert t.send.start_us <= t.recv.end_us + 5e3  # one wall clock for both processes (5 ms slack)

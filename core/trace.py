@@ -132,7 +132,7 @@ class RunMetadata:
             args = {"tensor": t.tensor, "bytes": t.nbytes, "src": t.src_device, "dst": t.dst_device,
                     "cross_task": t.cross_task, "transit_us": round(t.transit_us, 3)}
             for ph, e in (("s", t.send), ("f", t.recv)):
-                # inside the slice it binds to: its last instant (a slice is at least 0.01 us)
+                # at the midpoint of the slice it binds to (so that both viewers bind it there)
                 ev = {"name": "transfer", "cat": "transfer", "ph": ph, "id": i + 1, "pid": pids[e.device],
                       "tid": e.thread, "ts": e.start_us + max(e.end_us - e.start_us, 0.01) * 0.5, "args": args}
                 if ph == "f":

@@ -55,7 +55,7 @@ from ..core.ops.base import constant, group, placeholder
 from ..core.ops.math import add_n, mul
 from ..core.ops.reduce import reduce_sum
 from ..core.ops.sparse import IndexedSlices, gather
-from ..core.optimizers import get_or_create_global_step
+from ..core.optimizers import UPDATE_OPS, get_or_create_global_step
 from ..core.variables import Variable, global_variables, trainable_variables, variables_initializer
 from .cluster import ClusterSpec
 from .fault import TaskFailure, diagnose, is_task_loss, wait_until
@@ -279,7 +279,9 @@ class ReplicaTrainer:
                         rows[var.node.name] = shape_of(grad.indices)
                     else:
                         stores.append(bufs[0].assign(grad).node)
-                op = group(*stores, name="store_gradients")
+                # batch-norm moving averages and the like: each replica updates them on the ps
+                # from its own batch, as a local minimize would (not synchronized, as in TF)
+                op = group(*stores, *g.get_collection(UPDATE_OPS), name="store_gradients")
         pin_replica(g, self.devices[r], self.var_devices)
         return _Replica(g, inputs, loss, op, rows, self.devices[r])
 

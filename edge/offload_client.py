@@ -18,6 +18,7 @@ grpc is imported when a connection is first needed, never by `import isthmus.edg
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import mmap
@@ -308,9 +309,9 @@ class OffloadClient:
     request at a time per client (a lock serialises invoke)."""
 
     def __init__(self, model_path: str, address: str, security=None, deadline_ms: float = 1000.0,
-                 link: Optional[EmulatedLink] = None, alpha: float = 0.5, hysteresis: float = 0.15,
+                 link: Optional[EmulatedLink] = None, window: int = 3, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
-                 initial_bps: Optional[float] = None, edge_slowdown: float = 1.0):
+                 initial_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3):
         """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
         (demos, benchmarks): after each request the client sleeps (edge_slowdown - 1) x the time
         it computed here, so a request takes what it would on that device."""
@@ -322,15 +323,19 @@ class OffloadClient:
         self.deadline_s = float(deadline_ms) / 1e3
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_ms must be positive, got {deadline_ms!r}")
-        self.link, self.alpha, self.hysteresis, self.adapt = link, float(alpha), float(hysteresis), adapt
+        self.link, self.hysteresis, self.adapt = link, float(hysteresis), adapt
+        self.resolution_s = float(resolution_s)
         self.backoff_min, self.backoff_max = backoff_s
         self.ping_every = int(ping_every)
         self._interp: Dict[int, Interpreter] = {}
         self._full: Optional[Interpreter] = None
         self._channel = self._stub = self._pb = None
+        self._stale = False
         self._lock = threading.Lock()
         self.rtt_s: Optional[float] = None
+        self._rtts: collections.deque = collections.deque(maxlen=8)
         self.bps: Optional[float] = initial_bps
+        self._samples: collections.deque = collections.deque(maxlen=max(1, int(window)))
         start = self.split.cut_for(initial_bps) if initial_bps else len(self.split.cuts) - 1
         self.cut = start
         self._backoff = 0.0
@@ -346,6 +351,9 @@ class OffloadClient:
         self._local_s = 0.0
         if self.split.full is not None:  # prepared now, so that a fallback costs only its compute
             self._full = Interpreter(self.split.full)
+        for k, c in enumerate(self.split.cuts):  # and every cut, so that a switch costs nothing either
+            if c.cloud_part:
+                self._interp_for(k)
 
     # ---- public -------------------------------------------------------------------------------------
     def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:
@@ -397,15 +405,18 @@ class OffloadClient:
     def _invoke(self, inputs) -> List[np.ndarray]:
         k = self.cut
         down = time.monotonic() < self._retry_at
-        if not self.split.cuts[k].cloud_part:  # the planner keeps everything on the edge at this bandwidth
-            self._since_probe += 1
-            up = next((j for j in range(k + 1, len(self.split.cuts)) if self.split.cuts[j].cloud_part), None)
-            if up is None or down or self._since_probe < self.ping_every or not self.adapt:
-                self.counts["local"] += 1
-                return self._local(inputs)
-            k, self._since_probe = up, 0  # a probe: this request crosses the link to measure it
+        self._since_probe += 1
+        up = next((j for j in range(k + 1, len(self.split.cuts)) if self.split.cuts[j].cloud_part), None)
+        if self.adapt and up is not None and not down and self._since_probe >= self.ping_every:
+            # a probe: small transfers cannot show that the link got faster (their time is mostly
+            # RTT and jitter), so every ping_every requests one runs on the next cut up, which
+            # sends more, and its measurement decides whether to move up
+            k, self._since_probe = up, 0
             self.counts["probes"] += 1
-        elif down:
+        if not self.split.cuts[k].cloud_part:  # the planner keeps everything on the edge at this bandwidth
+            self.counts["local"] += 1
+            return self._local(inputs)
+        if down:
             if self.split.full is None:
                 raise CloudError(f"the cloud is backing off after: {self.last_error}; the model carries no full copy")
             self.counts["local"] += 1
@@ -501,22 +512,26 @@ class OffloadClient:
         time.sleep(need)
 
     def _ping(self) -> None:
-        """One small call (Stats): its time is the round trip."""
+        """One small call (Describe): its time is the round trip. The estimate is the least of the
+        last few pings: delays on a loaded machine only ever add to a round trip."""
         t0 = time.perf_counter()
         self._sleep_link(0)
-        self._call("Stats", self._pb.StatsRequest())
+        self._call("Describe", self._pb.DescribeRequest())
         self._sleep_link(0)
-        rtt = time.perf_counter() - t0
+        self._rtts.append(time.perf_counter() - t0)
         self.counts["pings"] += 1
         self._since_ping = 0
-        self.rtt_s = rtt if self.rtt_s is None else (1 - self.alpha) * self.rtt_s + self.alpha * rtt
+        self.rtt_s = min(self._rtts)
 
     def _measure(self, net_s: float, nbytes: int) -> None:
-        """A call's time on the wire (its total less the server's time) is rtt + bytes / bandwidth."""
-        rtt = self.rtt_s or 0.0
-        transfer = max(net_s - rtt, 0.02 * max(net_s, 1e-6), 1e-6)
-        bps = nbytes * 8.0 / transfer
-        self.bps = bps if self.bps is None else math.exp((1 - self.alpha) * math.log(self.bps) + self.alpha * math.log(bps))
+        """A call's time on the wire (its total less the server's time) is rtt + bits / bandwidth,
+        the rtt being the least of the recent pings. A transfer shorter than `resolution_s`
+        cannot be told from jitter: it only shows that the bandwidth is at least bits /
+        resolution_s. The estimate is the median of the last `window` calls' values, so one
+        stalled call (a loaded machine) does not move the cut."""
+        transfer = max(net_s - (self.rtt_s or 0.0), self.resolution_s)
+        self._samples.append(nbytes * 8.0 / transfer)
+        self.bps = float(np.median(self._samples))
         if not self.adapt:
             return
         c = self.split.cuts[self.cut]
@@ -530,15 +545,22 @@ class OffloadClient:
 
     # ---- gRPC --------------------------------------------------------------------------------------------
     def _connect(self) -> None:
-        if self._stub is not None:
+        """A channel to the service. After UNAVAILABLE the channel is replaced when the client's
+        backoff ends: a fresh one connects at once, where the old one would wait out gRPC's own
+        reconnect backoff (up to a second) after the server came back."""
+        if self._stub is not None and not self._stale:
             return
+        if self._channel is not None:
+            self._channel.close()
+        self._stale = False
         import grpc  # noqa: F401  (only a client that talks to the cloud needs grpc)
         from isthmus.proto import offload_pb2, offload_pb2_grpc
         from isthmus.proto.security import make_channel
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0)]
+                   ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.enable_retries", 0),
+                   ("grpc.use_local_subchannel_pool", 1)]  # a new channel must not inherit a failed connection
         self._pb = offload_pb2
         self._channel = make_channel(self.address, self.security, options)
         self._stub = offload_pb2_grpc.OffloadStub(self._channel)
@@ -557,6 +579,7 @@ class OffloadClient:
                 raise _Miss(f"{method}: the service missed the {self.deadline_s * 1e3:g} ms deadline") from None
             if code == grpc.StatusCode.UNAVAILABLE:
                 self.counts["unavailable"] += 1
+                self._stale = True
             else:
                 self.counts["errors"] += 1
             details = e.details() if hasattr(e, "details") else str(e)

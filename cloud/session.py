@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.graph import Graph, Node, Tensor, get_default_graph
 from ..core.ops.base import make, placeholder
+from ..core.shapes import compatible, fmt
 from ..core.session import _feed_check  # the local Session's feed conversion, for the same results
 from ..core.trace import RunMetadata
 from .master import Master
@@ -112,10 +113,16 @@ class DistributedSession:
         """Assign a value to a variable on the task that holds it (a step of a small Assign
         fed from a placeholder; the graph grows once, by one such pair per variable)."""
         node = var.node if isinstance(var, Tensor) else var
+        t = node.outputs[0]
+        arr = np.asarray(value)
+        if arr.dtype != t.dtype or not compatible(arr.shape, t.shape) or len(arr.shape) != len(t.shape):
+            from ..core.errors import FeedError
+            raise FeedError(f"variable '{node.name}' is {t.dtype.name}{fmt(t.shape)}; "
+                            f"value is {arr.dtype.name}{fmt(arr.shape)}")
         if node.name not in self._assigns:
             self._build_assigns()
         ph, op = self._assigns[node.name]
-        self.run(op, {ph: value})
+        self.run(op, {ph: arr})
 
     def _build_assigns(self) -> None:
         g = self.graph

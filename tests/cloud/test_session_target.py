@@ -84,3 +84,25 @@ def test_core_finds_the_cloud_session_by_name_only():
     mods += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not any("cloud" in m for m in mods)
     assert "isthmus.cloud.session" in src.read_text()
+
+
+def test_variables_are_read_and_set_on_the_ps_and_a_saver_round_trips(tmp_path):
+    made = servers({"ps": 1, "worker": 1})
+    try:
+        parts = mlp()
+        g = parts[0]
+        with ism.Session(g, target=made[("worker", 0)].target) as s:
+            run(s, parts)
+            saver = ism.Saver(graph=g)
+            path = saver.save(s, str(tmp_path / "m"), global_step=5)
+            kernel = g.node("h/kernel")
+            want = s.variable_value(kernel)
+            s.set_variable_value(kernel, np.zeros_like(want))
+            assert not s.variable_value(kernel).any()
+            with pytest.raises(ism.FeedError, match=r"variable 'h/kernel' is float32\[16,12\]"):
+                s.set_variable_value(kernel, np.zeros((3, 3), np.float32))
+            assert saver.restore_latest_valid(s, str(tmp_path)) == path
+            np.testing.assert_array_equal(s.variable_value(kernel), want)
+    finally:
+        for s in made.values():
+            s.stop()

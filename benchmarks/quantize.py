@@ -60,10 +60,29 @@ def evaluate(kind, x, y):
     q1 = Interpreter(quantize_to_edge(sess, [logits], [{"x": x[:200]}], batch=1)[0])
     one = tx[:1]
     t = interleaved_medians({"fp32": lambda: f1.invoke(one), "int8": lambda: q1.invoke(one)}, repeats=41)
+    cpu = cpu_medians({"fp32": lambda: f1.invoke(one), "int8": lambda: q1.invoke(one)}, repeats=201)
     return {"top1_fp32": round(a32, 4), "top1_int8": round(a8, 4), "drop_points": round(100 * (a32 - a8), 2),
             "bytes_fp32": len(fp32), "bytes_int8": len(int8), "size_ratio": round(len(int8) / len(fp32), 3),
             "ms_fp32_batch1": round(t["fp32"] * 1e3, 3), "ms_int8_batch1": round(t["int8"] * 1e3, 3),
-            "int8_over_fp32_time": round(t["int8"] / t["fp32"], 3)}
+            "int8_over_fp32_time": round(t["int8"] / t["fp32"], 3),
+            "cpu_int8_over_fp32_1thread": round(cpu["int8"] / cpu["fp32"], 3)}
+
+
+def cpu_medians(fns, repeats):
+    """Median CPU time of this thread per call, BLAS on one thread, interleaved: less sensitive than
+    the wall clock to other processes on a shared machine (these models run in tens of us)."""
+    import time
+    from threadpoolctl import threadpool_limits
+    samples = {k: [] for k in fns}
+    with threadpool_limits(1):
+        for f in fns.values():
+            f()
+        for _ in range(repeats):
+            for k, f in fns.items():
+                t0 = time.thread_time()
+                f()
+                samples[k].append(time.thread_time() - t0)
+    return {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
 
 
 def core_cnn_size():

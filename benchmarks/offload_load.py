@@ -13,7 +13,8 @@ side: one batching up to --max-batch rows (waiting at most --max-delay-ms), and 
 batch 1 (no batching: the peer); the two take turns in --rounds rounds, so load from other work
 on the machine drifting during the run hits both alike. Reported per mode: errors, throughput, client-side p50/p99
 latency, the batching factor (mean rows per batch, from the server's Stats), the server's CPU time
-per request (from /proc: meaningful even when other work loads the machine), server RSS at start,
+per request (from /proc: meaningful even when other work loads the machine) and the clients' (the
+throughput the two would reach on otherwise idle cores follows from them), server RSS at start,
 after a concurrent warm-up (every client's connection open, every server thread started) and after
 the load (growth from warm-up to end should stay within 10%), and whether every checked answer
 equals a local Session run. JSON on stdout.
@@ -145,7 +146,7 @@ class Mode:
         self.lat: list = []
         self.errors: list = []
         self.checked = self.wrong = 0
-        self.wall = self.cpu = 0.0
+        self.wall = self.cpu = self.client_cpu = 0.0
         self.round_rps: list = []
 
     def warm(self) -> None:
@@ -189,13 +190,14 @@ class Mode:
         threads = [threading.Thread(target=client, args=(c,)) for c in range(self.clients)]
         for t in threads:
             t.start()
-        cpu0 = cpu_s(self.srv.proc.pid)
+        cpu0, mine0 = cpu_s(self.srv.proc.pid), time.process_time()
         gate.wait(60)
         t0 = time.perf_counter()
         for t in threads:
             t.join(600)
         wall = time.perf_counter() - t0
         self.cpu += cpu_s(self.srv.proc.pid) - cpu0
+        self.client_cpu += time.process_time() - mine0
         self.wall += wall
         done = sum(len(x) for x in lat)
         self.round_rps.append(done / wall)
@@ -218,6 +220,7 @@ class Mode:
                 "p99_ms": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
                 "batching_factor": round(rows / batches, 2) if batches else None, "batches": int(batches),
                 "server_cpu_ms_per_request": round(1e3 * self.cpu / max(lat.size, 1), 3),
+                "client_cpu_ms_per_request": round(1e3 * self.client_cpu / max(lat.size, 1), 3),
                 "server_p50_ms": round(st.p50_latency_ms, 3), "server_p99_ms": round(st.p99_latency_ms, 3),
                 "rss_at_start_mib": round(self.rss_start / 1024, 1),
                 "rss_before_mib": round(self.rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
@@ -288,6 +291,11 @@ def main(argv=None) -> int:
                                                                     / np.array(u["round_throughputs_rps"]))), 2),
               "server_cpu_ratio_batched_over_unbatched": round(b["server_cpu_ms_per_request"]
                                                                 / u["server_cpu_ms_per_request"], 2),
+              # what throughput would be on a machine whose cores only serve these two processes: CPU-bound
+              # closed loop, so requests/s ~ cores / (server + client CPU per request)
+              "cpu_bound_throughput_rps": {n: round(os.cpu_count() * 1e3 / (m["server_cpu_ms_per_request"]
+                                                                            + m["client_cpu_ms_per_request"]), 1)
+                                           for n, m in modes.items()},
               "p99_ratio_batched_over_unbatched": round(b["p99_ms"] / u["p99_ms"], 2) if u["p99_ms"] else None,
               "zero_errors": b["errors"] == 0 and u["errors"] == 0,
               "all_checked_answers_equal": b["answers_wrong"] == 0 and u["answers_wrong"] == 0,

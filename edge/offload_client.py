@@ -7,12 +7,22 @@
 The file (converters/split_export.py) holds one subgraph per candidate cut, the whole model for
 local fallback, and the uplink range where each cut is best. Per request the client runs the
 current cut's edge part; at its RemotePart the interpreter hands the boundary tensors here, and
-they go to the service as one Infer call with the request's remaining deadline. Round-trip time
-and bandwidth are measured as it goes (EWMA); when the bandwidth estimate leaves the current
-cut's range, the next request runs the cut whose range holds it. When the cloud is unreachable,
-refuses, or misses the deadline, the request runs locally on the full model (fallback) and the
-cloud is retried after an exponential backoff. `EmulatedLink` adds bytes / bandwidth + RTT to
-every transfer, for demos and benchmarks on loopback.
+they go to the service as one Infer call with the request's remaining deadline.
+
+The link is measured as it goes: the round trip is the least of the recent pings (a Describe
+call every `ping_every` calls), and each Infer gives a bandwidth sample, bits / (its time on the
+wire less the server's reported time less the round trip); the estimate is the median of the
+last `window` samples. When it leaves the current cut's range (by more than `hysteresis`), the
+next request runs the cut whose range holds it. Small transfers cannot show that a link got
+faster, so every `ping_every` requests one runs on the next cut up (a probe; from an edge-only
+cut this is the only traffic). When the cloud is unreachable, refuses, or misses the deadline,
+the request runs locally on the full model (fallback) and the cloud is retried after an
+exponential backoff, on a fresh channel. `stats()` counts all of it; `last` says how the latest
+request went. `EmulatedLink` adds bytes / bandwidth + RTT to every transfer, for demos and
+benchmarks on loopback.
+
+The loader here reads every subgraph of the file (edge/loader.py reads single-subgraph models);
+its checks are those of loader.verify, applied per subgraph.
 
 grpc is imported when a connection is first needed, never by `import isthmus.edge`.
 """

@@ -287,3 +287,51 @@ def test_loading_a_split_model_imports_neither_grpc_nor_the_graph_machinery(spli
             "print(bad); assert not bad and c.last['mode'] == 'local'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _remote_model(order):
+    """x -> Relu -> [remote part 'p': r -> h] -> Softmax -> y, with the operators in `order`."""
+    from isthmus.edge.writer import ModelWriter
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (2, 5))
+    r = w.add_tensor("r", "float32", (2, 5))
+    h = w.add_tensor("h", "float32", (2, 5))
+    y = w.add_tensor("y", "float32", (2, 5))
+    ops = {"relu": ("Relu", [x], [r], {}), "softmax": ("Softmax", [h], [y], {"axis": -1})}
+    for name in order:
+        w.add_operator(*ops[name])
+    w.add_remote_part("p", [r], [h])
+    w.mark_output(y)
+    return w.to_bytes()
+
+
+@pytest.mark.parametrize("order", [("relu", "softmax"), ("softmax", "relu")])
+def test_interpreter_runs_edge_then_remote_then_edge_whatever_the_file_order(order):
+    calls = []
+
+    def cloud(part, arrays):
+        calls.append((part.name, arrays[0].copy()))
+        return [arrays[0] * 2.0 + 1.0]
+    it = Interpreter(_remote_model(order), remote=cloud)
+    assert [k for k, _ in it.steps_info] == ["op", "remote", "op"]
+    x = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+    y = it.invoke(x)[0]
+    h = np.maximum(x, 0) * 2 + 1
+    e = np.exp(h - h.max(1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=1e-6)
+    assert calls[0][0] == "p" and np.array_equal(calls[0][1], np.maximum(x, 0))
+    with pytest.raises(EdgeModelError, match="remote part 'p': output 'h' is float32\\[3\\]"):
+        Interpreter(_remote_model(order), remote=lambda p, a: [np.zeros(3, np.float32)]).invoke(x)
+
+
+def test_a_remote_part_reading_its_own_output_is_refused():
+    from isthmus.edge.writer import ModelWriter
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (1, 3))
+    h = w.add_tensor("h", "float32", (1, 3))
+    y = w.add_tensor("y", "float32", (1, 3))
+    w.add_operator("Add", [x, h], [y])
+    w.add_remote_part("p", [y], [h])  # p needs y, y needs h, h comes from p
+    w.mark_output(y)
+    with pytest.raises(EdgeModelError, match="remote part 'p'"):
+        Interpreter(w.to_bytes(), remote=lambda p, a: a)

@@ -181,10 +181,7 @@ def _unique(ts: List[Tensor]) -> List[Tensor]:
 
 
 def _frozen(source: Source, outputs: Sequence[Name]) -> Graph:
-    if isinstance(source, Graph):
-        if any(n.op == "Variable" for n in source.nodes):
-            raise CloudPartsError("the graph holds variables: pass the Session that holds their values "
-                                  "so they can be frozen into the part")
+    if isinstance(source, Graph):  # a variable the part needs is refused by _extract, naming it
         return source
     if hasattr(source, "graph") and hasattr(source, "variable_value"):
         from ..core.passes import freeze
@@ -207,9 +204,12 @@ def _extract(graph: Graph, ins: List[Tensor], outs: List[Tensor], relax: bool):
             continue
         if n.op == "Placeholder":
             raise CloudPartsError(f"the part needs placeholder '{n.name}', which is not among its inputs")
-        if n.op in ("Send", "Recv", "Variable") or n.opdef.ref_inputs:
+        if n.op == "Variable":
+            raise CloudPartsError(f"the part reads variable '{n.name}': pass the Session holding its value "
+                                  "(source=session) so that it is frozen into the part")
+        if n.op in ("Send", "Recv") or n.opdef.ref_inputs:
             raise CloudPartsError(f"node '{n.name}' ({n.op}) cannot be in an inference part "
-                                  "(pass the unsplit graph, with variables frozen)")
+                                  "(pass the unsplit graph, not a part of a partition)")
         missing = [t.name for t in n.inputs if t not in m]
         if missing:
             raise CloudPartsError(f"node '{n.name}' ({n.op}) reads {missing}, computed outside the part")

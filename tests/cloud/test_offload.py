@@ -110,6 +110,13 @@ def test_parts_from_a_partition_carry_frozen_weights_and_a_batch_free_signature(
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_variable_without_its_session_is_refused_by_name():
+    g, sess, x, logits, y = _graph()
+    with pytest.raises(CloudPartsError, match="variable 'w1': pass the Session"):
+        cloud_part(g, ["x"], [y], "whole")
+    assert cloud_part(g, ["act1"], [y], "tail").inputs[0].name == "act1:0"  # w1 is not needed past act1
+
+
 def test_file_round_trip(model, tmp_path):
     path = tmp_path / "tiny.cloud"
     save_cloud_parts(path, list(model.parts.values()), model="tiny")

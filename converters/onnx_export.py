@@ -369,6 +369,69 @@ def _resize(c, n, ins, outs):
     c.node("Resize", [ins[0], "", "", c.const(np.array(sizes, np.int64))], outs, **kw)
 
 
+@handler("LSTMStep")
+def _lstm_step(c, n, ins, outs):
+    gx, h, cell, rt = ins
+    z, zz = c.fresh("lstm_z"), c.fresh("lstm_zz")
+    c.node("MatMul", [h, rt], [z])
+    c.node("Add", [z, gx], [zz])
+    gates = [c.fresh(k) for k in ("i", "o", "f", "g")]
+    c.node("Split", [zz], gates, axis=1)
+    i, o, f, g = (c.fresh(k) for k in ("si", "so", "sf", "tg"))
+    for src, dst, op in zip(gates, (i, o, f, g), ("Sigmoid", "Sigmoid", "Sigmoid", "Tanh")):
+        c.node(op, [src], [dst])
+    fc, ig, tc = c.fresh("fc"), c.fresh("ig"), c.fresh("tc")
+    c.node("Mul", [f, cell], [fc])
+    c.node("Mul", [i, g], [ig])
+    c.node("Add", [fc, ig], [outs[1]])
+    c.node("Tanh", [outs[1]], [tc])
+    c.node("Mul", [o, tc], [outs[0]])
+
+
+@handler("GRUStep")
+def _gru_step(c, n, ins, outs):
+    gx, h, rt, rbh = ins
+    gxz, gxr, gxh = (c.fresh(k) for k in ("gxz", "gxr", "gxh"))
+    c.node("Split", [gx], [gxz, gxr, gxh], axis=1)
+    rz, rr, rh = (c.fresh(k) for k in ("rz", "rr", "rh"))
+    c.node("Split", [rt], [rz, rr, rh], axis=1)
+
+    def gate(gx_part, r_part, base):
+        p_, s_, g_ = c.fresh(base + "_hr"), c.fresh(base + "_sum"), c.fresh(base)
+        c.node("MatMul", [h, r_part], [p_])
+        c.node("Add", [gx_part, p_], [s_])
+        c.node("Sigmoid", [s_], [g_])
+        return g_
+    z, r = gate(gxz, rz, "z"), gate(gxr, rr, "r")
+    rec, pre, cand = c.fresh("rec"), c.fresh("pre"), c.fresh("cand")
+    if n.attrs["linear_before_reset"]:
+        hr, hrb = c.fresh("hr"), c.fresh("hrb")
+        c.node("MatMul", [h, rh], [hr])
+        c.node("Add", [hr, rbh], [hrb])
+        c.node("Mul", [r, hrb], [rec])
+    else:
+        rh_in = c.fresh("rh_in")
+        c.node("Mul", [r, h], [rh_in])
+        c.node("MatMul", [rh_in, rh], [rec])
+    c.node("Add", [gxh, rec], [pre])
+    c.node("Tanh", [pre], [cand])
+    d, zd = c.fresh("h_minus_n"), c.fresh("z_d")
+    c.node("Sub", [h, cand], [d])
+    c.node("Mul", [z, d], [zd])
+    c.node("Add", [cand, zd], outs)
+
+
+@handler("SetRow")
+def _set_row(c, n, ins, outs):
+    """acc with row i replaced: ScatterND with index [[i]] and the row as a batch of one."""
+    acc, idx, value = ins
+    i64, ij, row = c.fresh("row_index"), c.fresh("row_index_2d"), c.fresh("row")
+    c.node("Cast", [idx], [i64], to=_onnx_dtype(np.dtype(np.int64)))
+    c.node("Reshape", [i64, c.const(np.array([1, 1], np.int64))], [ij])
+    c.node("Unsqueeze", [value, c.const(np.array([0], np.int64))], [row])
+    c.node("ScatterND", [acc, ij, row], outs)
+
+
 @handler("Range")
 def _range(c, n, ins, outs):
     c.node("Range", ins, outs)

@@ -16,6 +16,7 @@ import numpy as np
 import isthmus.core as ism
 from isthmus.core.graph import Tensor
 from isthmus.core.ops.control import set_row
+from isthmus.core.ops.recurrent import gru_step, lstm_step
 from isthmus.core.rnn import zeros_state
 
 from .onnx_import import ImportError_, _attrs, _s, handler
@@ -80,7 +81,14 @@ def _per_direction(c, node, k: int, t: Optional[Tensor], d: int) -> Optional[Ten
 
 class _Spec:
     """What one direction's loop needs; built by the handler, consumed by _direction."""
-    __slots__ = ("op", "hidden", "reverse", "acts", "clip", "lbr", "input_forget", "want_y")
+    __slots__ = ("op", "hidden", "reverse", "acts", "clip", "lbr", "input_forget", "want_y", "fused")
+
+
+def _transposed(r: Tensor) -> Tensor:
+    """R^T for the fused step ops: a constant is transposed once, now."""
+    if r.node.op == "Const":
+        return ism.constant(np.ascontiguousarray(np.asarray(r.node.attrs["value"]).T))
+    return ism.transpose(r, (1, 0))
 
 
 def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
@@ -100,7 +108,10 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     steps, batch = ism.gather(dims, ism.constant(np.int32(0))), ism.gather(dims, ism.constant(np.int32(1)))
     h0 = h0 if h0 is not None else zeros_state(batch, hid, "float32")
     states = [h0] + ([c0 if c0 is not None else zeros_state(batch, hid, "float32")] if s.op == "LSTM" else [])
-    if s.op == "GRU":
+    if s.fused:  # one LSTMStep / GRUStep node per time step
+        rt = _transposed(r)
+        rbh = rb_h if rb_h is not None else ism.constant(np.zeros(hid, np.float32))
+    elif s.op == "GRU":
         r_zr, r_h = ism.split(r, [2 * hid, hid], 0)
     if p is not None:
         p_i, p_o, p_f = ism.split(p, 3, 0)
@@ -112,6 +123,8 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
         return v if s.clip is None else ism.minimum(ism.maximum(v, -s.clip), s.clip)
 
     def cell(gx, h, c_prev):
+        if s.fused:
+            return lstm_step(gx, h, c_prev, rt) if s.op == "LSTM" else (gru_step(gx, h, rt, rbh, s.lbr), None)
         f, g = s.acts[0], s.acts[1] if len(s.acts) > 1 else None
         if s.op == "RNN":
             return f(clip(ism.add(gx, ism.matmul(h, r, transpose_b=True)))), None
@@ -188,6 +201,8 @@ def _recurrent(c, node, ins):
         h0 = None if h0 is None else ism.transpose(h0, (1, 0, 2))
         c0 = None if c0 is None else ism.transpose(c0, (1, 0, 2))
     acts = _activations(where, op, at, dirs)
+    names = [_s(a).lower() for a in at.get("activations", [])]
+    default_acts = not names or names == [a.lower() for a in _DEFAULT_ACTS[op]] * (len(names) // len(_DEFAULT_ACTS[op]))
     ys, hs, cs = [], [], []
     for d in range(dirs):
         s = _Spec()
@@ -197,6 +212,8 @@ def _recurrent(c, node, ins):
         s.lbr = bool(at.get("linear_before_reset", 0))
         s.input_forget = bool(at.get("input_forget", 0))
         s.want_y = bool(node.output) and bool(node.output[0])
+        s.fused = (op in ("LSTM", "GRU") and default_acts and s.clip is None and not s.input_forget
+                   and (op != "LSTM" or p is None))
         with ism.name_scope(f"dir{d}"):
             y, h, cc = _direction(s, x, _per_direction(c, node, 1, w, d), _per_direction(c, node, 2, r, d),
                                   _per_direction(c, node, 3, b, d), lens,

@@ -27,6 +27,8 @@ CHECKED_ELSEWHERE = {
     "ExpandDynamic": "test_array_ops.test_run_time_slices_and_axes",
     "Cast": "test_math_ops.test_cast_gradient (analytic: float32 differences are too coarse)",
     "Resize": "test_image_ops.test_resize_forward_and_gradient",
+    "LSTMStep": "test_recurrent_ops.test_lstm_step_forward_and_gradient",
+    "GRUStep": "test_recurrent_ops.test_gru_step_forward_and_gradient",
 }
 
 

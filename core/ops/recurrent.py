@@ -1,0 +1,210 @@
+"""One step of an LSTM or GRU cell as one kernel (ONNX gate orders), for recurrent loops.
+
+A loop body built from primitives runs about twenty graph nodes per time step; at small batch
+the per-node cost dominates. These ops do the step's recurrent product and all its gates in a
+dozen array calls on one [B, G*H] slab. The input projection `gx` (x_t W^T plus biases) is
+computed for all steps before the loop and fed in; `rt` is the recurrent weight transposed
+([H, G*H]). Gradients are fused kernels too (recomputing the gates from the inputs).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import ShapeError
+from ..graph import Tensor
+from ..registry import Cost, OpDef, register
+from ..shapes import fmt, num_elements_est
+from .base import convert, make
+
+__all__ = ["lstm_step", "gru_step"]
+
+
+def _sigmoid_(xp, y):
+    """sigmoid in place, as 0.5 * (1 + tanh(y / 2)): no overflow, four passes."""
+    y *= 0.5
+    xp.tanh(y, out=y)
+    y += 1
+    y *= 0.5
+    return y
+
+
+def _check(node, gates: int):
+    gx, h, rt = node.inputs[0], node.inputs[1], node.inputs[-1] if gates == 4 else node.inputs[2]
+    if any(t.dtype.kind != "f" or t.dtype != gx.dtype for t in node.inputs):
+        raise ShapeError(f"{node.op} needs float inputs of one dtype")
+    if len(gx.shape) != 2 or len(h.shape) != 2 or len(rt.shape) != 2:
+        raise ShapeError(f"{node.op}: gx, h and rt must be matrices, got {fmt(gx.shape)}, {fmt(h.shape)}, "
+                         f"{fmt(rt.shape)}")
+    hid = h.shape[1] if h.shape[1] is not None else rt.shape[0]
+    if hid is not None:
+        for t, want in ((gx, gates * hid), (rt, gates * hid)):
+            if t.shape[1] is not None and t.shape[1] != want:
+                raise ShapeError(f"{node.op}: {fmt(t.shape)} should have {want} columns ({gates} gates of {hid})")
+        if rt.shape[0] is not None and rt.shape[0] != hid:
+            raise ShapeError(f"{node.op}: rt {fmt(rt.shape)} should have {hid} rows")
+    return gx, h
+
+
+def _step_cost(gates):
+    def cost(node):
+        h = node.inputs[1]
+        n = num_elements_est(h.shape)
+        k = h.shape[1] or 1
+        return Cost(2 * n * k * gates + 12 * n * gates, 4 * n * (gates + 2) + 4 * k * k * gates, 4 * n * 2)
+    return cost
+
+
+# ---- LSTM: gates i, o, f, c (ONNX order); c' = f c + i g, h' = o tanh(c') -----------------------------
+def _infer_lstm(node):
+    gx, h = _check(node, 4)
+    return [(h.dtype, h.shape), (h.dtype, h.shape)]
+
+
+def _lstm_gates(xp, gx, h, rt):
+    z = h @ rt
+    z += gx
+    hid = h.shape[1]
+    _sigmoid_(xp, z[:, :3 * hid])
+    xp.tanh(z[:, 3 * hid:], out=z[:, 3 * hid:])
+    return z, hid
+
+
+def _kernel_lstm(node, ctx):
+    xp = ctx.xp
+
+    def run(gx, h, c, rt):
+        z, hid = _lstm_gates(xp, gx, h, rt)
+        i, o, f, g = z[:, :hid], z[:, hid:2 * hid], z[:, 2 * hid:3 * hid], z[:, 3 * hid:]
+        c2 = f * c
+        c2 += i * g
+        h2 = xp.tanh(c2)
+        h2 *= o
+        return h2, c2
+    return run
+
+
+def _kernel_lstm_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(gx, h, c, rt, dh2, dc2):
+        z, hid = _lstm_gates(xp, gx, h, rt)
+        i, o, f, g = z[:, :hid], z[:, hid:2 * hid], z[:, 2 * hid:3 * hid], z[:, 3 * hid:]
+        c2 = f * c + i * g
+        tc = xp.tanh(c2)
+        dc_all = dc2 + dh2 * o * (1 - tc * tc)
+        dz = xp.empty_like(z)
+        dz[:, :hid] = dc_all * g * i * (1 - i)
+        dz[:, hid:2 * hid] = dh2 * tc * o * (1 - o)
+        dz[:, 2 * hid:3 * hid] = dc_all * c * f * (1 - f)
+        dz[:, 3 * hid:] = dc_all * i * (1 - g * g)
+        return dz, dz @ rt.T, dc_all * f, h.T @ dz
+    return run
+
+
+def _zeros_if_none(dy, like):
+    from .math import zeros_like
+    return dy if dy is not None else zeros_like(like)
+
+
+def _g_lstm(node, dys):
+    dh2, dc2 = (_zeros_if_none(d, t) for d, t in zip(dys, node.outputs))
+    return list(make("LSTMStepGrad", tuple(node.inputs) + (dh2, dc2)).outputs)
+
+
+register(OpDef("LSTMStep", inputs=("gx", "h", "c", "rt"), infer=_infer_lstm, kernel=_kernel_lstm, grad=_g_lstm,
+               cost=_step_cost(4), doc="One LSTM step (ONNX gates i, o, f, c): (h', c') from gx, h, c, R^T."))
+register(OpDef("LSTMStepGrad", inputs=("gx", "h", "c", "rt", "dh2", "dc2"),
+               infer=lambda node: [(t.dtype, t.shape) for t in node.inputs[:4]], kernel=_kernel_lstm_grad,
+               cost=_step_cost(8)))
+
+
+def lstm_step(gx, h, c, rt, name: Optional[str] = None):
+    """(h', c') of one LSTM step: gx [B, 4H] = x_t W^T + biases, rt = R^T [H, 4H]."""
+    out = make("LSTMStep", (convert(gx), convert(h), convert(c), convert(rt)), name=name).outputs
+    return out[0], out[1]
+
+
+# ---- GRU: gates z, r, h (ONNX order); h' = (1 - z) n + z h -----------------------------------------
+def _infer_gru(node):
+    gx, h = _check(node, 3)
+    return [(h.dtype, h.shape)]
+
+
+def _gru_forward(xp, gx, h, rt, rbh, lbr):
+    hid = h.shape[1]
+    zr = h @ rt[:, :2 * hid]
+    zr += gx[:, :2 * hid]
+    _sigmoid_(xp, zr)
+    z, r = zr[:, :hid], zr[:, hid:]
+    if lbr:
+        hr = h @ rt[:, 2 * hid:]
+        hr += rbh
+        n = r * hr
+    else:
+        hr = None
+        n = (r * h) @ rt[:, 2 * hid:]
+    n += gx[:, 2 * hid:]
+    xp.tanh(n, out=n)
+    return z, r, n, hr, hid
+
+
+def _kernel_gru(node, ctx):
+    xp, lbr = ctx.xp, node.attrs["linear_before_reset"]
+
+    def run(gx, h, rt, rbh):
+        z, r, n, _, _ = _gru_forward(xp, gx, h, rt, rbh, lbr)
+        out = h - n
+        out *= z
+        out += n
+        return out
+    return run
+
+
+def _kernel_gru_grad(node, ctx):
+    xp, lbr = ctx.xp, node.attrs["linear_before_reset"]
+
+    def run(gx, h, rt, rbh, dh2):
+        z, r, n, hr, hid = _gru_forward(xp, gx, h, rt, rbh, lbr)
+        rt_h = rt[:, 2 * hid:]
+        dan = dh2 * (1 - z) * (1 - n * n)  # through the candidate's tanh
+        dh = dh2 * z
+        dgx = xp.empty_like(gx)
+        drt = xp.empty_like(rt)
+        dgx[:, 2 * hid:] = dan
+        if lbr:
+            dr = dan * hr
+            dhr = dan * r
+            dh += dhr @ rt_h.T
+            drt[:, 2 * hid:] = h.T @ dhr
+            drbh = dhr.sum(axis=0)
+        else:
+            drh = dan @ rt_h.T
+            dr = drh * h
+            dh += drh * r
+            drt[:, 2 * hid:] = (r * h).T @ dan
+            drbh = xp.zeros_like(rbh)
+        dzr = dgx[:, :2 * hid]
+        dzr[:, :hid] = dh2 * (h - n) * z * (1 - z)
+        dzr[:, hid:] = dr * r * (1 - r)
+        dh += dzr @ rt[:, :2 * hid].T
+        drt[:, :2 * hid] = h.T @ dzr
+        return dgx, dh, drt, drbh
+    return run
+
+
+register(OpDef("GRUStep", inputs=("gx", "h", "rt", "rbh"), attrs={"linear_before_reset": False},
+               infer=_infer_gru, kernel=_kernel_gru,
+               grad=lambda node, dys: list(make("GRUStepGrad", tuple(node.inputs) + (dys[0],),
+                                                dict(node.attrs)).outputs),
+               cost=_step_cost(3), doc="One GRU step (ONNX gates z, r, h): h' from gx, h, R^T and the hidden "
+                                       "gate's recurrent bias."))
+register(OpDef("GRUStepGrad", inputs=("gx", "h", "rt", "rbh", "dh2"), attrs={"linear_before_reset": False},
+               infer=lambda node: [(t.dtype, t.shape) for t in node.inputs[:4]], kernel=_kernel_gru_grad,
+               cost=_step_cost(6)))
+
+
+def gru_step(gx, h, rt, rbh, linear_before_reset: bool = False, name: Optional[str] = None) -> Tensor:
+    """h' of one GRU step: gx [B, 3H] = x_t W^T + Wb (+ Rb of z, r, and of h unless
+    linear_before_reset), rt = R^T [H, 3H], rbh the hidden gate's recurrent bias [H]."""
+    return make("GRUStep", (convert(gx), convert(h), convert(rt), convert(rbh)),
+                {"linear_before_reset": bool(linear_before_reset)}, name=name).outputs[0]

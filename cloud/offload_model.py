@@ -305,7 +305,7 @@ def load_cloud_parts(path: Union[str, os.PathLike]) -> CloudModel:
                               f"or the limit ({MAX_MANIFEST_BYTES})")
     try:
         man = json.loads(data[head:head + mlen].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: hostile nesting
         raise CloudPartsError(f"{where}: manifest is not UTF-8 JSON: {e}") from None
     blobs = memoryview(data)[head + mlen:]
     _field(man, dict, where, "manifest")

@@ -225,8 +225,38 @@ def test_a_bad_file_is_refused_naming_the_file_part_and_field(model, tmp_path, e
     assert want in str(e.value) and "bad.cloud" in str(e.value), str(e.value)
 
 
+def test_mutated_files_load_or_raise_cloud_parts_error_only(model, tmp_path):
+    path = tmp_path / "tiny.cloud"
+    save_cloud_parts(path, [model.parts["split"]], model="tiny")
+    good = path.read_bytes()
+    n = struct.unpack_from("<I", good, len(MAGIC))[0]
+    man_end = len(MAGIC) + 4 + n
+    rng = np.random.default_rng(3)
+    bad = tmp_path / "m.cloud"
+    refused = 0
+    for i in range(150):
+        data = bytearray(good)
+        if i % 3 == 0:      # JSON: flip characters of the manifest (types, numbers, names)
+            for _ in range(rng.integers(1, 4)):
+                k = int(rng.integers(len(MAGIC) + 4, man_end))
+                data[k] = int(rng.choice(list(b'0123456789-",:[]{}tfnax')))
+        elif i % 3 == 1:    # the manifest length
+            struct.pack_into("<I", data, len(MAGIC), int(rng.integers(0, 2 * n)))
+        else:               # truncated anywhere
+            data = data[:int(rng.integers(0, len(data)))]
+        bad.write_bytes(bytes(data))
+        try:
+            load_cloud_parts(bad)
+        except CloudPartsError as e:
+            assert "m.cloud" in str(e)
+            refused += 1
+    assert refused > 100
+
+
 def test_a_file_that_is_not_one_is_refused(tmp_path):
-    for data in (b"", b"PK\x03\x04whatever", MAGIC + struct.pack("<I", 1 << 30) + b"{}", MAGIC + b"\x02\x00\x00\x00[]"):
+    deep = b"[" * 200000
+    for data in (b"", b"PK\x03\x04whatever", MAGIC + struct.pack("<I", 1 << 30) + b"{}", MAGIC + b"\x02\x00\x00\x00[]",
+                 MAGIC + struct.pack("<I", len(deep)) + deep):
         p = tmp_path / "x.cloud"
         p.write_bytes(data)
         with pytest.raises(CloudPartsError, match="x.cloud"):

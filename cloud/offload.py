@@ -31,10 +31,11 @@ proto/security.py's ServerSecurity).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import grpc
 
@@ -89,6 +90,9 @@ class OffloadServicer:
                 tensor_codec.encode(v, out=resp.outputs.add(name=spec.name).tensor)
         except OffloadError as e:
             context.abort(e.code, str(e))
+        except Exception as e:  # noqa: BLE001  (a bug here must not leave the caller without a status)
+            svc.refused(OffloadError(str(e)))
+            context.abort(grpc.StatusCode.INTERNAL, f"offload: {type(e).__name__}: {e}")
         return resp
 
     def Stats(self, request, context):

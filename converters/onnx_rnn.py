@@ -117,7 +117,8 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
         p_i, p_o, p_f = ism.split(p, 3, 0)
     lens = None if lens is None else ism.cast(lens, "int32")
     acc0 = ism.zeros(ism.concat([ism.expand_dims(steps, 0), ism.expand_dims(batch, 0),
-                                 ism.constant(np.array([hid], np.int32))], 0), "float32")
+                                 ism.constant(np.array([hid], np.int32))], 0), "float32") if s.want_y \
+        else ism.constant(np.zeros((0, 0, hid), np.float32))  # Y unused: carry an empty accumulator
 
     def clip(v):
         return v if s.clip is None else ism.minimum(ism.maximum(v, -s.clip), s.clip)

@@ -126,8 +126,8 @@ class RunMetadata:
             args = {"op": e.op, "bytes_out": e.bytes_out, "flops": e.flops, "bytes": e.bytes_moved, "groups": e.groups}
             if e.key:
                 args.update(key=e.key, transfer_bytes=e.transfer_bytes, step=e.step)
-            out.append({"name": e.node, "cat": e.op, "ph": "X", "ts": e.start_us, "dur": max(e.end_us - e.start_us, 0.01),
-                        "pid": pid, "tid": e.thread, "args": args})
+            out.append({"name": e.node, "cat": e.op, "ph": "X", "ts": e.start_us,
+                        "dur": max(e.end_us - e.start_us, 0.01), "pid": pid, "tid": e.thread, "args": args})
         for i, t in enumerate(self.transfers()):
             args = {"tensor": t.tensor, "bytes": t.nbytes, "src": t.src_device, "dst": t.dst_device,
                     "cross_task": t.cross_task, "transit_us": round(t.transit_us, 3)}

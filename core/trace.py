@@ -84,11 +84,12 @@ class RunMetadata:
     def merge(self, other: "RunMetadata", device: Optional[str] = None) -> None:
         """Add `other`'s events (another part, task or process) on this timeline; `device`
         relabels them (the part's device as their track)."""
-        if other.origin_s is None or not other.events:
+        if not other.events:
             return
         if self.origin_s is None:
             self.origin_s = other.origin_s
-        shift = (other.origin_s - self.origin_s) * 1e6
+        # events without an origin are taken to be on this timeline already
+        shift = 0.0 if other.origin_s is None else (other.origin_s - self.origin_s) * 1e6
         self.events.extend(replace(e, start_us=e.start_us + shift, end_us=e.end_us + shift,
                                    device=e.device if device is None else device) for e in other.events)
 

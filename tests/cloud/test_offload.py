@@ -465,11 +465,12 @@ def test_overload_is_refused_at_once_with_resource_exhausted(model):
 
 
 def test_deadline_exceeded_over_grpc(model):
-    with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=500) as srv:
+    with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=3000) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             stub = offload_pb2_grpc.OffloadStub(ch)
+            stub.Describe(offload_pb2.DescribeRequest(), timeout=10)  # connected: the deadline is all queueing
             with pytest.raises(grpc.RpcError) as e:
-                stub.Infer(_request("whole", {"x:0": _rows(1, 0)}), timeout=0.1)
+                stub.Infer(_request("whole", {"x:0": _rows(1, 0)}), timeout=0.5)
             assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             deadline = time.monotonic() + 5
             while stub.Stats(offload_pb2.StatsRequest(), timeout=5).deadline_exceeded < 1:

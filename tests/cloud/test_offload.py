@@ -76,7 +76,7 @@ def model():
 
 @pytest.fixture
 def server(model):
-    srv = OffloadServer(model, max_batch_size=64, max_queue_delay_ms=20)
+    srv = OffloadServer(model, max_batch_size=64, max_queue_delay_ms=100)
     ch = grpc.insecure_channel(srv.address)
     yield srv, offload_pb2_grpc.OffloadStub(ch)
     ch.close()
@@ -265,7 +265,7 @@ def test_a_file_that_is_not_one_is_refused(tmp_path):
 
 # ---- the service, in process -------------------------------------------------------------------------
 def test_concurrent_requests_are_batched_and_each_caller_gets_its_own_rows(model):
-    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=50)
+    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=200)  # generous: a loaded machine
     try:
         results, errors = {}, []
 
@@ -292,12 +292,12 @@ def test_concurrent_requests_are_batched_and_each_caller_gets_its_own_rows(model
 
 
 def test_a_request_whose_deadline_passes_in_the_queue_is_dropped(model):
-    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=400)
+    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=1000)
     try:
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded, match="'whole'"):
             svc.infer("whole", {"x:0": _rows(1, 0)}, timeout=0.05)
-        assert time.monotonic() - t0 < 0.3
+        assert time.monotonic() - t0 < 0.8   # answered at its deadline, long before the batch flushed
         assert svc.infer("whole", {"x:0": _rows(2, 1)}, timeout=5).batch_size == 2  # the dropped one did not run
         assert svc.stats()["deadline_exceeded"] == 1
     finally:
@@ -445,7 +445,7 @@ def test_a_failing_batch_fails_its_requests_with_internal_and_the_part_keeps_ser
 
 
 def test_overload_is_refused_at_once_with_resource_exhausted(model):
-    with OffloadServer(model, max_queue=2, max_batch_size=64, max_queue_delay_ms=600) as srv:
+    with OffloadServer(model, max_queue=2, max_batch_size=64, max_queue_delay_ms=1500) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             stub = offload_pb2_grpc.OffloadStub(ch)
             queued = [stub.Infer.future(_request("whole", {"x:0": _rows(1, k)}), timeout=10) for k in range(2)]
@@ -456,7 +456,7 @@ def test_overload_is_refused_at_once_with_resource_exhausted(model):
             t0 = time.monotonic()
             with pytest.raises(grpc.RpcError) as e:
                 stub.Infer(_request("whole", {"x:0": _rows(1, 9)}), timeout=5)
-            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 0.3
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 1.0
             for k, f in enumerate(queued):   # the queued ones still run, batched together
                 r = f.result(timeout=10)
                 assert r.batch_size == 2

@@ -11,8 +11,8 @@ they go to the service as one Infer call with the request's remaining deadline.
 
 The link is measured as it goes: the round trip is the least of the recent pings (a Describe
 call every `ping_every` calls), and each Infer gives a bandwidth sample, bits / (its time on the
-wire less the server's reported time less the round trip); the estimate is the median of the
-last `window` samples. When it leaves the current cut's range (by more than `hysteresis`), the
+wire less the server's reported time less the round trip: delays only add, so each sample is a
+lower bound); the estimate is the largest of the last `window` samples. When it leaves the current cut's range (by more than `hysteresis`), the
 next request runs the cut whose range holds it. Small transfers cannot show that a link got
 faster, so every `ping_every` requests one runs on the next cut up (a probe; from an edge-only
 cut this is the only traffic). When the cloud is unreachable, refuses, or misses the deadline,
@@ -534,14 +534,15 @@ class OffloadClient:
         self.rtt_s = min(self._rtts)
 
     def _measure(self, net_s: float, nbytes: int) -> None:
-        """A call's time on the wire (its total less the server's time) is rtt + bits / bandwidth,
-        the rtt being the least of the recent pings. A transfer shorter than `resolution_s`
-        cannot be told from jitter: it only shows that the bandwidth is at least bits /
-        resolution_s. The estimate is the median of the last `window` calls' values, so one
-        stalled call (a loaded machine) does not move the cut."""
+        """A call's time on the wire (its total less the server's time) is rtt + bits / bandwidth +
+        delays, the rtt being the least of the recent pings. Delays (a loaded machine, the RPC's
+        own cost beyond a ping's) only ever add, so each call's bits / (time - rtt) is a lower
+        bound of the bandwidth, and the estimate is the largest of the last `window` of them. A
+        transfer shorter than `resolution_s` cannot be told from jitter: it shows only that the
+        bandwidth is at least bits / resolution_s."""
         transfer = max(net_s - (self.rtt_s or 0.0), self.resolution_s)
         self._samples.append(nbytes * 8.0 / transfer)
-        self.bps = float(np.median(self._samples))
+        self.bps = max(self._samples)
         if not self.adapt:
             return
         c = self.split.cuts[self.cut]

@@ -19,8 +19,8 @@ from isthmus.partitioner.plan import AdaptivePlanner
 from isthmus.partitioner.problem import Constraints
 
 # with an edge 8x slower than the profile, this MLP's best cut moves with the uplink: everything on
-# the edge below ~0.8 Mbit/s, the first layer on the edge up to ~3 Mbit/s, the input sent above
-WIDTHS = (256, 512, 512, 10)
+# the edge below ~0.13 Mbit/s, the first layer on the edge up to ~7 Mbit/s, the input sent above
+WIDTHS = (128, 1024, 1024, 10)
 
 
 def mlp():
@@ -70,7 +70,7 @@ def test_the_file_carries_every_cut_its_link_range_and_the_full_model(split):
     assert sm.cuts[0].model is sm.full and sm.full.remote == []
     assert sm.cuts[0].min_bps == 0 and sm.cuts[-1].max_bps == float("inf")
     assert all(a.max_bps == b.min_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
-    assert 0.5e6 < sm.cuts[1].min_bps < 1e6 and 2e6 < sm.cuts[1].max_bps < 4e6, [(c.min_bps, c.max_bps) for c in sm.cuts]
+    assert 0.05e6 < sm.cuts[1].min_bps < 0.5e6 and 2e6 < sm.cuts[1].max_bps < 20e6, [(c.min_bps, c.max_bps) for c in sm.cuts]
     assert sm.cuts[1].inputs == ["mm0:0"] and sm.cuts[2].inputs == ["x:0"] and sm.cuts[1].outputs == ["y:0"]
     # the weights the cuts share with the full model are stored once: the file is about the model's size
     weights = sum(4 * a * b for a, b in zip((784,) + WIDTHS, WIDTHS))
@@ -150,13 +150,13 @@ class _ServeProcess:
 
 
 def test_the_cut_follows_the_emulated_link(split):
-    # medians over 5 calls: this 2-core machine stalls a call now and then, which only looks slower
+    # a stalled call (this 2-core machine is busy) only looks slower: the estimate takes the best of 3
     srv = _ServeProcess(split["cloud"])
     link = EmulatedLink(100e6, 2e-3)
     try:
-        with OffloadClient(split["model"], srv.address, deadline_ms=3000, link=link, ping_every=4, window=5) as c:
+        with OffloadClient(split["model"], srv.address, deadline_ms=3000, link=link, ping_every=4) as c:
             seen = []
-            for bw, n in ((100e6, 4), (1.6e6, 8), (0.1e6, 8), (100e6, 30)):
+            for bw, n in ((100e6, 4), (1e6, 8), (0.04e6, 8), (100e6, 30)):
                 link.set(bw)
                 for _ in range(n):
                     v = split["xs"][len(seen) % 12]
@@ -166,8 +166,8 @@ def test_the_cut_follows_the_emulated_link(split):
     finally:
         srv.stop()
     assert seen[3] == "cut2", " ".join(seen)  # fast link: the input goes to the cloud
-    assert "cut1" in seen[9:12], " ".join(seen)  # 1.6 Mbit/s: the first layer runs on the edge
-    assert "cut0" in seen[17:20], " ".join(seen)  # 100 kbit/s: everything on the edge
+    assert "cut1" in seen[9:12], " ".join(seen)  # 1 Mbit/s: the first layer runs on the edge
+    assert "cut0" in seen[17:20], " ".join(seen)  # 40 kbit/s: everything on the edge
     assert "cut2" in seen[20:], " ".join(seen)  # fast again: probes measure it and the cut moves back
     assert st["switches"] >= 3 and st["probes"] >= 2 and st["fallback"] == 0, st
 

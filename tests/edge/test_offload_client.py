@@ -267,11 +267,12 @@ def test_edge_run_with_cloud_prints_outputs_and_stats(split, server, tmp_path, c
     from isthmus.cli import main
     np.savez(tmp_path / "x.npz", x=split["xs"][0])
     assert main(["edge-run", split["model"], "--cloud", server.address, "--input", str(tmp_path / "x.npz"),
-                 "--repeat", "2", "--save", str(tmp_path / "y.npy")]) == 0
+                 "--repeat", "2", "--save", str(tmp_path / "y.npy"), "--emulate-link", "100mbps", "--rtt", "1ms"]) == 0
     out = capsys.readouterr().out
     np.testing.assert_allclose(np.load(tmp_path / "y.npy", allow_pickle=False), split["ref"][0], rtol=1e-5, atol=1e-7)
     stats = json.loads(out.split("stats ", 1)[1])
-    assert stats["cloud"] == 3 and stats["fallback"] == 0 and "output y" in out
+    assert stats["cloud"] == 3 and stats["fallback"] == 0 and "output y" in out and "EmulatedLink(100 Mbit/s" in out
+    assert stats["cut"] == "cut2"  # 100 Mbit/s: the whole network in the cloud
     # without --cloud, a split model runs its full model locally
     assert main(["edge-run", split["model"], "--input", str(tmp_path / "x.npz"), "--repeat", "1"]) == 0
     assert "running its full model locally" in capsys.readouterr().out

@@ -192,7 +192,7 @@ def read_split(models: List[EdgeModel]) -> SplitModel:
         raise EdgeModelError(f"not a split model: no '{SPLIT_KEY}' metadata (export it with converters/split_export.py)")
     try:
         meta = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise EdgeModelError(f"metadata '{SPLIT_KEY}' is not JSON: {e}") from None
     _check(isinstance(meta, dict), "must be an object")
     _check(meta.get("version") == SPLIT_VERSION, f"version {meta.get('version')!r}; this reader knows {SPLIT_VERSION}")

@@ -336,3 +336,29 @@ def test_a_remote_part_reading_its_own_output_is_refused():
     w.mark_output(y)
     with pytest.raises(EdgeModelError, match="remote part 'p'"):
         Interpreter(w.to_bytes(), remote=lambda p, a: a)
+
+
+def test_damaged_split_files_are_refused_cleanly(split):
+    """Bit flips and byte changes in the flatbuffer part (tables, offsets, the cut table) give an
+    EdgeModelError or a valid model, never another exception."""
+    data = open(split["model"], "rb").read()
+    rng = np.random.default_rng(3)
+    head = int(np.frombuffer(data[:4], "<u4")[0]) + 4096  # the root table and what precedes the weights
+    outcomes = {"refused": 0, "loaded": 0}
+    buf = bytearray(data)  # mutated in place and restored: no copy of the weights per case
+    for _ in range(300):
+        spots = rng.integers(0, min(head, len(buf)), rng.integers(1, 4))
+        for p in spots:
+            buf[p] = int(rng.integers(0, 256)) if rng.random() < 0.5 else buf[p] ^ (1 << int(rng.integers(0, 8)))
+        try:
+            read_split(_verify_models(buf))
+            outcomes["loaded"] += 1
+        except EdgeModelError:
+            outcomes["refused"] += 1
+        for p in spots:
+            buf[p] = data[p]
+    assert outcomes["refused"] > 0, outcomes
+    with pytest.raises(EdgeModelError, match="not JSON"):
+        models = _verify_models(data)
+        models[0].metadata[SPLIT_KEY] = "[" * 100000
+        read_split(models)

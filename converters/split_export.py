@@ -365,7 +365,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
         w.inputs, w.outputs = ins, outs_i
         full_index = 0
 
-    # the crossing tensors' calibration values come from running the whole model
+    # the plans that can be a cut: one round trip edge -> cloud -> edge per inference
     cand_plans, built = [], []
     for plan in planner.distinct():
         placement = {k: v for k, v in plan.placement.items() if k in graph}
@@ -410,7 +410,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
             e_outs = [sends[s] for s in sent] + [eouts[t.name] for t in outs]
             e_ins = ph + [recvs[r] for r in received]
             ecal = None
-            if int8:
+            if int8:  # the received tensors' calibration values come from running the whole model
                 if full_sess is None:
                     full_sess = Session(graph)
                 ecal = []

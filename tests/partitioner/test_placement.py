@@ -149,7 +149,7 @@ def test_memory_budget_is_respected():
         solve_mincut(Problem(g, cm, [y], Constraints(edge_memory_budget=100)))
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(problems(max_nodes=9), st.floats(0, 1))
 def test_mincut_under_a_binding_memory_budget_equals_exhaustive(p, f):
     """The budget binds (the unconstrained cut does not fit, the least-memory one does): mincut stays

@@ -7,8 +7,8 @@ The cloud part is the tail of an MLP (784-H-H-H-10, H = --hidden, cut after the 
 sends an H-float hidden row, the cloud runs three dense layers and a softmax), or with
 --model mobilenet the MobileNetV2-style network's tail after block 5 (res 64). The service
 runs in a subprocess (`isthmus serve`), so the RSS read from /proc is the server's alone.
-Each client is a thread with its own gRPC connection sending one-row requests back to back
-(closed loop), each with a deadline. The same requests run against two servers started side by
+Each client is a coroutine (grpc.aio) with its own gRPC connection sending one-row requests back
+to back (closed loop), each with a deadline. The same requests run against two servers started side by
 side: one batching up to --max-batch rows (waiting at most --max-delay-ms), and one with max
 batch 1 (no batching: the peer); the two take turns in --rounds rounds, so load from other work
 on the machine drifting during the run hits both alike. Reported per mode: errors, throughput, client-side p50/p99
@@ -22,6 +22,7 @@ equals a local Session run. JSON on stdout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -122,93 +123,96 @@ class Server:
 
 
 class Mode:
-    """One server (batched or not) with its clients' connections, run in rounds."""
+    """One server (batched or not) and its clients' connections, run in rounds. The clients are
+    coroutines on one asyncio loop (grpc.aio), each with its own connection: 64 OS threads fighting
+    over the GIL cost the client process several ms of CPU per request, more than the server uses."""
 
-    def __init__(self, name: str, path: str, input_name: str, inputs: np.ndarray, clients: int, max_batch: int,
-                 max_delay_ms: float, blas_threads: int):
-        import grpc
+    def __init__(self, loop, name: str, path: str, input_name: str, inputs: np.ndarray, clients: int,
+                 max_batch: int, max_delay_ms: float, blas_threads: int):
         from isthmus.cloud import tensor_codec
         from isthmus.proto import offload_pb2
-        self.name, self.clients, self.max_batch, self.max_delay_ms = name, clients, max_batch, max_delay_ms
+        self.loop, self.name, self.clients = loop, name, clients
+        self.max_batch, self.max_delay_ms = max_batch, max_delay_ms
         self.srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads)
         self.rss_start = rss_kib(self.srv.proc.pid)
-        opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per client, as separate devices have
-        self.chans = [grpc.insecure_channel(self.srv.address, options=opts) for _ in range(clients)]
-        # requests go out as pre-serialized bytes and answers come back as bytes (parsed only when
-        # checked): the clients share this machine's 2 cores with the server, so keep them cheap
-        self.raw = [c.unary_unary("/isthmus.Offload/Infer", request_serializer=None, response_deserializer=None)
-                    for c in self.chans]
         self.reqs = []
         for k in range(len(inputs)):
             r = offload_pb2.InferRequest(part="tail", request_id=str(k))
             tensor_codec.encode(inputs[k:k + 1], out=r.inputs.add(name=input_name).tensor)
             self.reqs.append(r.SerializeToString())
+        self.chans, self.raw = self.loop.run_until_complete(self._connect())
         self.lat: list = []
         self.errors: list = []
         self.checked = self.wrong = 0
         self.wall = self.cpu = self.client_cpu = 0.0
         self.round_rps: list = []
 
+    async def _connect(self):
+        import grpc
+        opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per client, as separate devices have
+        chans = [grpc.aio.insecure_channel(self.srv.address, options=opts) for _ in range(self.clients)]
+        # requests go out as pre-serialized bytes and answers come back as bytes (parsed only when checked)
+        raw = [c.unary_unary("/isthmus.Offload/Infer", request_serializer=None, response_deserializer=None)
+               for c in chans]
+        return chans, raw
+
     def warm(self) -> None:
         """Every connection open, the plan compiled, every server thread started; then the baseline."""
-        def one(c: int):
+        async def one(c: int):
             for _ in range(5):
-                self.raw[c](self.reqs[c % len(self.reqs)], timeout=30)
-        _threads([lambda c=c: one(c) for c in range(self.clients)])
+                await self.raw[c](self.reqs[c % len(self.reqs)], timeout=30)
+
+        async def all_clients():
+            await asyncio.gather(*(one(c) for c in range(self.clients)))
+        self.loop.run_until_complete(all_clients())
         time.sleep(0.3)
         self.rss_before = rss_kib(self.srv.proc.pid)
         self.base = self.stats()
 
     def stats(self):
+        import grpc
         from isthmus.proto import offload_pb2, offload_pb2_grpc
-        return offload_pb2_grpc.OffloadStub(self.chans[0]).Stats(offload_pb2.StatsRequest(), timeout=10)
+        with grpc.insecure_channel(self.srv.address) as ch:
+            return offload_pb2_grpc.OffloadStub(ch).Stats(offload_pb2.StatsRequest(), timeout=10)
 
     def round(self, offset: int, requests: int, reference, inputs, deadline_s: float, check_every: int) -> None:
         import grpc
         from isthmus.cloud import tensor_codec
         from isthmus.proto import offload_pb2
-        lat = [[] for _ in range(self.clients)]
-        gate = threading.Barrier(self.clients + 1)
+        lat = []
 
-        def client(c: int):
-            call, mine = self.raw[c], lat[c]
-            gate.wait(60)
+        async def client(c: int):
+            call = self.raw[c]
             for i in range(requests):
                 n = offset + c * requests + i
                 k = n % len(self.reqs)
                 t0 = time.perf_counter()
                 try:
-                    data = call(self.reqs[k], timeout=deadline_s)
+                    data = await call(self.reqs[k], timeout=deadline_s)
                 except grpc.RpcError as e:
                     self.errors.append(f"{e.code().name}: {e.details()}")
                     continue
-                mine.append(time.perf_counter() - t0)
+                lat.append(time.perf_counter() - t0)
                 if n % check_every == 0:
                     got = tensor_codec.decode(offload_pb2.InferResponse.FromString(data).outputs[0].tensor)
                     self.checked += 1
                     self.wrong += not np.allclose(got, reference(inputs[k:k + 1]), rtol=1e-5, atol=1e-7)
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(self.clients)]
-        for t in threads:
-            t.start()
-        cpu0, mine0 = cpu_s(self.srv.proc.pid), time.process_time()
-        gate.wait(60)
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join(600)
+
+        async def all_clients():
+            await asyncio.gather(*(client(c) for c in range(self.clients)))
+        cpu0, mine0, t0 = cpu_s(self.srv.proc.pid), time.process_time(), time.perf_counter()
+        self.loop.run_until_complete(all_clients())
         wall = time.perf_counter() - t0
         self.cpu += cpu_s(self.srv.proc.pid) - cpu0
         self.client_cpu += time.process_time() - mine0
         self.wall += wall
-        done = sum(len(x) for x in lat)
-        self.round_rps.append(done / wall)
-        self.lat.extend(x for per in lat for x in per)
+        self.round_rps.append(len(lat) / wall)
+        self.lat.extend(lat)
 
     def finish(self) -> dict:
         st = self.stats()
         rss_after = rss_kib(self.srv.proc.pid)
-        for c in self.chans:
-            c.close()
-        self.srv.stop()
+        self.close()
         lat = np.array(self.lat) * 1e3
         batches = st.batches - self.base.batches
         rows = st.mean_batch_rows * st.batches - self.base.mean_batch_rows * self.base.batches
@@ -227,13 +231,14 @@ class Mode:
                 "rss_growth_pct": round(100.0 * (rss_after - self.rss_before) / self.rss_before, 2),
                 "answers_checked": self.checked, "answers_wrong": int(self.wrong)}
 
-
-def _threads(fns) -> None:
-    ts = [threading.Thread(target=f) for f in fns]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
+    def close(self) -> None:
+        async def close_all():
+            for c in self.chans:
+                await c.close()
+        if self.chans:
+            self.loop.run_until_complete(close_all())
+            self.chans = []
+        self.srv.stop()
 
 
 def main(argv=None) -> int:
@@ -262,9 +267,12 @@ def main(argv=None) -> int:
             (reference, row), input_name = build_mobilenet(path), "block5/Add:0"
             model = "MobileNetV2-style tail after block 5 (res 64)"
         inputs = np.maximum(np.random.default_rng(1).standard_normal((1024,) + row), 0).astype(np.float32)
-        modes = {name: Mode(name, path, input_name, inputs, a.clients, mb, a.max_delay_ms, a.blas_threads)
-                 for name, mb in (("batched", a.max_batch), ("unbatched", 1))}
+        loop = asyncio.new_event_loop()
+        modes = {}
         try:
+            for name, mb in (("batched", a.max_batch), ("unbatched", 1)):
+                modes[name] = Mode(loop, name, path, input_name, inputs, a.clients, mb, a.max_delay_ms,
+                                   a.blas_threads)
             for m in modes.values():
                 m.warm()
             rounds = max(1, min(a.rounds, a.requests))
@@ -279,7 +287,8 @@ def main(argv=None) -> int:
         finally:
             for m in modes.values():
                 if isinstance(m, Mode):
-                    m.srv.stop()
+                    m.close()
+            loop.close()
     b, u = modes["batched"], modes["unbatched"]
     result = {"benchmark": "offload_load", "model": model + ", 1 row per request",
               "clients": a.clients, "requests_per_client": a.requests, "cpus": os.cpu_count(),

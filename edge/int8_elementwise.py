@@ -301,17 +301,19 @@ def quantize(ctx: OpContext):
     s, z = _axis_params(ctx, replace(y, shape=tuple(x.shape)))
     i_t = ctx.scratch(x.shape, np.float32)
 
+    # clamp(rint(t) + z, -128, 127) = rint(clamp(t, -128 - z, 127 - z)) + z: rint is monotone and the
+    # bounds are integers; the last add then writes the int8 output directly (exact integers)
+    lo, hi = (np.float32(-128) - z).astype(np.float32), (np.float32(127) - z).astype(np.float32)
+
     def bind(ins, outs, sc):
         xi, yo, t = ins[0], outs[0], sc[i_t]
-        divide, rint, add_, clip, copyto = np.divide, np.rint, np.add, clip_ufunc, np.copyto
-        lo, hi = np.float32(-128), np.float32(127)
+        divide, rint, add_, clip = np.divide, np.rint, np.add, clip_ufunc
 
         def run():
             divide(xi, s, out=t)
-            rint(t, out=t)
-            add_(t, z, out=t)
             clip(t, lo, hi, out=t)
-            copyto(yo, t, casting="unsafe")
+            rint(t, out=t)
+            add_(t, z, out=yo, casting="unsafe")
         return run
     return [x.shape], bind
 

@@ -298,6 +298,16 @@ def test_quantize_per_tensor_and_per_axis_and_back():
     np.testing.assert_array_equal(requantized, requant(want.astype(np.int64) - 4, f32(0.05) / f32(0.1), 0))
 
 
+@pytest.mark.parametrize("z", [3, -4])
+def test_quantize_ties_to_even_and_saturates(z):
+    """Halves (exact with scale 0.5) round to even before the zero point is added; values past
+    either end saturate, ties at the ends included."""
+    t = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 123.5, 124.5, 125.5, -131.5, -132.5, -124.5, 1e30, -1e30], np.float32)
+    x = (t * np.float32(0.5)).reshape(1, -1)
+    want = np.clip(np.rint(x / np.float32(0.5)) + z, -128, 127).astype(np.int8)
+    np.testing.assert_array_equal(run("Quantize", [Arg(x)], Out("int8", [0.5], [z]), x.shape), want)
+
+
 # ---- what int8 kernels refuse --------------------------------------------------------------------
 def test_refusals_name_the_problem():
     x = i8((1, 2, 4, 4))

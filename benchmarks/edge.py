@@ -51,7 +51,7 @@ def compare(sess, x, y, xv):
 
 def int8_vs_fp32(sess, x, y, xv, repeats=41):
     """int8 / fp32 time of the numpy paths: interleaved wall-clock medians (BLAS threads as they
-    are), and medians of this thread's CPU time with one BLAS thread."""
+    are, and one BLAS thread), and medians of this thread's CPU time with one BLAS thread."""
     from threadpoolctl import threadpool_limits
     rng = np.random.default_rng(3)
     calib = [{x: rng.standard_normal(xv.shape).astype(np.float32)} for _ in range(4)]
@@ -60,6 +60,7 @@ def int8_vs_fp32(sess, x, y, xv, repeats=41):
     wall = interleaved_medians({"fp32": lambda: fp32.invoke(xv), "int8": lambda: int8.invoke(xv)}, repeats=repeats)
     cpu = {"fp32": [], "int8": []}
     with threadpool_limits(1):
+        wall1 = interleaved_medians({"fp32": lambda: fp32.invoke(xv), "int8": lambda: int8.invoke(xv)}, repeats=repeats)
         for it in (fp32, int8):
             it.invoke(xv)
         for _ in range(repeats):
@@ -70,6 +71,8 @@ def int8_vs_fp32(sess, x, y, xv, repeats=41):
     cpu = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
     return {"ms_fp32": round(wall["fp32"] * 1e3, 3), "ms_int8": round(wall["int8"] * 1e3, 3),
             "int8_over_fp32": round(wall["int8"] / wall["fp32"], 3),
+            "ms_fp32_1thread": round(wall1["fp32"] * 1e3, 3), "ms_int8_1thread": round(wall1["int8"] * 1e3, 3),
+            "int8_over_fp32_1thread": round(wall1["int8"] / wall1["fp32"], 3),
             "cpu_ms_fp32_1thread": round(cpu["fp32"] * 1e3, 3), "cpu_ms_int8_1thread": round(cpu["int8"] * 1e3, 3),
             "cpu_int8_over_fp32_1thread": round(cpu["int8"] / cpu["fp32"], 3)}
 

@@ -154,7 +154,8 @@ def conv(ctx: OpContext):
             acc, tmp = overlay(sc[i_a], *s_acc), overlay(sc[i_b], *s_tmp)
             cols = overlay(sc[i_b], *s_cols)
             taps, ones = (cols[:, :kk], cols[:, kk:]) if depthwise else (cols[:c * kk], cols[c * kk:])
-            gather = wide.bind(ins[0], overlay(sc[i_a], *s_pad), taps.reshape(wide.cols_shape), np.dtype(s_pad[1]).type(zx))
+            fill = np.dtype(s_pad[1]).type(zx)
+            gather = wide.bind(ins[0], overlay(sc[i_a], *s_pad), taps.reshape(wide.cols_shape), fill)
             acc4 = wide.out_view(acc)
         ones = ones if extra else None
         finish = bind_folded_output(acc4, y4, lo, hi) if extra else rq.bind(acc4, y4, tmp)

@@ -142,12 +142,15 @@ MODELS = {"mlp": mlp_model, "cnn": cnn_model, "mobilenet_v2": mobilenet_model, "
           "transformer": encoder_model}
 
 
-def bench(name: str, batch: int, repeats: int) -> dict:
+def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
     import onnxruntime as ort
     from isthmus.converters import from_onnx
     model, feeds = MODELS[name](batch)
     data = model.SerializeToString()
-    ort_sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    ort_sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     g, ins, outs = from_onnx(data)
     sess = ism.Session(g)
     feed = {ins[k]: v for k, v in feeds.items()}
@@ -166,10 +169,19 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--batches", default="1,32")
+    p.add_argument("--threads", type=int, default=0,
+                   help="BLAS threads for isthmus and intra-op threads for onnxruntime (default: each library's "
+                        "own; 1 is far less disturbed by other work on a shared machine)")
     args = p.parse_args(argv)
-    rows = [bench(m, int(b), args.repeats) for m in args.models.split(",") for b in args.batches.split(",")]
+    runs = [(m, int(b)) for m in args.models.split(",") for b in args.batches.split(",")]
+    if args.threads:
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(args.threads):
+            rows = [bench(m, b, args.repeats, args.threads) for m, b in runs]
+    else:
+        rows = [bench(m, b, args.repeats) for m, b in runs]
     at32 = [r["ratio"] for r in rows if r["batch"] == 32]
-    emit("converters_infer", {"rows": rows, "target": "<= 2x onnxruntime at batch 32",
+    emit("converters_infer", {"rows": rows, "target": "<= 2x onnxruntime at batch 32", "threads": args.threads or "default",
                               "worst_ratio_batch32": max(at32) if at32 else None,
                               "load_avg": os.getloadavg()[0]})
     return 0

@@ -432,6 +432,13 @@ def _set_row(c, n, ins, outs):
     c.node("ScatterND", [acc, ij, row], outs)
 
 
+@handler("ReshapeTo")
+def _reshape_to(c, n, ins, outs):
+    shape = c.fresh("shape64")
+    c.node("Cast", [ins[1]], [shape], to=_onnx_dtype(np.dtype(np.int64)))
+    c.node("Reshape", [ins[0], shape], outs, allowzero=0 if n.attrs["copy_zero"] else 1)
+
+
 @handler("Range")
 def _range(c, n, ins, outs):
     c.node("Range", ins, outs)

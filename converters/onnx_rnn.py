@@ -96,7 +96,13 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     hid = s.hidden
     if s.reverse:
         x = x[::-1]
-    xw = ism.matmul(x, w, transpose_b=True)  # [T, B, G*H]: the input part of every step at once
+    # the input part of every step at once: one [T*B, I] x [I, G*H] GEMM (numpy leaves BLAS for a
+    # 3-D product with a transposed operand, about 10x slower), back to [T, B, G*H]
+    dims_x = ism.shape(x, "int64")
+    flat = ism.reshape(x, (-1, x.shape[-1])) if x.shape[-1] is not None else \
+        ism.reshape_to(x, ism.concat([ism.constant(np.array([-1], np.int64)), dims_x[2:]], 0))
+    xw = ism.reshape_to(ism.matmul(flat, _transposed(w)),
+                        ism.concat([dims_x[:2], ism.constant(np.array([_GATES[s.op] * hid], np.int64))], 0))
     rb_h = None
     if b is not None:
         wb, rb = ism.split(b, 2, 0)

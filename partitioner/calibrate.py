@@ -1,9 +1,12 @@
 """Calibration: time the real kernels through the core executor, fit a cost regression per op type.
 
 For each op type in the table, graphs of one node are built over a range of shapes and
-run in a Session; the per-node kernel times (core/profile.py) are paired with the node's
-registered cost (FLOPs, bytes) and fitted, per op type, by non-negative least squares on
-relative error:  seconds = c0 + c_flops * flops + c_bytes * bytes.
+compiled by a Session; the node's kernel is timed alone, the private caches flushed before
+each call (as inside a graph, where earlier nodes have evicted its weights), in rounds over
+all the shapes (the least disturbed median kept). The times are paired with the node's
+registered cost (FLOPs, bytes) and fitted, per cost key (the op, or a variant such as
+MatMul:vector, see costmodel.cost_key), by non-negative least squares on relative error:
+seconds = c0 + c_flops * flops + c_bytes * bytes.
 `isthmus calibrate --device NAME` runs this and writes the device profile as JSON.
 """
 from __future__ import annotations

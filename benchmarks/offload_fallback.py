@@ -161,7 +161,8 @@ def main(argv=None) -> int:
     worst = max(r[1] for r in rows)
     cloud_lat = [r[1] for r in rows if r[2] == "cloud"]
     out = {
-        "benchmark": "offload_fallback", "load_average_before_after": [load0, os.getloadavg()[0]], "model": f"mobilenet_v2 {a.res}x{a.res} (fp32 split, edge profile 8x slower)",
+        "benchmark": "offload_fallback", "load_average_before_after": [load0, os.getloadavg()[0]],
+        "model": f"mobilenet_v2 {a.res}x{a.res} (fp32 split, edge profile 8x slower)",
         "link": repr(link), "deadline_ms": a.deadline_ms, "requests": n,
         "cuts": [(c.name, c.cloud_part or "edge only", round(c.min_bps / 1e6, 3), round(c.max_bps / 1e6, 3))
                  for c in sp.cuts], "build_s": round(build_s, 1),

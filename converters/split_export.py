@@ -35,7 +35,7 @@ import flatbuffers
 import numpy as np
 
 from isthmus.core.errors import GraphError
-from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.core.graph import Graph, Tensor
 from isthmus.edge.format import FILE_IDENTIFIER
 from isthmus.edge.loader import EdgeModel, loads
 from isthmus.edge.writer import ModelWriter
@@ -253,7 +253,8 @@ class SplitWriter(ModelWriter):
             tensor_offs.append(FbTensor.End(b))
         op_offs = []
         for op in sg["operators"]:
-            attrs = table_vector(Operator.StartAttrsVector, [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())])
+            attrs = table_vector(Operator.StartAttrsVector,
+                                 [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())])
             ins, outs = vec(op["inputs"], np.int32), vec(op["outputs"], np.int32)
             Operator.Start(b)
             Operator.AddOpcode(b, op["opcode"])

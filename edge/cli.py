@@ -22,12 +22,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=20, help="timed runs (median reported)")
     p.add_argument("--save", default=None, help="write the first output to this .npy file")
     p.add_argument("--cloud", default=None, metavar="HOST:PORT", help="offload service of a split model")
-    p.add_argument("--deadline-ms", type=float, default=1000.0, help="per-request deadline with --cloud (default %(default)s)")
-    p.add_argument("--token-file", default=None, help="bearer token for the offload service (default: $ISTHMUS_TOKEN_FILE)")
-    p.add_argument("--tls-ca", default=None, help="CA to check the service's certificate: use TLS (default: $ISTHMUS_TLS_CA)")
+    p.add_argument("--deadline-ms", type=float, default=1000.0,
+                   help="per-request deadline with --cloud (default %(default)s)")
+    p.add_argument("--token-file", default=None,
+                   help="bearer token for the offload service (default: $ISTHMUS_TOKEN_FILE)")
+    p.add_argument("--tls-ca", default=None,
+                   help="CA to check the service's certificate: use TLS (default: $ISTHMUS_TLS_CA)")
     p.add_argument("--tls-cert", default=None, help="this client's certificate (mutual TLS)")
     p.add_argument("--tls-key", default=None, help="the key of --tls-cert")
-    p.add_argument("--emulate-link", default=None, metavar="BANDWIDTH", help="emulate an uplink, e.g. 5mbps (with --cloud)")
+    p.add_argument("--emulate-link", default=None, metavar="BANDWIDTH",
+                   help="emulate an uplink, e.g. 5mbps (with --cloud)")
     p.add_argument("--rtt", default="40ms", help="round trip of the emulated link (default %(default)s)")
 
 

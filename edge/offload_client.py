@@ -9,17 +9,17 @@ local fallback, and the uplink range where each cut is best. Per request the cli
 current cut's edge part; at its RemotePart the interpreter hands the boundary tensors here, and
 they go to the service as one Infer call with the request's remaining deadline.
 
-The link is measured as it goes: the round trip is the least of the recent pings (a Describe
-call every `ping_every` calls), and each Infer gives a bandwidth sample, bits / (its time on the
-wire less the server's reported time less the round trip: delays only add, so each sample is a
-lower bound); the estimate is the largest of the last `window` samples. When it leaves the current cut's range (by more than `hysteresis`), the
-next request runs the cut whose range holds it. Small transfers cannot show that a link got
-faster, so every `ping_every` requests one runs on the next cut up (a probe; from an edge-only
-cut this is the only traffic). When the cloud is unreachable, refuses, or misses the deadline,
-the request runs locally on the full model (fallback) and the cloud is retried after an
-exponential backoff, on a fresh channel. `stats()` counts all of it; `last` says how the latest
-request went. `EmulatedLink` adds bytes / bandwidth + RTT to every transfer, for demos and
-benchmarks on loopback.
+The link is measured as it goes: the round trip is the least of the recent pings (a Describe call
+every `ping_every` calls), and each Infer gives a bandwidth sample, bits / (its time on the wire
+less the server's reported time less the round trip: delays only add, so each sample is a lower
+bound); the estimate is the largest of the last `window` samples. When it leaves the current cut's
+range (by more than `hysteresis`), the next request runs the cut whose range holds it. Small
+transfers cannot show that a link got faster, so every `ping_every` requests one runs on the next
+cut up (a probe; from an edge-only cut this is the only traffic). When the cloud is unreachable,
+refuses, or misses the deadline, the request runs locally on the full model (fallback) and the cloud
+is retried after an exponential backoff, on a fresh channel. `stats()` counts all of it; `last` says
+how the latest request went. `EmulatedLink` adds bytes / bandwidth + RTT to every transfer, for
+demos and benchmarks on loopback.
 
 The loader here reads every subgraph of the file (edge/loader.py reads single-subgraph models);
 its checks are those of loader.verify, applied per subgraph.
@@ -43,7 +43,8 @@ import numpy as np
 
 from .format import ALIGN, DTYPES, FILE_IDENTIFIER, SCHEMA_VERSION, EdgeModelError
 from .interpreter import Interpreter
-from .loader import MAX_RANK, MIN_ACTIVATION_LIMIT, EdgeModel, OperatorInfo, RemoteInfo, TensorInfo, _attrs, _ints, _Reader
+from .loader import (MAX_RANK, MIN_ACTIVATION_LIMIT, EdgeModel, OperatorInfo, RemoteInfo, TensorInfo, _attrs, _ints,
+                     _Reader)
 
 SPLIT_KEY = "isthmus.split"
 SPLIT_VERSION = 1
@@ -141,7 +142,8 @@ def _verify_models(buf) -> List[EdgeModel]:
     if r.n < 8:
         raise EdgeModelError(f"file is {r.n} bytes: too short to be an edge model")
     if bytes(buf[4:8]) != FILE_IDENTIFIER:
-        raise EdgeModelError(f"not an isthmus edge model: file identifier {bytes(buf[4:8])!r}, expected {FILE_IDENTIFIER!r}")
+        raise EdgeModelError(f"not an isthmus edge model: file identifier {bytes(buf[4:8])!r}, "
+                             f"expected {FILE_IDENTIFIER!r}")
     m = r.table(r.u32(0, "root offset"), "model")
     version = m.scalar(0, "I", 0)
     if version > SCHEMA_VERSION:
@@ -173,7 +175,8 @@ def _check(cond: bool, what: str) -> None:
 
 
 def _names(v, what: str) -> List[str]:
-    _check(isinstance(v, list) and all(isinstance(s, str) and 0 < len(s) <= 1024 for s in v), f"{what} must be a list of names")
+    _check(isinstance(v, list) and all(isinstance(s, str) and 0 < len(s) <= 1024 for s in v),
+           f"{what} must be a list of names")
     return list(v)
 
 
@@ -189,7 +192,8 @@ def read_split(models: List[EdgeModel]) -> SplitModel:
     """Validate the split metadata of a verified file against its subgraphs."""
     text = models[0].metadata.get(SPLIT_KEY)
     if text is None:
-        raise EdgeModelError(f"not a split model: no '{SPLIT_KEY}' metadata (export it with converters/split_export.py)")
+        raise EdgeModelError(f"not a split model: no '{SPLIT_KEY}' metadata "
+                             "(export it with converters/split_export.py)")
     try:
         meta = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -197,7 +201,8 @@ def read_split(models: List[EdgeModel]) -> SplitModel:
     _check(isinstance(meta, dict), "must be an object")
     _check(meta.get("version") == SPLIT_VERSION, f"version {meta.get('version')!r}; this reader knows {SPLIT_VERSION}")
     full_i = meta.get("full")
-    _check(full_i is None or (isinstance(full_i, int) and 0 <= full_i < len(models)), f"full subgraph {full_i!r} out of range")
+    _check(full_i is None or (isinstance(full_i, int) and 0 <= full_i < len(models)),
+           f"full subgraph {full_i!r} out of range")
     full = models[full_i] if full_i is not None else None
     if full is not None:
         _check(not full.remote, f"the full model (subgraph {full_i}) has remote parts")
@@ -222,7 +227,8 @@ def read_split(models: List[EdgeModel]) -> SplitModel:
         else:
             _check(not model.remote, f"{w}: an edge-only cut's subgraph {sgi} has remote parts")
         lo, hi = _number(c.get("min_bps"), f"{w} min_bps"), _number(c.get("max_bps"), f"{w} max_bps", allow_none=True)
-        _check(lo < hi and (not cuts or lo == cuts[-1].max_bps), f"{w}: range {lo}..{hi} does not follow the previous cut's")
+        _check(lo < hi and (not cuts or lo == cuts[-1].max_bps),
+               f"{w}: range {lo}..{hi} does not follow the previous cut's")
         cuts.append(Cut(str(c.get("name", f"cut{k}")), model, part, lo, hi, ins, outs,
                         _number(c.get("predicted_s", 0.0), f"{w} predicted_s")))
     name = meta.get("model", "model")
@@ -446,7 +452,8 @@ class OffloadClient:
         self._backoff = min(self.backoff_max, max(self.backoff_min, self._backoff * 2))
         self._retry_at = time.monotonic() + self._backoff
         if self.split.full is None:
-            raise CloudError(f"cloud failed ({self.last_error}) and the model carries no full copy to fall back on") from e
+            raise CloudError(f"cloud failed ({self.last_error}) and the model carries no full copy "
+                             "to fall back on") from e
         self.counts["fallback"] += 1
         return self._local(inputs)
 

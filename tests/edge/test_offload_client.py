@@ -70,7 +70,8 @@ def test_the_file_carries_every_cut_its_link_range_and_the_full_model(split):
     assert sm.cuts[0].model is sm.full and sm.full.remote == []
     assert sm.cuts[0].min_bps == 0 and sm.cuts[-1].max_bps == float("inf")
     assert all(a.max_bps == b.min_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
-    assert 0.05e6 < sm.cuts[1].min_bps < 0.5e6 and 2e6 < sm.cuts[1].max_bps < 20e6, [(c.min_bps, c.max_bps) for c in sm.cuts]
+    ranges = [(c.min_bps, c.max_bps) for c in sm.cuts]
+    assert 0.05e6 < sm.cuts[1].min_bps < 0.5e6 and 2e6 < sm.cuts[1].max_bps < 20e6, ranges
     assert sm.cuts[1].inputs == ["mm0:0"] and sm.cuts[2].inputs == ["x:0"] and sm.cuts[1].outputs == ["y:0"]
     # the weights the cuts share with the full model are stored once: the file is about the model's size
     weights = sum(4 * a * b for a, b in zip((784,) + WIDTHS, WIDTHS))
@@ -282,9 +283,11 @@ def test_loading_a_split_model_imports_neither_grpc_nor_the_graph_machinery(spli
     import subprocess
     import sys
     code = ("import sys; from isthmus.edge.offload_client import OffloadClient, load_split; "
-            f"m = load_split({split['model']!r}); c = OffloadClient({split['model']!r}, '127.0.0.1:1', initial_bps=1.0); "
+            f"m = load_split({split['model']!r}); "
+            f"c = OffloadClient({split['model']!r}, '127.0.0.1:1', initial_bps=1.0); "
             "c.invoke(*[__import__('numpy').zeros((1, 784), 'float32')]); "
-            "bad = [k for k in sys.modules if k == 'grpc' or k.split('.')[:2] in (['isthmus', 'core'], ['isthmus', 'cloud'])]; "
+            "bad = [k for k in sys.modules if k == 'grpc' "
+            "or k.split('.')[:2] in (['isthmus', 'core'], ['isthmus', 'cloud'])]; "
             "print(bad); assert not bad and c.last['mode'] == 'local'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -365,3 +365,24 @@ def test_damaged_split_files_are_refused_cleanly(split):
         models = _verify_models(data)
         models[0].metadata[SPLIT_KEY] = "[" * 100000
         read_split(models)
+
+
+def test_tls_and_token_through_edge_run_and_a_plaintext_client_refused(split, tmp_path, capsys):
+    from isthmus.cli import main
+    from isthmus.proto.security import ServerSecurity
+    from ..tls_certs import make_certs
+    certs = make_certs(tmp_path / "certs")
+    sec = ServerSecurity.from_files(cert=str(certs.server_cert), key=str(certs.server_key),
+                                    token_file=str(certs.token))
+    np.save(tmp_path / "x.npy", split["xs"][0])
+    with OffloadServer(split["cloud"], security=sec) as srv:
+        assert main(["edge-run", split["model"], "--cloud", srv.address, "--input", str(tmp_path / "x.npy"),
+                     "--repeat", "1", "--tls-ca", str(certs.ca), "--token-file", str(certs.token),
+                     "--save", str(tmp_path / "y.npy")]) == 0
+        stats = json.loads(capsys.readouterr().out.split("stats ", 1)[1])
+        assert stats["cloud"] == 2 and stats["fallback"] == 0
+        y = np.load(tmp_path / "y.npy", allow_pickle=False)
+        np.testing.assert_allclose(y, split["ref"][0], rtol=1e-5, atol=1e-7)
+        with OffloadClient(split["model"], srv.address, deadline_ms=2000, adapt=False, initial_bps=1e9) as c:
+            np.testing.assert_allclose(c.invoke(split["xs"][0])[0], split["ref"][0], rtol=1e-5, atol=1e-7)
+            assert c.last["mode"] == "fallback" and "UNAVAILABLE" in c.stats()["last_error"]

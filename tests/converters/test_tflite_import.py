@@ -329,3 +329,33 @@ def test_shape_ops_transpose_squeeze_gather_batch_matmul_split():
     np.testing.assert_allclose(got_t, cv[..., :2].transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-6)
     rv = cv[..., 2:].reshape(2, 12, 4)
     np.testing.assert_allclose(got_sq, (rv @ rv.transpose(0, 2, 1))[:, [5, 0], :], rtol=1e-4, atol=1e-5)
+
+
+def test_fully_quantized_cnn_with_quantize_and_dequantize_ops():
+    """float in -> QUANTIZE -> int8 CONV_2D (per-channel weights, int32 bias) -> int8 AVERAGE_POOL ->
+    DEQUANTIZE -> float out, against numpy on the real values (one grid step of tolerance)."""
+    w = TFLiteWriter()
+    sx, zx, sc, zc = 0.04, 2, 0.05, -5
+    x = w.tensor("x", [1, 6, 6, 2])
+    xq = w.tensor("xq", [1, 6, 6, 2], np.int8, scale=[sx], zero_point=[zx])
+    w.op("QUANTIZE", [x], [xq])
+    wq = rng.integers(-127, 128, (3, 3, 3, 2)).astype(np.int8)
+    sw = np.array([0.01, 0.008, 0.012], np.float32)
+    bq = rng.integers(-300, 300, 3).astype(np.int32)
+    c = w.tensor("c", [1, 6, 6, 3], np.int8, scale=[sc], zero_point=[zc])
+    w.op("CONV_2D", [xq, w.const("wq", wq, scale=sw, zero_point=np.zeros(3), qdim=0),
+                     w.const("bq", bq, scale=sw * sx, zero_point=np.zeros(3))], [c], conv_opts("SAME", act=1),
+         "Conv2DOptions")
+    p = w.tensor("p", [1, 3, 3, 3], np.int8, scale=[sc], zero_point=[zc])
+    w.op("AVERAGE_POOL_2D", [c], [p], dict(Padding=1, StrideW=2, StrideH=2, FilterWidth=2, FilterHeight=2),
+         "Pool2DOptions")
+    y = w.tensor("y", [1, 3, 3, 3])
+    w.op("DEQUANTIZE", [p], [y])
+    data = w.finish([x], [y])
+    xv = rng.uniform(-2, 2, (1, 6, 6, 2)).astype(F32)
+    (got,), _, _ = _run(data, {"x": xv})
+    xr = (np.clip(np.floor(xv / sx + 0.5) + zx, -128, 127) - zx) * sx  # the input on its int8 grid
+    h = np.maximum(ref_conv(xr, wq * sw.reshape(3, 1, 1, 1).astype(np.float64), bq * sw * sx, 1, "SAME"), 0)
+    want = ref_pool(h, 2, 2, "VALID", "avg")
+    assert np.abs(got - want).max() <= sc  # intermediate requantization is not reproduced: within a step
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

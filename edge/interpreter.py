@@ -19,7 +19,7 @@ from .opcontext import OpContext, TensorSpec
 
 
 DELEGATE_KEY = "delegate.onnxruntime.buffer"
-RemoteCall = Callable[[RemoteInfo], Callable]  # see Interpreter.__init__: remote(part, inputs) -> outputs
+RemoteCall = Callable[[RemoteInfo, Sequence[np.ndarray]], Sequence[np.ndarray]]  # remote(part, inputs) -> outputs
 
 
 class Interpreter:

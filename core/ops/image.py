@@ -110,6 +110,9 @@ def _plan(attrs, shape: Sequence[int], param: Optional[np.ndarray]) -> Dict[int,
             raise ValueError(f"Resize: axis {a} of size {n} would become {m}")
         if m != n or s != 1.0:
             out[a] = (m, s)
+    total = int(np.prod([out[a][0] if a in out else shape[a] for a in range(rank)], dtype=np.float64))
+    if total > (1 << 31):
+        raise ValueError(f"Resize of {tuple(shape)} would make {total} elements (more than 2^31)")
     return out
 
 

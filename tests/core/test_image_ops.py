@@ -80,6 +80,8 @@ def test_resize_run_time_sizes_and_scales():
     np.testing.assert_array_equal(got, x.repeat(2, axis=2).repeat(2, axis=3))
     with pytest.raises(ism.IsthmusError, match="scale"):
         sess.run(b, {xp: x, sc: np.array([1, 1, -2, 2], np.float32)})
+    with pytest.raises(ism.IsthmusError, match="more than 2"):  # refused before allocating
+        sess.run(b, {xp: x, sc: np.array([1, 1, 3e4, 3e4], np.float32)})
 
 
 def test_resize_rejects_unknown_modes():

@@ -14,7 +14,7 @@ from .base import convert, convert_pair, make
 
 __all__ = ["arange"]
 
-MAX_RANGE = 1 << 31  # a larger result is a malformed model, not a request for 16 GiB
+MAX_RANGE = 1 << 27  # a larger result (1 GiB of int64) is a malformed model, not a real request
 
 
 def _count(start, limit, delta) -> int:

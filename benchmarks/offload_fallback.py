@@ -164,8 +164,8 @@ def main(argv=None) -> int:
         "benchmark": "offload_fallback", "load_average_before_after": [load0, os.getloadavg()[0]],
         "model": f"mobilenet_v2 {a.res}x{a.res} (fp32 split, edge profile 8x slower)",
         "link": repr(link), "deadline_ms": a.deadline_ms, "requests": n,
-        "cuts": [(c.name, c.cloud_part or "edge only", round(c.min_bps / 1e6, 3), round(c.max_bps / 1e6, 3))
-                 for c in sp.cuts], "build_s": round(build_s, 1),
+        "cuts_mbps": [(c.name, c.cloud_part or "edge only", round(c.min_bps / 1e6, 3),
+                       None if c.max_bps == float("inf") else round(c.max_bps / 1e6, 3)) for c in sp.cuts], "build_s": round(build_s, 1),
         "local_full_model_ms": {"median": round(statistics.median(local) * 1e3, 2), "max": round(local_max * 1e3, 2)},
         "split_while_up_ms_median": round(statistics.median(cloud_lat) * 1e3, 2) if cloud_lat else None,
         "phases": {"up": phase(0, marks["stop"]), "hung (SIGSTOP)": phase(marks["stop"], marks["cont"]),
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
         "client_stats": {k: v for k, v in stats.items() if k not in ("last_error",)},
         "answered_locally": stats["fallback"] + stats["local"],
     }
-    print(json.dumps(out, indent=1, default=str))
+    print(json.dumps(out, indent=1, default=str, allow_nan=False))
     return 0 if out["all_answers_correct"] and out["requests_over_deadline_plus_their_local_time"] == 0 else 1
 
 

@@ -370,6 +370,8 @@ class OffloadClient:
         for k, c in enumerate(self.split.cuts):  # and every cut, so that a switch costs nothing either
             if c.cloud_part:
                 self._interp_for(k)
+        if any(c.cloud_part for c in self.split.cuts):
+            self._connect()  # imports grpc and makes the channel (no I/O yet): no request pays for that
 
     # ---- public -------------------------------------------------------------------------------------
     def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:

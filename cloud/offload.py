@@ -18,8 +18,14 @@ Limits, all answered at once with a status naming what is wrong (the server keep
 an unknown part, a missing, extra or duplicated input, a wrong dtype or shape, or more than
 max_request_bytes of input -> INVALID_ARGUMENT; more than max_queue requests waiting ->
 RESOURCE_EXHAUSTED; a request whose deadline (the client's, else max_wait_s) passes before
-its batch runs is dropped -> DEADLINE_EXCEEDED. Counters and recent latencies answer Stats
-and, every log_every_s seconds, a log line.
+its batch runs is dropped -> DEADLINE_EXCEEDED; a request its caller cancels is dropped too
+(CANCELLED) and never runs. A failing batch answers INTERNAL, naming the node, to each of its
+requests. Counters and recent latencies answer Stats and, every log_every_s seconds, a log line.
+
+Deployment: on few cores shared with other work, give BLAS one thread (--blas-threads 1, or
+OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
+a 1024-wide dense layer at batch 1 went from 0.34 ms to 43 ms under load with default threads).
+Bind 0.0.0.0 only with TLS and a token (docs/security.md).
 
 The parts run on this machine's CPU through numpy: the core executor has no GPU path yet
 (core/gpu.py, issue #9), so a cloud GPU is not used by this service today.

@@ -24,7 +24,8 @@ requests. Counters and recent latencies answer Stats and, every log_every_s seco
 
 Deployment: on few cores shared with other work, give BLAS one thread (--blas-threads 1, or
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
-a 1024-wide dense layer at batch 1 went from 0.34 ms to 43 ms under load with default threads).
+the benchmark's three 1024-wide dense layers at batch 1 took 43 ms under load with default threads,
+0.34 ms with one).
 Bind 0.0.0.0 only with TLS and a token (docs/security.md).
 
 The parts run on this machine's CPU through numpy: the core executor has no GPU path yet

@@ -42,8 +42,10 @@ BENCHMARKS: Dict[str, tuple] = {
     "cloud_transfer": (["cloud_transfer.py"], "tensor transfer vs raw gRPC"),
     "gpu_matmul": (["gpu_matmul.py"], "GPU matmul (skips without a GPU)"),
 }
-OPTIONAL = ["cloud_null_step", "cloud_backup_workers", "offload_load", "offload_fallback", "converters_infer",
+OPTIONAL = ["cloud_null_step", "cloud_backup_workers", "offload_fallback", "converters_infer",
             "converters_import_time", "split_latency"]   # included when their scripts exist
+BENCHMARKS["offload_load"] = (["offload_load.py", "--clients", "64", "--requests", "200"],
+                              "offload service: 64 clients x 200 requests, batched vs unbatched")
 
 
 def _scripts() -> Dict[str, tuple]:

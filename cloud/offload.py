@@ -146,7 +146,7 @@ class OffloadServer:
         try:
             self.server, self.port = start_grpc_server(
                 [offload_handler(s)], host, port, workers, max_message_bytes=2 * s.max_request_bytes + (1 << 20),
-                security=security)
+                security=security, health_services=("", "isthmus.Offload"))
         except BaseException:
             s.close()
             raise

@@ -34,9 +34,11 @@ HEALTH_SERVICES = ("", "isthmus.Worker", "isthmus.Master")
 
 def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                      health: bool = True, security: Optional[ServerSecurity] = None) -> Tuple[grpc.Server, int]:
+                      health: bool = True, security: Optional[ServerSecurity] = None,
+                      health_services: Sequence[str] = HEALTH_SERVICES) -> Tuple[grpc.Server, int]:
     """A started server with `handlers` (and the health service): (server, bound port).
-    `security`: TLS and/or a bearer token on every call (proto/security.py); None: plaintext."""
+    `security`: TLS and/or a bearer token on every call (proto/security.py); None: plaintext.
+    `health_services`: the service names the health check answers SERVING for ("" = the server)."""
     from .rpc import channel_options
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
                          options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
@@ -49,7 +51,7 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
             pass
         else:
             hs = health_mod.HealthServicer()
-            for name in HEALTH_SERVICES:
+            for name in health_services:
                 hs.set(name, health_pb2.HealthCheckResponse.SERVING)
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     try:

@@ -1,4 +1,7 @@
 """TLS and bearer tokens on isthmus gRPC servers (proto/security.py), with throwaway certificates."""
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -172,3 +175,27 @@ def test_local_cluster_with_tls_and_token_from_the_environment(certs, monkeypatc
         with pytest.raises(WorkerError, match="UNAUTHENTICATED"):
             refused.create_session(g)
         refused.channel.close()
+
+
+def test_offload_server_health_names_its_own_service():
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload_model import cloud_part
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(ism.float32, [None, 2], name="x")
+        ism.identity(x * 2.0, name="y")
+    from isthmus.cloud.offload_model import save_cloud_parts
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.cloud")
+        save_cloud_parts(path, [cloud_part(g, ["x:0"], ["y:0"], "p")])
+        with OffloadServer(path) as srv:
+            with make_channel(srv.address, None) as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                for name in ("", "isthmus.Offload"):
+                    r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=TIMEOUT)
+                    assert r.status == health_pb2.HealthCheckResponse.SERVING
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Check(health_pb2.HealthCheckRequest(service="isthmus.Worker"), timeout=TIMEOUT)
+                assert e.value.code() == grpc.StatusCode.NOT_FOUND

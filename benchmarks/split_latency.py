@@ -39,7 +39,8 @@ SLOWDOWN = 8.0
 def serve(cloud_path: str):
     proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", cloud_path, "--port", "0",
                              "--log-every", "0", "--max-delay-ms", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
     line = proc.stdout.readline()
     if not line.startswith("ISTHMUS_OFFLOAD "):
         proc.kill()

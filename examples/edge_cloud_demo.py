@@ -169,7 +169,8 @@ class offload_service:
         import subprocess
         self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", self.cloud_path, "--port", "0",
                                       "--log-every", "0", "--max-delay-ms", "0.5"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
         deadline = time.monotonic() + 60
         for line in self.proc.stdout:
             if line.startswith("ISTHMUS_OFFLOAD "):

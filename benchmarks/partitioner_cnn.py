@@ -7,7 +7,9 @@
    the better of the two, and should be strictly faster somewhere.
 3. Optimality: mincut against greedy and the best single layer split at every link.
 4. Sanity of the prediction on the whole network: predicted vs measured compute on this machine\n   (the graph a Session runs, after its passes; also priced as written, for comparison).
-Usage: python benchmarks/partitioner_cnn.py [--quick] [--nets mobilenet_v2 resnet18]
+--blas-threads N calibrates and measures with N BLAS threads (one is far less disturbed by other
+work on a shared machine).
+Usage: python benchmarks/partitioner_cnn.py [--quick] [--nets mobilenet_v2 resnet18] [--blas-threads N]
 """
 from __future__ import annotations
 
@@ -146,11 +148,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="quick calibration")
     ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    ap.add_argument("--blas-threads", type=int, default=None, help="BLAS threads (default: the library's)")
     args = ap.parse_args()
+    if args.blas_threads:
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(args.blas_threads):
+            return run(args)
+    return run(args)
+
+
+def run(args) -> None:
     t0 = time.perf_counter()
     profile = calibrate("this-machine", OPS, "quick" if args.quick else "full")
     out = {"calibration_s": round(time.perf_counter() - t0, 2), "rtt": RTT, "edge": "this machine 8x slower",
-           "cloud": "this machine"}
+           "cloud": "this machine", "blas_threads": args.blas_threads or "default"}
     for name in args.nets:
         g, x, y = NETS[name]()
         out[name] = {"nodes": len(g.nodes), "sweep": sweep(g, y, profile, args.quick),

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         cuts = load_split(model_path).cuts
         image = np.random.default_rng(0).standard_normal((1, 3, args.res, args.res)).astype(np.float32)
         edge_k = next((k for k, c in enumerate(cuts) if not c.cloud_part), None)
-        cloud_k = next((k for k, c in enumerate(cuts) if c.inputs == [xname + ":0"]), None)
+        cloud_k = next((k for k, c in enumerate(cuts) if c.inputs == [xname]), None)
         mid = (lambda k: (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2)
         proc, address = serve(cloud_path)
         try:

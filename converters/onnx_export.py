@@ -342,6 +342,8 @@ def _resize(c, n, ins, outs):
     kw = dict(mode=a["mode"], coordinate_transformation_mode=a["coordinate_mode"])
     if a["mode"] == "nearest":
         kw["nearest_mode"] = a["nearest_mode"]
+    if a["mode"] == "cubic":
+        kw.update(cubic_coeff_a=float(a["cubic_coeff_a"]), exclude_outside=int(a["exclude_outside"]))
     if len(ins) > 1:  # run-time scales or sizes, for every axis
         if a["axes"] and tuple(a["axes"]) != tuple(range(rank)) or a["policy"] != "stretch":
             raise ExportError(f"node '{n.name}': run-time Resize of some axes (or keeping the aspect) has no "

@@ -1,7 +1,7 @@
-"""ONNX Resize (opset 11+) onto core Resize: nearest and linear, the common coordinate modes.
+"""ONNX Resize (opset 11+) onto core Resize: nearest, linear and cubic, the common coordinate modes.
 
 Scales or sizes known at import become attributes; computed ones feed the op at run time.
-Cubic, tf_crop_and_resize and antialiasing are refused with the node named.
+tf_crop_and_resize and antialiasing are refused with the node named.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def _resize(c, node, ins):
     mode = _s(at.get("mode", "nearest"))
     coord = _s(at.get("coordinate_transformation_mode", "half_pixel"))
     nearest = _s(at.get("nearest_mode", "round_prefer_floor"))
-    if mode not in ("nearest", "linear"):
-        raise ImportError_(f"{where}: mode '{mode}' is not supported (nearest and linear are)")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise ImportError_(f"{where}: mode '{mode}' is not supported (nearest, linear and cubic are)")
     if coord not in COORDINATE_MODES:
         raise ImportError_(f"{where}: coordinate_transformation_mode '{coord}' is not supported "
                            f"({', '.join(COORDINATE_MODES)} are)")
@@ -44,7 +44,8 @@ def _resize(c, node, ins):
     sizes, sizes_t = given(3)
     if scales is None and scales_t is None and sizes is None and sizes_t is None:
         raise ImportError_(f"{where}: needs scales or sizes")
-    kw = dict(mode=mode, coordinate_mode=coord, nearest_mode=nearest)
+    kw = dict(mode=mode, coordinate_mode=coord, nearest_mode=nearest,
+              cubic_coeff_a=float(at.get("cubic_coeff_a", -0.75)), exclude_outside=bool(at.get("exclude_outside", 0)))
     if scales_t is not None or sizes_t is not None:
         return [resize(x, param=scales_t if scales_t is not None else sizes_t,
                        param_kind="scales" if scales_t is not None else "sizes", axes=axes, policy=policy, **kw)]

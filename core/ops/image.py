@@ -1,7 +1,7 @@
-"""Resize: nearest and (multi-)linear resampling of any axes, with ONNX's coordinate modes.
+"""Resize: nearest, (multi-)linear and cubic resampling of any axes, with ONNX's coordinate modes.
 
-Each resized axis is resampled on its own (linear interpolation is separable): nearest is one
-`take` along the axis, linear one GEMM against a small [out, in] interpolation matrix. The
+Each resized axis is resampled on its own (the interpolations are separable): nearest is one
+`take` along the axis, linear and cubic one GEMM against a small [out, in] interpolation matrix. The
 gradient multiplies by the same matrices transposed. Scales or sizes are attributes, or one
 run-time input (`param`), in which case the kernel builds the matrices per input shape and
 caches them.
@@ -58,12 +58,30 @@ def _nearest_index(node_attrs, n: int, m: int, scale: float) -> np.ndarray:
     return np.clip(i, 0, n - 1).astype(np.intp)
 
 
+def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution weights of the taps at distances 1 + t, t, 1 - t, 2 - t. -> [m, 4]"""
+    d = np.stack([1 + t, t, 1 - t, 2 - t], axis=1)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, far)
+
+
 def _matrix(node_attrs, n: int, m: int, scale: float, dtype) -> np.ndarray:
     """[m, n] interpolation matrix of one axis (one 1 per row for nearest)."""
     mat = np.zeros((m, n), np.float64)
     rows = np.arange(m)
     if node_attrs["mode"] == "nearest":
         mat[rows, _nearest_index(node_attrs, n, m, scale)] = 1.0
+        return mat.astype(dtype)
+    if node_attrs["mode"] == "cubic":  # four taps; outside the input they repeat the edge or drop out
+        x = _source_coords(node_attrs["coordinate_mode"], n, m, scale)
+        x0 = np.floor(x)
+        w = _cubic_weights(x - x0, float(node_attrs["cubic_coeff_a"]))
+        taps = x0.astype(np.intp)[:, None] + np.arange(-1, 3)[None, :]
+        if node_attrs["exclude_outside"]:
+            w = np.where((taps >= 0) & (taps < n), w, 0.0)
+            w /= w.sum(axis=1, keepdims=True)
+        np.add.at(mat, (np.repeat(rows, 4), np.clip(taps, 0, n - 1).reshape(-1)), w.reshape(-1))
         return mat.astype(dtype)
     x = np.clip(_source_coords(node_attrs["coordinate_mode"], n, m, scale), 0, n - 1)
     i0 = np.floor(x).astype(np.intp)
@@ -120,8 +138,8 @@ def _infer_resize(node):
     x = node.inputs[0]
     if x.dtype.kind != "f" and node.attrs["mode"] != "nearest":
         raise ShapeError(f"linear Resize needs a float input, got {x.dtype.name}")
-    if node.attrs["mode"] not in ("nearest", "linear"):
-        raise ShapeError(f"Resize mode must be nearest or linear, got {node.attrs['mode']!r}")
+    if node.attrs["mode"] not in ("nearest", "linear", "cubic"):
+        raise ShapeError(f"Resize mode must be nearest, linear or cubic, got {node.attrs['mode']!r}")
     if node.attrs["coordinate_mode"] not in COORDINATE_MODES:
         raise ShapeError(f"Resize coordinate mode {node.attrs['coordinate_mode']!r} is not one of {COORDINATE_MODES}")
     if node.attrs["nearest_mode"] not in NEAREST_MODES:
@@ -207,7 +225,7 @@ def _cost(node):
 
 
 _ATTRS = {"scales": (), "sizes": (), "param": "", "axes": (), "mode": "nearest", "coordinate_mode": "half_pixel",
-          "nearest_mode": "round_prefer_floor", "policy": "stretch"}
+          "nearest_mode": "round_prefer_floor", "policy": "stretch", "cubic_coeff_a": -0.75, "exclude_outside": False}
 
 
 def _infer_resize_grad(node):
@@ -224,7 +242,8 @@ register(OpDef("ResizeGrad", inputs=("dy", "x", "*param"), attrs=dict(_ATTRS), i
 def resize(x, scales: Sequence[float] = (), sizes: Sequence[int] = (), mode: str = "nearest",
            coordinate_mode: str = "half_pixel", nearest_mode: str = "round_prefer_floor",
            param: Optional[Tensor] = None, param_kind: str = "scales", axes: Sequence[int] = (),
-           policy: str = "stretch", name: Optional[str] = None) -> Tensor:
+           policy: str = "stretch", cubic_coeff_a: float = -0.75, exclude_outside: bool = False,
+           name: Optional[str] = None) -> Tensor:
     """Resample `x`: per-axis `scales` (output = floor(input * scale)) or `sizes` (0: keep), or a run-time
     `param` tensor holding the scales or sizes (`param_kind`) of `axes` (default: all axes)."""
     x = convert(x)
@@ -235,5 +254,6 @@ def resize(x, scales: Sequence[float] = (), sizes: Sequence[int] = (), mode: str
     attrs = {"scales": tuple(float(s) for s in scales), "sizes": tuple(int(s) for s in sizes),
              "param": param_kind if param is not None else "", "axes": tuple(int(a) % max(len(x.shape), 1)
                                                                                   for a in axes),
-             "mode": mode, "coordinate_mode": coordinate_mode, "nearest_mode": nearest_mode, "policy": policy}
+             "mode": mode, "coordinate_mode": coordinate_mode, "nearest_mode": nearest_mode, "policy": policy,
+             "cubic_coeff_a": float(cubic_coeff_a), "exclude_outside": bool(exclude_outside)}
     return make("Resize", (x,) if param is None else (x, convert(param)), attrs, name=name).outputs[0]

@@ -27,6 +27,9 @@ RESIZE = [  # attrs, scales or None, sizes or None
     (dict(mode="nearest", nearest_mode="round_prefer_ceil"), None, [1, 3, 5, 9]),
     (dict(mode="nearest", axes=[3, 2]), [1.5, 2.5], None),
     (dict(mode="linear", axes=[2, 3], keep_aspect_ratio_policy="not_larger"), None, [9, 9]),
+    (dict(mode="cubic"), [1, 1, 1.5, 0.5], None),
+    (dict(mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1, coordinate_transformation_mode="align_corners"),
+     None, [1, 3, 7, 4]),
 ]
 
 
@@ -74,14 +77,14 @@ def test_range_constant_and_computed():
         np.testing.assert_array_equal(gv, wv)
 
 
-def test_cubic_resize_is_refused_naming_the_node():
-    node = helper.make_node("Resize", ["X", "", "scales"], ["Y"], mode="cubic", name="up3")
+def test_antialiased_resize_is_refused_naming_the_node():
+    node = helper.make_node("Resize", ["X", "", "scales"], ["Y"], mode="linear", antialias=1, name="up3")
     m = helper.make_model(helper.make_graph(
         [node], "t", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 2, 2])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]),
         opset_imports=[helper.make_opsetid("", 19)])
-    with pytest.raises(ism.GraphError, match="up3.*cubic"):
+    with pytest.raises(ism.GraphError, match="up3.*antialias"):
         from_onnx(m)
 
 
@@ -96,7 +99,7 @@ def test_resize_and_range_export_to_onnxruntime():
         n = ism.placeholder(np.int64, (), name="n")
         sz = ism.placeholder(np.int64, (4,), name="sz")
         a = resize(x, scales=(1, 1, 1.6, 2.0), mode="linear", coordinate_mode="align_corners")
-        b = resize(x, sizes=(0, 0, 9, 3), mode="nearest", coordinate_mode="asymmetric", nearest_mode="floor")
+        b = resize(x, sizes=(0, 0, 9, 3), mode="cubic", coordinate_mode="asymmetric", exclude_outside=True)
         r = arange(ism.constant(np.int64(1)), n, ism.constant(np.int64(2)))
         d = resize(x, param=sz, param_kind="sizes", mode="linear")
     feeds = {"x": rng.standard_normal((2, 3, 5, 4)).astype(np.float32), "n": np.array(10, np.int64),

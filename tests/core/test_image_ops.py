@@ -84,12 +84,42 @@ def test_resize_run_time_sizes_and_scales():
         sess.run(b, {xp: x, sc: np.array([1, 1, 3e4, 3e4], np.float32)})
 
 
+def ref_cubic_1d(v, m, scale, a=-0.75, exclude=False):
+    """Keys' cubic convolution along the last axis, half_pixel, one output at a time."""
+    n = v.shape[-1]
+    out = np.zeros(v.shape[:-1] + (m,))
+    for o in range(m):
+        x = (o + 0.5) / scale - 0.5
+        x0 = int(np.floor(x))
+        acc, norm = 0.0, 0.0
+        for k in range(-1, 3):
+            d = abs(x - (x0 + k))
+            w = ((a + 2) * d - (a + 3)) * d * d + 1 if d <= 1 else ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+            if exclude and not 0 <= x0 + k < n:
+                continue
+            acc = acc + w * v[..., min(max(x0 + k, 0), n - 1)]
+            norm += w
+        out[..., o] = acc / norm if exclude else acc
+    return out
+
+
+@pytest.mark.parametrize("a,exclude", [(-0.75, False), (-0.5, True)])
+def test_cubic_resize_forward_and_gradient(a, exclude):
+    x = np.random.default_rng(3).standard_normal((1, 2, 5, 6))
+    build = lambda x_: resize(x_, scales=(1, 1, 1.6, 0.5), mode="cubic", cubic_coeff_a=a,  # noqa: E731
+                              exclude_outside=exclude)
+    ref = lambda x_: np.swapaxes(ref_cubic_1d(np.swapaxes(ref_cubic_1d(x_, 3, 0.5, a, exclude), 2, 3), 8, 1.6, a,  # noqa: E731
+                                                           exclude), 2, 3)
+    check_forward(build, [x], ref, rtol=1e-10, atol=1e-12)
+    check_gradients(build, [x])
+
+
 def test_resize_rejects_unknown_modes():
     g = ism.Graph()
     with g.as_default():
         x = ism.placeholder(np.float32, (1, 1, 2, 2))
-        with pytest.raises(ism.ShapeError, match="cubic"):
-            resize(x, scales=(1, 1, 2, 2), mode="cubic")
+        with pytest.raises(ism.ShapeError, match="lanczos"):
+            resize(x, scales=(1, 1, 2, 2), mode="lanczos")
         with pytest.raises(ism.ShapeError, match="4 .*rank-4|1 scales"):
             resize(x, scales=(2.0,))
 

@@ -122,26 +122,57 @@ def frozen_inference_graph(g, t, values):
     return local, frozen, frozen.tensor(t["logits"].name)
 
 
-def plan(args, frozen, logits):
-    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
+def calibrate_devices(args, frozen, logits, train_data):
+    """The cloud profile: this machine's core kernels, timed. The edge runs a different engine (the
+    edge interpreter's int8 kernels), so its profile is the cloud's scaled by the emulated slowdown
+    times how much slower the int8 interpreter runs this very model here than the core kernels are
+    predicted to (measured on the exported full model)."""
+    from isthmus.edge import Interpreter
+    from isthmus.edge.offload_client import load_split
+    from isthmus.partitioner import CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     ops = sorted({n.op for n in frozen.nodes})
     t0 = time.perf_counter()
     cloud = calibrate("this-machine", ops, "quick")
-    edge = cloud.scaled(args.edge_slowdown, name=f"edge ({args.edge_slowdown:g}x slower than this machine)")
-    print(f"      calibrated {len(ops)} op types on this machine in {time.perf_counter() - t0:.1f} s; "
-          f"edge = this machine {args.edge_slowdown:g}x slower", flush=True)
+    print(f"      timed {len(ops)} op types of the core kernels on this machine in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    here = CostModel({EDGE_DEVICE: cloud, CLOUD_DEVICE: cloud}, LinkModel(), EDGE_DEVICE, batch_size=1)
+    predicted = plan_split(frozen, here, outputs=[logits]).baselines["edge_only"].total
+    planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown))
+    path, _ = export(args, frozen, logits, planner, train_data, quiet=True)
+    interp = Interpreter(load_split(path).full)
+    x = train_data[0][:1]
+    for _ in range(5):
+        interp.invoke(x)
+    times = []
+    for _ in range(30):
+        t = time.perf_counter()
+        interp.invoke(x)
+        times.append(time.perf_counter() - t)
+    measured = float(np.median(times))
+    factor = measured / predicted
+    edge = cloud.scaled(args.edge_slowdown * factor,
+                        name=f"edge (this machine {args.edge_slowdown:g}x slower, int8 interpreter)")
+    print(f"      the int8 edge interpreter runs the whole model in {measured * 1e3:.2f} ms here, the core kernels "
+          f"are predicted at {predicted * 1e3:.2f} ms: edge profile = this machine x {args.edge_slowdown:g} "
+          f"x {factor:.2f}", flush=True)
+    return cloud, edge
+
+
+def plan(args, frozen, logits, cloud, edge):
+    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
+    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     link = LinkModel.parse(args.bandwidth, args.rtt)
     cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1)
     bandwidths = [float(b) for b in np.geomspace(0.1e6, 1000e6, 25)]
     planner = AdaptivePlanner(frozen, cost, outputs=[logits], bandwidths=bandwidths)
     chosen = planner.choose(link)                      # the precomputed cut the client starts with
     at_link = plan_split(frozen, cost, outputs=[logits])  # predictions at exactly this link
-    return cost, link, planner, chosen, at_link
+    return planner, cost, link, chosen, at_link
 
 
-def export(args, frozen, logits, planner, train_data):
+def export(args, frozen, logits, planner, train_data, quiet: bool = False):
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
     from isthmus.converters.split_export import export_split
     calib = [{"image": train_data[0][i:i + 1]} for i in range(min(args.calibration, len(train_data[1])))]
@@ -152,6 +183,8 @@ def export(args, frozen, logits, planner, train_data):
     sp.save(model_path)
     save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()],
                      model="digits-cnn")
+    if quiet:
+        return model_path, cloud_path
     print("\n".join("      " + line for line in sp.report().splitlines()))
     print(f"      wrote {model_path} ({os.path.getsize(model_path):,} bytes: every cut's edge part + the full "
           f"model, int8) and {cloud_path} ({os.path.getsize(cloud_path):,} bytes) in "
@@ -293,7 +326,8 @@ def main(argv=None) -> int:
 
     step(3, "planning the split")
     local, frozen, logits = frozen_inference_graph(g, t, values)
-    cost, link, planner, chosen, at_link = plan(args, frozen, logits)
+    cloud, edge = calibrate_devices(args, frozen, logits, train_data)
+    planner, cost, link, chosen, at_link = plan(args, frozen, logits, cloud, edge)
     print("\n".join("      " + line for line in at_link.explain().splitlines()))
     from isthmus.partitioner.plots import graph_svg, latency_svg
     graph_path = os.path.join(args.out, "split_graph.svg")

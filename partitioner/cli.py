@@ -49,9 +49,12 @@ def load_model(spec: str) -> Tuple[Graph, Optional[list]]:
                              "pass a Python function building the graph (file.py:function)") from None
         graph, _, outputs = onnx_import.from_onnx(spec)
         return graph, list(outputs)
+    if spec.endswith(".tflite"):  # converters import partitioner, so found by name, not imported
+        graph, _, outputs = importlib.import_module("isthmus.converters.tflite_import").from_tflite(spec)
+        return graph, list(outputs)
     where, sep, fn = spec.rpartition(":")
     if not sep or not fn:
-        raise SystemExit(f"model {spec!r}: expected an .onnx file, file.py:function or module:function")
+        raise SystemExit(f"model {spec!r}: expected an .onnx or .tflite file, file.py:function or module:function")
     if where.endswith(".py"):
         if not os.path.exists(where):
             raise SystemExit(f"model {spec!r}: no file {where}")

@@ -141,16 +141,8 @@ def calibrate_devices(args, frozen, logits, train_data):
     predicted = plan_split(frozen, here, outputs=[logits]).baselines["edge_only"].total
     planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown))
     path, _ = export(args, frozen, logits, planner, train_data, quiet=True)
-    interp = Interpreter(load_split(path).full)
-    x = train_data[0][:1]
-    for _ in range(5):
-        interp.invoke(x)
-    times = []
-    for _ in range(30):
-        t = time.perf_counter()
-        interp.invoke(x)
-        times.append(time.perf_counter() - t)
-    measured = float(np.median(times))
+    with one_blas_thread():
+        measured = _time_full_model(Interpreter(load_split(path).full), train_data[0][:1])
     factor = measured / predicted
     edge = cloud.scaled(args.edge_slowdown * factor,
                         name=f"edge (this machine {args.edge_slowdown:g}x slower, int8 interpreter)")
@@ -158,6 +150,17 @@ def calibrate_devices(args, frozen, logits, train_data):
           f"are predicted at {predicted * 1e3:.2f} ms: edge profile = this machine x {args.edge_slowdown:g} "
           f"x {factor:.2f}", flush=True)
     return cloud, edge
+
+
+def _time_full_model(interp, x) -> float:
+    for _ in range(5):
+        interp.invoke(x)
+    times = []
+    for _ in range(30):
+        t = time.perf_counter()
+        interp.invoke(x)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
 
 
 def plan(args, frozen, logits, cloud, edge):
@@ -262,6 +265,16 @@ def run_client(args, model_path, address, test_data, link, chosen):
     return results
 
 
+def one_blas_thread():
+    """BLAS limited to one thread while the client runs (threadpoolctl comes with scikit-learn)."""
+    try:
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(1, user_api="blas")
+    except ImportError:
+        import contextlib
+        return contextlib.nullcontext()
+
+
 def _ms(v: float) -> str:
     return f"{v * 1e3:8.2f} ms"
 
@@ -344,7 +357,8 @@ def main(argv=None) -> int:
         print(f"      serving on {address}")
         step(6, f"edge client over loopback, link emulated at {args.bandwidth} / RTT {args.rtt}, "
                 f"edge {args.edge_slowdown:g}x slower")
-        results = run_client(args, model_path, address, test_data, link, chosen)
+        with one_blas_thread():  # an edge device's interpreter; threads that spin between requests distort it
+            results = run_client(args, model_path, address, test_data, link, chosen)
 
     step(7, "summary")
     summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_path)

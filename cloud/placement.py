@@ -126,6 +126,7 @@ def pin_replica(graph: Graph, worker: str, variables: Mapping[str, str]) -> None
     pin to the replica's own `worker` task. A variable missing from `variables` (and not
     pinned in the graph) is an error:
     two replicas placing it on their own would train different copies."""
+    unpinned_before = {n.name for n in graph.nodes if n.device}
     for root, group in colocation_groups(graph).items():
         devs = {variables.get(n.name) or n.device for n in group if n.op == "Variable"}
         missing = [n.name for n in group if n.op == "Variable" and not (variables.get(n.name) or n.device)]
@@ -139,6 +140,9 @@ def pin_replica(graph: Graph, worker: str, variables: Mapping[str, str]) -> None
         for n in group:
             if not n.device or devs:
                 n.device = dev
+    device_of = {n: n.device for n in graph.nodes}
+    for n, dev in colocate_sources(graph, device_of, [n for n in graph.nodes if n.name not in unpinned_before]).items():
+        n.device = dev
 
 
 def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] = None,
@@ -182,7 +186,40 @@ def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] 
             load[dev] += sum(_nbytes(v) for v in variables)
         for n in group:
             placement[n.name] = dev
+    device_of = {n: placement[n.name] for n in graph.nodes}
+    fixed = [n for n in graph.nodes if n.device or n.name in previous]
+    for n, dev in colocate_sources(graph, device_of, fixed).items():
+        placement[n.name] = dev
     return placement
+
+
+def colocate_sources(graph: Graph, device_of: Mapping[Node, str], fixed: Sequence[Node]) -> Dict[Node, str]:
+    """Moves that spare transfers: a Const goes where all of its consumers run (an optimizer's
+    learning rate, a variable's initial value: to the ps task, not sent there every step), and
+    a NoOp fed only by control edges runs where the fewest of them must travel (a training
+    step's `group` of the ps updates runs on the ps: the gradients' control edges go there
+    anyway, for the updates). Nodes in `fixed` (pinned, or placed by an earlier step) stay."""
+    keep = set(fixed)
+    users = graph.consumers()
+    moved: Dict[Node, str] = {}
+    dev = dict(device_of)
+    for n in graph.nodes:
+        if n in keep or n.op != "Const" or not users[n]:
+            continue
+        targets = {dev[u] for u in users[n]}
+        if len(targets) == 1 and dev[n] not in targets:
+            moved[n] = dev[n] = next(iter(targets))
+    for n in graph.nodes:  # topological: a NoOp's inputs have their final devices
+        if n in keep or n.op != "NoOp" or n.inputs or not n.control_inputs:
+            continue
+
+        def new_edges(d: str) -> int:  # control edges into d that no other consumer on d brings
+            return sum(1 for c in n.control_inputs
+                       if dev[c] != d and not any(u is not n and dev[u] == d for u in users[c]))
+        best = min(sorted({dev[c] for c in n.control_inputs}), key=new_edges)
+        if new_edges(best) < new_edges(dev[n]):
+            moved[n] = dev[n] = best
+    return moved
 
 
 def _nbytes(var: Node) -> int:

@@ -181,6 +181,19 @@ class _Chief:
     session: Any = None
 
 
+class _Snapshot:
+    """Every checkpointed variable read in one step (one RunStep, not one per variable, and
+    values of the same moment), for core's Saver, which asks a session variable by variable."""
+
+    def __init__(self, session, variables: Sequence[Variable]):
+        self.graph = session.graph
+        values = session.run(list(variables))
+        self._values = {v.node.name: np.asarray(x) for v, x in zip(variables, values)}
+
+    def variable_value(self, var) -> np.ndarray:
+        return self._values[(var.node if isinstance(var, Tensor) else var).name]
+
+
 class ReplicaTrainer:
     """Replicated training on `cluster` (ps tasks hold the variables, replica r computes on
     worker task r % (number of workers)).
@@ -377,8 +390,12 @@ class ReplicaTrainer:
 
     def _checkpoint(self, step: int) -> None:
         if self.checkpoint_every and step % self.checkpoint_every == 0:
-            path = self.chief.saver.save(self.chief.session, os.path.join(self.checkpoint_dir, "model"), step)
-            self.stats.checkpoints.append(path)
+            self._save(step)
+
+    def _save(self, step: int) -> None:
+        snapshot = _Snapshot(self.chief.session, self.chief.saver._var_list)
+        path = self.chief.saver.save(snapshot, os.path.join(self.checkpoint_dir, "model"), step)
+        self.stats.checkpoints.append(path)
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, steps: int) -> ReplicaStats:
@@ -531,9 +548,8 @@ class ReplicaTrainer:
             time.sleep(0.05)
             if next_ckpt is not None:
                 done = int(self.chief.session.run(self.chief.global_step))
-                if done >= next_ckpt:  # async: the values of a moment, labelled with its step
-                    path = self.chief.saver.save(self.chief.session, os.path.join(self.checkpoint_dir, "model"), done)
-                    self.stats.checkpoints.append(path)
+                if done >= next_ckpt:  # async: the values of one moment, labelled with its step
+                    self._save(done)
                     next_ckpt = (done // self.checkpoint_every + 1) * self.checkpoint_every
         self.stats.steps = int(self.chief.session.run(self.chief.global_step))
 

@@ -29,9 +29,11 @@ def test_lstm_digits_runs():
 def test_train_mlp_cluster_trains_sync_and_async_on_a_local_cluster():
     out = _run("train_mlp_cluster.py", "--steps", "10", "--batch", "64", "--lr", "0.01")
     assert out.returncode == 0, out.stderr[-2000:]
-    for mode in ("sync", "async"):
+    # 10 steps: sync (deterministic) 0.87; async 0.55-0.85 (the replicas' updates interleave as they
+    # come); chance is 0.1; 600 steps reach 0.98 in both modes
+    for mode, least in (("sync", 0.8), ("async", 0.35)):
         line = next(ln for ln in out.stdout.splitlines() if ln.startswith(f"{mode}: 10 steps"))
-        assert float(line.rsplit("test accuracy ", 1)[1]) > 0.6, line  # 10 steps: about 0.8; 600 steps: 0.98
+        assert float(line.rsplit("test accuracy ", 1)[1]) > least, line
     assert "20 gradients applied, 0 dropped" in out.stdout  # sync: 2 replicas x 10 steps, all taken
 
 

@@ -109,7 +109,7 @@ def conv(ctx: OpContext):
     og, kg = o // groups, cg * kk
     pointwise = kk == 1 and (sh, sw_) == (1, 1) and not g.padded
     # columns with contiguous rows (opcontext.WideIm2col): the taps in wide.order
-    wide = None if pointwise else WideIm2col(g)
+    wide = None if pointwise else WideIm2col(g, compact=not depthwise)
     wk = wi.reshape(o, cg, kk) if pointwise else wi.reshape(o, cg, kk)[:, :, wide.order]
     # one float64 GEMM doing the requantization too when that is exact and K is small
     # (quant.fold_requantization), else an exact float32 (or float64) GEMM then the fixed-point
@@ -136,7 +136,8 @@ def conv(ctx: OpContext):
         s_cols = ((c, kk + extra, p) if depthwise else (c * kk + extra, p), ft)
         # the phases hold the input's own int8 bytes where measured faster (the gather then casts):
         # strided sweeps and small images; a float copy first otherwise
-        s_pad, s_acc = (wide.phase_shape, np.int8 if sh * sw_ > 1 or oh * ow <= 64 else ft), ((o, p), ft)
+        small = not wide.compact and (sh * sw_ > 1 or oh * ow <= 64)
+        s_pad, s_acc = (wide.phase_shape, np.int8 if small else ft), ((o, p), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_acc), ctx.shared_scratch(s_cols, s_tmp)
 
     def bind(ins, outs, sc):

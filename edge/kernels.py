@@ -79,7 +79,8 @@ def conv(ctx: OpContext):
     depthwise = groups == c and cg == 1 and o == c
     pointwise = kh == kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded and groups == 1
     og, kk, p = o // groups, kh * kw, oh * ow
-    wide = None if pointwise else WideIm2col(g)  # columns as contiguous runs (see opcontext)
+    # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
+    wide = None if pointwise else WideIm2col(g, compact=not depthwise)
     if wide is not None:
         s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
             ((o, n * wide.L), np.float32)

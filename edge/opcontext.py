@@ -226,18 +226,24 @@ class WideIm2col:
     the contraction [., N, OH, Ws] of which [..., :OW] is the output.
     """
 
-    def __init__(self, g: Window):
-        self.g = g
-        sh, sw = g.sh, g.sw
+    def __init__(self, g: Window, compact: bool = False):
+        """compact: the classic layout instead, columns [C, K, N, OH * OW] copied out of a 6-d window
+        view of one padded image: no junk columns, but rows only OW long (for GEMM convolutions,
+        where junk columns cost GEMM work: measured slower wide on the stem and the core CNN)."""
+        self.g, self.compact = g, compact
+        sh, sw = (1, 1) if compact else (g.sh, g.sw)
+        self.psh, self.psw = sh, sw
         hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
         self.hs, self.ws = -(-hp // sh), -(-wp // sw)
         self.rows = self.hs + 1
-        self.L = g.oh * self.ws
+        self.L = g.oh * (g.ow if compact else self.ws)
         self.kk = g.kh * g.kw
         self.phase_shape = (sh * sw, g.c, g.n, self.rows * self.ws)
         self.cols_shape = (g.c, self.kk, g.n, self.L)
         order, blocks = [], []
-        for pi in range(sh):
+        if compact:
+            order, blocks = list(range(self.kk)), [(0, 0, g.kh, g.kw, 0, 0, 0)]
+        for pi in range(sh if not compact else 0):
             for pj in range(sw):
                 rows_i = [i for i in range(g.kh) if (i * g.dh) % sh == pi]
                 cols_j = [j for j in range(g.kw) if (j * g.dw) % sw == pj]
@@ -254,6 +260,8 @@ class WideIm2col:
 
     def out_view(self, acc: np.ndarray) -> np.ndarray:
         """[M, N * OH * Ws] (the contraction's result) -> the [M, N, OH, OW] view of real outputs."""
+        if self.compact:
+            return acc.reshape(acc.shape[0], self.g.n, self.g.oh, self.g.ow)
         return acc.reshape(acc.shape[0], self.g.n, self.g.oh, self.ws)[..., :self.g.ow]
 
     def bind(self, x: np.ndarray, phases: np.ndarray, cols: np.ndarray, fill):
@@ -262,27 +270,36 @@ class WideIm2col:
         xt = x.transpose(1, 0, 2, 3)
         fills, copies = [], []
         used = {b[0] for b in self.blocks}  # a stride beyond the window leaves phases no tap reads
-        for pi in range(g.sh):
-            for pj in range(g.sw):
-                if pi * g.sw + pj not in used:
+        sh, sw = self.psh, self.psw
+        for pi in range(sh):
+            for pj in range(sw):
+                if pi * sw + pj not in used:
                     continue
-                img = phases[pi * g.sw + pj].reshape(g.c, g.n, rows, ws)
-                a0 = max(0, -(-(g.t - pi) // g.sh))
-                a1 = min(self.hs, max(a0, -(-(g.t + g.h - pi) // g.sh)))
-                b0 = max(0, -(-(g.l - pj) // g.sw))
-                b1 = min(ws, max(b0, -(-(g.l + g.w - pj) // g.sw)))
+                img = phases[pi * sw + pj].reshape(g.c, g.n, rows, ws)
+                a0 = max(0, -(-(g.t - pi) // sh))
+                a1 = min(self.hs, max(a0, -(-(g.t + g.h - pi) // sh)))
+                b0 = max(0, -(-(g.l - pj) // sw))
+                b1 = min(ws, max(b0, -(-(g.l + g.w - pj) // sw)))
                 if a1 == a0 or b1 == b0:
                     fills.append(img)
                     continue
                 fills += [v for v in (img[:, :, :a0], img[:, :, a1:], img[:, :, a0:a1, :b0], img[:, :, a0:a1, b1:])
                           if v.size]
-                r, c = a0 * g.sh + pi - g.t, b0 * g.sw + pj - g.l
+                r, c = a0 * sh + pi - g.t, b0 * sw + pj - g.l
                 copies.append((img[:, :, a0:a1, b0:b1],
-                               xt[:, :, r:r + g.sh * (a1 - a0 - 1) + 1:g.sh, c:c + g.sw * (b1 - b0 - 1) + 1:g.sw]))
+                               xt[:, :, r:r + sh * (a1 - a0 - 1) + 1:sh, c:c + sw * (b1 - b0 - 1) + 1:sw]))
         e = phases.itemsize
         s_c, s_n = phases.strides[1], phases.strides[2]
         gathers = []
-        for s, k0, ni, nj, off, rstep, cstep in self.blocks:
+        if self.compact:  # one copy out of the 6-d window view [C, kh, kw, N, OH, OW]
+            src = np.lib.stride_tricks.as_strided(
+                phases[0], (g.c, g.kh, g.kw, g.n, g.oh, g.ow),
+                (s_c, g.dh * ws * e, g.dw * e, s_n, g.sh * ws * e, g.sw * e), writeable=False)
+            dst = cols.reshape(g.c, g.kh, g.kw, g.n, g.oh, g.ow)
+            if not np.shares_memory(dst, cols):
+                raise EdgeModelError("im2col columns must be a view that splits into taps without a copy")
+            gathers.append((dst, src))
+        for s, k0, ni, nj, off, rstep, cstep in ([] if self.compact else self.blocks):
             src = np.lib.stride_tricks.as_strided(
                 phases[s, :, :, off:], (g.c, ni, nj, g.n, self.L), (s_c, rstep * e, cstep * e, s_n, e), writeable=False)
             dst = cols[:, k0:k0 + ni * nj].reshape(g.c, ni, nj, g.n, self.L)

@@ -1,5 +1,6 @@
 """opcontext.WideIm2col: every tap's column is the padded input's window, read as flat runs
-over stride phases, checked against windows sliced directly out of np.pad."""
+over stride phases (or, compact, out of one 6-d window view), checked against windows sliced
+directly out of np.pad."""
 import numpy as np
 import pytest
 
@@ -18,11 +19,12 @@ CASES = [  # n, c, h, w, kh, kw, sh, sw, dh, dw, pads (t, b, l, r)
 ]
 
 
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("n,c,h,w,kh,kw,sh,sw,dh,dw,pads", CASES)
-def test_columns_are_the_padded_windows(n, c, h, w, kh, kw, sh, sw, dh, dw, pads):
+def test_columns_are_the_padded_windows(n, c, h, w, kh, kw, sh, sw, dh, dw, pads, compact):
     t, b, l, r = pads
     oh, ow = (h + t + b - (kh - 1) * dh - 1) // sh + 1, (w + l + r - (kw - 1) * dw - 1) // sw + 1
-    wide = WideIm2col(Window(n, c, h, w, kh, kw, sh, sw, dh, dw, t, b, l, r, oh, ow))
+    wide = WideIm2col(Window(n, c, h, w, kh, kw, sh, sw, dh, dw, t, b, l, r, oh, ow), compact)
     assert sorted(wide.order) == list(range(kh * kw))
     x = np.random.default_rng(0).standard_normal((n, c, h, w)).astype(np.float32)
     phases = np.full(wide.phase_shape, np.nan, np.float32)  # whatever the arena held before

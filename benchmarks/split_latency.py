@@ -6,7 +6,8 @@ The MobileNetV2-style network of benchmarks/models.py, batch 1, at 160x160 by de
 it costs about 41 ms on the emulated edge (5 ms here), about one RTT, so the planner keeps it on
 the edge at every bandwidth and there is nothing to offload (`--res 96` shows that). This machine is the cloud (its
 profile calibrated here first); the edge is this machine 8x slower (the client sleeps 7x its own
-compute time after each request). For uplinks of 1, 5, 20 and 100 Mbit/s with a 40 ms RTT (each
+compute time after each request) and its profile is scaled by how the edge interpreter runs
+this model here against the core kernels' prediction. For uplinks of 1, 5, 20 and 100 Mbit/s with a 40 ms RTT (each
 transfer delayed by bytes / bandwidth + RTT / 2 each way), the edge client runs edge-only,
 cloud-only and the split the partitioner chose for that link, against `isthmus serve` in another
 process over loopback. Reported per link: predicted and measured (median) latency of each;
@@ -51,7 +52,9 @@ def serve(cloud_path: str):
 def build(res: int, tmp: str):
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
     from isthmus.converters.split_export import export_split
-    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel
+    from isthmus.converters.edge_export import to_edge
+    from isthmus.edge import Interpreter
+    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     g, x, logits = mobilenet_v2(batch=1, res=res)
@@ -61,24 +64,50 @@ def build(res: int, tmp: str):
     frozen = ism.freeze(sess, [logits])
     out = frozen.tensor(logits.name)
     cloud = calibrate("this-machine", sorted({n.op for n in frozen.nodes}), "quick")
-    edge = cloud.scaled(SLOWDOWN)
+    model_path, cloud_path = os.path.join(tmp, "m.isth"), os.path.join(tmp, "m.cloud")
+    # the edge runs the edge interpreter, not the core kernels the profile timed: scale the edge
+    # profile by how the interpreter runs this whole model here against its prediction
+    here = CostModel({EDGE_DEVICE: cloud, CLOUD_DEVICE: cloud}, LinkModel(20e6, 20e6, RTT), EDGE_DEVICE, batch_size=1)
+    predicted = plan_split(frozen, here, outputs=[out]).baselines["edge_only"].total
+    with _one_blas_thread():
+        interp = Interpreter(to_edge(frozen, [out]))
+        image = np.zeros((1, 3, res, res), np.float32)
+        measured = float(np.median([_timed(interp.invoke, image) for _ in range(25)][5:]))
+    factor = measured / predicted
+    edge = cloud.scaled(SLOWDOWN * factor)
     cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, LinkModel(20e6, 20e6, RTT), EDGE_DEVICE, batch_size=1)
     planner = AdaptivePlanner(frozen, cost, outputs=[out], bandwidths=[float(b) for b in np.geomspace(0.1e6, 1e9, 31)])
     sp = export_split(frozen, [out], planner, model_name="mobilenet_v2")
-    model_path, cloud_path = os.path.join(tmp, "m.isth"), os.path.join(tmp, "m.cloud")
     sp.save(model_path)
     sigs = sp.cloud_signatures()
     if not sigs:
         raise SystemExit(f"at {res}x{res} the planner keeps the whole network on the edge at every bandwidth of "
                          "the sweep: nothing to offload (try a larger --res)")
     save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sigs])
-    return frozen, out, cost, planner, model_path, cloud_path, x.name
+    return frozen, out, cost, planner, model_path, cloud_path, x.name, round(factor, 3)
+
+
+def _timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def _one_blas_thread():
+    """The edge interpreter on one BLAS thread: OpenBLAS threads woken after each emulated-slowdown
+    sleep make a request 5-10x slower and erratic on this 2-core machine."""
+    try:
+        from threadpoolctl import threadpool_limits
+        return threadpool_limits(1, user_api="blas")
+    except ImportError:
+        import contextlib
+        return contextlib.nullcontext()
 
 
 def measure(model_path, address, bps, cut_bps, n, image) -> dict:
     from isthmus.edge.offload_client import EmulatedLink, OffloadClient
     link = EmulatedLink(bps, RTT)
-    with OffloadClient(model_path, address, link=link, deadline_ms=20000, adapt=False, initial_bps=cut_bps,
+    with _one_blas_thread(), OffloadClient(model_path, address, link=link, deadline_ms=20000, adapt=False, initial_bps=cut_bps,
                        edge_slowdown=SLOWDOWN) as c:
         rows = []
         for i in range(n + 3):
@@ -102,7 +131,7 @@ def main(argv=None) -> int:
     from isthmus.partitioner import LinkModel, plan_split
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        frozen, out, cost, planner, model_path, cloud_path, xname = build(args.res, tmp)
+        frozen, out, cost, planner, model_path, cloud_path, xname, factor = build(args.res, tmp)
         cuts = load_split(model_path).cuts
         image = np.random.default_rng(0).standard_normal((1, 3, args.res, args.res)).astype(np.float32)
         edge_k = next((k for k, c in enumerate(cuts) if not c.cloud_part), None)
@@ -139,6 +168,7 @@ def main(argv=None) -> int:
     ok = all(r["split_not_worse"] for r in rows) and all(r["split_error"] <= 0.15 for r in rows)
     emit("split_latency", {"model": f"mobilenet_v2 {args.res}x{args.res} batch 1", "rtt_ms": RTT * 1e3,
                            "edge": f"this machine {SLOWDOWN:g}x slower (emulated)", "requests": args.requests,
+                           "edge_interpreter_vs_core_prediction": factor,
                            "cuts": [{"name": c.name, "cloud_part": c.cloud_part or None, "inputs": c.inputs,
                                      "min_mbps": round(c.min_bps / 1e6, 3),
                                      "max_mbps": None if c.max_bps == float("inf") else round(c.max_bps / 1e6, 3)}

@@ -12,7 +12,9 @@ run reports both, with the number of gradients dropped.
 On one small machine every task shares the same cores, so the backup replica's compute
 slows the others (on a cluster it has its own machine), and a straggler only limits the
 step when it is slower than the CPU-bound step itself: the default straggler sleeps
-0.5 s (2-3x a step here). With 0.15 s on 2 cores (load ~9): 220 -> 180 ms, 18%.
+0.5 s. Measured on 2 cores (medians, 20 steps): load ~0.4-3: 0.5 s straggler 531 -> 61 ms
+(-89%), 0.15 s straggler 178 -> 58 ms (-67%); at load ~9 the 0.15 s straggler gave only
+220 -> 180 ms (-18%): the fifth replica's compute then competes for the busy cores.
 """
 from __future__ import annotations
 

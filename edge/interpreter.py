@@ -67,8 +67,7 @@ class Interpreter:
             index = int(key)
         except ValueError:
             raise EdgeModelError(f"metadata {DELEGATE_KEY}={key!r} is not a buffer index") from None
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
+        so = ort.SessionOptions()  # onnxruntime's own thread choice, as an app using it directly would get
         sess = ort.InferenceSession(bytes(self.model.blob(index)), so, providers=["CPUExecutionProvider"])
         names = [i.name for i in sess.get_inputs()]
         return sess, names

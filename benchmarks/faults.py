@@ -14,8 +14,10 @@ Scenarios (each states its claim in `claim` and reports `holds`):
   previous checkpoint is still listed, verifies and restores.
 - worker_load: a worker under sustained concurrent RunGraph load for a bounded time: zero errors,
   p50/p99 latency, RSS growth.
-Scenarios that need other parts (kill -9 of a worker / ps / the offload service) are added by the
-modules that provide them: see SCENARIOS.
+- killed_ps_and_worker: SIGKILL of the ps and of a worker mid-training, recovery from checkpoints
+  (runs tests/cloud/test_fault_tolerance.py).
+- killed_offload_service: benchmarks/offload_fallback.py (hung, then killed mid-run).
+- offload_load: benchmarks/offload_load.py with 32 clients.
 """
 from __future__ import annotations
 
@@ -354,12 +356,66 @@ def _worker_graph_bytes() -> bytes:
     return graph_codec.to_bytes(g)
 
 
+def _last_json(text: str):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from report import last_json
+    finally:
+        sys.path.pop(0)
+    return last_json(text)
+
+
+def _script(args, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=os.path.dirname(os.path.abspath(__file__)),
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+
+
+def killed_ps_and_worker() -> dict:
+    """kill -9 of the ps task and of a worker task at seeded steps of synchronous training on a
+    LocalCluster, recovery from the newest valid checkpoint (tests/cloud/test_fault_tolerance.py)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
+                          os.path.join(ROOT, "tests", "cloud", "test_fault_tolerance.py")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    summary = [ln for ln in out.stdout.splitlines() if " passed" in ln or " failed" in ln][-1:]
+    return {"claim": "a ps or worker killed with SIGKILL mid-training is named within a bound, restarted, and "
+                     "training ends with the parameters of an uninterrupted run (a torn checkpoint too)",
+            "holds": out.returncode == 0, "result": summary[0] if summary else out.stdout[-200:]}
+
+
+def killed_offload_service() -> dict:
+    out = _script(["offload_fallback.py", "--requests", "60"], 600)
+    r = _last_json(out.stdout) or {}
+    return {"claim": "the offload service hung, then killed mid-run: every request is still answered "
+                     "correctly, locally, within its deadline plus its local compute",
+            "holds": out.returncode == 0 and bool(r.get("all_answers_correct")),
+            "requests": r.get("requests"), "answered_locally": r.get("answered_locally"),
+            "worst_request_ms": r.get("worst_request_ms"), "deadline_ms": r.get("deadline_ms"),
+            "over_deadline_plus_local": r.get("requests_over_deadline_plus_their_local_time")}
+
+
+def offload_load() -> dict:
+    out = _script(["offload_load.py", "--clients", "32", "--requests", "60", "--rounds", "2",
+                   "--blas-threads", "1"], 600)
+    r = _last_json(out.stdout) or {}
+    b = (r.get("modes") or {}).get("batched", {})
+    return {"claim": "the offload service under 32 concurrent clients: no errors, right answers, RSS growth <= 10%",
+            "holds": bool(r.get("zero_errors") and r.get("all_checked_answers_equal")
+                          and r.get("rss_growth_within_10pct")),
+            "requests": b.get("ok"), "errors": b.get("errors"), "throughput_rps": b.get("throughput_rps"), "p50_ms": b.get("p50_ms"),
+            "p99_ms": b.get("p99_ms"), "rss_growth_pct": b.get("rss_growth_pct"),
+            "batched_over_unbatched": r.get("throughput_ratio_batched_over_unbatched")}
+
+
 SCENARIOS: Dict[str, Callable[[], dict]] = {
     "stalled_link": stalled_link,
     "dropped_link": dropped_link,
     "corrupt_checkpoint": corrupt_checkpoint,
     "disk_full_checkpoint": disk_full_checkpoint,
     "worker_load": worker_load,
+    "killed_ps_and_worker": killed_ps_and_worker,
+    "killed_offload_service": killed_offload_service,
+    "offload_load": offload_load,
 }
 
 

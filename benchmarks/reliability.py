@@ -315,9 +315,7 @@ def worker(name: str, n: int, seed: int) -> dict:
             "seconds": round(time.time() - t0, 1), "examples": examples}
 
 
-NOT_YET = ["kill -9 of a worker, a ps task and the offload service run in the test suite "
-           "(tests/cloud/test_fault_tolerance.py, benchmarks/offload_fallback.py), not in this table",
-           "the offload service under load: benchmarks/offload_load.py"]
+NOT_YET: list = []
 
 
 def _run_faults() -> list:

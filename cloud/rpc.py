@@ -26,8 +26,12 @@ _RECV_SLACK_S = 2.0   # a RecvTensor call's deadline over the wait it asks the t
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    # a restarted peer is found again within about a second (gRPC's default reconnect backoff grows
+    # from 1 s to 120 s, which slows recovery after a task comes back)
     return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)]
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def _identity(b):

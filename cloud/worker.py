@@ -14,6 +14,7 @@ several clients' graphs share the ps task's variables (between-graph replication
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -92,6 +93,7 @@ class Worker:
         self.variables = SessionState()  # the task's variable values and generators, by name
         self._graphs: Dict[str, _Registered] = {}
         self._ids = itertools.count(1)
+        self._incarnation = os.urandom(4).hex()  # a restarted task never reissues a handle a peer still holds
         self._lock = threading.Lock()
         self.steps_run = 0
 
@@ -107,7 +109,7 @@ class Worker:
         if dev not in self.devices:
             raise WorkerError(f"{self.task}: device {dev} is not one of this task's {self.devices}")
         with self._lock:
-            handle = f"{self.task}/graph:{next(self._ids)}"
+            handle = f"{self.task}/graph:{self._incarnation}:{next(self._ids)}"
             self._graphs[handle] = _Registered(handle, dev, graph, self)
         for n in graph.nodes:  # variable slots exist before any step can race to create them
             if n.op == "Variable":

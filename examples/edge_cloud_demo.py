@@ -184,14 +184,18 @@ def export(args, frozen, logits, planner, train_data, quiet: bool = False):
     model_path = os.path.join(args.out, "digits.isth")
     cloud_path = os.path.join(args.out, "digits.cloud")
     sp.save(model_path)
-    save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()],
-                     model="digits-cnn")
+    sigs = sp.cloud_signatures()
+    if sigs:
+        save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sigs], model="digits-cnn")
+    else:  # the planner keeps the whole model on the edge at every bandwidth of the sweep
+        cloud_path = None
     if quiet:
         return model_path, cloud_path
     print("\n".join("      " + line for line in sp.report().splitlines()))
+    cloud_note = (f"and {cloud_path} ({os.path.getsize(cloud_path):,} bytes)" if cloud_path else
+                  "(no cloud parts: the model stays on the edge at every bandwidth of the sweep)")
     print(f"      wrote {model_path} ({os.path.getsize(model_path):,} bytes: every cut's edge part + the full "
-          f"model, int8) and {cloud_path} ({os.path.getsize(cloud_path):,} bytes) in "
-          f"{time.perf_counter() - t0:.1f} s")
+          f"model, int8) {cloud_note} in {time.perf_counter() - t0:.1f} s")
     return model_path, cloud_path
 
 
@@ -202,6 +206,9 @@ class offload_service:
         self.cloud_path = cloud_path
 
     def __enter__(self) -> str:
+        if self.cloud_path is None:   # nothing to serve: the client runs everything locally
+            self.proc = None
+            return "127.0.0.1:1"
         import subprocess
         self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", self.cloud_path, "--port", "0",
                                       "--log-every", "0", "--max-delay-ms", "0.5"],
@@ -217,6 +224,8 @@ class offload_service:
         raise RuntimeError("the offload service did not start (run `isthmus serve` by hand to see why)")
 
     def __exit__(self, *exc) -> None:
+        if self.proc is None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(10)
@@ -354,7 +363,7 @@ def main(argv=None) -> int:
 
     step(5, "starting the offload service (isthmus serve, a separate process)")
     with offload_service(cloud_path) as address:
-        print(f"      serving on {address}")
+        print(f"      serving on {address}" if cloud_path else "      nothing to serve: every cut keeps the model on the edge")
         step(6, f"edge client over loopback, link emulated at {args.bandwidth} / RTT {args.rtt}, "
                 f"edge {args.edge_slowdown:g}x slower")
         with one_blas_thread():  # an edge device's interpreter; threads that spin between requests distort it

@@ -52,5 +52,8 @@ def test_main_demo_quick_run_end_to_end(tmp_path):
     split_acc = float(line.split("(int8 edge part) ")[1].split(";")[0])
     assert split_acc > 0.1  # better than chance after one short epoch
     assert "0 fell back" in text
-    for f in ("digits.isth", "digits.cloud", "split_graph.svg", "latency_vs_bandwidth.svg"):
+    files = ["digits.isth", "split_graph.svg", "latency_vs_bandwidth.svg"]
+    if "no cloud parts" not in text:  # a plan may keep everything on the edge at every bandwidth
+        files.append("digits.cloud")
+    for f in files:
         assert (tmp_path / f).stat().st_size > 0, f

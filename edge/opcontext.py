@@ -230,6 +230,9 @@ class WideIm2col:
         """compact: the classic layout instead, columns [C, K, N, OH * OW] copied out of a 6-d window
         view of one padded image: no junk columns, but rows only OW long (for GEMM convolutions,
         where junk columns cost GEMM work: measured slower wide on the stem and the core CNN)."""
+        # more stride phases than taps (a stride beyond the window): the phase layout would loop over and
+        # allocate for phases no tap reads; a hostile stride of 2^30 made that a hang. Classic layout then.
+        compact = compact or g.sh * g.sw > g.kh * g.kw
         self.g, self.compact = g, compact
         sh, sw = (1, 1) if compact else (g.sh, g.sw)
         self.psh, self.psw = sh, sw

@@ -212,6 +212,13 @@ def _attrs(op: _Table) -> Dict[str, object]:
 
 def verify(buf) -> EdgeModel:
     """Walk and check the whole model in `buf` (bytes, mmap, memoryview); return its contents."""
+    models = verify_all(buf, single=True)
+    return models[0]
+
+
+def verify_all(buf, single: bool = False) -> List[EdgeModel]:
+    """Every subgraph of the model in `buf` as its own checked EdgeModel (sharing the file's
+    buffers and metadata); `single`: the file must hold exactly one (a plain model, not a split one)."""
     r = _Reader(buf)
     if r.n < 8:
         raise EdgeModelError(f"file is {r.n} bytes: too short to be an edge model")
@@ -234,63 +241,74 @@ def verify(buf) -> EdgeModel:
         raise EdgeModelError("buffer 0 must exist and be empty")
     metadata = {md.string(0, "key"): md.string(1, "value") for md in m.tables(5, "metadata")}
     subgraphs = m.tables(3, "subgraphs")
-    if len(subgraphs) != 1:
+    if single and len(subgraphs) != 1:
         raise EdgeModelError(f"expected one subgraph, found {len(subgraphs)}")
-    sg = subgraphs[0]
+    if not subgraphs:
+        raise EdgeModelError("the model has no subgraph")
+    out = []
+    for k, sg in enumerate(subgraphs):
+        where = "" if single else f"subgraph {k}: "
+        tensors, ops, ins, outs, remote = _subgraph(r, sg, bufs, codes, where)
+        out.append(EdgeModel(version, producer, tensors, ops, ins, outs, remote, metadata, r.n, bufs))
+    return out
+
+
+def _subgraph(r: _Reader, sg, bufs, codes, where: str):
+    """(tensors, operators, inputs, outputs, remote parts) of one subgraph, every field checked;
+    `where` prefixes each message ("subgraph 2: " in a file of several)."""
     tensors = []
     for i, t in enumerate(sg.tables(1, "tensors")):
         name = t.string(0, "name")
         code = t.scalar(1, "b", 0)
         if code not in DTYPES:
-            raise EdgeModelError(f"tensor {i} '{name}': unknown dtype code {code}")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': unknown dtype code {code}")
         shape = tuple(int(d) for d in t.array(2, "<i8", "shape"))
         if len(shape) > MAX_RANK or any(d < -1 for d in shape):
-            raise EdgeModelError(f"tensor {i} '{name}': invalid shape {shape}")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': invalid shape {shape}")
         buf = t.scalar(3, "I", 0)
         if buf >= len(bufs):
-            raise EdgeModelError(f"tensor {i} '{name}': buffer {buf} out of range [0, {len(bufs)})")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': buffer {buf} out of range [0, {len(bufs)})")
         q = t.sub(4, "quantization")
         scale = q.array(0, "<f4", "scale") if q else np.zeros(0, np.float32)
         zp = q.array(1, "<i8", "zero_point") if q else np.zeros(0, np.int64)
         axis = q.scalar(2, "i", -1) if q else -1
         if len(zp) and len(zp) != len(scale):
-            raise EdgeModelError(f"tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
         if not -1 <= axis < len(shape):
-            raise EdgeModelError(f"tensor {i} '{name}': quantization axis {axis} outside shape {shape}")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': quantization axis {axis} outside shape {shape}")
         want_scales = (0, 1) if axis == -1 else (shape[axis],) if shape[axis] != -1 else (len(scale),)
         if len(scale) not in want_scales:
-            raise EdgeModelError(f"tensor {i} '{name}': {len(scale)} scales for quantization axis {axis} of {shape}")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': {len(scale)} scales for quantization axis {axis} "
+                                 f"of {shape}")
         if len(scale) and not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
-            raise EdgeModelError(f"tensor {i} '{name}': quantization scales must be positive and finite")
+            raise EdgeModelError(f"{where}tensor {i} '{name}': quantization scales must be positive and finite")
         dt = DTYPES[code]
         data = None
         known = math.prod(d for d in shape if d != -1) * dt.itemsize  # Python ints: no overflow
         if known > max(MIN_ACTIVATION_LIMIT, 256 * r.n):
-            raise EdgeModelError(f"tensor {i} '{name}': {dt.name}{list(shape)} would need {known} bytes, "
+            raise EdgeModelError(f"{where}tensor {i} '{name}': {dt.name}{list(shape)} would need {known} bytes, "
                                  "beyond the bound for a file of this size")
         if buf:
             off, size = bufs[buf]
             if -1 in shape:
-                raise EdgeModelError(f"tensor {i} '{name}': a constant needs a known shape, got {shape}")
-            want = known
-            if size != want:
-                raise EdgeModelError(f"tensor {i} '{name}': buffer {buf} holds {size} bytes, "
-                                     f"{dt.name}{list(shape)} needs {want}")
-            data = np.frombuffer(r.buf, dtype=dt, count=want // dt.itemsize, offset=off).reshape(shape) \
-                if want else np.zeros(shape, dt)
+                raise EdgeModelError(f"{where}tensor {i} '{name}': a constant needs a known shape, got {shape}")
+            if size != known:
+                raise EdgeModelError(f"{where}tensor {i} '{name}': buffer {buf} holds {size} bytes, "
+                                     f"{dt.name}{list(shape)} needs {known}")
+            data = np.frombuffer(r.buf, dtype=dt, count=known // dt.itemsize, offset=off).reshape(shape) \
+                if known else np.zeros(shape, dt)
         tensors.append(TensorInfo(name, dt, shape, buf, scale, zp, axis, data))
     n = len(tensors)
     ops = []
     for i, o in enumerate(sg.tables(4, "operators")):
         code = o.scalar(0, "I", 0)
         if code >= len(codes):
-            raise EdgeModelError(f"operator {i}: opcode {code} out of range [0, {len(codes)})")
+            raise EdgeModelError(f"{where}operator {i}: opcode {code} out of range [0, {len(codes)})")
         ops.append(OperatorInfo(codes[code][0], codes[code][1], _ints(o, 1, "inputs", n, True),
                                 _ints(o, 2, "outputs", n, False), _attrs(o)))
     remote = [RemoteInfo(p.string(0, "name"), _ints(p, 1, "inputs", n, False), _ints(p, 2, "outputs", n, False))
               for p in sg.tables(5, "remote")]
-    return EdgeModel(version, producer, tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False),
-                     remote, metadata, r.n, bufs)
+    return tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False), remote
 
 
 def load(path: str) -> EdgeModel:

@@ -41,10 +41,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .format import ALIGN, DTYPES, FILE_IDENTIFIER, SCHEMA_VERSION, EdgeModelError
+from .format import EdgeModelError
 from .interpreter import Interpreter
-from .loader import (MAX_RANK, MIN_ACTIVATION_LIMIT, EdgeModel, OperatorInfo, RemoteInfo, TensorInfo, _attrs, _ints,
-                     _Reader)
+from .loader import EdgeModel, RemoteInfo, verify_all
 
 SPLIT_KEY = "isthmus.split"
 SPLIT_VERSION = 1
@@ -79,94 +78,9 @@ class SplitModel:
         return len(self.cuts) - 1
 
 
-def _subgraph(r: _Reader, sg, bufs, codes, where: str) -> Tuple[List[TensorInfo], List[OperatorInfo], List[int],
-                                                                List[int], List[RemoteInfo]]:
-    """The checks of loader.verify, for one subgraph of many (same bounds, same messages)."""
-    tensors = []
-    for i, t in enumerate(sg.tables(1, "tensors")):
-        name = t.string(0, "name")
-        code = t.scalar(1, "b", 0)
-        if code not in DTYPES:
-            raise EdgeModelError(f"{where} tensor {i} '{name}': unknown dtype code {code}")
-        shape = tuple(int(d) for d in t.array(2, "<i8", "shape"))
-        if len(shape) > MAX_RANK or any(d < -1 for d in shape):
-            raise EdgeModelError(f"{where} tensor {i} '{name}': invalid shape {shape}")
-        buf = t.scalar(3, "I", 0)
-        if buf >= len(bufs):
-            raise EdgeModelError(f"{where} tensor {i} '{name}': buffer {buf} out of range [0, {len(bufs)})")
-        q = t.sub(4, "quantization")
-        scale = q.array(0, "<f4", "scale") if q else np.zeros(0, np.float32)
-        zp = q.array(1, "<i8", "zero_point") if q else np.zeros(0, np.int64)
-        axis = q.scalar(2, "i", -1) if q else -1
-        if len(zp) and len(zp) != len(scale):
-            raise EdgeModelError(f"{where} tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
-        if not -1 <= axis < len(shape):
-            raise EdgeModelError(f"{where} tensor {i} '{name}': quantization axis {axis} outside shape {shape}")
-        want_scales = (0, 1) if axis == -1 else (shape[axis],) if shape[axis] != -1 else (len(scale),)
-        if len(scale) not in want_scales:
-            raise EdgeModelError(f"{where} tensor {i} '{name}': {len(scale)} scales for axis {axis} of {shape}")
-        if len(scale) and not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
-            raise EdgeModelError(f"{where} tensor {i} '{name}': quantization scales must be positive and finite")
-        dt = DTYPES[code]
-        known = math.prod(d for d in shape if d != -1) * dt.itemsize
-        if known > max(MIN_ACTIVATION_LIMIT, 256 * r.n):
-            raise EdgeModelError(f"{where} tensor {i} '{name}': {dt.name}{list(shape)} would need {known} bytes, "
-                                 "beyond the bound for a file of this size")
-        data = None
-        if buf:
-            off, size = bufs[buf]
-            if -1 in shape:
-                raise EdgeModelError(f"{where} tensor {i} '{name}': a constant needs a known shape, got {shape}")
-            if size != known:
-                raise EdgeModelError(f"{where} tensor {i} '{name}': buffer {buf} holds {size} bytes, "
-                                     f"{dt.name}{list(shape)} needs {known}")
-            data = np.frombuffer(r.buf, dtype=dt, count=known // dt.itemsize, offset=off).reshape(shape) \
-                if known else np.zeros(shape, dt)
-        tensors.append(TensorInfo(name, dt, shape, buf, scale, zp, axis, data))
-    n = len(tensors)
-    ops = []
-    for i, o in enumerate(sg.tables(4, "operators")):
-        code = o.scalar(0, "I", 0)
-        if code >= len(codes):
-            raise EdgeModelError(f"{where} operator {i}: opcode {code} out of range [0, {len(codes)})")
-        ops.append(OperatorInfo(codes[code][0], codes[code][1], _ints(o, 1, "inputs", n, True),
-                                _ints(o, 2, "outputs", n, False), _attrs(o)))
-    remote = [RemoteInfo(p.string(0, "name"), _ints(p, 1, "inputs", n, False), _ints(p, 2, "outputs", n, False))
-              for p in sg.tables(5, "remote")]
-    return tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False), remote
-
-
 def _verify_models(buf) -> List[EdgeModel]:
     """Every subgraph of a model file as its own EdgeModel (sharing the file's buffers)."""
-    r = _Reader(buf)
-    if r.n < 8:
-        raise EdgeModelError(f"file is {r.n} bytes: too short to be an edge model")
-    if bytes(buf[4:8]) != FILE_IDENTIFIER:
-        raise EdgeModelError(f"not an isthmus edge model: file identifier {bytes(buf[4:8])!r}, "
-                             f"expected {FILE_IDENTIFIER!r}")
-    m = r.table(r.u32(0, "root offset"), "model")
-    version = m.scalar(0, "I", 0)
-    if version > SCHEMA_VERSION:
-        raise EdgeModelError(f"model schema version {version} is newer than this reader's ({SCHEMA_VERSION}); "
-                             "update isthmus to load it")
-    producer = m.string(1, "producer")
-    codes = [(c.string(0, "name"), c.scalar(1, "i", 1)) for c in m.tables(2, "operator_codes")]
-    bufs = []
-    for i, b in enumerate(m.tables(4, "buffers")):
-        off, size = b.scalar(0, "Q", 0), b.scalar(1, "Q", 0)
-        if size and (off % ALIGN or off + size > r.n):
-            raise EdgeModelError(f"buffer {i}: bytes {off}..{off + size} are misaligned or outside the file ({r.n})")
-        bufs.append((off, size))
-    if not bufs or bufs[0][1] != 0:
-        raise EdgeModelError("buffer 0 must exist and be empty")
-    metadata = {md.string(0, "key"): md.string(1, "value") for md in m.tables(5, "metadata")}
-    out = []
-    for k, sg in enumerate(m.tables(3, "subgraphs")):
-        tensors, ops, ins, outs, remote = _subgraph(r, sg, bufs, codes, f"subgraph {k}:")
-        out.append(EdgeModel(version, producer, tensors, ops, ins, outs, remote, metadata, r.n, bufs))
-    if not out:
-        raise EdgeModelError("the model has no subgraph")
-    return out
+    return verify_all(buf)
 
 
 def _check(cond: bool, what: str) -> None:

@@ -142,7 +142,7 @@ def calibrate_devices(args, frozen, logits, train_data):
     planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown))
     path, _ = export(args, frozen, logits, planner, train_data, quiet=True)
     with one_blas_thread():
-        measured = _time_full_model(Interpreter(load_split(path).full), train_data[0][:1])
+        measured = _time_full_model(Interpreter(load_split(path).full), train_data[0][:1], args.edge_slowdown)
     factor = measured / predicted
     edge = cloud.scaled(args.edge_slowdown * factor,
                         name=f"edge (this machine {args.edge_slowdown:g}x slower, int8 interpreter)")
@@ -152,14 +152,17 @@ def calibrate_devices(args, frozen, logits, train_data):
     return cloud, edge
 
 
-def _time_full_model(interp, x) -> float:
-    for _ in range(5):
+def _time_full_model(interp, x, slowdown: float) -> float:
+    """Median seconds of one run, each followed by the (slowdown - 1) x sleep the emulated edge adds,
+    as the client will run it (a run after a sleep starts with cold caches: up to 2x slower here)."""
+    for _ in range(3):
         interp.invoke(x)
     times = []
-    for _ in range(30):
+    for _ in range(20):
         t = time.perf_counter()
         interp.invoke(x)
         times.append(time.perf_counter() - t)
+        time.sleep((slowdown - 1.0) * times[-1])
     return float(np.median(times))
 
 

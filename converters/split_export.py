@@ -31,16 +31,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-import flatbuffers
 import numpy as np
 
 from isthmus.core.errors import GraphError
 from isthmus.core.graph import Graph, Tensor
-from isthmus.edge.format import FILE_IDENTIFIER
 from isthmus.edge.loader import EdgeModel, loads
 from isthmus.edge.writer import ModelWriter
-from isthmus.proto.edge import Buffer, Metadata, Model, Operator, OperatorCode, Quantization, RemotePart, SubGraph
-from isthmus.proto.edge import Tensor as FbTensor
 
 from isthmus.partitioner.plan import _link_terms
 
@@ -182,108 +178,8 @@ class SplitWriter(ModelWriter):
             self._finish()
         return super().to_bytes()
 
-    def _flatbuffer(self, offsets: List[int]) -> bytes:
-        b = flatbuffers.Builder(1024)
-
-        def vec(items, dtype):
-            return b.CreateNumpyVector(np.asarray(items, dtype=dtype))
-
-        def table_vector(start_fn, offs):
-            start_fn(b, len(offs))
-            for o in reversed(offs):
-                b.PrependUOffsetTRelative(o)
-            return b.EndVector()
-
-        sg_offs = [self._subgraph(b, sg, vec, table_vector) for sg in self.done]
-        code_offs = []
-        for (name, version), _ in sorted(self.opcodes.items(), key=lambda kv: kv[1]):
-            nm = b.CreateString(name)
-            OperatorCode.Start(b)
-            OperatorCode.AddName(b, nm)
-            OperatorCode.AddVersion(b, version)
-            code_offs.append(OperatorCode.End(b))
-        codes = table_vector(Model.StartOperatorCodesVector, code_offs)
-        buf_offs = []
-        for off, raw in zip(offsets, self.buffers):
-            Buffer.Start(b)
-            Buffer.AddOffset(b, off)
-            Buffer.AddSize(b, len(raw))
-            buf_offs.append(Buffer.End(b))
-        bufs = table_vector(Model.StartBuffersVector, buf_offs)
-        md_offs = []
-        for k, v in sorted(self.metadata.items()):
-            ko, vo = b.CreateString(k), b.CreateString(v)
-            Metadata.Start(b)
-            Metadata.AddKey(b, ko)
-            Metadata.AddValue(b, vo)
-            md_offs.append(Metadata.End(b))
-        md = table_vector(Model.StartMetadataVector, md_offs)
-        subgraphs = table_vector(Model.StartSubgraphsVector, sg_offs)
-        producer = b.CreateString(self.producer)
-        Model.Start(b)
-        Model.AddVersion(b, self.version)
-        Model.AddProducer(b, producer)
-        Model.AddOperatorCodes(b, codes)
-        Model.AddSubgraphs(b, subgraphs)
-        Model.AddBuffers(b, bufs)
-        Model.AddMetadata(b, md)
-        b.Finish(Model.End(b), file_identifier=FILE_IDENTIFIER)
-        return bytes(b.Output())
-
-    def _subgraph(self, b, sg: dict, vec, table_vector) -> int:
-        tensor_offs = []
-        for t in sg["tensors"]:
-            name, shape = b.CreateString(t["name"]), vec(t["shape"], np.int64)
-            q = None
-            if t["scale"] is not None:
-                sc = vec(t["scale"], np.float32)
-                zp = vec(t["zero_point"] if t["zero_point"] is not None else [0] * len(t["scale"]), np.int64)
-                Quantization.Start(b)
-                Quantization.AddScale(b, sc)
-                Quantization.AddZeroPoint(b, zp)
-                Quantization.AddAxis(b, t["axis"])
-                q = Quantization.End(b)
-            FbTensor.Start(b)
-            FbTensor.AddName(b, name)
-            FbTensor.AddDtype(b, t["dtype"])
-            FbTensor.AddShape(b, shape)
-            FbTensor.AddBuffer(b, t["buffer"])
-            if q is not None:
-                FbTensor.AddQuantization(b, q)
-            tensor_offs.append(FbTensor.End(b))
-        op_offs = []
-        for op in sg["operators"]:
-            attrs = table_vector(Operator.StartAttrsVector,
-                                 [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())])
-            ins, outs = vec(op["inputs"], np.int32), vec(op["outputs"], np.int32)
-            Operator.Start(b)
-            Operator.AddOpcode(b, op["opcode"])
-            Operator.AddInputs(b, ins)
-            Operator.AddOutputs(b, outs)
-            Operator.AddAttrs(b, attrs)
-            op_offs.append(Operator.End(b))
-        remote_offs = []
-        for r in sg["remote"]:
-            nm = b.CreateString(r["name"])
-            ins, outs = vec(r["inputs"], np.int32), vec(r["outputs"], np.int32)
-            RemotePart.Start(b)
-            RemotePart.AddName(b, nm)
-            RemotePart.AddInputs(b, ins)
-            RemotePart.AddOutputs(b, outs)
-            remote_offs.append(RemotePart.End(b))
-        name = b.CreateString(sg["name"])
-        tensors = table_vector(SubGraph.StartTensorsVector, tensor_offs)
-        ops = table_vector(SubGraph.StartOperatorsVector, op_offs)
-        remote = table_vector(SubGraph.StartRemoteVector, remote_offs)
-        ins, outs = vec(sg["inputs"], np.int32), vec(sg["outputs"], np.int32)
-        SubGraph.Start(b)
-        SubGraph.AddName(b, name)
-        SubGraph.AddTensors(b, tensors)
-        SubGraph.AddInputs(b, ins)
-        SubGraph.AddOutputs(b, outs)
-        SubGraph.AddOperators(b, ops)
-        SubGraph.AddRemote(b, remote)
-        return SubGraph.End(b)
+    def _subgraph_tables(self) -> List[dict]:
+        return self.done
 
 
 # ---- export ----------------------------------------------------------------------------------------

@@ -123,32 +123,61 @@ class ModelWriter:
                 offsets.append(0)
         return offsets
 
+    def _subgraph_tables(self) -> List[dict]:
+        """The subgraphs to write, each a dict of name, tensors, operators, inputs, outputs, remote
+        (one here; a writer of several subgraphs overrides this)."""
+        return [dict(name="main", tensors=self.tensors, operators=self.operators, inputs=self.inputs,
+                     outputs=self.outputs, remote=self.remote)]
+
     def _flatbuffer(self, offsets: List[int]) -> bytes:
         b = flatbuffers.Builder(1024)
+        sg_offs = [self._subgraph(b, sg) for sg in self._subgraph_tables()]
+        code_offs = []
+        for (name, version), _ in sorted(self.opcodes.items(), key=lambda kv: kv[1]):
+            nm = b.CreateString(name)
+            OperatorCode.Start(b)
+            OperatorCode.AddName(b, nm)
+            OperatorCode.AddVersion(b, version)
+            code_offs.append(OperatorCode.End(b))
+        codes = _table_vector(b, Model.StartOperatorCodesVector, code_offs)
+        buf_offs = []
+        for off, raw in zip(offsets, self.buffers):
+            Buffer.Start(b)
+            Buffer.AddOffset(b, off)
+            Buffer.AddSize(b, len(raw))
+            buf_offs.append(Buffer.End(b))
+        bufs = _table_vector(b, Model.StartBuffersVector, buf_offs)
+        md_offs = []
+        for k, v in sorted(self.metadata.items()):
+            ko, vo = b.CreateString(k), b.CreateString(v)
+            Metadata.Start(b)
+            Metadata.AddKey(b, ko)
+            Metadata.AddValue(b, vo)
+            md_offs.append(Metadata.End(b))
+        md = _table_vector(b, Model.StartMetadataVector, md_offs)
+        subgraphs = _table_vector(b, Model.StartSubgraphsVector, sg_offs)
+        producer = b.CreateString(self.producer)
+        Model.Start(b)
+        Model.AddVersion(b, self.version)
+        Model.AddProducer(b, producer)
+        Model.AddOperatorCodes(b, codes)
+        Model.AddSubgraphs(b, subgraphs)
+        Model.AddBuffers(b, bufs)
+        Model.AddMetadata(b, md)
+        b.Finish(Model.End(b), file_identifier=FILE_IDENTIFIER)
+        return bytes(b.Output())
 
-        def strings(items):
-            return [b.CreateString(s) for s in items]
-
-        def vec_int32(items):
-            return b.CreateNumpyVector(np.asarray(items, dtype=np.int32))
-
-        def vec_int64(items):
-            return b.CreateNumpyVector(np.asarray(items, dtype=np.int64))
-
-        def table_vector(start_fn, offs):
-            start_fn(b, len(offs))
-            for o in reversed(offs):
-                b.PrependUOffsetTRelative(o)
-            return b.EndVector()
+    def _subgraph(self, b, sg: dict) -> int:
+        def vec(items, dtype):
+            return b.CreateNumpyVector(np.asarray(items, dtype=dtype))
 
         tensor_offs = []
-        for t in self.tensors:
-            name = b.CreateString(t["name"])
-            shape = vec_int64(t["shape"])
+        for t in sg["tensors"]:
+            name, shape = b.CreateString(t["name"]), vec(t["shape"], np.int64)
             q = None
             if t["scale"] is not None:
-                sc = b.CreateNumpyVector(np.asarray(t["scale"], dtype=np.float32))
-                zp = vec_int64(t["zero_point"] if t["zero_point"] is not None else [0] * len(t["scale"]))
+                sc = vec(t["scale"], np.float32)
+                zp = vec(t["zero_point"] if t["zero_point"] is not None else [0] * len(t["scale"]), np.int64)
                 Quantization.Start(b)
                 Quantization.AddScale(b, sc)
                 Quantization.AddZeroPoint(b, zp)
@@ -163,10 +192,10 @@ class ModelWriter:
                 Tensor.AddQuantization(b, q)
             tensor_offs.append(Tensor.End(b))
         op_offs = []
-        for op in self.operators:
-            attr_offs = [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())]
-            attrs = table_vector(Operator.StartAttrsVector, attr_offs)
-            ins, outs = vec_int32(op["inputs"]), vec_int32(op["outputs"])
+        for op in sg["operators"]:
+            attrs = _table_vector(b, Operator.StartAttrsVector,
+                                  [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())])
+            ins, outs = vec(op["inputs"], np.int32), vec(op["outputs"], np.int32)
             Operator.Start(b)
             Operator.AddOpcode(b, op["opcode"])
             Operator.AddInputs(b, ins)
@@ -174,61 +203,27 @@ class ModelWriter:
             Operator.AddAttrs(b, attrs)
             op_offs.append(Operator.End(b))
         remote_offs = []
-        for r in self.remote:
+        for r in sg["remote"]:
             nm = b.CreateString(r["name"])
-            ins, outs = vec_int32(r["inputs"]), vec_int32(r["outputs"])
+            ins, outs = vec(r["inputs"], np.int32), vec(r["outputs"], np.int32)
             RemotePart.Start(b)
             RemotePart.AddName(b, nm)
             RemotePart.AddInputs(b, ins)
             RemotePart.AddOutputs(b, outs)
             remote_offs.append(RemotePart.End(b))
-        sg_name = b.CreateString("main")
-        tensors = table_vector(SubGraph.StartTensorsVector, tensor_offs)
-        ops = table_vector(SubGraph.StartOperatorsVector, op_offs)
-        remote = table_vector(SubGraph.StartRemoteVector, remote_offs)
-        ins, outs = vec_int32(self.inputs), vec_int32(self.outputs)
+        name = b.CreateString(sg["name"])
+        tensors = _table_vector(b, SubGraph.StartTensorsVector, tensor_offs)
+        ops = _table_vector(b, SubGraph.StartOperatorsVector, op_offs)
+        remote = _table_vector(b, SubGraph.StartRemoteVector, remote_offs)
+        ins, outs = vec(sg["inputs"], np.int32), vec(sg["outputs"], np.int32)
         SubGraph.Start(b)
-        SubGraph.AddName(b, sg_name)
+        SubGraph.AddName(b, name)
         SubGraph.AddTensors(b, tensors)
         SubGraph.AddInputs(b, ins)
         SubGraph.AddOutputs(b, outs)
         SubGraph.AddOperators(b, ops)
         SubGraph.AddRemote(b, remote)
-        sg = SubGraph.End(b)
-        code_offs = []
-        for (name, version), _ in sorted(self.opcodes.items(), key=lambda kv: kv[1]):
-            nm = b.CreateString(name)
-            OperatorCode.Start(b)
-            OperatorCode.AddName(b, nm)
-            OperatorCode.AddVersion(b, version)
-            code_offs.append(OperatorCode.End(b))
-        codes = table_vector(Model.StartOperatorCodesVector, code_offs)
-        buf_offs = []
-        for off, raw in zip(offsets, self.buffers):
-            Buffer.Start(b)
-            Buffer.AddOffset(b, off)
-            Buffer.AddSize(b, len(raw))
-            buf_offs.append(Buffer.End(b))
-        bufs = table_vector(Model.StartBuffersVector, buf_offs)
-        md_offs = []
-        for k, v in sorted(self.metadata.items()):
-            ko, vo = b.CreateString(k), b.CreateString(v)
-            Metadata.Start(b)
-            Metadata.AddKey(b, ko)
-            Metadata.AddValue(b, vo)
-            md_offs.append(Metadata.End(b))
-        md = table_vector(Model.StartMetadataVector, md_offs)
-        subgraphs = table_vector(Model.StartSubgraphsVector, [sg])
-        producer = b.CreateString(self.producer)
-        Model.Start(b)
-        Model.AddVersion(b, self.version)
-        Model.AddProducer(b, producer)
-        Model.AddOperatorCodes(b, codes)
-        Model.AddSubgraphs(b, subgraphs)
-        Model.AddBuffers(b, bufs)
-        Model.AddMetadata(b, md)
-        b.Finish(Model.End(b), file_identifier=FILE_IDENTIFIER)
-        return bytes(b.Output())
+        return SubGraph.End(b)
 
     @staticmethod
     def _attr(b, name: str, value: AttrValue):
@@ -260,3 +255,10 @@ class ModelWriter:
         elif floats is not None:
             Attr.AddFloats(b, floats)
         return Attr.End(b)
+
+
+def _table_vector(b, start_fn, offs) -> int:
+    start_fn(b, len(offs))
+    for o in reversed(offs):
+        b.PrependUOffsetTRelative(o)
+    return b.EndVector()

@@ -260,22 +260,18 @@ HARNESSES = {"edge_loader": (_seeds_edge, _run_edge), "onnx_importer": (_seeds_o
              "graphdef_decoder": (_seeds_graphdef, _run_graphdef, _mutate_graphdef),
              "tensorproto_decoder": (_seeds_tensorproto, _run_tensorproto),
              "recvtensor_reader": (_seeds_wire, _run_wire), "chunk_stream_reader": (_seeds_chunks, _run_chunks),
-             "tflite_importer": (lambda: _tflite().seeds(), lambda data: _tflite().run(data),
-                                 lambda rng, data: _tflite().structured(rng))}
+             "tflite_importer": (lambda: _tflite()._seeds(), lambda data: _tflite()._run(data),
+                                 lambda rng, data: _tflite()._structured(rng))}
 
 
 def _tflite():
-    """benchmarks/reliability_tflite.py (the TFLite reader's seeds, runner and structure-aware mutator)."""
+    """benchmarks/reliability_tflite.py: the TFLite reader's seeds, runner and structure-aware mutator."""
     import importlib
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        mod = importlib.import_module("reliability_tflite")
+        return importlib.import_module("reliability_tflite")
     finally:
         sys.path.pop(0)
-
-    class H:
-        seeds, run, structured = staticmethod(mod._seeds), staticmethod(mod._run), staticmethod(mod._structured)
-    return H
 
 
 class _Timeout(Exception):

@@ -10,18 +10,17 @@ range, negative or huge dims, buffers of the wrong size, bogus opcodes, zero str
 quantization vectors). Each input is imported and, when the import succeeds, run once on zeros.
 The worker runs in a subprocess with its address space capped at 1 GiB above its start; any
 exception other than TFLiteImportError (or the executor's documented errors when running what
-was imported), any input over 2 s, or a MemoryError counts as a failure. Prints one JSON line.
+was imported), any input over 2 s, or a MemoryError counts as a failure. The loop and its
+bounds are benchmarks/reliability.py's (harness "tflite_importer"); this module provides the
+seeds, the runner and the structure-aware mutator. Prints one JSON line.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -133,58 +132,20 @@ def _run(data: bytes) -> bool:
     return True
 
 
-class _Timeout(Exception):
-    pass
-
-
-def worker(n: int, seed: int) -> dict:
-    from reliability import _mutate
-    seeds = _seeds()
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    used = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 30), hard))
-
-    def alarm(*_):
-        raise _Timeout()
-    signal.signal(signal.SIGALRM, alarm)
-    rng = np.random.default_rng(seed)
-    crashes, hangs, memory, deep, examples = 0, 0, 0, 0, []
-    t0 = time.time()
-    for _ in range(n):
-        data = _structured(rng) if rng.random() < 0.4 else _mutate(rng, seeds[int(rng.integers(0, len(seeds)))])
-        signal.alarm(2)
-        try:
-            deep += bool(_run(data))
-        except _Timeout:
-            hangs += 1
-        except MemoryError:
-            memory += 1
-        except Exception as e:  # anything undocumented
-            crashes += 1
-            if len(examples) < 5:
-                examples.append(f"{type(e).__name__}: {str(e)[:160]}")
-        finally:
-            signal.alarm(0)
-    return {"harness": "tflite_importer", "inputs": n, "reached_deep": deep, "crashes": crashes, "hangs": hangs,
-            "over_1GiB": memory, "seconds": round(time.time() - t0, 1), "examples": examples}
-
-
 def main(argv=None) -> int:
+    """The harness run by benchmarks/reliability.py's worker (seeds, this module's mutator, 2 s and
+    1 GiB bounds), in a subprocess: one JSON line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--inputs", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(args.inputs, args.seed)))
-        return 0
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--inputs", str(args.inputs),
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reliability.py")
+    out = subprocess.run([sys.executable, script, "--worker", "tflite_importer", "--inputs", str(args.inputs),
                           "--seed", str(args.seed)], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
-        row = {"harness": "tflite_importer", "inputs": args.inputs, "reached_deep": "-", "crashes": "worker died",
-               "hangs": "-", "over_1GiB": "-", "seconds": "-", "examples": [out.stderr[-300:]]}
-    else:
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        print(out.stderr[-2000:], file=sys.stderr)
+        return 1
+    row = json.loads(out.stdout.strip().splitlines()[-1])
     print(json.dumps(row))
     return 0 if row["crashes"] == 0 and row["hangs"] == 0 and row["over_1GiB"] == 0 else 1
 

@@ -14,6 +14,8 @@ COMMANDS = {
     "partition": ("isthmus.partitioner.cli", "place a model between edge and cloud for a link, and explain it"),
     "calibrate": ("isthmus.partitioner.calibrate", "time the real kernels on this machine and write a device profile"),
     "convert": ("isthmus.converters.cli", "convert an ONNX or TFLite model (or a graph-building function) to the edge format or ONNX"),
+    "import": ("isthmus.graph_io", "import an ONNX or TFLite model into an isthmus graph file (-o model.graph)"),
+    "export": ("isthmus.graph_io", "export a graph file to ONNX or the edge format (--to onnx|edge)"),
     "edge-run": ("isthmus.edge.cli", "run an edge model file and print outputs, timings and the arena size"),
     "server": ("isthmus.cloud.server", "start one task of a cloud cluster (worker, ps) from a cluster spec or $TF_CONFIG"),
     "serve": ("isthmus.cloud.offload", "serve the cloud parts of a split model to edge clients (batched offload service)"),

@@ -390,6 +390,34 @@ def _lstm_step(c, n, ins, outs):
     c.node("Mul", [o, tc], [outs[0]])
 
 
+@handler("LSTMSequence")
+def _lstm_sequence(c, n, ins, outs):
+    """An ONNX LSTM of one direction; constant weights become initializers of ONNX's shapes
+    (onnxruntime prepacks initializer weights), the summed bias goes in B's first half."""
+    def lead_axis(k: int, base: str, pad_zeros: bool = False) -> str:
+        src = n.inputs[k].node
+        if src.op == "Const":
+            v = np.asarray(src.attrs["value"])
+            return c.const((np.concatenate([v, np.zeros_like(v)]) if pad_zeros else v)[None], base)
+        name = ins[k]
+        if pad_zeros:
+            zeros, name = c.fresh("lstm_zero_b"), c.fresh("lstm_b8")
+            c.node("Sub", [ins[k], ins[k]], [zeros])
+            c.node("Concat", [ins[k], zeros], [name], axis=0)
+        out = c.fresh(base)
+        c.node("Unsqueeze", [name, c.const(np.array([0], np.int64))], [out])
+        return out
+    args = [ins[0], lead_axis(1, "lstm_W"), lead_axis(2, "lstm_R"), lead_axis(3, "lstm_B", pad_zeros=True), ""]
+    if len(ins) == 6:
+        args += [lead_axis(4, "lstm_h0"), lead_axis(5, "lstm_c0")]
+    y4, yh, yc = c.fresh("lstm_Y"), c.fresh("lstm_Yh"), c.fresh("lstm_Yc")
+    c.node("LSTM", args, [y4, yh, yc], hidden_size=int(n.outputs[1].shape[1] or n.inputs[2].shape[1]),
+           direction="reverse" if n.attrs["reverse"] else "forward")
+    c.node("Squeeze", [y4, c.const(np.array([1], np.int64))], [outs[0]])
+    for src, dst in ((yh, outs[1]), (yc, outs[2])):
+        c.node("Squeeze", [src, c.const(np.array([0], np.int64))], [dst])
+
+
 @handler("GRUStep")
 def _gru_step(c, n, ins, outs):
     gx, h, rt, rbh = ins

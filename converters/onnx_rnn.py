@@ -16,7 +16,7 @@ import numpy as np
 import isthmus.core as ism
 from isthmus.core.graph import Tensor
 from isthmus.core.ops.control import set_row
-from isthmus.core.ops.recurrent import gru_step, lstm_step
+from isthmus.core.ops.recurrent import gru_step, lstm_sequence, lstm_step
 from isthmus.core.rnn import zeros_state
 
 from .onnx_import import ImportError_, _attrs, _s, handler
@@ -94,6 +94,8 @@ def _transposed(r: Tensor) -> Tensor:
 def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     """One direction over x [T, B, I] -> (y [T, B, H] or None, h [B, H], c [B, H] or None)."""
     hid = s.hidden
+    if s.fused and s.op == "LSTM" and lens is None and all(t is None or t.node.op == "Const" for t in (w, r, b)):
+        return _lstm_sequence(s, x, w, r, b, h0, c0)
     if s.reverse:
         x = x[::-1]
     # the input part of every step at once: one [T*B, I] x [I, G*H] GEMM (numpy leaves BLAS for a
@@ -179,6 +181,18 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     if y is not None and s.reverse:
         y = y[::-1]
     return y, res[1], (res[2] if n_st > 1 else None)
+
+
+def _lstm_sequence(s: _Spec, x, w, r, b, h0, c0):
+    """Constant weights (an inference import): the whole direction is one LSTMSequence node."""
+    hid = s.hidden
+    if b is None:
+        bias = np.zeros(4 * hid, np.float32)
+    else:
+        bv = np.asarray(b.node.attrs["value"])
+        bias = bv[:4 * hid] + bv[4 * hid:]
+    y, h, cc = lstm_sequence(x, w, r, ism.constant(bias.astype(np.float32)), h0, c0, reverse=s.reverse)
+    return (y if s.want_y else None), h, cc
 
 
 def _recurrent(c, node, ins):

@@ -5,6 +5,11 @@ the per-node cost dominates. These ops do the step's recurrent product and all i
 dozen array calls on one [B, G*H] slab. The input projection `gx` (x_t W^T plus biases) is
 computed for all steps before the loop and fed in; `rt` is the recurrent weight transposed
 ([H, G*H]). Gradients are fused kernels too (recomputing the gates from the inputs).
+
+LSTMSequence runs a whole LSTM direction in one kernel (inference only): no executor step per
+time step, one GEMM per step for the input projection, the recurrent product and the bias
+together ([W | R | b] times [x_t; h; 1]), and the state kept transposed ([H, B]) so that each
+gate is one contiguous block for numpy's elementwise passes.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 
-__all__ = ["lstm_step", "gru_step"]
+__all__ = ["lstm_step", "gru_step", "lstm_sequence"]
 
 
 def _sigmoid_(xp, y):
@@ -212,3 +217,105 @@ def gru_step(gx, h, rt, rbh, linear_before_reset: bool = False, name: Optional[s
     linear_before_reset), rt = R^T [H, 3H], rbh the hidden gate's recurrent bias [H]."""
     return make("GRUStep", (convert(gx), convert(h), convert(rt), convert(rbh)),
                 {"linear_before_reset": bool(linear_before_reset)}, name=name).outputs[0]
+
+
+# ---- LSTMSequence: a whole direction in one kernel (inference) ------------------------------------------
+def _infer_lstm_seq(node):
+    x, w, r, b = node.inputs[:4]
+    states = node.inputs[4:]
+    if len(states) not in (0, 2):
+        raise ShapeError(f"LSTMSequence takes h0 and c0 together or neither, got {len(states)} state inputs")
+    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in node.inputs):
+        raise ShapeError("LSTMSequence needs float inputs of one dtype")
+    if len(x.shape) != 3 or len(w.shape) != 2 or len(r.shape) != 2 or len(b.shape) != 1 \
+            or any(len(t.shape) != 2 for t in states):
+        raise ShapeError(f"LSTMSequence: x [T, B, I], w [4H, I], r [4H, H], b [4H], h0 and c0 [B, H]; got "
+                         f"{', '.join(fmt(t.shape) for t in node.inputs)}")
+    hid = r.shape[1] if r.shape[1] is not None else next((t.shape[1] for t in states if t.shape[1] is not None), None)
+    if hid is not None:
+        for nm, t, k in (("w", w, 0), ("r", r, 0), ("b", b, 0)):
+            if t.shape[k] is not None and t.shape[k] != 4 * hid:
+                raise ShapeError(f"LSTMSequence: {nm} {fmt(t.shape)} should have {4 * hid} rows (4 gates of {hid})")
+        for t in states:
+            if t.shape[1] is not None and t.shape[1] != hid:
+                raise ShapeError(f"LSTMSequence: state {fmt(t.shape)} should have {hid} columns")
+    if x.shape[2] is not None and w.shape[1] is not None and x.shape[2] != w.shape[1]:
+        raise ShapeError(f"LSTMSequence: x {fmt(x.shape)} has {x.shape[2]} features, w {fmt(w.shape)} {w.shape[1]}")
+    batch = x.shape[1] if x.shape[1] is not None else next((t.shape[0] for t in states if t.shape[0] is not None), None)
+    return [(x.dtype, (x.shape[0], batch, hid)), (x.dtype, (batch, hid)), (x.dtype, (batch, hid))]
+
+
+def _kernel_lstm_seq(node, ctx):
+    xp, reverse = ctx.xp, node.attrs["reverse"]
+
+    def run(x, w, r, b, h0=None, c0=None):
+        steps, batch, feat = x.shape
+        hid = r.shape[1]
+        dt = x.dtype
+        # s[k] = [x_t^T; h_k; 1] for the k-th step run: one GEMM per step, [W | R | b] x s[k], does the
+        # input projection, the recurrent product and the bias at once; step k writes h_{k+1} into s[k+1]
+        s = xp.empty((steps + 1, feat + hid + 1, batch), dt)
+        xs = x[::-1] if reverse else x
+        s[:steps, :feat] = xs.transpose(0, 2, 1)
+        s[:, feat + hid] = 1
+        s[0, feat:feat + hid] = 0 if h0 is None else h0.T
+        c = xp.zeros((hid, batch), dt) if c0 is None else xp.array(c0.T, dtype=dt, order="C")
+        if steps:
+            # sigmoid gates' rows negated, so the GEMM yields -z and sigmoid is exp, +1, reciprocal
+            wrb = xp.empty((4 * hid, feat + hid + 1), dt)
+            xp.negative(w[:3 * hid], out=wrb[:3 * hid, :feat])
+            xp.negative(r[:3 * hid], out=wrb[:3 * hid, feat:feat + hid])
+            xp.negative(b[:3 * hid], out=wrb[:3 * hid, feat + hid])
+            wrb[3 * hid:, :feat], wrb[3 * hid:, feat:feat + hid], wrb[3 * hid:, feat + hid] = \
+                w[3 * hid:], r[3 * hid:], b[3 * hid:]
+            z = xp.empty((4 * hid, batch), dt)
+            tmp = xp.empty((hid, batch), dt)
+            sig, g = z[:3 * hid], z[3 * hid:]
+            i, o, f = z[:hid], z[hid:2 * hid], z[2 * hid:3 * hid]
+            for k in range(steps):
+                xp.matmul(wrb, s[k], out=z)
+                with np.errstate(over="ignore"):  # exp(-z) -> inf for z < -88: 1 / inf = 0, exact
+                    xp.exp(sig, out=sig)
+                sig += 1
+                xp.reciprocal(sig, out=sig)
+                xp.tanh(g, out=g)
+                c *= f
+                xp.multiply(i, g, out=tmp)
+                c += tmp
+                h = s[k + 1, feat:feat + hid]
+                xp.tanh(c, out=h)
+                h *= o
+        y = s[1:, feat:feat + hid].transpose(0, 2, 1)  # [T, B, H] in the order the steps ran: a view
+        return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T, c.T
+    return run
+
+
+def _lstm_seq_cost(node):
+    x, w = node.inputs[0], node.inputs[1]
+    t, b, i = (d if d is not None else 1 for d in x.shape)
+    g = w.shape[0] or 4
+    h = g // 4
+    return Cost(2 * t * b * g * (i + 1 + h) + 12 * t * b * g, 4 * (t * b * (i + g + h) + g * (i + h)), 4 * t * b * h)
+
+
+register(OpDef("LSTMSequence", inputs=("x", "w", "r", "b", "*state"), attrs={"reverse": False},
+               infer=_infer_lstm_seq, kernel=_kernel_lstm_seq, cost=_lstm_seq_cost,
+               doc="A whole LSTM direction (ONNX gates i, o, f, c; sigmoid/tanh/tanh), inference only: (y [T, B, H], "
+                   "h_T, c_T) from x [T, B, I], W [4H, I], R [4H, H], the summed bias [4H] and optional h0, c0. "
+                   "With reverse, steps run from the last time to the first and y stays in time order."))
+
+
+def lstm_sequence(x, w, r, b, h0=None, c0=None, reverse: bool = False, name: Optional[str] = None):
+    """(y, h_T, c_T) of a whole LSTM direction in one node (no gradient: for inference).
+
+    x [T, B, I]; w = W [4H, I], r = R [4H, H] in ONNX gate order (i, o, f, c); b = Wb + Rb [4H];
+    h0, c0 [B, H] (default zeros)."""
+    ins = [convert(x), convert(w), convert(r), convert(b)]
+    if (h0 is None) != (c0 is None):
+        from .math import zeros_like
+        h0 = h0 if h0 is not None else zeros_like(c0)
+        c0 = c0 if c0 is not None else zeros_like(h0)
+    if h0 is not None:
+        ins += [convert(h0), convert(c0)]
+    out = make("LSTMSequence", tuple(ins), {"reverse": bool(reverse)}, name=name).outputs
+    return out[0], out[1], out[2]

@@ -81,6 +81,8 @@ CASES = [
     ("lstm_reverse_lens_peep_clip", "LSTM", dict(direction="reverse", lens=[3, 5, 1], peep=True, clip=1.5)),
     ("lstm_batch_major", "LSTM", dict(layout=1, init=True, direction="bidirectional")),
     ("lstm_input_forget_lens", "LSTM", dict(input_forget=1, lens=[2, 5, 4], init=True)),
+    ("lstm_reverse_init", "LSTM", dict(direction="reverse", init=True)),
+    ("lstm_bidir_nobias_out", "LSTM", dict(direction="bidirectional")),
     ("gru_fwd", "GRU", dict()),
     ("gru_lbr_bidir_lens", "GRU", dict(linear_before_reset=1, direction="bidirectional", lens=[4, 5, 2])),
     ("gru_reverse_init_layout", "GRU", dict(direction="reverse", init=True, layout=1)),
@@ -91,7 +93,9 @@ CASES = [
 ]
 
 
-EXPORT_BACK = {"gru_fwd", "gru_lbr_bidir_lens", "lstm_bidir_lens_init"}  # fused steps -> ONNX primitives
+# fused steps -> ONNX primitives; LSTMSequence -> ONNX LSTM
+EXPORT_BACK = {"gru_fwd", "gru_lbr_bidir_lens", "lstm_bidir_lens_init", "lstm_fwd", "lstm_reverse_init",
+               "lstm_bidir_nobias_out"}
 
 
 @pytest.mark.parametrize("name,op,kw", CASES, ids=[c[0] for c in CASES])
@@ -190,7 +194,19 @@ def test_lstm_classifier_imports_splits_and_exports_back():
     plan = plan_split(g, CostModel.edge_cloud(LinkModel.parse("20mbps", "40ms"), batch_size=b), outputs=[outs[0]])
     split = SplitSession(plan.partition()).run({ins["x"].node.name: xv})[0]
     np.testing.assert_allclose(split, want, rtol=1e-4, atol=1e-6)
+    assert [n.op for n in g.nodes].count("LSTMSequence") == 1  # constant weights: one fused node
     back = to_onnx(g, outs)
-    assert any(nd.op_type == "Loop" for nd in back.graph.node)
+    assert any(nd.op_type == "LSTM" for nd in back.graph.node)  # and back to an ONNX LSTM
     again = ort.InferenceSession(back.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
     np.testing.assert_allclose(again, want, rtol=1e-4, atol=1e-6)
+    # trainable weights: the differentiable loop of LSTMStep nodes, exported as While -> Loop
+    g2, ins2, outs2 = from_onnx(m, trainable=True)
+    ops2 = {n.op for n in g2.nodes}
+    assert "LSTMSequence" not in ops2 and "While" in ops2
+    with g2.as_default():
+        sess = ism.Session(g2)
+        sess.run(ism.global_variables_initializer())
+    back2 = to_onnx(sess, outs2)
+    assert any(nd.op_type == "Loop" for nd in back2.graph.node)
+    again2 = ort.InferenceSession(back2.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    np.testing.assert_allclose(again2, want, rtol=1e-4, atol=1e-6)

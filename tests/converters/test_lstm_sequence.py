@@ -1,0 +1,107 @@
+"""LSTMSequence (a whole LSTM direction in one kernel, inference only) against numpy written from
+the ONNX equations and against the differentiable loop of LSTMStep nodes."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.core.ops.recurrent import lstm_sequence
+
+rng = np.random.default_rng(0)
+
+
+def sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def ref(x, w, r, b, h0, c0, reverse):
+    """ONNX LSTM (default activations, no peepholes), float64."""
+    t_len, batch, _ = x.shape
+    hid = r.shape[1]
+    h, c = h0.astype(np.float64), c0.astype(np.float64)
+    y = np.zeros((t_len, batch, hid))
+    for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
+        z = x[t] @ w.T + h @ r.T + b
+        i, o, f, g = sig(z[:, :hid]), sig(z[:, hid:2 * hid]), sig(z[:, 2 * hid:3 * hid]), np.tanh(z[:, 3 * hid:])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        y[t] = h
+    return y, h, c
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("states", [False, True])
+def test_matches_numpy(dtype, reverse, states):
+    t_len, batch, feat, hid = 7, 3, 5, 4
+    x = rng.standard_normal((t_len, batch, feat)).astype(dtype)
+    w, r = (rng.standard_normal((4 * hid, feat)) * 0.5).astype(dtype), (rng.standard_normal((4 * hid, hid)) * 0.5).astype(dtype)
+    b = rng.standard_normal(4 * hid).astype(dtype)
+    h0, c0 = rng.standard_normal((batch, hid)).astype(dtype), rng.standard_normal((batch, hid)).astype(dtype)
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder(dtype, (None, None, feat))  # run-time T and B
+        hp, cp = ism.placeholder(dtype, (None, hid)), ism.placeholder(dtype, (None, hid))
+        outs = lstm_sequence(xp, w, r, b, hp if states else None, cp if states else None, reverse=reverse)
+        assert [o.shape for o in outs] == [(None, None, hid), (None, hid), (None, hid)]
+        got = ism.Session(g).run(list(outs), {xp: x, hp: h0, cp: c0})
+    want = ref(x, w, r, b, h0 if states else np.zeros_like(h0), c0 if states else np.zeros_like(c0), reverse)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for gv, wv in zip(got, want):
+        assert gv.dtype == dtype
+        np.testing.assert_allclose(gv, wv, rtol=tol, atol=tol)
+
+
+def test_zero_steps_returns_the_initial_state():
+    h0, c0 = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        y, h, c = lstm_sequence(np.zeros((0, 2, 4), np.float32), np.ones((12, 4), np.float32),
+                                np.ones((12, 3), np.float32), np.zeros(12, np.float32), h0, c0)
+        yv, hv, cv = ism.Session(g).run([y, h, c])
+    assert yv.shape == (0, 2, 3)
+    np.testing.assert_array_equal(hv, h0)
+    np.testing.assert_array_equal(cv, c0)
+
+
+def test_shapes_are_checked_and_the_gradient_is_refused_by_name():
+    g = ism.Graph()
+    with g.as_default():
+        with pytest.raises(ism.ShapeError, match="16 rows"):
+            lstm_sequence(np.zeros((2, 1, 3), np.float32), np.zeros((12, 3), np.float32),
+                          np.zeros((16, 4), np.float32), np.zeros(16, np.float32))
+        with pytest.raises(ism.ShapeError, match="features"):
+            lstm_sequence(np.zeros((2, 1, 5), np.float32), np.zeros((16, 3), np.float32),
+                          np.zeros((16, 4), np.float32), np.zeros(16, np.float32))
+        x = ism.placeholder("float32", (2, 1, 3))
+        y, _, _ = lstm_sequence(x, np.zeros((16, 3), np.float32), np.zeros((16, 4), np.float32),
+                                np.zeros(16, np.float32), name="seq")
+        with pytest.raises(ism.GraphError, match="LSTMSequence.*'seq'"):
+            ism.gradients(ism.reduce_sum(y), [x])
+
+
+def test_imported_lstm_is_one_node_and_equals_the_step_loop():
+    """An inference import uses LSTMSequence; a trainable one the LSTMStep loop: same numbers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from isthmus.converters import from_onnx
+    hid, feat = 6, 4
+    inits = [numpy_helper.from_array((rng.standard_normal((2, 4 * hid, feat)) * 0.5).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((2, 4 * hid, hid)) * 0.5).astype(np.float32), "R"),
+             numpy_helper.from_array((rng.standard_normal((2, 8 * hid)) * 0.5).astype(np.float32), "B")]
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "h", "c"], hidden_size=hid, direction="bidirectional")],
+        "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", feat])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "h", "c")], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    xv = rng.standard_normal((9, 5, feat)).astype(np.float32)
+    g1, i1, o1 = from_onnx(m)
+    assert [n.op for n in g1.nodes].count("LSTMSequence") == 2 and "While" not in {n.op for n in g1.nodes}
+    fast = ism.Session(g1).run(o1, {i1["x"]: xv})
+    g2, i2, o2 = from_onnx(m, trainable=True)
+    assert "While" in {n.op for n in g2.nodes}
+    with g2.as_default():
+        s2 = ism.Session(g2)
+        s2.run(ism.global_variables_initializer())
+    loop = s2.run(o2, {i2["x"]: xv})
+    for a, b in zip(fast, loop):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -21,6 +21,8 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
+from .depthwise import depthwise_forward
+from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
 
@@ -102,6 +104,10 @@ def _cols_chwn(xp, xt, g, c0=0, c1=None):
     win = as_strided(xt, (c, g.kh, g.kw, g.oh, g.ow, n),
                      (s0, g.dh * s1, g.dw * s2, g.sh * s1, g.sw * s2, s3), writeable=False)
     return xp.ascontiguousarray(win).reshape(c * g.kh * g.kw, g.oh * g.ow * n)
+
+
+# a 1x1 convolution's output is finished in groups of images of about this many bytes (in cache)
+_POINTWISE_CHUNK_BYTES = 1 << 20
 
 
 class _Geometry:
@@ -189,9 +195,12 @@ def _depthwise(node, w_shape, c):
     return node.attrs["groups"] == c and w_shape[1] == 1 and w_shape[0] == c
 
 
-def _kernel_conv(node, ctx):
+def _kernel_conv(node, ctx, activation: str = "none"):
+    """conv(x, w[, bias]) -> activation(conv2d(x, w) + bias), the bias and activation applied
+    while each chunk of the output is still in cache where the path allows."""
     xp = ctx.xp
     groups = node.attrs["groups"]
+    act = None if activation == "none" else activation_inplace(xp, activation)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -200,32 +209,66 @@ def _kernel_conv(node, ctx):
             g = cache[(x_shape, w_shape)] = _geometry(node, x_shape, w_shape)
         return g
 
-    def conv(x, w):
+    def conv(x, w, bias=None):
         n, c = x.shape[0], x.shape[1]
         g = geom(x.shape, w.shape)
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
-            # per-channel columns [C, kh*kw, N*OH*OW] contracted with einsum: twice as fast as a
-            # multiply-add per kernel tap, and no BLAS threads for thousands of tiny products
-            xpad = _padded(xp, x, g.pads)
-            win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
-            kk = g.kh * g.kw
-            cols = xp.ascontiguousarray(win.transpose(1, 2, 3, 0, 4, 5)).reshape(c, kk, n * g.oh * g.ow)
-            res = xp.einsum("ck,ckp->cp", w.reshape(c, kk), cols).reshape(c, n, g.oh, g.ow)
-            return res.reshape(1, c, g.oh, g.ow) if n == 1 else xp.ascontiguousarray(res.transpose(1, 0, 2, 3))
+            return depthwise_forward(xp, x, w, g, bias, act)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
-            # a 1x1 convolution is a matrix product over channels: no im2col, no copies
-            return xp.matmul(w.reshape(o, c), x.reshape(n, c, -1)).reshape(n, o, g.oh, g.ow)
-        if _row_taps(g, c):
-            return xp.ascontiguousarray(_conv_row_taps(xp, x, w, g).transpose(3, 0, 1, 2))
-        xt = _chwn_padded(xp, x, g.pads)
-        cg, og = c // groups, o // groups
-        out = xp.empty((o, g.oh, g.ow, n), dtype=x.dtype)
-        for k in range(groups):
-            cols = _cols_chwn(xp, xt, g, k * cg, (k + 1) * cg)
-            xp.matmul(w[k * og:(k + 1) * og].reshape(og, -1), cols, out=out[k * og:(k + 1) * og].reshape(og, -1))
-        return xp.ascontiguousarray(out.transpose(3, 0, 1, 2))
+            return _pointwise(xp, x, w.reshape(o, c), bias, act).reshape(n, o, g.oh, g.ow)
+        if not _row_taps(g, c):
+            return _im2col_per_image(xp, x, w, g, bias, act)
+        y = xp.ascontiguousarray(_conv_row_taps(xp, x, w, g).transpose(3, 0, 1, 2))
+        if bias is not None:
+            xp.add(y, bias.reshape(1, -1, 1, 1), out=y)
+        return y if act is None else act(y)
     return conv
+
+
+def _im2col_per_image(xp, x, w, g, bias, act):
+    """The general convolution one image at a time: the image's im2col [C*kh*kw, OH*OW] (in
+    cache) times the weights gives its NCHW output directly (no transposes), finished there."""
+    n, c = x.shape[0], x.shape[1]
+    o, groups = w.shape[0], g.groups
+    cg, og = c // groups, o // groups
+    xpad = _padded(xp, x, g.pads)
+    win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)  # [N, C, kh, kw, OH, OW]
+    wk = [w[k * og:(k + 1) * og].reshape(og, -1) for k in range(groups)]
+    out = xp.empty((n, o, g.oh * g.ow), dtype=x.dtype)
+    cols = xp.empty((cg, g.kh, g.kw, g.oh, g.ow), dtype=x.dtype)
+    cols2 = cols.reshape(cg * g.kh * g.kw, g.oh * g.ow)
+    b = None if bias is None else bias.reshape(o, 1)
+    for i in range(n):
+        y = out[i]
+        for k in range(groups):
+            cols[...] = win[i, k * cg:(k + 1) * cg]
+            xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
+        if b is not None:
+            xp.add(y, b, out=y)
+        if act is not None:
+            act(y)
+    return out.reshape(n, o, g.oh, g.ow)
+
+
+def _pointwise(xp, x, w2, bias, act):
+    """A 1x1 convolution as one matrix product per image ([O, C] @ [C, H*W], no im2col), in
+    groups of images whose output fits in cache, each finished (bias, activation) in place
+    before the next is computed. -> [N, O, H*W]"""
+    n, c = x.shape[0], x.shape[1]
+    o = w2.shape[0]
+    xs = x.reshape(n, c, -1)
+    out = xp.empty((n, o, xs.shape[2]), dtype=x.dtype)
+    b = None if bias is None else bias.reshape(1, o, 1)
+    step = max(1, _POINTWISE_CHUNK_BYTES // (o * xs.shape[2] * x.dtype.itemsize))
+    for i in range(0, n, step):
+        y = out[i:i + step]
+        xp.matmul(w2, xs[i:i + step], out=y)
+        if b is not None:
+            xp.add(y, b, out=y)
+        if act is not None:
+            act(y)
+    return out
 
 
 def _cost_conv(node):
@@ -368,16 +411,7 @@ def depthwise_conv2d(x, w, strides=1, padding="SAME", dilations=1, name: Optiona
 
 # ---- FusedConv2D (made by the passes) ---------------------------------------------------------
 def _kernel_fused_conv(node, ctx):
-    from .fused import activation_inplace
-    conv = _kernel_conv(node, ctx)
-    act = activation_inplace(ctx.xp, node.attrs["activation"])
-    add = ctx.xp.add
-
-    def run(x, w, bias):
-        y = conv(x, w)
-        add(y, bias.reshape(1, -1, 1, 1), out=y)
-        return act(y)
-    return run
+    return _kernel_conv(node, ctx, node.attrs["activation"])
 
 
 register(OpDef("FusedConv2D", inputs=("x", "w", "bias"), attrs={**_conv_attrs(), "activation": "none"},

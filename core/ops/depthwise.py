@@ -81,11 +81,11 @@ def _phase_fill(phases, g, h, wd):
     sh, sw = g.sh, g.sw
     copies = []
     for py in range(sh):
-        y0 = (t - py) % sh  # first input row landing in phase py (padded row t + y0 = py mod sh)
+        y0 = (py - t) % sh  # first input row in phase py: padded row t + y0 = py (mod sh)
         a0 = (t + y0) // sh
         ny = len(range(y0, h, sh))
         for px in range(sw):
-            x0 = (l - px) % sw
+            x0 = (px - l) % sw
             b0 = (l + x0) // sw
             nx = len(range(x0, wd, sw))
             if ny and nx:

@@ -1,0 +1,134 @@
+"""The forward convolution paths (chunked depthwise with stride phases, per-image im2col,
+pointwise in image groups) and FusedConv2D's bias and activation, against a float64 numpy
+reference that sums shifted input slices tap by tap."""
+import itertools
+
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.core.ops import conv as conv_ops
+from isthmus.core.ops import depthwise
+from isthmus.core.ops.base import make
+
+ACTS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
+        "sigmoid": lambda y: 1 / (1 + np.exp(-y))}
+
+
+def ref_conv(x, w, stride, pads, dil, groups):
+    """float64 convolution: for every tap, the strided input slice times that tap's weights."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0)) + tuple(pads))
+    oh = (xp.shape[2] - (kh - 1) * dil[0] - 1) // stride[0] + 1
+    ow = (xp.shape[3] - (kw - 1) * dil[1] - 1) // stride[1] + 1
+    og = o // groups
+    out = np.zeros((n, o, oh, ow))
+    for gi in range(groups):
+        xs = xp[:, gi * cg:(gi + 1) * cg]
+        for a in range(kh):
+            for e in range(kw):
+                sl = xs[:, :, a * dil[0]:a * dil[0] + (oh - 1) * stride[0] + 1:stride[0],
+                        e * dil[1]:e * dil[1] + (ow - 1) * stride[1] + 1:stride[1]]
+                out[:, gi * og:(gi + 1) * og] += np.einsum("ncij,oc->noij", sl, w[gi * og:(gi + 1) * og, :, a, e])
+    return out
+
+
+def run_conv(x, w, bias, strides, padding, dilations, groups, act):
+    """Run Conv2D (bias None) or FusedConv2D through a Session with passes off; -> (output, pads)."""
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        y = ism.conv2d(xt, ism.constant(w), strides=strides, padding=padding, dilations=dilations, groups=groups)
+        node = y.node
+        if bias is not None:
+            y = make("FusedConv2D", (xt, node.inputs[1], ism.constant(bias)),
+                     {**{k: node.attrs[k] for k in ("strides", "dilations", "pads", "groups")},
+                      "activation": act}).outputs[0]
+        sess = ism.Session(g, optimize=False)
+        x_before = x.copy()
+        out = sess.run(y, {xt: x})
+        np.testing.assert_array_equal(x, x_before)  # the kernel never writes into its input
+    return out, node.attrs["pads"]
+
+
+def check(x, w, bias, strides, padding, dilations, groups, act="none"):
+    out, pads = run_conv(x, w, bias, strides, padding, dilations, groups, act)
+    s = (strides, strides) if isinstance(strides, int) else strides
+    d = (dilations, dilations) if isinstance(dilations, int) else dilations
+    want = ref_conv(x, w, s, pads, d, groups)
+    if bias is not None:
+        want = ACTS[act](want + bias.reshape(1, -1, 1, 1))
+    assert out.dtype == np.float32 and out.shape == want.shape and out.flags.c_contiguous
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+DW_CASES = list(itertools.product(
+    [1, 3],                                   # batch
+    [(3, 3), (5, 5), (1, 3)],                 # kernel
+    [1, 2, (2, 1), 3],                        # strides
+    ["SAME", "VALID", ((2, 0), (1, 2))],      # padding
+    [1, 2]))                                  # dilations
+
+
+@pytest.mark.parametrize("chunk", [64, None])
+@pytest.mark.parametrize("batch,k,strides,padding,dil", DW_CASES[::3] + [DW_CASES[-1]])
+def test_depthwise_against_reference(monkeypatch, chunk, batch, k, strides, padding, dil):
+    if chunk is not None:  # tiny chunks: one (image, channel) row at a time, buffers reused
+        monkeypatch.setattr(depthwise, "CHUNK_BYTES", chunk)
+    rng = np.random.default_rng(hash((batch, k, str(strides), str(padding), dil)) % 2**32)
+    c = 5
+    x = rng.standard_normal((batch, c, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((c, 1) + k).astype(np.float32)
+    check(x, w, None, strides, padding, dil, c)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("strides", [1, 2])
+def test_fused_depthwise_bias_activation(monkeypatch, act, strides):
+    monkeypatch.setattr(depthwise, "CHUNK_BYTES", 4096)
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((4, 6, 10, 10)) * 3).astype(np.float32)
+    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    check(x, w, b, strides, "SAME", 1, 6, act)
+
+
+def test_depthwise_large_batch_many_chunks():
+    """MobileNet-like shape at batch > 1 with the default chunk size (several chunks)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 48, 24, 24)).astype(np.float32)
+    w = rng.standard_normal((48, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    for s in (1, 2):
+        check(x, w, b, s, "SAME", 1, 48, "relu6")
+
+
+@pytest.mark.parametrize("chunk", [16, None])
+@pytest.mark.parametrize("act", ["none", "relu6"])
+def test_pointwise_image_groups(monkeypatch, chunk, act):
+    if chunk is not None:  # one image per group
+        monkeypatch.setattr(conv_ops, "_POINTWISE_CHUNK_BYTES", chunk)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 7, 4, 3)).astype(np.float32)
+    w = rng.standard_normal((6, 7, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    check(x, w, None, 1, "VALID", 1, 1)
+    check(x, w, b, 1, "VALID", 1, 1, act)
+
+
+@pytest.mark.parametrize("groups,o,strides,padding,dil", [
+    (1, 4, 2, "SAME", 1),           # a stem: 3 input channels, stride 2
+    (1, 4, 1, "VALID", 2),
+    (2, 6, (2, 1), ((1, 0), (2, 1)), 1),
+    (4, 8, 1, "SAME", 1),          # channel multiplier 2: grouped, not depthwise
+])
+def test_general_conv_per_image(groups, o, strides, padding, dil):
+    rng = np.random.default_rng(5)
+    c = 3 if groups == 1 else 4
+    x = rng.standard_normal((3, c, 9, 10)).astype(np.float32)
+    w = rng.standard_normal((o, c // groups, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    check(x, w, None, strides, padding, dil, groups)
+    check(x, w, b, strides, padding, dil, groups, "relu6")

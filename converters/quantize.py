@@ -12,6 +12,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
 
 from .edge_export import EDGE_OPS
@@ -26,6 +27,27 @@ def _qparams(lo: float, hi: float) -> Tuple[float, int]:
     scale = (hi - lo) / 255.0 or 1e-8
     zp = int(np.clip(round(-128 - lo / scale), -128, 127))
     return scale, zp
+
+
+def _pow2_scales(s_w: np.ndarray, s_in: float, s_out: float) -> np.ndarray:
+    """Per-channel scales S * 2^-e_c (S the largest), each the smallest such value at or above the
+    channel's own max|w| / 127: at most 2x coarser than free scales, and the channels' requantization
+    multipliers then share one mantissa, which the edge kernels turn into one multiplier for the
+    whole tensor (edge.quant.UniformRequantizer). That arithmetic is exact while each channel's
+    shift is at most 44, so e_c stops there (a channel of tiny weights then keeps a coarser scale);
+    where even S's shift is beyond, the free scales stay. float32 throughout, as the file stores them."""
+    s_w = s_w.astype(np.float32).astype(np.float64)
+    top = float(np.float32(s_w.max()))
+    try:
+        _, shift = quantize_multiplier(float(np.float32(s_in)) * top / float(np.float32(s_out)))
+    except ValueError:  # EdgeModelError: a multiplier the kernels refuse whatever the scales
+        return s_w
+    if shift > 44:
+        return s_w
+    e = np.minimum(np.floor(np.log2(top / s_w)).astype(np.int64), 44 - shift)
+    out = np.ldexp(top, -e)
+    out = np.where(out < s_w, np.ldexp(top, -(e - 1)), out)  # guard the log's rounding: never below
+    return out.astype(np.float32).astype(np.float64)
 
 
 def _int8_ok(n: Node) -> bool:
@@ -57,8 +79,11 @@ def calibrate(sess, tensors: Sequence[Tensor], feeds: Iterable[Dict], percentile
 
 
 def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration: Iterable[Dict],
-                     percentile: Optional[float] = None, batch: int = 1) -> Tuple[bytes, Dict[str, object]]:
-    """(edge model bytes, report). `calibration` yields feed dicts keyed by placeholder name or Tensor."""
+                     percentile: Optional[float] = None, batch: int = 1,
+                     pow2_scales: bool = True) -> Tuple[bytes, Dict[str, object]]:
+    """(edge model bytes, report). `calibration` yields feed dicts keyed by placeholder name or Tensor.
+    pow2_scales: conv weight scales per channel as S * 2^-e_c (see _pow2_scales): faster int8
+    convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127."""
     import isthmus.core as ism
     from isthmus.core.executor import prune
     from isthmus.core.passes import freeze, optimize
@@ -118,6 +143,8 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                 axis = 0 if n.op.endswith("Conv2D") else 1
                 red = tuple(i for i in range(wv.ndim) if i != axis)
                 s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
+                if pow2_scales and axis == 0:
+                    s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0])
                 shp = [-1 if i == axis else 1 for i in range(wv.ndim)]
                 wq = np.clip(np.round(wv / s_w.reshape(shp)), -127, 127).astype(np.int8)
                 ins = [as_int8(x), w.add_constant(n.inputs[1].node.name + "/int8", wq, scale=s_w.tolist(),

@@ -34,7 +34,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
-from .quant import Requantizer, activation_bounds, bind_folded_output, exact_dtype, fold_requantization, int8_range
+from .quant import (F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
+                    fold_requantization, int8_range, shared_mantissa)
 
 INT8_KERNELS: Dict[str, Callable] = {}
 
@@ -84,6 +85,26 @@ def fold_pays(k: int, outputs: int, columns: int = 0) -> bool:
     return 0.04 * k * outputs + 0.5 * columns < 1.2 * outputs + 3000.0
 
 
+def _uniform(multipliers, zy: int, lo: int, hi: int, wi: np.ndarray, bias: np.ndarray):
+    """(UniformRequantizer, per-channel weight factors 2^-e_c, GEMM bound) when the channels'
+    multipliers share one mantissa (quant.shared_mantissa) and the arithmetic stays exact; else None.
+    The bias rides in the GEMM (a row of ones), so its bound counts it."""
+    sm = shared_mantissa(multipliers)
+    o = wi.shape[0]
+    if sm is None:
+        return None
+    q, s, e = sm
+    e = np.broadcast_to(e, (o,))
+    bounds = 128 * np.abs(wi).reshape(o, -1).sum(axis=1) + np.abs(np.broadcast_to(bias, (o,)))
+    if int(bounds.max()) >= F64_EXACT:
+        return None
+    try:
+        rq = UniformRequantizer(q, s, e, zy, lo, hi, bounds)
+    except EdgeModelError:
+        return None
+    return rq, np.ldexp(1.0, -e), int(bounds.max())
+
+
 @int8_kernel("Conv2D", "FusedConv2D")
 def conv(ctx: OpContext):
     ctx.arity(2, 3)
@@ -114,19 +135,29 @@ def conv(ctx: OpContext):
     # one float64 GEMM doing the requantization too when that is exact and K is small
     # (quant.fold_requantization), else an exact float32 (or float64) GEMM then the fixed-point
     # Requantizer
-    folded = None
-    if depthwise and DEPTHWISE_FOLD:
+    folded, uni = None, _uniform(sx * sw / sy, zy, lo, hi, wi, bias) if depthwise or groups == 1 else None
+    if uni is not None:  # one multiplier for all channels: powers of two and the bias in the weights
+        uni, scaled, bound = uni
+        ft, extra = exact_dtype(bound), 1
+        wg = [np.ascontiguousarray(np.concatenate([wk.reshape(o, -1) * scaled[:, None], (bias * scaled)[:, None]],
+                                                  axis=1).astype(ft))]
+    elif depthwise and DEPTHWISE_FOLD:
         folded = fold_requantization(wk.reshape(c, kk), sx * sw / sy, bias, zy, bound)
     elif groups == 1 and fold_pays(kg, o * n * oh * ow, 0 if pointwise else kg * n * wide.L):
         folded = fold_requantization(wk.reshape(o, -1), sx * sw / sy, bias, zy, bound)
-    if folded is not None:
+    if uni is not None:
+        pass
+    elif folded is not None:
         ft, extra, wg = np.dtype(np.float64), 1, [folded]
     else:
         rq = Requantizer(sx * sw / sy, zy, lo, hi, bound, bias, (o, 1, 1, 1))
         extra = 0
         wg = [np.ascontiguousarray(wk.reshape(c, kk).astype(ft))] if depthwise else \
             [np.ascontiguousarray(wk[k * og:(k + 1) * og].reshape(og, kg).astype(ft)) for k in range(groups)]
-    s_tmp = ((o, n, oh, ow), np.int64)
+    # the requantization's 8-byte temporary: int64 or float64 of the output's shape; the uniform
+    # requantizer works on the whole contiguous accumulator (a wide layout's junk columns included)
+    s_tmp = ((o, n * oh * ow) if pointwise else (o, n * wide.L), np.float64) if uni is not None else \
+        ((o, n, oh, ow), np.int64)
     if pointwise:  # the input itself (channels first) is the GEMM's operand
         s_pad, s_acc = ((c + extra, n, h, wd), ft), ((o, n * h * wd), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)
@@ -159,7 +190,11 @@ def conv(ctx: OpContext):
             gather = wide.bind(ins[0], overlay(sc[i_a], *s_pad), taps.reshape(wide.cols_shape), fill)
             acc4 = wide.out_view(acc)
         ones = ones if extra else None
-        finish = bind_folded_output(acc4, y4, lo, hi) if extra else rq.bind(acc4, y4, tmp)
+        if uni is not None:
+            view = (lambda a: a.reshape(o, n, oh, ow)) if pointwise else wide.out_view
+            finish = uni.bind(acc, None if ft == np.float64 else tmp, view, y4)
+        else:
+            finish = bind_folded_output(acc4, y4, lo, hi) if extra else rq.bind(acc4, y4, tmp)
         if depthwise:  # per-channel 1 x kh*kw products: einsum, not thousands of tiny BLAS calls
             wc, einsum = wg[0].reshape(c, kk + extra), np.einsum
 

@@ -121,6 +121,39 @@ def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias, fo
     assert len(np.unique(got)) > 3  # the case exercises the range, not only the clamp
 
 
+@pytest.mark.parametrize("xs,ws,strides,dil,pads,groups,act,per_channel,has_bias", CONV_CASES)
+def test_conv_with_power_of_two_channel_scales(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias,
+                                               monkeypatch):
+    """Channel scales S 2^-e_c (quantize_to_edge's pow2 scales): one multiplier for the whole
+    tensor, the powers of two and the bias in the float weights (UniformRequantizer), where the
+    kernel can; bit for bit the same integer definition."""
+    import isthmus.edge.int8_kernels as k8
+    used = []
+    real = k8._uniform
+    monkeypatch.setattr(k8, "_uniform", lambda *a: used.append(real(*a)) or used[-1])
+    x, w = i8(xs), i8(ws, -127)
+    o = ws[0]
+    sx, zx, sy, zy = f32(0.03), int(rng.integers(-20, 20)), f32(0.05 * (ws[1] * ws[2] * ws[3]) ** 0.5), int(rng.integers(-10, 10))
+    sw = f32(0.02 * np.ldexp(1.0, -rng.integers(0, 4, o)))
+    bias = rng.integers(-3000, 3000, o).astype(np.int32)
+    acc = conv_acc(x, zx, w, np.zeros(o), strides, dil, pads, groups) + (bias.reshape(1, -1, 1, 1) if has_bias else 0)
+    lo = max(-128, zy) if act != "none" and has_bias else -128
+    hi = min(127, zy + round(6 / sy)) if act == "relu6" and has_bias else 127
+    want = requant(acc, sx * sw / sy, zy, lo, hi, channel_axis=1)
+    args = [q(x, sx, zx), q(w, sw, np.zeros(o), const=True, axis=0)]
+    if has_bias:
+        args.append(q(bias, sx * sw, np.zeros(o), const=True, axis=0))
+    attrs = {"strides": list(strides), "dilations": list(dil), "pads": list(pads), "groups": groups}
+    if has_bias:
+        attrs["activation"] = act
+    got = run("FusedConv2D" if has_bias else "Conv2D", args, Out("int8", [sy], [zy]), want.shape, attrs)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 3
+    depthwise_or_dense = groups == 1 or (groups == xs[1] == ws[0] and ws[1] == 1)
+    exact = 128 * 127 * ws[1] * ws[2] * ws[3] * 2 ** 31 < 2 ** 53  # else the int64 requantizer (K=3136)
+    assert [u is not None for u in used] == ([exact] if depthwise_or_dense else [])
+
+
 # ---- matmul --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("m,k,n,tb,act,bias", [(1, 32, 10, False, "none", True), (5, 200, 7, True, "relu", True),
                                                (3, 16, 4, False, "relu6", False), (2, 3000, 3, False, "none", True)])

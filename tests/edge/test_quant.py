@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from isthmus.edge import EdgeModelError
-from isthmus.edge.quant import Requantizer, bind_folded_output, fold_requantization, quantize_multiplier
+from isthmus.edge.quant import (Requantizer, UniformRequantizer, bind_folded_output, fold_requantization,
+                                 quantize_multiplier, shared_mantissa)
 
 
 def reference(acc, bias, m, zp, lo, hi):
@@ -95,3 +96,44 @@ def test_requantizer_keeps_int64_where_float64_would_round():
 def test_requantizer_refuses_what_could_overflow_int64():
     with pytest.raises(EdgeModelError, match="overflow"):
         Requantizer(0.5, 0, -128, 127, 1 << 40, [1 << 40])
+
+
+# ---- one multiplier for channels whose scales differ by powers of two ------------------------------
+@pytest.mark.parametrize("seed,m0,lo,hi", [(0, 3.1e-3, -128, 127), (1, 7.7e-3, -5, 60), (2, 0.61, -128, 127),
+                                           (3, 1.7, -20, 100), (4, 2.0 ** -10, 0, 127)])
+def test_uniform_requantizer_matches_the_integer_definition(seed, m0, lo, hi):
+    """Channels with multipliers m0 2^-e_c: the GEMM result a = v 2^-e_c (float32 and float64),
+    the clamp before the multiply (m0 < 1) or after it (m0 > 1, no integer threshold), a wide view
+    whose junk columns are computed and never stored; every value against the int64 definition."""
+    rng = np.random.default_rng(seed)
+    o, n = 5, 400
+    e = rng.integers(0, 5, o)  # s + e <= 44 for these m0
+    e[0] = 0
+    ms = m0 * np.ldexp(1.0, -e)
+    sm = shared_mantissa(ms)
+    assert sm is not None and list(sm[2]) == list(e)
+    bound = 60000
+    v = rng.integers(-bound, bound + 1, (o, n))
+    v[:, 0], v[:, 1] = bound, -bound
+    v[:, 2:40] = rng.integers(-3000, 3000, (o, 38))  # around zero, where most ties and clamps are
+    zp = int(rng.integers(-20, 20))
+    want = np.stack([reference(v[i], 0, ms[i], zp, lo, hi) for i in range(o)])
+    rq = UniformRequantizer(*sm, zp, lo, hi, np.full(o, bound))
+    assert rq.clamp_before == (m0 < 1)
+    for dtype in (np.float32, np.float64):
+        a = (v * np.ldexp(1.0, -e)[:, None]).astype(dtype)
+        assert np.array_equal(a.astype(np.float64) * np.ldexp(1.0, e)[:, None], v)  # exact
+        wide = np.concatenate([a, np.full((o, 7), 1e6, dtype)], axis=1)  # 7 junk columns
+        got = np.zeros((o, n), np.int8)
+        tmp = None if dtype == np.float64 else np.empty(wide.shape)
+        rq.bind(wide, tmp, lambda t: t[:, :n], got)()
+        np.testing.assert_array_equal(got, want)
+
+
+def test_shared_mantissa_declines_unrelated_multipliers():
+    assert shared_mantissa([0.01, 0.013]) is None
+    assert shared_mantissa([0.01, 0.005, 0.0025 / 1024])[2].tolist() == [0, 1, 12]
+    with pytest.raises(EdgeModelError, match="round"):
+        UniformRequantizer(*quantize_multiplier(0.5), np.array([0]), 0, -128, 127, np.array([1 << 30]))
+    with pytest.raises(EdgeModelError, match="round"):  # s + e = 50: v 2^-50 + 128.5 would round
+        UniformRequantizer(*quantize_multiplier(2.0 ** -13), np.array([0, 7]), 0, -128, 127, np.array([99, 99]))

@@ -7,7 +7,8 @@
     y_value, = parts.run({"x": x_value})              # the parts run together, in process
 
 Modules: devices (profiles, links), costmodel, calibrate, problem (constraints and the
-objective), placement (mincut, greedy, exhaustive, baselines), partition, runner, plan.
+objective), placement (mincut, greedy, exhaustive, baselines), partition, runner, plan,
+threads (the BLAS thread count, which a profile holds only for: ISTHMUS_BLAS_THREADS or set_blas_threads).
 """
 from .costmodel import CostModel, op_cost
 from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel
@@ -16,8 +17,13 @@ from .placement import cloud_only, edge_only, place_exhaustive, place_greedy, pl
 from .plan import AdaptivePlanner, SplitPlan, plan_split
 from .problem import Constraints, Placement, PlacementError, Problem
 from .runner import SplitSession
+from .threads import blas_threads, check_threads, limited_blas_threads, set_blas_threads
+from .threads import apply_env_once as _apply_blas_env
+
+_apply_blas_env()  # ISTHMUS_BLAS_THREADS, once per process
 
 __all__ = ["CostModel", "op_cost", "DeviceProfile", "LinkModel", "CLOUD", "EDGE", "CLOUD_DEVICE", "EDGE_DEVICE",
            "Part", "Partition", "Transfer", "partition", "place_mincut", "place_greedy", "place_exhaustive", "place_layer_split",
            "edge_only", "cloud_only", "AdaptivePlanner", "SplitPlan", "plan_split", "Constraints", "Placement",
-           "PlacementError", "Problem", "SplitSession"]
+           "PlacementError", "Problem", "SplitSession", "blas_threads", "set_blas_threads", "limited_blas_threads",
+           "check_threads"]

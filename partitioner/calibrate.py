@@ -25,6 +25,8 @@ from ..core.registry import REQUIRED
 from ..core.session import Session
 from .costmodel import cost_key, op_cost
 from .devices import CLOUD, Coeffs, DeviceProfile
+from .threads import blas_threads as current_blas_threads
+from .threads import limited_blas_threads
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ _CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128
           "full": ((1, 3, 224, 32, 3, 2), (1, 16, 56, 24, 1, 1), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 3, 2),
                    (1, 96, 14, 96, 1, 1), (1, 128, 7, 256, 3, 1), (1, 256, 7, 64, 1, 1), (1, 8, 112, 16, 3, 1),
                    (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1))}
-_DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1)),
+_DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1), (1, 64, 56, 3, 2),
+                        (1, 192, 14, 3, 1), (1, 16, 112, 3, 1)),
               "full": ((1, 32, 112, 3, 1), (1, 96, 56, 3, 2), (1, 144, 28, 3, 1), (1, 192, 14, 3, 1),
                        (1, 576, 14, 3, 2), (1, 960, 7, 3, 1), (1, 16, 64, 5, 1), (4, 64, 28, 3, 1))}
 _FEATURE_MAPS = {"quick": ((1, 32, 56), (1, 96, 14), (4, 64, 28)),
@@ -142,29 +145,57 @@ def _conv_cases(op: str, level: str, rng) -> Iterator[Case]:
         yield ins, _node(op, attrs)
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+class Calibration:
+    """The single-op graphs of `ops`, built once, timed in rounds (`run_round`), each case keeping
+    its least disturbed median. A caller may interleave rounds with other measurements (the
+    accuracy benchmark times its held-out graphs between rounds), so that a change in the
+    machine's load reaches the calibration and what it predicts alike.
+
+    clock "wall" (perf_counter) measures what a run takes; "cpu" (thread_time) only the time this
+    thread ran, which other processes on a shared machine do not inflate. "cpu" is true to wall
+    time only when BLAS runs on one thread (its helper threads' time is not this thread's)."""
+
+    def __init__(self, ops: Optional[Sequence[str]] = None, level: str = "full", clock: str = "wall"):
+        if level not in _SIZES:
+            raise ValueError(f"level must be one of {sorted(_SIZES)}, got {level!r}")
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+        self.clock = clock
+        self.built = []
+        for op in ops or registry.registered():
+            registry.get(op)  # an unknown op lists the known ones
+            self.built.extend(_build_case(op, inputs, build) for inputs, build in cases(op, level))
+        self.best = [np.inf] * len(self.built)
+        self.rounds = 0
+
+    def run_round(self, budget_s: float = 0.05 / 3) -> None:
+        for i, case in enumerate(self.built):
+            self.best[i] = min(self.best[i], _time_case(case, budget_s, clock=CLOCKS[self.clock]))
+        self.rounds += 1
+
+    def samples(self) -> List[Sample]:
+        if not self.rounds:
+            raise RuntimeError("no calibration round has run yet")
+        return [Sample(key, shape, flops, nbytes, sec) for (_, _, _, _, key, shape, flops, nbytes), sec
+                in zip(self.built, self.best)]
+
+
 def measure(ops: Optional[Sequence[str]] = None, level: str = "full", budget_s: float = 0.05,
-            rounds: int = 3) -> List[Sample]:
+            rounds: int = 3, clock: str = "wall") -> List[Sample]:
     """Time every case of every op (default: all registered ops calibration can build).
 
-    Each op's cases are timed in `rounds` passes over all of them, and each case keeps its
-    least disturbed median: on a shared machine a burst of other work then slows one round
-    of every case, not every round of a few cases (one such burst made a whole op's fit 1.8x
-    too slow here)."""
-    if level not in _SIZES:
-        raise ValueError(f"level must be one of {sorted(_SIZES)}, got {level!r}")
+    The cases are timed in `rounds` passes over all of them, and each case keeps its least
+    disturbed median: on a shared machine a burst of other work then slows one round of every
+    case, not every round of a few cases (one such burst made a whole op's fit 1.8x too slow here)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    out: List[Sample] = []
-    for op in ops or registry.registered():
-        registry.get(op)  # an unknown op lists the known ones
-        built = [_build_case(op, inputs, build) for inputs, build in cases(op, level)]
-        best = [np.inf] * len(built)
-        for _ in range(rounds):
-            for i, case in enumerate(built):
-                best[i] = min(best[i], _time_case(case, budget_s / rounds))
-        out.extend(Sample(key, shape, flops, nbytes, sec) for (_, _, _, _, key, shape, flops, nbytes), sec
-                   in zip(built, best))
-    return out
+    cal = Calibration(ops, level, clock)
+    for _ in range(rounds):
+        cal.run_round(budget_s / rounds)
+    return cal.samples()
 
 
 def _build_case(op: str, inputs: List[np.ndarray], build: Callable):
@@ -184,8 +215,8 @@ def _build_case(op: str, inputs: List[np.ndarray], build: Callable):
 FLUSH_BYTES = 4 << 20
 
 
-def _time_case(case, budget_s: float, flush_bytes: int = FLUSH_BYTES) -> float:
-    """Median seconds of the node's kernel, each call after the private caches were flushed."""
+def _time_case(case, budget_s: float, flush_bytes: int = FLUSH_BYTES, clock=time.perf_counter) -> float:
+    """Median seconds of the node's kernel (by `clock`), each call after the private caches were flushed."""
     sess, feed, node, op = case[:4]
     fetch = node.outputs[0]
     sess.run(fetch, feed)  # compile and warm up
@@ -206,9 +237,9 @@ def _time_case(case, budget_s: float, flush_bytes: int = FLUSH_BYTES) -> float:
     for _ in range(repeats):
         if flush_bytes:
             flush += 1.0
-        t0 = time.perf_counter()
+        t0 = clock()
         kernel(*args)
-        samples.append(time.perf_counter() - t0)
+        samples.append(clock() - t0)
     return float(np.median(samples))
 
 
@@ -248,12 +279,19 @@ def errors(profile: DeviceProfile, samples: Sequence[Sample]) -> Dict[str, float
 
 
 def calibrate(device: str = "cloud", ops: Optional[Sequence[str]] = None, level: str = "full",
-              slowdown: float = 1.0, path: Optional[str] = None, base: DeviceProfile = CLOUD) -> DeviceProfile:
+              slowdown: float = 1.0, path: Optional[str] = None, base: DeviceProfile = CLOUD,
+              blas_threads: Optional[int] = None, clock: str = "wall") -> DeviceProfile:
     """Measure this machine and return (and optionally write) the device profile `device`.
 
     `slowdown` > 1 emulates a slower device (an edge 8x slower than this machine).
+    `blas_threads` runs the kernels on that many BLAS threads (default: as the process has it);
+    the profile records the count, and holds only for runs with the same (threads.py).
     """
-    profile = fit(measure(ops, level), device, base)
+    with limited_blas_threads(blas_threads):
+        if clock == "cpu" and current_blas_threads() not in (1, None):
+            raise ValueError("calibrate(clock='cpu') needs one BLAS thread (blas_threads=1): other BLAS "
+                             "threads' time is not this thread's CPU time")
+        profile = replace(fit(measure(ops, level, clock=clock), device, base), blas_threads=current_blas_threads())
     if slowdown != 1.0:
         profile = profile.scaled(slowdown, name=device)
     if path:
@@ -268,6 +306,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", nargs="*", default=None, help="op types to calibrate (default: all it can build)")
     p.add_argument("--quick", action="store_true", help="fewer shapes (a few seconds)")
     p.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower")
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="BLAS threads while timing (default: the process's; ISTHMUS_BLAS_THREADS sets that). The "
+                        "profile records it: predict runs with the same count")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or this thread's CPU time (steadier on a shared machine; one BLAS thread only)")
     p.add_argument("--from-trace", nargs="+", default=None, metavar="TRACE",
                    help="refit from Chrome traces of real runs (RunMetadata.write_chrome_trace) instead of timing "
                         "kernels; see partitioner/trace_fit.py")
@@ -304,8 +347,12 @@ def run(args) -> int:
         if not gpu.gpu_available():
             raise SystemExit(f"isthmus calibrate --device gpu: no GPU available ({gpu.unavailable_reason()})")
         raise SystemExit("isthmus calibrate --device gpu: GPU op timing is not implemented yet (issue #9)")
-    samples = measure(args.ops, "quick" if args.quick else "full")
-    profile = fit(samples, args.device)
+    with limited_blas_threads(args.blas_threads):
+        if args.clock == "cpu" and current_blas_threads() not in (1, None):
+            raise SystemExit("isthmus calibrate --clock cpu needs --blas-threads 1 (other BLAS threads' time "
+                             "is not this thread's CPU time)")
+        samples = measure(args.ops, "quick" if args.quick else "full", clock=args.clock)
+        profile = replace(fit(samples, args.device), blas_threads=current_blas_threads())
     if args.slowdown != 1.0:
         profile = profile.scaled(args.slowdown, name=args.device)
     out = args.out or f"{args.device}.json"

@@ -94,7 +94,10 @@ class CostModel:
     """
 
     def __init__(self, profiles: Mapping[str, DeviceProfile], link: LinkModel, edge: Optional[str] = EDGE_DEVICE,
-                 batch_size: int = 1, lan: LinkModel = LAN, passes: bool = True):
+                 batch_size: int = 1, lan: LinkModel = LAN, passes: bool = True,
+                 node_times: Optional[Mapping[str, Mapping[str, float]]] = None):
+        """`node_times` {device: {node name: seconds}}: measured times of this graph's nodes on a
+        device (see measured.py), used instead of the profile's regression for the nodes it names."""
         if not profiles:
             raise ValueError("a cost model needs at least one device profile")
         if edge is not None and edge not in profiles:
@@ -108,6 +111,14 @@ class CostModel:
         self.lan = lan
         self.batch_size = batch_size
         self.passes = passes  # price the graph the Session runs after its passes (fusion, folding)
+        self.node_times: Dict[str, Dict[str, float]] = {}
+        for d, times in (node_times or {}).items():
+            if d not in self.profiles:
+                raise ValueError(f"node_times for device {d!r}, which has no profile; profiles: {sorted(profiles)}")
+            bad = {n: s for n, s in times.items() if not (isinstance(s, (int, float)) and 0 <= s < float("inf"))}
+            if bad:
+                raise ValueError(f"node_times for {d}: times must be finite seconds >= 0, got {dict(list(bad.items())[:3])}")
+            self.node_times[d] = {str(n): float(s) for n, s in times.items()}
         self._costs: "weakref.WeakKeyDictionary[Node, Cost]" = weakref.WeakKeyDictionary()
         self._roles: "weakref.WeakKeyDictionary[object, tuple]" = weakref.WeakKeyDictionary()
 
@@ -166,7 +177,15 @@ class CostModel:
         return roles
 
     def run_time(self, node: Node, device: str, roles: Roles) -> float:
-        """The node's share of what runs after the passes (see executed.py)."""
+        """The node's share of what runs after the passes (see executed.py); its measured time
+        when `node_times` has one for this device."""
+        measured = self.node_times.get(device)
+        if measured is not None and node.name in measured:
+            return measured[node.name]
+        return self.model_time(node, device, roles)
+
+    def model_time(self, node: Node, device: str, roles: Roles) -> float:
+        """run_time by the profile's regression alone (no measured node times)."""
         role = roles.of(node)
         if role == FREE:
             return 0.0

@@ -29,6 +29,7 @@ class DeviceProfile:
     supported_ops: Optional[FrozenSet[str]] = None  # None: every registered op
     op_coeffs: Dict[str, Coeffs] = field(default_factory=dict)
     default_coeffs: Optional[Coeffs] = None  # fitted over all measured ops, for the others
+    blas_threads: Optional[int] = None      # the BLAS thread count calibration ran with (threads.py); None: unknown
 
     def supports(self, op: str) -> bool:
         return self.supported_ops is None or op in self.supported_ops
@@ -70,6 +71,9 @@ class DeviceProfile:
         d["op_coeffs"] = {k: _coeffs(v, k) for k, v in d.get("op_coeffs", {}).items()}
         if d.get("default_coeffs") is not None:
             d["default_coeffs"] = _coeffs(d["default_coeffs"], "default_coeffs")
+        bt = d.get("blas_threads")
+        if bt is not None and (isinstance(bt, bool) or not isinstance(bt, int) or bt < 1):
+            raise ValueError(f"device profile field blas_threads must be an integer >= 1 or null, got {bt!r}")
         return cls(**d)
 
     def save(self, path: str) -> None:
@@ -94,24 +98,37 @@ def _coeffs(v, what: str) -> Coeffs:
 
 @dataclass(frozen=True)
 class LinkModel:
-    """The edge's link to the cloud. Bandwidths in bit/s; rtt in seconds."""
+    """The edge's link to the cloud. Bandwidths in bit/s; rtt in seconds.
+
+    `call_s` is the fixed cost of one remote call beyond the network's round trip: the RPC stack
+    and the offload service's queue (measured with a small request, see bench/demo); like the RTT
+    it is paid half on the way up and half on the way back."""
     up_bps: float = 20e6
     down_bps: float = 20e6
     rtt_s: float = 0.040
+    call_s: float = 0.0
 
     def __post_init__(self):
-        if not (self.up_bps > 0 and self.down_bps > 0 and self.rtt_s >= 0):
-            raise ValueError(f"link needs positive bandwidths and rtt >= 0, got {self}")
+        if not (self.up_bps > 0 and self.down_bps > 0 and self.rtt_s >= 0 and self.call_s >= 0):
+            raise ValueError(f"link needs positive bandwidths and rtt, call_s >= 0, got {self!r}")
+
+    @property
+    def latency_s(self) -> float:
+        """What one call costs beyond the bytes: the round trip and the call's fixed cost."""
+        return self.rtt_s + self.call_s
 
     def upload_time(self, nbytes: float) -> float:
-        return nbytes * 8.0 / self.up_bps + self.rtt_s / 2
+        return nbytes * 8.0 / self.up_bps + self.latency_s / 2
 
     def download_time(self, nbytes: float) -> float:
-        return nbytes * 8.0 / self.down_bps + self.rtt_s / 2
+        return nbytes * 8.0 / self.down_bps + self.latency_s / 2
 
     def with_uplink(self, up_bps: float) -> "LinkModel":
         """This link at another uplink, the downlink keeping its ratio to it."""
-        return LinkModel(up_bps, self.down_bps * up_bps / self.up_bps, self.rtt_s)
+        return replace(self, up_bps=up_bps, down_bps=self.down_bps * up_bps / self.up_bps)
+
+    def with_call_cost(self, call_s: float) -> "LinkModel":
+        return replace(self, call_s=float(call_s))
 
     @classmethod
     def parse(cls, bandwidth: str, rtt: str = "40ms", downlink: Optional[str] = None) -> "LinkModel":
@@ -120,7 +137,8 @@ class LinkModel:
         return cls(up, parse_bandwidth(downlink) if downlink else up, parse_duration(rtt))
 
     def __str__(self) -> str:
-        return f"up {self.up_bps / 1e6:g} Mbit/s, down {self.down_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms"
+        call = f", call {self.call_s * 1e3:g} ms" if self.call_s else ""
+        return f"up {self.up_bps / 1e6:g} Mbit/s, down {self.down_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms{call}"
 
 
 _BW_UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9}

@@ -112,7 +112,7 @@ class _LinkTerms:
 
     def at(self, link: LinkModel) -> float:
         return (self.fixed + self.up_bits / link.up_bps + self.down_bits / link.down_bps
-                + (self.n_up + self.n_down) * link.rtt_s / 2)
+                + (self.n_up + self.n_down) * link.latency_s / 2)
 
 
 def _link_terms(b: Breakdown, edge: Optional[str]) -> _LinkTerms:

@@ -241,13 +241,21 @@ class OffloadClient:
     def __init__(self, model_path: str, address: str, security=None, deadline_ms: float = 1000.0,
                  link: Optional[EmulatedLink] = None, window: int = 3, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
-                 initial_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3):
+                 initial_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3,
+                 edge_clock: str = "cpu"):
         """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
-        (demos, benchmarks): after each request the client sleeps (edge_slowdown - 1) x the time
-        it computed here, so a request takes what it would on that device."""
+        (demos, benchmarks): after each request the client sleeps until the request's local compute
+        has taken edge_slowdown x what it took here, so a request takes what it would on that device.
+        `edge_clock` says what "took here" counts: "cpu", the CPU time of the invoking thread (other
+        processes sharing the machine do not stretch it, so the emulated edge is as steady as the
+        device it stands for; true when BLAS runs on one thread, as on a phone's interpreter), or
+        "wall", the wall time (on a loaded machine, waits for a core are multiplied too)."""
         if not edge_slowdown >= 1.0:
             raise ValueError(f"edge_slowdown must be >= 1, got {edge_slowdown!r}")
+        if edge_clock not in ("cpu", "wall"):
+            raise ValueError(f"edge_clock must be 'cpu' or 'wall', got {edge_clock!r}")
         self.edge_slowdown = float(edge_slowdown)
+        self.edge_clock = edge_clock
         self.split = load_split(model_path)
         self.address, self.security = address, security
         self.deadline_s = float(deadline_ms) / 1e3
@@ -277,7 +285,9 @@ class OffloadClient:
                            switches=0, probes=0, connects=0, pings=0)
         self.latencies: List[float] = []
         self.last_error: Optional[str] = None
-        self.last: Dict[str, object] = {}  # the latest request: mode, total_s, local_s (time in the full model), cut
+        # the latest request: mode, total_s, local_s (time in the full model), cut, edge_s (emulated edge compute),
+        # remote_s (in remote calls), server_s (the service's queue + compute), server_compute_s, bytes each way
+        self.last: Dict[str, object] = {}
         self._local_s = 0.0
         if self.split.full is not None:  # prepared now, so that a fallback costs only its compute
             self._full = Interpreter(self.split.full)
@@ -290,28 +300,40 @@ class OffloadClient:
     # ---- public -------------------------------------------------------------------------------------
     def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:
         with self._lock:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             self._deadline_at = t0 + self.deadline_s
             self.counts["requests"] += 1
             before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
-            self._remote_s = self._server_s = 0.0
+            self._remote_s = self._server_s = self._compute_s = self._remote_cpu_s = 0.0
             self._up_bytes = self._down_bytes = 0
             try:
                 return self._invoke(inputs)
             finally:
-                edge_s = max(time.perf_counter() - t0 - self._remote_s, 0.0)  # computing here, not waiting
-                if self.edge_slowdown > 1.0:
-                    time.sleep((self.edge_slowdown - 1.0) * edge_s)
+                edge_s = self._emulate_edge(t0, c0)
                 total = time.perf_counter() - t0
                 mode = next((k for k in ("cloud", "fallback", "local") if self.counts[k] > before[k]), "error")
                 # where the time went: computing on the (emulated) edge, in remote calls (link + service)
                 # and, of that, the service's queue + compute; the bytes each way
                 self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut,
-                                 edge_s=edge_s * self.edge_slowdown, remote_s=self._remote_s,
-                                 server_s=self._server_s, up_bytes=self._up_bytes, down_bytes=self._down_bytes)
+                                 edge_s=edge_s, remote_s=self._remote_s,
+                                 server_s=self._server_s, server_compute_s=self._compute_s,
+                                 up_bytes=self._up_bytes, down_bytes=self._down_bytes)
                 self.latencies.append(total)
                 if len(self.latencies) > 10000:
                     del self.latencies[:5000]
+
+    def _emulate_edge(self, t0: float, c0: float) -> float:
+        """Seconds the request computed on the (emulated) edge, remote calls left out; with a
+        slowdown, sleeps until that much time has passed in computing plus sleeping."""
+        wall = max(time.perf_counter() - t0 - self._remote_s, 0.0)  # computing here, not waiting
+        if self.edge_slowdown <= 1.0:
+            return wall
+        if self.edge_clock == "cpu":
+            edge = self.edge_slowdown * max(time.thread_time() - c0 - self._remote_cpu_s, 0.0)
+            time.sleep(max(edge - wall, 0.0))
+            return max(edge, wall)
+        time.sleep((self.edge_slowdown - 1.0) * wall)
+        return self.edge_slowdown * wall
 
     def stats(self) -> Dict[str, object]:
         lat = sorted(self.latencies)
@@ -393,11 +415,12 @@ class OffloadClient:
     def _remote(self, k: int):
         """The interpreter's callback for cut k's RemotePart: one Infer call over the (emulated) link."""
         def call(part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
-            t_call = time.perf_counter()
+            t_call, c_call = time.perf_counter(), time.thread_time()
             try:
                 return self._call_part(k, part, arrays)
             finally:
                 self._remote_s += time.perf_counter() - t_call
+                self._remote_cpu_s += time.thread_time() - c_call
         return call
 
     def _call_part(self, k: int, part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
@@ -416,6 +439,7 @@ class OffloadClient:
         self._sleep_link(nbytes_up)
         resp = self._call("Infer", req)
         self._server_s += (resp.queue_ms + resp.compute_ms) / 1e3
+        self._compute_s += resp.compute_ms / 1e3
         if len(resp.outputs) != len(cut.outputs):
             raise CloudError(f"part '{cut.cloud_part}': the service returned {len(resp.outputs)} outputs, "
                              f"expected {len(cut.outputs)}")

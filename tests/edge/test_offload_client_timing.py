@@ -46,8 +46,8 @@ def test_breakdown_adds_up_and_counts_the_bytes(split, server):  # noqa: F811
 
 
 def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeypatch):  # noqa: F811
-    """Everything on the edge (no cloud at all): after each request the client sleeps (k-1) x the
-    time it computed, and reports k x that as the edge time."""
+    """Everything on the edge (no cloud at all), edge_clock="wall": after each request the client
+    sleeps (k-1) x the time it computed, and reports k x that as the edge time."""
     import isthmus.edge.offload_client as oc
     sm = load_split(split["model"])
     low = sm.cuts[0]
@@ -56,7 +56,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
     real_sleep = oc.time.sleep
     monkeypatch.setattr(oc.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
     with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
-                       edge_slowdown=5.0, ping_every=1000) as c5:
+                       edge_slowdown=5.0, ping_every=1000, edge_clock="wall") as c5:
         for v in split["xs"][:4]:
             asked.clear()
             c5.invoke(v)
@@ -71,6 +71,45 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
         assert asked == []  # no slowdown: no sleep
 
 
+def test_edge_slowdown_by_cpu_time_counts_only_this_threads_compute(split, monkeypatch):  # noqa: F811
+    """edge_clock="cpu" (the default): the emulated edge time is k x the CPU time the request's
+    compute took, whatever else delayed it; the client sleeps for what the wall time has not yet
+    covered. A fake clock pair makes it exact: the compute takes 2 ms of CPU and 5 ms of wall."""
+    import isthmus.edge.offload_client as oc
+    sm = load_split(split["model"])
+    low = sm.cuts[0]
+    clock = {"wall": 100.0, "cpu": 7.0}
+    asked = []
+    monkeypatch.setattr(oc.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(oc.time, "thread_time", lambda: clock["cpu"])
+    monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+                       edge_slowdown=8.0, ping_every=1000) as c:
+        real_local = c._local
+
+        def local(inputs):
+            clock["wall"] += 0.005
+            clock["cpu"] += 0.002
+            return real_local(inputs)
+        c._local = local
+        c.invoke(split["xs"][0])
+        assert c.last["mode"] == "local"
+        assert c.last["edge_s"] == pytest.approx(8 * 0.002)
+        assert asked == [pytest.approx(8 * 0.002 - 0.005)]
+        # a compute delayed beyond k x its CPU time (a loaded machine): no sleep, the wall time counts
+        asked.clear()
+
+        def slow_local(inputs):
+            clock["wall"] += 0.030
+            clock["cpu"] += 0.002
+            return real_local(inputs)
+        c._local = slow_local
+        c.invoke(split["xs"][1])
+        assert asked == [0.0] and c.last["edge_s"] == pytest.approx(0.030)
+
+
 def test_edge_slowdown_is_validated(split):  # noqa: F811
     with pytest.raises(ValueError, match="edge_slowdown"):
         OffloadClient(split["model"], "127.0.0.1:1", edge_slowdown=0.5)
+    with pytest.raises(ValueError, match="edge_clock"):
+        OffloadClient(split["model"], "127.0.0.1:1", edge_slowdown=2.0, edge_clock="gpu")

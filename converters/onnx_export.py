@@ -390,31 +390,36 @@ def _lstm_step(c, n, ins, outs):
     c.node("Mul", [o, tc], [outs[0]])
 
 
-@handler("LSTMSequence")
-def _lstm_sequence(c, n, ins, outs):
-    """An ONNX LSTM of one direction; constant weights become initializers of ONNX's shapes
-    (onnxruntime prepacks initializer weights), the summed bias goes in B's first half."""
-    def lead_axis(k: int, base: str, pad_zeros: bool = False) -> str:
-        src = n.inputs[k].node
-        if src.op == "Const":
-            v = np.asarray(src.attrs["value"])
-            return c.const((np.concatenate([v, np.zeros_like(v)]) if pad_zeros else v)[None], base)
-        name = ins[k]
-        if pad_zeros:
-            zeros, name = c.fresh("lstm_zero_b"), c.fresh("lstm_b8")
-            c.node("Sub", [ins[k], ins[k]], [zeros])
-            c.node("Concat", [ins[k], zeros], [name], axis=0)
-        out = c.fresh(base)
-        c.node("Unsqueeze", [name, c.const(np.array([0], np.int64))], [out])
-        return out
-    args = [ins[0], lead_axis(1, "lstm_W"), lead_axis(2, "lstm_R"), lead_axis(3, "lstm_B", pad_zeros=True), ""]
-    if len(ins) == 6:
-        args += [lead_axis(4, "lstm_h0"), lead_axis(5, "lstm_c0")]
-    y4, yh, yc = c.fresh("lstm_Y"), c.fresh("lstm_Yh"), c.fresh("lstm_Yc")
-    c.node("LSTM", args, [y4, yh, yc], hidden_size=int(n.outputs[1].shape[1] or n.inputs[2].shape[1]),
-           direction="reverse" if n.attrs["reverse"] else "forward")
-    c.node("Squeeze", [y4, c.const(np.array([1], np.int64))], [outs[0]])
-    for src, dst in ((yh, outs[1]), (yc, outs[2])):
+def _onnx_rnn_input(c, n, ins, k: int, base: str, pad_zeros: bool = False) -> str:
+    """Input k of a sequence op with ONNX's leading direction axis; a constant becomes an initializer
+    (onnxruntime prepacks initializer weights). `pad_zeros`: a zero second half (LSTM's R bias)."""
+    src = n.inputs[k].node
+    if src.op == "Const":
+        v = np.asarray(src.attrs["value"])
+        return c.const((np.concatenate([v, np.zeros_like(v)]) if pad_zeros else v)[None], base)
+    name = ins[k]
+    if pad_zeros:
+        zeros, name = c.fresh(f"{base}_zero"), c.fresh(f"{base}_padded")
+        c.node("Sub", [ins[k], ins[k]], [zeros])
+        c.node("Concat", [ins[k], zeros], [name], axis=0)
+    out = c.fresh(base)
+    c.node("Unsqueeze", [name, c.const(np.array([0], np.int64))], [out])
+    return out
+
+
+@handler("LSTMSequence", "GRUSequence")
+def _rnn_sequence(c, n, ins, outs):
+    """An ONNX LSTM (the summed bias in B's first half) or GRU of one direction."""
+    lstm = n.op == "LSTMSequence"
+    args = [ins[0], _onnx_rnn_input(c, n, ins, 1, "rnn_W"), _onnx_rnn_input(c, n, ins, 2, "rnn_R"),
+            _onnx_rnn_input(c, n, ins, 3, "rnn_B", pad_zeros=lstm), ""]
+    args += [_onnx_rnn_input(c, n, ins, k, f"rnn_state{k}") for k in range(4, len(ins))]
+    raw = [c.fresh("rnn_Y"), c.fresh("rnn_Yh")] + ([c.fresh("rnn_Yc")] if lstm else [])
+    attrs = {} if lstm else {"linear_before_reset": int(n.attrs["linear_before_reset"])}
+    c.node("LSTM" if lstm else "GRU", args, raw, hidden_size=int(n.inputs[2].shape[1] or n.outputs[1].shape[1]),
+           direction="reverse" if n.attrs["reverse"] else "forward", **attrs)
+    c.node("Squeeze", [raw[0], c.const(np.array([1], np.int64))], [outs[0]])
+    for src, dst in zip(raw[1:], outs[1:]):
         c.node("Squeeze", [src, c.const(np.array([0], np.int64))], [dst])
 
 

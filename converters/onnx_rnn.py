@@ -16,7 +16,7 @@ import numpy as np
 import isthmus.core as ism
 from isthmus.core.graph import Tensor
 from isthmus.core.ops.control import set_row
-from isthmus.core.ops.recurrent import gru_step, lstm_sequence, lstm_step
+from isthmus.core.ops.recurrent import gru_sequence, gru_step, lstm_sequence, lstm_step
 from isthmus.core.rnn import zeros_state
 
 from .onnx_import import ImportError_, _attrs, _s, handler
@@ -94,8 +94,8 @@ def _transposed(r: Tensor) -> Tensor:
 def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     """One direction over x [T, B, I] -> (y [T, B, H] or None, h [B, H], c [B, H] or None)."""
     hid = s.hidden
-    if s.fused and s.op == "LSTM" and lens is None and all(t is None or t.node.op == "Const" for t in (w, r, b)):
-        return _lstm_sequence(s, x, w, r, b, h0, c0)
+    if s.fused and lens is None and all(t is None or t.node.op == "Const" for t in (w, r, b)):
+        return _sequence(s, x, w, r, b, h0, c0)
     if s.reverse:
         x = x[::-1]
     # the input part of every step at once: one [T*B, I] x [I, G*H] GEMM (numpy leaves BLAS for a
@@ -183,15 +183,16 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     return y, res[1], (res[2] if n_st > 1 else None)
 
 
-def _lstm_sequence(s: _Spec, x, w, r, b, h0, c0):
-    """Constant weights (an inference import): the whole direction is one LSTMSequence node."""
+def _sequence(s: _Spec, x, w, r, b, h0, c0):
+    """Constant weights (an inference import): the whole direction is one LSTMSequence or
+    GRUSequence node."""
     hid = s.hidden
-    if b is None:
-        bias = np.zeros(4 * hid, np.float32)
+    gates = _GATES[s.op]
+    bv = np.zeros(2 * gates * hid, np.float32) if b is None else np.asarray(b.node.attrs["value"], np.float32)
+    if s.op == "LSTM":
+        y, h, cc = lstm_sequence(x, w, r, ism.constant(bv[:4 * hid] + bv[4 * hid:]), h0, c0, reverse=s.reverse)
     else:
-        bv = np.asarray(b.node.attrs["value"])
-        bias = bv[:4 * hid] + bv[4 * hid:]
-    y, h, cc = lstm_sequence(x, w, r, ism.constant(bias.astype(np.float32)), h0, c0, reverse=s.reverse)
+        (y, h), cc = gru_sequence(x, w, r, ism.constant(bv), h0, reverse=s.reverse, linear_before_reset=s.lbr), None
     return (y if s.want_y else None), h, cc
 
 

@@ -9,7 +9,8 @@ computed for all steps before the loop and fed in; `rt` is the recurrent weight 
 LSTMSequence runs a whole LSTM direction in one kernel (inference only): no executor step per
 time step, one GEMM per step for the input projection, the recurrent product and the bias
 together ([W | R | b] times [x_t; h; 1]), and the state kept transposed ([H, B]) so that each
-gate is one contiguous block for numpy's elementwise passes.
+gate is one contiguous block for numpy's elementwise passes. GRUSequence does the same for a GRU
+(a second, [H, H] GEMM per step for the hidden gate's recurrent product).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 
-__all__ = ["lstm_step", "gru_step", "lstm_sequence"]
+__all__ = ["lstm_step", "gru_step", "lstm_sequence", "gru_sequence"]
 
 
 def _sigmoid_(xp, y):
@@ -319,3 +320,108 @@ def lstm_sequence(x, w, r, b, h0=None, c0=None, reverse: bool = False, name: Opt
         ins += [convert(h0), convert(c0)]
     out = make("LSTMSequence", tuple(ins), {"reverse": bool(reverse)}, name=name).outputs
     return out[0], out[1], out[2]
+
+
+# ---- GRUSequence: a whole direction in one kernel (inference) -------------------------------------------
+def _infer_gru_seq(node):
+    x, w, r, b = node.inputs[:4]
+    states = node.inputs[4:]
+    if len(states) > 1:
+        raise ShapeError(f"GRUSequence takes at most one state input (h0), got {len(states)}")
+    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in node.inputs):
+        raise ShapeError("GRUSequence needs float inputs of one dtype")
+    if len(x.shape) != 3 or len(w.shape) != 2 or len(r.shape) != 2 or len(b.shape) != 1 \
+            or any(len(t.shape) != 2 for t in states):
+        raise ShapeError(f"GRUSequence: x [T, B, I], w [3H, I], r [3H, H], b [6H], h0 [B, H]; got "
+                         f"{', '.join(fmt(t.shape) for t in node.inputs)}")
+    hid = r.shape[1] if r.shape[1] is not None else next((t.shape[1] for t in states if t.shape[1] is not None), None)
+    if hid is not None:
+        for nm, t, rows in (("w", w, 3 * hid), ("r", r, 3 * hid), ("b", b, 6 * hid)):
+            if t.shape[0] is not None and t.shape[0] != rows:
+                raise ShapeError(f"GRUSequence: {nm} {fmt(t.shape)} should have {rows} rows (hidden size {hid})")
+        for t in states:
+            if t.shape[1] is not None and t.shape[1] != hid:
+                raise ShapeError(f"GRUSequence: h0 {fmt(t.shape)} should have {hid} columns")
+    if x.shape[2] is not None and w.shape[1] is not None and x.shape[2] != w.shape[1]:
+        raise ShapeError(f"GRUSequence: x {fmt(x.shape)} has {x.shape[2]} features, w {fmt(w.shape)} {w.shape[1]}")
+    batch = x.shape[1] if x.shape[1] is not None else next((t.shape[0] for t in states if t.shape[0] is not None), None)
+    return [(x.dtype, (x.shape[0], batch, hid)), (x.dtype, (batch, hid))]
+
+
+def _kernel_gru_seq(node, ctx):
+    xp, reverse, lbr = ctx.xp, node.attrs["reverse"], node.attrs["linear_before_reset"]
+
+    def run(x, w, r, b, h0=None):
+        steps, batch, feat = x.shape
+        hid = r.shape[1]
+        dt = x.dtype
+        s = xp.empty((steps + 1, feat + hid + 1, batch), dt)  # [x_t^T; h_k; 1], as in LSTMSequence
+        s[:steps, :feat] = (x[::-1] if reverse else x).transpose(0, 2, 1)
+        s[:, feat + hid] = 1
+        s[0, feat:feat + hid] = 0 if h0 is None else h0.T
+        if steps:
+            h2 = 2 * hid
+            wb, rb = b[:3 * hid], b[3 * hid:]
+            # rows z, r (negated: sigmoid = 1 / (1 + exp)) from x, h and both biases; rows n from x and
+            # Wb_n (+ Rb_n unless linear_before_reset); the hidden gate's recurrent product apart
+            a = xp.zeros((3 * hid, feat + hid + 1), dt)
+            xp.negative(w[:h2], out=a[:h2, :feat])
+            xp.negative(r[:h2], out=a[:h2, feat:feat + hid])
+            xp.negative(wb[:h2] + rb[:h2], out=a[:h2, feat + hid])
+            a[h2:, :feat] = w[h2:]
+            a[h2:, feat + hid] = wb[h2:] if lbr else wb[h2:] + rb[h2:]
+            rh = xp.empty((hid, hid + 1), dt)  # [R_n | Rb_n] against [h; 1]
+            rh[:, :hid] = r[h2:]
+            rh[:, hid] = rb[h2:]
+            z = xp.empty((3 * hid, batch), dt)
+            tmp = xp.empty((hid, batch), dt)
+            rec = xp.empty((hid, batch), dt)
+            zr, n = z[:h2], z[h2:]
+            zg, rg = z[:hid], z[hid:h2]
+            for k in range(steps):
+                xp.matmul(a, s[k], out=z)
+                with np.errstate(over="ignore"):
+                    xp.exp(zr, out=zr)
+                zr += 1
+                xp.reciprocal(zr, out=zr)
+                h = s[k, feat:feat + hid]
+                if lbr:  # n = tanh(x Wn + Wbn + r * (h Rn + Rbn))
+                    xp.matmul(rh, s[k, feat:], out=rec)
+                    rec *= rg
+                else:  # n = tanh(x Wn + Wbn + Rbn + (r * h) Rn)
+                    xp.multiply(rg, h, out=tmp)
+                    xp.matmul(rh[:, :hid], tmp, out=rec)
+                n += rec
+                xp.tanh(n, out=n)
+                nxt = s[k + 1, feat:feat + hid]  # h' = n + z (h - n)
+                xp.subtract(h, n, out=nxt)
+                nxt *= zg
+                nxt += n
+        y = s[1:, feat:feat + hid].transpose(0, 2, 1)
+        return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T
+    return run
+
+
+def _gru_seq_cost(node):
+    x, w = node.inputs[0], node.inputs[1]
+    t, b, i = (d if d is not None else 1 for d in x.shape)
+    g = w.shape[0] or 3
+    h = g // 3
+    return Cost(2 * t * b * g * (i + 1 + h) + 10 * t * b * g, 4 * (t * b * (i + g + h) + g * (i + h)), 4 * t * b * h)
+
+
+register(OpDef("GRUSequence", inputs=("x", "w", "r", "b", "*state"), attrs={"reverse": False, "linear_before_reset": False},
+               infer=_infer_gru_seq, kernel=_kernel_gru_seq, cost=_gru_seq_cost,
+               doc="A whole GRU direction (ONNX gates z, r, h; sigmoid/tanh), inference only: (y [T, B, H], h_T) from "
+                   "x [T, B, I], W [3H, I], R [3H, H], B = [Wb; Rb] [6H] and an optional h0."))
+
+
+def gru_sequence(x, w, r, b, h0=None, reverse: bool = False, linear_before_reset: bool = False,
+                 name: Optional[str] = None):
+    """(y, h_T) of a whole GRU direction in one node (no gradient: for inference).
+
+    x [T, B, I]; w = W [3H, I], r = R [3H, H] in ONNX gate order (z, r, h); b = [Wb; Rb] [6H]; h0 [B, H]."""
+    ins = [convert(x), convert(w), convert(r), convert(b)] + ([convert(h0)] if h0 is not None else [])
+    out = make("GRUSequence", tuple(ins), {"reverse": bool(reverse), "linear_before_reset": bool(linear_before_reset)},
+               name=name).outputs
+    return out[0], out[1]

@@ -86,6 +86,7 @@ CASES = [
     ("gru_fwd", "GRU", dict()),
     ("gru_lbr_bidir_lens", "GRU", dict(linear_before_reset=1, direction="bidirectional", lens=[4, 5, 2])),
     ("gru_reverse_init_layout", "GRU", dict(direction="reverse", init=True, layout=1)),
+    ("gru_lbr_reverse_init", "GRU", dict(direction="reverse", init=True, linear_before_reset=1)),
     ("rnn_fwd_relu", "RNN", dict(activations=["Relu"])),
     ("rnn_bidir_lens_init", "RNN", dict(direction="bidirectional", lens=[1, 5, 3], init=True)),
     ("rnn_reverse_hardsigmoid", "RNN", dict(direction="reverse", activations=["HardSigmoid"],
@@ -93,9 +94,9 @@ CASES = [
 ]
 
 
-# fused steps -> ONNX primitives; LSTMSequence -> ONNX LSTM
+# fused steps -> ONNX primitives; LSTMSequence / GRUSequence -> ONNX LSTM / GRU
 EXPORT_BACK = {"gru_fwd", "gru_lbr_bidir_lens", "lstm_bidir_lens_init", "lstm_fwd", "lstm_reverse_init",
-               "lstm_bidir_nobias_out"}
+               "lstm_bidir_nobias_out", "gru_lbr_reverse_init"}
 
 
 @pytest.mark.parametrize("name,op,kw", CASES, ids=[c[0] for c in CASES])

@@ -1,10 +1,10 @@
-"""LSTMSequence (a whole LSTM direction in one kernel, inference only) against numpy written from
-the ONNX equations and against the differentiable loop of LSTMStep nodes."""
+"""LSTMSequence and GRUSequence (a whole direction in one kernel, inference only) against numpy
+written from the ONNX equations and against the differentiable loops of LSTMStep/GRUStep nodes."""
 import numpy as np
 import pytest
 
 import isthmus as ism
-from isthmus.core.ops.recurrent import lstm_sequence
+from isthmus.core.ops.recurrent import gru_sequence, lstm_sequence
 
 rng = np.random.default_rng(0)
 
@@ -51,6 +51,48 @@ def test_matches_numpy(dtype, reverse, states):
         np.testing.assert_allclose(gv, wv, rtol=tol, atol=tol)
 
 
+def ref_gru(x, w, r, b, h0, reverse, lbr):
+    t_len, batch, _ = x.shape
+    hid = r.shape[1]
+    wb, rb = b[:3 * hid], b[3 * hid:]
+    h = h0.astype(np.float64)
+    y = np.zeros((t_len, batch, hid))
+    for t in (range(t_len - 1, -1, -1) if reverse else range(t_len)):
+        gx = x[t] @ w.T + wb
+        z = sig(gx[:, :hid] + h @ r[:hid].T + rb[:hid])
+        rg = sig(gx[:, hid:2 * hid] + h @ r[hid:2 * hid].T + rb[hid:2 * hid])
+        if lbr:
+            n = np.tanh(gx[:, 2 * hid:] + rg * (h @ r[2 * hid:].T + rb[2 * hid:]))
+        else:
+            n = np.tanh(gx[:, 2 * hid:] + (rg * h) @ r[2 * hid:].T + rb[2 * hid:])
+        h = (1 - z) * n + z * h
+        y[t] = h
+    return y, h
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reverse,lbr,state", [(False, False, False), (True, False, True), (False, True, True),
+                                               (True, True, False)])
+def test_gru_matches_numpy(dtype, reverse, lbr, state):
+    t_len, batch, feat, hid = 6, 3, 5, 4
+    x = rng.standard_normal((t_len, batch, feat)).astype(dtype)
+    w, r = (rng.standard_normal((3 * hid, feat)) * 0.5).astype(dtype), (rng.standard_normal((3 * hid, hid)) * 0.5).astype(dtype)
+    b = rng.standard_normal(6 * hid).astype(dtype)
+    h0 = rng.standard_normal((batch, hid)).astype(dtype)
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder(dtype, (None, None, feat))
+        hp = ism.placeholder(dtype, (None, hid))
+        outs = gru_sequence(xp, w, r, b, hp if state else None, reverse=reverse, linear_before_reset=lbr)
+        assert [o.shape for o in outs] == [(None, None, hid), (None, hid)]
+        got = ism.Session(g).run(list(outs), {xp: x, hp: h0})
+    want = ref_gru(x, w, r, b, h0 if state else np.zeros_like(h0), reverse, lbr)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for gv, wv in zip(got, want):
+        assert gv.dtype == dtype
+        np.testing.assert_allclose(gv, wv, rtol=tol, atol=tol)
+
+
 def test_zero_steps_returns_the_initial_state():
     h0, c0 = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)
     g = ism.Graph()
@@ -77,25 +119,33 @@ def test_shapes_are_checked_and_the_gradient_is_refused_by_name():
                                 np.zeros(16, np.float32), name="seq")
         with pytest.raises(ism.GraphError, match="LSTMSequence.*'seq'"):
             ism.gradients(ism.reduce_sum(y), [x])
+        with pytest.raises(ism.ShapeError, match="18 rows"):
+            gru_sequence(x, np.zeros((9, 3), np.float32), np.zeros((9, 3), np.float32), np.zeros(9, np.float32))
+        yg, _ = gru_sequence(x, np.zeros((9, 3), np.float32), np.zeros((9, 3), np.float32), np.zeros(18, np.float32),
+                             name="gseq")
+        with pytest.raises(ism.GraphError, match="GRUSequence.*'gseq'"):
+            ism.gradients(ism.reduce_sum(yg), [x])
 
 
-def test_imported_lstm_is_one_node_and_equals_the_step_loop():
-    """An inference import uses LSTMSequence; a trainable one the LSTMStep loop: same numbers."""
+@pytest.mark.parametrize("op,kw", [("LSTM", {}), ("GRU", {}), ("GRU", {"linear_before_reset": 1})])
+def test_imported_rnn_is_one_node_per_direction_and_equals_the_step_loop(op, kw):
+    """An inference import uses LSTMSequence/GRUSequence; a trainable one the step loop: same numbers."""
     from onnx import TensorProto, helper, numpy_helper
 
     from isthmus.converters import from_onnx
-    hid, feat = 6, 4
-    inits = [numpy_helper.from_array((rng.standard_normal((2, 4 * hid, feat)) * 0.5).astype(np.float32), "W"),
-             numpy_helper.from_array((rng.standard_normal((2, 4 * hid, hid)) * 0.5).astype(np.float32), "R"),
-             numpy_helper.from_array((rng.standard_normal((2, 8 * hid)) * 0.5).astype(np.float32), "B")]
+    hid, feat, gates = 6, 4, 4 if op == "LSTM" else 3
+    inits = [numpy_helper.from_array((rng.standard_normal((2, gates * hid, feat)) * 0.5).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((2, gates * hid, hid)) * 0.5).astype(np.float32), "R"),
+             numpy_helper.from_array((rng.standard_normal((2, 2 * gates * hid)) * 0.5).astype(np.float32), "B")]
+    outs = ["y", "h", "c"][:3 if op == "LSTM" else 2]
     m = helper.make_model(helper.make_graph(
-        [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "h", "c"], hidden_size=hid, direction="bidirectional")],
-        "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", feat])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "h", "c")], inits),
+        [helper.make_node(op, ["x", "W", "R", "B"], outs, hidden_size=hid, direction="bidirectional", **kw)],
+        "rnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", feat])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs], inits),
         opset_imports=[helper.make_opsetid("", 17)])
     xv = rng.standard_normal((9, 5, feat)).astype(np.float32)
     g1, i1, o1 = from_onnx(m)
-    assert [n.op for n in g1.nodes].count("LSTMSequence") == 2 and "While" not in {n.op for n in g1.nodes}
+    assert [n.op for n in g1.nodes].count(f"{op}Sequence") == 2 and "While" not in {n.op for n in g1.nodes}
     fast = ism.Session(g1).run(o1, {i1["x"]: xv})
     g2, i2, o2 = from_onnx(m, trainable=True)
     assert "While" in {n.op for n in g2.nodes}

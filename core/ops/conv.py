@@ -11,6 +11,7 @@ convolutions skip the GEMM: a multiply-add per kernel tap.
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Tuple
 
 import numpy as np
@@ -454,6 +455,20 @@ def _lowest(dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+def _pairs_tiled(g, shape) -> bool:
+    """2x2 windows at stride 2 that tile the whole (unpadded) input: the common CNN pooling."""
+    return ((g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (2, 2, 2, 2, 1, 1) and g.pads == ((0, 0), (0, 0))
+            and shape[2] == 2 * g.oh and shape[3] == 2 * g.ow)
+
+
+def _max_pool_pairs(xp, x, g):
+    """Maximum of row pairs (contiguous runs of W), then of column pairs: two ops, not four."""
+    n, c = x.shape[0], x.shape[1]
+    x5 = x.reshape(n, c, g.oh, 2, 2 * g.ow)
+    rows = xp.maximum(x5[:, :, :, 0], x5[:, :, :, 1])
+    return xp.maximum(rows[..., 0::2], rows[..., 1::2])
+
+
 def _kernel_max_pool(node, ctx):
     """The running maximum over kernel taps: kh*kw elementwise ops on output-sized strided
     views, several times faster than a numpy reduction over window axes."""
@@ -461,6 +476,8 @@ def _kernel_max_pool(node, ctx):
 
     def run(x):
         g = _pool_geometry(node, x.shape)
+        if _pairs_tiled(g, x.shape) and x.flags.c_contiguous:
+            return _max_pool_pairs(xp, x, g)
         xpad = _padded(xp, x, g.pads, _lowest(x.dtype))
         taps = _taps(g)
         out = xpad[next(taps)].copy()
@@ -470,11 +487,46 @@ def _kernel_max_pool(node, ctx):
     return run
 
 
+_LITTLE = sys.byteorder == "little"
+_TWICE = np.uint64(0x100000001)  # v * _TWICE == (v << 32) | v for any 32-bit v: a value twice in a row
+
+
+def _upsample_2x2(xp, a, m, ow):
+    """A float32 [.., OH, OW] as [m, 2, 2*OW] with each value in all four places of its 2x2
+    window. Through uint64 views both steps are long contiguous runs; numpy's repeat or
+    broadcasting copies over a length-2 axis are several times slower."""
+    pairs = a.reshape(m, ow).view(xp.uint32).astype(xp.uint64)
+    xp.multiply(pairs, _TWICE, out=pairs)
+    return xp.repeat(pairs, 2, axis=0).view(a.dtype).reshape(m, 2, 2 * ow)
+
+
+def _max_pool_grad_pairs(xp, x, y, dy, g):
+    """MaxPoolGrad of float32 _pairs_tiled windows as contiguous ops at input size: the mask
+    x == y (y upsampled) times dy (upsampled). Where a window holds its maximum more than once,
+    only the first in row-major order keeps its hit, as in the general kernel: with the mask
+    viewed as uint16 each column pair is one value, so "clear the second of a pair when the first
+    is set" is three ops over the whole mask, and "clear row 1 where row 0 has a hit" one more."""
+    n, c, h, w = x.shape
+    m = n * c * g.oh
+    hit = xp.equal(x.reshape(m, 2, w), _upsample_2x2(xp, y, m, g.ow))
+    if int(xp.count_nonzero(hit)) != y.size:  # ties (zeros after a relu are common)
+        pairs = hit.view(xp.uint16)  # [m, 2, OW]: the bytes (left, right) of each column pair
+        first = xp.left_shift(pairs, 8) if _LITTLE else xp.right_shift(pairs, 8)
+        xp.bitwise_and(pairs, xp.invert(first, out=first), out=pairs)
+        xp.multiply(pairs[:, 1], pairs[:, 0] == 0, out=pairs[:, 1])
+    dx = _upsample_2x2(xp, dy, m, g.ow)
+    xp.multiply(dx, hit, out=dx)
+    return dx.reshape(x.shape)
+
+
 def _kernel_max_pool_grad(node, ctx):
     xp = ctx.xp
 
     def run(x, y, dy):
         g = _pool_geometry(node, x.shape)
+        if _pairs_tiled(g, x.shape) and x.dtype == np.float32:
+            return _max_pool_grad_pairs(xp, xp.ascontiguousarray(x), xp.ascontiguousarray(y),
+                                        xp.ascontiguousarray(dy), g)
         n, c, h, w = x.shape
         (t, b), (l, r) = g.pads
         xpad = _padded(xp, x, g.pads, -np.inf)

@@ -1,0 +1,106 @@
+"""The training kernels' fast paths (2x2 max pooling, conv gradients) against plain loop references
+and finite differences, including ties, odd sizes that leave the fast path, and float32."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+
+from .opcheck import check_gradients
+
+rng = np.random.default_rng(7)
+
+
+def ref_max_pool_grad(x, dy, k, s):
+    """Each window sends its gradient to the first maximum in row-major order (VALID padding)."""
+    n, c, h, w = x.shape
+    oh, ow = (h - k[0]) // s[0] + 1, (w - k[1]) // s[1] + 1
+    dx = np.zeros_like(x)
+    for b in range(n):
+        for ch in range(c):
+            for i in range(oh):
+                for j in range(ow):
+                    win = x[b, ch, i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1]]
+                    a, e = np.unravel_index(int(np.argmax(win)), win.shape)  # argmax: first maximum
+                    dx[b, ch, i * s[0] + a, j * s[1] + e] += dy[b, ch, i, j]
+    return dx
+
+
+def _pool_and_grad(x, dy, ksize=2, strides=None):
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder(x.dtype, x.shape)
+        y = ism.max_pool(xp, ksize, strides)
+        dx, = ism.gradients(y, [xp], grad_ys=ism.constant(dy))
+        return ism.Session(g).run([y, dx], {xp: x})
+
+
+def _tied(shape, dtype):
+    """Small integers: most windows hold their maximum two to four times, in every position."""
+    return rng.integers(-1, 2, shape).astype(dtype)
+
+
+@pytest.fixture
+def fast_paths(monkeypatch):
+    """Counts the calls of the fast-path functions, so a test knows it exercised them."""
+    from isthmus.core.ops import conv as conv_mod
+    calls = {}
+
+    def counted(name):
+        fn = getattr(conv_mod, name)
+
+        def wrapper(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*a, **k)
+        monkeypatch.setattr(conv_mod, name, wrapper)
+    for name in ("_max_pool_pairs", "_max_pool_grad_pairs"):
+        counted(name)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("data", ["distinct", "ties", "relu"])
+def test_max_pool_2x2_forward_and_grad_match_loops(dtype, data, fast_paths):
+    shape = (3, 4, 8, 10)
+    x = {"distinct": lambda: rng.standard_normal(shape),
+         "ties": lambda: _tied(shape, np.float64),
+         "relu": lambda: np.maximum(rng.standard_normal(shape), 0)}[data]().astype(dtype)
+    if data == "ties":  # every tie pattern of one window, in the first windows of the first row
+        for p in range(16):
+            x[0, 0, 0:2, 0:2] = np.array([(p >> 3) & 1, (p >> 2) & 1, (p >> 1) & 1, p & 1]).reshape(2, 2)
+            x = np.roll(x, 2, axis=3)
+    dy = rng.standard_normal((3, 4, 4, 5)).astype(dtype)
+    y, dx = _pool_and_grad(x, dy)
+    want_y = x.reshape(3, 4, 4, 2, 5, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, ref_max_pool_grad(x, dy, (2, 2), (2, 2)))
+    assert dx.dtype == dtype
+    assert fast_paths == ({"_max_pool_pairs": 1, "_max_pool_grad_pairs": 1} if dtype == np.float32
+                          else {"_max_pool_pairs": 1})  # float64 gradients take the general kernel
+
+
+@pytest.mark.parametrize("shape,ksize,strides", [((2, 3, 7, 6), 2, None),   # odd height: the general path
+                                                  ((2, 3, 6, 6), 3, 3),      # 3x3 tiles
+                                                  ((2, 3, 6, 6), 2, 1)])     # overlapping windows
+def test_max_pool_grad_other_geometries_with_ties(shape, ksize, strides):
+    x = _tied(shape, np.float64)
+    k = (ksize, ksize)
+    s = (strides or ksize,) * 2
+    oh, ow = (shape[2] - k[0]) // s[0] + 1, (shape[3] - k[1]) // s[1] + 1
+    dy = rng.standard_normal(shape[:2] + (oh, ow))
+    _, dx = _pool_and_grad(x, dy, ksize, strides)
+    np.testing.assert_allclose(dx, ref_max_pool_grad(x, dy, k, s), rtol=1e-14, atol=1e-14)  # overlaps: sums
+
+
+def test_max_pool_2x2_gradient_by_finite_differences():
+    x = rng.standard_normal((2, 3, 6, 8))
+    check_gradients(lambda x_: ism.max_pool(x_, 2), [x])
+
+
+def test_max_pool_2x2_on_integers_and_views():
+    x = rng.integers(-50, 50, (2, 3, 4, 6)).astype(np.int32)
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder("int32", x.shape)
+        y = ism.max_pool(ism.transpose(ism.transpose(xp, (0, 1, 3, 2)), (0, 1, 3, 2)), 2)
+        got = ism.Session(g).run(y, {xp: x})
+    np.testing.assert_array_equal(got, x.reshape(2, 3, 2, 2, 3, 2).max(axis=(3, 5)))

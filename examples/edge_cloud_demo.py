@@ -123,10 +123,12 @@ def frozen_inference_graph(g, t, values):
 
 
 def calibrate_devices(args, frozen, logits, train_data):
-    """The cloud profile: this machine's core kernels, timed. The edge runs a different engine (the
-    edge interpreter's int8 kernels), so its profile is the cloud's scaled by the emulated slowdown
-    times how much slower the int8 interpreter runs this very model here than the core kernels are
-    predicted to (measured on the exported full model)."""
+    """The cloud profile: this machine's core kernels, timed on one BLAS thread as the offload
+    service runs them (in CPU time, which other work on a shared machine does not stretch). The
+    edge runs a different engine (the edge interpreter's int8 kernels), so its profile is the
+    cloud's scaled by the emulated slowdown times how much more CPU time the int8 interpreter
+    takes on this very model than the core kernels are predicted to (measured on the exported
+    full model, as the client will run it)."""
     from isthmus.edge import Interpreter
     from isthmus.edge.offload_client import load_split
     from isthmus.partitioner import CostModel, LinkModel, plan_split
@@ -134,7 +136,7 @@ def calibrate_devices(args, frozen, logits, train_data):
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     ops = sorted({n.op for n in frozen.nodes})
     t0 = time.perf_counter()
-    cloud = calibrate("this-machine", ops, "quick")
+    cloud = calibrate("this-machine", ops, "quick", blas_threads=1, clock="cpu")
     print(f"      timed {len(ops)} op types of the core kernels on this machine in {time.perf_counter() - t0:.1f} s",
           flush=True)
     here = CostModel({EDGE_DEVICE: cloud, CLOUD_DEVICE: cloud}, LinkModel(), EDGE_DEVICE, batch_size=1)
@@ -146,24 +148,45 @@ def calibrate_devices(args, frozen, logits, train_data):
     factor = measured / predicted
     edge = cloud.scaled(args.edge_slowdown * factor,
                         name=f"edge (this machine {args.edge_slowdown:g}x slower, int8 interpreter)")
-    print(f"      the int8 edge interpreter runs the whole model in {measured * 1e3:.2f} ms here, the core kernels "
-          f"are predicted at {predicted * 1e3:.2f} ms: edge profile = this machine x {args.edge_slowdown:g} "
+    print(f"      the int8 edge interpreter runs the whole model in {measured * 1e3:.2f} ms of CPU here, the core "
+          f"kernels are predicted at {predicted * 1e3:.2f} ms: edge profile = this machine x {args.edge_slowdown:g} "
           f"x {factor:.2f}", flush=True)
     return cloud, edge
 
 
 def _time_full_model(interp, x, slowdown: float) -> float:
-    """Median seconds of one run, each followed by the (slowdown - 1) x sleep the emulated edge adds,
-    as the client will run it (a run after a sleep starts with cold caches: up to 2x slower here)."""
+    """Median CPU seconds of one run, each followed by the sleep the emulated edge adds, as the
+    client will run it (a run after a sleep starts with cold caches: up to 2x slower here; and
+    the client emulates the slow edge by this same CPU time, OffloadClient(edge_clock="cpu"))."""
     for _ in range(3):
         interp.invoke(x)
     times = []
     for _ in range(20):
-        t = time.perf_counter()
+        t = time.thread_time()
         interp.invoke(x)
-        times.append(time.perf_counter() - t)
+        times.append(time.thread_time() - t)
         time.sleep((slowdown - 1.0) * times[-1])
     return float(np.median(times))
+
+
+def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
+    """The service's fixed cost per call (RPC stack, encoding, its queue): the time in the remote call
+    less the service's compute, with the link emulated at no delay. 0 when no cut has a cloud part."""
+    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    cuts = load_split(model_path).cuts
+    k = next((k for k, c in enumerate(cuts) if c.cloud_part and c.min_bps <= cut_bps < c.max_bps), None)
+    k = k if k is not None else next((k for k, c in enumerate(cuts) if c.cloud_part), None)
+    if k is None:
+        return 0.0
+    mid = (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2
+    vals = []
+    with OffloadClient(model_path, address, link=EmulatedLink(1e15, 0.0), deadline_ms=5000, adapt=False,
+                       initial_bps=mid, ping_every=10 ** 6) as client:
+        for i in range(n + 2):
+            client.invoke(x[i % len(x):i % len(x) + 1])
+            if i >= 2:
+                vals.append(client.last["remote_s"] - client.last["server_compute_s"])
+    return float(np.median(vals))
 
 
 def plan(args, frozen, logits, cloud, edge):
@@ -278,13 +301,9 @@ def run_client(args, model_path, address, test_data, link, chosen):
 
 
 def one_blas_thread():
-    """BLAS limited to one thread while the client runs (threadpoolctl comes with scikit-learn)."""
-    try:
-        from threadpoolctl import threadpool_limits
-        return threadpool_limits(1, user_api="blas")
-    except ImportError:
-        import contextlib
-        return contextlib.nullcontext()
+    """BLAS limited to one thread while the client runs, as on an edge device's interpreter."""
+    from isthmus.partitioner import limited_blas_threads
+    return limited_blas_threads(1)
 
 
 def _ms(v: float) -> str:
@@ -367,13 +386,23 @@ def main(argv=None) -> int:
     step(5, "starting the offload service (isthmus serve, a separate process)")
     with offload_service(cloud_path) as address:
         print(f"      serving on {address}" if cloud_path else "      nothing to serve: every cut keeps the model on the edge")
+        if cloud_path:  # the service's fixed cost per call joins the link's in every prediction below
+            from isthmus.partitioner import plan_split
+            with one_blas_thread():
+                call_s = call_cost(model_path, address, link.up_bps, test_data[0])
+            plan_link = link.with_call_cost(call_s)
+            at_link = plan_split(frozen, cost.with_link(plan_link), outputs=[logits])
+            print(f"      a call to the service costs {call_s * 1e3:.2f} ms beyond the link (RPC, encoding, queue); "
+                  "the predictions below include it")
+        else:
+            plan_link = link
         step(6, f"edge client over loopback, link emulated at {args.bandwidth} / RTT {args.rtt}, "
                 f"edge {args.edge_slowdown:g}x slower")
         with one_blas_thread():  # an edge device's interpreter; threads that spin between requests distort it
             results = run_client(args, model_path, address, test_data, link, chosen)
 
     step(7, "summary")
-    summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_path)
+    summary(args, cloud_acc, results, chosen, at_link, plan_link, graph_path, plot_path)
     print(f"\ndone in {time.perf_counter() - t_start:.0f} s")
     return 0
 

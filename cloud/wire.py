@@ -6,7 +6,7 @@ Here a Send's value is written once into the exact bytes of its answer (a
 RecvTensorResponse, or the TensorChunks of a stream: proto/worker.proto, tensor.proto)
 and handed to gRPC as is; the receiver reads the headers with a small wire-format reader
 and views the payload in place (`np.frombuffer`), or copies each chunk once into the
-result. The bytes are the ones protobuf itself writes (tests check both directions).
+result (a tensor that came in one chunk is viewed in place too). The bytes are the ones protobuf itself writes (tests check both directions).
 """
 from __future__ import annotations
 
@@ -150,8 +150,42 @@ def _read_tensor(buf, pos: int, end: int):
     return dtype, shape, content
 
 
+def _fast_response(data: bytes):
+    """read_response for the layout WireTensor writes (and protobuf writes for it): one
+    tensor field holding dtype, packed shape and content, in that order; None for any other
+    layout (the general reader then decides)."""
+    n = len(data)
+    if n < 3 or data[0] != 0x0A:
+        return None
+    inner, pos = _read_varint(data, 1, n)
+    if pos + inner != n or pos >= n or data[pos] != 0x08:
+        return None
+    dtype, pos = _read_varint(data, pos + 1, n)
+    shape = []
+    if pos < n and data[pos] == 0x12:
+        ln, pos = _read_varint(data, pos + 1, n)
+        stop = pos + ln
+        if stop > n:
+            return None
+        while pos < stop:
+            d, pos = _read_varint(data, pos, stop)
+            shape.append(_int64(d))
+    mv = memoryview(data)
+    if pos == n:
+        return dtype, shape, mv[:0], False
+    if data[pos] != 0x1A:
+        return None
+    size, start = _read_varint(data, pos + 1, n)
+    if start + size != n:
+        return None
+    return dtype, shape, mv[start:n], False
+
+
 def read_response(data) -> Tuple[int, list, memoryview, bool]:
     """(dtype enum, shape, content view, streamed) of a RecvTensorResponse's bytes."""
+    got = _fast_response(data) if isinstance(data, bytes) else None
+    if got is not None:
+        return got
     mv = memoryview(data)
     dtype, shape, span, streamed = 0, [], None, False
     for field, wt, v in _fields(mv, 0, len(mv)):
@@ -205,6 +239,10 @@ def chunks_array(chunks: Iterable, max_bytes: int = tensor_codec.DEFAULT_MAX_BYT
                                f"{list(expect[1])}")
     if total != nbytes:
         raise TensorCodecError(f"tensor stream declares {total} bytes; {d.name}{list(shape)} needs {nbytes}")
+    if offset == 0 and len(piece) == nbytes:  # one chunk carries it all: a view, no copy
+        if next(it, None) is not None:
+            raise TensorCodecError(f"tensor chunks carry more than the declared {nbytes} bytes")
+        return tensor_codec.from_bytes(piece, d, shape, nbytes)
     out = np.empty(nbytes, np.uint8)
     pos = 0
     while True:

@@ -150,3 +150,48 @@ def test_health_service(cluster):
     for service in ("", "isthmus.Worker"):
         r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_key_that_streamed_asks_for_the_stream_at_once(cluster):
+    import isthmus as ism
+    from isthmus.core.ops.comm import send
+    from isthmus.core.rendezvous import RendezvousAborted
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(ism.float32, (None,), name="x")
+        send(x, f"{D0};{D1};x:0", D0, D1, name="send_x")
+    c = cluster[D0]
+    h = c.register_graph(g, D0)
+    calls = []
+    unary, stream = c._recv, c._recv_stream
+    c._recv = lambda *a, **k: calls.append("unary") or unary(*a, **k)
+    c._recv_stream = lambda *a, **k: calls.append("stream") or stream(*a, **k)
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(3 << 18).astype(np.float32)           # 3 MiB: three 1 MiB chunks
+    one = rng.standard_normal(1 << 18).astype(np.float32)           # exactly one chunk
+    small = rng.standard_normal(5).astype(np.float32)
+    expect = [(big, ["unary", "stream"]), (big * 2, ["stream"]), (one, ["stream"]), (small, ["stream"]),
+              (small + 1, ["unary"])]
+    for step, (value, want_calls) in enumerate(expect, start=1):
+        c.run_graph(h, step, {"x:0": value}, ["send_x"])
+        calls.clear()
+        got = c.recv_tensor(D0, D1, "x:0", step, timeout=5)
+        assert calls == want_calls, (step, calls)
+        assert got.dtype == np.float32 and got.shape == value.shape and got.tobytes() == value.tobytes()
+    assert not got.flags.writeable or got.size == 0  # small: a view of the message
+    # the stream asked for directly waits for its Send, and fails as the unary call would
+    c.run_graph(h, 10, {"x:0": big}, ["send_x"])
+    c.recv_tensor(D0, D1, "x:0", 10, timeout=5)  # streamed again: the key asks for the stream
+    calls.clear()
+    later = threading.Timer(0.3, lambda: c.run_graph(h, 11, {"x:0": big[:5]}, ["send_x"]))
+    later.start()
+    got = c.recv_tensor(D0, D1, "x:0", 11, timeout=5)
+    later.join(5)
+    assert calls == ["stream"] and got.tobytes() == big[:5].tobytes()
+    c.run_graph(h, 12, {"x:0": big}, ["send_x"])
+    c.recv_tensor(D0, D1, "x:0", 12, timeout=5)
+    with pytest.raises(RendezvousTimeout, match=r"nothing arrived for 'x:0'.*step 13"):
+        c.recv_tensor(D0, D1, "x:0", 13, timeout=0.2)
+    threading.Timer(0.2, lambda: c.abort_step(14, RuntimeError("boom elsewhere"))).start()
+    with pytest.raises(RendezvousAborted, match="boom elsewhere"):
+        c.recv_tensor(D0, D1, "x:0", 14, timeout=5)

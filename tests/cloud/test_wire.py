@@ -37,7 +37,8 @@ def test_chunks_are_protobufs_own_encoding(chunk):
     ref = list(tensor_codec.encode_chunks(v, chunk_bytes=chunk))
     assert [c.SerializeToString(deterministic=True) for c in ref] == wt.chunks
     assert wire.chunks_array(wt.chunks).tobytes() == v.tobytes()
-    assert wire.chunks_array(map(wire.read_chunk, wt.chunks)).flags.writeable
+    # several chunks are copied once, into one writable array; a single chunk is viewed in place
+    assert wire.chunks_array(map(wire.read_chunk, wt.chunks)).flags.writeable == (len(wt.chunks) > 1)
     assert wt.to_array().tobytes() == v.tobytes()
     assert wire.chunks_array(wire.WireTensor(v).chunk_messages()).tobytes() == v.tobytes()
 
@@ -74,3 +75,39 @@ def test_hostile_messages_are_refused():
         wire.chunks_array([])
     with pytest.raises(TensorCodecError, match="announced"):
         wire.chunks_array(chunks, expect=(6, [2, 3]))
+
+
+def test_fast_reader_agrees_with_the_general_one():
+    rng = np.random.default_rng(3)
+    shapes = [(), (0,), (5, 0), (127,), (128,), (300, 200, 3), (1 << 16, 3), (2, 1, 1, 1, 70000)]
+    for shape in shapes:
+        for dt in (np.float32, np.int8, np.bool_):
+            v = (rng.standard_normal(shape) > 0).astype(dt)
+            data = wire.WireTensor(v, inline_bytes=1 << 30).inline
+            fast = wire._fast_response(data)
+            assert fast is not None, shape
+            general = wire.read_response(memoryview(data))  # a memoryview takes the general path
+            assert fast[:2] == general[:2] and fast[3] is general[3] is False
+            assert bytes(fast[2]) == bytes(general[2]) == v.tobytes()
+    # anything but the one layout is left to the general reader (which decides)
+    head = wire.WireTensor(np.zeros(8, np.float32), inline_bytes=0).header
+    assert wire._fast_response(head) is None and wire.read_response(head)[3] is True
+    neg = worker_pb2.RecvTensorResponse(tensor=tensor_pb2.TensorProto(dtype=2, shape=[-3])).SerializeToString()
+    assert wire._fast_response(neg)[1] == [-3]
+    with pytest.raises(TensorCodecError, match="negative"):
+        wire.response_array(neg)
+    good = wire.WireTensor(np.arange(6, dtype=np.int32)).inline
+    for broken in (good[:-1], good + b"\x00", good[:3], b"\x0a\x80"):
+        with pytest.raises(TensorCodecError):
+            wire.response_array(broken)
+
+
+def test_one_chunk_is_viewed_and_extra_chunks_refused():
+    v = np.arange(10, dtype=np.float32)
+    one = wire.WireTensor(v, inline_bytes=0, chunk_bytes=1 << 20).chunks
+    assert len(one) == 1
+    got = wire.chunks_array(one)
+    assert got.tobytes() == v.tobytes() and not got.flags.writeable
+    extra = tensor_pb2.TensorChunk(offset=40, data=b"\0" * 4).SerializeToString()
+    with pytest.raises(TensorCodecError, match="more than the declared 40 bytes"):
+        wire.chunks_array(one + [extra])

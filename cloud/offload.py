@@ -9,10 +9,14 @@
 
 It loads the cloud parts of a split model (cloud/offload_model.py: one part per candidate cut)
 and runs each with a core Session, one compiled plan per part. Requests for one part queue;
-that part's batcher thread takes the queue's head and waits until max_batch_size rows are
-queued or max_queue_delay_ms have passed since the head arrived, concatenates the requests
-along dimension 0, runs the plan once and hands each caller its own rows. Requests whose
-tensors have different non-batch shapes, or parts that are not batchable, run alone.
+that part's batcher thread takes the queue's head and, while more requests for the part are on
+their way in (being decoded by other gRPC threads), waits for them until max_batch_size rows are
+queued or max_queue_delay_ms have passed since the head arrived; then it concatenates the
+requests along dimension 0, runs the plan once and hands each caller its own rows. A request
+with nothing else arriving runs at once (no fixed sleep: a lone request used to wait the whole
+delay), and under load the queue fills while the previous batch runs. Requests whose tensors
+have different non-batch shapes, or parts that are not batchable, run alone. Answers are written
+as InferResponse bytes directly, each output's payload copied once from its rows.
 
 Limits, all answered at once with a status naming what is wrong (the server keeps serving):
 an unknown part, a missing, extra or duplicated input, a wrong dtype or shape, or more than
@@ -21,6 +25,23 @@ RESOURCE_EXHAUSTED; a request whose deadline (the client's, else max_wait_s) pas
 its batch runs is dropped -> DEADLINE_EXCEEDED; a request its caller cancels is dropped too
 (CANCELLED) and never runs. A failing batch answers INTERNAL, naming the node, to each of its
 requests. Counters and recent latencies answer Stats and, every log_every_s seconds, a log line.
+
+Overhead: Stats' overhead_p50_ms is our code's share of a request (arrival in the servicer to
+answer built, less its batch's compute; queue_p50_ms of it waiting for the batch). The whole
+round trip beyond compute, gRPC included, is measured by `OffloadServer.measure_overhead()`
+(sequential loopback requests of zeros; `isthmus serve --measure-overhead` at start), which
+Describe then answers as overhead_ms: what a cost model adds per cloud round trip.
+
+Tracing: a request with `trace: true` runs its batch traced (node by node) and its answer carries
+a StepTrace (proto/worker.proto; decode with cloud/tracing.decode) on a wall-clock timeline whose
+origin is the request's arrival: spans decode, queue (checks + the wait for its batch), batch
+(named with its rows and requests, on the batcher's thread, with the part's node events inside),
+handoff (back to the request's thread) and encode, all on the service's `trace_device` track.
+A client merges it with RunMetadata.merge; across machines, clock skew shifts it (a client can
+re-centre the service's first..last span inside its own call).
+
+Memory: `isthmus serve` fixes glibc's mmap threshold (--malloc-mmap-threshold-kb, 256 KiB), so
+batch buffers are mapped and returned when freed; see pin_mmap_threshold.
 
 Deployment: on few cores shared with other work, give BLAS one thread (--blas-threads 1, or
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
@@ -42,21 +63,25 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Optional, Sequence, Union
 
 import grpc
 
 from ..core.errors import IsthmusError
-from ..proto import offload_pb2
-from . import tensor_codec
+from ..core.trace import NodeEvent, RunMetadata
+from ..proto import offload_pb2, tensor_pb2
+from . import tensor_codec, tracing, wire
 from .offload_batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_QUEUE,  # noqa: F401
-                               DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, Cancelled, DeadlineExceeded,
+                               DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, Cancelled, DeadlineExceeded,  # noqa: F401
                                InferResult, InvalidRequest, OffloadError, OffloadService, Overloaded,
                                ServiceStopped)
 from .offload_model import (CloudModel, CloudPart, CloudPartsError, TensorSpec, cloud_part,  # noqa: F401
                             cloud_part_from_partition, cloud_parts_from_plans, load_cloud_parts, save_cloud_parts)
 
 SERVICE = "isthmus.Offload"
+M_MMAP_THRESHOLD = -3              # glibc's mallopt parameter
+DEFAULT_MMAP_THRESHOLD_KB = 256
 
 
 # ---- gRPC ----------------------------------------------------------------------------------------
@@ -69,48 +94,126 @@ class OffloadServicer:
     def Describe(self, request, context):
         return describe(self.service)
 
-    def Infer(self, request, context):
-        svc = self.service
+    def Infer(self, request, context) -> bytes:
+        """The answer as the bytes of an InferResponse (built by `response_bytes`, one copy of each output)."""
+        arrived = time.monotonic()
+        svc, part = self.service, request.part
+        announced = svc.arriving(part)  # a batch filling for this part waits while we decode
         try:
-            inputs, total = {}, 0
-            for nt in request.inputs:
-                if nt.name in inputs:
-                    err = InvalidRequest(f"part '{request.part}': input '{nt.name}' is given twice")
-                    svc.refused(err, new_request=True)
-                    raise err
-                try:
-                    d, shape, nbytes = tensor_codec.check_header(nt.tensor.dtype, nt.tensor.shape,
-                                                                 svc.max_request_bytes)
-                    total += nbytes
-                    if total > svc.max_request_bytes:
-                        raise tensor_codec.TensorCodecError(f"takes the request to {total} bytes, over the limit "
-                                                            f"of {svc.max_request_bytes}")
-                    inputs[nt.name] = tensor_codec.from_bytes(nt.tensor.content, d, shape, nbytes)
-                except tensor_codec.TensorCodecError as e:
-                    err = InvalidRequest(f"part '{request.part}': input '{nt.name}': {e}")
-                    svc.refused(err, new_request=True)
-                    raise err from None
-            res = svc.infer(request.part, inputs, context.time_remaining(), context.add_callback)
-            resp = offload_pb2.InferResponse(request_id=request.request_id, queue_ms=res.queue_ms,
-                                             compute_ms=res.compute_ms, batch_size=res.batch_size)
-            for spec, v in zip(svc.runner(request.part).part.outputs, res.outputs):
-                tensor_codec.encode(v, out=resp.outputs.add(name=spec.name).tensor)
+            try:
+                inputs = decode_inputs(svc, request)
+            except BaseException:
+                if announced:
+                    svc.not_arriving(part)
+                raise
+            decoded = time.monotonic()
+            res = svc.infer(part, inputs, context.time_remaining(), context.add_callback, trace=request.trace,
+                            announced=announced, arrived=arrived, record=False)
+            outputs = svc.runner(part).part.outputs
+            data = response_bytes(request.request_id, res, [(spec.name, v) for spec, v in zip(outputs, res.outputs)])
+            done = time.monotonic()
+            svc.answered(res, done)
+            if request.trace:
+                md = request_trace(svc, part, res, decoded, done, sum(v.nbytes for v in inputs.values()),
+                                   len(data))
+                data += _field_bytes(6, tracing.encode(md).SerializeToString())
         except OffloadError as e:
             context.abort(e.code, str(e))
         except Exception as e:  # noqa: BLE001  (a bug here must not leave the caller without a status)
             svc.refused(OffloadError(str(e)))
             context.abort(grpc.StatusCode.INTERNAL, f"offload: {type(e).__name__}: {e}")
-        return resp
+        return data
 
     def Stats(self, request, context):
         return offload_pb2.StatsResponse(**{k: v for k, v in self.service.stats().items()
                                             if k in offload_pb2.StatsResponse.DESCRIPTOR.fields_by_name})
 
 
+def decode_inputs(svc: OffloadService, request) -> dict:
+    """{name: zero-copy array view} of an InferRequest's inputs, header-checked before any payload is
+    touched; a bad one is counted and raised as InvalidRequest naming the part and the tensor."""
+    inputs, total = {}, 0
+    for nt in request.inputs:
+        if nt.name in inputs:
+            err = InvalidRequest(f"part '{request.part}': input '{nt.name}' is given twice")
+            svc.refused(err, new_request=True)
+            raise err
+        try:
+            d, shape, nbytes = tensor_codec.check_header(nt.tensor.dtype, nt.tensor.shape, svc.max_request_bytes)
+            total += nbytes
+            if total > svc.max_request_bytes:
+                raise tensor_codec.TensorCodecError(f"takes the request to {total} bytes, over the limit "
+                                                    f"of {svc.max_request_bytes}")
+            inputs[nt.name] = tensor_codec.from_bytes(nt.tensor.content, d, shape, nbytes)
+        except tensor_codec.TensorCodecError as e:
+            err = InvalidRequest(f"part '{request.part}': input '{nt.name}': {e}")
+            svc.refused(err, new_request=True)
+            raise err from None
+    return inputs
+
+
+def _varint(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if n < 128 else wire._varint(n)
+
+
+_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
+
+
+def _field_bytes(field: int, payload) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return b"".join((_varint(field << 3 | 2), _varint(len(payload)), payload))
+
+
+def response_bytes(request_id: str, res: InferResult, outputs) -> bytes:
+    """The bytes protobuf would write for InferResponse(outputs=[NamedTensor(name, TensorProto)],
+    request_id, queue_ms, compute_ms, batch_size), with each output's payload copied once, straight
+    from its array (protobuf's Python runtime would copy it three times: into bytes, into the
+    message, into the serialized answer). Tests compare the bytes with protobuf's own."""
+    parts = []
+    for name, v in outputs:
+        v = tensor_codec._as_array(v)
+        n = v.nbytes
+        head = tensor_pb2.TensorProto(dtype=tensor_codec.dtype_to_enum(v.dtype), shape=v.shape).SerializeToString()
+        content = (b"\x1a" + _varint(n)) if n else b""
+        tensor_len = len(head) + len(content) + n
+        name_b = name.encode("utf-8")
+        named = b"".join((b"\x0a", _varint(len(name_b)), name_b, b"\x12", _varint(tensor_len), head, content))
+        parts += [b"\x0a", _varint(len(named) + n), named, wire._payload(v)]
+    parts.append(offload_pb2.InferResponse(request_id=request_id, queue_ms=res.queue_ms, compute_ms=res.compute_ms,
+                                           batch_size=res.batch_size).SerializeToString())
+    return b"".join(parts)
+
+
+def request_trace(svc: OffloadService, part: str, res: InferResult, decoded: float, done: float,
+                  bytes_in: int, bytes_out: int) -> RunMetadata:
+    """One request's time in the service on a wall-clock timeline (origin: its arrival): decode,
+    queue (checks and the wait for its batch), the batch run (with every node of the part when the
+    batch ran traced), the hand-off back to the request's thread, encode."""
+    now_wall, now = time.time(), time.monotonic()
+    md = RunMetadata(origin_s=now_wall - (now - res.arrived))
+    dev, me = svc.trace_device, threading.get_ident() % 100000
+
+    def us(t: float) -> float:
+        return (t - res.arrived) * 1e6
+    rows = f"{res.batch_size} rows, {res.requests} requests"
+    for name, op, t0, t1, thread, nbytes in (
+            ("decode", "OffloadDecode", res.arrived, decoded, me, bytes_in),
+            ("queue", "OffloadQueue", decoded, res.started, me, 0),
+            (f"batch ({rows})", "OffloadBatch", res.started, res.ended, res.thread, 0),
+            ("handoff", "OffloadHandoff", res.ended, res.woke, me, 0),
+            ("encode", "OffloadEncode", res.woke, done, me, bytes_out)):
+        md.events.append(NodeEvent(f"offload:{part}/{name}", op, dev, thread, us(t0), us(max(t1, t0)), nbytes))
+    if res.trace is not None:
+        md.merge(res.trace, device=dev)
+        md.events.sort(key=lambda e: e.start_us)
+    return md
+
+
 def describe(service: OffloadService) -> offload_pb2.DescribeResponse:
     resp = offload_pb2.DescribeResponse(model=service.model.model, max_request_bytes=service.max_request_bytes,
                                         max_batch_size=service.max_batch_size,
-                                        max_queue_delay_ms=service.max_queue_delay_s * 1e3)
+                                        max_queue_delay_ms=service.max_queue_delay_s * 1e3,
+                                        overhead_ms=(service.measured_overhead or {}).get("overhead_ms", 0.0))
     for p in service.model.parts.values():
         sig = resp.parts.add(name=p.name)
         for specs, dst in ((p.inputs, sig.inputs), (p.outputs, sig.outputs)):
@@ -127,7 +230,8 @@ def offload_handler(service: OffloadService) -> grpc.GenericRpcHandler:
                                                    response_serializer=lambda m: m.SerializeToString())
     return grpc.method_handlers_generic_handler(SERVICE, {
         "Describe": unary(s.Describe, offload_pb2.DescribeRequest),
-        "Infer": unary(s.Infer, offload_pb2.InferRequest),
+        "Infer": grpc.unary_unary_rpc_method_handler(s.Infer, request_deserializer=offload_pb2.InferRequest.FromString,
+                                                     response_serializer=None),  # Infer answers bytes
         "Stats": unary(s.Stats, offload_pb2.StatsRequest),
     })
 
@@ -151,10 +255,54 @@ class OffloadServer:
             s.close()
             raise
         self.host = host
+        self.security = security
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def measure_overhead(self, part: Optional[str] = None, requests: int = 50, rows: int = 1,
+                         client_security=None, timeout_s: float = 10.0) -> dict:
+        """What one request costs beyond its part's compute, measured: `requests` sequential Infer calls
+        (after 5 unmeasured ones) of `rows` zero rows to `part` (default: the first) over this server's own
+        port. Returns medians in ms: {"rtt_ms", "compute_ms", "overhead_ms": round trip less compute
+        (gRPC both ways, decode, hand-offs, encode: what a cost model adds per cloud round trip on an idle
+        server), "server_ms": the service's own share (Stats' overhead), "part", "rows", "requests"}. Best
+        run while the server is idle; the client here shares this process (its gRPC costs count, as an
+        edge client's would). A TLS or token server needs `client_security` (proto/security.ClientSecurity).
+        The result is kept as `service.measured_overhead`; Describe answers its overhead_ms."""
+        import numpy as np
+        from ..proto.security import make_channel
+        if self.security is not None and client_security is None:
+            raise ValueError("measure_overhead: this server requires TLS or a token; pass client_security")
+        if requests < 1 or rows < 1:
+            raise ValueError(f"measure_overhead: requests ({requests}) and rows ({rows}) must be >= 1")
+        svc = self.service
+        p = svc.runner(part or next(iter(svc.runners))).part
+        if not p.batchable and any(s.shape and s.shape[0] != -1 for s in p.inputs):
+            rows = p.inputs[0].shape[0]
+        req = offload_pb2.InferRequest(part=p.name, request_id="overhead")
+        for spec in p.inputs:
+            shape = [rows] + [1 if d < 0 else d for d in spec.shape[1:]] if spec.shape else []
+            tensor_codec.encode(np.zeros(shape, spec.dtype), out=req.inputs.add(name=spec.name).tensor)
+        data = req.SerializeToString()
+        rtt, compute = [], []
+        with make_channel(f"127.0.0.1:{self.port}", client_security) as ch:
+            call = ch.unary_unary(f"/{SERVICE}/Infer", request_serializer=None,
+                                  response_deserializer=offload_pb2.InferResponse.FromString)
+            for i in range(5 + requests):
+                t0 = time.perf_counter()
+                resp = call(data, timeout=timeout_s)
+                dt = (time.perf_counter() - t0) * 1e3
+                if i >= 5:
+                    rtt.append(dt)
+                    compute.append(resp.compute_ms)
+        med = lambda v: round(float(np.median(v)), 4)  # noqa: E731
+        result = {"part": p.name, "rows": rows, "requests": requests, "rtt_ms": med(rtt),
+                  "compute_ms": med(compute), "overhead_ms": med(np.array(rtt) - np.array(compute)),
+                  "server_ms": round(svc.stats()["overhead_p50_ms"], 4)}
+        svc.measured_overhead = result
+        return result
 
     def stop(self, grace: Optional[float] = 1.0) -> None:
         self.service.close()
@@ -186,6 +334,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads BLAS may use (default: its own, often every core); 1 keeps BLAS from "
                              "spinning against the gRPC threads when cores are few (needs threadpoolctl, "
                              "else set OPENBLAS_NUM_THREADS)")
+    parser.add_argument("--malloc-mmap-threshold-kb", type=int, default=DEFAULT_MMAP_THRESHOLD_KB,
+                        help="glibc: allocations from this size up are mapped and returned to the system when "
+                             "freed (default %(default)s; 0: glibc's own, which rises with the largest buffer "
+                             "freed and lets batch buffers of varying size fragment the heap)")
+    parser.add_argument("--measure-overhead", action="store_true",
+                        help="before serving, time 50 loopback requests of zeros to the first part and report "
+                             "the per-request overhead (round trip less compute) in the log and in Describe")
     parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (default: $ISTHMUS_TLS_CERT)")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: $ISTHMUS_TLS_KEY)")
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
@@ -193,9 +348,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", help="require this bearer token on every call (default: $ISTHMUS_TOKEN_FILE)")
 
 
+def pin_mmap_threshold(nbytes: int) -> bool:
+    """Fix glibc's mmap threshold at `nbytes` (mallopt M_MMAP_THRESHOLD), which also stops it from
+    adapting. By default glibc raises the threshold to the size of the largest mapped block freed
+    (up to 32 MiB), after which a part's batch buffers (their size varies with the batch's rows) come
+    from the heap, fragment it, and the server's RSS grows with the mix of batch sizes it has seen
+    (MobileNet tail, 64 clients: +14% over 12,800 requests, the free heap 30 -> 52 MiB). Mapped, each
+    is returned when freed: RSS flat (benchmarks/offload_load.py). False where not glibc."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+    except (OSError, AttributeError):
+        return False
+
+
 def run(args) -> int:
     from ..proto.security import SecurityError
     from .server import security_from_args
+    if args.malloc_mmap_threshold_kb:
+        pin_mmap_threshold(args.malloc_mmap_threshold_kb << 10)
     if args.blas_threads:
         try:
             from threadpoolctl import threadpool_limits
@@ -205,7 +378,7 @@ def run(args) -> int:
             return 2
         threadpool_limits(args.blas_threads, user_api="blas")
     try:
-        security, _ = security_from_args(args)
+        security, client_security = security_from_args(args)
         server = OffloadServer(args.model, host=args.host, port=args.port, security=security,
                                max_batch_size=args.max_batch, max_queue_delay_ms=args.max_delay_ms,
                                max_queue=args.max_queue, max_request_bytes=int(args.max_request_mb * (1 << 20)),
@@ -220,6 +393,14 @@ def run(args) -> int:
     parts = ", ".join(f"{p.name} ({len(p.inputs)} in, {len(p.outputs)} out{'' if p.batchable else ', unbatched'})"
                       for p in server.service.model.parts.values())
     print(f"isthmus serve: model '{server.service.model.model}' parts {parts}", file=sys.stderr)
+    if args.measure_overhead:
+        try:
+            m = server.measure_overhead(client_security=client_security if security else None)
+            print(f"isthmus serve: per-request overhead {m['overhead_ms']:.3f} ms (round trip {m['rtt_ms']:.3f} ms "
+                  f"less compute {m['compute_ms']:.3f} ms; median of {m['requests']} requests of {m['rows']} "
+                  f"zero row(s) to part '{m['part']}')", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001  (a failed measurement must not stop the service)
+            print(f"isthmus serve: could not measure the overhead: {type(e).__name__}: {e}", file=sys.stderr)
     print(f"isthmus serve: listening on {args.host}:{server.port} ({mode}); Ctrl-C stops", file=sys.stderr)
     print(f"ISTHMUS_OFFLOAD {args.host}:{server.port}", flush=True)
     while not stop.wait(0.5):

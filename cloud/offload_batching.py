@@ -18,6 +18,8 @@ import grpc
 import numpy as np
 
 from ..core.errors import IsthmusError
+from ..core.trace import RunMetadata, RunOptions
+from ..partitioner.devices import CLOUD_DEVICE
 from .offload_model import CloudModel, CloudPart, load_cloud_parts
 
 DEFAULT_MAX_BATCH = 32
@@ -60,6 +62,13 @@ class InferResult:
     queue_ms: float
     compute_ms: float
     batch_size: int             # rows in the batch it ran in
+    requests: int = 1           # requests in that batch
+    arrived: float = 0.0        # time.monotonic() instants: the request's arrival, its batch's start and end,
+    started: float = 0.0        # and its own thread taking the answer (the hand-off back from the batcher)
+    ended: float = 0.0
+    woke: float = 0.0
+    thread: int = 0             # the batcher thread's id (a trace track)
+    trace: Optional[RunMetadata] = None  # the batch's node events, when a request in it asked for a trace
 
 
 class _Signal:
@@ -81,12 +90,13 @@ class _Signal:
 
 
 class _Request:
-    __slots__ = ("values", "rows", "key", "deadline", "t0", "done", "result", "error", "cancelled")
+    __slots__ = ("values", "rows", "key", "deadline", "t0", "done", "result", "error", "cancelled", "trace")
 
     def __init__(self, values: List[np.ndarray], rows: int, deadline: float):
         self.values, self.rows, self.deadline = values, rows, deadline
         self.key = tuple(v.shape[1:] for v in values)   # requests batch together only with equal row shapes
         self.t0 = time.monotonic()
+        self.trace = False
         self.done = _Signal()
         self.result: Optional[InferResult] = None
         self.error: Optional[OffloadError] = None
@@ -108,9 +118,12 @@ class _PartRunner:
         self.part, self.service = part, service
         self.session = Session(part.graph)
         self.run = self.session.make_callable([o.tensor for o in part.outputs], [i.tensor for i in part.inputs])
+        self.fetches = [o.tensor for o in part.outputs]
+        self.feeds = [i.tensor for i in part.inputs]
         self.by_name: Dict[str, int] = {s.name: k for k, s in enumerate(part.inputs)}
         self.queue: collections.deque = collections.deque()
         self.queued_rows = 0
+        self.arriving = 0   # requests for this part being decoded and checked: the batcher waits for them
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._loop, name=f"isthmus-offload-{part.name}", daemon=True)
 
@@ -151,10 +164,22 @@ class _PartRunner:
         return _Request(values, rows or 1, 0.0)
 
     # ---- the batcher -----------------------------------------------------------------------------
-    def put(self, r: _Request) -> None:
+    def arrive(self) -> None:
+        """A request for this part is on its way in (decoding): a filling batch waits for it."""
+        with self.cond:
+            self.arriving += 1
+
+    def left(self) -> None:
+        """An arrival that will not queue after all (refused)."""
+        with self.cond:
+            self.arriving -= 1
+            self.cond.notify()
+
+    def put(self, r: _Request, arrived: bool = False) -> None:
         with self.cond:
             self.queue.append(r)
             self.queued_rows += r.rows
+            self.arriving -= arrived
             self.cond.notify()
 
     def _take(self) -> Optional[List[_Request]]:
@@ -164,8 +189,11 @@ class _PartRunner:
                 self.cond.wait()
             if not self.queue:
                 return None
+            # a batch waits to fill only while more requests are on their way in (decoding, checks), and at
+            # most max_queue_delay after its first request arrived: a request alone runs at once, no fixed sleep
             flush_at = self.queue[0].t0 + svc.max_queue_delay_s
-            while not svc.stopping and self.queued_rows < svc.max_batch_size and self.part.batchable:
+            while not svc.stopping and self.queued_rows < svc.max_batch_size and self.part.batchable \
+                    and self.arriving > 0:
                 left = flush_at - time.monotonic()
                 if left <= 0:
                     break
@@ -207,7 +235,13 @@ class _PartRunner:
                 feeds = batch[0].values
             else:
                 feeds = [np.concatenate([r.values[k] for r in batch]) for k in range(len(self.part.inputs))]
-            outs = [np.asarray(o) for o in self.run(*feeds)]
+            md = None
+            if any(r.trace for r in batch):  # the whole batch runs traced (node by node, on this thread)
+                md = RunMetadata()
+                outs = self.session.run(self.fetches, dict(zip(self.feeds, feeds)), RunOptions(trace=True), md)
+            else:
+                outs = self.run(*feeds)
+            outs = [np.asarray(o) for o in outs]
             if len(batch) > 1 and any(o.ndim == 0 or o.shape[0] != rows for o in outs):
                 raise OffloadError(f"part '{self.part.name}' returned {[list(o.shape) for o in outs]} "
                                    f"for a batch of {rows} rows")
@@ -221,11 +255,12 @@ class _PartRunner:
             return
         end = time.monotonic()
         compute_ms = (end - started) * 1e3
-        off = 0
+        off, n, tid = 0, len(batch), threading.get_ident() % 100000
         for r in batch:
-            mine = outs if len(batch) == 1 else [o[off:off + r.rows] for o in outs]
+            mine = outs if n == 1 else [o[off:off + r.rows] for o in outs]
             off += r.rows
-            r.result = InferResult(mine, (started - r.t0) * 1e3, compute_ms, rows)
+            r.result = InferResult(mine, (started - r.t0) * 1e3, compute_ms, rows, n, r.t0, started, end, 0.0, tid,
+                                   md if r.trace else None)
             r.done.set()
         self.service.batch_done(len(batch), rows)
 
@@ -237,7 +272,8 @@ class OffloadService:
     def __init__(self, model: Union[CloudModel, str, os.PathLike], max_batch_size: int = DEFAULT_MAX_BATCH,
                  max_queue_delay_ms: float = DEFAULT_MAX_DELAY_MS, max_queue: int = DEFAULT_MAX_QUEUE,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_wait_s: float = DEFAULT_MAX_WAIT_S,
-                 log_every_s: Optional[float] = None, log: Optional[Callable[[str], None]] = None):
+                 log_every_s: Optional[float] = None, log: Optional[Callable[[str], None]] = None,
+                 trace_device: str = CLOUD_DEVICE):
         if max_batch_size < 1 or max_queue < 1 or max_queue_delay_ms < 0 or max_request_bytes < 1 or max_wait_s <= 0:
             raise ValueError(f"offload limits must be positive: max_batch_size={max_batch_size}, "
                              f"max_queue={max_queue}, "
@@ -249,11 +285,15 @@ class OffloadService:
         self.max_queue = int(max_queue)
         self.max_request_bytes = int(max_request_bytes)
         self.max_wait_s = float(max_wait_s)
+        self.trace_device = trace_device  # the track a traced request's service spans are drawn on
+        self.measured_overhead: Optional[dict] = None  # OffloadServer.measure_overhead's last result
         self.stopping = False
         self._lock = threading.Lock()
         self._pending = 0
         self._counts = collections.Counter()
         self._recent: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)  # (end time, latency ms)
+        # (overhead, queue, compute) ms of recent answered requests; overhead = our code's time outside the batch
+        self._parts: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._started = time.monotonic()
         self.runners = {name: _PartRunner(p, self) for name, p in self.model.parts.items()}
         for r in self.runners.values():
@@ -271,17 +311,37 @@ class OffloadService:
             raise InvalidRequest(f"unknown part {part!r}; this service runs {sorted(self.runners)}")
         return r
 
+    def arriving(self, part: str) -> bool:
+        """Announce a request for `part` that is being decoded (the gRPC servicer, before it decodes the
+        tensors): that part's filling batch waits for it. Pass `announced=True` to `infer`, or call
+        `not_arriving(part)` if it never gets there. False (nothing announced) for an unknown part."""
+        r = self.runners.get(part)
+        if r is None:
+            return False
+        r.arrive()
+        return True
+
+    def not_arriving(self, part: str) -> None:
+        self.runners[part].left()
+
     def infer(self, part: str, inputs: Mapping[str, np.ndarray], timeout: Optional[float] = None,
-              on_cancel: Optional[Callable[[Callable[[], None]], bool]] = None) -> InferResult:
+              on_cancel: Optional[Callable[[Callable[[], None]], bool]] = None, trace: bool = False,
+              announced: bool = False, arrived: Optional[float] = None, record: bool = True) -> InferResult:
         """`on_cancel(fn)` registers fn to call when the caller goes away (a gRPC context's
-        add_callback, which returns False when the call has ended already)."""
+        add_callback, which returns False when the call has ended already). `trace`: run its batch
+        traced (InferResult.trace). `announced`: the caller called `arriving(part)` for it; `arrived`:
+        the time.monotonic() at which the caller took the request (default: now); `record=False`: the
+        caller calls `answered` itself once it has built the answer."""
         t0 = time.monotonic()
+        arrived = t0 if arrived is None else arrived
         self._count("requests")
+        runner = None
         try:
             if self.stopping:
                 raise ServiceStopped("the offload service is stopping")
             runner = self.runner(part)
             req = runner.check(inputs, self.max_request_bytes)
+            req.trace = trace
             wait = self.max_wait_s if timeout is None else min(float(timeout), self.max_wait_s)
             if wait <= 0:
                 raise DeadlineExceeded(f"part '{part}': the request arrived after its deadline")
@@ -291,7 +351,8 @@ class OffloadService:
                     raise Overloaded(f"part '{part}': {self._pending} requests are queued (limit {self.max_queue}); "
                                      "retry later")
                 self._pending += 1
-            runner.put(req)
+            runner.put(req, announced)
+            announced = False
             if on_cancel is not None and not on_cancel(req.abandon):
                 req.abandon()
             if not req.done.wait(wait):
@@ -300,12 +361,26 @@ class OffloadService:
             if req.error is not None:
                 raise req.error
         except OffloadError as e:
+            if announced and runner is not None:
+                runner.left()
             self.refused(e)
             raise
         end = time.monotonic()
+        res = req.result
+        res.arrived, res.woke = arrived, end
         with self._lock:
             self._recent.append((end, (end - t0) * 1e3))
-        return req.result
+        if record:
+            self.answered(res)
+        return res
+
+    def answered(self, res: InferResult, done: Optional[float] = None) -> None:
+        """Record where an answered request's time went (Stats' overhead/queue/compute medians);
+        `done`: when its answer was built (default: when its thread took it)."""
+        done = res.woke if done is None else done
+        compute = res.ended - res.started
+        with self._lock:
+            self._parts.append(((done - res.arrived - compute) * 1e3, res.queue_ms, compute * 1e3))
 
     def refused(self, e: OffloadError, new_request: bool = False) -> None:
         """Count a refusal (`new_request`: one that never reached infer, refused while decoding)."""
@@ -336,6 +411,7 @@ class OffloadService:
         with self._lock:
             c = dict(self._counts)
             lat = [ms for _, ms in self._recent]
+            parts = np.array(self._parts, dtype=np.float64).reshape(-1, 3)
             span = min(THROUGHPUT_WINDOW_S, now - self._started)
             recent = sum(1 for t, _ in self._recent if t >= now - THROUGHPUT_WINDOW_S)
             depth = self._pending
@@ -347,13 +423,17 @@ class OffloadService:
                 "mean_batch_requests": c.get("batched_requests", 0) / batches if batches else 0.0,
                 "p50_latency_ms": float(np.percentile(lat, 50)) if lat else 0.0,
                 "p99_latency_ms": float(np.percentile(lat, 99)) if lat else 0.0,
-                "throughput_rps": recent / span if span > 0 else 0.0, "queue_depth": depth}
+                "throughput_rps": recent / span if span > 0 else 0.0, "queue_depth": depth,
+                **{f"{k}_p50_ms": float(np.median(parts[:, i])) if len(parts) else 0.0
+                   for i, k in enumerate(("overhead", "queue", "compute"))}}
 
     def stats_line(self) -> str:
         s = self.stats()
         return (f"offload: {s['requests']} requests ({s['errors']} refused/failed), {s['throughput_rps']:.1f} req/s, "
                 f"p50 {s['p50_latency_ms']:.2f} ms, p99 {s['p99_latency_ms']:.2f} ms, "
-                f"{s['mean_batch_rows']:.2f} rows/batch over {s['batches']} batches, queue {s['queue_depth']}")
+                f"{s['mean_batch_rows']:.2f} rows/batch over {s['batches']} batches, queue {s['queue_depth']}, "
+                f"per request: overhead {s['overhead_p50_ms']:.2f} ms (queue {s['queue_p50_ms']:.2f}), "
+                f"compute {s['compute_p50_ms']:.2f} ms")
 
     def _log_loop(self, every: float) -> None:
         out = self._log or (lambda line: print(line, file=sys.stderr, flush=True))

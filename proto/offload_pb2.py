@@ -23,31 +23,32 @@ _sym_db = _symbol_database.Default()
 
 
 from isthmus.proto import tensor_pb2 as isthmus_dot_proto_dot_tensor__pb2
+from isthmus.proto import worker_pb2 as isthmus_dot_proto_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bisthmus/proto/offload.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\"K\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.isthmus.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\"h\n\rPartSignature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06inputs\x18\x02 \x03(\x0b\x32\x13.isthmus.TensorSpec\x12$\n\x07outputs\x18\x03 \x03(\x0b\x32\x13.isthmus.TensorSpec\"\x11\n\x0f\x44\x65scribeRequest\"\x97\x01\n\x10\x44\x65scribeResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12%\n\x05parts\x18\x02 \x03(\x0b\x32\x16.isthmus.PartSignature\x12\x19\n\x11max_request_bytes\x18\x03 \x01(\x03\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\x12\x1a\n\x12max_queue_delay_ms\x18\x05 \x01(\x01\"V\n\x0cInferRequest\x12\x0c\n\x04part\x18\x01 \x01(\t\x12$\n\x06inputs\x18\x02 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x84\x01\n\rInferResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x10\n\x08queue_ms\x18\x03 \x01(\x01\x12\x12\n\ncompute_ms\x18\x04 \x01(\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x88\x02\n\rStatsResponse\x12\x10\n\x08requests\x18\x01 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x02 \x01(\x03\x12\x19\n\x11rejected_overload\x18\x03 \x01(\x03\x12\x18\n\x10rejected_invalid\x18\x04 \x01(\x03\x12\x19\n\x11\x64\x65\x61\x64line_exceeded\x18\x05 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x03\x12\x17\n\x0fmean_batch_rows\x18\x07 \x01(\x01\x12\x16\n\x0ep50_latency_ms\x18\x08 \x01(\x01\x12\x16\n\x0ep99_latency_ms\x18\t \x01(\x01\x12\x16\n\x0ethroughput_rps\x18\n \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x0b \x01(\x05\x32\xba\x01\n\x07Offload\x12?\n\x08\x44\x65scribe\x12\x18.isthmus.DescribeRequest\x1a\x19.isthmus.DescribeResponse\x12\x36\n\x05Infer\x12\x15.isthmus.InferRequest\x1a\x16.isthmus.InferResponse\x12\x36\n\x05Stats\x12\x15.isthmus.StatsRequest\x1a\x16.isthmus.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bisthmus/proto/offload.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x1aisthmus/proto/worker.proto\"K\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x64type\x18\x02 \x01(\x0e\x32\x11.isthmus.DataType\x12\r\n\x05shape\x18\x03 \x03(\x03\"h\n\rPartSignature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06inputs\x18\x02 \x03(\x0b\x32\x13.isthmus.TensorSpec\x12$\n\x07outputs\x18\x03 \x03(\x0b\x32\x13.isthmus.TensorSpec\"\x11\n\x0f\x44\x65scribeRequest\"\xac\x01\n\x10\x44\x65scribeResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12%\n\x05parts\x18\x02 \x03(\x0b\x32\x16.isthmus.PartSignature\x12\x19\n\x11max_request_bytes\x18\x03 \x01(\x03\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\x05\x12\x1a\n\x12max_queue_delay_ms\x18\x05 \x01(\x01\x12\x13\n\x0boverhead_ms\x18\x06 \x01(\x01\"e\n\x0cInferRequest\x12\x0c\n\x04part\x18\x01 \x01(\t\x12$\n\x06inputs\x18\x02 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\r\n\x05trace\x18\x04 \x01(\x08\"\xa7\x01\n\rInferResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x10\n\x08queue_ms\x18\x03 \x01(\x01\x12\x12\n\ncompute_ms\x18\x04 \x01(\x01\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12!\n\x05trace\x18\x06 \x01(\x0b\x32\x12.isthmus.StepTrace\"\x0e\n\x0cStatsRequest\"\xcf\x02\n\rStatsResponse\x12\x10\n\x08requests\x18\x01 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x02 \x01(\x03\x12\x19\n\x11rejected_overload\x18\x03 \x01(\x03\x12\x18\n\x10rejected_invalid\x18\x04 \x01(\x03\x12\x19\n\x11\x64\x65\x61\x64line_exceeded\x18\x05 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x06 \x01(\x03\x12\x17\n\x0fmean_batch_rows\x18\x07 \x01(\x01\x12\x16\n\x0ep50_latency_ms\x18\x08 \x01(\x01\x12\x16\n\x0ep99_latency_ms\x18\t \x01(\x01\x12\x16\n\x0ethroughput_rps\x18\n \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x0b \x01(\x05\x12\x17\n\x0foverhead_p50_ms\x18\x0c \x01(\x01\x12\x14\n\x0cqueue_p50_ms\x18\r \x01(\x01\x12\x16\n\x0e\x63ompute_p50_ms\x18\x0e \x01(\x01\x32\xba\x01\n\x07Offload\x12?\n\x08\x44\x65scribe\x12\x18.isthmus.DescribeRequest\x1a\x19.isthmus.DescribeResponse\x12\x36\n\x05Infer\x12\x15.isthmus.InferRequest\x1a\x16.isthmus.InferResponse\x12\x36\n\x05Stats\x12\x15.isthmus.StatsRequest\x1a\x16.isthmus.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'isthmus.proto.offload_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORSPEC']._serialized_start=68
-  _globals['_TENSORSPEC']._serialized_end=143
-  _globals['_PARTSIGNATURE']._serialized_start=145
-  _globals['_PARTSIGNATURE']._serialized_end=249
-  _globals['_DESCRIBEREQUEST']._serialized_start=251
-  _globals['_DESCRIBEREQUEST']._serialized_end=268
-  _globals['_DESCRIBERESPONSE']._serialized_start=271
-  _globals['_DESCRIBERESPONSE']._serialized_end=422
-  _globals['_INFERREQUEST']._serialized_start=424
-  _globals['_INFERREQUEST']._serialized_end=510
-  _globals['_INFERRESPONSE']._serialized_start=513
-  _globals['_INFERRESPONSE']._serialized_end=645
-  _globals['_STATSREQUEST']._serialized_start=647
-  _globals['_STATSREQUEST']._serialized_end=661
-  _globals['_STATSRESPONSE']._serialized_start=664
-  _globals['_STATSRESPONSE']._serialized_end=928
-  _globals['_OFFLOAD']._serialized_start=931
-  _globals['_OFFLOAD']._serialized_end=1117
+  _globals['_TENSORSPEC']._serialized_start=96
+  _globals['_TENSORSPEC']._serialized_end=171
+  _globals['_PARTSIGNATURE']._serialized_start=173
+  _globals['_PARTSIGNATURE']._serialized_end=277
+  _globals['_DESCRIBEREQUEST']._serialized_start=279
+  _globals['_DESCRIBEREQUEST']._serialized_end=296
+  _globals['_DESCRIBERESPONSE']._serialized_start=299
+  _globals['_DESCRIBERESPONSE']._serialized_end=471
+  _globals['_INFERREQUEST']._serialized_start=473
+  _globals['_INFERREQUEST']._serialized_end=574
+  _globals['_INFERRESPONSE']._serialized_start=577
+  _globals['_INFERRESPONSE']._serialized_end=744
+  _globals['_STATSREQUEST']._serialized_start=746
+  _globals['_STATSREQUEST']._serialized_end=760
+  _globals['_STATSRESPONSE']._serialized_start=763
+  _globals['_STATSRESPONSE']._serialized_end=1098
+  _globals['_OFFLOAD']._serialized_start=1101
+  _globals['_OFFLOAD']._serialized_end=1287
 # @@protoc_insertion_point(module_scope)

@@ -265,9 +265,10 @@ def test_a_file_that_is_not_one_is_refused(tmp_path):
 
 # ---- the service, in process -------------------------------------------------------------------------
 def test_concurrent_requests_are_batched_and_each_caller_gets_its_own_rows(model):
-    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=200)  # generous: a loaded machine
+    svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=5000)
     try:
         results, errors = {}, []
+        assert svc.arriving("whole")  # one more request on its way in: the batch fills until it comes
 
         def call(k):
             try:
@@ -277,6 +278,8 @@ def test_concurrent_requests_are_batched_and_each_caller_gets_its_own_rows(model
         ts = [threading.Thread(target=call, args=(k,)) for k in range(12)]
         for t in ts:
             t.start()
+        _until(lambda: svc.stats()["queue_depth"] == 12)
+        svc.not_arriving("whole")     # it never comes: the batch runs now
         for t in ts:
             t.join(20)
         assert not errors
@@ -284,9 +287,9 @@ def test_concurrent_requests_are_batched_and_each_caller_gets_its_own_rows(model
             want = _hand(_rows(1 + k % 3, k))
             np.testing.assert_array_equal(r.outputs[0], want[0])
             np.testing.assert_array_equal(r.outputs[1], want[1])
-        assert max(r.batch_size for r in results.values()) > 3   # several callers shared a batch
+        assert {r.batch_size for r in results.values()} == {sum(1 + k % 3 for k in range(12))}  # one batch
         s = svc.stats()
-        assert s["requests"] == 12 and s["errors"] == 0 and s["batches"] < 12 and s["mean_batch_rows"] > 1
+        assert s["requests"] == 12 and s["errors"] == 0 and s["batches"] == 1
     finally:
         svc.close()
 
@@ -294,10 +297,12 @@ def test_concurrent_requests_are_batched_and_each_caller_gets_its_own_rows(model
 def test_a_request_whose_deadline_passes_in_the_queue_is_dropped(model):
     svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=1000)
     try:
+        assert svc.arriving("whole")  # another request on its way in: the batch waits for it to fill
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded, match="'whole'"):
             svc.infer("whole", {"x:0": _rows(1, 0)}, timeout=0.05)
         assert time.monotonic() - t0 < 0.8   # answered at its deadline, long before the batch flushed
+        svc.not_arriving("whole")
         assert svc.infer("whole", {"x:0": _rows(2, 1)}, timeout=5).batch_size == 2  # the dropped one did not run
         assert svc.stats()["deadline_exceeded"] == 1
     finally:
@@ -309,6 +314,7 @@ def test_in_process_refusals_name_the_part_or_tensor(model):
     try:
         with pytest.raises(InvalidRequest, match="input 'x:0' has shape \\[2, 7\\]"):
             svc.infer("whole", {"x:0": np.zeros((2, 7), np.float32)})
+        svc.arriving("whole")  # the batch waits (0.3 s) for a request on its way in
         first = threading.Thread(target=svc.infer, args=("whole", {"x:0": _rows(1, 0)}, 5))
         first.start()
         deadline = time.monotonic() + 5
@@ -317,6 +323,7 @@ def test_in_process_refusals_name_the_part_or_tensor(model):
             time.sleep(0.005)
         with pytest.raises(Overloaded, match="limit 1"):
             svc.infer("split", {"act1:0": _hidden(_rows(1, 0))})
+        svc.not_arriving("whole")
         first.join(10)
         s = svc.stats()
         assert (s["rejected_invalid"], s["rejected_overload"], s["errors"], s["batches"]) == (1, 1, 2, 1)
@@ -327,6 +334,7 @@ def test_in_process_refusals_name_the_part_or_tensor(model):
 def test_closing_answers_queued_requests_unavailable_at_once(model):
     from isthmus.cloud.offload import ServiceStopped
     svc = OffloadService(model, max_batch_size=64, max_queue_delay_ms=5000)
+    svc.arriving("whole")  # the batch waits (5 s) for a request on its way in
     got = []
 
     def call():
@@ -448,6 +456,7 @@ def test_overload_is_refused_at_once_with_resource_exhausted(model):
     with OffloadServer(model, max_queue=2, max_batch_size=64, max_queue_delay_ms=1500) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             stub = offload_pb2_grpc.OffloadStub(ch)
+            srv.service.arriving("whole")  # a request on its way in: queued ones wait for it (up to 1.5 s)
             queued = [stub.Infer.future(_request("whole", {"x:0": _rows(1, k)}), timeout=10) for k in range(2)]
             deadline = time.monotonic() + 5
             while stub.Stats(offload_pb2.StatsRequest(), timeout=5).queue_depth < 2:
@@ -457,6 +466,7 @@ def test_overload_is_refused_at_once_with_resource_exhausted(model):
             with pytest.raises(grpc.RpcError) as e:
                 stub.Infer(_request("whole", {"x:0": _rows(1, 9)}), timeout=5)
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 1.0
+            srv.service.not_arriving("whole")
             for k, f in enumerate(queued):   # the queued ones still run, batched together
                 r = f.result(timeout=10)
                 assert r.batch_size == 2
@@ -468,6 +478,7 @@ def test_deadline_exceeded_over_grpc(model):
     with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=3000) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             stub = offload_pb2_grpc.OffloadStub(ch)
+            srv.service.arriving("whole")  # the batch waits (3 s) for a request on its way in
             stub.Describe(offload_pb2.DescribeRequest(), timeout=10)  # connected: the deadline is all queueing
             with pytest.raises(grpc.RpcError) as e:
                 stub.Infer(_request("whole", {"x:0": _rows(1, 0)}), timeout=0.5)
@@ -482,6 +493,7 @@ def test_a_cancelled_request_frees_its_thread_and_never_runs(model):
     with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=800) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             stub = offload_pb2_grpc.OffloadStub(ch)
+            srv.service.arriving("whole")  # the batch waits (0.8 s) for a request on its way in
             fut = stub.Infer.future(_request("whole", {"x:0": _rows(1, 0)}), timeout=20)
             _until(lambda: stub.Stats(offload_pb2.StatsRequest(), timeout=5).queue_depth == 1)
             fut.cancel()

@@ -60,9 +60,12 @@ def save_graph(path: str, graph, inputs: Union[Mapping[str, object], Sequence], 
             graph.collections.pop(k, None)
         graph.collections.update(saved)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise GraphFileError(f"cannot write graph file {path}: {e.strerror or e}") from None
     return len(data)
 
 
@@ -244,20 +247,20 @@ def _import(args) -> int:
 def _export(args) -> int:
     from isthmus.core.errors import CheckpointError, GraphError
     graph, inputs, outputs = load_graph(args.graph)
-    base = os.path.splitext(args.graph)[0]
+    out = args.output or os.path.splitext(args.graph)[0] + (".onnx" if args.to == "onnx" else ".isth")
     try:
         if args.to == "onnx":
             import onnx
-            out = args.output or base + ".onnx"
             onnx.save(export_onnx(graph, inputs, outputs, args.checkpoint), out)
         else:
             from isthmus.converters.edge_export import to_edge
-            out = args.output or base + ".isth"
             data = to_edge(_session(graph, args.checkpoint), [t.name for t in outputs.values()],
                            inputs=[t.name for t in inputs.values()], batch=args.batch,
                            metadata={"source": os.path.basename(args.graph)})
             with open(out, "wb") as f:
                 f.write(data)
+    except OSError as e:
+        raise GraphFileError(f"cannot write {out}: {e.strerror or e}") from None
     except CheckpointError as e:
         raise GraphFileError(f"{args.graph}: checkpoint {args.checkpoint}: {e}") from None
     except GraphError as e:

@@ -157,6 +157,10 @@ def test_corrupt_missing_and_foreign_graph_files_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="no_signature.graph: not an isthmus graph file: collection"):
         cli.main(["export", str(tmp_path / "no_signature.graph")])
     assert not (tmp_path / "x.onnx").exists()
+    with pytest.raises(SystemExit, match="cannot write .*no_such_dir"):
+        cli.main(["export", str(gfile), "-o", str(tmp_path / "no_such_dir" / "x.onnx")])
+    with pytest.raises(SystemExit, match="cannot write graph file .*no_such_dir"):
+        cli.main(["import", src, "-o", str(tmp_path / "no_such_dir" / "m.graph")])
 
 
 def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path):

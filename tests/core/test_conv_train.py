@@ -104,3 +104,73 @@ def test_max_pool_2x2_on_integers_and_views():
         y = ism.max_pool(ism.transpose(ism.transpose(xp, (0, 1, 3, 2)), (0, 1, 3, 2)), 2)
         got = ism.Session(g).run(y, {xp: x})
     np.testing.assert_array_equal(got, x.reshape(2, 3, 2, 2, 3, 2).max(axis=(3, 5)))
+
+
+# ---- convolution gradients -----------------------------------------------------------------------
+def ref_conv_grads(x, w, dy, stride, pads, dil):
+    """dx and dw of a groups-1 convolution, one kernel tap at a time (einsum over the tap's view)."""
+    o, c, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0)) + tuple(pads))
+    oh, ow = dy.shape[2], dy.shape[3]
+    dxp = np.zeros_like(xp)
+    dw = np.zeros_like(w)
+    for i in range(kh):
+        for j in range(kw):
+            sl = (slice(None), slice(None), slice(i * dil[0], i * dil[0] + stride[0] * (oh - 1) + 1, stride[0]),
+                  slice(j * dil[1], j * dil[1] + stride[1] * (ow - 1) + 1, stride[1]))
+            dw[:, :, i, j] = np.einsum("nopq,ncpq->oc", dy, xp[sl])
+            dxp[sl] += np.einsum("nopq,oc->ncpq", dy, w[:, :, i, j])
+    (t, _), (l, _) = pads
+    return dxp[:, :, t:t + x.shape[2], l:l + x.shape[3]], dw
+
+
+def _conv_grads(x, w, dy, **kw):
+    g = ism.Graph()
+    with g.as_default():
+        xp, wp = ism.placeholder(x.dtype, x.shape), ism.placeholder(w.dtype, w.shape)
+        y = ism.conv2d(xp, wp, **kw)
+        grads = ism.gradients(y, [xp, wp], grad_ys=ism.constant(dy))
+        return ism.Session(g).run(grads, {xp: x, wp: w})
+
+
+FILTER_CASES = [  # (x shape, w shape, conv2d kwargs, (stride, pads, dilation) for the reference)
+    ((3, 1, 12, 12), (6, 1, 5, 5), dict(padding="SAME"), ((1, 1), ((2, 2), (2, 2)), (1, 1))),
+    ((2, 3, 11, 9), (4, 3, 3, 3), dict(padding="SAME", strides=2), ((2, 2), ((1, 1), (1, 1)), (1, 1))),
+    ((2, 2, 9, 10), (3, 2, 2, 3), dict(padding=((1, 0), (2, 1)), dilations=(2, 1)), ((1, 1), ((1, 0), (2, 1)), (2, 1))),
+]
+
+
+@pytest.mark.parametrize("layout", ["cnhw", "chwn"])
+@pytest.mark.parametrize("xs,ws,kw,ref", FILTER_CASES, ids=["c1_same", "c3_stride2", "dilated_explicit"])
+def test_filter_gradient_both_layouts(monkeypatch, layout, xs, ws, kw, ref):
+    from isthmus.core.ops import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 10 ** 9)  # the im2col path, where the layouts differ
+    monkeypatch.setattr(conv_mod, "_cnhw_pays", lambda *a: layout == "cnhw")
+    x = rng.standard_normal(xs)
+    w = rng.standard_normal(ws)
+    y_shape = ism.Graph()
+    with y_shape.as_default():
+        oshape = ism.conv2d(ism.placeholder("float64", xs), ism.constant(w), **kw).shape
+    dy = rng.standard_normal(oshape)
+    dx, dw = _conv_grads(x, w, dy, **kw)
+    want_dx, want_dw = ref_conv_grads(x, w, dy, *ref)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-10)
+    check_gradients(lambda x_, w_: ism.conv2d(x_, w_, **kw), [x, w])
+    dx32, dw32 = _conv_grads(x.astype(np.float32), w.astype(np.float32), dy.astype(np.float32), **kw)
+    assert dw32.dtype == np.float32
+    np.testing.assert_allclose(dw32, want_dw, rtol=1e-4, atol=1e-4)
+
+
+def test_layout_choice_for_the_benchmark_cnn():
+    """The first convolution of the benchmark CNN (1 input channel) takes the (n, oh, ow) layout,
+    the second keeps row taps."""
+    from isthmus.core.ops import conv as conv_mod
+    g = conv_mod._Geometry()
+    g.kh = g.kw = 5
+    g.sh = g.sw = g.dh = g.dw = g.groups = 1
+    g.pads, g.oh, g.ow = ((2, 2), (2, 2)), 28, 28
+    assert conv_mod._cnhw_pays(g, 64, 1, 32, 28)
+    assert not conv_mod._row_taps(g, 1)
+    g.oh = g.ow = 14
+    assert conv_mod._row_taps(g, 32)

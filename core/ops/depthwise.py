@@ -14,6 +14,8 @@ on every call) this is 2-3x faster at batch 32 and no slower at batch 1 (measure
 """
 from __future__ import annotations
 
+import os
+import threading
 from typing import Callable, Optional
 
 import numpy as np
@@ -39,39 +41,116 @@ def depthwise_forward(xp, x, w, g, bias=None, act: Optional[Callable] = None):
             (ai, pi), (aj, pj) = divmod(i * g.dh, sh), divmod(j * g.dw, sw)
             offs.append((pi * sw + pj) * plane + ai * wq + aj)
     row = sh * sw * plane
-    extra = max(0, max(offs) + length - row)  # junk columns of a row's last tap read past its end
     rows, kk = n * c, g.kh * g.kw
-    isz = x.dtype.itemsize
-    step = min(rows, max(1, CHUNK_BYTES // ((row + (kk + 1) * length) * isz)))
-    # chunk buffer [rows, sh, sw, Hq, Wq] + extra: pads and junk are zeroed once and never written
-    buf = xp.zeros(step * row + extra, dtype=x.dtype)
-    src = as_strided(buf, (step, row + extra), (row * isz, isz), writeable=False)
-    fill = _phase_fill(buf[:step * row].reshape(step, sh, sw, hq, wq), g, h, wd)
     wt = xp.tile(w.reshape(c, kk).astype(x.dtype, copy=False), (n, 1))  # [rows, taps]
     bt = None if bias is None else xp.tile(bias.astype(x.dtype, copy=False), n).reshape(rows, 1, 1)
     out = xp.empty((n, c, g.oh, g.ow), dtype=x.dtype)
-    out_rows = out.reshape(rows, g.oh, g.ow)
-    x_rows = x.reshape(rows, h, wd)
-    acc = xp.empty((step, length), dtype=x.dtype)
-    cols = xp.empty((step, kk, length), dtype=x.dtype)
-    einsum = xp.einsum
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        m = r1 - r0
-        fill(x_rows[r0:r1], m)
-        a, cm = acc[:m], cols[:m]
-        for k, o in enumerate(offs):
-            cm[:, k] = src[:m, o:o + length]
-        einsum("rk,rkl->rl", wt[r0:r1], cm, out=a)
-        dst = out_rows[r0:r1]
-        valid = a.reshape(m, g.oh, wq)[:, :, :g.ow]
-        if bt is None:
-            dst[...] = valid
-        else:
-            xp.add(valid, bt[r0:r1], out=dst)
-        if act is not None:
-            act(dst)
+    job = _Rows(xp, x.reshape(rows, h, wd), out.reshape(rows, g.oh, g.ow), wt, bt, act, g, offs, row, length)
+    step = job.step
+    parts = threads(rows * g.oh * g.ow * kk) if rows >= 2 * step else 1
+    if parts == 1:
+        job(0, rows)
+        return out
+    cut = (rows // parts // step or 1) * step  # whole chunks per part
+    bounds = [(i * cut, (i + 1) * cut if i < parts - 1 else rows) for i in range(parts)]
+    bounds = [bd for bd in bounds if bd[0] < bd[1]]
+    futures = [_pool().submit(job, r0, r1) for r0, r1 in bounds[1:]]
+    job(*bounds[0])
+    for f in futures:
+        f.result()
     return out
+
+
+class _Rows:
+    """Computes output rows [r0, r1) chunk by chunk, each call with its own scratch buffers (so
+    that two threads can run disjoint row ranges of one convolution)."""
+
+    def __init__(self, xp, x_rows, out_rows, wt, bt, act, g, offs, row, length):
+        self.xp, self.x_rows, self.out_rows, self.wt, self.bt, self.act = xp, x_rows, out_rows, wt, bt, act
+        self.g, self.offs, self.row, self.length = g, offs, row, length
+        self.extra = max(0, max(offs) + length - row)  # junk columns of a row's last tap read past its end
+        kk = len(offs)
+        self.step = min(len(x_rows), max(1, CHUNK_BYTES // ((row + (kk + 1) * length) * x_rows.itemsize)))
+
+    def __call__(self, r_begin: int, r_end: int) -> None:
+        xp, g, offs, length, step = self.xp, self.g, self.offs, self.length, self.step
+        dtype, row, isz = self.x_rows.dtype, self.row, self.x_rows.itemsize
+        h, wd = self.x_rows.shape[1:]
+        hq, wq = -(-(h + g.pads[0][0] + g.pads[0][1]) // g.sh), -(-(wd + g.pads[1][0] + g.pads[1][1]) // g.sw)
+        # chunk buffer [rows, sh, sw, Hq, Wq] + extra: pads and junk are zeroed once and never written
+        buf = xp.zeros(step * row + self.extra, dtype=dtype)
+        src = as_strided(buf, (step, row + self.extra), (row * isz, isz), writeable=False)
+        fill = _phase_fill(buf[:step * row].reshape(step, g.sh, g.sw, hq, wq), g, h, wd)
+        acc = xp.empty((step, length), dtype=dtype)
+        cols = xp.empty((step, len(offs), length), dtype=dtype)
+        einsum, bt, act = xp.einsum, self.bt, self.act
+        for r0 in range(r_begin, r_end, step):
+            r1 = min(r_end, r0 + step)
+            m = r1 - r0
+            fill(self.x_rows[r0:r1], m)
+            a, cm = acc[:m], cols[:m]
+            for k, o in enumerate(offs):
+                cm[:, k] = src[:m, o:o + length]
+            einsum("rk,rkl->rl", self.wt[r0:r1], cm, out=a)
+            dst = self.out_rows[r0:r1]
+            valid = a.reshape(m, g.oh, wq)[:, :, :g.ow]
+            if bt is None:
+                dst[...] = valid
+            else:
+                xp.add(valid, bt[r0:r1], out=dst)
+            if act is not None:
+                act(dst)
+
+
+# ---- threads --------------------------------------------------------------------------------
+# Depthwise work is not BLAS, so BLAS cannot spread it over cores; a convolution large enough
+# (multiply-adds) is split into as many row ranges as BLAS has threads, so that a session
+# limited to one BLAS thread (threadpoolctl, OPENBLAS_NUM_THREADS) runs it on one thread too.
+THREAD_MIN_MACS = 4_000_000
+_blas_count: Optional[Callable[[], int]] = None
+_executor = None
+_lock = threading.Lock()
+
+
+def threads(macs: int) -> int:
+    """How many threads a depthwise convolution of `macs` multiply-adds uses: BLAS's count now."""
+    if macs < THREAD_MIN_MACS:
+        return 1
+    global _blas_count
+    if _blas_count is None:
+        _blas_count = _blas_thread_reader()
+    return max(1, min(_MAX_THREADS, _blas_count()))
+
+
+_MAX_THREADS = max(1, min(4, os.cpu_count() or 1))
+
+
+def _blas_thread_reader() -> Callable[[], int]:
+    """A cheap reader of the BLAS thread count (one C call through threadpoolctl's controllers,
+    built once); without threadpoolctl, the count BLAS starts with (OPENBLAS_NUM_THREADS etc.)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+        libs = [lc for lc in ThreadpoolController().lib_controllers if lc.user_api == "blas"]
+    except Exception:  # threadpoolctl missing or unable to inspect this process: fall back to env
+        libs = []
+    if libs:
+        return lambda: max(lc.get_num_threads() or 1 for lc in libs)
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        v = os.environ.get(var, "")
+        if v.isdigit() and int(v) > 0:
+            n = int(v)
+            return lambda: n
+    n = os.cpu_count() or 1
+    return lambda: n
+
+
+def _pool():
+    global _executor
+    with _lock:
+        if _executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _executor = ThreadPoolExecutor(max_workers=_MAX_THREADS - 1 or 1, thread_name_prefix="isthmus-dw")
+        return _executor
 
 
 def _phase_fill(phases, g, h, wd):

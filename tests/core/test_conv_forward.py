@@ -132,3 +132,29 @@ def test_general_conv_per_image(groups, o, strides, padding, dil):
     b = rng.standard_normal(o).astype(np.float32)
     check(x, w, None, strides, padding, dil, groups)
     check(x, w, b, strides, padding, dil, groups, "relu6")
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_depthwise_threads_split_rows_bit_identically(monkeypatch, parts):
+    """Row ranges on threads (as many as BLAS has) give exactly the one-thread result."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 20, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((20, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32)
+    monkeypatch.setattr(depthwise, "CHUNK_BYTES", 4096)  # several chunks per part
+    monkeypatch.setattr(depthwise, "THREAD_MIN_MACS", 0)
+    monkeypatch.setattr(depthwise, "_MAX_THREADS", 4)
+    outs = {}
+    for t in (1, parts):
+        monkeypatch.setattr(depthwise, "_blas_count", lambda t=t: t)
+        assert depthwise.threads(10) == t
+        outs[t] = run_conv(x, w, b, 2, "SAME", 1, 20, "relu6")[0]
+    np.testing.assert_array_equal(outs[1], outs[parts])
+    check(x, w, b, 2, "SAME", 1, 20, "relu6")
+
+
+def test_depthwise_threads_follow_blas_limit():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(1):
+        assert depthwise.threads(10 ** 9) == 1
+    assert depthwise.threads(10) == 1  # small convolutions never pay a thread hand-off

@@ -2,6 +2,8 @@
 import argparse
 import textwrap
 
+import pytest
+
 from isthmus.partitioner import calibrate
 from isthmus.partitioner.cli import main
 from isthmus.partitioner.devices import DeviceProfile
@@ -41,3 +43,16 @@ def test_calibrate_command_writes_a_profile(tmp_path, capsys):
     prof = DeviceProfile.load(str(out))
     assert prof.name == "phone" and set(prof.op_coeffs) == {"Add", "Relu"}
     assert "wrote" in capsys.readouterr().out
+
+
+def test_calibrate_command_on_one_blas_thread_in_cpu_time(tmp_path):
+    p = argparse.ArgumentParser()
+    calibrate.add_arguments(p)
+    out = tmp_path / "cloud.json"
+    args = p.parse_args(["--out", str(out), "--ops", "Add", "--quick", "--blas-threads", "1", "--clock", "cpu"])
+    assert calibrate.run(args) == 0
+    assert DeviceProfile.load(str(out)).blas_threads == 1
+    if calibrate.current_blas_threads() not in (None, 1):  # several threads: their time is not this thread's
+        args = p.parse_args(["--out", str(out), "--ops", "Add", "--quick", "--clock", "cpu"])
+        with pytest.raises(SystemExit, match="--blas-threads 1"):
+            calibrate.run(args)

@@ -309,14 +309,14 @@ def _kernel_conv_input(node, ctx):
         n, c, h, wd = x.shape
         g = _geometry(node, x.shape, w.shape)
         (t, b), (l, r) = g.pads
-        dxp = xp.zeros((n, c, h + t + b, wd + l + r), dtype=dy.dtype)
         o = w.shape[0]
         hs = g.sh * (g.oh - 1) + 1
         ws = g.sw * (g.ow - 1) + 1
         t2 = None if _depthwise(node, w.shape, c) else _transposed_geometry(g, h, wd)
         if t2 is not None and _row_taps(t2, w.shape[0]):
             wf = xp.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-            return xp.ascontiguousarray(_conv_row_taps(xp, dy, wf, t2).transpose(3, 0, 1, 2))
+            return xp.ascontiguousarray(_conv_rows(xp, dy, wf, t2).transpose(3, 0, 1, 2))
+        dxp = xp.zeros((n, c, h + t + b, wd + l + r), dtype=dy.dtype)
         if _depthwise(node, w.shape, c):
             for i in range(g.kh):
                 for j in range(g.kw):
@@ -341,6 +341,60 @@ def _kernel_conv_input(node, ctx):
     return run
 
 
+def _chwn_wpadded(xp, x, wpads):
+    """x [N, C, H, W] as [C, H, Wp, N], zero-padded along W only (see _row_spans for H)."""
+    l, r = wpads
+    n, c, h, w = x.shape
+    if not (l or r):
+        return xp.ascontiguousarray(x.transpose(1, 2, 3, 0))
+    out = xp.empty((c, h, w + l + r, n), dtype=x.dtype)
+    out[:, :, :l, :] = 0
+    out[:, :, l + w:, :] = 0
+    out[:, :, l:l + w, :] = x.transpose(1, 2, 3, 0)
+    return out
+
+
+def _row_spans(g, h):
+    """Per kernel row i of a stride-1 (along H) convolution over an input of height h: the output
+    rows [lo, hi) whose input row lo + i*dh - top lies inside the input, and that first input row.
+    Rows outside read only zero padding, so the GEMMs skip them: the H padding is never built
+    (for 5x5 SAME on 14 rows: 9% fewer multiply-adds and 22% fewer im2col copies)."""
+    t = g.pads[0][0]
+    spans = []
+    for i in range(g.kh):
+        off = i * g.dh - t
+        lo, hi = max(0, -off), min(g.oh, h - off)
+        spans.append((lo, hi, lo + off))
+    return spans
+
+
+def _conv_rows(xp, x, w, g):
+    """conv2d for _row_taps geometries (like _conv_row_taps) without H padding: one GEMM per
+    kernel row over the output rows it reaches, accumulated. -> [O, OH, OW, N]"""
+    n, c, h = x.shape[0], x.shape[1], x.shape[2]
+    o = w.shape[0]
+    cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)  # [kw*C, H*OW*N]
+    run = g.ow * n
+    wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
+    spans = _row_spans(g, h)
+    full = [i for i, (lo, hi, _) in enumerate(spans) if (lo, hi) == (0, g.oh)]
+    out = xp.empty((o, g.oh * run), dtype=x.dtype)
+    if full:
+        src = spans[full[0]][2]
+        xp.matmul(wt[full[0]], cols[:, src * run:(src + g.oh) * run], out=out)
+    else:
+        out[...] = 0
+    tmp = xp.empty(o * g.oh * run, dtype=x.dtype)
+    for i, (lo, hi, src) in enumerate(spans):
+        if hi <= lo or (full and i == full[0]):
+            continue
+        k = (hi - lo) * run
+        part = tmp[:o * k].reshape(o, k)
+        xp.matmul(wt[i], cols[:, src * run:src * run + k], out=part)
+        out[:, lo * run:hi * run] += part
+    return out.reshape(o, g.oh, g.ow, n)
+
+
 def _kernel_conv_filter(node, ctx):
     xp = ctx.xp
     groups = node.attrs["groups"]
@@ -360,11 +414,14 @@ def _kernel_conv_filter(node, ctx):
         cg, og = c // groups, o // groups
         dy_t = xp.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
         if _row_taps(g, c):
-            cols = _cols_kw(xp, _chwn_padded(xp, x, g.pads), g)
-            span, step = g.oh * g.ow * n, g.dh * g.ow * n
+            cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)
+            run_ = g.ow * n
             rows = xp.empty((g.kh, o, g.kw * c), dtype=x.dtype)
-            for i in range(g.kh):
-                xp.matmul(dy_t, cols[:, i * step:i * step + span].T, out=rows[i])
+            for i, (lo, hi, src) in enumerate(_row_spans(g, x.shape[2])):
+                if hi <= lo:
+                    rows[i] = 0
+                else:
+                    xp.matmul(dy_t[:, lo * run_:hi * run_], cols[:, src * run_:(src + hi - lo) * run_].T, out=rows[i])
             return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
         xt = _chwn_padded(xp, x, g.pads)
         out = xp.empty(w.shape, dtype=x.dtype)

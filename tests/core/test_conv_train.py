@@ -174,3 +174,35 @@ def test_layout_choice_for_the_benchmark_cnn():
     assert not conv_mod._row_taps(g, 1)
     g.oh = g.ow = 14
     assert conv_mod._row_taps(g, 32)
+
+
+ROW_CASES = [  # stride 1 along H: row taps, whose GEMMs skip the rows that read only H padding
+    ((2, 4, 7, 6), (3, 4, 5, 5), dict(padding="SAME"), ((1, 1), ((2, 2), (2, 2)), (1, 1))),
+    ((1, 4, 3, 4), (3, 4, 3, 2), dict(padding=((2, 0), (0, 1)), dilations=(2, 1)),  # kernel row 0 reaches no
+     ((1, 1), ((2, 0), (0, 1)), (2, 1))),                                              # output row at all
+    ((2, 3, 5, 6), (2, 3, 2, 3), dict(padding=((4, 1), (1, 1))), ((1, 1), ((4, 1), (1, 1)), (1, 1))),  # no row full
+    ((2, 3, 6, 7), (4, 3, 3, 3), dict(padding="SAME", strides=(1, 2)), ((1, 2), ((1, 1), (1, 1)), (1, 1))),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw,ref", ROW_CASES, ids=["same5x5", "empty_row", "pad_beyond", "stride_w"])
+def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref):
+    from isthmus.core.ops import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 1)
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    g = ism.Graph()
+    with g.as_default():
+        oshape = ism.conv2d(ism.placeholder("float64", xs), ism.constant(w), **kw).shape
+    dy = rng.standard_normal(oshape)
+    dx, dw = _conv_grads(x, w, dy, **kw)
+    want_dx, want_dw = ref_conv_grads(x, w, dy, *ref)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-10)
+    check_gradients(lambda x_, w_: ism.conv2d(x_, w_, **kw), [x, w])
+
+
+def test_row_spans_of_the_benchmark_cnn():
+    from isthmus.core.ops import conv as conv_mod
+    g = conv_mod._Geometry()
+    g.kh, g.dh, g.pads, g.oh = 5, 1, ((2, 2), (2, 2)), 14
+    assert conv_mod._row_spans(g, 14) == [(2, 14, 0), (1, 14, 0), (0, 14, 0), (0, 13, 1), (0, 12, 2)]

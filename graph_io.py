@@ -109,7 +109,10 @@ def load_graph(path: str, max_tensor_bytes: Optional[int] = None) -> Tuple[objec
 
 def import_model(model: str, trainable: bool = False, nhwc: bool = False):
     """(graph, inputs, outputs, output_names) of an .onnx or .tflite file."""
+    from isthmus.core.errors import GraphError
     if model.endswith(".tflite"):
+        if trainable:
+            raise GraphFileError(f"{model}: --trainable applies to ONNX models (TFLite weights may be quantized)")
         from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
         from isthmus.converters.tflite_read import read_model
         try:
@@ -122,8 +125,6 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         except TFLiteImportError as e:
             raise GraphFileError(f"cannot import {model}: {e}") from None
         names = [md.tensors[i].name or f"output{k}" for k, i in enumerate(md.outputs)]
-        if trainable:
-            raise GraphFileError(f"{model}: --trainable applies to ONNX models (TFLite weights may be quantized)")
         return graph, inputs, outputs, _unique(names)
     if not model.endswith(".onnx"):
         raise GraphFileError(f"{model}: expected an .onnx or .tflite file")
@@ -137,7 +138,7 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         raise GraphFileError(f"cannot read {model}: not an ONNX model ({type(e).__name__}: {e})") from None
     try:
         graph, inputs, outputs = from_onnx(proto, trainable=trainable)
-    except (OnnxImportError, ValueError) as e:
+    except (OnnxImportError, GraphError, ValueError) as e:
         raise GraphFileError(f"cannot import {model}: {e}") from None
     return graph, inputs, outputs, _unique([o.name or f"output{k}" for k, o in enumerate(proto.graph.output)])
 

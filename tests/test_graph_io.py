@@ -175,6 +175,8 @@ def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path):
     (tmp_path / "bad.tflite").write_bytes(b"\x10\x00\x00\x00TFL3" + b"\x00" * 8)
     with pytest.raises(SystemExit, match="cannot import .*bad.tflite"):
         cli.main(["import", str(tmp_path / "bad.tflite")])
+    with pytest.raises(SystemExit, match="--trainable applies to ONNX models"):
+        cli.main(["import", str(tmp_path / "bad.tflite"), "--trainable"])
     bad_op = helper.make_model(helper.make_graph(
         [helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],

@@ -35,17 +35,13 @@ def depthwise_forward(xp, x, w, g, bias=None, act: Optional[Callable] = None):
     hq, wq = -(-(h + t + b) // sh), -(-(wd + l + r) // sw)
     plane = hq * wq
     length = g.oh * wq
-    offs = []
-    for i in range(g.kh):
-        for j in range(g.kw):
-            (ai, pi), (aj, pj) = divmod(i * g.dh, sh), divmod(j * g.dw, sw)
-            offs.append((pi * sw + pj) * plane + ai * wq + aj)
+    groups, order = _tap_groups(g, plane, wq)
     row = sh * sw * plane
     rows, kk = n * c, g.kh * g.kw
-    wt = xp.tile(w.reshape(c, kk).astype(x.dtype, copy=False), (n, 1))  # [rows, taps]
+    wt = xp.tile(w.reshape(c, kk)[:, order].astype(x.dtype, copy=False), (n, 1))  # [rows, taps in group order]
     bt = None if bias is None else xp.tile(bias.astype(x.dtype, copy=False), n).reshape(rows, 1, 1)
     out = xp.empty((n, c, g.oh, g.ow), dtype=x.dtype)
-    job = _Rows(xp, x.reshape(rows, h, wd), out.reshape(rows, g.oh, g.ow), wt, bt, act, g, offs, row, length)
+    job = _Rows(xp, x.reshape(rows, h, wd), out.reshape(rows, g.oh, g.ow), wt, bt, act, g, groups, row, length)
     step = job.step
     parts = threads(rows * g.oh * g.ow * kk) if rows >= 2 * step else 1
     if parts == 1:
@@ -65,32 +61,40 @@ class _Rows:
     """Computes output rows [r0, r1) chunk by chunk, each call with its own scratch buffers (so
     that two threads can run disjoint row ranges of one convolution)."""
 
-    def __init__(self, xp, x_rows, out_rows, wt, bt, act, g, offs, row, length):
+    def __init__(self, xp, x_rows, out_rows, wt, bt, act, g, groups, row, length):
         self.xp, self.x_rows, self.out_rows, self.wt, self.bt, self.act = xp, x_rows, out_rows, wt, bt, act
-        self.g, self.offs, self.row, self.length = g, offs, row, length
-        self.extra = max(0, max(offs) + length - row)  # junk columns of a row's last tap read past its end
-        kk = len(offs)
+        self.g, self.groups, self.row, self.length = g, groups, row, length
+        last = max(off + (ni - 1) * si + (nj - 1) * sj for off, ni, si, nj, sj in groups)
+        self.extra = max(0, last + length - row)  # junk columns of a row's last tap read past its end
+        kk = g.kh * g.kw
         self.step = min(len(x_rows), max(1, CHUNK_BYTES // ((row + (kk + 1) * length) * x_rows.itemsize)))
 
     def __call__(self, r_begin: int, r_end: int) -> None:
-        xp, g, offs, length, step = self.xp, self.g, self.offs, self.length, self.step
+        xp, g, length, step = self.xp, self.g, self.length, self.step
         dtype, row, isz = self.x_rows.dtype, self.row, self.x_rows.itemsize
         h, wd = self.x_rows.shape[1:]
         hq, wq = -(-(h + g.pads[0][0] + g.pads[0][1]) // g.sh), -(-(wd + g.pads[1][0] + g.pads[1][1]) // g.sw)
         # chunk buffer [rows, sh, sw, Hq, Wq] + extra: pads and junk are zeroed once and never written
         buf = xp.zeros(step * row + self.extra, dtype=dtype)
-        src = as_strided(buf, (step, row + self.extra), (row * isz, isz), writeable=False)
         fill = _phase_fill(buf[:step * row].reshape(step, g.sh, g.sw, hq, wq), g, h, wd)
         acc = xp.empty((step, length), dtype=dtype)
-        cols = xp.empty((step, len(offs), length), dtype=dtype)
+        kk = g.kh * g.kw
+        cols = xp.empty((step, kk, length), dtype=dtype)
+        # one copy per stride phase: its taps form a grid [ni, nj] of runs at fixed strides
+        copies, k = [], 0
+        for off, ni, si, nj, sj in self.groups:
+            view = as_strided(buf[off:], (step, ni, nj, length), (row * isz, si * isz, sj * isz, isz),
+                              writeable=False)
+            copies.append((cols[:, k:k + ni * nj].reshape(step, ni, nj, length), view))
+            k += ni * nj
         einsum, bt, act = xp.einsum, self.bt, self.act
         for r0 in range(r_begin, r_end, step):
             r1 = min(r_end, r0 + step)
             m = r1 - r0
             fill(self.x_rows[r0:r1], m)
             a, cm = acc[:m], cols[:m]
-            for k, o in enumerate(offs):
-                cm[:, k] = src[:m, o:o + length]
+            for dst, view in copies:
+                dst[:m] = view[:m]
             einsum("rk,rkl->rl", self.wt[r0:r1], cm, out=a)
             dst = self.out_rows[r0:r1]
             valid = a.reshape(m, g.oh, wq)[:, :, :g.ow]
@@ -151,6 +155,26 @@ def _pool():
             from concurrent.futures import ThreadPoolExecutor
             _executor = ThreadPoolExecutor(max_workers=_MAX_THREADS - 1 or 1, thread_name_prefix="isthmus-dw")
         return _executor
+
+
+def _tap_groups(g, plane: int, wq: int):
+    """The taps grouped by the stride phase they read: ([(offset, ni, si, nj, sj)], tap order).
+    Tap (i, j) reads phase (i*dh % sh, j*dw % sw) at row i*dh // sh and column j*dw // sw of it;
+    within a phase those rows (columns) advance by a fixed step, so a group's runs start at
+    offset + a*si + b*sj for a < ni, b < nj (si, sj in elements of a flattened row)."""
+    groups, order = [], []
+    for pi in range(g.sh):
+        ii = [i for i in range(g.kh) if i * g.dh % g.sh == pi]
+        for pj in range(g.sw):
+            jj = [j for j in range(g.kw) if j * g.dw % g.sw == pj]
+            if not ii or not jj:
+                continue
+            ai, aj = [i * g.dh // g.sh for i in ii], [j * g.dw // g.sw for j in jj]
+            si = (ai[1] - ai[0]) * wq if len(ai) > 1 else 0
+            sj = aj[1] - aj[0] if len(aj) > 1 else 0
+            groups.append(((pi * g.sw + pj) * plane + ai[0] * wq + aj[0], len(ai), si, len(aj), sj))
+            order += [i * g.kw + j for i in ii for j in jj]
+    return groups, order
 
 
 def _phase_fill(phases, g, h, wd):

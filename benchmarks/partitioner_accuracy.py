@@ -17,12 +17,14 @@ The sessions run their graph passes (as every Session does by default: MatMul + 
 activation fused into one kernel), and the cost model prices that fused graph; the JSON also
 says how far off the same model would be pricing the graph as written (`unfused_model_*`).
 --no-passes measures and prices the graphs as written instead.
---blas-threads 1,default (the default) calibrates and measures each BLAS thread count on its own,
-the settings taking turns round by round; the headline numbers are the first setting's (one thread,
-as ISTHMUS_BLAS_THREADS=1 gives). One thread is far less disturbed by other work on a shared machine:
+--blas-threads 1,1:cpu,default (the default) calibrates and measures each BLAS thread count on its
+own, the settings taking turns round by round; the headline numbers are the first setting's (one
+thread, as ISTHMUS_BLAS_THREADS=1 gives, wall time). "1:cpu" times the calibration cases and the
+parts' kernels in thread CPU time: what other processes on a shared machine take from this one
+does not count (on a quiet machine it equals the wall time on one thread). One thread is far less disturbed by other work on a shared machine:
 a two-thread GEMM waits for its slower thread, so with another process on the second core one
 round of a part can take 50x another (measured here at load 5-8, `part_round_spread_median`).
-Usage: python benchmarks/partitioner_accuracy.py [--graphs 12] [--quick] [--no-passes] [--blas-threads 1,2]
+Usage: python benchmarks/partitioner_accuracy.py [--graphs 12] [--quick] [--no-passes] [--blas-threads 1,1:cpu,2]
 """
 from __future__ import annotations
 
@@ -34,10 +36,9 @@ from dataclasses import replace
 import numpy as np
 
 import isthmus as ism
-from isthmus.core.profile import time_nodes
 from isthmus.core.rendezvous import InProcessRendezvous
 from isthmus.partitioner import CLOUD_DEVICE, EDGE_DEVICE, Constraints, CostModel, LinkModel, Problem, partition
-from isthmus.partitioner.calibrate import Calibration, fit
+from isthmus.partitioner.calibrate import CLOCKS, Calibration, clock_floor, fit
 from isthmus.partitioner.threads import blas_threads, check_threads, limited_blas_threads
 from isthmus.partitioner.runner import SplitSession, emulated_link
 from timing import emit
@@ -72,13 +73,38 @@ def split_at(g, layer: int):
     return placement
 
 
-def measured_parts(g, x, y, xv, placement, passes: bool, repeats=10, rounds=3):
+def time_kernels(sess, fetch, feed, repeats: int, clock) -> dict:
+    """Median seconds (by `clock`) of each kernel of the session's compiled plan for `fetch`, run
+    in plan order (core/profile.time_nodes with a choice of clock; feeds given as their arrays)."""
+    plan = sess.plan_for(fetch, feed)
+    floor = clock_floor(clock)
+    samples = {}
+    for _ in range(repeats):
+        values = {t: v for t, v in zip(plan.feeds, feed.values())}
+        values.update(plan.constants)
+        for n in plan.nodes:
+            k = plan.kernels.get(n)
+            if k is None:
+                continue
+            args = [values[t] for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs]
+            t0 = clock()
+            out = k(*args)
+            samples.setdefault(n, []).append(clock() - t0)
+            if len(n.outputs) == 1:
+                values[n.outputs[0]] = out
+            else:
+                values.update(zip(n.outputs, out))
+    return {n: max(float(np.median(v)) - floor, 1e-9) for n, v in samples.items()}
+
+
+def measured_parts(g, x, y, xv, placement, passes: bool, repeats=10, rounds=3, clock="wall"):
     """Kernel seconds per device; a fused node is named after the last node of its group.
     Like calibration, the least disturbed of `rounds` medians (the machine is shared)."""
     sess = ism.Session(g, optimize=passes, parallel=False)
+    sess.run(y, {x: xv})
     best = None
     for _ in range(rounds):
-        times = time_nodes(sess, y, {x: xv}, repeats=repeats)
+        times = time_kernels(sess, y, {x: xv}, repeats, CLOCKS[clock])
         out = {EDGE_DEVICE: 0.0, CLOUD_DEVICE: 0.0}
         for n, s in times.items():
             if n.name not in placement:
@@ -110,29 +136,35 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, default=12)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-passes", action="store_true", help="run and price the graphs as written (no fusion)")
-    ap.add_argument("--blas-threads", default="1,default",
-                    help="comma-separated BLAS thread counts ('default': the process's), each calibrated and "
-                         "measured on its own, interleaved by round (default: %(default)s)")
+    ap.add_argument("--blas-threads", default="1,1:cpu,default",
+                    help="comma-separated BLAS thread counts ('default': the process's), each optionally with "
+                         "':cpu' (one thread only: kernels timed in thread CPU time, for calibration and parts "
+                         "alike), each calibrated and measured on its own, interleaved by round "
+                         "(default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds, each timing the calibration cases and then every graph (least disturbed kept)")
     args = ap.parse_args()
     settings = []
     for text in args.blas_threads.split(","):
-        text = text.strip()
-        if text != "default" and not (text.isdigit() and int(text) >= 1):
-            raise SystemExit(f"--blas-threads: {text!r} is neither an integer >= 1 nor 'default'")
-        settings.append(None if text == "default" else int(text))
+        threads, _, clock = text.strip().partition(":")
+        clock = clock or "wall"
+        if threads != "default" and not (threads.isdigit() and int(threads) >= 1) or clock not in CLOCKS:
+            raise SystemExit(f"--blas-threads: {text!r} is not N[:wall|:cpu] (N an integer >= 1) or 'default'")
+        if clock == "cpu" and threads != "1":
+            raise SystemExit(f"--blas-threads: {text!r}: the cpu clock counts this thread only: one BLAS thread")
+        settings.append((None if threads == "default" else int(threads), clock))
     run(args, settings)
 
 
 class Setting:
     """One BLAS thread count: its calibration and its measurements, round by round."""
 
-    def __init__(self, threads, graphs, level: str):
-        self.threads = threads
+    def __init__(self, threads, clock: str, graphs, level: str):
+        self.threads, self.clock = threads, clock
+        self.name = ("default" if threads is None else str(threads)) + ("" if clock == "wall" else f":{clock}")
         with limited_blas_threads(threads):
             self.count = blas_threads()
-            self.cal = Calibration(OPS, level)
+            self.cal = Calibration(OPS, level, clock)
         self.parts_rounds = [[] for _ in graphs]
         self.e2e_best = [np.inf] * len(graphs)
         self.calib_s = 0.0
@@ -145,7 +177,8 @@ class Setting:
             self.cal.run_round()
             self.calib_s += time.perf_counter() - tc
             for i, (g, x, y, layer, placement, xv) in enumerate(graphs):
-                self.parts_rounds[i].append(measured_parts(g, x, y, xv, placement, passes, rounds=1))
+                self.parts_rounds[i].append(measured_parts(g, x, y, xv, placement, passes, rounds=1,
+                                                           clock=self.clock))
                 self.e2e_best[i] = min(self.e2e_best[i], measured_end_to_end(g, y, xv, placement, passes, rounds=1))
 
     def result(self, graphs, passes: bool) -> dict:
@@ -174,7 +207,7 @@ class Setting:
                          "cloud_pred_ms": pred.compute[CLOUD_DEVICE] * 1e3, "cloud_meas_ms": parts[CLOUD_DEVICE] * 1e3,
                          "e2e_pred_ms": pred.total * 1e3, "e2e_meas_ms": e2e * 1e3})
         mape, e2e_mape = float(np.mean(part_err)), float(np.mean(e2e_err))
-        return {"blas_threads": self.count, "calibration_s": self.calib_s,
+        return {"blas_threads": self.count, "clock": self.clock, "calibration_s": self.calib_s,
                 "part_mape": mape, "part_median_ape": float(np.median(part_err)),
                 "part_mean_signed_error": float(np.mean(part_signed)),
                 "part_round_spread_median": float(np.median(spread)),
@@ -193,14 +226,14 @@ def run(args, settings) -> None:
         g, x, y, depth = mlp(rng)
         layer = int(rng.integers(0, depth - 1))
         graphs.append((g, x, y, layer, split_at(g, layer), rng.standard_normal(x.shape).astype(np.float32)))
-    runs = [Setting(t, graphs, "quick" if args.quick else "full") for t in settings]
+    runs = [Setting(t, c, graphs, "quick" if args.quick else "full") for t, c in settings]
     # Rounds over the calibration cases and all the graphs, each keeping its least disturbed
     # measurement: a burst of other work on the shared machine then spoils one round of many
     # graphs, not every round of one. The thread settings take turns within each round.
     for _ in range(args.rounds):
         for s in runs:
             s.run_round(graphs, passes)
-    results = {("default" if s.threads is None else str(s.threads)): s.result(graphs, passes) for s in runs}
+    results = {s.name: s.result(graphs, passes) for s in runs}
     first = next(iter(results.values()))
     emit("partitioner_accuracy", {
         "link": str(LINK), "calibrated_ops": OPS, "passes": passes, "rounds": args.rounds,

@@ -148,6 +148,16 @@ def _conv_cases(op: str, level: str, rng) -> Iterator[Case]:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
+def clock_floor(clock=time.perf_counter, n: int = 201) -> float:
+    """What an empty interval reads on `clock` (median): thread_time is a system call, not a vDSO
+    read like perf_counter, and adds about 1 us to every interval it times (a tenth of a tiny kernel)."""
+    samples = []
+    for _ in range(n):
+        t0 = clock()
+        samples.append(clock() - t0)
+    return float(np.median(samples))
+
+
 class Calibration:
     """The single-op graphs of `ops`, built once, timed in rounds (`run_round`), each case keeping
     its least disturbed median. A caller may interleave rounds with other measurements (the
@@ -240,7 +250,7 @@ def _time_case(case, budget_s: float, flush_bytes: int = FLUSH_BYTES, clock=time
         t0 = clock()
         kernel(*args)
         samples.append(clock() - t0)
-    return float(np.median(samples))
+    return max(float(np.median(samples)) - clock_floor(clock, 51), 1e-9)
 
 
 def fit_coeffs(samples: Sequence[Sample]) -> Coeffs:

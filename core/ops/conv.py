@@ -22,7 +22,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import depthwise_forward
+from .depthwise import DepthwiseConv
 from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
@@ -202,6 +202,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     xp = ctx.xp
     groups = node.attrs["groups"]
     act = None if activation == "none" else activation_inplace(xp, activation)
+    depthwise = DepthwiseConv(xp, act)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -215,7 +216,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         g = geom(x.shape, w.shape)
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
-            return depthwise_forward(xp, x, w, g, bias, act)
+            return depthwise(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return _pointwise(xp, x, w.reshape(o, c), bias, act).reshape(n, o, g.oh, g.ow)
         if not _row_taps(g, c):
@@ -368,6 +369,11 @@ def _row_spans(g, h):
     return spans
 
 
+# Below this many output channels one GEMM over all kernel rows stacked (M = kh*O) beats one
+# GEMM per kernel row (M = O): 32 channels, 5x5 on 14x14x64: 16.8 vs 21.2 ms on one core.
+_STACK_MAX_M = 128
+
+
 def _conv_rows(xp, x, w, g):
     """conv2d for _row_taps geometries (like _conv_row_taps) without H padding: one GEMM per
     kernel row over the output rows it reaches, accumulated. -> [O, OH, OW, N]"""
@@ -378,6 +384,16 @@ def _conv_rows(xp, x, w, g):
     wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
     spans = _row_spans(g, h)
     full = [i for i, (lo, hi, _) in enumerate(spans) if (lo, hi) == (0, g.oh)]
+    if full and o < _STACK_MAX_M and g.kh * h <= 1.25 * sum(max(hi - lo, 0) for lo, hi, _ in spans):
+        # one GEMM for all kernel rows, each over every input row, then shifted adds: a few
+        # wasted products, but M = kh*O keeps BLAS far busier than kh GEMMs with a small M
+        big = xp.matmul(wt.reshape(g.kh * o, g.kw * c), cols).reshape(g.kh, o, h * run)
+        src = spans[full[0]][2]
+        out = big[full[0], :, src * run:(src + g.oh) * run].copy()
+        for i, (lo, hi, src) in enumerate(spans):
+            if hi > lo and i != full[0]:
+                out[:, lo * run:hi * run] += big[i, :, src * run:(src + hi - lo) * run]
+        return out.reshape(o, g.oh, g.ow, n)
     out = xp.empty((o, g.oh * run), dtype=x.dtype)
     if full:
         src = spans[full[0]][2]

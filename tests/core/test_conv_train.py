@@ -185,10 +185,12 @@ ROW_CASES = [  # stride 1 along H: row taps, whose GEMMs skip the rows that read
 ]
 
 
+@pytest.mark.parametrize("stacked", [True, False], ids=["one_gemm", "gemm_per_row"])
 @pytest.mark.parametrize("xs,ws,kw,ref", ROW_CASES, ids=["same5x5", "empty_row", "pad_beyond", "stride_w"])
-def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref):
+def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, stacked):
     from isthmus.core.ops import conv as conv_mod
     monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 1)
+    monkeypatch.setattr(conv_mod, "_STACK_MAX_M", 10 ** 9 if stacked else 0)
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
     g = ism.Graph()
     with g.as_default():

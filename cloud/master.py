@@ -19,10 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
+from ..core.devices import canonical
 from ..core.errors import FeedError
 from ..core.function import Function
 from ..core.graph import Graph, Node, Tensor
 from ..core.rendezvous import RendezvousAborted
+from ..core.shapes import num_elements
 from ..core.trace import RunMetadata
 from ..partitioner.partition import Partition, partition
 from . import graph_codec
@@ -40,7 +44,10 @@ class _PartRun:
     worker: Any
     handle: str
     feeds: List[str]          # tensor names fed to this part ("x:0")
-    fetches: List[str]        # what one step runs: outputs, then Sends
+    fetches: List[str]        # what one step runs: outputs, then Sends (or pushed values: see pushes)
+    # values this part returns for the master to put in another task's rendezvous:
+    # (index in fetches, the in-process Worker of the destination, (src, dst, tensor))
+    pushes: List[Tuple[int, Any, Tuple[str, str, str]]] = field(default_factory=list)
 
 
 @dataclass
@@ -63,14 +70,18 @@ class MasterSession:
         self.steps = 0
 
     # ---- planning ----------------------------------------------------------------------------
-    def plan(self, fetches: Sequence[str], feeds: Sequence[str], targets: Sequence[str]) -> StepPlan:
-        key = (tuple(fetches), tuple(sorted(feeds)), tuple(targets))
+    def plan(self, fetches: Sequence[str], feeds: Sequence[str], targets: Sequence[str],
+             traced: bool = False) -> StepPlan:
+        """The registered plan of a signature. A traced step gets a plan of its own in which
+        every transfer is a Send/Recv pair (no values carried on RunGraph answers), so that
+        its trace shows each transfer with both ends."""
+        key = (tuple(fetches), tuple(sorted(feeds)), tuple(targets), bool(traced))
         p = self.plans.get(key)
         if p is None:
             with self._lock:
                 p = self.plans.get(key)
                 if p is None:
-                    p = self.plans[key] = self._build(fetches, feeds, targets)
+                    p = self.plans[key] = self._build(fetches, feeds, targets, push=not traced)
         return p
 
     def _resolve(self, name: str, node: bool) -> Union[Tensor, Node]:
@@ -80,7 +91,7 @@ class MasterSession:
         except Exception as e:  # noqa: BLE001  (GraphError naming the missing node)
             raise FeedError(str(e)) if not node else e from None
 
-    def _build(self, fetches, feeds, targets) -> StepPlan:
+    def _build(self, fetches, feeds, targets, push: bool = True) -> StepPlan:
         outs: List[Union[Tensor, Node]] = [self._resolve(f, False) for f in fetches]
         outs += [self._resolve(t, True) for t in targets]
         for f in feeds:
@@ -98,16 +109,24 @@ class MasterSession:
         part = partition(self.graph, placement, uniq)
         plan = StepPlan(part, placement)
         registered = []
+        workers = {dev: self.master.worker(dev) for dev in part.parts}
         try:
+            pushed: Dict[str, set] = {}
             for dev, p in part.parts.items():
-                w = self.master.worker(dev)
+                w = workers[dev]
                 gd = graph_codec.encode(p.graph, _rebinder(self.graph, p.graph)) if self.master.encode else p.graph
                 h = w.register_graph(gd, dev)
                 registered.append((w, h))
                 fed = [f for f in feeds if f.split(":")[0] in p.feeds]
-                plan.parts.append(_PartRun(dev, w, h, [_tensor_name(f) for f in fed], p.fetches))
+                fetches, pushes = _pushes(p, w, workers) if push else (list(p.fetches), [])
+                for _, _, key in pushes:
+                    pushed.setdefault(key[1], set()).add(key)
+                plan.parts.append(_PartRun(dev, w, h, [_tensor_name(f) for f in fed], fetches, pushes))
                 for k, orig in enumerate(p.outputs):
                     plan.outputs[orig] = (len(plan.parts) - 1, k)
+            for pr in plan.parts:
+                if pushed.get(pr.device):
+                    pr.worker.expect_pushed(pr.handle, pushed[pr.device])
         except BaseException:
             for w, h in registered:
                 _quietly(w.deregister_graph, h)
@@ -120,7 +139,7 @@ class MasterSession:
         """(fetched values in order, step id). With `run_metadata` (a core RunMetadata) every
         part is traced and their events land there, on one timeline (cloud/tracing.py)."""
         timeout = timeout or self.master.step_timeout
-        plan = self.plan(list(fetches), list(feeds), list(targets))
+        plan = self.plan(list(fetches), list(feeds), list(targets), traced=run_metadata is not None)
         by_tensor = {_tensor_name(k): v for k, v in feeds.items()}
         step_id = self.master.new_step_id()
         pending = []
@@ -171,7 +190,9 @@ class MasterSession:
                     done.wait(min(left, 1.0))
                 i = order[seen]
             try:
-                results[i] = pending[i].result()
+                results[i] = got = pending[i].result()
+                for k, w, (src, dst, tensor) in plan.parts[i].pushes:
+                    w.put_back(src, dst, tensor, step_id, got[k])
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
                 if not aborted:
@@ -184,6 +205,46 @@ class MasterSession:
             for pr in plan.parts:
                 _quietly(pr.worker.deregister_graph, pr.handle)
         self.plans.clear()
+
+
+PUSH_MAX_BYTES = 64 << 10   # a value this small (by its static shape) may ride on RunGraph's answer
+
+
+def _pushes(p, worker, workers: Mapping[str, Any]):
+    """(fetches, pushes) of a part: its Sends whose value the master can carry itself.
+
+    A Send on another task to a part running in this process (the master's own task) would
+    cost the receiver a RecvTensor call; instead the part returns the Send's input as an
+    output of its RunGraph and the master puts it in the receiving Worker's rendezvous, so
+    a null step's control tokens cost no call of their own. Only parts without Recvs do
+    this: such a part finishes on its own, so its answer (which now carries the value)
+    cannot wait on anything the receiver does later in the step. Only values known to be
+    small (static shape) ride on the answer."""
+    fetches = list(p.fetches)
+    if not hasattr(worker, "run_graph_future") or any(n.op == "Recv" for n in p.graph.nodes):
+        return fetches, []
+    pushes = []
+    for k, f in enumerate(fetches):
+        if ":" in f or f not in p.graph:
+            continue
+        n = p.graph.node(f)
+        if n.op != "Send":
+            continue
+        dst_worker = workers.get(canonical(n.attrs["dst_device"]))
+        if dst_worker is None or not hasattr(dst_worker, "expect_pushed"):
+            continue  # not in this process
+        t = n.inputs[0]
+        count = num_elements(t.shape)
+        try:
+            size = None if count is None else count * np.dtype(t.dtype).itemsize
+        except TypeError:
+            size = None
+        if size is None or size > PUSH_MAX_BYTES or np.dtype(t.dtype) == np.dtype(object):
+            continue
+        src, dst, tensor = n.attrs["key"].split(";", 2)
+        fetches[k] = t.name
+        pushes.append((k, dst_worker, (src, dst, tensor)))
+    return fetches, pushes
 
 
 def _rebinder(source: Graph, part: Graph) -> Callable[[Tensor], Optional[Tensor]]:

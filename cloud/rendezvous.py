@@ -88,13 +88,18 @@ class PartRendezvous:
 
     `deposit(key, value)` stores a Send's value (the worker may lay it out for the wire
     first); `fetch(src, dst, tensor, step, timeout)` gets a Recv's value, locally or from
-    the task that ran the Send. Steps of one part run one at a time (the Send/Recv kernels
-    count invocations per compiled plan), so `step_id` is set per step.
+    the task that ran the Send; `take` takes it from this task's table, for the keys in
+    `local` (values the master puts there itself: cloud/master.py, pushes). Steps of one
+    part run one at a time (the Send/Recv kernels count invocations per compiled plan), so
+    `step_id` is set per step.
     """
 
     def __init__(self, deposit: Callable[[Key, Any], None], fetch: Callable[..., Any],
-                 abort: Callable[[int, BaseException], None], timeout: float = DEFAULT_RECV_TIMEOUT_S):
+                 abort: Callable[[int, BaseException], None], timeout: float = DEFAULT_RECV_TIMEOUT_S,
+                 take: Optional[Callable[..., Any]] = None, local: Optional[set] = None):
         self._deposit, self._fetch, self._abort = deposit, fetch, abort
+        # keys in `local` are taken from this task's own table (`take`): the master puts them there
+        self._take, self._local = take, (local if local is not None else set())
         self.step_id = 0
         self.default_timeout = float(timeout)
         self.timeout = self.default_timeout
@@ -113,6 +118,8 @@ class PartRendezvous:
 
     def recv(self, key: Hashable, timeout: Optional[float] = None) -> Any:
         src, dst, tensor = self.split(key)
+        if self._local and (src, dst, tensor) in self._local and self._take is not None:
+            return self._take(src, dst, tensor, self.step_id, timeout or self.timeout)
         return self._fetch(src, dst, tensor, self.step_id, timeout or self.timeout)
 
     def abort(self, error: BaseException) -> None:

@@ -44,6 +44,7 @@ class _Registered:
 
     def __init__(self, handle: str, device: str, graph: Graph, worker: "Worker"):
         self.handle, self.device, self.graph, self.worker = handle, device, graph, worker
+        self.pushed: set = set()   # (src, dst, tensor) the master puts in this task's rendezvous itself
         self._free: List[tuple] = []
         self._lock = threading.Lock()
 
@@ -52,7 +53,7 @@ class _Registered:
             if self._free:
                 return self._free.pop()
         w = self.worker
-        rv = PartRendezvous(w._deposit, w.fetch, w.abort_step, w.recv_timeout)
+        rv = PartRendezvous(w._deposit, w.fetch, w.abort_step, w.recv_timeout, take=w.recv_tensor, local=self.pushed)
         # serial plans: a part's nodes run in the partitioner's topological order, so no Recv
         # can wait on a Send queued behind it in the same part (no deadlock across tasks)
         sess = Session(self.graph, parallel=False, rendezvous=rv)
@@ -115,6 +116,12 @@ class Worker:
             if n.op == "Variable":
                 self.variables.slot(n)
         return handle
+
+    def expect_pushed(self, handle: str, keys) -> None:
+        """The part `handle`'s Recvs of these (src, dst, tensor) keys wait in this task's
+        rendezvous, where the master puts the values (carried on their senders' RunGraph
+        answers), instead of calling the sending task."""
+        self._get(handle).pushed.update((str(a), str(b), str(c)) for a, b, c in keys)
 
     def _share_state(self, state: SessionState) -> None:
         state.slots = self.variables.slots

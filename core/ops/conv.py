@@ -22,7 +22,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import depthwise_forward
+from .depthwise import DepthwiseConv
 from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
@@ -202,6 +202,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     xp = ctx.xp
     groups = node.attrs["groups"]
     act = None if activation == "none" else activation_inplace(xp, activation)
+    depthwise = DepthwiseConv(xp, act)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -215,7 +216,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         g = geom(x.shape, w.shape)
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
-            return depthwise_forward(xp, x, w, g, bias, act)
+            return depthwise(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return _pointwise(xp, x, w.reshape(o, c), bias, act).reshape(n, o, g.oh, g.ow)
         if not _row_taps(g, c):

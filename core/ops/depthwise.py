@@ -26,84 +26,128 @@ from numpy.lib.stride_tricks import as_strided
 CHUNK_BYTES = 1 << 20
 
 
-def depthwise_forward(xp, x, w, g, bias=None, act: Optional[Callable] = None):
-    """act(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw] and
-    g the convolution's geometry (pads, strides, dilations, output size)."""
-    n, c, h, wd = x.shape
-    (t, b), (l, r) = g.pads
-    sh, sw = g.sh, g.sw
-    hq, wq = -(-(h + t + b) // sh), -(-(wd + l + r) // sw)
-    plane = hq * wq
-    length = g.oh * wq
-    groups, order = _tap_groups(g, plane, wq)
-    row = sh * sw * plane
-    rows, kk = n * c, g.kh * g.kw
-    wt = xp.tile(w.reshape(c, kk)[:, order].astype(x.dtype, copy=False), (n, 1))  # [rows, taps in group order]
-    bt = None if bias is None else xp.tile(bias.astype(x.dtype, copy=False), n).reshape(rows, 1, 1)
-    out = xp.empty((n, c, g.oh, g.ow), dtype=x.dtype)
-    job = _Rows(xp, x.reshape(rows, h, wd), out.reshape(rows, g.oh, g.ow), wt, bt, act, g, groups, row, length)
-    step = job.step
-    parts = threads(rows * g.oh * g.ow * kk) if rows >= 2 * step else 1
-    if parts == 1:
-        job(0, rows)
+class DepthwiseConv:
+    """One node's depthwise kernel. What depends only on shapes (tap layout, chunk size, phase
+    copies) is worked out once per input shape, scratch buffers are reused from call to call
+    (a pool, so concurrent runs and threads each take their own), and the weights are tiled
+    once when they are immutable (a read-only constant, as after freezing)."""
+
+    def __init__(self, xp, act: Optional[Callable] = None):
+        self.xp, self.act = xp, act
+        self._layouts = {}
+        self._tiled = None  # (w, bias, tiled w, tiled bias) for immutable w and bias
+
+    def __call__(self, x, w, g, bias=None):
+        """act(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw] and
+        g the convolution's geometry (pads, strides, dilations, output size)."""
+        key = (x.shape, w.shape, x.dtype)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layouts[key] = _Layout(self.xp, x.shape, w.shape, x.dtype, g)
+        wt, bt = self._weights(lay, w, bias)
+        n, c = x.shape[0], x.shape[1]
+        rows, step = n * c, lay.step
+        out = self.xp.empty((n, c, g.oh, g.ow), dtype=x.dtype)
+        args = (x.reshape(rows, lay.h, lay.w), out.reshape(rows, g.oh, g.ow), wt, bt, self.act)
+        parts = threads(rows * g.oh * g.ow * lay.kk) if rows >= 2 * step else 1
+        if parts == 1:
+            lay.run(*args, 0, rows)
+            return out
+        cut = (rows // parts // step or 1) * step  # whole chunks per part
+        bounds = [(i * cut, (i + 1) * cut if i < parts - 1 else rows) for i in range(parts)]
+        futures = [_pool().submit(lay.run, *args, r0, r1) for r0, r1 in bounds[1:] if r0 < r1]
+        lay.run(*args, *bounds[0])
+        for f in futures:
+            f.result()
         return out
-    cut = (rows // parts // step or 1) * step  # whole chunks per part
-    bounds = [(i * cut, (i + 1) * cut if i < parts - 1 else rows) for i in range(parts)]
-    bounds = [bd for bd in bounds if bd[0] < bd[1]]
-    futures = [_pool().submit(job, r0, r1) for r0, r1 in bounds[1:]]
-    job(*bounds[0])
-    for f in futures:
-        f.result()
-    return out
+
+    def _weights(self, lay, w, bias):
+        cached = self._tiled
+        if cached is not None and cached[0] is w and cached[1] is bias:
+            return cached[2], cached[3]
+        xp, n = self.xp, lay.n
+        wt = xp.tile(w.reshape(w.shape[0], lay.kk)[:, lay.order].astype(lay.dtype, copy=False), (n, 1))
+        bt = None if bias is None else xp.tile(bias.astype(lay.dtype, copy=False), n).reshape(-1, 1, 1)
+        if _immutable(w) and (bias is None or _immutable(bias)):
+            self._tiled = (w, bias, wt, bt)  # holding w and bias keeps their identities unique
+        return wt, bt
 
 
-class _Rows:
-    """Computes output rows [r0, r1) chunk by chunk, each call with its own scratch buffers (so
-    that two threads can run disjoint row ranges of one convolution)."""
+def _immutable(a) -> bool:
+    """Read-only all the way down its bases (so its values can never change under us)."""
+    while a is not None and hasattr(a, "flags"):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return True
 
-    def __init__(self, xp, x_rows, out_rows, wt, bt, act, g, groups, row, length):
-        self.xp, self.x_rows, self.out_rows, self.wt, self.bt, self.act = xp, x_rows, out_rows, wt, bt, act
-        self.g, self.groups, self.row, self.length = g, groups, row, length
-        last = max(off + (ni - 1) * si + (nj - 1) * sj for off, ni, si, nj, sj in groups)
-        self.extra = max(0, last + length - row)  # junk columns of a row's last tap read past its end
-        kk = g.kh * g.kw
-        self.step = min(len(x_rows), max(1, CHUNK_BYTES // ((row + (kk + 1) * length) * x_rows.itemsize)))
 
-    def __call__(self, r_begin: int, r_end: int) -> None:
-        xp, g, length, step = self.xp, self.g, self.length, self.step
-        dtype, row, isz = self.x_rows.dtype, self.row, self.x_rows.itemsize
-        h, wd = self.x_rows.shape[1:]
-        hq, wq = -(-(h + g.pads[0][0] + g.pads[0][1]) // g.sh), -(-(wd + g.pads[1][0] + g.pads[1][1]) // g.sw)
+class _Layout:
+    """The chunked computation for one input shape; run(rows r0..r1) takes a scratch set from
+    the pool (or makes one) and gives it back, so disjoint row ranges may run on threads."""
+
+    def __init__(self, xp, x_shape, w_shape, dtype, g):
+        n, c, h, wd = x_shape
+        (t, b), (l, r) = g.pads
+        self.xp, self.g, self.dtype, self.n, self.h, self.w = xp, g, dtype, n, h, wd
+        # padded rows split into sh phases of hq rows; each row wp wide, rounded up to a multiple
+        # of sw so that output (oy, ox) of a tap is element sw*(oy*wo + ox) past its first one
+        self.hq, self.wo = -(-(h + t + b) // g.sh), -(-(wd + l + r) // g.sw)
+        self.wp = self.wo * g.sw
+        plane = self.hq * self.wp
+        self.length = g.oh * self.wo
+        self.groups, self.order = _tap_groups(g, plane, self.wp)
+        self.kk = g.kh * g.kw
+        self.row = g.sh * plane
+        last = max(off + (ni - 1) * si + (nj - 1) * sj for off, ni, si, nj, sj in self.groups)
+        # junk columns of a row's last tap read past its end
+        self.extra = max(0, last + g.sw * (self.length - 1) + 1 - self.row)
+        isz = np.dtype(dtype).itemsize
+        self.step = min(n * c, max(1, CHUNK_BYTES // ((self.row + (self.kk + 1) * self.length) * isz)))
+        self._pool: list = []
+
+    def _scratch(self):
+        xp, g, step, row, length = self.xp, self.g, self.step, self.row, self.length
+        isz = np.dtype(self.dtype).itemsize
         # chunk buffer [rows, sh, sw, Hq, Wq] + extra: pads and junk are zeroed once and never written
-        buf = xp.zeros(step * row + self.extra, dtype=dtype)
-        fill = _phase_fill(buf[:step * row].reshape(step, g.sh, g.sw, hq, wq), g, h, wd)
-        acc = xp.empty((step, length), dtype=dtype)
-        kk = g.kh * g.kw
-        cols = xp.empty((step, kk, length), dtype=dtype)
+        buf = xp.zeros(step * row + self.extra, dtype=self.dtype)
+        fill = _phase_fill(buf[:step * row].reshape(step, g.sh, self.hq, self.wp), g, self.h, self.w)
+        acc = xp.empty((step, length), dtype=self.dtype)
+        cols = xp.empty((step, self.kk, length), dtype=self.dtype)
         # one copy per stride phase: its taps form a grid [ni, nj] of runs at fixed strides
         copies, k = [], 0
         for off, ni, si, nj, sj in self.groups:
-            view = as_strided(buf[off:], (step, ni, nj, length), (row * isz, si * isz, sj * isz, isz),
+            view = as_strided(buf[off:], (step, ni, nj, length), (row * isz, si * isz, sj * isz, g.sw * isz),
                               writeable=False)
             copies.append((cols[:, k:k + ni * nj].reshape(step, ni, nj, length), view))
             k += ni * nj
-        einsum, bt, act = xp.einsum, self.bt, self.act
+        return fill, copies, acc, cols
+
+    def run(self, x_rows, out_rows, wt, bt, act, r_begin: int, r_end: int) -> None:
+        try:
+            scratch = self._pool.pop()
+        except IndexError:
+            scratch = self._scratch()
+        fill, copies, acc, cols = scratch
+        xp, g, wo, step = self.xp, self.g, self.wo, self.step
+        einsum = xp.einsum
         for r0 in range(r_begin, r_end, step):
             r1 = min(r_end, r0 + step)
             m = r1 - r0
-            fill(self.x_rows[r0:r1], m)
+            fill(x_rows[r0:r1], m)
             a, cm = acc[:m], cols[:m]
             for dst, view in copies:
                 dst[:m] = view[:m]
-            einsum("rk,rkl->rl", self.wt[r0:r1], cm, out=a)
-            dst = self.out_rows[r0:r1]
-            valid = a.reshape(m, g.oh, wq)[:, :, :g.ow]
+            einsum("rk,rkl->rl", wt[r0:r1], cm, out=a)
+            dst = out_rows[r0:r1]
+            valid = a.reshape(m, g.oh, wo)[:, :, :g.ow]
             if bt is None:
                 dst[...] = valid
             else:
                 xp.add(valid, bt[r0:r1], out=dst)
             if act is not None:
                 act(dst)
+        self._pool.append(scratch)
 
 
 # ---- threads --------------------------------------------------------------------------------
@@ -157,44 +201,36 @@ def _pool():
         return _executor
 
 
-def _tap_groups(g, plane: int, wq: int):
-    """The taps grouped by the stride phase they read: ([(offset, ni, si, nj, sj)], tap order).
-    Tap (i, j) reads phase (i*dh % sh, j*dw % sw) at row i*dh // sh and column j*dw // sw of it;
-    within a phase those rows (columns) advance by a fixed step, so a group's runs start at
-    offset + a*si + b*sj for a < ni, b < nj (si, sj in elements of a flattened row)."""
+def _tap_groups(g, plane: int, wp: int):
+    """The taps grouped by the row phase they read: ([(offset, ni, si, nj, sj)], tap order).
+    Tap (i, j) reads phase i*dh % sh at row i*dh // sh and column j*dw; within a phase those rows
+    advance by a fixed step, so a group's runs start at offset + a*si + b*sj for a < ni, b < nj
+    (in elements of a flattened (image, channel) row)."""
     groups, order = [], []
     for pi in range(g.sh):
         ii = [i for i in range(g.kh) if i * g.dh % g.sh == pi]
-        for pj in range(g.sw):
-            jj = [j for j in range(g.kw) if j * g.dw % g.sw == pj]
-            if not ii or not jj:
-                continue
-            ai, aj = [i * g.dh // g.sh for i in ii], [j * g.dw // g.sw for j in jj]
-            si = (ai[1] - ai[0]) * wq if len(ai) > 1 else 0
-            sj = aj[1] - aj[0] if len(aj) > 1 else 0
-            groups.append(((pi * g.sw + pj) * plane + ai[0] * wq + aj[0], len(ai), si, len(aj), sj))
-            order += [i * g.kw + j for i in ii for j in jj]
+        if not ii:
+            continue
+        ai = [i * g.dh // g.sh for i in ii]
+        si = (ai[1] - ai[0]) * wp if len(ai) > 1 else 0
+        groups.append((pi * plane + ai[0] * wp, len(ai), si, g.kw, g.dw))
+        order += [i * g.kw + j for i in ii for j in range(g.kw)]
     return groups, order
 
 
 def _phase_fill(phases, g, h, wd):
-    """A function copying m input planes [m, H, W] into the padded stride phases of the first m
-    chunk rows: phase (py, px) holds xpad[py::sh, px::sw]."""
+    """A function copying m input planes [m, H, W] into the padded row phases [m, sh, Hq, Wp]
+    of the first m chunk rows: phase py holds the padded rows py, py + sh, ..."""
     (t, _), (l, _) = g.pads
-    sh, sw = g.sh, g.sw
     copies = []
-    for py in range(sh):
-        y0 = (py - t) % sh  # first input row in phase py: padded row t + y0 = py (mod sh)
-        a0 = (t + y0) // sh
-        ny = len(range(y0, h, sh))
-        for px in range(sw):
-            x0 = (px - l) % sw
-            b0 = (l + x0) // sw
-            nx = len(range(x0, wd, sw))
-            if ny and nx:
-                copies.append((phases[:, py, px, a0:a0 + ny, b0:b0 + nx], (slice(y0, None, sh), slice(x0, None, sw))))
+    for py in range(g.sh):
+        y0 = (py - t) % g.sh  # first input row in phase py: padded row t + y0 = py (mod sh)
+        a0 = (t + y0) // g.sh
+        ny = len(range(y0, h, g.sh))
+        if ny:
+            copies.append((phases[:, py, a0:a0 + ny, l:l + wd], slice(y0, None, g.sh)))
 
     def fill(xs, m):
-        for dst, (ys, xs_) in copies:
-            dst[:m] = xs[:, ys, xs_]
+        for dst, ys in copies:
+            dst[:m] = xs[:, ys]
     return fill

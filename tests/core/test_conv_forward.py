@@ -158,3 +158,54 @@ def test_depthwise_threads_follow_blas_limit():
     with threadpoolctl.threadpool_limits(1):
         assert depthwise.threads(10 ** 9) == 1
     assert depthwise.threads(10) == 1  # small convolutions never pay a thread hand-off
+
+
+def test_depthwise_weights_from_a_variable_are_never_cached_stale():
+    """Tiled weights are kept only for read-only constants: a variable assigned between runs
+    (its array may be updated in place) gives the new result."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 4, 7, 7)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((4, 1, 3, 3)).astype(np.float32) for _ in range(2))
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        wv = ism.Variable(w1, name="w")
+        y = ism.depthwise_conv2d(xt, wv, padding="SAME")
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+        a = sess.run(y, {xt: x})
+        sess.set_variable_value(wv, w2)
+        b = sess.run(y, {xt: x})
+    pads = ((1, 1), (1, 1))
+    np.testing.assert_allclose(a, ref_conv(x, w1, (1, 1), pads, (1, 1), 4), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(b, ref_conv(x, w2, (1, 1), pads, (1, 1), 4), rtol=2e-5, atol=2e-5)
+
+
+def test_depthwise_concurrent_runs_share_one_kernel():
+    """Runs of one plan on several threads each take their own scratch buffers."""
+    import threading
+    rng = np.random.default_rng(19)
+    xs = [rng.standard_normal((2, 8, 10, 10)).astype(np.float32) for _ in range(4)]
+    w = rng.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", xs[0].shape, name="x")
+        y = ism.conv2d(xt, ism.constant(w), strides=2, padding="SAME", groups=8)
+        sess = ism.Session(g)
+        want = [sess.run(y, {xt: x}) for x in xs]
+        errors = []
+
+        def worker(i):
+            try:
+                for _ in range(20):
+                    np.testing.assert_array_equal(sess.run(y, {xt: xs[i]}), want[i])
+            except Exception as e:  # reported below
+                errors.append(e)
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+    assert not errors and not any(t.is_alive() for t in ts)
+    np.testing.assert_allclose(want[0], ref_conv(xs[0], w, (2, 2), y.node.attrs["pads"], (1, 1), 8),
+                               rtol=2e-5, atol=2e-5)

@@ -119,8 +119,10 @@ def test_uniform_requantizer_matches_the_integer_definition(seed, m0, lo, hi):
     zp = int(rng.integers(-20, 20))
     want = np.stack([reference(v[i], 0, ms[i], zp, lo, hi) for i in range(o)])
     rq = UniformRequantizer(*sm, zp, lo, hi, np.full(o, bound))
-    assert rq.clamp_before == (m0 < 1)
-    for dtype in (np.float32, np.float64):
+    # rounding by the magic constant where no tie is reachable (a power-of-two multiplier makes ties)
+    assert rq.clamp_before == (m0 < 1) and rq.magic == (m0 != 2.0 ** -10)
+    for dtype, magic in ((np.float32, True), (np.float64, True), (np.float32, False), (np.float64, False)):
+        rq.magic = magic  # False: the +128 offset, truncation and a byte flip
         a = (v * np.ldexp(1.0, -e)[:, None]).astype(dtype)
         assert np.array_equal(a.astype(np.float64) * np.ldexp(1.0, e)[:, None], v)  # exact
         wide = np.concatenate([a, np.full((o, 7), 1e6, dtype)], axis=1)  # 7 junk columns

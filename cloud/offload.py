@@ -14,7 +14,9 @@ their way in (being decoded by other gRPC threads), waits for them until max_bat
 queued or max_queue_delay_ms have passed since the head arrived; then it concatenates the
 requests along dimension 0, runs the plan once and hands each caller its own rows. A request
 with nothing else arriving runs at once (no fixed sleep: a lone request used to wait the whole
-delay), and under load the queue fills while the previous batch runs. Requests whose tensors
+delay); when nothing is queued, running or arriving for its part, it runs on its own gRPC
+thread, without the hand-off to the batcher thread and back. Under load the queue fills while
+the previous batch runs. Requests whose tensors
 have different non-batch shapes, or parts that are not batchable, run alone. Answers are written
 as InferResponse bytes directly, each output's payload copied once from its rows.
 

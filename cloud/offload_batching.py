@@ -124,6 +124,7 @@ class _PartRunner:
         self.queue: collections.deque = collections.deque()
         self.queued_rows = 0
         self.arriving = 0   # requests for this part being decoded and checked: the batcher waits for them
+        self.busy = False   # a batch of this part is running (on the batcher's thread, or inline on a caller's)
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._loop, name=f"isthmus-offload-{part.name}", daemon=True)
 
@@ -182,10 +183,27 @@ class _PartRunner:
             self.arriving -= arrived
             self.cond.notify()
 
+    def try_inline(self, r: _Request, announced: bool) -> bool:
+        """Run `r` at once on the caller's thread when nothing is queued, running or arriving for this
+        part: a lone request then costs no hand-off to the batcher thread and back. Meanwhile others
+        queue, and the batcher runs them (batched) once this one is done."""
+        with self.cond:
+            if self.busy or self.queue or self.arriving > announced or self.service.stopping:
+                return False
+            self.busy = True
+            self.arriving -= announced
+        try:
+            self._run([r], time.monotonic())
+        finally:
+            with self.cond:
+                self.busy = False
+                self.cond.notify()
+        return True
+
     def _take(self) -> Optional[List[_Request]]:
         svc = self.service
         with self.cond:
-            while not self.queue and not svc.stopping:
+            while (not self.queue or self.busy) and not svc.stopping:
                 self.cond.wait()
             if not self.queue:
                 return None
@@ -209,6 +227,7 @@ class _PartRunner:
                 if not r.cancelled:
                     batch.append(r)
                     rows += r.rows
+            self.busy = bool(batch)
             return batch
 
     def _loop(self) -> None:
@@ -216,17 +235,21 @@ class _PartRunner:
             batch = self._take()
             if batch is None:
                 return
-            now = time.monotonic()
-            live = []
-            for r in batch:
-                if now >= r.deadline:
-                    r.error = DeadlineExceeded(f"part '{self.part.name}': the deadline passed after "
-                                               f"{(now - r.t0) * 1e3:.1f} ms in the queue, before the request ran")
-                    r.done.set()
-                else:
-                    live.append(r)
-            if live:
-                self._run(live, now)
+            try:
+                now = time.monotonic()
+                live = []
+                for r in batch:
+                    if now >= r.deadline:
+                        r.error = DeadlineExceeded(f"part '{self.part.name}': the deadline passed after "
+                                                   f"{(now - r.t0) * 1e3:.1f} ms in the queue, before the request ran")
+                        r.done.set()
+                    else:
+                        live.append(r)
+                if live:
+                    self._run(live, now)
+            finally:
+                with self.cond:
+                    self.busy = False
 
     def _run(self, batch: List[_Request], started: float) -> None:
         rows = sum(r.rows for r in batch)
@@ -346,18 +369,21 @@ class OffloadService:
             if wait <= 0:
                 raise DeadlineExceeded(f"part '{part}': the request arrived after its deadline")
             req.t0, req.deadline = t0, t0 + wait
-            with self._lock:
-                if self._pending >= self.max_queue:
-                    raise Overloaded(f"part '{part}': {self._pending} requests are queued (limit {self.max_queue}); "
-                                     "retry later")
-                self._pending += 1
-            runner.put(req, announced)
-            announced = False
-            if on_cancel is not None and not on_cancel(req.abandon):
-                req.abandon()
-            if not req.done.wait(wait):
-                req.cancelled = True
-                raise DeadlineExceeded(f"part '{part}': no answer within the deadline ({wait * 1e3:.0f} ms)")
+            if self._pending < self.max_queue and runner.try_inline(req, announced):  # full: refuse, as queued
+                announced = False
+            else:
+                with self._lock:
+                    if self._pending >= self.max_queue:
+                        raise Overloaded(f"part '{part}': {self._pending} requests are queued "
+                                         f"(limit {self.max_queue}); retry later")
+                    self._pending += 1
+                runner.put(req, announced)
+                announced = False
+                if on_cancel is not None and not on_cancel(req.abandon):
+                    req.abandon()
+                if not req.done.wait(wait):
+                    req.cancelled = True
+                    raise DeadlineExceeded(f"part '{part}': no answer within the deadline ({wait * 1e3:.0f} ms)")
             if req.error is not None:
                 raise req.error
         except OffloadError as e:

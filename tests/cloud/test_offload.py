@@ -376,6 +376,8 @@ def test_describe_and_infer_match_the_unsplit_session(server):
 def test_concurrent_clients_share_batches_over_grpc(server):
     srv, stub = server
     got, errors = {}, []
+    srv.service.max_queue_delay_s = 10.0   # generous, for a loaded machine: the wait ends when the 8 queued
+    srv.service.arriving("split")  # the first requests wait for one more on its way in: they form one batch
 
     def client(k):
         try:
@@ -387,12 +389,14 @@ def test_concurrent_clients_share_batches_over_grpc(server):
     ts = [threading.Thread(target=client, args=(k,)) for k in range(8)]
     for t in ts:
         t.start()
+    _until(lambda: srv.service.stats()["queue_depth"] == 8)
+    srv.service.not_arriving("split")
     for t in ts:
         t.join(30)
     assert not errors and len(got) == 40
     for xv, r in got.values():
         np.testing.assert_array_equal(_outputs(r)["logits:0"], _hand(xv)[0])
-    assert max(r.batch_size for _, r in got.values()) > 2
+    assert {got[(k, 0)][1].batch_size for k in range(8)} == {16}   # the first wave ran as one batch
     st = stub.Stats(offload_pb2.StatsRequest(), timeout=5)
     assert st.requests == 40 and st.errors == 0 and st.batches < 40 and st.mean_batch_rows > 2
     assert 0 < st.p50_latency_ms <= st.p99_latency_ms and st.throughput_rps > 0

@@ -100,6 +100,7 @@ class PartRendezvous:
         self._deposit, self._fetch, self._abort = deposit, fetch, abort
         # keys in `local` are taken from this task's own table (`take`): the master puts them there
         self._take, self._local = take, (local if local is not None else set())
+        self.prefetched: Dict[Tuple[str, str, str], Any] = {}  # this step's Recvs already started
         self.step_id = 0
         self.default_timeout = float(timeout)
         self.timeout = self.default_timeout
@@ -118,6 +119,10 @@ class PartRendezvous:
 
     def recv(self, key: Hashable, timeout: Optional[float] = None) -> Any:
         src, dst, tensor = self.split(key)
+        if self.prefetched:
+            started = self.prefetched.pop((src, dst, tensor), None)
+            if started is not None:
+                return started.result()
         if self._local and (src, dst, tensor) in self._local and self._take is not None:
             return self._take(src, dst, tensor, self.step_id, timeout or self.timeout)
         return self._fetch(src, dst, tensor, self.step_id, timeout or self.timeout)

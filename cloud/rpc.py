@@ -206,17 +206,36 @@ class WorkerClient:
         A key whose last value streamed (steps send the same tensors again and again) asks
         for the stream at once: one call, not the unary answer `streamed` and then the
         stream. Any choice is answered correctly whatever the value is this time."""
+        return self.recv_tensor_future(src_device, dst_device, tensor, step_id, timeout, _blocking=True).result()
+
+    def recv_tensor_future(self, src_device: str, dst_device: str, tensor: str, step_id: int,
+                           timeout: Optional[float] = None, _blocking: bool = False) -> "_PendingRecv":
+        """Start a RecvTensor without waiting: `.result()` gives the array (or raises as
+        recv_tensor would); `.cancel()` gives it up. A part's Recvs start this way together
+        when its step starts (cloud/worker.py), so their round trips overlap."""
         t = timeout or self.timeout
         req = worker_pb2.RecvTensorRequest(src_device=src_device, dst_device=dst_device, tensor=tensor,
                                            step_id=step_id, timeout_s=t)
         key = (src_device, dst_device, tensor)
         try:
             if key in self._streamed:
-                arr = wire.chunks_array(self._recv_stream(req, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes)
+                kind, call = "stream", self._recv_stream(req, timeout=t + _RECV_SLACK_S)
+            elif _blocking:
+                kind, call = "blocking", None
+            else:
+                kind, call = "unary", self._recv.future(req, timeout=t + _RECV_SLACK_S)
+        except grpc.RpcError as e:
+            raise self._error("RecvTensor", e) from None
+        return _PendingRecv(self, req, key, kind, call, t)
+
+    def _finish_recv(self, req, key, kind: str, call, t: float) -> np.ndarray:
+        try:
+            if kind == "stream":
+                arr = wire.chunks_array(call, self.max_tensor_bytes)
                 if arr.nbytes < _UNARY_BELOW_BYTES:  # small now: a unary call next time
                     self._streamed.pop(key, None)
                 return arr
-            data = self._recv(req, timeout=t + _RECV_SLACK_S)
+            data = call.result() if kind == "unary" else self._recv(req, timeout=t + _RECV_SLACK_S)
             dtype, shape, content, streamed = wire.read_response(data)
             d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)
             if not streamed:
@@ -251,6 +270,21 @@ class WorkerClient:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _PendingRecv:
+    """A RecvTensor in flight (or, for a blocking call, about to be made)."""
+    __slots__ = ("client", "req", "key", "kind", "call", "t")
+
+    def __init__(self, client: WorkerClient, req, key, kind: str, call, t: float):
+        self.client, self.req, self.key, self.kind, self.call, self.t = client, req, key, kind, call, t
+
+    def result(self) -> np.ndarray:
+        return self.client._finish_recv(self.req, self.key, self.kind, self.call, self.t)
+
+    def cancel(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
 
 
 class _Pending:

@@ -32,6 +32,7 @@ from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezv
 
 DEFAULT_RPC_TIMEOUT_S = 30.0
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20    # one gRPC message; bigger tensors must stream
+PREFETCH_MAX = 4   # a part's Recvs from other tasks started together at the start of a step
 
 __all__ = ["Worker", "WorkerError", "HandleNotFound", "StepRendezvous", "DEFAULT_RECV_TIMEOUT_S",
            "DEFAULT_RPC_TIMEOUT_S", "DEFAULT_MAX_MESSAGE_BYTES"]
@@ -45,6 +46,7 @@ class _Registered:
     def __init__(self, handle: str, device: str, graph: Graph, worker: "Worker"):
         self.handle, self.device, self.graph, self.worker = handle, device, graph, worker
         self.pushed: set = set()   # (src, dst, tensor) the master puts in this task's rendezvous itself
+        self._remote: Optional[List[tuple]] = None
         self._free: List[tuple] = []
         self._lock = threading.Lock()
 
@@ -59,6 +61,18 @@ class _Registered:
         sess = Session(self.graph, parallel=False, rendezvous=rv)
         w._share_state(sess.state)
         return sess, rv
+
+    def remote_recvs(self) -> List[tuple]:
+        """The (src, dst, tensor) keys of this part's Recvs that another task's Send feeds."""
+        if self._remote is None:
+            keys = []
+            for n in self.graph.nodes:
+                if n.op == "Recv":
+                    src, dst, tensor = PartRendezvous.split(n.attrs["key"])
+                    if src not in self.worker.devices and (src, dst, tensor) not in self.pushed:
+                        keys.append((src, dst, tensor))
+            self._remote = keys
+        return self._remote
 
     def release(self, inst: tuple) -> None:
         with self._lock:
@@ -121,7 +135,9 @@ class Worker:
         """The part `handle`'s Recvs of these (src, dst, tensor) keys wait in this task's
         rendezvous, where the master puts the values (carried on their senders' RunGraph
         answers), instead of calling the sending task."""
-        self._get(handle).pushed.update((str(a), str(b), str(c)) for a, b, c in keys)
+        reg = self._get(handle)
+        reg.pushed.update((str(a), str(b), str(c)) for a, b, c in keys)
+        reg._remote = None
 
     def _share_state(self, state: SessionState) -> None:
         state.slots = self.variables.slots
@@ -167,6 +183,7 @@ class Worker:
         rv.step_id = step_id
         rv.timeout = float(timeout) if timeout else rv.default_timeout
         try:
+            rv.prefetched = self._prefetch(reg, step_id, rv.timeout)
             if run_metadata is None:
                 out = sess.run(fl, fd) if fl else []
             else:
@@ -175,9 +192,30 @@ class Worker:
             self.table.abort_step(step_id, e)
             raise
         finally:
+            for f in rv.prefetched.values():  # not taken (the step failed first): give them up
+                f.cancel()
+            rv.prefetched = {}
             reg.release(inst)
         self.steps_run += 1
         return [None if not hasattr(v, "dtype") else np.asarray(v) for v in out]
+
+    def _prefetch(self, reg: _Registered, step_id: int, timeout: float) -> Dict[tuple, Any]:
+        """Start the part's Recvs from other tasks together, before it runs (their round trips
+        overlap instead of following one another); the Recv kernels then take the answers.
+        At most PREFETCH_MAX per step, since each waiting call holds a thread of the sending
+        task's server until the value is there."""
+        keys = reg.remote_recvs() if self.peers is not None else ()
+        if len(keys) < 2:  # one Recv: nothing to overlap, and a blocking call is the quicker
+            return {}
+        out: Dict[tuple, Any] = {}
+        try:
+            for key in keys[:PREFETCH_MAX]:
+                start = getattr(self.peers(key[0]), "recv_tensor_future", None)
+                if start is not None:
+                    out[key] = start(key[0], key[1], key[2], step_id, timeout)
+        except Exception:  # noqa: BLE001  (an unknown task: the Recv itself will say so)
+            pass
+        return out
 
     @staticmethod
     def _run_traced(reg: _Registered, sess: Session, fl, fd, step_id: int, md: RunMetadata) -> list:

@@ -106,3 +106,31 @@ def test_a_failing_pushing_part_ends_the_step_at_once(tasks):
             sess.run(out, {a: np.arange(3, dtype=np.float32)})
         assert time.monotonic() - t0 < 5.0   # the receiving part was woken, not left to its 10 s wait
         assert np.asarray(sess.run(out, {a: np.ones(4, np.float32)})).tolist() == [2.0] * 4
+
+
+def test_a_parts_recvs_from_other_tasks_are_in_flight_together(tasks):
+    g = ism.Graph()
+    with g.as_default():
+        vals = []
+        for i in (1, 2):
+            with ism.device(W[i]):  # unknown sizes: pulled with RecvTensor, not carried by the master
+                p = ism.placeholder(ism.float32, (None,), name=f"p{i}")
+                vals.append(ism.identity(p * float(i), name=f"v{i}"))
+        with ism.device(W[0]):
+            out = ism.identity(ism.reduce_sum(vals[0]) + ism.reduce_sum(vals[1]), name="out")
+    arrivals = []
+    for i in (1, 2):
+        w = tasks[i].worker
+        inner = w.recv_wire
+
+        def slow(*a, _inner=inner, **k):
+            arrivals.append(time.monotonic())
+            got = _inner(*a, **k)
+            time.sleep(0.5)  # a slow answer: a second Recv made after it would arrive 0.5 s later
+            return got
+        w.recv_wire = slow
+    feed = {"p1:0": np.arange(3, dtype=np.float32), "p2:0": np.ones(4, np.float32)}
+    with ism.Session(g, target=tasks[0].target) as sess:
+        got = sess.run(out, {g.tensor(k): v for k, v in feed.items()})
+    assert float(got) == 3.0 + 8.0
+    assert len(arrivals) == 2 and abs(arrivals[1] - arrivals[0]) < 0.4

@@ -27,6 +27,7 @@ from numpy.lib.stride_tricks import as_strided
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
 CHUNK_BYTES = 1 << 20
+_MAX_LAYOUTS = 8  # input shapes whose layout and scratch (about CHUNK_BYTES each) a node keeps
 
 
 class DepthwiseConv:
@@ -38,7 +39,7 @@ class DepthwiseConv:
     def __init__(self, xp, act: Optional[Callable] = None):
         self.xp, self.act = xp, act
         self._layouts = {}
-        self._tiled = None  # (w, bias, tiled w, tiled bias) for immutable w and bias
+        self._tiled = None  # (w, bias, batch, tiled w, tiled bias) for immutable w and bias
 
     def __call__(self, x, w, g, bias=None):
         """act(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw] and
@@ -46,6 +47,8 @@ class DepthwiseConv:
         key = (x.shape, w.shape, x.dtype)
         lay = self._layouts.get(key)
         if lay is None:
+            if len(self._layouts) >= _MAX_LAYOUTS:  # many input shapes (a varying batch): keep the newest
+                self._layouts.pop(next(iter(self._layouts)), None)
             lay = self._layouts[key] = _Layout(self.xp, x.shape, w.shape, x.dtype, g)
         wt, bt = self._weights(lay, w, bias)
         n, c = x.shape[0], x.shape[1]
@@ -65,14 +68,14 @@ class DepthwiseConv:
         return out
 
     def _weights(self, lay, w, bias):
-        cached = self._tiled
-        if cached is not None and cached[0] is w and cached[1] is bias:
-            return cached[2], cached[3]
+        cached = self._tiled  # tiled once per batch size: [N*C, taps]
+        if cached is not None and cached[0] is w and cached[1] is bias and cached[2] == lay.n:
+            return cached[3], cached[4]
         xp, n = self.xp, lay.n
         wt = xp.tile(w.reshape(w.shape[0], lay.kk)[:, lay.order].astype(lay.dtype, copy=False), (n, 1))
         bt = None if bias is None else xp.tile(bias.astype(lay.dtype, copy=False), n).reshape(-1, 1, 1)
         if _immutable(w) and (bias is None or _immutable(bias)):
-            self._tiled = (w, bias, wt, bt)  # holding w and bias keeps their identities unique
+            self._tiled = (w, bias, lay.n, wt, bt)  # holding w and bias keeps their identities unique
         return wt, bt
 
 

@@ -209,3 +209,21 @@ def test_depthwise_concurrent_runs_share_one_kernel():
     assert not errors and not any(t.is_alive() for t in ts)
     np.testing.assert_allclose(want[0], ref_conv(xs[0], w, (2, 2), y.node.attrs["pads"], (1, 1), 8),
                                rtol=2e-5, atol=2e-5)
+
+
+def test_depthwise_layouts_per_node_are_bounded():
+    """A node run at many batch sizes keeps the layouts (and scratch) of the newest few only."""
+    rng = np.random.default_rng(23)
+    w = rng.standard_normal((3, 1, 3, 3)).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", (None, 3, 5, 5), name="x")
+        y = ism.conv2d(xt, ism.constant(w), padding="SAME", groups=3)
+        sess = ism.Session(g, optimize=False)
+        for n in range(1, depthwise._MAX_LAYOUTS + 4):
+            x = rng.standard_normal((n, 3, 5, 5)).astype(np.float32)
+            np.testing.assert_allclose(sess.run(y, {xt: x}), ref_conv(x, w, (1, 1), ((1, 1), (1, 1)), (1, 1), 3),
+                                       rtol=2e-5, atol=2e-5)
+        kernel = sess.plan_for(y, {xt: x}).kernels[y.node]
+    layouts = [c.cell_contents for c in kernel.__closure__ if isinstance(c.cell_contents, depthwise.DepthwiseConv)]
+    assert len(layouts) == 1 and len(layouts[0]._layouts) == depthwise._MAX_LAYOUTS

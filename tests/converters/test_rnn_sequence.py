@@ -93,6 +93,17 @@ def test_gru_matches_numpy(dtype, reverse, lbr, state):
         np.testing.assert_allclose(gv, wv, rtol=tol, atol=tol)
 
 
+def test_lstm_with_only_h0_starts_from_a_zero_cell():
+    x = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    w, r = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32), (rng.standard_normal((8, 2)) * 0.5).astype(np.float32)
+    b, h0 = rng.standard_normal(8).astype(np.float32), rng.standard_normal((2, 2)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        got = ism.Session(g).run(list(lstm_sequence(x, w, r, b, h0=h0)))
+    for gv, wv in zip(got, ref(x, w, r, b, h0, np.zeros_like(h0), False)):
+        np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6)
+
+
 def test_zero_steps_returns_the_initial_state():
     h0, c0 = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)
     g = ism.Graph()

@@ -42,8 +42,10 @@ handoff (back to the request's thread) and encode, all on the service's `trace_d
 A client merges it with RunMetadata.merge; across machines, clock skew shifts it (a client can
 re-centre the service's first..last span inside its own call).
 
-Memory: `isthmus serve` fixes glibc's mmap threshold (--malloc-mmap-threshold-kb, 256 KiB), so
-batch buffers are mapped and returned when freed; see pin_mmap_threshold.
+Memory: a batch's buffers are sized by its rows, and the heap grows to the mix of batch sizes the
+server has run, then plateaus. `isthmus serve --warm-up` (OffloadService.warm_up) runs every batch
+size once before serving, so the server starts at that working size and stays near it.
+--malloc-mmap-threshold-kb (pin_mmap_threshold) trades CPU for a flat RSS instead.
 
 Deployment: on few cores shared with other work, give BLAS one thread (--blas-threads 1, or
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
@@ -83,7 +85,7 @@ from .offload_model import (CloudModel, CloudPart, CloudPartsError, TensorSpec, 
 
 SERVICE = "isthmus.Offload"
 M_MMAP_THRESHOLD = -3              # glibc's mallopt parameter
-DEFAULT_MMAP_THRESHOLD_KB = 256
+DEFAULT_MMAP_THRESHOLD_KB = 0     # glibc's own (a fixed 256 KiB kept RSS flat but cost 1.7x server CPU)
 
 
 # ---- gRPC ----------------------------------------------------------------------------------------
@@ -338,8 +340,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else set OPENBLAS_NUM_THREADS)")
     parser.add_argument("--malloc-mmap-threshold-kb", type=int, default=DEFAULT_MMAP_THRESHOLD_KB,
                         help="glibc: allocations from this size up are mapped and returned to the system when "
-                             "freed (default %(default)s; 0: glibc's own, which rises with the largest buffer "
-                             "freed and lets batch buffers of varying size fragment the heap)")
+                             "freed (default 0: glibc's own, which rises with the largest buffer freed). 256 keeps "
+                             "RSS flat under batching but costs CPU: every batch maps, faults in and unmaps its "
+                             "buffers (measured: 1.7x server CPU per request on the MobileNet tail)")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="before serving, run every part once at each batch size 1..--max-batch (zeros): the "
+                             "first requests run at full speed and memory starts at its working size")
     parser.add_argument("--measure-overhead", action="store_true",
                         help="before serving, time 50 loopback requests of zeros to the first part and report "
                              "the per-request overhead (round trip less compute) in the log and in Describe")
@@ -354,9 +360,11 @@ def pin_mmap_threshold(nbytes: int) -> bool:
     """Fix glibc's mmap threshold at `nbytes` (mallopt M_MMAP_THRESHOLD), which also stops it from
     adapting. By default glibc raises the threshold to the size of the largest mapped block freed
     (up to 32 MiB), after which a part's batch buffers (their size varies with the batch's rows) come
-    from the heap, fragment it, and the server's RSS grows with the mix of batch sizes it has seen
-    (MobileNet tail, 64 clients: +14% over 12,800 requests, the free heap 30 -> 52 MiB). Mapped, each
-    is returned when freed: RSS flat (benchmarks/offload_load.py). False where not glibc."""
+    from the heap and the heap grows with the mix of batch sizes seen (MobileNet tail, 64 clients:
+    RSS +7..14% over 12,800 requests, plateauing; the heap's free space 30 -> 52 MiB). Mapped, each is
+    returned when freed and RSS stays flat, but every batch then maps, faults in and unmaps its
+    buffers: 1.7x server CPU per request there (benchmarks/offload_load.py --compare-malloc), so it is
+    off by default. False where not glibc."""
     import ctypes
     import ctypes.util
     try:
@@ -395,6 +403,10 @@ def run(args) -> int:
     parts = ", ".join(f"{p.name} ({len(p.inputs)} in, {len(p.outputs)} out{'' if p.batchable else ', unbatched'})"
                       for p in server.service.model.parts.values())
     print(f"isthmus serve: model '{server.service.model.model}' parts {parts}", file=sys.stderr)
+    if args.warm_up:
+        t0 = time.monotonic()
+        runs = server.service.warm_up()
+        print(f"isthmus serve: warmed up with {runs} batches in {time.monotonic() - t0:.2f} s", file=sys.stderr)
     if args.measure_overhead:
         try:
             m = server.measure_overhead(client_security=client_security if security else None)

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import numpy as np
@@ -326,6 +326,27 @@ class OffloadService:
         if log_every_s:
             threading.Thread(target=self._log_loop, args=(float(log_every_s),), name="isthmus-offload-log",
                              daemon=True).start()
+
+    def warm_up(self, sizes: Optional[Sequence[int]] = None) -> int:
+        """Run every part on zeros once at each batch size in `sizes` (default 1..max_batch_size; a part
+        that is not batchable: once, at its fixed size) before serving, so that plans, BLAS and the
+        heap reach their working state: the first requests then run at full speed and memory starts
+        where batching takes it. Returns the batches run. Call it before serving: it runs alongside the
+        batchers, not through them."""
+        runs = 0
+        for r in self.runners.values():
+            p = r.part
+            for rows in (sizes or range(1, self.max_batch_size + 1)) if p.batchable else [None]:
+                feeds = [np.zeros([rows if (rows and i == 0) else (1 if d < 0 else d)
+                                   for i, d in enumerate(s.shape)], s.dtype) for s in p.inputs]
+                try:
+                    r.run(*feeds)
+                except Exception as e:  # noqa: BLE001  (zeros may be outside a part's domain: say so, go on)
+                    if self._log:
+                        self._log(f"offload: warm-up of part '{p.name}' at {rows} rows failed: {e}")
+                    break
+                runs += 1
+        return runs
 
     # ---- serving ---------------------------------------------------------------------------------
     def runner(self, part: str) -> _PartRunner:

@@ -535,9 +535,11 @@ def test_isthmus_serve_with_tls_and_a_token_prints_its_address_logs_and_stops_on
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")}
     env["PYTHONPATH"] = os.path.dirname(root) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env["ISTHMUS_TLS_CA"] = str(certs.ca)   # for --measure-overhead's own loopback client
     proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", str(path), "--port", "0",
                              "--log-every", "0.2", "--tls-cert", str(certs.server_cert), "--tls-key",
-                             str(certs.server_key), "--token-file", str(certs.token)],
+                             str(certs.server_key), "--token-file", str(certs.token), "--max-batch", "8",
+                             "--warm-up", "--measure-overhead"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = _readline(proc.stdout, 30)
@@ -547,6 +549,7 @@ def test_isthmus_serve_with_tls_and_a_token_prints_its_address_logs_and_stops_on
         with make_channel(address, good) as ch:
             r = offload_pb2_grpc.OffloadStub(ch).Infer(_request("whole", {"x:0": _rows(3, 1)}), timeout=10)
             np.testing.assert_array_equal(_outputs(r)["y:0"], _hand(_rows(3, 1))[1])
+            overhead = offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=10).overhead_ms
         with make_channel(address, ClientSecurity.from_files(ca=str(certs.ca))) as ch:  # no token
             with pytest.raises(grpc.RpcError) as e:
                 offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=10)
@@ -559,7 +562,10 @@ def test_isthmus_serve_with_tls_and_a_token_prints_its_address_logs_and_stops_on
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
-        assert "listening on 127.0.0.1:" in err and "TLS + bearer token" in err and "offload: 1 requests" in err, err
+        assert "listening on 127.0.0.1:" in err and "TLS + bearer token" in err, err
+        assert "offload: 56 requests" in err, err      # 55 of them measure_overhead's (5 unmeasured + 50)
+        assert "warmed up with 16 batches" in err, err  # 2 parts x batch sizes 1..8
+        assert f"per-request overhead {overhead:.3f} ms" in err and overhead > 0, err
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -127,3 +127,16 @@ def test_measuring_a_secured_server_needs_the_clients_credentials(model):
             srv.measure_overhead(requests=2)
         m = srv.measure_overhead(requests=3, client_security=ClientSecurity(token="tok-123456", tls=False))
         assert m["overhead_ms"] > 0
+
+
+def test_warm_up_runs_every_batch_size_without_touching_the_counters(model):
+    from isthmus.cloud.offload import OffloadService
+    svc = OffloadService(model, max_batch_size=5)
+    try:
+        assert svc.warm_up() == 5 and svc.warm_up([2, 64]) == 2
+        s = svc.stats()
+        assert (s["requests"], s["batches"]) == (0, 0)
+        r = svc.infer("dense", {"x:0": _rows(2, 4)}, timeout=10)
+        np.testing.assert_array_equal(r.outputs[0], np.maximum(_rows(2, 4) @ W, 0))
+    finally:
+        svc.close()

@@ -70,29 +70,6 @@ def stop(proc) -> None:
         proc.wait(10)
 
 
-def edge_kernel_seconds(interp, image: np.ndarray, slowdown: float, runs: int = 21) -> dict:
-    """CPU seconds of each edge-interpreter kernel on `image` (median of `runs`), named by the node
-    its output is (core fusion's naming); each run followed by the emulated edge's sleep, as the
-    client runs it. Steps the interpreter bound in prepare are timed one by one (the interpreter
-    has no per-kernel timer of its own yet)."""
-    names = [interp.model.tensors[op.outputs[0]].name for op in interp.model.operators]
-    steps = interp._steps
-    if len(steps) != len(names) or interp.model.remote:
-        raise ValueError("expected the full model: one step per operator and no remote parts")
-    interp.invoke(image)  # inputs in place (the steps read the arena)
-    samples = [[] for _ in steps]
-    for _ in range(runs):
-        total = 0.0
-        for k, step in enumerate(steps):
-            c = time.thread_time()
-            step()
-            dt = time.thread_time() - c
-            samples[k].append(dt)
-            total += dt
-        time.sleep((slowdown - 1.0) * total)
-    return {n: float(np.median(s)) for n, s in zip(names, samples)}
-
-
 def cloud_kernel_seconds(graph, out, x, image: np.ndarray, runs: int = 21, idle_s: float = 0.05) -> dict:
     """Seconds of each kernel of the core Session on `image` (median of `runs`), each run after an
     idle gap, as the service runs a request after the client's compute and the link's delay."""
@@ -112,6 +89,7 @@ def build(res: int):
     """The frozen model and both cost models (regression only; with measured node times)."""
     from isthmus.converters.edge_export import to_edge
     from isthmus.edge import Interpreter
+    from isthmus.edge.offload_client import emulated_kernel_seconds
     from isthmus.partitioner import CostModel, LinkModel
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
@@ -128,12 +106,12 @@ def build(res: int):
     regression = CostModel({EDGE_DEVICE: cloud.scaled(SLOWDOWN, name="edge"), CLOUD_DEVICE: cloud}, link,
                            EDGE_DEVICE, batch_size=1)
     with _one_blas_thread():
-        edge_k = edge_kernel_seconds(Interpreter(to_edge(frozen, [out])), image, SLOWDOWN)
+        edge_k = emulated_kernel_seconds(Interpreter(to_edge(frozen, [out])), image, slowdown=SLOWDOWN)
         cloud_k = cloud_kernel_seconds(frozen, out, fx, image)
-    times = {EDGE_DEVICE: node_times_from_kernels(regression, frozen, [out], edge_k, EDGE_DEVICE, scale=SLOWDOWN),
+    times = {EDGE_DEVICE: node_times_from_kernels(regression, frozen, [out], edge_k, EDGE_DEVICE),
              CLOUD_DEVICE: node_times_from_kernels(regression, frozen, [out], cloud_k, CLOUD_DEVICE)}
     measured = CostModel(regression.profiles, link, EDGE_DEVICE, batch_size=1, node_times=times)
-    info = {"edge_kernels_ms": round(sum(edge_k.values()) * 1e3, 3),
+    info = {"edge_kernels_ms": round(sum(edge_k.values()) / SLOWDOWN * 1e3, 3),
             "cloud_kernels_ms": round(sum(cloud_k.values()) * 1e3, 3)}
     return frozen, out, fx.name, image, regression, measured, info
 

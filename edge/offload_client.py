@@ -225,6 +225,40 @@ class EmulatedLink:
         return f"EmulatedLink({self.bandwidth_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms)"
 
 
+def emulated_kernel_seconds(interp: Interpreter, *inputs: np.ndarray, slowdown: float = 1.0,
+                            runs: int = 21) -> Dict[str, float]:
+    """Seconds of each kernel of a full (no remote part) model on `inputs`, as the emulated edge
+    runs it: the CPU time of the calling thread (median of `runs`), times `slowdown`, each run
+    followed by the emulated edge's sleep (so a run starts with the caches as cold as the client's
+    requests do). Keyed by the node each kernel's first output is named after (a fused kernel: the
+    last node of its group; quantize steps: '<tensor>/quant', '<tensor>/dequant'), which is how
+    the partitioner's measured node times (partitioner/measured.py) take them."""
+    m = interp.model
+    if m.remote:
+        raise ValueError("emulated_kernel_seconds times a full model; this one has remote parts")
+    if not (slowdown >= 1.0 and runs >= 1):
+        raise ValueError(f"slowdown must be >= 1 and runs >= 1, got {slowdown!r}, {runs!r}")
+    names = [m.tensors[op.outputs[0]].name for op in m.operators]
+    steps = interp._steps
+    interp.invoke(*inputs)  # checks the inputs; warms up
+    samples: List[List[float]] = [[] for _ in steps]
+    for _ in range(runs):
+        for (_, view), v in zip(interp._inputs, inputs):  # the arena reuses an input's bytes after its last reader
+            np.copyto(view, v, casting="same_kind")
+        total = 0.0
+        for k, step in enumerate(steps):
+            c = time.thread_time()
+            step()
+            dt = time.thread_time() - c
+            samples[k].append(dt)
+            total += dt
+        time.sleep((slowdown - 1.0) * total)
+    out: Dict[str, float] = {}
+    for n, ss in zip(names, samples):
+        out[n] = out.get(n, 0.0) + slowdown * float(np.median(ss))
+    return out
+
+
 class CloudError(RuntimeError):
     """The cloud did not answer this request usefully (the client falls back when it can)."""
 
@@ -544,4 +578,4 @@ class OffloadClient:
             raise CloudError(f"{method} to {self.address}: {getattr(code, 'name', code)}: {details}") from None
 
 
-__all__ = ["OffloadClient", "EmulatedLink", "SplitModel", "Cut", "load_split", "CloudError"]
+__all__ = ["OffloadClient", "EmulatedLink", "SplitModel", "Cut", "load_split", "CloudError", "emulated_kernel_seconds"]

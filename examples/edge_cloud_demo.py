@@ -125,15 +125,17 @@ def frozen_inference_graph(g, t, values):
 def calibrate_devices(args, frozen, logits, train_data):
     """The cloud profile: this machine's core kernels, timed on one BLAS thread as the offload
     service runs them (in CPU time, which other work on a shared machine does not stretch). The
-    edge runs a different engine (the edge interpreter's int8 kernels), so its profile is the
-    cloud's scaled by the emulated slowdown times how much more CPU time the int8 interpreter
-    takes on this very model than the core kernels are predicted to (measured on the exported
-    full model, as the client will run it)."""
+    edge runs a different engine (the edge interpreter's int8 kernels), so the edge is priced by
+    those kernels themselves: each timed on the exported full model as the client will run it
+    (CPU time x the emulated slowdown) and shared among the nodes it runs (profile-guided, see
+    partitioner/measured.py). The edge profile (the cloud's scaled by the slowdown times how much
+    more CPU the int8 interpreter takes on this whole model) prices anything they do not cover."""
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import load_split
+    from isthmus.edge.offload_client import emulated_kernel_seconds, load_split
     from isthmus.partitioner import CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
+    from isthmus.partitioner.measured import node_times_from_kernels
     ops = sorted({n.op for n in frozen.nodes})
     t0 = time.perf_counter()
     cloud = calibrate("this-machine", ops, "quick", blas_threads=1, clock="cpu")
@@ -144,29 +146,17 @@ def calibrate_devices(args, frozen, logits, train_data):
     planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown))
     path, _ = export(args, frozen, logits, planner, train_data, quiet=True)
     with one_blas_thread():
-        measured = _time_full_model(Interpreter(load_split(path).full), train_data[0][:1], args.edge_slowdown)
+        kernels = emulated_kernel_seconds(Interpreter(load_split(path).full), train_data[0][:1],
+                                          slowdown=args.edge_slowdown)
+    measured = sum(kernels.values()) / args.edge_slowdown
     factor = measured / predicted
     edge = cloud.scaled(args.edge_slowdown * factor,
                         name=f"edge (this machine {args.edge_slowdown:g}x slower, int8 interpreter)")
-    print(f"      the int8 edge interpreter runs the whole model in {measured * 1e3:.2f} ms of CPU here, the core "
-          f"kernels are predicted at {predicted * 1e3:.2f} ms: edge profile = this machine x {args.edge_slowdown:g} "
-          f"x {factor:.2f}", flush=True)
-    return cloud, edge
-
-
-def _time_full_model(interp, x, slowdown: float) -> float:
-    """Median CPU seconds of one run, each followed by the sleep the emulated edge adds, as the
-    client will run it (a run after a sleep starts with cold caches: up to 2x slower here; and
-    the client emulates the slow edge by this same CPU time, OffloadClient(edge_clock="cpu"))."""
-    for _ in range(3):
-        interp.invoke(x)
-    times = []
-    for _ in range(20):
-        t = time.thread_time()
-        interp.invoke(x)
-        times.append(time.thread_time() - t)
-        time.sleep((slowdown - 1.0) * times[-1])
-    return float(np.median(times))
+    node_times = node_times_from_kernels(here, frozen, [logits], kernels, EDGE_DEVICE)
+    print(f"      the int8 edge interpreter's {len(kernels)} kernels take {measured * 1e3:.2f} ms of CPU here (the core "
+          f"kernels are predicted at {predicted * 1e3:.2f} ms): the edge is priced by them x {args.edge_slowdown:g}",
+          flush=True)
+    return cloud, edge, node_times
 
 
 def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
@@ -189,11 +179,12 @@ def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
     return float(np.median(vals))
 
 
-def plan(args, frozen, logits, cloud, edge):
+def plan(args, frozen, logits, cloud, edge, edge_node_times=None):
     from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     link = LinkModel.parse(args.bandwidth, args.rtt)
-    cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1)
+    cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1,
+                     node_times={EDGE_DEVICE: edge_node_times} if edge_node_times else None)
     bandwidths = [float(b) for b in np.geomspace(0.1e6, 1000e6, 25)]
     planner = AdaptivePlanner(frozen, cost, outputs=[logits], bandwidths=bandwidths)
     chosen = planner.choose(link)                      # the precomputed cut the client starts with
@@ -370,8 +361,8 @@ def main(argv=None) -> int:
 
     step(3, "planning the split")
     local, frozen, logits = frozen_inference_graph(g, t, values)
-    cloud, edge = calibrate_devices(args, frozen, logits, train_data)
-    planner, cost, link, chosen, at_link = plan(args, frozen, logits, cloud, edge)
+    cloud, edge, edge_times = calibrate_devices(args, frozen, logits, train_data)
+    planner, cost, link, chosen, at_link = plan(args, frozen, logits, cloud, edge, edge_times)
     print("\n".join("      " + line for line in at_link.explain().splitlines()))
     from isthmus.partitioner.plots import graph_svg, latency_svg
     graph_path = os.path.join(args.out, "split_graph.svg")

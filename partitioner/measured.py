@@ -58,6 +58,7 @@ def node_times_from_kernels(cost: CostModel, graph: Graph, outputs: Sequence, ke
         raise ValueError(f"scale must be positive, got {scale!r}")
     device = device or cost.edge
     groups = kernel_groups(cost, graph, outputs)
+    kernel_seconds = _attach_quantize_steps(kernel_seconds, groups)
     unknown = sorted(set(kernel_seconds) - set(groups))
     if unknown:
         raise ValueError(f"measured kernels {unknown[:5]}{' ...' if len(unknown) > 5 else ''} are not kernels of "
@@ -73,6 +74,19 @@ def node_times_from_kernels(cost: CostModel, graph: Graph, outputs: Sequence, ke
         for m, p in zip(members, prices):
             share = p / total if total > 0 else 1.0 / len(members)
             out[m.name] = scale * seconds * share
+    return out
+
+
+def _attach_quantize_steps(kernel_seconds: Mapping[str, float], groups) -> Dict[str, float]:
+    """An int8 edge model quantizes its inputs and dequantizes its outputs in steps of their own,
+    named '<tensor>/quant' and '<tensor>/dequant' (converters/quantize): their time joins the
+    kernel (or the placeholder) whose tensor they convert."""
+    out: Dict[str, float] = {}
+    for name, s in kernel_seconds.items():
+        base, _, suffix = name.rpartition("/")
+        if name not in groups and suffix in ("quant", "dequant") and base.split(":")[0] in groups:
+            name = base.split(":")[0]
+        out[name] = out.get(name, 0.0) + s
     return out
 
 

@@ -113,3 +113,33 @@ def test_edge_slowdown_is_validated(split):  # noqa: F811
         OffloadClient(split["model"], "127.0.0.1:1", edge_slowdown=0.5)
     with pytest.raises(ValueError, match="edge_clock"):
         OffloadClient(split["model"], "127.0.0.1:1", edge_slowdown=2.0, edge_clock="gpu")
+
+
+def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(split, monkeypatch):  # noqa: F811
+    """One entry per kernel of the full model, named by its output; k x the CPU time of each (a fake
+    clock makes it exact: every kernel takes 0.5 ms), each run followed by the emulated edge's sleep;
+    the model's outputs are unchanged afterwards (the inputs are put back before every run)."""
+    import isthmus.edge.offload_client as oc
+    from isthmus.edge import Interpreter
+    sm = load_split(split["model"])
+    interp = Interpreter(sm.full)
+    x = split["xs"][0]
+    before = [o.copy() for o in interp.invoke(x)]
+    names = [sm.full.tensors[op.outputs[0]].name for op in sm.full.operators]
+    clock = {"cpu": 0.0}
+
+    def thread_time():
+        clock["cpu"] += 0.0005  # each reading 0.5 ms after the last: 0.5 ms per timed kernel
+        return clock["cpu"]
+    asked = []
+    monkeypatch.setattr(oc.time, "thread_time", thread_time)
+    monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
+    got = oc.emulated_kernel_seconds(interp, x, slowdown=4.0, runs=3)
+    assert set(got) == set(names)
+    for n in set(names):
+        assert got[n] == pytest.approx(4.0 * 0.5e-3 * names.count(n))
+    assert asked == [pytest.approx(3.0 * 0.5e-3 * len(names))] * 3
+    monkeypatch.undo()
+    assert all(np.array_equal(a, b) for a, b in zip(before, interp.invoke(x)))
+    with pytest.raises(ValueError, match="slowdown"):
+        oc.emulated_kernel_seconds(interp, x, slowdown=0.5)

@@ -145,3 +145,12 @@ def test_blas_threads_option_and_env_var():
     with threads.limited_blas_threads(1):
         assert threads.blas_threads() == 1
     assert threads.blas_threads() == before
+
+
+def test_an_int8_models_quantize_steps_join_the_kernel_whose_tensor_they_convert():
+    g, x, y = _mlp()
+    cm = CostModel.edge_cloud()
+    times = node_times_from_kernels(cm, g, [y], {"x/quant": 1e-4, "layer0": 1e-3, "y": 2e-5, "y/dequant": 3e-5})
+    assert times["x"] == pytest.approx(1e-4)  # the placeholder: priced nothing by the model, so it takes it all
+    assert times["y"] == pytest.approx(5e-5)
+    assert sum(times.values()) == pytest.approx(1e-4 + 1e-3 + 5e-5)

@@ -6,9 +6,9 @@ contiguous run of OH*Wp values starting at i*dh*Wp + j*dw (the Wp - OW columns p
 output row's end are junk, dropped when the chunk is written out). A row stride s first splits
 the padded rows into s phases (rows py, py+s, ...), so a tap reads one phase; a column stride
 is the stride of each tap's run. Per chunk, the taps' runs are copied side by side ([rows,
-taps, run], one copy per phase, in cache) and contracted with the weights by one einsum (a
-fused multiply-add, no BLAS), then bias and activation are applied and the valid columns
-written once into the NCHW output.
+taps, run], one copy per phase, in cache) and contracted with each row's weights by one
+batched matrix-vector product (BLAS; 10-15% faster here than the same contraction by einsum),
+then bias and activation are applied and the valid columns written once into the NCHW output.
 
 Measured against the previous kernel (one im2col of the whole input, 9x its size, then one
 einsum), one thread, CPU time, MobileNetV2-96's depthwise layers: batch 32 176 -> 104 ms
@@ -136,7 +136,7 @@ class _Layout:
             scratch = self._scratch()
         fill, copies, acc, cols = scratch
         xp, g, wo, step = self.xp, self.g, self.wo, self.step
-        einsum = xp.einsum
+        matmul = xp.matmul
         for r0 in range(r_begin, r_end, step):
             r1 = min(r_end, r0 + step)
             m = r1 - r0
@@ -144,7 +144,7 @@ class _Layout:
             a, cm = acc[:m], cols[:m]
             for dst, view in copies:
                 dst[:m] = view[:m]
-            einsum("rk,rkl->rl", wt[r0:r1], cm, out=a)
+            matmul(wt[r0:r1, None, :], cm, out=a[:, None, :])  # [1, taps] @ [taps, run] per row
             dst = out_rows[r0:r1]
             valid = a.reshape(m, g.oh, wo)[:, :, :g.ow]
             if bt is None:

@@ -411,9 +411,16 @@ def _onnx_rnn_input(c, n, ins, k: int, base: str, pad_zeros: bool = False) -> st
 def _rnn_sequence(c, n, ins, outs):
     """An ONNX LSTM (the summed bias in B's first half) or GRU of one direction."""
     lstm = n.op == "LSTMSequence"
+    lens = ""
+    first_state = 4
+    if n.attrs["with_lens"]:  # ONNX sequence_lens is int32
+        lens, first_state = ins[4], 5
+        if n.inputs[4].dtype != np.int32:
+            lens = c.fresh("rnn_lens")
+            c.node("Cast", [ins[4]], [lens], to=_onnx_dtype(np.dtype(np.int32)))
     args = [ins[0], _onnx_rnn_input(c, n, ins, 1, "rnn_W"), _onnx_rnn_input(c, n, ins, 2, "rnn_R"),
-            _onnx_rnn_input(c, n, ins, 3, "rnn_B", pad_zeros=lstm), ""]
-    args += [_onnx_rnn_input(c, n, ins, k, f"rnn_state{k}") for k in range(4, len(ins))]
+            _onnx_rnn_input(c, n, ins, 3, "rnn_B", pad_zeros=lstm), lens]
+    args += [_onnx_rnn_input(c, n, ins, k, f"rnn_state{k}") for k in range(first_state, len(ins))]
     raw = [c.fresh("rnn_Y"), c.fresh("rnn_Yh")] + ([c.fresh("rnn_Yc")] if lstm else [])
     attrs = {} if lstm else {"linear_before_reset": int(n.attrs["linear_before_reset"])}
     c.node("LSTM" if lstm else "GRU", args, raw, hidden_size=int(n.inputs[2].shape[1] or n.outputs[1].shape[1]),

@@ -94,8 +94,8 @@ def _transposed(r: Tensor) -> Tensor:
 def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     """One direction over x [T, B, I] -> (y [T, B, H] or None, h [B, H], c [B, H] or None)."""
     hid = s.hidden
-    if s.fused and lens is None and all(t is None or t.node.op == "Const" for t in (w, r, b)):
-        return _sequence(s, x, w, r, b, h0, c0)
+    if s.fused and all(t is None or t.node.op == "Const" for t in (w, r, b)):
+        return _sequence(s, x, w, r, b, h0, c0, lens)
     if s.reverse:
         x = x[::-1]
     # the input part of every step at once: one [T*B, I] x [I, G*H] GEMM (numpy leaves BLAS for a
@@ -183,16 +183,18 @@ def _direction(s: _Spec, x, w, r, b, lens, h0, c0, p):
     return y, res[1], (res[2] if n_st > 1 else None)
 
 
-def _sequence(s: _Spec, x, w, r, b, h0, c0):
+def _sequence(s: _Spec, x, w, r, b, h0, c0, lens):
     """Constant weights (an inference import): the whole direction is one LSTMSequence or
     GRUSequence node."""
     hid = s.hidden
     gates = _GATES[s.op]
     bv = np.zeros(2 * gates * hid, np.float32) if b is None else np.asarray(b.node.attrs["value"], np.float32)
     if s.op == "LSTM":
-        y, h, cc = lstm_sequence(x, w, r, ism.constant(bv[:4 * hid] + bv[4 * hid:]), h0, c0, reverse=s.reverse)
+        y, h, cc = lstm_sequence(x, w, r, ism.constant(bv[:4 * hid] + bv[4 * hid:]), h0, c0, reverse=s.reverse,
+                                 lens=lens)
     else:
-        (y, h), cc = gru_sequence(x, w, r, ism.constant(bv), h0, reverse=s.reverse, linear_before_reset=s.lbr), None
+        (y, h), cc = gru_sequence(x, w, r, ism.constant(bv), h0, reverse=s.reverse, linear_before_reset=s.lbr,
+                                  lens=lens), None
     return (y if s.want_y else None), h, cc
 
 

@@ -221,12 +221,23 @@ def gru_step(gx, h, rt, rbh, linear_before_reset: bool = False, name: Optional[s
 
 
 # ---- LSTMSequence: a whole direction in one kernel (inference) ------------------------------------------
+def _split_rest(node):
+    """(lens or None, [states]) from the inputs after x, w, r, b."""
+    rest = list(node.inputs[4:])
+    lens = rest.pop(0) if node.attrs["with_lens"] and rest else None
+    if node.attrs["with_lens"] and lens is None:
+        raise ShapeError(f"{node.op}: with_lens is set but no lengths input is given")
+    if lens is not None and (lens.dtype.kind not in "iu" or len(lens.shape) != 1):
+        raise ShapeError(f"{node.op}: sequence lengths must be an integer vector [B], got {lens.dtype} {fmt(lens.shape)}")
+    return lens, rest
+
+
 def _infer_lstm_seq(node):
     x, w, r, b = node.inputs[:4]
-    states = node.inputs[4:]
+    lens, states = _split_rest(node)
     if len(states) not in (0, 2):
         raise ShapeError(f"LSTMSequence takes h0 and c0 together or neither, got {len(states)} state inputs")
-    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in node.inputs):
+    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in [x, w, r, b] + states):
         raise ShapeError("LSTMSequence needs float inputs of one dtype")
     if len(x.shape) != 3 or len(w.shape) != 2 or len(r.shape) != 2 or len(b.shape) != 1 \
             or any(len(t.shape) != 2 for t in states):
@@ -246,13 +257,43 @@ def _infer_lstm_seq(node):
     return [(x.dtype, (x.shape[0], batch, hid)), (x.dtype, (batch, hid)), (x.dtype, (batch, hid))]
 
 
+def _unpack(rest, with_lens: bool, n_states: int):
+    """(lens or None, [n_states states, None where absent]) from a sequence kernel's extra inputs."""
+    lens = rest[0] if with_lens else None
+    states = list(rest[1:] if with_lens else rest)
+    return lens, states + [None] * (n_states - len(states))
+
+
+def _lengths(xp, lens, batch: int, steps: int, reverse: bool):
+    """Per step k, the examples it updates (ONNX sequence_lens): example b takes steps while the
+    time it reads is below its length; a reverse direction reads times T-1, ..., 0, so it waits
+    T - len[b] steps and then reads x[len[b] - 1], ..., x[0]. None when every step updates all."""
+    if lens is None:
+        return None
+    lens = xp.asarray(lens).astype(np.int64)
+    if lens.shape != (batch,):
+        raise ValueError(f"sequence lengths of shape {lens.shape} for a batch of {batch}")
+    times = xp.arange(steps)[::-1] if reverse else xp.arange(steps)
+    return times[:, None] < lens[None, :]  # [T, B] in the order the steps run
+
+
+def _freeze(xp, live, new, old, y_k):
+    """Past its length an example keeps its state and outputs zeros: y_k = new * live, then the
+    examples that are not live get their old state back in `new`."""
+    xp.multiply(new, live, out=y_k)
+    xp.copyto(new, old, where=~live)
+
+
 def _kernel_lstm_seq(node, ctx):
     xp, reverse = ctx.xp, node.attrs["reverse"]
 
-    def run(x, w, r, b, h0=None, c0=None):
+    def run(x, w, r, b, *rest):
+        lens, (h0, c0) = _unpack(rest, node.attrs["with_lens"], 2)
         steps, batch, feat = x.shape
         hid = r.shape[1]
         dt = x.dtype
+        live = _lengths(xp, lens, batch, steps, reverse)
+        ys = None if live is None else xp.empty((steps, hid, batch), dt)  # zeros past each length
         # s[k] = [x_t^T; h_k; 1] for the k-th step run: one GEMM per step, [W | R | b] x s[k], does the
         # input projection, the recurrent product and the bias at once; step k writes h_{k+1} into s[k+1]
         s = xp.empty((steps + 1, feat + hid + 1, batch), dt)
@@ -273,6 +314,7 @@ def _kernel_lstm_seq(node, ctx):
             tmp = xp.empty((hid, batch), dt)
             sig, g = z[:3 * hid], z[3 * hid:]
             i, o, f = z[:hid], z[hid:2 * hid], z[2 * hid:3 * hid]
+            c_old = None if live is None else xp.empty_like(c)
             for k in range(steps):
                 xp.matmul(wrb, s[k], out=z)
                 with np.errstate(over="ignore"):  # exp(-z) -> inf for z < -88: 1 / inf = 0, exact
@@ -280,13 +322,18 @@ def _kernel_lstm_seq(node, ctx):
                 sig += 1
                 xp.reciprocal(sig, out=sig)
                 xp.tanh(g, out=g)
+                if live is not None:
+                    c_old[...] = c
                 c *= f
                 xp.multiply(i, g, out=tmp)
                 c += tmp
                 h = s[k + 1, feat:feat + hid]
                 xp.tanh(c, out=h)
                 h *= o
-        y = s[1:, feat:feat + hid].transpose(0, 2, 1)  # [T, B, H] in the order the steps ran: a view
+                if live is not None:
+                    _freeze(xp, live[k], h, s[k, feat:feat + hid], ys[k])
+                    xp.copyto(c, c_old, where=~live[k])
+        y = (s[1:, feat:feat + hid] if ys is None else ys).transpose(0, 2, 1)  # [T, B, H] in step order: a view
         return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T, c.T
     return run
 
@@ -299,36 +346,37 @@ def _lstm_seq_cost(node):
     return Cost(2 * t * b * g * (i + 1 + h) + 12 * t * b * g, 4 * (t * b * (i + g + h) + g * (i + h)), 4 * t * b * h)
 
 
-register(OpDef("LSTMSequence", inputs=("x", "w", "r", "b", "*state"), attrs={"reverse": False},
+register(OpDef("LSTMSequence", inputs=("x", "w", "r", "b", "*lens_state"), attrs={"reverse": False, "with_lens": False},
                infer=_infer_lstm_seq, kernel=_kernel_lstm_seq, cost=_lstm_seq_cost,
                doc="A whole LSTM direction (ONNX gates i, o, f, c; sigmoid/tanh/tanh), inference only: (y [T, B, H], "
-                   "h_T, c_T) from x [T, B, I], W [4H, I], R [4H, H], the summed bias [4H] and optional h0, c0. "
-                   "With reverse, steps run from the last time to the first and y stays in time order."))
+                   "h_T, c_T) from x [T, B, I], W [4H, I], R [4H, H], the summed bias [4H], then (with_lens) the "
+                   "lengths [B] and optional h0, c0. With reverse, steps run from the last time to the first and y "
+                   "stays in time order; past its length an example keeps its state and outputs zeros."))
 
 
-def lstm_sequence(x, w, r, b, h0=None, c0=None, reverse: bool = False, name: Optional[str] = None):
+def lstm_sequence(x, w, r, b, h0=None, c0=None, reverse: bool = False, lens=None, name: Optional[str] = None):
     """(y, h_T, c_T) of a whole LSTM direction in one node (no gradient: for inference).
 
     x [T, B, I]; w = W [4H, I], r = R [4H, H] in ONNX gate order (i, o, f, c); b = Wb + Rb [4H];
-    h0, c0 [B, H] (default zeros)."""
-    ins = [convert(x), convert(w), convert(r), convert(b)]
+    h0, c0 [B, H] (default zeros); lens [B] per-example lengths (ONNX sequence_lens)."""
+    ins = [convert(x), convert(w), convert(r), convert(b)] + ([convert(lens)] if lens is not None else [])
     if (h0 is None) != (c0 is None):
         from .math import zeros_like
         h0 = h0 if h0 is not None else zeros_like(c0)
         c0 = c0 if c0 is not None else zeros_like(h0)
     if h0 is not None:
         ins += [convert(h0), convert(c0)]
-    out = make("LSTMSequence", tuple(ins), {"reverse": bool(reverse)}, name=name).outputs
+    out = make("LSTMSequence", tuple(ins), {"reverse": bool(reverse), "with_lens": lens is not None}, name=name).outputs
     return out[0], out[1], out[2]
 
 
 # ---- GRUSequence: a whole direction in one kernel (inference) -------------------------------------------
 def _infer_gru_seq(node):
     x, w, r, b = node.inputs[:4]
-    states = node.inputs[4:]
+    lens, states = _split_rest(node)
     if len(states) > 1:
         raise ShapeError(f"GRUSequence takes at most one state input (h0), got {len(states)}")
-    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in node.inputs):
+    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in [x, w, r, b] + states):
         raise ShapeError("GRUSequence needs float inputs of one dtype")
     if len(x.shape) != 3 or len(w.shape) != 2 or len(r.shape) != 2 or len(b.shape) != 1 \
             or any(len(t.shape) != 2 for t in states):
@@ -351,10 +399,13 @@ def _infer_gru_seq(node):
 def _kernel_gru_seq(node, ctx):
     xp, reverse, lbr = ctx.xp, node.attrs["reverse"], node.attrs["linear_before_reset"]
 
-    def run(x, w, r, b, h0=None):
+    def run(x, w, r, b, *rest):
+        lens, (h0,) = _unpack(rest, node.attrs["with_lens"], 1)
         steps, batch, feat = x.shape
         hid = r.shape[1]
         dt = x.dtype
+        live = _lengths(xp, lens, batch, steps, reverse)
+        ys = None if live is None else xp.empty((steps, hid, batch), dt)
         s = xp.empty((steps + 1, feat + hid + 1, batch), dt)  # [x_t^T; h_k; 1], as in LSTMSequence
         s[:steps, :feat] = (x[::-1] if reverse else x).transpose(0, 2, 1)
         s[:, feat + hid] = 1
@@ -397,7 +448,9 @@ def _kernel_gru_seq(node, ctx):
                 xp.subtract(h, n, out=nxt)
                 nxt *= zg
                 nxt += n
-        y = s[1:, feat:feat + hid].transpose(0, 2, 1)
+                if live is not None:
+                    _freeze(xp, live[k], nxt, h, ys[k])
+        y = (s[1:, feat:feat + hid] if ys is None else ys).transpose(0, 2, 1)
         return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T
     return run
 
@@ -410,18 +463,22 @@ def _gru_seq_cost(node):
     return Cost(2 * t * b * g * (i + 1 + h) + 10 * t * b * g, 4 * (t * b * (i + g + h) + g * (i + h)), 4 * t * b * h)
 
 
-register(OpDef("GRUSequence", inputs=("x", "w", "r", "b", "*state"), attrs={"reverse": False, "linear_before_reset": False},
+register(OpDef("GRUSequence", inputs=("x", "w", "r", "b", "*lens_state"),
+               attrs={"reverse": False, "linear_before_reset": False, "with_lens": False},
                infer=_infer_gru_seq, kernel=_kernel_gru_seq, cost=_gru_seq_cost,
                doc="A whole GRU direction (ONNX gates z, r, h; sigmoid/tanh), inference only: (y [T, B, H], h_T) from "
-                   "x [T, B, I], W [3H, I], R [3H, H], B = [Wb; Rb] [6H] and an optional h0."))
+                   "x [T, B, I], W [3H, I], R [3H, H], B = [Wb; Rb] [6H], then (with_lens) the lengths [B] and an "
+                   "optional h0; lengths as in LSTMSequence."))
 
 
-def gru_sequence(x, w, r, b, h0=None, reverse: bool = False, linear_before_reset: bool = False,
+def gru_sequence(x, w, r, b, h0=None, reverse: bool = False, linear_before_reset: bool = False, lens=None,
                  name: Optional[str] = None):
     """(y, h_T) of a whole GRU direction in one node (no gradient: for inference).
 
-    x [T, B, I]; w = W [3H, I], r = R [3H, H] in ONNX gate order (z, r, h); b = [Wb; Rb] [6H]; h0 [B, H]."""
-    ins = [convert(x), convert(w), convert(r), convert(b)] + ([convert(h0)] if h0 is not None else [])
-    out = make("GRUSequence", tuple(ins), {"reverse": bool(reverse), "linear_before_reset": bool(linear_before_reset)},
-               name=name).outputs
+    x [T, B, I]; w = W [3H, I], r = R [3H, H] in ONNX gate order (z, r, h); b = [Wb; Rb] [6H]; h0 [B, H];
+    lens [B] per-example lengths (ONNX sequence_lens)."""
+    ins = [convert(x), convert(w), convert(r), convert(b)] + ([convert(lens)] if lens is not None else []) \
+        + ([convert(h0)] if h0 is not None else [])
+    out = make("GRUSequence", tuple(ins), {"reverse": bool(reverse), "linear_before_reset": bool(linear_before_reset),
+                                           "with_lens": lens is not None}, name=name).outputs
     return out[0], out[1]

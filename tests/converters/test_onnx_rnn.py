@@ -99,10 +99,17 @@ EXPORT_BACK = {"gru_fwd", "gru_lbr_bidir_lens", "lstm_bidir_lens_init", "lstm_fw
                "lstm_bidir_nobias_out", "gru_lbr_reverse_init"}
 
 
+# constant weights, default activations, no clip/peepholes/input_forget: one sequence node per direction
+SEQUENCE_OP = {"lstm_fwd", "lstm_bidir_lens_init", "lstm_batch_major", "lstm_reverse_init", "lstm_bidir_nobias_out",
+               "gru_fwd", "gru_lbr_bidir_lens", "gru_reverse_init_layout", "gru_lbr_reverse_init"}
+
+
 @pytest.mark.parametrize("name,op,kw", CASES, ids=[c[0] for c in CASES])
 def test_rnn_matches_onnxruntime(name, op, kw):
     m, feeds = _model(op, t=5, b=3, i=4, h=6, seed=len(name), **kw)
     g, ins, outs = _compare(m, feeds)
+    ops = {n.op for n in g.nodes}
+    assert (f"{op}Sequence" in ops and "While" not in ops) == (name in SEQUENCE_OP), ops
     if name in EXPORT_BACK:  # the imported loop exported again (While -> Loop) still matches
         from isthmus.converters import to_onnx
         back = to_onnx(g, outs)

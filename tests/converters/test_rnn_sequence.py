@@ -93,6 +93,53 @@ def test_gru_matches_numpy(dtype, reverse, lbr, state):
         np.testing.assert_allclose(gv, wv, rtol=tol, atol=tol)
 
 
+def _masked(step, t_len, lens, reverse, states):
+    """Run `step(t, states) -> (out, states)` over time with ONNX sequence_lens: past its length an
+    example keeps its states and outputs zeros; reverse reads each example's own prefix backwards."""
+    y = None
+    for k in range(t_len):
+        t = t_len - 1 - k if reverse else k
+        out, new = step(t, states)
+        live = (t < lens)[:, None]
+        states = [np.where(live, a, o) for a, o in zip(new, states)]
+        y = np.zeros((t_len,) + out.shape) if y is None else y
+        y[t] = np.where(live, out, 0)
+    return y, states
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_sequence_lengths(op, reverse):
+    t_len, batch, feat, hid = 6, 4, 3, 5
+    gates = 4 if op == "LSTM" else 3
+    x = rng.standard_normal((t_len, batch, feat))
+    w, r = rng.standard_normal((gates * hid, feat)) * 0.5, rng.standard_normal((gates * hid, hid)) * 0.5
+    b = rng.standard_normal((4 if op == "LSTM" else 6) * hid)
+    h0, c0 = rng.standard_normal((batch, hid)), rng.standard_normal((batch, hid))
+    lens = np.array([6, 0, 3, 1], np.int32)
+
+    def lstm_step(t, st):
+        y, h, c = ref(x[t:t + 1], w, r, b, st[0], st[1], False)
+        return h, [h, c]
+
+    def gru_step(t, st):
+        y, h = ref_gru(x[t:t + 1], w, r, b, st[0], False, True)
+        return h, [h]
+    want_y, want_st = _masked(lstm_step if op == "LSTM" else gru_step, t_len, lens, reverse,
+                              [h0, c0] if op == "LSTM" else [h0])
+    g = ism.Graph()
+    with g.as_default():
+        if op == "LSTM":
+            outs = lstm_sequence(x, w, r, b, h0, c0, reverse=reverse, lens=lens)
+        else:
+            outs = gru_sequence(x, w, r, b, h0, reverse=reverse, linear_before_reset=True, lens=lens)
+        got = ism.Session(g).run(list(outs))
+    for gv, wv in zip(got, [want_y] + want_st):
+        np.testing.assert_allclose(gv, wv, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(got[0][:, 1], 0)  # a zero-length example outputs zeros, keeps h0
+    np.testing.assert_array_equal(got[1][1], h0[1])
+
+
 def test_lstm_with_only_h0_starts_from_a_zero_cell():
     x = rng.standard_normal((4, 2, 3)).astype(np.float32)
     w, r = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32), (rng.standard_normal((8, 2)) * 0.5).astype(np.float32)

@@ -142,12 +142,23 @@ class MasterSession:
         plan = self.plan(list(fetches), list(feeds), list(targets), traced=run_metadata is not None)
         by_tensor = {_tensor_name(k): v for k, v in feeds.items()}
         step_id = self.master.new_step_id()
-        pending = []
+        pending: List[Any] = [None] * len(plan.parts)
         traces = [] if run_metadata is None else [RunMetadata() for _ in plan.parts]
+        here = None   # the first part that runs in this process runs in this thread, after the others start
+        local = [pr.worker for pr in plan.parts if not hasattr(pr.worker, "run_graph_future")]
         for i, pr in enumerate(plan.parts):
             part_feeds = {f: by_tensor[f] for f in pr.feeds}
-            pending.append(self.master.start(pr.worker, pr.handle, step_id, part_feeds, pr.fetches, timeout,
-                                             traces[i] if traces else None))
+            md = traces[i] if traces else None
+            if here is None and not hasattr(pr.worker, "run_graph_future"):
+                here = (i, pr, part_feeds, md)
+                continue
+            pending[i] = self.master.start(pr.worker, pr.handle, step_id, part_feeds, pr.fetches, timeout, md)
+            if hasattr(pr.worker, "run_graph_future") and (pr.pushes or local):
+                pending[i].add_done_callback(lambda p, pr=pr: _answered(p, pr, step_id, local))
+        if here is not None:
+            i, pr, part_feeds, md = here
+            pending[i] = _Ran(lambda: pr.worker.run_graph(pr.handle, step_id, part_feeds, pr.fetches, timeout,
+                                                          *(() if md is None else (md,))))
         results, errors = self._wait(plan, pending, step_id, timeout)
         self.steps += 1
         if errors:
@@ -190,9 +201,7 @@ class MasterSession:
                     done.wait(min(left, 1.0))
                 i = order[seen]
             try:
-                results[i] = got = pending[i].result()
-                for k, w, (src, dst, tensor) in plan.parts[i].pushes:
-                    w.put_back(src, dst, tensor, step_id, got[k])
+                results[i] = pending[i].result()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
                 if not aborted:
@@ -265,6 +274,42 @@ def _rebinder(source: Graph, part: Graph) -> Callable[[Tensor], Optional[Tensor]
                 got = cand.outputs[t.index]
         return got
     return rebind
+
+
+def _answered(pending, pr: _PartRun, step_id: int, local: Sequence[Any]) -> None:
+    """A remote part's answer, as it arrives (on gRPC's thread): put the values it carries in
+    their Workers' rendezvous, or, when it failed, wake this process's parts at once (the
+    master aborts the step everywhere once it collects the answers)."""
+    try:
+        got = pending.result()
+    except BaseException as e:  # noqa: BLE001
+        reason = RendezvousAborted(f"another part failed: {type(e).__name__}: {e}")
+        for w in local:
+            _quietly(w.abort_step, step_id, reason)
+        return
+    for k, w, (src, dst, tensor) in pr.pushes:
+        try:
+            w.put_back(src, dst, tensor, step_id, got[k])
+        except Exception:  # noqa: BLE001  (the step was aborted: its waiters already know)
+            pass
+
+
+class _Ran:
+    """A part run in the calling thread, as a finished pending result."""
+
+    def __init__(self, fn):
+        try:
+            self._value, self._error = fn(), None
+        except BaseException as e:  # noqa: BLE001
+            self._value, self._error = None, e
+
+    def add_done_callback(self, fn) -> None:
+        fn(self)
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _original(errors: List[BaseException]) -> BaseException:

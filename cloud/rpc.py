@@ -9,6 +9,7 @@ client as the same error class (cloud/errors.py), naming the task.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import grpc
@@ -293,11 +294,25 @@ class _Pending:
     def __init__(self, client: WorkerClient, fut, fetches, run_metadata: Optional[RunMetadata] = None):
         self.client, self.fut, self.fetches = client, fut, fetches
         self.run_metadata = run_metadata
+        self._done: Optional[tuple] = None   # (outputs, error) once read
+        self._lock = threading.Lock()
 
     def add_done_callback(self, fn) -> None:
         self.fut.add_done_callback(lambda _f: fn(self))
 
     def result(self):
+        """The outputs (decoded once, however often asked), or the error."""
+        with self._lock:
+            if self._done is None:
+                try:
+                    self._done = (self._read(), None)
+                except BaseException as e:  # noqa: BLE001
+                    self._done = (None, e)
+        if self._done[1] is not None:
+            raise self._done[1]
+        return self._done[0]
+
+    def _read(self):
         try:
             resp = self.fut.result()
         except grpc.RpcError as e:

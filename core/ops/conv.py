@@ -427,6 +427,8 @@ def _kernel_conv_filter(node, ctx):
                 for j in range(g.kw):
                     dw_[:, 0, i, j] = (win[:, :, i, j] * dy).sum(axis=(0, 2, 3))
             return dw_
+        if groups == 1 and not _row_taps(g, c) and _cnhw_pays(g, n, c, o, x.shape[3]):
+            return _filter_grad_cnhw(xp, x, dy, w, g)
         cg, og = c // groups, o // groups
         dy_t = xp.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
         if _row_taps(g, c):
@@ -445,14 +447,7 @@ def _kernel_conv_filter(node, ctx):
             cols = _cols_chwn(xp, xt, g, k * cg, (k + 1) * cg)
             out[k * og:(k + 1) * og] = (dy_t[k * og:(k + 1) * og] @ cols.T).reshape(og, cg, g.kh, g.kw)
         return out
-
-    def run_dispatch(x, dy, w):
-        n, c = x.shape[0], x.shape[1]
-        g = _geometry(node, x.shape, w.shape)
-        if groups == 1 and not _row_taps(g, c) and _cnhw_pays(g, n, c, w.shape[0], x.shape[3]):
-            return _filter_grad_cnhw(xp, x, dy, w, g)
-        return run(x, dy, w)
-    return run_dispatch
+    return run
 
 
 def _cnhw_pays(g, n, c, o, wd) -> bool:

@@ -184,3 +184,34 @@ def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path):
     onnx.save(bad_op, str(tmp_path / "op.onnx"))
     with pytest.raises(SystemExit, match=r"cannot import .*op.onnx: .*Hardmax x1 \(hm\)"):
         cli.main(["import", str(tmp_path / "op.onnx")])
+
+
+def test_mutated_graph_files_raise_only_graph_file_errors(tmp_path):
+    """Byte flips, truncations and insertions of a valid file: each load either succeeds or raises
+    GraphFileError (never another exception type)."""
+    src, gfile = str(tmp_path / "m.onnx"), tmp_path / "m.graph"
+    onnx.save(lstm_mlp_model(), src)
+    assert cli.main(["import", src, "-o", str(gfile)]) == 0
+    good = gfile.read_bytes()
+    mrng = np.random.default_rng(7)
+    p = tmp_path / "mut.graph"
+    outcomes = {"ok": 0, "refused": 0}
+    for k in range(150):
+        data = bytearray(good)
+        kind = k % 3
+        pos = int(mrng.integers(0, len(data)))
+        if kind == 0:
+            for _ in range(int(mrng.integers(1, 4))):
+                data[int(mrng.integers(0, len(data)))] = int(mrng.integers(0, 256))
+        elif kind == 1:
+            del data[pos:]
+        else:
+            data[pos:pos] = bytes(mrng.integers(0, 256, int(mrng.integers(1, 16)), dtype=np.uint8))
+        p.write_bytes(bytes(data))
+        try:
+            graph_io.load_graph(str(p))
+            outcomes["ok"] += 1
+        except graph_io.GraphFileError as e:
+            assert str(p) in str(e)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 50, outcomes  # most mutations break the file, and each is refused cleanly

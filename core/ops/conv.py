@@ -259,7 +259,7 @@ def _pointwise(xp, x, w2, bias, act):
     before the next is computed. -> [N, O, H*W]"""
     n, c = x.shape[0], x.shape[1]
     o = w2.shape[0]
-    xs = x.reshape(n, c, -1)
+    xs = x.reshape(n, c, x.shape[2] * x.shape[3])
     out = xp.empty((n, o, xs.shape[2]), dtype=x.dtype)
     b = None if bias is None else bias.reshape(1, o, 1)
     step = max(1, _POINTWISE_CHUNK_BYTES // (o * xs.shape[2] * x.dtype.itemsize))

@@ -109,7 +109,7 @@ class _Layout:
         # junk columns of a row's last tap read past its end
         self.extra = max(0, last + g.sw * (self.length - 1) + 1 - self.row)
         isz = np.dtype(dtype).itemsize
-        self.step = min(n * c, max(1, CHUNK_BYTES // ((self.row + (self.kk + 1) * self.length) * isz)))
+        self.step = max(1, min(n * c, CHUNK_BYTES // ((self.row + (self.kk + 1) * self.length) * isz)))
         self._pool: list = []
 
     def _scratch(self):

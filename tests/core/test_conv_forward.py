@@ -227,3 +227,21 @@ def test_depthwise_layouts_per_node_are_bounded():
         kernel = sess.plan_for(y, {xt: x}).kernels[y.node]
     layouts = [c.cell_contents for c in kernel.__closure__ if isinstance(c.cell_contents, depthwise.DepthwiseConv)]
     assert len(layouts) == 1 and len(layouts[0]._layouts) == depthwise._MAX_LAYOUTS
+
+
+@pytest.mark.parametrize("groups,o,k,s", [(4, 4, 3, 2), (4, 4, 3, 1), (1, 5, 3, 2), (1, 5, 1, 1)])
+def test_float64_and_empty_batch(groups, o, k, s):
+    """float64 runs in float64 (depthwise, general and pointwise paths); a batch of 0 gives an
+    empty output of the right shape."""
+    rng = np.random.default_rng(29)
+    w = rng.standard_normal((o, 4 // groups, k, k))
+    for n in (2, 0):
+        x = rng.standard_normal((n, 4, 7, 6))
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            xt = ism.placeholder("float64", (None, 4, 7, 6), name="x")
+            y = ism.conv2d(xt, ism.constant(w), strides=s, padding="SAME", groups=groups)
+            out = ism.Session(g, optimize=False).run(y, {xt: x})
+        want = ref_conv(x, w, (s, s), y.node.attrs["pads"], (1, 1), groups)
+        assert out.dtype == np.float64 and out.shape == want.shape
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)

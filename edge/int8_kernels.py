@@ -9,17 +9,22 @@ Conventions the quantizer writes and these kernels check:
 - a fused activation (none, relu, relu6) is a clamp in the output's quantized domain.
 
 Accumulators are exact integers: (x - zx) and (w - zw) are held as float32 (float64 when a bound
-on the partial sums reaches 2^24, see quant.exact_dtype), so each GEMM runs at BLAS speed. The
-requantization is quant.Requantizer (fixed point, one rounding; computed in float64 where that is
-exact), or, where fold_pays says it is cheaper, part of a float64 GEMM (quant.fold_requantization).
+on the partial sums reaches 2^24, see quant.exact_dtype), so each GEMM runs at BLAS speed. A conv
+whose channels' scales differ by powers of two (quantize_to_edge's default) requantizes with one
+multiplier for the whole tensor (quant.UniformRequantizer: the powers of two and the bias ride in
+the float32 weights, every pass is a scalar streaming loop). Otherwise the requantization is
+quant.Requantizer (fixed point, one rounding, per channel; computed in float64 where that is exact),
+or, where fold_pays says it is cheaper, part of a float64 GEMM (quant.fold_requantization).
 Windowed convolutions gather their columns as contiguous runs (opcontext.WideIm2col), as the fp32
 kernels do. Elementwise int8 kernels are in int8_elementwise.py.
 
 Where the time goes (MobileNetV2-96, batch 1, one BLAS thread): the int8 path costs what the fp32
-path costs plus the requantization, a few float64 passes over each output where fp32 does a bias
-add and a clamp, or a float64 GEMM (twice a float32 one) where it folds; numpy has no integer GEMM
-and no fused multiply-add, and float32 cannot hold acc * q exactly, so this is near the floor
-for a numpy interpreter.
+path costs plus the requantization, a clamp, a widening copy, a multiply, an add and a narrowing
+cast over each output where fp32 does a bias add and a clamp; numpy has no integer GEMM and no fused
+multiply-add, and float32 cannot hold acc * q exactly. Measured and dropped: a float64 GEMM with
+the requantization folded in at K <= 32, the requantization by L2-sized blocks of rows (with or
+without the GEMM), a float32 x float64 multiply instead of the copy, the residual Add as a 65,536
+entry table, and a float32 handoff between a conv and the 1x1 conv reading it (no int8 copies).
 
 prepare(ctx) returns (output shapes, bind); bind(inputs, outputs, scratch) returns a step taking
 no arguments that writes its outputs in place.

@@ -16,10 +16,10 @@ latency, the batching factor (mean rows per batch, from the server's Stats), the
 per request (from /proc: meaningful even when other work loads the machine) and the clients' (the
 throughput the two would reach on otherwise idle cores follows from them), server RSS at start,
 after a concurrent warm-up (--warmup requests per client: every connection open, every server
-thread started, batches at their working size; the servers also run `isthmus serve --warm-up`,
-every batch size once at start, unless --no-server-warm-up), after each round and at the end
-(growth from warm-up to end should stay within 10%; the per-round values tell a plateau from a
-leak; --compare-malloc adds a batched server with a fixed 256 KiB glibc mmap threshold), and
+thread started, batches at their working size), after each round and at the end (growth from
+warm-up to end should stay within 10%; the per-round values tell a plateau from a leak;
+--compare-serve-flags adds a third, batched server with other `isthmus serve` flags, such as its
+malloc settings, interleaved with the others), and
 whether every checked answer equals a local Session run of its own row (to float32 rounding:
 another request's row would be off by the values' whole scale). JSON on stdout.
 """
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Sequence
 
 import numpy as np
 
@@ -100,7 +100,7 @@ def cpu_s(pid: int) -> float:
 
 class Server:
     def __init__(self, path: str, max_batch: int, max_delay_ms: float, max_queue: int, blas_threads: int,
-                 malloc_arenas: int = 0, mmap_threshold_kb: Optional[int] = None, warm_up: bool = False):
+                 malloc_arenas: int = 0, serve_flags: Sequence[str] = ()):
         env = dict(os.environ)
         if malloc_arenas:  # glibc: fewer per-thread heaps, less memory held back by a server with many threads
             env["MALLOC_ARENA_MAX"] = str(malloc_arenas)
@@ -110,8 +110,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0", "--max-batch", str(max_batch),
              "--max-delay-ms", str(max_delay_ms), "--max-queue", str(max_queue), "--log-every", "0"]
-            + ([] if mmap_threshold_kb is None else ["--malloc-mmap-threshold-kb", str(mmap_threshold_kb)])
-            + (["--warm-up"] if warm_up else []),
+            + list(serve_flags),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         box = []
         t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
@@ -139,14 +138,14 @@ class Mode:
 
     def __init__(self, loop, name: str, path: str, input_name: str, inputs: np.ndarray, clients: int,
                  max_batch: int, max_delay_ms: float, blas_threads: int, malloc_arenas: int = 0,
-                 mmap_threshold_kb: Optional[int] = None, warm_up: bool = False):
+                 serve_flags: Sequence[str] = ()):
         from isthmus.cloud import tensor_codec
         from isthmus.proto import offload_pb2
         self.loop, self.name, self.clients = loop, name, clients
         self.max_batch, self.max_delay_ms = max_batch, max_delay_ms
-        self.mmap_threshold_kb = mmap_threshold_kb
+        self.serve_flags = list(serve_flags)
         self.srv = Server(path, max_batch, max_delay_ms, max_queue=4 * clients, blas_threads=blas_threads,
-                          malloc_arenas=malloc_arenas, mmap_threshold_kb=mmap_threshold_kb, warm_up=warm_up)
+                          malloc_arenas=malloc_arenas, serve_flags=serve_flags)
         self.rss_start = rss_kib(self.srv.proc.pid)
         self.reqs = []
         for k in range(len(inputs)):
@@ -238,7 +237,7 @@ class Mode:
         batches = st.batches - self.base.batches
         rows = st.mean_batch_rows * st.batches - self.base.mean_batch_rows * self.base.batches
         return {"max_batch_size": self.max_batch, "max_queue_delay_ms": self.max_delay_ms,
-                "malloc_mmap_threshold_kb": self.mmap_threshold_kb or "glibc's dynamic default",
+                "serve_flags": " ".join(self.serve_flags),
                 "ok": int(lat.size), "errors": len(self.errors), "error_examples": sorted(set(self.errors))[:3],
                 "wall_s": round(self.wall, 3), "throughput_rps": round(lat.size / self.wall, 1),
                 "round_throughputs_rps": [round(r, 1) for r in self.round_rps],
@@ -281,12 +280,11 @@ def main(argv=None) -> int:
     p.add_argument("--deadline-s", type=float, default=30.0)
     p.add_argument("--malloc-arenas", type=int, default=0,
                    help="MALLOC_ARENA_MAX for the server (0: glibc's default, 8 per core)")
-    p.add_argument("--mmap-threshold-kb", type=int, default=0,
-                   help="the server's --malloc-mmap-threshold-kb (default 0: glibc's dynamic threshold)")
-    p.add_argument("--no-server-warm-up", action="store_true",
-                   help="start the servers without `isthmus serve --warm-up` (every batch size run once at start)")
+    p.add_argument("--serve-flags", default="", help="more `isthmus serve` flags for both servers, e.g. '--warm-up'")
+    p.add_argument("--compare-serve-flags", default="",
+                   help="add a third mode: batched, with these `isthmus serve` flags instead")
     p.add_argument("--compare-malloc", action="store_true",
-                   help="add a third mode: batched with a fixed 256 KiB mmap threshold (RSS flat, more CPU)")
+                   help="= --compare-serve-flags '--malloc-mmap-threshold-kb 256' (RSS flat, more CPU)")
     p.add_argument("--warmup", type=int, default=20, help="requests per client before RSS is first read")
     p.add_argument("--rounds", type=int, default=4,
                    help="the modes take turns in this many rounds (default %(default)s)")
@@ -305,12 +303,14 @@ def main(argv=None) -> int:
         loop = asyncio.new_event_loop()
         modes = {}
         try:
-            plan = [("batched", a.max_batch, a.mmap_threshold_kb), ("unbatched", 1, a.mmap_threshold_kb)]
-            if a.compare_malloc:
-                plan.append(("batched_mmap_threshold_256kb", a.max_batch, 256))
-            for name, mb, mt in plan:
+            flags = a.serve_flags.split()
+            compare = (a.compare_serve_flags or ("--malloc-mmap-threshold-kb 256" if a.compare_malloc else "")).split()
+            plan = [("batched", a.max_batch, flags), ("unbatched", 1, flags)]
+            if compare:
+                plan.append(("batched_compare", a.max_batch, compare))
+            for name, mb, fl in plan:
                 modes[name] = Mode(loop, name, path, input_name, inputs, a.clients, mb, a.max_delay_ms,
-                                   a.blas_threads, a.malloc_arenas, mt, warm_up=not a.no_server_warm_up)
+                                   a.blas_threads, a.malloc_arenas, fl)
             for m in modes.values():
                 m.warm(a.warmup)
             rounds = max(1, min(a.rounds, a.requests))
@@ -334,9 +334,7 @@ def main(argv=None) -> int:
               "server_blas_threads": a.blas_threads or "default",
               "server_malloc_arena_max": a.malloc_arenas or "default",
               "load_avg_1m": round(os.getloadavg()[0], 2),
-              "rss_before_definition": ("" if a.no_server_warm_up else "after `isthmus serve --warm-up` ran every batch "
-                                        "size 1..max batch once at start, ") +
-                                       f"server RSS after the model loaded, every client connected and a concurrent "
+              "rss_before_definition": f"server RSS after the model loaded, every client connected and a concurrent "
                                        f"warm-up of {a.warmup} requests per client ({a.clients} at once: batches of "
                                        f"up to {min(a.clients, a.max_batch)} rows could form); rss_after: after "
                                        "all rounds",
@@ -358,12 +356,13 @@ def main(argv=None) -> int:
               "all_checked_answers_equal": b["answers_wrong"] == 0 and u["answers_wrong"] == 0,
               "rss_growth_within_10pct": all(m["rss_growth_pct"] <= 10 for n, m in modes.items()
                                              if n in ("batched", "unbatched"))}
-    if "batched_mmap_threshold_256kb" in modes:
-        g = modes["batched_mmap_threshold_256kb"]
-        result["fixed_threshold_rss_growth_pct"] = g["rss_growth_pct"]
-        result["server_cpu_ratio_fixed_threshold_over_batched"] = round(g["server_cpu_ms_per_request"]
-                                                                        / b["server_cpu_ms_per_request"], 3)
-        result["throughput_ratio_fixed_threshold_over_batched"] = round(float(np.median(
+    if "batched_compare" in modes:
+        g = modes["batched_compare"]
+        result["compare_rss_growth_pct"] = g["rss_growth_pct"]
+        result["compare_rss_after_over_batched"] = round(g["rss_after_mib"] / b["rss_after_mib"], 3)
+        result["server_cpu_ratio_compare_over_batched"] = round(g["server_cpu_ms_per_request"]
+                                                                / b["server_cpu_ms_per_request"], 3)
+        result["throughput_ratio_compare_over_batched"] = round(float(np.median(
             np.array(g["round_throughputs_rps"]) / np.array(b["round_throughputs_rps"]))), 3)
     result["met"] = result["zero_errors"] and result["all_checked_answers_equal"] and result["rss_growth_within_10pct"]
     text = json.dumps(result, indent=2)

@@ -42,10 +42,13 @@ handoff (back to the request's thread) and encode, all on the service's `trace_d
 A client merges it with RunMetadata.merge; across machines, clock skew shifts it (a client can
 re-centre the service's first..last span inside its own call).
 
-Memory: a batch's buffers are sized by its rows, and the heap grows to the mix of batch sizes the
-server has run, then plateaus. `isthmus serve --warm-up` (OffloadService.warm_up) runs every batch
-size once before serving, so the server starts at that working size and stays near it.
---malloc-mmap-threshold-kb (pin_mmap_threshold) trades CPU for a flat RSS instead.
+Memory: a batch's buffers are sized by its rows. With glibc's dynamic mmap threshold they come
+from the batcher thread's heap once large ones have been freed, and that heap keeps what it
+grew to: a batched server's RSS climbs with the mix of batch sizes it has run, then plateaus
+(MobileNet tail, 64 clients: +7..14% over 12,800 requests after a concurrent warm-up, flat after
+the second of four rounds; the growth is free heap space in a non-main arena, which malloc_trim
+does not return). --malloc-mmap-threshold-kb / --malloc-trim-threshold-kb (pin_malloc) trade
+CPU for a flatter RSS (benchmarks/offload_load.py --compare-serve-flags measures both).
 
 Deployment: on few cores shared with other work, give BLAS one thread (--blas-threads 1, or
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
@@ -84,7 +87,7 @@ from .offload_model import (CloudModel, CloudPart, CloudPartsError, TensorSpec, 
                             cloud_part_from_partition, cloud_parts_from_plans, load_cloud_parts, save_cloud_parts)
 
 SERVICE = "isthmus.Offload"
-M_MMAP_THRESHOLD = -3              # glibc's mallopt parameter
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3    # glibc's mallopt parameters
 DEFAULT_MMAP_THRESHOLD_KB = 0     # glibc's own (a fixed 256 KiB kept RSS flat but cost 1.7x server CPU)
 
 
@@ -343,9 +346,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "freed (default 0: glibc's own, which rises with the largest buffer freed). 256 keeps "
                              "RSS flat under batching but costs CPU: every batch maps, faults in and unmaps its "
                              "buffers (measured: 1.7x server CPU per request on the MobileNet tail)")
+    parser.add_argument("--malloc-trim-threshold-kb", type=int, default=0,
+                        help="glibc: free memory at the top of a heap beyond this is returned to the system "
+                             "(default 0: glibc's own; setting it also fixes the mmap threshold at glibc's 128 KiB "
+                             "unless --malloc-mmap-threshold-kb says otherwise)")
     parser.add_argument("--warm-up", action="store_true",
-                        help="before serving, run every part once at each batch size 1..--max-batch (zeros): the "
-                             "first requests run at full speed and memory starts at its working size")
+                        help="before serving, run every part on zeros at batch sizes 1, 2, 4, .. --max-batch and "
+                             "--max-batch twice more: the server takes its peak memory (its largest batch's "
+                             "buffers) at start instead of growing to it under load")
     parser.add_argument("--measure-overhead", action="store_true",
                         help="before serving, time 50 loopback requests of zeros to the first part and report "
                              "the per-request overhead (round trip less compute) in the log and in Describe")
@@ -356,9 +364,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", help="require this bearer token on every call (default: $ISTHMUS_TOKEN_FILE)")
 
 
-def pin_mmap_threshold(nbytes: int) -> bool:
-    """Fix glibc's mmap threshold at `nbytes` (mallopt M_MMAP_THRESHOLD), which also stops it from
-    adapting. By default glibc raises the threshold to the size of the largest mapped block freed
+def pin_malloc(param: int, nbytes: int) -> bool:
+    """Fix glibc's mmap threshold (M_MMAP_THRESHOLD) or trim threshold (M_TRIM_THRESHOLD) at `nbytes`
+    (mallopt); either stops both from adapting. By default glibc raises the threshold to the size of the largest mapped block freed
     (up to 32 MiB), after which a part's batch buffers (their size varies with the batch's rows) come
     from the heap and the heap grows with the mix of batch sizes seen (MobileNet tail, 64 clients:
     RSS +7..14% over 12,800 requests, plateauing; the heap's free space 30 -> 52 MiB). Mapped, each is
@@ -369,7 +377,7 @@ def pin_mmap_threshold(nbytes: int) -> bool:
     import ctypes.util
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+        return bool(libc.mallopt(param, int(nbytes)))
     except (OSError, AttributeError):
         return False
 
@@ -378,7 +386,9 @@ def run(args) -> int:
     from ..proto.security import SecurityError
     from .server import security_from_args
     if args.malloc_mmap_threshold_kb:
-        pin_mmap_threshold(args.malloc_mmap_threshold_kb << 10)
+        pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)
+    if args.malloc_trim_threshold_kb:
+        pin_malloc(M_TRIM_THRESHOLD, args.malloc_trim_threshold_kb << 10)
     if args.blas_threads:
         try:
             from threadpoolctl import threadpool_limits

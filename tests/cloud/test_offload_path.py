@@ -133,7 +133,7 @@ def test_warm_up_runs_every_batch_size_without_touching_the_counters(model):
     from isthmus.cloud.offload import OffloadService
     svc = OffloadService(model, max_batch_size=5)
     try:
-        assert svc.warm_up() == 5 and svc.warm_up([2, 64]) == 2
+        assert svc.warm_up() == 6 and svc.warm_up([2, 64]) == 2   # 1, 2, 4, 5, 5, 5
         s = svc.stats()
         assert (s["requests"], s["batches"]) == (0, 0)
         r = svc.infer("dense", {"x:0": _rows(2, 4)}, timeout=10)

@@ -440,6 +440,8 @@ def _kernel_gru_seq(node, ctx):
     def run(x, w, r, b, *rest):
         lens, (h0,) = _unpack(rest, node.attrs["with_lens"], 1)
         steps, batch, feat = x.shape
+        if batch == 1 and lens is None and steps:
+            return _gru_one_example(xp, x, w, r, b, h0, reverse, lbr)
         hid = r.shape[1]
         dt = x.dtype
         live = _lengths(xp, lens, batch, steps, reverse)
@@ -491,6 +493,48 @@ def _kernel_gru_seq(node, ctx):
         y = (s[1:, feat:feat + hid] if ys is None else ys).transpose(0, 2, 1)
         return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T
     return run
+
+
+def _gru_one_example(xp, x, w, r, b, h0, reverse: bool, lbr: bool):
+    """Batch 1, as _lstm_one_example: the input projection up front, matrix-vector products per step."""
+    steps, _, feat = x.shape
+    hid = r.shape[1]
+    h2 = 2 * hid
+    dt = x.dtype
+    wb, rb = b[:3 * hid], b[3 * hid:]
+    neg = xp.ones((3 * hid, 1), dt)
+    neg[:h2] = -1  # z and r rows negated: sigmoid = 1 / (1 + exp)
+    proj = (x[::-1] if reverse else x).reshape(steps, feat) @ (w * neg).T  # [T, 3H]
+    bias = wb + rb if not lbr else xp.concatenate([wb[:h2] + rb[:h2], wb[h2:]])
+    proj += bias * neg[:, 0]
+    r_zr, r_n, rb_n = r[:h2] * neg[:h2], r[h2:], rb[h2:]
+    hs = xp.empty((steps + 1, hid), dt)
+    hs[0] = 0 if h0 is None else h0[0]
+    zr = xp.empty(h2, dt)
+    rec = xp.empty(hid, dt)
+    for k in range(steps):
+        h, p = hs[k], proj[k]
+        xp.dot(r_zr, h, out=zr)
+        zr += p[:h2]
+        with np.errstate(over="ignore"):
+            xp.exp(zr, out=zr)
+        zr += 1
+        xp.reciprocal(zr, out=zr)
+        zg, rg = zr[:hid], zr[hid:]
+        if lbr:
+            xp.dot(r_n, h, out=rec)
+            rec += rb_n
+            rec *= rg
+        else:
+            xp.dot(r_n, rg * h, out=rec)
+        rec += p[h2:]
+        xp.tanh(rec, out=rec)  # n
+        nxt = hs[k + 1]  # h' = n + z (h - n)
+        xp.subtract(h, rec, out=nxt)
+        nxt *= zg
+        nxt += rec
+    y = hs[1:, None, :]
+    return (y[::-1] if reverse else y), hs[steps][None]
 
 
 def _gru_seq_cost(node):

@@ -74,8 +74,9 @@ def ref_gru(x, w, r, b, h0, reverse, lbr):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reverse,lbr,state", [(False, False, False), (True, False, True), (False, True, True),
                                                (True, True, False)])
-def test_gru_matches_numpy(dtype, reverse, lbr, state):
-    t_len, batch, feat, hid = 6, 3, 5, 4
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gru_matches_numpy(dtype, reverse, lbr, state, batch):
+    t_len, feat, hid = 6, 5, 4
     x = rng.standard_normal((t_len, batch, feat)).astype(dtype)
     w, r = (rng.standard_normal((3 * hid, feat)) * 0.5).astype(dtype), (rng.standard_normal((3 * hid, hid)) * 0.5).astype(dtype)
     b = rng.standard_normal(6 * hid).astype(dtype)

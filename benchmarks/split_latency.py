@@ -170,8 +170,10 @@ def measure_link(model_path, address, bps, cut_bps: dict, n: int, image) -> dict
     with _one_blas_thread(), contextlib.ExitStack() as stack:
         clients = {k: stack.enter_context(_client(model_path, address, bps, b)) for k, b in cut_bps.items()}
         rows = {k: [] for k in clients}
+        order = list(clients)
         for i in range(n + 2):
-            for k, c in clients.items():
+            for k in order[i % len(order):] + order[:i % len(order)]:  # each mode follows each other alike
+                c = clients[k]
                 c.invoke(image)
                 if i >= 2:  # the first requests connect and warm up
                     rows[k].append(dict(c.last))

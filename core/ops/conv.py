@@ -22,7 +22,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import DepthwiseConv
+from .depthwise import DepthwiseConv, _immutable
 from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
@@ -202,7 +202,8 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     xp = ctx.xp
     groups = node.attrs["groups"]
     act = None if activation == "none" else activation_inplace(xp, activation)
-    depthwise = DepthwiseConv(xp, act)
+    depthwise = DepthwiseConv(xp, activation)
+    pointwise = _Pointwise(xp, act)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -218,7 +219,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         if _depthwise(node, w.shape, c):
             return depthwise(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
-            return _pointwise(xp, x, w.reshape(o, c), bias, act).reshape(n, o, g.oh, g.ow)
+            return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if not _row_taps(g, c):
             return _im2col_per_image(xp, x, w, g, bias, act)
         y = xp.ascontiguousarray(_conv_row_taps(xp, x, w, g).transpose(3, 0, 1, 2))
@@ -253,24 +254,63 @@ def _im2col_per_image(xp, x, w, g, bias, act):
     return out.reshape(n, o, g.oh, g.ow)
 
 
-def _pointwise(xp, x, w2, bias, act):
+class _Pointwise:
     """A 1x1 convolution as one matrix product per image ([O, C] @ [C, H*W], no im2col), in
     groups of images whose output fits in cache, each finished (bias, activation) in place
-    before the next is computed. -> [N, O, H*W]"""
-    n, c = x.shape[0], x.shape[1]
-    o = w2.shape[0]
-    xs = x.reshape(n, c, x.shape[2] * x.shape[3])
-    out = xp.empty((n, o, xs.shape[2]), dtype=x.dtype)
-    b = None if bias is None else bias.reshape(1, o, 1)
-    step = max(1, _POINTWISE_CHUNK_BYTES // (o * xs.shape[2] * x.dtype.itemsize))
-    for i in range(0, n, step):
-        y = out[i:i + step]
-        xp.matmul(w2, xs[i:i + step], out=y)
-        if b is not None:
-            xp.add(y, b, out=y)
-        if act is not None:
-            act(y)
-    return out
+    before the next group is computed. When the output has more channels than the input (an
+    expansion), the bias rides in the product instead: [W | b] @ [x; 1] costs a copy of the
+    smaller input rather than a pass over the larger output."""
+
+    def __init__(self, xp, act):
+        self.xp, self.act = xp, act
+        self._aug = None  # (w, bias, [W | b]) for immutable w and bias
+        self._scratch: dict = {}  # (group, C, H*W, dtype) -> free [group, C + 1, H*W] buffers, last row ones
+
+    def __call__(self, x, w, bias):
+        xp, act = self.xp, self.act
+        n, c = x.shape[0], x.shape[1]
+        o, hw = w.shape[0], x.shape[2] * x.shape[3]
+        xs = x.reshape(n, c, hw)
+        out = xp.empty((n, o, hw), dtype=x.dtype)
+        step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
+        if bias is not None and c < o:
+            wa = self._augmented(w, bias, x.dtype)
+            key = (min(step, n), c, hw, x.dtype)
+            free = self._scratch.setdefault(key, [])
+            try:
+                xa = free.pop()
+            except IndexError:
+                xa = xp.empty((key[0], c + 1, hw), dtype=x.dtype)
+                xa[:, c] = 1
+            for i in range(0, n, step):
+                m = min(step, n - i)
+                xa[:m, :c] = xs[i:i + m]
+                y = out[i:i + m]
+                xp.matmul(wa, xa[:m], out=y)
+                if act is not None:
+                    act(y)
+            free.append(xa)
+            return out
+        w2 = w.reshape(o, c)
+        b = None if bias is None else bias.reshape(1, o, 1)
+        for i in range(0, n, step):
+            y = out[i:i + step]
+            xp.matmul(w2, xs[i:i + step], out=y)
+            if b is not None:
+                xp.add(y, b, out=y)
+            if act is not None:
+                act(y)
+        return out
+
+    def _augmented(self, w, bias, dtype):
+        cached = self._aug
+        if cached is not None and cached[0] is w and cached[1] is bias:
+            return cached[2]
+        o = w.shape[0]
+        wa = self.xp.concatenate([w.reshape(o, -1), bias.reshape(o, 1)], axis=1).astype(dtype, copy=False)
+        if _immutable(w) and _immutable(bias):
+            self._aug = (w, bias, wa)  # holding w and bias keeps their identities unique
+        return wa
 
 
 def _cost_conv(node):

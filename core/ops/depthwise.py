@@ -36,25 +36,26 @@ class DepthwiseConv:
     (a pool, so concurrent runs and threads each take their own), and the weights are tiled
     once when they are immutable (a read-only constant, as after freezing)."""
 
-    def __init__(self, xp, act: Optional[Callable] = None):
-        self.xp, self.act = xp, act
+    def __init__(self, xp, activation: str = "none"):
+        from .fused import activation_to
+        self.xp, self.act = xp, activation_to(xp, activation)
         self._layouts = {}
-        self._tiled = None  # (w, bias, batch, tiled w, tiled bias) for immutable w and bias
+        self._tiled = None  # (w, bias, batch, tiled weights) for immutable w and bias
 
     def __call__(self, x, w, g, bias=None):
-        """act(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw] and
-        g the convolution's geometry (pads, strides, dilations, output size)."""
+        """activation(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw]
+        and g the convolution's geometry (pads, strides, dilations, output size)."""
         key = (x.shape, w.shape, x.dtype)
         lay = self._layouts.get(key)
         if lay is None:
             if len(self._layouts) >= _MAX_LAYOUTS:  # many input shapes (a varying batch): keep the newest
                 self._layouts.pop(next(iter(self._layouts)), None)
             lay = self._layouts[key] = _Layout(self.xp, x.shape, w.shape, x.dtype, g)
-        wt, bt = self._weights(lay, w, bias)
+        wt = self._weights(lay, w, bias)
         n, c = x.shape[0], x.shape[1]
         rows, step = n * c, lay.step
         out = self.xp.empty((n, c, g.oh, g.ow), dtype=x.dtype)
-        args = (x.reshape(rows, lay.h, lay.w), out.reshape(rows, g.oh, g.ow), wt, bt, self.act)
+        args = (x.reshape(rows, lay.h, lay.w), out.reshape(rows, g.oh, g.ow), wt, self.act)
         parts = threads(rows * g.oh * g.ow * lay.kk) if rows >= 2 * step else 1
         if parts == 1:
             lay.run(*args, 0, rows)
@@ -68,15 +69,19 @@ class DepthwiseConv:
         return out
 
     def _weights(self, lay, w, bias):
-        cached = self._tiled  # tiled once per batch size: [N*C, taps]
+        """[N*C, taps (+1)]: each row's weights in tap-group order, then its bias (which the
+        product takes from a row of ones under the tap columns); tiled once per batch size."""
+        cached = self._tiled
         if cached is not None and cached[0] is w and cached[1] is bias and cached[2] == lay.n:
-            return cached[3], cached[4]
-        xp, n = self.xp, lay.n
-        wt = xp.tile(w.reshape(w.shape[0], lay.kk)[:, lay.order].astype(lay.dtype, copy=False), (n, 1))
-        bt = None if bias is None else xp.tile(bias.astype(lay.dtype, copy=False), n).reshape(-1, 1, 1)
+            return cached[3]
+        xp, c = self.xp, w.shape[0]
+        wk = w.reshape(c, lay.kk)[:, lay.order].astype(lay.dtype, copy=False)
+        if bias is not None:
+            wk = xp.concatenate([wk, bias.reshape(c, 1).astype(lay.dtype, copy=False)], axis=1)
+        wt = xp.tile(wk, (lay.n, 1))
         if _immutable(w) and (bias is None or _immutable(bias)):
-            self._tiled = (w, bias, lay.n, wt, bt)  # holding w and bias keeps their identities unique
-        return wt, bt
+            self._tiled = (w, bias, lay.n, wt)  # holding w and bias keeps their identities unique
+        return wt
 
 
 def _immutable(a) -> bool:
@@ -109,7 +114,7 @@ class _Layout:
         # junk columns of a row's last tap read past its end
         self.extra = max(0, last + g.sw * (self.length - 1) + 1 - self.row)
         isz = np.dtype(dtype).itemsize
-        self.step = max(1, min(n * c, CHUNK_BYTES // ((self.row + (self.kk + 1) * self.length) * isz)))
+        self.step = max(1, min(n * c, CHUNK_BYTES // ((self.row + (self.kk + 2) * self.length) * isz)))
         self._pool: list = []
 
     def _scratch(self):
@@ -119,7 +124,8 @@ class _Layout:
         buf = xp.zeros(step * row + self.extra, dtype=self.dtype)
         fill = _phase_fill(buf[:step * row].reshape(step, g.sh, self.hq, self.wp), g, self.h, self.w)
         acc = xp.empty((step, length), dtype=self.dtype)
-        cols = xp.empty((step, self.kk, length), dtype=self.dtype)
+        cols = xp.empty((step, self.kk + 1, length), dtype=self.dtype)
+        cols[:, self.kk] = 1  # the bias row: written once, never overwritten
         # one copy per stride phase: its taps form a grid [ni, nj] of runs at fixed strides
         copies, k = [], 0
         for off, ni, si, nj, sj in self.groups:
@@ -129,7 +135,7 @@ class _Layout:
             k += ni * nj
         return fill, copies, acc, cols
 
-    def run(self, x_rows, out_rows, wt, bt, act, r_begin: int, r_end: int) -> None:
+    def run(self, x_rows, out_rows, wt, act, r_begin: int, r_end: int) -> None:
         try:
             scratch = self._pool.pop()
         except IndexError:
@@ -137,22 +143,16 @@ class _Layout:
         fill, copies, acc, cols = scratch
         xp, g, wo, step = self.xp, self.g, self.wo, self.step
         matmul = xp.matmul
+        taps = cols[:, :wt.shape[1]]  # the tap runs, and the row of ones when there is a bias
         for r0 in range(r_begin, r_end, step):
             r1 = min(r_end, r0 + step)
             m = r1 - r0
             fill(x_rows[r0:r1], m)
-            a, cm = acc[:m], cols[:m]
+            a = acc[:m]
             for dst, view in copies:
                 dst[:m] = view[:m]
-            matmul(wt[r0:r1, None, :], cm, out=a[:, None, :])  # [1, taps] @ [taps, run] per row
-            dst = out_rows[r0:r1]
-            valid = a.reshape(m, g.oh, wo)[:, :, :g.ow]
-            if bt is None:
-                dst[...] = valid
-            else:
-                xp.add(valid, bt[r0:r1], out=dst)
-            if act is not None:
-                act(dst)
+            matmul(wt[r0:r1, None, :], taps[:m], out=a[:, None, :])  # [1, taps] @ [taps, run] per row
+            act(a.reshape(m, g.oh, wo)[:, :, :g.ow], out_rows[r0:r1])  # the valid columns, activated
         self._pool.append(scratch)
 
 

@@ -30,6 +30,28 @@ def activation_inplace(xp, name: str):
     raise ValueError(f"unknown fused activation {name!r}; known: {ACTIVATIONS}")
 
 
+def activation_to(xp, name: str):
+    """A function f(src, out) writing activation `name` of src into out (one pass where numpy
+    has the op; src may be a strided view, out is then contiguous) and returning out."""
+    if name == "none":
+        return lambda src, out: xp.copyto(out, src) or out
+    if name == "relu":
+        return lambda src, out: xp.maximum(src, 0, out=out)
+    if name == "relu6":
+        return lambda src, out: xp.clip(src, 0, 6, out=out)
+    if name == "tanh":
+        return lambda src, out: xp.tanh(src, out=out)
+    if name == "sigmoid":
+        def sig(src, out):
+            xp.multiply(src, 0.5, out=out)
+            xp.tanh(out, out=out)
+            out += 1
+            out *= 0.5
+            return out
+        return sig
+    raise ValueError(f"unknown fused activation {name!r}; known: {ACTIVATIONS}")
+
+
 def _kernel_fused_matmul(node, ctx):
     mm = _kernel_matmul(node, ctx)
     act = activation_inplace(ctx.xp, node.attrs["activation"])

@@ -105,15 +105,16 @@ def test_depthwise_large_batch_many_chunks():
         check(x, w, b, s, "SAME", 1, 48, "relu6")
 
 
-@pytest.mark.parametrize("chunk", [16, None])
-@pytest.mark.parametrize("act", ["none", "relu6"])
-def test_pointwise_image_groups(monkeypatch, chunk, act):
-    if chunk is not None:  # one image per group
+@pytest.mark.parametrize("chunk", [16, 200, None])
+@pytest.mark.parametrize("act", ["none", "relu6", "sigmoid"])
+@pytest.mark.parametrize("c,o", [(7, 6), (3, 8)])  # a projection; an expansion (bias in the product)
+def test_pointwise_image_groups(monkeypatch, chunk, act, c, o):
+    if chunk is not None:  # one image per group; two images per group
         monkeypatch.setattr(conv_ops, "_POINTWISE_CHUNK_BYTES", chunk)
     rng = np.random.default_rng(11)
-    x = rng.standard_normal((5, 7, 4, 3)).astype(np.float32)
-    w = rng.standard_normal((6, 7, 1, 1)).astype(np.float32)
-    b = rng.standard_normal(6).astype(np.float32)
+    x = rng.standard_normal((5, c, 4, 3)).astype(np.float32)
+    w = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
     check(x, w, None, 1, "VALID", 1, 1)
     check(x, w, b, 1, "VALID", 1, 1, act)
 

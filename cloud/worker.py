@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.devices import canonical
 from ..core.executor import SessionState
-from ..core.graph import Graph
+from ..core.graph import Graph, Tensor
 from ..core.rendezvous import RendezvousAborted
 from ..core.session import Session
 from ..core.trace import RunMetadata, RunOptions
@@ -46,7 +46,7 @@ class _Registered:
     def __init__(self, handle: str, device: str, graph: Graph, worker: "Worker"):
         self.handle, self.device, self.graph, self.worker = handle, device, graph, worker
         self.pushed: set = set()   # (src, dst, tensor) the master puts in this task's rendezvous itself
-        self._remote: Optional[List[tuple]] = None
+        self._remote: Dict[tuple, List[tuple]] = {}   # fetch signature -> its remote Recv keys
         self._free: List[tuple] = []
         self._lock = threading.Lock()
 
@@ -62,17 +62,29 @@ class _Registered:
         w._share_state(sess.state)
         return sess, rv
 
-    def remote_recvs(self) -> List[tuple]:
-        """The (src, dst, tensor) keys of this part's Recvs that another task's Send feeds."""
-        if self._remote is None:
-            keys = []
-            for n in self.graph.nodes:
+    def remote_recvs(self, fetches: Sequence[Any]) -> List[tuple]:
+        """The (src, dst, tensor) keys of the Recvs that a step fetching `fetches` runs and
+        that another task's Send feeds (not those the master puts here itself)."""
+        sig = tuple(f.name if hasattr(f, "name") else str(f) for f in fetches)
+        keys = self._remote.get(sig)
+        if keys is None:
+            keys, seen = [], set()
+            stack = [f.node if isinstance(f, Tensor) else f for f in fetches]
+            while stack:
+                n = stack.pop()
+                if n.name in seen:
+                    continue
+                seen.add(n.name)
                 if n.op == "Recv":
                     src, dst, tensor = PartRendezvous.split(n.attrs["key"])
                     if src not in self.worker.devices and (src, dst, tensor) not in self.pushed:
                         keys.append((src, dst, tensor))
-            self._remote = keys
-        return self._remote
+                stack.extend(t.node for t in n.inputs)
+                stack.extend(n.control_inputs)
+            if len(self._remote) > 64:
+                self._remote.clear()
+            self._remote[sig] = keys
+        return keys
 
     def release(self, inst: tuple) -> None:
         with self._lock:
@@ -137,7 +149,7 @@ class Worker:
         answers), instead of calling the sending task."""
         reg = self._get(handle)
         reg.pushed.update((str(a), str(b), str(c)) for a, b, c in keys)
-        reg._remote = None
+        reg._remote.clear()
 
     def _share_state(self, state: SessionState) -> None:
         state.slots = self.variables.slots
@@ -183,7 +195,7 @@ class Worker:
         rv.step_id = step_id
         rv.timeout = float(timeout) if timeout else rv.default_timeout
         try:
-            rv.prefetched = self._prefetch(reg, step_id, rv.timeout)
+            rv.prefetched = self._prefetch(reg, fl, step_id, rv.timeout)
             if run_metadata is None:
                 out = sess.run(fl, fd) if fl else []
             else:
@@ -199,12 +211,12 @@ class Worker:
         self.steps_run += 1
         return [None if not hasattr(v, "dtype") else np.asarray(v) for v in out]
 
-    def _prefetch(self, reg: _Registered, step_id: int, timeout: float) -> Dict[tuple, Any]:
+    def _prefetch(self, reg: _Registered, fetches, step_id: int, timeout: float) -> Dict[tuple, Any]:
         """Start the part's Recvs from other tasks together, before it runs (their round trips
         overlap instead of following one another); the Recv kernels then take the answers.
         At most PREFETCH_MAX per step, since each waiting call holds a thread of the sending
         task's server until the value is there."""
-        keys = reg.remote_recvs() if self.peers is not None else ()
+        keys = reg.remote_recvs(fetches) if self.peers is not None else ()
         if len(keys) < 2:  # one Recv: nothing to overlap, and a blocking call is the quicker
             return {}
         out: Dict[tuple, Any] = {}

@@ -134,3 +134,24 @@ def test_a_parts_recvs_from_other_tasks_are_in_flight_together(tasks):
         got = sess.run(out, {g.tensor(k): v for k, v in feed.items()})
     assert float(got) == 3.0 + 8.0
     assert len(arrivals) == 2 and abs(arrivals[1] - arrivals[0]) < 0.4
+
+
+def test_only_the_recvs_a_step_runs_are_started_early():
+    from isthmus.cloud.worker import Worker
+    from isthmus.core.ops.comm import recv
+    w = Worker("/job:worker/task:0", peers=lambda d: None)
+    g = ism.Graph()
+    src, dst = "/job:worker/task:1/device:CPU:0", "/job:worker/task:0/device:CPU:0"
+    with g.as_default():
+        a = recv(f"{src};{dst};a:0", src, dst, ism.float32, (2,), name="recv_a")
+        b = recv(f"{src};{dst};b:0", src, dst, ism.float32, (2,), name="recv_b")
+        c = recv(f"{src};{dst};c:0", src, dst, ism.float32, (2,), name="recv_c")
+        ism.identity(a + b, name="ab")
+        with ism.control_dependencies([c]):
+            ism.no_op(name="after_c")
+    h = w.register_graph(g)
+    reg = w._graphs[h]
+    assert sorted(k[2] for k in reg.remote_recvs([g.tensor("ab:0")])) == ["a:0", "b:0"]
+    assert [k[2] for k in reg.remote_recvs([g.node("after_c")])] == ["c:0"]
+    w.expect_pushed(h, [(src, dst, "b:0")])   # carried by the master: never asked for
+    assert [k[2] for k in reg.remote_recvs([g.tensor("ab:0")])] == ["a:0"]

@@ -1,9 +1,11 @@
 """Calibration: time the real kernels through the core executor, fit a cost regression per op type.
 
 For each op type in the table, graphs of one node are built over a range of shapes and
-compiled by a Session; the node's kernel is timed alone, the private caches flushed before
-each call (as inside a graph, where earlier nodes have evicted its weights), in rounds over
-all the shapes (the least disturbed median kept). The times are paired with the node's
+compiled by a Session; the node's kernel is timed alone, in rounds over
+all the shapes (the least disturbed median kept). A product (MatMul, Conv2D) is timed after the
+private caches were flushed (inside a graph, earlier nodes have evicted its weights); any other
+kernel warm, since it reads what the node before it has just written (timed after a flush, a
+batch-1 MLP's elementwise steps were priced 20-100% over what they take in the graph). The times are paired with the node's
 registered cost (FLOPs, bytes) and fitted, per cost key (the op, or a variant such as
 MatMul:vector, see costmodel.cost_key), by non-negative least squares on relative error:
 seconds = c0 + c_flops * flops + c_bytes * bytes.
@@ -183,7 +185,8 @@ class Calibration:
 
     def run_round(self, budget_s: float = 0.05 / 3) -> None:
         for i, case in enumerate(self.built):
-            self.best[i] = min(self.best[i], _time_case(case, budget_s, clock=CLOCKS[self.clock]))
+            flush = FLUSH_BYTES if case[3] in WEIGHT_OPS else 0
+            self.best[i] = min(self.best[i], _time_case(case, budget_s, flush, clock=CLOCKS[self.clock]))
         self.rounds += 1
 
     def samples(self) -> List[Sample]:
@@ -223,6 +226,9 @@ def _build_case(op: str, inputs: List[np.ndarray], build: Callable):
 # kernel starts as it does inside a graph, where the nodes before it have evicted its weights
 # from L1/L2 (a one-node graph timed in a loop keeps them there and runs up to 2x faster).
 FLUSH_BYTES = 4 << 20
+# Only products read weights that earlier nodes may have evicted; every other kernel reads what the
+# node before it has just written (warm, as far as it fits the caches), so it is timed warm.
+WEIGHT_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2D", "FusedConv2D"})
 
 
 def _time_case(case, budget_s: float, flush_bytes: int = FLUSH_BYTES, clock=time.perf_counter) -> float:

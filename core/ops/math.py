@@ -278,10 +278,39 @@ def _kernel_sigmoid(node, ctx):
     return run
 
 
+# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf is +-1 in float32): the float32
+# rational approximation of Eigen and XLA, max relative error 4.5e-7 against float64 erf
+# (tests/core/test_erf.py). numpy has no erf; scipy's float32 one costs ~15 ns per element,
+# this ~1 (13x on a 1024x256 GELU input, one thread).
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+          -1.42647390514189e-02)
+
+
+def _erf_float32(xp, x):
+    x = xp.clip(x, -4.0, 4.0, dtype=np.float32)
+    x2 = x * x
+    p = xp.full_like(x, _ERF_P[0])
+    for c in _ERF_P[1:]:
+        p *= x2
+        p += np.float32(c)
+    p *= x
+    q = xp.full_like(x, _ERF_Q[0])
+    for c in _ERF_Q[1:]:
+        q *= x2
+        q += np.float32(c)
+    p /= q
+    return p
+
+
 def _kernel_erf(node, ctx):
-    if ctx.xp is np:
-        from scipy.special import erf  # numpy has no erf; scipy's is exact to float64
-        return lambda x: erf(x).astype(x.dtype, copy=False)
+    xp = ctx.xp
+    if node.outputs[0].dtype.name in ("float16", "float32"):
+        return lambda x: _erf_float32(xp, x).astype(x.dtype, copy=False)
+    if xp is np:  # float64: exact to double, from scipy (imported only when a float64 Erf runs)
+        from scipy.special import erf
+        return erf
     import cupyx.scipy.special as csp  # GPU backend only
     return csp.erf
 

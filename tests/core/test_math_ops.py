@@ -157,3 +157,29 @@ def test_add_n_of_scalars_fan_in():
         (ds,) = ism.gradients(y, [s])
         got = ism.Session(g).run(ds, {x: np.array([0.1, 0.2, 0.3])})
     np.testing.assert_allclose(got, 2 * 0.6 + 2 + np.exp(0.6))
+
+
+def test_float32_erf_against_the_standard_library():
+    # the float32 kernel is a rational approximation (not scipy): check it against math.erf,
+    # an independent double-precision reference, over the whole range, tiny values, +-inf and NaN
+    import math
+    x = np.concatenate([np.linspace(-7, 7, 20001), np.logspace(-36, 0.7, 2001), -np.logspace(-36, 0.7, 2001),
+                        [0.0, -0.0, np.inf, -np.inf]]).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        p = ism.placeholder(ism.float32, [None], name="x")
+        y = ism.erf(p)
+        h = ism.placeholder(ism.float16, [None], name="h")
+        yh = ism.erf(h)
+    with ism.Session(g) as s:
+        got = s.run(y, {p: x})
+        got_h = s.run(yh, {h: x.astype(np.float16)})
+        nan = s.run(y, {p: np.array([np.nan], np.float32)})
+    ref = np.array([math.erf(float(v)) for v in x])
+    assert got.dtype == np.float32 and got_h.dtype == np.float16
+    rel = np.abs(got - ref) / np.maximum(np.abs(ref), np.finfo(np.float32).tiny)
+    assert rel.max() < 1e-6, x[np.argmax(rel)]
+    assert np.array_equal(got[-4:], [0.0, 0.0, 1.0, -1.0]) and np.signbit(got[-3])
+    ref_h = np.array([math.erf(float(v)) for v in x.astype(np.float16)])
+    assert np.abs(got_h.astype(np.float64) - ref_h).max() < 1e-3
+    assert np.isnan(nan[0])

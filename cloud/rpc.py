@@ -2,7 +2,8 @@
 
 The servicer decodes, calls the in-process Worker, encodes. RecvTensor answers with the
 bytes the Send laid out (cloud/wire.py): one message when the tensor is small; a bigger
-one answers `streamed` and its chunks follow on RecvTensorStream. Every client RPC carries
+one answers `streamed` and its chunks follow on RecvTensorStream (a client that saw a key
+stream asks for the stream at once the next time). Every client RPC carries
 a deadline; message sizes are explicit on both ends. A malformed request gets
 INVALID_ARGUMENT with a clear message and the server keeps serving; a failure reaches the
 client as the same error class (cloud/errors.py), naming the task.

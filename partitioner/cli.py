@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.graph import Graph
 from .costmodel import CostModel
-from .devices import CLOUD, EDGE, DeviceProfile, LinkModel
+from .devices import CLOUD, EDGE, DeviceProfile, LinkModel, parse_duration
 from .plan import ALGORITHMS, AdaptivePlanner, plan_split
 from .problem import Constraints
 
@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth", default="20mbps", help="uplink, e.g. 5mbps (default 20mbps)")
     p.add_argument("--downlink", default=None, help="downlink (default: the uplink)")
     p.add_argument("--rtt", default="40ms", help="round-trip time, e.g. 40ms")
+    p.add_argument("--call-cost", default="0ms",
+                   help="fixed cost of one call to the offload service beyond the RTT (RPC, queue), e.g. 1ms")
     p.add_argument("--batch", type=int, default=1, help="batch size for unknown dimensions")
     p.add_argument("--algorithm", default="mincut", choices=sorted(ALGORITHMS))
     p.add_argument("--edge-profile", default=None, help="device profile JSON (isthmus calibrate)")
@@ -82,7 +84,7 @@ def cost_model(args) -> CostModel:
         edge = cloud.scaled(args.edge_slowdown, name="edge")
     else:
         edge = EDGE
-    link = LinkModel.parse(args.bandwidth, args.rtt, args.downlink)
+    link = LinkModel.parse(args.bandwidth, args.rtt, args.downlink).with_call_cost(parse_duration(args.call_cost))
     return CostModel.edge_cloud(link, edge, cloud, batch_size=args.batch)
 
 

@@ -31,6 +31,8 @@ def test_partition_command_explains_and_draws(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "split plan (mincut)" in out and "up 5 Mbit/s" in out and "cloud_only" in out
     assert svg.read_text().startswith("<svg") and plot.read_text().startswith("<svg")
+    assert main([f"{model}:build", "--bandwidth", "5mbps", "--call-cost", "3ms"]) == 0
+    assert "rtt 40 ms, call 3 ms" in capsys.readouterr().out
 
 
 def test_calibrate_command_writes_a_profile(tmp_path, capsys):

@@ -103,7 +103,8 @@ def main():
     sess, x, y, loss, train = build_isthmus(p)
     feed = {x: xs, y: ys}
     contenders = {"isthmus": lambda: sess.run([loss, train], feed)}
-    profile = by_op_type(time_nodes(sess, [loss, train], feed, repeats=5))
+    with threadpool_limits(1):  # a one-thread profile: two BLAS threads on a loaded machine swing 10x
+        profile = by_op_type(time_nodes(sess, [loss, train], feed, repeats=5))
     torch = torch_or_none()
     default_threads = os.cpu_count() or 1
     if torch is not None:
@@ -140,7 +141,7 @@ def main():
     main_row = by_threads[str(default_threads)]
     out = {"ms": main_row["ms"], "threads": default_threads, "by_threads": by_threads,
            "load_avg_before": round(load_before, 2), "load_avg_after": round(os.getloadavg()[0], 2),
-           "profile_by_op_type_ms": [{"op": op, "ms": round(s * 1e3, 3), "nodes": n,
+           "profile_threads": 1, "profile_by_op_type_ms": [{"op": op, "ms": round(s * 1e3, 3), "nodes": n,
                                       "share": round(s / total, 3)} for op, s, n in profile]}
     if torch is not None:
         out["ratio_vs_torch"] = main_row["ratio_vs_torch"]

@@ -208,3 +208,42 @@ def test_row_spans_of_the_benchmark_cnn():
     g = conv_mod._Geometry()
     g.kh, g.dh, g.pads, g.oh = 5, 1, ((2, 2), (2, 2)), 14
     assert conv_mod._row_spans(g, 14) == [(2, 14, 0), (1, 14, 0), (0, 14, 0), (0, 13, 1), (0, 12, 2)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ksize,strides", [(2, None), (3, 2)], ids=["tiles", "overlap"])
+def test_relu_then_max_pool_gradient_is_one_max_pool_grad(dtype, ksize, strides):
+    """Autodiff folds the relu's gradient into the MaxPoolGrad (no ReluGrad runs); the result is
+    the same as the two-step chain, ties and all-zero windows included."""
+    z = _tied((2, 3, 8, 8), np.float64).astype(dtype)
+    z[0, 0] = -1.0  # a channel whose windows are all zeros after the relu
+    g = ism.Graph()
+    with g.as_default():
+        zp = ism.placeholder(dtype, z.shape)
+        y = ism.max_pool(ism.relu(zp), ksize, strides)
+        dy = rng.standard_normal(tuple(y.shape)).astype(dtype)
+        dz, = ism.gradients(y, [zp], grad_ys=ism.constant(dy))
+        sess = ism.Session(g)
+        got = sess.run(dz, {zp: z})
+        ops = [n.op for n in sess.plan_for(dz, {zp: z}).nodes]
+    g.verify()
+    assert "ReluGrad" not in ops and ops.count("MaxPoolGrad") == 1
+    r = np.maximum(z, 0)
+    k, s = (ksize, ksize), ((strides or ksize),) * 2
+    want = ref_max_pool_grad(r, dy, k, s) * (r > 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert got.dtype == dtype
+
+
+def test_relu_max_pool_fold_by_finite_differences_and_where_it_does_not_apply():
+    x = rng.standard_normal((2, 2, 6, 6))
+    check_gradients(lambda x_: ism.max_pool(ism.relu(x_), 2), [x])
+    check_gradients(lambda x_: ism.max_pool(ism.relu(x_), 2) * 2.0 + ism.reduce_sum(ism.relu(x_)), [x])
+    g = ism.Graph()
+    with g.as_default():  # the relu output has a second consumer: its gradient is a sum, no fold
+        xp = ism.placeholder("float64", x.shape)
+        r = ism.relu(xp)
+        out = ism.reduce_sum(ism.max_pool(r, 2)) + ism.reduce_sum(r)
+        dx, = ism.gradients(out, [xp])
+        ops = [n.op for n in ism.Session(g).plan_for(dx, {xp: x}).nodes]
+    assert "ReluGrad" in ops

@@ -276,6 +276,8 @@ class _Pointwise:
         if bias is not None and c < o:
             wa = self._augmented(w, bias, x.dtype)
             key = (min(step, n), c, hw, x.dtype)
+            if key not in self._scratch and len(self._scratch) >= 8:  # many input shapes: start over
+                self._scratch.clear()
             free = self._scratch.setdefault(key, [])
             try:
                 xa = free.pop()

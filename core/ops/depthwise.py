@@ -115,17 +115,23 @@ class _Layout:
         self.extra = max(0, last + g.sw * (self.length - 1) + 1 - self.row)
         isz = np.dtype(dtype).itemsize
         self.step = max(1, min(n * c, CHUNK_BYTES // ((self.row + (self.kk + 2) * self.length) * isz)))
-        self._pool: list = []
+        self._align = 64 // isz  # element offsets of the three buffers in the arena, 64-byte aligned
+        self._buf_n = _round_up(step_elems := self.step * self.row + self.extra, self._align)
+        self._acc_n = _round_up(self.step * self.length, self._align)
+        self._cols_n = self.step * (self.kk + 1) * self.length
+        self._buf_len = step_elems
+        self._views: dict = {}  # id(arena) -> (arena, views into it)
 
-    def _scratch(self):
+    def _scratch(self, mem):
+        """Views of this layout's buffers in `mem`: the chunk buffer [rows, sh, Hq, Wp] + extra,
+        the product's result and the tap columns (+ the bias row), and the copies between them."""
         xp, g, step, row, length = self.xp, self.g, self.step, self.row, self.length
         isz = np.dtype(self.dtype).itemsize
-        # chunk buffer [rows, sh, sw, Hq, Wq] + extra: pads and junk are zeroed once and never written
-        buf = xp.zeros(step * row + self.extra, dtype=self.dtype)
+        flat = mem[:(self._buf_n + self._acc_n + self._cols_n) * isz].view(self.dtype)
+        buf = flat[:self._buf_len]
         fill = _phase_fill(buf[:step * row].reshape(step, g.sh, self.hq, self.wp), g, self.h, self.w)
-        acc = xp.empty((step, length), dtype=self.dtype)
-        cols = xp.empty((step, self.kk + 1, length), dtype=self.dtype)
-        cols[:, self.kk] = 1  # the bias row: written once, never overwritten
+        acc = flat[self._buf_n:self._buf_n + step * length].reshape(step, length)
+        cols = flat[self._buf_n + self._acc_n:].reshape(step, self.kk + 1, length)
         # one copy per stride phase: its taps form a grid [ni, nj] of runs at fixed strides
         copies, k = [], 0
         for off, ni, si, nj, sj in self.groups:
@@ -133,14 +139,21 @@ class _Layout:
                               writeable=False)
             copies.append((cols[:, k:k + ni * nj].reshape(step, ni, nj, length), view))
             k += ni * nj
-        return fill, copies, acc, cols
+        return buf, fill, copies, acc, cols
 
     def run(self, x_rows, out_rows, wt, act, r_begin: int, r_end: int) -> None:
-        try:
-            scratch = self._pool.pop()
-        except IndexError:
-            scratch = self._scratch()
-        fill, copies, acc, cols = scratch
+        # the scratch lives in this thread's arena, which every depthwise node on the thread
+        # shares (so it is still in cache from the node before); its views are built once
+        mem = _arena(self.xp, (self._buf_n + self._acc_n + self._cols_n) * np.dtype(self.dtype).itemsize)
+        entry = self._views.get(id(mem))
+        if entry is None or entry[0] is not mem:
+            if len(self._views) >= 8:
+                self._views.clear()
+            entry = self._views[id(mem)] = (mem, self._scratch(mem))
+        buf, fill, copies, acc, cols = entry[1]
+        buf[...] = 0  # pads and junk: another node may have used the arena since
+        if wt.shape[1] > self.kk:
+            cols[:, self.kk] = 1  # the bias row
         xp, g, wo, step = self.xp, self.g, self.wo, self.step
         matmul = xp.matmul
         taps = cols[:, :wt.shape[1]]  # the tap runs, and the row of ones when there is a bias
@@ -153,7 +166,25 @@ class _Layout:
                 dst[:m] = view[:m]
             matmul(wt[r0:r1, None, :], taps[:m], out=a[:, None, :])  # [1, taps] @ [taps, run] per row
             act(a.reshape(m, g.oh, wo)[:, :, :g.ow], out_rows[r0:r1])  # the valid columns, activated
-        self._pool.append(scratch)
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+class _ThreadArena(threading.local):
+    mem = None
+
+
+_arenas = _ThreadArena()
+
+
+def _arena(xp, nbytes: int):
+    """This thread's scratch bytes (at least nbytes), grown by doubling and then kept."""
+    mem = _arenas.mem
+    if mem is None or mem.nbytes < nbytes:
+        mem = _arenas.mem = xp.empty(max(nbytes, 2 * (mem.nbytes if mem is not None else 0)), dtype=np.uint8)
+    return mem
 
 
 # ---- threads --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ without an int8 kernel stay fp32, with Quantize/Dequantize at their borders.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -17,19 +18,23 @@ from isthmus.edge.writer import ModelWriter
 
 from .edge_export import EDGE_OPS
 
+SHORT_SCALE_BITS = 4  # significant bits of an activation scale under short_scales
 INT8_OPS = {"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "GlobalAvgPool", "Reshape", "Flatten",
             "Relu", "Relu6"}
 SAME_QPARAMS = {"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
 
 
-def _qparams(lo: float, hi: float) -> Tuple[float, int]:
+def _qparams(lo: float, hi: float, mantissa_bits: Optional[int] = None) -> Tuple[float, int]:
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = (hi - lo) / 255.0 or 1e-8
+    if mantissa_bits:  # rounded up to a few significant bits: at most 2^-(bits-1) coarser
+        m, e = math.frexp(scale)
+        scale = float(np.float32(math.ldexp(math.ceil(m * 2 ** mantissa_bits) / 2 ** mantissa_bits, e)))
     zp = int(np.clip(round(-128 - lo / scale), -128, 127))
     return scale, zp
 
 
-def _pow2_scales(s_w: np.ndarray, s_in: float, s_out: float) -> np.ndarray:
+def _pow2_scales(s_w: np.ndarray, s_in: float, s_out: float, anchored: bool = False) -> np.ndarray:
     """Per-channel scales S * 2^-e_c (S the largest), each the smallest such value at or above the
     channel's own max|w| / 127: at most 2x coarser than free scales, and the channels' requantization
     multipliers then share one mantissa, which the edge kernels turn into one multiplier for the
@@ -38,6 +43,14 @@ def _pow2_scales(s_w: np.ndarray, s_in: float, s_out: float) -> np.ndarray:
     where even S's shift is beyond, the free scales stay. float32 throughout, as the file stores them."""
     s_w = s_w.astype(np.float32).astype(np.float64)
     top = float(np.float32(s_w.max()))
+    if anchored:  # S = s_out 2^j: the multiplier s_in S / s_out is then s_in 2^j, s_in's few mantissa bits
+        so = float(np.float32(s_out))
+        j = math.ceil(math.log2(top / so))
+        while math.ldexp(so, j - 1) >= top:
+            j -= 1
+        while math.ldexp(so, j) < top:
+            j += 1
+        top = math.ldexp(so, j)
     try:
         _, shift = quantize_multiplier(float(np.float32(s_in)) * top / float(np.float32(s_out)))
     except ValueError:  # EdgeModelError: a multiplier the kernels refuse whatever the scales
@@ -80,10 +93,14 @@ def calibrate(sess, tensors: Sequence[Tensor], feeds: Iterable[Dict], percentile
 
 def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration: Iterable[Dict],
                      percentile: Optional[float] = None, batch: int = 1,
-                     pow2_scales: bool = True) -> Tuple[bytes, Dict[str, object]]:
+                     pow2_scales: bool = True, short_scales: bool = True) -> Tuple[bytes, Dict[str, object]]:
     """(edge model bytes, report). `calibration` yields feed dicts keyed by placeholder name or Tensor.
     pow2_scales: conv weight scales per channel as S * 2^-e_c (see _pow2_scales): faster int8
-    convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127."""
+    convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127.
+    short_scales (with pow2_scales): activation scales rounded up to SHORT_SCALE_BITS significant
+    bits and conv weight scales anchored on the output's scale, so a conv's requantization
+    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone."""
+    short_scales = short_scales and pow2_scales
     import isthmus.core as ism
     from isthmus.core.executor import prune
     from isthmus.core.passes import freeze, optimize
@@ -99,7 +116,8 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     feeds = [{(g.tensor(k if ":" in k else k + ":0") if isinstance(k, str) else g.tensor(k.name)): v
               for k, v in f.items()} for f in calibration]
     ranges = calibrate(calib_sess, floats, feeds, percentile)
-    qp: Dict[Tensor, Tuple[float, int]] = {t: _qparams(*ranges[t]) for t in floats}
+    bits = SHORT_SCALE_BITS if short_scales else None
+    qp: Dict[Tensor, Tuple[float, int]] = {t: _qparams(*ranges[t], bits) for t in floats}
     int8 = {n for n in nodes if _int8_ok(n)}
     for n in nodes:  # ops that must keep their input's quantization
         if n in int8 and n.op in SAME_QPARAMS:
@@ -144,7 +162,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                 red = tuple(i for i in range(wv.ndim) if i != axis)
                 s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
                 if pow2_scales and axis == 0:
-                    s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0])
+                    s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0], anchored=short_scales)
                 shp = [-1 if i == axis else 1 for i in range(wv.ndim)]
                 wq = np.clip(np.round(wv / s_w.reshape(shp)), -127, 127).astype(np.int8)
                 ins = [as_int8(x), w.add_constant(n.inputs[1].node.name + "/int8", wq, scale=s_w.tolist(),

@@ -142,15 +142,23 @@ def conv(ctx: OpContext):
     # Requantizer
     folded, uni = None, _uniform(sx * sw / sy, zy, lo, hi, wi, bias) if depthwise or groups == 1 else None
     brow = None
+    if uni is not None and uni[0].short and exact_dtype(uni[2]) == np.float32:
+        # the multiplier in the weights too, and eps_c in the bias (quant.UniformRequantizer.short)
+        bias = bias * (uni[1] * uni[0].m) + uni[0].eps
+        uni = (uni[0], uni[1] * uni[0].m, uni[2])
+        bias_scaled = True
+    else:
+        bias_scaled = False
     if uni is not None and depthwise:  # the bias added to the einsum's result: measured cheaper than a tap of ones
         uni, scaled, bound = uni
         ft, extra = exact_dtype(bound), 0
         wg = [np.ascontiguousarray((wk.reshape(o, -1) * scaled[:, None]).astype(ft))]
-        brow = (bias * scaled).astype(ft).reshape(o, 1)
+        brow = (bias if bias_scaled else bias * scaled).astype(ft).reshape(o, 1)
     elif uni is not None:  # one multiplier for all channels: powers of two and the bias in the weights
         uni, scaled, bound = uni
         ft, extra = exact_dtype(bound), 1
-        wg = [np.ascontiguousarray(np.concatenate([wk.reshape(o, -1) * scaled[:, None], (bias * scaled)[:, None]],
+        wg = [np.ascontiguousarray(np.concatenate([wk.reshape(o, -1) * scaled[:, None],
+                                                   (bias if bias_scaled else bias * scaled)[:, None]],
                                                   axis=1).astype(ft))]
     elif depthwise and DEPTHWISE_FOLD:
         folded = fold_requantization(wk.reshape(c, kk), sx * sw / sy, bias, zy, bound)
@@ -204,7 +212,7 @@ def conv(ctx: OpContext):
         ones = ones if extra else None
         if uni is not None:
             view = (lambda a: a.reshape(o, n, oh, ow)) if pointwise else wide.out_view
-            finish = uni.bind(acc, None if ft == np.float64 else tmp, view, y4)
+            finish = uni.bind(acc, None if ft == np.float64 else tmp, view, y4, bias_scaled)
         else:
             finish = bind_folded_output(acc4, y4, lo, hi) if extra else rq.bind(acc4, y4, tmp)
         if depthwise:  # per-channel 1 x kh*kw products: einsum, not thousands of tiny BLAS calls

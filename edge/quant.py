@@ -25,6 +25,7 @@ from .format import EdgeModelError
 from .opcontext import clip_ufunc
 
 MAGIC = 1.5 * 2.0 ** 52  # float64 + MAGIC rounds to an integer held in the low bits
+MAGIC32 = 1.5 * 2.0 ** 23  # the same in float32 (|value| < 2^22)
 F32_EXACT = 1 << 24
 F64_EXACT = 1 << 53
 MAX_SHIFT = 62
@@ -235,7 +236,10 @@ class UniformRequantizer:
         self.q, self.s = int(q), int(s)
         e = np.asarray(e, np.int64)
         bounds = [int(b) for b in np.broadcast_to(np.asarray(bounds, np.int64), e.shape)]
-        if any(b * self.q >= F64_EXACT or self.s + int(ev) > 44 for b, ev in zip(bounds, e)):
+        self.f64_ok = not any(b * self.q >= F64_EXACT or self.s + int(ev) > 44 for b, ev in zip(bounds, e))
+        tz = (self.q & -self.q).bit_length() - 1
+        self.short = 2 * (self.q >> tz) * max(bounds) + 1 < (1 << 24) and int(e.max()) + self.s - tz < 120
+        if not (self.f64_ok or self.short):
             raise EdgeModelError("uniform requantization would round in float64")
         self.lo, self.hi, self.zp = int(lo), int(hi), int(zero_point)
         self.m = math.ldexp(self.q, -self.s)
@@ -264,18 +268,38 @@ class UniformRequantizer:
         # then takes directly (no +128 offset, no byte flip). Ties to even equal the definition's
         # half up wherever x is never a tie: x = v q 2^-(s + e_c) is k + 1/2 only if v is a multiple
         # of 2^(s + e_c - 1 - tz(q)) (tz: trailing zero bits), which |v| <= big cannot be but for 0.
-        tz = (self.q & -self.q).bit_length() - 1
         self.magic = self.USE_MAGIC and self.s - 1 - tz >= 0 and big < (1 << (self.s - 1 - tz))
+        # A short multiplier (quantize_to_edge's short activation scales make q = odd * 2^tz with a
+        # few-bit odd part): M_c = (q >> tz) 2^-f_c, f_c = s + e_c - tz, folds into float32 weights
+        # exactly, and with eps_c = 2^-(f_c + 1) added to the bias the GEMM yields x = v M_c + eps_c
+        # exactly while 2 (q >> tz) |v| + 1 < 2^24. floor(v M_c + 1/2) is then x rounded to nearest
+        # (x is an odd multiple of 2^-(f_c + 1): never a tie), which adding 1.5 * 2^23 does in
+        # float32; clamping x to [lo - zp, hi - zp] first gives the clamped values. `short`: the whole
+        # requantization in float32, a clamp, an add and a narrowing cast.
+        self.eps = np.ldexp(1.0, -(self.s + e - tz + 1))
 
-    def bind(self, acc: np.ndarray, tmp: Optional[np.ndarray], view, out: np.ndarray):
+    def bind(self, acc: np.ndarray, tmp: Optional[np.ndarray], view, out: np.ndarray, short: bool = False):
         """A zero-argument step. acc: the GEMM's contiguous result (float32 or float64, clamped in
         place); tmp: float64 of acc's shape (None when acc is float64: it is then worked in place);
         view(a) -> the output-shaped view of the real outputs in an acc-shaped array (a wide
         im2col's junk columns are computed and never stored); out: the int8 output, view(acc)'s
-        shape. (Measured: taking the passes, or the GEMM with them, by blocks of rows that fit in
+        shape; short: acc holds v M_c + eps_c instead (see `short`). (Measured: taking the passes, or the GEMM with them, by blocks of rows that fit in
         L2 gained nothing here, nor a float32 x float64 multiply instead of a widening copy.)"""
+        if not short and not self.f64_ok:
+            raise EdgeModelError("uniform requantization would round in float64; only the short one is exact")
         t = acc if tmp is None else tmp
         copyto, multiply, add, clip, xor = np.copyto, np.multiply, np.add, clip_ufunc, np.bitwise_xor
+        if short:  # acc is v M_c + eps_c in float32 (the kernel folded both in)
+            if not self.short or acc.dtype != np.float32:
+                raise EdgeModelError("the short requantization needs a float32 v M + eps (UniformRequantizer.short)")
+            slo, shi = np.float32(self.lo - self.zp), np.float32(self.hi - self.zp)
+            c32, bits = np.float32(MAGIC32 + self.zp), view(acc).view(np.int32)
+
+            def run_short():
+                clip(acc, slo, shi, out=acc)
+                add(acc, c32, out=acc)  # rounds to the integer, held in the low bits
+                copyto(out, bits, casting="unsafe")  # the low byte: the value
+            return run_short
         tlo, thi = acc.dtype.type(self.t_lo), acc.dtype.type(self.t_hi)
         before, after, widen = self.clamp_before and self.needs_clamp, not self.clamp_before, tmp is not None
         m = np.float64(self.m)

@@ -1,6 +1,7 @@
-"""Power-of-two channel scales end to end: quantize_to_edge writes them, the int8 convolutions take
-the one-multiplier path (quant.UniformRequantizer), and a whole MobileNet-style model gives, bit for
-bit, what the per-channel Requantizer path gives on the same file."""
+"""Power-of-two channel scales and short activation scales end to end: quantize_to_edge writes them,
+the int8 convolutions take the one-multiplier path (quant.UniformRequantizer, float32 where the
+multiplier is short), and a whole MobileNet-style model gives, bit for bit, what the per-channel
+Requantizer path gives on the same file."""
 import numpy as np
 import pytest
 
@@ -48,6 +49,7 @@ def test_the_uniform_path_matches_the_per_channel_path_bit_for_bit(quantized, mo
     monkeypatch.setattr(k8, "_uniform", lambda *a: used.append(real(*a)) or used[-1])
     fast = Interpreter(data)
     assert len(used) == 10 and all(u is not None for u in used)  # every conv: stem, 3 x (expand, dw, project)
+    assert sum(u[0].short for u in used) >= 8  # short activation scales: float32 requantization nearly everywhere
     monkeypatch.setattr(k8, "_uniform", lambda *a: None)  # the per-channel Requantizer (or folded GEMM) path
     slow = Interpreter(data)
     for seed in range(4):

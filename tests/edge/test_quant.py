@@ -137,5 +137,40 @@ def test_shared_mantissa_declines_unrelated_multipliers():
     assert shared_mantissa([0.01, 0.005, 0.0025 / 1024])[2].tolist() == [0, 1, 12]
     with pytest.raises(EdgeModelError, match="round"):
         UniformRequantizer(*quantize_multiplier(0.5), np.array([0]), 0, -128, 127, np.array([1 << 30]))
-    with pytest.raises(EdgeModelError, match="round"):  # s + e = 50: v 2^-50 + 128.5 would round
-        UniformRequantizer(*quantize_multiplier(2.0 ** -13), np.array([0, 7]), 0, -128, 127, np.array([99, 99]))
+    m = 1.2345 * 2.0 ** -13  # s + e = 50: v q 2^-50 + 128.5 would round, and q is no short multiplier
+    with pytest.raises(EdgeModelError, match="round"):
+        UniformRequantizer(*quantize_multiplier(m), np.array([0, 7]), 0, -128, 127, np.array([99, 99]))
+    rq = UniformRequantizer(*quantize_multiplier(2.0 ** -13), np.array([0, 7]), 0, -128, 127, np.array([99, 99]))
+    assert rq.short and not rq.f64_ok  # a power of two: the float32 path is exact where float64's is not
+    with pytest.raises(EdgeModelError, match="short"):
+        rq.bind(np.zeros((2, 3), np.float32), np.zeros((2, 3)), lambda a: a, np.zeros((2, 3), np.int8))
+
+
+@pytest.mark.parametrize("seed,mq,f,lo,hi", [(0, 13, 14, -128, 127), (1, 5, 9, -5, 60), (2, 1, 12, 0, 127),
+                                             (3, 15, 18, -128, 100)])
+def test_short_requantization_matches_the_integer_definition(seed, mq, f, lo, hi):
+    """A few-bit multiplier M_c = mq 2^-(f + e_c): the float32 path takes x = v M_c + 2^-(f + e_c + 1)
+    (what the kernel's GEMM yields), clamps, rounds by 1.5 * 2^23 and keeps the low byte; ties
+    (v M_c = k + 1/2, common with such multipliers) go up as the definition says."""
+    rng = np.random.default_rng(seed)
+    o, n = 4, 600
+    e = rng.integers(0, 4, o)
+    e[0] = 0
+    ms = mq * np.ldexp(1.0, -(f + e))
+    sm = shared_mantissa(ms)
+    bound = (1 << 23) // (2 * mq) - 1
+    rq = UniformRequantizer(*sm, int(rng.integers(-20, 20)), lo, hi, np.full(o, bound))
+    assert rq.short
+    v = rng.integers(-bound, bound + 1, (o, n))
+    v[:, :200] = rng.integers(-(1 << f), 1 << f, (o, 200))  # around zero: ties and both clamps
+    half = 1 << (f + e - 1)  # v = +-2^(f + e_c - 1): v M_c = +-mq / 2, an exact half, a tie
+    ties = half <= bound
+    v[ties, 200], v[ties, 201] = half[ties], -half[ties]
+    want = np.stack([reference(v[i], 0, ms[i], rq.zp, lo, hi) for i in range(o)])
+    x = v * ms[:, None] + rq.eps[:, None]
+    scale = np.ldexp(1.0, f + e)[:, None]
+    assert np.array_equal((x.astype(np.float32).astype(np.float64) - rq.eps[:, None]) * scale, v * mq)  # exact
+    got = np.zeros((o, n), np.int8)
+    rq.bind(x.astype(np.float32), None, lambda a: a, got, short=True)()
+    np.testing.assert_array_equal(got, want)
+    assert ties.any() and np.all((v[ties, 200:202] * ms[ties, None]) % 1 == 0.5)

@@ -8,8 +8,10 @@ one thread, as a phone would; the peer uses onnxruntime's defaults.)
 The int8 model is calibrated on a few random inputs (its speed does not depend on the ranges);
 int8 and fp32 are timed interleaved, by wall clock and, less sensitive to other processes on a
 shared machine, by this thread's CPU time with BLAS on one thread. The int8 model has the
-quantizer's default conv weight scales, per channel and powers of two apart (one requantization
-multiplier per layer); `free_scales` times MobileNetV2 with each channel's own scale too.
+quantizer's default scales: conv weight scales per channel and powers of two apart, activation
+scales of 4 significant bits (one short requantization multiplier per layer, requantized in
+float32); `int8_free_scales` times MobileNetV2 with each channel's own scale and free activation
+scales too (pow2_scales=False).
 """
 from __future__ import annotations
 

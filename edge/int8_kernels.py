@@ -12,16 +12,21 @@ Accumulators are exact integers: (x - zx) and (w - zw) are held as float32 (floa
 on the partial sums reaches 2^24, see quant.exact_dtype), so each GEMM runs at BLAS speed. A conv
 whose channels' scales differ by powers of two (quantize_to_edge's default) requantizes with one
 multiplier for the whole tensor (quant.UniformRequantizer: the powers of two and the bias ride in
-the float32 weights, every pass is a scalar streaming loop). Otherwise the requantization is
+the float32 weights, every pass is a scalar streaming loop); when that multiplier is short (the
+quantizer's 4-bit activation scales) it rides in the weights too and the requantization is float32
+alone: a clamp, a rounding add and a narrowing cast, what the fp32 path does for its bias and
+activation. Otherwise the requantization is
 quant.Requantizer (fixed point, one rounding, per channel; computed in float64 where that is exact),
 or, where fold_pays says it is cheaper, part of a float64 GEMM (quant.fold_requantization).
 Windowed convolutions gather their columns as contiguous runs (opcontext.WideIm2col), as the fp32
 kernels do. Elementwise int8 kernels are in int8_elementwise.py.
 
-Where the time goes (MobileNetV2-96, batch 1, one BLAS thread): the int8 path costs what the fp32
-path costs plus the requantization, a clamp, a widening copy, a multiply, an add and a narrowing
-cast over each output where fp32 does a bias add and a clamp; numpy has no integer GEMM and no fused
-multiply-add, and float32 cannot hold acc * q exactly. Measured and dropped: a float64 GEMM with
+Where the time goes (MobileNetV2-96, batch 1, one BLAS thread, CPU time paired with fp32): with
+free scales the requantization's float64 passes (per-channel vectors, a widening copy, multiply,
+add, clamp, cast) make int8 1.32x fp32; with pow2 channel scales (scalar passes) 1.16x; with short
+multipliers (float32 only: float32 cannot hold acc * q for a 31-bit q, but can for a 4-bit one)
+1.02x. The rest is the int8 -> float32 copy of each GEMM operand, the residual Adds (float64, nine
+passes) and the input's Quantize. Measured and dropped: a float64 GEMM with
 the requantization folded in at K <= 32, the requantization by L2-sized blocks of rows (with or
 without the GEMM), a float32 x float64 multiply instead of the copy, the residual Add as a 65,536
 entry table, and a float32 handoff between a conv and the 1x1 conv reading it (no int8 copies).

@@ -6,6 +6,7 @@ grpc load only when first used, so `import isthmus.edge` stays light.
 from __future__ import annotations
 
 import importlib
+import os
 
 __version__ = "0.1.0"
 
@@ -13,7 +14,19 @@ _SUBMODULES = {"core", "edge", "cloud", "partitioner", "converters", "proto", "n
                "checkpoint", "progress", "train", "summary"}
 
 
+# BLAS thread count as a process option (partitioner/threads.py): isthmus.set_blas_threads(n), or
+# ISTHMUS_BLAS_THREADS=n applied here, at import, only when it is set (it loads numpy and the
+# partitioner, which `import isthmus` otherwise leaves for later)
+_BLAS = {"set_blas_threads", "blas_threads", "limited_blas_threads"}
+if os.environ.get("ISTHMUS_BLAS_THREADS", "").strip():
+    importlib.import_module("isthmus.partitioner")  # applies it once (a bad value warns, naming it)
+
+
 def __getattr__(name: str):
+    if name in _BLAS:
+        value = getattr(importlib.import_module("isthmus.partitioner.threads"), name)
+        globals()[name] = value
+        return value
     if name in _SUBMODULES:
         target = f"isthmus.core.{name}" if name in ("nn", "optimizers", "checkpoint", "progress", "train", "summary") else f"isthmus.{name}"
         mod = importlib.import_module(target)
@@ -30,4 +43,4 @@ def __getattr__(name: str):
 
 def __dir__():
     core = importlib.import_module("isthmus.core")
-    return sorted(set(globals()) | _SUBMODULES | {n for n in dir(core) if not n.startswith("_")})
+    return sorted(set(globals()) | _SUBMODULES | _BLAS | {n for n in dir(core) if not n.startswith("_")})

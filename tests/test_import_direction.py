@@ -1,6 +1,7 @@
 """DESIGN.md's import arrows, checked by reading the imports (STYLE.md habit 13)."""
 import ast
 import pathlib
+import os
 import subprocess
 import sys
 
@@ -82,3 +83,19 @@ def test_no_pickle_or_eval_in_the_package():
                 if any(m.split(".")[0] in ("pickle", "cPickle", "dill", "cloudpickle") for m in mods):
                     offenders.append(f"{rel}:{node.lineno} imports pickle")
     assert not offenders, offenders
+
+
+def test_blas_threads_env_is_applied_at_import():
+    # ISTHMUS_BLAS_THREADS=1 limits every loaded BLAS at `import isthmus`; set_blas_threads changes it
+    code = ("import isthmus\n"
+            "from threadpoolctl import threadpool_info\n"
+            "print(sorted({i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'}), isthmus.blas_threads())\n"
+            "isthmus.set_blas_threads(2)\n"
+            "print(isthmus.blas_threads())\n")
+    env = dict(os.environ, ISTHMUS_BLAS_THREADS="1", OPENBLAS_NUM_THREADS="2", OMP_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[1] 1", "2"]
+    env["ISTHMUS_BLAS_THREADS"] = "many"
+    out = subprocess.run([sys.executable, "-c", "import isthmus"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0 and "ISTHMUS_BLAS_THREADS" in out.stderr and "many" in out.stderr

@@ -10,6 +10,7 @@ client as the same error class (cloud/errors.py), naming the task.
 """
 from __future__ import annotations
 
+import struct
 import threading
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -26,6 +27,7 @@ from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 SERVICE = "isthmus.Worker"
 _RECV_SLACK_S = 2.0   # a RecvTensor call's deadline over the wait it asks the task for
 _STREAMED_KEPT = 4096             # keys remembered as streamed (then forgotten all at once)
+_DOUBLE_5 = struct.Struct("<Bd")   # field 5 (timeout_s), a double: its key byte and value
 _UNARY_BELOW_BYTES = 64 << 10     # a key remembered as streamed whose value came back smaller: unary again
 
 
@@ -162,10 +164,11 @@ class WorkerClient:
             "DeregisterGraph": unary("DeregisterGraph", worker_pb2.DeregisterGraphResponse.FromString),
             "GetStatus": unary("GetStatus", worker_pb2.StatusResponse.FromString),
         }
-        self._recv = unary("RecvTensor", _identity)
+        # RecvTensor requests go out as bytes laid out here (recv_request), answers come back as bytes
+        self._recv = ch.unary_unary(f"/{SERVICE}/RecvTensor", request_serializer=None, response_deserializer=None)
         self._streamed: Dict[tuple, bool] = {}   # (src, dst, tensor) keys whose last value streamed
-        self._recv_stream = ch.unary_stream(f"/{SERVICE}/RecvTensorStream",
-                                            request_serializer=lambda m: m.SerializeToString(),
+        self._heads: Dict[tuple, bytes] = {}     # (src, dst, tensor) -> its requests' first bytes
+        self._recv_stream = ch.unary_stream(f"/{SERVICE}/RecvTensorStream", request_serializer=None,
                                             response_deserializer=wire.read_chunk)
 
     def _error(self, rpc: str, e: grpc.RpcError) -> BaseException:
@@ -216,9 +219,8 @@ class WorkerClient:
         recv_tensor would); `.cancel()` gives it up. A part's Recvs start this way together
         when its step starts (cloud/worker.py), so their round trips overlap."""
         t = timeout or self.timeout
-        req = worker_pb2.RecvTensorRequest(src_device=src_device, dst_device=dst_device, tensor=tensor,
-                                           step_id=step_id, timeout_s=t)
         key = (src_device, dst_device, tensor)
+        req = self.recv_request(key, step_id, t)
         try:
             if key in self._streamed:
                 kind, call = "stream", self._recv_stream(req, timeout=t + _RECV_SLACK_S)
@@ -228,9 +230,22 @@ class WorkerClient:
                 kind, call = "unary", self._recv.future(req, timeout=t + _RECV_SLACK_S)
         except grpc.RpcError as e:
             raise self._error("RecvTensor", e) from None
-        return _PendingRecv(self, req, key, kind, call, t)
+        return _PendingRecv(self, req, key, kind, call, t, step_id)
 
-    def _finish_recv(self, req, key, kind: str, call, t: float) -> np.ndarray:
+    def recv_request(self, key: tuple, step_id: int, timeout_s: float) -> bytes:
+        """A RecvTensorRequest's bytes (what protobuf writes for it): the key's fields are laid
+        out once, the step id and timeout appended per call."""
+        head = self._heads.get(key)
+        if head is None:
+            if len(self._heads) >= _STREAMED_KEPT:
+                self._heads.clear()
+            head = self._heads[key] = worker_pb2.RecvTensorRequest(
+                src_device=key[0], dst_device=key[1], tensor=key[2]).SerializeToString()
+        step = int(step_id)
+        tail = b"\x20" + wire._varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
+        return head + tail + (_DOUBLE_5.pack(0x29, timeout_s) if timeout_s else b"")
+
+    def _finish_recv(self, req: bytes, key, kind: str, call, t: float, step_id: int) -> np.ndarray:
         try:
             if kind == "stream":
                 arr = wire.chunks_array(call, self.max_tensor_bytes)
@@ -245,8 +260,8 @@ class WorkerClient:
             if len(self._streamed) >= _STREAMED_KEPT:
                 self._streamed.clear()
             self._streamed[key] = True
-            req.timeout_s = 1.0  # the value is there already
-            return wire.chunks_array(self._recv_stream(req, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
+            again = self.recv_request(key, step_id, 1.0)  # the value is there already
+            return wire.chunks_array(self._recv_stream(again, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
                                      expect=(dtype, shape))
         except grpc.RpcError as e:
             raise self._error("RecvTensor", e) from None
@@ -276,13 +291,14 @@ class WorkerClient:
 
 class _PendingRecv:
     """A RecvTensor in flight (or, for a blocking call, about to be made)."""
-    __slots__ = ("client", "req", "key", "kind", "call", "t")
+    __slots__ = ("client", "req", "key", "kind", "call", "t", "step_id")
 
-    def __init__(self, client: WorkerClient, req, key, kind: str, call, t: float):
+    def __init__(self, client: WorkerClient, req: bytes, key, kind: str, call, t: float, step_id: int):
         self.client, self.req, self.key, self.kind, self.call, self.t = client, req, key, kind, call, t
+        self.step_id = step_id
 
     def result(self) -> np.ndarray:
-        return self.client._finish_recv(self.req, self.key, self.kind, self.call, self.t)
+        return self.client._finish_recv(self.req, self.key, self.kind, self.call, self.t, self.step_id)
 
     def cancel(self) -> None:
         if self.call is not None:

@@ -195,3 +195,17 @@ def test_a_key_that_streamed_asks_for_the_stream_at_once(cluster):
     threading.Timer(0.2, lambda: c.abort_step(14, RuntimeError("boom elsewhere"))).start()
     with pytest.raises(RendezvousAborted, match="boom elsewhere"):
         c.recv_tensor(D0, D1, "x:0", 14, timeout=5)
+
+
+def test_recv_requests_are_protobufs_own_bytes():
+    c = rpc.WorkerClient("127.0.0.1:1", timeout=1.0)
+    try:
+        for step, t in ((0, 0.0), (1, 30.0), ((1 << 62) - 1, 1.5), (-7, 2.0), (12345, 0.0)):
+            key = (D0, D1, "x:0")
+            want = worker_pb2.RecvTensorRequest(src_device=D0, dst_device=D1, tensor="x:0", step_id=step,
+                                                timeout_s=t).SerializeToString(deterministic=True)
+            assert c.recv_request(key, step, t) == want
+            back = worker_pb2.RecvTensorRequest.FromString(c.recv_request(key, step, t))
+            assert (back.step_id, back.timeout_s, back.tensor) == (step, t, "x:0")
+    finally:
+        c.close()

@@ -22,7 +22,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import DepthwiseConv, _immutable
+from .depthwise import DepthwiseConv, _arena, _immutable
 from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
@@ -264,7 +264,6 @@ class _Pointwise:
     def __init__(self, xp, act):
         self.xp, self.act = xp, act
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias
-        self._scratch: dict = {}  # (group, C, H*W, dtype) -> free [group, C + 1, H*W] buffers, last row ones
 
     def __call__(self, x, w, bias):
         xp, act = self.xp, self.act
@@ -275,15 +274,11 @@ class _Pointwise:
         step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
         if bias is not None and c < o:
             wa = self._augmented(w, bias, x.dtype)
-            key = (min(step, n), c, hw, x.dtype)
-            if key not in self._scratch and len(self._scratch) >= 8:  # many input shapes: start over
-                self._scratch.clear()
-            free = self._scratch.setdefault(key, [])
-            try:
-                xa = free.pop()
-            except IndexError:
-                xa = xp.empty((key[0], c + 1, hw), dtype=x.dtype)
-                xa[:, c] = 1
+            k = min(step, n)
+            size = k * (c + 1) * hw
+            # this thread's depthwise arena (still in cache from the node before), last rows ones
+            xa = _arena(xp, size * x.dtype.itemsize)[:size * x.dtype.itemsize].view(x.dtype).reshape(k, c + 1, hw)
+            xa[:, c] = 1
             for i in range(0, n, step):
                 m = min(step, n - i)
                 xa[:m, :c] = xs[i:i + m]
@@ -291,7 +286,6 @@ class _Pointwise:
                 xp.matmul(wa, xa[:m], out=y)
                 if act is not None:
                     act(y)
-            free.append(xa)
             return out
         w2 = w.reshape(o, c)
         b = None if bias is None else bias.reshape(1, o, 1)

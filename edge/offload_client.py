@@ -24,6 +24,16 @@ demos and benchmarks on loopback.
 The loader here reads every subgraph of the file (edge/loader.py reads single-subgraph models);
 its checks are those of loader.verify, applied per subgraph.
 
+Tracing (`trace=True`): each Infer asks the service for its spans (InferResponse.trace, a
+StepTrace), which are decoded strictly here (decode_service_trace: bounded, finite, named errors;
+a bad trace is counted in stats()["trace_errors"] and dropped, the answer is still used) and placed
+on the request's wall-clock timeline with the client's own spans: edge compute per edge part, the
+emulated link (up/down), the call, a local run. If the service's spans do not fit inside the call
+(clock skew between machines), they are shifted so that their middle sits at the call's middle.
+`last["trace"]` holds the events (TraceSpan, microseconds after last["trace_origin_s"]);
+`chrome_trace()` / `write_chrome_trace(path)` export them as core/trace.py does, with flow arrows
+from the client's send to the service's decode and from its encode to the client's receive.
+
 grpc is imported when a connection is first needed, never by `import isthmus.edge`.
 """
 from __future__ import annotations
@@ -259,6 +269,127 @@ def emulated_kernel_seconds(interp: Interpreter, *inputs: np.ndarray, slowdown: 
     return out
 
 
+# ---- tracing -----------------------------------------------------------------------------------------
+EDGE_TRACK = "/job:edge/task:0/device:CPU:0"   # the client's spans (partitioner/devices.py EDGE_DEVICE)
+LINK_TRACK = "emulated link"                    # EmulatedLink's sleeps
+LINK_THREAD = 0
+MAX_TRACE_EVENTS = 200_000     # one request's service spans (cloud/tracing.py's bound per part)
+MAX_NAME_CHARS = 4096
+_MAX_US = 1e13                 # ~4 months of microseconds from the origin, either way
+_MAX_COUNT = 1 << 53
+
+
+class TraceError(ValueError):
+    """A service trace that is not well formed (the request's answer is still used)."""
+
+
+@dataclass
+class TraceSpan:
+    """One span of a traced request: microseconds after the request's start (last["trace_origin_s"],
+    wall clock). The fields that core/trace.py's NodeEvent also has mean the same; `call` is the
+    index of the request's remote call a span belongs to (-1: none)."""
+    node: str
+    op: str
+    device: str
+    thread: int
+    start_us: float
+    end_us: float
+    bytes_out: int = 0
+    call: int = -1
+
+
+def _thread() -> int:
+    return threading.get_ident() % 100000
+
+
+def decode_service_trace(st, t_send: float, t_recv: float, where: str = "service trace",
+                         max_events: int = MAX_TRACE_EVENTS) -> Tuple[List[TraceSpan], float]:
+    """The service's spans of one call (a StepTrace: proto/worker.proto), decoded strictly, as
+    microseconds after `t_send` (wall clock): an event lies at origin_s + start_us / 1e6. If the
+    service's first..last span does not fit inside the call [t_send, t_recv] (the two machines'
+    clocks differ), all of it is shifted so that its middle sits at the call's middle. Returns the
+    spans and the shift (seconds). Raises TraceError naming the event and field at fault."""
+    n = len(st.events)
+    if n > max_events:
+        raise TraceError(f"{where}: {n} events; at most {max_events} are accepted")
+    if n == 0:
+        raise TraceError(f"{where}: no events")
+    origin = st.origin_s
+    if not math.isfinite(origin) or not 0.0 <= origin < 1e11:
+        raise TraceError(f"{where}: origin_s {origin!r} is not a Unix time in seconds")
+    if not (math.isfinite(t_send) and math.isfinite(t_recv) and t_recv >= t_send):
+        raise ValueError(f"{where}: the call's window {t_send!r}..{t_recv!r} is not a time interval")
+    off = (origin - t_send) * 1e6
+    spans = []
+    for i, e in enumerate(st.events):
+        w = f"{where}: event {i}"
+        for f in ("node", "op", "device", "key"):
+            v = getattr(e, f)
+            if len(v) > MAX_NAME_CHARS:
+                raise TraceError(f"{w}: field '{f}' is {len(v)} characters (at most {MAX_NAME_CHARS})")
+        for f in ("node", "op", "device"):
+            if not getattr(e, f):
+                raise TraceError(f"{w}: field '{f}' is empty")
+        w = f"{w} ('{e.node[:200]}')"
+        for f in ("start_us", "end_us"):
+            v = getattr(e, f)
+            if not math.isfinite(v) or abs(v) > _MAX_US:
+                raise TraceError(f"{w}: field '{f}' is {v!r}, not a time in microseconds")
+        if e.end_us < e.start_us:
+            raise TraceError(f"{w}: ends ({e.end_us:g} us) before it starts ({e.start_us:g} us)")
+        for f in ("thread", "bytes_out"):
+            v = getattr(e, f)
+            if not 0 <= v <= _MAX_COUNT:
+                raise TraceError(f"{w}: field '{f}' is {v}; expected 0 .. 2^53")
+        spans.append(TraceSpan(e.node, e.op, e.device, int(e.thread), off + e.start_us, off + e.end_us,
+                               int(e.bytes_out)))
+    first, last = min(e.start_us for e in spans), max(e.end_us for e in spans)
+    window = (t_recv - t_send) * 1e6
+    shift = 0.0
+    if first < 0 or last > window:
+        shift = window / 2 - (first + last) / 2
+        for e in spans:
+            e.start_us += shift
+            e.end_us += shift
+    return spans, shift / 1e6
+
+
+def chrome_trace(events: Sequence[TraceSpan], origin_s: Optional[float] = None) -> Dict:
+    """Chrome trace-event JSON of a traced request, as core/trace.py writes it (a process per
+    device, a thread track per thread, "X" slices; flows "s" -> "f" at the middle of the slices
+    they bind to): an arrow from each call's send to the service's decode, one from the
+    service's encode to the client's receive."""
+    pids: Dict[str, int] = {}
+    out: List[Dict] = []
+    by: Dict[Tuple[int, str], TraceSpan] = {}
+    for e in events:
+        pid = pids.setdefault(e.device, len(pids) + 1)
+        args = {"op": e.op, "bytes_out": e.bytes_out}
+        if e.call >= 0:
+            args["call"] = e.call
+            by.setdefault((e.call, e.op), e)
+        out.append({"name": e.node, "cat": e.op, "ph": "X", "ts": e.start_us,
+                    "dur": max(e.end_us - e.start_us, 0.01), "pid": pid, "tid": e.thread, "args": args})
+    flow = 0
+    for call in sorted({c for c, _ in by}):
+        for src, dst, what in (("OffloadSend", "OffloadDecode", "request"), ("OffloadEncode", "OffloadRecv", "answer")):
+            a, b = by.get((call, src)), by.get((call, dst))
+            if a is None or b is None:
+                continue
+            flow += 1
+            args = {"what": what, "call": call, "src": a.device, "dst": b.device,
+                    "bytes": a.bytes_out if what == "request" else b.bytes_out}
+            for ph, e in (("s", a), ("f", b)):
+                ev = {"name": what, "cat": "transfer", "ph": ph, "id": flow, "pid": pids[e.device], "tid": e.thread,
+                      "ts": e.start_us + max(e.end_us - e.start_us, 0.01) * 0.5, "args": args}
+                if ph == "f":
+                    ev["bp"] = "e"
+                out.append(ev)
+    meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": dev}} for dev, pid in pids.items()]
+    other = {} if origin_s is None else {"otherData": {"origin_unix_s": origin_s}}
+    return {"traceEvents": meta + out, "displayTimeUnit": "ms", **other}
+
+
 class CloudError(RuntimeError):
     """The cloud did not answer this request usefully (the client falls back when it can)."""
 
@@ -276,14 +407,16 @@ class OffloadClient:
                  link: Optional[EmulatedLink] = None, window: int = 3, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
                  initial_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3,
-                 edge_clock: str = "cpu"):
+                 edge_clock: str = "cpu", trace: bool = False):
         """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
         (demos, benchmarks): after each request the client sleeps until the request's local compute
         has taken edge_slowdown x what it took here, so a request takes what it would on that device.
         `edge_clock` says what "took here" counts: "cpu", the CPU time of the invoking thread (other
         processes sharing the machine do not stretch it, so the emulated edge is as steady as the
         device it stands for; true when BLAS runs on one thread, as on a phone's interpreter), or
-        "wall", the wall time (on a loaded machine, waits for a core are multiplied too)."""
+        "wall", the wall time (on a loaded machine, waits for a core are multiplied too).
+        `trace` asks the service for its spans on every Infer and records the request's timeline
+        (the module docstring, "Tracing")."""
         if not edge_slowdown >= 1.0:
             raise ValueError(f"edge_slowdown must be >= 1, got {edge_slowdown!r}")
         if edge_clock not in ("cpu", "wall"):
@@ -316,7 +449,11 @@ class OffloadClient:
         self._since_probe = 0
         self._deadline_at = 0.0
         self.counts = dict(requests=0, cloud=0, fallback=0, local=0, unavailable=0, deadline=0, errors=0,
-                           switches=0, probes=0, connects=0, pings=0)
+                           switches=0, probes=0, connects=0, pings=0, trace_errors=0)
+        self.trace = bool(trace)
+        self._spans: Optional[List["TraceSpan"]] = None   # the request's spans (wall-clock seconds) when tracing
+        self._busy: List[Tuple[float, float]] = []        # its remote calls and local runs (wall clock)
+        self.last_trace_error: Optional[str] = None
         self.latencies: List[float] = []
         self.last_error: Optional[str] = None
         # the latest request: mode, total_s, local_s (time in the full model), cut, edge_s (emulated edge compute),
@@ -340,9 +477,13 @@ class OffloadClient:
             before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
             self._remote_s = self._server_s = self._compute_s = self._remote_cpu_s = 0.0
             self._up_bytes = self._down_bytes = 0
+            w0 = time.time()
+            if self.trace:
+                self._spans, self._busy, self._trace_w0, self._trace_shift_s = [], [], w0, 0.0
             try:
                 return self._invoke(inputs)
             finally:
+                w_done = time.time()
                 edge_s = self._emulate_edge(t0, c0)
                 total = time.perf_counter() - t0
                 mode = next((k for k in ("cloud", "fallback", "local") if self.counts[k] > before[k]), "error")
@@ -352,6 +493,8 @@ class OffloadClient:
                                  edge_s=edge_s, remote_s=self._remote_s,
                                  server_s=self._server_s, server_compute_s=self._compute_s,
                                  up_bytes=self._up_bytes, down_bytes=self._down_bytes)
+                if self._spans is not None:
+                    self._finish_trace(cut, w0, w_done, time.time())
                 self.latencies.append(total)
                 if len(self.latencies) > 10000:
                     del self.latencies[:5000]
@@ -434,11 +577,15 @@ class OffloadClient:
             if self.split.full is None:
                 raise CloudError("the model carries no full copy to run locally")
             self._full = Interpreter(self.split.full)
-        t = time.perf_counter()
+        t, w = time.perf_counter(), time.time()
         try:
             return self._full.invoke(*inputs)
         finally:
             self._local_s += time.perf_counter() - t
+            if self._spans is not None:
+                w_end = time.time()
+                self._busy.append((w, w_end, "local"))
+                self._span("local (full model)", "EdgeLocal", w, w_end)
 
     def _interp_for(self, k: int) -> Interpreter:
         it = self._interp.get(k)
@@ -449,12 +596,20 @@ class OffloadClient:
     def _remote(self, k: int):
         """The interpreter's callback for cut k's RemotePart: one Infer call over the (emulated) link."""
         def call(part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
-            t_call, c_call = time.perf_counter(), time.thread_time()
+            t_call, c_call, w_call = time.perf_counter(), time.thread_time(), time.time()
+            ok = False
             try:
-                return self._call_part(k, part, arrays)
+                outs = self._call_part(k, part, arrays)
+                ok = True
+                return outs
             finally:
                 self._remote_s += time.perf_counter() - t_call
                 self._remote_cpu_s += time.thread_time() - c_call
+                if self._spans is not None:
+                    w_end = time.time()
+                    self._busy.append((w_call, w_end, "call"))
+                    if not ok:
+                        self._span(f"call to {part.name} failed", "OffloadFailed", w_call, w_end)
         return call
 
     def _call_part(self, k: int, part: RemoteInfo, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
@@ -466,12 +621,18 @@ class OffloadClient:
             self._ping()
         self._since_ping += 1
         nbytes_up = sum(a.nbytes for a in arrays)
-        req = pb.InferRequest(part=cut.cloud_part, request_id=uuid.uuid4().hex[:16])
+        tracing = self._spans is not None
+        w_enc = time.time() if tracing else 0.0
+        req = pb.InferRequest(part=cut.cloud_part, request_id=uuid.uuid4().hex[:16], trace=tracing)
         for n, a in zip(cut.inputs, arrays):
             _encode(req.inputs.add(name=n), a)
         t0 = time.perf_counter()
+        w_up = time.time() if tracing else 0.0
         self._sleep_link(nbytes_up)
+        t_send = time.time() if tracing else 0.0
         resp = self._call("Infer", req)
+        if tracing:
+            self._trace_call(cut.cloud_part, resp, w_enc, w_up, t_send, time.time(), nbytes_up)
         self._server_s += (resp.queue_ms + resp.compute_ms) / 1e3
         self._compute_s += resp.compute_ms / 1e3
         if len(resp.outputs) != len(cut.outputs):
@@ -483,7 +644,15 @@ class OffloadClient:
         nbytes_down = sum(o.nbytes for o in outs)
         self._up_bytes += nbytes_up
         self._down_bytes += nbytes_down
+        w_down = time.time() if tracing else 0.0
         self._sleep_link(nbytes_down)
+        if tracing:
+            w_end = time.time()
+            if self.link is not None:
+                self._span(f"link down ({nbytes_down} bytes)", "LinkDown", w_down, w_end, LINK_TRACK, nbytes_down,
+                           self._trace_call_i)
+            self._span(f"receive {cut.cloud_part}", "OffloadRecv", self._t_recv, w_end, nbytes=nbytes_down,
+                       call=self._trace_call_i)
         self._measure(time.perf_counter() - t0 - (resp.queue_ms + resp.compute_ms) / 1e3, nbytes_up + nbytes_down)
         return outs
 
@@ -505,11 +674,13 @@ class OffloadClient:
     def _ping(self) -> None:
         """One small call (Describe): its time is the round trip. The estimate is the least of the
         last few pings: delays on a loaded machine only ever add to a round trip."""
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time()
         self._sleep_link(0)
         self._call("Describe", self._pb.DescribeRequest())
         self._sleep_link(0)
         self._rtts.append(time.perf_counter() - t0)
+        if self._spans is not None:
+            self._span("ping (Describe)", "OffloadPing", w0, time.time())
         self.counts["pings"] += 1
         self._since_ping = 0
         self.rtt_s = min(self._rtts)
@@ -534,6 +705,83 @@ class OffloadClient:
         if k != self.cut:
             self.cut = k
             self.counts["switches"] += 1
+
+    # ---- tracing -----------------------------------------------------------------------------------------
+    def _span(self, node: str, op: str, a: float, b: float, device: str = "", nbytes: int = 0,
+              call: int = -1) -> None:
+        """A client span from wall-clock instants a..b, on the request's timeline."""
+        self._spans.append(TraceSpan(node, op, device or EDGE_TRACK, LINK_THREAD if device == LINK_TRACK else
+                                     _thread(), (a - self._trace_w0) * 1e6, (max(a, b) - self._trace_w0) * 1e6,
+                                     int(nbytes), call))
+
+    def _trace_call(self, part: str, resp, w_enc: float, w_up: float, t_send: float, t_recv: float,
+                    nbytes_up: int) -> None:
+        """The spans of one Infer: the send (encode + link up), the call, and the service's spans,
+        decoded strictly and placed inside the call; a bad trace is counted and dropped."""
+        call = sum(1 for e in self._spans if e.op == "OffloadCall")
+        self._t_recv, self._trace_call_i = t_recv, call
+        self._span(f"send {part} ({nbytes_up} bytes)", "OffloadSend", w_enc, t_send, nbytes=nbytes_up, call=call)
+        if self.link is not None:
+            self._span(f"link up ({nbytes_up} bytes)", "LinkUp", w_up, t_send, LINK_TRACK, nbytes_up, call)
+        self._span(f"Infer {part}", "OffloadCall", t_send, t_recv, call=call)
+        try:
+            if not resp.HasField("trace"):
+                raise TraceError(f"service trace of part '{part}': the answer carries no trace "
+                                 "(a service that does not trace?)")
+            spans, shift = decode_service_trace(resp.trace, t_send, t_recv, where=f"service trace of part '{part}'")
+        except Exception as e:  # a trace must never break the request: its answer is still used
+            self.counts["trace_errors"] += 1
+            self.last_trace_error = str(e) if isinstance(e, TraceError) else f"{type(e).__name__}: {e}"
+            return
+        base = (t_send - self._trace_w0) * 1e6
+        for e in spans:
+            e.start_us += base
+            e.end_us += base
+            e.call = call
+        self._spans.extend(spans)
+        self._trace_shift_s = shift
+
+    def _finish_trace(self, cut: str, w0: float, w_done: float, w_final: float) -> None:
+        """The request's edge compute (the gaps between its remote calls, per edge part), the
+        emulated edge's sleep and the whole request, then `last["trace"]`."""
+        busy = sorted(self._busy)
+        calls = [(a, b) for a, b, kind in busy if kind == "call"]
+        if calls:
+            bounds, t = [], w0
+            for a, b, kind in busy:
+                if kind == "local":  # a fallback: the cut's later edge parts never ran
+                    break
+                bounds.append((t, a))
+                t = b
+            else:
+                bounds.append((t, w_done))
+            for i, (a, b) in enumerate(bounds):
+                if b > a:
+                    self._span(f"edge:{cut}/part{i}", "EdgeCompute", a, b)
+        if w_final > w_done and self.edge_slowdown > 1.0:
+            self._span(f"emulated edge (x{self.edge_slowdown:g})", "EdgeSlowdown", w_done, w_final)
+        self._span(f"request ({self.last.get('mode')}, cut {cut})", "EdgeRequest", w0, w_final)
+        self._spans.sort(key=lambda e: (e.start_us, -e.end_us))
+        self.last.update(trace=self._spans, trace_origin_s=w0, trace_shift_s=self._trace_shift_s)
+        self._spans = None
+
+    def chrome_trace(self) -> Dict:
+        """The latest traced request as Chrome trace-event JSON (core/trace.py's format): a process
+        per device (edge, the service's track, the emulated link), flow arrows from each send to
+        the service's decode and from its encode to the client's receive."""
+        events = self.last.get("trace")
+        if events is None:
+            raise ValueError("no traced request yet: make the client with trace=True and invoke it")
+        return chrome_trace(events, self.last.get("trace_origin_s"))
+
+    def write_chrome_trace(self, path: str) -> str:
+        """chrome_trace() written to `path` as JSON (atomically); returns the path."""
+        data = self.chrome_trace()
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+        return path
 
     # ---- gRPC --------------------------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -578,4 +826,5 @@ class OffloadClient:
             raise CloudError(f"{method} to {self.address}: {getattr(code, 'name', code)}: {details}") from None
 
 
-__all__ = ["OffloadClient", "EmulatedLink", "SplitModel", "Cut", "load_split", "CloudError", "emulated_kernel_seconds"]
+__all__ = ["OffloadClient", "EmulatedLink", "SplitModel", "Cut", "load_split", "CloudError", "emulated_kernel_seconds",
+           "TraceSpan", "TraceError", "decode_service_trace", "chrome_trace"]

@@ -1,13 +1,14 @@
 """Convolution and pooling on NCHW tensors (weights OIHW), at BLAS speed.
 
-conv2d works on the input padded in a [C, H, W, N] layout. With stride 1 along H and enough
-channels it copies only the kernel's columns ("row taps": a [kw*C, Hp*OW*N] matrix, kw times
-the input instead of kh*kw times) and runs one GEMM per kernel row over a contiguous slice of
-it; otherwise it builds the full im2col matrix [C*kh*kw, OH*OW*N] (one copy, in runs of OW*N
-values) and multiplies it once. The filter gradient is the same GEMMs against the same
-columns; the input gradient of a stride-1 convolution is itself a convolution (of dy with the
-flipped, transposed weights), else one GEMM and one strided add per kernel tap. Depthwise
-convolutions skip the GEMM: a multiply-add per kernel tap.
+conv2d with stride 1 along H and enough channels copies only the kernel's columns of the input
+("row taps": a [kw*C, H*OW*N] matrix, W-padded only, kw times the input instead of kh*kw times)
+and runs one GEMM per kernel row over the output rows it reaches (rows that would read only H
+padding are skipped), or one stacked GEMM and shifted adds when O is small; otherwise it builds
+the im2col matrix one image at a time and multiplies it. 1x1 convolutions are a GEMM on the
+input as it lies. The filter gradient is the same GEMMs against the same columns; the input
+gradient of a stride-1 convolution is itself a convolution (of dy with the flipped, transposed
+weights), else one GEMM and one strided add per kernel tap. Depthwise convolutions skip the
+GEMM: depthwise.py (forward) and a multiply-add per kernel tap (gradients).
 """
 from __future__ import annotations
 
@@ -133,20 +134,6 @@ def _cols_kw(xp, xt, g):
     return xp.ascontiguousarray(view).reshape(g.kw * c, hp * g.ow * n)
 
 
-def _conv_row_taps(xp, x, w, g):
-    """conv2d for _row_taps geometries: one GEMM per kernel row, accumulated. -> [O, OH, OW, N]"""
-    n, c, o = x.shape[0], x.shape[1], w.shape[0]
-    cols = _cols_kw(xp, _chwn_padded(xp, x, g.pads), g)
-    span, step = g.oh * g.ow * n, g.dh * g.ow * n
-    wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
-    out = xp.matmul(wt[0], cols[:, :span])
-    tmp = xp.empty_like(out)
-    for i in range(1, g.kh):
-        xp.matmul(wt[i], cols[:, i * step:i * step + span], out=tmp)
-        out += tmp
-    return out.reshape(o, g.oh, g.ow, n)
-
-
 def _transposed_geometry(g, h, w) -> Optional["_Geometry"]:
     """The geometry under which dx = conv2d(dy, flipped transposed weights), for stride 1
     (None when the padding exceeds the kernel's extent and the identity does not hold)."""
@@ -222,7 +209,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if not _row_taps(g, c):
             return _im2col_per_image(xp, x, w, g, bias, act)
-        y = xp.ascontiguousarray(_conv_row_taps(xp, x, w, g).transpose(3, 0, 1, 2))
+        y = xp.ascontiguousarray(_conv_rows(xp, x, w, g).transpose(3, 0, 1, 2))
         if bias is not None:
             xp.add(y, bias.reshape(1, -1, 1, 1), out=y)
         return y if act is None else act(y)
@@ -411,8 +398,8 @@ _STACK_MAX_M = 128
 
 
 def _conv_rows(xp, x, w, g):
-    """conv2d for _row_taps geometries (like _conv_row_taps) without H padding: one GEMM per
-    kernel row over the output rows it reaches, accumulated. -> [O, OH, OW, N]"""
+    """conv2d for _row_taps geometries without H padding: one GEMM per kernel row over the
+    output rows it reaches, accumulated (or one stacked GEMM and shifted adds). -> [O, OH, OW, N]"""
     n, c, h = x.shape[0], x.shape[1], x.shape[2]
     o = w.shape[0]
     cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)  # [kw*C, H*OW*N]

@@ -19,7 +19,7 @@ def _mobilenet_like():
     global pool and a dense layer: every conv shape the uniform path has."""
     g = ism.Graph(seed=3)
     with g.as_default():
-        x = ism.placeholder("float32", (1, 3, 20, 20), name="x")
+        x = ism.placeholder("float32", (None, 3, 20, 20), name="x")
         h = ism.nn.Conv2D(16, 3, strides=2, activation="relu6")(x)
         for stride in (1, 1, 2):
             skip = h
@@ -83,3 +83,14 @@ def test_pow2_scales_stop_where_the_shift_would_pass_44():
     e = np.round(np.log2(out.max() / out)).astype(int)
     assert np.all(out >= s_w * (1 - 1e-6)) and shift + e.max() <= 44
     assert out[3] > 2 * s_w[3]  # the tiny channel keeps a coarser scale than its own
+
+
+def test_batch_of_two_takes_the_same_paths_bit_for_bit(quantized, monkeypatch):
+    import isthmus.edge.int8_kernels as k8
+    sess, x, logits, calib, _ = quantized
+    data = quantize_to_edge(sess, [logits], calib, batch=2)[0]
+    fast = Interpreter(data)
+    monkeypatch.setattr(k8, "_uniform", lambda *a: None)
+    slow = Interpreter(data)
+    xv = np.random.default_rng(9).standard_normal((2, 3, 20, 20)).astype(np.float32)
+    np.testing.assert_array_equal(fast.invoke(xv)[0], slow.invoke(xv)[0])

@@ -39,8 +39,9 @@ a StepTrace (proto/worker.proto; decode with cloud/tracing.decode) on a wall-clo
 origin is the request's arrival: spans decode, queue (checks + the wait for its batch), batch
 (named with its rows and requests, on the batcher's thread, with the part's node events inside),
 handoff (back to the request's thread) and encode, all on the service's `trace_device` track.
-A client merges it with RunMetadata.merge; across machines, clock skew shifts it (a client can
-re-centre the service's first..last span inside its own call).
+A Python client merges it with RunMetadata.merge; the edge client (edge/offload_client.py,
+`OffloadClient(trace=True)`) decodes it strictly itself (decode_service_trace) and, when clock
+skew puts the service's first..last span outside its own call, re-centres it inside the call.
 
 Memory: a batch's buffers are sized by its rows. With glibc's dynamic mmap threshold they come
 from the batcher thread's heap once large ones have been freed, and that heap keeps what it

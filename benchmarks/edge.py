@@ -30,7 +30,7 @@ from isthmus.converters.quantize import quantize_to_edge
 from isthmus.edge import Interpreter, load
 from isthmus.edge.writer import ModelWriter
 from models import mobilenet_v2
-from timing import emit, interleaved_medians, median_seconds
+from timing import blocked_medians, emit, interleaved_medians, median_seconds
 
 
 def compare(sess, x, y, xv):
@@ -43,12 +43,25 @@ def compare(sess, x, y, xv):
     a, b = interp.invoke(xv)[0], o.run(None, {name: xv})[0]
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(delegated.invoke(xv)[0], a, rtol=1e-3, atol=1e-4)
-    # onnxruntime's default intra-op threads spin after each run and would slow whichever contender
-    # ran next (measured: the edge fp32 path 3.8 ms alone, 9.0 ms right after onnxruntime), so the
-    # peer is timed alone and the edge paths, single-threaded delegate included, interleaved
-    t = interleaved_medians({"edge": lambda: interp.invoke(xv), "delegate": lambda: delegated.invoke(xv)}, repeats=41)
-    t["ort"] = median_seconds(lambda: o.run(None, {name: xv}), repeats=41)
-    return {"ms_edge_fp32": round(t["edge"] * 1e3, 3), "ms_edge_delegate": round(t["delegate"] * 1e3, 3),
+    # onnxruntime's intra-op threads (the peer's and the delegate's) spin after each run and slow
+    # whichever contender runs next (measured: the edge fp32 path 3.8 ms alone, 9.0 ms right after
+    # onnxruntime; interleaved with the delegate, 8.3 vs 5.5 ms), so each contender is timed in a
+    # block of its own, the blocks taking turns over 3 rounds; a contender's time is the median
+    # of its 3 block medians
+    t = blocked_medians({"edge": lambda: interp.invoke(xv), "delegate": lambda: delegated.invoke(xv),
+                         "ort": lambda: o.run(None, {name: xv})}, repeats=21, rounds=3)
+    # the same with one thread each (BLAS for the edge path, intra-op for onnxruntime): batch-1
+    # layers are too small for a second BLAS thread to pay on this 2-core machine
+    from threadpoolctl import threadpool_limits
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    o1 = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    with threadpool_limits(1):
+        t1 = blocked_medians({"edge": lambda: interp.invoke(xv), "ort": lambda: o1.run(None, {name: xv})},
+                             repeats=21, rounds=3)
+    return {"ms_edge_fp32_1thread": round(t1["edge"] * 1e3, 3), "ms_onnxruntime_1thread": round(t1["ort"] * 1e3, 3),
+            "ratio_1thread": round(t1["edge"] / t1["ort"], 3),
+            "ms_edge_fp32": round(t["edge"] * 1e3, 3), "ms_edge_delegate": round(t["delegate"] * 1e3, 3),
             "ms_onnxruntime": round(t["ort"] * 1e3, 3),
             "ratio": round(t["edge"] / t["ort"], 3), "delegate_ratio": round(t["delegate"] / t["ort"], 3),
             "arena_bytes": interp.arena_bytes,

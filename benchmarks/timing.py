@@ -23,6 +23,18 @@ def median_seconds(fn: Callable[[], object], repeats: int = 15, inner: int = 1, 
     return statistics.median(samples)
 
 
+def blocked_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21, rounds: int = 3) -> Dict[str, float]:
+    """Per contender, the median of its block medians: each round times every contender in a block
+    of `repeats` calls (median_seconds), in an order rotating by round, so that no contender's
+    threads (onnxruntime's spin after a run) disturb another's calls, and drift reaches all alike."""
+    names = list(fns)
+    blocks: Dict[str, list] = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            blocks[k].append(median_seconds(fns[k], repeats=repeats))
+    return {k: statistics.median(v) for k, v in blocks.items()}
+
+
 def machine() -> Dict[str, object]:
     import numpy as np
     info = {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),

@@ -23,7 +23,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import DepthwiseConv, _arena, _immutable
+from .depthwise import ARENAS, DepthwiseConv, _immutable
 from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
@@ -263,16 +263,20 @@ class _Pointwise:
             wa = self._augmented(w, bias, x.dtype)
             k = min(step, n)
             size = k * (c + 1) * hw
-            # this thread's depthwise arena (still in cache from the node before), last rows ones
-            xa = _arena(xp, size * x.dtype.itemsize)[:size * x.dtype.itemsize].view(x.dtype).reshape(k, c + 1, hw)
-            xa[:, c] = 1
-            for i in range(0, n, step):
-                m = min(step, n - i)
-                xa[:m, :c] = xs[i:i + m]
-                y = out[i:i + m]
-                xp.matmul(wa, xa[:m], out=y)
-                if act is not None:
-                    act(y)
+            # a scratch arena of the depthwise pool (still in cache from the node before), last rows ones
+            mem = ARENAS.take(xp, size * x.dtype.itemsize)
+            try:
+                xa = mem[:size * x.dtype.itemsize].view(x.dtype).reshape(k, c + 1, hw)
+                xa[:, c] = 1
+                for i in range(0, n, step):
+                    m = min(step, n - i)
+                    xa[:m, :c] = xs[i:i + m]
+                    y = out[i:i + m]
+                    xp.matmul(wa, xa[:m], out=y)
+                    if act is not None:
+                        act(y)
+            finally:
+                ARENAS.give(xp, mem)
             return out
         w2 = w.reshape(o, c)
         b = None if bias is None else bias.reshape(1, o, 1)

@@ -246,3 +246,37 @@ def test_float64_and_empty_batch(groups, o, k, s):
         want = ref_conv(x, w, (s, s), y.node.attrs["pads"], (1, 1), groups)
         assert out.dtype == np.float64 and out.shape == want.shape
         np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_scratch_arenas_are_shared_by_threads_not_kept_per_thread():
+    """Every thread's depthwise and 1x1 expansion runs take their scratch from one pool: 24 threads
+    (as a gRPC server's workers) leave at most ARENAS.KEEP arenas behind, and all get the
+    one-thread result."""
+    import threading
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        e = ism.relu(ism.conv2d(xt, ism.constant(rng.standard_normal((32, 8, 1, 1)).astype(np.float32)), padding="VALID")
+                     + ism.constant(rng.standard_normal((1, 32, 1, 1)).astype(np.float32)))
+        y = ism.depthwise_conv2d(e, ism.constant(rng.standard_normal((32, 1, 3, 3)).astype(np.float32)), padding="SAME")
+    sess = ism.Session(g)
+    ref = sess.run(y, {xt: x})
+    outs, errors = [], []
+
+    def work():
+        try:
+            outs.append(sess.run(y, {xt: x}))
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+    for _ in range(3):
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert not errors and len(outs) == 24
+    for o in outs:
+        np.testing.assert_array_equal(o, ref)
+    assert 1 <= len(depthwise.ARENAS._free[id(np)]) <= depthwise.ARENAS.KEEP

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import isthmus as ism  # noqa: E402
-from timing import emit, interleaved_medians  # noqa: E402
+from timing import emit, interleaved_medians, wall_and_cpu_medians  # noqa: E402
 
 
 def _helper_model(nodes, inputs, outputs, inits):
@@ -162,7 +162,7 @@ def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
     fns = {"isthmus": lambda: sess.run(outs[0], feed), "onnxruntime": lambda: ort_sess.run(None, feeds)}
     row = {"model": name, "batch": batch}
     if threads == 1:  # both compute on the calling thread: its CPU time is robust to the machine's load
-        wall, cpu = _wall_and_cpu_medians(fns, repeats)
+        wall, cpu = wall_and_cpu_medians(fns, repeats)
         row.update({"isthmus_cpu_ms": round(cpu["isthmus"] * 1e3, 3), "onnxruntime_cpu_ms": round(cpu["onnxruntime"] * 1e3, 3),
                     "cpu_ratio": round(cpu["isthmus"] / cpu["onnxruntime"], 2)})
     else:
@@ -171,25 +171,6 @@ def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
                 "ratio": round(wall["isthmus"] / wall["onnxruntime"], 2), "max_rel_err": float(f"{err:.2e}"),
                 "nodes": len(g.nodes)})
     return row
-
-
-def _wall_and_cpu_medians(fns, repeats: int, warmup: int = 2):
-    """Interleaved samples (as timing.interleaved_medians) of wall time and of the calling thread's
-    CPU time (time.thread_time), medians of each."""
-    import statistics
-    import time
-    for f in fns.values():
-        for _ in range(warmup):
-            f()
-    wall = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            w0, c0 = time.perf_counter(), time.thread_time()
-            f()
-            cpu[k].append(time.thread_time() - c0)
-            wall[k].append(time.perf_counter() - w0)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def main(argv=None) -> int:

@@ -12,33 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import numpy as np
 
 import isthmus as ism
 from cnn import build_isthmus as build_cnn, init as cnn_init
 from models import mobilenet_v2
-from timing import emit
+from timing import emit, wall_and_cpu_medians
 
 TARGET = 1.3
-
-
-def _wall_and_cpu(fns, repeats: int, warmup: int = 2):
-    """Interleaved samples of wall time and of the calling thread's CPU time; medians of each."""
-    for f in fns.values():
-        for _ in range(warmup):
-            f()
-    wall = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            w0, c0 = time.perf_counter(), time.thread_time()
-            f()
-            cpu[k].append(time.thread_time() - c0)
-            wall[k].append(time.perf_counter() - w0)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def measure(graph, x, out, xv, repeats=31, cpu_too=True):
@@ -51,7 +33,7 @@ def measure(graph, x, out, xv, repeats=31, cpu_too=True):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
     n_on = len([n for n in on.plan_for(name, {xn: None}).nodes if n.op != "Const"])
     n_off = len([n for n in off.plan_for(name, {xn: None}).nodes if n.op != "Const"])
-    wall, cpu = _wall_and_cpu({"on": lambda: on.run(name, {xn: xv}), "off": lambda: off.run(name, {xn: xv})},
+    wall, cpu = wall_and_cpu_medians({"on": lambda: on.run(name, {xn: xv}), "off": lambda: off.run(name, {xn: xv})},
                               repeats)
     row = {"nodes_passes_off": n_off, "nodes_passes_on": n_on, "ms_passes_off": round(wall["off"] * 1e3, 3),
            "ms_passes_on": round(wall["on"] * 1e3, 3), "speedup": round(wall["off"] / wall["on"], 3)}

@@ -35,6 +35,23 @@ def blocked_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21, rou
     return {k: statistics.median(v) for k, v in blocks.items()}
 
 
+def wall_and_cpu_medians(fns: Dict[str, Callable[[], object]], repeats: int, warmup: int = 2):
+    """Interleaved samples (as interleaved_medians) of wall time and of the calling thread's CPU
+    time (time.thread_time, which other processes do not inflate): ({name: wall}, {name: cpu})."""
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    wall: Dict[str, list] = {k: [] for k in fns}
+    cpu: Dict[str, list] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            w0, c0 = time.perf_counter(), time.thread_time()
+            f()
+            cpu[k].append(time.thread_time() - c0)
+            wall[k].append(time.perf_counter() - w0)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+
+
 def machine() -> Dict[str, object]:
     import numpy as np
     info = {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),

@@ -117,8 +117,10 @@ def test_edge_slowdown_is_validated(split):  # noqa: F811
 
 def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(split, monkeypatch):  # noqa: F811
     """One entry per kernel of the full model, named by its output; k x the CPU time of each (a fake
-    clock makes it exact: every kernel takes 0.5 ms), each run followed by the emulated edge's sleep;
-    the model's outputs are unchanged afterwards (the inputs are put back before every run)."""
+    clock that each kernel advances makes it exact), scaled so that the kernels add up to a whole
+    run timed as one (here a whole run also pays 10% outside the kernels); each run followed by
+    the emulated edge's sleep; the model's outputs are unchanged afterwards (the inputs are put
+    back before every run)."""
     import isthmus.edge.offload_client as oc
     from isthmus.edge import Interpreter
     sm = load_split(split["model"])
@@ -126,20 +128,40 @@ def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(
     x = split["xs"][0]
     before = [o.copy() for o in interp.invoke(x)]
     names = [sm.full.tensors[op.outputs[0]].name for op in sm.full.operators]
-    clock = {"cpu": 0.0}
+    n = len(names)
+    clock = {"cpu": 0.0, "reads": 0}
 
     def thread_time():
-        clock["cpu"] += 0.0005  # each reading 0.5 ms after the last: 0.5 ms per timed kernel
+        clock["reads"] += 1
+        if clock["reads"] % 2 == 0:  # each interval pays a little outside the kernels...
+            clock["cpu"] += 0.05e-3 * (n if clock.get("whole") else 0)
         return clock["cpu"]
+
+    def timed(step):
+        def run():
+            step()
+            clock["cpu"] += 0.5e-3  # ... and each kernel 0.5 ms
+        return run
+    real_steps = interp._steps
+    interp._steps = [timed(st) for st in real_steps]
     asked = []
+    orig_put = np.copyto
+
+    assert len(interp._inputs) == 1  # one copy per putting back of the inputs:
+
+    def copyto(dst, src, **kw):  # the warm-up invoke's, then per round the per-kernel runs' and the whole run's
+        clock["whole"] = not clock.get("whole")
+        return orig_put(dst, src, **kw)
     monkeypatch.setattr(oc.time, "thread_time", thread_time)
     monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
+    monkeypatch.setattr(oc.np, "copyto", copyto)
     got = oc.emulated_kernel_seconds(interp, x, slowdown=4.0, runs=3)
-    assert set(got) == set(names)
-    for n in set(names):
-        assert got[n] == pytest.approx(4.0 * 0.5e-3 * names.count(n))
-    assert asked == [pytest.approx(3.0 * 0.5e-3 * len(names))] * 3
     monkeypatch.undo()
+    interp._steps = real_steps
+    assert set(got) == set(names)
+    for name in set(names):  # 0.5 ms each, x 4, x the whole run's 1.1 / the kernels' 1.0
+        assert got[name] == pytest.approx(4.0 * 0.5e-3 * 1.1 * names.count(name))
+    assert asked == [pytest.approx(3.0 * 0.5e-3 * n), pytest.approx(3.0 * 0.55e-3 * n)] * 3
     assert all(np.array_equal(a, b) for a, b in zip(before, interp.invoke(x)))
     with pytest.raises(ValueError, match="slowdown"):
         oc.emulated_kernel_seconds(interp, x, slowdown=0.5)

@@ -12,7 +12,6 @@ from . import dtypes as _dt
 from .errors import GraphError
 from .graph import Graph, Tensor, graph_of
 from .ops.base import convert, make
-from .ops.conv import max_pool_grad_through_relu
 from .ops.sparse import IndexedSlices, sum_slices, to_dense
 
 Grad = Union[Tensor, IndexedSlices, None]
@@ -92,7 +91,7 @@ def gradients(ys, xs, grad_ys=None, name: str = "gradients",
                                  "if it should not be differentiated")
             with g.device(node.device):
                 dense_dys = [to_dense(d) if isinstance(d, IndexedSlices) else d for d in dys]
-                dxs = max_pool_grad_through_relu(node, dense_dys) or node.opdef.grad(node, dense_dys)
+                dxs = node.opdef.grad(node, dense_dys)
             if len(dxs) != len(node.inputs):
                 raise GraphError(f"gradient of {node.op} returned {len(dxs)} values for "
                                  f"{len(node.inputs)} inputs (node '{node.name}')")

@@ -656,7 +656,7 @@ def _kernel_max_pool_grad(node, ctx):
 
     def run(x, y, dy):
         g = _pool_geometry(node, x.shape)
-        if through_relu:  # see max_pool_grad_through_relu: the relu's mask at the pooled size
+        if through_relu:  # see math.max_pool_grad_through_relu: the relu's mask at the pooled size
             dy = xp.multiply(dy, y > 0)
         if _pairs_tiled(g, x.shape) and x.dtype == np.float32:
             return _max_pool_grad_pairs(xp, xp.ascontiguousarray(x), xp.ascontiguousarray(y),
@@ -740,23 +740,9 @@ register(OpDef("MaxPool", inputs=("x",), attrs=_pool_attrs(), infer=_infer_pool,
 register(OpDef("MaxPoolGrad", inputs=("x", "y", "dy"), attrs={**_pool_attrs(), "through_relu": False},
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_max_pool_grad,
                cost=_pool_cost, doc="through_relu: x is relu(z) and the result is also the gradient "
-                                    "with respect to z (see max_pool_grad_through_relu)."))
+                                    "with respect to z (see max_pool_grad_through_relu in math.py)."))
 
 
-def max_pool_grad_through_relu(relu_node, dys):
-    """The gradient of a Relu whose output gradient is exactly a MaxPoolGrad of that output, as
-    one MaxPoolGrad (else None). ReluGrad(MaxPoolGrad(r, y, dy), r) == MaxPoolGrad(r, y, dy * (y > 0))
-    exactly: a pooled gradient lands only where r equals its window's maximum y, so r > 0 there
-    if and only if y > 0. The relu's mask then costs one op at the pooled size instead of a
-    full-size pass. Autodiff asks this before a Relu's own gradient."""
-    d = dys[0] if dys else None
-    if relu_node.op != "Relu" or not isinstance(d, Tensor) or d.node.op != "MaxPoolGrad":
-        return None
-    pool_grad = d.node
-    r = pool_grad.inputs[0]
-    if pool_grad.attrs["through_relu"] or r.node is not relu_node or r.index != 0:
-        return None
-    return [make("MaxPoolGrad", tuple(pool_grad.inputs), {**pool_grad.attrs, "through_relu": True}).outputs[0]]
 register(OpDef("AvgPool", inputs=("x",), attrs=_pool_attrs(), infer=_infer_pool, kernel=_kernel_avg_pool,
                grad=lambda node, dys: [make("AvgPoolGrad", (node.inputs[0], dys[0]), dict(node.attrs)).outputs[0]],
                cost=_pool_cost, doc="SAME padding divides by the number of real (unpadded) elements."))

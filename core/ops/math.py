@@ -460,8 +460,27 @@ register(OpDef("ReluGrad", inputs=("dy", "x"), attrs={"lo": 0.0, "hi": None},
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)],
                kernel=_kernel_relu_grad, cost=elementwise_cost(2),
                doc="dy where lo < x (< hi): the gradient of relu and relu6."))
+
+
+def max_pool_grad_through_relu(relu_node, dys):
+    """The gradient of a Relu whose output gradient is exactly a MaxPoolGrad of that output, as
+    one MaxPoolGrad (else None). ReluGrad(MaxPoolGrad(r, y, dy), r) == MaxPoolGrad(r, y, dy * (y > 0))
+    exactly: a pooled gradient lands only where r equals its window's maximum y, so r > 0 there
+    if and only if y > 0. The relu's mask then costs one op at the pooled size instead of a
+    full-size pass (MaxPoolGrad's `through_relu`, core/ops/conv.py). Relu's gradient asks this first."""
+    d = dys[0] if dys else None
+    if relu_node.op != "Relu" or not isinstance(d, Tensor) or d.node.op != "MaxPoolGrad":
+        return None
+    pool_grad = d.node
+    r = pool_grad.inputs[0]
+    if pool_grad.attrs["through_relu"] or r.node is not relu_node or r.index != 0:
+        return None
+    return [make("MaxPoolGrad", tuple(pool_grad.inputs), {**pool_grad.attrs, "through_relu": True}).outputs[0]]
+
+
 register(OpDef("Relu", inputs=("x",), infer=_infer_unary("fi"), kernel=_kernel_relu,
-               grad=lambda node, dys: [_out("ReluGrad", (dys[0], node.outputs[0]))],
+               grad=lambda node, dys: (max_pool_grad_through_relu(node, dys)  # relu -> max pool: one op
+                                       or [_out("ReluGrad", (dys[0], node.outputs[0]))]),
                cost=elementwise_cost(1)))
 register(OpDef("Relu6", inputs=("x",), infer=_infer_unary("f"), kernel=_kernel_relu6,
                grad=lambda node, dys: [_out("ReluGrad", (dys[0], node.inputs[0]), {"hi": 6.0})],

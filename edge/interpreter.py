@@ -6,7 +6,7 @@ arena views, and hands back copies of the outputs; it allocates nothing else per
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -180,6 +180,7 @@ class Interpreter:
         self._steps = [bind([views[i] for i in ins], [views[i] for i in outs],
                             [view(s, dt, j) for (s, dt), j in zip(scratch, js)])
                        for (bind, ins, outs, scratch), js in zip(runs, scratch_ids)]
+        self._step_outputs = [outs for (_, _, outs, _) in runs]  # for kernels' names
         self._inputs = [(m.tensors[i].name, views[i]) for i in m.inputs]
         self._outputs = [views[i] for i in m.outputs]
         self.input_shapes = {m.tensors[i].name: shapes[i] for i in m.inputs}
@@ -268,6 +269,26 @@ class Interpreter:
     # ---- invoke ------------------------------------------------------------------------------------
     def invoke(self, *args, **kwargs) -> List[np.ndarray]:
         """Run on inputs given in order or by name; returns the outputs (copies)."""
+        self.set_inputs(*args, **kwargs)
+        if self.delegate is not None:
+            sess, names = self.delegate
+            return sess.run(None, {n: view for n, (_, view) in zip(names, self._inputs)})
+        for step in self._steps:
+            step()
+        return [o.copy() for o in self._outputs]
+
+    @property
+    def kernels(self) -> List[Tuple[str, Callable[[], None]]]:
+        """(the name of its first output, the prepared kernel) for each step, in run order: calling
+        them in turn after set_inputs is one invoke (outputs in the arena), which is how a profiler
+        times each kernel as the interpreter runs it (edge/offload_client.emulated_kernel_seconds)."""
+        m = self.model
+        return [(m.tensors[outs[0]].name if outs else f"step{k}", step)
+                for k, (outs, step) in enumerate(zip(self._step_outputs, self._steps))]
+
+    def set_inputs(self, *args, **kwargs) -> None:
+        """Check the inputs (given in order or by name) and copy them into the arena. The arena
+        reuses an input's bytes after its last reader, so a run needs them put back first."""
         if args and kwargs:
             raise TypeError("pass inputs either in order or by name")
         values = list(args) if args else [kwargs.get(name) for name, _ in self._inputs]
@@ -280,9 +301,3 @@ class Interpreter:
             if v.shape != view.shape:
                 raise ValueError(f"input '{name}' has shape {v.shape}; the model was prepared for {view.shape}")
             np.copyto(view, v, casting="same_kind")
-        if self.delegate is not None:
-            sess, names = self.delegate
-            return sess.run(None, {n: view for n, (_, view) in zip(names, self._inputs)})
-        for step in self._steps:
-            step()
-        return [o.copy() for o in self._outputs]

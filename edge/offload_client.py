@@ -252,13 +252,11 @@ def emulated_kernel_seconds(interp: Interpreter, *inputs: np.ndarray, slowdown: 
         raise ValueError("emulated_kernel_seconds times a full model; this one has remote parts")
     if not (slowdown >= 1.0 and runs >= 1):
         raise ValueError(f"slowdown must be >= 1 and runs >= 1, got {slowdown!r}, {runs!r}")
-    names = [m.tensors[op.outputs[0]].name for op in m.operators]
-    steps = interp._steps
+    names, steps = zip(*interp.kernels) if interp.kernels else ((), ())
     interp.invoke(*inputs)  # checks the inputs; warms up
 
     def put_inputs():
-        for (_, view), v in zip(interp._inputs, inputs):  # the arena reuses an input's bytes after its last reader
-            np.copyto(view, v, casting="same_kind")
+        interp.set_inputs(*inputs)  # the arena reuses an input's bytes after its last reader
     samples: List[List[float]] = [[] for _ in steps]
     wholes: List[float] = []
     for _ in range(runs):

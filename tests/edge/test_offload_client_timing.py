@@ -165,3 +165,22 @@ def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(
     assert all(np.array_equal(a, b) for a, b in zip(before, interp.invoke(x)))
     with pytest.raises(ValueError, match="slowdown"):
         oc.emulated_kernel_seconds(interp, x, slowdown=0.5)
+
+
+def test_interpreter_kernels_run_in_turn_are_one_invoke(split):  # noqa: F811
+    """Interpreter.kernels (name, kernel) in run order, run in turn after set_inputs, give invoke's
+    outputs; names are the kernels' first outputs, as the partitioner's measured times key them."""
+    from isthmus.edge import Interpreter
+    sm = load_split(split["model"])
+    interp = Interpreter(sm.full)
+    x = split["xs"][1]
+    ref = [o.copy() for o in interp.invoke(x)]
+    ks = interp.kernels
+    assert [n for n, _ in ks] == [sm.full.tensors[op.outputs[0]].name for op in sm.full.operators]
+    interp.invoke(np.zeros_like(x))
+    interp.set_inputs(x)
+    for _, k in ks:
+        k()
+    assert all(np.array_equal(a, b) for a, b in zip(ref, interp._outputs))
+    with pytest.raises(ValueError, match="shape"):
+        interp.set_inputs(x[..., :1])

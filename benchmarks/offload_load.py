@@ -29,15 +29,15 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Sequence
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import ServerProcess, process_cpu_s  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 def widths(hidden: int):
@@ -91,14 +91,7 @@ def rss_kib(pid: int) -> int:
     return -1
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used (robust to other load on the machine)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Server:
+class Server(ServerProcess):
     def __init__(self, path: str, max_batch: int, max_delay_ms: float, max_queue: int, blas_threads: int,
                  malloc_arenas: int = 0, serve_flags: Sequence[str] = ()):
         env = dict(os.environ)
@@ -107,28 +100,11 @@ class Server:
         if blas_threads:
             env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(blas_threads)
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(HERE)) + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0", "--max-batch", str(max_batch),
              "--max-delay-ms", str(max_delay_ms), "--max-queue", str(max_queue), "--log-every", "0"]
             + list(serve_flags),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        box = []
-        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(60)
-        if not box or not box[0].startswith("ISTHMUS_OFFLOAD "):
-            self.stop()
-            raise RuntimeError(f"isthmus serve did not start: {box} {self.proc.stderr.read()[-2000:]}")
-        self.address = box[0].split()[1]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.communicate(timeout=10)
+            "ISTHMUS_OFFLOAD", env)
 
 
 class Mode:
@@ -219,10 +195,10 @@ class Mode:
 
         async def all_clients():
             await asyncio.gather(*(client(c) for c in range(self.clients)))
-        cpu0, mine0, t0 = cpu_s(self.srv.proc.pid), time.process_time(), time.perf_counter()
+        cpu0, mine0, t0 = process_cpu_s(self.srv.proc.pid), time.process_time(), time.perf_counter()
         self.loop.run_until_complete(all_clients())
         wall = time.perf_counter() - t0
-        self.cpu += cpu_s(self.srv.proc.pid) - cpu0
+        self.cpu += process_cpu_s(self.srv.proc.pid) - cpu0
         self.client_cpu += time.process_time() - mine0
         self.wall += wall
         self.round_rps.append(len(lat) / wall)

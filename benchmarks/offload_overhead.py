@@ -33,6 +33,9 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import ServerProcess, process_cpu_s  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BEFORE = "d3d06a3"   # the last commit before the service path's overhead work (the offload files as of 39d6a70)
@@ -71,35 +74,11 @@ def build(path: str) -> None:
     save_cloud_parts(path, [cloud_part(g, [x], [y], "tiny")], model="tiny")
 
 
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Proc:
-    """A server subprocess that prints '<TAG> host:port' when it listens."""
+class Proc(ServerProcess):
+    """A server subprocess with `pythonpath` in front (the revision it runs)."""
 
     def __init__(self, cmd, tag: str, pythonpath: str):
-        env = dict(os.environ, PYTHONPATH=pythonpath + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        box = []
-        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(60)
-        if not box or not box[0].startswith(tag + " "):
-            self.stop()
-            raise RuntimeError(f"{cmd[:4]} did not start: {box} {self.proc.stderr.read()[-2000:]}")
-        self.address = box[0].split()[1]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.communicate(timeout=10)
+        super().__init__(cmd, tag, dict(os.environ, PYTHONPATH=pythonpath + os.pathsep + os.environ.get("PYTHONPATH", "")))
 
 
 def package_tree(repo: str, rev: str, dst: str) -> str:
@@ -159,14 +138,14 @@ def main(argv=None) -> int:
             for _ in range(max(1, a.requests // a.block)):
                 for name, call in calls.items():
                     pid = servers[name].proc.pid
-                    c0 = cpu_s(pid)
+                    c0 = process_cpu_s(pid)
                     for _ in range(a.block):
                         t0 = time.perf_counter()
                         out = call(data, timeout=10)
                         lat[name].append((time.perf_counter() - t0) * 1e3)
                         if name != "bare_grpc":
                             compute[name].append(offload_pb2.InferResponse.FromString(out).compute_ms)
-                    cpu[name] += cpu_s(pid) - c0
+                    cpu[name] += process_cpu_s(pid) - c0
             # per-stage medians of traced requests (the current server only)
             treq = offload_pb2.InferRequest()
             treq.CopyFrom(req)

@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Dict, Optional
 
@@ -50,6 +53,38 @@ def wall_and_cpu_medians(fns: Dict[str, Callable[[], object]], repeats: int, war
             cpu[k].append(time.thread_time() - c0)
             wall[k].append(time.perf_counter() - w0)
     return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (robust to other load on the machine)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ServerProcess:
+    """A server subprocess that prints '<tag> host:port' once it listens (isthmus serve prints
+    ISTHMUS_OFFLOAD); `address` is that host:port; stop() sends SIGINT, then kills after 20 s."""
+
+    def __init__(self, cmd, tag: str, env: Optional[dict] = None, start_timeout_s: float = 60.0):
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        box = []
+        t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(start_timeout_s)
+        if not box or not box[0].startswith(tag + " "):
+            self.stop()
+            raise RuntimeError(f"{cmd[:4]} did not start: {box} {self.proc.stderr.read()[-2000:]}")
+        self.address = box[0].split()[1]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate(timeout=10)
 
 
 def machine() -> Dict[str, object]:

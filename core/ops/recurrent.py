@@ -232,29 +232,37 @@ def _split_rest(node):
     return lens, rest
 
 
-def _infer_lstm_seq(node):
+def _infer_sequence(node, rows: tuple, states_ok: tuple, states_doc: str, layout: str):
+    """Shape inference shared by the sequence ops: x [T, B, I], w [rows[0]*H, I], r [rows[1]*H, H],
+    b [rows[2]*H], then states [B, H] (as many as `states_ok` allows). -> (T, B, H), any unknown."""
     x, w, r, b = node.inputs[:4]
     lens, states = _split_rest(node)
-    if len(states) not in (0, 2):
-        raise ShapeError(f"LSTMSequence takes h0 and c0 together or neither, got {len(states)} state inputs")
+    if len(states) not in states_ok:
+        raise ShapeError(f"{node.op} takes {states_doc}, got {len(states)} state inputs")
     if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in [x, w, r, b] + states):
-        raise ShapeError("LSTMSequence needs float inputs of one dtype")
+        raise ShapeError(f"{node.op} needs float inputs of one dtype")
     if len(x.shape) != 3 or len(w.shape) != 2 or len(r.shape) != 2 or len(b.shape) != 1 \
             or any(len(t.shape) != 2 for t in states):
-        raise ShapeError(f"LSTMSequence: x [T, B, I], w [4H, I], r [4H, H], b [4H], h0 and c0 [B, H]; got "
-                         f"{', '.join(fmt(t.shape) for t in node.inputs)}")
+        raise ShapeError(f"{node.op}: {layout}; got {', '.join(fmt(t.shape) for t in node.inputs)}")
     hid = r.shape[1] if r.shape[1] is not None else next((t.shape[1] for t in states if t.shape[1] is not None), None)
     if hid is not None:
-        for nm, t, k in (("w", w, 0), ("r", r, 0), ("b", b, 0)):
-            if t.shape[k] is not None and t.shape[k] != 4 * hid:
-                raise ShapeError(f"LSTMSequence: {nm} {fmt(t.shape)} should have {4 * hid} rows (4 gates of {hid})")
+        for nm, t, k in zip("wrb", (w, r, b), rows):
+            if t.shape[0] is not None and t.shape[0] != k * hid:
+                raise ShapeError(f"{node.op}: {nm} {fmt(t.shape)} should have {k * hid} rows (hidden size {hid})")
         for t in states:
             if t.shape[1] is not None and t.shape[1] != hid:
-                raise ShapeError(f"LSTMSequence: state {fmt(t.shape)} should have {hid} columns")
+                raise ShapeError(f"{node.op}: state {fmt(t.shape)} should have {hid} columns")
     if x.shape[2] is not None and w.shape[1] is not None and x.shape[2] != w.shape[1]:
-        raise ShapeError(f"LSTMSequence: x {fmt(x.shape)} has {x.shape[2]} features, w {fmt(w.shape)} {w.shape[1]}")
+        raise ShapeError(f"{node.op}: x {fmt(x.shape)} has {x.shape[2]} features, w {fmt(w.shape)} {w.shape[1]}")
     batch = x.shape[1] if x.shape[1] is not None else next((t.shape[0] for t in states if t.shape[0] is not None), None)
-    return [(x.dtype, (x.shape[0], batch, hid)), (x.dtype, (batch, hid)), (x.dtype, (batch, hid))]
+    return x.shape[0], batch, hid
+
+
+def _infer_lstm_seq(node):
+    t, batch, hid = _infer_sequence(node, (4, 4, 4), (0, 2), "h0 and c0 together or neither",
+                                    "x [T, B, I], w [4H, I], r [4H, H], b [4H], h0 and c0 [B, H]")
+    dt = node.inputs[0].dtype
+    return [(dt, (t, batch, hid)), (dt, (batch, hid)), (dt, (batch, hid))]
 
 
 def _unpack(rest, with_lens: bool, n_states: int):
@@ -410,28 +418,10 @@ def lstm_sequence(x, w, r, b, h0=None, c0=None, reverse: bool = False, lens=None
 
 # ---- GRUSequence: a whole direction in one kernel (inference) -------------------------------------------
 def _infer_gru_seq(node):
-    x, w, r, b = node.inputs[:4]
-    lens, states = _split_rest(node)
-    if len(states) > 1:
-        raise ShapeError(f"GRUSequence takes at most one state input (h0), got {len(states)}")
-    if any(t.dtype.kind != "f" or t.dtype != x.dtype for t in [x, w, r, b] + states):
-        raise ShapeError("GRUSequence needs float inputs of one dtype")
-    if len(x.shape) != 3 or len(w.shape) != 2 or len(r.shape) != 2 or len(b.shape) != 1 \
-            or any(len(t.shape) != 2 for t in states):
-        raise ShapeError(f"GRUSequence: x [T, B, I], w [3H, I], r [3H, H], b [6H], h0 [B, H]; got "
-                         f"{', '.join(fmt(t.shape) for t in node.inputs)}")
-    hid = r.shape[1] if r.shape[1] is not None else next((t.shape[1] for t in states if t.shape[1] is not None), None)
-    if hid is not None:
-        for nm, t, rows in (("w", w, 3 * hid), ("r", r, 3 * hid), ("b", b, 6 * hid)):
-            if t.shape[0] is not None and t.shape[0] != rows:
-                raise ShapeError(f"GRUSequence: {nm} {fmt(t.shape)} should have {rows} rows (hidden size {hid})")
-        for t in states:
-            if t.shape[1] is not None and t.shape[1] != hid:
-                raise ShapeError(f"GRUSequence: h0 {fmt(t.shape)} should have {hid} columns")
-    if x.shape[2] is not None and w.shape[1] is not None and x.shape[2] != w.shape[1]:
-        raise ShapeError(f"GRUSequence: x {fmt(x.shape)} has {x.shape[2]} features, w {fmt(w.shape)} {w.shape[1]}")
-    batch = x.shape[1] if x.shape[1] is not None else next((t.shape[0] for t in states if t.shape[0] is not None), None)
-    return [(x.dtype, (x.shape[0], batch, hid)), (x.dtype, (batch, hid))]
+    t, batch, hid = _infer_sequence(node, (3, 3, 6), (0, 1), "at most one state input (h0)",
+                                    "x [T, B, I], w [3H, I], r [3H, H], b [6H], h0 [B, H]")
+    dt = node.inputs[0].dtype
+    return [(dt, (t, batch, hid)), (dt, (batch, hid))]
 
 
 def _kernel_gru_seq(node, ctx):

@@ -9,14 +9,16 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ALLOWED = {  # folder -> isthmus folders it may import
-    "core": set(),
+    "jit": set(),  # compiled loop kernels: a leaf that core and edge may both use
+    "core": {"jit"},
     "partitioner": {"core"},
     "proto": set(),
     "cloud": {"core", "partitioner", "proto"},
-    "edge": {"proto"},
+    "edge": {"proto", "jit"},
     "converters": {"core", "partitioner", "proto", "edge"},
 }
 FORBIDDEN_THIRD_PARTY = {
+    "jit": {"onnx", "onnxruntime", "grpc", "flatbuffers", "torch"},
     "core": {"onnx", "onnxruntime", "grpc", "flatbuffers", "torch"},
     "edge": {"onnx", "torch"},  # grpc only lazily (offload client), onnxruntime only lazily (delegate)
     "partitioner": {"onnx", "onnxruntime", "grpc", "torch"},
@@ -54,7 +56,7 @@ def test_import_arrows(folder):
 
 def test_import_isthmus_is_lazy():
     code = ("import sys, isthmus; "
-            "heavy = [m for m in ('onnx', 'grpc', 'onnxruntime', 'isthmus.edge', 'isthmus.core', 'flatbuffers') "
+            "heavy = [m for m in ('onnx', 'grpc', 'onnxruntime', 'isthmus.edge', 'isthmus.core', 'flatbuffers', 'numba') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -26,9 +26,13 @@ from typing import Callable, Optional
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ... import jit
+
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
 CHUNK_BYTES = 1 << 20
+_JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
 _MAX_LAYOUTS = 8  # input shapes whose layout and scratch (about CHUNK_BYTES each) a node keeps
 
 
@@ -43,10 +47,43 @@ class DepthwiseConv:
         self.xp, self.act = xp, activation_to(xp, activation)
         self._layouts = {}
         self._tiled = None  # (w, bias, batch, tiled weights) for immutable w and bias
+        # the compiled kernel (isthmus.jit) clamps in its loop: no activation, relu and relu6;
+        # other activations run as a numpy pass over its output
+        self._compiled = xp is np
+        self._clamp = _CLAMPS.get(activation)
+        self._post = None if self._clamp is not None else activation_to(xp, activation)
+
+    def _run_compiled(self, x, w, g, bias):
+        """One compiled pass per row (image, channel), rows split over threads like the numpy path."""
+        from ...jit.depthwise import depthwise_rows
+        n, c = x.shape[0], x.shape[1]
+        rows = n * c
+        dt = x.dtype
+        xs = np.ascontiguousarray(x).reshape(rows, x.shape[2], x.shape[3])
+        wk = np.ascontiguousarray(w.reshape(c, g.kh, g.kw), dtype=dt)
+        b = None if bias is None else np.ascontiguousarray(bias.reshape(c), dtype=dt)
+        lo, hi = self._clamp if self._clamp is not None else (-np.inf, np.inf)
+        out = np.empty((n, c, g.oh, g.ow), dtype=dt)
+        orow = out.reshape(rows, g.oh, g.ow)
+        parts = threads(rows * g.oh * g.ow * g.kh * g.kw) if rows >= 2 else 1
+        if parts == 1:
+            depthwise_rows(xs, wk, b, g, lo, hi, orow, 0, rows)
+        else:
+            cut = -(-rows // parts)
+            futures = [_pool().submit(depthwise_rows, xs, wk, b, g, lo, hi, orow, r0, min(rows, r0 + cut))
+                       for r0 in range(cut, rows, cut)]
+            depthwise_rows(xs, wk, b, g, lo, hi, orow, 0, min(rows, cut))
+            for f in futures:
+                f.result()
+        if self._post is not None:
+            self._post(out, out)
+        return out
 
     def __call__(self, x, w, g, bias=None):
         """activation(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw]
         and g the convolution's geometry (pads, strides, dilations, output size)."""
+        if self._compiled and x.dtype in _JIT_DTYPES and jit.available():
+            return self._run_compiled(x, w, g, bias)
         key = (x.shape, w.shape, x.dtype)
         lay = self._layouts.get(key)
         if lay is None:

@@ -1,6 +1,8 @@
-"""The forward convolution paths (chunked depthwise with stride phases, per-image im2col,
-pointwise in image groups) and FusedConv2D's bias and activation, against a float64 numpy
-reference that sums shifted input slices tap by tap."""
+"""The forward convolution paths (depthwise compiled or chunked in numpy with stride phases,
+per-image im2col, pointwise in image groups) and FusedConv2D's bias and activation, against a
+float64 numpy reference that sums shifted input slices tap by tap. Depthwise tests taking the
+`kernel_path` fixture run on both depthwise paths: the compiled kernel (isthmus.jit, numba) and
+the numpy one (ISTHMUS_JIT=0)."""
 import itertools
 
 import numpy as np
@@ -10,6 +12,20 @@ import isthmus as ism
 from isthmus.core.ops import conv as conv_ops
 from isthmus.core.ops import depthwise
 from isthmus.core.ops.base import make
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernel_path(request, monkeypatch):
+    """Runs the test on the compiled depthwise kernel, then on the numpy one."""
+    from isthmus import jit
+    monkeypatch.setenv("ISTHMUS_JIT", "1" if request.param == "compiled" else "0")
+    assert jit.available() == (request.param == "compiled"), "numba is a dependency: it must import"
+    return request.param
+
+
+def numpy_path(monkeypatch):
+    """For tests of the numpy kernel's own machinery (chunks, layouts, scratch arenas)."""
+    monkeypatch.setenv("ISTHMUS_JIT", "0")
+
 
 ACTS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
         "sigmoid": lambda y: 1 / (1 + np.exp(-y))}
@@ -74,7 +90,7 @@ DW_CASES = list(itertools.product(
 
 @pytest.mark.parametrize("chunk", [64, None])
 @pytest.mark.parametrize("batch,k,strides,padding,dil", DW_CASES[::3] + [DW_CASES[-1]])
-def test_depthwise_against_reference(monkeypatch, chunk, batch, k, strides, padding, dil):
+def test_depthwise_against_reference(kernel_path, monkeypatch, chunk, batch, k, strides, padding, dil):
     if chunk is not None:  # tiny chunks: one (image, channel) row at a time, buffers reused
         monkeypatch.setattr(depthwise, "CHUNK_BYTES", chunk)
     rng = np.random.default_rng(hash((batch, k, str(strides), str(padding), dil)) % 2**32)
@@ -86,7 +102,7 @@ def test_depthwise_against_reference(monkeypatch, chunk, batch, k, strides, padd
 
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("strides", [1, 2])
-def test_fused_depthwise_bias_activation(monkeypatch, act, strides):
+def test_fused_depthwise_bias_activation(kernel_path, monkeypatch, act, strides):
     monkeypatch.setattr(depthwise, "CHUNK_BYTES", 4096)
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((4, 6, 10, 10)) * 3).astype(np.float32)
@@ -95,7 +111,7 @@ def test_fused_depthwise_bias_activation(monkeypatch, act, strides):
     check(x, w, b, strides, "SAME", 1, 6, act)
 
 
-def test_depthwise_large_batch_many_chunks():
+def test_depthwise_large_batch_many_chunks(kernel_path):
     """MobileNet-like shape at batch > 1 with the default chunk size (several chunks)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 48, 24, 24)).astype(np.float32)
@@ -136,7 +152,7 @@ def test_general_conv_per_image(groups, o, strides, padding, dil):
 
 
 @pytest.mark.parametrize("parts", [2, 3])
-def test_depthwise_threads_split_rows_bit_identically(monkeypatch, parts):
+def test_depthwise_threads_split_rows_bit_identically(kernel_path, monkeypatch, parts):
     """Row ranges on threads (as many as BLAS has) give exactly the one-thread result."""
     rng = np.random.default_rng(13)
     x = rng.standard_normal((3, 20, 12, 12)).astype(np.float32)
@@ -161,7 +177,7 @@ def test_depthwise_threads_follow_blas_limit():
     assert depthwise.threads(10) == 1  # small convolutions never pay a thread hand-off
 
 
-def test_depthwise_weights_from_a_variable_are_never_cached_stale():
+def test_depthwise_weights_from_a_variable_are_never_cached_stale(kernel_path):
     """Tiled weights are kept only for read-only constants: a variable assigned between runs
     (its array may be updated in place) gives the new result."""
     rng = np.random.default_rng(17)
@@ -182,7 +198,7 @@ def test_depthwise_weights_from_a_variable_are_never_cached_stale():
     np.testing.assert_allclose(b, ref_conv(x, w2, (1, 1), pads, (1, 1), 4), rtol=2e-5, atol=2e-5)
 
 
-def test_depthwise_concurrent_runs_share_one_kernel():
+def test_depthwise_concurrent_runs_share_one_kernel(kernel_path):
     """Runs of one plan on several threads each take their own scratch buffers."""
     import threading
     rng = np.random.default_rng(19)
@@ -212,8 +228,9 @@ def test_depthwise_concurrent_runs_share_one_kernel():
                                rtol=2e-5, atol=2e-5)
 
 
-def test_depthwise_layouts_per_node_are_bounded():
+def test_depthwise_layouts_per_node_are_bounded(monkeypatch):
     """A node run at many batch sizes keeps the layouts (and scratch) of the newest few only."""
+    numpy_path(monkeypatch)
     rng = np.random.default_rng(23)
     w = rng.standard_normal((3, 1, 3, 3)).astype(np.float32)
     g = ism.Graph(seed=0)
@@ -231,7 +248,7 @@ def test_depthwise_layouts_per_node_are_bounded():
 
 
 @pytest.mark.parametrize("groups,o,k,s", [(4, 4, 3, 2), (4, 4, 3, 1), (1, 5, 3, 2), (1, 5, 1, 1)])
-def test_float64_and_empty_batch(groups, o, k, s):
+def test_float64_and_empty_batch(kernel_path, groups, o, k, s):
     """float64 runs in float64 (depthwise, general and pointwise paths); a batch of 0 gives an
     empty output of the right shape."""
     rng = np.random.default_rng(29)
@@ -248,11 +265,12 @@ def test_float64_and_empty_batch(groups, o, k, s):
         np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
 
-def test_scratch_arenas_are_shared_by_threads_not_kept_per_thread():
+def test_scratch_arenas_are_shared_by_threads_not_kept_per_thread(monkeypatch):
     """Every thread's depthwise and 1x1 expansion runs take their scratch from one pool: 24 threads
     (as a gRPC server's workers) leave at most ARENAS.KEEP arenas behind, and all get the
     one-thread result."""
     import threading
+    numpy_path(monkeypatch)
     rng = np.random.default_rng(19)
     x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
     g = ism.Graph(seed=0)
@@ -280,3 +298,34 @@ def test_scratch_arenas_are_shared_by_threads_not_kept_per_thread():
     for o in outs:
         np.testing.assert_array_equal(o, ref)
     assert 1 <= len(depthwise.ARENAS._free[id(np)]) <= depthwise.ARENAS.KEEP
+
+
+def test_compiled_depthwise_runs_when_available_and_not_when_switched_off(monkeypatch):
+    """ISTHMUS_JIT picks the path at each run: the compiled kernel is called (and the numpy
+    layouts stay unbuilt) when on; the numpy kernel when off; both give the reference."""
+    from isthmus.jit import depthwise as jit_dw
+    calls = []
+    real = jit_dw.depthwise_rows
+    monkeypatch.setattr(jit_dw, "depthwise_rows", lambda *a: calls.append(a[-2:]) or real(*a))
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((2, 6, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ISTHMUS_JIT", flag)
+        calls.clear()
+        check(x, w, None, 2, "SAME", 1, 6)
+        assert (calls == [(0, 12)]) == (flag == "1"), calls
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "relu6"])
+def test_compiled_depthwise_keeps_nan_and_inf_as_numpy_does(kernel_path, act):
+    """The clamp inside the compiled loop lets NaN through and clamps inf, like numpy's passes."""
+    x = np.ones((1, 2, 5, 5), np.float32)
+    x[0, 0, 2, 2], x[0, 1, 0, 0] = np.nan, np.inf
+    w = np.ones((2, 1, 3, 3), np.float32)
+    b = np.zeros(2, np.float32)
+    out, pads = run_conv(x, w, b, 1, "SAME", 1, 2, act)
+    with np.errstate(invalid="ignore"):
+        want = ACTS[act](ref_conv(x, w, (1, 1), pads, (1, 1), 2))
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_allclose(np.nan_to_num(out, posinf=1e30), np.nan_to_num(want, posinf=1e30), rtol=1e-6)

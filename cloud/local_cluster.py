@@ -7,7 +7,9 @@ For tests, examples and the demo (the default cluster of a user who has none). P
 free by construction, not by guess: each task binds port 0, reports the port it got, and
 only then learns the whole cluster (on its stdin). A task exits when its stdin closes, so
 tasks never outlive the process that started them. Every wait has a timeout; `kill`
-(SIGKILL) and `restart` (same port) exist for fault-tolerance tests.
+(SIGKILL) and `restart` (same port) exist for fault-tolerance tests. The tasks pass big
+tensors to each other through shared memory (cloud/shm.py) unless `shm_enabled=False`; a
+task's leftover segments are unlinked once it has exited, however it ended.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from . import shm
 from .cluster import ClusterSpec, TaskId
 
 START_TIMEOUT_S = 60.0
@@ -93,13 +96,16 @@ class _Task:
                 s.close()
             except (OSError, ValueError):
                 pass
+        if self.proc.returncode is not None:  # exited (killed, even): its segments are orphans now
+            shm.sweep([self.proc.pid])
 
 
 class LocalCluster:
     """`jobs`: job -> number of tasks (default: one ps and two workers)."""
 
     def __init__(self, jobs: Optional[Mapping[str, int]] = None, timeout: float = START_TIMEOUT_S,
-                 recv_timeout: float = 30.0, extra_args: Tuple[str, ...] = ()):
+                 recv_timeout: float = 30.0, extra_args: Tuple[str, ...] = (),
+                 shm_enabled: Optional[bool] = None):
         self.jobs = dict(jobs or {"ps": 1, "worker": 2})
         self.timeout = timeout
         self.extra = ["--recv-timeout", str(recv_timeout), *extra_args]
@@ -108,6 +114,8 @@ class LocalCluster:
         self._env = dict(os.environ)
         self._env.pop("TF_CONFIG", None)
         self._env.pop("ISTHMUS_CLUSTER", None)
+        if shm_enabled is not None:
+            self._env[shm.ENV_VAR] = "1" if shm_enabled else "0"
         self.start()
 
     def _args(self, tid: TaskId, port: int) -> List[str]:

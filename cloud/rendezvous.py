@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from ..core.rendezvous import RendezvousAborted, RendezvousError, RendezvousTimeout
+from .shm import release_value
 
 DEFAULT_RECV_TIMEOUT_S = 30.0
 _ABORTED_KEPT = 4096   # aborted step ids remembered (a late Send of one is refused)
@@ -65,7 +66,7 @@ class StepRendezvous:
             while len(self._aborted) > _ABORTED_KEPT:
                 self._aborted.popitem(last=False)
             for k in [k for k in self._values if k[3] == step_id]:
-                del self._values[k]
+                release_value(self._values.pop(k))
             self._cond.notify_all()
 
     def aborted(self, step_id: int) -> Optional[BaseException]:
@@ -76,7 +77,15 @@ class StepRendezvous:
         with self._cond:
             self._aborted.pop(step_id, None)
             for k in [k for k in self._values if k[3] == step_id]:
-                del self._values[k]
+                release_value(self._values.pop(k))
+
+    def clear(self) -> None:
+        """Drop every value (the task stops), freeing what they hold."""
+        with self._cond:
+            values = list(self._values.values())
+            self._values.clear()
+        for v in values:
+            release_value(v)
 
     def pending(self) -> List[Key]:
         with self._cond:

@@ -3,7 +3,9 @@
 The servicer decodes, calls the in-process Worker, encodes. RecvTensor answers with the
 bytes the Send laid out (cloud/wire.py): one message when the tensor is small; a bigger
 one answers `streamed` and its chunks follow on RecvTensorStream (a client that saw a key
-stream asks for the stream at once the next time). Every client RPC carries
+stream asks for the stream at once the next time). A caller on the same host offers its
+host identity and may be answered with a shared-memory segment's name instead of the
+bytes (cloud/shm.py); one it cannot read it reports, and gets the bytes. Every client RPC carries
 a deadline; message sizes are explicit on both ends. A malformed request gets
 INVALID_ARGUMENT with a clear message and the server keeps serving; a failure reaches the
 client as the same error class (cloud/errors.py), naming the task.
@@ -20,8 +22,9 @@ import numpy as np
 from ..proto import worker_pb2
 from ..proto.security import ClientSecurity, make_channel
 from ..core.trace import RunMetadata
-from . import graph_codec, tensor_codec, tracing, wire
+from . import graph_codec, shm, tensor_codec, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
+from .rendezvous import show
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
 SERVICE = "isthmus.Worker"
@@ -29,6 +32,7 @@ _RECV_SLACK_S = 2.0   # a RecvTensor call's deadline over the wait it asks the t
 _STREAMED_KEPT = 4096             # keys remembered as streamed (then forgotten all at once)
 _DOUBLE_5 = struct.Struct("<Bd")   # field 5 (timeout_s), a double: its key byte and value
 _UNARY_BELOW_BYTES = 64 << 10     # a key remembered as streamed whose value came back smaller: unary again
+_SHM_FAILURES_KEPT = 3            # segments a client could not read before it stops offering shared memory
 
 
 def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
@@ -74,8 +78,15 @@ class WorkerServicer:
 
     def RecvTensor(self, request, context) -> bytes:
         try:
-            wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
-                                       request.step_id, request.timeout_s or None)
+            if request.shm_host or request.shm_failed:
+                wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
+                                             request.step_id, request.timeout_s or None,
+                                             request.shm_host, request.shm_failed)
+                if isinstance(wt, shm.Segment):
+                    return wire.shm_response(wt)
+            else:
+                wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                           request.step_id, request.timeout_s or None)
             if wt.inline is not None:
                 return wt.inline
             self.worker.put_back(request.src_device, request.dst_device, request.tensor, request.step_id, wt)
@@ -145,7 +156,10 @@ class WorkerClient:
     def __init__(self, address: str, timeout: float = DEFAULT_RPC_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, name: Optional[str] = None,
-                 channel: Optional[grpc.Channel] = None, security: Optional[ClientSecurity] = None):
+                 channel: Optional[grpc.Channel] = None, security: Optional[ClientSecurity] = None,
+                 shm_enabled: Optional[bool] = None):
+        """`shm_enabled`: offer this host's identity on RecvTensor, so that a task on the same host
+        may answer with a shared-memory segment (None: $ISTHMUS_SHM, on unless 0)."""
         self.address = address
         self.name = name or address
         self.timeout = timeout
@@ -168,6 +182,9 @@ class WorkerClient:
         self._recv = ch.unary_unary(f"/{SERVICE}/RecvTensor", request_serializer=None, response_deserializer=None)
         self._streamed: Dict[tuple, bool] = {}   # (src, dst, tensor) keys whose last value streamed
         self._heads: Dict[tuple, bytes] = {}     # (src, dst, tensor) -> its requests' first bytes
+        on = shm.enabled_by_env() if shm_enabled is None else bool(shm_enabled)
+        self.shm_host = shm.host_identity() if on else ""   # offered on every RecvTensor ("" : none)
+        self.shm_failures = 0                               # segments named to us that we could not read
         self._recv_stream = ch.unary_stream(f"/{SERVICE}/RecvTensorStream", request_serializer=None,
                                             response_deserializer=wire.read_chunk)
 
@@ -243,7 +260,11 @@ class WorkerClient:
                 src_device=key[0], dst_device=key[1], tensor=key[2]).SerializeToString()
         step = int(step_id)
         tail = b"\x20" + wire._varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
-        return head + tail + (_DOUBLE_5.pack(0x29, timeout_s) if timeout_s else b"")
+        out = head + tail + (_DOUBLE_5.pack(0x29, timeout_s) if timeout_s else b"")
+        if self.shm_host:  # field 6, shm_host (protobuf writes fields in number order: after 5)
+            h = self.shm_host.encode("ascii")
+            out += b"\x32" + wire._varint(len(h)) + h
+        return out
 
     def _finish_recv(self, req: bytes, key, kind: str, call, t: float, step_id: int) -> np.ndarray:
         try:
@@ -254,6 +275,10 @@ class WorkerClient:
                 return arr
             data = call.result() if kind == "unary" else self._recv(req, timeout=t + _RECV_SLACK_S)
             dtype, shape, content, streamed = wire.read_response(data)
+            if self.shm_host and not streamed and len(content) == 0:
+                named = wire.read_shm(data)
+                if named is not None:
+                    return self._read_shared(named, dtype, shape, key, step_id, t)
             d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)
             if not streamed:
                 return tensor_codec.from_bytes(content, d, shp, nbytes)
@@ -265,6 +290,29 @@ class WorkerClient:
                                      expect=(dtype, shape))
         except grpc.RpcError as e:
             raise self._error("RecvTensor", e) from None
+
+    def _read_shared(self, named, dtype: int, shape, key, step_id: int, t: float) -> np.ndarray:
+        """The tensor an answer placed in a shared-memory segment; one this process cannot open
+        is reported to the sender, which answers with its bytes (and after a few such
+        failures this client stops offering shared memory)."""
+        name, size = named
+        what = f"RecvTensor of {show((key[0], key[1], key[2], step_id))} from {self.name}"
+        try:
+            return shm.read_segment(name, size, dtype, shape, self.max_tensor_bytes, what)
+        except shm.ShmUnavailable:
+            self.shm_failures += 1
+            if self.shm_failures >= _SHM_FAILURES_KEPT:
+                self.shm_host = ""
+        req = self.recv_request(key, step_id, t)
+        req += b"\x3a" + wire._varint(len(name)) + name.encode("ascii")   # field 7, shm_failed
+        data = self._recv(req, timeout=t + _RECV_SLACK_S)
+        dtype, shape, content, streamed = wire.read_response(data)
+        d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)
+        if not streamed:
+            return tensor_codec.from_bytes(content, d, shp, nbytes)
+        again = self.recv_request(key, step_id, 1.0)
+        return wire.chunks_array(self._recv_stream(again, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
+                                 expect=(dtype, shape))
 
     def abort_step(self, step_id: int, error: BaseException, timeout: Optional[float] = None) -> None:
         self._call("AbortStep", worker_pb2.AbortStepRequest(step_id=step_id, reason=f"{type(error).__name__}: {error}"),

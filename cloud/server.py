@@ -7,6 +7,10 @@ Every task can act as the master for clients that connect to it (as in TensorFlo
 answers the standard gRPC health check (grpc.health.v1.Health, service "" and each
 isthmus service). The server binds the port of its own address in the spec, on that
 address's host when it is a loopback or IP literal, else on every interface.
+
+Tasks on one host pass big tensors through shared memory (cloud/shm.py) unless
+`shm_enabled=False`, `--no-shm` or ISTHMUS_SHM=0; a starting server unlinks the segments
+that killed processes left behind.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import grpc
 
 from ..proto.security import ClientSecurity, SecurityError, ServerSecurity
+from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
 from .master import DEFAULT_STEP_TIMEOUT_S, Master
@@ -85,8 +90,11 @@ class Server:
                  port: Optional[int] = None, max_workers: int = 64,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S, step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
-                 security: Optional[ServerSecurity] = None, client_security: Optional[ClientSecurity] = None):
+                 security: Optional[ServerSecurity] = None, client_security: Optional[ClientSecurity] = None,
+                 shm_enabled: Optional[bool] = None):
         self.task_id = TaskId(job, int(task))
+        self.shm_enabled = shm.enabled_by_env() if shm_enabled is None else bool(shm_enabled)
+        shm.sweep()  # segments of killed processes
         self.security = security
         self.client_security = client_security
         self.cluster: Optional[ClusterSpec] = None
@@ -94,7 +102,8 @@ class Server:
         self.max_message_bytes = max_message_bytes
         self._clients: Dict[str, Any] = {}
         self._lock = threading.Lock()
-        self.worker = Worker(self.task_id.name, peers=self.task_for_device, recv_timeout=recv_timeout, wire=True)
+        self.worker = Worker(self.task_id.name, peers=self.task_for_device, recv_timeout=recv_timeout, wire=True,
+                             shm_enabled=self.shm_enabled)
         self.master = Master(None, self.task_for_device, step_timeout=step_timeout)
         if cluster is not None:
             address = cluster.address(job, task)
@@ -134,7 +143,8 @@ class Server:
                     c = self._clients[t.name] = WorkerClient(self.cluster.address(t.job, t.index),
                                                              timeout=self.rpc_timeout, name=t.name,
                                                              max_message_bytes=self.max_message_bytes,
-                                                             security=self.client_security)
+                                                             security=self.client_security,
+                                                             shm_enabled=self.shm_enabled)
         return c
 
     def stop(self, grace: Optional[float] = None) -> None:
@@ -142,6 +152,7 @@ class Server:
         self.server.stop(grace).wait(10)
         for c in self._clients.values():
             c.close()
+        self.worker.close()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         return self.server.wait_for_termination(timeout)
@@ -173,6 +184,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "else --tls-cert itself)")
     parser.add_argument("--token-file", help="require this bearer token on every call, and send it to the "
                                              "other tasks (default: $ISTHMUS_TOKEN_FILE)")
+    parser.add_argument("--no-shm", action="store_true",
+                        help="never pass tensors through shared memory, even to tasks on this host "
+                             "(default: on unless $ISTHMUS_SHM=0)")
     parser.add_argument("--max-message-mb", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / (1 << 20),
                         help="largest gRPC message in MiB (default %(default)s); bigger tensors stream")
 
@@ -213,7 +227,8 @@ def run(args) -> int:
         security, client_security = security_from_args(args)
         server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,
                         max_message_bytes=int(args.max_message_mb * (1 << 20)),
-                        security=security, client_security=client_security)
+                        security=security, client_security=client_security,
+                        shm_enabled=False if args.no_shm else None)
     except (ClusterSpecError, WorkerError, SecurityError) as e:
         print(f"isthmus server: {e}", file=sys.stderr)
         return 2

@@ -196,6 +196,27 @@ def read_response(data) -> Tuple[int, list, memoryview, bool]:
     return dtype, shape, (mv[span[0]:span[1]] if span else mv[:0]), streamed
 
 
+def shm_response(seg) -> bytes:
+    """The RecvTensorResponse naming a shared-memory segment (cloud/shm.py) instead of carrying bytes."""
+    t = tensor_pb2.TensorProto(dtype=tensor_codec.dtype_to_enum(seg.dtype), shape=seg.shape)
+    return worker_pb2.RecvTensorResponse(tensor=t, shm_name=seg.name, shm_bytes=seg.nbytes).SerializeToString()
+
+
+def read_shm(data) -> Optional[Tuple[str, int]]:
+    """(segment name, declared bytes) of a RecvTensorResponse naming a segment, else None."""
+    mv = memoryview(data)
+    name, size = None, 0
+    for field, wt, v in _fields(mv, 0, len(mv)):
+        if field == 3 and wt == 2:
+            try:
+                name = bytes(mv[v[0]:v[1]]).decode("ascii")
+            except UnicodeDecodeError:
+                raise TensorCodecError("shared-memory segment name is not ASCII") from None
+        elif field == 4 and wt == 0:
+            size = _int64(v)
+    return None if name is None else (name, size)
+
+
 def response_array(data, max_bytes: int = tensor_codec.DEFAULT_MAX_BYTES) -> np.ndarray:
     """The tensor of an inline RecvTensorResponse: a read-only view into `data`."""
     dtype, shape, content, streamed = read_response(data)

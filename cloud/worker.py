@@ -26,9 +26,9 @@ from ..core.graph import Graph, Tensor
 from ..core.rendezvous import RendezvousAborted
 from ..core.session import Session
 from ..core.trace import RunMetadata, RunOptions
-from . import graph_codec, tensor_codec, wire
+from . import graph_codec, shm, tensor_codec, wire
 from .errors import HandleNotFound, WorkerError
-from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezvous
+from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezvous, show
 
 DEFAULT_RPC_TIMEOUT_S = 30.0
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20    # one gRPC message; bigger tensors must stream
@@ -103,13 +103,18 @@ class Worker:
     `peers(device) -> Worker | WorkerClient` finds the task holding a device other than
     this task's own, for Recvs whose Send ran there. With `wire=True` (a task served over
     gRPC) a value sent to another task is laid out as its RecvTensor messages when the Send
-    runs, so serving it copies nothing more (cloud/wire.py).
+    runs, so serving it copies nothing more (cloud/wire.py); when the destination's task
+    has shown it shares this host's /dev/shm, a value of at least `shm_min_bytes` is
+    written into a shared-memory segment instead (cloud/shm.py). `shm`: None follows
+    $ISTHMUS_SHM (on unless 0); False turns it off.
     """
 
     def __init__(self, task: str = "/job:worker/task:0", devices: Optional[Sequence[str]] = None,
                  peers: Optional[Callable[[str], Any]] = None, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
                  max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, wire: bool = False,
-                 inline_bytes: int = wire.DEFAULT_INLINE_BYTES, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES):
+                 inline_bytes: int = wire.DEFAULT_INLINE_BYTES, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+                 shm_enabled: Optional[bool] = None, shm_min_bytes: int = shm.DEFAULT_MIN_BYTES,
+                 shm_lease_s: float = shm.DEFAULT_LEASE_S):
         self.task = canonical(task)
         self.devices = [canonical(d) for d in (devices or [self.task + "/device:CPU:0"])]
         self.peers = peers
@@ -117,6 +122,9 @@ class Worker:
         self.max_tensor_bytes = max_tensor_bytes
         self.wire, self.inline_bytes, self.chunk_bytes = wire, inline_bytes, chunk_bytes
         self.table = StepRendezvous(recv_timeout)
+        on = shm.enabled_by_env() if shm_enabled is None else bool(shm_enabled)
+        self.shm: Optional[shm.Lender] = (shm.Lender(shm_min_bytes, shm_lease_s)
+                                          if wire and on and shm.host_identity() else None)
         self.variables = SessionState()  # the task's variable values and generators, by name
         self._graphs: Dict[str, _Registered] = {}
         self._ids = itertools.count(1)
@@ -241,13 +249,29 @@ class Worker:
 
     def _deposit(self, key: Key, value: Any) -> None:
         if self.wire and key[1] not in self.devices and hasattr(value, "dtype"):
-            value = wire.WireTensor(value, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
-        self.table.put(key, value)
+            value = self._lay_out(key[1], value)
+        try:
+            self.table.put(key, value)
+        except BaseException:
+            shm.release_value(value)
+            raise
+
+    def _lay_out(self, dst_device: str, value: Any) -> Any:
+        """A value bound for another task, as it will travel: a shared-memory segment when
+        that task shares this host (and the segment can be made), else its RecvTensor messages."""
+        if self.shm is not None and self.shm.wants(dst_device, value):
+            try:
+                return shm.Segment(value, self.max_tensor_bytes)
+            except (OSError, ValueError):  # /dev/shm full or gone: the bytes travel by gRPC
+                pass
+        return wire.WireTensor(value, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
 
     def recv_tensor(self, src_device: str, dst_device: str, tensor: str, step_id: int,
                     timeout: Optional[float] = None) -> np.ndarray:
         """Take the value a Send on this task deposited for (src, dst, tensor, step)."""
         v = self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
+        if isinstance(v, shm.Segment):
+            return self._unshare(v)
         return v.to_array() if isinstance(v, wire.WireTensor) else v
 
     def recv_wire(self, src_device: str, dst_device: str, tensor: str, step_id: int,
@@ -256,11 +280,59 @@ class Worker:
         v = self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
         if isinstance(v, wire.WireTensor):
             return v
+        if isinstance(v, shm.Segment):
+            v = self._unshare(v)
         return wire.WireTensor(v, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+
+    @staticmethod
+    def _unshare(seg: "shm.Segment") -> np.ndarray:
+        try:
+            return seg.to_array()
+        finally:
+            shm.release_value(seg)
+
+    def recv_shared(self, src_device: str, dst_device: str, tensor: str, step_id: int,
+                    timeout: Optional[float] = None, shm_host: str = "",
+                    shm_failed: str = "") -> Union[wire.WireTensor, "shm.Segment"]:
+        """What the RecvTensor servicer answers with: a shared-memory segment lent to the
+        caller when it offered this host's identity (`shm_host`) and the value is big enough,
+        else the value's messages. `shm_failed`: a segment lent before that the caller could
+        not read; its bytes come back as messages."""
+        key = (src_device, dst_device, tensor, int(step_id))
+        if shm_failed:
+            seg = self.shm.reclaim(shm_failed, key) if self.shm is not None else None
+            if seg is None:
+                raise WorkerError(f"{self.task}: no shared-memory segment {shm_failed!r} was lent for {show(key)}")
+            return wire.WireTensor(self._unshare(seg), self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+        lender = self.shm
+        if lender is None or not shm_host or not lender.accepts(shm_host):
+            return self.recv_wire(src_device, dst_device, tensor, step_id, timeout)
+        lender.peers.add(dst_device)   # its next values are laid out in segments when their Sends run
+        v = self.table.take(key, timeout)
+        if not isinstance(v, shm.Segment) and getattr(v, "nbytes", 0) >= lender.min_bytes:
+            arr = v.to_array() if isinstance(v, wire.WireTensor) else v
+            try:
+                v = shm.Segment(arr, self.max_tensor_bytes)
+            except (OSError, ValueError):
+                v = arr
+        if isinstance(v, shm.Segment):
+            try:
+                lender.lend(v, key)
+                return v
+            except OSError:
+                v = self._unshare(v)
+        return v if isinstance(v, wire.WireTensor) else wire.WireTensor(
+            v, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
 
     def put_back(self, src_device: str, dst_device: str, tensor: str, step_id: int, value: Any) -> None:
         """Return a taken value (a streamed tensor waits for its RecvTensorStream)."""
         self.table.put((src_device, dst_device, tensor, int(step_id)), value)
+
+    def close(self) -> None:
+        """Free what the task's pending values hold (shared-memory segments, lent ones too)."""
+        self.table.clear()
+        if self.shm is not None:
+            self.shm.close()
 
     def fetch(self, src: str, dst: str, tensor: str, step_id: int, timeout: Optional[float] = None):
         """What a Recv here calls: local when the Send ran on this task, else pulled from its task."""

@@ -26,7 +26,7 @@ from isthmus.proto import tensor_pb2 as isthmus_dot_proto_dot_tensor__pb2
 from isthmus.proto import graph_pb2 as isthmus_dot_proto_dot_graph__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/worker.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x19isthmus/proto/graph.proto\"H\n\x14RegisterGraphRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"\'\n\x15RegisterGraphResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x8a\x01\n\x0fRunGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\x12#\n\x05\x66\x65\x65\x64s\x18\x03 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\r\n\x05trace\x18\x06 \x01(\x08\"\\\n\x10RunGraphResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12!\n\x05trace\x18\x02 \x01(\x0b\x32\x12.isthmus.StepTrace\"\xe2\x01\n\nTraceEvent\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\n\n\x02op\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x0e\n\x06thread\x18\x04 \x01(\x03\x12\x10\n\x08start_us\x18\x05 \x01(\x01\x12\x0e\n\x06\x65nd_us\x18\x06 \x01(\x01\x12\x11\n\tbytes_out\x18\x07 \x01(\x03\x12\r\n\x05\x66lops\x18\x08 \x01(\x01\x12\x13\n\x0b\x62ytes_moved\x18\t \x01(\x01\x12\x0e\n\x06groups\x18\n \x01(\x05\x12\x0b\n\x03key\x18\x0b \x01(\t\x12\x16\n\x0etransfer_bytes\x18\x0c \x01(\x03\x12\x0c\n\x04step\x18\r \x01(\x03\"B\n\tStepTrace\x12\x10\n\x08origin_s\x18\x01 \x01(\x01\x12#\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x13.isthmus.TraceEvent\"o\n\x11RecvTensorRequest\x12\x12\n\nsrc_device\x18\x01 \x01(\t\x12\x12\n\ndst_device\x18\x02 \x01(\t\x12\x0e\n\x06tensor\x18\x03 \x01(\t\x12\x0f\n\x07step_id\x18\x04 \x01(\x03\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"L\n\x12RecvTensorResponse\x12$\n\x06tensor\x18\x01 \x01(\x0b\x32\x14.isthmus.TensorProto\x12\x10\n\x08streamed\x18\x02 \x01(\x08\"3\n\x10\x41\x62ortStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x13\n\x11\x41\x62ortStepResponse\"(\n\x16\x44\x65registerGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x19\n\x17\x44\x65registerGraphResponse\"\x0f\n\rStatusRequest\"l\n\x0eStatusResponse\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\x12\x0f\n\x07handles\x18\x03 \x03(\t\x12\x11\n\tsteps_run\x18\x04 \x01(\x03\x12\x17\n\x0fpending_tensors\x18\x05 \x01(\x03\x32\x80\x04\n\x06Worker\x12N\n\rRegisterGraph\x12\x1d.isthmus.RegisterGraphRequest\x1a\x1e.isthmus.RegisterGraphResponse\x12?\n\x08RunGraph\x12\x18.isthmus.RunGraphRequest\x1a\x19.isthmus.RunGraphResponse\x12\x45\n\nRecvTensor\x12\x1a.isthmus.RecvTensorRequest\x1a\x1b.isthmus.RecvTensorResponse\x12\x46\n\x10RecvTensorStream\x12\x1a.isthmus.RecvTensorRequest\x1a\x14.isthmus.TensorChunk0\x01\x12\x42\n\tAbortStep\x12\x19.isthmus.AbortStepRequest\x1a\x1a.isthmus.AbortStepResponse\x12T\n\x0f\x44\x65registerGraph\x12\x1f.isthmus.DeregisterGraphRequest\x1a .isthmus.DeregisterGraphResponse\x12<\n\tGetStatus\x12\x16.isthmus.StatusRequest\x1a\x17.isthmus.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aisthmus/proto/worker.proto\x12\x07isthmus\x1a\x1aisthmus/proto/tensor.proto\x1a\x19isthmus/proto/graph.proto\"H\n\x14RegisterGraphRequest\x12 \n\x05graph\x18\x01 \x01(\x0b\x32\x11.isthmus.GraphDef\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\"\'\n\x15RegisterGraphResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x8a\x01\n\x0fRunGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\x03\x12#\n\x05\x66\x65\x65\x64s\x18\x03 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12\x0f\n\x07\x66\x65tches\x18\x04 \x03(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\r\n\x05trace\x18\x06 \x01(\x08\"\\\n\x10RunGraphResponse\x12%\n\x07outputs\x18\x01 \x03(\x0b\x32\x14.isthmus.NamedTensor\x12!\n\x05trace\x18\x02 \x01(\x0b\x32\x12.isthmus.StepTrace\"\xe2\x01\n\nTraceEvent\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\n\n\x02op\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x0e\n\x06thread\x18\x04 \x01(\x03\x12\x10\n\x08start_us\x18\x05 \x01(\x01\x12\x0e\n\x06\x65nd_us\x18\x06 \x01(\x01\x12\x11\n\tbytes_out\x18\x07 \x01(\x03\x12\r\n\x05\x66lops\x18\x08 \x01(\x01\x12\x13\n\x0b\x62ytes_moved\x18\t \x01(\x01\x12\x0e\n\x06groups\x18\n \x01(\x05\x12\x0b\n\x03key\x18\x0b \x01(\t\x12\x16\n\x0etransfer_bytes\x18\x0c \x01(\x03\x12\x0c\n\x04step\x18\r \x01(\x03\"B\n\tStepTrace\x12\x10\n\x08origin_s\x18\x01 \x01(\x01\x12#\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x13.isthmus.TraceEvent\"\x95\x01\n\x11RecvTensorRequest\x12\x12\n\nsrc_device\x18\x01 \x01(\t\x12\x12\n\ndst_device\x18\x02 \x01(\t\x12\x0e\n\x06tensor\x18\x03 \x01(\t\x12\x0f\n\x07step_id\x18\x04 \x01(\x03\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x10\n\x08shm_host\x18\x06 \x01(\t\x12\x12\n\nshm_failed\x18\x07 \x01(\t\"q\n\x12RecvTensorResponse\x12$\n\x06tensor\x18\x01 \x01(\x0b\x32\x14.isthmus.TensorProto\x12\x10\n\x08streamed\x18\x02 \x01(\x08\x12\x10\n\x08shm_name\x18\x03 \x01(\t\x12\x11\n\tshm_bytes\x18\x04 \x01(\x03\"3\n\x10\x41\x62ortStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x13\n\x11\x41\x62ortStepResponse\"(\n\x16\x44\x65registerGraphRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x19\n\x17\x44\x65registerGraphResponse\"\x0f\n\rStatusRequest\"l\n\x0eStatusResponse\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\x12\x0f\n\x07handles\x18\x03 \x03(\t\x12\x11\n\tsteps_run\x18\x04 \x01(\x03\x12\x17\n\x0fpending_tensors\x18\x05 \x01(\x03\x32\x80\x04\n\x06Worker\x12N\n\rRegisterGraph\x12\x1d.isthmus.RegisterGraphRequest\x1a\x1e.isthmus.RegisterGraphResponse\x12?\n\x08RunGraph\x12\x18.isthmus.RunGraphRequest\x1a\x19.isthmus.RunGraphResponse\x12\x45\n\nRecvTensor\x12\x1a.isthmus.RecvTensorRequest\x1a\x1b.isthmus.RecvTensorResponse\x12\x46\n\x10RecvTensorStream\x12\x1a.isthmus.RecvTensorRequest\x1a\x14.isthmus.TensorChunk0\x01\x12\x42\n\tAbortStep\x12\x19.isthmus.AbortStepRequest\x1a\x1a.isthmus.AbortStepResponse\x12T\n\x0f\x44\x65registerGraph\x12\x1f.isthmus.DeregisterGraphRequest\x1a .isthmus.DeregisterGraphResponse\x12<\n\tGetStatus\x12\x16.isthmus.StatusRequest\x1a\x17.isthmus.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,22 +45,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRACEEVENT']._serialized_end=671
   _globals['_STEPTRACE']._serialized_start=673
   _globals['_STEPTRACE']._serialized_end=739
-  _globals['_RECVTENSORREQUEST']._serialized_start=741
-  _globals['_RECVTENSORREQUEST']._serialized_end=852
-  _globals['_RECVTENSORRESPONSE']._serialized_start=854
-  _globals['_RECVTENSORRESPONSE']._serialized_end=930
-  _globals['_ABORTSTEPREQUEST']._serialized_start=932
-  _globals['_ABORTSTEPREQUEST']._serialized_end=983
-  _globals['_ABORTSTEPRESPONSE']._serialized_start=985
-  _globals['_ABORTSTEPRESPONSE']._serialized_end=1004
-  _globals['_DEREGISTERGRAPHREQUEST']._serialized_start=1006
-  _globals['_DEREGISTERGRAPHREQUEST']._serialized_end=1046
-  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_start=1048
-  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_end=1073
-  _globals['_STATUSREQUEST']._serialized_start=1075
-  _globals['_STATUSREQUEST']._serialized_end=1090
-  _globals['_STATUSRESPONSE']._serialized_start=1092
-  _globals['_STATUSRESPONSE']._serialized_end=1200
-  _globals['_WORKER']._serialized_start=1203
-  _globals['_WORKER']._serialized_end=1715
+  _globals['_RECVTENSORREQUEST']._serialized_start=742
+  _globals['_RECVTENSORREQUEST']._serialized_end=891
+  _globals['_RECVTENSORRESPONSE']._serialized_start=893
+  _globals['_RECVTENSORRESPONSE']._serialized_end=1006
+  _globals['_ABORTSTEPREQUEST']._serialized_start=1008
+  _globals['_ABORTSTEPREQUEST']._serialized_end=1059
+  _globals['_ABORTSTEPRESPONSE']._serialized_start=1061
+  _globals['_ABORTSTEPRESPONSE']._serialized_end=1080
+  _globals['_DEREGISTERGRAPHREQUEST']._serialized_start=1082
+  _globals['_DEREGISTERGRAPHREQUEST']._serialized_end=1122
+  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_start=1124
+  _globals['_DEREGISTERGRAPHRESPONSE']._serialized_end=1149
+  _globals['_STATUSREQUEST']._serialized_start=1151
+  _globals['_STATUSREQUEST']._serialized_end=1166
+  _globals['_STATUSRESPONSE']._serialized_start=1168
+  _globals['_STATUSRESPONSE']._serialized_end=1276
+  _globals['_WORKER']._serialized_start=1279
+  _globals['_WORKER']._serialized_end=1791
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,8 @@ def cluster():
         w = Worker(task, peers=peers, recv_timeout=5.0, wire=True, inline_bytes=1 << 20, chunk_bytes=1 << 20)
         server, port = rpc.serve(w)
         servers.append(server)
-        clients[dev] = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=10.0, name=task)
+        # the gRPC path itself (same-host shared memory: tests/cloud/test_shm.py)
+        clients[dev] = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=10.0, name=task, shm_enabled=False)
     yield clients
     for c in clients.values():
         c.close()
@@ -198,7 +199,7 @@ def test_a_key_that_streamed_asks_for_the_stream_at_once(cluster):
 
 
 def test_recv_requests_are_protobufs_own_bytes():
-    c = rpc.WorkerClient("127.0.0.1:1", timeout=1.0)
+    c = rpc.WorkerClient("127.0.0.1:1", timeout=1.0, shm_enabled=False)
     try:
         for step, t in ((0, 0.0), (1, 30.0), ((1 << 62) - 1, 1.5), (-7, 2.0), (12345, 0.0)):
             key = (D0, D1, "x:0")

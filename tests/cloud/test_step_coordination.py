@@ -121,14 +121,15 @@ def test_a_parts_recvs_from_other_tasks_are_in_flight_together(tasks):
     arrivals = []
     for i in (1, 2):
         w = tasks[i].worker
-        inner = w.recv_wire
+        for method in ("recv_wire", "recv_shared"):  # the gRPC answer, or the same-host one
+            inner = getattr(w, method)
 
-        def slow(*a, _inner=inner, **k):
-            arrivals.append(time.monotonic())
-            got = _inner(*a, **k)
-            time.sleep(0.5)  # a slow answer: a second Recv made after it would arrive 0.5 s later
-            return got
-        w.recv_wire = slow
+            def slow(*a, _inner=inner, **k):
+                arrivals.append(time.monotonic())
+                got = _inner(*a, **k)
+                time.sleep(0.5)  # a slow answer: a second Recv made after it would arrive 0.5 s later
+                return got
+            setattr(w, method, slow)
     feed = {"p1:0": np.arange(3, dtype=np.float32), "p2:0": np.ones(4, np.float32)}
     with ism.Session(g, target=tasks[0].target) as sess:
         got = sess.run(out, {g.tensor(k): v for k, v in feed.items()})

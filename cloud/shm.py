@@ -209,7 +209,10 @@ def map_segment(name: str, nbytes: int, what: str) -> mmap.mmap:
 
 def read_segment(name: str, shm_bytes: int, dtype_enum: int, shape, max_bytes: int, what: str) -> np.ndarray:
     """The array a descriptor announces, a read-only view of the segment's pages."""
-    d, shp, nbytes = tensor_codec.check_header(dtype_enum, shape, max_bytes)
+    try:
+        d, shp, nbytes = tensor_codec.check_header(dtype_enum, shape, max_bytes)
+    except TensorCodecError as e:
+        raise ShmDescriptorError(f"{what}: {e}") from None
     check_descriptor(name, shm_bytes, nbytes, what)
     if nbytes == 0:
         raise ShmDescriptorError(f"{what}: an empty tensor cannot come in a shared-memory segment")

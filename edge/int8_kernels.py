@@ -42,6 +42,7 @@ from typing import Callable, Dict, List
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .compiled import bind_rows, exact_int8_bias, use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 from .quant import (F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
@@ -138,7 +139,8 @@ def conv(ctx: OpContext):
     depthwise = groups == c and cg == 1 and o == c
     kk = kh * kw
     og, kg = o // groups, cg * kk
-    pointwise = kk == 1 and (sh, sw_) == (1, 1) and not g.padded
+    # a 1x1 depthwise conv (a scale per channel) takes the depthwise path: the einsum needs its columns
+    pointwise = kk == 1 and (sh, sw_) == (1, 1) and not g.padded and not depthwise
     # columns with contiguous rows (opcontext.WideIm2col): the taps in wide.order
     wide = None if pointwise else WideIm2col(g, compact=not depthwise)
     wk = wi.reshape(o, cg, kk) if pointwise else wi.reshape(o, cg, kk)[:, :, wide.order]
@@ -178,11 +180,22 @@ def conv(ctx: OpContext):
         extra = 0
         wg = [np.ascontiguousarray(wk.reshape(c, kk).astype(ft))] if depthwise else \
             [np.ascontiguousarray(wk[k * og:(k + 1) * og].reshape(og, kg).astype(ft)) for k in range(groups)]
+    # depthwise on the compiled kernel (edge/compiled.py) where its float arithmetic is exact: the
+    # einsum's accumulator bit for bit (exact_int8_bias), so the same requantization follows
+    cbias = wnat = None
+    if depthwise and folded is None and x.data is None and use_compiled():
+        wnat = np.empty_like(wg[0])
+        wnat[:, wide.order] = wg[0]  # back to the kernel's own tap order
+        cbias = exact_int8_bias(wnat, brow, zx, int8_range(zx), ft)
     # the requantization's 8-byte temporary: int64 or float64 of the output's shape; the uniform
     # requantizer works on the whole contiguous accumulator (a wide layout's junk columns included)
     s_tmp = ((o, n * oh * ow) if pointwise else (o, n * wide.L), np.float64) if uni is not None else \
         ((o, n, oh, ow), np.int64)
-    if pointwise:  # the input itself (channels first) is the GEMM's operand
+    if cbias is not None:  # lifetimes inside the op: input copy -> accumulator -> temporary
+        s_tmp = ((n, c, oh, ow), np.float64) if uni is not None else s_tmp
+        s_x, s_acc = ((n * c, h, wd), ft), ((n, c, oh, ow), ft)
+        i_a, i_b = ctx.shared_scratch(s_x, s_tmp), ctx.scratch(*s_acc)
+    elif pointwise:  # the input itself (channels first) is the GEMM's operand
         s_pad, s_acc = ((c + extra, n, h, wd), ft), ((o, n * h * wd), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)
     else:  # lifetimes inside the op: phases -> columns -> (GEMM) accumulator -> int64 temporary
@@ -198,6 +211,15 @@ def conv(ctx: OpContext):
 
     def bind(ins, outs, sc):
         y4 = outs[0].transpose(1, 0, 2, 3)
+        if cbias is not None:
+            xf, acc, tmp = overlay(sc[i_a], *s_x), sc[i_b].reshape(s_acc[0]), overlay(sc[i_a], *s_tmp)
+            step = bind_rows(xf, wnat.reshape(c, kh, kw), cbias, g, -math.inf, math.inf, acc.reshape(n * c, oh, ow))
+            if uni is not None:
+                finish = uni.bind(acc, None if ft == np.float64 else tmp, lambda a: a.reshape(n, c, oh, ow),
+                                  outs[0], bias_scaled)
+            else:
+                finish = rq.bind(acc.transpose(1, 0, 2, 3), y4, tmp)
+            return _compiled_step(ins[0].reshape(n * c, h, wd), xf, ft.type(zx), step, finish)
         if pointwise:
             xpad = overlay(sc[i_a], *s_pad)
             acc, tmp = sc[i_b], overlay(sc[i_a], *s_tmp)
@@ -244,6 +266,20 @@ def conv(ctx: OpContext):
             finish()
         return run
     return [(n, o, oh, ow)], bind
+
+
+def _compiled_step(x3, xf, zx, step, finish):
+    """x - zx into the float copy the compiled kernel reads (its padding is zero), the kernel, the
+    requantization."""
+    copyto, subtract = np.copyto, np.subtract
+
+    def run():
+        copyto(xf, x3)
+        if zx:
+            subtract(xf, zx, out=xf)
+        step()
+        finish()
+    return run
 
 
 @int8_kernel("MatMul", "FusedMatMul")

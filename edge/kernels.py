@@ -13,6 +13,7 @@ from typing import Callable, Dict
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .compiled import CLAMPS, bind_rows, use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
 
@@ -75,12 +76,15 @@ def conv(ctx: OpContext):
     has_bias = len(ctx.inputs) == 3
     if has_bias and ctx.inputs[2].shape != (o,):
         raise EdgeModelError(f"{ctx.op}: bias has shape {ctx.inputs[2].shape}, expected ({o},)")
-    act = _act(ctx.choice("activation", "none", ACTIVATIONS))
+    act_name = ctx.choice("activation", "none", ACTIVATIONS)
+    act = _act(act_name)
     depthwise = groups == c and cg == 1 and o == c
     pointwise = kh == kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded and groups == 1
+    # depthwise on the compiled kernel (edge/compiled.py), decided here, once: it needs no scratch
+    compiled = depthwise and ctx.inputs[0].data is None and use_compiled()
     og, kk, p = o // groups, kh * kw, oh * ow
     # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
-    wide = None if pointwise else WideIm2col(g, compact=not depthwise)
+    wide = None if pointwise or compiled else WideIm2col(g, compact=not depthwise)
     if wide is not None:
         s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
             ((o, n * wide.L), np.float32)
@@ -108,6 +112,8 @@ def conv(ctx: OpContext):
                 matmul(w2, x3, out=y3)
                 finish()
             return run_pointwise
+        if compiled:
+            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act)
         cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
         gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
         res, y4 = wide.out_view(acc), y.transpose(1, 0, 2, 3)
@@ -149,6 +155,26 @@ def conv(ctx: OpContext):
             finish_wide()
         return run_gemm
     return [(n, o, oh, ow)], bind
+
+
+def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act):
+    """y = act(depthwise(x, wt) + bias) in one compiled pass per (image, channel); relu and relu6
+    are the kernel's clamp, tanh and sigmoid a pass after it. Constant weights and bias (read-only
+    views of the file) are copied once; arena views are used in place."""
+    c, kh, kw = wt.shape[0], wt.shape[2], wt.shape[3]
+    w3 = wt.reshape(c, kh, kw)
+    w3 = w3 if w3.flags.writeable else w3.copy()
+    b = np.zeros(c, np.float32) if bias is None else (bias if bias.flags.writeable else bias.copy())
+    lo, hi = CLAMPS.get(act_name, CLAMPS["none"])
+    step = bind_rows(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow))
+    post = None if act_name in CLAMPS else act
+    if post is None:
+        return step
+
+    def run():
+        step()
+        post(y)
+    return run
 
 
 @kernel("MatMul", "FusedMatMul")

@@ -1,0 +1,96 @@
+"""Depthwise convolutions on the compiled kernel (isthmus.jit.depthwise), for the fp32 and int8 kernels.
+
+numpy runs a depthwise convolution as an im2col copy (kh*kw times the input) and an einsum over
+it; the compiled kernel makes one pass per (image, channel) row with the taps in registers.
+Whether a kernel uses it is decided once, when it is prepared (`use_compiled`: numba imports
+and ISTHMUS_JIT is not 0): the choice fixes the scratch the arena plans (none for fp32; an input
+copy, an accumulator and the requantization's temporary for int8), so it cannot change per call.
+numba itself is imported when the first such kernel is bound, never at `import isthmus.edge`.
+
+int8 runs the same float kernel on exact integers: see `exact_int8_bias`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+from ..jit import available as _jit_available  # not `from .. import jit`: isthmus.__getattr__ would load core
+from .opcontext import Window
+
+CLAMPS = {"none": (-math.inf, math.inf), "relu": (0.0, math.inf), "relu6": (0.0, 6.0)}
+_MANTISSA = {np.dtype(np.float32): (24, -149), np.dtype(np.float64): (53, -1074)}  # bits, smallest exponent
+
+
+def use_compiled() -> bool:
+    """Whether a depthwise kernel prepared now runs compiled (read per prepare: tests flip ISTHMUS_JIT)."""
+    return _jit_available()
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """What jit.depthwise.depthwise_rows reads of a convolution's geometry."""
+    pads: Tuple[Tuple[int, int], Tuple[int, int]]
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+
+
+def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
+              out3: np.ndarray) -> Callable[[], None]:
+    """A step writing out3 [R, OH, OW] = clamp(bias + depthwise(x3 [R, H, W], w3 [C, kh, kw]), lo, hi).
+    Every array is contiguous, writeable (numba compiles read-only arrays as another type) and of
+    one float dtype; bias is [C] (zeros for none). Imports numba on the first call."""
+    from ..jit.depthwise import depthwise_rows
+    for name, a in (("x", x3), ("weights", w3), ("bias", bias), ("out", out3)):
+        if not (a.flags.c_contiguous and a.flags.writeable) or a.dtype != x3.dtype:
+            raise ValueError(f"compiled depthwise: {name} must be contiguous, writeable {x3.dtype}")
+    geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
+    rows = x3.shape[0]
+
+    def run():
+        depthwise_rows(x3, w3, bias, geo, lo, hi, out3, 0, rows)
+    return run
+
+
+def _low_bit(v: np.ndarray) -> np.ndarray:
+    """The exponent of each nonzero float64's lowest set bit (v = odd * 2^result)."""
+    m, e = np.frexp(np.abs(v))
+    mi = (m * 2.0 ** 53).astype(np.int64)  # the 53-bit integer mantissa, exact
+    tz = np.zeros_like(mi)
+    low = mi & -mi
+    nz = low > 0
+    tz[nz] = np.log2(low[nz].astype(np.float64)).astype(np.int64)
+    return e.astype(np.int64) - 53 + tz
+
+
+def exact_int8_bias(w: np.ndarray, brow: Optional[np.ndarray], zx: int, spread: int, dtype) -> Optional[np.ndarray]:
+    """The bias that makes the compiled kernel on (x - zx) (zero padding) give the numpy path's
+    accumulator brow + sum w * x_pad (x_pad padded with zx) exactly, or None when that is not sure.
+
+    w: [C, K] float weights (integers, or integers times powers of two and a short multiplier, as
+    the int8 conv makes them), brow: [C] or None. The kernel computes brow + zx * sum_k w + sum_k
+    w * (x - zx); on the real interior that is brow + sum w * x, and a padded tap adds w * 0 here
+    where the numpy path adds w * zx, which the bias holds. Both are exact, hence bit-identical,
+    when every value is a multiple of 2^p_c (per channel c) and every partial sum stays below
+    2^(mantissa + p_c): bound |b_c| + spread * sum_k |w_ck|, spread = max |x - zx|.
+    """
+    dt = np.dtype(dtype)
+    bits, smallest = _MANTISSA[dt]
+    w64 = w.astype(np.float64)
+    b64 = np.zeros(w.shape[0]) if brow is None else np.asarray(brow, np.float64).reshape(-1)
+    b = b64 + zx * w64.sum(axis=1)  # exact in float64: tens of products of <= 24-bit values
+    if not np.array_equal(b.astype(dt).astype(np.float64), b):
+        return None
+    vals = np.concatenate([w64, b[:, None]], axis=1)
+    low = np.where(vals != 0, _low_bit(vals), np.iinfo(np.int64).max).min(axis=1)
+    low = np.where(low == np.iinfo(np.int64).max, 0, low)  # an all-zero channel
+    if int(low.min()) < smallest:
+        return None
+    bound = np.abs(b) + spread * np.abs(w64).sum(axis=1)
+    if np.any(np.ldexp(bound, -low) >= 2.0 ** bits):
+        return None
+    return b.astype(dt)

@@ -1,0 +1,180 @@
+"""Depthwise convolutions on both edge paths: the compiled kernel (isthmus.jit, numba) and the
+numpy one (ISTHMUS_JIT=0). fp32 against a hand-written numpy reference, int8 against the plain
+integer reference and bit for bit between the paths, and whole MobileNet-style models equal
+between the paths."""
+import math
+
+import numpy as np
+import pytest
+
+from isthmus import jit
+from isthmus.edge import Interpreter
+from isthmus.edge.compiled import exact_int8_bias
+
+from . import cnn
+from .singleop import Out, q, run
+from .test_kernels_fp32 import conv_ref
+from .test_kernels_int8 import conv_acc, f32, requant
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernel_path(request, monkeypatch):
+    """Runs the test with the depthwise kernels compiled, then on numpy; counts the compiled calls."""
+    import isthmus.jit.depthwise as jd
+    monkeypatch.setenv("ISTHMUS_JIT", "1" if request.param == "compiled" else "0")
+    assert jit.available() == (request.param == "compiled"), "numba is a dependency: it must import"
+    calls = []
+    real = jd.depthwise_rows
+    monkeypatch.setattr(jd, "depthwise_rows", lambda *a: calls.append(a[0].dtype) or real(*a))
+    return request.param, calls
+
+
+def _paths(monkeypatch, make):
+    """make() under ISTHMUS_JIT=1, then under 0 (each prepares its interpreter itself)."""
+    out = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ISTHMUS_JIT", flag)
+        out.append(make())
+    return out
+
+
+ACTS = {"none": lambda y: y, "relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6),
+        "tanh": np.tanh, "sigmoid": lambda y: 1 / (1 + np.exp(-y))}
+
+# x shape, kernel, strides, dilations, pads (t, b, l, r), bias, activation
+FP32_CASES = [
+    ((1, 8, 12, 12), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), True, "relu6"),  # MobileNet's stride 1
+    ((1, 8, 12, 12), (3, 3), (2, 2), (1, 1), (0, 1, 0, 1), True, "relu6"),  # stride 2, SAME
+    ((1, 8, 13, 11), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False, "none"),  # stride 2, odd sizes
+    ((2, 6, 10, 9), (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), True, "relu"),  # batch 2, valid
+    ((1, 5, 11, 9), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), True, "none"),  # 5x5
+    ((2, 6, 6, 6), (5, 5), (2, 2), (1, 1), (2, 2, 2, 2), False, "tanh"),  # 5x5 stride 2, batch 2
+    ((1, 4, 12, 12), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), True, "relu"),  # dilation 2
+    ((2, 6, 11, 13), (3, 3), (3, 2), (2, 3), (2, 1, 3, 0), True, "sigmoid"),  # mixed strides and dilations
+    ((1, 3, 9, 9), (3, 3), (2, 1), (1, 1), (1, 0, 1, 0), False, "relu6"),  # stride 2 x 1, asymmetric pads
+    ((1, 3, 7, 7), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), True, "relu"),  # 1x1 depthwise: a scale per channel
+]
+
+
+@pytest.mark.parametrize("xs,k,strides,dil,pads,has_bias,act", FP32_CASES)
+def test_fp32_depthwise_against_reference(kernel_path, xs, k, strides, dil, pads, has_bias, act):
+    path, calls = kernel_path
+    rng = np.random.default_rng(abs(hash((xs, k, strides, dil, pads))) % 2 ** 32)
+    c = xs[1]
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal((c, 1) + k).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    want = conv_ref(x, w, strides, dil, pads, c) + (b.reshape(1, c, 1, 1) if has_bias else 0)
+    want = ACTS[act](want)
+    attrs = {"strides": list(strides), "dilations": list(dil), "pads": list(pads), "groups": c, "activation": act}
+    args = [q(x, 1, 0), q(w, 1, 0, const=True)] + ([q(b, 1, 0, const=True)] if has_bias else [])
+    for a in args:
+        a.scale = None  # plain float tensors
+    got = run("FusedConv2D", args, Out("float32"), want.shape, attrs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == ([np.dtype(np.float32)] * 2 if path == "compiled" else [])  # run() invokes twice
+
+
+def _int8_case(rng, xs, k, strides, dil, pads, act, scales):
+    c = xs[1]
+    x, w = rng.integers(-128, 128, xs).astype(np.int8), rng.integers(-127, 128, (c, 1) + k).astype(np.int8)
+    sx, zx = f32(0.03), int(rng.integers(-20, 20))
+    sy, zy = f32(0.05 * (k[0] * k[1]) ** 0.5), int(rng.integers(-10, 10))
+    if scales == "pow2":  # quantize_to_edge's default: channel scales powers of two apart
+        sw = f32(0.02 * np.ldexp(1.0, -rng.integers(0, 4, c)))
+    elif scales == "short":  # and a short multiplier (few significant bits): float32 requantization
+        sw = f32(np.ldexp(1.0, -rng.integers(6, 9, c)))
+        sx, sy = f32(0.046875), f32(0.25)
+    else:  # each channel its own scale: the per-channel Requantizer
+        sw = f32(rng.uniform(0.002, 0.02, c))
+    bias = rng.integers(-3000, 3000, c).astype(np.int32)
+    acc = conv_acc(x, zx, w, np.zeros(c), strides, dil, pads, c) + bias.reshape(1, -1, 1, 1)
+    lo = max(-128, zy) if act != "none" else -128
+    hi = min(127, zy + round(6 / sy)) if act == "relu6" else 127
+    want = requant(acc, sx * sw / sy, zy, lo, hi, channel_axis=1)
+    args = [q(x, sx, zx), q(w, sw, np.zeros(c), const=True, axis=0), q(bias, sx * sw, np.zeros(c), const=True, axis=0)]
+    attrs = {"strides": list(strides), "dilations": list(dil), "pads": list(pads), "groups": c, "activation": act}
+    return args, attrs, sy, zy, want
+
+
+INT8_CASES = [(xs, k, s, d, p, act) for xs, k, s, d, p, _, act in FP32_CASES if act in ("none", "relu", "relu6")]
+
+
+@pytest.mark.parametrize("scales", ["free", "pow2", "short"])
+@pytest.mark.parametrize("xs,k,strides,dil,pads,act", INT8_CASES)
+def test_int8_depthwise_against_integer_reference(kernel_path, monkeypatch, xs, k, strides, dil, pads, act, scales):
+    path, calls = kernel_path
+    import isthmus.edge.int8_kernels as k8
+    uni = []
+    real = k8._uniform
+    monkeypatch.setattr(k8, "_uniform", lambda *a: uni.append(real(*a)) or uni[-1])
+    rng = np.random.default_rng(abs(hash((xs, k, strides, dil, pads, scales))) % 2 ** 32)
+    args, attrs, sy, zy, want = _int8_case(rng, xs, k, strides, dil, pads, act, scales)
+    got = run("FusedConv2D", args, Out("int8", [sy], [zy]), want.shape, attrs)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 3  # the case exercises the range, not only the clamp
+    # the requantization the case meant to reach, and the compiled kernel on the compiled path
+    assert (uni[0] is not None) == (scales != "free") and (scales != "short" or uni[0][0].short)
+    assert calls == ([np.dtype(np.float32)] * 2 if path == "compiled" else [])
+
+
+@pytest.mark.parametrize("scales", ["free", "pow2", "short"])
+@pytest.mark.parametrize("zx", [-128, 0, 37, 127])
+def test_int8_paths_are_bit_identical(monkeypatch, zx, scales):
+    """The same file on both paths, many inputs, the input zero point at its extremes."""
+    rng = np.random.default_rng(zx + 200)
+    args, attrs, sy, zy, _ = _int8_case(rng, (2, 12, 14, 14), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "relu6", scales)
+    args[0].zero_point = [zx]
+    from .singleop import model
+    data = model("FusedConv2D", args, Out("int8", [sy], [zy]), (2, 12, 7, 7), attrs)
+    fast, slow = _paths(monkeypatch, lambda: Interpreter(data))
+    for seed in range(3):
+        xv = np.random.default_rng(seed).integers(-128, 128, (2, 12, 14, 14)).astype(np.int8)
+        np.testing.assert_array_equal(fast.invoke(xv)[0], slow.invoke(xv)[0])
+
+
+def test_exact_int8_bias_refuses_what_float32_cannot_hold():
+    w = np.full((2, 9), 127.0, np.float32)
+    b = exact_int8_bias(w, np.array([5.0, -7.0]), 3, 131, np.float32)
+    np.testing.assert_array_equal(b, [5.0 + 3 * 9 * 127, -7.0 + 3 * 9 * 127])
+    # partial sums up to 2^24: refused in float32, taken in float64
+    assert exact_int8_bias(w, np.array([2.0 ** 24, 0.0]), 0, 255, np.float32) is None
+    assert exact_int8_bias(w, np.array([2.0 ** 24, 0.0]), 0, 255, np.float64) is not None
+    # weights with low bits: 127 * 2^-20 * 9 taps * 255 needs 8 + 4 + 8 bits above 2^-20, fine; a bias
+    # at 2^-30 spreads the channel over 2^(30 + 20) quanta: refused
+    wl = (w * 2.0 ** -20).astype(np.float32)
+    assert exact_int8_bias(wl, None, 0, 255, np.float32) is not None
+    assert exact_int8_bias(wl, np.array([2.0 ** -30, 0.0]), 0, 255, np.float32) is None
+    # a bias float32 cannot hold at all
+    assert exact_int8_bias(w, np.array([1 + 2.0 ** -30, 0.0]), 0, 255, np.float32) is None
+
+
+def test_whole_models_agree_between_paths(monkeypatch):
+    """tests/edge/cnn.py's MobileNet-style model (conv, depthwise, pointwise, residual, pools, dense):
+    fp32 to float rounding, int8 bit for bit; the compiled path plans a smaller arena for fp32."""
+    fp_fast, fp_slow = _paths(monkeypatch, lambda: Interpreter(cnn.fp32()))
+    q_fast, q_slow = _paths(monkeypatch, lambda: Interpreter(cnn.int8()))
+    assert fp_fast.arena_bytes <= fp_slow.arena_bytes
+    for seed in range(3):
+        xv = np.random.default_rng(seed).standard_normal(cnn.SHAPE).astype(np.float32) * (1 + seed)
+        np.testing.assert_allclose(fp_fast.invoke(xv)[0], fp_slow.invoke(xv)[0], rtol=1e-5, atol=1e-6)
+        a, b = q_fast.invoke(xv)[0], q_slow.invoke(xv)[0]
+        np.testing.assert_array_equal(a, b)
+        assert np.ptp(a) > 0
+
+
+def test_quantized_mobilenet_agrees_bit_for_bit_between_paths(monkeypatch):
+    """quantize_to_edge's default file (pow2 channel scales, short multipliers: float32 requantization)
+    through core and the converters, as the benchmark runs it."""
+    from isthmus.converters.quantize import quantize_to_edge
+    from .test_int8_uniform import _mobilenet_like
+    sess, x, logits = _mobilenet_like()
+    rng = np.random.default_rng(11)
+    calib = [{x: rng.standard_normal((1, 3, 20, 20)).astype(np.float32)} for _ in range(3)]
+    data = quantize_to_edge(sess, [logits], calib)[0]
+    fast, slow = _paths(monkeypatch, lambda: Interpreter(data))
+    for seed in range(3):
+        xv = np.random.default_rng(seed).standard_normal((1, 3, 20, 20)).astype(np.float32) * (1 + seed)
+        a, b = fast.invoke(xv)[0], slow.invoke(xv)[0]
+        np.testing.assert_array_equal(a, b)
+        assert np.ptp(a) > 0

@@ -1,6 +1,6 @@
 """Tensor transfer between two tasks on loopback: isthmus RecvTensor vs a raw gRPC unary call.
 
-    python benchmarks/cloud_transfer.py [--out cloud_transfer.json] [--quick]
+    python benchmarks/cloud_transfer.py [--out cloud_transfer.json] [--quick] [--crossover]
 
 A worker task runs in a subprocess (its own gRPC server, its Worker configured as a cluster
 task's: a value bound for another task is laid out as its RecvTensor messages when the Send
@@ -13,6 +13,17 @@ contenders alternating which goes first. The tensor is drawn by a random op in t
 part (as a layer's output would be), so no size is limited by the registered graph's message
 size. Reports median seconds, MB/s, the ratio raw / isthmus time (throughput ratio; for 4 KiB
 the round-trip ratio isthmus / raw), the targets of issue #4 and whether each is met.
+
+Two isthmus paths run in the same run, each against the same raw call, the three taking
+turns in a rotating order: `default` (what a task gets: on one host, tensors of at least
+the shm threshold come through a /dev/shm segment, cloud/shm.py) and `grpc` (shared
+memory off: the bytes through gRPC). Each row says which path its transfers took
+(`path`: counted by the client). A segment is written when the Send runs, as the gRPC
+path's messages are laid out then, so neither is in the timed transfer; the step that
+runs the Send is timed too (`send_step_median_s`, a RunGraph round trip plus that layout),
+and so is dropping the received array (`release_median_s`: a segment's pages are freed
+then). `--crossover` times smaller sizes with every tensor through shared memory against
+the gRPC path, to place the threshold.
 """
 from __future__ import annotations
 
@@ -28,15 +39,18 @@ from isthmus.cloud import wire
 
 SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "64MiB": 64 << 20}
 REPS = {"4KiB": 300, "1MiB": 100, "16MiB": 30, "64MiB": 8}
+CROSSOVER = {"16KiB": 16 << 10, "64KiB": 64 << 10, "128KiB": 128 << 10, "256KiB": 256 << 10,
+             "512KiB": 512 << 10, "1MiB": 1 << 20}
 SRC = "/job:worker/task:0/device:CPU:0"
-DST = "/job:worker/task:1/device:CPU:0"
+# one destination task per path: the sender learns per destination that it shares the host
+DST = {"default": "/job:worker/task:1/device:CPU:0", "grpc": "/job:worker/task:2/device:CPU:0"}
 RAW_METHOD = "/bench.Raw/Get"
 # issue #4: small-tensor round trip <= 1.3x raw; >= 1.0x raw throughput at 1 and 16 MiB; >= 2x at 64 MiB
 TARGETS = {"4KiB": ("round_trip_ratio", "<=", 1.3), "1MiB": ("throughput_ratio", ">=", 1.0),
            "16MiB": ("throughput_ratio", ">=", 1.0), "64MiB": ("throughput_ratio", ">=", 2.0)}
 
 
-def serve_forever(inline_bytes: int, chunk_bytes: int) -> None:
+def serve_forever(inline_bytes: int, chunk_bytes: int, shm_min_bytes: int) -> None:
     import grpc
     from isthmus.cloud import rpc
     from isthmus.cloud.worker import Worker
@@ -51,14 +65,23 @@ def serve_forever(inline_bytes: int, chunk_bytes: int) -> None:
         "Get": grpc.unary_unary_rpc_method_handler(raw_get, request_deserializer=None, response_serializer=None)})
     # wire=True as cloud/server.py's tasks: the Send lays the value out for the wire (untimed here,
     # as the raw method's payload is pre-built)
-    worker = Worker("/job:worker/task:0", wire=True, inline_bytes=inline_bytes, chunk_bytes=chunk_bytes)
+    worker = Worker("/job:worker/task:0", wire=True, inline_bytes=inline_bytes, chunk_bytes=chunk_bytes,
+                    shm_min_bytes=shm_min_bytes)
     server, port = rpc.serve(worker, extra_handlers=[handler], max_workers=4)
     print(port, flush=True)
     sys.stdin.read()  # until the parent closes our stdin
     server.stop(grace=None)
+    worker.close()
+
+
+def _met(row: dict, label: str) -> None:
+    metric, op, bound = TARGETS[label]
+    row["target"] = f"{metric} {op} {bound}"
+    row["target_met"] = bool(row[metric] <= bound if op == "<=" else row[metric] >= bound)
 
 
 def main(argv=None) -> int:
+    from isthmus.cloud import shm
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -66,83 +89,118 @@ def main(argv=None) -> int:
                    help="tensors above this stream (default %(default)s, the Worker's default)")
     p.add_argument("--chunk-kib", type=int, default=wire.DEFAULT_CHUNK_BYTES >> 10,
                    help="streamed chunk size (default %(default)s, the Worker's default)")
-    p.add_argument("--sizes", default=",".join(SIZES), help="which sizes (default %(default)s)")
+    p.add_argument("--shm-min-kib", type=int, default=shm.DEFAULT_MIN_BYTES >> 10,
+                   help="tensors of at least this go through shared memory (default %(default)s, the Worker's)")
+    p.add_argument("--sizes", default=None, help=f"which sizes (default {','.join(SIZES)})")
+    p.add_argument("--crossover", action="store_true",
+                   help=f"every tensor through shared memory, sizes {','.join(CROSSOVER)}: where it starts to win")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--shm-min-bytes", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve:
-        serve_forever(a.inline_kib << 10, a.chunk_kib << 10)
+        serve_forever(a.inline_kib << 10, a.chunk_kib << 10, a.shm_min_bytes or a.shm_min_kib << 10)
         return 0
-    import grpc
     import numpy as np
 
     import isthmus as ism
     from isthmus.cloud import rpc
     from isthmus.core.ops.comm import send
 
+    table = CROSSOVER if a.crossover else SIZES
+    shm_min = 1 if a.crossover else a.shm_min_kib << 10
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", "--inline-kib", str(a.inline_kib),
-                             "--chunk-kib", str(a.chunk_kib)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+                             "--chunk-kib", str(a.chunk_kib), "--shm-min-bytes", str(shm_min)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())
         addr = f"127.0.0.1:{port}"
-        client = rpc.WorkerClient(addr, timeout=60.0, name="/job:worker/task:0")
+        client = rpc.WorkerClient(addr, timeout=60.0, name="/job:worker/task:0", shm_enabled=True)
+        plain = rpc.WorkerClient(addr, timeout=60.0, name="/job:worker/task:0", channel=client.channel,
+                                 shm_enabled=False)
+        clients = {"default": client, "grpc": plain}
         raw = client.channel.unary_unary(RAW_METHOD, request_serializer=None, response_deserializer=None)
-        results = {"benchmark": "cloud_transfer", "device": "loopback, one server subprocess + this client process",
+        results = {"benchmark": "cloud_transfer" + ("_crossover" if a.crossover else ""),
+                   "device": "loopback, one server subprocess + this client process",
                    "inline_bytes": a.inline_kib << 10, "chunk_bytes": a.chunk_kib << 10,
+                   "shm_min_bytes": shm_min, "shm_host": bool(shm.host_identity()),
                    "load_avg_1m": os.getloadavg()[0], "sizes": {}}
-        for label in a.sizes.split(","):
-            nbytes = SIZES[label]
-            reps = max(3, REPS[label] // (4 if a.quick else 1))
-            g = ism.Graph()
-            with g.as_default():
-                # made by an op on the sending task, not a Const: a 64 MiB constant would make the
-                # registered GraphDef itself larger than one gRPC message
-                v = ism.random_uniform((nbytes // 4,), -1.0, 1.0, seed=0, name="v")
-                send(v, f"{SRC};{DST};v:0", SRC, DST, name="send_v")
-            h = client.register_graph(g, SRC)
-            t_ism, t_raw = [], []
+        for label in (a.sizes.split(",") if a.sizes else table):
+            nbytes = table[label] if label in table else SIZES[label]
+            reps = max(3, REPS.get(label, 100) // (4 if a.quick else 1))
+            handles = {}
+            for path, dst in DST.items():  # one part per path, so each step's Send is timed alone
+                g = ism.Graph()
+                with g.as_default():
+                    # made by an op on the sending task, not a Const: a 64 MiB constant would make the
+                    # registered GraphDef itself larger than one gRPC message
+                    v = ism.random_uniform((nbytes // 4,), -1.0, 1.0, seed=0, name="v")
+                    send(v, f"{SRC};{dst};v:0", SRC, dst, name="send_v")
+                handles[path] = client.register_graph(g, SRC)
+            times = {"raw": [], "default": [], "grpc": []}
+            steps = {"default": [], "grpc": []}
+            release = {"raw": [], "default": [], "grpc": []}
+            reads0 = client.shm_reads
+            order = ["raw", "default", "grpc"]
             for i in range(reps + 2):
                 # once (up to 16 MiB: one RunGraph message) the step also returns the value through
-                # RunGraph's protobuf answer, the reference the received tensor must equal
+                # RunGraph's protobuf answer, the reference the received tensors must equal
                 check = i == 2 and nbytes <= 16 << 20
-                want = client.run_graph(h, i, {}, ["send_v", "v:0"] if check else ["send_v"])
-                if i % 2:
+                want = {}
+                for path in ("default", "grpc") if i % 2 else ("grpc", "default"):
                     t0 = time.perf_counter()
-                    arr = client.recv_tensor(SRC, DST, "v:0", i, timeout=60)
-                    t1 = time.perf_counter()
-                    body = raw(str(nbytes).encode(), timeout=60)
-                    t2 = time.perf_counter()
-                    ti, tr = t1 - t0, t2 - t1
-                else:
+                    got = client.run_graph(handles[path], i, {}, ["send_v", "v:0"] if check else ["send_v"])
+                    steps[path].append(time.perf_counter() - t0)
+                    want[path] = got[1] if check else None
+                took, held = {}, {}
+                for who in order[i % 3:] + order[:i % 3]:  # each goes first, second and third in turn
                     t0 = time.perf_counter()
-                    body = raw(str(nbytes).encode(), timeout=60)
-                    t1 = time.perf_counter()
-                    arr = client.recv_tensor(SRC, DST, "v:0", i, timeout=60)
-                    t2 = time.perf_counter()
-                    tr, ti = t1 - t0, t2 - t1
-                assert arr.nbytes == nbytes and len(body) == nbytes
+                    if who == "raw":
+                        held[who] = raw(str(nbytes).encode(), timeout=60)
+                    else:
+                        held[who] = clients[who].recv_tensor(SRC, DST[who], "v:0", i, timeout=60)
+                    took[who] = time.perf_counter() - t0
+                assert len(held["raw"]) == nbytes and held["default"].nbytes == nbytes == held["grpc"].nbytes
                 if check:
-                    np.testing.assert_array_equal(arr, want[1])
+                    np.testing.assert_array_equal(held["default"], want["default"])
+                    np.testing.assert_array_equal(held["grpc"], want["grpc"])
+                for who in order:  # dropping what was received, timed apart
+                    t0 = time.perf_counter()
+                    del held[who]
+                    t1 = time.perf_counter()
+                    if i >= 2:
+                        release[who].append(t1 - t0)
                 if i >= 2:  # the first two are warm-ups
-                    t_ism.append(ti)
-                    t_raw.append(tr)
-            client.deregister_graph(h)
-            mi, mr = statistics.median(t_ism), statistics.median(t_raw)
-            row = {
-                "bytes": nbytes, "reps": reps,
-                "isthmus_median_s": mi, "raw_grpc_median_s": mr,
-                "isthmus_MBps": nbytes / mi / 1e6, "raw_grpc_MBps": nbytes / mr / 1e6,
-                "throughput_ratio": mr / mi, "round_trip_ratio": mi / mr,
-            }
-            metric, op, bound = TARGETS[label]
-            row["target"] = f"{metric} {op} {bound}"
-            row["target_met"] = bool(row[metric] <= bound if op == "<=" else row[metric] >= bound)
-            results["sizes"][label] = row
-            print(f"{label:>6}: isthmus {mi * 1e3:8.3f} ms ({nbytes / mi / 1e6:8.1f} MB/s)   "
-                  f"raw gRPC {mr * 1e3:8.3f} ms ({nbytes / mr / 1e6:8.1f} MB/s)   ratio {mr / mi:.2f}x   "
-                  f"target {row['target']}: {'met' if row['target_met'] else 'NOT met'}", file=sys.stderr)
+                    for who in order:
+                        times[who].append(took[who])
+            for h in handles.values():
+                client.deregister_graph(h)
+            mr = statistics.median(times["raw"])
+            rows = {}
+            shm_used = client.shm_reads - reads0
+            for path in ("default", "grpc"):
+                mi = statistics.median(times[path])
+                row = {"path": ("shm" if shm_used == reps + 2 else "shm+grpc" if shm_used else "grpc")
+                       if path == "default" else "grpc",
+                       "bytes": nbytes, "reps": reps, "isthmus_median_s": mi, "raw_grpc_median_s": mr,
+                       "isthmus_MBps": nbytes / mi / 1e6, "raw_grpc_MBps": nbytes / mr / 1e6,
+                       "throughput_ratio": mr / mi, "round_trip_ratio": mi / mr,
+                       "send_step_median_s": statistics.median(steps[path][2:]),
+                       "release_median_s": statistics.median(release[path]),
+                       "raw_release_median_s": statistics.median(release["raw"])}
+                if label in TARGETS and not a.crossover:
+                    _met(row, label)
+                rows[path] = row
+                print(f"{label:>6} {path:>7} ({row['path']:>4}): isthmus {mi * 1e3:8.3f} ms "
+                      f"({nbytes / mi / 1e6:8.1f} MB/s)   raw gRPC {mr * 1e3:8.3f} ms ({nbytes / mr / 1e6:8.1f} MB/s)"
+                      f"   ratio {mr / mi:.2f}x   send step {row['send_step_median_s'] * 1e3:.3f} ms   "
+                      + (f"target {row['target']}: {'met' if row['target_met'] else 'NOT met'}"
+                         if "target" in row else ""), file=sys.stderr)
+            results["sizes"][label] = rows
         client.close()
-        results["all_targets_met"] = all(r["target_met"] for r in results["sizes"].values())
+        if not a.crossover:
+            results["all_targets_met"] = all(r["default"].get("target_met", True) for r in results["sizes"].values())
+            results["all_targets_met_grpc_path"] = all(r["grpc"].get("target_met", True)
+                                                       for r in results["sizes"].values())
         results["load_avg_1m_after"] = os.getloadavg()[0]
     finally:
         proc.stdin.close()

@@ -185,6 +185,7 @@ class WorkerClient:
         on = shm.enabled_by_env() if shm_enabled is None else bool(shm_enabled)
         self.shm_host = shm.host_identity() if on else ""   # offered on every RecvTensor ("" : none)
         self.shm_failures = 0                               # segments named to us that we could not read
+        self.shm_reads = 0                                  # tensors received through shared memory
         self._recv_stream = ch.unary_stream(f"/{SERVICE}/RecvTensorStream", request_serializer=None,
                                             response_deserializer=wire.read_chunk)
 
@@ -298,7 +299,9 @@ class WorkerClient:
         name, size = named
         what = f"RecvTensor of {show((key[0], key[1], key[2], step_id))} from {self.name}"
         try:
-            return shm.read_segment(name, size, dtype, shape, self.max_tensor_bytes, what)
+            arr = shm.read_segment(name, size, dtype, shape, self.max_tensor_bytes, what)
+            self.shm_reads += 1
+            return arr
         except shm.ShmUnavailable:
             self.shm_failures += 1
             if self.shm_failures >= _SHM_FAILURES_KEPT:

@@ -50,9 +50,9 @@ from .tensor_codec import TensorCodecError
 
 ENV_VAR = "ISTHMUS_SHM"
 SHM_DIR = "/dev/shm"
-DEFAULT_MIN_BYTES = 256 << 10   # smaller tensors stay inline (benchmarks/cloud_transfer.py --crossover)
+DEFAULT_MIN_BYTES = 512 << 10   # smaller tensors stay inline: below this gRPC was as fast (cloud_transfer.py --crossover)
 DEFAULT_LEASE_S = 30.0          # a lent segment not taken in this time is unlinked by its sender
-_POLL_S = 0.05                  # how often a sender looks whether its lent segments were taken
+_POLL_S = 0.25                  # how often a sender's thread looks whether its lent segments were taken
 _NAME = re.compile(r"^isthmus-([0-9]{1,20})-([0-9]{1,10})-([0-9a-f]{32})$")
 _TAKEN = b"\x01"                # the mark byte after the payload, written by the receiver
 
@@ -124,11 +124,13 @@ class Segment:
         self.name = f"isthmus-{_pid_ns()}-{os.getpid()}-{secrets.token_hex(16)}"
         self.fd = os.open(_path(self.name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.posix_fallocate(self.fd, 0, self.nbytes + 1)  # a full /dev/shm fails here, not as SIGBUS later
             le = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
             if arr.flags.c_contiguous and arr.dtype == le:
+                # written, not mapped: a full /dev/shm is an error here (ENOSPC), never a SIGBUS
                 _write_all(self.fd, memoryview(arr).cast("B"))
-            else:  # strided or big-endian: one copy, straight into the segment
+                os.pwrite(self.fd, b"\0", self.nbytes)   # the mark byte, not taken yet
+            else:  # strided or big-endian: one copy, straight into the mapped segment
+                os.posix_fallocate(self.fd, 0, self.nbytes + 1)  # its pages exist before they are touched
                 with mmap.mmap(self.fd, self.nbytes) as m:
                     np.copyto(np.frombuffer(m, le).reshape(arr.shape), arr, casting="equiv")
         except BaseException:
@@ -243,16 +245,23 @@ class Lender:
         return dst_device in self.peers and getattr(value, "nbytes", 0) >= self.min_bytes
 
     def lend(self, seg: Segment, key: tuple) -> None:
+        """Keep `seg` (answered with) until its receiver marks it taken or its lease ends. The
+        segments lent before are looked at here, on the serving thread: waking the reaper
+        thread on every answer would cost each one a thread switch."""
+        if self._lent:
+            self.reap()
         with self._cond:
             if self._closed:
                 raise ShmUnavailable(f"shared memory is closed on this task; {seg.name} not lent")
             seg.deadline = time.monotonic() + self.lease_s
+            was_empty = not self._lent
             self._lent[seg.name] = (seg, key)
             self.lent_total += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._reap_loop, name="isthmus-shm-reaper", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if was_empty:
+                self._cond.notify()
 
     def reclaim(self, name: str, key: tuple) -> Optional[Segment]:
         """The segment lent as `name` for `key` (its caller could not read it), or None."""
@@ -291,9 +300,10 @@ class Lender:
             with self._cond:
                 while not self._lent and not self._closed:
                     self._cond.wait()
+                if not self._closed:
+                    self._cond.wait(_POLL_S)
                 if self._closed:
                     return
-                self._cond.wait(_POLL_S)
             self.reap()
 
     def close(self) -> None:

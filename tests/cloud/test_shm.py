@@ -182,12 +182,13 @@ def test_full_dev_shm_falls_back_to_grpc(sender, monkeypatch):
 
     def full(fd, off, n):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(os, "posix_fallocate", full)
-    v = np.arange(4096, dtype=np.int32)
-    for step in (1, 2):
-        w._deposit((D0, D1, "x:0", step), v)
-        assert c.recv_tensor(D0, D1, "x:0", step, timeout=5).tobytes() == v.tobytes()
-    assert w.shm.lent_total == 0 and not shm.segments([os.getpid()])
+    monkeypatch.setattr(os, "posix_fallocate", full)          # the strided path's
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, off: full(fd, off, len(data)))  # the contiguous one's
+    for v in (np.arange(4096, dtype=np.int32), np.arange(8192, dtype=np.int32)[::2]):
+        for step in (1, 2):
+            w._deposit((D0, D1, "x:0", step), v)
+            assert c.recv_tensor(D0, D1, "x:0", step, timeout=5).tobytes() == v.tobytes()
+        assert w.shm.lent_total == 0 and not shm.segments([os.getpid()])
 
 
 def test_no_segment_outlives_an_aborted_step_or_a_stopped_task(sender):

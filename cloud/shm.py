@@ -88,11 +88,17 @@ def host_identity() -> str:
     return _identity[0]
 
 
+_ns: list = []
+
+
 def _pid_ns() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
+    """This process's pid namespace (a pid names a process only within its namespace)."""
+    if not _ns:
+        try:
+            _ns.append(os.stat("/proc/self/ns/pid").st_ino)
+        except OSError:
+            _ns.append(0)
+    return _ns[0]
 
 
 def _path(name: str) -> str:

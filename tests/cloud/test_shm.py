@@ -257,7 +257,7 @@ def _answer(name, nbytes, dtype=tensor_pb2.DT_FLOAT32, shape=(4, 4)):
     return worker_pb2.RecvTensorResponse(tensor=t, shm_name=name, shm_bytes=nbytes).SerializeToString()
 
 
-def test_a_bad_descriptor_is_refused_naming_the_tensor(tmp_path):
+def test_a_bad_descriptor_is_refused_naming_the_tensor():
     good = "isthmus-1-2-" + "ab" * 16
     wrong_size = f"isthmus-1-2-{os.urandom(16).hex()}"
     with open(os.path.join(shm.SHM_DIR, wrong_size), "wb") as f:   # a file of that name, 10 bytes

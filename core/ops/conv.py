@@ -8,7 +8,8 @@ the im2col matrix one image at a time and multiplies it. 1x1 convolutions are a 
 input as it lies. The filter gradient is the same GEMMs against the same columns; the input
 gradient of a stride-1 convolution is itself a convolution (of dy with the flipped, transposed
 weights), else one GEMM and one strided add per kernel tap. Depthwise convolutions skip the
-GEMM: depthwise.py (forward) and a multiply-add per kernel tap (gradients).
+GEMM: compiled loops (isthmus.jit, forward and both gradients) where numba serves, else
+depthwise.py's chunked forward and a multiply-add per kernel tap for the gradients.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import ARENAS, DepthwiseConv, _immutable
+from .depthwise import (ARENAS, DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad,
+                        compiled_ok)
 from .fused import activation_inplace
 
 __all__ = ["conv2d", "depthwise_conv2d", "max_pool", "avg_pool", "global_avg_pool"]
@@ -340,6 +342,8 @@ def _kernel_conv_input(node, ctx):
         o = w.shape[0]
         hs = g.sh * (g.oh - 1) + 1
         ws = g.sw * (g.ow - 1) + 1
+        if _depthwise(node, w.shape, c) and compiled_ok(xp, dy.dtype):
+            return compiled_input_grad(dy, w, g, x.shape)
         t2 = None if _depthwise(node, w.shape, c) else _transposed_geometry(g, h, wd)
         if t2 is not None and _row_taps(t2, w.shape[0]):
             wf = xp.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
@@ -446,6 +450,8 @@ def _kernel_conv_filter(node, ctx):
         n, c = x.shape[0], x.shape[1]
         g = _geometry(node, x.shape, w.shape)
         o = w.shape[0]
+        if _depthwise(node, w.shape, c) and compiled_ok(xp, x.dtype):
+            return compiled_filter_grad(x, dy, g, w.shape)
         if _depthwise(node, w.shape, c):
             xpad = _padded(xp, x, g.pads)
             win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)

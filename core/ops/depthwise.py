@@ -1,4 +1,5 @@
-"""Forward depthwise convolution (one filter per channel) with its bias and activation.
+"""Forward depthwise convolution (one filter per channel) with its bias and activation; the
+compiled (isthmus.jit) forward and gradient kernels are called from here when numba serves.
 
 The input is processed in cache-sized chunks of (image, channel) rows. Each row is padded and
 flattened ("wide" layout): with stride 1, kernel tap (i, j) of all output rows is then one
@@ -121,6 +122,55 @@ class DepthwiseConv:
         if _immutable(w) and (bias is None or _immutable(bias)):
             self._tiled = (w, bias, lay.n, wt)  # holding w and bias keeps their identities unique
         return wt
+
+
+def compiled_ok(xp, dtype) -> bool:
+    """Whether the compiled depthwise kernels (isthmus.jit) serve arrays of this module and dtype now."""
+    return xp is np and dtype in _JIT_DTYPES and jit.available()
+
+
+def _split_rows(rows: int, macs: int):
+    """Row ranges for the threads a compiled depthwise kernel of `macs` multiply-adds uses."""
+    parts = threads(macs) if rows >= 2 else 1
+    cut = -(-rows // parts) if rows else 1
+    return [(r0, min(rows, r0 + cut)) for r0 in range(0, rows, cut)] or [(0, 0)]
+
+
+def compiled_input_grad(dy, w, g, x_shape):
+    """The input gradient [N, C, H, W] of a depthwise convolution by the compiled forward kernel
+    (a stride-1 convolution of dy with the weights flipped: jit.depthwise.input_grad_as_forward)."""
+    from ...jit.depthwise import depthwise_rows, input_grad_as_forward
+    n, c, h, wd = x_shape
+    rows, dt = n * c, dy.dtype
+    dys = np.ascontiguousarray(dy).reshape(rows, g.oh, g.ow)
+    src, wf, gt = input_grad_as_forward(dys, np.asarray(w, dtype=dt).reshape(c, g.kh, g.kw), g, h, wd)
+    dx = np.empty(x_shape, dtype=dt)
+    dxs = dx.reshape(rows, h, wd)
+    ranges = _split_rows(rows, rows * h * wd * g.kh * g.kw)
+    args = (src, wf, None, gt, -np.inf, np.inf, dxs)
+    futures = [_pool().submit(depthwise_rows, *args, r0, r1) for r0, r1 in ranges[1:]]
+    depthwise_rows(*args, *ranges[0])
+    for f in futures:
+        f.result()
+    return dx
+
+
+def compiled_filter_grad(x, dy, g, w_shape):
+    """The filter gradient [C, 1, kh, kw] of a depthwise convolution by the compiled kernel (sums
+    in float64; one accumulator per thread, added at the end)."""
+    from ...jit.depthwise import depthwise_filter_grad_rows
+    n, c, h, wd = x.shape
+    rows = n * c
+    xs = np.ascontiguousarray(x).reshape(rows, h, wd)
+    dys = np.ascontiguousarray(dy, dtype=x.dtype).reshape(rows, g.oh, g.ow)
+    ranges = _split_rows(rows, rows * g.oh * g.ow * g.kh * g.kw)
+    accs = [np.zeros((c, g.kh, g.kw)) for _ in ranges]
+    futures = [_pool().submit(depthwise_filter_grad_rows, xs, dys, g, acc, r0, r1)
+               for acc, (r0, r1) in zip(accs[1:], ranges[1:])]
+    depthwise_filter_grad_rows(xs, dys, g, accs[0], *ranges[0])
+    for f in futures:
+        f.result()
+    return sum(accs[1:], accs[0]).reshape(w_shape).astype(x.dtype)
 
 
 def _immutable(a) -> bool:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..jit import available as _jit_available  # not `from .. import jit`: isthmus.__getattr__ would load core
 from .opcontext import Window
+from .quant import MAGIC32
 
 CLAMPS = {"none": (-math.inf, math.inf), "relu": (0.0, math.inf), "relu6": (0.0, 6.0)}
 _MANTISSA = {np.dtype(np.float32): (24, -149), np.dtype(np.float64): (53, -1074)}  # bits, smallest exponent
@@ -53,6 +54,30 @@ def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: f
 
     def run():
         depthwise_rows(x3, w3, bias, geo, lo, hi, out3, 0, rows)
+    return run
+
+
+def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
+                   outf3: Optional[np.ndarray] = None, outq3: Optional[np.ndarray] = None,
+                   zy: int = 0) -> Callable[[], None]:
+    """A step running jit.depthwise_int8 on int8 x3 [R, H, W]: into outf3 (float, w3's dtype) the
+    accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
+    (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
+    then being its clamp in the accumulator's domain. bias must make the sums exact (exact_int8_bias)."""
+    from ..jit.depthwise_int8 import depthwise_int8_rows
+    for name, a in (("x", x3), ("weights", w3), ("bias", bias), ("out", outq3 if outf3 is None else outf3)):
+        if not (a.flags.c_contiguous and a.flags.writeable):
+            raise ValueError(f"compiled int8 depthwise: {name} must be contiguous and writeable")
+    if x3.dtype != np.int8 or bias.dtype != w3.dtype or (outf3 is not None and outf3.dtype != w3.dtype):
+        raise ValueError("compiled int8 depthwise: int8 x, and one float dtype for weights, bias and out")
+    if outq3 is not None and w3.dtype != np.float32:
+        raise ValueError("compiled int8 depthwise: the fused requantization is float32's")
+    geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
+    rows = x3.shape[0]
+    magic, base = MAGIC32 + zy, int(MAGIC32)
+
+    def run():
+        depthwise_int8_rows(x3, zx, w3, bias, geo, lo, hi, magic, base, outf3, outq3, 0, rows)
     return run
 
 

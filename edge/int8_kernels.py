@@ -42,7 +42,7 @@ from typing import Callable, Dict, List
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import bind_rows, exact_int8_bias, use_compiled
+from .compiled import bind_int8_rows, exact_int8_bias, use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 from .quant import (F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
@@ -191,10 +191,14 @@ def conv(ctx: OpContext):
     # requantizer works on the whole contiguous accumulator (a wide layout's junk columns included)
     s_tmp = ((o, n * oh * ow) if pointwise else (o, n * wide.L), np.float64) if uni is not None else \
         ((o, n, oh, ow), np.int64)
-    if cbias is not None:  # lifetimes inside the op: input copy -> accumulator -> temporary
+    # the short requantization (float32) runs inside the compiled kernel: no scratch at all
+    fused = cbias is not None and uni is not None and bias_scaled and ft == np.float32
+    if cbias is not None and not fused:  # the accumulator, then the requantization's temporary
         s_tmp = ((n, c, oh, ow), np.float64) if uni is not None else s_tmp
-        s_x, s_acc = ((n * c, h, wd), ft), ((n, c, oh, ow), ft)
-        i_a, i_b = ctx.shared_scratch(s_x, s_tmp), ctx.scratch(*s_acc)
+        s_acc = ((n, c, oh, ow), ft)
+        i_a, i_b = ctx.scratch(*s_tmp), ctx.scratch(*s_acc)
+    elif cbias is not None:
+        pass
     elif pointwise:  # the input itself (channels first) is the GEMM's operand
         s_pad, s_acc = ((c + extra, n, h, wd), ft), ((o, n * h * wd), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)
@@ -212,14 +216,18 @@ def conv(ctx: OpContext):
     def bind(ins, outs, sc):
         y4 = outs[0].transpose(1, 0, 2, 3)
         if cbias is not None:
-            xf, acc, tmp = overlay(sc[i_a], *s_x), sc[i_b].reshape(s_acc[0]), overlay(sc[i_a], *s_tmp)
-            step = bind_rows(xf, wnat.reshape(c, kh, kw), cbias, g, -math.inf, math.inf, acc.reshape(n * c, oh, ow))
+            x3, w3 = ins[0].reshape(n * c, h, wd), wnat.reshape(c, kh, kw)
+            if fused:
+                return bind_int8_rows(x3, zx, w3, cbias, g, float(uni.lo - uni.zp), float(uni.hi - uni.zp),
+                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp)
+            acc, tmp = sc[i_b], sc[i_a]
+            step = bind_int8_rows(x3, zx, w3, cbias, g, -math.inf, math.inf, outf3=acc.reshape(n * c, oh, ow))
             if uni is not None:
                 finish = uni.bind(acc, None if ft == np.float64 else tmp, lambda a: a.reshape(n, c, oh, ow),
                                   outs[0], bias_scaled)
             else:
                 finish = rq.bind(acc.transpose(1, 0, 2, 3), y4, tmp)
-            return _compiled_step(ins[0].reshape(n * c, h, wd), xf, ft.type(zx), step, finish)
+            return _compiled_step(step, finish)
         if pointwise:
             xpad = overlay(sc[i_a], *s_pad)
             acc, tmp = sc[i_b], overlay(sc[i_a], *s_tmp)
@@ -268,15 +276,8 @@ def conv(ctx: OpContext):
     return [(n, o, oh, ow)], bind
 
 
-def _compiled_step(x3, xf, zx, step, finish):
-    """x - zx into the float copy the compiled kernel reads (its padding is zero), the kernel, the
-    requantization."""
-    copyto, subtract = np.copyto, np.subtract
-
+def _compiled_step(step, finish):
     def run():
-        copyto(xf, x3)
-        if zx:
-            subtract(xf, zx, out=xf)
         step()
         finish()
     return run

@@ -21,11 +21,15 @@ from .test_kernels_int8 import conv_acc, f32, requant
 def kernel_path(request, monkeypatch):
     """Runs the test with the depthwise kernels compiled, then on numpy; counts the compiled calls."""
     import isthmus.jit.depthwise as jd
+    import isthmus.jit.depthwise_int8 as jq
     monkeypatch.setenv("ISTHMUS_JIT", "1" if request.param == "compiled" else "0")
     assert jit.available() == (request.param == "compiled"), "numba is a dependency: it must import"
     calls = []
-    real = jd.depthwise_rows
-    monkeypatch.setattr(jd, "depthwise_rows", lambda *a: calls.append(a[0].dtype) or real(*a))
+    real, real8 = jd.depthwise_rows, jq.depthwise_int8_rows
+    monkeypatch.setattr(jd, "depthwise_rows", lambda *a: calls.append("fp32") or real(*a))
+    # int8: whether the requantization ran fused (an int8 output) or after the kernel
+    monkeypatch.setattr(jq, "depthwise_int8_rows",
+                        lambda *a: calls.append("int8->int8" if a[-3] is not None else "int8") or real8(*a))
     return request.param, calls
 
 
@@ -72,7 +76,7 @@ def test_fp32_depthwise_against_reference(kernel_path, xs, k, strides, dil, pads
         a.scale = None  # plain float tensors
     got = run("FusedConv2D", args, Out("float32"), want.shape, attrs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert calls == ([np.dtype(np.float32)] * 2 if path == "compiled" else [])  # run() invokes twice
+    assert calls == (["fp32"] * 2 if path == "compiled" else [])  # run() invokes twice
 
 
 def _int8_case(rng, xs, k, strides, dil, pads, act, scales):
@@ -115,7 +119,7 @@ def test_int8_depthwise_against_integer_reference(kernel_path, monkeypatch, xs, 
     assert len(np.unique(got)) > 3  # the case exercises the range, not only the clamp
     # the requantization the case meant to reach, and the compiled kernel on the compiled path
     assert (uni[0] is not None) == (scales != "free") and (scales != "short" or uni[0][0].short)
-    assert calls == ([np.dtype(np.float32)] * 2 if path == "compiled" else [])
+    assert calls == ([("int8->int8" if scales == "short" else "int8")] * 2 if path == "compiled" else [])
 
 
 @pytest.mark.parametrize("scales", ["free", "pow2", "short"])

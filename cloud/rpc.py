@@ -117,7 +117,8 @@ class WorkerServicer:
     def GetStatus(self, request, context):
         s = self.worker.status()
         return worker_pb2.StatusResponse(task=s["task"], devices=s["devices"], handles=s["handles"],
-                                         steps_run=s["steps_run"], pending_tensors=s["pending_tensors"])
+                                         steps_run=s["steps_run"], pending_tensors=s["pending_tensors"],
+                                         shm_lent=s["shm_lent"])
 
 
 def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
@@ -327,7 +328,7 @@ class WorkerClient:
     def status(self, timeout: Optional[float] = None):
         r = self._call("GetStatus", worker_pb2.StatusRequest(), timeout)
         return {"task": r.task, "devices": list(r.devices), "handles": list(r.handles),
-                "steps_run": r.steps_run, "pending_tensors": r.pending_tensors}
+                "steps_run": r.steps_run, "pending_tensors": r.pending_tensors, "shm_lent": r.shm_lent}
 
     def close(self) -> None:
         if self._own_channel:

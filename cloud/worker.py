@@ -356,4 +356,5 @@ class Worker:
 
     def status(self) -> Dict[str, Any]:
         return {"task": self.task, "devices": list(self.devices), "handles": sorted(self._graphs),
-                "steps_run": self.steps_run, "pending_tensors": len(self.table.pending())}
+                "steps_run": self.steps_run, "pending_tensors": len(self.table.pending()),
+                "shm_lent": self.shm.lent_total if self.shm is not None else 0}

@@ -338,3 +338,42 @@ def test_a_distributed_step_through_shm_equals_the_grpc_path(monkeypatch):
     np.testing.assert_allclose(results[True][0][0], want[0], rtol=1e-5)
     np.testing.assert_allclose(results[True][0][1], want[1], rtol=1e-4, atol=1e-4)
     assert set(shm.segments()) - before == set()
+
+
+def test_tasks_in_their_own_processes_use_shm_and_a_killed_one_leaves_no_segment():
+    import isthmus as ism
+    from isthmus.cloud.local_cluster import LocalCluster
+    from isthmus.core.ops.comm import send
+    W0, W1 = "/job:worker/task:0", "/job:worker/task:1"
+    g = ism.Graph(seed=5)
+    with g.as_default():
+        with ism.device(W1):
+            x = ism.placeholder(ism.float32, (None, 512), name="x")
+            h = ism.tanh(x * 3.0, name="h")                       # 1 MiB at 512 rows: worker 1 -> worker 0
+        with ism.device(W0):
+            out = ism.reduce_sum(h * h + 1.0, axis=0, name="out")
+    xv = np.random.default_rng(6).standard_normal((512, 512)).astype(np.float32)
+    with ism.Session(g) as local:
+        want = local.run(out, {x: xv})
+    with LocalCluster({"worker": 2}, recv_timeout=10.0, shm_enabled=True) as c:
+        with ism.Session(g, target=c.target) as sess:
+            for _ in range(3):
+                np.testing.assert_allclose(sess.run(out, {x: xv}), want, rtol=1e-5)
+        w1 = rpc.WorkerClient(c.address("worker", 1), timeout=10.0, name=W1)
+        try:
+            assert w1.status()["shm_lent"] >= 3   # the receiving task (its own process) read segments
+            # a value waiting for its Recv when its task dies: worker 1 has learned that worker 0
+            # shares the host, so its Send lays it out in a segment
+            pg = ism.Graph()
+            with pg.as_default():
+                v = ism.placeholder(ism.float32, (None,), name="v")
+                send(v, f"{W1}/device:CPU:0;{W0}/device:CPU:0;v:0", f"{W1}/device:CPU:0", f"{W0}/device:CPU:0",
+                     name="send_v")
+            w1.run_graph(w1.register_graph(pg, f"{W1}/device:CPU:0"), 99, {"v:0": np.ones(1 << 18, np.float32)},
+                         ["send_v"])
+        finally:
+            w1.close()
+        pid = c.tasks[next(t for t in c.tasks if t.index == 1)].proc.pid
+        assert len(shm.segments([pid])) == 1
+        c.kill("worker", 1)
+        assert shm.segments([pid]) == []

@@ -52,7 +52,7 @@ ENV_VAR = "ISTHMUS_SHM"
 SHM_DIR = "/dev/shm"
 DEFAULT_MIN_BYTES = 512 << 10   # smaller tensors stay inline: below this gRPC was as fast (cloud_transfer.py --crossover)
 DEFAULT_LEASE_S = 30.0          # a lent segment not taken in this time is unlinked by its sender
-_POLL_S = 0.25                  # how often a sender's thread looks whether its lent segments were taken
+_POLL_S = 0.1                   # how often a sender's thread looks whether its lent segments were taken
 _NAME = re.compile(r"^isthmus-([0-9]{1,20})-([0-9]{1,10})-([0-9a-f]{32})$")
 _TAKEN = b"\x01"                # the mark byte after the payload, written by the receiver
 
@@ -252,10 +252,9 @@ class Lender:
 
     def lend(self, seg: Segment, key: tuple) -> None:
         """Keep `seg` (answered with) until its receiver marks it taken or its lease ends. The
-        segments lent before are looked at here, on the serving thread: waking the reaper
-        thread on every answer would cost each one a thread switch."""
-        if self._lent:
-            self.reap()
+        reaper thread closes it then, off the serving thread: the close may be what frees the
+        segment's pages (milliseconds for tens of MiB). It is woken only when it had nothing to
+        watch; waking it on every answer costs each answer a thread switch."""
         with self._cond:
             if self._closed:
                 raise ShmUnavailable(f"shared memory is closed on this task; {seg.name} not lent")

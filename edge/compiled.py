@@ -81,6 +81,37 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     return run
 
 
+def bind_short_requantization(acc: np.ndarray, view: Callable, out: np.ndarray, lo, hi, magic) \
+        -> Optional[Callable[[], None]]:
+    """quant.UniformRequantizer's short requantization as one compiled pass (jit.requantize), or None
+    where the layout does not allow it (the output's rows must be contiguous in order: batch 1, or
+    an output in the accumulator's own order) or the compiled kernels are off."""
+    if not use_compiled() or acc.dtype != np.float32 or not acc.flags.c_contiguous or not out.flags.writeable:
+        return None
+    v = view(acc)
+    if v.ndim == 0 or v.shape != out.shape or v.size == 0:
+        return None
+    cols = v.shape[-1]
+    try:
+        v2 = v.reshape(-1, cols, copy=False)
+        o2 = out.reshape(-1, cols, copy=False)
+    except (ValueError, TypeError):
+        return None
+    isz = acc.itemsize
+    if v2.strides[1] != isz or not o2.flags.c_contiguous or v2.ctypes.data != acc.ctypes.data \
+            or v2.strides[0] % isz or v2.strides[0] < cols * isz:
+        return None
+    from ..jit.requantize import requantize_rows
+    if v2.shape[0] * (v2.strides[0] // isz) != acc.size:
+        return None
+    a2 = acc.reshape(v2.shape[0], v2.strides[0] // isz)
+    lo, hi, magic, base = np.float32(lo), np.float32(hi), np.float32(magic), np.int32(MAGIC32)
+
+    def run():
+        requantize_rows(a2, lo, hi, magic, base, o2)
+    return run
+
+
 def _low_bit(v: np.ndarray) -> np.ndarray:
     """The exponent of each nonzero float64's lowest set bit (v = odd * 2^result)."""
     m, e = np.frexp(np.abs(v))

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .compiled import use_compiled
 from .format import EdgeModelError
 from .int8_kernels import int8_kernel
 from .kernels import reshape_target
@@ -148,9 +149,16 @@ def add(ctx: OpContext):
         # to fetch from memory after the convolutions between two adds have evicted it)
         m1, m2, kf = math.ldexp(q1, -shift), math.ldexp(q2, -shift), math.ldexp(float(k128), -shift)
         flo, fhi = float(lo + 128), float(hi + 128)
-        i_t, i_b = ctx.scratch(out, np.float64), ctx.scratch(shape2, np.float64)
+        compiled = shape2 == out and use_compiled()  # one compiled pass (jit.requantize.add_requantize)
+        if not compiled:
+            i_t, i_b = ctx.scratch(out, np.float64), ctx.scratch(shape2, np.float64)
 
         def bind(ins, outs, sc):
+            if compiled:  # arena views are contiguous; only a constant operand may need its copy
+                from ..jit.requantize import add_requantize
+                a1, b1 = (np.ascontiguousarray(v).reshape(-1) for v in ins)
+                y1 = outs[0].reshape(-1)
+                return lambda: add_requantize(a1, b1, m1, m2, kf, flo, fhi, y1)
             a, b, t, tb, u8 = ins[0], ins[1].reshape(shape2), sc[i_t], sc[i_b], outs[0].view(np.uint8)
             copyto, multiply, add_, clip, xor, top = np.copyto, np.multiply, np.add, clip_ufunc, np.bitwise_xor, np.uint8(128)
 

@@ -294,6 +294,10 @@ class UniformRequantizer:
                 raise EdgeModelError("the short requantization needs a float32 v M + eps (UniformRequantizer.short)")
             slo, shi = np.float32(self.lo - self.zp), np.float32(self.hi - self.zp)
             c32, bits = np.float32(MAGIC32 + self.zp), view(acc).view(np.int32)
+            from .compiled import bind_short_requantization  # (compiled.py imports this module)
+            fused = bind_short_requantization(acc, view, out, slo, shi, c32)
+            if fused is not None:  # the same arithmetic in one compiled pass
+                return fused
 
             def run_short():
                 clip(acc, slo, shi, out=acc)

@@ -182,3 +182,14 @@ def test_quantized_mobilenet_agrees_bit_for_bit_between_paths(monkeypatch):
         a, b = fast.invoke(xv)[0], slow.invoke(xv)[0]
         np.testing.assert_array_equal(a, b)
         assert np.ptp(a) > 0
+
+
+@pytest.mark.parametrize("s2,z1,zy", [(0.05, 5, 1), (0.7, -128, 127), (0.001, 127, -128)])
+def test_int8_residual_add_on_both_paths(kernel_path, s2, z1, zy):
+    """Add of two same-shaped int8 tensors (MobileNet's residuals): jit.requantize.add_requantize on
+    the compiled path, numpy's float64 passes otherwise; both the integer definition."""
+    from .test_kernels_int8 import add_ref, i8
+    x1, x2 = i8((2, 3, 5, 4)), i8((2, 3, 5, 4))
+    want = add_ref(x1, 0.1, z1, x2, s2, -3, 0.12, zy)
+    got = run("Add", [q(x1, 0.1, z1), q(x2, s2, -3)], Out("int8", [0.12], [zy]), want.shape)
+    np.testing.assert_array_equal(got, want)

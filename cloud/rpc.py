@@ -277,7 +277,7 @@ class WorkerClient:
                 return arr
             data = call.result() if kind == "unary" else self._recv(req, timeout=t + _RECV_SLACK_S)
             dtype, shape, content, streamed = wire.read_response(data)
-            if self.shm_host and not streamed and len(content) == 0:
+            if not streamed and len(content) == 0:   # no bytes: maybe a segment's name instead
                 named = wire.read_shm(data)
                 if named is not None:
                     return self._read_shared(named, dtype, shape, key, step_id, t)
@@ -298,7 +298,7 @@ class WorkerClient:
         is reported to the sender, which answers with its bytes (and after a few such
         failures this client stops offering shared memory)."""
         name, size = named
-        what = f"RecvTensor of {show((key[0], key[1], key[2], step_id))} from {self.name}"
+        what = f"RecvTensor of {show((key[0], key[1], key[2], step_id))} (answered by {self.name})"
         try:
             arr = shm.read_segment(name, size, dtype, shape, self.max_tensor_bytes, what)
             self.shm_reads += 1

@@ -306,6 +306,8 @@ class Worker:
             return wire.WireTensor(self._unshare(seg), self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
         lender = self.shm
         if lender is None or not shm_host or not lender.accepts(shm_host):
+            if lender is not None:   # that device's task is elsewhere now (restarted on another host)
+                lender.peers.discard(dst_device)
             return self.recv_wire(src_device, dst_device, tensor, step_id, timeout)
         lender.peers.add(dst_device)   # its next values are laid out in segments when their Sends run
         v = self.table.take(key, timeout)

@@ -81,12 +81,28 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     return run
 
 
-def bind_short_requantization(acc: np.ndarray, view: Callable, out: np.ndarray, lo, hi, magic) \
-        -> Optional[Callable[[], None]]:
-    """quant.UniformRequantizer's short requantization as one compiled pass (jit.requantize), or None
-    where the layout does not allow it (the output's rows must be contiguous in order: batch 1, or
-    an output in the accumulator's own order) or the compiled kernels are off."""
-    if not use_compiled() or acc.dtype != np.float32 or not acc.flags.c_contiguous or not out.flags.writeable:
+def bind_bias_clamp(y2: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[], None]:
+    """A step doing y2 [R, L] = clamp(y2 + bias[r % C], lo, hi) in place in one compiled pass
+    (jit.bias_clamp); bias None: zeros. A read-only bias (a view of the file) is copied once."""
+    from ..jit.bias_clamp import bias_clamp_rows
+    if not (y2.flags.c_contiguous and y2.flags.writeable and y2.ndim == 2):
+        raise ValueError("compiled bias and clamp: the output must be a contiguous, writeable [rows, columns]")
+    if bias is None:
+        bias = np.zeros(1, y2.dtype)
+    elif not bias.flags.writeable or not bias.flags.c_contiguous:
+        bias = np.ascontiguousarray(bias).copy()
+    b1, lo, hi = bias.reshape(-1), y2.dtype.type(lo), y2.dtype.type(hi)
+
+    def run():
+        bias_clamp_rows(y2, b1, lo, hi)
+    return run
+
+
+def accumulator_rows(acc: np.ndarray, view: Callable, out: np.ndarray):
+    """(acc as [R, stride], out as [R, cols]) where view(acc)'s rows are the first cols of each row
+    of acc and out's rows are contiguous in the same order (batch 1, or an output in the
+    accumulator's own order); None otherwise, or when the compiled kernels are off."""
+    if not use_compiled() or not acc.flags.c_contiguous or not out.flags.writeable:
         return None
     v = view(acc)
     if v.ndim == 0 or v.shape != out.shape or v.size == 0:
@@ -101,14 +117,50 @@ def bind_short_requantization(acc: np.ndarray, view: Callable, out: np.ndarray, 
     if v2.strides[1] != isz or not o2.flags.c_contiguous or v2.ctypes.data != acc.ctypes.data \
             or v2.strides[0] % isz or v2.strides[0] < cols * isz:
         return None
-    from ..jit.requantize import requantize_rows
     if v2.shape[0] * (v2.strides[0] // isz) != acc.size:
         return None
-    a2 = acc.reshape(v2.shape[0], v2.strides[0] // isz)
+    return acc.reshape(v2.shape[0], v2.strides[0] // isz), o2
+
+
+def bind_short_requantization(acc: np.ndarray, view: Callable, out: np.ndarray, lo, hi, magic) \
+        -> Optional[Callable[[], None]]:
+    """quant.UniformRequantizer's short requantization as one compiled pass (jit.requantize), or None
+    where accumulator_rows says no."""
+    rows = None if acc.dtype != np.float32 else accumulator_rows(acc, view, out)
+    return None if rows is None else bind_requantize_rows(rows[0], None, lo, hi, magic, rows[1])
+
+
+def bind_uniform_requantization(rq, acc: np.ndarray, view: Callable, out: np.ndarray) -> Optional[Callable[[], None]]:
+    """quant.UniformRequantizer's float64 requantization (clamp before, multiply, add, clamp after,
+    the low byte or a floor) as one compiled pass, or None where accumulator_rows says no."""
+    rows = accumulator_rows(acc, view, out)
+    if rows is None:
+        return None
+    from ..jit.requantize import uniform_requantize_rows
+    a2, o2 = rows
+    from .quant import MAGIC
+    dt = acc.dtype.type
+    before, after = rq.clamp_before and rq.needs_clamp, not rq.clamp_before
+    if rq.magic:
+        c, flo, fhi, base = MAGIC + rq.zp, MAGIC + rq.lo, MAGIC + rq.hi, int(MAGIC)
+    else:
+        c, flo, fhi, base = rq.c, float(rq.lo + 128), float(rq.hi + 128), 128
+    args = (dt(rq.t_lo), dt(rq.t_hi), before, np.float64(rq.m), np.float64(c), np.float64(flo), np.float64(fhi),
+            after, np.int64(base))
+
+    def run():
+        uniform_requantize_rows(a2, *args, o2)
+    return run
+
+
+def bind_requantize_rows(a2: np.ndarray, bias: Optional[np.ndarray], lo, hi, magic, o2: np.ndarray) -> Callable[[], None]:
+    """A step: o2 [R, L] (int8) = the short requantization of a2 [R, >= L] (float32) + bias[r % C]."""
+    from ..jit.requantize import requantize_rows
+    b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).copy()
     lo, hi, magic, base = np.float32(lo), np.float32(hi), np.float32(magic), np.int32(MAGIC32)
 
     def run():
-        requantize_rows(a2, lo, hi, magic, base, o2)
+        requantize_rows(a2, b, lo, hi, magic, base, o2)
     return run
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Dict
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_rows, use_compiled
+from .compiled import CLAMPS, bind_bias_clamp, bind_rows, use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
 
@@ -82,6 +82,8 @@ def conv(ctx: OpContext):
     pointwise = kh == kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded and groups == 1
     # depthwise on the compiled kernel (edge/compiled.py), decided here, once: it needs no scratch
     compiled = depthwise and ctx.inputs[0].data is None and use_compiled()
+    # a 1x1 conv's bias and none/relu/relu6 in one compiled pass after the GEMM (edge/compiled.py)
+    fused_finish = pointwise and act_name in CLAMPS and (has_bias or act_name != "none") and use_compiled()
     og, kk, p = o // groups, kh * kw, oh * ow
     # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
     wide = None if pointwise or compiled else WideIm2col(g, compact=not depthwise)
@@ -107,6 +109,8 @@ def conv(ctx: OpContext):
                 act(y)
         if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
             w2, x3, y3 = wt.reshape(o, c), x.reshape(n, c, h * w), y.reshape(n, o, p)
+            if fused_finish:
+                finish = bind_bias_clamp(y.reshape(n * o, p), ins[2] if has_bias else None, *CLAMPS[act_name])
 
             def run_pointwise():
                 matmul(w2, x3, out=y3)

@@ -304,6 +304,10 @@ class UniformRequantizer:
                 add(acc, c32, out=acc)  # rounds to the integer, held in the low bits
                 copyto(out, bits, casting="unsafe")  # the low byte: the value
             return run_short
+        from .compiled import bind_uniform_requantization  # (compiled.py imports this module)
+        fused = bind_uniform_requantization(self, acc, view, out)
+        if fused is not None:  # the same arithmetic in one compiled pass
+            return fused
         tlo, thi = acc.dtype.type(self.t_lo), acc.dtype.type(self.t_hi)
         before, after, widen = self.clamp_before and self.needs_clamp, not self.clamp_before, tmp is not None
         m = np.float64(self.m)

@@ -4,8 +4,9 @@ edge/quant.UniformRequantizer's short path turns a float32 accumulator into int8
 passes (a clamp, an add of 1.5 * 2^23 + zero point that rounds to the integer, a narrowing copy of
 the float's low byte); `requantize_rows` does the same arithmetic per element in one loop:
 out = int8(int32(min(max(a, lo), hi) + magic) - base), base = 1.5 * 2^23 (the integer part of a
-float32 in [2^23, 2^24) is its value, and its low byte the int8 result). The rows may be strided
-in the accumulator (a wide im2col's junk columns are skipped) and are contiguous in the output.
+float32 in [2^23, 2^24) is its value, and its low byte the int8 result), after adding a per-row
+bias where the caller left it out of the GEMM. The rows may be strided in the accumulator (a wide
+im2col's junk columns are skipped) and are contiguous in the output.
 """
 from __future__ import annotations
 
@@ -14,13 +15,33 @@ import numpy as np
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def requantize_rows(a, lo, hi, magic, base, out):
-    """a: float32 [rows, >= cols] (C-contiguous; columns past out's are skipped), out: int8 [rows, cols].
+def requantize_rows(a, bias, lo, hi, magic, base, out):
+    """a: float32 [rows, >= cols] (C-contiguous; columns past out's are skipped), bias: float32 [C]
+    added to row r as bias[r % C] first (the caller makes that sum exact), out: int8 [rows, cols].
     (Row slices, not flat indices: the flat-index loop did not vectorize, 3.5x slower.)"""
+    c = bias.shape[0]
+    for r in range(out.shape[0]):
+        ar, orow, b = a[r], out[r], bias[r % c]
+        for i in range(orow.shape[0]):
+            orow[i] = np.int8(np.int32(min(max(ar[i] + b, lo), hi) + magic) - base)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)  # no contraction: the multiply and the add round as numpy's
+def uniform_requantize_rows(a, tlo, thi, before, m, c, flo, fhi, after, base, out):
+    """edge/quant.UniformRequantizer's float64 path per element: clamp a to [tlo, thi] in its own
+    dtype (before), t = float64(a) * m + c, clamp t to [flo, fhi] (after), out = int8(int64(t) - base)
+    (base 1.5 * 2^52 with c holding it: t's low bits are the value; or base 128 with t >= 0: a floor).
+    a: [rows, >= cols] C-contiguous float32 or float64, out: int8 [rows, cols]."""
     for r in range(out.shape[0]):
         ar, orow = a[r], out[r]
         for i in range(orow.shape[0]):
-            orow[i] = np.int8(np.int32(min(max(ar[i], lo), hi) + magic) - base)
+            v = ar[i]
+            if before:
+                v = min(max(v, tlo), thi)
+            t = np.float64(v) * m + c
+            if after:
+                t = min(max(t, flo), fhi)
+            orow[i] = np.int8(np.int64(t) - base)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False, fastmath={"contract"})

@@ -307,13 +307,18 @@ def quantize(ctx: OpContext):
     if y.axis >= len(x.shape):
         raise EdgeModelError(f"Quantize: axis {y.axis} out of range for {x.shape}")
     s, z = _axis_params(ctx, replace(y, shape=tuple(x.shape)))
-    i_t = ctx.scratch(x.shape, np.float32)
+    compiled = np.ndim(s) == 0 and use_compiled()  # per tensor: one compiled pass (jit.requantize.quantize_flat)
+    i_t = None if compiled else ctx.scratch(x.shape, np.float32)
 
     # clamp(rint(t) + z, -128, 127) = rint(clamp(t, -128 - z, 127 - z)) + z: rint is monotone and the
     # bounds are integers; the last add then writes the int8 output directly (exact integers)
     lo, hi = (np.float32(-128) - z).astype(np.float32), (np.float32(127) - z).astype(np.float32)
 
     def bind(ins, outs, sc):
+        if compiled:  # arena views are contiguous; a constant input is copied once
+            from ..jit.requantize import quantize_flat
+            x1, y1 = np.ascontiguousarray(ins[0]).reshape(-1), outs[0].reshape(-1)
+            return lambda: quantize_flat(x1, s, lo, hi, z, y1)
         xi, yo, t = ins[0], outs[0], sc[i_t]
         divide, rint, add_, clip = np.divide, np.rint, np.add, clip_ufunc
 

@@ -53,3 +53,11 @@ def add_requantize(a, b, m1, m2, k, lo, hi, out):
     for i in range(out.shape[0]):
         v = a[i] * m1 + b[i] * m2 + k
         out[i] = np.int8(np.int64(min(max(v, lo), hi)) - 128)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def quantize_flat(x, s, lo, hi, z, out):
+    """float32 -> int8 as edge/int8_elementwise.py's Quantize per tensor: out = rint(clamp(x / s,
+    lo, hi)) + z (rint: half to even; lo = -128 - z, hi = 127 - z), flat arrays of one length."""
+    for i in range(out.shape[0]):
+        out[i] = np.int8(np.int32(np.rint(min(max(x[i] / s, lo), hi)) + z))

@@ -193,3 +193,16 @@ def test_int8_residual_add_on_both_paths(kernel_path, s2, z1, zy):
     want = add_ref(x1, 0.1, z1, x2, s2, -3, 0.12, zy)
     got = run("Add", [q(x1, 0.1, z1), q(x2, s2, -3)], Out("int8", [0.12], [zy]), want.shape)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("scale,zp", [(0.05, 3), (0.013, -128), (0.5, 127), (1.0, 0)])
+def test_quantize_on_both_paths(kernel_path, scale, zp):
+    """float32 -> int8 per tensor, ties included: clamp(rint(x / s) + z) with rint half to even
+    (jit.requantize.quantize_flat on the compiled path)."""
+    rng = np.random.default_rng(abs(zp) + 1)
+    x = (rng.standard_normal((2, 3, 8, 8)) * 4).astype(np.float32)
+    s = np.float32(scale)
+    x.flat[:6] = s * np.array([0.5, 1.5, -0.5, -2.5, 1e6, -1e6], np.float32)  # ties and saturation
+    want = np.clip(np.rint(x / s) + zp, -128, 127).astype(np.int8)
+    got = run("Quantize", [q(x, 1, 0)], Out("int8", [scale], [zp]), want.shape)
+    np.testing.assert_array_equal(got, want)

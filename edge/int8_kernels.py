@@ -198,14 +198,18 @@ def conv(ctx: OpContext):
     # requantizer works on the whole contiguous accumulator (a wide layout's junk columns included)
     s_tmp = ((o, n * oh * ow) if pointwise else (o, n * wide.L), np.float64) if uni is not None else \
         ((o, n, oh, ow), np.int64)
+    # at batch 1 the uniform requantization is one compiled pass (compiled.accumulator_rows): no temporary
+    rq_compiled = uni is not None and n == 1 and use_compiled()
+    if rq_compiled:
+        s_tmp = ((1,), np.float64)  # a placeholder: quant.UniformRequantizer.bind refuses it for numpy passes
     # the short requantization (float32) runs inside the compiled kernel: no scratch at all
     fused = cbias is not None and uni is not None and bias_scaled and ft == np.float32
-    if cbias is not None and not fused:  # the accumulator, then the requantization's temporary
-        s_tmp = ((n, c, oh, ow), np.float64) if uni is not None else s_tmp
-        s_acc = ((n, c, oh, ow), ft)
-        i_a, i_b = ctx.scratch(*s_tmp), ctx.scratch(*s_acc)
-    elif cbias is not None:
-        pass
+    if cbias is not None:
+        if not fused:  # the accumulator, then the requantization's temporary
+            if uni is not None and not rq_compiled:
+                s_tmp = ((n, c, oh, ow), np.float64)
+            s_acc = ((n, c, oh, ow), ft)
+            i_a, i_b = ctx.scratch(*s_tmp), ctx.scratch(*s_acc)
     elif pointwise:  # the input itself (channels first) is the GEMM's operand
         s_pad, s_acc = ((c + extra, n, h, wd), ft), ((o, n * h * wd), ft)
         i_a, i_b = ctx.shared_scratch(s_pad, s_tmp), ctx.scratch(*s_acc)

@@ -308,6 +308,8 @@ class UniformRequantizer:
         fused = bind_uniform_requantization(self, acc, view, out)
         if fused is not None:  # the same arithmetic in one compiled pass
             return fused
+        if tmp is not None and tmp.size != acc.size:  # the kernel planned on the compiled pass
+            raise EdgeModelError("uniform requantization: no compiled pass for this layout, and no temporary")
         tlo, thi = acc.dtype.type(self.t_lo), acc.dtype.type(self.t_hi)
         before, after, widen = self.clamp_before and self.needs_clamp, not self.clamp_before, tmp is not None
         m = np.float64(self.m)

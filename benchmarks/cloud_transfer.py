@@ -14,20 +14,21 @@ part (as a layer's output would be), so no size is limited by the registered gra
 size. Reports median seconds, MB/s, the ratio raw / isthmus time (throughput ratio; for 4 KiB
 the round-trip ratio isthmus / raw), the targets of issue #4 and whether each is met.
 
-Two isthmus paths run in the same run, each against the same raw call, the three taking
-turns in a rotating order: `default` (what a task gets: on one host, tensors of at least
-the shm threshold come through a /dev/shm segment, cloud/shm.py) and `grpc` (shared
-memory off: the bytes through gRPC). Each row says which path its transfers took
-(`path`: counted by the client). A segment is written when the Send runs, as the gRPC
-path's messages are laid out then, so neither is in the timed transfer; the step that
-runs the Send is timed too (`send_step_median_s`, a RunGraph round trip plus that layout,
-and `send_step_plus_transfer_median_s`: a fresh segment's pages cost the sender more than
-the gRPC layout's, so compare the paths on this sum as well),
-and so is dropping the received array (`release_median_s`: a segment's pages are freed
-then; the sender closes its side of a taken segment from a thread a little later, and
-the run pauses after each shared-memory transfer so that this falls outside the other
-contenders' timings). `--crossover` times smaller sizes with every tensor through shared memory against
-the gRPC path, to place the threshold.
+Two isthmus paths run in the same run, each against the same raw call: `default` (what a
+task gets: on one host, tensors of at least the shm threshold come through a /dev/shm
+segment, cloud/shm.py) and `grpc` (shared memory off: the bytes through gRPC). Raw and
+`grpc` take turns going first, `default` goes last: after each transfer through shared
+memory the run pauses for the sender's reaper thread to close the taken segment (which
+may free its pages), so that this never falls inside another contender's timing, and the
+call after a pause pays for waking up. Each row says which path its transfers took
+(`path`, counted by the client).
+
+A segment is written when the Send runs, as the gRPC path's messages are laid out then,
+so neither is in the timed transfer. So that the sender's side is seen too, the step that
+runs the Send is timed (`send_step_median_s`: a RunGraph round trip, the random op and
+the layout), with `send_step_plus_transfer_median_s` per path, and dropping the received
+array is timed apart (`release_median_s`). `--crossover` times smaller sizes with every
+tensor through shared memory against the gRPC path, to place the threshold.
 """
 from __future__ import annotations
 
@@ -156,7 +157,9 @@ def main(argv=None) -> int:
                     steps[path].append(time.perf_counter() - t0)
                     want[path] = got[1] if check else None
                 took, reads = {}, client.shm_reads
-                for who in order[i % 3:] + order[:i % 3]:  # each goes first, second and third in turn
+                # raw and grpc take turns going first; default goes last, since after a transfer through
+                # shared memory the run pauses (below), and a call after a pause pays for waking up
+                for who in (("raw", "grpc") if i % 2 else ("grpc", "raw")) + ("default",):
                     t0 = time.perf_counter()
                     if who == "raw":
                         got = raw(str(nbytes).encode(), timeout=60)

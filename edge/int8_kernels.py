@@ -453,9 +453,16 @@ def global_avg_pool(ctx: OpContext):
     sy, zy = ctx.per_tensor(y)
     hw = h * w
     rq = Requantizer(sx / (sy * hw), zy, -128, 127, 128 * hw, [-hw * zx])
-    i_wide, i_acc = ctx.scratch((n, c, hw), np.int64), ctx.scratch((n, c), np.int64)
+    compiled = use_compiled()  # one compiled pass (jit.requantize.sum_requantize_rows): about 8 numpy calls less
+    if not compiled:
+        i_wide, i_acc = ctx.scratch((n, c, hw), np.int64), ctx.scratch((n, c), np.int64)
 
     def bind(ins, outs, sc):
+        if compiled:
+            from ..jit.requantize import sum_requantize_rows
+            x2, y1 = np.ascontiguousarray(ins[0]).reshape(n * c, hw), outs[0].reshape(n * c)
+            args = (np.int64(rq.q), np.int64(rq.c), np.int64(rq.s), np.int64(rq.lo), np.int64(rq.hi))
+            return lambda: sum_requantize_rows(x2, *args, y1)
         wide, acc, x3 = sc[i_wide], sc[i_acc], ins[0].reshape(n, c, hw)
         requant, total, copyto = rq.bind(acc, outs[0].reshape(n, c), acc), np.sum, np.copyto
 

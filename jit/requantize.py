@@ -61,3 +61,15 @@ def quantize_flat(x, s, lo, hi, z, out):
     lo, hi)) + z (rint: half to even; lo = -128 - z, hi = 127 - z), flat arrays of one length."""
     for i in range(out.shape[0]):
         out[i] = np.int8(np.int32(np.rint(min(max(x[i] / s, lo), hi)) + z))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def sum_requantize_rows(x, q, c, s, lo, hi, out):
+    """edge's int8 GlobalAvgPool: out[r] = clamp(((sum x[r]) * q + c) >> s, lo, hi) in int64
+    (edge/quant.Requantizer's integer path with one multiplier, the zero points folded into c)."""
+    for r in range(x.shape[0]):
+        row = x[r]
+        v = np.int64(0)
+        for i in range(row.shape[0]):
+            v += np.int64(row[i])
+        out[r] = np.int8(min(max((v * q + c) >> s, lo), hi))

@@ -206,3 +206,15 @@ def test_quantize_on_both_paths(kernel_path, scale, zp):
     want = np.clip(np.rint(x / s) + zp, -128, 127).astype(np.int8)
     got = run("Quantize", [q(x, 1, 0)], Out("int8", [scale], [zp]), want.shape)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("zx,zy,shape", [(7, -9, (2, 5, 3, 4)), (-128, 127, (1, 16, 6, 6)), (127, -128, (1, 3, 1, 1))])
+def test_int8_global_avg_pool_on_both_paths(kernel_path, zx, zy, shape):
+    """jit.requantize.sum_requantize_rows on the compiled path: the integer definition either way."""
+    from .test_kernels_int8 import i8
+    x = i8(shape)
+    hw = shape[2] * shape[3]
+    acc = (x.astype(np.int64) - zx).sum(axis=(2, 3))
+    want = requant(acc, f32(0.05) / (f32(0.02) * hw), zy)
+    got = run("GlobalAvgPool", [q(x, 0.05, zx)], Out("int8", [0.02], [zy]), want.shape)
+    np.testing.assert_array_equal(got, want)

@@ -12,9 +12,14 @@ When it is used (and when not)
   number of the /dev/shm filesystem and the user id). Only a sender whose own identity is
   the same answers with a segment: same boot and same tmpfs instance mean the caller can
   open the sender's files there, whatever the addresses say. Anything else gets the bytes.
+  The identity is a claim, not a secret: a caller elsewhere that sends a copied one gets a
+  name it cannot open (the bytes stay in the sender's /dev/shm, mode 0600), reports it,
+  and gets the bytes by gRPC. What proves the host is that the open of an unguessable
+  name in that tmpfs succeeds.
 - Tensors of at least `min_bytes` only; smaller ones stay inline (a segment costs a few
-  system calls and fresh pages on each side).
-- `ISTHMUS_SHM=0` (or shm=False on the Worker, WorkerClient, Server or LocalCluster) turns it off.
+  system calls and fresh pages on each side: DEFAULT_MIN_BYTES, the measured crossover).
+- `ISTHMUS_SHM=0` (or shm_enabled=False on the Worker, WorkerClient, Server or LocalCluster;
+  `isthmus server --no-shm`) turns it off.
 - Any failure falls back to gRPC with nothing lost: a segment that cannot be created
   (/dev/shm full, no /dev/shm) is not made; a segment the caller cannot open (missing,
   no permission) is reported back (shm_failed) and the sender answers with the bytes,
@@ -28,9 +33,13 @@ are unlinked when it stops. A task killed outright leaves its names behind: `swe
 the segments of processes that no longer exist (a Server does it when it starts, a
 LocalCluster when it kills, restarts or stops a task).
 
-The receiver validates the descriptor before it reads anything: the name's pattern, the
+The receiver validates the descriptor before it maps anything: the name's pattern, the
 declared size against dtype x shape and the byte limit, then the file itself (a regular
-file of this user, exactly the declared size plus the mark byte).
+file of this user, exactly the declared size plus the mark byte); the Recv kernel then
+checks dtype and shape against the ones it expects, as for bytes that came by gRPC. The
+mapping stays valid while the array lives: after the unlink only the sender's descriptor
+(closed once the segment is taken) could still change the file, and the sender is a task
+of the same cluster, run by the same user.
 """
 from __future__ import annotations
 

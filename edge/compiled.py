@@ -142,14 +142,39 @@ def bind_uniform_requantization(rq, acc: np.ndarray, view: Callable, out: np.nda
     dt = acc.dtype.type
     before, after = rq.clamp_before and rq.needs_clamp, not rq.clamp_before
     if rq.magic:
-        c, flo, fhi, base = MAGIC + rq.zp, MAGIC + rq.lo, MAGIC + rq.hi, int(MAGIC)
+        c, flo, fhi, sub, off = MAGIC + rq.zp, MAGIC + rq.lo, MAGIC + rq.hi, MAGIC, 0
     else:
-        c, flo, fhi, base = rq.c, float(rq.lo + 128), float(rq.hi + 128), 128
+        c, flo, fhi, sub, off = rq.c, float(rq.lo + 128), float(rq.hi + 128), 0.0, 128
     args = (dt(rq.t_lo), dt(rq.t_hi), before, np.float64(rq.m), np.float64(c), np.float64(flo), np.float64(fhi),
-            after, np.int64(base))
+            after, np.float64(sub), np.int32(off))
 
     def run():
         uniform_requantize_rows(a2, *args, o2)
+    return run
+
+
+def bind_channel_requantization(rq, acc4: np.ndarray, out4: np.ndarray) -> Optional[Callable[[], None]]:
+    """quant.Requantizer's per-channel float64 requantization of acc4 [O, 1, OH, OW] (channels
+    first, batch 1) into out4 of that shape, as one compiled pass; None where the layout or the
+    arithmetic (rq.float_ok) does not allow it, or the compiled kernels are off."""
+    if not use_compiled() or not rq.float_ok or acc4.dtype.kind != "f" or acc4.ndim != 4 or acc4.shape[1] != 1 \
+            or out4.shape != acc4.shape or not out4.flags.writeable:
+        return None
+    o, _, oh, ow = acc4.shape
+    try:
+        a2 = acc4.reshape(o * oh, ow, copy=False)
+        o2 = out4.reshape(o * oh, ow, copy=False)
+    except (ValueError, TypeError):
+        return None
+    if a2.strides[1] != a2.itemsize or not o2.flags.c_contiguous:
+        return None
+    from ..jit.requantize import channel_requantize_rows
+    mf = np.ascontiguousarray(np.broadcast_to(np.asarray(rq.mf, np.float64).reshape(-1), (o,)))
+    cf = np.ascontiguousarray(np.broadcast_to(np.asarray(rq.cf, np.float64).reshape(-1), (o,)))
+    flo, fhi = np.float64(rq.lo + 128), np.float64(rq.hi + 128)
+
+    def run():
+        channel_requantize_rows(a2, oh, mf, cf, flo, fhi, o2)
     return run
 
 

@@ -42,7 +42,7 @@ from typing import Callable, Dict, List
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import bind_int8_rows, bind_requantize_rows, exact_int8_bias, use_compiled
+from .compiled import bind_channel_requantization, bind_int8_rows, bind_requantize_rows, exact_int8_bias, use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 from .quant import (F64_EXACT, MAGIC32, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
@@ -169,7 +169,9 @@ def conv(ctx: OpContext):
                                                   axis=1).astype(ft))]
     elif depthwise and DEPTHWISE_FOLD:
         folded = fold_requantization(wk.reshape(c, kk), sx * sw / sy, bias, zy, bound)
-    elif groups == 1 and fold_pays(kg, o * n * oh * ow, 0 if pointwise else kg * n * wide.L):
+    elif groups == 1 and not (n == 1 and use_compiled()) and fold_pays(kg, o * n * oh * ow, 0 if pointwise else kg * n * wide.L):
+        # (at batch 1 the requantization after the GEMM is one compiled pass, about 0.2 ns per output
+        # where fold_pays counts numpy's 1.2: folding into a float64 GEMM no longer pays)
         folded = fold_requantization(wk.reshape(o, -1), sx * sw / sy, bias, zy, bound)
     if uni is not None:
         pass
@@ -237,7 +239,7 @@ def conv(ctx: OpContext):
                 finish = uni.bind(acc, None if ft == np.float64 else tmp, lambda a: a.reshape(n, c, oh, ow),
                                   outs[0], bias_scaled)
             else:
-                finish = rq.bind(acc.transpose(1, 0, 2, 3), y4, tmp)
+                finish = _channel_finish(rq, acc.transpose(1, 0, 2, 3), y4, tmp)
             return _compiled_step(step, finish)
         if pointwise:
             xpad = overlay(sc[i_a], *s_pad)
@@ -263,7 +265,7 @@ def conv(ctx: OpContext):
             view = (lambda a: a.reshape(o, n, oh, ow)) if pointwise else wide.out_view
             finish = uni.bind(acc, None if ft == np.float64 else tmp, view, y4, bias_scaled)
         else:
-            finish = bind_folded_output(acc4, y4, lo, hi) if extra else rq.bind(acc4, y4, tmp)
+            finish = bind_folded_output(acc4, y4, lo, hi) if extra else _channel_finish(rq, acc4, y4, tmp)
         if depthwise:  # per-channel 1 x kh*kw products: einsum, not thousands of tiny BLAS calls
             wc, einsum, add = wg[0].reshape(c, kk + extra), np.einsum, np.add
 
@@ -288,6 +290,11 @@ def conv(ctx: OpContext):
             finish()
         return run
     return [(n, o, oh, ow)], bind
+
+
+def _channel_finish(rq, acc4, y4, tmp):
+    """The per-channel requantization: one compiled pass at batch 1 where it can, else numpy's."""
+    return bind_channel_requantization(rq, acc4, y4) or rq.bind(acc4, y4, tmp)
 
 
 def _compiled_step(step, finish):

@@ -218,3 +218,15 @@ def test_int8_global_avg_pool_on_both_paths(kernel_path, zx, zy, shape):
     want = requant(acc, f32(0.05) / (f32(0.02) * hw), zy)
     got = run("GlobalAvgPool", [q(x, 0.05, zx)], Out("int8", [0.02], [zy]), want.shape)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_int8_conv_table_on_both_paths(kernel_path, monkeypatch, case):
+    """tests/edge/test_kernels_int8.py's conv table (every conv shape: GEMM, pointwise, depthwise,
+    grouped, float64 accumulators, batch 1 and 2) with free and power-of-two channel scales, on
+    both paths: the compiled requantizations (per channel, uniform, short) against the integer
+    reference as much as numpy's."""
+    from . import test_kernels_int8 as t8
+    args = t8.CONV_CASES[case]
+    t8.test_conv(*args, fold="default")
+    t8.test_conv_with_power_of_two_channel_scales(*args, monkeypatch)

@@ -85,6 +85,8 @@ class WorkerServicer:
                 if isinstance(wt, shm.Segment):
                     return wire.shm_response(wt)
             else:
+                if self.worker.shm is not None:  # a caller that stopped offering: lay its values out for gRPC
+                    self.worker.shm.peers.discard(request.dst_device)
                 wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
                                            request.step_id, request.timeout_s or None)
             if wt.inline is not None:

@@ -105,8 +105,8 @@ class Worker:
     gRPC) a value sent to another task is laid out as its RecvTensor messages when the Send
     runs, so serving it copies nothing more (cloud/wire.py); when the destination's task
     has shown it shares this host's /dev/shm, a value of at least `shm_min_bytes` is
-    written into a shared-memory segment instead (cloud/shm.py). `shm`: None follows
-    $ISTHMUS_SHM (on unless 0); False turns it off.
+    written into a shared-memory segment instead (cloud/shm.py). `shm_enabled`: None
+    follows $ISTHMUS_SHM (on unless 0); False turns it off.
     """
 
     def __init__(self, task: str = "/job:worker/task:0", devices: Optional[Sequence[str]] = None,
@@ -312,11 +312,10 @@ class Worker:
         lender.peers.add(dst_device)   # its next values are laid out in segments when their Sends run
         v = self.table.take(key, timeout)
         if not isinstance(v, shm.Segment) and getattr(v, "nbytes", 0) >= lender.min_bytes:
-            arr = v.to_array() if isinstance(v, wire.WireTensor) else v
-            try:
-                v = shm.Segment(arr, self.max_tensor_bytes)
+            try:  # laid out before this caller offered: into a segment now
+                v = shm.Segment(v.to_array() if isinstance(v, wire.WireTensor) else v, self.max_tensor_bytes)
             except (OSError, ValueError):
-                v = arr
+                pass
         if isinstance(v, shm.Segment):
             try:
                 lender.lend(v, key)

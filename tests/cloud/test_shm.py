@@ -399,3 +399,25 @@ def test_concurrent_receives_through_shm(sender):
         assert not errors and sorted(got) == sorted(values)
         assert all(got[n].tobytes() == (v + step).tobytes() for n, v in values.items())
     assert w.shm.lent_total == 16 and _settle(w.shm) == 0
+
+
+def test_a_receiver_that_stops_offering_gets_values_laid_out_for_grpc(sender, monkeypatch):
+    w, client = sender
+    c = client()
+    made = []
+    inner = shm.Segment.__init__
+
+    def counting(self, *a, **k):
+        made.append(1)
+        inner(self, *a, **k)
+    monkeypatch.setattr(shm.Segment, "__init__", counting)
+    v = np.arange(3000, dtype=np.float64)
+    w._deposit((D0, D1, "x:0", 1), v)
+    assert c.recv_tensor(D0, D1, "x:0", 1, timeout=5).tobytes() == v.tobytes()
+    w._deposit((D0, D1, "x:0", 2), v)       # laid out in a segment: D1 offered
+    assert len(made) == 2
+    c.shm_host = ""                          # as after three unreadable segments
+    assert c.recv_tensor(D0, D1, "x:0", 2, timeout=5).tobytes() == v.tobytes()   # read back for gRPC
+    w._deposit((D0, D1, "x:0", 3), v)
+    assert c.recv_tensor(D0, D1, "x:0", 3, timeout=5).tobytes() == v.tobytes()
+    assert len(made) == 2 and D1 not in w.shm.peers   # no segment for a caller that stopped offering

@@ -286,6 +286,15 @@ class Lender:
             del self._lent[name]
             return got[0]
 
+    def abort_step(self, step_id: int) -> None:
+        """Unlink the segments lent for a step that was aborted (a receiver that gave up on its
+        answer will not read them; one still reading has its mapping already)."""
+        with self._cond:
+            names = [n for n, (_, key) in self._lent.items() if key[3] == step_id]
+            segs = [self._lent.pop(n)[0] for n in names]
+        for seg in segs:
+            _quietly_release(seg)
+
     def outstanding(self) -> int:
         with self._cond:
             return len(self._lent)

@@ -346,6 +346,8 @@ class Worker:
 
     def abort_step(self, step_id: int, error: BaseException) -> None:
         self.table.abort_step(int(step_id), error)
+        if self.shm is not None:
+            self.shm.abort_step(int(step_id))
 
     # ---- state -------------------------------------------------------------------------------
     def reset_variables(self) -> None:

@@ -196,6 +196,7 @@ def test_no_segment_outlives_an_aborted_step_or_a_stopped_task(sender):
     c = client()
     w._deposit((D0, D1, "x:0", 1), np.ones(100))
     c.recv_tensor(D0, D1, "x:0", 1, timeout=5)     # D1 now known to share the host
+    assert _settle(w.shm) == 0
     w._deposit((D0, D1, "x:0", 2), np.ones(100))
     w._deposit((D0, D1, "z:0", 2), np.ones(100))
     assert len(shm.segments([os.getpid()])) == 2   # laid out at Send time
@@ -203,6 +204,11 @@ def test_no_segment_outlives_an_aborted_step_or_a_stopped_task(sender):
     assert shm.segments([os.getpid()]) == []
     with pytest.raises(RendezvousAborted):
         w._deposit((D0, D1, "late:0", 2), np.ones(100))   # refused: its segment is not kept
+    w._deposit((D0, D1, "x:0", 5), np.ones(100))
+    w.shm.lend(w.table.take((D0, D1, "x:0", 5)), (D0, D1, "x:0", 5))  # answered; its caller gave up
+    assert len(shm.segments([os.getpid()])) == 1
+    w.abort_step(5, RuntimeError("the receiving part failed"))
+    assert shm.segments([os.getpid()]) == [] and w.shm.outstanding() == 0
     w._deposit((D0, D1, "x:0", 3), np.ones(100))
     w.shm.lend(w.table.take((D0, D1, "x:0", 3)), (D0, D1, "x:0", 3))  # lent, never read
     w._deposit((D0, D1, "x:0", 4), np.ones(100))                      # pending

@@ -213,9 +213,12 @@ def map_segment(name: str, nbytes: int, what: str) -> mmap.mmap:
         raise ShmUnavailable(e.errno, f"{what}: cannot open shared-memory segment {name}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != nbytes + 1:
-            raise ShmDescriptorError(f"{what}: shared-memory segment {name} is not a {nbytes + 1}-byte file "
-                                     f"of this user (size {st.st_size}, uid {st.st_uid})")
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():   # not one we could have been sent
+            raise ShmUnavailable(f"{what}: shared-memory segment {name} is not a regular file of this user "
+                                 f"(uid {st.st_uid}); falling back to gRPC")
+        if st.st_size != nbytes + 1:
+            raise ShmDescriptorError(f"{what}: shared-memory segment {name} holds {st.st_size} bytes; "
+                                     f"the descriptor needs {nbytes} and the mark byte")
         m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
         os.pwrite(fd, _TAKEN, nbytes)
     finally:

@@ -152,14 +152,21 @@ def test_another_hosts_identity_gets_grpc(sender):
     assert w.shm.lent_total == 0 and not w.shm.peers
 
 
-def test_a_missing_segment_falls_back_to_grpc(sender, monkeypatch):
+@pytest.mark.parametrize("how", ["missing", "not a file"])
+def test_an_unreadable_segment_falls_back_to_grpc(sender, monkeypatch, how):
     w, client = sender
     c = client()
     inner = shm.read_segment
 
-    def vanish(name, *a, **k):  # someone removed it between the answer and the read
+    def vanish(name, *a, **k):  # someone removed (or replaced) it between the answer and the read
         os.unlink(os.path.join(shm.SHM_DIR, name))
-        return inner(name, *a, **k)
+        if how == "not a file":
+            os.mkfifo(os.path.join(shm.SHM_DIR, name), 0o600)
+        try:
+            return inner(name, *a, **k)
+        finally:
+            if how == "not a file":
+                os.unlink(os.path.join(shm.SHM_DIR, name))
     monkeypatch.setattr(shm, "read_segment", vanish)
     for step, n in ((1, 5000), (2, 3 << 18)):   # the fallback's answer inline, then streamed
         v = np.random.default_rng(step).standard_normal(n).astype(np.float32)
@@ -274,7 +281,7 @@ def test_a_bad_descriptor_is_refused_naming_the_tensor():
         (_answer(good, 65), "declares 65 bytes; the announced tensor needs 64"),
         (_answer(good, 1 << 40, shape=(1 << 38,)), "over the limit"),
         (_answer(good, 0, shape=(0, 4)), "empty tensor"),
-        (_answer(wrong_size, 64), "is not a 65-byte file"),
+        (_answer(wrong_size, 64), "holds 10 bytes; the descriptor needs 64 and the mark byte"),
     ]
     try:
         for answer, message in cases:

@@ -43,6 +43,7 @@ of the same cluster, run by the same user.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import re
@@ -79,35 +80,26 @@ def enabled_by_env(environ: Optional[Mapping[str, str]] = None) -> bool:
     return env.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-_identity: Optional[Tuple[str]] = None
-
-
+@functools.lru_cache(maxsize=None)
 def host_identity() -> str:
     """'boot id/device of /dev/shm/uid', or '' where there is no /dev/shm to share."""
-    global _identity
-    if _identity is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-                boot = f.read().strip()
-            st = os.stat(SHM_DIR)
-            ok = bool(boot) and stat.S_ISDIR(st.st_mode) and os.access(SHM_DIR, os.W_OK | os.X_OK)
-            _identity = (f"{boot}/{st.st_dev}/{os.getuid()}" if ok else "",)
-        except OSError:
-            _identity = ("",)
-    return _identity[0]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        st = os.stat(SHM_DIR)
+    except OSError:
+        return ""
+    ok = bool(boot) and stat.S_ISDIR(st.st_mode) and os.access(SHM_DIR, os.W_OK | os.X_OK)
+    return f"{boot}/{st.st_dev}/{os.getuid()}" if ok else ""
 
 
-_ns: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def _pid_ns() -> int:
     """This process's pid namespace (a pid names a process only within its namespace)."""
-    if not _ns:
-        try:
-            _ns.append(os.stat("/proc/self/ns/pid").st_ino)
-        except OSError:
-            _ns.append(0)
-    return _ns[0]
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _path(name: str) -> str:

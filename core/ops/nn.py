@@ -210,12 +210,73 @@ def _infer_bn(node):
     return [(x.dtype, x.shape), (x.dtype, (c,)), (x.dtype, (c,))]
 
 
+def _bn_compiled(xp, x) -> bool:
+    from .depthwise import compiled_ok
+    return x.ndim >= 2 and compiled_ok(xp, x.dtype)
+
+
+def _bn_view(x, axis):
+    """x as [A, C, B] (contiguous), the channel axis in the middle."""
+    a = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return np.ascontiguousarray(x).reshape(a, x.shape[axis], -1)
+
+
+def _by_channels(fn, c: int, size: int, *args) -> None:
+    """fn(*args, c0, c1) over channel ranges, on as many threads as BLAS has when large."""
+    from .depthwise import _pool, threads
+    parts = min(c, threads(size * 8)) if c else 1
+    cut = -(-c // parts) if c else 1
+    futures = [_pool().submit(fn, *args, c0, min(c, c0 + cut)) for c0 in range(cut, c, cut)]
+    fn(*args, 0, min(c, cut))
+    for f in futures:
+        f.result()
+
+
+def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training):
+    """BatchNorm by the compiled kernels (isthmus.jit.batchnorm): statistics in float64, then
+    one pass y = x * inv + shift."""
+    from ...jit.batchnorm import batch_stats, normalize
+    x3 = _bn_view(x, axis)
+    c, dt = x3.shape[1], x.dtype
+    if training:
+        m64, v64 = np.empty(c), np.empty(c)
+        _by_channels(lambda c0, c1: batch_stats(x3, c0, c1, m64, v64), c, x.size)
+    else:
+        m64, v64 = mean.astype(np.float64), var.astype(np.float64)
+    inv = scale.astype(np.float64) / np.sqrt(v64 + eps)
+    shift = (offset.astype(np.float64) - m64 * inv).astype(dt)
+    inv_t = inv.astype(dt)
+    y = np.empty(x3.shape, dt)
+    _by_channels(lambda c0, c1: normalize(x3, inv_t, shift, y, c0, c1), c, x.size)
+    return y.reshape(x.shape), m64.astype(dt), v64.astype(dt)
+
+
+def _bn_grad_compiled(dy, x, scale, mean, var, axis, eps, training):
+    from ...jit.batchnorm import batch_norm_grad
+    x3, dy3 = _bn_view(x, axis), _bn_view(dy.astype(x.dtype, copy=False), axis)
+    c, dt = x3.shape[1], x.dtype
+    inv = 1.0 / np.sqrt(var.astype(np.float64) + eps)
+    m64, s64 = mean.astype(np.float64), scale.astype(np.float64)
+    dx = np.empty(x3.shape, dt)
+    dgamma, dbeta = np.empty(c), np.empty(c)
+    _by_channels(lambda c0, c1: batch_norm_grad(dy3, x3, m64, inv, s64, training, dx, dgamma, dbeta, c0, c1),
+                 c, x.size)
+    dx = dx.reshape(x.shape)
+    if training:
+        return dx, dgamma.astype(dt), dbeta.astype(dt), np.zeros_like(mean), np.zeros_like(var)
+    dmean = (-(dbeta * s64 * inv)).astype(dt)
+    dvar = (-0.5 * dgamma * s64 * inv * inv).astype(dt)
+    return dx, dgamma.astype(dt), dbeta.astype(dt), dmean, dvar
+
+
 def _kernel_bn(node, ctx):
     xp = ctx.xp
-    _, axes, bshape = _bn_axes(node)
+    axis, axes, bshape = _bn_axes(node)
     eps, training = node.attrs["epsilon"], node.attrs["training"]
 
     def run(x, scale, offset, mean, var):
+        if _bn_compiled(xp, x):
+            return _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training)
         if training:
             mean = x.mean(axis=axes)
             var = x.var(axis=axes)
@@ -241,10 +302,12 @@ def _g_bn(node, dys):
 
 def _kernel_bn_grad(node, ctx):
     xp = ctx.xp
-    _, axes, bshape = _bn_axes(node)
+    axis, axes, bshape = _bn_axes(node)
     eps, training = node.attrs["epsilon"], node.attrs["training"]
 
     def run(dy, x, scale, mean, var):
+        if _bn_compiled(xp, x):
+            return _bn_grad_compiled(dy, x, scale, mean, var, axis, eps, training)
         inv = 1.0 / xp.sqrt(var + x.dtype.type(eps))
         xhat = (x - mean.reshape(bshape)) * inv.reshape(bshape)
         dbeta = dy.sum(axis=axes)

@@ -43,6 +43,7 @@ of the same cluster, run by the same user.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import mmap
 import os
@@ -51,6 +52,7 @@ import secrets
 import stat
 import threading
 import time
+import weakref
 from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
@@ -116,9 +118,10 @@ def _unlink(name: str) -> None:
 class Segment:
     """A tensor written into a fresh /dev/shm file, as its sender holds it: the name and an
     open descriptor (through which the bytes stay readable after the name is gone)."""
-    __slots__ = ("name", "fd", "dtype", "shape", "nbytes", "deadline")
+    __slots__ = ("name", "fd", "dtype", "shape", "nbytes", "deadline", "__weakref__")
 
     def __init__(self, value, max_bytes: int = tensor_codec.DEFAULT_MAX_BYTES):
+        self.fd = -1
         arr = tensor_codec._as_array(value)
         if arr.nbytes > max_bytes:
             raise TensorCodecError(f"tensor of {arr.nbytes} bytes ({arr.dtype}{list(arr.shape)}) is over "
@@ -130,6 +133,7 @@ class Segment:
         self.deadline = 0.0
         self.name = f"isthmus-{_pid_ns()}-{os.getpid()}-{secrets.token_hex(16)}"
         self.fd = os.open(_path(self.name), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        _live.add(self)
         try:
             le = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
             if arr.flags.c_contiguous and arr.dtype == le:
@@ -172,8 +176,24 @@ class Segment:
                 os.close(self.fd)
                 self.fd = -1
 
+    def __del__(self):  # a segment dropped without release(): its name and descriptor go with it
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001  (interpreter shutdown)
+            pass
+
     def __repr__(self) -> str:
         return f"Segment({self.name}, {self.dtype}{list(self.shape)})"
+
+
+_live: "weakref.WeakSet[Segment]" = weakref.WeakSet()   # every segment this process holds
+
+
+@atexit.register
+def _release_all() -> None:
+    """A process that exits normally leaves no segment behind, whoever forgot to release one."""
+    for seg in list(_live):
+        _quietly_release(seg)
 
 
 def _write_all(fd: int, data: memoryview) -> None:

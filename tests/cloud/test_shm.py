@@ -256,6 +256,21 @@ def test_a_killed_tasks_segments_are_swept():
     assert shm.sweep() >= 3 and shm.segments([p.pid]) == []
 
 
+def test_a_forgotten_segment_or_a_normal_exit_leaves_nothing():
+    import gc
+    seg = shm.Segment(np.ones(10))
+    name = seg.name
+    del seg
+    gc.collect()
+    assert name not in shm.segments([os.getpid()])
+    code = ("import numpy as np; from isthmus.cloud import shm\n"
+            "keep = [shm.Segment(np.ones(1000)) for _ in range(2)]\n"
+            "print(' '.join(s.name for s in keep))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    names = out.stdout.split()
+    assert len(names) == 2 and not set(names) & set(shm.segments())
+
+
 def _fake_sender(answer: bytes):
     """A server whose RecvTensor answers `answer` whatever is asked (a sender gone wrong)."""
     handler = grpc.method_handlers_generic_handler("isthmus.Worker", {

@@ -437,9 +437,22 @@ def _kernel_relu_grad(node, ctx):
     xp = ctx.xp
     lo, hi = node.attrs["lo"], node.attrs["hi"]
     mul = xp.multiply  # dy * mask is ~6x faster than where(mask, dy, 0) in numpy
-    if hi is None:
-        return lambda dy, x: mul(dy, x > lo)
-    return lambda dy, x: mul(dy, (x > lo) & (x < hi))
+
+    def numpy_path(dy, x):
+        return mul(dy, x > lo) if hi is None else mul(dy, (x > lo) & (x < hi))
+    if xp is not np:
+        return numpy_path
+    from .depthwise import compiled_ok
+
+    def run(dy, x):
+        if dy.dtype == x.dtype and dy.shape == x.shape and compiled_ok(xp, x.dtype):
+            from ...jit.elementwise import window_grad  # one pass instead of three or four
+            out = np.empty(x.shape, x.dtype)
+            window_grad(np.ascontiguousarray(dy).reshape(-1), np.ascontiguousarray(x).reshape(-1), lo,
+                        np.inf if hi is None else hi, out.reshape(-1))
+            return out
+        return numpy_path(dy, x)
+    return run
 
 
 def _g_gelu(node, dys):

@@ -33,11 +33,12 @@ def _settle(lender, timeout=5.0):
 def sender():
     """A sending task on a free port (its Worker laid out as a cluster task's); at the end no
     segment of this process is left (others' may come and go: tests run side by side)."""
-    w = Worker("/job:worker/task:0", wire=True, shm_min_bytes=1, recv_timeout=5.0)
+    w = Worker("/job:worker/task:0", wire=True, shm_enabled=True, shm_min_bytes=1, recv_timeout=5.0)
     server, port = rpc.serve(w)
     clients = []
 
     def client(**kw):
+        kw.setdefault("shm_enabled", True)   # whatever $ISTHMUS_SHM says where the suite runs
         c = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=10.0, name="/job:worker/task:0", **kw)
         clients.append(c)
         return c
@@ -127,7 +128,7 @@ def test_disabled_means_grpc(sender, monkeypatch, where):
     if where == "env":
         monkeypatch.setenv("ISTHMUS_SHM", "0")
         assert Worker("/job:worker/task:5", wire=True).shm is None
-        c = client()
+        c = client(shm_enabled=None)
         assert c.shm_host == ""
     elif where == "receiver":
         c = client(shm_enabled=False)

@@ -1,13 +1,16 @@
-"""Depthwise convolutions on the compiled kernel (isthmus.jit.depthwise), for the fp32 and int8 kernels.
+"""The edge kernels' compiled paths (isthmus.jit, numba), and the checks that keep them exact.
 
 numpy runs a depthwise convolution as an im2col copy (kh*kw times the input) and an einsum over
-it; the compiled kernel makes one pass per (image, channel) row with the taps in registers.
-Whether a kernel uses it is decided once, when it is prepared (`use_compiled`: numba imports
-and ISTHMUS_JIT is not 0): the choice fixes the scratch the arena plans (none for fp32; an input
-copy, an accumulator and the requantization's temporary for int8), so it cannot change per call.
-numba itself is imported when the first such kernel is bound, never at `import isthmus.edge`.
+it; the compiled kernels make one pass per (image, channel) row with the taps in registers
+(fp32: jit.depthwise; int8: jit.depthwise_int8, requantizing in the same loop). Chains of numpy
+passes after a GEMM (bias + clamp, the int8 requantizations) become one compiled loop each.
+Whether a kernel uses them is decided once, when it is prepared (`use_compiled`: numba imports
+and ISTHMUS_JIT is not 0): the choice fixes the scratch the arena plans (the compiled depthwise
+needs none), so it cannot change per call. numba itself is imported when the first such kernel
+is bound, never at `import isthmus.edge`.
 
-int8 runs the same float kernel on exact integers: see `exact_int8_bias`.
+int8 runs float kernels on exact integers, so the result is the numpy path's bit for bit: see
+`exact_int8_bias`; the requantizations repeat numpy's float operations one for one.
 """
 from __future__ import annotations
 

@@ -230,3 +230,18 @@ def test_int8_conv_table_on_both_paths(kernel_path, monkeypatch, case):
     args = t8.CONV_CASES[case]
     t8.test_conv(*args, fold="default")
     t8.test_conv_with_power_of_two_channel_scales(*args, monkeypatch)
+
+
+@pytest.mark.parametrize("scales", ["free", "pow2", "short"])
+def test_int8_depthwise_falls_back_to_numpy_where_float_could_round(monkeypatch, scales):
+    """Where exact_int8_bias refuses (a bound float32 cannot hold), the depthwise conv runs the
+    einsum while the rest stays compiled (the requantization after it included): still exact."""
+    import isthmus.edge.int8_kernels as k8
+    import isthmus.jit.depthwise_int8 as jq
+    monkeypatch.setenv("ISTHMUS_JIT", "1")
+    monkeypatch.setattr(k8, "exact_int8_bias", lambda *a: None)
+    monkeypatch.setattr(jq, "depthwise_int8_rows", lambda *a: pytest.fail("the compiled kernel ran"))
+    rng = np.random.default_rng(17)
+    args, attrs, sy, zy, want = _int8_case(rng, (1, 8, 12, 12), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "relu6", scales)
+    got = run("FusedConv2D", args, Out("int8", [sy], [zy]), want.shape, attrs)
+    np.testing.assert_array_equal(got, want)

@@ -24,11 +24,13 @@ RemoteCall = Callable[[RemoteInfo, Sequence[np.ndarray]], Sequence[np.ndarray]] 
 
 class Interpreter:
     """`delegate="onnxruntime"` hands the model to onnxruntime when the file embeds an ONNX copy
-    (to_edge(..., delegate=True)) and onnxruntime is installed; "auto" does so when it can.
+    (to_edge(..., delegate=True)) and onnxruntime is installed; "auto" does so when it can;
+    `delegate_threads` sets its intra-op threads (None: onnxruntime's own choice).
     The numpy path stays complete: it is the reference the delegate is tested against."""
 
     def __init__(self, model: Union[str, bytes, EdgeModel], input_shapes: Optional[Dict[str, Sequence[int]]] = None,
-                 delegate: Optional[str] = None, remote: Optional[RemoteCall] = None):
+                 delegate: Optional[str] = None, remote: Optional[RemoteCall] = None,
+                 delegate_threads: Optional[int] = None):
         """`remote(part, inputs) -> outputs` runs a RemotePart: it gets the part (name, tensor
         indices) and its input arrays in RemotePart order (views into the arena, valid during the
         call) and returns the output arrays in RemotePart order (the offload client does this)."""
@@ -49,9 +51,11 @@ class Interpreter:
             if delegate == "onnxruntime":
                 raise EdgeModelError("a model with remote parts cannot run on the onnxruntime delegate")
         elif delegate in ("auto", "onnxruntime"):
-            self.delegate = self._make_delegate(required=delegate == "onnxruntime")
+            if delegate_threads is not None and (not isinstance(delegate_threads, int) or delegate_threads < 1):
+                raise ValueError(f"delegate_threads must be a positive int or None, got {delegate_threads!r}")
+            self.delegate = self._make_delegate(required=delegate == "onnxruntime", threads=delegate_threads)
 
-    def _make_delegate(self, required: bool):
+    def _make_delegate(self, required: bool, threads: Optional[int] = None):
         key = self.model.metadata.get(DELEGATE_KEY)
         if key is None:
             if required:
@@ -68,6 +72,8 @@ class Interpreter:
         except ValueError:
             raise EdgeModelError(f"metadata {DELEGATE_KEY}={key!r} is not a buffer index") from None
         so = ort.SessionOptions()  # onnxruntime's own thread choice, as an app using it directly would get
+        if threads is not None:
+            so.intra_op_num_threads = threads
         sess = ort.InferenceSession(bytes(self.model.blob(index)), so, providers=["CPUExecutionProvider"])
         names = [i.name for i in sess.get_inputs()]
         return sess, names

@@ -114,6 +114,10 @@ def test_onnxruntime_delegate_agrees_with_the_numpy_path():
     dele = Interpreter(data, delegate="onnxruntime")
     assert dele.delegate is not None
     np.testing.assert_allclose(dele.invoke(xv)[0], ref, rtol=1e-4, atol=1e-5)
+    one = Interpreter(data, delegate="onnxruntime", delegate_threads=1)  # one intra-op thread, as on a phone
+    np.testing.assert_allclose(one.invoke(xv)[0], ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="delegate_threads"):
+        Interpreter(data, delegate="onnxruntime", delegate_threads=0)
     with pytest.raises(EdgeModelError, match="embeds no onnxruntime delegate"):
         Interpreter(to_edge(sess, [y]), delegate="onnxruntime")
     assert Interpreter(to_edge(sess, [y]), delegate="auto").delegate is None

@@ -63,7 +63,7 @@ def compare(sess, x, y, xv):
     delegated1 = Interpreter(data, delegate="onnxruntime", delegate_threads=1)
     with threadpool_limits(1):
         t1 = blocked_medians({"edge": lambda: interp.invoke(xv), "ort": lambda: o1.run(None, {name: xv}),
-                              "delegate": lambda: delegated1.invoke(xv)}, repeats=21, rounds=3)
+                              "delegate": lambda: delegated1.invoke(xv)}, repeats=21, rounds=5)
     return {"ms_edge_fp32_1thread": round(t1["edge"] * 1e3, 3), "ms_onnxruntime_1thread": round(t1["ort"] * 1e3, 3),
             "ratio_1thread": round(t1["edge"] / t1["ort"], 3),
             "ms_edge_delegate_1thread": round(t1["delegate"] * 1e3, 3),

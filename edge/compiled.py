@@ -67,7 +67,7 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
     (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
     then being its clamp in the accumulator's domain. bias must make the sums exact (exact_int8_bias)."""
-    from ..jit.depthwise_int8 import depthwise_int8_rows
+    from ..jit.depthwise_int8 import depthwise_int8_step
     for name, a in (("x", x3), ("weights", w3), ("bias", bias), ("out", outq3 if outf3 is None else outf3)):
         if not (a.flags.c_contiguous and a.flags.writeable):
             raise ValueError(f"compiled int8 depthwise: {name} must be contiguous and writeable")
@@ -76,12 +76,7 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     if outq3 is not None and w3.dtype != np.float32:
         raise ValueError("compiled int8 depthwise: the fused requantization is float32's")
     geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
-    rows = x3.shape[0]
-    magic, base = MAGIC32 + zy, int(MAGIC32)
-
-    def run():
-        depthwise_int8_rows(x3, zx, w3, bias, geo, lo, hi, magic, base, outf3, outq3, 0, rows)
-    return run
+    return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, MAGIC32 + zy, int(MAGIC32), outf3, outq3)
 
 
 def bind_bias_clamp(y2: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[], None]:

@@ -144,6 +144,13 @@ def depthwise_int8_rows(x, zx: float, w, bias, g, lo: float, hi: float, magic: f
     """Rows r0..r1 (see the module's docstring). x int8 [R, H, W], w [C, kh, kw] and bias [C] of one
     float dtype, outf [R, OH, OW] of that dtype or outq [R, OH, OW] int8 (the other None), all
     contiguous; g the geometry (pads ((top, bottom), (left, right)), strides, dilations)."""
+    depthwise_int8_step(x, zx, w, bias, g, lo, hi, magic, base, outf, outq, r0, r1)()
+
+
+def depthwise_int8_step(x, zx: float, w, bias, g, lo: float, hi: float, magic: float, base: int,
+                        outf, outq, r0: int = 0, r1: int = -1):
+    """depthwise_int8_rows as a step taking no arguments: the kernel chosen and its arguments
+    converted once (the per-call wrapper cost about 3 us, a tenth of a small layer). r1 -1: all rows."""
     (pt, pb), (pl, pr) = g.pads
     dt = w.dtype
     quant = outq is not None
@@ -153,9 +160,15 @@ def depthwise_int8_rows(x, zx: float, w, bias, g, lo: float, hi: float, magic: f
         outf = np.empty((1, 1, 1), dt)
     else:
         outq = np.empty((1, 1, 1), np.int8)
-    args = (dt.type(lo), dt.type(hi), dt.type(magic), np.int32(base), quant, outf, outq, oh, ow, r0, r1)
+    r1 = x.shape[0] if r1 < 0 else r1
+    tail = (dt.type(lo), dt.type(hi), dt.type(magic), np.int32(base), quant, outf, outq, oh, ow, r0, r1)
     if w.shape[1] == 3 and w.shape[2] == 3 and g.dh == 1 and g.dw == 1 and g.sh == g.sw and g.sh in (1, 2):
         kernel = _s1_3x3 if g.sh == 1 else _s2_3x3
-        kernel(x, dt.type(zx), w, bias, pt, pl, pb, pr, *args)
+        args = (x, dt.type(zx), w, bias, pt, pl, pb, pr) + tail
     else:
-        _general(x, dt.type(zx), w, bias, g.sh, g.sw, g.dh, g.dw, pt, pl, pb, pr, *args)
+        kernel = _general
+        args = (x, dt.type(zx), w, bias, g.sh, g.sw, g.dh, g.dw, pt, pl, pb, pr) + tail
+
+    def run():
+        kernel(*args)
+    return run

@@ -25,11 +25,13 @@ def kernel_path(request, monkeypatch):
     monkeypatch.setenv("ISTHMUS_JIT", "1" if request.param == "compiled" else "0")
     assert jit.available() == (request.param == "compiled"), "numba is a dependency: it must import"
     calls = []
-    real, real8 = jd.depthwise_rows, jq.depthwise_int8_rows
+    real, real8 = jd.depthwise_rows, jq.depthwise_int8_step
     monkeypatch.setattr(jd, "depthwise_rows", lambda *a: calls.append("fp32") or real(*a))
-    # int8: whether the requantization ran fused (an int8 output) or after the kernel
-    monkeypatch.setattr(jq, "depthwise_int8_rows",
-                        lambda *a: calls.append("int8->int8" if a[-3] is not None else "int8") or real8(*a))
+
+    def step8(*a):  # int8: whether the requantization ran fused (an int8 output) or after the kernel
+        run = real8(*a)
+        return lambda: calls.append("int8->int8" if a[10] is not None else "int8") or run()
+    monkeypatch.setattr(jq, "depthwise_int8_step", step8)
     return request.param, calls
 
 
@@ -240,7 +242,7 @@ def test_int8_depthwise_falls_back_to_numpy_where_float_could_round(monkeypatch,
     import isthmus.jit.depthwise_int8 as jq
     monkeypatch.setenv("ISTHMUS_JIT", "1")
     monkeypatch.setattr(k8, "exact_int8_bias", lambda *a: None)
-    monkeypatch.setattr(jq, "depthwise_int8_rows", lambda *a: pytest.fail("the compiled kernel ran"))
+    monkeypatch.setattr(jq, "depthwise_int8_step", lambda *a: pytest.fail("the compiled kernel was bound"))
     rng = np.random.default_rng(17)
     args, attrs, sy, zy, want = _int8_case(rng, (1, 8, 12, 12), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "relu6", scales)
     got = run("FusedConv2D", args, Out("int8", [sy], [zy]), want.shape, attrs)

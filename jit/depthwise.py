@@ -33,11 +33,11 @@ def _fill(x, r, pad, pt, pl):
 
 
 @nb.njit(**_OPTS)
-def _s1_3x3(x, w, bias, pt, pl, pb, pr, lo, hi, out, r0, r1):
+def _s1_3x3(x, w, bias, pt, pl, lo, hi, out, r0, r1, pad):
     _, h, wd = x.shape
     c = w.shape[0]
     oh, ow = out.shape[1], out.shape[2]
-    pad = np.zeros((h + pt + pb, wd + pl + pr), x.dtype)
+    pad[:, :] = 0  # the border stays zero; each row's fill rewrites the inside
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl)
@@ -55,17 +55,14 @@ def _s1_3x3(x, w, bias, pt, pl, pb, pr, lo, hi, out, r0, r1):
 
 
 @nb.njit(**_OPTS)
-def _s2_3x3(x, w, bias, pt, pl, pb, pr, lo, hi, out, r0, r1):
+def _s2_3x3(x, w, bias, pt, pl, lo, hi, out, r0, r1, pad, ev, od):
     # the padded columns split into even and odd phases: column 2*ox + k is even[ox],
     # odd[ox], even[ox + 1] for k = 0, 1, 2, so every tap reads contiguously
     _, h, wd = x.shape
     c = w.shape[0]
     oh, ow = out.shape[1], out.shape[2]
-    hp, wp = h + pt + pb, wd + pl + pr
-    wq = wp // 2 + 1
-    pad = np.zeros((hp, 2 * wq), x.dtype)
-    ev = np.zeros((hp, wq), x.dtype)
-    od = np.zeros((hp, wq), x.dtype)
+    hp, wq = ev.shape
+    pad[:, :] = 0
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl)
@@ -89,12 +86,11 @@ def _s2_3x3(x, w, bias, pt, pl, pb, pr, lo, hi, out, r0, r1):
 
 
 @nb.njit(**_OPTS)
-def _general(x, w, bias, sh, sw, dh, dw, pt, pl, pb, pr, lo, hi, out, r0, r1):
+def _general(x, w, bias, sh, sw, dh, dw, pt, pl, lo, hi, out, r0, r1, pad, acc):
     _, h, wd = x.shape
     c, kh, kw = w.shape
     oh, ow = out.shape[1], out.shape[2]
-    pad = np.zeros((h + pt + pb, wd + pl + pr), x.dtype)
-    acc = np.empty(ow, x.dtype)
+    pad[:, :] = 0
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl)
@@ -112,18 +108,50 @@ def _general(x, w, bias, sh, sw, dh, dw, pt, pl, pb, pr, lo, hi, out, r0, r1):
                 o[ox] = min(max(acc[ox], lo), hi)
 
 
-def depthwise_rows(x, w, bias, g, lo: float, hi: float, out, r0: int, r1: int) -> None:
+def scratch_elems(x_shape, w_shape, g) -> int:
+    """Elements of x's dtype that depthwise_rows needs as scratch for this convolution."""
+    h, wd = x_shape[-2], x_shape[-1]
+    (pt, pb), (pl, pr) = g.pads
+    hp, wp = h + pt + pb, wd + pl + pr
+    if _fast(w_shape, g) and g.sh == 2:
+        wq = wp // 2 + 1
+        return hp * 4 * wq
+    return hp * wp + (wp - (w_shape[-1] - 1) * g.dw - 1) // g.sw + 1  # the padded plane, an output row
+
+
+def _fast(w_shape, g) -> bool:
+    return w_shape[-2] == 3 and w_shape[-1] == 3 and g.dh == 1 and g.dw == 1 and g.sh == g.sw and g.sh in (1, 2)
+
+
+def depthwise_rows(x, w, bias, g, lo: float, hi: float, out, r0: int, r1: int, scratch=None) -> None:
     """Rows r0..r1 of out = clamp(depthwise(x, w) + bias, lo, hi); x [R, H, W], w [C, kh, kw],
     bias [C] or None, out [R, OH, OW] (contiguous), g the convolution's geometry (pads, strides,
-    dilations). x, w, bias and out share one float dtype."""
+    dilations). x, w, bias and out share one float dtype. scratch: a 1-D array of that dtype with
+    at least scratch_elems(...) elements (an interpreter's arena); without it, one is allocated.
+    Threads running row ranges at once each need their own."""
     (pt, pb), (pl, pr) = g.pads
     dt = x.dtype.type
     b = bias if bias is not None else np.zeros(w.shape[0], x.dtype)
-    if w.shape[1] == 3 and w.shape[2] == 3 and g.dh == 1 and g.dw == 1 and g.sh == g.sw and g.sh in (1, 2):
-        kernel = _s1_3x3 if g.sh == 1 else _s2_3x3
-        kernel(x, w, b, pt, pl, pb, pr, dt(lo), dt(hi), out, r0, r1)
+    h, wd = x.shape[1], x.shape[2]
+    hp, wp = h + pt + pb, wd + pl + pr
+    need = scratch_elems(x.shape, w.shape, g)
+    if scratch is None:
+        scratch = np.empty(need, x.dtype)
+    elif scratch.ndim != 1 or scratch.dtype != x.dtype or scratch.size < need:
+        raise ValueError(f"depthwise scratch must be a 1-D {x.dtype} array of at least {need} elements, "
+                         f"got {scratch.dtype} {scratch.shape}")
+    if _fast(w.shape, g):
+        if g.sh == 1:
+            _s1_3x3(x, w, b, pt, pl, dt(lo), dt(hi), out, r0, r1, scratch[:hp * wp].reshape(hp, wp))
+        else:
+            wq = wp // 2 + 1
+            pad = scratch[:hp * 2 * wq].reshape(hp, 2 * wq)
+            ev = scratch[hp * 2 * wq:hp * 3 * wq].reshape(hp, wq)
+            od = scratch[hp * 3 * wq:hp * 4 * wq].reshape(hp, wq)
+            _s2_3x3(x, w, b, pt, pl, dt(lo), dt(hi), out, r0, r1, pad, ev, od)
     else:
-        _general(x, w, b, g.sh, g.sw, g.dh, g.dw, pt, pl, pb, pr, dt(lo), dt(hi), out, r0, r1)
+        _general(x, w, b, g.sh, g.sw, g.dh, g.dw, pt, pl, dt(lo), dt(hi), out, r0, r1,
+                 scratch[:hp * wp].reshape(hp, wp), scratch[hp * wp:hp * wp + out.shape[2]])
 
 
 _SUM_OPTS = dict(_OPTS, fastmath={"contract", "reassoc"})  # reassociation lets sums vectorize

@@ -247,3 +247,27 @@ def test_int8_depthwise_falls_back_to_numpy_where_float_could_round(monkeypatch,
     args, attrs, sy, zy, want = _int8_case(rng, (1, 8, 12, 12), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "relu6", scales)
     got = run("FusedConv2D", args, Out("int8", [sy], [zy]), want.shape, attrs)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("has_bias,act", [(True, "relu6"), (True, "none"), (False, "relu"), (True, "tanh"),
+                                          (False, "none")])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_fp32_pointwise_on_both_paths(kernel_path, has_bias, act, batch):
+    """A 1x1 conv: the bias and a none/relu/relu6 clamp as one compiled pass (jit.bias_clamp) after
+    the GEMM, numpy's add and clip otherwise; a bias fed at run time is read at each call."""
+    rng = np.random.default_rng(batch * 10 + len(act))
+    x = rng.standard_normal((batch, 6, 5, 7)).astype(np.float32) * 3
+    w = rng.standard_normal((9, 6, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(9).astype(np.float32)
+    want = ACTS[act](conv_ref(x, w) + (b.reshape(1, 9, 1, 1) if has_bias else 0))
+    args = [q(x, 1, 0), q(w, 1, 0, const=True)] + ([q(b, 1, 0)] if has_bias else [])  # a bias input, not a constant
+    for a in args:
+        a.scale = None
+    got = run("FusedConv2D", args, Out("float32"), want.shape, {"activation": act})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if has_bias:  # another bias through the same interpreter
+        from .singleop import model
+        interp = Interpreter(model("FusedConv2D", args, Out("float32"), want.shape, {"activation": act}))
+        for b2 in (b, -2 * b):
+            want2 = ACTS[act](conv_ref(x, w) + b2.reshape(1, 9, 1, 1))
+            np.testing.assert_allclose(interp.invoke(x, b2)[0], want2, rtol=1e-5, atol=1e-5)

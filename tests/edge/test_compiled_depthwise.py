@@ -271,3 +271,22 @@ def test_fp32_pointwise_on_both_paths(kernel_path, has_bias, act, batch):
         for b2 in (b, -2 * b):
             want2 = ACTS[act](conv_ref(x, w) + b2.reshape(1, 9, 1, 1))
             np.testing.assert_allclose(interp.invoke(x, b2)[0], want2, rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_depthwise_with_weights_and_bias_fed_at_run_time(kernel_path):
+    """Weights and bias as inputs (arena views, not file constants): each call reads them anew."""
+    path, calls = kernel_path
+    from .singleop import model
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((1, 6, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1], "groups": 6, "activation": "relu6"}
+    args = [q(x, 1, 0), q(w, 1, 0), q(b, 1, 0)]
+    for a in args:
+        a.scale = None
+    interp = Interpreter(model("FusedConv2D", args, Out("float32"), (1, 6, 5, 5), attrs))
+    for k in (1.0, -0.5):
+        want = np.clip(conv_ref(x, w * k, (2, 2), (1, 1), (1, 1, 1, 1), 6) + b.reshape(1, 6, 1, 1) * k, 0, 6)
+        np.testing.assert_allclose(interp.invoke(x, w * k, b * k)[0], want, rtol=1e-5, atol=1e-5)
+    assert calls == (["fp32"] * 2 if path == "compiled" else [])

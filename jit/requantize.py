@@ -50,12 +50,12 @@ def uniform_requantize_rows(a, tlo, thi, before, m, c, flo, fhi, after, sub, off
 @nb.njit(nogil=True, cache=True, boundscheck=False, fastmath={"contract"})
 def add_requantize(a, b, m1, m2, k, lo, hi, out):
     """The int8 Add of edge/int8_elementwise.py in one pass, flat int8 arrays of one length:
-    out = int8(int64(clamp(a m1 + b m2 + k, lo, hi)) - 128), in float64; every term is a multiple
+    out = int8(int32(clamp(a m1 + b m2 + k, lo, hi)) - 128), in float64; every term is a multiple
     of 2^-S below 2^53 there (the caller checks), so the sums are exact in any order, and lo >= 0
     makes the truncation a floor."""
     for i in range(out.shape[0]):
         v = a[i] * m1 + b[i] * m2 + k
-        out[i] = np.int8(np.int64(min(max(v, lo), hi)) - 128)
+        out[i] = np.int8(np.int32(min(max(v, lo), hi)) - 128)  # int32: packed conversion (AVX2 has no float64 -> int64)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -6,7 +6,7 @@ it; the compiled kernels make one pass per (image, channel) row with the taps in
 passes after a GEMM (bias + clamp, the int8 requantizations) become one compiled loop each.
 Whether a kernel uses them is decided once, when it is prepared (`use_compiled`: numba imports
 and ISTHMUS_JIT is not 0): the choice fixes the scratch the arena plans (the compiled depthwise
-needs none), so it cannot change per call. numba itself is imported when the first such kernel
+needs one padded plane, `depthwise_scratch_elems`), so it cannot change per call. numba itself is imported when the first such kernel
 is bound, never at `import isthmus.edge`.
 
 int8 runs float kernels on exact integers, so the result is the numpy path's bit for bit: see
@@ -20,7 +20,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from ..jit import available as _jit_available  # not `from .. import jit`: isthmus.__getattr__ would load core
+from ..jit import available as _jit_available  # the leaf package only: never core
 from .opcontext import Window
 from .quant import MAGIC32
 
@@ -43,8 +43,14 @@ class _Geometry:
     dw: int
 
 
+def depthwise_scratch_elems(g: Window, kh: int, kw: int) -> int:
+    """float32 elements of arena scratch the compiled depthwise kernel works in (its padded plane)."""
+    from ..jit.depthwise import scratch_elems
+    return scratch_elems((g.h, g.w), (kh, kw), _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw))
+
+
 def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
-              out3: np.ndarray) -> Callable[[], None]:
+              out3: np.ndarray, scratch: Optional[np.ndarray] = None) -> Callable[[], None]:
     """A step writing out3 [R, OH, OW] = clamp(bias + depthwise(x3 [R, H, W], w3 [C, kh, kw]), lo, hi).
     Every array is contiguous, writeable (numba compiles read-only arrays as another type) and of
     one float dtype; bias is [C] (zeros for none). Imports numba on the first call."""
@@ -56,7 +62,7 @@ def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: f
     rows = x3.shape[0]
 
     def run():
-        depthwise_rows(x3, w3, bias, geo, lo, hi, out3, 0, rows)
+        depthwise_rows(x3, w3, bias, geo, lo, hi, out3, 0, rows, scratch)
     return run
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Dict
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_bias_clamp, bind_rows, use_compiled
+from .compiled import CLAMPS, bind_bias_clamp, bind_rows, depthwise_scratch_elems, use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
 
@@ -80,8 +80,10 @@ def conv(ctx: OpContext):
     act = _act(act_name)
     depthwise = groups == c and cg == 1 and o == c
     pointwise = kh == kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded and groups == 1
-    # depthwise on the compiled kernel (edge/compiled.py), decided here, once: it needs no scratch
+    # depthwise on the compiled kernel (edge/compiled.py), decided here, once: its scratch is one
+    # padded plane (per image and channel row, reused row after row)
     compiled = depthwise and ctx.inputs[0].data is None and use_compiled()
+    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw),), np.float32) if compiled else None
     # a 1x1 conv's bias and none/relu/relu6 in one compiled pass after the GEMM (edge/compiled.py)
     fused_finish = pointwise and act_name in CLAMPS and (has_bias or act_name != "none") and use_compiled()
     og, kk, p = o // groups, kh * kw, oh * ow
@@ -117,7 +119,7 @@ def conv(ctx: OpContext):
                 finish()
             return run_pointwise
         if compiled:
-            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act)
+            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw])
         cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
         gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
         res, y4 = wide.out_view(acc), y.transpose(1, 0, 2, 3)
@@ -161,7 +163,7 @@ def conv(ctx: OpContext):
     return [(n, o, oh, ow)], bind
 
 
-def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act):
+def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act, scratch):
     """y = act(depthwise(x, wt) + bias) in one compiled pass per (image, channel); relu and relu6
     are the kernel's clamp, tanh and sigmoid a pass after it. Constant weights and bias (read-only
     views of the file) are copied once; arena views are used in place."""
@@ -170,7 +172,7 @@ def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act):
     w3 = w3 if w3.flags.writeable else w3.copy()
     b = np.zeros(c, np.float32) if bias is None else (bias if bias.flags.writeable else bias.copy())
     lo, hi = CLAMPS.get(act_name, CLAMPS["none"])
-    step = bind_rows(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow))
+    step = bind_rows(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow), scratch)
     post = None if act_name in CLAMPS else act
     if post is None:
         return step

@@ -192,7 +192,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     groups = node.attrs["groups"]
     act = None if activation == "none" else activation_inplace(xp, activation)
     depthwise = DepthwiseConv(xp, activation)
-    pointwise = _Pointwise(xp, act)
+    pointwise = _Pointwise(xp, act, activation)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -248,10 +248,14 @@ class _Pointwise:
     groups of images whose output fits in cache, each finished (bias, activation) in place
     before the next group is computed. When the output has more channels than the input (an
     expansion), the bias rides in the product instead: [W | b] @ [x; 1] costs a copy of the
-    smaller input rather than a pass over the larger output."""
+    smaller input rather than a pass over the larger output. Where the compiled kernels serve
+    (isthmus.jit) and the activation is a clamp (none, relu, relu6), the bias and the clamp are
+    one compiled pass after each group's product instead (no copy of the input, one pass)."""
 
-    def __init__(self, xp, act):
+    def __init__(self, xp, act, activation: str = "none"):
+        from .depthwise import _CLAMPS
         self.xp, self.act = xp, act
+        self._clamp = _CLAMPS.get(activation)
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias
 
     def __call__(self, x, w, bias):
@@ -261,6 +265,8 @@ class _Pointwise:
         xs = x.reshape(n, c, hw)
         out = xp.empty((n, o, hw), dtype=x.dtype)
         step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
+        if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype):
+            return self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
         if bias is not None and c < o:
             wa = self._augmented(w, bias, x.dtype)
             k = min(step, n)
@@ -289,6 +295,20 @@ class _Pointwise:
                 xp.add(y, b, out=y)
             if act is not None:
                 act(y)
+        return out
+
+    def _compiled_finish(self, xs, w2, bias, out, step):
+        from ...jit.bias_clamp import bias_clamp_rows
+        n, o = xs.shape[0], w2.shape[0]
+        dt = out.dtype.type
+        lo, hi = dt(self._clamp[0]), dt(self._clamp[1])
+        b = bias.reshape(o)
+        b = b if b.dtype == out.dtype and b.flags.c_contiguous else np.ascontiguousarray(b, dtype=out.dtype)
+        w2 = w2 if w2.dtype == out.dtype else w2.astype(out.dtype)
+        for i in range(0, n, step):
+            y = out[i:i + step]
+            self.xp.matmul(w2, xs[i:i + step], out=y)
+            bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo, hi)
         return out
 
     def _augmented(self, w, bias, dtype):

@@ -122,9 +122,11 @@ def test_depthwise_large_batch_many_chunks(kernel_path):
 
 
 @pytest.mark.parametrize("chunk", [16, 200, None])
-@pytest.mark.parametrize("act", ["none", "relu6", "sigmoid"])
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "sigmoid"])
 @pytest.mark.parametrize("c,o", [(7, 6), (3, 8)])  # a projection; an expansion (bias in the product)
-def test_pointwise_image_groups(monkeypatch, chunk, act, c, o):
+def test_pointwise_image_groups(kernel_path, monkeypatch, chunk, act, c, o):
+    """Both paths: numpy's (bias in the product for an expansion, then the activation) and the
+    compiled bias + clamp pass after each group's product (none, relu, relu6)."""
     if chunk is not None:  # one image per group; two images per group
         monkeypatch.setattr(conv_ops, "_POINTWISE_CHUNK_BYTES", chunk)
     rng = np.random.default_rng(11)

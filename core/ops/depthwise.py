@@ -294,8 +294,8 @@ class _ArenaPool:
         with self._lock:
             free = self._free.setdefault(id(xp), [])
             free.append(mem)
-            if len(free) > self.KEEP:
-                free.remove(min(free, key=lambda m: m.nbytes))
+            if len(free) > self.KEEP:  # drop the smallest, by position: list.remove would compare arrays with ==
+                del free[min(range(len(free)), key=lambda i: free[i].nbytes)]
 
 
 ARENAS = _ArenaPool()

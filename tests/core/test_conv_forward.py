@@ -331,3 +331,15 @@ def test_compiled_depthwise_keeps_nan_and_inf_as_numpy_does(kernel_path, act):
         want = ACTS[act](ref_conv(x, w, (1, 1), pads, (1, 1), 2))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     np.testing.assert_allclose(np.nan_to_num(out, posinf=1e30), np.nan_to_num(want, posinf=1e30), rtol=1e-6)
+
+
+def test_arena_pool_keeps_the_largest_arenas_of_mixed_sizes():
+    """Giving back more than KEEP arenas of different sizes drops the smallest (it once compared
+    arrays with == through list.remove and failed with a broadcast error)."""
+    pool = depthwise._ArenaPool()
+    sizes = [4096, 100, 7000, 50, 3000, 9000]
+    for n in sizes:
+        pool.give(np, np.empty(n, np.uint8))
+    kept = sorted(a.nbytes for a in pool._free[id(np)])
+    assert kept == sorted(sizes)[-pool.KEEP:]
+    assert pool.take(np, 5000).nbytes >= 5000

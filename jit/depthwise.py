@@ -35,6 +35,23 @@ def _fill(x, r, pad, pt, pl):
 
 
 @nb.njit(**_OPTS)
+def split_phases(pad, ev, od):
+    """Even and odd columns of each padded row: ev[y, k] = pad[y, 2k], od[y, k] = pad[y, 2k + 1]."""
+    for y in range(ev.shape[0]):
+        src, e, o = pad[y], ev[y], od[y]
+        for k in range(ev.shape[1]):
+            e[k] = src[2 * k]
+            o[k] = src[2 * k + 1]
+
+
+@nb.njit(**_OPTS)
+def taps3x3(w, ch):
+    """Channel ch's nine weights, row by row."""
+    return (w[ch, 0, 0], w[ch, 0, 1], w[ch, 0, 2], w[ch, 1, 0], w[ch, 1, 1], w[ch, 1, 2],
+            w[ch, 2, 0], w[ch, 2, 1], w[ch, 2, 2])
+
+
+@nb.njit(**_OPTS)
 def _s1_3x3(x, w, bias, pt, pl, lo, hi, out, r0, r1, pad):
     _, h, wd = x.shape
     c = w.shape[0]
@@ -44,9 +61,7 @@ def _s1_3x3(x, w, bias, pt, pl, lo, hi, out, r0, r1, pad):
         ch = r % c
         _fill(x, r, pad, pt, pl)
         b = bias[ch]
-        w00, w01, w02 = w[ch, 0, 0], w[ch, 0, 1], w[ch, 0, 2]
-        w10, w11, w12 = w[ch, 1, 0], w[ch, 1, 1], w[ch, 1, 2]
-        w20, w21, w22 = w[ch, 2, 0], w[ch, 2, 1], w[ch, 2, 2]
+        w00, w01, w02, w10, w11, w12, w20, w21, w22 = taps3x3(w, ch)
         for oy in range(oh):
             a0, a1, a2, o = pad[oy], pad[oy + 1], pad[oy + 2], out[r, oy]
             for ox in range(ow):
@@ -63,20 +78,13 @@ def _s2_3x3(x, w, bias, pt, pl, lo, hi, out, r0, r1, pad, ev, od):
     _, h, wd = x.shape
     c = w.shape[0]
     oh, ow = out.shape[1], out.shape[2]
-    hp, wq = ev.shape
     pad[:, :] = 0
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl)
-        for y in range(hp):
-            src, e, o = pad[y], ev[y], od[y]
-            for k in range(wq):
-                e[k] = src[2 * k]
-                o[k] = src[2 * k + 1]
+        split_phases(pad, ev, od)
         b = bias[ch]
-        w00, w01, w02 = w[ch, 0, 0], w[ch, 0, 1], w[ch, 0, 2]
-        w10, w11, w12 = w[ch, 1, 0], w[ch, 1, 1], w[ch, 1, 2]
-        w20, w21, w22 = w[ch, 2, 0], w[ch, 2, 1], w[ch, 2, 2]
+        w00, w01, w02, w10, w11, w12, w20, w21, w22 = taps3x3(w, ch)
         for oy in range(oh):
             y0 = 2 * oy
             e0, e1, e2, o = ev[y0], ev[y0 + 1], ev[y0 + 2], out[r, oy]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numba as nb  # imported only when an int8 compiled kernel is first bound
 import numpy as np
 
+from .depthwise import split_phases, taps3x3
+
 _OPTS = dict(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
 
 
@@ -47,9 +49,7 @@ def _s1_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, ou
         ch = r % c
         _fill(x, r, pad, pt, pl, zx)
         b = bias[ch]
-        w00, w01, w02 = w[ch, 0, 0], w[ch, 0, 1], w[ch, 0, 2]
-        w10, w11, w12 = w[ch, 1, 0], w[ch, 1, 1], w[ch, 1, 2]
-        w20, w21, w22 = w[ch, 2, 0], w[ch, 2, 1], w[ch, 2, 2]
+        w00, w01, w02, w10, w11, w12, w20, w21, w22 = taps3x3(w, ch)
         for oy in range(oh):
             a0, a1, a2 = pad[oy], pad[oy + 1], pad[oy + 2]
             if quant:
@@ -81,15 +81,9 @@ def _s2_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, ou
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl, zx)
-        for y in range(hp):
-            pr_, er, orow = pad[y], ev[y], od[y]
-            for k in range(wq):
-                er[k] = pr_[2 * k]
-                orow[k] = pr_[2 * k + 1]
+        split_phases(pad, ev, od)
         b = bias[ch]
-        w00, w01, w02 = w[ch, 0, 0], w[ch, 0, 1], w[ch, 0, 2]
-        w10, w11, w12 = w[ch, 1, 0], w[ch, 1, 1], w[ch, 1, 2]
-        w20, w21, w22 = w[ch, 2, 0], w[ch, 2, 1], w[ch, 2, 2]
+        w00, w01, w02, w10, w11, w12, w20, w21, w22 = taps3x3(w, ch)
         for oy in range(oh):
             y0 = 2 * oy
             e0, e1, e2 = ev[y0], ev[y0 + 1], ev[y0 + 2]

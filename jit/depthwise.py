@@ -97,23 +97,30 @@ def _s2_3x3(x, w, bias, pt, pl, lo, hi, out, r0, r1, pad, ev, od):
 
 
 @nb.njit(**_OPTS)
+def tap_row(acc, pad, w, b, ch, oy, sh, sw, dh, dw):
+    """acc[ox] = b + the sum over channel ch's taps of w * the padded input they read, for output row oy."""
+    kh, kw = w.shape[1], w.shape[2]
+    acc[:] = b
+    for ky in range(kh):
+        row = pad[oy * sh + ky * dh]
+        for kx in range(kw):
+            wv = w[ch, ky, kx]
+            off = kx * dw
+            for ox in range(acc.shape[0]):
+                acc[ox] += wv * row[ox * sw + off]
+
+
+@nb.njit(**_OPTS)
 def _general(x, w, bias, sh, sw, dh, dw, pt, pl, lo, hi, out, r0, r1, pad, acc):
     _, h, wd = x.shape
-    c, kh, kw = w.shape
+    c = w.shape[0]
     oh, ow = out.shape[1], out.shape[2]
     pad[:, :] = 0
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl)
         for oy in range(oh):
-            acc[:] = bias[ch]
-            for ky in range(kh):
-                row = pad[oy * sh + ky * dh]
-                for kx in range(kw):
-                    wv = w[ch, ky, kx]
-                    off = kx * dw
-                    for ox in range(ow):
-                        acc[ox] += wv * row[ox * sw + off]
+            tap_row(acc, pad, w, bias[ch], ch, oy, sh, sw, dh, dw)
             o = out[r, oy]
             for ox in range(ow):
                 o[ox] = min(max(acc[ox], lo), hi)

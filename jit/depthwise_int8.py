@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba as nb  # imported only when an int8 compiled kernel is first bound
 import numpy as np
 
-from .depthwise import split_phases, taps3x3
+from .depthwise import split_phases, tap_row, taps3x3
 
 _OPTS = dict(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
 
@@ -108,21 +108,14 @@ def _s2_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, ou
 def _general(x, zx, w, bias, sh, sw, dh, dw, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, outq,
              oh, ow, r0, r1):
     _, h, wd = x.shape
-    c, kh, kw = w.shape
+    c = w.shape[0]
     pad = np.zeros((h + pt + pb, wd + pl + pr), w.dtype)
     acc = np.empty(ow, w.dtype)
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl, zx)
         for oy in range(oh):
-            acc[:] = bias[ch]
-            for ky in range(kh):
-                row = pad[oy * sh + ky * dh]
-                for kx in range(kw):
-                    wv = w[ch, ky, kx]
-                    off = kx * dw
-                    for ox in range(ow):
-                        acc[ox] += wv * row[ox * sw + off]
+            tap_row(acc, pad, w, bias[ch], ch, oy, sh, sw, dh, dw)
             if quant:
                 oq = outq[r, oy]
                 for ox in range(ow):

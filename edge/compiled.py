@@ -68,7 +68,7 @@ def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: f
 
 def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
                    outf3: Optional[np.ndarray] = None, outq3: Optional[np.ndarray] = None,
-                   zy: int = 0) -> Callable[[], None]:
+                   zy: int = 0, scratch: Optional[np.ndarray] = None) -> Callable[[], None]:
     """A step running jit.depthwise_int8 on int8 x3 [R, H, W]: into outf3 (float, w3's dtype) the
     accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
     (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
@@ -82,7 +82,8 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     if outq3 is not None and w3.dtype != np.float32:
         raise ValueError("compiled int8 depthwise: the fused requantization is float32's")
     geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
-    return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, MAGIC32 + zy, int(MAGIC32), outf3, outq3)
+    return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, MAGIC32 + zy, int(MAGIC32), outf3, outq3,
+                               scratch=scratch)
 
 
 def bind_bias_clamp(y2: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[], None]:

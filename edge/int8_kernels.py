@@ -49,7 +49,8 @@ from typing import Callable, Dict, List
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import bind_channel_requantization, bind_int8_rows, bind_requantize_rows, exact_int8_bias, use_compiled
+from .compiled import (bind_channel_requantization, bind_int8_rows, bind_requantize_rows, depthwise_scratch_elems,
+                       exact_int8_bias, use_compiled)
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 from .quant import (F64_EXACT, MAGIC32, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
@@ -213,6 +214,8 @@ def conv(ctx: OpContext):
         s_tmp = ((1,), np.float64)  # a placeholder: quant.UniformRequantizer.bind refuses it for numpy passes
     # the short requantization (float32) runs inside the compiled kernel: no scratch at all
     fused = cbias is not None and uni is not None and bias_scaled and ft == np.float32
+    # the compiled depthwise works in one padded plane of arena scratch (in the weights' dtype)
+    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw),), ft) if cbias is not None else None
     if cbias is not None:
         if not fused:  # the accumulator, then the requantization's temporary
             if uni is not None and not rq_compiled:
@@ -239,9 +242,10 @@ def conv(ctx: OpContext):
             x3, w3 = ins[0].reshape(n * c, h, wd), wnat.reshape(c, kh, kw)
             if fused:
                 return bind_int8_rows(x3, zx, w3, cbias, g, float(uni.lo - uni.zp), float(uni.hi - uni.zp),
-                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp)
+                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp, scratch=sc[i_dw])
             acc, tmp = sc[i_b], sc[i_a]
-            step = bind_int8_rows(x3, zx, w3, cbias, g, -math.inf, math.inf, outf3=acc.reshape(n * c, oh, ow))
+            step = bind_int8_rows(x3, zx, w3, cbias, g, -math.inf, math.inf, outf3=acc.reshape(n * c, oh, ow),
+                                  scratch=sc[i_dw])
             if uni is not None:
                 finish = uni.bind(acc, None if ft == np.float64 else tmp, lambda a: a.reshape(n, c, oh, ow),
                                   outs[0], bias_scaled)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba as nb  # imported only when an int8 compiled kernel is first bound
 import numpy as np
 
-from .depthwise import split_phases, tap_row, taps3x3
+from .depthwise import scratch_elems, split_phases, tap_row, taps3x3
 
 _OPTS = dict(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
 
@@ -41,10 +41,9 @@ def _requantize(v, lo, hi, magic, base):
 
 
 @nb.njit(**_OPTS)
-def _s1_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, outq, oh, ow, r0, r1):
-    _, h, wd = x.shape
+def _s1_3x3(x, zx, w, bias, pt, pl, lo, hi, magic, base, quant, outf, outq, oh, ow, r0, r1, pad):
     c = w.shape[0]
-    pad = np.zeros((h + pt + pb, wd + pl + pr), w.dtype)
+    pad[:, :] = 0  # the border stays zero; each row's fill rewrites the inside
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl, zx)
@@ -69,15 +68,10 @@ def _s1_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, ou
 
 
 @nb.njit(**_OPTS)
-def _s2_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, outq, oh, ow, r0, r1):
+def _s2_3x3(x, zx, w, bias, pt, pl, lo, hi, magic, base, quant, outf, outq, oh, ow, r0, r1, pad, ev, od):
     # even and odd phases of the padded columns, as jit/depthwise.py's stride-2 kernel
-    _, h, wd = x.shape
     c = w.shape[0]
-    hp, wp = h + pt + pb, wd + pl + pr
-    wq = wp // 2 + 1
-    pad = np.zeros((hp, 2 * wq), w.dtype)
-    ev = np.zeros((hp, wq), w.dtype)
-    od = np.zeros((hp, wq), w.dtype)
+    pad[:, :] = 0
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl, zx)
@@ -105,12 +99,10 @@ def _s2_3x3(x, zx, w, bias, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, ou
 
 
 @nb.njit(**_OPTS)
-def _general(x, zx, w, bias, sh, sw, dh, dw, pt, pl, pb, pr, lo, hi, magic, base, quant, outf, outq,
-             oh, ow, r0, r1):
-    _, h, wd = x.shape
+def _general(x, zx, w, bias, sh, sw, dh, dw, pt, pl, lo, hi, magic, base, quant, outf, outq,
+             oh, ow, r0, r1, pad, acc):
     c = w.shape[0]
-    pad = np.zeros((h + pt + pb, wd + pl + pr), w.dtype)
-    acc = np.empty(ow, w.dtype)
+    pad[:, :] = 0
     for r in range(r0, r1):
         ch = r % c
         _fill(x, r, pad, pt, pl, zx)
@@ -127,17 +119,20 @@ def _general(x, zx, w, bias, sh, sw, dh, dw, pt, pl, pb, pr, lo, hi, magic, base
 
 
 def depthwise_int8_rows(x, zx: float, w, bias, g, lo: float, hi: float, magic: float, base: int,
-                        outf, outq, r0: int, r1: int) -> None:
+                        outf, outq, r0: int, r1: int, scratch=None) -> None:
     """Rows r0..r1 (see the module's docstring). x int8 [R, H, W], w [C, kh, kw] and bias [C] of one
     float dtype, outf [R, OH, OW] of that dtype or outq [R, OH, OW] int8 (the other None), all
-    contiguous; g the geometry (pads ((top, bottom), (left, right)), strides, dilations)."""
-    depthwise_int8_step(x, zx, w, bias, g, lo, hi, magic, base, outf, outq, r0, r1)()
+    contiguous; g the geometry (pads ((top, bottom), (left, right)), strides, dilations); scratch as
+    jit.depthwise.depthwise_rows's (of w's dtype; None: allocated)."""
+    depthwise_int8_step(x, zx, w, bias, g, lo, hi, magic, base, outf, outq, r0, r1, scratch)()
 
 
 def depthwise_int8_step(x, zx: float, w, bias, g, lo: float, hi: float, magic: float, base: int,
-                        outf, outq, r0: int = 0, r1: int = -1):
+                        outf, outq, r0: int = 0, r1: int = -1, scratch=None):
     """depthwise_int8_rows as a step taking no arguments: the kernel chosen and its arguments
-    converted once (the per-call wrapper cost about 3 us, a tenth of a small layer). r1 -1: all rows."""
+    converted once (the per-call wrapper cost about 3 us, a tenth of a small layer). r1 -1: all rows.
+    scratch: a 1-D array of w's dtype of at least jit.depthwise.scratch_elems(...) elements (an
+    interpreter's arena), or None to allocate one here, once."""
     (pt, pb), (pl, pr) = g.pads
     dt = w.dtype
     quant = outq is not None
@@ -148,13 +143,29 @@ def depthwise_int8_step(x, zx: float, w, bias, g, lo: float, hi: float, magic: f
     else:
         outq = np.empty((1, 1, 1), np.int8)
     r1 = x.shape[0] if r1 < 0 else r1
+    h, wd = x.shape[1], x.shape[2]
+    hp, wp = h + pt + pb, wd + pl + pr
+    need = scratch_elems(x.shape, w.shape, g)
+    if scratch is None:
+        scratch = np.empty(need, dt)
+    elif scratch.ndim != 1 or scratch.dtype != dt or scratch.size < need:
+        raise ValueError(f"int8 depthwise scratch must be a 1-D {dt} array of at least {need} elements, "
+                         f"got {scratch.dtype} {scratch.shape}")
     tail = (dt.type(lo), dt.type(hi), dt.type(magic), np.int32(base), quant, outf, outq, oh, ow, r0, r1)
     if w.shape[1] == 3 and w.shape[2] == 3 and g.dh == 1 and g.dw == 1 and g.sh == g.sw and g.sh in (1, 2):
-        kernel = _s1_3x3 if g.sh == 1 else _s2_3x3
-        args = (x, dt.type(zx), w, bias, pt, pl, pb, pr) + tail
+        if g.sh == 1:
+            kernel = _s1_3x3
+            bufs = (scratch[:hp * wp].reshape(hp, wp),)
+        else:
+            kernel = _s2_3x3
+            wq = wp // 2 + 1
+            bufs = (scratch[:hp * 2 * wq].reshape(hp, 2 * wq), scratch[hp * 2 * wq:hp * 3 * wq].reshape(hp, wq),
+                    scratch[hp * 3 * wq:hp * 4 * wq].reshape(hp, wq))
+        args = (x, dt.type(zx), w, bias, pt, pl) + tail + bufs
     else:
         kernel = _general
-        args = (x, dt.type(zx), w, bias, g.sh, g.sw, g.dh, g.dw, pt, pl, pb, pr) + tail
+        args = (x, dt.type(zx), w, bias, g.sh, g.sw, g.dh, g.dw, pt, pl) + tail + \
+            (scratch[:hp * wp].reshape(hp, wp), scratch[hp * wp:hp * wp + ow])
 
     def run():
         kernel(*args)

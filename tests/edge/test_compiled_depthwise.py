@@ -26,10 +26,10 @@ def kernel_path(request, monkeypatch):
     assert jit.available() == (request.param == "compiled"), "numba is a dependency: it must import"
     calls = []
     real, real8 = jd.depthwise_rows, jq.depthwise_int8_step
-    monkeypatch.setattr(jd, "depthwise_rows", lambda *a: calls.append("fp32") or real(*a))
+    monkeypatch.setattr(jd, "depthwise_rows", lambda *a, **k: calls.append("fp32") or real(*a, **k))
 
-    def step8(*a):  # int8: whether the requantization ran fused (an int8 output) or after the kernel
-        run = real8(*a)
+    def step8(*a, **k):  # int8: whether the requantization ran fused (an int8 output) or after the kernel
+        run = real8(*a, **k)
         return lambda: calls.append("int8->int8" if a[10] is not None else "int8") or run()
     monkeypatch.setattr(jq, "depthwise_int8_step", step8)
     return request.param, calls

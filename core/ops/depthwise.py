@@ -66,16 +66,7 @@ class DepthwiseConv:
         lo, hi = self._clamp if self._clamp is not None else (-np.inf, np.inf)
         out = np.empty((n, c, g.oh, g.ow), dtype=dt)
         orow = out.reshape(rows, g.oh, g.ow)
-        parts = threads(rows * g.oh * g.ow * g.kh * g.kw) if rows >= 2 else 1
-        if parts == 1:
-            depthwise_rows(xs, wk, b, g, lo, hi, orow, 0, rows)
-        else:
-            cut = -(-rows // parts)
-            futures = [_pool().submit(depthwise_rows, xs, wk, b, g, lo, hi, orow, r0, min(rows, r0 + cut))
-                       for r0 in range(cut, rows, cut)]
-            depthwise_rows(xs, wk, b, g, lo, hi, orow, 0, min(rows, cut))
-            for f in futures:
-                f.result()
+        _on_threads(depthwise_rows, _split_rows(rows, rows * g.oh * g.ow * g.kh * g.kw), xs, wk, b, g, lo, hi, orow)
         if self._post is not None:
             self._post(out, out)
         return out
@@ -83,7 +74,7 @@ class DepthwiseConv:
     def __call__(self, x, w, g, bias=None):
         """activation(depthwise_conv(x, w) + bias) as a contiguous NCHW array; w is [C, 1, kh, kw]
         and g the convolution's geometry (pads, strides, dilations, output size)."""
-        if self._compiled and x.dtype in _JIT_DTYPES and jit.available():
+        if self._compiled and compiled_ok(np, x.dtype):
             return self._run_compiled(x, w, g, bias)
         key = (x.shape, w.shape, x.dtype)
         lay = self._layouts.get(key)
@@ -136,6 +127,14 @@ def _split_rows(rows: int, macs: int):
     return [(r0, min(rows, r0 + cut)) for r0 in range(0, rows, cut)] or [(0, 0)]
 
 
+def _on_threads(fn, ranges, *args) -> None:
+    """fn(*args, r0, r1) for each range: the first on this thread, the others on the pool."""
+    futures = [_pool().submit(fn, *args, r0, r1) for r0, r1 in ranges[1:]]
+    fn(*args, *ranges[0])
+    for f in futures:
+        f.result()
+
+
 def compiled_input_grad(dy, w, g, x_shape):
     """The input gradient [N, C, H, W] of a depthwise convolution by the compiled forward kernel
     (a stride-1 convolution of dy with the weights flipped: jit.depthwise.input_grad_as_forward)."""
@@ -146,12 +145,7 @@ def compiled_input_grad(dy, w, g, x_shape):
     src, wf, gt = input_grad_as_forward(dys, np.asarray(w, dtype=dt).reshape(c, g.kh, g.kw), g, h, wd)
     dx = np.empty(x_shape, dtype=dt)
     dxs = dx.reshape(rows, h, wd)
-    ranges = _split_rows(rows, rows * h * wd * g.kh * g.kw)
-    args = (src, wf, None, gt, -np.inf, np.inf, dxs)
-    futures = [_pool().submit(depthwise_rows, *args, r0, r1) for r0, r1 in ranges[1:]]
-    depthwise_rows(*args, *ranges[0])
-    for f in futures:
-        f.result()
+    _on_threads(depthwise_rows, _split_rows(rows, rows * h * wd * g.kh * g.kw), src, wf, None, gt, -np.inf, np.inf, dxs)
     return dx
 
 

@@ -223,14 +223,9 @@ def _bn_view(x, axis):
     return (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(a, x.shape[axis], -1)
 
 
-def _by_channels(fn, c: int, size: int, *args) -> None:
-    """fn(*args, c0, c1) over channel ranges, on as many threads as BLAS has when large."""
-    parts = min(c, _dw.threads(size * 8)) if c else 1
-    cut = -(-c // parts) if c else 1
-    futures = [_dw._pool().submit(fn, *args, c0, min(c, c0 + cut)) for c0 in range(cut, c, cut)]
-    fn(*args, 0, min(c, cut))
-    for f in futures:
-        f.result()
+def _by_channels(fn, c: int, size: int) -> None:
+    """fn(c0, c1) over channel ranges, on as many threads as BLAS has when large (as depthwise rows)."""
+    _dw._on_threads(fn, _dw._split_rows(c, size * 8))
 
 
 def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache):
@@ -241,9 +236,9 @@ def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache
     x3 = _bn_view(x, axis)
     c, dt = x3.shape[1], x.dtype
     params = (scale, offset, mean, var)
-    hit = cache.get("params")
-    if not training and hit is not None and all(a is b for a, b in zip(hit, params)) and cache["dtype"] == dt:
-        inv_t, shift = cache["inv"], cache["shift"]
+    hit = cache.get("entry")  # (params, dtype, inv, shift), replaced whole: threads may share the kernel
+    if not training and hit is not None and all(a is b for a, b in zip(hit[0], params)) and hit[1] == dt:
+        inv_t, shift = hit[2], hit[3]
     else:
         if training:
             m64, v64 = np.empty(c), np.empty(c)
@@ -255,7 +250,7 @@ def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache
         shift = (offset.astype(np.float64) - m64 * inv).astype(dt)
         inv_t = inv.astype(dt)
         if not training and all(_dw._immutable(a) for a in params):
-            cache.update(params=params, dtype=dt, inv=inv_t, shift=shift)  # holding them keeps ids unique
+            cache["entry"] = (params, dt, inv_t, shift)  # holding the parameters keeps their ids unique
     y = np.empty(x3.shape, dt)
     _by_channels(lambda c0, c1: normalize(x3, inv_t, shift, y, c0, c1), c, x.size)
     return y.reshape(x.shape), mean.astype(dt, copy=False), var.astype(dt, copy=False)

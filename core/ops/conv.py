@@ -24,7 +24,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .depthwise import (ARENAS, DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad,
+from .depthwise import (_CLAMPS, ARENAS, DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad,
                         compiled_ok)
 from .fused import activation_inplace
 
@@ -253,7 +253,6 @@ class _Pointwise:
     one compiled pass after each group's product instead (no copy of the input, one pass)."""
 
     def __init__(self, xp, act, activation: str = "none"):
-        from .depthwise import _CLAMPS
         self.xp, self.act = xp, act
         self._clamp = _CLAMPS.get(activation)
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias

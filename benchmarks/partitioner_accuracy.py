@@ -24,12 +24,18 @@ parts' kernels in thread CPU time: what other processes on a shared machine take
 does not count (on a quiet machine it equals the wall time on one thread). One thread is far less disturbed by other work on a shared machine:
 a two-thread GEMM waits for its slower thread, so with another process on the second core one
 round of a part can take 50x another (measured here at load 5-8, `part_round_spread_median`).
-Usage: python benchmarks/partitioner_accuracy.py [--graphs 12] [--quick] [--no-passes] [--blas-threads 1,1:cpu,2]
+--runs N (default 5) repeats all of it in N fresh processes and reports the median run: this
+shared VM's speed drifts by up to 1.4x for seconds at a time, and one run's MAPE can land far from
+the next's.
+Usage: python benchmarks/partitioner_accuracy.py [--runs 5] [--graphs 12] [--quick] [--no-passes] [--blas-threads 1,1:cpu,2]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -73,12 +79,16 @@ def split_at(g, layer: int):
     return placement
 
 
-def time_kernels(sess, fetch, feed, repeats: int, clock) -> dict:
+def time_kernels(sess, fetch, feed, budget_s: float, clock) -> dict:
     """Median seconds (by `clock`) of each kernel of the session's compiled plan for `fetch`, run
-    in plan order (core/profile.time_nodes with a choice of clock; feeds given as their arrays)."""
+    in plan order (core/profile.time_nodes with a choice of clock; feeds given as their arrays).
+    Repeated like a calibration case: as often as `budget_s` allows, 10 to 200 times."""
     plan = sess.plan_for(fetch, feed)
     floor = clock_floor(clock)
     samples = {}
+    t0 = time.perf_counter()
+    sess.run(fetch, feed)
+    repeats = int(np.clip(budget_s / max(time.perf_counter() - t0, 1e-6), 10, 200))
     for _ in range(repeats):
         values = {t: v for t, v in zip(plan.feeds, feed.values())}
         values.update(plan.constants)
@@ -97,14 +107,14 @@ def time_kernels(sess, fetch, feed, repeats: int, clock) -> dict:
     return {n: max(float(np.median(v)) - floor, 1e-9) for n, v in samples.items()}
 
 
-def measured_parts(g, x, y, xv, placement, passes: bool, repeats=10, rounds=3, clock="wall"):
+def measured_parts(g, x, y, xv, placement, passes: bool, budget_s=0.05 / 3, rounds=3, clock="wall"):
     """Kernel seconds per device; a fused node is named after the last node of its group.
     Like calibration, the least disturbed of `rounds` medians (the machine is shared)."""
     sess = ism.Session(g, optimize=passes, parallel=False)
     sess.run(y, {x: xv})
     best = None
     for _ in range(rounds):
-        times = time_kernels(sess, y, {x: xv}, repeats, CLOCKS[clock])
+        times = time_kernels(sess, y, {x: xv}, budget_s, CLOCKS[clock])
         out = {EDGE_DEVICE: 0.0, CLOUD_DEVICE: 0.0}
         for n, s in times.items():
             if n.name not in placement:
@@ -141,6 +151,9 @@ def main() -> None:
                          "':cpu' (one thread only: kernels timed in thread CPU time, for calibration and parts "
                          "alike), each calibrated and measured on its own, interleaved by round "
                          "(default: %(default)s)")
+    ap.add_argument("--runs", type=int, default=5,
+                    help="independent runs, each a fresh process with its own calibration (default: %(default)s); "
+                         "the headline is their median")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds, each timing the calibration cases and then every graph (least disturbed kept)")
     args = ap.parse_args()
@@ -153,7 +166,59 @@ def main() -> None:
         if clock == "cpu" and threads != "1":
             raise SystemExit(f"--blas-threads: {text!r}: the cpu clock counts this thread only: one BLAS thread")
         settings.append((None if threads == "default" else int(threads), clock))
-    run(args, settings)
+    if args.runs < 1:
+        raise SystemExit(f"--runs must be >= 1, got {args.runs}")
+    if args.runs == 1:
+        run(args, settings)
+    else:
+        runs(args, [t.strip() for t in args.blas_threads.split(",")])
+
+
+def runs(args, settings) -> None:
+    """`args.runs` independent runs of this script, each setting in its own process (its own
+    calibration, its own arrays' placement in memory, and no BLAS threads of another setting still
+    spinning after their last product): this machine is a shared VM whose speed drifts by up to
+    1.4x for seconds at a time, so one run's MAPE can land far from the next's (8-32% measured here
+    on the same code). The headline is the median run's; every run's figures are listed."""
+    argv = sys.argv[1:]
+    for flag in ("--runs", "--blas-threads"):  # each child gets its own
+        while flag in argv:
+            i = argv.index(flag)
+            argv = argv[:i] + argv[i + 2:]
+        argv = [a for a in argv if not a.startswith(flag + "=")]
+    t0 = time.perf_counter()
+    results = {text: [] for text in settings}
+    for k in range(args.runs):
+        for text in settings:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--runs", "1",
+                                  "--blas-threads", text], capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                raise SystemExit(f"run {k + 1} of {args.runs} ({text}) failed (exit {out.returncode}):\n"
+                                 f"{out.stderr[-2000:]}")
+            d = json.loads(out.stdout[out.stdout.index("{"):])
+            results[text].append(next(iter(d["by_blas_threads"].values())))
+            print(f"run {k + 1}/{args.runs}, BLAS threads {text}: part MAPE {d['part_mape']:.1%}, end to end "
+                  f"{d['end_to_end_mape']:.1%}", file=sys.stderr)
+    summary = {}
+    for text, per in results.items():
+        order = sorted(range(len(per)), key=lambda i: per[i]["part_mape"])
+        summary[per[0]["name"]] = {
+            "part_mape_median": float(np.median([p["part_mape"] for p in per])),
+            "end_to_end_mape_median": float(np.median([p["end_to_end_mape"] for p in per])),
+            "part_mape_runs": [round(p["part_mape"], 4) for p in per],
+            "end_to_end_mape_runs": [round(p["end_to_end_mape"], 4) for p in per],
+            "part_mean_signed_error_runs": [round(p["part_mean_signed_error"], 4) for p in per],
+            "runs_passing": sum(p["pass"] for p in per),
+            "median_run": per[order[len(order) // 2]]}
+    first = next(iter(summary.values()))
+    emit("partitioner_accuracy", {
+        "runs": args.runs, "rounds": args.rounds, "link": str(LINK), "calibrated_ops": OPS,
+        "passes": not args.no_passes, "total_s": time.perf_counter() - t0,
+        "part_target": 0.20, "end_to_end_target": 0.15,
+        # the headline: the median over runs of the first setting (one BLAS thread by default)
+        "part_mape": first["part_mape_median"], "end_to_end_mape": first["end_to_end_mape_median"],
+        "pass": bool(first["part_mape_median"] <= 0.20 and first["end_to_end_mape_median"] <= 0.15),
+        "by_blas_threads": summary})
 
 
 class Setting:
@@ -170,13 +235,15 @@ class Setting:
         self.calib_s = 0.0
 
     def run_round(self, graphs, passes: bool) -> None:
-        # the calibration shares the graphs' rounds: a load that changes during the run reaches
-        # what is predicted and what it is checked against alike
+        # the calibration shares the graphs' rounds, a slice of its cases before each graph: a load
+        # that changes during the run reaches what is predicted and what it is checked against
+        # alike.
+        slices = np.array_split(np.arange(len(self.cal.built)), len(graphs))
         with limited_blas_threads(self.threads):
-            tc = time.perf_counter()
-            self.cal.run_round()
-            self.calib_s += time.perf_counter() - tc
             for i, (g, x, y, layer, placement, xv) in enumerate(graphs):
+                tc = time.perf_counter()
+                self.cal.run_cases(slices[i])
+                self.calib_s += time.perf_counter() - tc
                 self.parts_rounds[i].append(measured_parts(g, x, y, xv, placement, passes, rounds=1,
                                                            clock=self.clock))
                 self.e2e_best[i] = min(self.e2e_best[i], measured_end_to_end(g, y, xv, placement, passes, rounds=1))
@@ -207,7 +274,7 @@ class Setting:
                          "cloud_pred_ms": pred.compute[CLOUD_DEVICE] * 1e3, "cloud_meas_ms": parts[CLOUD_DEVICE] * 1e3,
                          "e2e_pred_ms": pred.total * 1e3, "e2e_meas_ms": e2e * 1e3})
         mape, e2e_mape = float(np.mean(part_err)), float(np.mean(e2e_err))
-        return {"blas_threads": self.count, "clock": self.clock, "calibration_s": self.calib_s,
+        return {"name": self.name, "blas_threads": self.count, "clock": self.clock, "calibration_s": self.calib_s,
                 "part_mape": mape, "part_median_ape": float(np.median(part_err)),
                 "part_mean_signed_error": float(np.mean(part_signed)),
                 "part_round_spread_median": float(np.median(spread)),

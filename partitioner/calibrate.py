@@ -44,15 +44,19 @@ class Sample:
 Case = Tuple[List[np.ndarray], Callable]
 
 _SIZES = {"quick": (1024, 65536, 524288), "full": (256, 4096, 32768, 131072, 524288, 2097152)}
-_MATMULS = {"quick": ((1, 256, 256), (1, 1024, 1024), (4, 1536, 1536), (8, 256, 512), (32, 512, 512),
-                      (128, 1024, 512)),
+_MATMULS = {"quick": ((1, 256, 256), (1, 1024, 1024), (4, 1536, 1536), (8, 256, 512), (2, 512, 1024),
+                      (32, 512, 512), (128, 1024, 512)),
             "full": (# many rows: FLOP-bound
                      (32, 784, 512), (64, 256, 1024), (128, 1024, 1024), (256, 256, 256), (512, 128, 64),
                      (100, 512, 256), (48, 96, 384), (32, 1536, 128),
                      # few rows (MatMul:narrow), large weights: bound by packing them, as inference at small
                      # batch is
-                     (4, 1536, 1536), (2, 512, 2048), (16, 2048, 1024), (4, 256, 512), (8, 1024, 128),
-                     (8, 512, 512), (16, 64, 64), (12, 128, 1024),
+                     (4, 1536, 1536), (16, 2048, 1024), (4, 256, 512), (8, 1024, 128), (8, 512, 512),
+                     (16, 64, 64), (12, 128, 1024), (4, 768, 256), (4, 128, 2048), (8, 256, 1536),
+                     (4, 2048, 128),
+                     # a row count not a multiple of 4 (MatMul:narrow_odd): the rows left over one by one
+                     (2, 512, 2048), (3, 320, 960), (6, 640, 640), (2, 1024, 256), (5, 128, 1024),
+                     (7, 256, 256),
                      # one row: BLAS's matrix-vector kernel (MatMul:vector)
                      (1, 256, 256), (1, 1024, 1024), (1, 64, 512), (1, 2048, 512), (1, 512, 64),
                      (1, 1536, 1536))}
@@ -181,17 +185,21 @@ class Calibration:
             registry.get(op)  # an unknown op lists the known ones
             self.built.extend(_build_case(op, inputs, build) for inputs, build in cases(op, level))
         self.best = [np.inf] * len(self.built)
-        self.rounds = 0
 
     def run_round(self, budget_s: float = 0.05 / 3) -> None:
-        for i, case in enumerate(self.built):
+        self.run_cases(range(len(self.built)), budget_s)
+
+    def run_cases(self, indices, budget_s: float = 0.05 / 3) -> None:
+        """Time the cases `indices` once more (a slice of a round: a caller may spread a round over
+        its own measurements, so that both see the same load, second by second)."""
+        for i in indices:
+            case = self.built[i]
             flush = FLUSH_BYTES if case[3] in WEIGHT_OPS else 0
             self.best[i] = min(self.best[i], _time_case(case, budget_s, flush, clock=CLOCKS[self.clock]))
-        self.rounds += 1
 
     def samples(self) -> List[Sample]:
-        if not self.rounds:
-            raise RuntimeError("no calibration round has run yet")
+        if not all(np.isfinite(self.best)):
+            raise RuntimeError("not every calibration case has been timed yet (run_round)")
         return [Sample(key, shape, flops, nbytes, sec) for (_, _, _, _, key, shape, flops, nbytes), sec
                 in zip(self.built, self.best)]
 

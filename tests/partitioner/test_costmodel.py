@@ -64,9 +64,9 @@ def test_calibration_times_real_kernels(tmp_path):
     assert all(list(cases(op, "quick")) for op in ops)
     assert not list(cases("Variable", "quick"))
     samples = measure(ops, "quick", budget_s=0.005, rounds=1)
-    assert {s.op for s in samples} == set(ops) | {"MatMul:vector", "MatMul:narrow"} and all(s.seconds > 0 for s in samples)
+    assert {s.op for s in samples} == set(ops) | {"MatMul:vector", "MatMul:narrow", "MatMul:narrow_odd"} and all(s.seconds > 0 for s in samples)
     prof = fit(samples, "here")
-    assert set(prof.op_coeffs) == set(ops) | {"MatMul:vector", "MatMul:narrow"} and all(min(c) >= 0 for c in prof.op_coeffs.values())
+    assert set(prof.op_coeffs) == set(ops) | {"MatMul:vector", "MatMul:narrow", "MatMul:narrow_odd"} and all(min(c) >= 0 for c in prof.op_coeffs.values())
     assert all(e < 1.0 for e in errors(prof, samples).values())  # fits its own data (loosely: CPUs are shared)
     path = tmp_path / "edge.json"
     edge = calibrate("edge", ["Add"], "quick", slowdown=8, path=str(path))
@@ -137,7 +137,10 @@ def test_one_row_and_few_row_products_have_their_own_cost_keys():
         w = ism.constant(np.ones((8, 4), np.float32))
         v = ism.matmul(ism.placeholder("float32", (1, 8)), w)
         few = ism.matmul(ism.placeholder("float32", (4, 8)), w)
+        odd = ism.matmul(ism.placeholder("float32", (6, 8)), w)
+        sixteen = ism.matmul(ism.placeholder("float32", (16, 8)), w)
         many = ism.matmul(ism.placeholder("float32", (64, 8)), w)
         batch = ism.matmul(ism.placeholder("float32", (None, 8)), w)
-    assert [cost_key(t.node) for t in (v, few, many)] == ["MatMul:vector", "MatMul:narrow", "MatMul"]
+    assert [cost_key(t.node) for t in (v, few, odd, sixteen, many)] == [
+        "MatMul:vector", "MatMul:narrow", "MatMul:narrow_odd", "MatMul:narrow", "MatMul"]
     assert cost_key(batch.node, batch_size=1) == "MatMul:vector" and cost_key(batch.node, 32) == "MatMul"

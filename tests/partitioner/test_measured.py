@@ -154,3 +154,24 @@ def test_an_int8_models_quantize_steps_join_the_kernel_whose_tensor_they_convert
     assert times["x"] == pytest.approx(1e-4)  # the placeholder: priced nothing by the model, so it takes it all
     assert times["y"] == pytest.approx(5e-5)
     assert sum(times.values()) == pytest.approx(1e-4 + 1e-3 + 5e-5)
+
+
+def test_calibration_rounds_can_be_spread_in_slices():
+    """run_cases times a slice of a round (the accuracy benchmark puts one before each held-out
+    graph); samples() needs every case timed, and each case keeps its least disturbed time."""
+    cal = Calibration(["Add", "Relu"], "quick")
+    n = len(cal.built)
+    assert n == 6
+    with pytest.raises(RuntimeError, match="not every calibration case"):
+        cal.samples()
+    cal.run_cases(range(0, 4), budget_s=0.001)
+    with pytest.raises(RuntimeError, match="not every calibration case"):
+        cal.samples()
+    cal.run_cases(range(4, n), budget_s=0.001)
+    first = [s.seconds for s in cal.samples()]
+    assert [s.op for s in cal.samples()] == ["Add"] * 3 + ["Relu"] * 3
+    assert all(0 < t < 0.05 for t in first)
+    cal.best[0] = 1e-12  # a faster earlier time is kept over any later one
+    cal.run_round(budget_s=0.001)
+    assert cal.samples()[0].seconds == 1e-12
+    assert all(b <= a for a, b in zip(first[1:], [s.seconds for s in cal.samples()][1:]))

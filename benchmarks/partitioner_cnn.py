@@ -4,7 +4,8 @@
    the same profile 8x slower.
 2. Benefit: uplinks of 1, 5, 20, 100 Mbit/s (downlink the same), 40 ms RTT: predicted
    latency of edge-only, cloud-only and the mincut split; the split must never be slower than
-   the better of the two, and should be strictly faster somewhere.
+   the better of the two, and should be strictly faster somewhere. The same at 40 uplinks from 1
+   to 1000 Mbit/s says where the split wins and by how much (`fine_sweep_1_to_1000_mbps`).
 3. Optimality: mincut against greedy and the best single layer split at every link.
 4. Sanity of the prediction on the whole network: predicted vs measured compute on this machine\n   (the graph a Session runs, after its passes; also priced as written, for comparison).
 --blas-threads N calibrates and measures with N BLAS threads (one is far less disturbed by other
@@ -118,6 +119,27 @@ def sweep(g, y, cloud_profile, quick_check: bool):
     return rows
 
 
+def fine_sweep(g, y, cloud_profile, points: int = 40) -> dict:
+    """The same comparison at `points` uplinks from 1 to 1000 Mbit/s (geometric): where the split
+    beats both single devices, and by how much. It wins only near the crossover of edge-only and
+    cloud-only, a window narrower than the four-point sweep's spacing (20 -> 100 Mbit/s), so
+    whether one of the four points lands in it depends on this machine's speed."""
+    rows, window = [], []
+    for mbps in np.geomspace(1, 1000, points):
+        link = LinkModel(up_bps=mbps * 1e6, down_bps=mbps * 1e6, rtt_s=LinkModel.parse("1mbps", RTT).rtt_s)
+        cm = CostModel.edge_cloud(link, cloud_profile.scaled(8.0, name="edge"), cloud_profile)
+        p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+        e, c = p.total(solve_preferring(p, p.edge)), p.total(solve_preferring(p, p.role("cloud")))
+        m = p.total(solve_mincut(p))
+        rows.append((float(mbps), min(e, c) / m, m <= min(e, c) + 1e-9))
+        if m < min(e, c) * (1 - 1e-3):
+            window.append(float(mbps))
+    best = max(rows, key=lambda r: r[1])
+    return {"points": points, "never_slower": all(r[2] for r in rows),
+            "best_speedup_vs_best_single": round(best[1], 3), "best_at_mbps": round(best[0], 1),
+            "split_beats_both_mbps": [round(window[0], 1), round(window[-1], 1)] if window else None}
+
+
 def measured_vs_predicted(g, x, y, profile, repeats=5):
     """Per-kernel times in steady state (the first runs pay page faults growing the heap), of the
     graph a Session runs (its passes fold batch norm and fuse conv + bias + relu6), against the
@@ -165,6 +187,7 @@ def run(args) -> None:
     for name in args.nets:
         g, x, y = NETS[name]()
         out[name] = {"nodes": len(g.nodes), "sweep": sweep(g, y, profile, args.quick),
+                     "fine_sweep_1_to_1000_mbps": fine_sweep(g, y, profile),
                      "whole_network_on_this_machine": measured_vs_predicted(g, x, y, profile)}
         out[name]["split_strictly_faster_somewhere"] = any(r["split_speedup_vs_best_single"] > 1.0 + 1e-9
                                                           for r in out[name]["sweep"])

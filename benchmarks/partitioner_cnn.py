@@ -94,12 +94,17 @@ def resnet18(size=224):
 NETS = {"mobilenet_v2": mobilenet_v2, "resnet18": resnet18}
 
 
+def _problem(g, y, cloud_profile, mbps: float) -> Problem:
+    """Placing g: the edge 8x slower than `cloud_profile`, up- and downlink `mbps` Mbit/s, RTT."""
+    link = LinkModel.parse("1mbps", RTT).with_uplink(mbps * 1e6)
+    cm = CostModel.edge_cloud(link, cloud_profile.scaled(8.0, name="edge"), cloud_profile)
+    return Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+
+
 def sweep(g, y, cloud_profile, quick_check: bool):
     rows = []
     for mbps in UPLINKS_MBPS:
-        link = LinkModel.parse(f"{mbps}mbps", RTT)
-        cm = CostModel.edge_cloud(link, cloud_profile.scaled(8.0, name="edge"), cloud_profile)
-        p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+        p = _problem(g, y, cloud_profile, mbps)
         res = {"uplink_mbps": mbps}
         for name, solve in (("edge_only", lambda q: solve_preferring(q, q.edge)),
                             ("cloud_only", lambda q: solve_preferring(q, q.role("cloud"))),
@@ -126,9 +131,7 @@ def fine_sweep(g, y, cloud_profile, points: int = 40) -> dict:
     whether one of the four points lands in it depends on this machine's speed."""
     rows, window = [], []
     for mbps in np.geomspace(1, 1000, points):
-        link = LinkModel(up_bps=mbps * 1e6, down_bps=mbps * 1e6, rtt_s=LinkModel.parse("1mbps", RTT).rtt_s)
-        cm = CostModel.edge_cloud(link, cloud_profile.scaled(8.0, name="edge"), cloud_profile)
-        p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+        p = _problem(g, y, cloud_profile, mbps)
         e, c = p.total(solve_preferring(p, p.edge)), p.total(solve_preferring(p, p.role("cloud")))
         m = p.total(solve_mincut(p))
         rows.append((float(mbps), min(e, c) / m, m <= min(e, c) + 1e-9))

@@ -12,7 +12,9 @@ from isthmus.core.ops.image import COORDINATE_MODES, NEAREST_MODES, resize
 from .onnx_import import ImportError_, _attrs, _s, handler
 
 
-@handler("Resize", 11)
+@handler("Resize", 11, attrs=("antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a",
+                                 "exclude_outside", "extrapolation_value", "keep_aspect_ratio_policy", "mode",
+                                 "nearest_mode"))
 def _resize(c, node, ins):
     at = _attrs(node)
     where = f"node '{node.name or 'Resize'}' (Resize)"

@@ -219,6 +219,7 @@ def _infer_reduce_dynamic(node):
 def _kernel_reduce_dynamic(node, ctx):
     f = getattr(ctx.xp, {"sum": "sum", "mean": "mean", "max": "max", "min": "min"}[node.attrs["kind"]])
     keep, noop = node.attrs["keepdims"], node.attrs["noop_with_empty_axes"]
+    kind = node.attrs["kind"]
 
     def run(x, axes):
         if len(axes) == 0:
@@ -227,8 +228,19 @@ def _kernel_reduce_dynamic(node, ctx):
             ax = None
         else:
             ax = tuple(sorted({int(a) % x.ndim for a in axes}))
+        if x.size == 0 and kind in ("max", "min"):  # ONNX: the reduction of an empty set is the identity
+            return ctx.xp.asarray(f(x, axis=ax, keepdims=keep, initial=_identity(x.dtype, kind))).astype(x.dtype)
         return ctx.xp.asarray(f(x, axis=ax, keepdims=keep)).astype(x.dtype, copy=False)
     return run
+
+
+def _identity(dtype, kind):
+    if dtype.kind == "b":
+        return kind == "min"
+    if dtype.kind == "f":
+        return -np.inf if kind == "max" else np.inf
+    info = np.iinfo(dtype)
+    return info.min if kind == "max" else info.max
 
 
 register(OpDef("ReduceDynamic", inputs=("x", "axes"),

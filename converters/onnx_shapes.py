@@ -238,7 +238,7 @@ def _const_of_shape(c, node, ins):
     return [ism.constant(arr, dtype=arr.dtype)]
 
 
-@handler("Range", 11, attrs=())
+@handler("Range", 11, attrs=("stash_type",))
 def _range(c, node, ins):
     from isthmus.core.ops.arange import _count, arange
     if all(n in c.consts for n in node.input):  # known at import: a constant

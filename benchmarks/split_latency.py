@@ -167,7 +167,7 @@ def _one_blas_thread():
 def _client(model_path, address, bps, cut_bps, link=None):
     from isthmus.edge.offload_client import EmulatedLink, OffloadClient
     return OffloadClient(model_path, address, link=link or EmulatedLink(bps, RTT), deadline_ms=20000, adapt=False,
-                         initial_bps=cut_bps, edge_slowdown=SLOWDOWN, ping_every=10 ** 6)
+                         initial_bandwidth_bps=cut_bps, edge_slowdown=SLOWDOWN, ping_every=10 ** 6)
 
 
 def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
@@ -179,7 +179,7 @@ def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
         for c in cuts:
             if not c.cloud_part:
                 continue
-            mid = (c.min_bps + min(c.max_bps, 1e10)) / 2
+            mid = (c.min_bandwidth_bps + min(c.max_bandwidth_bps, 1e10)) / 2
             with _client(model_path, address, mid, mid, link=EmulatedLink(1e15, 0.0)) as cl:
                 vals = []
                 for i in range(n + 3):
@@ -193,7 +193,7 @@ def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
 def _cut_of(cuts, bps: float) -> str:
     """The cut a client on a link of `bps` runs (the one whose bandwidth range holds it)."""
     for c in cuts:
-        if c.min_bps <= bps < c.max_bps:
+        if c.min_bandwidth_bps <= bps < c.max_bandwidth_bps:
             return c.name
     return cuts[-1].name
 
@@ -266,7 +266,7 @@ def main(argv=None) -> int:
             cuts = load_split(model_path).cuts
             edge_k = next((k for k, c in enumerate(cuts) if not c.cloud_part), None)
             cloud_k = next((k for k, c in enumerate(cuts) if c.inputs == [xname]), None)
-            mid = (lambda k: (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2)
+            mid = (lambda k: (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2)
             rows = []
             for mbps in LINKS_MBPS:
                 bps = mbps * 1e6
@@ -330,8 +330,8 @@ def main(argv=None) -> int:
                            "call_overhead_ms": {k: round(v * 1e3, 3) for k, v in overheads.items()},
                            "call_s_planned_ms": round(call_s * 1e3, 3), **info,
                            "cuts": [{"name": c.name, "cloud_part": c.cloud_part or None, "inputs": c.inputs,
-                                     "min_mbps": round(c.min_bps / 1e6, 3),
-                                     "max_mbps": None if c.max_bps == float("inf") else round(c.max_bps / 1e6, 3)}
+                                     "min_mbps": round(c.min_bandwidth_bps / 1e6, 3),
+                                     "max_mbps": None if c.max_bandwidth_bps == float("inf") else round(c.max_bandwidth_bps / 1e6, 3)}
                                     for c in cuts],
                            "links": rows, "load_average_before": round(load0, 2),
                            "load_average_after": round(os.getloadavg()[0], 2),

@@ -104,7 +104,7 @@ def _print_outputs(names, outs) -> None:
 
 
 def _run_split(args) -> int:
-    from isthmus.proto.security import ClientSecurity, SecurityError
+    from isthmus.wire.security import ClientSecurity, SecurityError
     from .format import EdgeModelError
     from .offload_client import CloudError, EmulatedLink, OffloadClient
     try:
@@ -120,7 +120,7 @@ def _run_split(args) -> int:
         link = EmulatedLink(bw, _parse_rate(args.rtt, {"s": 1.0, "ms": 1e-3, "us": 1e-6}, "rtt"))
     try:
         client = OffloadClient(args.model, args.cloud, security=security, deadline_ms=args.deadline_ms, link=link,
-                               initial_bps=link.bandwidth_bps if link else None)
+                               initial_bandwidth_bps=link.bandwidth_bps if link else None)
     except EdgeModelError as e:
         raise SystemExit(f"isthmus edge-run: {e}") from None
     with client:

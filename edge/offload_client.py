@@ -51,12 +51,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..wire import tensor_codec
+from ..wire.link import transfer_seconds
+from ..wire.split_format import LEGACY_BANDWIDTH_KEYS, MAX_BANDWIDTH_KEY, MIN_BANDWIDTH_KEY, SPLIT_KEY, SPLIT_VERSION
+from ..wire.trace_events import MAX_TRACE_EVENTS, TraceDecodeError, check_event, check_trace
 from .format import EdgeModelError
 from .interpreter import Interpreter
 from .loader import EdgeModel, RemoteInfo, verify_all
 
-SPLIT_KEY = "isthmus.split"
-SPLIT_VERSION = 1
 MAX_MESSAGE_BYTES = 256 << 20
 
 
@@ -66,8 +68,8 @@ class Cut:
     name: str
     model: EdgeModel          # the edge part (the full model for an edge-only cut)
     cloud_part: str           # "" for an edge-only cut
-    min_bps: float
-    max_bps: float
+    min_bandwidth_bps: float
+    max_bandwidth_bps: float
     inputs: List[str]         # wire names, in RemotePart.inputs order
     outputs: List[str]
     predicted_s: float
@@ -82,8 +84,9 @@ class SplitModel:
     metadata: Dict[str, str]
 
     def cut_for(self, bps: float) -> int:
+        """The cut whose uplink range holds `bps` (bit/s)."""
         for k, c in enumerate(self.cuts):
-            if bps < c.max_bps:
+            if bps < c.max_bandwidth_bps:
                 return k
         return len(self.cuts) - 1
 
@@ -150,8 +153,9 @@ def read_split(models: List[EdgeModel]) -> SplitModel:
                    f"{len(model.remote[0].inputs)}/{len(model.remote[0].outputs)} tensors")
         else:
             _check(not model.remote, f"{w}: an edge-only cut's subgraph {sgi} has remote parts")
-        lo, hi = _number(c.get("min_bps"), f"{w} min_bps"), _number(c.get("max_bps"), f"{w} max_bps", allow_none=True)
-        _check(lo < hi and (not cuts or lo == cuts[-1].max_bps),
+        lo_key, hi_key = (k if k in c else LEGACY_BANDWIDTH_KEYS[k] for k in (MIN_BANDWIDTH_KEY, MAX_BANDWIDTH_KEY))
+        lo, hi = _number(c.get(lo_key), f"{w} {lo_key}"), _number(c.get(hi_key), f"{w} {hi_key}", allow_none=True)
+        _check(lo < hi and (not cuts or lo == cuts[-1].max_bandwidth_bps),
                f"{w}: range {lo}..{hi} does not follow the previous cut's")
         cuts.append(Cut(str(c.get("name", f"cut{k}")), model, part, lo, hi, ins, outs,
                         _number(c.get("predicted_s", 0.0), f"{w} predicted_s")))
@@ -181,34 +185,23 @@ def load_split(path: str) -> SplitModel:
     return split
 
 
-# ---- tensors on the wire ---------------------------------------------------------------------------
-_WIRE = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7, "uint8": 8, "bool": 9}
-_FROM_WIRE = {v: np.dtype(k).newbyteorder("<") if np.dtype(k).itemsize > 1 else np.dtype(k) for k, v in _WIRE.items()}
-
-
+# ---- tensors on the wire (wire/tensor_codec.py) ------------------------------------------------------
 def _encode(out, a: np.ndarray) -> None:
     """Fill a NamedTensor's TensorProto (`out`) with an array: dtype, shape, raw little-endian bytes."""
-    a = np.ascontiguousarray(a)
-    code = _WIRE.get(a.dtype.name)
-    if code is None:
-        raise EdgeModelError(f"tensor '{out.name}': dtype {a.dtype} cannot be sent")
-    out.tensor.dtype = code
-    out.tensor.shape.extend(a.shape)
-    out.tensor.content = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    try:
+        tensor_codec.encode(a, out.tensor)
+    except tensor_codec.TensorCodecError as e:
+        raise EdgeModelError(f"tensor '{out.name}': {e}") from None
 
 
 def _decode(nt, want_name: str, want_dtype: np.dtype, want_shape: tuple) -> np.ndarray:
     """A response tensor, checked against what the edge model expects before its bytes are read."""
     if nt.name != want_name:
         raise CloudError(f"the service answered tensor '{nt.name}' where '{want_name}' was expected")
-    d = _FROM_WIRE.get(nt.tensor.dtype)
-    shape = tuple(int(s) for s in nt.tensor.shape)
-    if d is None or d.name != np.dtype(want_dtype).name or shape != tuple(want_shape):
-        raise CloudError(f"tensor '{want_name}': the service sent {getattr(d, 'name', nt.tensor.dtype)}{list(shape)}, "
-                         f"expected {np.dtype(want_dtype).name}{list(want_shape)}")
-    if len(nt.tensor.content) != math.prod(shape) * d.itemsize:
-        raise CloudError(f"tensor '{want_name}': {len(nt.tensor.content)} bytes for {d.name}{list(shape)}")
-    return np.frombuffer(nt.tensor.content, dtype=d).reshape(shape)
+    try:
+        return tensor_codec.decode_as(nt.tensor, want_dtype, want_shape, f"tensor '{want_name}' from the service")
+    except tensor_codec.TensorCodecError as e:
+        raise CloudError(str(e)) from None
 
 
 # ---- the link ---------------------------------------------------------------------------------------
@@ -229,7 +222,7 @@ class EmulatedLink:
             self.rtt_s = float(rtt_s)
 
     def transfer_time(self, nbytes: int) -> float:
-        return nbytes * 8.0 / self.bandwidth_bps + self.rtt_s / 2
+        return transfer_seconds(nbytes, self.bandwidth_bps, self.rtt_s)
 
     def __repr__(self) -> str:
         return f"EmulatedLink({self.bandwidth_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms)"
@@ -288,14 +281,7 @@ def emulated_kernel_seconds(interp: Interpreter, *inputs: np.ndarray, slowdown: 
 EDGE_TRACK = "/job:edge/task:0/device:CPU:0"   # the client's spans (partitioner/devices.py EDGE_DEVICE)
 LINK_TRACK = "emulated link"                    # EmulatedLink's sleeps
 LINK_THREAD = 0
-MAX_TRACE_EVENTS = 200_000     # one request's service spans (cloud/tracing.py's bound per part)
-MAX_NAME_CHARS = 4096
-_MAX_US = 1e13                 # ~4 months of microseconds from the origin, either way
-_MAX_COUNT = 1 << 53
-
-
-class TraceError(ValueError):
-    """A service trace that is not well formed (the request's answer is still used)."""
+TraceError = TraceDecodeError  # a service trace that is not well formed (the request's answer is still used)
 
 
 @dataclass
@@ -324,38 +310,15 @@ def decode_service_trace(st, t_send: float, t_recv: float, where: str = "service
     service's first..last span does not fit inside the call [t_send, t_recv] (the two machines'
     clocks differ), all of it is shifted so that its middle sits at the call's middle. Returns the
     spans and the shift (seconds). Raises TraceError naming the event and field at fault."""
-    n = len(st.events)
-    if n > max_events:
-        raise TraceError(f"{where}: {n} events; at most {max_events} are accepted")
-    if n == 0:
+    check_trace(st, where, max_events)
+    if not st.events:
         raise TraceError(f"{where}: no events")
-    origin = st.origin_s
-    if not math.isfinite(origin) or not 0.0 <= origin < 1e11:
-        raise TraceError(f"{where}: origin_s {origin!r} is not a Unix time in seconds")
     if not (math.isfinite(t_send) and math.isfinite(t_recv) and t_recv >= t_send):
         raise ValueError(f"{where}: the call's window {t_send!r}..{t_recv!r} is not a time interval")
-    off = (origin - t_send) * 1e6
+    off = (st.origin_s - t_send) * 1e6
     spans = []
     for i, e in enumerate(st.events):
-        w = f"{where}: event {i}"
-        for f in ("node", "op", "device", "key"):
-            v = getattr(e, f)
-            if len(v) > MAX_NAME_CHARS:
-                raise TraceError(f"{w}: field '{f}' is {len(v)} characters (at most {MAX_NAME_CHARS})")
-        for f in ("node", "op", "device"):
-            if not getattr(e, f):
-                raise TraceError(f"{w}: field '{f}' is empty")
-        w = f"{w} ('{e.node[:200]}')"
-        for f in ("start_us", "end_us"):
-            v = getattr(e, f)
-            if not math.isfinite(v) or abs(v) > _MAX_US:
-                raise TraceError(f"{w}: field '{f}' is {v!r}, not a time in microseconds")
-        if e.end_us < e.start_us:
-            raise TraceError(f"{w}: ends ({e.end_us:g} us) before it starts ({e.start_us:g} us)")
-        for f in ("thread", "bytes_out"):
-            v = getattr(e, f)
-            if not 0 <= v <= _MAX_COUNT:
-                raise TraceError(f"{w}: field '{f}' is {v}; expected 0 .. 2^53")
+        check_event(e, f"{where}: event {i}")
         spans.append(TraceSpan(e.node, e.op, e.device, int(e.thread), off + e.start_us, off + e.end_us,
                                int(e.bytes_out)))
     first, last = min(e.start_us for e in spans), max(e.end_us for e in spans)
@@ -421,7 +384,7 @@ class OffloadClient:
     def __init__(self, model_path: str, address: str, security=None, deadline_ms: float = 1000.0,
                  link: Optional[EmulatedLink] = None, window: int = 3, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
-                 initial_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3,
+                 initial_bandwidth_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3,
                  edge_clock: str = "cpu", trace: bool = False):
         """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
         (demos, benchmarks): after each request the client sleeps until the request's local compute
@@ -454,9 +417,9 @@ class OffloadClient:
         self._lock = threading.Lock()
         self.rtt_s: Optional[float] = None
         self._rtts: collections.deque = collections.deque(maxlen=8)
-        self.bps: Optional[float] = initial_bps
+        self.bandwidth_bps: Optional[float] = initial_bandwidth_bps
         self._samples: collections.deque = collections.deque(maxlen=max(1, int(window)))
-        start = self.split.cut_for(initial_bps) if initial_bps else len(self.split.cuts) - 1
+        start = self.split.cut_for(initial_bandwidth_bps) if initial_bandwidth_bps else len(self.split.cuts) - 1
         self.cut = start
         self._backoff = 0.0
         self._retry_at = 0.0
@@ -531,7 +494,7 @@ class OffloadClient:
         lat = sorted(self.latencies)
         pct = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else None)
         c = self.split.cuts[self.cut]
-        return dict(self.counts, cut=c.name, cloud_part=c.cloud_part or None, bandwidth_bps=self.bps, rtt_ms=
+        return dict(self.counts, cut=c.name, cloud_part=c.cloud_part or None, bandwidth_bps=self.bandwidth_bps, rtt_ms=
                     None if self.rtt_s is None else self.rtt_s * 1e3, backoff_s=self._backoff,
                     cloud_down=time.monotonic() < self._retry_at, p50_ms=pct(0.5), p99_ms=pct(0.99),
                     last_error=self.last_error)
@@ -709,12 +672,12 @@ class OffloadClient:
         bandwidth is at least bits / resolution_s."""
         transfer = max(net_s - (self.rtt_s or 0.0), self.resolution_s)
         self._samples.append(nbytes * 8.0 / transfer)
-        self.bps = max(self._samples)
+        self.bandwidth_bps = max(self._samples)
         if not self.adapt:
             return
         c = self.split.cuts[self.cut]
-        if self.bps < c.min_bps / (1 + self.hysteresis) or self.bps >= c.max_bps * (1 + self.hysteresis):
-            self._switch(self.split.cut_for(self.bps))
+        if self.bandwidth_bps < c.min_bandwidth_bps / (1 + self.hysteresis) or self.bandwidth_bps >= c.max_bandwidth_bps * (1 + self.hysteresis):
+            self._switch(self.split.cut_for(self.bandwidth_bps))
 
     def _switch(self, k: int) -> None:
         if k != self.cut:
@@ -810,7 +773,7 @@ class OffloadClient:
         self._stale = False
         import grpc  # noqa: F401  (only a client that talks to the cloud needs grpc)
         from isthmus.proto import offload_pb2, offload_pb2_grpc
-        from isthmus.proto.security import make_channel
+        from isthmus.wire.security import make_channel
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),

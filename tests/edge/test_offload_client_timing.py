@@ -12,7 +12,7 @@ def _cloud_cut(path):
     k = next(k for k, c in enumerate(sm.cuts) if c.cloud_part and c.inputs != sm.cuts[-1].inputs) \
         if len(sm.cuts) > 2 else len(sm.cuts) - 1
     cut = sm.cuts[k]
-    return (cut.min_bps + min(cut.max_bps, 1e9)) / 2
+    return (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
 
 
 def _sent_bytes(cut) -> int:
@@ -29,7 +29,7 @@ def _sent_bytes(cut) -> int:
 def test_breakdown_adds_up_and_counts_the_bytes(split, server):  # noqa: F811
     bps = _cloud_cut(split["model"])
     link = EmulatedLink(50e6, 4e-3)
-    with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bps=bps,
+    with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=bps,
                        link=link, ping_every=1000) as c:
         c.invoke(split["xs"][0])      # connects and pings
         c.invoke(split["xs"][1])
@@ -55,7 +55,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
     asked = []
     real_sleep = oc.time.sleep
     monkeypatch.setattr(oc.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
-    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        edge_slowdown=5.0, ping_every=1000, edge_clock="wall") as c5:
         for v in split["xs"][:4]:
             asked.clear()
@@ -64,7 +64,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
             assert last["remote_s"] == 0 and last["mode"] == "local"
             assert len(asked) == 1 and asked[0] == pytest.approx(last["edge_s"] * 4 / 5, rel=1e-9)
             assert last["total_s"] >= last["edge_s"]  # sleep never returns early
-    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        ping_every=1000) as c1:
         asked.clear()
         c1.invoke(split["xs"][0])
@@ -83,7 +83,7 @@ def test_edge_slowdown_by_cpu_time_counts_only_this_threads_compute(split, monke
     monkeypatch.setattr(oc.time, "perf_counter", lambda: clock["wall"])
     monkeypatch.setattr(oc.time, "thread_time", lambda: clock["cpu"])
     monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
-    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        edge_slowdown=8.0, ping_every=1000) as c:
         real_local = c._local
 

@@ -106,7 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--res", type=int, default=96, help="input resolution of the MobileNetV2-style network")
     a = p.parse_args(argv)
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.split_model import load_split
     n = a.requests
     marks = dict(stop=n // 5, cont=2 * n // 5, kill=3 * n // 5, restart=4 * n // 5)
     load0 = os.getloadavg()[0]  # this machine is shared: timings mean little when it is busy

@@ -101,7 +101,7 @@ def build(res: int):
     """The frozen model and both cost models (regression only; with measured node times)."""
     from isthmus.converters.edge_export import to_edge
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import emulated_kernel_seconds
+    from isthmus.edge.link_emulation import emulated_kernel_seconds
     from isthmus.partitioner import CostModel, LinkModel
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
@@ -165,7 +165,8 @@ def _one_blas_thread():
 
 
 def _client(model_path, address, bps, cut_bps, link=None):
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
     return OffloadClient(model_path, address, link=link or EmulatedLink(bps, RTT), deadline_ms=20000, adapt=False,
                          initial_bandwidth_bps=cut_bps, edge_slowdown=SLOWDOWN, ping_every=10 ** 6)
 
@@ -173,7 +174,7 @@ def _client(model_path, address, bps, cut_bps, link=None):
 def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
     """Per cloud cut: the median of (time in the remote call - the service's compute) with the link
     emulated at zero delay: the RPC stack, the encoding and the service's queue."""
-    from isthmus.edge.offload_client import EmulatedLink
+    from isthmus.edge.link_emulation import EmulatedLink
     out = {}
     with _one_blas_thread():
         for c in cuts:
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=21, help="timed requests per mode and link (medians)")
     p.add_argument("--res", type=int, default=224)
     args = p.parse_args(argv)
-    from isthmus.edge.offload_client import load_split
+    from isthmus.edge.split_model import load_split
     from isthmus.partitioner import LinkModel, plan_split
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()

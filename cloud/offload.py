@@ -40,7 +40,7 @@ origin is the request's arrival: spans decode, queue (checks + the wait for its 
 (named with its rows and requests, on the batcher's thread, with the part's node events inside),
 handoff (back to the request's thread) and encode, all on the service's `trace_device` track.
 A Python client merges it with RunMetadata.merge; the edge client (edge/offload_client.py,
-`OffloadClient(trace=True)`) decodes it strictly itself (decode_service_trace) and, when clock
+`OffloadClient(trace=True)`) decodes it strictly (edge/offload_trace.decode_service_trace) and, when clock
 skew puts the service's first..last span outside its own call, re-centres it inside the call.
 
 Memory: a batch's buffers are sized by its rows. With glibc's dynamic mmap threshold they come

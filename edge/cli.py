@@ -73,7 +73,7 @@ def run(args) -> int:
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise
-        from .offload_client import load_split  # a split model without --cloud: its full model, locally
+        from .split_model import load_split  # a split model without --cloud: its full model, locally
         split = load_split(args.model)
         if split.full is None:
             raise SystemExit(f"{args.model} is a split model without a full copy: run it with --cloud HOST:PORT")
@@ -106,7 +106,8 @@ def _print_outputs(names, outs) -> None:
 def _run_split(args) -> int:
     from isthmus.wire.security import ClientSecurity, SecurityError
     from .format import EdgeModelError
-    from .offload_client import CloudError, EmulatedLink, OffloadClient
+    from .link_emulation import EmulatedLink
+    from .offload_client import CloudError, OffloadClient
     try:
         if args.tls_ca or args.tls_cert or args.token_file:
             security = ClientSecurity.from_files(args.tls_ca, args.tls_cert, args.tls_key, token_file=args.token_file)

@@ -131,7 +131,8 @@ def calibrate_devices(args, frozen, logits, train_data):
     partitioner/measured.py). The edge profile (the cloud's scaled by the slowdown times how much
     more CPU the int8 interpreter takes on this whole model) prices anything they do not cover."""
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import emulated_kernel_seconds, load_split
+    from isthmus.edge.link_emulation import emulated_kernel_seconds
+    from isthmus.edge.split_model import load_split
     from isthmus.partitioner import CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
@@ -162,7 +163,9 @@ def calibrate_devices(args, frozen, logits, train_data):
 def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
     """The service's fixed cost per call (RPC stack, encoding, its queue): the time in the remote call
     less the service's compute, with the link emulated at no delay. 0 when no cut has a cloud part."""
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.split_model import load_split
     cuts = load_split(model_path).cuts
     k = next((k for k, c in enumerate(cuts) if c.cloud_part and c.min_bandwidth_bps <= cut_bps < c.max_bandwidth_bps), None)
     k = k if k is not None else next((k for k, c in enumerate(cuts) if c.cloud_part), None)
@@ -251,7 +254,9 @@ class offload_service:
 
 
 def run_client(args, model_path, address, test_data, link, chosen):
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.split_model import load_split
     cuts = load_split(model_path).cuts
     emu = EmulatedLink(link.up_bandwidth_bps, link.rtt_s)
     bps = link.up_bandwidth_bps

@@ -11,7 +11,7 @@ from isthmus.converters.edge_export import to_edge
 from isthmus.converters.split_export import export_split
 from isthmus.wire.split_format import SPLIT_KEY
 from isthmus.edge import EdgeModelError, Interpreter, load
-from isthmus.edge.offload_client import load_split
+from isthmus.edge.split_model import load_split
 from isthmus.partitioner.costmodel import CostModel
 from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE, EDGE_DEVICE
 from isthmus.wire.link import LinkModel
@@ -86,8 +86,9 @@ def test_int8_cuts_stay_within_quantization_tolerance(cnn):
     rng = np.random.default_rng(1)
     calib = [{"x": v} for v in rng.standard_normal((8, 1, 3, 32, 32)).astype(np.float32)]
     sp = export_split(cnn["sess"], [cnn["y"]], cnn["ap"], int8=True, calibration=calib)
-    from isthmus.edge.offload_client import _verify_models, read_split
-    sm = read_split(_verify_models(sp.data))
+    from isthmus.edge.loader import verify_all
+    from isthmus.edge.split_model import read_split
+    sm = read_split(verify_all(sp.data))
     inner = [c for c in sm.cuts if c.cloud_part and c.inputs != ["x:0"]]
     assert inner and any(t.dtype == np.int8 for t in inner[0].model.tensors)
     for cut in sm.cuts:

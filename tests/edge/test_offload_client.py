@@ -13,7 +13,10 @@ from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
 from isthmus.converters.split_export import export_split
 from isthmus.wire.split_format import SPLIT_KEY
 from isthmus.edge import EdgeModelError, Interpreter
-from isthmus.edge.offload_client import CloudError, EmulatedLink, OffloadClient, _verify_models, load_split, read_split
+from isthmus.edge.link_emulation import EmulatedLink
+from isthmus.edge.loader import verify_all
+from isthmus.edge.offload_client import CloudError, OffloadClient
+from isthmus.edge.split_model import load_split, read_split
 from isthmus.partitioner.costmodel import CostModel
 from isthmus.partitioner.devices import EDGE
 from isthmus.wire.link import LinkModel
@@ -275,7 +278,7 @@ def test_no_full_model_means_a_clear_error_when_the_cloud_is_gone(split, tmp_pat
 ])
 def test_a_bad_cut_table_is_refused_naming_the_field(split, edit, message):
     with open(split["model"], "rb") as f:
-        models = _verify_models(f.read())
+        models = verify_all(f.read())
     meta = json.loads(models[0].metadata[SPLIT_KEY])
     edit(meta)
     models[0].metadata[SPLIT_KEY] = json.dumps(meta)
@@ -386,7 +389,7 @@ def test_damaged_split_files_are_refused_cleanly(split):
         for p in spots:
             buf[p] = int(rng.integers(0, 256)) if rng.random() < 0.5 else buf[p] ^ (1 << int(rng.integers(0, 8)))
         try:
-            read_split(_verify_models(buf))
+            read_split(verify_all(buf))
             outcomes["loaded"] += 1
         except EdgeModelError:
             outcomes["refused"] += 1
@@ -394,7 +397,7 @@ def test_damaged_split_files_are_refused_cleanly(split):
             buf[p] = data[p]
     assert outcomes["refused"] > 0, outcomes
     with pytest.raises(EdgeModelError, match="not JSON"):
-        models = _verify_models(data)
+        models = verify_all(data)
         models[0].metadata[SPLIT_KEY] = "[" * 100000
         read_split(models)
 

@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
-from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+from isthmus.edge.link_emulation import EmulatedLink
+from isthmus.edge.offload_client import OffloadClient
+from isthmus.edge.split_model import load_split
 
 from .test_offload_client import server, split  # noqa: F401  (fixtures)
 
@@ -121,7 +123,7 @@ def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(
     run timed as one (here a whole run also pays 10% outside the kernels); each run followed by
     the emulated edge's sleep; the model's outputs are unchanged afterwards (the inputs are put
     back before every run)."""
-    import isthmus.edge.offload_client as oc
+    import isthmus.edge.link_emulation as oc
     from isthmus.edge import Interpreter
     sm = load_split(split["model"])
     interp = Interpreter(sm.full)

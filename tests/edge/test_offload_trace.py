@@ -12,8 +12,10 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from isthmus.edge.offload_client import (EDGE_TRACK, LINK_TRACK, EmulatedLink, OffloadClient,  # noqa: E402
-                                         TraceError, decode_service_trace, load_split)
+from isthmus.edge.link_emulation import EmulatedLink  # noqa: E402
+from isthmus.edge.offload_client import OffloadClient  # noqa: E402
+from isthmus.edge.offload_trace import EDGE_TRACK, LINK_TRACK, TraceError, decode_service_trace  # noqa: E402
+from isthmus.edge.split_model import load_split  # noqa: E402
 from isthmus.proto import worker_pb2  # noqa: E402
 
 from .test_offload_client import server, split  # noqa: F401,E402  (fixtures)

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from isthmus.edge.offload_client import EmulatedLink
+from isthmus.edge.link_emulation import EmulatedLink
 from isthmus.wire.link import LinkModel, parse_bandwidth, parse_duration, transfer_seconds
 
 

@@ -26,27 +26,30 @@ class ImportError_(GraphError):
 OnnxImportError = ImportError_
 
 Handler = Callable[["_Ctx", object, List[Optional[Tensor]]], Sequence[Tensor]]
-# op -> [(since, handler, attribute names it reads or None when it does not declare them)]
-_HANDLERS: Dict[str, List[Tuple[int, Handler, Optional[FrozenSet[str]]]]] = {}
+_HANDLERS: Dict[str, List[Tuple[int, Handler]]] = {}  # op -> [(since, handler)], sorted by since
+# (op, since) -> the attribute names that version's handler honours (absent: it checks them itself)
+_ATTRS: Dict[Tuple[str, int], FrozenSet[str]] = {}
 
 
 def handler(op: str, since: int = 1, attrs: Optional[Sequence[str]] = None):
-    """Register `f` for ONNX `op` from opset `since`. `attrs` names every attribute `f` honours;
-    a node carrying another one is refused by name (None: the handler checks them itself)."""
-    names = None if attrs is None else frozenset(attrs)
-
+    """Register `f` for ONNX `op` from opset `since` (a later registration at the same `since` wins,
+    keeping the declared attributes unless it declares its own). `attrs` names every attribute `f`
+    honours; a node carrying another one is refused by name (None: the handler checks them itself)."""
     def deco(f: Handler) -> Handler:
-        _HANDLERS.setdefault(op, []).append((since, f, names))
+        _HANDLERS.setdefault(op, []).append((since, f))
         _HANDLERS[op].sort(key=lambda p: p[0])
+        if attrs is not None:
+            _ATTRS[(op, since)] = frozenset(attrs)
         return f
     return deco
 
 
 def _entry(op: str, opset: int):
+    """(since, handler, declared attributes or None) chosen for `op` at `opset`, or None."""
     best = None
-    for e in _HANDLERS.get(op, ()):
-        if e[0] <= opset:
-            best = e
+    for since, f in _HANDLERS.get(op, ()):
+        if since <= opset:
+            best = (since, f, _ATTRS.get((op, since)))
     return best
 
 

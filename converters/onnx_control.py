@@ -32,6 +32,9 @@ def _body(c, gp, values, bind):
 def _if(c, node, ins, values):
     at = _attrs(node)
     then_f, else_f = _body(c, at["then_branch"], values, []), _body(c, at["else_branch"], values, [])
+    if node.input[0] in c.consts:  # a condition known at import: only the taken branch exists
+        taken = bool(np.asarray(c.consts[node.input[0]]).reshape(-1)[0])
+        return list((then_f if taken else else_f)())
     pred = ins[0]
     if pred.shape not in ((), (1,)):
         pred = ism.reshape(pred, ())

@@ -119,3 +119,31 @@ def test_pad_with_run_time_pads_in_every_mode(mode):
         want = np.pad(x, grow, mode=mode, **({"constant_values": 7.0} if mode == "constant" else {}))
         crop = tuple(slice(-a if a < 0 else None, b if b < 0 else None) for a, b in zip(pads[:3], pads[3:]))
         np.testing.assert_array_equal(got, want[crop])
+
+
+def test_run_time_pads_for_given_axes_and_an_if_on_a_condition_known_at_import():
+    """Pad (opset 18) with pads fed at run time for axes [-1, 1]; an If whose condition folds at import
+    builds only the taken branch (the other would not even build: it splits into too many pieces)."""
+    n = helper.make_node
+    then_g = helper.make_graph([n("Neg", ["y"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, None)])
+    else_g = helper.make_graph([n("Split", ["y"], ["e0", "e1", "e2", "e3", "e4"], axis=0, num_outputs=5),
+                                n("Identity", ["e0"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    nodes = [n("Pad", ["x", "p", "v", "axes"], ["y"]),
+             n("Shape", ["x"], ["s"]), n("Equal", ["s", "s"], ["eq"]), n("Cast", ["eq"], ["eq_i"], to=I64),
+             n("ReduceMin", ["eq_i"], ["mn"], keepdims=0), n("Cast", ["mn"], ["cond"], to=TensorProto.BOOL),
+             n("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "p", [helper.make_tensor_value_info("x", F, [2, 3, 4]),
+                                       helper.make_tensor_value_info("p", I64, [4])],
+                          [helper.make_tensor_value_info("z", F, None)],
+                          [numpy_helper.from_array(np.array(0.5, np.float32), "v"),
+                           numpy_helper.from_array(np.array([-1, 1], np.int64), "axes")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    gi, ins, outs = from_onnx(m)
+    assert "If" not in {nd.op for nd in gi.nodes}
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    sess = ism.Session(gi)
+    for pads in ([1, 0, 2, 3], [0, 2, -1, 1]):
+        feeds = {"x": x, "p": np.array(pads, np.int64)}
+        np.testing.assert_array_equal(sess.run(outs[0], {ins[k]: v for k, v in feeds.items()}), ref.run(None, feeds)[0])

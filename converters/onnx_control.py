@@ -44,12 +44,15 @@ def _if(c, node, ins, values):
 
 @handler("Loop", 1, attrs=("body",))
 def _loop(c, node, ins, values):
+    """Loop -> while_loop over (iteration, condition, state..., scan accumulators...). A scan output
+    is gathered flat (its values concatenated) beside the shape of its last value, and reshaped to
+    [iterations, *shape] after the loop; its dtype and rank come from one trial build of the body."""
     at = _attrs(node)
     body = at["body"]
     n_state = len(ins) - 2
-    if len(body.output) != 1 + n_state:
-        raise ImportError_(f"scan outputs are not supported "
-                           f"({len(body.output) - 1 - n_state} found)")
+    n_scan = len(body.output) - 1 - n_state
+    if n_scan < 0:
+        raise ImportError_(f"the body returns {len(body.output)} values for {n_state} loop-carried ones")
     trip, cond0 = ins[0], ins[1]
     names = [i.name for i in body.input]  # iteration number, condition, state...
     build = _body(c, body, values, names)
@@ -61,14 +64,39 @@ def _loop(c, node, ins, values):
     limit = trip if trip is not None else ism.constant(np.array(np.iinfo(np.int64).max, np.int64))
     if limit.shape != ():
         limit = ism.reshape(limit, ())
+    invariants = [(), ()] + [tuple(None for _ in v.shape) for v in state]
+    scans = _scan_specs(build, [i0, go0] + state, invariants, n_state) if n_scan else []
+    accs = [ism.constant(np.zeros(0, d)) for d, _ in scans] + \
+        [ism.constant(np.zeros(r, np.int64)) for _, r in scans]
 
     def cond_fn(i, go, *vs):
         return ism.logical_and(ism.less(i, limit), go)
 
     def body_fn(i, go, *vs):
-        outs = build(i, go, *vs)
+        carried, acc = vs[:n_state], vs[n_state:]
+        outs = build(i, go, *carried)
         go2 = outs[0] if outs[0].shape == () else ism.reshape(outs[0], ())
-        return [i + np.int64(1), go2] + [ism.cast(o, v.dtype) for o, v in zip(outs[1:], vs)]
-    invariants = [(), ()] + [tuple(None for _ in v.shape) for v in state]
-    res = ism.while_loop(cond_fn, body_fn, [i0, go0] + state, shape_invariants=invariants)
-    return res[2:]
+        new = [i + np.int64(1), go2] + [ism.cast(o, v.dtype) for o, v in zip(outs[1:1 + n_state], carried)]
+        ys = outs[1 + n_state:]
+        new += [ism.concat([a, ism.reshape(y, (-1,))], 0) for a, y in zip(acc[:n_scan], ys)]
+        new += [ism.shape(y, "int64") for y in ys]
+        return new
+    invariants += [(None,)] * n_scan + [(r,) for _, r in scans]
+    res = ism.while_loop(cond_fn, body_fn, [i0, go0] + state + accs, shape_invariants=invariants)
+    out = list(res[2:2 + n_state])
+    n_iter = ism.reshape(res[0], (1,))
+    for flat, shp in zip(res[2 + n_state:2 + n_state + n_scan], res[2 + n_state + n_scan:]):
+        out.append(ism.reshape_to(flat, ism.concat([n_iter, shp], 0)))
+    return out
+
+
+def _scan_specs(build, loop_vars, invariants, n_state):
+    """(dtype, rank) of each scan output: the body built once, with the loop's own input specs, in a
+    scratch graph that is then dropped."""
+    from isthmus.core.graph import Graph, get_default_graph
+    outer = get_default_graph()
+    scratch = Graph(seed=outer.seed, outer=outer)
+    with scratch.as_default():
+        phs = [ism.placeholder(v.dtype, s) for v, s in zip(loop_vars, invariants)]
+        outs = build(*phs)
+    return [(o.dtype, len(o.shape)) for o in outs[1 + n_state:]]

@@ -147,3 +147,35 @@ def test_run_time_pads_for_given_axes_and_an_if_on_a_condition_known_at_import()
     for pads in ([1, 0, 2, 3], [0, 2, -1, 1]):
         feeds = {"x": x, "p": np.array(pads, np.int64)}
         np.testing.assert_array_equal(sess.run(outs[0], {ins[k]: v for k, v in feeds.items()}), ref.run(None, feeds)[0])
+
+
+def test_loop_scan_outputs_stack_each_iterations_value():
+    """Loop with a carried sum and two scan outputs (a [2, K] value per iteration, its row sums),
+    a trip count fed at run time: matches onnxruntime for 1 and 4 iterations."""
+    n = helper.make_node
+    body = helper.make_graph(
+        [n("Identity", ["cond_in"], ["cond_out"]),
+         n("Cast", ["i"], ["fi"], to=F), n("Mul", ["x", "fi"], ["v"]), n("Add", ["acc", "v"], ["acc_out"]),
+         n("ReduceSum", ["v", "one"], ["rows"], keepdims=0), n("Identity", ["v"], ["scan_v"])],
+        "body", [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", F, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("acc_out", F, None),
+         helper.make_tensor_value_info("scan_v", F, None), helper.make_tensor_value_info("rows", F, None)],
+        [numpy_helper.from_array(np.array([1], np.int64), "one")])
+    g = helper.make_graph([n("Loop", ["trip", "", "acc0"], ["acc_final", "vs", "row_sums"], body=body)], "loop",
+                          [helper.make_tensor_value_info("trip", I64, []), helper.make_tensor_value_info("x", F, [2, "K"]),
+                           helper.make_tensor_value_info("acc0", F, [2, "K"])],
+                          [helper.make_tensor_value_info(o, F, None) for o in ("acc_final", "vs", "row_sums")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    gi, ins, outs = from_onnx(m)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ism.Session(gi)
+    rng = np.random.default_rng(5)
+    for trip, k in ((1, 3), (4, 5)):
+        feeds = {"trip": np.array(trip, np.int64), "x": rng.standard_normal((2, k)).astype(np.float32),
+                 "acc0": rng.standard_normal((2, k)).astype(np.float32)}
+        got = sess.run(outs, {ins[name]: v for name, v in feeds.items()})
+        for a, e in zip(got, ref.run(None, feeds)):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)

@@ -131,13 +131,14 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
     import onnx
     from isthmus.converters.onnx_import import OnnxImportError, from_onnx
     try:
-        proto = onnx.load(model)
+        proto = onnx.load(model, load_external_data=False)  # from_onnx reads it, confined to the model's folder
     except OSError as e:
         raise GraphFileError(f"cannot read {model}: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
         raise GraphFileError(f"cannot read {model}: not an ONNX model ({type(e).__name__}: {e})") from None
     try:
-        graph, inputs, outputs = from_onnx(proto, trainable=trainable)
+        graph, inputs, outputs = from_onnx(proto, trainable=trainable,
+                                           external_data_dir=os.path.dirname(os.path.abspath(model)))
     except (OnnxImportError, GraphError, ValueError) as e:
         raise GraphFileError(f"cannot import {model}: {e}") from None
     return graph, inputs, outputs, _unique([o.name or f"output{k}" for k, o in enumerate(proto.graph.output)])

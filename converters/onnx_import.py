@@ -245,7 +245,7 @@ def _check_attrs(node, opset: int) -> None:
         raise ImportError_(f"attribute(s) {extra} are not supported (it reads {sorted(allowed) or 'none'})")
 
 
-_SUBGRAPH_OPS = {"If", "Loop"}
+_SUBGRAPH_OPS = {"If", "Loop", "Scan"}
 
 
 def _text(v) -> str:

@@ -179,3 +179,35 @@ def test_loop_scan_outputs_stack_each_iterations_value():
         for a, e in zip(got, ref.run(None, feeds)):
             assert a.shape == e.shape
             np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_scan_reads_slices_in_both_directions_and_stacks_outputs_on_any_axis():
+    """Scan (opset 16): a running sum over axis 1 of x read forwards and over y read backwards; the
+    per-step values stacked on axis 1 and in reverse on axis 0; against onnxruntime, two lengths."""
+    n = helper.make_node
+    body = helper.make_graph(
+        [n("Add", ["s_in", "xi"], ["s_out"]), n("Mul", ["xi", "yi"], ["p"]), n("Identity", ["s_out"], ["step"])],
+        "body", [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("xi", F, [2]),
+                 helper.make_tensor_value_info("yi", F, [2])],
+        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("step", F, [2]),
+         helper.make_tensor_value_info("p", F, [2])])
+    node = n("Scan", ["s0", "x", "y"], ["s", "steps", "prods"], body=body, num_scan_inputs=2,
+             scan_input_axes=[1, 0], scan_input_directions=[0, 1], scan_output_axes=[1, 0],
+             scan_output_directions=[0, 1])
+    g = helper.make_graph([node], "scan", [helper.make_tensor_value_info("s0", F, [2]),
+                                           helper.make_tensor_value_info("x", F, [2, "T"]),
+                                           helper.make_tensor_value_info("y", F, ["T", 2])],
+                          [helper.make_tensor_value_info(o, F, None) for o in ("s", "steps", "prods")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)])
+    m.ir_version = 8
+    gi, ins, outs = from_onnx(m)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ism.Session(gi)
+    rng = np.random.default_rng(9)
+    for t in (1, 6):
+        feeds = {"s0": rng.standard_normal(2).astype(np.float32), "x": rng.standard_normal((2, t)).astype(np.float32),
+                 "y": rng.standard_normal((t, 2)).astype(np.float32)}
+        got = sess.run(outs, {ins[name]: v for name, v in feeds.items()})
+        for a, e in zip(got, ref.run(None, feeds)):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)

@@ -166,3 +166,10 @@ def test_the_import_command_confines_external_data_to_the_models_folder(tmp_path
     np.testing.assert_array_equal(_run(g, ins, outs), np.ones((1, 2)) @ W)
     with pytest.raises(GraphFileError, match=r"initializer 'w'.*points outside"):
         import_model(str(tmp_path / "m" / "bad.onnx"))
+
+
+def test_a_name_defined_twice_is_refused():
+    w = numpy_helper.from_array(np.ones(2, np.float32), "b1")
+    m = _model([helper.make_node("Relu", ["x"], ["b1"], name="r")], [_vi("x", [2])], [_vi("b1", None)], [w])
+    with pytest.raises(OnnxImportError, match=r"'r' \(Relu, opset 17\): output\(s\) \['b1'\] are already defined"):
+        from_onnx(m)

@@ -68,24 +68,32 @@ STATE_WRITING_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "ScatterAdd",
                                "SparseApplyAdam"})
 
 
-def refuse_state_writes(g: Graph, where: str) -> None:
-    """PermissionDenied naming the first node (looking inside cond/while bodies) that writes state."""
-    stack = [g]
+def refuse_state_writes(roots: Sequence[Union[Tensor, Node]], where: str) -> None:
+    """PermissionDenied naming the first node that a step running `roots` would run (looking
+    inside cond/while bodies) and that writes state."""
+    stack = [r.node if isinstance(r, Tensor) else r for r in roots]
+    seen: set = set()
     while stack:
-        for n in stack.pop().nodes:
-            if n.op in STATE_WRITING_OPS:
-                raise PermissionDenied(f"{where}: node '{n.name}' ({n.op}) writes state; a client token may "
-                                       "only run graphs that read (this needs the cluster token)")
-            for v in n.attrs.values():
-                body = getattr(v, "graph", v)
-                if isinstance(body, Graph):
-                    stack.append(body)
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op in STATE_WRITING_OPS:
+            raise PermissionDenied(f"{where}: node '{n.name}' ({n.op}) writes state; a client token may "
+                                   "only run steps that read (this needs the cluster token)")
+        stack.extend(t.node for t in n.inputs)
+        stack.extend(n.control_inputs)
+        for v in n.attrs.values():
+            body = getattr(v, "graph", v)
+            if isinstance(body, Graph):
+                stack.extend(body.nodes)
 
 
 class MasterSession:
     def __init__(self, master: "Master", handle: str, graph: Graph, writes: bool = True):
         self.master, self.handle, self.graph = master, handle, graph
-        self.writes = writes   # False: created with a client token, its graphs write no state
+        self.writes = writes   # False: created with a client token, its steps write no state
+        self.checked: set = set()   # (fetches, targets) found to write no state
         self.version = 1
         self.plans: Dict[tuple, StepPlan] = {}
         self.placement: Optional[Dict[str, str]] = None   # every node's device, once per graph version
@@ -406,10 +414,8 @@ class Master:
     # ---- the service ---------------------------------------------------------------------------
     def create_session(self, graph: Union[Graph, Any], writes: bool = True) -> str:
         """A new session's handle (128 random bits: not guessable by another client).
-        `writes=False` (a client token's call): a graph that writes state is refused."""
+        `writes=False` (a client token's call): its steps may not write state (run_step checks)."""
         g = graph if isinstance(graph, Graph) else graph_codec.decode(graph)
-        if not writes:
-            refuse_state_writes(g, "CreateSession")
         with self._lock:
             handle = f"session:{next(self._ids)}:{secrets.token_hex(16)}"
             self._sessions[handle] = MasterSession(self, handle, g, writes)
@@ -430,8 +436,6 @@ class Master:
         (variables keep their values: they live in the tasks, by name)."""
         s = self.session(handle, writes)
         g = graph if isinstance(graph, Graph) else graph_codec.decode(graph)
-        if not s.writes:
-            refuse_state_writes(g, f"ExtendSession of {handle}")
         with s._lock:
             if current_version and current_version != s.version:
                 raise WorkerError(f"session {handle}: extended from version {current_version}, "
@@ -447,7 +451,14 @@ class Master:
                  run_metadata=None, writes: bool = True) -> Tuple[List[Any], int]:
         """`timeout` is capped at `max_step_timeout` (a caller cannot hold the server's threads longer)."""
         timeout = min(timeout or self.step_timeout, self.max_step_timeout)
-        return self.session(handle, writes).run(feeds, fetches, targets, timeout, run_metadata)
+        s = self.session(handle, writes)
+        if not s.writes:
+            key = (s.version, tuple(fetches), tuple(targets))
+            if key not in s.checked:
+                roots = [s._resolve(f, False) for f in fetches] + [s._resolve(t, True) for t in targets]
+                refuse_state_writes(roots, f"RunStep of {handle}")
+                s.checked.add(key)
+        return s.run(feeds, fetches, targets, timeout, run_metadata)
 
     def close_session(self, handle: str, writes: bool = True) -> None:
         self.session(handle, writes)

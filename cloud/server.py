@@ -32,7 +32,7 @@ from ..proto.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
-from .limits import DEFAULT_MAX_WAIT_S, WaitLimits
+from .limits import DEFAULT_MAX_WAIT_S, DEFAULT_PER_PEER, WaitLimits
 from .master import DEFAULT_STEP_TIMEOUT_S, Master
 from .placement import default_worker
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S
@@ -131,7 +131,8 @@ class Server:
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S, step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
                  security: Optional[ServerSecurity] = None, client_security: Optional[ClientSecurity] = None,
-                 shm_enabled: Optional[bool] = None, insecure: bool = False):
+                 shm_enabled: Optional[bool] = None, insecure: bool = False,
+                 max_recv_wait_s: float = DEFAULT_MAX_WAIT_S, max_waiting_per_peer: int = DEFAULT_PER_PEER):
         self.task_id = TaskId(job, int(task))
         self.shm_enabled = shm.enabled_by_env() if shm_enabled is None else bool(shm_enabled)
         shm.sweep()  # segments of killed processes
@@ -152,7 +153,8 @@ class Server:
         self.host = safe_bind_host(host or LOOPBACK, security, insecure, quiet=True)
         from .master_rpc import master_handler
         from .rpc import worker_handler
-        self.limits = WaitLimits(max(DEFAULT_MAX_WAIT_S, recv_timeout), threads=max_workers)
+        # RecvTensor's wait is capped here, whatever the caller asks (never below --recv-timeout)
+        self.limits = WaitLimits(max(max_recv_wait_s, recv_timeout), max_waiting_per_peer, threads=max_workers)
         self.server, self.port = start_grpc_server([worker_handler(self.worker, self.limits),
                                                     master_handler(self.master)],
                                                    host or LOOPBACK, port or 0, max_workers, max_message_bytes,
@@ -191,6 +193,7 @@ class Server:
         return c
 
     def stop(self, grace: Optional[float] = None) -> None:
+        self.worker.table.close()   # waiting RecvTensors end now, not at their cap
         self.master.close()
         self.server.stop(grace).wait(10)
         for c in self._clients.values():
@@ -219,6 +222,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster-from-stdin", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--recv-timeout", type=float, default=DEFAULT_RECV_TIMEOUT_S,
                         help="seconds a Recv waits for its tensor (default %(default)s)")
+    parser.add_argument("--max-recv-wait", type=float, default=DEFAULT_MAX_WAIT_S,
+                        help="longest wait a RecvTensor caller may ask for, in seconds (default %(default)s)")
+    parser.add_argument("--max-waiting-per-peer", type=int, default=DEFAULT_PER_PEER,
+                        help="RecvTensor calls one connection may have waiting at once; more get "
+                             "RESOURCE_EXHAUSTED (default %(default)s)")
     parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (default: $ISTHMUS_TLS_CERT)")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: $ISTHMUS_TLS_KEY)")
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
@@ -277,7 +285,8 @@ def run(args) -> int:
         server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,
                         max_message_bytes=int(args.max_message_mb * (1 << 20)),
                         security=security, client_security=client_security,
-                        shm_enabled=False if args.no_shm else None, insecure=args.insecure)
+                        shm_enabled=False if args.no_shm else None, insecure=args.insecure,
+                        max_recv_wait_s=args.max_recv_wait, max_waiting_per_peer=args.max_waiting_per_peer)
     except (ClusterSpecError, WorkerError, SecurityError) as e:
         print(f"isthmus server: {e}", file=sys.stderr)
         return 2

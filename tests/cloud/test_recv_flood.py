@@ -63,8 +63,8 @@ def test_one_connection_may_hold_only_so_many_waiting_calls():
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             call = ch.unary_unary(f"/{rpc.SERVICE}/RecvTensor", request_serializer=None, response_deserializer=None)
             futs = [call.future(_request(5.0), timeout=20.0) for _ in range(5)]
-            deadline = time.monotonic() + 10
-            while limits.status()["refused"] < 2 and time.monotonic() < deadline:
+            deadline = time.monotonic() + 20
+            while (limits.status()["refused"] < 2 or sum(f.done() for f in futs) < 2) and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert limits.status() == {"waiting": 3, "peers": 1, "refused": 2}
             refused = [f for f in futs if f.done()]

@@ -74,6 +74,48 @@ def safe_bind_host(host: str, security: Optional[ServerSecurity] = None, insecur
     return LOOPBACK
 
 
+class _Malformed:
+    """What a request deserializer returns for bytes it cannot parse (gRPC would answer INTERNAL)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _tolerant(deserialize):
+    def parse(data):
+        try:
+            return deserialize(data)
+        except Exception as e:  # noqa: BLE001  (protobuf's DecodeError, or a hand-written reader's)
+            return _Malformed(e)
+    return parse
+
+
+class _MalformedGuard(grpc.ServerInterceptor):
+    """Undecodable request bytes end INVALID_ARGUMENT, naming the method, before any handler runs."""
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = details.method
+
+        def guard(behaviour):
+            def run(request, context):
+                if isinstance(request, _Malformed):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: malformed request bytes: "
+                                  f"{type(request.error).__name__}: {request.error}")
+                return behaviour(request, context)
+            return run
+        for attr, make in (("unary_unary", grpc.unary_unary_rpc_method_handler),
+                           ("unary_stream", grpc.unary_stream_rpc_method_handler)):
+            fn = getattr(handler, attr, None)
+            if fn is not None:
+                return make(guard(fn), request_deserializer=_tolerant(handler.request_deserializer),
+                            response_serializer=handler.response_serializer)
+        return handler   # streaming requests: each message is parsed as it is read
+
+
 def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                       health: bool = True, security: Optional[ServerSecurity] = None,
@@ -87,7 +129,7 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
     host = safe_bind_host(host, security, insecure)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
                          options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
-                         interceptors=security.interceptors() if security else None)
+                         interceptors=(security.interceptors() if security else []) + [_MalformedGuard()])
     server.add_generic_rpc_handlers(tuple(handlers))
     if health:
         try:

@@ -232,3 +232,18 @@ def test_the_attack_list_detects_success_with_the_cluster_token():
         m.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("method", ["/isthmus.Master/CreateSession", "/isthmus.Master/RunStep",
+                                    "/isthmus.Master/CloseSession", "/isthmus.Worker/RunGraph"])
+def test_undecodable_bytes_get_invalid_argument_on_every_service(method):
+    server, port = _start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as ei:
+                call(b"\xff\xff\xff\xff", timeout=T)
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
+            assert "malformed request bytes" in ei.value.details()
+    finally:
+        server.stop()

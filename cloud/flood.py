@@ -53,7 +53,7 @@ def measure(flood: int = 80, channels: int = 4, steps: int = 40, settle_s: float
     try:
         server.set_cluster(ClusterSpec({"worker": [f"127.0.0.1:{server.port}"]}))
         addr = f"127.0.0.1:{server.port}"
-        from ..proto.security import ClientSecurity
+        from ..wire.security import ClientSecurity
         m = MasterClient(addr, timeout=30.0, security=ClientSecurity(tls=False))
         h = m.create_session(_one_node_graph())
 

@@ -20,9 +20,10 @@ import grpc
 import numpy as np
 
 from ..proto import worker_pb2
-from ..proto.security import ClientSecurity, make_channel
+from ..wire.security import ClientSecurity, make_channel
 from ..core.trace import RunMetadata
-from . import graph_codec, shm, tensor_codec, tracing, wire
+from ..wire import tensor_codec
+from . import graph_codec, shm, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
 from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits
 from .rendezvous import show
@@ -155,7 +156,7 @@ def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: i
           insecure: bool = False):
     """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
     cloud/server.py serves a whole task (worker, master, health). `security`: a
-    proto.security.ServerSecurity (TLS, bearer token)."""
+    wire.security.ServerSecurity (TLS, bearer token)."""
     from .server import start_grpc_server
     limits = WaitLimits(max(DEFAULT_MAX_WAIT_S, worker.recv_timeout), threads=max_workers)
     return start_grpc_server([worker_handler(worker, limits), *extra_handlers], host, port, max_workers,

@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import grpc
 
-from ..proto.security import ClientSecurity, SecurityError, ServerSecurity
+from ..wire.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
@@ -122,7 +122,7 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
                       health_services: Sequence[str] = HEALTH_SERVICES,
                       insecure: bool = False) -> Tuple[grpc.Server, int]:
     """A started server with `handlers` (and the health service): (server, bound port).
-    `security`: TLS and/or a bearer token on every call (proto/security.py); None: plaintext.
+    `security`: TLS and/or a bearer token on every call (wire/security.py); None: plaintext.
     Without TLS and a token it binds loopback whatever `host` says, unless `insecure`
     (safe_bind_host). `health_services`: the service names the health check answers SERVING for."""
     from .rpc import channel_options

@@ -19,7 +19,7 @@ from isthmus.cloud.cluster import ClusterSpec  # noqa: E402
 from isthmus.cloud.errors import PermissionDenied, TaskUnavailable, WorkerError  # noqa: E402
 from isthmus.cloud.master_rpc import MasterClient  # noqa: E402
 from isthmus.cloud.server import InsecureBindWarning, Server, safe_bind_host  # noqa: E402
-from isthmus.proto.security import ClientSecurity, ServerSecurity  # noqa: E402
+from isthmus.wire.security import ClientSecurity, ServerSecurity  # noqa: E402
 
 T = 3.0   # every call's deadline
 DEV = "/job:worker/task:0/device:CPU:0"
@@ -197,7 +197,7 @@ def test_token_roles_allow_no_unauthorised_operation():
 
 
 def test_client_token_needs_a_different_cluster_token():
-    from isthmus.proto.security import SecurityError
+    from isthmus.wire.security import SecurityError
     with pytest.raises(SecurityError, match="cluster token"):
         ServerSecurity(client_token="only-this")
     with pytest.raises(SecurityError, match="differs"):

@@ -235,9 +235,15 @@ def run(args) -> int:
         raise SystemExit(f"error: {e}") from None
 
 
+def _refuse_overwrite(out: str, args) -> None:
+    if os.path.exists(out) and not getattr(args, "force", False):
+        raise GraphFileError(f"{out} exists; pass --force to overwrite it")
+
+
 def _import(args) -> int:
     graph, inputs, outputs, names = import_model(args.model, trainable=args.trainable, nhwc=args.nhwc)
     out = args.output or os.path.splitext(args.model)[0] + ".graph"
+    _refuse_overwrite(out, args)
     size = save_graph(out, graph, inputs, outputs, names)
     from isthmus.core.variables import global_variables
     print(f"wrote {out} ({size:,} bytes): {len(graph.nodes)} nodes, {len(global_variables(graph))} variables, "
@@ -249,6 +255,7 @@ def _export(args) -> int:
     from isthmus.core.errors import CheckpointError, GraphError
     graph, inputs, outputs = load_graph(args.graph)
     out = args.output or os.path.splitext(args.graph)[0] + (".onnx" if args.to == "onnx" else ".isth")
+    _refuse_overwrite(out, args)
     try:
         if args.to == "onnx":
             import onnx

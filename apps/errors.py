@@ -134,3 +134,30 @@ def strip_debug(argv: Sequence[str]) -> tuple:
 
 __all__ = ["UsageError", "run_command", "describe", "input_file", "output_path", "port", "positive_int",
            "non_negative_int", "positive_float", "strip_debug", "EXIT_USAGE"]
+
+
+# ---- checks every command gets from cli.py, after parsing -------------------------------------------------
+FILE_ARGS = ("model", "graph", "file")   # positional arguments that name an input file
+POSITIVE_ARGS = ("batch", "max_batch", "repeat", "runs")
+
+
+def check_common(args) -> None:
+    """Flags shared by many commands, checked once: input files exist and are not empty (a
+    `file.py:function` spec is checked by its loader), ports are ports, sizes are positive."""
+    for name in FILE_ARGS:
+        v = getattr(args, name, None)
+        if isinstance(v, str) and (os.path.splitext(v)[1] or os.sep in v) and ":" not in os.path.basename(v):
+            input_file(v, name.upper())
+    p = getattr(args, "port", None)
+    if p is not None and not (isinstance(p, int) and 0 <= p <= 65535):
+        raise UsageError(f"--port {p}: not a port (0-65535; 0 picks a free one)")
+    for name in POSITIVE_ARGS:
+        v = getattr(args, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 1:
+            raise UsageError(f"--{name.replace('_', '-')} {v}: must be at least 1")
+
+
+def refuse_overwrite(path: str, args, flag: str = "-o") -> None:
+    """An existing output is replaced only with --force."""
+    if os.path.exists(path) and not getattr(args, "force", False):
+        raise UsageError(f"{flag} {path}: exists; pass --force to overwrite it")

@@ -136,6 +136,11 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         raise GraphFileError(f"cannot read {model}: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
         raise GraphFileError(f"cannot read {model}: not an ONNX model ({type(e).__name__}: {e})") from None
+    inits = {i.name for i in proto.graph.initializer}
+    shapeless = [vi.name for vi in proto.graph.input if vi.name not in inits and not vi.type.tensor_type.HasField("shape")]
+    if shapeless:  # not a scalar: the file does not say
+        raise GraphFileError(f"{model}: input '{shapeless[0]}' has no shape in the file; give it one "
+                             "(isthmus convert/split/quantize take --input-shape NAME=D0,D1,...)")
     try:
         graph, inputs, outputs = from_onnx(proto, trainable=trainable)
     except (OnnxImportError, GraphError, ValueError) as e:

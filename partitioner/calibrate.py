@@ -14,6 +14,7 @@ seconds = c0 + c_flops * flops + c_bytes * bytes.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -351,11 +352,11 @@ def _run_from_trace(args) -> int:
         samples = samples_from_trace(args.from_trace)
         base = DeviceProfile.load(args.base) if args.base else CLOUD
     except (TraceError, OSError, ValueError) as e:
-        print(f"calibrate --from-trace: {e}")
+        print(f"isthmus profile: error: --from-trace: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if not samples:
-        print("calibrate --from-trace: the traces hold no node events with costs (trace with "
-              "RunOptions(trace=True) and write them with RunMetadata.write_chrome_trace)")
+        print("isthmus profile: error: --from-trace: the traces hold no node events with costs (trace with "
+              "RunOptions(trace=True) and write them with RunMetadata.write_chrome_trace)", file=sys.stderr)
         return 2
     profile, how = refit(base, samples, name=args.device)
     out = args.out or f"{args.device}.json"

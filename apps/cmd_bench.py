@@ -149,7 +149,7 @@ def _bench_edge(path, inputs, shapes, runs, warmup, threads, per_op) -> BenchRes
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise UsageError(f"FILE {path}: not a valid edge model: {e}") from None
-        from isthmus.edge.offload_client import load_split
+        from isthmus.edge.split_model import load_split
         model = load_split(path).full
         if model is None:
             raise UsageError(f"FILE {path}: a split model without a full copy; bench its parts with --cloud runs "

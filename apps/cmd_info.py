@@ -66,7 +66,7 @@ def _edge(path: str) -> Dict[str, object]:
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise UsageError(f"FILE {path}: not a valid edge model: {e}") from None
-        from isthmus.edge.offload_client import load_split
+        from isthmus.edge.split_model import load_split
         try:
             split = load_split(path)
         except EdgeModelError as e2:
@@ -78,7 +78,7 @@ def _edge(path: str) -> Dict[str, object]:
     out.update(_edge_model(m))
     out["metadata"] = {k: v for k, v in m.metadata.items() if k != "isthmus.split" and len(v) < 200}
     if split:
-        out["cuts"] = [{"name": c.name, "uplink_mbps": [c.min_bps / 1e6, None if np.isinf(c.max_bps) else c.max_bps / 1e6],
+        out["cuts"] = [{"name": c.name, "uplink_mbps": [c.min_bandwidth_bps / 1e6, None if np.isinf(c.max_bandwidth_bps) else c.max_bandwidth_bps / 1e6],
                         "cloud_part": c.cloud_part or None, "sends": c.inputs, "receives": c.outputs,
                         **{k: v for k, v in _edge_model(c.model).items() if k in ("int8_ops", "fp32_ops")}}
                        for c in split.cuts]

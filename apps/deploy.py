@@ -50,7 +50,7 @@ def load_profile(path: Optional[str], flag: str = "--edge-profile"):
 
 def parse_link(bandwidth: str, rtt: str, downlink: Optional[str] = None):
     """A LinkModel from the flags, errors naming the flag."""
-    from isthmus.partitioner.devices import LinkModel, parse_bandwidth, parse_duration
+    from isthmus.wire.link import LinkModel, parse_bandwidth, parse_duration
     for flag, v, fn in (("--bandwidth", bandwidth, parse_bandwidth), ("--rtt", rtt, parse_duration),
                         ("--downlink", downlink, parse_bandwidth)):
         if v is None:
@@ -154,7 +154,7 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
         save_cloud_parts(files["cloud"], [cloud_part(sp.graph, i, o, n) for n, i, o in sigs], model=m.name)
     elif os.path.exists(files["cloud"]):
         os.remove(files["cloud"])
-    chosen = next((c for c in sp.cuts if c.min_bps <= link.up_bps < c.max_bps), sp.cuts[-1])
+    chosen = next((c for c in sp.cuts if c.min_bandwidth_bps <= link.up_bandwidth_bps < c.max_bandwidth_bps), sp.cuts[-1])
     graph_svg(at_link, files["svg"])
     predicted = {"split": at_link.total, **{k: b.total for k, b in at_link.baselines.items()}}
     plan = {"model": m.source, "int8": int8, "link": str(link), "edge_profile": edge.name,

@@ -16,6 +16,7 @@ COMMANDS = {
     "quantize": ("isthmus.apps.cmd_quantize", "quantize a model to an int8 edge file on calibration data, with a report"),
     "split": ("isthmus.apps.cmd_split", "plan a split for a link and write the edge file, cloud file, plan and report"),
     "info": ("isthmus.apps.cmd_info", "inputs, outputs, op counts, sizes and producer of any model file"),
+    "health": ("isthmus.apps.cmd_health", "the gRPC health check of a server or offload service (a readiness probe)"),
     "bench": ("isthmus.apps.cmd_bench", "time a model: warm-up, median, p90/p99, per-op table, peak memory"),
     "convert": ("isthmus.apps.cmd_convert", "convert an ONNX or TFLite model (or a graph-building function) to the edge format or ONNX"),
     "import": ("isthmus.graph_io", "import an ONNX or TFLite model into an isthmus graph file (-o model.graph)"),

@@ -100,6 +100,16 @@ CASES = {
                "{garbage.graph} --to edge", "{empty.graph} --batch 0", "{garbage.graph} --to tflite"],
     "serve": ["{missing.onnx}", "{garbage.cloud}", "{text.txt} --port 99999", "{garbage.cloud} --port -1",
               "{garbage.cloud} --port x", "{garbage.cloud} --max-batch 0", "{cnn.isth}", "{empty.isth}"],
+    "server": ["--cluster {missing.onnx} --job worker", "--cluster {text.txt} --job worker",
+               "--cluster {garbage.graph} --job worker", "--cluster ps=127.0.0.1:1 --job worker",
+               "--cluster ps=127.0.0.1:1 --job ps --task 3", "--cluster ps=127.0.0.1:1 --job ps --port 99999",
+               "--cluster ps=127.0.0.1:1 --job ps --task x", "--cluster {profile.json} --job ps",
+               "--cluster ps=127.0.0.1:1 --job ps --recv-timeout soon"],
+    "demo": ["--bandwidth fast", "--rtt soon", "--epochs 0", "--batch 0", "--res 4", "--samples 0",
+             "--edge-profile {missing.onnx}", "--edge-profile {profile.json}", "--edge-slowdown 0.5",
+             "--train-limit 5", "--calibration 0", "--epochs x"],
+    "health": ["127.0.0.1", "127.0.0.1:99999", "nohost", ":7070", "127.0.0.1:1 --timeout 0.5",
+               "127.0.0.1:1 --timeout 0", "127.0.0.1:1 --timeout x", "127.0.0.1:x"],
     "profile": ["--ops NoSuchOp --quick --out {out}.json", "--clock sundial", "--device gpu",
                 "--from-trace {missing.onnx}", "--from-trace {garbage.isth}", "--blas-threads x",
                 "--slowdown fast", "--ops Relu --quick --clock cpu --blas-threads 2 --out {out}.json"],
@@ -124,7 +134,7 @@ def test_bad_input_gives_one_line_and_no_traceback(command, files, capsys):
         assert len(lines) == 1, (case, err)
         assert lines[0].startswith(f"isthmus {command}"), (case, err)
         if code == 2:  # names what is at fault: a file, a flag or value given, or the input field
-            named = [os.path.basename(a) for a in argv[1:]]
+            named = [os.path.basename(a) for a in argv[1:]] + [a.lstrip("-") for a in argv[1:] if a.startswith("--")]
             assert any(len(n) > 2 and n in lines[0] for n in named) or "input" in lines[0] or "argument" in lines[0], (case, err)
 
 

@@ -1,0 +1,2 @@
+"""Pooling on a GPU (placeholder table; filled where the core kernels are numpy-only)."""
+KERNELS: dict = {}

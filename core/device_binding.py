@@ -8,7 +8,7 @@ error naming the node, its output shape and the cap.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -31,9 +31,10 @@ class DeviceBinding:
         gpu_kernels.install()
         self.table = table
         self.state = state
-        self._ctx: Dict[str, KernelContext] = {}
+        self._ctx: Dict[Tuple[str, bool], KernelContext] = {}
         self.checked = checked
         self.uses_gpu = True
+        self.capture = False  # set while a captured plan (capture.py) binds its kernels
         self.last_peak: Dict[str, int] = {}
 
     def device(self, n: Node):
@@ -41,9 +42,11 @@ class DeviceBinding:
 
     def context(self, n: Node) -> KernelContext:
         name = n.device or HOST
-        ctx = self._ctx.get(name)
+        key = (name, self.capture and name != HOST)
+        ctx = self._ctx.get(key)
         if ctx is None:
-            ctx = self._ctx[name] = KernelContext(self.device(n).xp, self.state)
+            ctx = self._ctx[key] = KernelContext(self.device(n).xp, self.state)
+            ctx.capture = key[1]
         return ctx
 
     def sampler(self, n: Node):

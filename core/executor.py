@@ -43,6 +43,7 @@ class KernelContext:
     def __init__(self, xp, state: "SessionState"):
         self.xp = xp
         self.state = state
+        self.capture = False  # kernels bound for a captured GPU step (capture.py) avoid cuBLAS
         self._used: Optional[set] = None  # tensors the plan being compiled consumes or fetches
 
     def output_used(self, t: Tensor) -> bool:

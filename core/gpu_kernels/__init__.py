@@ -29,8 +29,8 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from . import conv, pool
-    table = {**conv.KERNELS, **pool.KERNELS}
+    from . import conv, gemm, pool
+    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS}
     for op, gpu_factory in table.items():
         d = registry.get(op)
         d.kernel = _dispatch(d.kernel, gpu_factory)

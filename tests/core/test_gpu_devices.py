@@ -186,3 +186,53 @@ def test_pinned_node_in_a_cpu_session(backend):
     np.testing.assert_allclose(s.run(z, {x: xv}), xv * xv + xv)
     assert copies_of(s.plan_for(z, {x: xv}).nodes[0].graph) == {("/device:CPU:0", "/device:GPU:0"): 1,
                                                                ("/device:GPU:0", "/device:CPU:0"): 1}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_captured_step_matches_eager(backend):
+    from isthmus.core.capture import CapturedPlan
+    res = {}
+    for cap in (False, True):
+        g, x, y, loss, train, init, xs, ys = _mlp()
+        s = ism.Session(g, device="gpu", gpu=backend, capture=cap)
+        s.run(init)
+        res[cap] = [s.run([loss, train], {x: xs, y: ys})[0] for _ in range(4)] + [s.variable_value(g.node("W1"))]
+        if cap:
+            plan = s.plan_for([loss, train], {x: xs, y: ys})
+            assert isinstance(plan, CapturedPlan)
+            rep = plan.report()
+            assert rep["recorded"] and rep["graphs"] >= 1 and rep["captured_nodes"] > 10, rep
+    for a, b in zip(res[True], res[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_capture_is_off_where_shapes_vary():
+    from isthmus.core.capture import CapturedPlan
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 3), name="x")
+        y = ism.reduce_sum(ism.exp(x))
+    s = ism.Session(g, device="gpu", gpu="simulated", capture=True)
+    for n in (2, 5):
+        np.testing.assert_allclose(s.run(y, {x: np.zeros((n, 3), np.float32)}), 3.0 * n)
+    assert not isinstance(s.plan_for(y, {x: np.zeros((2, 3), np.float32)}), CapturedPlan)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu.gpu_available(), reason=f"no GPU: {gpu.unavailable_reason()}")
+@pytest.mark.parametrize("m,k,n,ta,tb,act", [(128, 784, 512, False, False, "relu"), (512, 128, 512, True, False, "none"),
+                                             (130, 70, 33, False, True, "relu6"), (5, 3, 2, True, True, "sigmoid"),
+                                             (4096, 512, 10, False, False, "tanh")])
+def test_capture_gemm_kernel(m, k, n, ta, tb, act):
+    from isthmus.core.gpu_kernels.gemm import gemm
+    cp = gpu.array_module("GPU")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    da, db = cp.asarray(a), cp.asarray(b)
+    got = gemm(cp, da.T if ta else da, db.T if tb else db, cp.asarray(bias), act).get()
+    want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64) + bias
+    want = {"none": want, "relu": np.maximum(want, 0), "relu6": np.clip(want, 0, 6), "tanh": np.tanh(want),
+            "sigmoid": 1 / (1 + np.exp(-want))}[act]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))

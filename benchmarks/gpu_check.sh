@@ -41,11 +41,11 @@ step() {  # step NAME TIMEOUT_S OUTFILE CMD...
   local rc=$?
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >>"$LOG"
 }
-step pytest_gpu 110 "$OUT/pytest_gpu.log" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+step pytest_gpu 100 "$OUT/pytest_gpu.log" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
   tests/core/test_gpu.py tests/core/test_gpu_devices.py tests/core/test_gpu_ops.py
-step gpu_train 130 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
-step gpu_matmul 35 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
-step gpu_transfer 35 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py
-step gpu_adds 35 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
+step gpu_train 120 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
+step gpu_matmul 30 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
+step gpu_transfer 30 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py
+step gpu_adds 30 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
 echo "total $(( $(date +%s) - T0 ))s" >>"$LOG"
 python3 benchmarks/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"

@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 LOG="$OUT/setup.log"
 T0=$(date +%s)
 {
-  echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC') $(git rev-parse --short HEAD 2>/dev/null || echo no-git)"
+  echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC') tree $(cat .gpu_commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   nvidia-smi -L || echo "nvidia-smi: not found"
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3

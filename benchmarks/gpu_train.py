@@ -136,6 +136,9 @@ def bench_mlp(batch, torch, out):
             s.run(init)
             step = train  # the update op: nothing comes back to the host, as in the torch loop
             res[f"isthmus_{mode}"] = per_call_ms(lambda: s.run(step, {x: xs_pinned, y: ys}), iters=50)
+            if mode == "capture":
+                plan = s.plan_for(step, {x: xs_pinned, y: ys})
+                out[f"mlp_b{batch}_capture_report"] = plan.report() if hasattr(plan, "report") else "not captured"
             if mode == "eager":
                 res["isthmus_eager_with_loss_fetch"] = per_call_ms(lambda: s.run([loss, train], {x: xs, y: ys}),
                                                                    iters=50)

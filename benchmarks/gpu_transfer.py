@@ -29,7 +29,7 @@ def main() -> int:
         up = ism.identity(x, name="on_gpu")
         v = ism.Variable(pageable, name="v")
         init = ism.global_variables_initializer()
-    sess = ism.Session(g, device="gpu")
+    sess = ism.Session(g, device="gpu", optimize=False)  # keeps the identity: the feed must reach the GPU
     sess.run(init)
     got = sess.run(v)
     assert np.array_equal(got, pageable)

@@ -37,6 +37,14 @@ class _Step:
         self.eager_reason: Optional[str] = None if gpu and node.op not in _NEVER else "host or copy"
 
 
+def _reads_changing_host_value(n: Node) -> bool:
+    """A GPU kernel that reads a host input bakes its value into the graph: fine for constants."""
+    from .passes.copies import input_device
+    dev = n.device or HOST
+    return any(input_device(n, i, dev) == HOST and t.node.op != "Const"
+               for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs)
+
+
 class CapturedPlan:
     """A Plan whose GPU work replays as CUDA graphs; callable like a Plan."""
 
@@ -77,7 +85,10 @@ class CapturedPlan:
                     self.init.append(None)
                 outs.append(slot[t])
             ins = tuple(slot[t] for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs)
-            self.steps.append(_Step(n, k, ins, tuple(outs), (n.device or HOST) != HOST))
+            step = _Step(n, k, ins, tuple(outs), (n.device or HOST) != HOST)
+            if step.eager_reason is None and _reads_changing_host_value(n):
+                step.eager_reason = "reads a host value that may change between steps"
+            self.steps.append(step)
         self.fetch_slots = [slot[f] if isinstance(f, Tensor) else None for f in plan.fetches]
         self.gpu = binding.table.gpus()[0]
         self.segments: Optional[list] = None  # ("graph", graph, steps) | ("eager", step, fixed)

@@ -17,7 +17,9 @@ from .errors import ExecutionError
 from .executor import KernelContext, SessionState
 from .graph import Node
 from .passes.copies import input_device
-from .shapes import fmt
+from .shapes import fmt, num_elements_est
+
+SAMPLE_MIN_BYTES = 256 << 10
 from .simgpu import DeviceMixError, SimArray
 
 
@@ -50,8 +52,15 @@ class DeviceBinding:
         return ctx
 
     def sampler(self, n: Node):
+        """The device's memory sampler, after GPU nodes whose outputs may be large (small ones
+        barely move the peak, and a sample costs a call per node)."""
         dev = self.device(n)
-        return getattr(dev, "sample", None) if dev.kind == "GPU" else None
+        if dev.kind != "GPU" or not hasattr(dev, "sample"):
+            return None
+        for t in n.outputs:
+            if any(d is None for d in t.shape) or num_elements_est(t.shape) * t.dtype.itemsize >= SAMPLE_MIN_BYTES:
+                return dev.sample
+        return None
 
     def wrap(self, n: Node, kernel):
         dev = self.device(n)

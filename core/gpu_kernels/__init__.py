@@ -24,13 +24,19 @@ def _dispatch(cpu_factory, gpu_factory):
     return factory
 
 
+def generic_factory(op: str):
+    """The op's own (array-module generic) kernel factory, whether or not install() ran."""
+    k = registry.get(op).kernel
+    return getattr(k, "cpu", k)
+
+
 def install() -> None:
     """Route the ops below to their GPU kernels on GPU devices (once per process)."""
     global _installed
     if _installed:
         return
-    from . import conv, gemm, pool
-    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS}
+    from . import conv, elementwise, gemm, pool
+    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS}
     for op, gpu_factory in table.items():
         d = registry.get(op)
         d.kernel = _dispatch(d.kernel, gpu_factory)

@@ -108,10 +108,20 @@ def _zeros(cp, n: int):
     return z
 
 
+# products up to this many multiply-adds run in a captured step's graph (this kernel); larger ones
+# run eagerly through cuBLAS between graphs (several times faster there than this kernel)
+CAPTURE_MAX_MACS = 1 << 26
+
+
 def _capturable_product(node, ctx) -> bool:
     a, b = node.inputs[0], node.inputs[1]
-    return (getattr(ctx, "capture", False) and hasattr(ctx.xp, "RawKernel") and len(a.shape) == 2
-            and len(b.shape) == 2 and a.dtype == np.float32 and b.dtype == np.float32)
+    if not (getattr(ctx, "capture", False) and hasattr(ctx.xp, "RawKernel") and len(a.shape) == 2
+            and len(b.shape) == 2 and a.dtype == np.float32 and b.dtype == np.float32):
+        return False
+    m = a.shape[1] if node.attrs["transpose_a"] else a.shape[0]
+    k = a.shape[0] if node.attrs["transpose_a"] else a.shape[1]
+    n = b.shape[0] if node.attrs["transpose_b"] else b.shape[1]
+    return None not in (m, k, n) and m * k * n <= CAPTURE_MAX_MACS
 
 
 def _matmul(node, ctx):
@@ -132,4 +142,4 @@ def _fused_matmul(node, ctx):
     return lambda a, b, bias: gemm(cp, a.T if ta else a, b.T if tb else b, bias, act)
 
 
-KERNELS = {"MatMul": _matmul, "FusedMatMul": _fused_matmul}
+KERNELS = {"MatMul": _matmul}  # FusedMatMul: elementwise.py (eager) calls _fused_matmul when capturing

@@ -25,6 +25,10 @@ HOST_OPS = frozenset({"Placeholder", "RandomNormal", "RandomUniform", "RandomUni
 # even when the node runs on a GPU (TensorFlow's HostMemory)
 _HOST_INPUTS_FROM = {"Fill": 0, "ReshapeTo": 1, "ExpandDynamic": 1, "ReduceDynamic": 1, "SqueezeDynamic": 1,
                      "SliceDynamic": 2, "SliceDynamicGrad": 2, "SplitSizes": 1}
+# the scalar hyperparameters of the optimizer updates: the kernels read them as Python floats
+_HOST_INPUTS = {"ApplyGradientDescent": {1}, "ApplyMomentum": {2}, "ApplyAdagrad": {2},
+                "ApplyAdam": {3, 4, 5, 6, 7}, "SparseApplyGradientDescent": {1}, "SparseApplyMomentum": {2},
+                "SparseApplyAdagrad": {2}, "SparseApplyAdam": {3, 4, 5, 6, 7}}
 # inputs of which the kernel reads only the shape: no copy, whatever device they are on
 _SHAPE_ONLY: Dict[str, Tuple[int, ...]] = {"Shape": (0,)}
 
@@ -37,7 +41,7 @@ def input_device(node: Node, i: int, device: str) -> Optional[str]:
     if node.op == "DeviceCopy":
         return node.attrs["src"]
     first = _HOST_INPUTS_FROM.get(node.op)
-    if first is not None and i >= first:
+    if (first is not None and i >= first) or i in _HOST_INPUTS.get(node.op, ()):
         return HOST
     return device
 

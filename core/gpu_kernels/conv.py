@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from . import raw
+
 
 class Geometry:
     __slots__ = ("n", "c", "h", "w", "o", "kh", "kw", "sh", "sw", "dh", "dw", "pads", "oh", "ow", "groups")
@@ -52,12 +54,21 @@ def _padded(xp, x, g: Geometry):
     return out
 
 
+def _raw_geom(g: Geometry, c=None):
+    return raw.geom_args(g.n, g.c if c is None else c, g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw,
+                         g.pads[0][0], g.pads[1][0])
+
+
 def _cols(xp, x, g: Geometry):
     """im2col as [C*kh*kw, N*OH*OW]: one GEMM against [O, C*kh*kw] weights gives every image."""
-    xpad = _padded(xp, x, g)
     if g.plain_1x1:
         return xp.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(g.c, -1)
     n, c = x.shape[0], x.shape[1]
+    if raw.usable(xp, x):
+        cols = xp.empty((c * g.kh * g.kw, n * g.oh * g.ow), dtype=x.dtype)
+        raw.launch(xp, "isthmus_im2col", cols.size, (xp.ascontiguousarray(x), cols) + _raw_geom(g, c))
+        return cols
+    xpad = _padded(xp, x, g)
     s0, s1, s2, s3 = xpad.strides
     win = xp.lib.stride_tricks.as_strided(
         xpad, (c, g.kh, g.kw, n, g.oh, g.ow), (s1, g.dh * s2, g.dw * s3, s0, g.sh * s2, g.sw * s3))
@@ -96,6 +107,10 @@ def conv_forward(xp, x, w, g: Geometry):
 
 
 def depthwise_forward(xp, x, w, g: Geometry):
+    if raw.usable(xp, x, w):
+        y = xp.empty((g.n, g.c, g.oh, g.ow), dtype=x.dtype)
+        raw.launch(xp, "isthmus_dw_forward", y.size, (xp.ascontiguousarray(x), xp.ascontiguousarray(w), y) + _raw_geom(g))
+        return y
     xpad = _padded(xp, x, g)
     y = xp.zeros((g.n, g.c, g.oh, g.ow), dtype=x.dtype)
     tmp = xp.empty_like(y)
@@ -123,8 +138,19 @@ def _grouped(xp, g: Geometry, fn, x, w, axis_out: int):
 def conv_input_grad(xp, dy, w, g: Geometry, dtype):
     """dL/dx: the columns' gradient W^T dy, folded back onto the padded input tap by tap."""
     (t, b), (l, r) = g.pads
+    depthwise = g.groups == g.c == g.o and w.shape[1] == 1 and g.groups > 1
+    if raw.usable(xp, dy, w) and (depthwise or (g.groups == 1 and not g.plain_1x1)):
+        dx = xp.empty((g.n, g.c, g.h, g.w), dtype=dtype)
+        if depthwise:
+            raw.launch(xp, "isthmus_dw_input_grad", dx.size,
+                       (xp.ascontiguousarray(dy), xp.ascontiguousarray(w), dx) + _raw_geom(g))
+        else:
+            dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
+            dcols = xp.matmul(w.reshape(g.o, -1).T, dy2)
+            raw.launch(xp, "isthmus_col2im", dx.size, (dcols, dx) + _raw_geom(g))
+        return dx
     dxpad = xp.zeros((g.n, g.c, g.h + t + b, g.w + l + r), dtype=dtype)
-    if g.groups == g.c == g.o and w.shape[1] == 1 and g.groups > 1:
+    if depthwise:
         for i in range(g.kh):
             for j in range(g.kw):
                 rs, cs = g.tap(i, j)
@@ -147,6 +173,11 @@ def conv_input_grad(xp, dy, w, g: Geometry, dtype):
 
 def conv_filter_grad(xp, x, dy, g: Geometry):
     """dL/dw: dy [O, N*OH*OW] times the im2col columns' transpose, one GEMM."""
+    if g.groups == g.c == g.o and g.groups > 1 and raw.usable(xp, x, dy):
+        dw = xp.empty((g.c, 1, g.kh, g.kw), dtype=x.dtype)
+        raw.kernel(xp, "isthmus_dw_filter_grad")((g.c * g.kh * g.kw,), (256,),
+                                                 (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw) + _raw_geom(g))
+        return dw
     if g.groups == g.c == g.o and g.groups > 1:
         xpad = _padded(xp, x, g)
         dw = xp.empty((g.c, 1, g.kh, g.kw), dtype=x.dtype)
@@ -181,6 +212,9 @@ def _conv(node, ctx):
 
     def run(x, w, bias=None):
         y = conv_forward(xp, x, w, geom(x.shape, w.shape))
+        if bias is not None and hasattr(xp, "ElementwiseKernel") and y.dtype == bias.dtype:
+            from .elementwise import bias_act
+            return bias_act(xp, y, bias.reshape(1, -1, 1, 1), activation)  # one launch
         if bias is not None:
             xp.add(y, bias.reshape(1, -1, 1, 1), out=y)
         return _activate(xp, y, activation)

@@ -103,14 +103,14 @@ extern "C" __global__ void NAME(const float* __restrict__ logits, const LAB* __r
   if (i >= n) return;
   const float* row = logits + (long long)i * c;
   float* g = grad + (long long)i * c;
-  float m = -INFINITY;
+  float m = __int_as_float(0xff800000);  // -inf
   for (int j = 0; j < c; ++j) m = fmaxf(m, row[j]);
   float s = 0.f;
   for (int j = 0; j < c; ++j) { const float e = expf(row[j] - m); g[j] = e; s += e; }
   const float inv = 1.f / s;
   for (int j = 0; j < c; ++j) g[j] *= inv;
   const long long lab = (long long)labels[i];
-  if (lab < 0 || lab >= c) { loss[i] = NAN; return; }  // no host check inside a step (TF's GPU rule)
+  if (lab < 0 || lab >= c) { loss[i] = __int_as_float(0x7fc00000); return; }  // no host check inside a step (TF's GPU rule)
   loss[i] = logf(s) + m - row[lab];
   g[lab] -= 1.f;
 }

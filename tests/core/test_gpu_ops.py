@@ -75,3 +75,45 @@ def test_pool_batchnorm_and_softmax_gradients(backend):
     cpu, dev = _run_both(build, [xv], backend)
     for a, b in zip(dev, cpu):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ksize,stride,padding", [(3, 2, "SAME"), (2, 2, "VALID"), (3, 1, "VALID")])
+def test_max_pool_overlapping_windows_and_relu(backend, ksize, stride, padding):
+    rng = np.random.default_rng(2)
+    xv = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+
+    def build():
+        x = ism.placeholder("float32", (2, 3, 9, 9))
+        h = ism.max_pool(ism.relu(x), ksize, stride, padding)  # relu: ties at zero, and the through-relu rule
+        loss = ism.reduce_sum(h * h * 0.5 + h)
+        return [x], [h] + ism.gradients(loss, [x])
+    cpu, dev = _run_both(build, [xv], backend)
+    for a, b in zip(dev, cpu):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_optimizer_steps_match_cpu(backend, opt):
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((6, 4)).astype(np.float32)
+    xv = rng.standard_normal((8, 6)).astype(np.float32)
+    yv = rng.integers(0, 4, 8).astype(np.int64)
+    out = []
+    for dev in ("cpu", "gpu"):
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            x = ism.placeholder("float32", (8, 6))
+            y = ism.placeholder("int64", (8,))
+            w = ism.Variable(w0, name="w")
+            loss = ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, ism.relu6(x @ w) - 1.0))
+            o = ism.optimizers.SGD(0.3) if opt == "sgd" else ism.optimizers.Adam(0.05)
+            train = o.minimize(loss)
+            init = ism.global_variables_initializer()
+        s = ism.Session(g, device=dev, gpu=backend)
+        s.run(init)
+        losses = [float(s.run([loss, train], {x: xv, y: yv})[0]) for _ in range(3)]
+        out.append((losses, s.variable_value(w)))
+    np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5)
+    np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-5, atol=1e-6)

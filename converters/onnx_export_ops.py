@@ -1,4 +1,4 @@
-"""ONNX export of the ops added for issue 20 (activations, pointwise math, indexing, ordering) and of
+"""ONNX export of the ops added for issue 20 (activations, pointwise math, indexing, ordering) and of AddN,
 Tile and Mod; registered into onnx_export's handler table at opset 17."""
 from __future__ import annotations
 
@@ -126,3 +126,8 @@ def _reduce_prod(c, n, ins, outs):
 @handler("Size")
 def _size(c, n, ins, outs):
     c.node("Size", ins, outs)
+
+
+@handler("AddN")
+def _add_n(c, n, ins, outs):
+    c.node("Sum", ins, outs)

@@ -20,6 +20,7 @@ from .ops.activation import *  # noqa: F401,F403
 from .ops.pointwise import *  # noqa: F401,F403
 from .ops.indexing import *  # noqa: F401,F403
 from .ops.ordering import *  # noqa: F401,F403
+from .ops.normalization import *  # noqa: F401,F403
 from .ops.control import cond, while_loop
 from .variables import (Variable, global_variables, global_variables_initializer, trainable_variables,
                         variables_initializer)

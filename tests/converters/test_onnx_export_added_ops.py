@@ -54,6 +54,10 @@ CASES = [
     ("top_k", lambda x: ism.top_k(x, 2, 1, largest=False), [X]),
     ("reduce_prod", lambda x: ism.reduce_prod(x, (0, 2), True), [X]),
     ("size", ism.size, [X]),
+    ("instance_norm", lambda x: ism.instance_norm(x, np.full(3, 1.5, np.float32), np.ones(3, np.float32)), [X]),
+    ("group_norm", lambda x: ism.group_norm(x, np.arange(3, dtype=np.float32), np.ones(3, np.float32), 3), [X]),
+    ("rms_norm", lambda x: ism.rms_norm(x, np.full(4, 0.5, np.float32)), [X]),
+    ("lrn", lambda x: ism.lrn(x, 3, 0.2), [X]),
 ]
 
 

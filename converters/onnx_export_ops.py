@@ -131,3 +131,20 @@ def _size(c, n, ins, outs):
 @handler("AddN")
 def _add_n(c, n, ins, outs):
     c.node("Sum", ins, outs)
+
+
+@handler("ConvTranspose2D")
+def _conv_transpose(c, n, ins, outs):
+    (t, b), (lf, r) = n.attrs["pads"]
+    c.node("ConvTranspose", ins, outs, strides=list(n.attrs["strides"]), dilations=list(n.attrs["dilations"]),
+           pads=[t, lf, b, r], group=int(n.attrs["groups"]), output_padding=list(n.attrs["output_padding"]))
+
+
+@handler("QuantizeLinear", "DequantizeLinear")
+def _qdq(c, n, ins, outs):
+    if n.attrs["block_size"]:
+        raise ExportError(f"node '{n.name}' ({n.op}): blocked scales need opset 21 (exporting at {OPSET})")
+    if n.inputs[2].dtype == np.int16:
+        raise ExportError(f"node '{n.name}' ({n.op}): int16 values need opset 21 (exporting at {OPSET})")
+    attrs = {"axis": int(n.attrs["axis"])} if n.inputs[1].shape not in ((), (1,)) else {}
+    c.node(n.op, ins, outs, **attrs)

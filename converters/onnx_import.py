@@ -671,4 +671,4 @@ def _clean(name) -> str:
 
 
 from . import onnx_resize, onnx_rnn  # noqa: E402,F401  (register Resize, LSTM, GRU, RNN: need the table above)
-from . import onnx_ops_elementwise, onnx_ops_indexing, onnx_ops_norm  # noqa: E402,F401  (issue 20: the added ops' handlers)
+from . import onnx_ops_elementwise, onnx_ops_indexing, onnx_ops_norm, onnx_ops_conv, onnx_ops_quant  # noqa: E402,F401,I001  (issue 20: the added ops' handlers)

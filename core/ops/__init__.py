@@ -3,4 +3,4 @@ from . import base, math, linalg, sparse, state, fused  # noqa: F401  (registrat
 from . import array, reduce, random, nn, conv, training, control  # noqa: F401
 from . import comm  # noqa: F401
 from . import image, arange, recurrent  # noqa: F401
-from . import activation, pointwise, indexing, ordering, normalization  # noqa: F401  (ONNX coverage, issue 20)
+from . import activation, pointwise, indexing, ordering, normalization, quantization, conv_transpose  # noqa: F401  (issue 20)

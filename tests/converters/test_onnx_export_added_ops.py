@@ -9,6 +9,7 @@ from isthmus.converters.onnx_export import ExportError, to_onnx
 
 rng = np.random.default_rng(7)
 X = rng.standard_normal((2, 3, 4)).astype(np.float32)
+X4 = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
 IDX = np.array([[0, 2, 1, 1], [2, 0, 1, 0], [1, 1, 0, 2]])
 
 
@@ -58,6 +59,14 @@ CASES = [
     ("group_norm", lambda x: ism.group_norm(x, np.arange(3, dtype=np.float32), np.ones(3, np.float32), 3), [X]),
     ("rms_norm", lambda x: ism.rms_norm(x, np.full(4, 0.5, np.float32)), [X]),
     ("lrn", lambda x: ism.lrn(x, 3, 0.2), [X]),
+    ("conv_transpose", lambda x: ism.conv_transpose2d(x, rng.standard_normal((3, 4, 3, 2)).astype(np.float32), 2,
+                                                      ((1, 0), (0, 1)), 1, 1, (1, 0)), [X4]),
+    ("conv_transpose_groups", lambda x: ism.conv_transpose2d(x[:, :2], rng.standard_normal((2, 3, 2, 2)).astype(np.float32),
+                                                             1, ((0, 0), (0, 0)), 2, 2), [X4]),
+    ("quantize_per_axis", lambda x: ism.quantize_linear(x, np.array([0.01, 0.02, 0.03], np.float32),
+                                                        np.array([0, 5, -5], np.int8), axis=1), [X]),
+    ("qdq_uint8", lambda x: ism.dequantize_linear(ism.quantize_linear(x, np.float32(0.02), np.uint8(128)),
+                                                  np.float32(0.02), np.uint8(128)), [X]),
 ]
 
 

@@ -193,12 +193,12 @@ def _seed_arrays():
 
 
 def _seeds_tensorproto():
-    from isthmus.cloud import tensor_codec
+    from isthmus.wire import tensor_codec
     return [tensor_codec.encode(a).SerializeToString() for a in _seed_arrays()]
 
 
 def _run_tensorproto(data: bytes) -> bool:
-    from isthmus.cloud import tensor_codec
+    from isthmus.wire import tensor_codec
     from isthmus.proto import tensor_pb2
     try:
         msg = tensor_pb2.TensorProto.FromString(data)
@@ -219,7 +219,7 @@ def _seeds_wire():
 
 def _run_wire(data: bytes) -> bool:
     from isthmus.cloud import wire
-    from isthmus.cloud.tensor_codec import TensorCodecError
+    from isthmus.wire.tensor_codec import TensorCodecError
     try:
         arr = wire.response_array(data, max_bytes=64 << 20)
     except TensorCodecError:
@@ -242,7 +242,7 @@ def _seeds_chunks():
 def _run_chunks(data: bytes) -> bool:
     import struct
     from isthmus.cloud import wire
-    from isthmus.cloud.tensor_codec import TensorCodecError
+    from isthmus.wire.tensor_codec import TensorCodecError
     chunks, pos = [], 0
     while pos + 4 <= len(data):
         (n,) = struct.unpack_from("<I", data, pos)

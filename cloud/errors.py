@@ -17,7 +17,7 @@ import grpc
 from ..core import errors as core_errors
 from ..core.errors import IsthmusError
 from ..core.rendezvous import RendezvousAborted, RendezvousError, RendezvousTimeout
-from .tensor_codec import TensorCodecError
+from ..wire.tensor_codec import TensorCodecError
 
 _META_KEY = "isthmus-error-bin"
 

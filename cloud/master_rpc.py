@@ -7,8 +7,9 @@ import grpc
 
 from ..core.trace import RunMetadata
 from ..proto import master_pb2, master_pb2_grpc
-from ..proto.security import ClientSecurity, make_channel
-from . import graph_codec, tensor_codec, tracing
+from ..wire import tensor_codec
+from ..wire.security import ClientSecurity, make_channel
+from . import graph_codec, tracing
 from .errors import WorkerError, abort_with, from_rpc_error
 from .master import Master
 from .rpc import channel_options
@@ -82,7 +83,7 @@ class MasterClient:
 
     def __init__(self, address: str, timeout: float = DEFAULT_RPC_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, security: Optional[ClientSecurity] = None):
-        """`security`: TLS / bearer token (proto/security.py); None: from the environment
+        """`security`: TLS / bearer token (wire/security.py); None: from the environment
         ($ISTHMUS_TLS_CA, $ISTHMUS_TOKEN_FILE, ...), plaintext when it sets nothing."""
         self.address = address.split("://", 1)[1] if "://" in address else address
         self.timeout = timeout

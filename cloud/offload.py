@@ -40,7 +40,7 @@ origin is the request's arrival: spans decode, queue (checks + the wait for its 
 (named with its rows and requests, on the batcher's thread, with the part's node events inside),
 handoff (back to the request's thread) and encode, all on the service's `trace_device` track.
 A Python client merges it with RunMetadata.merge; the edge client (edge/offload_client.py,
-`OffloadClient(trace=True)`) decodes it strictly itself (decode_service_trace) and, when clock
+`OffloadClient(trace=True)`) decodes it strictly (edge/offload_trace.decode_service_trace) and, when clock
 skew puts the service's first..last span outside its own call, re-centres it inside the call.
 
 Memory: a batch's buffers are sized by its rows. With glibc's dynamic mmap threshold they come
@@ -62,7 +62,7 @@ The parts run on this machine's CPU through numpy: the core executor has no GPU 
 
 `OffloadService` is the in-process object (tested without a network); `offload_handler` is the
 thin gRPC adapter; `OffloadServer` starts both on a port (TLS and a bearer token through
-proto/security.py's ServerSecurity).
+wire/security.py's ServerSecurity).
 """
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ import grpc
 from ..core.errors import IsthmusError
 from ..core.trace import NodeEvent, RunMetadata
 from ..proto import offload_pb2, tensor_pb2
-from . import tensor_codec, tracing, wire
+from ..wire import tensor_codec
+from . import tracing, wire
 from .offload_batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_QUEUE,  # noqa: F401
                                DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, Cancelled, DeadlineExceeded,  # noqa: F401
                                InferResult, InvalidRequest, OffloadError, OffloadService, Overloaded,
@@ -179,7 +180,7 @@ def response_bytes(request_id: str, res: InferResult, outputs) -> bytes:
     message, into the serialized answer). Tests compare the bytes with protobuf's own."""
     parts = []
     for name, v in outputs:
-        v = tensor_codec._as_array(v)
+        v = tensor_codec.as_array(v)
         n = v.nbytes
         head = tensor_pb2.TensorProto(dtype=tensor_codec.dtype_to_enum(v.dtype), shape=v.shape).SerializeToString()
         content = (b"\x1a" + _varint(n)) if n else b""
@@ -245,7 +246,7 @@ def offload_handler(service: OffloadService) -> grpc.GenericRpcHandler:
 
 
 class OffloadServer:
-    """An OffloadService on a gRPC port (0: a free one); `security`: proto/security.ServerSecurity."""
+    """An OffloadService on a gRPC port (0: a free one); `security`: wire/security.ServerSecurity."""
 
     def __init__(self, model: Union[CloudModel, str, os.PathLike], host: str = "127.0.0.1", port: int = 0,
                  security=None, max_workers: Optional[int] = None, **limits):
@@ -277,10 +278,10 @@ class OffloadServer:
         (gRPC both ways, decode, hand-offs, encode: what a cost model adds per cloud round trip on an idle
         server), "server_ms": the service's own share (Stats' overhead), "part", "rows", "requests"}. Best
         run while the server is idle; the client here shares this process (its gRPC costs count, as an
-        edge client's would). A TLS or token server needs `client_security` (proto/security.ClientSecurity).
+        edge client's would). A TLS or token server needs `client_security` (wire/security.ClientSecurity).
         The result is kept as `service.measured_overhead`; Describe answers its overhead_ms."""
         import numpy as np
-        from ..proto.security import make_channel
+        from ..wire.security import make_channel
         if self.security is not None and client_security is None:
             raise ValueError("measure_overhead: this server requires TLS or a token; pass client_security")
         if requests < 1 or rows < 1:
@@ -384,7 +385,7 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 
 
 def run(args) -> int:
-    from ..proto.security import SecurityError
+    from ..wire.security import SecurityError
     from .server import security_from_args
     if args.malloc_mmap_threshold_kb:
         pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)

@@ -20,9 +20,10 @@ import grpc
 import numpy as np
 
 from ..proto import worker_pb2
-from ..proto.security import ClientSecurity, make_channel
+from ..wire.security import ClientSecurity, make_channel
 from ..core.trace import RunMetadata
-from . import graph_codec, shm, tensor_codec, tracing, wire
+from ..wire import tensor_codec
+from . import graph_codec, shm, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
 from .rendezvous import show
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
@@ -147,7 +148,7 @@ def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: i
           max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None):
     """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
     cloud/server.py serves a whole task (worker, master, health). `security`: a
-    proto.security.ServerSecurity (TLS, bearer token)."""
+    wire.security.ServerSecurity (TLS, bearer token)."""
     from .server import start_grpc_server
     return start_grpc_server([worker_handler(worker), *extra_handlers], host, port, max_workers,
                              max_message_bytes, security=security)

@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import grpc
 
-from ..proto.security import ClientSecurity, SecurityError, ServerSecurity
+from ..wire.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
@@ -42,7 +42,7 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
                       health: bool = True, security: Optional[ServerSecurity] = None,
                       health_services: Sequence[str] = HEALTH_SERVICES) -> Tuple[grpc.Server, int]:
     """A started server with `handlers` (and the health service): (server, bound port).
-    `security`: TLS and/or a bearer token on every call (proto/security.py); None: plaintext.
+    `security`: TLS and/or a bearer token on every call (wire/security.py); None: plaintext.
     `health_services`: the service names the health check answers SERVING for ("" = the server)."""
     from .rpc import channel_options
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),

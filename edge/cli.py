@@ -73,7 +73,7 @@ def run(args) -> int:
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise
-        from .offload_client import load_split  # a split model without --cloud: its full model, locally
+        from .split_model import load_split  # a split model without --cloud: its full model, locally
         split = load_split(args.model)
         if split.full is None:
             raise SystemExit(f"{args.model} is a split model without a full copy: run it with --cloud HOST:PORT")
@@ -104,9 +104,10 @@ def _print_outputs(names, outs) -> None:
 
 
 def _run_split(args) -> int:
-    from isthmus.proto.security import ClientSecurity, SecurityError
+    from isthmus.wire.security import ClientSecurity, SecurityError
     from .format import EdgeModelError
-    from .offload_client import CloudError, EmulatedLink, OffloadClient
+    from .link_emulation import EmulatedLink
+    from .offload_client import CloudError, OffloadClient
     try:
         if args.tls_ca or args.tls_cert or args.token_file:
             security = ClientSecurity.from_files(args.tls_ca, args.tls_cert, args.tls_key, token_file=args.token_file)
@@ -120,7 +121,7 @@ def _run_split(args) -> int:
         link = EmulatedLink(bw, _parse_rate(args.rtt, {"s": 1.0, "ms": 1e-3, "us": 1e-6}, "rtt"))
     try:
         client = OffloadClient(args.model, args.cloud, security=security, deadline_ms=args.deadline_ms, link=link,
-                               initial_bps=link.bandwidth_bps if link else None)
+                               initial_bandwidth_bps=link.bandwidth_bps if link else None)
     except EdgeModelError as e:
         raise SystemExit(f"isthmus edge-run: {e}") from None
     with client:

@@ -131,7 +131,8 @@ def calibrate_devices(args, frozen, logits, train_data):
     partitioner/measured.py). The edge profile (the cloud's scaled by the slowdown times how much
     more CPU the int8 interpreter takes on this whole model) prices anything they do not cover."""
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import emulated_kernel_seconds, load_split
+    from isthmus.edge.link_emulation import emulated_kernel_seconds
+    from isthmus.edge.split_model import load_split
     from isthmus.partitioner import CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
@@ -162,16 +163,18 @@ def calibrate_devices(args, frozen, logits, train_data):
 def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
     """The service's fixed cost per call (RPC stack, encoding, its queue): the time in the remote call
     less the service's compute, with the link emulated at no delay. 0 when no cut has a cloud part."""
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.split_model import load_split
     cuts = load_split(model_path).cuts
-    k = next((k for k, c in enumerate(cuts) if c.cloud_part and c.min_bps <= cut_bps < c.max_bps), None)
+    k = next((k for k, c in enumerate(cuts) if c.cloud_part and c.min_bandwidth_bps <= cut_bps < c.max_bandwidth_bps), None)
     k = k if k is not None else next((k for k, c in enumerate(cuts) if c.cloud_part), None)
     if k is None:
         return 0.0
-    mid = (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2
+    mid = (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2
     vals = []
     with OffloadClient(model_path, address, link=EmulatedLink(1e15, 0.0), deadline_ms=5000, adapt=False,
-                       initial_bps=mid, ping_every=10 ** 6) as client:
+                       initial_bandwidth_bps=mid, ping_every=10 ** 6) as client:
         for i in range(n + 2):
             client.invoke(x[i % len(x):i % len(x) + 1])
             if i >= 2:
@@ -251,13 +254,15 @@ class offload_service:
 
 
 def run_client(args, model_path, address, test_data, link, chosen):
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.split_model import load_split
     cuts = load_split(model_path).cuts
-    emu = EmulatedLink(link.up_bps, link.rtt_s)
-    bps = link.up_bps
+    emu = EmulatedLink(link.up_bandwidth_bps, link.rtt_s)
+    bps = link.up_bandwidth_bps
     x, y = test_data
     results = {}
-    with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bps=bps,
+    with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bandwidth_bps=bps,
                        edge_slowdown=args.edge_slowdown) as client:
         cut = cuts[client.cut]
         correct = 0
@@ -279,8 +284,8 @@ def run_client(args, model_path, address, test_data, link, chosen):
         if k is None:
             results[name] = None
             continue
-        mid = (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2
-        with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bps=mid,
+        mid = (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2
+        with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bandwidth_bps=mid,
                            edge_slowdown=args.edge_slowdown) as client:
             rows = []
             for i in range(args.samples + 5):
@@ -383,7 +388,7 @@ def main(argv=None) -> int:
         if cloud_path:  # the service's fixed cost per call joins the link's in every prediction below
             from isthmus.partitioner import plan_split
             with one_blas_thread():
-                call_s = call_cost(model_path, address, link.up_bps, test_data[0])
+                call_s = call_cost(model_path, address, link.up_bandwidth_bps, test_data[0])
             plan_link = link.with_call_cost(call_s)
             at_link = plan_split(frozen, cost.with_link(plan_link), outputs=[logits])
             print(f"      a call to the service costs {call_s * 1e3:.2f} ms beyond the link (RPC, encoding, queue); "

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..core.graph import Graph
 from .costmodel import CostModel
-from .devices import CLOUD, EDGE, DeviceProfile, LinkModel, parse_duration
+from ..wire.link import LinkModel, parse_duration
+from .devices import CLOUD, EDGE, DeviceProfile
 from .plan import ALGORITHMS, AdaptivePlanner, plan_split
 from .problem import Constraints
 

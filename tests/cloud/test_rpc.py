@@ -7,7 +7,8 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
-from isthmus.cloud import graph_codec, rpc, tensor_codec  # noqa: E402
+from isthmus.cloud import graph_codec, rpc  # noqa: E402
+from isthmus.wire import tensor_codec  # noqa: E402
 from isthmus.cloud.errors import HandleNotFound, TaskUnavailable  # noqa: E402
 from isthmus.cloud.worker import Worker, WorkerError  # noqa: E402
 from isthmus.core.errors import ExecutionError  # noqa: E402

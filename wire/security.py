@@ -22,8 +22,9 @@ time. A call without it, or with another, ends UNAUTHENTICATED before any handle
 the standard health check (grpc.health.v1.Health) is exempt so probes work without
 secrets. A plaintext client talking to a TLS port fails the handshake: UNAVAILABLE.
 
-This module lives in proto/ because both cloud/ (servers, task-to-task clients) and edge/
-(the offload client) open channels, and proto/ is the one package both may import.
+This module lives in wire/, the leaf package that cloud/ (servers, task-to-task clients) and edge/
+(the offload client) both import: both open channels. grpc is imported lazily, when a channel or
+server credentials are made.
 """
 from __future__ import annotations
 

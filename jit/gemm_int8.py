@@ -43,6 +43,50 @@ def supported() -> bool:
         return False
 
 
+def _accumulate(context, builder, signature, args):
+    """IR of the tile's K loop: the eight <8 x i32> accumulators of rows o..o+3, columns p0..p0+15."""
+    wa, xa = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args[:2], args[:2]))
+    o_, p0_, kp_ = args[3:6]
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8, v16 = ir.VectorType(i32, 8), ir.VectorType(ir.IntType(16), 16)
+    wptr, xptr = (builder.bitcast(a.data, i32.as_pointer()) for a in (wa, xa))
+    ldw, ldx = (cgutils.unpack_tuple(builder, a.shape)[1] for a in (wa, xa))
+    madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    entry = builder.basic_block
+    loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
+    zero = ir.Constant(v8, None)
+    wrows = [builder.mul(builder.add(o_, ir.Constant(i64, r)), ldw) for r in range(MR)]
+    builder.cbranch(builder.icmp_signed(">", kp_, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    k = builder.phi(i64)
+    k.add_incoming(ir.Constant(i64, 0), entry)
+    accs = [builder.phi(v8) for _ in range(2 * MR)]
+    for a in accs:
+        a.add_incoming(zero, entry)
+    xoff = builder.add(builder.mul(k, ldx), p0_)
+    xs = [builder.bitcast(builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xoff, ir.Constant(i64, 8 * j))]),
+                                                       v8.as_pointer()), align=4), v16) for j in range(2)]
+    new = []
+    for r in range(MR):
+        wv = builder.load(builder.gep(wptr, [builder.add(wrows[r], k)]), align=4)
+        b = builder.insert_element(ir.Constant(v8, ir.Undefined), wv, ir.Constant(i32, 0))
+        b16 = builder.bitcast(builder.shuffle_vector(b, ir.Constant(v8, ir.Undefined), ir.Constant(v8, None)), v16)
+        new += [builder.add(accs[2 * r + j], builder.call(madd, [b16, xs[j]])) for j in range(2)]
+    k2 = builder.add(k, ir.Constant(i64, 1))
+    for a, v in zip(accs, new):
+        a.add_incoming(v, loop)
+    k.add_incoming(k2, loop)
+    builder.cbranch(builder.icmp_signed("<", k2, kp_), loop, done)
+    builder.position_at_end(done)
+    results = []
+    for v in new:  # every phi first
+        res = builder.phi(v8)
+        res.add_incoming(zero, entry)
+        res.add_incoming(v, loop)
+        results.append(res)
+    return results
+
+
 @intrinsic
 def _tile(typingctx, w, x, acc, o, p0, kp):
     """acc[o + r, 0:16] = sum over k < kp of pmaddwd(w[o + r, k], x[k, p0:p0 + 16]) for r < 4, where
@@ -50,51 +94,52 @@ def _tile(typingctx, w, x, acc, o, p0, kp):
     sig = types.void(w, x, acc, o, p0, kp)
 
     def codegen(context, builder, signature, args):
-        wa, xa, aa = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args[:3], args[:3]))
-        o_, p0_, kp_ = args[3:6]
+        results = _accumulate(context, builder, signature, args)
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        v8, v16 = ir.VectorType(i32, 8), ir.VectorType(ir.IntType(16), 16)
-        wptr, xptr, aptr = (builder.bitcast(a.data, i32.as_pointer()) for a in (wa, xa, aa))
-        ldw, ldx, lda = (cgutils.unpack_tuple(builder, a.shape)[1] for a in (wa, xa, aa))
-        madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
-        entry = builder.basic_block
-        loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
-        zero = ir.Constant(v8, None)
-        wrows = [builder.mul(builder.add(o_, ir.Constant(i64, r)), ldw) for r in range(MR)]
-        builder.cbranch(builder.icmp_signed(">", kp_, ir.Constant(i64, 0)), loop, done)
-        builder.position_at_end(loop)
-        k = builder.phi(i64)
-        k.add_incoming(ir.Constant(i64, 0), entry)
-        accs = [[builder.phi(v8) for _ in range(2)] for _ in range(MR)]
-        for a in (a for row in accs for a in row):
-            a.add_incoming(zero, entry)
-        xoff = builder.add(builder.mul(k, ldx), p0_)
-        xs = [builder.bitcast(builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xoff, ir.Constant(i64, 8 * j))]),
-                                                           v8.as_pointer()), align=4), v16) for j in range(2)]
-        new = []
-        for r in range(MR):
-            wv = builder.load(builder.gep(wptr, [builder.add(wrows[r], k)]), align=4)
-            b = builder.insert_element(ir.Constant(v8, ir.Undefined), wv, ir.Constant(i32, 0))
-            b16 = builder.bitcast(builder.shuffle_vector(b, ir.Constant(v8, ir.Undefined), ir.Constant(v8, None)), v16)
-            new.append([builder.add(accs[r][j], builder.call(madd, [b16, xs[j]])) for j in range(2)])
-        k2 = builder.add(k, ir.Constant(i64, 1))
+        aa = context.make_array(signature.args[2])(context, builder, args[2])
+        aptr, lda = builder.bitcast(aa.data, i32.as_pointer()), cgutils.unpack_tuple(builder, aa.shape)[1]
         for r in range(MR):
             for j in range(2):
-                accs[r][j].add_incoming(new[r][j], loop)
-        k.add_incoming(k2, loop)
-        builder.cbranch(builder.icmp_signed("<", k2, kp_), loop, done)
-        builder.position_at_end(done)
-        results = []
-        for r in range(MR):  # every phi first, then the stores
-            for j in range(2):
-                res = builder.phi(v8)
-                res.add_incoming(zero, entry)
-                res.add_incoming(new[r][j], loop)
-                results.append(res)
+                off = builder.add(builder.mul(builder.add(args[3], ir.Constant(i64, r)), lda), ir.Constant(i64, 8 * j))
+                builder.store(results[2 * r + j], builder.bitcast(builder.gep(aptr, [off]),
+                                                                  ir.VectorType(i32, 8).as_pointer()), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
+    """The tile of _tile, requantized in registers: out[(o + r) so + p0 + i] (int8, flat) =
+    int8(int32(min(max(double(acc) mf[o + r] + cf[o + r], flo), fhi)) - 128) for r < 4, i < 16; the
+    float64 requantization of gemm_requantize_float, element for element (mul then add, no fma)."""
+    sig = types.void(w, x, out, o, p0, kp, mf, cf, flo, fhi, so)
+
+    def codegen(context, builder, signature, args):
+        results = _accumulate(context, builder, signature, args)
+        i8, i32, i64, f64 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        d8 = ir.VectorType(f64, 8)
+        oa, ma, ca = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (2, 6, 7))
+        optr = builder.bitcast(oa.data, i8.as_pointer())
+        mptr, cptr = (builder.bitcast(a.data, f64.as_pointer()) for a in (ma, ca))
+        lo, hi = (builder.shuffle_vector(builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0)),
+                                         ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
+                  for v in (args[8], args[9]))
+        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum.v8f64")
+        vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum.v8f64")
+        bias = ir.Constant(ir.VectorType(i32, 8), [128] * 8)
+
+        def splat(v):
+            e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
+            return builder.shuffle_vector(e, ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
         for r in range(MR):
+            row = builder.add(args[3], ir.Constant(i64, r))
+            m, c = splat(builder.load(builder.gep(mptr, [row]))), splat(builder.load(builder.gep(cptr, [row])))
             for j in range(2):
-                off = builder.add(builder.mul(builder.add(o_, ir.Constant(i64, r)), lda), ir.Constant(i64, 8 * j))
-                builder.store(results[2 * r + j], builder.bitcast(builder.gep(aptr, [off]), v8.as_pointer()), align=4)
+                t = builder.fadd(builder.fmul(builder.sitofp(results[2 * r + j], d8), m), c)
+                t = builder.call(vmin, [builder.call(vmax, [t, lo]), hi])
+                q = builder.trunc(builder.sub(builder.fptosi(t, ir.VectorType(i32, 8)), bias), ir.VectorType(i8, 8))
+                off = builder.add(builder.add(builder.mul(row, args[10]), args[4]), ir.Constant(i64, 8 * j))
+                builder.store(q, builder.bitcast(builder.gep(optr, [off]), ir.VectorType(i8, 8).as_pointer()), align=1)
         return context.get_dummy_value()
     return sig, codegen
 
@@ -167,11 +212,16 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, out, o_, p_, so, sp):
     row and block cost more than the GEMM at K = 16.)"""
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     a = acc.reshape(-1)
+    full_o = o_ // MR * MR if sp == 1 else 0  # rows whose 4-row tiles requantize in registers
     for p0 in range(0, ppad, NR):
-        for o in range(0, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
         n = min(NR, p_ - p0)
-        for o in range(o_):
+        if n == NR:
+            for o in range(0, full_o, MR):
+                _tile_requantize(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
+        first = full_o if n == NR else 0
+        for o in range(first - first % MR, opad, MR):
+            _tile(w32, x32, acc, o, p0, kp)
+        for o in range(first, o_):
             m, c, base, ob = mf[o], cf[o], o * NR, o * so + p0 * sp
             for i in range(n):
                 t = np.float64(a[base + i]) * m + c

@@ -217,7 +217,7 @@ def _infer_reduce_dynamic(node):
 
 
 def _kernel_reduce_dynamic(node, ctx):
-    f = getattr(ctx.xp, {"sum": "sum", "mean": "mean", "max": "max", "min": "min"}[node.attrs["kind"]])
+    f = getattr(ctx.xp, {"sum": "sum", "mean": "mean", "max": "max", "min": "min", "prod": "prod"}[node.attrs["kind"]])
     keep, noop = node.attrs["keepdims"], node.attrs["noop_with_empty_axes"]
     kind = node.attrs["kind"]
 
@@ -246,13 +246,13 @@ def _identity(dtype, kind):
 register(OpDef("ReduceDynamic", inputs=("x", "axes"),
                attrs={"kind": "sum", "keepdims": True, "noop_with_empty_axes": False},
                infer=_infer_reduce_dynamic, kernel=_kernel_reduce_dynamic, cost=_reduce_cost,
-               doc="sum/mean/max/min over axes given at run time (no gradient: use reduce_* with static axes)."))
+               doc="sum/mean/max/min/prod over axes given at run time (no gradient: use reduce_* with static axes)."))
 
 
 def reduce_dynamic(x, axes, kind: str = "sum", keepdims: bool = True, noop_with_empty_axes: bool = False,
                    name=None) -> Tensor:
-    if kind not in ("sum", "mean", "max", "min"):
-        raise ValueError(f"reduce kind must be sum, mean, max or min, got {kind!r}")
+    if kind not in ("sum", "mean", "max", "min", "prod"):
+        raise ValueError(f"reduce kind must be sum, mean, max, min or prod, got {kind!r}")
     return make("ReduceDynamic", (convert(x), convert(axes)),
                 {"kind": kind, "keepdims": bool(keepdims), "noop_with_empty_axes": bool(noop_with_empty_axes)},
                 name=name).outputs[0]

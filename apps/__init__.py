@@ -1,0 +1,1 @@
+"""What ties the wings together: the command-line tools, the demo, `deploy_split`. Nothing imports it."""

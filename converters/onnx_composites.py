@@ -76,7 +76,9 @@ def _lp_normalization(c, node, ins):
 def _swish(c, node, ins):
     x = ins[0]
     alpha = float(_attrs(node).get("alpha", 1.0))
-    return [ism.mul(x, ism.sigmoid(x if alpha == 1.0 else ism.mul(x, np.array(alpha, x.dtype))))]
+    xf = ism.cast(x, np.float32) if x.dtype == np.float16 else x  # float16: one rounding, at the end
+    y = ism.mul(xf, ism.sigmoid(xf if alpha == 1.0 else ism.mul(xf, np.array(alpha, xf.dtype))))
+    return [y if y.dtype == x.dtype else ism.cast(y, x.dtype)]
 
 
 @handler("Compress", 9, attrs=("axis",))

@@ -1,5 +1,5 @@
-"""ONNX import of ops built from existing core ops: Xor, BitShift and the Bitwise ops, Hardmax,
-LpNormalization, Swish, Compress and LpPool."""
+"""ONNX import of ops built from existing core ops: BitShift and the Bitwise ops, LpNormalization,
+Swish, Compress and LpPool (Xor and Hardmax live in onnx_ops_elementwise)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +9,6 @@ from isthmus.core.ops.bitwise import bit_shift, bitwise_and, bitwise_not, bitwis
 
 from .onnx_import import _attrs, _s, handler, refuse_unless
 from .onnx_nn import _conv_pads
-
-
-@handler("Xor", 7, attrs=())
-def _xor(c, node, ins):
-    return [ism.not_equal(ins[0], ins[1])]
 
 
 @handler("BitShift", 11, attrs=("direction",))
@@ -26,38 +21,6 @@ def _bit_shift(c, node, ins):
 for _op, _fn in (("BitwiseAnd", bitwise_and), ("BitwiseOr", bitwise_or), ("BitwiseXor", bitwise_xor)):
     handler(_op, 18, attrs=())((lambda f: lambda c, node, ins: [f(ins[0], ins[1])])(_fn))
 handler("BitwiseNot", 18, attrs=())(lambda c, node, ins: [bitwise_not(ins[0])])
-
-
-def _hardmax_last(x, axis):
-    """One-hot of the first maximum along `axis` (known length), in x's dtype."""
-    n = x.shape[axis]
-    refuse_unless(n is not None, "Hardmax needs the length of its axis known at import")
-    y = ism.one_hot(ism.argmax(x, axis), n, x.dtype)  # the class axis comes last
-    rank = len(x.shape)
-    if axis != rank - 1:
-        perm = list(range(rank - 1))
-        perm.insert(axis, rank - 1)
-        y = ism.transpose(y, tuple(perm))
-    return y
-
-
-@handler("Hardmax", 1, attrs=("axis",))
-def _hardmax_2d(c, node, ins):
-    """Before opset 13: over the flattened dims from `axis` (default 1), shape kept."""
-    x = ins[0]
-    rank = len(x.shape)
-    axis = int(_attrs(node).get("axis", 1)) % max(rank, 1)
-    if axis == rank - 1:
-        return [_hardmax_last(x, axis)]
-    refuse_unless(all(d is not None for d in x.shape), "Hardmax before opset 13 needs known dims")
-    flat = ism.reshape(x, (int(np.prod(x.shape[:axis], dtype=np.int64)), -1))
-    return [ism.reshape(_hardmax_last(flat, 1), tuple(x.shape))]
-
-
-@handler("Hardmax", 13, attrs=("axis",))
-def _hardmax(c, node, ins):
-    x = ins[0]
-    return [_hardmax_last(x, int(_attrs(node).get("axis", -1)) % len(x.shape))]
 
 
 @handler("LpNormalization", 1, attrs=("axis", "p"))

@@ -1,11 +1,16 @@
-"""ONNX import of ops built from existing core ops: BitShift and the Bitwise ops, LpNormalization,
-Swish, Compress and LpPool (Xor and Hardmax live in onnx_ops_elementwise)."""
+"""ONNX import of ops built from core ops: BitShift and the Bitwise ops, LpNormalization, Swish, Compress,
+LpPool, CumProd, EyeLike, CenterCropPad, ReverseSequence, Unique, NonMaxSuppression (Xor and Hardmax
+live in onnx_ops_elementwise)."""
 from __future__ import annotations
 
 import numpy as np
 
 import isthmus.core as ism
 from isthmus.core.ops.bitwise import bit_shift, bitwise_and, bitwise_not, bitwise_or, bitwise_xor
+from isthmus.core.ops.arange import arange
+from isthmus.core.ops.array import slice_dynamic
+from isthmus.core.ops.pad_dynamic import pad_dynamic
+from isthmus.core.ops.selection import cumprod, non_max_suppression, unique
 
 from .onnx_import import _attrs, _s, handler, refuse_unless
 from .onnx_nn import _conv_pads
@@ -87,3 +92,76 @@ def _lp_pool(c, node, ins):
     y = total if p == 1 else ism.pow(total, np.array(1.0 / p, x.dtype))
     return [ism.squeeze(y, (2,)) if one_d else y]
 
+
+
+@handler("CumProd", 26, attrs=("exclusive", "reverse"))
+def _cumprod(c, node, ins):
+    axis = c.const_or_none(node, 1)
+    axis = int(np.asarray(axis).reshape(-1)[0]) if axis is not None else ins[1]
+    return [cumprod(ins[0], axis, bool(_attrs(node).get("exclusive", 0)), bool(_attrs(node).get("reverse", 0)))]
+
+
+@handler("EyeLike", 9, attrs=("dtype", "k"))
+def _eye_like(c, node, ins):
+    from onnx import helper
+    at = _attrs(node)
+    x = ins[0]
+    refuse_unless(len(x.shape) == 2 and all(d is not None for d in x.shape), "EyeLike needs a 2-D input of known shape")
+    dtype = helper.tensor_dtype_to_np_dtype(at["dtype"]) if "dtype" in at else x.dtype
+    return [ism.constant(np.eye(x.shape[0], x.shape[1], int(at.get("k", 0)), dtype=dtype), dtype=dtype)]
+
+
+@handler("CenterCropPad", 18, attrs=("axes",))
+def _center_crop_pad(c, node, ins):
+    """Crop from the centre (the extra element cut at the end) or zero-pad around it (the extra element
+    at the end) each given axis to its target length; the target may be computed at run time."""
+    x = ins[0]
+    rank = len(x.shape)
+    axes = [int(a) % rank for a in _attrs(node).get("axes", range(rank))]
+    refuse_unless(len(set(axes)) == len(axes), f"repeated axes {axes}")
+    shape = ism.shape(x, "int64")
+    d = ism.concat([shape[a:a + 1] for a in axes], 0)
+    t = ism.cast(ins[1], np.int64) if ins[1].dtype != np.int64 else ins[1]
+    zero = ism.zeros_like(d)
+    start = ism.floordiv(ism.maximum(ism.sub(d, t), zero), np.int64(2))
+    cropped = slice_dynamic(x, start, ism.add(start, ism.minimum(d, t)), ism.constant(np.array(axes, np.int64)))
+    grow = ism.maximum(ism.sub(t, d), zero)
+    before = ism.floordiv(grow, np.int64(2))
+    where = {a: k for k, a in enumerate(axes)}
+    z1 = ism.constant(np.zeros(1, np.int64))
+    pads = ism.concat([before[where[a]:where[a] + 1] if a in where else z1 for a in range(rank)] +
+                      [ism.sub(grow, before)[where[a]:where[a] + 1] if a in where else z1 for a in range(rank)], 0)
+    return [pad_dynamic(cropped, pads)]
+
+
+@handler("ReverseSequence", 10, attrs=("batch_axis", "time_axis"))
+def _reverse_sequence(c, node, ins):
+    """Each batch entry's first sequence_lens[b] steps reversed, the rest kept: a gather along the time
+    axis with index (len - 1 - t) where t < len, else t."""
+    at = _attrs(node)
+    x, lens = ins
+    b_ax, t_ax = int(at.get("batch_axis", 1)), int(at.get("time_axis", 0))
+    refuse_unless({b_ax, t_ax} == {0, 1}, f"batch_axis {b_ax} and time_axis {t_ax} must be 0 and 1")
+    xt = x if t_ax == 0 else ism.transpose(x, (1, 0) + tuple(range(2, len(x.shape))))  # [time, batch, ...]
+    n_t = ism.shape(xt, "int64")[0]
+    t = ism.expand_dims(arange(np.int64(0), n_t, np.int64(1)), 1)  # [time, 1]
+    ln = ism.expand_dims(ism.cast(lens, np.int64), 0)  # [1, batch]
+    idx = ism.where(ism.less(t, ln), ism.sub(ism.sub(ln, np.int64(1)), t), ism.add(t, ism.zeros_like(ln)))
+    for _ in range(len(x.shape) - 2):
+        idx = ism.expand_dims(idx, len(idx.shape))
+    idx = ism.add(idx, ism.zeros_like(ism.cast(xt, np.int64)))  # broadcast over the trailing dims
+    y = ism.gather_elements(xt, idx, 0)
+    return [y if t_ax == 0 else ism.transpose(y, (1, 0) + tuple(range(2, len(x.shape))))]
+
+
+@handler("Unique", 11, attrs=("axis", "sorted"))
+def _unique(c, node, ins):
+    at = _attrs(node)
+    return unique(ins[0], at.get("axis"), bool(at.get("sorted", 1)))
+
+
+@handler("NonMaxSuppression", 10, attrs=("center_point_box",))
+def _nms(c, node, ins):
+    defaults = [np.array([0], np.int64), np.array([0.0], np.float32), np.array([-np.inf], np.float32)]
+    extra = [ins[k] if len(ins) > k and ins[k] is not None else ism.constant(defaults[k - 2]) for k in (2, 3, 4)]
+    return [non_max_suppression(ins[0], ins[1], *extra, center_point_box=int(_attrs(node).get("center_point_box", 0)))]

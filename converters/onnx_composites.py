@@ -1,5 +1,5 @@
 """ONNX import of ops built from core ops: BitShift and the Bitwise ops, LpNormalization, Swish, Compress,
-LpPool, CumProd, EyeLike, CenterCropPad, ReverseSequence, Unique, NonMaxSuppression (Xor and Hardmax
+LpPool, CumProd, EyeLike, CenterCropPad, ReverseSequence, Unique, NonMaxSuppression, DFT, STFT (Xor and Hardmax
 live in onnx_ops_elementwise)."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from isthmus.core.ops.arange import arange
 from isthmus.core.ops.array import slice_dynamic
 from isthmus.core.ops.pad_dynamic import pad_dynamic
 from isthmus.core.ops.selection import cumprod, non_max_suppression, unique
+from isthmus.core.ops.spectral import dft, stft
 
 from .onnx_import import _attrs, _s, handler, refuse_unless
 from .onnx_nn import _conv_pads
@@ -165,3 +166,25 @@ def _nms(c, node, ins):
     defaults = [np.array([0], np.int64), np.array([0.0], np.float32), np.array([-np.inf], np.float32)]
     extra = [ins[k] if len(ins) > k and ins[k] is not None else ism.constant(defaults[k - 2]) for k in (2, 3, 4)]
     return [non_max_suppression(ins[0], ins[1], *extra, center_point_box=int(_attrs(node).get("center_point_box", 0)))]
+
+
+@handler("DFT", 17, attrs=("axis", "inverse", "onesided"))
+def _dft(c, node, ins):
+    """Opset 17-19: axis an attribute (default 1); 20+: an input (default -2), read at run time unless known."""
+    at = _attrs(node)
+    length = ins[1] if len(ins) > 1 else None
+    if c.opset >= 20:
+        axis = c.const_or_none(node, 2)
+        axis = -2 if not c.has_input(node, 2) else (int(np.asarray(axis).reshape(-1)[0]) if axis is not None else ins[2])
+    else:
+        axis = int(at.get("axis", 1))
+    if isinstance(axis, int) and axis < 0:
+        axis += len(ins[0].shape)
+    return [dft(ins[0], length, axis, bool(at.get("inverse", 0)), bool(at.get("onesided", 0)))]
+
+
+@handler("STFT", 17, attrs=("onesided",))
+def _stft(c, node, ins):
+    window = ins[2] if len(ins) > 2 else None
+    length = ins[3] if len(ins) > 3 else None
+    return [stft(ins[0], ins[1], window, length, bool(_attrs(node).get("onesided", 1)))]

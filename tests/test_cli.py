@@ -5,7 +5,7 @@ import sys
 
 
 def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "isthmus.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "isthmus", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_commands_and_version():

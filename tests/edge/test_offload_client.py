@@ -138,7 +138,7 @@ class _ServeProcess:
         import subprocess
         import sys
         import threading
-        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", path, "--port", "0",
                                       "--log-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         box = []
         t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
@@ -295,7 +295,7 @@ def test_a_truncated_split_file_is_refused(split, tmp_path):
 
 
 def test_edge_run_with_cloud_prints_outputs_and_stats(split, server, tmp_path, capsys):
-    from isthmus.cli import main
+    from isthmus.apps.cli import main
     np.savez(tmp_path / "x.npz", x=split["xs"][0])
     assert main(["edge-run", split["model"], "--cloud", server.address, "--input", str(tmp_path / "x.npz"),
                  "--repeat", "2", "--save", str(tmp_path / "y.npy"), "--emulate-link", "100mbps", "--rtt", "1ms"]) == 0
@@ -403,7 +403,7 @@ def test_damaged_split_files_are_refused_cleanly(split):
 
 
 def test_tls_and_token_through_edge_run_and_a_plaintext_client_refused(split, tmp_path, capsys):
-    from isthmus.cli import main
+    from isthmus.apps.cli import main
     from isthmus.wire.security import ServerSecurity
     from ..tls_certs import make_certs
     certs = make_certs(tmp_path / "certs")

@@ -6,6 +6,12 @@ import argparse
 import os
 import sys
 
+from isthmus.converters.edge_export import to_edge
+from isthmus.converters.onnx_export import to_onnx
+from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
+
+from .partition import load_model
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx or .tflite file, or file.py:function returning a Graph or (Graph, outputs)")
@@ -18,13 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _load(args):
     if args.model.endswith(".tflite"):
-        from .tflite_import import TFLiteImportError, from_tflite
         try:
             graph, _, outputs = from_tflite(args.model, nhwc_io=args.nhwc)
         except (OSError, TFLiteImportError) as e:
             raise SystemExit(f"cannot import {args.model}: {e}") from None
         return graph, list(outputs)
-    from isthmus.partitioner.cli import load_model
     return load_model(args.model)
 
 
@@ -35,13 +39,11 @@ def run(args) -> int:
     base = os.path.splitext(args.model.split(":")[0])[0]
     out = args.output or base + (".isth" if args.to == "edge" else ".converted.onnx")
     if args.to == "edge":
-        from .edge_export import to_edge
         data = to_edge(graph, outputs, batch=args.batch, metadata={"source": os.path.basename(args.model)})
         with open(out, "wb") as f:
             f.write(data)
     else:
-        import onnx
-        from .onnx_export import to_onnx
+        import onnx  # the onnx package, a heavy import, only when writing ONNX
         onnx.save(to_onnx(graph, outputs), out)
     print(f"wrote {out} ({os.path.getsize(out):,} bytes)")
     return 0

@@ -12,7 +12,7 @@ from ..wire.security import ClientSecurity, make_channel
 from . import graph_codec, tracing
 from .errors import WorkerError, abort_with, from_rpc_error
 from .master import Master
-from .rpc import channel_options
+from .grpc_server import channel_options
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S
 
 _STEP_SLACK_S = 5.0  # a RunStep's deadline over the step timeout it asks for

@@ -19,12 +19,14 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import grpc
 import numpy as np
 
-from ..proto import worker_pb2
-from ..wire.security import ClientSecurity, make_channel
+from ..core.rendezvous import RendezvousAborted
 from ..core.trace import RunMetadata
+from ..proto import worker_pb2
 from ..wire import tensor_codec
+from ..wire.security import ClientSecurity, make_channel
 from . import graph_codec, shm, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
+from .grpc_server import channel_options, start_grpc_server
 from .rendezvous import show
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
@@ -34,15 +36,6 @@ _STREAMED_KEPT = 4096             # keys remembered as streamed (then forgotten 
 _DOUBLE_5 = struct.Struct("<Bd")   # field 5 (timeout_s), a double: its key byte and value
 _UNARY_BELOW_BYTES = 64 << 10     # a key remembered as streamed whose value came back smaller: unary again
 _SHM_FAILURES_KEPT = 3            # segments a client could not read before it stops offering shared memory
-
-
-def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
-    # a restarted peer is found again within about a second (gRPC's default reconnect backoff grows
-    # from 1 s to 120 s, which slows recovery after a task comes back)
-    return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def _identity(b):
@@ -106,7 +99,6 @@ class WorkerServicer:
         yield from wt.chunk_messages()
 
     def AbortStep(self, request, context):
-        from ..core.rendezvous import RendezvousAborted
         self.worker.abort_step(request.step_id, RendezvousAborted(request.reason or "aborted by the master"))
         return worker_pb2.AbortStepResponse()
 
@@ -149,7 +141,6 @@ def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: i
     """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
     cloud/server.py serves a whole task (worker, master, health). `security`: a
     wire.security.ServerSecurity (TLS, bearer token)."""
-    from .server import start_grpc_server
     return start_grpc_server([worker_handler(worker), *extra_handlers], host, port, max_workers,
                              max_message_bytes, security=security)
 

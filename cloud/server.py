@@ -17,58 +17,25 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import signal
 import sys
 import threading
-from concurrent import futures
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import grpc
 
+from ..partitioner.cluster_placement import default_worker
 from ..wire.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
+from .grpc_server import start_grpc_server
 from .master import DEFAULT_STEP_TIMEOUT_S, Master
-from .placement import default_worker
+from .master_rpc import master_handler
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S
+from .rpc import WorkerClient, worker_handler
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
-
-HEALTH_SERVICES = ("", "isthmus.Worker", "isthmus.Master")
-
-
-def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
-                      max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                      health: bool = True, security: Optional[ServerSecurity] = None,
-                      health_services: Sequence[str] = HEALTH_SERVICES) -> Tuple[grpc.Server, int]:
-    """A started server with `handlers` (and the health service): (server, bound port).
-    `security`: TLS and/or a bearer token on every call (wire/security.py); None: plaintext.
-    `health_services`: the service names the health check answers SERVING for ("" = the server)."""
-    from .rpc import channel_options
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
-                         options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
-                         interceptors=security.interceptors() if security else None)
-    server.add_generic_rpc_handlers(tuple(handlers))
-    if health:
-        try:
-            from grpc_health.v1 import health as health_mod, health_pb2, health_pb2_grpc
-        except ImportError:  # grpcio-health-checking is a dependency; without it, no health service
-            pass
-        else:
-            hs = health_mod.HealthServicer()
-            for name in health_services:
-                hs.set(name, health_pb2.HealthCheckResponse.SERVING)
-            health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    try:
-        bound = (security.add_port(server, f"{host}:{port}") if security
-                 else server.add_insecure_port(f"{host}:{port}"))
-    except RuntimeError as e:
-        raise WorkerError(f"cannot listen on {host}:{port}: {e}") from None
-    if bound == 0:
-        raise WorkerError(f"cannot listen on {host}:{port}")
-    server.start()
-    return server, bound
-
 
 def bind_host(address: str) -> str:
     host = address.rsplit(":", 1)[0].strip("[]")
@@ -109,8 +76,6 @@ class Server:
             address = cluster.address(job, task)
             host = host or bind_host(address)
             port = int(address.rsplit(":", 1)[1]) if port is None else port
-        from .master_rpc import master_handler
-        from .rpc import worker_handler
         self.server, self.port = start_grpc_server([worker_handler(self.worker), master_handler(self.master)],
                                                    host or "127.0.0.1", port or 0, max_workers, max_message_bytes,
                                                    security=security)
@@ -136,7 +101,6 @@ class Server:
             return self.worker
         c = self._clients.get(t.name)
         if c is None:
-            from .rpc import WorkerClient
             with self._lock:
                 c = self._clients.get(t.name)
                 if c is None:
@@ -211,7 +175,6 @@ def _resolve(args) -> Tuple[Optional[ClusterSpec], str, int]:
 
 def security_from_args(args):
     """(ServerSecurity, ClientSecurity) from the flags, each flag defaulting to its variable."""
-    import os
     env = dict(os.environ)
     for flag, var in (("tls_cert", "ISTHMUS_TLS_CERT"), ("tls_key", "ISTHMUS_TLS_KEY"),
                       ("tls_client_ca", "ISTHMUS_TLS_CLIENT_CA"), ("tls_ca", "ISTHMUS_TLS_CA"),

@@ -131,7 +131,7 @@ class ServerSecurity:
 
     def add_port(self, server, address: str) -> int:
         """Bind `address` on `server` (TLS when configured); the bound port (0: failed)."""
-        import grpc
+        import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
         if not self.tls:
             return server.add_insecure_port(address)
         creds = grpc.ssl_server_credentials([(self.private_key, self.cert_chain)],
@@ -185,7 +185,7 @@ class ClientSecurity:
 
 def make_channel(address: str, security: Optional[ClientSecurity] = None, options: Sequence = ()):
     """A gRPC channel to `address` ("host:port"), with TLS and the token when `security` says so."""
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
     options = list(options)
     if security is None:
         return grpc.insecure_channel(address, options=options)
@@ -203,7 +203,7 @@ def make_channel(address: str, security: Optional[ClientSecurity] = None, option
 
 
 def _token_client_interceptors(token: str):
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
 
     class _Details(grpc.ClientCallDetails):
         def __init__(self, d):
@@ -238,7 +238,7 @@ def _token_ok(metadata, expected: bytes) -> bool:
 
 
 def _make_token_interceptor(token: str):
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
 
     expected = token.encode()
 

@@ -277,7 +277,7 @@ def _fake_sender(answer: bytes):
     handler = grpc.method_handlers_generic_handler("isthmus.Worker", {
         "RecvTensor": grpc.unary_unary_rpc_method_handler(lambda req, ctx: answer, request_deserializer=None,
                                                           response_serializer=None)})
-    from isthmus.cloud.server import start_grpc_server
+    from isthmus.cloud.grpc_server import start_grpc_server
     return start_grpc_server([handler], "127.0.0.1", 0, 2, health=False)
 
 

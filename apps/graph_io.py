@@ -141,6 +141,11 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         raise GraphFileError(f"cannot read {model}: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
         raise GraphFileError(f"cannot read {model}: not an ONNX model ({type(e).__name__}: {e})") from None
+    inits = {i.name for i in proto.graph.initializer}
+    shapeless = [vi.name for vi in proto.graph.input if vi.name not in inits and not vi.type.tensor_type.HasField("shape")]
+    if shapeless:  # not a scalar: the file does not say
+        raise GraphFileError(f"{model}: input '{shapeless[0]}' has no shape in the file; give it one "
+                             "(isthmus convert/split/quantize take --input-shape NAME=D0,D1,...)")
     try:
         graph, inputs, outputs = from_onnx(proto, trainable=trainable)
     except (OnnxImportError, GraphError, ValueError) as e:
@@ -236,9 +241,15 @@ def run(args) -> int:
         raise SystemExit(f"error: {e}") from None
 
 
+def _refuse_overwrite(out: str, args) -> None:
+    if os.path.exists(out) and not getattr(args, "force", False):
+        raise GraphFileError(f"{out} exists; pass --force to overwrite it")
+
+
 def _import(args) -> int:
     graph, inputs, outputs, names = import_model(args.model, trainable=args.trainable, nhwc=args.nhwc)
     out = args.output or os.path.splitext(args.model)[0] + ".graph"
+    _refuse_overwrite(out, args)
     size = save_graph(out, graph, inputs, outputs, names)
     print(f"wrote {out} ({size:,} bytes): {len(graph.nodes)} nodes, {len(global_variables(graph))} variables, "
           f"inputs {list(inputs)}, outputs {names}")
@@ -248,6 +259,7 @@ def _import(args) -> int:
 def _export(args) -> int:
     graph, inputs, outputs = load_graph(args.graph)
     out = args.output or os.path.splitext(args.graph)[0] + (".onnx" if args.to == "onnx" else ".isth")
+    _refuse_overwrite(out, args)
     try:
         if args.to == "onnx":
             import onnx  # the onnx package, a heavy import, only when writing ONNX

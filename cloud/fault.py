@@ -46,7 +46,7 @@ def is_task_loss(e: BaseException) -> bool:
 
 def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """True when the task at `address` answers the gRPC health check with SERVING."""
-    # deferred: grpcio-health-checking is optional at run time (grpc_server.py serves without it)
+    # deferred: grpcio-health-checking is optional at run time (server.py serves without it)
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     try:
         with make_channel(address, ClientSecurity.from_env()) as ch:

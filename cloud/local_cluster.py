@@ -155,7 +155,7 @@ class LocalCluster:
 
     def wait_healthy(self, timeout: float = 10.0) -> None:
         """Every task answers the gRPC health check with SERVING (or raise, naming the task)."""
-        # deferred: grpcio-health-checking is optional at run time (grpc_server.py serves without it)
+        # deferred: grpcio-health-checking is optional at run time (server.py serves without it)
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         deadline = time.monotonic() + max(timeout, 0.1)
         security = ClientSecurity.from_env(self._env)

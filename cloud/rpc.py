@@ -26,7 +26,7 @@ from ..wire import tensor_codec
 from ..wire.security import ClientSecurity, make_channel
 from . import graph_codec, shm, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
-from .grpc_server import channel_options, start_grpc_server
+from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits
 from .rendezvous import show
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
@@ -38,13 +38,26 @@ _UNARY_BELOW_BYTES = 64 << 10     # a key remembered as streamed whose value cam
 _SHM_FAILURES_KEPT = 3            # segments a client could not read before it stops offering shared memory
 
 
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    # a restarted peer is found again within about a second (gRPC's default reconnect backoff grows
+    # from 1 s to 120 s, which slows recovery after a task comes back)
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 def _identity(b):
     return b
 
 
 class WorkerServicer:
-    def __init__(self, worker: Worker):
+    """`limits`: the server-side cap on a RecvTensor's wait and the bounds on waiting calls
+    (cloud/limits.py); RunGraph's wait is capped at MAX_STEP_TIMEOUT_S."""
+
+    def __init__(self, worker: Worker, limits: Optional[WaitLimits] = None):
         self.worker = worker
+        self.limits = limits or WaitLimits(max(DEFAULT_MAX_WAIT_S, worker.recv_timeout))
 
     def RegisterGraph(self, request, context):
         try:
@@ -59,7 +72,7 @@ class WorkerServicer:
             feeds = {t.name: tensor_codec.decode(t.tensor, w.max_tensor_bytes) for t in request.feeds}
             md = RunMetadata() if request.trace else None
             outs = w.run_graph(request.handle, request.step_id, feeds, list(request.fetches),
-                               request.timeout_s or None, run_metadata=md)
+                               min(request.timeout_s or w.recv_timeout, MAX_STEP_TIMEOUT_S), run_metadata=md)
             resp = worker_pb2.RunGraphResponse()
             if md is not None:
                 tracing.encode(md, out=resp.trace)
@@ -72,17 +85,18 @@ class WorkerServicer:
 
     def RecvTensor(self, request, context) -> bytes:
         try:
-            if request.shm_host or request.shm_failed:
-                wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
-                                             request.step_id, request.timeout_s or None,
-                                             request.shm_host, request.shm_failed)
-                if isinstance(wt, shm.Segment):
-                    return wire.shm_response(wt)
-            else:
-                if self.worker.shm is not None:  # a caller that stopped offering: lay its values out for gRPC
-                    self.worker.shm.peers.discard(request.dst_device)
-                wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
-                                           request.step_id, request.timeout_s or None)
+            t = self.limits.cap(request.timeout_s, self.worker.recv_timeout)
+            with self.limits.waiting(context.peer(), "RecvTensor"):
+                if request.shm_host or request.shm_failed:
+                    wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
+                                                 request.step_id, t, request.shm_host, request.shm_failed)
+                    if isinstance(wt, shm.Segment):
+                        return wire.shm_response(wt)
+                else:
+                    if self.worker.shm is not None:  # a caller that stopped offering: lay its values out for gRPC
+                        self.worker.shm.peers.discard(request.dst_device)
+                    wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                               request.step_id, t)
             if wt.inline is not None:
                 return wt.inline
             self.worker.put_back(request.src_device, request.dst_device, request.tensor, request.step_id, wt)
@@ -92,8 +106,9 @@ class WorkerServicer:
 
     def RecvTensorStream(self, request, context):
         try:
-            wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
-                                       request.step_id, request.timeout_s or None)
+            with self.limits.waiting(context.peer(), "RecvTensorStream"):
+                wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                           request.step_id, self.limits.cap(request.timeout_s, self.worker.recv_timeout))
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.worker.task)
         yield from wt.chunk_messages()
@@ -116,9 +131,9 @@ class WorkerServicer:
                                          shm_lent=s["shm_lent"])
 
 
-def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
+def worker_handler(worker: Worker, limits: Optional[WaitLimits] = None) -> grpc.GenericRpcHandler:
     """The Worker service's handler; the tensor answers go out as the bytes laid out for them."""
-    s = WorkerServicer(worker)
+    s = WorkerServicer(worker, limits)
     req = {name: getattr(worker_pb2, name + "Request").FromString for name in (
         "RegisterGraph", "RunGraph", "RecvTensor", "AbortStep", "DeregisterGraph", "Status")}
 
@@ -134,15 +149,6 @@ def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
         "DeregisterGraph": unary(s.DeregisterGraph, req["DeregisterGraph"]),
         "GetStatus": unary(s.GetStatus, req["Status"]),
     })
-
-
-def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None):
-    """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
-    cloud/server.py serves a whole task (worker, master, health). `security`: a
-    wire.security.ServerSecurity (TLS, bearer token)."""
-    return start_grpc_server([worker_handler(worker), *extra_handlers], host, port, max_workers,
-                             max_message_bytes, security=security)
 
 
 class WorkerClient:

@@ -11,7 +11,7 @@ def _run(*args, timeout=120):
 def test_help_lists_commands_and_version():
     out = _run("--help")
     assert out.returncode == 0
-    for cmd in ("demo", "ops", "partition", "calibrate"):
+    for cmd in ("demo", "ops", "partition", "profile", "quantize", "split", "info", "bench"):
         assert cmd in out.stdout
     assert _run("--version").stdout.strip() == "0.1.0"
 

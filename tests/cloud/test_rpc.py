@@ -8,6 +8,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from isthmus.cloud import graph_codec, rpc  # noqa: E402
+from isthmus.cloud.server import serve_worker  # noqa: E402
 from isthmus.wire import tensor_codec  # noqa: E402
 from isthmus.cloud.errors import HandleNotFound, TaskUnavailable  # noqa: E402
 from isthmus.cloud.worker import Worker, WorkerError  # noqa: E402
@@ -24,7 +25,7 @@ def cluster():
     peers = lambda dev: clients[dev]  # noqa: E731
     for dev, task in ((D0, "/job:worker/task:0"), (D1, "/job:worker/task:1")):
         w = Worker(task, peers=peers, recv_timeout=5.0, wire=True, inline_bytes=1 << 20, chunk_bytes=1 << 20)
-        server, port = rpc.serve(w)
+        server, port = serve_worker(w)
         servers.append(server)
         # the gRPC path itself (same-host shared memory: tests/cloud/test_shm.py)
         clients[dev] = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=10.0, name=task, shm_enabled=False)
@@ -211,3 +212,18 @@ def test_recv_requests_are_protobufs_own_bytes():
             assert (back.step_id, back.timeout_s, back.tensor) == (step, t, "x:0")
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("method", ["RegisterGraph", "RunGraph", "RecvTensor", "AbortStep", "DeregisterGraph",
+                                    "GetStatus"])
+def test_undecodable_request_bytes_get_invalid_argument(cluster, method):
+    """Bytes protobuf cannot parse end INVALID_ARGUMENT naming the method (gRPC's own answer
+    would be INTERNAL), and the server keeps serving."""
+    call = cluster[D0].channel.unary_unary(f"/isthmus.Worker/{method}", request_serializer=None,
+                                           response_deserializer=None)
+    for junk in (b"\xff\xff\xff", b"\x0a\x80\x80\x80\x80\x10", b"\x12\x05ab"):
+        with pytest.raises(grpc.RpcError) as ei:
+            call(junk, timeout=5)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (junk, ei.value.details())
+        assert f"/isthmus.Worker/{method}: malformed request bytes" in ei.value.details()
+    assert cluster[D0].status()["task"]

@@ -13,6 +13,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from isthmus.cloud import rpc, shm, wire  # noqa: E402
+from isthmus.cloud.server import serve_worker  # noqa: E402
 from isthmus.cloud.worker import Worker  # noqa: E402
 from isthmus.proto import tensor_pb2, worker_pb2  # noqa: E402
 
@@ -34,7 +35,7 @@ def sender():
     """A sending task on a free port (its Worker laid out as a cluster task's); at the end no
     segment of this process is left (others' may come and go: tests run side by side)."""
     w = Worker("/job:worker/task:0", wire=True, shm_enabled=True, shm_min_bytes=1, recv_timeout=5.0)
-    server, port = rpc.serve(w)
+    server, port = serve_worker(w)
     clients = []
 
     def client(**kw):
@@ -277,7 +278,7 @@ def _fake_sender(answer: bytes):
     handler = grpc.method_handlers_generic_handler("isthmus.Worker", {
         "RecvTensor": grpc.unary_unary_rpc_method_handler(lambda req, ctx: answer, request_deserializer=None,
                                                           response_serializer=None)})
-    from isthmus.cloud.grpc_server import start_grpc_server
+    from isthmus.cloud.server import start_grpc_server
     return start_grpc_server([handler], "127.0.0.1", 0, 2, health=False)
 
 

@@ -12,8 +12,7 @@ import isthmus as ism  # noqa: E402
 from isthmus import nn  # noqa: E402
 from isthmus.cloud import rpc, tracing  # noqa: E402
 from isthmus.cloud.cluster import ClusterSpec  # noqa: E402
-from isthmus.cloud.grpc_server import start_grpc_server  # noqa: E402
-from isthmus.cloud.server import Server  # noqa: E402
+from isthmus.cloud.server import Server, start_grpc_server  # noqa: E402
 from isthmus.cloud.session import DistributedSession  # noqa: E402
 from isthmus.cloud.worker import Worker, WorkerError  # noqa: E402
 from isthmus.proto import worker_pb2  # noqa: E402

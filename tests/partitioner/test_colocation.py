@@ -1,18 +1,27 @@
 """One colocation rule (partitioner/colocation.py) for the partitioner and the cluster placement: a
 variable and every op that updates it share a device, also when the update sits inside a cond or
 while body, and so do the producer and readers of an opaque value."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import isthmus as ism
 from isthmus.partitioner.colocation import colocation_groups
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import EDGE, EDGE_DEVICE
+from isthmus.core.registry import registered
+from isthmus.partitioner.devices import CLOUD, EDGE, EDGE_DEVICE
 from isthmus.partitioner.partition import partition
 from isthmus.partitioner.placement import (cloud_only, place_exhaustive, place_greedy, place_layer_split,
                                            place_mincut)
-from isthmus.partitioner.problem import Problem
+from isthmus.partitioner.problem import PlacementError, Problem
 from isthmus.wire.link import LinkModel
+
+
+def _anything_edge():
+    """The default edge profile, 1000x slower, running every op (If, While and Variable included,
+    which the edge's own kernel table does not)."""
+    return replace(EDGE, supported_ops=None, kernel_table=CLOUD.kernel_table).scaled(1000)
 
 
 def _graph(kind: str):
@@ -39,7 +48,7 @@ def test_a_body_that_updates_a_variable_keeps_its_node_with_the_variable(kind):
     step = next(n for n in g.nodes if n.op in ("If", "While"))
     groups = colocation_groups(g.nodes)
     assert any(step in members and v.node in members for members in groups.values())
-    cost = CostModel.edge_cloud(LinkModel(1e12, 1e12, 0.0), edge=EDGE.scaled(1000))
+    cost = CostModel.edge_cloud(LinkModel(1e12, 1e12, 0.0), edge=_anything_edge())
     p = Problem(g, cost, [y])
     assert p.group[p.index[step]] == p.group[p.index[v.node]]
     for place in (place_mincut, place_exhaustive, place_greedy, place_layer_split, cloud_only):
@@ -57,3 +66,11 @@ def test_the_rule_reads_only_the_nodes_it_is_given():
     groups = colocation_groups(sub)
     assert all(v.node not in m for m in groups.values())
     assert [step] in list(groups.values())
+
+
+def test_an_edge_that_cannot_run_the_body_node_is_an_error_not_a_split():
+    # the variable is pinned to the edge; an edge without If cannot hold the cond that updates it
+    g, v, y = _graph("cond")
+    edge = replace(_anything_edge(), supported_ops=frozenset(registered()) - {"If"})
+    with pytest.raises(PlacementError, match="'v', 'step' must share a device"):
+        Problem(g, CostModel.edge_cloud(LinkModel(1e12, 1e12, 0.0), edge=edge), [y])

@@ -108,7 +108,7 @@ def test_console_blocks_run(path, lines, tmp_path):
 
     import numpy as np
 
-    from .cli_models import cnn_onnx, images
+    from .cli_models import ISTHMUS, cnn_onnx, images
     cnn_onnx(str(tmp_path / "cnn.onnx"))
     np.savez(tmp_path / "calib.npz", image=images(100))
     np.save(tmp_path / "x.npy", images(1, seed=5))
@@ -120,7 +120,7 @@ def test_console_blocks_run(path, lines, tmp_path):
     try:
         for line in lines:
             argv = [a.replace("7070", port) for a in line.split()[1:]]
-            cmd = [sys.executable, "-m", "isthmus.cli", *argv]
+            cmd = [*ISTHMUS, *argv]
             if argv[0] == "serve":
                 proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True)

@@ -88,3 +88,16 @@ def test_deploy_split_writes_what_serve_and_edge_run_need(model):
         assert set(load_cloud_parts(dep.cloud_file).parts) == parts
     assert os.path.getsize(dep.plan_svg) > 0 and "predicted: split" in dep.report
     assert dep.predicted["split"] <= min(dep.predicted["edge_only"], dep.predicted["cloud_only"]) + 1e-12
+
+
+def test_a_dynamic_batch_edge_file_runs_at_any_batch(model, capsys):
+    d, path = model
+    assert cli.main(["convert", path, "--dynamic-batch", "-o", str(d / "dyn.isth"), "--force"]) == 0
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = images(n, res=32, seed=n)
+        np.save(d / "x.npy", x)
+        out = _run(capsys, "edge-run", str(d / "dyn.isth"), "--input", f"image={d / 'x.npy'}", "--repeat", "1",
+                   "--save", str(d / "y.npy"))
+        assert f"float32[{n}, 10]" in out
+        np.testing.assert_allclose(np.load(d / "y.npy"), sess.run(None, {"image": x})[0], rtol=1e-4, atol=1e-5)

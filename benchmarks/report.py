@@ -43,7 +43,7 @@ BENCHMARKS: Dict[str, tuple] = {
     "gpu_matmul": (["gpu_matmul.py"], "GPU matmul (skips without a GPU)"),
 }
 OPTIONAL = ["cloud_null_step", "cloud_backup_workers", "offload_fallback", "converters_infer",
-            "converters_import_time", "split_latency", "offload_overhead", "mobilenet_train"]   # included when their scripts exist
+            "converters_import_time", "split_latency", "offload_overhead", "mobilenet_train", "tflite_export"]   # included when their scripts exist
 BENCHMARKS["offload_load"] = (["offload_load.py", "--clients", "64", "--requests", "200"],
                               "offload service: 64 clients x 200 requests, batched vs unbatched")
 

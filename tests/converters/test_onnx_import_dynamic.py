@@ -1,0 +1,121 @@
+"""Shapes computed at run time: a model whose Reshape/Expand/Pad/Slice/ConstantOfShape/Range/Resize
+sizes come from Shape/Gather/arithmetic on inputs with unknown batch and sequence dims imports once
+and runs at batch 1 and 32 (and two sequence lengths), matching onnxruntime; with static dims the same
+arithmetic folds to constants at import."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import isthmus as ism
+from isthmus.converters.onnx_import import from_onnx
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _i(name, *v):
+    return numpy_helper.from_array(np.array(v, np.int64), name)
+
+
+def _dynamic_model(batch="N", seq="T"):
+    n = helper.make_node
+    nodes = [
+        n("Shape", ["x"], ["s"]),
+        n("Gather", ["s", "zero"], ["nb"], axis=0), n("Gather", ["s", "one"], ["nt"], axis=0),
+        n("Unsqueeze", ["nb", "ax0"], ["nb1"]), n("Unsqueeze", ["nt", "ax0"], ["nt1"]),
+        # reshape [N, T, 8] -> [N, T, 2, 4] with a run-time shape, then transpose
+        n("Concat", ["nb1", "nt1", "two_four"], ["shape4"], axis=0),
+        n("Reshape", ["x", "shape4"], ["r"]), n("Transpose", ["r"], ["rt"], perm=[0, 2, 1, 3]),
+        # pad the time axis to 2T (pads end = T, computed)
+        n("Concat", ["zeros6", "nt1", "zero1"], ["pads"], axis=0),
+        n("Pad", ["rt", "pads", "padv"], ["padded"]),
+        # positions 0..T-1 expanded to [N, T]
+        n("Range", ["zero_s", "nt", "one_s"], ["pos"]), n("Cast", ["pos"], ["posf"], to=F),
+        n("Concat", ["nb1", "nt1"], ["nt_shape"], axis=0), n("Expand", ["posf", "nt_shape"], ["pos2"]),
+        # ones of shape [N, 3]
+        n("Concat", ["nb1", "three"], ["ones_shape"], axis=0),
+        n("ConstantOfShape", ["ones_shape"], ["ones"], value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        # drop the last time step: x[:, :T-1]
+        n("Sub", ["nt1", "one1"], ["end"]), n("Slice", ["x", "zero1", "end", "one1"], ["head"]),
+        # image branch: resize to twice the run-time spatial size
+        n("Shape", ["img"], ["si"]), n("Slice", ["si", "zero1", "two1"], ["nc"]),
+        n("Slice", ["si", "two1", "four1"], ["hw"]), n("Mul", ["hw", "two1"], ["hw2"]),
+        n("Concat", ["nc", "hw2"], ["sizes"], axis=0),
+        n("Resize", ["img", "", "", "sizes"], ["big"], mode="linear"),
+        # a mean over the run-time time axis, batch kept
+        n("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=0),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array(1, np.int64), "one"),
+             _i("ax0", 0), _i("two_four", 2, 4), _i("zeros6", 0, 0, 0, 0, 0, 0),
+             _i("zero1", 0), _i("one1", 1), _i("two1", 2), _i("four1", 4), _i("three", 3),
+             numpy_helper.from_array(np.array(0, np.int64), "zero_s"), numpy_helper.from_array(np.array(1, np.int64), "one_s"),
+             numpy_helper.from_array(np.array(-1.0, np.float32), "padv")]
+    inputs = [helper.make_tensor_value_info("x", F, [batch, seq, 8]),
+              helper.make_tensor_value_info("img", F, [batch, 3, "H", "W"])]
+    outs = ["padded", "pos2", "ones", "head", "big", "mean"]
+    g = helper.make_graph(nodes, "dyn", inputs, [helper.make_tensor_value_info(o, F, None) for o in outs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _feeds(b, t, h, w, seed):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((b, t, 8)).astype(np.float32),
+            "img": rng.standard_normal((b, 3, h, w)).astype(np.float32)}
+
+
+def test_one_import_runs_at_batch_1_and_32_with_run_time_shapes():
+    model = _dynamic_model()
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    g, ins, outs = from_onnx(model)
+    g.verify()
+    assert ins["x"].shape == (None, None, 8)
+    sess = ism.Session(g)
+    for k, (b, t, h, w) in enumerate([(1, 5, 4, 6), (32, 7, 3, 5)]):
+        feeds = _feeds(b, t, h, w, k)
+        want = ref.run(None, feeds)
+        got = sess.run(outs, {ins[n]: v for n, v in feeds.items()})
+        for name, a, e in zip(("padded", "pos2", "ones", "head", "big", "mean"), got, want):
+            assert a.shape == e.shape, (name, b, a.shape, e.shape)
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5, err_msg=f"{name} at batch {b}")
+
+
+def test_static_dims_fold_the_shape_arithmetic_to_constants():
+    """With every dim known, Shape/Gather/Concat/Sub fold at import: Reshape, Pad, Expand and Slice
+    get static sizes and no run-time shape op is left in the graph."""
+    model = _dynamic_model(batch=2, seq=5)
+    for vi in model.graph.input:
+        if vi.name == "img":
+            vi.type.tensor_type.shape.dim[2].dim_value = 4
+            vi.type.tensor_type.shape.dim[3].dim_value = 6
+    g, ins, outs = from_onnx(model)
+    ops = {n.op for n in g.nodes}
+    assert not ops & {"ReshapeTo", "PadDynamic", "SliceDynamic", "Fill", "Shape"}, ops
+    assert [tuple(o.shape) for o in outs] == [(2, 2, 10, 4), (2, 5), (2, 3), (2, 4, 8), (2, 3, 8, 12), (2, 8)]
+    feeds = _feeds(2, 5, 4, 6, 3)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ism.Session(g).run(outs, {ins[n]: v for n, v in feeds.items()})
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_with_run_time_pads_in_every_mode(mode):
+    """PadDynamic against numpy.pad (negative pads crop) for pads fed at run time."""
+    x = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    n = helper.make_node("Pad", ["x", "p", "v"], ["y"], mode=mode)
+    g = helper.make_graph([n], "p", [helper.make_tensor_value_info("x", F, ["A", 3, 5]),
+                                     helper.make_tensor_value_info("p", I64, [6])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(np.array(7.0, np.float32), "v")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    gi, ins, outs = from_onnx(m)
+    assert outs[0].node.op == "PadDynamic"
+    sess = ism.Session(gi)
+    for pads in ([0, 1, 2, 1, 0, 2], [1, -1, 0, 0, 1, -2]):
+        got = sess.run(outs[0], {ins["x"]: x, ins["p"]: np.array(pads, np.int64)})
+        grow = [(max(a, 0), max(b, 0)) for a, b in zip(pads[:3], pads[3:])]
+        want = np.pad(x, grow, mode=mode, **({"constant_values": 7.0} if mode == "constant" else {}))
+        crop = tuple(slice(-a if a < 0 else None, b if b < 0 else None) for a, b in zip(pads[:3], pads[3:]))
+        np.testing.assert_array_equal(got, want[crop])

@@ -231,7 +231,7 @@ class TFLiteSplitPart:
 def split_to_tflite(split: Union[bytes, str], cut: Optional[str] = None, **options) -> TFLiteSplitPart:
     """The edge part of one cut of an isthmus split model (converters/split_export.py) as .tflite.
     `cut`: a cut name; default the first cut that has a cloud part. `options`: edge_to_tflite's."""
-    from .split_export import SPLIT_KEY
+    from isthmus.wire.split_format import SPLIT_KEY
     if isinstance(split, str):
         with open(split, "rb") as f:
             split = f.read()

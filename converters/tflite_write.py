@@ -25,6 +25,7 @@ from isthmus.edge.loader import EdgeModel, loads, verify_all
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
+from . import tflite_write_array_ops  # noqa: F401  (registers TRANSPOSE, GATHER, ... in HANDLERS)
 
 METADATA_KEY = "isthmus.tflite"
 METADATA_VERSION = 1

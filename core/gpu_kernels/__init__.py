@@ -35,8 +35,8 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from . import conv, elementwise, gemm, pool
-    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS}
+    from . import conv, elementwise, gemm, pool, state
+    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS, **state.KERNELS}
     for op, gpu_factory in table.items():
         d = registry.get(op)
         d.kernel = _dispatch(d.kernel, gpu_factory)

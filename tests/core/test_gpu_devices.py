@@ -272,3 +272,16 @@ def test_host_values_in_a_variable_move_to_the_device_on_read(backend):
     s.state.slot(g.node("v")).value = np.arange(3, dtype=np.float32)  # as a cloud task's RPC assign does
     np.testing.assert_allclose(s.run(y), [1, 2, 3])
     assert s.devices.get("/device:GPU:0").is_device_array(s.state.slots["v"].value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_trace_reports_device_events_and_peak(backend):
+    g, x, y, loss, train, init, xs, ys = _mlp()
+    s = ism.Session(g, device="gpu", gpu=backend)
+    s.run(init)
+    md = ism.RunMetadata()
+    got = s.run([loss, train], {x: xs, y: ys}, options=ism.RunOptions(trace=True), run_metadata=md)[0]
+    assert np.isfinite(got) and type(got) is np.ndarray
+    assert md.device_peak_bytes["/device:GPU:0"] > 0
+    devices = {e.device for e in md.events}
+    assert "/device:GPU:0" in devices and any(e.op == "DeviceCopy" for e in md.events)

@@ -139,9 +139,9 @@ def _batch_norm_grad(node, ctx):
                                                        np.int64(a), np.int32(c), np.int64(b)))
         if training:
             k = _ew(xp, "isthmus_bn_dx_train", "T dy, T x, raw T mean, raw T inv, raw T scale, raw T dgamma, "
-                    "raw T dbeta, float32 n, int64 nB, int32 nC", "T dx",
+                    "raw T dbeta, float32 cnt, int64 nB, int32 nC", "T dx",
                     "const int c = (int)((i / nB) % nC); const T xhat = (x - mean[c]) * inv[c]; "
-                    "dx = (dy - dbeta[c] / n - xhat * dgamma[c] / n) * scale[c] * inv[c];")
+                    "dx = (dy - dbeta[c] / cnt - xhat * dgamma[c] / cnt) * scale[c] * inv[c];")
             dx = k(dy, x, mean, inv, scale, dgamma, dbeta, np.float32(a * b), np.int64(b), np.int32(c))
             return dx, dgamma, dbeta, xp.zeros_like(mean), xp.zeros_like(var)
         k = _ew(xp, "isthmus_bn_dx_infer", "T dy, raw T inv, raw T scale, int64 nB, int32 nC", "T dx",

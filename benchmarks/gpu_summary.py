@@ -54,5 +54,31 @@ def main(folder: str) -> int:
     return 0
 
 
+def record(folder: str, results_dir: str) -> None:
+    """Store the GPU check's JSON as benchmarks/results records (report.py renders them)."""
+    import time
+    setup = ""
+    try:
+        with open(os.path.join(folder, "setup.log")) as f:
+            setup = f.read()
+    except OSError:
+        pass
+    gpu_line = next((ln for ln in setup.splitlines() if ln.startswith("GPU 0")), "GPU ?")
+    tree = next((ln.split()[-1] for ln in setup.splitlines() if ln.startswith("==")), "?")
+    for name in ("gpu_train", "gpu_matmul", "gpu_transfer", "gpu_adds"):
+        d = _load(folder, name + ".json")
+        ok = "error" not in d or len(d) > 1
+        dev = d.get("device", {}) if isinstance(d.get("device"), dict) else {}
+        rec = {"name": name, "status": "ok" if ok else "failed", "result": d if ok else None,
+               "stderr": "" if ok else d.get("error", ""), "when": dev.get("date", time.strftime("%Y-%m-%d %H:%M UTC")),
+               "seconds": d.get("wall_s", 0), "load_before": 0.0,
+               "machine": {"cpu": gpu_line.split("(UUID")[0].strip(), "cpus": 16, "python": "3.12",
+                           "numpy": "?", "torch": "2.11.0+cu130", "commit": tree}}
+        with open(os.path.join(results_dir, name + ".json"), "w") as f:
+            json.dump(rec, f, indent=1)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[2] == "--record":
+        record(sys.argv[1], sys.argv[3])
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "gpu_out"))

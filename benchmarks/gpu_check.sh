@@ -41,7 +41,7 @@ step() {  # step NAME TIMEOUT_S OUTFILE CMD...
   local rc=$?
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >>"$LOG"
 }
-step pytest_gpu 100 "$OUT/pytest_gpu.log" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+step pytest_gpu 100 "$OUT/pytest_gpu.log" python3 -m pytest -m gpu -p no:cacheprovider -rfEs --tb=short \
   tests/core/test_gpu.py tests/core/test_gpu_devices.py tests/core/test_gpu_ops.py
 step gpu_train 120 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
 step gpu_matmul 30 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py

@@ -48,7 +48,12 @@ def main(folder: str) -> int:
             print(name, "errors:", json.dumps(errs)[:600])
     try:
         with open(os.path.join(folder, "pytest_gpu.log")) as f:
-            print("pytest -m gpu:", f.read().strip().splitlines()[-1])
+            lines = f.read().strip().splitlines()
+        tally = [ln for ln in lines if (" passed" in ln or " failed" in ln or " error" in ln) and " in " in ln]
+        print("pytest -m gpu:", (tally or lines or ["(empty)"])[-1])
+        for ln in lines:
+            if ln.startswith(("FAILED", "ERROR")):
+                print("  ", ln[:300])
     except Exception:
         print("pytest -m gpu: no log")
     return 0

@@ -285,3 +285,18 @@ def test_step_trace_reports_device_events_and_peak(backend):
     assert md.device_peak_bytes["/device:GPU:0"] > 0
     devices = {e.device for e in md.events}
     assert "/device:GPU:0" in devices and any(e.op == "DeviceCopy" for e in md.events)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalar_and_large_feeds_keep_their_shapes(backend):
+    g = ism.Graph()
+    with g.as_default():
+        s = ism.placeholder("float32", (), name="s")
+        big = ism.placeholder("float32", (512, 1024), name="big")  # 2 MiB: staged through pinned memory
+        y = ism.reduce_sum(ism.mul(big, s), name="y")
+        z = ism.mul(s, 2.0, name="z")
+    sess = ism.Session(g, device="gpu", gpu=backend)
+    bv = np.ones((512, 1024), np.float32)
+    got_y, got_z = sess.run([y, z], {s: 0.5, big: bv})
+    assert got_z.shape == () and float(got_z) == 1.0
+    assert float(got_y) == 0.5 * bv.size

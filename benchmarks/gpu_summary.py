@@ -46,16 +46,20 @@ def main(folder: str) -> int:
         errs = {k: v for k, v in d.items() if "error" in k}
         if errs:
             print(name, "errors:", json.dumps(errs)[:600])
-    try:
-        with open(os.path.join(folder, "pytest_gpu.log")) as f:
-            lines = f.read().strip().splitlines()
+    for log, what in (("pytest_gpu.log", "pytest -m gpu"), ("pytest_ops_on_gpu.log", "op suites, ISTHMUS_DEVICE=gpu")):
+        try:
+            with open(os.path.join(folder, log)) as f:
+                lines = f.read().strip().splitlines()
+        except OSError:
+            print(f"{what}: no log")
+            continue
         tally = [ln for ln in lines if (" passed" in ln or " failed" in ln or " error" in ln) and " in " in ln]
-        print("pytest -m gpu:", (tally or lines or ["(empty)"])[-1])
-        for ln in lines:
-            if ln.startswith(("FAILED", "ERROR")):
-                print("  ", ln[:300])
-    except Exception:
-        print("pytest -m gpu: no log")
+        print(f"{what}:", (tally or lines or ["(empty)"])[-1])
+        failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        for ln in failures[:25]:
+            print("  ", ln[:240])
+        if len(failures) > 25:
+            print(f"   ... {len(failures) - 25} more")
     return 0
 
 
@@ -64,7 +68,7 @@ def record(folder: str, results_dir: str) -> None:
     import time
     setup = ""
     try:
-        with open(os.path.join(folder, "setup.log")) as f:
+        with open(os.path.join(folder, "check.log")) as f:
             setup = f.read()
     except OSError:
         pass

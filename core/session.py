@@ -37,15 +37,17 @@ class Session:
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
-                 device: Optional[str] = None, gpu: str = "cuda", gpu_memory=None, capture: "bool | str" = False):
+                 device: Optional[str] = None, gpu: Optional[str] = None, gpu_memory=None,
+                 capture: "bool | str" = False):
         """device: where unpinned nodes run: "cpu" (default; ISTHMUS_DEVICE overrides), "gpu", "auto"
         (a GPU when one is usable) or a name such as "/device:GPU:1". gpu: "cuda" (cupy) or
-        "simulated" (the CI stand-in). gpu_memory: the device memory cap, a fraction or bytes
+        "simulated" (the CI stand-in; default ISTHMUS_GPU, else "cuda"). gpu_memory: the device memory cap, a fraction or bytes
         (default ISTHMUS_GPU_MEMORY, else 0.8 of the device). capture: replay fixed-shape GPU steps
         as CUDA graphs (core/capture.py)."""
         self.graph = graph if graph is not None else get_default_graph()
         from .device_runtime import HOST, DeviceTable
-        self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu", gpu, gpu_memory)
+        self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
+                                   gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
         self.state = SessionState(rendezvous, self.devices)
         self._ctx = KernelContext(np, self.state)
         self._binding = None

@@ -35,10 +35,15 @@ class Session:
         return impl.DistributedSession(graph, target)
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
-                 parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True):
+                 parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
+                 check_numerics: bool = False):
+        """`check_numerics`: check every float output of every node as it runs (and every float
+        feed); the first holding NaN or Inf fails the step with a NonFiniteError naming that node
+        (core/ops/numerics.py). Off by default: it costs about one pass over each output."""
         self.graph = graph if graph is not None else get_default_graph()
         self.state = SessionState(rendezvous)
         self._ctx = KernelContext(np, self.state)
+        self._ctx.check_numerics = self.check_numerics = bool(check_numerics)
         self._plans: Dict[Any, Tuple[Plan, Callable, list]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -101,6 +106,9 @@ class Session:
                 run_fetches, run_feeds = rw.fetches, rw.feeds
             plan = Plan(run_fetches, run_feeds, self._ctx, self.parallel)
             checks = [_feed_check(t) for t in feeds]
+            if self.check_numerics:
+                from .ops.numerics import checked_feed
+                checks = [checked_feed(c, t) for c, t in zip(checks, feeds)]
             entry = (plan, unflatten, checks)
             if key is not None:
                 self._plans[key] = entry

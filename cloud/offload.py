@@ -55,7 +55,8 @@ Deployment: on few cores shared with other work, give BLAS one thread (--blas-th
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
 the benchmark's three 1024-wide dense layers at batch 1 took 43 ms under load with default threads,
 0.34 ms with one).
-Bind 0.0.0.0 only with TLS and a token (docs/security.md).
+Without TLS and a token the service binds 127.0.0.1 whatever --host says (--insecure overrides, with a
+warning); see docs/security.md.
 
 The parts run on this machine's CPU through numpy: the core executor has no GPU path yet
 (core/gpu.py, issue #9), so a cloud GPU is not used by this service today.

@@ -104,12 +104,13 @@ class LiteRTOffloadClient:
     def call_cloud(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
         import grpc
         from isthmus.proto import offload_pb2
+        from isthmus.wire import tensor_codec
         self._connect()
         req = offload_pb2.InferRequest(part=self.part, request_id=uuid.uuid4().hex)
         for spec, a in zip(self.meta["outputs"], arrays):
             nt = req.inputs.add()
             nt.name = spec["wire_name"]
-            tensor_codec.encode(a, nt.tensor)  # wire/tensor_codec.py: dtype code, shape, little-endian bytes
+            tensor_codec.encode(a, nt.tensor)   # dtype code, shape, raw little-endian bytes
         try:
             resp = self._stub.Infer(req, timeout=self.deadline_s)
         except grpc.RpcError as e:
@@ -163,10 +164,11 @@ def _zip_checked(got, want_names):
 
 
 def _from_wire(nt, want_name: str) -> np.ndarray:
+    from isthmus.wire import tensor_codec
     if nt.name != want_name:
         raise OffloadCallError(f"the service answered '{nt.name}' where '{want_name}' was expected")
     try:
-        return tensor_codec.decode(nt.tensor).copy()  # a writable array, as the interpreter wants
+        return np.array(tensor_codec.decode(nt.tensor))
     except tensor_codec.TensorCodecError as e:
         raise OffloadCallError(f"tensor '{want_name}': {e}") from None
 

@@ -21,6 +21,8 @@ CHECKED_ELSEWHERE = {
     "Gather": "test_control_flow (rnn bodies gather rows) and test_layers (embedding)",
     "Dropout": "test_nn_ops.test_dropout_masks_and_scales_and_its_gradient_uses_the_mask",
     "Identity": "passes through dy unchanged",
+    "DeviceCopy": "passes through dy unchanged (core/ops/device_copy.py)",
+    "CheckNumerics": "test_numerics.test_check_numerics_op_passes_values_through_and_names_itself_on_nan",
     "StopGradient": "returns no gradient by definition",
     "OnesLike": "returns no gradient by definition", "ZerosLike": "returns no gradient by definition",
     "ReshapeTo": "test_array_ops.test_reshape_to_a_run_time_shape",

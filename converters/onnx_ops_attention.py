@@ -1,4 +1,4 @@
-"""ONNX import of Attention (opsets 23-24, onto core/ops/attention.py) and RotaryEmbedding (opset 23)."""
+"""ONNX import of Attention (opsets 23-24) and RotaryEmbedding (opset 23), onto core/ops/attention.py."""
 from __future__ import annotations
 
 import isthmus.core as ism
@@ -30,3 +30,10 @@ def _attention(c, node, ins):
         qk_output_mode=int(at.get("qk_matmul_output_mode", 0)), left_window=int(at.get("left_window_size", -1)),
         right_window=int(at.get("right_window_size", -1)))
     return [y, pk, pv, qk]
+
+
+@handler("RotaryEmbedding", 23)
+def _rotary(c, node, ins):
+    at = attrs(node)
+    return [ism.rotary_embedding(ins[0], ins[1], ins[2], _opt(ins, 3), bool(at.get("interleaved", 0)),
+                                 int(at.get("rotary_embedding_dim", 0)), at.get("num_heads"))]

@@ -1,7 +1,7 @@
 """Scaled dot-product attention as ONNX defines it (Attention, opsets 23-24): multi-head and grouped-query,
 causal and sliding-window masks, boolean or additive masks, a key/value cache, soft-capping. Built from
 primitive ops (its gradient comes with them) plus AttentionBias, which turns the masks into one additive
-bias (no gradient: masks and lengths are not differentiated)."""
+bias (no gradient: masks and lengths are not differentiated); and rotary position embedding."""
 from __future__ import annotations
 
 import math
@@ -159,3 +159,52 @@ def attention(q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv_seql
         from .array import reshape_to
         y = reshape_to(transpose(y, (0, 2, 1, 3)), constant(np.array([0, 0, -1], np.int64)), copy_zero=True)
     return y, present_k, present_v, cast(qk_out, q.dtype)
+
+
+def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, interleaved: bool = False, rotary_dim: int = 0,
+                     num_heads: Optional[int] = None) -> Tensor:
+    """Rotary position embedding (ONNX RotaryEmbedding): rotate pairs of the first `rotary_dim` features of
+    each head (halves, or even/odd features when interleaved) by the cached angles of their position.
+    x is [B, H, S, D] or [B, S, H*D] (with num_heads); the caches are [max_pos, rotary_dim/2] read at
+    position_ids [B, S], or already [B, S, rotary_dim/2] without them."""
+    from .array import expand_dims, reshape_to, shape
+    x = convert(x)
+    four_d = len(x.shape) == 4
+    if four_d:
+        h = transpose(x, (0, 2, 1, 3))
+        d = x.shape[3]
+    elif len(x.shape) == 3:
+        if not num_heads:
+            raise ShapeError("rotary_embedding: a 3-D input needs num_heads")
+        h = reshape_to(x, constant(np.array([0, 0, num_heads, -1], np.int64)), copy_zero=True)
+        d = x.shape[2] // num_heads if x.shape[2] is not None else None
+    else:
+        raise ShapeError(f"rotary_embedding needs a 3-D or 4-D input, got {x.shape}")
+    if d is None:
+        raise ShapeError("rotary_embedding: the head size must be known")
+    rd = rotary_dim or d
+    cos_c, sin_c = convert(cos_cache, x.dtype), convert(sin_cache, x.dtype)
+    if position_ids is not None:
+        cos_c, sin_c = gather(cos_c, position_ids, 0), gather(sin_c, position_ids, 0)
+    if cos_c.shape[-1] is not None and cos_c.shape[-1] != rd // 2:
+        raise ShapeError(f"rotary_embedding: cache width {cos_c.shape[-1]} is not rotary_dim/2 = {rd // 2}")
+    cos_c, sin_c = expand_dims(cos_c, 2), expand_dims(sin_c, 2)  # [B, S, 1, rd/2] against [B, S, H, rd/2]
+    lead = (slice(None),) * 3
+    rot = h[lead + (slice(0, rd),)]
+    if interleaved:
+        x1, x2 = rot[lead + (slice(0, None, 2),)], rot[lead + (slice(1, None, 2),)]
+    else:
+        x1, x2 = rot[lead + (slice(0, rd // 2),)], rot[lead + (slice(rd // 2, rd),)]
+    real = add(mul(cos_c, x1), mul(mul(sin_c, x2), constant(-1.0, x.dtype)))
+    imag = add(mul(sin_c, x1), mul(cos_c, x2))
+    if interleaved:  # back to even/odd order: pairs stacked on a new last axis, then flattened
+        rot = reshape_to(concat([expand_dims(real, -1), expand_dims(imag, -1)], -1), shape(rot, "int64"))
+    else:
+        rot = concat([real, imag], -1)
+    out = concat([rot, h[lead + (slice(rd, None),)]], -1) if (d is not None and rd < d) else rot
+    if four_d:
+        return transpose(out, (0, 2, 1, 3))
+    return reshape_to(out, shape(x, "int64"))
+
+
+__all__.append("rotary_embedding")

@@ -65,3 +65,26 @@ def test_gradient_causal_with_softcap():
     check_gradients(lambda q, k, v: ism.attention(q, k, v, is_causal=True, softcap=3.0)[0],
                     [Q4[:1, :2, :, :3].astype(np.float64), K4[:1, :2, :4, :3].astype(np.float64),
                      V4[:1, :2, :4, :2].astype(np.float64)])
+
+
+@pytest.mark.parametrize("interleaved,rotary_dim", [(False, 0), (True, 0), (False, 4), (True, 4)])
+def test_rotary_embedding_matches_the_onnx_reference(interleaved, rotary_dim):
+    from onnx.reference.ops.op_rotary_embedding import rotary_embedding as ref
+    x = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    rd = rotary_dim or 8
+    cos, sin = rng.standard_normal((10, rd // 2)).astype(np.float32), rng.standard_normal((10, rd // 2)).astype(np.float32)
+    pos = np.array([[0, 2, 4, 6, 8], [1, 1, 2, 3, 5]])
+    got, _ = run_op(lambda t, c, s: ism.rotary_embedding(t, c, s, ism.constant(pos), interleaved, rotary_dim), [x, cos, sin])
+    np.testing.assert_allclose(got[0], ref(x, cos, sin, pos, interleaved=interleaved, rotary_embedding_dim=rotary_dim),
+                               rtol=1e-5, atol=1e-6)
+    x3 = x.transpose(0, 2, 1, 3).reshape(2, 5, 24)
+    got3, _ = run_op(lambda t, c, s: ism.rotary_embedding(t, c, s, ism.constant(pos), interleaved, rotary_dim, 3),
+                     [x3, cos, sin])
+    np.testing.assert_allclose(got3[0], ref(x3, cos, sin, pos, interleaved=interleaved, rotary_embedding_dim=rotary_dim,
+                                            num_heads=3), rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_embedding_gradient():
+    pos = np.array([[0, 2, 1]])
+    check_gradients(lambda t, c, s: ism.rotary_embedding(t, c, s, ism.constant(pos), True),
+                    [rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((3, 2)), rng.standard_normal((3, 2))])

@@ -1,4 +1,4 @@
-"""ONNX import of Attention (opsets 23-24) and RotaryEmbedding (opset 23), onto core/ops/attention.py."""
+"""ONNX import of Attention (opsets 23-24) and RotaryEmbedding (opset 23), onto core/ops/attention.py, and Einsum."""
 from __future__ import annotations
 
 import isthmus.core as ism
@@ -37,3 +37,8 @@ def _rotary(c, node, ins):
     at = attrs(node)
     return [ism.rotary_embedding(ins[0], ins[1], ins[2], _opt(ins, 3), bool(at.get("interleaved", 0)),
                                  int(at.get("rotary_embedding_dim", 0)), at.get("num_heads"))]
+
+
+@handler("Einsum", 12)
+def _einsum(c, node, ins):
+    return [ism.einsum(attrs(node)["equation"], *ins)]

@@ -1,6 +1,5 @@
 """ONNX export of the ops added for issue 20 (activations, pointwise math, indexing, ordering, ConvTranspose,
-Q/DQ, Einsum) and of AddN,
-Tile and Mod; registered into onnx_export's handler table at opset 17."""
+Q/DQ, Einsum) and of AddN, Tile and Mod; registered into onnx_export's handler table at opset 17."""
 from __future__ import annotations
 
 import numpy as np

@@ -91,6 +91,8 @@ _OPTION_FIELDS = {
     "BATCH_MATMUL": ("BatchMatMulOptions", ["AdjX", "AdjY"]),
     "SPLIT": ("SplitOptions", ["NumSplits"]),
     "SPLIT_V": ("SplitVOptions", ["NumSplits"]),
+    "STRIDED_SLICE": ("StridedSliceOptions", ["BeginMask", "EndMask", "EllipsisMask", "NewAxisMask",
+                                              "ShrinkAxisMask", "Offset"]),
 }
 _VECTOR_FIELDS = {"NewShape", "SqueezeDims"}  # int32 vectors, read through numpy
 

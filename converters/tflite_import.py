@@ -398,6 +398,15 @@ def _transpose(imp, op):
     return [_Val(ism.transpose(as_nhwc(x), tuple(perm)), False)]
 
 
+@_handler("DENSIFY")
+def _densify(imp, op):
+    """The reader already densified the sparse constant (converters/tflite_sparse.py)."""
+    v = imp.value(op, 0)
+    if v is None or v.const is None:
+        raise TFLiteImportError(f"{imp.where(op)}: DENSIFY needs a constant (sparse) input")
+    return [v]
+
+
 @_handler("STRIDED_SLICE")
 def _strided_slice(imp, op):
     """TensorFlow's strided slice (masks, ellipsis, new and shrunk axes, offset) as one numpy-style index

@@ -212,7 +212,20 @@ def _tensor(r: _Reader, m, sg, k: int, n_buf: int) -> TensorData:
     if not 0 <= b < max(n_buf, 1):
         raise TFLiteImportError(f"{what}: buffer index {b} outside the model's {n_buf} buffers")
     data = _buffer_data(r, m, b, what) if n_buf else None
+    sparsity = None
     if data is not None:
+        from .tflite_sparse import read_sparsity
+        sparsity = read_sparsity(r, t, what)
+    if sparsity is not None:  # only the non-zeros are stored: densified here, so every op sees dense weights
+        from .tflite_sparse import densify
+        if any(d < 0 for d in shape):
+            raise TFLiteImportError(f"{what}: a sparse constant with unknown dims {shape}")
+        if data.size % dtype.itemsize:
+            raise TFLiteImportError(f"{what}: sparse tensor buffer {b} holds {data.size} bytes, not a whole number "
+                                    f"of {dtype.name} values")
+        values = np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
+        data = densify(values, tuple(shape), sparsity, what)
+    elif data is not None:
         if any(d < 0 for d in shape):
             raise TFLiteImportError(f"{what}: a constant with unknown dims {shape}")
         want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

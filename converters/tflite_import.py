@@ -593,3 +593,6 @@ def _check_shape(imp, op, i: int, v: _Val) -> None:
 
 def _clean(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-." else "_" for ch in name)
+
+
+from . import tflite_mediapipe  # noqa: E402,F401  (MediaPipe custom operators; need the handler table above)

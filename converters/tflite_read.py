@@ -47,6 +47,7 @@ class OperatorData:
     inputs: List[int]       # -1: an omitted optional input
     outputs: List[int]
     options: Dict[str, object] = field(default_factory=dict)
+    custom_options: bytes = b""  # a custom operator's raw options (MediaPipe's are C structs)
 
 
 @dataclass
@@ -284,6 +285,9 @@ def _operator(r: _Reader, sg, k: int, codes: List[str], n_t: int) -> OperatorDat
         if bad:
             raise TFLiteImportError(f"{what}: {kind} tensor indices {bad} outside the subgraph's {n_t} tensors")
     data = OperatorData(k, op, ins, outs)
+    if op.startswith("custom:"):
+        v = r.call(f"{what} custom_options", o.CustomOptionsAsNumpy)
+        data.custom_options = b"" if isinstance(v, int) else np.asarray(v, np.uint8).tobytes()
     if op in _OPTION_FIELDS:
         data.options = _options(r, o, op, what)
     return data

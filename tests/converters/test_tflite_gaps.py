@@ -1,6 +1,7 @@
 """TFLite import gaps of issue 20: STRIDED_SLICE (all masks, offset; after a conv that holds the value
 NCHW), checked against numpy's indexing of the same NHWC values; sparse (CSR and block-sparse) constants
-densified for DENSIFY, and malformed sparsity refused with messages that say "sparse"."""
+densified for DENSIFY, and malformed sparsity refused with messages that say "sparse"; MediaPipe custom
+operators against references written from their published kernels' loops."""
 import numpy as np
 import pytest
 
@@ -163,3 +164,101 @@ def test_malformed_sparsity_is_refused_saying_sparse(sparse, msg):
     from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
     with pytest.raises(TFLiteImportError, match=msg):
         from_tflite(_fc_model(sparse))
+
+
+# ---- MediaPipe custom operators: references written from their published kernels' loops ------------------
+def _pool_opts(padding, stride, filt, act=0):
+    return np.array([padding, stride[1], stride[0], filt[1], filt[0], act], "<i4").tobytes()
+
+
+def np_max_pool_argmax(x, stride, filt, same):
+    n, h, w, c = x.shape
+    oh, ow = ((-(-h // stride[0]), -(-w // stride[1])) if same else
+              ((h - filt[0] + stride[0]) // stride[0], (w - filt[1] + stride[1]) // stride[1]))
+    ph = max(((oh - 1) * stride[0] + filt[0] - h) // 2, 0)
+    pw = max(((ow - 1) * stride[1] + filt[1] - w) // 2, 0)
+    out, idx = np.zeros((n, oh, ow, c), F32), np.zeros((n, oh, ow, c), F32)
+    for b, oy, ox, ch in np.ndindex(n, oh, ow, c):
+        best, at = -np.inf, 0
+        for fy in range(filt[0]):
+            for fx in range(filt[1]):
+                y, xx = oy * stride[0] - ph + fy, ox * stride[1] - pw + fx
+                if 0 <= y < h and 0 <= xx < w and x[b, y, xx, ch] > best:
+                    best, at = x[b, y, xx, ch], fy * filt[1] + fx
+        out[b, oy, ox, ch], idx[b, oy, ox, ch] = best, at + 0.1
+    return out, idx
+
+
+@pytest.mark.parametrize("same,stride,filt", [(True, (2, 2), (2, 2)), (True, (2, 1), (3, 3)), (False, (1, 2), (2, 3))])
+def test_max_pooling_with_argmax(same, stride, filt):
+    w = TFLiteWriter()
+    x = w.tensor("x", [2, 5, 6, 3])
+    oh, ow = np_max_pool_argmax(np.zeros((1, 5, 6, 1), F32), stride, filt, same)[0].shape[1:3]
+    y, i = w.tensor("y", [2, oh, ow, 3]), w.tensor("i", [2, oh, ow, 3])
+    w.custom_op("MaxPoolingWithArgmax2D", [x], [y, i], _pool_opts(1 if same else 2, stride, filt))
+    data = w.finish([x], [y, i])
+    xv = rng.standard_normal((2, 5, 6, 3)).astype(F32)
+    xv[0, 0, :2, 0] = 7.0  # a tie: the first position in the window wins
+    (gy, gi), _, _ = _run(data, {"x": xv}, nhwc_io=True)
+    wy, wi = np_max_pool_argmax(xv, stride, filt, same)
+    np.testing.assert_array_equal(gy, wy)
+    np.testing.assert_array_equal(gi, wi)
+
+
+def test_max_unpooling_inverts_max_pooling_with_argmax():
+    w = TFLiteWriter()
+    x = w.tensor("x", [1, 4, 6, 2])
+    y, i = w.tensor("y", [1, 2, 3, 2]), w.tensor("i", [1, 2, 3, 2])
+    w.custom_op("MaxPoolingWithArgmax2D", [x], [y, i], _pool_opts(1, (2, 2), (2, 2)))
+    u = w.tensor("u", [1, 4, 6, 2])
+    w.custom_op("MaxUnpooling2D", [y, i], [u], _pool_opts(1, (2, 2), (2, 2)))
+    data = w.finish([x], [u])
+    xv = rng.standard_normal((1, 4, 6, 2)).astype(F32)
+    (got,), _, _ = _run(data, {"x": xv})
+    want = np.zeros_like(xv)
+    for b, yy, xx, c in np.ndindex(1, 2, 3, 2):
+        win = xv[b, 2 * yy:2 * yy + 2, 2 * xx:2 * xx + 2, c]
+        fy, fx = np.unravel_index(np.argmax(win), (2, 2))
+        want[b, 2 * yy + fy, 2 * xx + fx, c] = win[fy, fx]
+    np.testing.assert_array_equal(got, want)
+
+
+def np_transpose_conv_bias(x, wt, b, stride, same):
+    n, h, w_, ci = x.shape
+    co, kh, kw, _ = wt.shape
+    ph = max(0, kh - (h - 1) % stride[0] - 1) if same else 0
+    pw = max(0, kw - (w_ - 1) % stride[1] - 1) if same else 0
+    oh, ow = stride[0] * (h - 1) + kh - ph, stride[1] * (w_ - 1) + kw - pw
+    out = np.broadcast_to(b, (n, oh, ow, co)).astype(np.float64).copy()
+    for bb, iy, ix, c in np.ndindex(n, h, w_, ci):
+        for fy, fx in np.ndindex(kh, kw):
+            oy, ox = iy * stride[0] - ph // 2 + fy, ix * stride[1] - pw // 2 + fx
+            if 0 <= oy < oh and 0 <= ox < ow:
+                out[bb, oy, ox] += x[bb, iy, ix, c] * wt[:, fy, fx, c]
+    return out
+
+
+@pytest.mark.parametrize("same,stride,k", [(True, (2, 2), (4, 4)), (True, (2, 2), (3, 3)), (False, (2, 1), (3, 2)),
+                                            (True, (3, 3), (2, 2))])
+def test_convolution_2d_transpose_bias(same, stride, k):
+    xv = rng.standard_normal((2, 3, 4, 5)).astype(F32)
+    wt = rng.standard_normal((4,) + k + (5,)).astype(F32)
+    bias = rng.standard_normal(4).astype(F32)
+    want = np_transpose_conv_bias(xv, wt, bias, stride, same)
+    w = TFLiteWriter()
+    x = w.tensor("x", [2, 3, 4, 5])
+    y = w.tensor("y", list(want.shape))
+    w.custom_op("Convolution2DTransposeBias", [x, w.const("w", wt), w.const("b", bias)], [y],
+                np.array([1 if same else 2, stride[1], stride[0]], "<i4").tobytes())
+    data = w.finish([x], [y])
+    (got,), _, _ = _run(data, {"x": xv}, nhwc_io=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_short_custom_options_are_named():
+    from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
+    w = TFLiteWriter()
+    x, y = w.tensor("x", [1, 4, 4, 1]), w.tensor("y", [1, 2, 2, 1])
+    w.custom_op("MaxUnpooling2D", [x, x], [y], b"\x01\x00")
+    with pytest.raises(TFLiteImportError, match="custom options hold 2 bytes, TfLitePoolParams needs 24"):
+        from_tflite(w.finish([x], [y]))

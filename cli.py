@@ -18,7 +18,7 @@ COMMANDS = {
     "info": ("isthmus.apps.cmd_info", "inputs, outputs, op counts, sizes and producer of any model file"),
     "health": ("isthmus.apps.cmd_health", "the gRPC health check of a server or offload service (a readiness probe)"),
     "bench": ("isthmus.apps.cmd_bench", "time a model: warm-up, median, p90/p99, per-op table, peak memory"),
-    "convert": ("isthmus.apps.cmd_convert", "convert an ONNX or TFLite model (or a graph-building function) to the edge format or ONNX"),
+    "convert": ("isthmus.apps.cmd_convert", "any model isthmus reads (ONNX, TFLite, graph file, file.py:fn) to the edge format or ONNX"),
     "import": ("isthmus.graph_io", "import an ONNX or TFLite model into an isthmus graph file (-o model.graph)"),
     "export": ("isthmus.graph_io", "export a graph file to ONNX or the edge format (--to onnx|edge)"),
     "edge-run": ("isthmus.edge.cli", "run an edge model file and print outputs, timings and the arena size"),

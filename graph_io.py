@@ -131,7 +131,7 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
     import onnx
     from isthmus.converters.onnx_import import OnnxImportError, from_onnx
     try:
-        proto = onnx.load(model)
+        proto = onnx.load(model, load_external_data=False)  # from_onnx reads it, confined to the model's folder
     except OSError as e:
         raise GraphFileError(f"cannot read {model}: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
@@ -142,7 +142,8 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         raise GraphFileError(f"{model}: input '{shapeless[0]}' has no shape in the file; give it one "
                              "(isthmus convert/split/quantize take --input-shape NAME=D0,D1,...)")
     try:
-        graph, inputs, outputs = from_onnx(proto, trainable=trainable)
+        graph, inputs, outputs = from_onnx(proto, trainable=trainable,
+                                           external_data_dir=os.path.dirname(os.path.abspath(model)))
     except (OnnxImportError, GraphError, ValueError) as e:
         raise GraphFileError(f"cannot import {model}: {e}") from None
     return graph, inputs, outputs, _unique([o.name or f"output{k}" for k, o in enumerate(proto.graph.output)])

@@ -45,9 +45,11 @@ def _graph(m) -> Dict[str, object]:
     from isthmus.core.executor import prune
     outs = list(m.outputs.values())
     nodes = prune([t.node for t in outs], set())
-    ops = collections.Counter(n.op for n in nodes if n.op not in ("Const", "Placeholder"))
+    ops = collections.Counter(n.op for n in nodes if n.op not in ("Const", "Placeholder", "Variable"))
     weights = sum(np.asarray(n.attrs["value"]).nbytes for n in nodes if n.op == "Const" and "value" in n.attrs)
-    int8 = sum(1 for n in nodes if n.op not in ("Const", "Placeholder")
+    weights += sum(int(np.prod(n.outputs[0].shape)) * np.dtype(n.outputs[0].dtype).itemsize
+                   for n in nodes if n.op == "Variable" and None not in n.outputs[0].shape)
+    int8 = sum(1 for n in nodes if n.op not in ("Const", "Placeholder", "Variable")
                and any(np.dtype(t.dtype) == np.int8 for t in n.outputs))
     size = os.path.getsize(m.source) if os.path.isfile(m.source) else None
     return {"file": m.source, "format": m.kind, "producer": m.producer, **m.extra,

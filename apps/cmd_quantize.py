@@ -64,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
                    help="shape of an input whose dims the model leaves unknown (repeatable)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch size for unknown leading dims")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="keep an unknown leading dim unknown (the file then runs at any batch)")
     p.add_argument("--force", action="store_true", help="overwrite -o")
 
 
@@ -132,7 +134,8 @@ def measure_drift(edge_bytes: bytes, sess, m: LoadedModel, feeds: List[Dict[str,
 def run(args) -> int:
     out = args.output or os.path.splitext(args.model.split(":")[0])[0] + ".int8.isth"
     rep = quantize(args.model, args.calibration_data, out, args.method, args.percentile, args.per_channel,
-                   args.limit, args.batch, parse_input_shapes(args.input_shape), args.force)
+                   args.limit, -1 if args.dynamic_batch else args.batch, parse_input_shapes(args.input_shape),
+                   args.force)
     print(rep.text())
     return 0
 

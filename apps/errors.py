@@ -22,6 +22,10 @@ def run_command(prog: str, fn: Callable[[], int], debug: bool = False) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`isthmus info m.onnx | head`): stop quietly, as tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except SystemExit as e:  # older commands stop with SystemExit("message")
         if e.code is None or isinstance(e.code, int):
             return int(e.code or 0)

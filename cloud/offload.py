@@ -55,7 +55,8 @@ Deployment: on few cores shared with other work, give BLAS one thread (--blas-th
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
 the benchmark's three 1024-wide dense layers at batch 1 took 43 ms under load with default threads,
 0.34 ms with one).
-Bind 0.0.0.0 only with TLS and a token (docs/security.md).
+Without TLS and a token the service binds 127.0.0.1 whatever --host says (--insecure overrides, with a
+warning); see docs/security.md.
 
 The parts run on this machine's CPU through numpy: the core executor has no GPU path yet
 (core/gpu.py, issue #9), so a cloud GPU is not used by this service today.
@@ -334,6 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "without them the service binds 127.0.0.1)")
     parser.add_argument("--insecure", action="store_true",
                         help="listen on --host even without TLS and a token (prints a warning)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                        help="where the cloud parts run (default cpu)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="rows per batch (default %(default)s)")
     parser.add_argument("--max-delay-ms", type=float, default=DEFAULT_MAX_DELAY_MS,
                         help="longest wait for a batch to fill (default %(default)s)")
@@ -393,6 +396,8 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 def run(args) -> int:
     from ..wire.security import SecurityError
     from .server import security_from_args
+    from ..core.device_runtime import apply_device_flag
+    apply_device_flag(getattr(args, "device", "cpu"), None, "isthmus serve")
     if args.malloc_mmap_threshold_kb:
         pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)
     if args.malloc_trim_threshold_kb:

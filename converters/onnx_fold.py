@@ -90,6 +90,26 @@ def _reshape(node, vals):
     return x.reshape(shape)
 
 
+def _range(start, limit, delta):
+    from isthmus.core.ops.arange import _count
+    start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
+    return (np.arange(_count(start, limit, delta), dtype=start.dtype) * delta + start).astype(start.dtype)
+
+
+def _reduce(f, node, vals):
+    at = _attrs(node)
+    axes = _axes(node, vals)
+    x = vals[0]
+    if not axes:
+        if at.get("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(x.ndim))
+    if x.size == 0 and f in (np.max, np.min):
+        return None  # the identity of an empty max/min is the handler's business
+    return np.asarray(f(x, axis=tuple(a % max(x.ndim, 1) for a in axes), keepdims=bool(at.get("keepdims", 1))),
+                      x.dtype)
+
+
 _FOLD: Dict[str, Callable] = {
     "Identity": lambda n, v: v[0],
     "Add": lambda n, v: v[0] + v[1], "Sub": lambda n, v: v[0] - v[1], "Mul": lambda n, v: v[0] * v[1],
@@ -101,7 +121,9 @@ _FOLD: Dict[str, Callable] = {
     "Min": lambda n, v: np.minimum.reduce(v) if len(v) > 1 else v[0],
     "Concat": lambda n, v: np.concatenate(v, axis=_attrs(n)["axis"]),
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice, "Cast": _cast,
-    "Reshape": _reshape,
+    "Reshape": _reshape, "Range": lambda n, v: _range(*v),
+    "ReduceProd": lambda n, v: _reduce(np.prod, n, v), "ReduceSum": lambda n, v: _reduce(np.sum, n, v),
+    "ReduceMax": lambda n, v: _reduce(np.max, n, v), "ReduceMin": lambda n, v: _reduce(np.min, n, v),
 }
 
 
@@ -120,6 +142,8 @@ def try_fold(c, node, ins) -> Optional[List]:
         return None
     if op == "Shape":
         val = _static_shape(node, ins[0])
+    elif op == "Size" and ins and ins[0] is not None and all(d is not None for d in ins[0].shape):
+        val = np.array(int(np.prod(ins[0].shape, dtype=np.int64)), np.int64)
     elif op in _FOLD and node.input and all(not n or n in c.consts for n in node.input):
         vals = [np.asarray(c.consts[n]) if n else None for n in node.input]
         if any(v is not None and (v.dtype == object or v.size > MAX_FOLD_ELEMENTS) for v in vals):

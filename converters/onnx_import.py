@@ -217,6 +217,10 @@ def _run_nodes(c: "_Ctx", nodes, values) -> None:
         if missing_in:
             raise ImportError_(f"{where}: input(s) {missing_in} are defined by no earlier node, initializer "
                                "or graph input (the model is malformed or not topologically sorted)")
+        taken = [o for o in n.output if o and o in values]
+        if taken:
+            raise ImportError_(f"{where}: output(s) {taken} are already defined by an initializer, a graph input "
+                               "or an earlier node (ONNX names are assigned once)")
         ins = [values[i] if i else None for i in n.input]
         with g.name_scope(_clean(n.name or n.op_type)):
             try:
@@ -245,7 +249,7 @@ def _check_attrs(node, opset: int) -> None:
         raise ImportError_(f"attribute(s) {extra} are not supported (it reads {sorted(allowed) or 'none'})")
 
 
-_SUBGRAPH_OPS = {"If", "Loop"}
+_SUBGRAPH_OPS = {"If", "Loop", "Scan"}
 
 
 def _text(v) -> str:

@@ -159,9 +159,16 @@ def _pad(c, node, ins):
     pads = c.const_or_none(node, 1)
     value = c.const_or_none(node, 2)
     if pads is None or (value_t is not None and value is None):
-        refuse_unless(axes is None, "pads computed at run time together with an axes input")
-        return [pad_dynamic(x, ism.cast(ins[1], np.int64) if ins[1].dtype != np.int64 else ins[1],
-                            value_t, mode)]
+        p = ins[1] if pads is None else ism.constant(np.asarray(pads, np.int64).reshape(-1))
+        p = ism.cast(p, np.int64) if p.dtype != np.int64 else p
+        if axes is not None:  # scatter the given axes' pads into [begin..., end...] over every axis
+            refuse_unless(len(set(axes)) == len(axes), f"repeated axes {axes}")
+            zero = ism.constant(np.zeros(1, np.int64))
+            where = {a: k for k, a in enumerate(axes)}
+            n = len(axes)
+            p = ism.concat([p[where[a] + half * n:where[a] + half * n + 1] if a in where else zero
+                            for half in (0, 1) for a in range(r)], 0)
+        return [pad_dynamic(x, p, value_t, mode)]
     pads = _ints(pads)
     if axes is not None:
         full = [0] * (2 * r)

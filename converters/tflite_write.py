@@ -25,6 +25,7 @@ from isthmus.edge.loader import EdgeModel, loads, verify_all
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
+from . import tflite_write_array_ops  # noqa: F401  (registers TRANSPOSE, GATHER, ... in HANDLERS)
 
 METADATA_KEY = "isthmus.tflite"
 METADATA_VERSION = 1
@@ -231,7 +232,7 @@ class TFLiteSplitPart:
 def split_to_tflite(split: Union[bytes, str], cut: Optional[str] = None, **options) -> TFLiteSplitPart:
     """The edge part of one cut of an isthmus split model (converters/split_export.py) as .tflite.
     `cut`: a cut name; default the first cut that has a cloud part. `options`: edge_to_tflite's."""
-    from .split_export import SPLIT_KEY
+    from isthmus.wire.split_format import SPLIT_KEY
     if isinstance(split, str):
         with open(split, "rb") as f:
             split = f.read()

@@ -150,3 +150,21 @@ def to_host_any(x) -> np.ndarray:
     if get is not None and hasattr(x, "__cuda_array_interface__"):
         return get()
     return np.array(x, copy=True)
+
+
+def apply_device_flag(device: str, job: Optional[str] = None, prog: str = "isthmus") -> str:
+    """`--device gpu|cpu|auto` of the server commands: where this process's sessions place nodes
+    (through ISTHMUS_DEVICE). Parameter servers stay on the CPU (the paper's layout)."""
+    d = (device or "cpu").strip().lower()
+    if d not in ("cpu", "gpu", "auto"):
+        raise SystemExit(f"{prog}: --device must be gpu, cpu or auto, got {device!r}")
+    if job == "ps":
+        d = "cpu"
+    elif d in ("gpu", "auto"):
+        from .gpu import gpu_available, unavailable_reason
+        if not gpu_available():
+            if d == "gpu":
+                raise SystemExit(f"{prog}: --device gpu, but no GPU is available ({unavailable_reason()})")
+            d = "cpu"
+    os.environ["ISTHMUS_DEVICE"] = d
+    return d

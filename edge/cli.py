@@ -137,6 +137,9 @@ def run(args) -> int:
     t_load = time.perf_counter() - t0
     names = list(interp.input_shapes)
     inputs = _inputs(args.input, names, list(interp.input_shapes.values()), _how(args))
+    given = {n: tuple(np.shape(a)) for n, a in zip(names, inputs)}
+    if any(given[n] != tuple(s) for n, s in interp.input_shapes.items()):  # a dynamic batch: prepare for it
+        interp = Interpreter(interp.model, input_shapes=given)
     outs = interp.invoke(*inputs)
     times = []
     for _ in range(max(args.repeat, 1)):

@@ -10,14 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from .cli_models import cnn_onnx, images
+from .cli_models import ISTHMUS, cnn_onnx, images
 
 ort = pytest.importorskip("onnxruntime")
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
 
 
 def _isthmus(*args, timeout=120):
-    r = subprocess.run([sys.executable, "-m", "isthmus.cli", *args], capture_output=True, text=True,
+    r = subprocess.run([*ISTHMUS, *args], capture_output=True, text=True,
                        timeout=timeout, env=ENV)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
@@ -28,7 +28,7 @@ class Served:
     """`isthmus serve FILE --port 0` in a subprocess; the address it prints, within a bounded wait."""
 
     def __init__(self, path: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0",
+        self.proc = subprocess.Popen([*ISTHMUS, "serve", path, "--port", "0",
                                       "--log-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=ENV)
 

@@ -102,9 +102,10 @@ def test_unsupported_op_is_refused_naming_the_node():
 def test_split_part_outputs_carry_the_wire_names(tmp_path):
     from isthmus.converters.split_export import export_split
     from isthmus.edge import Interpreter as EdgeInterpreter
-    from isthmus.edge.offload_client import load_split
+    from isthmus.edge.split_model import load_split
     from isthmus.partitioner.costmodel import CostModel
-    from isthmus.partitioner.devices import EDGE, LinkModel
+    from isthmus.partitioner.devices import EDGE
+    from isthmus.wire.link import LinkModel
     from isthmus.partitioner.plan import AdaptivePlanner
     from isthmus.partitioner.problem import Constraints
     import isthmus as ism

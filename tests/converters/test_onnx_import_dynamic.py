@@ -119,3 +119,95 @@ def test_pad_with_run_time_pads_in_every_mode(mode):
         want = np.pad(x, grow, mode=mode, **({"constant_values": 7.0} if mode == "constant" else {}))
         crop = tuple(slice(-a if a < 0 else None, b if b < 0 else None) for a, b in zip(pads[:3], pads[3:]))
         np.testing.assert_array_equal(got, want[crop])
+
+
+def test_run_time_pads_for_given_axes_and_an_if_on_a_condition_known_at_import():
+    """Pad (opset 18) with pads fed at run time for axes [-1, 1]; an If whose condition folds at import
+    builds only the taken branch (the other would not even build: it splits into too many pieces)."""
+    n = helper.make_node
+    then_g = helper.make_graph([n("Neg", ["y"], ["t"])], "then", [], [helper.make_tensor_value_info("t", F, None)])
+    else_g = helper.make_graph([n("Split", ["y"], ["e0", "e1", "e2", "e3", "e4"], axis=0, num_outputs=5),
+                                n("Identity", ["e0"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
+    nodes = [n("Pad", ["x", "p", "v", "axes"], ["y"]),
+             n("Shape", ["x"], ["s"]), n("Equal", ["s", "s"], ["eq"]), n("Cast", ["eq"], ["eq_i"], to=I64),
+             n("ReduceMin", ["eq_i"], ["mn"], keepdims=0), n("Cast", ["mn"], ["cond"], to=TensorProto.BOOL),
+             n("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "p", [helper.make_tensor_value_info("x", F, [2, 3, 4]),
+                                       helper.make_tensor_value_info("p", I64, [4])],
+                          [helper.make_tensor_value_info("z", F, None)],
+                          [numpy_helper.from_array(np.array(0.5, np.float32), "v"),
+                           numpy_helper.from_array(np.array([-1, 1], np.int64), "axes")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    gi, ins, outs = from_onnx(m)
+    assert "If" not in {nd.op for nd in gi.nodes}
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    sess = ism.Session(gi)
+    for pads in ([1, 0, 2, 3], [0, 2, -1, 1]):
+        feeds = {"x": x, "p": np.array(pads, np.int64)}
+        np.testing.assert_array_equal(sess.run(outs[0], {ins[k]: v for k, v in feeds.items()}), ref.run(None, feeds)[0])
+
+
+def test_loop_scan_outputs_stack_each_iterations_value():
+    """Loop with a carried sum and two scan outputs (a [2, K] value per iteration, its row sums),
+    a trip count fed at run time: matches onnxruntime for 1 and 4 iterations."""
+    n = helper.make_node
+    body = helper.make_graph(
+        [n("Identity", ["cond_in"], ["cond_out"]),
+         n("Cast", ["i"], ["fi"], to=F), n("Mul", ["x", "fi"], ["v"]), n("Add", ["acc", "v"], ["acc_out"]),
+         n("ReduceSum", ["v", "one"], ["rows"], keepdims=0), n("Identity", ["v"], ["scan_v"])],
+        "body", [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", F, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("acc_out", F, None),
+         helper.make_tensor_value_info("scan_v", F, None), helper.make_tensor_value_info("rows", F, None)],
+        [numpy_helper.from_array(np.array([1], np.int64), "one")])
+    g = helper.make_graph([n("Loop", ["trip", "", "acc0"], ["acc_final", "vs", "row_sums"], body=body)], "loop",
+                          [helper.make_tensor_value_info("trip", I64, []), helper.make_tensor_value_info("x", F, [2, "K"]),
+                           helper.make_tensor_value_info("acc0", F, [2, "K"])],
+                          [helper.make_tensor_value_info(o, F, None) for o in ("acc_final", "vs", "row_sums")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    gi, ins, outs = from_onnx(m)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ism.Session(gi)
+    rng = np.random.default_rng(5)
+    for trip, k in ((1, 3), (4, 5)):
+        feeds = {"trip": np.array(trip, np.int64), "x": rng.standard_normal((2, k)).astype(np.float32),
+                 "acc0": rng.standard_normal((2, k)).astype(np.float32)}
+        got = sess.run(outs, {ins[name]: v for name, v in feeds.items()})
+        for a, e in zip(got, ref.run(None, feeds)):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_scan_reads_slices_in_both_directions_and_stacks_outputs_on_any_axis():
+    """Scan (opset 16): a running sum over axis 1 of x read forwards and over y read backwards; the
+    per-step values stacked on axis 1 and in reverse on axis 0; against onnxruntime, two lengths."""
+    n = helper.make_node
+    body = helper.make_graph(
+        [n("Add", ["s_in", "xi"], ["s_out"]), n("Mul", ["xi", "yi"], ["p"]), n("Identity", ["s_out"], ["step"])],
+        "body", [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("xi", F, [2]),
+                 helper.make_tensor_value_info("yi", F, [2])],
+        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("step", F, [2]),
+         helper.make_tensor_value_info("p", F, [2])])
+    node = n("Scan", ["s0", "x", "y"], ["s", "steps", "prods"], body=body, num_scan_inputs=2,
+             scan_input_axes=[1, 0], scan_input_directions=[0, 1], scan_output_axes=[1, 0],
+             scan_output_directions=[0, 1])
+    g = helper.make_graph([node], "scan", [helper.make_tensor_value_info("s0", F, [2]),
+                                           helper.make_tensor_value_info("x", F, [2, "T"]),
+                                           helper.make_tensor_value_info("y", F, ["T", 2])],
+                          [helper.make_tensor_value_info(o, F, None) for o in ("s", "steps", "prods")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)])
+    m.ir_version = 8
+    gi, ins, outs = from_onnx(m)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ism.Session(gi)
+    rng = np.random.default_rng(9)
+    for t in (1, 6):
+        feeds = {"s0": rng.standard_normal(2).astype(np.float32), "x": rng.standard_normal((2, t)).astype(np.float32),
+                 "y": rng.standard_normal((t, 2)).astype(np.float32)}
+        got = sess.run(outs, {ins[name]: v for name, v in feeds.items()})
+        for a, e in zip(got, ref.run(None, feeds)):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)

@@ -143,3 +143,33 @@ def test_external_data_cannot_leave_its_folder(tmp_path, escape):
     onnx.save(_external_model(location, length=length), str(base / "m.onnx"))
     with pytest.raises(OnnxImportError, match=rf"initializer 'w'.*{want}"):
         from_onnx(str(base / "m.onnx"))
+
+
+def _import_model():
+    try:  # the command-line layer moves to isthmus.apps (issue 25)
+        from isthmus.apps.graph_io import GraphFileError, import_model
+    except ImportError:
+        from isthmus.graph_io import GraphFileError, import_model
+    return GraphFileError, import_model
+
+
+def test_the_import_command_confines_external_data_to_the_models_folder(tmp_path):
+    """`isthmus import` (graph_io.import_model) and `isthmus convert` (a path to from_onnx) read
+    external data from the model file's own folder only: the folder exporters write it to."""
+    GraphFileError, import_model = _import_model()
+    (tmp_path / "secret.bin").write_bytes(W.tobytes())
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "w.bin").write_bytes(W.tobytes())
+    onnx.save(_external_model("w.bin"), str(tmp_path / "m" / "good.onnx"))
+    onnx.save(_external_model("../secret.bin"), str(tmp_path / "m" / "bad.onnx"))
+    g, ins, outs, names = import_model(str(tmp_path / "m" / "good.onnx"))
+    np.testing.assert_array_equal(_run(g, ins, outs), np.ones((1, 2)) @ W)
+    with pytest.raises(GraphFileError, match=r"initializer 'w'.*points outside"):
+        import_model(str(tmp_path / "m" / "bad.onnx"))
+
+
+def test_a_name_defined_twice_is_refused():
+    w = numpy_helper.from_array(np.ones(2, np.float32), "b1")
+    m = _model([helper.make_node("Relu", ["x"], ["b1"], name="r")], [_vi("x", [2])], [_vi("b1", None)], [w])
+    with pytest.raises(OnnxImportError, match=r"'r' \(Relu, opset 17\): output\(s\) \['b1'\] are already defined"):
+        from_onnx(m)

@@ -5,4 +5,4 @@ from . import pad_dynamic  # noqa: F401  (ONNX Pad with run-time pads)
 from . import comm  # noqa: F401
 from . import image, arange, recurrent, numerics  # noqa: F401
 from . import device_copy  # noqa: F401
-from . import activation, pointwise, indexing, ordering, normalization, quantization, conv_transpose  # noqa: F401  (issue 20)
+from . import activation, pointwise, indexing, ordering, normalization, quantization, conv_transpose, attention, einsum  # noqa: F401  (issue 20)

@@ -21,7 +21,7 @@ from .format import EdgeModelError
 from .opcontext import OpContext, Window
 from .quant import quantize_multiplier
 
-_F64 = 1 << 53
+_F64, _F32 = 1 << 53, 1 << 24
 _I64 = 1 << 62
 
 
@@ -38,7 +38,8 @@ def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, 
     out = clamp((acc q + c) >> s, lo, hi), c = bias q + 2^(s-1) + zp 2^s (Requantizer's definition).
     float: t = acc mf + cf with mf = q 2^-s, cf = (c + 128 2^s) 2^-s, out = floor(clamp(t)) - 128; exact
     when every value is a multiple of 2^-e (e = s less q's trailing zeros, at least 1) below 2^53 in
-    those units, so t is computed without rounding and its floor is the shift. bound: max |acc|."""
+    those units, so t is computed without rounding and its floor is the shift; mf, cf are float32
+    when even 2^24 bounds them (the GEMM then requantizes in float32). bound: max |acc|."""
     ms = np.broadcast_to(np.asarray(multipliers, np.float64), bias.shape)
     qs = [quantize_multiplier(float(m)) for m in ms]
     q = np.array([v for v, _ in qs], np.int64)
@@ -46,15 +47,19 @@ def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, 
     c = [int(b) * int(qv) + (1 << (int(sv) - 1)) + (int(zp) << int(sv)) for b, qv, sv in zip(bias, q, s)]
     if any(bound * int(qv) + abs(cv) >= _I64 for qv, cv in zip(q, c)):
         raise EdgeModelError("int8 GEMM: the requantization could overflow int64")
-    exact = True
+    exact, exact32 = True, True
     mf, cf = np.empty(len(q)), np.empty(len(q))
     for i, (qv, sv, bv) in enumerate(zip(q.tolist(), s.tolist(), bias.tolist())):
         tz = (qv & -qv).bit_length() - 1
         e = max(sv - tz, 1)
         units = (bound + abs(int(bv))) * (qv >> tz) * (1 << (e - (sv - tz))) + ((abs(zp) + 130) << e)
-        exact = exact and units < _F64
+        exact, exact32 = exact and units < _F64, exact32 and units < _F32 and sv - tz < 126
         mf[i] = math.ldexp(qv, -sv)
         cf[i] = math.ldexp(float(int(bv) * qv), -sv) + 0.5 + zp + 128
+    if exact32:  # the same arithmetic in float32, every value exact there too (the quantizer's short scales)
+        mf32, cf32 = mf.astype(np.float32), cf.astype(np.float32)
+        if np.array_equal(mf32, mf) and np.array_equal(cf32, cf):
+            return "float", mf32, cf32, float(lo + 128), float(hi + 128)
     if exact:
         return "float", mf, cf, float(lo + 128), float(hi + 128)
     return "int", q, np.array(c, np.int64), s, int(lo), int(hi)

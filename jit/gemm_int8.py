@@ -116,16 +116,21 @@ def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
 
     def codegen(context, builder, signature, args):
         results = _accumulate(context, builder, signature, args)
-        i8, i32, i64, f64 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        # float32 constants: the caller proved float32 exact (half the vectors of float64)
+        f64 = ir.FloatType() if signature.args[6].dtype == types.float32 else ir.DoubleType()
         d8 = ir.VectorType(f64, 8)
+        suffix = "v8f32" if isinstance(f64, ir.FloatType) else "v8f64"
         oa, ma, ca = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (2, 6, 7))
         optr = builder.bitcast(oa.data, i8.as_pointer())
         mptr, cptr = (builder.bitcast(a.data, f64.as_pointer()) for a in (ma, ca))
-        lo, hi = (builder.shuffle_vector(builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0)),
+        lo, hi = (builder.shuffle_vector(builder.insert_element(ir.Constant(d8, ir.Undefined),
+                                                                builder.fptrunc(v, f64) if f64 != v.type else v,
+                                                                ir.Constant(i32, 0)),
                                          ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
                   for v in (args[8], args[9]))
-        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum.v8f64")
-        vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum.v8f64")
+        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum." + suffix)
+        vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
         bias = ir.Constant(ir.VectorType(i32, 8), [128] * 8)
 
         def splat(v):

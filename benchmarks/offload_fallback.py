@@ -76,7 +76,8 @@ def build(d: str, bandwidth: float, rtt: float, res: int):
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
     from isthmus.converters.split_export import export_split
     from isthmus.partitioner.costmodel import CostModel
-    from isthmus.partitioner.devices import CLOUD, EDGE, LinkModel
+    from isthmus.partitioner.devices import CLOUD, EDGE
+    from isthmus.wire.link import LinkModel
     from isthmus.partitioner.plan import AdaptivePlanner
     from isthmus.partitioner.problem import Constraints
     from models import mobilenet_v2
@@ -105,7 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--res", type=int, default=96, help="input resolution of the MobileNetV2-style network")
     a = p.parse_args(argv)
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.split_model import load_split
     n = a.requests
     marks = dict(stop=n // 5, cont=2 * n // 5, kill=3 * n // 5, restart=4 * n // 5)
     load0 = os.getloadavg()[0]  # this machine is shared: timings mean little when it is busy
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
         deadline = a.deadline_ms / 1e3
         try:
             with OffloadClient(model, srv.address, deadline_ms=a.deadline_ms, link=link, backoff_s=(0.05, 0.5),
-                               initial_bps=a.bandwidth * 1e6) as c:
+                               initial_bandwidth_bps=a.bandwidth * 1e6) as c:
                 for i in range(n):
                     if i == marks["stop"]:
                         srv.signal(signal.SIGSTOP)
@@ -164,8 +167,8 @@ def main(argv=None) -> int:
         "benchmark": "offload_fallback", "load_average_before_after": [load0, os.getloadavg()[0]],
         "model": f"mobilenet_v2 {a.res}x{a.res} (fp32 split, edge profile 8x slower)",
         "link": repr(link), "deadline_ms": a.deadline_ms, "requests": n,
-        "cuts_mbps": [(c.name, c.cloud_part or "edge only", round(c.min_bps / 1e6, 3),
-                       None if c.max_bps == float("inf") else round(c.max_bps / 1e6, 3)) for c in sp.cuts], "build_s": round(build_s, 1),
+        "cuts_mbps": [(c.name, c.cloud_part or "edge only", round(c.min_bandwidth_bps / 1e6, 3),
+                       None if c.max_bandwidth_bps == float("inf") else round(c.max_bandwidth_bps / 1e6, 3)) for c in sp.cuts], "build_s": round(build_s, 1),
         "local_full_model_ms": {"median": round(statistics.median(local) * 1e3, 2), "max": round(local_max * 1e3, 2)},
         "split_while_up_ms_median": round(statistics.median(cloud_lat) * 1e3, 2) if cloud_lat else None,
         "phases": {"up": phase(0, marks["stop"]), "hung (SIGSTOP)": phase(marks["stop"], marks["cont"]),

@@ -115,7 +115,7 @@ class Mode:
     def __init__(self, loop, name: str, path: str, input_name: str, inputs: np.ndarray, clients: int,
                  max_batch: int, max_delay_ms: float, blas_threads: int, malloc_arenas: int = 0,
                  serve_flags: Sequence[str] = ()):
-        from isthmus.cloud import tensor_codec
+        from isthmus.wire import tensor_codec
         from isthmus.proto import offload_pb2
         self.loop, self.name, self.clients = loop, name, clients
         self.max_batch, self.max_delay_ms = max_batch, max_delay_ms
@@ -167,7 +167,7 @@ class Mode:
 
     def round(self, offset: int, requests: int, reference, inputs, deadline_s: float, check_every: int) -> None:
         import grpc
-        from isthmus.cloud import tensor_codec
+        from isthmus.wire import tensor_codec
         from isthmus.proto import offload_pb2
         lat = []
 

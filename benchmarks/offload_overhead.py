@@ -106,7 +106,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import grpc
-    from isthmus.cloud import tensor_codec, tracing
+    from isthmus.cloud import tracing
+    from isthmus.wire import tensor_codec
     from isthmus.proto import offload_pb2
     here_path = os.path.dirname(ROOT)
     with tempfile.TemporaryDirectory() as tmp:

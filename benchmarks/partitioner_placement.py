@@ -15,7 +15,8 @@ import numpy as np
 
 import isthmus as ism
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import EDGE, LinkModel
+from isthmus.partitioner.devices import EDGE
+from isthmus.wire.link import LinkModel
 from isthmus.partitioner.placement import solve_mincut
 from isthmus.partitioner.problem import Problem
 from timing import emit

@@ -101,7 +101,7 @@ def build(res: int):
     """The frozen model and both cost models (regression only; with measured node times)."""
     from isthmus.converters.edge_export import to_edge
     from isthmus.edge import Interpreter
-    from isthmus.edge.offload_client import emulated_kernel_seconds
+    from isthmus.edge.link_emulation import emulated_kernel_seconds
     from isthmus.partitioner import CostModel, LinkModel
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
@@ -165,21 +165,22 @@ def _one_blas_thread():
 
 
 def _client(model_path, address, bps, cut_bps, link=None):
-    from isthmus.edge.offload_client import EmulatedLink, OffloadClient
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
     return OffloadClient(model_path, address, link=link or EmulatedLink(bps, RTT), deadline_ms=20000, adapt=False,
-                         initial_bps=cut_bps, edge_slowdown=SLOWDOWN, ping_every=10 ** 6)
+                         initial_bandwidth_bps=cut_bps, edge_slowdown=SLOWDOWN, ping_every=10 ** 6)
 
 
 def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
     """Per cloud cut: the median of (time in the remote call - the service's compute) with the link
     emulated at zero delay: the RPC stack, the encoding and the service's queue."""
-    from isthmus.edge.offload_client import EmulatedLink
+    from isthmus.edge.link_emulation import EmulatedLink
     out = {}
     with _one_blas_thread():
         for c in cuts:
             if not c.cloud_part:
                 continue
-            mid = (c.min_bps + min(c.max_bps, 1e10)) / 2
+            mid = (c.min_bandwidth_bps + min(c.max_bandwidth_bps, 1e10)) / 2
             with _client(model_path, address, mid, mid, link=EmulatedLink(1e15, 0.0)) as cl:
                 vals = []
                 for i in range(n + 3):
@@ -193,7 +194,7 @@ def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
 def _cut_of(cuts, bps: float) -> str:
     """The cut a client on a link of `bps` runs (the one whose bandwidth range holds it)."""
     for c in cuts:
-        if c.min_bps <= bps < c.max_bps:
+        if c.min_bandwidth_bps <= bps < c.max_bandwidth_bps:
             return c.name
     return cuts[-1].name
 
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=21, help="timed requests per mode and link (medians)")
     p.add_argument("--res", type=int, default=224)
     args = p.parse_args(argv)
-    from isthmus.edge.offload_client import load_split
+    from isthmus.edge.split_model import load_split
     from isthmus.partitioner import LinkModel, plan_split
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
             cuts = load_split(model_path).cuts
             edge_k = next((k for k, c in enumerate(cuts) if not c.cloud_part), None)
             cloud_k = next((k for k, c in enumerate(cuts) if c.inputs == [xname]), None)
-            mid = (lambda k: (cuts[k].min_bps + min(cuts[k].max_bps, 1e10)) / 2)
+            mid = (lambda k: (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2)
             rows = []
             for mbps in LINKS_MBPS:
                 bps = mbps * 1e6
@@ -330,8 +331,8 @@ def main(argv=None) -> int:
                            "call_overhead_ms": {k: round(v * 1e3, 3) for k, v in overheads.items()},
                            "call_s_planned_ms": round(call_s * 1e3, 3), **info,
                            "cuts": [{"name": c.name, "cloud_part": c.cloud_part or None, "inputs": c.inputs,
-                                     "min_mbps": round(c.min_bps / 1e6, 3),
-                                     "max_mbps": None if c.max_bps == float("inf") else round(c.max_bps / 1e6, 3)}
+                                     "min_mbps": round(c.min_bandwidth_bps / 1e6, 3),
+                                     "max_mbps": None if c.max_bandwidth_bps == float("inf") else round(c.max_bandwidth_bps / 1e6, 3)}
                                     for c in cuts],
                            "links": rows, "load_average_before": round(load0, 2),
                            "load_average_after": round(os.getloadavg()[0], 2),

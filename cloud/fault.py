@@ -46,7 +46,7 @@ def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from ..proto.security import ClientSecurity, make_channel
+    from ..wire.security import ClientSecurity, make_channel
     try:
         with make_channel(address, ClientSecurity.from_env()) as ch:
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)

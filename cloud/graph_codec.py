@@ -27,7 +27,7 @@ from ..core.graph import Graph, Node, Tensor
 from ..core.ops.control import SavedTensors
 from ..core.variables import Variable
 from ..proto import graph_pb2, tensor_pb2
-from . import tensor_codec
+from ..wire import tensor_codec
 
 FORMAT_VERSION = 1
 _INT64 = (-(1 << 63), (1 << 63) - 1)

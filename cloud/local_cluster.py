@@ -155,7 +155,7 @@ class LocalCluster:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         deadline = time.monotonic() + max(timeout, 0.1)
-        from ..proto.security import ClientSecurity, make_channel
+        from ..wire.security import ClientSecurity, make_channel
         security = ClientSecurity.from_env(self._env)
         for tid, addr in self.cluster.tasks():
             with make_channel(addr, security) as ch:

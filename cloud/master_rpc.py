@@ -7,14 +7,20 @@ import grpc
 
 from ..core.trace import RunMetadata
 from ..proto import master_pb2, master_pb2_grpc
-from ..proto.security import ClientSecurity, make_channel
-from . import graph_codec, tensor_codec, tracing
+from ..wire import tensor_codec
+from ..wire.security import CLUSTER, ClientSecurity, caller_role, make_channel
+from . import graph_codec, tracing
 from .errors import WorkerError, abort_with, from_rpc_error
 from .master import Master
 from .rpc import channel_options
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S
 
 _STEP_SLACK_S = 5.0  # a RunStep's deadline over the step timeout it asks for
+
+
+def _writes() -> bool:
+    """May this call's graphs write state? (the cluster token, or a server without tokens)"""
+    return caller_role() == CLUSTER
 
 
 class MasterServicer:
@@ -24,14 +30,15 @@ class MasterServicer:
 
     def CreateSession(self, request, context):
         try:
-            h = self.master.create_session(request.graph)
+            h = self.master.create_session(request.graph, writes=_writes())
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.name)
         return master_pb2.CreateSessionResponse(session_handle=h, graph_version=1)
 
     def ExtendSession(self, request, context):
         try:
-            v = self.master.extend_session(request.session_handle, request.graph, request.current_graph_version)
+            v = self.master.extend_session(request.session_handle, request.graph, request.current_graph_version,
+                                            writes=_writes())
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.name)
         return master_pb2.ExtendSessionResponse(new_graph_version=v)
@@ -41,7 +48,8 @@ class MasterServicer:
             feeds = {t.name: tensor_codec.decode(t.tensor) for t in request.feeds}
             md = RunMetadata() if request.trace else None
             outs, step_id = self.master.run_step(request.session_handle, feeds, list(request.fetches),
-                                                 list(request.targets), request.timeout_s or None, run_metadata=md)
+                                                 list(request.targets), request.timeout_s or None, run_metadata=md,
+                                                 writes=_writes())
             resp = master_pb2.RunStepResponse(step_id=step_id)
             if md is not None:
                 tracing.encode(md, out=resp.trace)
@@ -53,7 +61,7 @@ class MasterServicer:
 
     def CloseSession(self, request, context):
         try:
-            self.master.close_session(request.session_handle)
+            self.master.close_session(request.session_handle, writes=_writes())
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.name)
         return master_pb2.CloseSessionResponse()
@@ -82,7 +90,7 @@ class MasterClient:
 
     def __init__(self, address: str, timeout: float = DEFAULT_RPC_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, security: Optional[ClientSecurity] = None):
-        """`security`: TLS / bearer token (proto/security.py); None: from the environment
+        """`security`: TLS / bearer token (wire/security.py); None: from the environment
         ($ISTHMUS_TLS_CA, $ISTHMUS_TOKEN_FILE, ...), plaintext when it sets nothing."""
         self.address = address.split("://", 1)[1] if "://" in address else address
         self.timeout = timeout

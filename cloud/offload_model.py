@@ -42,7 +42,8 @@ import numpy as np
 from ..core.errors import IsthmusError
 from ..core.executor import prune
 from ..core.graph import Graph, Node, Tensor
-from . import graph_codec, tensor_codec
+from ..wire import tensor_codec
+from . import graph_codec
 
 MAGIC = b"ISTHMUS-CLOUD\n"
 FORMAT = "isthmus-cloud-parts"

@@ -57,8 +57,8 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import tensor_codec
-from .tensor_codec import TensorCodecError
+from ..wire import tensor_codec
+from ..wire.tensor_codec import TensorCodecError
 
 ENV_VAR = "ISTHMUS_SHM"
 SHM_DIR = "/dev/shm"
@@ -122,7 +122,7 @@ class Segment:
 
     def __init__(self, value, max_bytes: int = tensor_codec.DEFAULT_MAX_BYTES):
         self.fd = -1
-        arr = tensor_codec._as_array(value)
+        arr = tensor_codec.as_array(value)
         if arr.nbytes > max_bytes:
             raise TensorCodecError(f"tensor of {arr.nbytes} bytes ({arr.dtype}{list(arr.shape)}) is over "
                                    f"the limit of {max_bytes} bytes")

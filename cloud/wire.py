@@ -15,8 +15,8 @@ from typing import Iterable, List, Optional, Tuple
 import numpy as np
 
 from ..proto import tensor_pb2, worker_pb2
-from . import tensor_codec
-from .tensor_codec import TensorCodecError
+from ..wire import tensor_codec
+from ..wire.tensor_codec import TensorCodecError
 
 DEFAULT_INLINE_BYTES = 4 << 20    # bigger tensors stream
 DEFAULT_CHUNK_BYTES = 1 << 20     # in pieces of this size
@@ -35,7 +35,7 @@ def _varint(n: int) -> bytes:
 
 
 def _payload(arr: np.ndarray) -> memoryview:
-    return memoryview(tensor_codec._le_bytes(arr)) if arr.size else memoryview(b"")
+    return memoryview(tensor_codec.le_bytes(arr)) if arr.size else memoryview(b"")
 
 
 class WireTensor:
@@ -45,7 +45,7 @@ class WireTensor:
 
     def __init__(self, arr, inline_bytes: int = DEFAULT_INLINE_BYTES, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  max_bytes: int = tensor_codec.DEFAULT_MAX_BYTES):
-        arr = tensor_codec._as_array(arr)
+        arr = tensor_codec.as_array(arr)
         if arr.nbytes > max_bytes:
             raise TensorCodecError(f"tensor of {arr.nbytes} bytes ({arr.dtype}{list(arr.shape)}) is over "
                                    f"the limit of {max_bytes} bytes")

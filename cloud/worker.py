@@ -26,7 +26,8 @@ from ..core.graph import Graph, Tensor
 from ..core.rendezvous import RendezvousAborted
 from ..core.session import Session
 from ..core.trace import RunMetadata, RunOptions
-from . import graph_codec, shm, tensor_codec, wire
+from ..wire import tensor_codec
+from . import graph_codec, shm, wire
 from .errors import HandleNotFound, WorkerError
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezvous, show
 

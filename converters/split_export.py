@@ -9,11 +9,12 @@
 
 The file holds one subgraph per candidate cut (the edge part of that cut; its RemotePart names
 the cloud part that runs the rest), plus the whole model as a subgraph for local fallback. The
-metadata key "isthmus.split" (JSON) lists the cuts in order of bandwidth, each with the uplink
+metadata key "isthmus.split" (JSON; the keys are wire/split_format.py's) lists the cuts in order of bandwidth, each with the uplink
 range (bit/s) where the partitioner's adaptive planner finds it best:
 
     {"version": 1, "model": NAME, "full": SUBGRAPH, "rtt_s": RTT,
-     "cuts": [{"name": "cut0", "subgraph": 1, "cloud_part": "cut0" or "", "min_bps": 0, "max_bps": 2.4e6,
+     "cuts": [{"name": "cut0", "subgraph": 1, "cloud_part": "cut0" or "",
+               "min_bandwidth_bps": 0, "max_bandwidth_bps": 2.4e6,
                "inputs": [wire names...], "outputs": [wire names...], "predicted_s": ...,
                "terms": [fixed_s, up_bits, n_up, down_bits, n_down]}, ...]}
 
@@ -38,12 +39,10 @@ from isthmus.core.graph import Graph, Tensor
 from isthmus.edge.loader import EdgeModel, loads
 from isthmus.edge.writer import ModelWriter
 
-from isthmus.partitioner.plan import _link_terms
+from isthmus.partitioner.plan import link_terms
+from isthmus.wire.split_format import MAX_BANDWIDTH_KEY, MIN_BANDWIDTH_KEY, SPLIT_KEY, SPLIT_VERSION
 
 from .edge_export import to_edge
-
-SPLIT_KEY = "isthmus.split"
-SPLIT_VERSION = 1
 
 
 @dataclass
@@ -51,8 +50,8 @@ class CutInfo:
     name: str
     subgraph: int
     cloud_part: str
-    min_bps: float
-    max_bps: float
+    min_bandwidth_bps: float
+    max_bandwidth_bps: float
     inputs: List[str]
     outputs: List[str]
     predicted_s: float
@@ -61,7 +60,8 @@ class CutInfo:
 
     def to_json(self) -> dict:
         return {"name": self.name, "subgraph": self.subgraph, "cloud_part": self.cloud_part,
-                "min_bps": self.min_bps, "max_bps": None if math.isinf(self.max_bps) else self.max_bps,
+                MIN_BANDWIDTH_KEY: self.min_bandwidth_bps,
+                MAX_BANDWIDTH_KEY: None if math.isinf(self.max_bandwidth_bps) else self.max_bandwidth_bps,
                 "inputs": self.inputs, "outputs": self.outputs, "predicted_s": self.predicted_s,
                 "terms": list(self.terms)}
 
@@ -88,8 +88,8 @@ class SplitExport:
     def report(self) -> str:
         lines = [f"split model: {len(self.cuts)} cuts, {len(self.data):,} bytes"]
         for c in self.cuts:
-            hi = "inf" if math.isinf(c.max_bps) else f"{c.max_bps / 1e6:.3g}"
-            lines.append(f"  {c.name}: uplink {c.min_bps / 1e6:.3g}..{hi} Mbit/s -> "
+            hi = "inf" if math.isinf(c.max_bandwidth_bps) else f"{c.max_bandwidth_bps / 1e6:.3g}"
+            lines.append(f"  {c.name}: uplink {c.min_bandwidth_bps / 1e6:.3g}..{hi} Mbit/s -> "
                          + (f"cloud part '{c.cloud_part}' ({', '.join(c.inputs)} up, {', '.join(c.outputs)} down)"
                             if c.cloud_part else "edge only (the full model)"))
         lines += [f"  skipped: {s}" for s in self.skipped]
@@ -295,7 +295,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
     for k, (j, lo_bw, hi_bw) in enumerate(ranges):
         plan, b = cand_plans[j], built[j]
         name = f"cut{k}"
-        lt = _link_terms(plan.predicted, edge_dev)
+        lt = link_terms(plan.predicted, edge_dev)
         terms = (lt.fixed, lt.up_bits, lt.n_up, lt.down_bits, lt.n_down)
         mid = plan.link if math.isinf(hi_bw) else plan.link.with_uplink(math.sqrt(max(lo_bw, 1.0) * hi_bw))
         info = CutInfo(name, full_index if b is None else -1, "" if b is None else name, lo_bw, hi_bw, [], [],
@@ -333,4 +333,4 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
     return SplitExport(w.to_bytes(), cuts, graph, skipped)
 
 
-__all__ = ["export_split", "SplitExport", "CutInfo", "SplitWriter", "SPLIT_KEY"]
+__all__ = ["export_split", "SplitExport", "CutInfo", "SplitWriter"]

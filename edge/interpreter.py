@@ -287,7 +287,7 @@ class Interpreter:
     def kernels(self) -> List[Tuple[str, Callable[[], None]]]:
         """(the name of its first output, the prepared kernel) for each step, in run order: calling
         them in turn after set_inputs is one invoke (outputs in the arena), which is how a profiler
-        times each kernel as the interpreter runs it (edge/offload_client.emulated_kernel_seconds)."""
+        times each kernel as the interpreter runs it (edge/link_emulation.emulated_kernel_seconds)."""
         m = self.model
         return [(m.tensors[outs[0]].name if outs else f"step{k}", step)
                 for k, (outs, step) in enumerate(zip(self._step_outputs, self._steps))]

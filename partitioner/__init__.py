@@ -11,7 +11,8 @@ objective), placement (mincut, greedy, exhaustive, baselines), partition, runner
 threads (the BLAS thread count, which a profile holds only for: ISTHMUS_BLAS_THREADS or set_blas_threads).
 """
 from .costmodel import CostModel, op_cost
-from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel
+from ..wire.link import LinkModel
+from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile
 from .partition import Part, Partition, Transfer, partition
 from .placement import cloud_only, edge_only, place_exhaustive, place_greedy, place_layer_split, place_mincut
 from .plan import AdaptivePlanner, SplitPlan, plan_split

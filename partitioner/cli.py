@@ -19,7 +19,8 @@ import numpy as np
 
 from ..core.graph import Graph
 from .costmodel import CostModel
-from .devices import CLOUD, EDGE, DeviceProfile, LinkModel, parse_duration
+from ..wire.link import LinkModel, parse_duration
+from .devices import CLOUD, EDGE, DeviceProfile
 from .plan import ALGORITHMS, AdaptivePlanner, plan_split
 from .problem import Constraints
 
@@ -90,6 +91,11 @@ def cost_model(args) -> CostModel:
 
 def run(args) -> int:
     graph, outputs = load_model(args.model)
+    return explain(graph, outputs, args)
+
+
+def explain(graph: Graph, outputs: Optional[list], args) -> int:
+    """Plan `graph` for the flags in `args`, print the explanation, write the plots asked for."""
     cm = cost_model(args)
     c = Constraints(edge_memory_budget=args.memory_budget if args.memory_budget is not None else "profile")
     plan = plan_split(graph, cm, outputs, c, args.algorithm)

@@ -11,11 +11,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ..core.graph import Node, Tensor
 from ..core.registry import Cost, default_cost
-from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel
+from ..wire.link import LinkModel
+from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile
 from .executed import ABSORBED, FREE, Roles, as_run, unchanged
 
 # between two cloud devices (the many-device case): a datacenter network
-LAN = LinkModel(up_bps=10e9, down_bps=10e9, rtt_s=100e-6)
+LAN = LinkModel(up_bandwidth_bps=10e9, down_bandwidth_bps=10e9, rtt_s=100e-6)
 NARROW_ROWS = 16  # products of up to this many rows are priced as weight-streaming ("MatMul:narrow")
 _FREE_OPS = frozenset({"Const", "Placeholder", "NoOp", "Send", "Recv"})
 

@@ -2,13 +2,12 @@
 
 A DeviceProfile says how fast a device runs each op type: per-op-type regression
 coefficients fitted on measurements (see calibrate.py), falling back to a roofline of
-peak FLOP/s, memory bandwidth and per-op overhead. A LinkModel says how long a tensor
-takes to cross: bytes / bandwidth + half the round trip, per transfer.
+peak FLOP/s, memory bandwidth and per-op overhead. The link (LinkModel, the transfer formula and
+the units' parsers) is wire/link.py's, shared with the edge's emulated link.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
@@ -107,70 +106,6 @@ def _coeffs(v, what: str) -> Coeffs:
     if not isinstance(v, (list, tuple)) or len(v) != 3 or not all(isinstance(x, (int, float)) for x in v):
         raise ValueError(f"coefficients for {what} must be 3 numbers [c0, c_flops, c_bytes], got {v!r}")
     return (float(v[0]), float(v[1]), float(v[2]))
-
-
-@dataclass(frozen=True)
-class LinkModel:
-    """The edge's link to the cloud. Bandwidths in bit/s; rtt in seconds.
-
-    `call_s` is the fixed cost of one remote call beyond the network's round trip: the RPC stack
-    and the offload service's queue (measured with a small request, see bench/demo); like the RTT
-    it is paid half on the way up and half on the way back."""
-    up_bps: float = 20e6
-    down_bps: float = 20e6
-    rtt_s: float = 0.040
-    call_s: float = 0.0
-
-    def __post_init__(self):
-        if not (self.up_bps > 0 and self.down_bps > 0 and self.rtt_s >= 0 and self.call_s >= 0):
-            raise ValueError(f"link needs positive bandwidths and rtt, call_s >= 0, got {self!r}")
-
-    @property
-    def latency_s(self) -> float:
-        """What one call costs beyond the bytes: the round trip and the call's fixed cost."""
-        return self.rtt_s + self.call_s
-
-    def upload_time(self, nbytes: float) -> float:
-        return nbytes * 8.0 / self.up_bps + self.latency_s / 2
-
-    def download_time(self, nbytes: float) -> float:
-        return nbytes * 8.0 / self.down_bps + self.latency_s / 2
-
-    def with_uplink(self, up_bps: float) -> "LinkModel":
-        """This link at another uplink, the downlink keeping its ratio to it."""
-        return replace(self, up_bps=up_bps, down_bps=self.down_bps * up_bps / self.up_bps)
-
-    def with_call_cost(self, call_s: float) -> "LinkModel":
-        return replace(self, call_s=float(call_s))
-
-    @classmethod
-    def parse(cls, bandwidth: str, rtt: str = "40ms", downlink: Optional[str] = None) -> "LinkModel":
-        """LinkModel.parse('5mbps', '40ms'); the downlink defaults to the uplink."""
-        up = parse_bandwidth(bandwidth)
-        return cls(up, parse_bandwidth(downlink) if downlink else up, parse_duration(rtt))
-
-    def __str__(self) -> str:
-        call = f", call {self.call_s * 1e3:g} ms" if self.call_s else ""
-        return f"up {self.up_bps / 1e6:g} Mbit/s, down {self.down_bps / 1e6:g} Mbit/s, rtt {self.rtt_s * 1e3:g} ms{call}"
-
-
-_BW_UNITS = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9}
-_T_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-def parse_bandwidth(text: str) -> float:
-    """'5mbps', '0.1 Mbit/s', '1gbps' -> bit/s."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-z/]+)\s*", str(text).lower())
-    if not m or m.group(2) not in _BW_UNITS:
-        raise ValueError(f"bandwidth {text!r}: expected a number and one of {sorted(_BW_UNITS)}")
-    return float(m.group(1)) * _BW_UNITS[m.group(2)]
-
-
-def parse_duration(text: str) -> float:
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*(s|ms|us)\s*", str(text).lower())
-    if not m:
-        raise ValueError(f"duration {text!r}: expected a number and s, ms or us")
-    return float(m.group(1)) * _T_UNITS[m.group(2)]
 
 
 # Defaults: the cloud about this machine kind (one core of numpy), the edge 8x slower.

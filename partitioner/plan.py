@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.graph import Graph
 from .costmodel import CostModel
-from .devices import LinkModel
+from ..wire.link import LinkModel
 from .partition import Partition, partition
 from .placement import solve_exhaustive, solve_greedy, solve_layer_split, solve_mincut, solve_preferring
 from .problem import Breakdown, Constraints, Fetch, Forced, Placement, PlacementError, Problem
@@ -41,7 +41,7 @@ class SplitPlan:
 
     def predict(self, link: LinkModel) -> float:
         """This placement's predicted latency over another link, in O(1)."""
-        return _link_terms(self.predicted, self.problem.cost.edge).at(link)
+        return link_terms(self.predicted, self.problem.cost.edge).at(link)
 
     def partition(self) -> Partition:
         p = self.problem
@@ -102,8 +102,8 @@ def plan_split(graph: Graph, cost: CostModel, outputs: Optional[Sequence[Fetch]]
 
 # ---- adaptive choice ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _LinkTerms:
-    """A plan's latency as a function of the link: fixed + bits up / up_bps + bits down / down_bps + rtt terms."""
+class LinkTerms:
+    """A plan's latency as a function of the link: fixed + bits up / up_bandwidth_bps + bits down / down_bandwidth_bps + rtt terms."""
     fixed: float
     up_bits: float
     n_up: int
@@ -111,11 +111,11 @@ class _LinkTerms:
     n_down: int
 
     def at(self, link: LinkModel) -> float:
-        return (self.fixed + self.up_bits / link.up_bps + self.down_bits / link.down_bps
+        return (self.fixed + self.up_bits / link.up_bandwidth_bps + self.down_bits / link.down_bandwidth_bps
                 + (self.n_up + self.n_down) * link.latency_s / 2)
 
 
-def _link_terms(b: Breakdown, edge: Optional[str]) -> _LinkTerms:
+def link_terms(b: Breakdown, edge: Optional[str]) -> LinkTerms:
     fixed = sum(b.compute.values())
     ub = db = 0.0
     nu = nd = 0
@@ -126,7 +126,7 @@ def _link_terms(b: Breakdown, edge: Optional[str]) -> _LinkTerms:
             db, nd = db + 8.0 * m.nbytes, nd + 1
         else:
             fixed += m.seconds
-    return _LinkTerms(fixed, ub, nu, db, nd)
+    return LinkTerms(fixed, ub, nu, db, nd)
 
 
 class AdaptivePlanner:
@@ -147,10 +147,10 @@ class AdaptivePlanner:
             c = cost.with_link(cost.link.with_uplink(bw))
             problem = Problem(graph, c, outputs, constraints)
             self.plans.append(plan_split(graph, c, outputs, constraints, algorithm, problem=problem))
-        self._terms = [_link_terms(p.predicted, cost.edge) for p in self.plans]
+        self._terms = [link_terms(p.predicted, cost.edge) for p in self.plans]
 
     def choose(self, link: LinkModel) -> SplitPlan:
-        i = bisect.bisect_left(self.bandwidths, link.up_bps)
+        i = bisect.bisect_left(self.bandwidths, link.up_bandwidth_bps)
         cands = {max(i - 1, 0), min(i, len(self.plans) - 1)}
         best = min(cands, key=lambda j: (self._terms[j].at(link), j))
         return self.plans[best]

@@ -20,7 +20,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 import isthmus as ism  # noqa: E402
-from isthmus.cloud import tensor_codec  # noqa: E402
+from isthmus.wire import tensor_codec  # noqa: E402
 from isthmus.cloud.offload import (DeadlineExceeded, InvalidRequest, OffloadServer, OffloadService,  # noqa: E402
                                    Overloaded)
 from isthmus.cloud.offload_model import (MAGIC, CloudModel, CloudPartsError, cloud_part,  # noqa: E402
@@ -175,7 +175,7 @@ def test_unbatchable_parts_run_each_request_alone_and_fixed_batches_are_enforced
 
 def test_parts_from_several_plans_skip_the_edge_only_cut(model):
     from isthmus.partitioner.costmodel import CostModel
-    from isthmus.partitioner.devices import LinkModel
+    from isthmus.wire.link import LinkModel
     from isthmus.partitioner.plan import plan_split
     from isthmus.partitioner.problem import Constraints
     g, sess, x, logits, y = _graph()
@@ -514,7 +514,7 @@ def _until(cond, timeout=5.0):
 
 
 def test_a_bearer_token_is_required_when_configured(model):
-    from isthmus.proto.security import ClientSecurity, ServerSecurity, make_channel
+    from isthmus.wire.security import ClientSecurity, ServerSecurity, make_channel
     with OffloadServer(model, security=ServerSecurity(token="s3cret-token")) as srv:
         with grpc.insecure_channel(srv.address) as ch:
             with pytest.raises(grpc.RpcError) as e:
@@ -526,7 +526,7 @@ def test_a_bearer_token_is_required_when_configured(model):
 
 def test_isthmus_serve_with_tls_and_a_token_prints_its_address_logs_and_stops_on_ctrl_c(model, tmp_path):
     pytest.importorskip("cryptography")
-    from isthmus.proto.security import ClientSecurity, make_channel
+    from isthmus.wire.security import ClientSecurity, make_channel
 
     from ..tls_certs import make_certs
     certs = make_certs(tmp_path / "certs")

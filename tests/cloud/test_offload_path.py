@@ -11,7 +11,8 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 import isthmus as ism  # noqa: E402
-from isthmus.cloud import tensor_codec, tracing  # noqa: E402
+from isthmus.cloud import tracing  # noqa: E402
+from isthmus.wire import tensor_codec  # noqa: E402
 from isthmus.cloud.offload import InferResult, OffloadServer, response_bytes  # noqa: E402
 from isthmus.cloud.offload_model import CloudModel, cloud_part  # noqa: E402
 from isthmus.core.trace import RunMetadata  # noqa: E402
@@ -121,7 +122,7 @@ def test_stats_and_describe_publish_the_per_request_overhead(model):
 
 
 def test_measuring_a_secured_server_needs_the_clients_credentials(model):
-    from isthmus.proto.security import ClientSecurity, ServerSecurity
+    from isthmus.wire.security import ClientSecurity, ServerSecurity
     with OffloadServer(model, security=ServerSecurity(token="tok-123456")) as srv:
         with pytest.raises(ValueError, match="client_security"):
             srv.measure_overhead(requests=2)

@@ -1,4 +1,4 @@
-"""TLS and bearer tokens on isthmus gRPC servers (proto/security.py), with throwaway certificates."""
+"""TLS and bearer tokens on isthmus gRPC servers (wire/security.py), with throwaway certificates."""
 import os
 import tempfile
 
@@ -12,7 +12,7 @@ import isthmus as ism  # noqa: E402
 from isthmus.cloud import rpc  # noqa: E402
 from isthmus.cloud.errors import TaskUnavailable, WorkerError  # noqa: E402
 from isthmus.cloud.worker import Worker  # noqa: E402
-from isthmus.proto.security import ClientSecurity, SecurityError, ServerSecurity, make_channel  # noqa: E402
+from isthmus.wire.security import ClientSecurity, SecurityError, ServerSecurity, make_channel  # noqa: E402
 
 from ..tls_certs import make_certs  # noqa: E402
 

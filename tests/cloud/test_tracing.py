@@ -123,7 +123,7 @@ def test_tracing_off_sets_no_trace_field():
     h = w.register_graph(part.graph, D0)
     servicer = rpc.WorkerServicer(w)
     xv = np.ones((2, 3), np.float32)
-    from isthmus.cloud import tensor_codec
+    from isthmus.wire import tensor_codec
     req = worker_pb2.RunGraphRequest(handle=h, step_id=1, fetches=part.fetches)
     tensor_codec.encode(xv, out=req.feeds.add(name="x:0").tensor)
     resp = servicer.RunGraph(req, None)

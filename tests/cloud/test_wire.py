@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from isthmus.cloud import tensor_codec, wire
-from isthmus.cloud.tensor_codec import TensorCodecError
+from isthmus.cloud import wire
+from isthmus.wire import tensor_codec
+from isthmus.wire.tensor_codec import TensorCodecError
 from isthmus.proto import tensor_pb2, worker_pb2
 
 VALUES = [

@@ -8,11 +8,13 @@ import pytest
 import isthmus as ism
 from isthmus.cloud.offload_model import cloud_part
 from isthmus.converters.edge_export import to_edge
-from isthmus.converters.split_export import SPLIT_KEY, export_split
+from isthmus.converters.split_export import export_split
+from isthmus.wire.split_format import SPLIT_KEY
 from isthmus.edge import EdgeModelError, Interpreter, load
-from isthmus.edge.offload_client import load_split
+from isthmus.edge.split_model import load_split
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE, EDGE_DEVICE, LinkModel
+from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE, EDGE_DEVICE
+from isthmus.wire.link import LinkModel
 from isthmus.partitioner.plan import AdaptivePlanner
 from isthmus.partitioner.problem import Constraints
 
@@ -59,13 +61,13 @@ def test_cuts_ranges_and_results(cnn, tmp_path):
     sm = load_split(path)
     assert len(sm.cuts) == 4 and sm.cuts[0].cloud_part == "" and sm.cuts[-1].inputs == ["x:0"]
     assert any(c.inputs and c.inputs != ["x:0"] for c in sm.cuts)  # a cut inside the network
-    assert sm.cuts[0].min_bps == 0 and all(a.max_bps == b.min_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
+    assert sm.cuts[0].min_bandwidth_bps == 0 and all(a.max_bandwidth_bps == b.min_bandwidth_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
     # the range holding a bandwidth names a plan as fast as the planner's own choice there
     for bw in GRID:
         link = cnn["cm"].link.with_uplink(bw)
         k = sm.cut_for(bw)
         mine = sp.cuts[k].terms
-        pred = mine[0] + mine[1] / link.up_bps + mine[3] / link.down_bps + (mine[2] + mine[4]) * link.rtt_s / 2
+        pred = mine[0] + mine[1] / link.up_bandwidth_bps + mine[3] / link.down_bandwidth_bps + (mine[2] + mine[4]) * link.rtt_s / 2
         assert pred == pytest.approx(cnn["ap"].choose(link).predict(link), rel=1e-9), bw
     # every cut, its edge part on the interpreter and its cloud part on a Session, equals the unsplit graph
     for cut in sm.cuts:
@@ -84,8 +86,9 @@ def test_int8_cuts_stay_within_quantization_tolerance(cnn):
     rng = np.random.default_rng(1)
     calib = [{"x": v} for v in rng.standard_normal((8, 1, 3, 32, 32)).astype(np.float32)]
     sp = export_split(cnn["sess"], [cnn["y"]], cnn["ap"], int8=True, calibration=calib)
-    from isthmus.edge.offload_client import _verify_models, read_split
-    sm = read_split(_verify_models(sp.data))
+    from isthmus.edge.loader import verify_all
+    from isthmus.edge.split_model import read_split
+    sm = read_split(verify_all(sp.data))
     inner = [c for c in sm.cuts if c.cloud_part and c.inputs != ["x:0"]]
     assert inner and any(t.dtype == np.int8 for t in inner[0].model.tensors)
     for cut in sm.cuts:

@@ -10,11 +10,16 @@ import pytest
 import isthmus as ism
 from isthmus.cloud.offload import OffloadServer
 from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
-from isthmus.converters.split_export import SPLIT_KEY, export_split
+from isthmus.converters.split_export import export_split
+from isthmus.wire.split_format import SPLIT_KEY
 from isthmus.edge import EdgeModelError, Interpreter
-from isthmus.edge.offload_client import CloudError, EmulatedLink, OffloadClient, _verify_models, load_split, read_split
+from isthmus.edge.link_emulation import EmulatedLink
+from isthmus.edge.loader import verify_all
+from isthmus.edge.offload_client import CloudError, OffloadClient
+from isthmus.edge.split_model import load_split, read_split
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import EDGE, LinkModel
+from isthmus.partitioner.devices import EDGE
+from isthmus.wire.link import LinkModel
 from isthmus.partitioner.plan import AdaptivePlanner
 from isthmus.partitioner.problem import Constraints
 
@@ -68,10 +73,10 @@ def test_the_file_carries_every_cut_its_link_range_and_the_full_model(split):
     sm = load_split(split["model"])
     assert [c.cloud_part for c in sm.cuts] == ["", "cut1", "cut2"]  # edge only, first layer on the edge, all cloud
     assert sm.cuts[0].model is sm.full and sm.full.remote == []
-    assert sm.cuts[0].min_bps == 0 and sm.cuts[-1].max_bps == float("inf")
-    assert all(a.max_bps == b.min_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
-    ranges = [(c.min_bps, c.max_bps) for c in sm.cuts]
-    assert 0.05e6 < sm.cuts[1].min_bps < 0.5e6 and 2e6 < sm.cuts[1].max_bps < 20e6, ranges
+    assert sm.cuts[0].min_bandwidth_bps == 0 and sm.cuts[-1].max_bandwidth_bps == float("inf")
+    assert all(a.max_bandwidth_bps == b.min_bandwidth_bps for a, b in zip(sm.cuts, sm.cuts[1:]))
+    ranges = [(c.min_bandwidth_bps, c.max_bandwidth_bps) for c in sm.cuts]
+    assert 0.05e6 < sm.cuts[1].min_bandwidth_bps < 0.5e6 and 2e6 < sm.cuts[1].max_bandwidth_bps < 20e6, ranges
     assert sm.cuts[1].inputs == ["mm0:0"] and sm.cuts[2].inputs == ["x:0"] and sm.cuts[1].outputs == ["y:0"]
     # the weights the cuts share with the full model are stored once: the file is about the model's size
     weights = sum(4 * a * b for a, b in zip((784,) + WIDTHS, WIDTHS))
@@ -97,8 +102,8 @@ def test_the_file_carries_every_cut_its_link_range_and_the_full_model(split):
 def test_every_cut_over_grpc_equals_the_unsplit_model(split, server):
     sm = load_split(split["model"])
     for k, cut in enumerate(sm.cuts):
-        mid = (cut.min_bps + min(cut.max_bps, 1e9)) / 2
-        with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bps=mid) as c:
+        mid = (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
+        with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=mid) as c:
             assert c.cut == k
             for v, r in zip(split["xs"][:4], split["ref"][:4]):
                 np.testing.assert_allclose(c.invoke(v)[0], r, rtol=1e-5, atol=1e-7)
@@ -114,7 +119,7 @@ def test_int8_split_stays_within_quantization_tolerance(split, tmp_path):
     sp.save(str(tmp_path / "q.isth"))
     save_cloud_parts(str(tmp_path / "q.cloud"), [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
     with OffloadServer(str(tmp_path / "q.cloud")) as srv:
-        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=5000, adapt=False, initial_bps=1e6) as c:
+        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=1e6) as c:
             assert c.split.cuts[c.cut].inputs == ["mm0:0"]
             assert any(t.dtype == np.int8 for t in c.split.cuts[c.cut].model.tensors)  # the edge part is int8
             got = np.concatenate([c.invoke(v)[0] for v in split["xs"]])
@@ -180,7 +185,7 @@ def test_cloud_stopped_mid_run_falls_back_within_deadline_and_reconnects(split):
     lat, phases = [], []
     try:
         with OffloadClient(split["model"], srv.address, deadline_ms=deadline * 1e3, backoff_s=(0.02, 0.1),
-                           adapt=False, initial_bps=1e9) as c:
+                           adapt=False, initial_bandwidth_bps=1e9) as c:
             for i in range(36):
                 if i == 8:
                     srv.stop(grace=0)
@@ -209,20 +214,25 @@ def test_a_cloud_slower_than_the_deadline_is_covered_locally(split):
     with OffloadServer(split["cloud"]) as srv:
         # one request with time to spare first: on an empty numba cache the first run compiles the
         # edge part's kernels (seconds), past the 100 ms deadline the first request below must meet
-        with OffloadClient(split["model"], srv.address, deadline_ms=30000, adapt=False, initial_bps=1e9) as warm:
+        with OffloadClient(split["model"], srv.address, deadline_ms=30000, adapt=False, initial_bandwidth_bps=1e9) as warm:
             warm.invoke(split["xs"][0])
             assert warm.last["mode"] == "cloud"
         proxy = _faults().StallProxy(srv.address)
         try:
-            with OffloadClient(split["model"], proxy.address, deadline_ms=100, backoff_s=(0.01, 0.01),
-                               adapt=False, initial_bps=1e9) as c:
-                c.invoke(split["xs"][0])  # connected through the proxy while it passes bytes
+            with OffloadClient(split["model"], proxy.address, deadline_ms=30000, backoff_s=(0.01, 0.01),
+                               adapt=False, initial_bandwidth_bps=1e9) as c:
+                # connected through the proxy while it passes bytes, with time to spare: under load (a CPU
+                # hog, pytest -n) a first connection through the proxy can take longer than 100 ms
+                c.invoke(split["xs"][0])
                 assert c.last["mode"] == "cloud"
+                c.deadline_s = 0.1
                 proxy.set_mode("stall")
                 for i in range(3):
                     time.sleep(0.02)  # past the backoff: each request tries the cloud again
                     np.testing.assert_allclose(c.invoke(split["xs"][i])[0], split["ref"][i], rtol=1e-5, atol=1e-7)
-                    assert c.last["mode"] == "fallback" and c.last["total_s"] - c.last["local_s"] <= 0.1 + 0.05
+                    # the stalled answer never comes: the attempt ends at the deadline (the margin is for a
+                    # loaded machine's scheduling, far below the endless wait it guards against)
+                    assert c.last["mode"] == "fallback" and c.last["total_s"] - c.last["local_s"] <= 0.1 + 0.4
                 st = c.stats()
         finally:
             proxy.close()
@@ -242,13 +252,13 @@ def _faults():
 
 
 def test_a_token_server_refuses_a_client_without_it(split):
-    from isthmus.proto.security import ClientSecurity, ServerSecurity
+    from isthmus.wire.security import ClientSecurity, ServerSecurity
     with OffloadServer(split["cloud"], security=ServerSecurity(token="s3cret-token")) as srv:
-        with OffloadClient(split["model"], srv.address, adapt=False, initial_bps=1e9) as c:
+        with OffloadClient(split["model"], srv.address, adapt=False, initial_bandwidth_bps=1e9) as c:
             c.invoke(split["xs"][0])
             assert c.stats()["fallback"] == 1 and "UNAUTHENTICATED" in c.stats()["last_error"]
         sec = ClientSecurity(token="s3cret-token", tls=False)
-        with OffloadClient(split["model"], srv.address, security=sec, adapt=False, initial_bps=1e9) as c:
+        with OffloadClient(split["model"], srv.address, security=sec, adapt=False, initial_bandwidth_bps=1e9) as c:
             np.testing.assert_allclose(c.invoke(split["xs"][0])[0], split["ref"][0], rtol=1e-5, atol=1e-7)
             assert c.stats()["cloud"] == 1
 
@@ -257,7 +267,7 @@ def test_no_full_model_means_a_clear_error_when_the_cloud_is_gone(split, tmp_pat
     g, y = split["graph"], split["y"]
     sp = export_split(g, [y], planner(g, y), include_full=False)
     sp.save(str(tmp_path / "nofull.isth"))
-    with OffloadClient(str(tmp_path / "nofull.isth"), "127.0.0.1:1", deadline_ms=200, initial_bps=1e9) as c:
+    with OffloadClient(str(tmp_path / "nofull.isth"), "127.0.0.1:1", deadline_ms=200, initial_bandwidth_bps=1e9) as c:
         with pytest.raises(CloudError, match="no full copy"):
             c.invoke(split["xs"][0])
 
@@ -265,15 +275,15 @@ def test_no_full_model_means_a_clear_error_when_the_cloud_is_gone(split, tmp_pat
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.update(version=2), "version 2"),
     (lambda m: m["cuts"][1].update(subgraph=99), "cut 1: subgraph 99 out of range"),
-    (lambda m: m["cuts"][1].update(min_bps=1.0), "cut 1: range"),
+    (lambda m: m["cuts"][1].update(min_bandwidth_bps=1.0), "cut 1: range"),
     (lambda m: m["cuts"][1].update(inputs=["a", "b"]), "cut 1: 2/1 wire names"),
     (lambda m: m["cuts"][2].update(cloud_part="other"), "remote part named 'other'"),
-    (lambda m: m["cuts"][0].update(max_bps=float("nan")), "max_bps must be a finite number"),
+    (lambda m: m["cuts"][0].update(max_bandwidth_bps=float("nan")), "max_bandwidth_bps must be a finite number"),
     (lambda m: m.update(full=1), "the full model \\(subgraph 1\\) has remote parts"),
 ])
 def test_a_bad_cut_table_is_refused_naming_the_field(split, edit, message):
     with open(split["model"], "rb") as f:
-        models = _verify_models(f.read())
+        models = verify_all(f.read())
     meta = json.loads(models[0].metadata[SPLIT_KEY])
     edit(meta)
     models[0].metadata[SPLIT_KEY] = json.dumps(meta)
@@ -316,7 +326,7 @@ def test_loading_a_split_model_imports_neither_grpc_nor_the_graph_machinery(spli
             "graph = lambda: [k for k in sys.modules "
             "if k.split('.')[:2] in (['isthmus', 'core'], ['isthmus', 'cloud'])]; "
             "assert 'grpc' not in sys.modules and not graph(), graph(); "
-            f"c = OffloadClient({split['model']!r}, '127.0.0.1:1', initial_bps=1.0); "
+            f"c = OffloadClient({split['model']!r}, '127.0.0.1:1', initial_bandwidth_bps=1.0); "
             "c.invoke(np.zeros((1, 784), 'float32')); "
             "assert 'grpc' in sys.modules and not graph() and c.last['mode'] == 'local', (graph(), c.last)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -384,7 +394,7 @@ def test_damaged_split_files_are_refused_cleanly(split):
         for p in spots:
             buf[p] = int(rng.integers(0, 256)) if rng.random() < 0.5 else buf[p] ^ (1 << int(rng.integers(0, 8)))
         try:
-            read_split(_verify_models(buf))
+            read_split(verify_all(buf))
             outcomes["loaded"] += 1
         except EdgeModelError:
             outcomes["refused"] += 1
@@ -392,14 +402,14 @@ def test_damaged_split_files_are_refused_cleanly(split):
             buf[p] = data[p]
     assert outcomes["refused"] > 0, outcomes
     with pytest.raises(EdgeModelError, match="not JSON"):
-        models = _verify_models(data)
+        models = verify_all(data)
         models[0].metadata[SPLIT_KEY] = "[" * 100000
         read_split(models)
 
 
 def test_tls_and_token_through_edge_run_and_a_plaintext_client_refused(split, tmp_path, capsys):
     from isthmus.cli import main
-    from isthmus.proto.security import ServerSecurity
+    from isthmus.wire.security import ServerSecurity
     from ..tls_certs import make_certs
     certs = make_certs(tmp_path / "certs")
     sec = ServerSecurity.from_files(cert=str(certs.server_cert), key=str(certs.server_key),
@@ -413,6 +423,6 @@ def test_tls_and_token_through_edge_run_and_a_plaintext_client_refused(split, tm
         assert stats["cloud"] == 2 and stats["fallback"] == 0
         y = np.load(tmp_path / "y.npy", allow_pickle=False)
         np.testing.assert_allclose(y, split["ref"][0], rtol=1e-5, atol=1e-7)
-        with OffloadClient(split["model"], srv.address, deadline_ms=2000, adapt=False, initial_bps=1e9) as c:
+        with OffloadClient(split["model"], srv.address, deadline_ms=2000, adapt=False, initial_bandwidth_bps=1e9) as c:
             np.testing.assert_allclose(c.invoke(split["xs"][0])[0], split["ref"][0], rtol=1e-5, atol=1e-7)
             assert c.last["mode"] == "fallback" and "UNAVAILABLE" in c.stats()["last_error"]

@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
-from isthmus.edge.offload_client import EmulatedLink, OffloadClient, load_split
+from isthmus.edge.link_emulation import EmulatedLink
+from isthmus.edge.offload_client import OffloadClient
+from isthmus.edge.split_model import load_split
 
 from .test_offload_client import server, split  # noqa: F401  (fixtures)
 
@@ -12,7 +14,7 @@ def _cloud_cut(path):
     k = next(k for k, c in enumerate(sm.cuts) if c.cloud_part and c.inputs != sm.cuts[-1].inputs) \
         if len(sm.cuts) > 2 else len(sm.cuts) - 1
     cut = sm.cuts[k]
-    return (cut.min_bps + min(cut.max_bps, 1e9)) / 2
+    return (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
 
 
 def _sent_bytes(cut) -> int:
@@ -29,7 +31,7 @@ def _sent_bytes(cut) -> int:
 def test_breakdown_adds_up_and_counts_the_bytes(split, server):  # noqa: F811
     bps = _cloud_cut(split["model"])
     link = EmulatedLink(50e6, 4e-3)
-    with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bps=bps,
+    with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=bps,
                        link=link, ping_every=1000) as c:
         c.invoke(split["xs"][0])      # connects and pings
         c.invoke(split["xs"][1])
@@ -55,7 +57,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
     asked = []
     real_sleep = oc.time.sleep
     monkeypatch.setattr(oc.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
-    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        edge_slowdown=5.0, ping_every=1000, edge_clock="wall") as c5:
         for v in split["xs"][:4]:
             asked.clear()
@@ -64,7 +66,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
             assert last["remote_s"] == 0 and last["mode"] == "local"
             assert len(asked) == 1 and asked[0] == pytest.approx(last["edge_s"] * 4 / 5, rel=1e-9)
             assert last["total_s"] >= last["edge_s"]  # sleep never returns early
-    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        ping_every=1000) as c1:
         asked.clear()
         c1.invoke(split["xs"][0])
@@ -83,7 +85,7 @@ def test_edge_slowdown_by_cpu_time_counts_only_this_threads_compute(split, monke
     monkeypatch.setattr(oc.time, "perf_counter", lambda: clock["wall"])
     monkeypatch.setattr(oc.time, "thread_time", lambda: clock["cpu"])
     monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
-    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bps=low.max_bps / 2,
+    with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        edge_slowdown=8.0, ping_every=1000) as c:
         real_local = c._local
 
@@ -121,7 +123,7 @@ def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(
     run timed as one (here a whole run also pays 10% outside the kernels); each run followed by
     the emulated edge's sleep; the model's outputs are unchanged afterwards (the inputs are put
     back before every run)."""
-    import isthmus.edge.offload_client as oc
+    import isthmus.edge.link_emulation as oc
     from isthmus.edge import Interpreter
     sm = load_split(split["model"])
     interp = Interpreter(sm.full)

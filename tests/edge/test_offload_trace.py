@@ -12,8 +12,10 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from isthmus.edge.offload_client import (EDGE_TRACK, LINK_TRACK, EmulatedLink, OffloadClient,  # noqa: E402
-                                         TraceError, decode_service_trace, load_split)
+from isthmus.edge.link_emulation import EmulatedLink  # noqa: E402
+from isthmus.edge.offload_client import OffloadClient  # noqa: E402
+from isthmus.edge.offload_trace import EDGE_TRACK, LINK_TRACK, TraceError, decode_service_trace  # noqa: E402
+from isthmus.edge.split_model import load_split  # noqa: E402
 from isthmus.proto import worker_pb2  # noqa: E402
 
 from .test_offload_client import server, split  # noqa: F401,E402  (fixtures)
@@ -26,13 +28,13 @@ def _cloud_bps(path):
     sm = load_split(path)
     k = next(k for k, c in enumerate(sm.cuts) if c.cloud_part and c.inputs != sm.cuts[-1].inputs)
     c = sm.cuts[k]
-    return (c.min_bps + min(c.max_bps, 1e9)) / 2
+    return (c.min_bandwidth_bps + min(c.max_bandwidth_bps, 1e9)) / 2
 
 
 def _client(split, server, **kw):  # noqa: F811
     kw.setdefault("link", EmulatedLink(50e6, 2e-3))
     return OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False,
-                         initial_bps=_cloud_bps(split["model"]), ping_every=1000, trace=True, **kw)
+                         initial_bandwidth_bps=_cloud_bps(split["model"]), ping_every=1000, trace=True, **kw)
 
 
 def _ops(events, device=None):
@@ -162,13 +164,13 @@ def test_malformed_traces_are_refused_naming_the_field(damage, message):
 
 def test_too_many_events_are_refused_before_they_are_read():
     st = _fabricated(1.7e9, [(0, 1)] * 5)
-    with pytest.raises(TraceError, match="5 events; at most 4"):
+    with pytest.raises(TraceError, match="5 trace events; at most 4"):
         decode_service_trace(st, 1.7e9, 1.7e9 + 1, max_events=4)
     st = worker_pb2.StepTrace(origin_s=1.7e9)
     st.events.add(node="n", op="o", device="d")
     many = worker_pb2.StepTrace(origin_s=1.7e9)
     many.events.extend([st.events[0]] * 200_001)
-    with pytest.raises(TraceError, match="200001 events; at most 200000"):
+    with pytest.raises(TraceError, match="200001 trace events; at most 200000"):
         decode_service_trace(many, 1.7e9, 1.7e9 + 1)
 
 
@@ -203,7 +205,7 @@ def test_a_bad_trace_from_the_service_is_counted_and_the_answer_still_used(split
 
 def test_a_fallback_request_traces_the_failed_call_and_the_local_run(split):  # noqa: F811
     with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=2000, adapt=False,
-                       initial_bps=_cloud_bps(split["model"]), ping_every=1000, trace=True) as c:
+                       initial_bandwidth_bps=_cloud_bps(split["model"]), ping_every=1000, trace=True) as c:
         out, = c.invoke(split["xs"][0])
         np.testing.assert_allclose(out, split["ref"][0], rtol=1e-4, atol=1e-6)
         ev = c.last["trace"]

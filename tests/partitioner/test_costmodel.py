@@ -7,16 +7,16 @@ import pytest
 import isthmus as ism
 from isthmus.partitioner.calibrate import calibrate, cases, errors, fit, fit_coeffs, measure, Sample
 from isthmus.partitioner.costmodel import CostModel, op_cost
-from isthmus.partitioner.devices import (CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile, LinkModel,
-                                         parse_bandwidth, parse_duration)
+from isthmus.partitioner.devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile
+from isthmus.wire.link import LinkModel, parse_bandwidth, parse_duration
 
 
 def test_link_model_parses_and_prices_transfers():
     link = LinkModel.parse("5mbps", "40ms")
-    assert (link.up_bps, link.down_bps, link.rtt_s) == (5e6, 5e6, 0.04)
+    assert (link.up_bandwidth_bps, link.down_bandwidth_bps, link.rtt_s) == (5e6, 5e6, 0.04)
     assert link.upload_time(625_000) == pytest.approx(1.0 + 0.02)  # 5 Mbit in 1 s, plus half the round trip
     assert parse_bandwidth("0.1 Mbit/s") == pytest.approx(1e5) and parse_duration("250us") == pytest.approx(2.5e-4)
-    assert link.with_uplink(10e6).down_bps == pytest.approx(10e6)
+    assert link.with_uplink(10e6).down_bandwidth_bps == pytest.approx(10e6)
     with pytest.raises(ValueError, match="bandwidth"):
         parse_bandwidth("fast")
     with pytest.raises(ValueError):

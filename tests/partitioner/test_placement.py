@@ -8,7 +8,8 @@ from hypothesis import assume, given, settings, strategies as st
 
 import isthmus as ism
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, LinkModel
+from isthmus.partitioner.devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE
+from isthmus.wire.link import LinkModel
 from isthmus.partitioner.partition import partition
 from isthmus.partitioner.placement import (cloud_only, edge_only, place_exhaustive, place_greedy, place_layer_split,
                                            place_mincut, solve_exhaustive, solve_greedy, solve_layer_split,

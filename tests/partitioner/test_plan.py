@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import isthmus as ism
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import EDGE, LinkModel
+from isthmus.partitioner.devices import EDGE
+from isthmus.wire.link import LinkModel
 from isthmus.partitioner.plan import AdaptivePlanner, plan_split
 from isthmus.partitioner.problem import Constraints, Problem
 

@@ -1,4 +1,5 @@
-"""ndarray <-> TensorProto (dtype + shape + raw little-endian bytes), and chunked streaming.
+"""ndarray <-> TensorProto (dtype + shape + raw little-endian bytes), and chunked streaming: the one
+tensor codec that cloud/ (workers, master, offload service) and edge/ (the offload client) share.
 
 Decoding is strict and cheap: the header (dtype, shape, size) is validated before any
 payload is touched, and the array is a zero-copy `np.frombuffer` view of the message's
@@ -54,7 +55,7 @@ def enum_to_dtype(e: int) -> np.dtype:
     return d
 
 
-def _le_bytes(arr: np.ndarray):
+def le_bytes(arr: np.ndarray):
     """The array's C-order little-endian bytes (a memoryview when no copy is needed)."""
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
@@ -64,7 +65,7 @@ def _le_bytes(arr: np.ndarray):
     return memoryview(arr).cast("B")
 
 
-def _as_array(value) -> np.ndarray:
+def as_array(value) -> np.ndarray:
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     dtype_to_enum(arr.dtype)
     return arr
@@ -73,7 +74,7 @@ def _as_array(value) -> np.ndarray:
 def encode(value, out: Optional[tensor_pb2.TensorProto] = None,
            max_bytes: int = DEFAULT_MAX_BYTES) -> tensor_pb2.TensorProto:
     """An ndarray (or array-like) as a TensorProto."""
-    arr = _as_array(value)
+    arr = as_array(value)
     if arr.nbytes > max_bytes:
         raise TensorCodecError(f"tensor of {arr.nbytes} bytes ({arr.dtype}{list(arr.shape)}) is over "
                                f"the limit of {max_bytes} bytes")
@@ -81,7 +82,7 @@ def encode(value, out: Optional[tensor_pb2.TensorProto] = None,
     msg.dtype = dtype_to_enum(arr.dtype)
     del msg.shape[:]
     msg.shape.extend(arr.shape)
-    msg.content = bytes(_le_bytes(arr)) if arr.size else b""
+    msg.content = bytes(le_bytes(arr)) if arr.size else b""
     return msg
 
 
@@ -112,6 +113,23 @@ def decode(msg: tensor_pb2.TensorProto, max_bytes: int = DEFAULT_MAX_BYTES) -> n
     return from_bytes(msg.content, d, shape, nbytes)
 
 
+def decode_as(msg: tensor_pb2.TensorProto, dtype, shape: Sequence[int], where: str = "tensor",
+              max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
+    """decode(), but the header must be `dtype` and `shape` (what the receiver expects), checked
+    before the payload is read."""
+    try:
+        d, got_shape, nbytes = check_header(msg.dtype, msg.shape, max_bytes)
+    except TensorCodecError as e:
+        raise TensorCodecError(f"{where}: {e}") from None
+    want = np.dtype(dtype)
+    if d.name != want.name or got_shape != tuple(shape):
+        raise TensorCodecError(f"{where}: got {d.name}{list(got_shape)}, expected {want.name}{list(shape)}")
+    try:
+        return from_bytes(msg.content, d, got_shape, nbytes)
+    except TensorCodecError as e:
+        raise TensorCodecError(f"{where}: {e}") from None
+
+
 def from_bytes(payload, dtype: np.dtype, shape: tuple, nbytes: Optional[int] = None) -> np.ndarray:
     if nbytes is None:
         nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
@@ -136,11 +154,11 @@ def encode_chunks(value, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     """TensorChunks carrying the array: the first has dtype, shape and total size."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    arr = _as_array(value)
+    arr = as_array(value)
     if arr.nbytes > max_bytes:
         raise TensorCodecError(f"tensor of {arr.nbytes} bytes is over the limit of {max_bytes} bytes")
     enum = dtype_to_enum(arr.dtype)
-    view = _le_bytes(arr)
+    view = le_bytes(arr)
     total = arr.nbytes
     first = tensor_pb2.TensorChunk(dtype=enum, shape=arr.shape, total_bytes=total, offset=0,
                                    data=bytes(view[:chunk_bytes]))

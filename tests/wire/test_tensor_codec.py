@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from isthmus.cloud import tensor_codec as tc
+from isthmus.wire import tensor_codec as tc
 from isthmus.proto import tensor_pb2
 
 DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]

@@ -22,6 +22,11 @@ from .opcontext import OpContext, Window
 from .quant import quantize_multiplier
 
 _F64, _F32 = 1 << 53, 1 << 24
+
+
+class NotExact(EdgeModelError):
+    """The integer GEMM's requantization could overflow int64 here: the caller keeps its own path
+    (raised before any scratch is asked for)."""
 _I64 = 1 << 62
 
 
@@ -46,7 +51,7 @@ def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, 
     s = np.array([v for _, v in qs], np.int64)
     c = [int(b) * int(qv) + (1 << (int(sv) - 1)) + (int(zp) << int(sv)) for b, qv, sv in zip(bias, q, s)]
     if any(bound * int(qv) + abs(cv) >= _I64 for qv, cv in zip(q, c)):
-        raise EdgeModelError("int8 GEMM: the requantization could overflow int64")
+        raise NotExact("int8 GEMM: the requantization could overflow int64")
     exact, exact32 = True, True
     mf, cf = np.empty(len(q)), np.empty(len(q))
     for i, (qv, sv, bv) in enumerate(zip(q.tolist(), s.tolist(), bias.tolist())):

@@ -94,9 +94,11 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
     i_x = ctx.scratch(packed_shape(k, p), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
     i_cols = None if pointwise else ctx.scratch((k, p), np.int8)
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    i_pad = None if pointwise else ctx.scratch((g.c, hp, wp), np.int8)  # the input with its border of zero points
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import im2col, pack_rows
+        from ..jit.gemm_int8 import im2col, pack_rows, pad_planes
         xp = sc[i_x]
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
         if pointwise:
@@ -106,11 +108,12 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
                 pack_rows(x2, xp)
                 gemm()
             return run_pointwise
-        x3, cols = ins[0].reshape(g.c, g.h, g.w), sc[i_cols]
-        geo = (np.int8(zx), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.t, g.l, g.oh, g.ow)
+        x3, cols, xpad = ins[0].reshape(g.c, g.h, g.w), sc[i_cols], sc[i_pad]
+        geo, zx8 = (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow), np.int8(zx)
 
         def run():
-            im2col(x3, *geo, cols)
+            pad_planes(x3, zx8, g.t, g.l, xpad)
+            im2col(xpad, *geo, cols)
             pack_rows(cols, xp)
             gemm()
         return run

@@ -115,10 +115,26 @@ def _capturable_product(node, ctx) -> bool:
     return None not in (m, k, n) and m * k * n <= CAPTURE_MAX_MACS
 
 
-def _matmul(node, ctx):
+def eager_product(node, ctx):
+    """A 2-D product through cupy.dot (cuBLAS, lighter to call than cupy.matmul; transposed
+    operands are passed as views); anything else through the generic kernel."""
     from ..ops.linalg import _kernel_matmul
-    if not _capturable_product(node, ctx):
+    a, b = node.inputs[0], node.inputs[1]
+    if not (hasattr(ctx.xp, "RawKernel") and len(a.shape) == 2 and len(b.shape) == 2):
         return _kernel_matmul(node, ctx)
+    dot, ta, tb = ctx.xp.dot, node.attrs["transpose_a"], node.attrs["transpose_b"]
+    if ta and tb:
+        return lambda a, b: dot(a.T, b.T)
+    if ta:
+        return lambda a, b: dot(a.T, b)
+    if tb:
+        return lambda a, b: dot(a, b.T)
+    return dot
+
+
+def _matmul(node, ctx):
+    if not _capturable_product(node, ctx):
+        return eager_product(node, ctx)
     cp, ta, tb = ctx.xp, node.attrs["transpose_a"], node.attrs["transpose_b"]
     _kernel(cp, 32), _kernel(cp, 64)
     return lambda a, b: gemm(cp, a.T if ta else a, b.T if tb else b)

@@ -81,8 +81,10 @@ def host_variables(graph: Graph) -> frozenset:
 _HOST_VARS: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
 
 
-def assign_devices(nodes: Sequence[Node], default: str, host_vars: frozenset = frozenset()) -> Dict[Node, str]:
-    """node -> local device name (`host_vars`: names of variables kept on the host)."""
+def assign_devices(nodes: Sequence[Node], default: str, host_vars: frozenset = frozenset(),
+                   gpu_pins: bool = True) -> Dict[Node, str]:
+    """node -> local device name (`host_vars`: names of variables kept on the host; `gpu_pins`
+    False: no GPU here, so nodes pinned to one run on the host, as TensorFlow's soft placement)."""
     out: Dict[Node, str] = {v: HOST for v in _updated_in_bodies(nodes)}
     for n in nodes:
         if n.op == "Variable" and n.name in host_vars:
@@ -99,6 +101,8 @@ def assign_devices(nodes: Sequence[Node], default: str, host_vars: frozenset = f
         elif n.device:
             spec = DeviceSpec.parse(n.device)
             d = local_name(spec) if spec.kind is not None else default
+            if d != HOST and not gpu_pins:
+                d = HOST
         else:
             d = default
         out[n] = d
@@ -108,11 +112,11 @@ def assign_devices(nodes: Sequence[Node], default: str, host_vars: frozenset = f
     return out
 
 
-def needs_devices(nodes: Sequence[Node], default: str) -> bool:
+def needs_devices(nodes: Sequence[Node], default: str, gpu_pins: bool = True) -> bool:
     """Whether any node would run off the host (otherwise the pass is skipped: nothing changes)."""
     if default != HOST:
         return True
-    return any(n.device and DeviceSpec.parse(n.device).kind == "GPU" for n in nodes)
+    return gpu_pins and any(n.device and DeviceSpec.parse(n.device).kind == "GPU" for n in nodes)
 
 
 class _CopyBuilder:
@@ -148,11 +152,12 @@ class _CopyBuilder:
 
 
 def insert_copies(graph: Graph, nodes: Sequence[Node], fetches: Sequence, feeds: Sequence[Tensor],
-                  default: str, stats: Optional[dict] = None, host_vars: frozenset = frozenset()) -> Rewrite:
+                  default: str, stats: Optional[dict] = None, host_vars: frozenset = frozenset(),
+                  gpu_pins: bool = True) -> Rewrite:
     """Copy `nodes` (pruned, in order) into a new graph whose nodes carry local devices, with
     DeviceCopy nodes where values change device. Feeds are on the host; fetches return to it."""
     fed = set(feeds)
-    dev = assign_devices(nodes, HOST if default is None else default, host_vars)
+    dev = assign_devices(nodes, HOST if default is None else default, host_vars, gpu_pins)
     b = _CopyBuilder(graph)
 
     def copy_node(n: Node) -> Node:

@@ -46,7 +46,7 @@ BENCHMARKS: Dict[str, tuple] = {
     "gpu_adds": (["gpu_adds.py"], "GPU: 1000 chained adds, us per op, eager and captured (skips without a GPU)"),
 }
 OPTIONAL = ["cloud_null_step", "cloud_backup_workers", "offload_fallback", "converters_infer",
-            "converters_import_time", "split_latency", "offload_overhead", "mobilenet_train"]   # included when their scripts exist
+            "converters_import_time", "split_latency", "offload_overhead", "mobilenet_train", "tflite_export"]   # included when their scripts exist
 BENCHMARKS["offload_load"] = (["offload_load.py", "--clients", "64", "--requests", "200"],
                               "offload service: 64 clients x 200 requests, batched vs unbatched")
 

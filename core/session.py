@@ -38,18 +38,22 @@ class Session:
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
                  device: Optional[str] = None, gpu: Optional[str] = None, gpu_memory=None,
-                 capture: "bool | str" = False):
+                 capture: "bool | str" = False, check_numerics: bool = False):
         """device: where unpinned nodes run: "cpu" (default; ISTHMUS_DEVICE overrides), "gpu", "auto"
         (a GPU when one is usable) or a name such as "/device:GPU:1". gpu: "cuda" (cupy) or
         "simulated" (the CI stand-in; default ISTHMUS_GPU, else "cuda"). gpu_memory: the device memory cap, a fraction or bytes
         (default ISTHMUS_GPU_MEMORY, else 0.8 of the device). capture: replay fixed-shape GPU steps
-        as CUDA graphs (core/capture.py)."""
+        as CUDA graphs (core/capture.py).
+        check_numerics: check every float output of every node as it runs (and every float
+        feed); the first holding NaN or Inf fails the step with a NonFiniteError naming that node
+        (core/ops/numerics.py). Off by default: it costs about one pass over each output."""
         self.graph = graph if graph is not None else get_default_graph()
         from .device_runtime import HOST, DeviceTable
         self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
                                    gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
         self.state = SessionState(rendezvous, self.devices)
         self._ctx = KernelContext(np, self.state)
+        self._ctx.check_numerics = self.check_numerics = bool(check_numerics)
         self._binding = None
         if self.devices.default != HOST:
             from .device_binding import DeviceBinding
@@ -118,6 +122,9 @@ class Session:
                 run_fetches, run_feeds = rw.fetches, rw.feeds
             plan = self._plan(run_fetches, run_feeds)
             checks = [_feed_check(t) for t in feeds]
+            if self.check_numerics:
+                from .ops.numerics import checked_feed
+                checks = [checked_feed(c, t) for c, t in zip(checks, feeds)]
             entry = (plan, unflatten, checks)
             if key is not None:
                 self._plans[key] = entry

@@ -5,7 +5,7 @@
 
 Runs benchmarks/reliability.py's worker for one harness (`--loader`, or `all` in turn) in
 chunks of `--chunk` inputs, each chunk a fresh subprocess (address space capped at 1 GiB over
-its start, 2 s per input) with its own seed, until `--n` inputs or `--budget-s` seconds per
+its start, 2 s of CPU time per input) with its own seed, until `--n` inputs or `--budget-s` seconds per
 loader. Prints one JSON line per chunk and a summary per loader: inputs actually run, crashes
 (undocumented exceptions) by type, hangs, allocations over 1 GiB. `--out` appends the summaries
 (with date and commit) to a JSON-lines file. Exit status 1 when anything failed.
@@ -50,10 +50,10 @@ def run_loader(name: str, n: int, chunk: int, seed: int, budget_s: float) -> dic
                               "--seed", str(seed * 1_000_003 + k)], capture_output=True, text=True,
                              timeout=max(600, 2.5 * m))
         k += 1
-        if out.returncode != 0:
+        if out.returncode != 0:   # counted and reported; the next chunk goes on
             total["workers_died"] += 1
             total["examples"].append(out.stderr[-300:])
-            break
+            continue
         row = json.loads(out.stdout.strip().splitlines()[-1])
         for key in ("inputs", "reached_deep", "crashes", "hangs", "over_1GiB"):
             total[key] += row[key]

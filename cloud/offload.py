@@ -335,6 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "without them the service binds 127.0.0.1)")
     parser.add_argument("--insecure", action="store_true",
                         help="listen on --host even without TLS and a token (prints a warning)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                        help="where the cloud parts run (default cpu)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="rows per batch (default %(default)s)")
     parser.add_argument("--max-delay-ms", type=float, default=DEFAULT_MAX_DELAY_MS,
                         help="longest wait for a batch to fill (default %(default)s)")
@@ -394,6 +396,8 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 def run(args) -> int:
     from ..wire.security import SecurityError
     from .server import security_from_args
+    from ..core.device_runtime import apply_device_flag
+    apply_device_flag(getattr(args, "device", "cpu"), None, "isthmus serve")
     if args.malloc_mmap_threshold_kb:
         pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)
     if args.malloc_trim_threshold_kb:

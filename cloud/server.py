@@ -262,6 +262,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", help="host to listen on (default: from the task's address)")
     parser.add_argument("--port", type=int, help="port to listen on (default: the task's address's; 0: a free one)")
     parser.add_argument("--cluster-from-stdin", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                        help="where a worker places its part's nodes (ps tasks stay on the CPU; default cpu)")
     parser.add_argument("--recv-timeout", type=float, default=DEFAULT_RECV_TIMEOUT_S,
                         help="seconds a Recv waits for its tensor (default %(default)s)")
     parser.add_argument("--max-recv-wait", type=float, default=DEFAULT_MAX_WAIT_S,
@@ -323,6 +325,8 @@ def security_from_args(args):
 def run(args) -> int:
     try:
         cluster, job, task = _resolve(args)
+        from ..core.device_runtime import apply_device_flag
+        apply_device_flag(getattr(args, "device", "cpu"), job, "isthmus server")
         security, client_security = security_from_args(args)
         server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,
                         max_message_bytes=int(args.max_message_mb * (1 << 20)),

@@ -1,0 +1,105 @@
+"""A split run the way a phone runs it: the edge part as .tflite in LiteRT, the cloud part on the
+offload service (127.0.0.1, a free port), one Infer per request. fp32 equals the unsplit model;
+int8 stays within the int8 model's own drift from fp32."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.cloud.offload import OffloadServer
+from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+from isthmus.converters.split_export import export_split
+from isthmus.converters.tflite_write import TFLiteExportError, split_to_tflite
+from isthmus.edge.litert_client import LiteRTOffloadClient, OffloadCallError, tflite_metadata
+from isthmus.edge import Interpreter
+from isthmus.edge.split_model import load_split
+from isthmus.partitioner.costmodel import CostModel
+from isthmus.partitioner.devices import EDGE
+from isthmus.wire.link import LinkModel
+from isthmus.partitioner.plan import AdaptivePlanner
+from isthmus.partitioner.problem import Constraints
+
+pytest.importorskip("ai_edge_litert.interpreter")
+GRID = np.logspace(5, 10, 21)
+
+
+def _cnn():
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 3, 32, 32), name="x")
+        net = ism.nn.Sequential([ism.nn.Conv2D(16, 3, activation="relu"), ism.nn.MaxPool2D(2),
+                                 ism.nn.Conv2D(32, 3, activation="relu"), ism.nn.MaxPool2D(2),
+                                 ism.nn.Conv2D(8, 1, activation="relu"), ism.nn.GlobalAvgPool2D(), ism.nn.Dense(10)])
+        y = ism.softmax(net(x), name="y")
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 1e-3), edge=EDGE.scaled(100))
+    return sess, x, y, AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=GRID)
+
+
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def split(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("litert")
+    sess, x, y, ap = _cnn()
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((3, 1, 3, 32, 32)).astype(np.float32)
+    int8 = request.param == "int8"
+    calib = [{"x": v} for v in rng.standard_normal((8, 1, 3, 32, 32)).astype(np.float32)] if int8 else None
+    sp = export_split(sess, [y], ap, int8=int8, calibration=calib, model_name="cnn")
+    sp.save(str(d / "cnn.isth"))
+    save_cloud_parts(str(d / "cnn.cloud"), [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()],
+                     model="cnn")
+    server = OffloadServer(str(d / "cnn.cloud"), max_batch_size=1, max_queue_delay_ms=0.1)
+    inner = [c for c in sp.cuts if c.cloud_part and c.inputs != ["x:0"]]
+    yield dict(sp=sp, path=str(d / "cnn.isth"), server=server, xs=xs, int8=int8, inner=inner,
+               ref=[sess.run(y, {x: v}) for v in xs])
+    server.stop(grace=0)
+
+
+def test_a_cut_inside_the_network_through_litert_and_the_service(split):
+    assert split["inner"], [c.inputs for c in split["sp"].cuts]
+    cut = split["inner"][0]
+    part = split_to_tflite(split["path"], cut=cut.name)
+    assert part.cloud_part == cut.cloud_part and part.wire_inputs == cut.inputs and part.post is None
+    meta = tflite_metadata(part.edge)
+    assert [o["wire_name"] for o in meta["outputs"]] == cut.inputs
+    assert meta["inputs"][0]["layout"] == "NHWC"
+    model = next(c.model for c in load_split(split["path"]).cuts if c.name == cut.name)
+    with LiteRTOffloadClient(part.edge, split["server"].address, deadline_ms=5000) as client:
+        for v, r in zip(split["xs"], split["ref"]):
+            got = client.invoke(v)[0]
+            if not split["int8"]:
+                np.testing.assert_allclose(got, r, rtol=1e-4, atol=1e-6)
+                continue
+            # int8: LiteRT's edge part against isthmus's own int8 edge part, both with the same cloud
+            mine = Interpreter(model, remote=lambda part_info, arrays: client.call_cloud(arrays)).invoke(v)[0]
+            drift = np.abs(mine - r).max()
+            assert np.abs(got - mine).max() <= max(drift, 1e-3), (np.abs(got - mine).max(), drift)
+
+
+def test_the_sent_tensors_are_what_isthmus_sends(split):
+    """The edge part's outputs, as sent, equal the isthmus edge part's (fp32: to 1e-5)."""
+    if split["int8"]:
+        pytest.skip("int8 parity of each op is tests/converters/test_tflite_write.py's")
+    cut = split["inner"][0]
+    part = split_to_tflite(split["path"], cut=cut.name)
+    client = LiteRTOffloadClient(part.edge, split["server"].address)
+    sm = load_split(split["path"])
+    model = next(c.model for c in sm.cuts if c.name == cut.name)
+    captured = []
+    Interpreter(model, remote=lambda p, arrays: captured.extend(arrays) or [np.zeros((1, 10), np.float32)]
+                ).invoke(split["xs"][0])
+    sent = client.run_edge(split["xs"][0])
+    assert len(sent) == len(captured)
+    for a, b in zip(sent, captured):
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(b).max())
+
+
+def test_errors_name_the_cut_and_the_part(split):
+    with pytest.raises(TFLiteExportError, match="no cut 'nope'"):
+        split_to_tflite(split["path"], cut="nope")
+    cut = split["inner"][0]
+    part = split_to_tflite(split["path"], cut=cut.name)
+    client = LiteRTOffloadClient(part.edge, split["server"].address, deadline_ms=5000)
+    client.part = "missing"
+    with pytest.raises(OffloadCallError, match="Infer 'missing'"):
+        client.invoke(split["xs"][0])

@@ -363,6 +363,7 @@ def worker(name: str, n: int, seed: int) -> dict:
 
 
 NOT_YET: list = []
+LONG_RUNS = "## Long runs"   # RELIABILITY.md's section written from tests/fuzz/run.py's summaries
 
 
 def _run_faults() -> list:
@@ -428,8 +429,13 @@ def main(argv=None) -> int:
             lines.append(f"| {r['scenario']} | {r.get('claim', '')} | {'yes' if r['holds'] else '**NO**'} | "
                          f"{figures[:300]} | {r['seconds']} |")
     lines.append("\nNot yet covered here: " + ", ".join(NOT_YET) + ".\n" if NOT_YET else "")
+    kept = ""   # the long-run section (python -m tests.fuzz.run --markdown) survives a rewrite
+    if os.path.exists(args.out):
+        old = open(args.out, encoding="utf-8").read()
+        if LONG_RUNS in old:
+            kept = "\n" + old[old.index(LONG_RUNS):]
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines) + kept)
     fuzz_ok = all(r["crashes"] == 0 and r["hangs"] == 0 and r["over_1GiB"] == 0 for r in rows)
     return 0 if fuzz_ok and all(r["holds"] for r in scenarios) else 1
 

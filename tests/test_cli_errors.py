@@ -29,7 +29,7 @@ def files(tmp_path_factory):
         open(p[k], "wb").close()
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    m = helper.make_model(helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g", [x], [y]),
+    m = helper.make_model(helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], name="hm")], "g", [x], [y]),
                           opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 10
     open(p["unknown_op.onnx"], "wb").write(m.SerializeToString())

@@ -103,6 +103,6 @@ def test_fp32_split_equals_the_unsplit_model(tmp_path):
         for bw in ("5mbps", "1000mbps"):  # the stem on the edge; everything in the cloud
             out = _isthmus("edge-run", str(tmp_path / "d" / "model.isth"), "--cloud", address, "--require-cloud",
                            "--input", x, "--emulate-link", bw, "--rtt", "1ms", "--repeat", "1",
-                           "--save", str(tmp_path / "y.npy"), "--deadline-ms", "20000")
+                           "--save", str(tmp_path / "y.npy"), "--force", "--deadline-ms", "20000")
             assert '"cloud": 2' in out, out
             np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(model, xv), rtol=1e-4, atol=1e-5)

@@ -25,7 +25,7 @@ from isthmus.edge.loader import EdgeModel, loads, verify_all
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
-from . import tflite_write_array_ops  # noqa: F401  (registers TRANSPOSE, GATHER, ... in HANDLERS)
+from . import tflite_write_array_ops, tflite_write_lstm  # noqa: F401  (register TRANSPOSE, GATHER, LSTM, ...)
 
 METADATA_KEY = "isthmus.tflite"
 METADATA_VERSION = 1
@@ -88,6 +88,7 @@ def edge_to_tflite(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequenc
     ops = [m.operators[k] for k in _select(m, ins, outs)]
     b = TFLiteBuilder()
     tr = Translator(m, b, batch)
+    tr.wanted = set(outs)
     skip, in_ids, in_meta = _bind_inputs(tr, ops, ins, input_type, input_layout)
     out_src, skip_out = _output_sources(tr, ops, outs, output_type)
     for op in ops:

@@ -43,6 +43,7 @@ class Translator:
         self.m, self.b, self.batch = model, builder, batch
         self.ids: Dict[Tuple[int, str], int] = {}
         self.op: Optional[OperatorInfo] = None     # the op being translated (for errors)
+        self.wanted: set = set()                   # the edge tensors the model outputs
 
     # ---- facts about edge tensors ------------------------------------------------------------------
     def fail(self, why: str) -> TFLiteExportError:
@@ -150,6 +151,10 @@ class Translator:
         qa, qb = self.quant(a), self.quant(b)
         return qa.get("zero_point") == qb.get("zero_point") and \
             np.allclose(qa.get("scale", []), qb.get("scale", []), rtol=1e-6, atol=0)
+
+    def used(self, e: int) -> bool:
+        """Whether any operator reads e or the model outputs it."""
+        return e in self.wanted or any(e in op.inputs for op in self.m.operators)
 
     def alias(self, src: int, dst: int) -> None:
         for l in self.layouts(src):

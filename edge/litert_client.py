@@ -151,6 +151,7 @@ def _run(it, meta: dict, inputs: Sequence[np.ndarray], final: bool = True) -> Li
         raise EdgeModelError(f"the .tflite takes {len(meta['inputs'])} inputs, got {len(inputs)}")
     for d, spec, x in zip(it.get_input_details(), meta["inputs"], inputs):
         it.set_tensor(d["index"], to_model_input(x, spec))
+    it.reset_all_variables()   # LiteRT keeps an LSTM's h and c across invokes; isthmus starts each from zeros
     it.invoke()
     outs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
     return [to_wire(y, s) for y, s in zip(outs, meta["outputs"])] if final else outs

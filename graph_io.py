@@ -131,13 +131,19 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
     import onnx
     from isthmus.converters.onnx_import import OnnxImportError, from_onnx
     try:
-        proto = onnx.load(model)
+        proto = onnx.load(model, load_external_data=False)  # from_onnx reads it, confined to the model's folder
     except OSError as e:
         raise GraphFileError(f"cannot read {model}: {e.strerror or e}") from None
     except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
         raise GraphFileError(f"cannot read {model}: not an ONNX model ({type(e).__name__}: {e})") from None
+    inits = {i.name for i in proto.graph.initializer}
+    shapeless = [vi.name for vi in proto.graph.input if vi.name not in inits and not vi.type.tensor_type.HasField("shape")]
+    if shapeless:  # not a scalar: the file does not say
+        raise GraphFileError(f"{model}: input '{shapeless[0]}' has no shape in the file; give it one "
+                             "(isthmus convert/split/quantize take --input-shape NAME=D0,D1,...)")
     try:
-        graph, inputs, outputs = from_onnx(proto, trainable=trainable)
+        graph, inputs, outputs = from_onnx(proto, trainable=trainable,
+                                           external_data_dir=os.path.dirname(os.path.abspath(model)))
     except (OnnxImportError, GraphError, ValueError) as e:
         raise GraphFileError(f"cannot import {model}: {e}") from None
     return graph, inputs, outputs, _unique([o.name or f"output{k}" for k, o in enumerate(proto.graph.output)])
@@ -235,9 +241,15 @@ def run(args) -> int:
         raise SystemExit(f"error: {e}") from None
 
 
+def _refuse_overwrite(out: str, args) -> None:
+    if os.path.exists(out) and not getattr(args, "force", False):
+        raise GraphFileError(f"{out} exists; pass --force to overwrite it")
+
+
 def _import(args) -> int:
     graph, inputs, outputs, names = import_model(args.model, trainable=args.trainable, nhwc=args.nhwc)
     out = args.output or os.path.splitext(args.model)[0] + ".graph"
+    _refuse_overwrite(out, args)
     size = save_graph(out, graph, inputs, outputs, names)
     from isthmus.core.variables import global_variables
     print(f"wrote {out} ({size:,} bytes): {len(graph.nodes)} nodes, {len(global_variables(graph))} variables, "
@@ -249,6 +261,7 @@ def _export(args) -> int:
     from isthmus.core.errors import CheckpointError, GraphError
     graph, inputs, outputs = load_graph(args.graph)
     out = args.output or os.path.splitext(args.graph)[0] + (".onnx" if args.to == "onnx" else ".isth")
+    _refuse_overwrite(out, args)
     try:
         if args.to == "onnx":
             import onnx

@@ -256,7 +256,50 @@ def _run_chunks(data: bytes) -> bool:
     return True
 
 
+_CKPT: dict = {}
+
+
+def _ckpt_session():
+    """A graph of two variables and a Saver for it (made once per worker)."""
+    if not _CKPT:
+        import tempfile
+        import isthmus as ism
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            ism.Variable(np.arange(12, dtype=np.float32).reshape(3, 4), name="w")
+            ism.Variable(np.zeros((4,), np.float64), name="dense/b")
+            init = ism.global_variables_initializer()
+            saver = ism.Saver(max_to_keep=None)
+        sess = ism.Session(g)
+        sess.run(init)
+        d = tempfile.mkdtemp(prefix="isthmus-fuzz-ckpt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        import atexit
+        import shutil
+        atexit.register(shutil.rmtree, d, True)
+        _CKPT.update(sess=sess, saver=saver, dir=d, path=os.path.join(d, "input.npz"),
+                     seed=open(saver.save(sess, os.path.join(d, "seed")), "rb").read())
+    return _CKPT
+
+
+def _seeds_checkpoint():
+    return [_ckpt_session()["seed"]]
+
+
+def _run_checkpoint(data: bytes) -> bool:
+    """True when the mutated checkpoint restored (it verified: the mutation missed every checked byte)."""
+    from isthmus.core.errors import CheckpointError
+    c = _ckpt_session()
+    with open(c["path"], "wb") as f:
+        f.write(data)
+    try:
+        c["saver"].restore(c["sess"], c["path"])
+    except CheckpointError:
+        return False
+    return True
+
+
 HARNESSES = {"edge_loader": (_seeds_edge, _run_edge), "onnx_importer": (_seeds_onnx, _run_onnx),
+             "checkpoint_loader": (_seeds_checkpoint, _run_checkpoint),
              "graphdef_decoder": (_seeds_graphdef, _run_graphdef, _mutate_graphdef),
              "tensorproto_decoder": (_seeds_tensorproto, _run_tensorproto),
              "recvtensor_reader": (_seeds_wire, _run_wire), "chunk_stream_reader": (_seeds_chunks, _run_chunks),
@@ -289,7 +332,7 @@ def worker(name: str, n: int, seed: int) -> dict:
         raise _Timeout()
     signal.signal(signal.SIGALRM, alarm)
     rng = np.random.default_rng(seed)
-    crashes, hangs, memory, deep, examples = 0, 0, 0, 0, []
+    crashes, hangs, memory, deep, examples, types = 0, 0, 0, 0, [], {}
     t0 = time.time()
     for _ in range(n):
         seed_data = seeds[int(rng.integers(0, len(seeds)))]
@@ -303,12 +346,13 @@ def worker(name: str, n: int, seed: int) -> dict:
             memory += 1
         except Exception as e:  # anything undocumented
             crashes += 1
+            types[type(e).__name__] = types.get(type(e).__name__, 0) + 1
             if len(examples) < 5:
                 examples.append(f"{type(e).__name__}: {str(e)[:120]}")
         finally:
             signal.alarm(0)
     return {"harness": name, "inputs": n, "reached_deep": deep, "crashes": crashes, "hangs": hangs, "over_1GiB": memory,
-            "seconds": round(time.time() - t0, 1), "examples": examples}
+            "seconds": round(time.time() - t0, 1), "examples": examples, "undocumented_types": types}
 
 
 NOT_YET: list = []

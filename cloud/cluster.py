@@ -153,6 +153,8 @@ def parse(spec: Union[str, Mapping, ClusterSpec]) -> Tuple[ClusterSpec, Optional
             except OSError as e:
                 raise ClusterSpecError(f"cluster spec {spec!r} is neither JSON, job=addresses, nor a "
                                        f"readable file ({e.strerror})") from None
+            except UnicodeDecodeError:
+                raise ClusterSpecError(f"cluster spec file {spec!r} is not text (JSON or job=addresses)") from None
         if text.lstrip()[:1] in "{[":
             try:
                 spec = json.loads(text)

@@ -34,6 +34,14 @@ class HandleNotFound(WorkerError):
     """A graph or session handle the task does not know (it may have restarted)."""
 
 
+class TooManyWaiting(WorkerError):
+    """A waiting call (RecvTensor) past the task's per-peer or total bound (cloud/limits.py)."""
+
+
+class PermissionDenied(WorkerError):
+    """The caller's token does not allow this (a client token writing variables, say)."""
+
+
 # types a client rebuilds by name: (class, gRPC code the servicer answers with)
 _KNOWN = {
     "ExecutionError": (core_errors.ExecutionError, grpc.StatusCode.INTERNAL),
@@ -46,6 +54,8 @@ _KNOWN = {
     "RendezvousTimeout": (RendezvousTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     "RendezvousError": (RendezvousError, grpc.StatusCode.INTERNAL),
     "HandleNotFound": (HandleNotFound, grpc.StatusCode.NOT_FOUND),
+    "PermissionDenied": (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    "TooManyWaiting": (TooManyWaiting, grpc.StatusCode.RESOURCE_EXHAUSTED),
     "TaskUnavailable": (TaskUnavailable, grpc.StatusCode.UNAVAILABLE),
     "WorkerError": (WorkerError, grpc.StatusCode.INVALID_ARGUMENT),
 }

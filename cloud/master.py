@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,8 @@ from ..core.trace import RunMetadata
 from ..partitioner.partition import Partition, partition
 from . import graph_codec
 from .cluster import ClusterSpec, ClusterSpecError
-from .errors import HandleNotFound, WorkerError, caused_by_abort
+from .errors import HandleNotFound, PermissionDenied, WorkerError, caused_by_abort
+from .limits import MAX_STEP_TIMEOUT_S
 from .placement import cluster_devices, place_on_cluster
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
@@ -59,9 +61,39 @@ class StepPlan:
     outputs: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # output name -> (part, index)
 
 
+# ops a client-token session may not hold: they write variables or reach into the rendezvous
+STATE_WRITING_OPS = frozenset({"Assign", "AssignAdd", "AssignSub", "ScatterAdd", "Send", "Recv",
+                               "ApplyGradientDescent", "ApplyMomentum", "ApplyAdagrad", "ApplyAdam",
+                               "SparseApplyGradientDescent", "SparseApplyMomentum", "SparseApplyAdagrad",
+                               "SparseApplyAdam"})
+
+
+def refuse_state_writes(roots: Sequence[Union[Tensor, Node]], where: str) -> None:
+    """PermissionDenied naming the first node that a step running `roots` would run (looking
+    inside cond/while bodies) and that writes state."""
+    stack = [r.node if isinstance(r, Tensor) else r for r in roots]
+    seen: set = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op in STATE_WRITING_OPS:
+            raise PermissionDenied(f"{where}: node '{n.name}' ({n.op}) writes state; a client token may "
+                                   "only run steps that read (this needs the cluster token)")
+        stack.extend(t.node for t in n.inputs)
+        stack.extend(n.control_inputs)
+        for v in n.attrs.values():
+            body = getattr(v, "graph", v)
+            if isinstance(body, Graph):
+                stack.extend(body.nodes)
+
+
 class MasterSession:
-    def __init__(self, master: "Master", handle: str, graph: Graph):
+    def __init__(self, master: "Master", handle: str, graph: Graph, writes: bool = True):
         self.master, self.handle, self.graph = master, handle, graph
+        self.writes = writes   # False: created with a client token, its steps write no state
+        self.checked: set = set()   # (fetches, targets) found to write no state
         self.version = 1
         self.plans: Dict[tuple, StepPlan] = {}
         self.placement: Optional[Dict[str, str]] = None   # every node's device, once per graph version
@@ -349,6 +381,7 @@ class Master:
         self.worker = worker
         self.default_device = default_device
         self.step_timeout = step_timeout
+        self.max_step_timeout = max(step_timeout, MAX_STEP_TIMEOUT_S)
         self.encode = encode
         self._sessions: Dict[str, MasterSession] = {}
         self._ids = itertools.count(1)
@@ -379,23 +412,29 @@ class Master:
                 pass
 
     # ---- the service ---------------------------------------------------------------------------
-    def create_session(self, graph: Union[Graph, Any]) -> str:
+    def create_session(self, graph: Union[Graph, Any], writes: bool = True) -> str:
+        """A new session's handle (128 random bits: not guessable by another client).
+        `writes=False` (a client token's call): its steps may not write state (run_step checks)."""
         g = graph if isinstance(graph, Graph) else graph_codec.decode(graph)
         with self._lock:
-            handle = f"session:{next(self._ids)}:{self._rng.getrandbits(32):08x}"
-            self._sessions[handle] = MasterSession(self, handle, g)
+            handle = f"session:{next(self._ids)}:{secrets.token_hex(16)}"
+            self._sessions[handle] = MasterSession(self, handle, g, writes)
         return handle
 
-    def session(self, handle: str) -> MasterSession:
+    def session(self, handle: str, writes: bool = True) -> MasterSession:
         s = self._sessions.get(handle)
         if s is None:
             raise HandleNotFound(f"no session {handle!r} on this master (closed, or the master restarted)")
+        if s.writes and not writes:
+            raise PermissionDenied(f"session {handle!r} was created with the cluster token; "
+                                   "a client token may not use it")
         return s
 
-    def extend_session(self, handle: str, graph: Union[Graph, Any], current_version: int = 0) -> int:
+    def extend_session(self, handle: str, graph: Union[Graph, Any], current_version: int = 0,
+                       writes: bool = True) -> int:
         """Replace the session's graph with a grown one; parts are registered anew as needed
         (variables keep their values: they live in the tasks, by name)."""
-        s = self.session(handle)
+        s = self.session(handle, writes)
         g = graph if isinstance(graph, Graph) else graph_codec.decode(graph)
         with s._lock:
             if current_version and current_version != s.version:
@@ -409,10 +448,20 @@ class Master:
 
     def run_step(self, handle: str, feeds: Mapping[str, Any], fetches: Sequence[str],
                  targets: Sequence[str] = (), timeout: Optional[float] = None,
-                 run_metadata=None) -> Tuple[List[Any], int]:
-        return self.session(handle).run(feeds, fetches, targets, timeout, run_metadata)
+                 run_metadata=None, writes: bool = True) -> Tuple[List[Any], int]:
+        """`timeout` is capped at `max_step_timeout` (a caller cannot hold the server's threads longer)."""
+        timeout = min(timeout or self.step_timeout, self.max_step_timeout)
+        s = self.session(handle, writes)
+        if not s.writes:
+            key = (s.version, tuple(fetches), tuple(targets))
+            if key not in s.checked:
+                roots = [s._resolve(f, False) for f in fetches] + [s._resolve(t, True) for t in targets]
+                refuse_state_writes(roots, f"RunStep of {handle}")
+                s.checked.add(key)
+        return s.run(feeds, fetches, targets, timeout, run_metadata)
 
-    def close_session(self, handle: str) -> None:
+    def close_session(self, handle: str, writes: bool = True) -> None:
+        self.session(handle, writes)
         with self._lock:
             s = self._sessions.pop(handle, None)
         if s is None:

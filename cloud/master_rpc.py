@@ -8,7 +8,7 @@ import grpc
 from ..core.trace import RunMetadata
 from ..proto import master_pb2, master_pb2_grpc
 from ..wire import tensor_codec
-from ..wire.security import ClientSecurity, make_channel
+from ..wire.security import CLUSTER, ClientSecurity, caller_role, make_channel
 from . import graph_codec, tracing
 from .errors import WorkerError, abort_with, from_rpc_error
 from .master import Master
@@ -18,6 +18,11 @@ from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S
 _STEP_SLACK_S = 5.0  # a RunStep's deadline over the step timeout it asks for
 
 
+def _writes() -> bool:
+    """May this call's graphs write state? (the cluster token, or a server without tokens)"""
+    return caller_role() == CLUSTER
+
+
 class MasterServicer:
     def __init__(self, master: Master, name: str = "master"):
         self.master = master
@@ -25,14 +30,15 @@ class MasterServicer:
 
     def CreateSession(self, request, context):
         try:
-            h = self.master.create_session(request.graph)
+            h = self.master.create_session(request.graph, writes=_writes())
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.name)
         return master_pb2.CreateSessionResponse(session_handle=h, graph_version=1)
 
     def ExtendSession(self, request, context):
         try:
-            v = self.master.extend_session(request.session_handle, request.graph, request.current_graph_version)
+            v = self.master.extend_session(request.session_handle, request.graph, request.current_graph_version,
+                                            writes=_writes())
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.name)
         return master_pb2.ExtendSessionResponse(new_graph_version=v)
@@ -42,7 +48,8 @@ class MasterServicer:
             feeds = {t.name: tensor_codec.decode(t.tensor) for t in request.feeds}
             md = RunMetadata() if request.trace else None
             outs, step_id = self.master.run_step(request.session_handle, feeds, list(request.fetches),
-                                                 list(request.targets), request.timeout_s or None, run_metadata=md)
+                                                 list(request.targets), request.timeout_s or None, run_metadata=md,
+                                                 writes=_writes())
             resp = master_pb2.RunStepResponse(step_id=step_id)
             if md is not None:
                 tracing.encode(md, out=resp.trace)
@@ -54,7 +61,7 @@ class MasterServicer:
 
     def CloseSession(self, request, context):
         try:
-            self.master.close_session(request.session_handle)
+            self.master.close_session(request.session_handle, writes=_writes())
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.name)
         return master_pb2.CloseSessionResponse()

@@ -55,7 +55,8 @@ Deployment: on few cores shared with other work, give BLAS one thread (--blas-th
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
 the benchmark's three 1024-wide dense layers at batch 1 took 43 ms under load with default threads,
 0.34 ms with one).
-Bind 0.0.0.0 only with TLS and a token (docs/security.md).
+Without TLS and a token the service binds 127.0.0.1 whatever --host says (--insecure overrides, with a
+warning); see docs/security.md.
 
 The parts run on this machine's CPU through numpy: the core executor has no GPU path yet
 (core/gpu.py, issue #9), so a cloud GPU is not used by this service today.
@@ -249,7 +250,7 @@ class OffloadServer:
     """An OffloadService on a gRPC port (0: a free one); `security`: wire/security.ServerSecurity."""
 
     def __init__(self, model: Union[CloudModel, str, os.PathLike], host: str = "127.0.0.1", port: int = 0,
-                 security=None, max_workers: Optional[int] = None, **limits):
+                 security=None, max_workers: Optional[int] = None, insecure: bool = False, **limits):
         from .server import start_grpc_server
         self.service = OffloadService(model, **limits)
         s = self.service
@@ -259,11 +260,12 @@ class OffloadServer:
         try:
             self.server, self.port = start_grpc_server(
                 [offload_handler(s)], host, port, workers, max_message_bytes=2 * s.max_request_bytes + (1 << 20),
-                security=security, health_services=("", "isthmus.Offload"))
+                security=security, health_services=("", "isthmus.Offload"), insecure=insecure)
         except BaseException:
             s.close()
             raise
-        self.host = host
+        from .server import safe_bind_host
+        self.host = safe_bind_host(host, security, insecure, quiet=True)   # what start_grpc_server bound
         self.security = security
 
     @property
@@ -329,7 +331,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="the cloud-parts file of a split model (cloud/offload_model.py)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s; "
-                                                             "0.0.0.0 for every interface: then use TLS and a token)")
+                                                             "another host needs TLS and a token, or --insecure; "
+                                                             "without them the service binds 127.0.0.1)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="listen on --host even without TLS and a token (prints a warning)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                        help="where the cloud parts run (default cpu)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="rows per batch (default %(default)s)")
     parser.add_argument("--max-delay-ms", type=float, default=DEFAULT_MAX_DELAY_MS,
                         help="longest wait for a batch to fill (default %(default)s)")
@@ -364,6 +371,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
                                                 "(default: $ISTHMUS_TLS_CLIENT_CA)")
     parser.add_argument("--token-file", help="require this bearer token on every call (default: $ISTHMUS_TOKEN_FILE)")
+    parser.add_argument("--client-token-file", help="also accept this token for Describe/Infer/Stats "
+                                                    "(default: $ISTHMUS_CLIENT_TOKEN_FILE)")
 
 
 def pin_malloc(param: int, nbytes: int) -> bool:
@@ -387,6 +396,8 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 def run(args) -> int:
     from ..wire.security import SecurityError
     from .server import security_from_args
+    from ..core.device_runtime import apply_device_flag
+    apply_device_flag(getattr(args, "device", "cpu"), None, "isthmus serve")
     if args.malloc_mmap_threshold_kb:
         pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)
     if args.malloc_trim_threshold_kb:
@@ -402,6 +413,7 @@ def run(args) -> int:
     try:
         security, client_security = security_from_args(args)
         server = OffloadServer(args.model, host=args.host, port=args.port, security=security,
+                               insecure=getattr(args, "insecure", False),
                                max_batch_size=args.max_batch, max_queue_delay_ms=args.max_delay_ms,
                                max_queue=args.max_queue, max_request_bytes=int(args.max_request_mb * (1 << 20)),
                                log_every_s=args.log_every or None)
@@ -427,8 +439,8 @@ def run(args) -> int:
                   f"zero row(s) to part '{m['part']}')", file=sys.stderr)
         except Exception as e:  # noqa: BLE001  (a failed measurement must not stop the service)
             print(f"isthmus serve: could not measure the overhead: {type(e).__name__}: {e}", file=sys.stderr)
-    print(f"isthmus serve: listening on {args.host}:{server.port} ({mode}); Ctrl-C stops", file=sys.stderr)
-    print(f"ISTHMUS_OFFLOAD {args.host}:{server.port}", flush=True)
+    print(f"isthmus serve: listening on {server.address} ({mode}); Ctrl-C stops", file=sys.stderr)
+    print(f"ISTHMUS_OFFLOAD {server.address}", flush=True)
     while not stop.wait(0.5):
         pass
     print(server.service.stats_line(), file=sys.stderr)

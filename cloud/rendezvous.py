@@ -33,6 +33,7 @@ class StepRendezvous:
         self._values: Dict[Key, Any] = {}
         self._aborted: "OrderedDict[int, BaseException]" = OrderedDict()
         self._cond = threading.Condition()
+        self._closed = False   # the task stops: every wait ends at once
 
     def put(self, key: Key, value: Any) -> None:
         with self._cond:
@@ -49,6 +50,8 @@ class StepRendezvous:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                if self._closed:
+                    raise RendezvousAborted(f"the task stopped while waiting for {show(key)}")
                 err = self._aborted.get(key[3])
                 if err is not None:
                     raise RendezvousAborted(f"step {key[3]} was aborted while waiting for {show(key)}: "
@@ -79,9 +82,17 @@ class StepRendezvous:
             for k in [k for k in self._values if k[3] == step_id]:
                 release_value(self._values.pop(k))
 
-    def clear(self) -> None:
-        """Drop every value (the task stops), freeing what they hold."""
+    def close(self) -> None:
+        """End every wait now, and every later one at once (the task stops)."""
         with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        """Drop every value and end every wait (the task stops), freeing what they hold."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
             values = list(self._values.values())
             self._values.clear()
         for v in values:

@@ -25,6 +25,7 @@ from ..core.trace import RunMetadata
 from ..wire import tensor_codec
 from . import graph_codec, shm, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
+from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits
 from .rendezvous import show
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
@@ -50,8 +51,12 @@ def _identity(b):
 
 
 class WorkerServicer:
-    def __init__(self, worker: Worker):
+    """`limits`: the server-side cap on a RecvTensor's wait and the bounds on waiting calls
+    (cloud/limits.py); RunGraph's wait is capped at MAX_STEP_TIMEOUT_S."""
+
+    def __init__(self, worker: Worker, limits: Optional[WaitLimits] = None):
         self.worker = worker
+        self.limits = limits or WaitLimits(max(DEFAULT_MAX_WAIT_S, worker.recv_timeout))
 
     def RegisterGraph(self, request, context):
         try:
@@ -66,7 +71,7 @@ class WorkerServicer:
             feeds = {t.name: tensor_codec.decode(t.tensor, w.max_tensor_bytes) for t in request.feeds}
             md = RunMetadata() if request.trace else None
             outs = w.run_graph(request.handle, request.step_id, feeds, list(request.fetches),
-                               request.timeout_s or None, run_metadata=md)
+                               min(request.timeout_s or w.recv_timeout, MAX_STEP_TIMEOUT_S), run_metadata=md)
             resp = worker_pb2.RunGraphResponse()
             if md is not None:
                 tracing.encode(md, out=resp.trace)
@@ -79,17 +84,18 @@ class WorkerServicer:
 
     def RecvTensor(self, request, context) -> bytes:
         try:
-            if request.shm_host or request.shm_failed:
-                wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
-                                             request.step_id, request.timeout_s or None,
-                                             request.shm_host, request.shm_failed)
-                if isinstance(wt, shm.Segment):
-                    return wire.shm_response(wt)
-            else:
-                if self.worker.shm is not None:  # a caller that stopped offering: lay its values out for gRPC
-                    self.worker.shm.peers.discard(request.dst_device)
-                wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
-                                           request.step_id, request.timeout_s or None)
+            t = self.limits.cap(request.timeout_s, self.worker.recv_timeout)
+            with self.limits.waiting(context.peer(), "RecvTensor"):
+                if request.shm_host or request.shm_failed:
+                    wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
+                                                 request.step_id, t, request.shm_host, request.shm_failed)
+                    if isinstance(wt, shm.Segment):
+                        return wire.shm_response(wt)
+                else:
+                    if self.worker.shm is not None:  # a caller that stopped offering: lay its values out for gRPC
+                        self.worker.shm.peers.discard(request.dst_device)
+                    wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                               request.step_id, t)
             if wt.inline is not None:
                 return wt.inline
             self.worker.put_back(request.src_device, request.dst_device, request.tensor, request.step_id, wt)
@@ -99,8 +105,9 @@ class WorkerServicer:
 
     def RecvTensorStream(self, request, context):
         try:
-            wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
-                                       request.step_id, request.timeout_s or None)
+            with self.limits.waiting(context.peer(), "RecvTensorStream"):
+                wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
+                                           request.step_id, self.limits.cap(request.timeout_s, self.worker.recv_timeout))
         except Exception as e:  # noqa: BLE001
             abort_with(context, e, self.worker.task)
         yield from wt.chunk_messages()
@@ -124,9 +131,9 @@ class WorkerServicer:
                                          shm_lent=s["shm_lent"])
 
 
-def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
+def worker_handler(worker: Worker, limits: Optional[WaitLimits] = None) -> grpc.GenericRpcHandler:
     """The Worker service's handler; the tensor answers go out as the bytes laid out for them."""
-    s = WorkerServicer(worker)
+    s = WorkerServicer(worker, limits)
     req = {name: getattr(worker_pb2, name + "Request").FromString for name in (
         "RegisterGraph", "RunGraph", "RecvTensor", "AbortStep", "DeregisterGraph", "Status")}
 
@@ -145,13 +152,15 @@ def worker_handler(worker: Worker) -> grpc.GenericRpcHandler:
 
 
 def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None):
+          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None,
+          insecure: bool = False):
     """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
     cloud/server.py serves a whole task (worker, master, health). `security`: a
     wire.security.ServerSecurity (TLS, bearer token)."""
     from .server import start_grpc_server
-    return start_grpc_server([worker_handler(worker), *extra_handlers], host, port, max_workers,
-                             max_message_bytes, security=security)
+    limits = WaitLimits(max(DEFAULT_MAX_WAIT_S, worker.recv_timeout), threads=max_workers)
+    return start_grpc_server([worker_handler(worker, limits), *extra_handlers], host, port, max_workers,
+                             max_message_bytes, security=security, insecure=insecure)
 
 
 class WorkerClient:

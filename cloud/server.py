@@ -5,8 +5,10 @@
 
 Every task can act as the master for clients that connect to it (as in TensorFlow), and
 answers the standard gRPC health check (grpc.health.v1.Health, service "" and each
-isthmus service). The server binds the port of its own address in the spec, on that
-address's host when it is a loopback or IP literal, else on every interface.
+isthmus service). The server binds the port of its own address in the spec. Without TLS
+and a token it binds 127.0.0.1 whatever the spec's host (a hostname, 0.0.0.0, an IP);
+with both, the spec's host (every interface for a hostname); `--insecure`
+(`insecure=True`) binds the spec's host without them and warns (docs/security.md).
 
 Tasks on one host pass big tensors through shared memory (cloud/shm.py) unless
 `shm_enabled=False`, `--no-shm` or ISTHMUS_SHM=0; a starting server unlinks the segments
@@ -20,6 +22,7 @@ import json
 import signal
 import sys
 import threading
+import warnings
 from concurrent import futures
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -29,25 +32,104 @@ from ..wire.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
+from .limits import DEFAULT_MAX_WAIT_S, DEFAULT_PER_PEER, WaitLimits
 from .master import DEFAULT_STEP_TIMEOUT_S, Master
 from .placement import default_worker
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
 HEALTH_SERVICES = ("", "isthmus.Worker", "isthmus.Master")
+LOOPBACK = "127.0.0.1"
+
+
+class InsecureBindWarning(UserWarning):
+    """A server listens beyond loopback without TLS and a token (--insecure)."""
+
+
+def is_loopback(host: str) -> bool:
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def safe_bind_host(host: str, security: Optional[ServerSecurity] = None, insecure: bool = False,
+                   what: str = "server", quiet: bool = False) -> str:
+    """The host a server may bind: `host` when it is loopback, or when TLS and a token are on
+    (or `insecure`, with a warning); else 127.0.0.1, saying so (unless `quiet`)."""
+    if is_loopback(host) or (security is not None and security.exposable):
+        return host
+    if quiet:
+        return host if insecure else LOOPBACK
+    if insecure:
+        warnings.warn(f"{what}: listening on {host} without TLS and a token (--insecure): anyone who "
+                      "can reach the port can read and overwrite variables and run any graph",
+                      InsecureBindWarning, stacklevel=3)
+        return host
+    print(f"{what}: binding {LOOPBACK} instead of {host}: without TLS and a token a server listens on "
+          "loopback only (give --tls-cert/--tls-key and --token-file, or --insecure)", file=sys.stderr)
+    return LOOPBACK
+
+
+class _Malformed:
+    """What a request deserializer returns for bytes it cannot parse (gRPC would answer INTERNAL)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _tolerant(deserialize):
+    def parse(data):
+        try:
+            return deserialize(data)
+        except Exception as e:  # noqa: BLE001  (protobuf's DecodeError, or a hand-written reader's)
+            return _Malformed(e)
+    return parse
+
+
+class _MalformedGuard(grpc.ServerInterceptor):
+    """Undecodable request bytes end INVALID_ARGUMENT, naming the method, before any handler runs."""
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = details.method
+
+        def guard(behaviour):
+            def run(request, context):
+                if isinstance(request, _Malformed):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: malformed request bytes: "
+                                  f"{type(request.error).__name__}: {request.error}")
+                return behaviour(request, context)
+            return run
+        for attr, make in (("unary_unary", grpc.unary_unary_rpc_method_handler),
+                           ("unary_stream", grpc.unary_stream_rpc_method_handler)):
+            fn = getattr(handler, attr, None)
+            if fn is not None:
+                return make(guard(fn), request_deserializer=_tolerant(handler.request_deserializer),
+                            response_serializer=handler.response_serializer)
+        return handler   # streaming requests: each message is parsed as it is read
 
 
 def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
                       max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                       health: bool = True, security: Optional[ServerSecurity] = None,
-                      health_services: Sequence[str] = HEALTH_SERVICES) -> Tuple[grpc.Server, int]:
+                      health_services: Sequence[str] = HEALTH_SERVICES,
+                      insecure: bool = False) -> Tuple[grpc.Server, int]:
     """A started server with `handlers` (and the health service): (server, bound port).
     `security`: TLS and/or a bearer token on every call (wire/security.py); None: plaintext.
-    `health_services`: the service names the health check answers SERVING for ("" = the server)."""
+    Without TLS and a token it binds loopback whatever `host` says, unless `insecure`
+    (safe_bind_host). `health_services`: the service names the health check answers SERVING for."""
     from .rpc import channel_options
+    host = safe_bind_host(host, security, insecure)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
                          options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
-                         interceptors=security.interceptors() if security else None)
+                         interceptors=(security.interceptors() if security else []) + [_MalformedGuard()])
     server.add_generic_rpc_handlers(tuple(handlers))
     if health:
         try:
@@ -91,7 +173,8 @@ class Server:
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S, step_timeout: float = DEFAULT_STEP_TIMEOUT_S,
                  security: Optional[ServerSecurity] = None, client_security: Optional[ClientSecurity] = None,
-                 shm_enabled: Optional[bool] = None):
+                 shm_enabled: Optional[bool] = None, insecure: bool = False,
+                 max_recv_wait_s: float = DEFAULT_MAX_WAIT_S, max_waiting_per_peer: int = DEFAULT_PER_PEER):
         self.task_id = TaskId(job, int(task))
         self.shm_enabled = shm.enabled_by_env() if shm_enabled is None else bool(shm_enabled)
         shm.sweep()  # segments of killed processes
@@ -109,11 +192,15 @@ class Server:
             address = cluster.address(job, task)
             host = host or bind_host(address)
             port = int(address.rsplit(":", 1)[1]) if port is None else port
+        self.host = safe_bind_host(host or LOOPBACK, security, insecure, quiet=True)
         from .master_rpc import master_handler
         from .rpc import worker_handler
-        self.server, self.port = start_grpc_server([worker_handler(self.worker), master_handler(self.master)],
-                                                   host or "127.0.0.1", port or 0, max_workers, max_message_bytes,
-                                                   security=security)
+        # RecvTensor's wait is capped here, whatever the caller asks (never below --recv-timeout)
+        self.limits = WaitLimits(max(max_recv_wait_s, recv_timeout), max_waiting_per_peer, threads=max_workers)
+        self.server, self.port = start_grpc_server([worker_handler(self.worker, self.limits),
+                                                    master_handler(self.master)],
+                                                   host or LOOPBACK, port or 0, max_workers, max_message_bytes,
+                                                   security=security, insecure=insecure)
         if cluster is not None:
             self.set_cluster(cluster)
 
@@ -148,6 +235,7 @@ class Server:
         return c
 
     def stop(self, grace: Optional[float] = None) -> None:
+        self.worker.table.close()   # waiting RecvTensors end now, not at their cap
         self.master.close()
         self.server.stop(grace).wait(10)
         for c in self._clients.values():
@@ -174,8 +262,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", help="host to listen on (default: from the task's address)")
     parser.add_argument("--port", type=int, help="port to listen on (default: the task's address's; 0: a free one)")
     parser.add_argument("--cluster-from-stdin", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                        help="where a worker places its part's nodes (ps tasks stay on the CPU; default cpu)")
     parser.add_argument("--recv-timeout", type=float, default=DEFAULT_RECV_TIMEOUT_S,
                         help="seconds a Recv waits for its tensor (default %(default)s)")
+    parser.add_argument("--max-recv-wait", type=float, default=DEFAULT_MAX_WAIT_S,
+                        help="longest wait a RecvTensor caller may ask for, in seconds (default %(default)s)")
+    parser.add_argument("--max-waiting-per-peer", type=int, default=DEFAULT_PER_PEER,
+                        help="RecvTensor calls one connection may have waiting at once; more get "
+                             "RESOURCE_EXHAUSTED (default %(default)s)")
     parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (default: $ISTHMUS_TLS_CERT)")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: $ISTHMUS_TLS_KEY)")
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
@@ -184,6 +279,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "else --tls-cert itself)")
     parser.add_argument("--token-file", help="require this bearer token on every call, and send it to the "
                                              "other tasks (default: $ISTHMUS_TOKEN_FILE)")
+    parser.add_argument("--client-token-file",
+                        help="also accept this token, for clients: it may run graphs that write no state and "
+                             "read their fetches, nothing else (default: $ISTHMUS_CLIENT_TOKEN_FILE)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="listen on the spec's (or --bind's) host even without TLS and a token; without "
+                             "both a server otherwise binds 127.0.0.1 only")
     parser.add_argument("--no-shm", action="store_true",
                         help="never pass tensors through shared memory, even to tasks on this host "
                              "(default: on unless $ISTHMUS_SHM=0)")
@@ -215,7 +316,7 @@ def security_from_args(args):
     env = dict(os.environ)
     for flag, var in (("tls_cert", "ISTHMUS_TLS_CERT"), ("tls_key", "ISTHMUS_TLS_KEY"),
                       ("tls_client_ca", "ISTHMUS_TLS_CLIENT_CA"), ("tls_ca", "ISTHMUS_TLS_CA"),
-                      ("token_file", "ISTHMUS_TOKEN_FILE")):
+                      ("token_file", "ISTHMUS_TOKEN_FILE"), ("client_token_file", "ISTHMUS_CLIENT_TOKEN_FILE")):
         if getattr(args, flag, None):
             env[var] = getattr(args, flag)
     return ServerSecurity.from_env(env), ClientSecurity.from_env(env)
@@ -224,11 +325,14 @@ def security_from_args(args):
 def run(args) -> int:
     try:
         cluster, job, task = _resolve(args)
+        from ..core.device_runtime import apply_device_flag
+        apply_device_flag(getattr(args, "device", "cpu"), job, "isthmus server")
         security, client_security = security_from_args(args)
         server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,
                         max_message_bytes=int(args.max_message_mb * (1 << 20)),
                         security=security, client_security=client_security,
-                        shm_enabled=False if args.no_shm else None)
+                        shm_enabled=False if args.no_shm else None, insecure=args.insecure,
+                        max_recv_wait_s=args.max_recv_wait, max_waiting_per_peer=args.max_waiting_per_peer)
     except (ClusterSpecError, WorkerError, SecurityError) as e:
         print(f"isthmus server: {e}", file=sys.stderr)
         return 2

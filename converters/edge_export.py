@@ -11,43 +11,21 @@ import numpy as np
 
 from isthmus.core.errors import GraphError
 from isthmus.core.graph import Graph, Tensor
+from isthmus.edge import capabilities
 from isthmus.edge.writer import ModelWriter
 
-# core op -> edge attrs: a function of the node's attrs (None: no attributes)
-_FLAT_PADS = lambda p: [int(p[0][0]), int(p[0][1]), int(p[1][0]), int(p[1][1])]  # noqa: E731
-EDGE_OPS = {
-    "Conv2D": lambda a: {"strides": list(a["strides"]), "dilations": list(a["dilations"]), "pads": _FLAT_PADS(a["pads"]),
-                         "groups": int(a["groups"])},
-    "FusedConv2D": lambda a: {"strides": list(a["strides"]), "dilations": list(a["dilations"]),
-                              "pads": _FLAT_PADS(a["pads"]), "groups": int(a["groups"]), "activation": a["activation"]},
-    "MatMul": lambda a: {"transpose_a": int(a["transpose_a"]), "transpose_b": int(a["transpose_b"])},
-    "FusedMatMul": lambda a: {"transpose_a": int(a["transpose_a"]), "transpose_b": int(a["transpose_b"]),
-                              "activation": a["activation"]},
-    "BiasAdd": lambda a: {"axis": int(a["axis"])},
-    "MaxPool": lambda a: _edge_pool(a),
-    "AvgPool": lambda a: _edge_pool(a),
-    "GlobalAvgPool": lambda a: {"keepdims": int(a["keepdims"])},
-    "Reshape": lambda a: {"shape": [int(d) for d in a["shape"]]},
-    "Flatten": lambda a: {"axis": int(a["axis"])},
-    "Concat": lambda a: {"axis": int(a["axis"])},
-    "Softmax": lambda a: {"axis": int(a["axis"])},
-    "Pad": lambda a: {"paddings": [int(v) for pair in a["paddings"] for v in pair],
-                      "constant_value": float(a["constant_value"])} if a["mode"] == "constant" else None,
-    "BatchNorm": lambda a: {"epsilon": float(a["epsilon"]), "axis": int(a["axis"])} if not a["training"] else None,
-    "Add": None, "Sub": None, "Mul": None, "Div": None, "Maximum": None, "Minimum": None,
-    "Relu": None, "Relu6": None, "Tanh": None, "Sigmoid": None, "Identity": None,
-}
-
-
-def _edge_pool(a):
-    """The edge pooling kernels have no dilation: such a pool stays in the cloud."""
-    if tuple(a.get("dilations", (1, 1))) != (1, 1):
-        return None
-    return {"ksize": list(a["ksize"]), "strides": list(a["strides"]), "pads": _FLAT_PADS(a["pads"])}
+# what the edge runs, and the edge attributes of a node: the edge's own table (edge/capabilities.py)
+EDGE_OPS = capabilities.FP32
 
 
 def edge_supported(op: str) -> bool:
-    return op in EDGE_OPS
+    return op in capabilities.FP32
+
+
+def edge_refusal(n) -> Optional[str]:
+    """Why the edge cannot run graph node `n` (None: it can); the partitioner asks the same table."""
+    return capabilities.refusal(n.op, n.attrs, [(t.dtype, t.shape) for t in n.inputs],
+                                [(t.dtype, t.shape) for t in n.outputs])
 
 
 def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
@@ -76,11 +54,12 @@ def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
     for n in nodes:
         if n.op in ("Const", "Placeholder") or any(t in ins for t in n.outputs):
             continue
-        if n.op not in EDGE_OPS or (EDGE_OPS[n.op] is not None and EDGE_OPS[n.op](n.attrs) is None):
-            bad.setdefault(n.op, []).append(n.name)
+        why = edge_refusal(n)
+        if why is not None:
+            bad.setdefault(n.op, []).append(f"{n.name}: {why}")
     if bad:
         raise GraphError("the edge runtime has no kernel for: " + "; ".join(
-            f"{op} x{len(v)} ({', '.join(v[:3])})" for op, v in sorted(bad.items()))
+            f"{op} x{len(v)} ({'; '.join(v[:3])})" for op, v in sorted(bad.items()))
             + " (the partitioner places such nodes in the cloud)")
     w = ModelWriter()
     w.metadata.update(metadata or {})
@@ -103,7 +82,7 @@ def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
         out_ids = [w.add_tensor(n.name if t.index == 0 else t.name, t.dtype, shape_of(t)) for t in produced]
         for t, i in zip(produced, out_ids):
             index[t] = i
-        attrs = EDGE_OPS[n.op](n.attrs) if EDGE_OPS[n.op] is not None else {}
+        attrs = capabilities.edge_attrs(n.op, n.attrs)
         w.add_operator(n.op, [index[t] for t in n.inputs], out_ids, attrs)
     for t in outs:
         w.mark_output(index[t])

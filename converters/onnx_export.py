@@ -640,3 +640,6 @@ def _if(c, n, ins, outs):
         c.node("Squeeze", [pred, c.const(np.array([0], np.int64))], [p2])
         pred = p2
     c.node("If", [pred], outs, then_branch=graphs["then_branch"], else_branch=graphs["else_branch"])
+
+
+from . import onnx_export_ops  # noqa: E402,F401  (issue 20: exports of the added ops; needs the table above)

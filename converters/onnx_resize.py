@@ -12,7 +12,9 @@ from isthmus.core.ops.image import COORDINATE_MODES, NEAREST_MODES, resize
 from .onnx_import import ImportError_, _attrs, _s, handler
 
 
-@handler("Resize", 11)
+@handler("Resize", 11, attrs=("antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a",
+                                 "exclude_outside", "extrapolation_value", "keep_aspect_ratio_policy", "mode",
+                                 "nearest_mode"))
 def _resize(c, node, ins):
     at = _attrs(node)
     where = f"node '{node.name or 'Resize'}' (Resize)"
@@ -71,3 +73,39 @@ def _resize(c, node, ins):
         unknown = [a for a, d in enumerate(full_sizes) if d is None]
         raise ImportError_(f"{where}: sizes leave axes {unknown} of an input with unknown dims unspecified")
     return [resize(x, sizes=full_sizes, **kw)]
+
+
+def _upsample_mode(at) -> str:
+    mode = _s(at.get("mode", "nearest"))
+    if mode == "bilinear":  # an old alias ONNX kept for Upsample
+        mode = "linear"
+    if mode not in ("nearest", "linear"):
+        raise ImportError_(f"mode '{mode}' is not supported (nearest and linear are)")
+    return mode
+
+
+def _scaled(c, node, ins, scales):
+    """Upsample (7-9) and Resize 10: scale every axis, asymmetric coordinates, nearest rounds down."""
+    x = ins[0]
+    mode = _upsample_mode(_attrs(node))
+    if scales is None:
+        return [resize(x, param=ins[1], param_kind="scales", axes=list(range(len(x.shape))), policy="stretch",
+                       mode=mode, coordinate_mode="asymmetric", nearest_mode="floor")]
+    scales = [float(s) for s in np.asarray(scales).reshape(-1)]
+    if len(scales) != len(x.shape):
+        raise ImportError_(f"{len(scales)} scales for an input of rank {len(x.shape)}")
+    return [resize(x, scales=scales, mode=mode, coordinate_mode="asymmetric", nearest_mode="floor")]
+
+
+@handler("Upsample", 7, attrs=("mode", "scales"))
+def _upsample7(c, node, ins):
+    at = _attrs(node)
+    if "scales" not in at:
+        raise ImportError_("the scales attribute is required")
+    return _scaled(c, node, ins, at["scales"])
+
+
+@handler("Upsample", 9, attrs=("mode",))
+@handler("Resize", 10, attrs=("mode",))
+def _upsample9(c, node, ins):
+    return _scaled(c, node, ins, c.const_or_none(node, 1))

@@ -263,5 +263,7 @@ def _recurrent(c, node, ins):
     return outs
 
 
+_RNN_ATTRS = ("activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "layout")
 for _op in _GATES:
-    handler(_op, 7)(_recurrent)
+    handler(_op, 7, attrs=_RNN_ATTRS + {"LSTM": ("input_forget",), "GRU": ("linear_before_reset",)}.get(_op, ()))(
+        _recurrent)

@@ -13,15 +13,15 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.edge import capabilities
 from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
 
-from .edge_export import EDGE_OPS
+from .edge_export import edge_refusal
 
 SHORT_SCALE_BITS = 4  # significant bits of an activation scale under short_scales
-INT8_OPS = {"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "GlobalAvgPool", "Reshape", "Flatten",
-            "Relu", "Relu6"}
-SAME_QPARAMS = {"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
+INT8_OPS = capabilities.INT8  # the edge's table
+SAME_QPARAMS = capabilities.SAME_QPARAMS
 
 
 def _qparams(lo: float, hi: float, mantissa_bits: Optional[int] = None) -> Tuple[float, int]:
@@ -64,18 +64,10 @@ def _pow2_scales(s_w: np.ndarray, s_in: float, s_out: float, anchored: bool = Fa
 
 
 def _int8_ok(n: Node) -> bool:
-    if n.op not in INT8_OPS or n.outputs[0].dtype != np.float32:
-        return False
-    if EDGE_OPS.get(n.op) is not None and EDGE_OPS[n.op](n.attrs) is None:  # a variant the edge lacks
-        return False
-    if n.op in ("FusedConv2D", "FusedMatMul") and n.attrs["activation"] not in ("none", "relu", "relu6"):
-        return False
-    if n.op in ("MatMul", "FusedMatMul") and (n.attrs["transpose_a"] or n.attrs["transpose_b"]
-                                              or len(n.inputs[0].shape) != 2 or n.inputs[1].node.op != "Const"):
-        return False
-    if n.op in ("Conv2D", "FusedConv2D") and n.inputs[1].node.op != "Const":
-        return False
-    return True
+    """Whether the edge's int8 kernels run `n` (its table, edge/capabilities.py)."""
+    return capabilities.int8_refusal(n.op, n.attrs, [(t.dtype, t.shape) for t in n.inputs],
+                                     [(t.dtype, t.shape) for t in n.outputs],
+                                     [t.node.op == "Const" for t in n.inputs]) is None
 
 
 def calibrate(sess, tensors: Sequence[Tensor], feeds: Iterable[Dict], percentile: Optional[float] = None):
@@ -158,7 +150,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul"):
                 x = n.inputs[0]
                 wv = np.asarray(n.inputs[1].node.attrs["value"], np.float64)
-                axis = 0 if n.op.endswith("Conv2D") else 1
+                axis = 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1  # the output channels
                 red = tuple(i for i in range(wv.ndim) if i != axis)
                 s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
                 if pow2_scales and axis == 0:
@@ -180,12 +172,12 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             s, z = qp[n.outputs[0]]
             out = w.add_tensor(n.name, np.int8, shape_of(n.outputs[0]), scale=[s], zero_point=[z])
             qid[n.outputs[0]] = out
-            attrs = EDGE_OPS[n.op](n.attrs) if EDGE_OPS.get(n.op) is not None else {}
-            w.add_operator(n.op, ins, [out], attrs)
+            w.add_operator(n.op, ins, [out], capabilities.edge_attrs(n.op, n.attrs))
         else:
             report["fp32_ops"] += 1
-            if n.op not in EDGE_OPS or (EDGE_OPS[n.op] is not None and EDGE_OPS[n.op](n.attrs) is None):
-                raise ValueError(f"node '{n.name}' ({n.op}) has no edge kernel for its attributes")
+            why = edge_refusal(n)
+            if why is not None:
+                raise ValueError(f"node '{n.name}' ({n.op}) has no edge kernel: {why}")
             ins = []
             for t in n.inputs:
                 if t.node.op == "Const":
@@ -198,8 +190,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             ids = [w.add_tensor(n.name if t.index == 0 else t.name, t.dtype, shape_of(t)) for t in produced]
             for t, i in zip(produced, ids):
                 fid[t] = i
-            attrs = EDGE_OPS[n.op](n.attrs) if EDGE_OPS[n.op] is not None else {}
-            w.add_operator(n.op, ins, ids, attrs)
+            w.add_operator(n.op, ins, ids, capabilities.edge_attrs(n.op, n.attrs))
     for t in outs:
         w.mark_output(as_float(t) if t in qid and t not in fid else fid[t])
     for t in floats:

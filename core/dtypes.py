@@ -11,14 +11,17 @@ int16 = np.dtype("int16")
 int32 = np.dtype("int32")
 int64 = np.dtype("int64")
 uint8 = np.dtype("uint8")
+uint16 = np.dtype("uint16")
+uint32 = np.dtype("uint32")
+uint64 = np.dtype("uint64")
 bool_ = np.dtype("bool")
 
 # An opaque host value (a loop's saved iterations, say): never fed, fetched or serialised.
 variant = np.dtype(object)
 
-ALL = (float16, float32, float64, int8, int16, int32, int64, uint8, bool_)
+ALL = (float16, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64, bool_)
 FLOATS = (float16, float32, float64)
-INTS = (int8, int16, int32, int64, uint8)
+INTS = (int8, int16, int32, int64, uint8, uint16, uint32, uint64)
 _BY_NAME = {d.name: d for d in ALL}
 
 

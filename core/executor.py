@@ -39,10 +39,12 @@ class VarSlot:
 
 class KernelContext:
     """What a kernel factory may ask of the session that compiles it."""
+    check_numerics = False   # Session(check_numerics=True) sets it: kernels' float outputs are checked
 
     def __init__(self, xp, state: "SessionState"):
         self.xp = xp
         self.state = state
+        self.capture = False  # kernels bound for a captured GPU step (capture.py) avoid cuBLAS
         self._used: Optional[set] = None  # tensors the plan being compiled consumes or fetches
 
     def output_used(self, t: Tensor) -> bool:
@@ -59,8 +61,9 @@ class KernelContext:
 class SessionState:
     """Variable values and random generators of one session."""
 
-    def __init__(self, rendezvous=None):
+    def __init__(self, rendezvous=None, devices=None):
         self.rendezvous = rendezvous  # where Send/Recv kernels exchange tensors (partitioned graphs)
+        self.devices = devices  # a DeviceTable (device_runtime.py) when the session places nodes on GPUs
         # keyed by node name: an optimized copy of a graph shares its variables and generators
         self.slots: Dict[str, VarSlot] = {}
         self.rngs: Dict[str, np.random.Generator] = {}
@@ -107,7 +110,9 @@ class Plan:
     """A compiled step: `plan(*feed_values)` returns the tuple of fetched values."""
 
     def __init__(self, fetches: Sequence[Union[Tensor, Node]], feeds: Sequence[Tensor], ctx: KernelContext,
-                 parallel: Union[bool, str] = "auto"):
+                 parallel: Union[bool, str] = "auto", binding: Optional["DeviceBinding"] = None):
+        """`binding` (device_binding.py): per-node contexts of a session that places nodes on GPUs."""
+        self.binding = binding
         self.fetches = list(fetches)
         self.feeds = list(feeds)
         self.fed = fed = set(self.feeds)
@@ -122,6 +127,8 @@ class Plan:
         self._copy = ctx.xp.array
         self.fn = self._generate(ctx, fed)
         from .scheduler import ParallelRunner, parallelism_pays
+        if binding is not None and binding.uses_gpu:
+            parallel = False  # a GPU queues kernels itself: host threads would only contend
         if parallel == "auto":
             parallel = parallelism_pays(self.nodes, fed)
         self.parallel = bool(parallel)
@@ -151,7 +158,9 @@ class Plan:
 
     def _emit(self, ctx, fed, names, env, body, aliases_state) -> None:
         consts = 0
+        binding = self.binding
         for j, n in enumerate(self.nodes):
+            nctx = ctx if binding is None else binding.context(n)
             if n.outputs and all(t in fed for t in n.outputs):
                 continue  # every output is fed: the node itself never runs
             if n.op == "Placeholder" and not all(t in fed for t in n.outputs):
@@ -160,7 +169,7 @@ class Plan:
             if n.op == "Const":
                 name = f"c{consts}"
                 consts += 1
-                env[name] = ctx.xp.asarray(n.attrs["value"])
+                env[name] = nctx.xp.asarray(n.attrs["value"])
                 self.constants[n.outputs[0]] = env[name]
                 names[n.outputs[0]] = name
                 continue
@@ -172,12 +181,17 @@ class Plan:
                     names[t] = f"v{n.index}_{t.index}"
                     outs.append(names[t])
             try:
-                kernel = n.opdef.kernel(n, ctx)
+                kernel = n.opdef.kernel(n, nctx)
+                if binding is not None:
+                    kernel = binding.wrap(n, kernel)
             except IsthmusError:
                 raise
             except Exception as e:
                 raise ExecutionError(f"node '{n.name}' ({n.op}): cannot prepare its kernel: "
                                      f"{type(e).__name__}: {e}", n.name, n.op) from e
+            if ctx.check_numerics:   # Session(check_numerics=True): every float output checked
+                from .ops.numerics import checked_kernel
+                kernel = checked_kernel(n, kernel)
             kname = f"k{j}"
             env[kname] = kernel
             self.kernels[n] = kernel
@@ -190,6 +204,9 @@ class Plan:
             else:
                 line = f"{', '.join(outs)}, = {call}"
             body.append((line, n))
+            if binding is not None and binding.sampler(n) is not None:
+                env[f"m{j}"] = binding.sampler(n)
+                body.append((f"m{j}()", None))  # the device's memory in use after the node: its peak
             if n.op == "Variable" or n.opdef.ref_inputs or (
                     n.op in _VIEW_OPS and n.inputs and n.inputs[0] in aliases_state):
                 aliases_state.update(n.outputs)
@@ -225,11 +242,15 @@ class Plan:
         if self._runner is not None:
             return self._runner(*feeds)
         try:
+            if self.binding is not None:
+                return self.binding.run(self.fn, feeds)
             return self.fn(*feeds)
         except Exception as e:
             node = self._failing_node(sys.exc_info()[2])
             if node is None:
                 raise
+            if self.binding is not None:
+                self.binding.raise_out_of_memory(e, node)
             if isinstance(e, IsthmusError) and getattr(e, "node_name", None) == node.name:
                 raise
             raise ExecutionError(f"node '{node.name}' ({node.op}) failed: {type(e).__name__}: {e}",
@@ -248,7 +269,7 @@ def _insert_frees(body, names: Dict[Tensor, str], fetched: set):
     """Delete each local after its last use, so intermediates are freed as soon as possible."""
     last_use: Dict[str, int] = {}
     for i, (line, node) in enumerate(body):
-        for t in node.inputs:
+        for t in (node.inputs if node is not None else ()):
             nm = names.get(t)
             if nm and nm.startswith("v"):
                 last_use[nm] = i

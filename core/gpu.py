@@ -1,14 +1,13 @@
-"""GPU backend foundation: the ONE place that imports cupy (lazily).
+"""The CUDA GPU: the ONE place that imports cupy (lazily).
 
-Status (issue #9): this module provides availability detection, the array
-module per device kind, the memory-pool cap parsing/applying and peak
-accounting. It is NOT yet wired into the executor (no copy-insertion pass,
-no GPU kernels): see the issue for what remains. Without cupy or a GPU,
-GPU devices are simply absent and `require_gpu` raises a clear error naming
-the node that was pinned to a GPU.
+Availability, the array module per device kind, the memory-pool cap, and CudaDevice: the
+runtime a Session binds GPU nodes to (host<->device copies staged through pinned memory when
+large, the pool's peak sampled after each GPU node, out-of-memory recognised). Without cupy or
+a GPU, GPU devices are absent and `require_gpu` raises a clear error naming the node pinned to one.
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional, Union
 
 import numpy as np
@@ -129,3 +128,113 @@ class PeakMeter:
             self.start = used
         if used > self.peak:
             self.peak = used
+
+
+STAGE_MIN_BYTES = 1 << 20     # copies at least this large go through pinned memory
+_CHUNK_BYTES = 16 << 20       # pageable host data is staged in chunks of this size, two in flight
+
+
+def pinned_empty(shape, dtype) -> np.ndarray:
+    """A host array in page-locked memory (from cupy's pinned pool): feeds allocated this way
+    reach the GPU at full DMA speed, with no staging copy."""
+    cp = array_module("GPU")
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    mem = cp.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+    return np.frombuffer(mem, dtype, count).reshape(shape)
+
+
+class CudaDevice:
+    """A CUDA GPU seen through cupy: kernels get `cupy` as their array module."""
+    kind = "GPU"
+    simulated = False
+
+    def __init__(self, index: int = 0, memory=None):
+        import os
+        cp = require_gpu("<session>", f"/device:GPU:{index}")
+        if index >= cp.cuda.runtime.getDeviceCount():
+            raise RuntimeError(f"/device:GPU:{index}: this machine has {cp.cuda.runtime.getDeviceCount()} GPU(s)")
+        if index:
+            cp.cuda.Device(index).use()  # one GPU per process is what the rest assumes (see docs)
+        self.cp = self.xp = cp
+        self.index = index
+        self.name = f"/device:GPU:{index}"
+        self.pool = cp.get_default_memory_pool()
+        self.cap_bytes = configure_memory_pool(memory if memory is not None else os.environ.get("ISTHMUS_GPU_MEMORY"))
+        self.peak = 0
+        self._lock = threading.Lock()
+        self._staging = None  # two pinned chunks and their events, made on first use
+
+    # ---- copies ---------------------------------------------------------------------------------
+    def to_device(self, x):
+        cp = self.cp
+        x = np.asarray(x)
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)  # (never on 0-d arrays: it would make them 1-d)
+        if x.nbytes < STAGE_MIN_BYTES:
+            return cp.asarray(x)
+        out = cp.empty(x.shape, x.dtype)
+        if _is_pinned(cp, x):
+            out.data.copy_from_host(x.ctypes.data, x.nbytes)
+        else:
+            self._staged_to_device(x, out)
+        return out
+
+    def _staged_to_device(self, x: np.ndarray, out) -> None:
+        """Pageable host data: copied chunk by chunk into pinned buffers, each DMA'd while the
+        next chunk is being copied."""
+        cp = self.cp
+        src = x.reshape(-1).view(np.uint8)
+        with self._lock:
+            if self._staging is None:
+                self._staging = [[pinned_empty((_CHUNK_BYTES,), np.uint8), None] for _ in range(2)]
+            stream = cp.cuda.get_current_stream()
+            dst = out.data.ptr
+            for k, off in enumerate(range(0, src.size, _CHUNK_BYTES)):
+                slot = self._staging[k % 2]
+                if slot[1] is not None:
+                    slot[1].synchronize()  # the DMA out of this buffer is done
+                m = min(_CHUNK_BYTES, src.size - off)
+                buf = slot[0]
+                np.copyto(buf[:m], src[off:off + m])
+                cp.cuda.runtime.memcpyAsync(dst + off, buf.ctypes.data, m, 1, stream.ptr)  # 1: host to device
+                slot[1] = stream.record()
+
+    def to_host(self, x) -> np.ndarray:
+        if x.nbytes < STAGE_MIN_BYTES:
+            return x.get()
+        x = self.cp.ascontiguousarray(x)
+        out = pinned_empty(x.shape, x.dtype)
+        x.get(out=out)
+        return out
+
+    def is_device_array(self, x) -> bool:
+        return isinstance(x, self.cp.ndarray)
+
+    # ---- memory ---------------------------------------------------------------------------------
+    def is_out_of_memory(self, e: BaseException) -> bool:
+        return isinstance(e, (self.cp.cuda.memory.OutOfMemoryError, MemoryError))
+
+    def used_bytes(self) -> int:
+        return int(self.pool.used_bytes())
+
+    def sample(self) -> None:
+        u = self.pool.used_bytes()
+        if u > self.peak:
+            self.peak = u
+
+    def reset_peak(self) -> None:
+        self.peak = int(self.pool.used_bytes())
+
+    def peak_bytes(self) -> int:
+        return int(self.peak)
+
+    def synchronize(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+
+
+def _is_pinned(cp, x: np.ndarray) -> bool:
+    try:
+        return cp.cuda.runtime.pointerGetAttributes(x.ctypes.data).type == 1  # cudaMemoryTypeHost
+    except Exception:
+        return False

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -35,10 +36,30 @@ class Session:
         return impl.DistributedSession(graph, target)
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
-                 parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True):
+                 parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
+                 device: Optional[str] = None, gpu: Optional[str] = None, gpu_memory=None,
+                 capture: "bool | str" = False, check_numerics: bool = False):
+        """device: where unpinned nodes run: "cpu" (default; ISTHMUS_DEVICE overrides), "gpu", "auto"
+        (a GPU when one is usable) or a name such as "/device:GPU:1". gpu: "cuda" (cupy) or
+        "simulated" (the CI stand-in; default ISTHMUS_GPU, else "cuda"). gpu_memory: the device memory cap, a fraction or bytes
+        (default ISTHMUS_GPU_MEMORY, else 0.8 of the device). capture: replay fixed-shape GPU steps
+        as CUDA graphs (core/capture.py).
+        check_numerics: check every float output of every node as it runs (and every float
+        feed); the first holding NaN or Inf fails the step with a NonFiniteError naming that node
+        (core/ops/numerics.py). Off by default: it costs about one pass over each output."""
         self.graph = graph if graph is not None else get_default_graph()
-        self.state = SessionState(rendezvous)
+        from .device_runtime import HOST, DeviceTable
+        self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
+                                   gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
+        self.state = SessionState(rendezvous, self.devices)
         self._ctx = KernelContext(np, self.state)
+        self._ctx.check_numerics = self.check_numerics = bool(check_numerics)
+        self._binding = None
+        if self.devices.default != HOST:
+            from .device_binding import DeviceBinding
+            self.devices.get(self.devices.default)  # fails now, naming the reason, when there is no GPU
+            self._binding = DeviceBinding(self.devices, self.state)
+        self.capture = capture
         self._plans: Dict[Any, Tuple[Plan, Callable, list]] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -99,12 +120,38 @@ class Session:
                 nodes = prune([f.node if isinstance(f, Tensor) else f for f in flat], fed)
                 rw = optimize(self.graph, nodes, flat, feeds)
                 run_fetches, run_feeds = rw.fetches, rw.feeds
-            plan = Plan(run_fetches, run_feeds, self._ctx, self.parallel)
+            plan = self._plan(run_fetches, run_feeds)
             checks = [_feed_check(t) for t in feeds]
+            if self.check_numerics:
+                from .ops.numerics import checked_feed
+                checks = [checked_feed(c, t) for c, t in zip(checks, feeds)]
             entry = (plan, unflatten, checks)
             if key is not None:
                 self._plans[key] = entry
             return entry
+
+    def _plan(self, fetches, feeds) -> Plan:
+        """The plan, its nodes placed on this session's devices with copy nodes between them."""
+        from .executor import prune
+        from .passes.copies import insert_copies, needs_devices
+        nodes = prune([f.node if isinstance(f, Tensor) else f for f in fetches], set(feeds))
+        if not needs_devices(nodes, self.devices.default):
+            return Plan(fetches, feeds, self._ctx, self.parallel)
+        graph = nodes[0].graph if nodes else self.graph
+        rw = insert_copies(graph, nodes, fetches, feeds, self.devices.default)
+        if self._binding is None:
+            from .device_binding import DeviceBinding
+            self._binding = DeviceBinding(self.devices, self.state)
+        if self.capture:
+            from .capture import CapturedPlan
+            return CapturedPlan.make(rw.fetches, rw.feeds, self._ctx, self._binding, self.capture)
+        return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding)
+
+    def memory_stats(self) -> Dict[str, Dict[str, int]]:
+        """Per GPU: peak bytes of the last run, bytes in use now, and the cap."""
+        peaks = self._binding.last_peak if self._binding is not None else {}
+        return {d.name: {"peak_bytes": peaks.get(d.name, 0), "in_use_bytes": d.used_bytes(),
+                         "cap_bytes": d.cap_bytes} for d in self.devices.gpus()}
 
     def _resolve(self, f):
         if isinstance(f, str):
@@ -147,7 +194,8 @@ class Session:
         if slot.value is None:
             raise FeedError(f"variable '{node.name}' is not initialized")
         with slot.lock:
-            return slot.value.copy()
+            from .device_runtime import to_host_any
+            return to_host_any(slot.value)
 
     def set_variable_value(self, var, value) -> None:
         node = var.node if isinstance(var, Tensor) else var
@@ -157,8 +205,19 @@ class Session:
             raise FeedError(f"variable '{node.name}' is {t.dtype.name}{fmt(t.shape)}; "
                             f"value is {arr.dtype.name}{fmt(arr.shape)}")
         slot = self.state.slot(node)
+        value = np.array(arr, copy=True)
+        dev = self._variable_device(node)
+        if dev != "host":
+            value = dev.to_device(value)
         with slot.lock:
-            slot.value = np.array(arr, copy=True)
+            slot.value = value
+
+    def _variable_device(self, node: Node):
+        """The runtime a variable lives on in this session ("host" when on the CPU)."""
+        from .device_runtime import HOST
+        from .passes.copies import assign_devices
+        name = assign_devices([node], self.devices.default)[node]
+        return "host" if name == HOST else self.devices.get(name, node.name)
 
 
 _OPS_FETCHED_AS_NODES = frozenset({"NoOp", "Assign", "AssignAdd", "AssignSub", "ScatterAdd"})

@@ -1,16 +1,21 @@
 """`isthmus edge-run MODEL.isth --input x.npy`: run an edge model, print outputs, timings and the
-arena size. Inputs are .npy files (one per model input) or one .npz (arrays by input name, or in
-order), loaded without pickle; without --input, zeros are used.
+arena size. Inputs are `name=x.npy` (one per model input), .npy files in input order, or one .npz
+(arrays by input name, or in order), loaded without pickle; without --input, --random-input or
+--zeros the command stops and says so.
 
 With `--cloud HOST:PORT` the model is a split model (converters/split_export.py) and runs through
 the offload client: each cut's tensors go to the offload service, with local fallback, and the
 client's stats are printed as JSON. `--emulate-link 5mbps --rtt 40ms` adds bytes / bandwidth + RTT
-to every transfer (a demo of the adaptive cut on loopback)."""
+to every transfer (a demo of the adaptive cut on loopback). A cloud that cannot be reached or
+refuses the client is reported on stderr (the model then runs locally); `--require-cloud` makes
+that an error (exit 1)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -18,10 +23,15 @@ import numpy as np
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an edge model file (.isth)")
-    p.add_argument("--input", action="append", default=[], help="a .npy file per model input, in order, or one .npz")
-    p.add_argument("--repeat", type=int, default=20, help="timed runs (median reported)")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=X.npy",
+                   help="an input array (repeatable); or a .npy file per model input, in order; or one .npz")
+    p.add_argument("--random-input", action="store_true", help="run on uniform random inputs (seed 0)")
+    p.add_argument("--zeros", action="store_true", help="run on all-zero inputs")
+    p.add_argument("--repeat", type=_count, default=20, help="timed runs (median reported; default %(default)s)")
     p.add_argument("--save", default=None, help="write the first output to this .npy file")
     p.add_argument("--cloud", default=None, metavar="HOST:PORT", help="offload service of a split model")
+    p.add_argument("--require-cloud", action="store_true",
+                   help="with --cloud: exit 1 when no request reached the cloud (unreachable, refused, deadline)")
     p.add_argument("--deadline-ms", type=float, default=1000.0,
                    help="per-request deadline with --cloud (default %(default)s)")
     p.add_argument("--token-file", default=None,
@@ -35,11 +45,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtt", default="40ms", help="round trip of the emulated link (default %(default)s)")
 
 
-def _inputs(paths, names, shapes):
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    return v
+
+
+def _load(path: str, flag: str = "--input"):
+    if not os.path.isfile(path):
+        raise SystemExit(f"{flag} {path}: no such file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001  (empty, truncated or not an array file)
+        raise SystemExit(f"{flag} {path}: not a .npy/.npz array file ({type(e).__name__}: {e})") from None
+
+
+def _inputs(paths, names, shapes, how: str = ""):
     if not paths:
+        if how == "random":
+            rng = np.random.default_rng(0)
+            return [rng.random(s).astype(np.float32) for s in shapes]
+        if how != "zeros":
+            raise SystemExit("no input given: pass --input NAME=X.npy (one per input: " + ", ".join(names)
+                             + "), --random-input or --zeros")
         return [np.zeros(s, np.float32) for s in shapes]
+    named = {}
+    for item in paths:
+        name, sep, path = item.partition("=")
+        if sep and name in names:
+            named[name] = _load(path, f"--input {name}=")
+        elif sep and not os.path.exists(item):
+            raise SystemExit(f"--input {item}: the model has no input '{name}' (its inputs: {', '.join(names)})")
+    if named:
+        if len(named) != len(paths) or set(named) != set(names):
+            raise SystemExit(f"--input: give NAME=X.npy for every input ({', '.join(names)}), not a mix")
+        return [named[n] for n in names]
     if len(paths) == 1 and paths[0].endswith(".npz"):
-        with np.load(paths[0], allow_pickle=False) as z:
+        with _load(paths[0]) as z:
             keys = list(z.keys())
             if all(n in z for n in names):
                 return [z[n] for n in names]
@@ -48,7 +94,7 @@ def _inputs(paths, names, shapes):
             raise SystemExit(f"{paths[0]} holds {keys}; the model takes {', '.join(names)}")
     if len(paths) != len(names):
         raise SystemExit(f"the model takes {len(names)} inputs ({', '.join(names)}); got {len(paths)} --input files")
-    return [np.load(p, allow_pickle=False) for p in paths]
+    return [_load(p) for p in paths]
 
 
 def _parse_rate(text: str, units, what: str) -> float:
@@ -62,7 +108,16 @@ def _parse_rate(text: str, units, what: str) -> float:
     raise SystemExit(f"cannot read {what} {text!r}; e.g. " + ", ".join(f"5{u}" for u in units))
 
 
+def _how(args) -> str:
+    if args.input and (args.random_input or args.zeros):
+        raise SystemExit("--input excludes --random-input and --zeros")
+    return "random" if args.random_input else "zeros" if args.zeros else ""
+
+
 def run(args) -> int:
+    _how(args)
+    if args.require_cloud and not args.cloud:
+        raise SystemExit("--require-cloud needs --cloud HOST:PORT")
     if args.cloud:
         return _run_split(args)
     from .format import EdgeModelError
@@ -81,7 +136,10 @@ def run(args) -> int:
         interp = Interpreter(split.full)
     t_load = time.perf_counter() - t0
     names = list(interp.input_shapes)
-    inputs = _inputs(args.input, names, list(interp.input_shapes.values()))
+    inputs = _inputs(args.input, names, list(interp.input_shapes.values()), _how(args))
+    given = {n: tuple(np.shape(a)) for n, a in zip(names, inputs)}
+    if any(given[n] != tuple(s) for n, s in interp.input_shapes.items()):  # a dynamic batch: prepare for it
+        interp = Interpreter(interp.model, input_shapes=given)
     outs = interp.invoke(*inputs)
     times = []
     for _ in range(max(args.repeat, 1)):
@@ -119,6 +177,7 @@ def _run_split(args) -> int:
     if args.emulate_link:
         bw = _parse_rate(args.emulate_link, {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}, "bandwidth")
         link = EmulatedLink(bw, _parse_rate(args.rtt, {"s": 1.0, "ms": 1e-3, "us": 1e-6}, "rtt"))
+    _check_split(args.model)
     try:
         client = OffloadClient(args.model, args.cloud, security=security, deadline_ms=args.deadline_ms, link=link,
                                initial_bandwidth_bps=link.bandwidth_bps if link else None)
@@ -128,7 +187,7 @@ def _run_split(args) -> int:
         model = client.split.full or client.split.cuts[0].model
         names = [model.tensors[i].name for i in model.inputs]
         shapes = [tuple(1 if d == -1 else d for d in model.tensors[i].shape) for i in model.inputs]
-        inputs = _inputs(args.input, names, shapes)
+        inputs = _inputs(args.input, names, shapes, _how(args))
         times = []
         try:
             outs = client.invoke(*inputs)
@@ -141,7 +200,40 @@ def _run_split(args) -> int:
         _print_outputs([model.tensors[i].name for i in model.outputs], outs)
         print(f"request median {statistics.median(times) * 1e3:.3f} ms over {len(times)} runs "
               f"(deadline {args.deadline_ms:g} ms{'; ' + repr(link) if link else ''})")
-        print("stats " + json.dumps(client.stats(), sort_keys=True, default=str))
+        stats = client.stats()
+        print("stats " + json.dumps(stats, sort_keys=True, default=str))
     if args.save:
         np.save(args.save, outs[0], allow_pickle=False)
-    return 0
+    return _report_cloud(args, stats, client.split)
+
+
+def _check_split(path: str) -> None:
+    """--cloud needs a split model (isthmus split): say so for a plain one, before any client is made."""
+    from .format import EdgeModelError
+    from .loader import load
+    if not os.path.isfile(path):
+        raise SystemExit(f"MODEL {path}: no such file")
+    try:
+        load(path)
+    except EdgeModelError as e:
+        if "subgraph" in str(e):
+            return  # several subgraphs: a split model
+        raise SystemExit(f"MODEL {path}: not a valid edge model: {e}") from None
+    raise SystemExit(f"MODEL {path}: not a split model (one subgraph, no cuts): --cloud needs the edge file that "
+                     "`isthmus split` writes; run this one without --cloud")
+
+
+def _report_cloud(args, stats, split) -> int:
+    """A cloud that took none of the requests is news: stderr, and an error with --require-cloud."""
+    if not any(c.cloud_part for c in split.cuts):
+        print(f"isthmus edge-run: {args.model} keeps everything on the edge at every bandwidth: nothing was offloaded",
+              file=sys.stderr)
+        return 1 if args.require_cloud else 0
+    if stats.get("cloud", 0) > 0:
+        if stats.get("fallback", 0):
+            print(f"isthmus edge-run: {stats['fallback']} request(s) fell back to local: {stats.get('last_error')}",
+                  file=sys.stderr)
+        return 0
+    print(f"isthmus edge-run: the cloud at {args.cloud} took no request ({stats.get('last_error') or 'no answer'}); "
+          f"ran locally", file=sys.stderr)
+    return 1 if args.require_cloud else 0

@@ -51,6 +51,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .compiled import (bind_channel_requantization, bind_int8_rows, bind_requantize_rows, depthwise_scratch_elems,
                        exact_int8_bias, use_compiled)
+from . import int8_gemm
 from .format import EdgeModelError
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 from .quant import (F64_EXACT, MAGIC32, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
@@ -145,6 +146,8 @@ def conv(ctx: OpContext):
     bias = (0 if bias is None else bias) - zx * wsum
     lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
     depthwise = groups == c and cg == 1 and o == c
+    if groups == 1 and n == 1 and x.data is None and int8_gemm.ready():  # the integer GEMM (int8_gemm.py)
+        return int8_gemm.conv(ctx, g, wi, bias, sx * sw / sy, zx, zy, lo, hi, bound)
     kk = kh * kw
     og, kg = o // groups, cg * kk
     # a 1x1 depthwise conv (a scale per channel) takes the depthwise path: the einsum needs its columns
@@ -351,6 +354,9 @@ def matmul(ctx: OpContext):
         const_b, b_shape, fold = None, bt.shape[:-2] + (k, nn), 0
     bias = _bias(ctx, nn, sa, sb)
     bias = (0 if bias is None else bias) + fold
+    if const_b is not None and not batch and int8_gemm.ready():  # the integer GEMM (int8_gemm.py)
+        return int8_gemm.dense(ctx, bi, np.broadcast_to(bias, (nn,)).astype(np.int64), sa * sb / sy, zy, lo, hi,
+                               bound, m, bool(ta))
     folded = None
     if const_b is not None and fold_pays(k, math.prod(out_shape)):  # one float64 GEMM when exact (see conv)
         folded = fold_requantization(bi.T, sa * sb / sy, bias, zy, bound)

@@ -308,7 +308,44 @@ def _subgraph(r: _Reader, sg, bufs, codes, where: str):
                                 _ints(o, 2, "outputs", n, False), _attrs(o)))
     remote = [RemoteInfo(p.string(0, "name"), _ints(p, 1, "inputs", n, False), _ints(p, 2, "outputs", n, False))
               for p in sg.tables(5, "remote")]
-    return tensors, ops, _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False), remote
+    ins, outs = _ints(sg, 2, "inputs", n, False), _ints(sg, 3, "outputs", n, False)
+    _check_dataflow(tensors, ops, ins, outs, remote, where)
+    return tensors, ops, ins, outs, remote
+
+
+def _check_dataflow(tensors, ops, ins, outs, remote, where: str) -> None:
+    """Every tensor read (by an operator, a remote part, or as an output) is written exactly once:
+    an input, a constant, or one operator's or remote part's output. Without remote parts the
+    operators run in file order, so each reads only what is written before it."""
+    written = {i: "an input" for i in ins}
+    written.update((i, "a constant") for i, t in enumerate(tensors) if t.buffer)
+    producers = [(f"operator {k} ({op.op})", op.outputs) for k, op in enumerate(ops)]
+    producers += [(f"remote part '{p.name}'", p.outputs) for p in remote]
+    for who, made in producers:
+        for i in made:
+            if i in written:
+                raise EdgeModelError(f"{where}{who}: output tensor {i} '{tensors[i].name}' is a constant, "
+                                     f"an input, or written twice (already {written[i]})")
+            written[i] = who
+    ready = {i for i, w in written.items() if w in ("an input", "a constant")}
+    for k, op in enumerate(ops):
+        for i in op.inputs:
+            if i >= 0 and i not in written:
+                raise EdgeModelError(f"{where}operator {k} ({op.op}): input tensor {i} '{tensors[i].name}' "
+                                     "is written by nothing (not an input, a constant or any output)")
+            if i >= 0 and not remote and i not in ready:
+                raise EdgeModelError(f"{where}operator {k} ({op.op}): input tensor {i} '{tensors[i].name}' "
+                                     f"is read before any operator writes it (written later, by {written[i]})")
+        ready.update(op.outputs)
+    for p in remote:
+        for i in p.inputs:
+            if i not in written:
+                raise EdgeModelError(f"{where}remote part '{p.name}': input tensor {i} '{tensors[i].name}' "
+                                     "is written by nothing")
+    for i in outs:
+        if i not in written:
+            raise EdgeModelError(f"{where}model output {i} '{tensors[i].name}' is produced by nothing "
+                                 "(not an input, a constant or any operator's output)")
 
 
 def load(path: str) -> EdgeModel:

@@ -45,7 +45,8 @@ class ModelWriter:
             raise ValueError(f"tensor '{name}': dtype {dt} has no edge code")
         buf = 0
         if data is not None:
-            arr = np.ascontiguousarray(np.asarray(data, dtype=dt))
+            arr = np.asarray(data, dtype=dt)  # (ascontiguousarray would make a 0-d scalar 1-d)
+            arr = arr if arr.flags.c_contiguous else arr.copy(order="C")
             if tuple(arr.shape) != tuple(-1 if d is None else d for d in shape):
                 raise ValueError(f"tensor '{name}': data shape {arr.shape} != {tuple(shape)}")
             raw = arr.tobytes()

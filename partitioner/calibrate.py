@@ -14,6 +14,7 @@ seconds = c0 + c_flops * flops + c_bytes * bytes.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -127,10 +128,13 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
     arity = len(d.inputs)
     if arity not in (1, 2) or d.ref_inputs:
         return
-    for dtype in (np.float32, np.bool_):  # the first dtype the op accepts
-        try:
+    for dtype in (np.float32, np.bool_):  # the first dtype the op accepts, and whose kernel runs on it
+        try:  # shape inference may accept 1-D inputs that the kernel cannot run (AvgPoolGrad): run it once
             g = Graph()
-            _node(op)(g, [_placeholder(g, dtype, (4,), f"in{i}") for i in range(arity)])
+            phs = [_placeholder(g, dtype, (4,), f"in{i}") for i in range(arity)]
+            node = _node(op)(g, phs)
+            Session(g, parallel=False, optimize=False).run(node.outputs[0],
+                                                           {p: _data(rng, (4,), dtype) for p in phs})
         except Exception:
             continue
         for size in _SIZES[level]:
@@ -348,11 +352,11 @@ def _run_from_trace(args) -> int:
         samples = samples_from_trace(args.from_trace)
         base = DeviceProfile.load(args.base) if args.base else CLOUD
     except (TraceError, OSError, ValueError) as e:
-        print(f"calibrate --from-trace: {e}")
+        print(f"isthmus profile: error: --from-trace: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if not samples:
-        print("calibrate --from-trace: the traces hold no node events with costs (trace with "
-              "RunOptions(trace=True) and write them with RunMetadata.write_chrome_trace)")
+        print("isthmus profile: error: --from-trace: the traces hold no node events with costs (trace with "
+              "RunOptions(trace=True) and write them with RunMetadata.write_chrome_trace)", file=sys.stderr)
         return 2
     profile, how = refit(base, samples, name=args.device)
     out = args.out or f"{args.device}.json"
@@ -370,7 +374,12 @@ def run(args) -> int:
         from ..core import gpu
         if not gpu.gpu_available():
             raise SystemExit(f"isthmus calibrate --device gpu: no GPU available ({gpu.unavailable_reason()})")
-        raise SystemExit("isthmus calibrate --device gpu: GPU op timing is not implemented yet (issue #9)")
+        from .calibrate_gpu import calibrate_gpu  # the GPU's kernels and its host<->device copies
+        profile = calibrate_gpu(args.device, args.ops, "quick" if args.quick else "full")
+        out = args.out or f"{args.device}.json"
+        profile.save(out)
+        print(f"wrote {out}: GPU profile, {len(profile.op_coeffs)} op types")
+        return 0
     with limited_blas_threads(args.blas_threads):
         if args.clock == "cpu" and current_blas_threads() not in (1, None):
             raise SystemExit("isthmus calibrate --clock cpu needs --blas-threads 1 (other BLAS threads' time "

@@ -91,6 +91,11 @@ def cost_model(args) -> CostModel:
 
 def run(args) -> int:
     graph, outputs = load_model(args.model)
+    return explain(graph, outputs, args)
+
+
+def explain(graph: Graph, outputs: Optional[list], args) -> int:
+    """Plan `graph` for the flags in `args`, print the explanation, write the plots asked for."""
     cm = cost_model(args)
     c = Constraints(edge_memory_budget=args.memory_budget if args.memory_budget is not None else "profile")
     plan = plan_split(graph, cm, outputs, c, args.algorithm)

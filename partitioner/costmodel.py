@@ -7,7 +7,7 @@ dimensions are taken as the batch size.
 from __future__ import annotations
 
 import weakref
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from ..core.graph import Node, Tensor
 from ..core.registry import Cost, default_cost
@@ -226,5 +226,8 @@ class CostModel:
             return self.link.download_time(nbytes)
         return self.lan.upload_time(nbytes)
 
-    def supports(self, device: str, op: str) -> bool:
-        return self.profiles[device].supports(op)
+    def supports(self, device: str, op: Union[str, Node]) -> bool:
+        """Whether `device` runs an op type, or (given a node) this node with its attributes and dtypes."""
+        if isinstance(op, str):
+            return self.profiles[device].supports(op)
+        return self.profiles[device].supports(op.op, op)

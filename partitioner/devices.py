@@ -26,12 +26,23 @@ class DeviceProfile:
     op_overhead: float = 2e-6             # seconds per op (dispatch)
     memory_budget: Optional[float] = None  # bytes; None: unlimited
     supported_ops: Optional[FrozenSet[str]] = None  # None: every registered op
+    kernel_table: Optional[str] = None  # "edge": also ask the edge's own table (edge/capabilities.py) per node
     op_coeffs: Dict[str, Coeffs] = field(default_factory=dict)
     default_coeffs: Optional[Coeffs] = None  # fitted over all measured ops, for the others
     blas_threads: Optional[int] = None      # the BLAS thread count calibration ran with (threads.py); None: unknown
 
-    def supports(self, op: str) -> bool:
-        return self.supported_ops is None or op in self.supported_ops
+    def supports(self, op: str, node=None) -> bool:
+        """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
+        if self.supported_ops is not None and op not in self.supported_ops:
+            return False
+        if self.kernel_table == "edge" and node is not None:
+            from isthmus.edge.capabilities import refusal
+            return refusal(op, node.attrs, [(t.dtype, t.shape) for t in node.inputs],
+                           [(t.dtype, t.shape) for t in node.outputs]) is None
+        if self.kernel_table == "edge":
+            from isthmus.edge.capabilities import FP32, NOT_KERNELS
+            return op in FP32 or op in NOT_KERNELS
+        return True
 
     def op_time(self, op: str, flops: float, nbytes: float) -> float:
         """Seconds for an op (a cost key: "Conv2D:grouped" falls back to "Conv2D", then to the default)."""
@@ -67,6 +78,8 @@ class DeviceProfile:
             raise ValueError(f"device profile has unknown fields {sorted(extra)}; known: {sorted(known)}")
         if d.get("supported_ops") is not None:
             d["supported_ops"] = frozenset(d["supported_ops"])
+        if d.get("kernel_table") not in (None, "edge"):
+            raise ValueError(f"device profile field kernel_table must be \"edge\" or null, got {d['kernel_table']!r}")
         d["op_coeffs"] = {k: _coeffs(v, k) for k, v in d.get("op_coeffs", {}).items()}
         if d.get("default_coeffs") is not None:
             d["default_coeffs"] = _coeffs(d["default_coeffs"], "default_coeffs")
@@ -98,4 +111,4 @@ def _coeffs(v, what: str) -> Coeffs:
 # Defaults: the cloud about this machine kind (one core of numpy), the edge 8x slower.
 CLOUD = DeviceProfile("cloud", peak_flops=50e9, mem_bandwidth=10e9, op_overhead=1.5e-6)
 EDGE = CLOUD.scaled(8.0, name="edge")
-EDGE = replace(EDGE, memory_budget=512e6)
+EDGE = replace(EDGE, memory_budget=512e6, kernel_table="edge")  # runs what the edge's table says, no more

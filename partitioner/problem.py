@@ -166,7 +166,7 @@ class Problem:
         n, D = len(self.nodes), len(self.devices)
         allowed = np.ones((n, D), dtype=bool)
         for i, node in enumerate(self.nodes):
-            ok = np.array([self.cost.supports(d, node.op) for d in self.devices])
+            ok = np.array([self.cost.supports(d, node) for d in self.devices])
             if not ok.all():
                 if not ok.any():
                     raise PlacementError(f"node '{node.name}' ({node.op}): no device in the plan supports it")

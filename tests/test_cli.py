@@ -3,15 +3,17 @@ import json
 import subprocess
 import sys
 
+from .cli_models import ISTHMUS
+
 
 def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "isthmus.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*ISTHMUS, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_commands_and_version():
     out = _run("--help")
     assert out.returncode == 0
-    for cmd in ("demo", "ops", "partition", "calibrate"):
+    for cmd in ("demo", "ops", "partition", "profile", "quantize", "split", "info", "bench"):
         assert cmd in out.stdout
     assert _run("--version").stdout.strip() == "0.1.0"
 

@@ -16,3 +16,130 @@ def test_snippets_run(page, tmp_path, monkeypatch):
     namespace = {"__name__": f"docs_{page}"}
     for i, code in enumerate(blocks):
         exec(compile(code, f"docs/{page} snippet {i + 1}", "exec"), namespace)  # noqa: S102 - our own docs
+
+
+# ---- command lines ----------------------------------------------------------------------------------
+ROOT = os.path.dirname(DOCS)
+TEXTS = ["README.md"] + [os.path.join("docs", p) for p in PAGES]
+# placeholders the docs write for values a user fills in, as a value each command accepts
+PLACEHOLDERS = {"P": "7070", "N": "1", "NAME": "x", "HOST:PORT": "127.0.0.1:7070", "SPEC": "cluster.json",
+                "CKPT": "ckpt", "DIR": "out", "FILE": "m.isth", "MODEL": "m.onnx", "TRACE": "t.json"}
+
+
+def command_lines(text: str):
+    """(line, in a console block) for every `isthmus ...` command shown: in code blocks (`$ ` prompts,
+    `\\` continuations, trailing comments and `&` dropped) and in inline code spans."""
+    out = []
+    for lang, block in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S):
+        if lang not in ("bash", "sh", "console", ""):
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line.strip()).removeprefix("$ ").strip().rstrip("&").strip()
+            if line.startswith("isthmus "):
+                out.append((line, lang == "console"))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    out += [(m, False) for m in re.findall(r"`(isthmus [a-z][a-z-]*(?: [^`]*)?)`", prose)]
+    return out
+
+
+def _normalise(line: str) -> list:
+    """A documented line as argv: [optional] parts kept, the first of a|b alternatives, `...` and
+    bare placeholders replaced by a value the flag accepts."""
+    line = line.replace("\\|", "|").replace("[", " ").replace("]", " ")
+    argv = []
+    for tok in line.split()[1:]:
+        tok = tok.split("|")[0]
+        if tok in ("...", "…"):
+            if argv and argv[-1].startswith("--"):
+                argv.append("x")  # `--flag ...`: some value
+            continue
+        argv.append(PLACEHOLDERS.get(tok, tok))
+    return argv
+
+
+def test_every_documented_command_line_parses():
+    """Each command line in README.md, docs/ and the commands' --help examples names a command that
+    exists, with flags it accepts."""
+    import argparse
+    import importlib
+
+    from isthmus import cli
+    seen = 0
+    shown = [(path, line) for path in TEXTS
+             for line, _ in command_lines(open(os.path.join(ROOT, path), encoding="utf-8").read())]
+    for name, (module, _) in cli.COMMANDS.items():  # and the examples each command's --help prints
+        examples = getattr(importlib.import_module(module), "EXAMPLES", "")
+        shown += [(f"isthmus {name} --help", ln.strip().rstrip("&").split("  #")[0].strip())
+                  for ln in examples.splitlines() if ln.strip().startswith("isthmus ")]
+    for path, line in shown:
+        argv = _normalise(line)
+        if argv[:1] == ["-h"] or "--help" in argv or "--help-demo" in argv or "--version" in argv:
+            continue
+        command = cli.ALIASES.get(argv[0], argv[0]) if argv else ""
+        assert command in cli.COMMANDS, f"{path}: `{line}`: no command {command!r}"
+        if len(argv) == 1 and line.strip() == f"isthmus {argv[0]}":
+            continue  # the command named in prose, not a command line
+        p = argparse.ArgumentParser(prog=f"isthmus {command}", exit_on_error=False)
+        mod = importlib.import_module(cli.COMMANDS[command][0])
+        mod.add_arguments(p)
+        if command in cli.OVERWRITING:
+            p.add_argument("--force", action="store_true")
+        try:
+            if getattr(mod, "PASSTHROUGH", False):
+                p.parse_known_args(argv[1:])
+            else:
+                p.parse_args(argv[1:])
+        except (argparse.ArgumentError, SystemExit) as e:
+            raise AssertionError(f"{path}: `{line}` does not parse: {e}") from None
+        seen += 1
+    assert seen > 20
+
+
+def _console_blocks():
+    for path in TEXTS:
+        text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+        lines = [ln for ln, console in command_lines(text) if console]
+        if lines:
+            yield path, lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path,lines", list(_console_blocks()), ids=lambda v: v if isinstance(v, str) else "")
+def test_console_blocks_run(path, lines, tmp_path):
+    """The ```console walk-throughs run as written, in order, on a CNN and 100 images (docs fixtures:
+    cnn.onnx, calib.npz, x.npy); a `serve` line runs in the background on a free port."""
+    import socket
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from .cli_models import ISTHMUS, cnn_onnx, images
+    cnn_onnx(str(tmp_path / "cnn.onnx"))
+    np.savez(tmp_path / "calib.npz", image=images(100))
+    np.save(tmp_path / "x.npy", images(1, seed=5))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    background = []
+    try:
+        for line in lines:
+            argv = [a.replace("7070", port) for a in line.split()[1:]]
+            cmd = [*ISTHMUS, *argv]
+            if argv[0] == "serve":
+                proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+                background.append(proc)
+                first = proc.stdout.readline()  # bounded: serve prints it or exits (then the line is '')
+                assert first.startswith("ISTHMUS_OFFLOAD "), f"{path}: `{line}` did not start"
+                continue
+            r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, f"{path}: `{line}`: {r.stderr}"
+    finally:
+        for proc in background:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

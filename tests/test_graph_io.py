@@ -19,6 +19,16 @@ rng = np.random.default_rng(0)
 F32 = np.float32
 
 
+def _fails(capsys, pattern: str, argv) -> None:
+    """The command fails like a tool: exit 2, one line on stderr matching `pattern`, no traceback."""
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    import re
+    assert re.search(pattern, err), err
+
+
 def lstm_mlp_model():
     """An LSTM over [T, N, 6] (initializer weights, bias), its last state through Gemm + Relu, and
     a second output from a MatMul on the same state: two outputs, names that are not node names."""
@@ -65,7 +75,7 @@ def test_cli_onnx_to_graph_to_onnx_matches_onnxruntime(tmp_path):
     assert np.abs(want[0]).max() > 0  # the check compares something (Relu did not zero everything)
 
 
-def test_variables_survive_the_file_and_a_checkpoint_replaces_their_values(tmp_path):
+def test_variables_survive_the_file_and_a_checkpoint_replaces_their_values(tmp_path, capsys):
     src, gfile = str(tmp_path / "m.onnx"), str(tmp_path / "m.graph")
     proto = lstm_mlp_model()
     onnx.save(proto, src)
@@ -94,8 +104,8 @@ def test_variables_survive_the_file_and_a_checkpoint_replaces_their_values(tmp_p
     for w, o in zip(want, got):
         np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6)
     assert np.abs(got[0] - _ort(src, feeds)[0]).max() > 1e-3  # the checkpoint's values were used
-    with pytest.raises(SystemExit, match="checkpoint"):  # a checkpoint of another graph is refused
-        cli.main(["export", gfile, "-o", back, "--checkpoint", str(tmp_path / "nothing.npz")])
+    # a checkpoint of another graph is refused
+    _fails(capsys, "checkpoint", ["export", gfile, "-o", back, "--checkpoint", str(tmp_path / "nothing.npz"), "--force"])
 
 
 def test_tflite_to_graph_runs_like_numpy_and_exports(tmp_path):
@@ -118,7 +128,7 @@ def test_tflite_to_graph_runs_like_numpy_and_exports(tmp_path):
     np.testing.assert_allclose(e, ref(xv), rtol=1e-4, atol=1e-6)
 
 
-def test_corrupt_missing_and_foreign_graph_files_are_refused(tmp_path):
+def test_corrupt_missing_and_foreign_graph_files_are_refused(tmp_path, capsys):
     src, gfile = str(tmp_path / "m.onnx"), tmp_path / "m.graph"
     onnx.save(lstm_mlp_model(), src)
     assert cli.main(["import", src, "-o", str(gfile)]) == 0
@@ -152,38 +162,30 @@ def test_corrupt_missing_and_foreign_graph_files_are_refused(tmp_path):
     assert refused >= len(cases) - 1
     with pytest.raises(graph_io.GraphFileError, match="cannot read graph file .*missing.graph"):
         graph_io.load_graph(str(tmp_path / "missing.graph"))
-    with pytest.raises(SystemExit, match=r"error: .*truncated.graph: not a valid graph file"):
-        cli.main(["export", str(tmp_path / "truncated.graph"), "-o", str(tmp_path / "x.onnx")])
-    with pytest.raises(SystemExit, match="no_signature.graph: not an isthmus graph file: collection"):
-        cli.main(["export", str(tmp_path / "no_signature.graph")])
+    _fails(capsys, r"error: .*truncated.graph: not a valid graph file",
+           ["export", str(tmp_path / "truncated.graph"), "-o", str(tmp_path / "x.onnx")])
+    _fails(capsys, "no_signature.graph: not an isthmus graph file: collection", ["export", str(tmp_path / "no_signature.graph")])
     assert not (tmp_path / "x.onnx").exists()
-    with pytest.raises(SystemExit, match="cannot write .*no_such_dir"):
-        cli.main(["export", str(gfile), "-o", str(tmp_path / "no_such_dir" / "x.onnx")])
-    with pytest.raises(SystemExit, match="cannot write graph file .*no_such_dir"):
-        cli.main(["import", src, "-o", str(tmp_path / "no_such_dir" / "m.graph")])
+    _fails(capsys, "cannot write .*no_such_dir", ["export", str(gfile), "-o", str(tmp_path / "no_such_dir" / "x.onnx")])
+    _fails(capsys, "cannot write graph file .*no_such_dir",
+           ["import", src, "-o", str(tmp_path / "no_such_dir" / "m.graph")])
 
 
-def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path):
-    with pytest.raises(SystemExit, match="cannot read .*nope.onnx"):
-        cli.main(["import", str(tmp_path / "nope.onnx")])
+def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path, capsys):
+    _fails(capsys, "nope.onnx: no such file", ["import", str(tmp_path / "nope.onnx")])
     (tmp_path / "m.pb").write_bytes(b"x")
-    with pytest.raises(SystemExit, match=r"m.pb: expected an \.onnx or \.tflite file"):
-        cli.main(["import", str(tmp_path / "m.pb")])
+    _fails(capsys, r"m.pb: expected an \.onnx or \.tflite file", ["import", str(tmp_path / "m.pb")])
     (tmp_path / "bad.onnx").write_bytes(b"\xff\x00garbage" * 10)
-    with pytest.raises(SystemExit, match="bad.onnx"):
-        cli.main(["import", str(tmp_path / "bad.onnx")])
+    _fails(capsys, "bad.onnx", ["import", str(tmp_path / "bad.onnx")])
     (tmp_path / "bad.tflite").write_bytes(b"\x10\x00\x00\x00TFL3" + b"\x00" * 8)
-    with pytest.raises(SystemExit, match="cannot import .*bad.tflite"):
-        cli.main(["import", str(tmp_path / "bad.tflite")])
-    with pytest.raises(SystemExit, match="--trainable applies to ONNX models"):
-        cli.main(["import", str(tmp_path / "bad.tflite"), "--trainable"])
+    _fails(capsys, "cannot import .*bad.tflite", ["import", str(tmp_path / "bad.tflite")])
+    _fails(capsys, "--trainable applies to ONNX models", ["import", str(tmp_path / "bad.tflite"), "--trainable"])
     bad_op = helper.make_model(helper.make_graph(
         [helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(bad_op, str(tmp_path / "op.onnx"))
-    with pytest.raises(SystemExit, match=r"cannot import .*op.onnx: .*Hardmax x1 \(hm\)"):
-        cli.main(["import", str(tmp_path / "op.onnx")])
+    _fails(capsys, r"cannot import .*op.onnx: .*Hardmax x1 \(hm\)", ["import", str(tmp_path / "op.onnx")])
 
 
 def test_mutated_graph_files_raise_only_graph_file_errors(tmp_path):

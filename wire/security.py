@@ -15,7 +15,15 @@ by `isthmus server` or LocalCluster picks them up:
     ISTHMUS_TLS_CLIENT_CA                  CA that client certificates must chain to (mutual TLS)
     ISTHMUS_TLS_CA                         CA a client checks servers against
     ISTHMUS_TLS_CLIENT_CERT / _KEY         a client's own certificate and key (mutual TLS)
-    ISTHMUS_TOKEN_FILE (or ISTHMUS_TOKEN)  the bearer token
+    ISTHMUS_TOKEN_FILE (or ISTHMUS_TOKEN)  the cluster token (every call)
+    ISTHMUS_CLIENT_TOKEN_FILE (or _TOKEN)  optional client token (run graphs, read fetches only)
+
+Tokens have roles. The cluster token may make every call. A client token, when the server
+has one, may only call CLIENT_METHODS (the master's session calls, the offload service):
+a graph it creates must not write variables or touch the rendezvous (the master checks,
+cloud/master.py), and the cluster-internal calls (RegisterGraph, RunGraph, RecvTensor,
+DeregisterGraph, GetStatus, ...) end PERMISSION_DENIED. `caller_role()` tells a handler
+which role the call came with.
 
 The token travels as `authorization: Bearer <token>` metadata and is compared in constant
 time. A call without it, or with another, ends UNAUTHENTICATED before any handler runs;
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -37,6 +46,18 @@ TOKEN_METADATA = "authorization"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 MAX_PEM_BYTES = 1 << 20
 MAX_TOKEN_CHARS = 4096
+CLUSTER, CLIENT = "cluster", "client"
+# the calls a client token may make; everything else needs the cluster token
+CLIENT_METHODS = frozenset([f"/isthmus.Master/{m}" for m in (
+    "CreateSession", "ExtendSession", "RunStep", "CloseSession", "ListDevices")]
+    + [f"/isthmus.Offload/{m}" for m in ("Describe", "Infer", "Stats")])
+_ROLE = threading.local()
+
+
+def caller_role() -> str:
+    """The role of the call this thread is serving: CLIENT for a client token, else CLUSTER
+    (the cluster token, or a server without tokens: a loopback-only one)."""
+    return getattr(_ROLE, "role", CLUSTER)
 
 
 class SecurityError(ValueError):
@@ -86,10 +107,11 @@ def read_token(path: Optional[str]) -> Optional[str]:
         raise SecurityError(f"token file {path!r} is not ASCII") from None
 
 
-def _env_token(env: Mapping[str, str]) -> Optional[str]:
-    if env.get("ISTHMUS_TOKEN_FILE"):
-        return read_token(env["ISTHMUS_TOKEN_FILE"])
-    return _check_token(env.get("ISTHMUS_TOKEN"), "$ISTHMUS_TOKEN") if env.get("ISTHMUS_TOKEN") else None
+def _env_token(env: Mapping[str, str], prefix: str = "ISTHMUS_") -> Optional[str]:
+    if env.get(prefix + "TOKEN_FILE"):
+        return read_token(env[prefix + "TOKEN_FILE"])
+    var = prefix + "TOKEN"
+    return _check_token(env.get(var), "$" + var) if env.get(var) else None
 
 
 @dataclass(frozen=True)
@@ -97,7 +119,8 @@ class ServerSecurity:
     cert_chain: Optional[bytes] = None
     private_key: Optional[bytes] = None
     client_ca: Optional[bytes] = None   # set: every client must present a certificate signed by it
-    token: Optional[str] = None
+    token: Optional[str] = None         # the cluster token: every call
+    client_token: Optional[str] = None  # a client's: CLIENT_METHODS only, graphs that write nothing
 
     def __post_init__(self):
         if (self.cert_chain is None) != (self.private_key is None):
@@ -105,6 +128,15 @@ class ServerSecurity:
         if self.client_ca is not None and self.cert_chain is None:
             raise SecurityError("client certificates (a client CA) need TLS: give a server certificate and key")
         object.__setattr__(self, "token", _check_token(self.token, "server token"))
+        object.__setattr__(self, "client_token", _check_token(self.client_token, "client token"))
+        if self.client_token is not None and (self.token is None or self.client_token == self.token):
+            raise SecurityError("a client token needs a cluster token (--token-file) that differs from it")
+
+    @property
+    def exposable(self) -> bool:
+        """TLS and a token: the only settings under which a server listens beyond loopback
+        without --insecure."""
+        return self.tls and self.token is not None
 
     @property
     def tls(self) -> bool:
@@ -112,22 +144,25 @@ class ServerSecurity:
 
     @classmethod
     def from_files(cls, cert: Optional[str] = None, key: Optional[str] = None, client_ca: Optional[str] = None,
-                   token_file: Optional[str] = None, token: Optional[str] = None) -> "ServerSecurity":
+                   token_file: Optional[str] = None, token: Optional[str] = None,
+                   client_token_file: Optional[str] = None, client_token: Optional[str] = None) -> "ServerSecurity":
         if bool(cert) != bool(key):
             raise SecurityError("give both --tls-cert and --tls-key (or neither)")
         return cls(_read(cert, "TLS certificate"), _read(key, "TLS key"), _read(client_ca, "client CA"),
-                   read_token(token_file) if token_file else token)
+                   read_token(token_file) if token_file else token,
+                   read_token(client_token_file) if client_token_file else client_token)
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Optional["ServerSecurity"]:
         """The settings in the environment, or None when there are none."""
         env = os.environ if env is None else env
         s = cls.from_files(env.get("ISTHMUS_TLS_CERT"), env.get("ISTHMUS_TLS_KEY"),
-                           env.get("ISTHMUS_TLS_CLIENT_CA"), token=_env_token(env))
+                           env.get("ISTHMUS_TLS_CLIENT_CA"), token=_env_token(env),
+                           client_token=_env_token(env, "ISTHMUS_CLIENT_"))
         return s if (s.tls or s.token) else None
 
     def interceptors(self) -> list:
-        return [_make_token_interceptor(self.token)] if self.token else []
+        return [_make_token_interceptor(self.token, self.client_token)] if self.token else []
 
     def add_port(self, server, address: str) -> int:
         """Bind `address` on `server` (TLS when configured); the bound port (0: failed)."""
@@ -143,6 +178,8 @@ class ServerSecurity:
         parts = ["TLS" + (" with client certificates" if self.client_ca else "") if self.tls else "plaintext"]
         if self.token:
             parts.append("bearer token")
+        if self.client_token:
+            parts.append("client token")
         return " + ".join(parts)
 
 
@@ -228,43 +265,80 @@ def _token_client_interceptors(token: str):
     return [_Add()]
 
 
-def _token_ok(metadata, expected: bytes) -> bool:
+def _role(metadata, expected: bytes, client: Optional[bytes]) -> Optional[str]:
+    """CLUSTER or CLIENT for a matching bearer token, None for none or a wrong one."""
     for k, v in metadata or ():
         if k == TOKEN_METADATA:
             v = v.encode() if isinstance(v, str) else bytes(v)
-            if v.startswith(b"Bearer ") and hmac.compare_digest(v[7:].strip(), expected):
-                return True
-    return False
+            if not v.startswith(b"Bearer "):
+                continue
+            got = v[7:].strip()
+            if hmac.compare_digest(got, expected):
+                return CLUSTER
+            if client is not None and hmac.compare_digest(got, client):
+                return CLIENT
+    return None
 
 
-def _make_token_interceptor(token: str):
+def _with_handler(handler, fn_of):
+    """`handler` with its behaviour replaced by fn_of(old behaviour or None)."""
+    import grpc
+    kinds = (("stream_stream", grpc.stream_stream_rpc_method_handler),
+             ("stream_unary", grpc.stream_unary_rpc_method_handler),
+             ("unary_stream", grpc.unary_stream_rpc_method_handler),
+             ("unary_unary", grpc.unary_unary_rpc_method_handler))
+    for attr, make in kinds:
+        old = getattr(handler, attr, None)
+        if old is not None:
+            return make(fn_of(old), request_deserializer=handler.request_deserializer,
+                        response_serializer=handler.response_serializer)
+    return None
+
+
+def _as_client(behaviour):
+    def run(request, context):
+        _ROLE.role = CLIENT
+        try:
+            return behaviour(request, context)
+        finally:
+            _ROLE.role = CLUSTER
+    return run
+
+
+def _make_token_interceptor(token: str, client_token: Optional[str] = None):
     import grpc
 
     expected = token.encode()
+    client = client_token.encode() if client_token else None
 
-    def refuse(message: str):
-        def abort(request_or_iterator, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        return abort
+    def refuse(code, message: str):
+        def fn_of(_old):
+            def abort(request_or_iterator, context):
+                context.abort(code, message)
+            return abort
+        return fn_of
 
     class TokenInterceptor(grpc.ServerInterceptor):
         def intercept_service(self, continuation, details: Any):
-            if details.method.startswith(HEALTH_PREFIX) or _token_ok(details.invocation_metadata, expected):
+            if details.method.startswith(HEALTH_PREFIX):
+                return continuation(details)
+            role = _role(details.invocation_metadata, expected, client)
+            if role == CLUSTER:
                 return continuation(details)
             handler = continuation(details)
             if handler is None:
                 return None
+            if role == CLIENT:
+                if details.method in CLIENT_METHODS:
+                    return _with_handler(handler, _as_client)
+                return _with_handler(handler, refuse(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{details.method}: a client token may only run graphs and read their fetches; "
+                    "this call needs the cluster token"))
             has = any(k == TOKEN_METADATA for k, _ in details.invocation_metadata or ())
             msg = (f"{details.method}: the bearer token is wrong" if has else
                    f"{details.method}: this server requires a bearer token ('authorization: Bearer ...'); "
                    "give the client the server's token (--token-file or $ISTHMUS_TOKEN_FILE)")
-            fn = refuse(msg)
-            if handler.request_streaming and handler.response_streaming:
-                return grpc.stream_stream_rpc_method_handler(fn)
-            if handler.request_streaming:
-                return grpc.stream_unary_rpc_method_handler(fn)
-            if handler.response_streaming:
-                return grpc.unary_stream_rpc_method_handler(fn)
-            return grpc.unary_unary_rpc_method_handler(fn)
+            return _with_handler(handler, refuse(grpc.StatusCode.UNAUTHENTICATED, msg))
 
     return TokenInterceptor()

@@ -217,8 +217,9 @@ def _infer_reduce_dynamic(node):
 
 
 def _kernel_reduce_dynamic(node, ctx):
-    f = getattr(ctx.xp, {"sum": "sum", "mean": "mean", "max": "max", "min": "min"}[node.attrs["kind"]])
+    f = getattr(ctx.xp, {"sum": "sum", "mean": "mean", "max": "max", "min": "min", "prod": "prod"}[node.attrs["kind"]])
     keep, noop = node.attrs["keepdims"], node.attrs["noop_with_empty_axes"]
+    kind = node.attrs["kind"]
 
     def run(x, axes):
         if len(axes) == 0:
@@ -227,20 +228,31 @@ def _kernel_reduce_dynamic(node, ctx):
             ax = None
         else:
             ax = tuple(sorted({int(a) % x.ndim for a in axes}))
+        if x.size == 0 and kind in ("max", "min"):  # ONNX: the reduction of an empty set is the identity
+            return ctx.xp.asarray(f(x, axis=ax, keepdims=keep, initial=_identity(x.dtype, kind))).astype(x.dtype)
         return ctx.xp.asarray(f(x, axis=ax, keepdims=keep)).astype(x.dtype, copy=False)
     return run
+
+
+def _identity(dtype, kind):
+    if dtype.kind == "b":
+        return kind == "min"
+    if dtype.kind == "f":
+        return -np.inf if kind == "max" else np.inf
+    info = np.iinfo(dtype)
+    return info.min if kind == "max" else info.max
 
 
 register(OpDef("ReduceDynamic", inputs=("x", "axes"),
                attrs={"kind": "sum", "keepdims": True, "noop_with_empty_axes": False},
                infer=_infer_reduce_dynamic, kernel=_kernel_reduce_dynamic, cost=_reduce_cost,
-               doc="sum/mean/max/min over axes given at run time (no gradient: use reduce_* with static axes)."))
+               doc="sum/mean/max/min/prod over axes given at run time (no gradient: use reduce_* with static axes)."))
 
 
 def reduce_dynamic(x, axes, kind: str = "sum", keepdims: bool = True, noop_with_empty_axes: bool = False,
                    name=None) -> Tensor:
-    if kind not in ("sum", "mean", "max", "min"):
-        raise ValueError(f"reduce kind must be sum, mean, max or min, got {kind!r}")
+    if kind not in ("sum", "mean", "max", "min", "prod"):
+        raise ValueError(f"reduce kind must be sum, mean, max, min or prod, got {kind!r}")
     return make("ReduceDynamic", (convert(x), convert(axes)),
                 {"kind": kind, "keepdims": bool(keepdims), "noop_with_empty_axes": bool(noop_with_empty_axes)},
                 name=name).outputs[0]

@@ -211,3 +211,18 @@ def test_recv_requests_are_protobufs_own_bytes():
             assert (back.step_id, back.timeout_s, back.tensor) == (step, t, "x:0")
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("method", ["RegisterGraph", "RunGraph", "RecvTensor", "AbortStep", "DeregisterGraph",
+                                    "GetStatus"])
+def test_undecodable_request_bytes_get_invalid_argument(cluster, method):
+    """Bytes protobuf cannot parse end INVALID_ARGUMENT naming the method (gRPC's own answer
+    would be INTERNAL), and the server keeps serving."""
+    call = cluster[D0].channel.unary_unary(f"/isthmus.Worker/{method}", request_serializer=None,
+                                           response_deserializer=None)
+    for junk in (b"\xff\xff\xff", b"\x0a\x80\x80\x80\x80\x10", b"\x12\x05ab"):
+        with pytest.raises(grpc.RpcError) as ei:
+            call(junk, timeout=5)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (junk, ei.value.details())
+        assert f"/isthmus.Worker/{method}: malformed request bytes" in ei.value.details()
+    assert cluster[D0].status()["task"]

@@ -9,6 +9,9 @@ import isthmus as ism
 from isthmus.core import registry
 
 from . import test_array_ops, test_conv_ops, test_math_ops, test_nn_ops, test_reduce_ops
+from . import test_activation_ops, test_conv_transpose_quant_ops, test_indexing_ops  # added for ONNX coverage (issue 20)
+
+ADDED_FAMILIES = (test_activation_ops, test_indexing_ops, test_conv_transpose_quant_ops)  # CASES rows: (name, build, inputs, ref, differentiable)
 
 # ops whose gradients are checked by dedicated tests rather than by the tables above
 CHECKED_ELSEWHERE = {
@@ -18,6 +21,8 @@ CHECKED_ELSEWHERE = {
     "Gather": "test_control_flow (rnn bodies gather rows) and test_layers (embedding)",
     "Dropout": "test_nn_ops.test_dropout_masks_and_scales_and_its_gradient_uses_the_mask",
     "Identity": "passes through dy unchanged",
+    "DeviceCopy": "passes through dy unchanged (core/ops/device_copy.py)",
+    "CheckNumerics": "test_numerics.test_check_numerics_op_passes_values_through_and_names_itself_on_nan",
     "StopGradient": "returns no gradient by definition",
     "OnesLike": "returns no gradient by definition", "ZerosLike": "returns no gradient by definition",
     "ReshapeTo": "test_array_ops.test_reshape_to_a_run_time_shape",
@@ -55,6 +60,10 @@ def test_every_differentiable_op_has_a_gradient_check():
     for _, fn, kw, *_ in test_conv_ops.POOL_CASES:
         seen |= _ops_of(lambda x: fn(x, **kw), [np.zeros((2, 3, 6, 6))])
     seen |= _ops_of(ism.global_avg_pool, [np.zeros((2, 3, 4, 5))])
+    for family in ADDED_FAMILIES:
+        for case in family.CASES:
+            if case[4]:
+                seen |= _ops_of(case[1], case[2])
     with_grad = {name for name in registry.registered() if registry.get(name).grad is not None}
     # ops made only by gradients or passes, or whose "gradient" is None by definition
     derived = {n for n in with_grad if n.endswith("Grad") or n in ("ReduceSumLike", "BroadcastLike", "ExpandAxes",
@@ -66,5 +75,6 @@ def test_every_differentiable_op_has_a_gradient_check():
 def _no_gradient_by_definition():
     """Ops whose registered gradient always returns None (comparisons, argmax, shapes, ints)."""
     return {"Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr",
-            "LogicalNot", "Sign", "Floor", "Ceil", "ArgMax", "ArgMin", "Shape", "Fill", "OneHot"}
+            "LogicalNot", "Sign", "Floor", "Ceil", "ArgMax", "ArgMin", "Shape", "Fill", "OneHot"}.union(
+        *(family.NO_GRADIENT for family in ADDED_FAMILIES))
 

@@ -95,8 +95,26 @@ def fold(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["int-gemm", "float-gemm"])
+def gemm(request, monkeypatch):
+    """Groups-1 convolutions of one image and 2-D dense layers both ways: on the compiled integer
+    GEMM (edge/int8_gemm.py, where the host has it) and on the float-GEMM kernels. Returns a list
+    recording each integer-GEMM kernel prepared."""
+    import isthmus.edge.int8_gemm as ig
+    used = []
+    if request.param == "float-gemm":
+        monkeypatch.setattr(ig, "ready", lambda: False)
+    else:
+        if not ig.ready():
+            pytest.skip("no compiled integer GEMM on this host (numba, x86 AVX2)")
+        for name in ("conv", "dense"):
+            real = getattr(ig, name)
+            monkeypatch.setattr(ig, name, lambda *a, _real=real, _name=name: used.append(_name) or _real(*a))
+    return used if request.param == "int-gemm" else None
+
+
 @pytest.mark.parametrize("xs,ws,strides,dil,pads,groups,act,per_channel,has_bias", CONV_CASES)
-def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias, fold):
+def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias, fold, gemm):
     x, w = i8(xs), i8(ws, -127)
     o = ws[0]
     sx, zx, sy, zy = f32(0.03), int(rng.integers(-20, 20)), f32(0.05 * (ws[1] * ws[2] * ws[3]) ** 0.5), int(rng.integers(-10, 10))
@@ -119,6 +137,8 @@ def test_conv(xs, ws, strides, dil, pads, groups, act, per_channel, has_bias, fo
     got = run(op, args, Out("int8", [sy], [zy]), want.shape, attrs)
     np.testing.assert_array_equal(got, want)
     assert len(np.unique(got)) > 3  # the case exercises the range, not only the clamp
+    if gemm is not None:
+        assert gemm == (["conv"] if groups == 1 and xs[0] == 1 else [])
 
 
 @pytest.mark.parametrize("xs,ws,strides,dil,pads,groups,act,per_channel,has_bias", CONV_CASES)
@@ -127,7 +147,9 @@ def test_conv_with_power_of_two_channel_scales(xs, ws, strides, dil, pads, group
     """Channel scales S 2^-e_c (quantize_to_edge's pow2 scales): one multiplier for the whole
     tensor, the powers of two and the bias in the float weights (UniformRequantizer), where the
     kernel can; bit for bit the same integer definition."""
+    import isthmus.edge.int8_gemm as ig
     import isthmus.edge.int8_kernels as k8
+    monkeypatch.setattr(ig, "ready", lambda: False)  # the float-GEMM kernels' own path
     used = []
     real = k8._uniform
     monkeypatch.setattr(k8, "_uniform", lambda *a: used.append(real(*a)) or used[-1])
@@ -157,7 +179,7 @@ def test_conv_with_power_of_two_channel_scales(xs, ws, strides, dil, pads, group
 # ---- matmul --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("m,k,n,tb,act,bias", [(1, 32, 10, False, "none", True), (5, 200, 7, True, "relu", True),
                                                (3, 16, 4, False, "relu6", False), (2, 3000, 3, False, "none", True)])
-def test_dense(m, k, n, tb, act, bias, fold):
+def test_dense(m, k, n, tb, act, bias, fold, gemm):
     a, w = i8((m, k)), i8((n, k) if tb else (k, n), -127)
     sa, za, sy, zy = f32(0.02), -7, f32(0.02 * k ** 0.5), 3
     sw = f32(rng.uniform(0.005, 0.01, n))
@@ -173,6 +195,8 @@ def test_dense(m, k, n, tb, act, bias, fold):
     got = run("FusedMatMul", args, Out("int8", [sy], [zy]), want.shape,
               {"transpose_a": 0, "transpose_b": int(tb), "activation": act})
     np.testing.assert_array_equal(got, want)
+    if gemm is not None:
+        assert gemm == ["dense"]
 
 
 def test_matmul_of_two_activations_with_batch():

@@ -23,7 +23,9 @@ def small_model() -> bytes:
     y = w.add_tensor("y", "float32", (1, 2))
     w.add_operator("MatMul", [p, wt], [y], {"transpose_a": 0, "transpose_b": 0})
     w.mark_output(y)
-    w.add_remote_part("cloud", [p], [y])
+    y2 = w.add_tensor("y2", "float32", (1, 2))   # what the cloud part returns (its own tensor)
+    w.mark_output(y2)
+    w.add_remote_part("cloud", [p], [y2])
     w.metadata["predicted_ms"] = "1.5"
     return w.to_bytes()
 
@@ -93,5 +95,29 @@ def test_not_a_model():
 def test_quantization_parameters_are_checked(quant, message):
     w = ModelWriter()
     w.mark_output(w.add_constant("c", np.zeros((3, 2), np.int8), **quant))
+    with pytest.raises(EdgeModelError, match=message):
+        loads(w.to_bytes())
+
+
+@pytest.mark.parametrize("case,message", [
+    ("output", "model output 2 'y' is produced by nothing"),
+    ("input", "operator 0 \\(Relu\\): input tensor 1 'ghost' is written by nothing"),
+    ("remote", "remote part 'cloud': input tensor 1 'ghost' is written by nothing"),
+    ("twice", "output tensor 0 'x' is a constant, an input, or written twice"),
+])
+def test_the_verifier_proves_every_read_tensor_is_written(case, message):
+    """Before issue 23 a model whose output nothing produced passed the verifier and the
+    interpreter failed later with a bare KeyError."""
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (1, 4))
+    ghost = w.add_tensor("ghost", "float32", (1, 4))
+    y = w.add_tensor("y", "float32", (1, 4))
+    if case == "input":
+        w.add_operator("Relu", [ghost], [y])
+    elif case == "remote":
+        w.add_remote_part("cloud", [ghost], [y])
+    elif case == "twice":
+        w.add_operator("Relu", [ghost], [x])
+    w.mark_output(y)
     with pytest.raises(EdgeModelError, match=message):
         loads(w.to_bytes())

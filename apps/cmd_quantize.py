@@ -1,0 +1,143 @@
+"""`isthmus quantize MODEL --calibration-data data.npz -o m.isth`: post-training int8 quantization
+to an edge file, with a report (ops int8 / fp32, size ratio, output drift against fp32)."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Union
+
+import numpy as np
+
+from .errors import UsageError, non_negative_int, output_path, positive_int
+from .model_source import LoadedModel, load_model, parse_input_shapes
+
+EXAMPLES = """examples:
+  isthmus quantize cnn.onnx --calibration-data calib.npz -o cnn.int8.isth
+  isthmus quantize model.graph --calibration-data calib.npz --method percentile --percentile 99.9 -o m.isth
+  isthmus edge-run cnn.int8.isth --input image=x.npy
+The .npz holds sample inputs by input name (or one array for a one-input model), samples along axis 0."""
+METHODS = ("minmax", "percentile", "entropy")
+
+
+@dataclass
+class QuantizeReport:
+    """What quantization did: op counts, sizes and the int8 model's drift from fp32."""
+    path: str
+    int8_ops: int
+    fp32_ops: int
+    int8_bytes: int
+    fp32_bytes: int
+    samples: int
+    max_abs_drift: float          # largest |int8 - fp32| over outputs and samples
+    rel_drift: float              # that, over the largest |fp32| output value
+    top1_agreement: Optional[float]  # classifiers: how often argmax agrees
+    method: str
+    seconds: float
+    notes: List[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        top1 = "" if self.top1_agreement is None else f", top-1 agreement {self.top1_agreement:.1%}"
+        lines = [f"quantized ({self.method}): {self.int8_ops} ops int8, {self.fp32_ops} ops fp32",
+                 f"size: {self.int8_bytes:,} bytes int8 vs {self.fp32_bytes:,} fp32 "
+                 f"({self.int8_bytes / max(self.fp32_bytes, 1):.2f}x)",
+                 f"drift vs fp32 on {self.samples} calibration samples: max abs {self.max_abs_drift:.4g} "
+                 f"({self.rel_drift:.2%} of the largest output){top1}"]
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append(f"wrote {self.path} in {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("model", help="an .onnx, .tflite or .graph file, or file.py:function")
+    p.add_argument("--calibration-data", required=True, metavar="NPZ", help="sample inputs (see below)")
+    p.add_argument("-o", "--output", default=None, help="edge file to write (default: MODEL with .int8.isth)")
+    p.add_argument("--method", choices=METHODS, default="minmax",
+                   help="activation ranges: minmax, percentile (clips outliers) or entropy (default %(default)s)")
+    p.add_argument("--percentile", type=float, default=99.99, help="with --method percentile (default %(default)s)")
+    p.add_argument("--per-channel", action="store_true",
+                   help="per-channel weight scales (conv and dense weights are per-channel in any case today)")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="use the first N samples only (0: all)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
+                   help="shape of an input whose dims the model leaves unknown (repeatable)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size for unknown leading dims")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="keep an unknown leading dim unknown (the file then runs at any batch)")
+    p.add_argument("--force", action="store_true", help="overwrite -o")
+
+
+def quantize(model: Union[str, LoadedModel], calibration, output: str, method: str = "minmax",
+             percentile: float = 99.99, per_channel: bool = False, limit: int = 0, batch: int = 1,
+             input_shapes=None, force: bool = False) -> QuantizeReport:
+    """Quantize `model` on `calibration` (an .npz path or {input name: samples}) into `output`."""
+    from isthmus.converters.edge_export import to_edge
+    from isthmus.converters.quantize import quantize_to_edge
+    from .deploy import calibration_feeds
+    t0 = time.perf_counter()
+    if method not in METHODS:
+        raise UsageError(f"--method {method}: expected one of {', '.join(METHODS)}")
+    if method == "percentile" and not 50.0 < percentile <= 100.0:
+        raise UsageError(f"--percentile {percentile}: expected a number in (50, 100]")
+    output_path(output, force)
+    m = model if isinstance(model, LoadedModel) else load_model(model, input_shapes)
+    feeds = calibration_feeds(calibration, m, limit)
+    params = inspect.signature(quantize_to_edge).parameters
+    kw, notes = {"batch": batch}, []
+    if method == "percentile":
+        kw["percentile"] = percentile
+    elif method == "entropy":
+        if "method" not in params:
+            raise UsageError("--method entropy: this version's quantizer offers minmax and percentile only")
+        kw["method"] = "entropy"
+    if "per_channel" in params:
+        kw["per_channel"] = per_channel
+    elif per_channel:
+        notes.append("--per-channel: conv and dense weights are quantized per channel in any case")
+    sess = m.session()
+    outs = list(m.outputs.values())
+    data, rep = quantize_to_edge(sess, outs, feeds, **kw)
+    fp32 = to_edge(sess, outs, inputs=[t.name for t in m.inputs.values()], batch=batch)
+    tmp = output + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, output)
+    drift, rel, top1 = measure_drift(data, sess, m, feeds)
+    return QuantizeReport(output, rep["int8_ops"], rep["fp32_ops"], len(data), len(fp32), len(feeds), drift, rel,
+                          top1, method if method != "percentile" else f"percentile {percentile:g}",
+                          time.perf_counter() - t0, notes)
+
+
+def measure_drift(edge_bytes: bytes, sess, m: LoadedModel, feeds: List[Dict[str, np.ndarray]]):
+    """(max |int8 - fp32|, that over max |fp32|, top-1 agreement or None) over the feeds."""
+    from isthmus.edge.interpreter import Interpreter
+    interp = Interpreter(edge_bytes)
+    names = list(interp.input_shapes)
+    outs = list(m.outputs.values())
+    worst, peak, agree, n = 0.0, 0.0, 0, 0
+    classifier = len(outs) == 1 and len(outs[0].shape) == 2
+    for f in feeds:
+        ref = sess.run(outs, {m.graph.tensor(k + ":0"): v for k, v in f.items()})
+        got = interp.invoke(*[f[k] for k in names])
+        for r, g in zip(ref, got):
+            r = np.asarray(r, np.float64)
+            worst = max(worst, float(np.abs(r - np.asarray(g, np.float64).reshape(r.shape)).max()))
+            peak = max(peak, float(np.abs(r).max()))
+        if classifier:
+            agree += int((np.argmax(ref[0], -1) == np.argmax(got[0].reshape(ref[0].shape), -1)).sum())
+            n += ref[0].shape[0]
+    return worst, worst / peak if peak else 0.0, (agree / n if classifier and n else None)
+
+
+def run(args) -> int:
+    out = args.output or os.path.splitext(args.model.split(":")[0])[0] + ".int8.isth"
+    rep = quantize(args.model, args.calibration_data, out, args.method, args.percentile, args.per_channel,
+                   args.limit, -1 if args.dynamic_batch else args.batch, parse_input_shapes(args.input_shape),
+                   args.force)
+    print(rep.text())
+    return 0
+
+
+__all__ = ["quantize", "QuantizeReport", "measure_drift"]

@@ -1,0 +1,43 @@
+"""`isthmus split MODEL -o DIR`: plan a split for a link and write the edge file, the cloud file,
+the plan (JSON + SVG) and a report, through apps.deploy.deploy_split."""
+from __future__ import annotations
+
+import argparse
+
+from .errors import positive_int
+
+EXAMPLES = """examples:
+  isthmus split cnn.onnx --bandwidth 5mbps --rtt 40ms -o deploy/
+  isthmus split cnn.onnx --edge-profile phone --int8 --calibration-data calib.npz -o deploy/
+  isthmus serve deploy/model.cloud --port 7070 &
+  isthmus edge-run deploy/model.isth --cloud 127.0.0.1:7070 --input image=x.npy"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.add_argument("model", help="an .onnx, .tflite or .graph file, or file.py:function")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the files (created)")
+    p.add_argument("--bandwidth", default="5mbps", help="uplink, e.g. 5mbps (default %(default)s)")
+    p.add_argument("--downlink", default=None, help="downlink (default: the uplink)")
+    p.add_argument("--rtt", default="40ms", help="round-trip time, e.g. 40ms (default %(default)s)")
+    p.add_argument("--edge-profile", default=None,
+                   help="device profile JSON of the edge (isthmus profile writes one; 'phone' for the one that "
+                        "ships with isthmus; default: this machine 8x slower)")
+    p.add_argument("--cloud-profile", default=None, help="device profile JSON of the cloud")
+    p.add_argument("--int8", action="store_true", help="quantize the edge parts to int8 (needs --calibration-data)")
+    p.add_argument("--calibration-data", default=None, metavar="NPZ",
+                   help="sample inputs, by input name, samples along axis 0")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
+                   help="shape of an input whose dims the model leaves unknown (repeatable)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size for unknown leading dims")
+    p.add_argument("--force", action="store_true", help="overwrite the files in DIR")
+
+
+def run(args) -> int:
+    from .deploy import deploy_split
+    from .model_source import parse_input_shapes
+    dep = deploy_split(args.model, args.output, args.bandwidth, args.rtt, args.edge_profile, args.cloud_profile,
+                       int8=args.int8, calibration=args.calibration_data, downlink=args.downlink,
+                       input_shapes=parse_input_shapes(args.input_shape), batch=args.batch, force=args.force)
+    print(dep.report)
+    return 0

@@ -1,0 +1,93 @@
+"""Print the GPU check's summary table from the JSON files in a folder (benchmarks/gpu_check.sh)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _load(folder, name):
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return json.loads(f.read())
+    except Exception as e:  # a step that timed out or crashed leaves no JSON: say so in the table
+        return {"error": f"{type(e).__name__}: {e}"[:120]}
+
+
+def main(folder: str) -> int:
+    rows = []
+    tr = _load(folder, "gpu_train.json")
+    for key in ("mlp_b128", "mlp_b4096", "cnn_b64", "cnn_b512", "mobilenet_v2_96_b32"):
+        r = tr.get(key) or {}
+        ms = r.get("ms", {})
+        rows.append((key, f"{ms.get('isthmus_eager')}", f"{ms.get('torch_eager')}",
+                     f"{r.get('ratio_eager_vs_torch_eager', r.get('ratio_vs_torch_eager'))}",
+                     f"capture {ms.get('isthmus_capture')} vs graph {ms.get('torch_cuda_graph')}" if key.startswith("mlp")
+                     else "", f"same_as_cpu={r.get('same_as_cpu')}"))
+    mm = _load(folder, "gpu_matmul.json")
+    rows.append(("matmul 8192^3", str(mm.get("tflops", {}).get("isthmus")), str(mm.get("tflops", {}).get("cupy")),
+                 str(mm.get("ratio_of_cupy")), "TFLOP/s", ""))
+    tf = _load(folder, "gpu_transfer.json")
+    gb = tf.get("GB_per_s", {})
+    rows.append(("256MiB up (pinned feed)", str(gb.get("isthmus_up_pinned_feed")), str(gb.get("cupy_up_pinned")),
+                 str(tf.get("ratio_up_pinned")), "GB/s", ""))
+    rows.append(("256MiB up (pageable)", str(gb.get("isthmus_up_pageable_feed")), str(gb.get("cupy_up_pinned")),
+                 str(tf.get("ratio_up_pageable")), "GB/s", ""))
+    rows.append(("256MiB down", str(gb.get("isthmus_down")), str(gb.get("cupy_down_pinned")),
+                 str(tf.get("ratio_down")), "GB/s", ""))
+    ad = _load(folder, "gpu_adds.json").get("us_per_op", {})
+    rows.append(("1000 adds us/op", str(ad.get("isthmus_eager")), str(ad.get("cupy_eager")), "",
+                 f"torch {ad.get('torch_eager')} graph {ad.get('cupy_cuda_graph')} capture {ad.get('isthmus_capture')}", ""))
+    print(f"{'workload':26} {'isthmus':>10} {'peer':>10} {'ratio':>7}  notes")
+    for r in rows:
+        print(f"{r[0]:26} {r[1]:>10} {r[2]:>10} {r[3]:>7}  {r[4]} {r[5]}")
+    for name in ("gpu_train.json", "gpu_matmul.json", "gpu_transfer.json", "gpu_adds.json"):
+        d = _load(folder, name)
+        errs = {k: v for k, v in d.items() if "error" in k}
+        if errs:
+            print(name, "errors:", json.dumps(errs)[:600])
+    for log, what in (("pytest_gpu.log", "pytest -m gpu"), ("pytest_ops_on_gpu.log", "op suites, ISTHMUS_DEVICE=gpu")):
+        try:
+            with open(os.path.join(folder, log)) as f:
+                lines = f.read().strip().splitlines()
+        except OSError:
+            print(f"{what}: no log")
+            continue
+        tally = [ln for ln in lines if (" passed" in ln or " failed" in ln or " error" in ln) and " in " in ln]
+        print(f"{what}:", (tally or lines or ["(empty)"])[-1])
+        failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        for ln in failures[:25]:
+            print("  ", ln[:240])
+        if len(failures) > 25:
+            print(f"   ... {len(failures) - 25} more")
+    return 0
+
+
+def record(folder: str, results_dir: str) -> None:
+    """Store the GPU check's JSON as benchmarks/results records (report.py renders them)."""
+    import time
+    setup = ""
+    try:
+        with open(os.path.join(folder, "check.log")) as f:
+            setup = f.read()
+    except OSError:
+        pass
+    gpu_line = next((ln for ln in setup.splitlines() if ln.startswith("GPU 0")), "GPU ?")
+    tree = next((ln.split()[-1] for ln in setup.splitlines() if ln.startswith("==")), "?")
+    for name in ("gpu_train", "gpu_matmul", "gpu_transfer", "gpu_adds"):
+        d = _load(folder, name + ".json")
+        ok = "error" not in d or len(d) > 1
+        dev = d.get("device", {}) if isinstance(d.get("device"), dict) else {}
+        rec = {"name": name, "status": "ok" if ok else "failed", "result": d if ok else None,
+               "stderr": "" if ok else d.get("error", ""), "when": dev.get("date", time.strftime("%Y-%m-%d %H:%M UTC")),
+               "seconds": d.get("wall_s", 0), "load_before": 0.0,
+               "machine": {"cpu": gpu_line.split("(UUID")[0].strip(), "cpus": 16, "python": "3.12",
+                           "numpy": "?", "torch": "2.11.0+cu130", "commit": tree}}
+        with open(os.path.join(results_dir, name + ".json"), "w") as f:
+            json.dump(rec, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[2] == "--record":
+        record(sys.argv[1], sys.argv[3])
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "gpu_out"))

@@ -1,0 +1,116 @@
+"""Reading an ONNX model's bytes and initializers for from_onnx, external data confined to one folder.
+
+A model may keep weights in side files (`data_location = EXTERNAL`, a relative `location`). Such
+data is read only when the caller names the folder it may come from (or gives the model as a path,
+whose folder is then that folder), and only from inside it: no absolute path, no `..`, no
+symlink resolving outside, no read past the file's end.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .onnx_import import ImportError_
+
+
+def load_model(model, external_data_dir: Optional[str]) -> Tuple[object, Optional[str]]:
+    """(ModelProto, the folder external data may be read from or None)."""
+    import onnx
+    base = None if external_data_dir is None else os.fspath(external_data_dir)
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as e:
+            raise ImportError_(f"cannot read {path}: {e.strerror or e}") from None
+        base = base if base is not None else (os.path.dirname(os.path.abspath(path)))
+        return _parse(data, path), base
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _parse(bytes(model), "the model bytes"), base
+    if isinstance(model, onnx.ModelProto):
+        return model, base
+    raise ImportError_(f"from_onnx takes a path, bytes or an onnx.ModelProto, not {type(model).__name__}")
+
+
+def _parse(data: bytes, what: str):
+    import onnx
+    try:
+        return onnx.load_from_string(data)
+    except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
+        raise ImportError_(f"{what}: not an ONNX model ({type(e).__name__}: {e})") from None
+
+
+def read_initializer(init, base: Optional[str]) -> np.ndarray:
+    """The initializer's array; external data read from inside `base` only."""
+    from onnx import TensorProto, numpy_helper
+    name = _name(init.name)
+    if init.data_location == TensorProto.EXTERNAL:
+        init = _with_external_bytes(init, base)
+    try:
+        arr = numpy_helper.to_array(init)
+    except Exception as e:  # noqa: BLE001
+        raise ImportError_(f"initializer '{name}' cannot be read: {type(e).__name__}: {e}") from None
+    if arr.dtype == object or arr.dtype.kind not in "fiub":
+        raise ImportError_(f"initializer '{name}' has unsupported dtype {arr.dtype}")
+    return arr
+
+
+def _with_external_bytes(init, base: Optional[str]):
+    from onnx import TensorProto
+    name = _name(init.name)
+    info = {e.key: e.value for e in init.external_data}
+    loc = info.get("location", "")
+    if base is None:
+        raise ImportError_(f"initializer '{name}' keeps its data outside the model (external data '{loc}'); "
+                           "pass external_data_dir= naming the folder it may be read from")
+    path = confined_path(base, loc, f"initializer '{name}'")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise ImportError_(f"initializer '{name}': external data offset/length are not integers") from None
+    try:
+        size = os.path.getsize(path)
+        if offset < 0 or offset > size or (length is not None and (length < 0 or offset + length > size)):
+            raise ImportError_(f"initializer '{name}': external data [{offset}, +{length}) lies outside "
+                               f"'{loc}' ({size} bytes)")
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(size - offset if length is None else length)
+    except OSError as e:
+        raise ImportError_(f"initializer '{name}': cannot read external data '{loc}': {e.strerror or e}") from None
+    out = TensorProto()
+    out.CopyFrom(init)
+    del out.external_data[:]
+    out.data_location = TensorProto.DEFAULT
+    out.raw_data = data
+    return out
+
+
+def confined_path(base: str, location: str, what: str) -> str:
+    """`location` resolved inside `base`, or OnnxImportError naming `what` when it would leave it."""
+    if not location:
+        raise ImportError_(f"{what}: external data names no location")
+    if "\x00" in location or os.path.isabs(location) or location.startswith(("/", "\\")) or \
+            (len(location) > 1 and location[1] == ":"):
+        raise ImportError_(f"{what}: external data location '{location}' is absolute: it points outside the "
+                           "model's folder (it must be relative to it)")
+    parts = location.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise ImportError_(f"{what}: external data location '{location}' points outside the model's "
+                           "folder (it climbs out with '..')")
+    root = os.path.realpath(base)
+    path = os.path.realpath(os.path.join(root, *parts))
+    if os.path.commonpath([root, path]) != root:
+        raise ImportError_(f"{what}: external data location '{location}' points outside the model's folder "
+                           "(a symlink leads out of it)")
+    if not os.path.isfile(path):
+        raise ImportError_(f"{what}: external data file '{location}' does not exist in {base}")
+    return path
+
+
+def _name(v) -> str:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)

@@ -1,0 +1,147 @@
+"""int8 convolutions (groups 1) and dense layers on the compiled integer GEMM (jit.gemm_int8).
+
+The int8 kernels in int8_kernels.py run float GEMMs on exact integers: they buy size, not speed.
+Where the host has the integer GEMM (x86 AVX2, numba importable, ISTHMUS_JIT not 0) these kernels
+take over at prepare time: weights become int16 pairs once; per call the input is packed into
+arena scratch (a 1x1 convolution's rows, or im2col columns padded with the input's zero point),
+multiplied in int32 and requantized per output channel inside the GEMM's loop, straight into the
+int8 output. The arithmetic is edge/quant.Requantizer's integer definition, bit for bit (computed
+in float64 where `float_exact` proves it exact, else in int64), so results equal the float-GEMM
+kernels' and a plain integer numpy reference.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+from .compiled import use_compiled
+from .format import EdgeModelError
+from .opcontext import OpContext, Window
+from .quant import quantize_multiplier
+
+_F64 = 1 << 53
+_I64 = 1 << 62
+
+
+def ready() -> bool:
+    """Whether kernels prepared now take the integer GEMM (imports numba: call at prepare only)."""
+    if not use_compiled():
+        return False
+    from ..jit.gemm_int8 import supported
+    return supported()
+
+
+def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, hi: int, bound: int):
+    """("float", mf, cf, flo, fhi) or ("int", q, c, s, lo, hi): per output channel, the constants of
+    out = clamp((acc q + c) >> s, lo, hi), c = bias q + 2^(s-1) + zp 2^s (Requantizer's definition).
+    float: t = acc mf + cf with mf = q 2^-s, cf = (c + 128 2^s) 2^-s, out = floor(clamp(t)) - 128; exact
+    when every value is a multiple of 2^-e (e = s less q's trailing zeros, at least 1) below 2^53 in
+    those units, so t is computed without rounding and its floor is the shift. bound: max |acc|."""
+    ms = np.broadcast_to(np.asarray(multipliers, np.float64), bias.shape)
+    qs = [quantize_multiplier(float(m)) for m in ms]
+    q = np.array([v for v, _ in qs], np.int64)
+    s = np.array([v for _, v in qs], np.int64)
+    c = [int(b) * int(qv) + (1 << (int(sv) - 1)) + (int(zp) << int(sv)) for b, qv, sv in zip(bias, q, s)]
+    if any(bound * int(qv) + abs(cv) >= _I64 for qv, cv in zip(q, c)):
+        raise EdgeModelError("int8 GEMM: the requantization could overflow int64")
+    exact = True
+    mf, cf = np.empty(len(q)), np.empty(len(q))
+    for i, (qv, sv, bv) in enumerate(zip(q.tolist(), s.tolist(), bias.tolist())):
+        tz = (qv & -qv).bit_length() - 1
+        e = max(sv - tz, 1)
+        units = (bound + abs(int(bv))) * (qv >> tz) * (1 << (e - (sv - tz))) + ((abs(zp) + 130) << e)
+        exact = exact and units < _F64
+        mf[i] = math.ldexp(qv, -sv)
+        cf[i] = math.ldexp(float(int(bv) * qv), -sv) + 0.5 + zp + 128
+    if exact:
+        return "float", mf, cf, float(lo + 128), float(hi + 128)
+    return "int", q, np.array(c, np.int64), s, int(lo), int(hi)
+
+
+def _bind_gemm(w32: np.ndarray, rq, xp: np.ndarray, acc: np.ndarray, out: np.ndarray, o: int, p: int, so: int,
+               sp: int) -> Callable[[], None]:
+    """The GEMM and its requantization into out (the int8 output's flat buffer): element (o, p) at o so + p sp."""
+    from ..jit.gemm_int8 import gemm_requantize_float, gemm_requantize_int
+    if rq[0] == "float":
+        _, mf, cf, flo, fhi = rq
+        return lambda: gemm_requantize_float(w32, xp, acc, mf, cf, flo, fhi, out, o, p, so, sp)
+    _, q, c, s, lo, hi = rq
+    return lambda: gemm_requantize_int(w32, xp, acc, q, c, s, lo, hi, out, o, p, so, sp)
+
+
+def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multipliers, zx: int, zy: int,
+         lo: int, hi: int, bound: int) -> Tuple[list, Callable]:
+    """A groups-1 int8 convolution of one image: wi int64 [O, C, kh, kw] (less its zero points),
+    bias int64 [O] (the input's zero point folded in), multipliers s_x s_w / s_y per channel."""
+    from ..jit.gemm_int8 import NR, pack_weights, packed_shape
+    o, k = wi.shape[0], int(np.prod(wi.shape[1:]))
+    p = g.oh * g.ow
+    w32 = pack_weights(wi.reshape(o, k))
+    rq = requantization(multipliers, bias, zy, lo, hi, bound)
+    pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded
+    i_x = ctx.scratch(packed_shape(k, p), np.int32)
+    i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
+    i_cols = None if pointwise else ctx.scratch((k, p), np.int8)
+
+    def bind(ins, outs, sc):
+        from ..jit.gemm_int8 import im2col, pack_rows
+        xp = sc[i_x]
+        gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
+        if pointwise:
+            x2 = ins[0].reshape(g.c, g.h * g.w)
+
+            def run_pointwise():
+                pack_rows(x2, xp)
+                gemm()
+            return run_pointwise
+        x3, cols = ins[0].reshape(g.c, g.h, g.w), sc[i_cols]
+        geo = (np.int8(zx), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.t, g.l, g.oh, g.ow)
+
+        def run():
+            im2col(x3, *geo, cols)
+            pack_rows(cols, xp)
+            gemm()
+        return run
+    return [(1, o, g.oh, g.ow)], bind
+
+
+GEMV_ROWS = 4  # dense layers with fewer rows than this stream their weights through dot products
+
+
+def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int, lo: int, hi: int, bound: int,
+          m: int, transpose_a: bool) -> Tuple[list, Callable]:
+    """y [M, N] = requantize(a [M, K] @ b): bi int64 [K, N] (less its zero points), bias int64 [N] (the
+    input's zero point folded in). A few rows: dot products against each weight row (jit.gemm_int8's
+    gemv); more: the GEMM y^T = b^T a^T, output channels as its rows."""
+    from ..jit.gemm_int8 import NR, pack_weights, packed_shape
+    k, nn = bi.shape
+    rq = requantization(multipliers, bias, zy, lo, hi, bound)
+    if m < GEMV_ROWS and not transpose_a:
+        wt = bi.T.astype(np.int8 if bi.size == 0 or (bi.min() >= -128 and bi.max() <= 127) else np.int16)
+        return [(m, nn)], lambda ins, outs, sc: _bind_gemv(np.ascontiguousarray(wt), rq, ins[0], outs[0])
+    w32 = pack_weights(np.ascontiguousarray(bi.T))
+    i_x = ctx.scratch(packed_shape(k, m), np.int32)
+    i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
+
+    def bind(ins, outs, sc):
+        from ..jit.gemm_int8 import pack_rows
+        xp = sc[i_x]
+        a_t = ins[0] if transpose_a else ins[0].T  # [K, M]
+        gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), nn, m, 1, nn)  # y^T: channel n, row m
+
+        def run():
+            pack_rows(a_t, xp)
+            gemm()
+        return run
+    return [(m, nn)], bind
+
+
+def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    from ..jit.gemm_int8 import gemv_requantize_float, gemv_requantize_int
+    if rq[0] == "float":
+        _, mf, cf, flo, fhi = rq
+        return lambda: gemv_requantize_float(w, a, mf, cf, flo, fhi, out)
+    _, q, c, s, lo, hi = rq
+    return lambda: gemv_requantize_int(w, a, q, c, s, lo, hi, out)

@@ -1,0 +1,288 @@
+"""int8 GEMM with int32 accumulation, requantized in the same loop: the edge's int8 convolutions
+(1x1 and im2col) and dense layers.
+
+numpy has no integer GEMM, and LLVM does not vectorize a register-blocked int8 loop written in
+numba into multiply-add instructions (it widens to int32 or int64 multiplies: 1-2.5x slower than
+one-thread fp32 OpenBLAS, measured). So the micro-kernel is written in LLVM IR (a numba
+intrinsic): a 4 x 16 tile of int32 accumulators in eight 8-lane vectors, each step multiplying a
+broadcast pair of int16 weights with 16 pairs of int16 activations and summing each pair into
+int32 (pmaddwd; on CPUs with AVX-512 VNNI / AVX-VNNI, LLVM fuses the add into vpdpwssd). That
+needs operands in pairs along K:
+
+- weights [O, K] int8 become int16 pairs, int32 [ceil(O/4)*4, ceil(K/2)], once at prepare (rows
+  and the odd K column padded with zeros);
+- activations become int16 pairs, int32 [ceil(K/2), P16] (P16: P rounded up to 16), per call in
+  arena scratch, by pack_rows from a [K, P] int8 matrix: a 1x1 convolution's input as it is, a
+  windowed convolution's im2col columns (padded with the input's zero point). Padded rows meet
+  zero weights and padded columns are never stored, so neither is cleared.
+
+The GEMM walks 16 columns at a time (that block of activations stays in L1 while every weight
+row block passes over it) and requantizes the block's [O, 16] accumulators straight into the int8
+output: out = clamp(floor(acc * q 2^-s + c 2^-s), lo, hi) per output channel, which is
+edge/quant.Requantizer's integer definition, in float64 where the caller proves it exact
+(`float_exact`), else in int64. Needs x86 AVX2 (`supported`); elsewhere the edge keeps its
+float-GEMM int8 kernels.
+"""
+from __future__ import annotations
+
+import numba as nb  # imported only when an int8 GEMM kernel is first prepared
+import numpy as np
+from llvmlite import binding as _llvm
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+MR, NR = 4, 16  # tile: weight rows, activation columns (two vectors of eight int32)
+
+
+def supported() -> bool:
+    """Whether the host CPU has the instructions the micro-kernel is written with (AVX2)."""
+    try:
+        return bool(_llvm.get_host_cpu_features().get("avx2", False))
+    except Exception:  # an LLVM that cannot say: do not guess
+        return False
+
+
+def _accumulate(context, builder, signature, args):
+    """IR of the tile's K loop: the eight <8 x i32> accumulators of rows o..o+3, columns p0..p0+15."""
+    wa, xa = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args[:2], args[:2]))
+    o_, p0_, kp_ = args[3:6]
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8, v16 = ir.VectorType(i32, 8), ir.VectorType(ir.IntType(16), 16)
+    wptr, xptr = (builder.bitcast(a.data, i32.as_pointer()) for a in (wa, xa))
+    ldw, ldx = (cgutils.unpack_tuple(builder, a.shape)[1] for a in (wa, xa))
+    madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    entry = builder.basic_block
+    loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
+    zero = ir.Constant(v8, None)
+    wrows = [builder.mul(builder.add(o_, ir.Constant(i64, r)), ldw) for r in range(MR)]
+    builder.cbranch(builder.icmp_signed(">", kp_, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    k = builder.phi(i64)
+    k.add_incoming(ir.Constant(i64, 0), entry)
+    accs = [builder.phi(v8) for _ in range(2 * MR)]
+    for a in accs:
+        a.add_incoming(zero, entry)
+    xoff = builder.add(builder.mul(k, ldx), p0_)
+    xs = [builder.bitcast(builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xoff, ir.Constant(i64, 8 * j))]),
+                                                       v8.as_pointer()), align=4), v16) for j in range(2)]
+    new = []
+    for r in range(MR):
+        wv = builder.load(builder.gep(wptr, [builder.add(wrows[r], k)]), align=4)
+        b = builder.insert_element(ir.Constant(v8, ir.Undefined), wv, ir.Constant(i32, 0))
+        b16 = builder.bitcast(builder.shuffle_vector(b, ir.Constant(v8, ir.Undefined), ir.Constant(v8, None)), v16)
+        new += [builder.add(accs[2 * r + j], builder.call(madd, [b16, xs[j]])) for j in range(2)]
+    k2 = builder.add(k, ir.Constant(i64, 1))
+    for a, v in zip(accs, new):
+        a.add_incoming(v, loop)
+    k.add_incoming(k2, loop)
+    builder.cbranch(builder.icmp_signed("<", k2, kp_), loop, done)
+    builder.position_at_end(done)
+    results = []
+    for v in new:  # every phi first
+        res = builder.phi(v8)
+        res.add_incoming(zero, entry)
+        res.add_incoming(v, loop)
+        results.append(res)
+    return results
+
+
+@intrinsic
+def _tile(typingctx, w, x, acc, o, p0, kp):
+    """acc[o + r, 0:16] = sum over k < kp of pmaddwd(w[o + r, k], x[k, p0:p0 + 16]) for r < 4, where
+    w [Opad, Kp] and x [Kp, P16] hold int16 pairs in int32 and acc is int32 [Opad, 16]."""
+    sig = types.void(w, x, acc, o, p0, kp)
+
+    def codegen(context, builder, signature, args):
+        results = _accumulate(context, builder, signature, args)
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        aa = context.make_array(signature.args[2])(context, builder, args[2])
+        aptr, lda = builder.bitcast(aa.data, i32.as_pointer()), cgutils.unpack_tuple(builder, aa.shape)[1]
+        for r in range(MR):
+            for j in range(2):
+                off = builder.add(builder.mul(builder.add(args[3], ir.Constant(i64, r)), lda), ir.Constant(i64, 8 * j))
+                builder.store(results[2 * r + j], builder.bitcast(builder.gep(aptr, [off]),
+                                                                  ir.VectorType(i32, 8).as_pointer()), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
+    """The tile of _tile, requantized in registers: out[(o + r) so + p0 + i] (int8, flat) =
+    int8(int32(min(max(double(acc) mf[o + r] + cf[o + r], flo), fhi)) - 128) for r < 4, i < 16; the
+    float64 requantization of gemm_requantize_float, element for element (mul then add, no fma)."""
+    sig = types.void(w, x, out, o, p0, kp, mf, cf, flo, fhi, so)
+
+    def codegen(context, builder, signature, args):
+        results = _accumulate(context, builder, signature, args)
+        i8, i32, i64, f64 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        d8 = ir.VectorType(f64, 8)
+        oa, ma, ca = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (2, 6, 7))
+        optr = builder.bitcast(oa.data, i8.as_pointer())
+        mptr, cptr = (builder.bitcast(a.data, f64.as_pointer()) for a in (ma, ca))
+        lo, hi = (builder.shuffle_vector(builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0)),
+                                         ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
+                  for v in (args[8], args[9]))
+        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum.v8f64")
+        vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum.v8f64")
+        bias = ir.Constant(ir.VectorType(i32, 8), [128] * 8)
+
+        def splat(v):
+            e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
+            return builder.shuffle_vector(e, ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
+        for r in range(MR):
+            row = builder.add(args[3], ir.Constant(i64, r))
+            m, c = splat(builder.load(builder.gep(mptr, [row]))), splat(builder.load(builder.gep(cptr, [row])))
+            for j in range(2):
+                t = builder.fadd(builder.fmul(builder.sitofp(results[2 * r + j], d8), m), c)
+                t = builder.call(vmin, [builder.call(vmax, [t, lo]), hi])
+                q = builder.trunc(builder.sub(builder.fptosi(t, ir.VectorType(i32, 8)), bias), ir.VectorType(i8, 8))
+                off = builder.add(builder.add(builder.mul(row, args[10]), args[4]), ir.Constant(i64, 8 * j))
+                builder.store(q, builder.bitcast(builder.gep(optr, [off]), ir.VectorType(i8, 8).as_pointer()), align=1)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """Integer weights [O, K] within int16 (int8 less its zero point) -> int16 pairs along K as int32
+    [ceil(O/4)*4, ceil(K/2)], zero padded (once, at prepare)."""
+    o, k = w.shape
+    if w.size and (int(w.min()) < -(1 << 15) or int(w.max()) >= 1 << 15):
+        raise ValueError("int8 GEMM weights must fit in int16")
+    w16 = np.zeros((-(-o // MR) * MR, 2 * -(-k // 2)), np.int16)
+    w16[:o, :k] = w
+    return w16.view(np.int32)
+
+
+def packed_shape(k: int, p: int):
+    """The int32 scratch [ceil(K/2), P16] holding a [K, P] activation matrix as int16 pairs."""
+    return (-(-k // 2), -(-p // NR) * NR)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def pack_rows(x, xp):
+    """x int8 [K, P] (a 1x1 convolution's input, or im2col columns) -> xp int32 [ceil(K/2), P16]: the
+    int16 pair (x[2i, p], x[2i + 1, p]) in xp[i, p] (low half first, as pmaddwd reads it)."""
+    k_, p_ = x.shape
+    for i in range(k_ // 2):
+        r0, r1, dst = x[2 * i], x[2 * i + 1], xp[i]
+        for p in range(p_):
+            dst[p] = (np.int32(r0[p]) & 0xFFFF) | (np.int32(r1[p]) << 16)
+    if k_ % 2:
+        r0, dst = x[k_ - 1], xp[k_ // 2]
+        for p in range(p_):
+            dst[p] = np.int32(r0[p]) & 0xFFFF
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def im2col(x, zx, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, cols):
+    """The im2col columns of x int8 [C, H, W] (one image) into cols int8 [C kh kw, OH OW], padding
+    with the zero point zx: row (c kh + i) kw + j, column oy OW + ox. Each output row is a fill, a
+    run copied from the input row, and a fill (no test per element)."""
+    c_, h, w = x.shape
+    for c in range(c_):
+        for i in range(kh):
+            for j in range(kw):
+                dst = cols[(c * kh + i) * kw + j]
+                off = j * dw - pl
+                lo = min((-off + sw - 1) // sw if off < 0 else 0, ow)  # the first ox with ix = ox sw + off >= 0
+                hi = min(max((w - 1 - off) // sw + 1, lo), ow)  # past the last ox with ix < w
+                for oy in range(oh):
+                    iy = oy * sh - pt + i * dh
+                    base = oy * ow
+                    if iy < 0 or iy >= h:
+                        for ox in range(ow):
+                            dst[base + ox] = zx
+                        continue
+                    row = x[c, iy]
+                    for ox in range(lo):
+                        dst[base + ox] = zx
+                    for ox in range(lo, hi):
+                        dst[base + ox] = row[ox * sw + off]
+                    for ox in range(hi, ow):
+                        dst[base + ox] = zx
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, out, o_, p_, so, sp):
+    """out[o so + p sp] (int8, flat) = clamp(floor(acc[o, p] mf[o] + cf[o]), flo, fhi) - 128 for o < O, p < P,
+    acc = w @ x in int32 (the packed operands), a block of 16 columns at a time through acc int32
+    [Opad, 16]; exact when the caller's requantization says "float". (Flat indices: a row view per
+    row and block cost more than the GEMM at K = 16.)"""
+    kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
+    a = acc.reshape(-1)
+    full_o = o_ // MR * MR if sp == 1 else 0  # rows whose 4-row tiles requantize in registers
+    for p0 in range(0, ppad, NR):
+        n = min(NR, p_ - p0)
+        if n == NR:
+            for o in range(0, full_o, MR):
+                _tile_requantize(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
+        first = full_o if n == NR else 0
+        for o in range(first - first % MR, opad, MR):
+            _tile(w32, x32, acc, o, p0, kp)
+        for o in range(first, o_):
+            m, c, base, ob = mf[o], cf[o], o * NR, o * so + p0 * sp
+            for i in range(n):
+                t = np.float64(a[base + i]) * m + c
+                out[ob + i * sp] = np.int8(np.int32(min(max(t, flo), fhi)) - 128)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemm_requantize_int(w32, x32, acc, q, c, s, lo, hi, out, o_, p_, so, sp):
+    """gemm_requantize_float's layout, requantized in int64: clamp((acc q[o] + c[o]) >> s[o], lo, hi)."""
+    kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
+    a = acc.reshape(-1)
+    for p0 in range(0, ppad, NR):
+        for o in range(0, opad, MR):
+            _tile(w32, x32, acc, o, p0, kp)
+        n = min(NR, p_ - p0)
+        for o in range(o_):
+            qo, co, sh, base, ob = q[o], c[o], s[o], o * NR, o * so + p0 * sp
+            for i in range(n):
+                v = (np.int64(a[base + i]) * qo + co) >> sh
+                out[ob + i * sp] = np.int8(min(max(v, lo), hi))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemm_int32(w32, x32, acc, out):
+    """out int32 [O, P] = the plain integer product of the packed operands (for tests and references)."""
+    o_, p_ = out.shape
+    kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
+    for p0 in range(0, ppad, NR):
+        for o in range(0, opad, MR):
+            _tile(w32, x32, acc, o, p0, kp)
+        n = min(NR, p_ - p0)
+        for o in range(o_):
+            for i in range(n):
+                out[o, p0 + i] = acc[o, i]
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def _dot(wr, a):
+    s = np.int32(0)  # one reduction per loop: LLVM vectorizes it into pmaddwd (several per loop do not)
+    for k in range(a.shape[0]):
+        s = np.int32(s + np.int32(wr[k]) * np.int32(a[k]))
+    return s
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemv_requantize_float(w, a, mf, cf, flo, fhi, out):
+    """A dense layer of a few rows: out[m, n] = clamp(floor(dot(w[n], a[m]) * mf[n] + cf[n]), flo, fhi) - 128;
+    w int8 or int16 [N, K] (rows contiguous), a int8 [M, K]. Each weight row is read once per row
+    of a (a matrix-vector product streams the weights: no packing, no padded columns)."""
+    for m in range(a.shape[0]):
+        am, om = a[m], out[m]
+        for n in range(w.shape[0]):
+            t = np.float64(_dot(w[n], am)) * mf[n] + cf[n]
+            om[n] = np.int8(np.int32(min(max(t, flo), fhi)) - 128)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemv_requantize_int(w, a, q, c, s, lo, hi, out):
+    """gemv_requantize_float's product, requantized in int64 (Requantizer's definition)."""
+    for m in range(a.shape[0]):
+        am, om = a[m], out[m]
+        for n in range(w.shape[0]):
+            v = (np.int64(_dot(w[n], am)) * q[n] + c[n]) >> s[n]
+            om[n] = np.int8(min(max(v, lo), hi))

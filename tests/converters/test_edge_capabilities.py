@@ -1,0 +1,132 @@
+"""One table of what the edge runs (edge/capabilities.py): the kernel registries agree with it, and
+default planning never places on the edge a node that the edge export (and the interpreter's
+prepare) then refuses, over the models the test suite and the benchmarks build."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus import nn
+from isthmus.converters import from_onnx, to_onnx
+from isthmus.converters.edge_export import to_edge
+from isthmus.converters.split_export import _standalone
+from isthmus.core.passes import freeze
+from isthmus.edge import Interpreter, capabilities
+from isthmus.edge.int8_kernels import INT8_KERNELS
+from isthmus.edge.kernels import KERNELS
+from isthmus.partitioner import CostModel, LinkModel, plan_split
+from isthmus.partitioner.devices import EDGE, EDGE_DEVICE
+from isthmus.partitioner.partition import partition
+
+from benchmarks.models import mobilenet_v2
+from tests.converters.test_whole_models import cnn, encoder, mlp, mobilenet
+
+
+def test_table_matches_the_kernel_registries():
+    assert set(capabilities.FP32) == set(KERNELS)
+    assert capabilities.INT8 <= set(INT8_KERNELS)
+    assert capabilities.SAME_QPARAMS <= capabilities.INT8
+
+
+def test_refusals_name_the_reason():
+    f32 = (np.float32, (1, 3, 8, 8))
+    assert capabilities.refusal("Relu", {}, [f32], [f32]) is None
+    assert "ArgMax" in capabilities.refusal("ArgMax", {"axis": 1}, [f32], [(np.int64, (1, 8, 8))])
+    assert "int64" in capabilities.refusal("Identity", {}, [(np.int64, (3,))], [(np.int64, (3,))])
+    assert "reflect" in capabilities.refusal("Pad", {"paddings": ((0, 0),) * 4, "mode": "reflect"}, [f32], [f32])
+    assert "gelu" in capabilities.refusal("FusedMatMul", {"transpose_a": False, "transpose_b": False,
+                                                          "activation": "gelu"}, [f32, f32, f32], [f32])
+    conv = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1, "activation": "tanh"}
+    w = (np.float32, (4, 3, 3, 3))
+    assert capabilities.refusal("FusedConv2D", conv, [f32, w, (np.float32, (4,))], [f32]) is None
+    assert "tanh" in capabilities.int8_refusal("FusedConv2D", conv, [f32, w, (np.float32, (4,))], [f32],
+                                               [False, True, True])
+    assert "constant" in capabilities.int8_refusal("Conv2D", conv, [f32, w], [f32], [False, False])
+
+
+def test_scalar_slope_prelu_exports_and_runs():
+    """PReLU as TFLite import writes it, with a scalar slope: the writer kept 0-d constants 0-d."""
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(np.float32, (1, 3, 4, 4), name="x")
+        y = ism.add(ism.relu(x), ism.mul(ism.constant(np.float32(0.25)), ism.minimum(x, 0.0)))
+    xv = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    got = Interpreter(to_edge(g, [y])).invoke(xv)[0]
+    np.testing.assert_allclose(got, np.where(xv > 0, xv, 0.25 * xv), rtol=1e-6)
+
+
+def _session_model(build, shape):
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", shape, name="x")
+        y = build(x)
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    return sess, y
+
+
+def _lstm(x):
+    from isthmus.core.rnn import LSTMCell, dynamic_rnn
+    _, (c, h) = dynamic_rnn(LSTMCell(6, seed=1), x, return_outputs=False)
+    return nn.Dense(3, name="head")(h)
+
+
+def _odd_ops(x):
+    """ArgMax, Abs, an int64 path, an erf-based gelu: ops the edge has no kernel for, between ones it has."""
+    h = nn.Dense(16, activation="relu")(x)
+    h = ism.abs(h) + nn.Dense(16, activation="gelu")(h)
+    return ism.argmax(nn.Dense(4)(h), axis=1)
+
+
+SESSION_MODELS = [("mlp", mlp, (2, 20)), ("cnn", cnn, (2, 3, 16, 16)), ("mobilenet", mobilenet, (1, 3, 32, 32)),
+                  ("transformer", encoder, (2, 8, 16)), ("lstm", _lstm, (2, 5, 4)), ("odd_ops", _odd_ops, (2, 12))]
+
+
+def _models():
+    """(name, graph without variables, outputs) for every model below, native and through ONNX."""
+    for name, build, shape in SESSION_MODELS:
+        sess, y = _session_model(build, shape)
+        frozen = freeze(sess, [y])
+        yield name, frozen, [frozen.tensor(y.name)]
+        if name == "odd_ops":
+            continue
+        g2, _, outs = from_onnx(to_onnx(sess, [y]))
+        yield name + "-onnx", g2, [outs[0]]
+    g, x, logits = mobilenet_v2(batch=1, res=32)
+    with g.as_default():
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    frozen = freeze(sess, [logits])
+    yield "bench-mobilenet_v2", frozen, [frozen.tensor(logits.name)]
+
+
+# an edge 100x faster than the default profile behind a 1 kbit/s link: planning puts on the edge
+# everything it believes the edge can run; and the default profile and link
+COSTS = [("greedy-edge", lambda b: CostModel.edge_cloud(LinkModel(1e3, 1e3, 0.04), edge=EDGE.scaled(0.01),
+                                                        batch_size=b)),
+         ("default", lambda b: CostModel.edge_cloud(batch_size=b))]
+
+
+@pytest.mark.parametrize("cost_name,make_cost", COSTS, ids=[c[0] for c in COSTS])
+def test_default_planning_places_only_what_the_edge_exports(cost_name, make_cost):
+    checked = 0
+    for name, g, outs in _models():
+        batch = outs[0].shape[0] or 1
+        plan = plan_split(g, make_cost(batch), outputs=outs)
+        on_edge = [n for n, d in plan.placement.items() if d == EDGE_DEVICE]
+        part = partition(g, plan.placement, outs, return_to=EDGE_DEVICE)
+        edge_part = part.parts.get(EDGE_DEVICE)
+        if edge_part is None:
+            continue
+        eg, recvs, sends, eouts = _standalone(edge_part, part.transfers, batch_none=False)
+        e_outs = [sends[s] for s in sorted(sends)] + [eouts[t.name] for t in outs if t.name in eouts]
+        e_ins = [t for t in recvs.values()] + [n.outputs[0] for n in eg.nodes if n.op == "Placeholder"
+                                               and n.outputs[0] not in recvs.values()]
+        if not e_outs:
+            continue
+        try:
+            Interpreter(to_edge(eg, e_outs, e_ins, batch=batch))  # export, load and prepare every kernel
+        except Exception as e:
+            pytest.fail(f"{name} ({cost_name}): the plan put {len(on_edge)} nodes on the edge, and the edge "
+                        f"refuses its part: {e}")
+        checked += 1
+    assert checked >= 8

@@ -1,0 +1,50 @@
+"""jit.gemm_int8: the packed int8 GEMM against numpy's int64 product, bit for bit, and the
+multiply-add instructions it is written for."""
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+from isthmus.jit import gemm_int8 as g8  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not g8.supported(), reason="the micro-kernel needs x86 AVX2")
+
+
+@pytest.mark.parametrize("o,k,p", [(1, 1, 1), (4, 2, 16), (5, 3, 17), (13, 27, 40), (96, 16, 2304 // 8), (7, 577, 33)])
+def test_gemm_int32_equals_numpy(o, k, p):
+    rng = np.random.default_rng(o * 1000 + k)
+    w = rng.integers(-255, 256, (o, k))  # int8 less a zero point: int16 weights
+    x = rng.integers(-128, 128, (k, p)).astype(np.int8)
+    xp = np.full(g8.packed_shape(k, p), 12345, np.int32)  # stale scratch: padding must not matter
+    g8.pack_rows(x, xp)
+    w32 = g8.pack_weights(w)
+    acc, out = np.full((w32.shape[0], g8.NR), 7, np.int32), np.empty((o, p), np.int32)
+    g8.gemm_int32(w32, xp, acc, out)
+    np.testing.assert_array_equal(out, w @ x.astype(np.int64))
+
+
+@pytest.mark.parametrize("c,h,w,kh,kw,sh,sw,dh,dw,pads", [(2, 5, 6, 3, 2, 2, 1, 1, 2, (1, 1, 2, 1)),
+                                                         (3, 7, 7, 3, 3, 2, 3, 1, 1, (0, 2, 4, 0)),
+                                                         (1, 4, 3, 1, 5, 1, 1, 1, 1, (0, 0, 2, 2))])
+def test_im2col_pads_with_the_zero_point(c, h, w, kh, kw, sh, sw, dh, dw, pads):
+    rng = np.random.default_rng(1)
+    x = rng.integers(-128, 128, (c, h, w)).astype(np.int8)
+    zx, (pt, pb, pl, pr) = -3, pads
+    oh, ow = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1, (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    cols = np.full((c * kh * kw, oh * ow), 99, np.int8)
+    g8.im2col(x, np.int8(zx), kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, cols)
+    padded = np.pad(x, ((0, 0), (pt, pb), (pl, pr)), constant_values=zx)
+    for ci in range(c):
+        for i in range(kh):
+            for j in range(kw):
+                want = padded[ci, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+                np.testing.assert_array_equal(cols[(ci * kh + i) * kw + j], want.reshape(-1))
+
+
+def test_the_micro_kernel_multiplies_pairs_into_int32():
+    """pmaddwd (or, on VNNI hosts, its fused form vpdpwssd) in the compiled loop."""
+    w32 = g8.pack_weights(np.ones((4, 2), np.int64))
+    xp = np.zeros(g8.packed_shape(2, 16), np.int32)
+    acc, out = np.zeros((4, g8.NR), np.int32), np.zeros((4, 16), np.int32)
+    g8.gemm_int32(w32, xp, acc, out)
+    asm = "".join(g8.gemm_int32.inspect_asm(sig) for sig in g8.gemm_int32.signatures)
+    assert "vpmaddwd" in asm or "vpdpwssd" in asm

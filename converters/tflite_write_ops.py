@@ -304,8 +304,19 @@ def concat(tr: Translator, op) -> None:
     rank = len(tr.shape(y))
     layout = LAYOUT_NHWC if rank == 4 and any(LAYOUT_NHWC in tr.layouts(e) for e in op.inputs) else PLAIN
     axis = stored_axis(int(_attr(op, "axis", 0)), rank, layout)
-    tr.b.op("CONCATENATION", [tr.get(e, layout) for e in op.inputs], [tr.new(y, layout)], "ConcatenationOptions",
+    ins = [tr.get(e, layout) for e in op.inputs]
+    if tr.is_int8(y):  # XNNPACK's int8 concatenation needs every input quantized as the output
+        ins = [i if tr._same_q(e, y) else _requantized(tr, i, y, tr.m.tensors[e].name)
+               for e, i in zip(op.inputs, ins)]
+    tr.b.op("CONCATENATION", ins, [tr.new(y, layout)], "ConcatenationOptions",
             2 if tr.is_int8(y) else 1, Axis=axis, FusedActivationFunction=0)
+
+
+def _requantized(tr: Translator, i: int, like: int, name: str) -> int:
+    """TFLite tensor i requantized (QUANTIZE int8 -> int8) to edge tensor like's parameters."""
+    out = tr.scratch(name + "/requant", np.int8, tr.b.tensors[i].shape, **tr.quant(like))
+    tr.b.op("QUANTIZE", [i], [out], version=2)
+    return out
 
 
 @handles("Softmax")

@@ -1,6 +1,8 @@
 """A split run the way a phone runs it: the edge part as .tflite in LiteRT, the cloud part on the
 offload service (127.0.0.1, a free port), one Infer per request. fp32 equals the unsplit model;
 int8 stays within the int8 model's own drift from fp32."""
+import os
+
 import numpy as np
 import pytest
 
@@ -105,3 +107,34 @@ def test_errors_name_the_cut_and_the_part(split):
     client.part = "missing"
     with pytest.raises(OffloadCallError, match="Infer 'missing'"):
         client.invoke(split["xs"][0])
+
+
+@pytest.mark.parametrize("fmt", ["tflite", "onnx"])
+def test_write_edge_parts_one_file_per_cut_and_the_full_model(split, tmp_path, fmt):
+    import json
+    import onnxruntime as ort
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+    from isthmus.converters.edge_formats import write_edge_parts
+    files = write_edge_parts(split["path"], str(tmp_path), fmt)
+    parts = json.loads((tmp_path / "parts.json").read_text())
+    assert parts["format"] == fmt and parts["parts"][0]["cut"] == "full"
+    cuts = [c for c in split["sp"].cuts if c.cloud_part]
+    named = {p["cut"]: p for p in parts["parts"]}
+    assert all(named[c.name]["file"] == f"{c.name}.{fmt}" and named[c.name]["wire_inputs"] == c.inputs for c in cuts)
+    assert sorted(os.path.basename(f) for f in files) == sorted(
+        ["parts.json", f"full.{fmt}"] + [f"{c.name}.{fmt}" for c in cuts])
+    x = split["xs"][0]
+    if fmt == "tflite":   # the full model alone: the unsplit graph's result
+        it = LiteRT(model_path=str(tmp_path / "full.tflite"), num_threads=1)
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], np.ascontiguousarray(x.transpose(0, 2, 3, 1)))
+        it.invoke()
+        got = it.get_tensor(it.get_output_details()[0]["index"])
+    else:
+        s = ort.InferenceSession(str(tmp_path / "full.onnx"), providers=["CPUExecutionProvider"])
+        got = s.run(None, {s.get_inputs()[0].name: x})[0]
+    if not split["int8"]:
+        np.testing.assert_allclose(got, split["ref"][0], rtol=1e-4, atol=1e-6)
+    else:   # against isthmus's own int8 full model, within that model's drift from fp32
+        mine = Interpreter(load_split(split["path"]).full).invoke(x)[0]
+        assert np.abs(got - mine).max() <= np.abs(mine - split["ref"][0]).max()

@@ -289,7 +289,7 @@ def reshape(tr: Translator, op) -> None:
     x, y = op.inputs[0], op.outputs[0]
     xs = tr.shape(x)
     src = PLAIN
-    if len(xs) == 4 and LAYOUT_NHWC in tr.layouts(x) and PLAIN not in tr.layouts(x) and tr._same_bytes(x):
+    if len(xs) == 4 and LAYOUT_NHWC in tr.layouts(x) and PLAIN not in tr.layouts(x) and tr.same_bytes(x):
         src = LAYOUT_NHWC  # the NHWC bytes are the NCHW bytes: no transpose
     target = tr.shape(y)
     new_shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(target, np.int32))
@@ -306,7 +306,7 @@ def concat(tr: Translator, op) -> None:
     axis = stored_axis(int(_attr(op, "axis", 0)), rank, layout)
     ins = [tr.get(e, layout) for e in op.inputs]
     if tr.is_int8(y):  # XNNPACK's int8 concatenation needs every input quantized as the output
-        ins = [i if tr._same_q(e, y) else _requantized(tr, i, y, tr.m.tensors[e].name)
+        ins = [i if tr.same_q(e, y) else _requantized(tr, i, y, tr.m.tensors[e].name)
                for e, i in zip(op.inputs, ins)]
     tr.b.op("CONCATENATION", ins, [tr.new(y, layout)], "ConcatenationOptions",
             2 if tr.is_int8(y) else 1, Axis=axis, FusedActivationFunction=0)

@@ -138,3 +138,25 @@ def test_write_edge_parts_one_file_per_cut_and_the_full_model(split, tmp_path, f
     else:   # against isthmus's own int8 full model, within that model's drift from fp32
         mine = Interpreter(load_split(split["path"]).full).invoke(x)[0]
         assert np.abs(got - mine).max() <= np.abs(mine - split["ref"][0]).max()
+
+
+def test_int8_outputs_are_dequantized_by_the_client_as_the_file_would(split):
+    """output_type="int8": the edge part hands int8 to the app, which dequantizes with the metadata's
+    parameters: the same float32 values the file's own DEQUANTIZE gives."""
+    if not split["int8"]:
+        with pytest.raises(TFLiteExportError, match="cannot be an int8 output"):
+            split_to_tflite(split["path"], cut=split["inner"][0].name, output_type="int8")
+        return
+    cut = split["inner"][0]
+    as_float = LiteRTOffloadClient(split_to_tflite(split["path"], cut=cut.name).edge, split["server"].address)
+    part = split_to_tflite(split["path"], cut=cut.name, input_type="int8", output_type="int8")
+    meta = tflite_metadata(part.edge)
+    assert meta["inputs"][0]["dtype"] == "int8" and all(o["dtype"] == "int8" for o in meta["outputs"])
+    as_int8 = LiteRTOffloadClient(part.edge, split["server"].address)
+    for v in split["xs"]:
+        for a, b, spec in zip(as_int8.run_edge(v), as_float.run_edge(v), meta["outputs"]):
+            # the int8 input was quantized by the client, not the file: the same rint, at most a step apart
+            assert np.abs(a - b).max() <= spec["quantization"]["scale"][0] * 1.0001
+    with as_int8:
+        got = as_int8.invoke(split["xs"][0])[0]
+    assert got.shape == split["ref"][0].shape

@@ -256,12 +256,36 @@ def _pool_common(tr: Translator, op, kind: str) -> None:
     n, c, h, w = shape
     if kind == "AVERAGE_POOL_2D" and pads != (0, 0, 0, 0) and not (
             (pads[0], pads[1]) == same_padding(h, k[0], s[0], 1) and (pads[2], pads[3]) == same_padding(w, k[1], s[1], 1)):
-        raise tr.fail(f"average pooling with pads {pads} (neither VALID nor TFLite's SAME) has no TFLite form")
+        _avg_pool_explicit(tr, op, k, s, pads)
+        return
     padding, xi = _window(tr, x, shape, k, s, (1, 1), pads, float(np.finfo(np.float32).min), name)
     pair = tr.output(y, LAYOUT_NHWC, like_input=x)
     tr.b.op(kind, [xi], [pair[0]], "Pool2DOptions", 2 if tr.is_int8(x) else 1, Padding=padding,
             StrideH=s[0], StrideW=s[1], FilterHeight=k[0], FilterWidth=k[1], FusedActivationFunction=0)
     tr.finish(pair)
+
+
+def _avg_pool_explicit(tr: Translator, op, k, s, pads) -> None:
+    """Average pooling over explicit pads that are not TFLite's SAME (the mean of the real elements
+    only): zero PAD, a VALID AVERAGE_POOL_2D (the window sum / (kh kw)), then MUL by the constant
+    map kh kw / (real elements of each window). fp32 only."""
+    x, y = op.inputs[0], op.outputs[0]
+    if tr.is_int8(x):
+        raise tr.fail(f"int8 average pooling with pads {pads} (neither VALID nor TFLite's SAME) has no TFLite form")
+    n, c, h, w = tr.shape(x)
+    t, b, l, r = pads
+    oh, ow = tr.shape(y)[2:]
+    name = tr.m.tensors[y].name
+    _, xi = _window(tr, x, (n, c, h, w), k, s, (1, 1), pads, 0.0, name)
+    ones = np.zeros((h + t + b, w + l + r), np.float32)
+    ones[t:t + h, l:l + w] = 1
+    count = np.array([[ones[i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1]].sum() for j in range(ow)]
+                      for i in range(oh)], np.float32)
+    mid = tr.scratch(name + "/window_mean", np.float32, (n, oh, ow, c))
+    tr.b.op("AVERAGE_POOL_2D", [xi], [mid], "Pool2DOptions", Padding=1, StrideH=s[0], StrideW=s[1],
+            FilterHeight=k[0], FilterWidth=k[1], FusedActivationFunction=0)
+    fix = tr.b.const(name + "/count_fix", (k[0] * k[1] / count).astype(np.float32).reshape(1, oh, ow, 1))
+    tr.b.op("MUL", [mid, fix], [tr.new(y, LAYOUT_NHWC)], "MulOptions", FusedActivationFunction=0)
 
 
 @handles("MaxPool")

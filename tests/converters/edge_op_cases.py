@@ -31,6 +31,7 @@ CASES = {  # name: (op, args, out, out shape, attrs)
                    (1, 4, 3, 3), {"epsilon": 1e-3, "axis": 1}),
     "avg_pool_same": ("AvgPool", [Arg(f(1, 3, 6, 6))], F, (1, 3, 3, 3),
                       {"ksize": [3, 3], "strides": [2, 2], "pads": [0, 1, 0, 1]}),
+    "avg_pool_explicit_pads": ("AvgPool", [Arg(f(1, 3, 8, 8))], F, (1, 3, 4, 4), POOL),
     "max_pool_padded": ("MaxPool", [Arg(f(1, 3, 7, 7))], F, (1, 3, 4, 4), POOL),
     "concat_4d": ("Concat", [Arg(f(1, 2, 4, 4)), Arg(f(1, 3, 4, 4))], F, (1, 5, 4, 4), {"axis": 1}),
     "pad_value": ("Pad", [Arg(f(1, 2, 3, 3))], F, (1, 2, 5, 6),

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "edge"))
-from singleop import Arg, Out, model, q  # noqa: E402
+from singleop import Arg, Out, model, q  # noqa: E402,F401  (model: the tests build with it)
 
 R = np.random.default_rng(0)
 

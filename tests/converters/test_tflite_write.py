@@ -4,7 +4,6 @@ within one quantization step of the edge interpreter)."""
 import numpy as np
 import pytest
 
-import isthmus as ism
 from isthmus.converters.edge_export import to_edge
 from isthmus.converters.quantize import quantize_to_edge
 from isthmus.converters.tflite_write import (TFLiteExportError, edge_to_tflite, read_metadata, supported_ops,

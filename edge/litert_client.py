@@ -93,7 +93,10 @@ class LiteRTOffloadClient:
         answer = self.call_cloud(sent)
         if self.post is None:
             return answer
-        return _run(self.post, self.post_meta, list(answer) + list(inputs))
+        # the post part takes the answer, then the model inputs it reads (named as the edge part names them)
+        by_name = {spec["edge_name"]: x for spec, x in zip(self.meta["inputs"], inputs)}
+        rest = [by_name[spec["edge_name"]] for spec in self.post_meta["inputs"][len(answer):]]
+        return _run(self.post, self.post_meta, list(answer) + rest)
 
     def run_edge(self, *inputs: np.ndarray) -> List[np.ndarray]:
         """The edge part's outputs, float32 NCHW, in wire_name order (what goes to the cloud)."""

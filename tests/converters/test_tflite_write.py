@@ -243,3 +243,8 @@ def test_split_part_with_edge_work_after_the_cloud_answer():
     assert len(read_metadata(part.post)["inputs"]) == 1     # the answer only: the post part never reads x
     got = run_litert(part.post, *cloud(sent))[0]
     assert_fp32_close(got, want)
+    # the reference client runs both parts around its cloud call (here the function above)
+    from isthmus.edge.litert_client import LiteRTOffloadClient
+    client = LiteRTOffloadClient(part.edge, "127.0.0.1:1", post=part.post)
+    client.call_cloud = cloud
+    assert_fp32_close(client.invoke(xv)[0], want)

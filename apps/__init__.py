@@ -1,1 +1,12 @@
-"""What ties the wings together: the command-line tools, the demo, `deploy_split`. Nothing imports it."""
+"""The top layer: what ties the wings together (the command-line tools, the demo, graph-file I/O,
+`deploy_split`). It may import every package of isthmus; nothing imports it (tests/test_import_direction.py).
+
+The commands' Python faces: `deploy_split` (isthmus split), `quantize` (isthmus quantize),
+`describe_file` (isthmus info), `bench` (isthmus bench), `load_model` (every model format)."""
+from .cmd_bench import bench
+from .cmd_info import describe_file
+from .cmd_quantize import quantize
+from .deploy import deploy_split
+from .model_source import load_model
+
+__all__ = ["deploy_split", "quantize", "describe_file", "bench", "load_model"]

@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", choices=["edge", "onnx"], default="edge")
     p.add_argument("-o", "--output", default=None, help="output path (default: MODEL with .isth or .converted.onnx)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch size for unknown leading dims (edge)")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="edge: keep an unknown leading dim unknown (the file then runs at any batch)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
                    help="ONNX: shape of an input the file leaves unknown (repeatable)")
     p.add_argument("--nhwc", action="store_true",
@@ -28,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_shapes=None, nhwc: bool = False,
             force: bool = False) -> str:
-    """Write `model` as an edge file or ONNX; returns the path written."""
+    """Write `model` as an edge file or ONNX; returns the path written. batch=-1: a dynamic batch."""
     from .model_source import load_model
     base = os.path.splitext(model.split(":")[0])[0]
     out = output or base + (".isth" if to == "edge" else ".converted.onnx")
@@ -60,7 +62,8 @@ def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_sha
 
 def run(args) -> int:
     from .model_source import parse_input_shapes
-    out = convert(args.model, args.to, args.output, args.batch, parse_input_shapes(args.input_shape), args.nhwc,
+    out = convert(args.model, args.to, args.output, -1 if args.dynamic_batch else args.batch,
+                  parse_input_shapes(args.input_shape), args.nhwc,
                   getattr(args, "force", False))
     print(f"wrote {out} ({os.path.getsize(out):,} bytes)")
     return 0

@@ -10,6 +10,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from isthmus.wire.split_format import SPLIT_KEY
+
 from .errors import UsageError, input_file
 
 EXAMPLES = """examples:
@@ -45,9 +47,11 @@ def _graph(m) -> Dict[str, object]:
     from isthmus.core.executor import prune
     outs = list(m.outputs.values())
     nodes = prune([t.node for t in outs], set())
-    ops = collections.Counter(n.op for n in nodes if n.op not in ("Const", "Placeholder"))
+    ops = collections.Counter(n.op for n in nodes if n.op not in ("Const", "Placeholder", "Variable"))
     weights = sum(np.asarray(n.attrs["value"]).nbytes for n in nodes if n.op == "Const" and "value" in n.attrs)
-    int8 = sum(1 for n in nodes if n.op not in ("Const", "Placeholder")
+    weights += sum(int(np.prod(n.outputs[0].shape)) * np.dtype(n.outputs[0].dtype).itemsize
+                   for n in nodes if n.op == "Variable" and None not in n.outputs[0].shape)
+    int8 = sum(1 for n in nodes if n.op not in ("Const", "Placeholder", "Variable")
                and any(np.dtype(t.dtype) == np.int8 for t in n.outputs))
     size = os.path.getsize(m.source) if os.path.isfile(m.source) else None
     return {"file": m.source, "format": m.kind, "producer": m.producer, **m.extra,
@@ -76,7 +80,7 @@ def _edge(path: str) -> Dict[str, object]:
     out = {"file": path, "format": "isthmus edge model" + (" (split)" if split else ""), "producer": m.producer,
            "version": m.version, "file_bytes": os.path.getsize(path)}
     out.update(_edge_model(m))
-    out["metadata"] = {k: v for k, v in m.metadata.items() if k != "isthmus.split" and len(v) < 200}
+    out["metadata"] = {k: v for k, v in m.metadata.items() if k != SPLIT_KEY and len(v) < 200}
     if split:
         out["cuts"] = [{"name": c.name, "uplink_mbps": [c.min_bandwidth_bps / 1e6, None if np.isinf(c.max_bandwidth_bps) else c.max_bandwidth_bps / 1e6],
                         "cloud_part": c.cloud_part or None, "sends": c.inputs, "receives": c.outputs,

@@ -64,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
                    help="shape of an input whose dims the model leaves unknown (repeatable)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch size for unknown leading dims")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="keep an unknown leading dim unknown (the file then runs at any batch)")
     p.add_argument("--force", action="store_true", help="overwrite -o")
 
 
@@ -108,10 +110,11 @@ def quantize(model: Union[str, LoadedModel], calibration, output: str, method: s
                           time.perf_counter() - t0, notes)
 
 
-def measure_drift(edge_bytes: bytes, sess, m: LoadedModel, feeds: List[Dict[str, np.ndarray]]):
-    """(max |int8 - fp32|, that over max |fp32|, top-1 agreement or None) over the feeds."""
+def measure_drift(edge_model, sess, m: LoadedModel, feeds: List[Dict[str, np.ndarray]]):
+    """(max |int8 - fp32|, that over max |fp32|, top-1 agreement or None) over the feeds; `edge_model`:
+    the edge file's bytes or a loaded EdgeModel."""
     from isthmus.edge.interpreter import Interpreter
-    interp = Interpreter(edge_bytes)
+    interp = Interpreter(edge_model)
     names = list(interp.input_shapes)
     outs = list(m.outputs.values())
     worst, peak, agree, n = 0.0, 0.0, 0, 0
@@ -132,7 +135,8 @@ def measure_drift(edge_bytes: bytes, sess, m: LoadedModel, feeds: List[Dict[str,
 def run(args) -> int:
     out = args.output or os.path.splitext(args.model.split(":")[0])[0] + ".int8.isth"
     rep = quantize(args.model, args.calibration_data, out, args.method, args.percentile, args.per_channel,
-                   args.limit, args.batch, parse_input_shapes(args.input_shape), args.force)
+                   args.limit, -1 if args.dynamic_batch else args.batch, parse_input_shapes(args.input_shape),
+                   args.force)
     print(rep.text())
     return 0
 

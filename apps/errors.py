@@ -22,6 +22,10 @@ def run_command(prog: str, fn: Callable[[], int], debug: bool = False) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`isthmus info m.onnx | head`): stop quietly, as tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except SystemExit as e:  # older commands stop with SystemExit("message")
         if e.code is None or isinstance(e.code, int):
             return int(e.code or 0)
@@ -151,10 +155,22 @@ def check_common(args) -> None:
     p = getattr(args, "port", None)
     if p is not None and not (isinstance(p, int) and 0 <= p <= 65535):
         raise UsageError(f"--port {p}: not a port (0-65535; 0 picks a free one)")
+    for path, flag in _outputs(args):
+        refuse_overwrite(path, args, flag)
     for name in POSITIVE_ARGS:
         v = getattr(args, name, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 1:
             raise UsageError(f"--{name.replace('_', '-')} {v}: must be at least 1")
+
+
+def _outputs(args):
+    """The files a command given --force-less flags would replace (commands that check their own
+    outputs, like quantize and split, are not listed)."""
+    command = getattr(args, "command", None)
+    if command == "edge-run" and getattr(args, "save", None):
+        yield args.save, "--save"
+    if command == "profile" and not getattr(args, "from_trace", None) and getattr(args, "device", None):
+        yield args.out or f"{args.device}.json", "--out"
 
 
 def refuse_overwrite(path: str, args, flag: str = "-o") -> None:

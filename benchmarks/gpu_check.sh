@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}
 mkdir -p "$OUT"
-LOG="$OUT/setup.log"
+LOG="$OUT/check.log"
 T0=$(date +%s)
 {
   echo "== $(date -u '+%Y-%m-%d %H:%M:%S UTC') tree $(cat .gpu_commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -37,15 +37,22 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.is_availa
 step() {  # step NAME TIMEOUT_S OUTFILE CMD...
   local name=$1 t=$2 out=$3; shift 3
   local s=$(date +%s)
-  timeout "$t" "$@" >"$out" 2>>"$OUT/bench.log"
+  echo "--- $name" >>"$LOG"
+  timeout "$t" "$@" >"$out" 2>>"$LOG"
   local rc=$?
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >>"$LOG"
 }
-step pytest_gpu 100 "$OUT/pytest_gpu.log" python3 -m pytest -q -m gpu -p no:cacheprovider -rs \
+step pytest_gpu 80 "$OUT/pytest_gpu.log" python3 -m pytest -m gpu -p no:cacheprovider -rfEs --tb=short \
   tests/core/test_gpu.py tests/core/test_gpu_devices.py tests/core/test_gpu_ops.py
-step gpu_train 120 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
-step gpu_matmul 30 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
-step gpu_transfer 30 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py
-step gpu_adds 30 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
+# the op tables (forward against numpy references, finite-difference gradients) with every Session on the GPU
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+step op_suites_on_gpu 70 "$OUT/pytest_ops_on_gpu.log" env ISTHMUS_DEVICE=gpu python3 -m pytest $XDIST -p no:cacheprovider \
+  -rfE --tb=line tests/core/test_math_ops.py tests/core/test_nn_ops.py tests/core/test_reduce_ops.py \
+  tests/core/test_conv_ops.py tests/core/test_batchnorm_paths.py tests/core/test_depthwise_grad.py \
+  tests/core/test_pool_dilation.py tests/core/test_optimizers.py tests/core/test_array_ops.py
+step gpu_train 100 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
+step gpu_matmul 25 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
+step gpu_transfer 25 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py
+step gpu_adds 25 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
 echo "total $(( $(date +%s) - T0 ))s" >>"$LOG"
 python3 benchmarks/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"

@@ -46,13 +46,48 @@ def main(folder: str) -> int:
         errs = {k: v for k, v in d.items() if "error" in k}
         if errs:
             print(name, "errors:", json.dumps(errs)[:600])
-    try:
-        with open(os.path.join(folder, "pytest_gpu.log")) as f:
-            print("pytest -m gpu:", f.read().strip().splitlines()[-1])
-    except Exception:
-        print("pytest -m gpu: no log")
+    for log, what in (("pytest_gpu.log", "pytest -m gpu"), ("pytest_ops_on_gpu.log", "op suites, ISTHMUS_DEVICE=gpu")):
+        try:
+            with open(os.path.join(folder, log)) as f:
+                lines = f.read().strip().splitlines()
+        except OSError:
+            print(f"{what}: no log")
+            continue
+        tally = [ln for ln in lines if (" passed" in ln or " failed" in ln or " error" in ln) and " in " in ln]
+        print(f"{what}:", (tally or lines or ["(empty)"])[-1])
+        failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+        for ln in failures[:25]:
+            print("  ", ln[:240])
+        if len(failures) > 25:
+            print(f"   ... {len(failures) - 25} more")
     return 0
 
 
+def record(folder: str, results_dir: str) -> None:
+    """Store the GPU check's JSON as benchmarks/results records (report.py renders them)."""
+    import time
+    setup = ""
+    try:
+        with open(os.path.join(folder, "check.log")) as f:
+            setup = f.read()
+    except OSError:
+        pass
+    gpu_line = next((ln for ln in setup.splitlines() if ln.startswith("GPU 0")), "GPU ?")
+    tree = next((ln.split()[-1] for ln in setup.splitlines() if ln.startswith("==")), "?")
+    for name in ("gpu_train", "gpu_matmul", "gpu_transfer", "gpu_adds"):
+        d = _load(folder, name + ".json")
+        ok = "error" not in d or len(d) > 1
+        dev = d.get("device", {}) if isinstance(d.get("device"), dict) else {}
+        rec = {"name": name, "status": "ok" if ok else "failed", "result": d if ok else None,
+               "stderr": "" if ok else d.get("error", ""), "when": dev.get("date", time.strftime("%Y-%m-%d %H:%M UTC")),
+               "seconds": d.get("wall_s", 0), "load_before": 0.0,
+               "machine": {"cpu": gpu_line.split("(UUID")[0].strip(), "cpus": 16, "python": "3.12",
+                           "numpy": "?", "torch": "2.11.0+cu130", "commit": tree}}
+        with open(os.path.join(results_dir, name + ".json"), "w") as f:
+            json.dump(rec, f, indent=1)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[2] == "--record":
+        record(sys.argv[1], sys.argv[3])
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "gpu_out"))

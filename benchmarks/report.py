@@ -40,7 +40,10 @@ BENCHMARKS: Dict[str, tuple] = {
     "partitioner_cnn": (["partitioner_cnn.py"], "split benefit over a bandwidth sweep"),
     "partitioner_accuracy": (["partitioner_accuracy.py"], "predicted vs measured part latency"),
     "cloud_transfer": (["cloud_transfer.py"], "tensor transfer vs raw gRPC"),
-    "gpu_matmul": (["gpu_matmul.py"], "GPU matmul (skips without a GPU)"),
+    "gpu_matmul": (["gpu_matmul.py"], "GPU: 8192^3 float32 matmul through a Session vs cupy (skips without a GPU)"),
+    "gpu_train": (["gpu_train.py"], "GPU training steps (MLP, CNN, MobileNetV2) vs PyTorch and cupy by hand (skips without a GPU)"),
+    "gpu_transfer": (["gpu_transfer.py"], "GPU: 256 MiB host<->device through copy nodes vs cupy pinned (skips without a GPU)"),
+    "gpu_adds": (["gpu_adds.py"], "GPU: 1000 chained adds, us per op, eager and captured (skips without a GPU)"),
 }
 OPTIONAL = ["cloud_null_step", "cloud_backup_workers", "offload_fallback", "converters_infer",
             "converters_import_time", "split_latency", "offload_overhead", "mobilenet_train", "tflite_export"]   # included when their scripts exist

@@ -55,7 +55,8 @@ Deployment: on few cores shared with other work, give BLAS one thread (--blas-th
 OPENBLAS_NUM_THREADS=1): multithreaded BLAS spin-waits against the gRPC threads (measured here:
 the benchmark's three 1024-wide dense layers at batch 1 took 43 ms under load with default threads,
 0.34 ms with one).
-Bind 0.0.0.0 only with TLS and a token (docs/security.md).
+Without TLS and a token the service binds 127.0.0.1 whatever --host says (--insecure overrides, with a
+warning); see docs/security.md.
 
 The parts run on this machine's CPU through numpy: the core executor has no GPU path yet
 (core/gpu.py, issue #9), so a cloud GPU is not used by this service today.
@@ -67,6 +68,8 @@ wire/security.py's ServerSecurity).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import sys
@@ -75,12 +78,15 @@ import time
 from typing import Optional, Sequence, Union
 
 import grpc
+import numpy as np
 
 from ..core.errors import IsthmusError
 from ..core.trace import NodeEvent, RunMetadata
 from ..proto import offload_pb2, tensor_pb2
 from ..wire import tensor_codec
+from ..wire.security import SecurityError, make_channel
 from . import tracing, wire
+from .server import safe_bind_host, security_from_args, start_grpc_server
 from .offload_batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_QUEUE,  # noqa: F401
                                DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, Cancelled, DeadlineExceeded,  # noqa: F401
                                InferResult, InvalidRequest, OffloadError, OffloadService, Overloaded,
@@ -250,7 +256,6 @@ class OffloadServer:
 
     def __init__(self, model: Union[CloudModel, str, os.PathLike], host: str = "127.0.0.1", port: int = 0,
                  security=None, max_workers: Optional[int] = None, insecure: bool = False, **limits):
-        from .server import start_grpc_server
         self.service = OffloadService(model, **limits)
         s = self.service
         # every queued or running request holds a thread; with one more for each refusal, no request
@@ -263,7 +268,6 @@ class OffloadServer:
         except BaseException:
             s.close()
             raise
-        from .server import safe_bind_host
         self.host = safe_bind_host(host, security, insecure, quiet=True)   # what start_grpc_server bound
         self.security = security
 
@@ -281,8 +285,6 @@ class OffloadServer:
         run while the server is idle; the client here shares this process (its gRPC costs count, as an
         edge client's would). A TLS or token server needs `client_security` (wire/security.ClientSecurity).
         The result is kept as `service.measured_overhead`; Describe answers its overhead_ms."""
-        import numpy as np
-        from ..wire.security import make_channel
         if self.security is not None and client_security is None:
             raise ValueError("measure_overhead: this server requires TLS or a token; pass client_security")
         if requests < 1 or rows < 1:
@@ -334,6 +336,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                              "without them the service binds 127.0.0.1)")
     parser.add_argument("--insecure", action="store_true",
                         help="listen on --host even without TLS and a token (prints a warning)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                        help="where the cloud parts run (default cpu)")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="rows per batch (default %(default)s)")
     parser.add_argument("--max-delay-ms", type=float, default=DEFAULT_MAX_DELAY_MS,
                         help="longest wait for a batch to fill (default %(default)s)")
@@ -381,8 +385,6 @@ def pin_malloc(param: int, nbytes: int) -> bool:
     returned when freed and RSS stays flat, but every batch then maps, faults in and unmaps its
     buffers: 1.7x server CPU per request there (benchmarks/offload_load.py --compare-malloc), so it is
     off by default. False where not glibc."""
-    import ctypes
-    import ctypes.util
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(param, int(nbytes)))
@@ -391,8 +393,8 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 
 
 def run(args) -> int:
-    from ..wire.security import SecurityError
-    from .server import security_from_args
+    from ..core.device_runtime import apply_device_flag
+    apply_device_flag(getattr(args, "device", "cpu"), None, "isthmus serve")
     if args.malloc_mmap_threshold_kb:
         pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)
     if args.malloc_trim_threshold_kb:

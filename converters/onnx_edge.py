@@ -241,7 +241,7 @@ class OnnxSplitPart:
 
 def split_to_onnx(split: Union[bytes, str], cut: Optional[str] = None, batch: int = 1) -> OnnxSplitPart:
     """The edge part of one cut of an isthmus split model as ONNX (default: the first cut with a cloud part)."""
-    from .split_export import SPLIT_KEY
+    from isthmus.wire.split_format import SPLIT_KEY
     if isinstance(split, str):
         with open(split, "rb") as f:
             split = f.read()

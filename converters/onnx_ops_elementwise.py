@@ -1,9 +1,11 @@
 """ONNX import of the elementwise ops added for issue 20: activations (HardSigmoid, HardSwish, PRelu,
 Elu, Selu, Celu, Softplus, Softsign, ThresholdedRelu), Round, Sin, Cos, Tan, Atan, IsNaN, IsInf, Mod,
-Mean and CastLike. Registered into onnx_import's handler table."""
+Mean, CastLike, Xor, Mish and Hardmax. Registered into onnx_import's handler table."""
 from __future__ import annotations
 
 from typing import Dict
+
+import numpy as np
 
 import isthmus.core as ism
 
@@ -97,3 +99,46 @@ def _cast_like(c, node, ins):
         raise OnnxImportError(f"{where(node)}: saturate=0 applies to float8 targets only")
     x, like = ins
     return [ism.identity(x) if x.dtype == like.dtype else ism.cast(x, like.dtype)]
+
+
+@handler("Xor", 7)
+def _xor(c, node, ins):
+    a, b = ins
+    if a.dtype.kind != "b" or b.dtype.kind != "b":
+        raise OnnxImportError(f"{where(node)}: Xor takes bool inputs, got {a.dtype.name} and {b.dtype.name}")
+    return [ism.not_equal(a, b)]
+
+
+@handler("Mish", 18)
+def _mish(c, node, ins):
+    x = _float_input(node, ins[0])
+    return [ism.mul(x, ism.tanh(ism.softplus(x)))]
+
+
+def _hardmax(coerced: bool):
+    def h(c, node, ins):
+        x = ins[0]
+        rank = len(x.shape)
+        axis = int(attrs(node).get("axis", 1 if coerced else -1)) % max(rank, 1)
+        if coerced and axis != rank - 1:  # before opset 13: over the dims from axis on, flattened
+            if any(d is None for d in x.shape[axis:]):
+                raise OnnxImportError(f"{where(node)}: needs the dims from axis {axis} known at import")
+            flat = ism.reshape(x, (-1, int(np.prod(x.shape[axis:]))))
+            return [ism.reshape(_hardmax_last(node, flat), tuple(-1 if d is None else d for d in x.shape))]
+        if axis != rank - 1:
+            perm = [i for i in range(rank) if i != axis] + [axis]
+            back = [perm.index(i) for i in range(rank)]
+            return [ism.transpose(_hardmax_last(node, ism.transpose(x, perm)), back)]
+        return [_hardmax_last(node, x)]
+    return h
+
+
+def _hardmax_last(node, x):
+    n = x.shape[-1]
+    if n is None:
+        raise OnnxImportError(f"{where(node)}: the reduced axis must have a known size, got {x.shape}")
+    return ism.one_hot(ism.argmax(x, -1), n, x.dtype)
+
+
+handler("Hardmax", 1)(_hardmax(True))
+handler("Hardmax", 13)(_hardmax(False))

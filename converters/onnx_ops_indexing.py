@@ -79,11 +79,18 @@ def _trilu(c, node, ins):
 @handler("OneHot", 9)
 def _one_hot(c, node, ins):
     idx, values = ins[0], ins[2]
-    depth = int(const_input(c, node, 1, "depth").reshape(-1)[0])
     if idx.dtype.kind == "f":
         idx = ism.cast(idx, "int64")
-    idx = ism.where(ism.less(idx, ism.constant(0, idx.dtype)), ism.add(idx, ism.constant(depth, idx.dtype)), idx)
-    hot = ism.one_hot(idx, depth, values.dtype)
+    if known(c, node, 1):
+        depth = int(const_input(c, node, 1, "depth").reshape(-1)[0])
+        idx = ism.where(ism.less(idx, ism.constant(0, idx.dtype)), ism.add(idx, ism.constant(depth, idx.dtype)), idx)
+        hot = ism.one_hot(idx, depth, values.dtype)
+    else:  # depth computed at run time: compare against arange(depth)
+        from isthmus.core.ops.arange import arange
+        depth = ism.cast(ism.reshape(ins[1], ()), idx.dtype)
+        idx = ism.where(ism.less(idx, ism.constant(0, idx.dtype)), ism.add(idx, depth), idx)
+        classes = arange(ism.constant(0, idx.dtype), depth, ism.constant(1, idx.dtype))
+        hot = ism.cast(ism.equal(ism.expand_dims(idx, -1), classes), values.dtype)
     off, on = values[0], values[1]
     y = ism.add(ism.mul(hot, ism.sub(on, off)), off)
     rank = len(y.shape)

@@ -113,6 +113,15 @@ class DeviceTable:
             raise ValueError(f"device {default!r}: name a device kind (cpu, gpu, auto or /device:GPU:0)")
         return local_name(spec)
 
+    def gpu_pins_usable(self) -> bool:
+        """Whether nodes pinned to a GPU get one: with no GPU here (cuda backend, cupy absent or no
+        device) they run on the host instead (soft placement: a graph partitioned for a cluster
+        names GPUs that this machine may not have)."""
+        if self.gpu_backend != "cuda":
+            return True
+        from .gpu import gpu_available
+        return gpu_available()
+
     @property
     def uses_gpu(self) -> bool:
         return self.default != HOST or any(k != HOST for k in self._devices)
@@ -150,3 +159,21 @@ def to_host_any(x) -> np.ndarray:
     if get is not None and hasattr(x, "__cuda_array_interface__"):
         return get()
     return np.array(x, copy=True)
+
+
+def apply_device_flag(device: str, job: Optional[str] = None, prog: str = "isthmus") -> str:
+    """`--device gpu|cpu|auto` of the server commands: where this process's sessions place nodes
+    (through ISTHMUS_DEVICE). Parameter servers stay on the CPU (the paper's layout)."""
+    d = (device or "cpu").strip().lower()
+    if d not in ("cpu", "gpu", "auto"):
+        raise SystemExit(f"{prog}: --device must be gpu, cpu or auto, got {device!r}")
+    if job == "ps":
+        d = "cpu"
+    elif d in ("gpu", "auto"):
+        from .gpu import gpu_available, unavailable_reason
+        if not gpu_available():
+            if d == "gpu":
+                raise SystemExit(f"{prog}: --device gpu, but no GPU is available ({unavailable_reason()})")
+            d = "cpu"
+    os.environ["ISTHMUS_DEVICE"] = d
+    return d

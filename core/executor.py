@@ -39,6 +39,7 @@ class VarSlot:
 
 class KernelContext:
     """What a kernel factory may ask of the session that compiles it."""
+    check_numerics = False   # Session(check_numerics=True) sets it: kernels' float outputs are checked
 
     def __init__(self, xp, state: "SessionState"):
         self.xp = xp
@@ -188,6 +189,9 @@ class Plan:
             except Exception as e:
                 raise ExecutionError(f"node '{n.name}' ({n.op}): cannot prepare its kernel: "
                                      f"{type(e).__name__}: {e}", n.name, n.op) from e
+            if ctx.check_numerics:   # Session(check_numerics=True): every float output checked
+                from .ops.numerics import checked_kernel
+                kernel = checked_kernel(n, kernel)
             kname = f"k{j}"
             env[kname] = kernel
             self.kernels[n] = kernel

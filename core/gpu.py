@@ -168,7 +168,9 @@ class CudaDevice:
     # ---- copies ---------------------------------------------------------------------------------
     def to_device(self, x):
         cp = self.cp
-        x = np.ascontiguousarray(x)
+        x = np.asarray(x)
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)  # (never on 0-d arrays: it would make them 1-d)
         if x.nbytes < STAGE_MIN_BYTES:
             return cp.asarray(x)
         out = cp.empty(x.shape, x.dtype)

@@ -13,7 +13,9 @@ import numpy as np
 from .autodiff import gradients
 from .errors import GraphError
 from .graph import Graph, Node, Tensor, get_default_graph, graph_of
-from .ops.base import constant, convert, group
+from .ops.base import constant, convert, group, identity
+from .ops.control import cond
+from .ops.numerics import all_finite
 from .ops.math import cast
 from .ops.sparse import IndexedSlices
 from .ops.training import apply
@@ -45,6 +47,8 @@ def get_or_create_global_step(graph: Optional[Graph] = None) -> Variable:
 
 class Optimizer:
     name = "Optimizer"
+    skip_non_finite = False   # True: a step with NaN/Inf gradients is skipped (apply_gradients)
+    skipped_steps: Optional[Variable] = None
 
     def __init__(self, learning_rate, name: Optional[str] = None):
         self.learning_rate = learning_rate
@@ -61,7 +65,12 @@ class Optimizer:
         grads = gradients(loss, var_list)
         return list(zip(grads, var_list))
 
-    def apply_gradients(self, grads_and_vars, global_step: Optional[Variable] = None, name: Optional[str] = None) -> Node:
+    def apply_gradients(self, grads_and_vars, global_step: Optional[Variable] = None, name: Optional[str] = None,
+                        skip_non_finite: Optional[bool] = None) -> Node:
+        """The update of every variable. With `skip_non_finite` (default: the optimizer's
+        attribute, False) a step whose gradients hold NaN or Inf changes nothing (no variable,
+        slot, step counter or global step) and instead adds one to `skipped_steps`, with a
+        NonFiniteWarning naming the first such gradient."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
             raise GraphError("no variable has a gradient; check that the loss depends on them")
@@ -78,28 +87,54 @@ class Optimizer:
         for grad, _ in pairs:
             parts = (grad.values, grad.indices) if isinstance(grad, IndexedSlices) else (convert(grad),)
             grad_nodes.extend(t.node for t in parts)
+        skip = self.skip_non_finite if skip_non_finite is None else skip_non_finite
+        if skip:
+            counter = self._skip_counter(g)
         with g.as_default(), g.name_scope(name or self.name), g.control_dependencies(grad_nodes):
-            lr_by_dtype: Dict[np.dtype, Tensor] = {}
-            updates = []
-            for grad, var in pairs:
-                with g.device(var.node.device):
-                    lr_v = lr_by_dtype.get(var.dtype)
-                    if lr_v is None:
-                        lr_v = lr_by_dtype[var.dtype] = self._learning_rate(var.dtype)
-                    if isinstance(grad, IndexedSlices):
-                        updates.append(self._apply(var, lr_v, grad.values, grad.indices))
-                    else:
-                        updates.append(self._apply(var, lr_v, convert(grad), None))
-            updates.extend(self._finish(g, updates))
-            if global_step is not None:
-                with g.control_dependencies(updates):
-                    updates.append(global_step.assign_add(np.ones((), global_step.dtype)).node)
-            return group(*updates, name="update")
+            if not skip:
+                return group(*self._updates(g, pairs, global_step), name="update")
+            values = [grad.values if isinstance(grad, IndexedSlices) else convert(grad) for grad, _ in pairs]
+            ok = all_finite(values, [f"the gradient of '{v.node.name}'" for _, v in pairs], name="grads_finite")
 
-    def minimize(self, loss, var_list=None, global_step: Optional[Variable] = None, name: Optional[str] = None) -> Node:
+            def apply_all():
+                with get_default_graph().control_dependencies(self._updates(get_default_graph(), pairs,
+                                                                            global_step)):
+                    return identity(counter.value())
+            done = cond(ok, apply_all, lambda: counter.assign_add(np.ones((), np.int64)), name="apply_if_finite")
+            return group(done.node, name="update")
+
+    def _updates(self, g: Graph, pairs, global_step: Optional[Variable]) -> List[Node]:
+        """The update nodes of one step, built in `g` (the outer graph, or a cond branch's)."""
+        lr_by_dtype: Dict[np.dtype, Tensor] = {}
+        updates = []
+        for grad, var in pairs:
+            with g.device(var.node.device):
+                lr_v = lr_by_dtype.get(var.dtype)
+                if lr_v is None:
+                    lr_v = lr_by_dtype[var.dtype] = self._learning_rate(var.dtype)
+                if isinstance(grad, IndexedSlices):
+                    updates.append(self._apply(var, lr_v, grad.values, grad.indices))
+                else:
+                    updates.append(self._apply(var, lr_v, convert(grad), None))
+        updates.extend(self._finish(g, updates))
+        if global_step is not None:
+            with g.control_dependencies(updates):
+                updates.append(global_step.assign_add(np.ones((), global_step.dtype)).node)
+        return updates
+
+    def _skip_counter(self, g: Graph) -> Variable:
+        """The count of steps skipped for non-finite gradients (a non-trainable int64 variable,
+        in checkpoints): `sess.run(opt.skipped_steps.value())`."""
+        if self.skipped_steps is None:
+            with g.as_default(), g.name_scope(f"{self.name}/"):
+                self.skipped_steps = Variable(np.zeros((), np.int64), name="skipped_steps", trainable=False, graph=g)
+        return self.skipped_steps
+
+    def minimize(self, loss, var_list=None, global_step: Optional[Variable] = None, name: Optional[str] = None,
+                 skip_non_finite: Optional[bool] = None) -> Node:
         loss = convert(loss)
         extra = loss.graph.get_collection(UPDATE_OPS)  # e.g. batch-norm moving averages
-        step = self.apply_gradients(self.compute_gradients(loss, var_list), global_step, name)
+        step = self.apply_gradients(self.compute_gradients(loss, var_list), global_step, name, skip_non_finite)
         if extra:
             return group(step, *extra, name="minimize")
         return step

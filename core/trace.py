@@ -71,6 +71,7 @@ def _task(device: str) -> str:
 @dataclass
 class RunMetadata:
     events: List[NodeEvent] = field(default_factory=list)
+    device_peak_bytes: Dict[str, int] = field(default_factory=dict)  # GPU name -> peak bytes of the traced step
     origin_s: Optional[float] = None  # wall-clock time (time.time()) at which ts 0 falls
 
     def start_clock(self) -> float:
@@ -193,6 +194,10 @@ def run_traced(plan, feeds, metadata: RunMetadata):
             last_use[t] = i
     keep = {f for f in plan.fetches}
     tid = threading.get_ident() % 100000
+    binding = getattr(plan, "binding", None)  # a GPU session's plan (core/device_binding.py)
+    if binding is not None:
+        for d in binding.table.gpus():
+            d.reset_peak()
     base = metadata.start_clock()  # us on the metadata's timeline = base + perf_counter() * 1e6
     for i, n in enumerate(plan.nodes):
         k = plan.kernels.get(n)
@@ -200,9 +205,13 @@ def run_traced(plan, feeds, metadata: RunMetadata):
             continue
         args = [values[t] for j, t in enumerate(n.inputs) if j not in n.opdef.ref_inputs]
         ins = [values.get(t) for t in n.inputs]
+        dev = binding.device(n) if binding is not None else None
+        gpu = dev is not None and dev.kind == "GPU"
         s = time.perf_counter()
         try:
             out = k(*args)
+            if gpu:  # GPU kernels only queue: the node's time is until its work is done
+                dev.synchronize()
         except Exception as e:
             from .errors import ExecutionError, IsthmusError
             if isinstance(e, IsthmusError):
@@ -225,5 +234,9 @@ def run_traced(plan, feeds, metadata: RunMetadata):
         for t in n.inputs:
             if last_use.get(t) == i and t not in keep and t not in plan.constants:
                 values.pop(t, None)
+        if gpu and hasattr(dev, "sample"):
+            dev.sample()
+    if binding is not None:  # the step's peak device memory, per GPU
+        metadata.device_peak_bytes.update({d.name: d.peak_bytes() for d in binding.table.gpus()})
     from .graph import Tensor
     return tuple(plan.copy_fetch(f, values[f]) if isinstance(f, Tensor) else None for f in plan.fetches)

@@ -16,19 +16,15 @@ Needs `ai-edge-litert` (import ai_edge_litert) and grpc; neither is imported by 
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
+from ..wire import tensor_codec
 from .format import EdgeModelError
 
 METADATA_KEY = "isthmus.tflite"
-# proto/tensor.proto's DataType codes
-WIRE_DTYPES = {"float16": 1, "float32": 2, "float64": 3, "int8": 4, "int16": 5, "int32": 6, "int64": 7, "uint8": 8,
-               "bool": 9}
-FROM_WIRE = {v: k for k, v in WIRE_DTYPES.items()}
 
 
 class OffloadCallError(RuntimeError):
@@ -98,7 +94,10 @@ class LiteRTOffloadClient:
         answer = self.call_cloud(sent)
         if self.post is None:
             return answer
-        return _run(self.post, self.post_meta, list(answer) + list(inputs))
+        # the post part takes the answer, then the model inputs it reads (named as the edge part names them)
+        by_name = {spec["edge_name"]: x for spec, x in zip(self.meta["inputs"], inputs)}
+        rest = [by_name[spec["edge_name"]] for spec in self.post_meta["inputs"][len(answer):]]
+        return _run(self.post, self.post_meta, list(answer) + rest)
 
     def run_edge(self, *inputs: np.ndarray) -> List[np.ndarray]:
         """The edge part's outputs, float32 NCHW, in wire_name order (what goes to the cloud)."""
@@ -108,14 +107,13 @@ class LiteRTOffloadClient:
     def call_cloud(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
         import grpc
         from isthmus.proto import offload_pb2
+        from isthmus.wire import tensor_codec
         self._connect()
         req = offload_pb2.InferRequest(part=self.part, request_id=uuid.uuid4().hex)
         for spec, a in zip(self.meta["outputs"], arrays):
             nt = req.inputs.add()
             nt.name = spec["wire_name"]
-            nt.tensor.dtype = WIRE_DTYPES[a.dtype.name]
-            nt.tensor.shape.extend(a.shape)
-            nt.tensor.content = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+            tensor_codec.encode(a, nt.tensor)   # dtype code, shape, raw little-endian bytes
         try:
             resp = self._stub.Infer(req, timeout=self.deadline_s)
         except grpc.RpcError as e:
@@ -128,7 +126,7 @@ class LiteRTOffloadClient:
         if self._stub is not None:
             return
         from isthmus.proto import offload_pb2_grpc
-        from isthmus.proto.security import make_channel
+        from isthmus.wire.security import make_channel
         opts = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
         self._channel = make_channel(self.address, self.security, opts)
         self._stub = offload_pb2_grpc.OffloadStub(self._channel)
@@ -157,6 +155,7 @@ def _run(it, meta: dict, inputs: Sequence[np.ndarray], final: bool = True) -> Li
         raise EdgeModelError(f"the .tflite takes {len(meta['inputs'])} inputs, got {len(inputs)}")
     for d, spec, x in zip(it.get_input_details(), meta["inputs"], inputs):
         it.set_tensor(d["index"], to_model_input(x, spec))
+    it.reset_all_variables()   # LiteRT keeps an LSTM's h and c across invokes; isthmus starts each from zeros
     it.invoke()
     outs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
     return [to_wire(y, s) for y, s in zip(outs, meta["outputs"])] if final else outs
@@ -169,16 +168,13 @@ def _zip_checked(got, want_names):
 
 
 def _from_wire(nt, want_name: str) -> np.ndarray:
+    from isthmus.wire import tensor_codec
     if nt.name != want_name:
         raise OffloadCallError(f"the service answered '{nt.name}' where '{want_name}' was expected")
-    dt = FROM_WIRE.get(nt.tensor.dtype)
-    shape = tuple(int(s) for s in nt.tensor.shape)
-    if dt is None or any(s < 0 for s in shape):
-        raise OffloadCallError(f"tensor '{want_name}': dtype code {nt.tensor.dtype}, shape {list(shape)}")
-    d = np.dtype(dt).newbyteorder("<") if np.dtype(dt).itemsize > 1 else np.dtype(dt)
-    if len(nt.tensor.content) != math.prod(shape) * d.itemsize:
-        raise OffloadCallError(f"tensor '{want_name}': {len(nt.tensor.content)} bytes for {dt}{list(shape)}")
-    return np.frombuffer(nt.tensor.content, d).reshape(shape).astype(dt)
+    try:
+        return np.array(tensor_codec.decode(nt.tensor))
+    except tensor_codec.TensorCodecError as e:
+        raise OffloadCallError(f"tensor '{want_name}': {e}") from None
 
 
 __all__ = ["LiteRTOffloadClient", "OffloadCallError", "tflite_metadata", "to_model_input", "to_wire"]

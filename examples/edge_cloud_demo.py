@@ -1,17 +1,18 @@
 """The main demo: train in the cloud, split, quantize the edge part, offload over an emulated link.
 
     python examples/edge_cloud_demo.py            # what `isthmus demo` runs; a few minutes on 2 cores
-    python examples/edge_cloud_demo.py --bandwidth 5mbps --rtt 40ms --epochs 4
+    python examples/edge_cloud_demo.py --bandwidth 2mbps --rtt 40ms --epochs 4
 
 1. trains a CNN on scikit-learn's digits (1,797 real 8x8 images, shown to the
    network at 48x48 as a camera would see them) on a local cloud cluster: one parameter-server task
    and one worker task, separate processes talking gRPC on 127.0.0.1;
-2. freezes the trained model and plans the split for an emulated link with an edge device 8x
-   slower than this machine (the cost model is calibrated on this machine first), over a sweep
+2. freezes the trained model and plans the split for an emulated link (default 5 Mbit/s, 20 ms)
+   and a phone-class edge device (apps/profiles/phone.json; --edge-slowdown N instead emulates
+   this machine N times slower); the cost model is calibrated on this machine first, over a sweep
    of bandwidths (the client switches among those cuts as its link changes);
 3. exports the edge parts int8-quantized (calibrated on training images) and the cloud parts;
 4. starts the offload service and runs the edge client over loopback on the held-out images,
-   each transfer delayed by bytes / bandwidth + RTT and the edge's compute slowed 8x;
+   each transfer delayed by bytes / bandwidth + RTT and the edge's compute slowed to the device's;
 5. prints accuracy, the placement, predicted vs measured latency per part, edge-only /
    cloud-only / split latency, and where it wrote the plots.
 """
@@ -144,18 +145,27 @@ def calibrate_devices(args, frozen, logits, train_data):
           flush=True)
     here = CostModel({EDGE_DEVICE: cloud, CLOUD_DEVICE: cloud}, LinkModel(), EDGE_DEVICE, batch_size=1)
     predicted = plan_split(frozen, here, outputs=[logits]).baselines["edge_only"].total
-    planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown))
+    planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown or 8.0))
     path, _ = export(args, frozen, logits, planner, train_data, quiet=True)
+    if args.edge_slowdown is None:  # emulate the profile's device: as much slower than here as it predicts
+        with one_blas_thread():
+            here_s = sum(emulated_kernel_seconds(Interpreter(load_split(path).full), train_data[0][:1]).values())
+        device = CostModel({EDGE_DEVICE: args.profile, CLOUD_DEVICE: cloud}, LinkModel(), EDGE_DEVICE, batch_size=1)
+        device_s = plan_split(frozen, device, outputs=[logits]).baselines["edge_only"].total
+        args.edge_slowdown = max(1.0, device_s / here_s)
+        print(f"      edge: {args.profile.name}: the model predicted at {device_s * 1e3:.1f} ms there, "
+              f"{here_s * 1e3:.2f} ms on the int8 interpreter here: emulated {args.edge_slowdown:.1f}x slower",
+              flush=True)
     with one_blas_thread():
         kernels = emulated_kernel_seconds(Interpreter(load_split(path).full), train_data[0][:1],
                                           slowdown=args.edge_slowdown)
     measured = sum(kernels.values()) / args.edge_slowdown
     factor = measured / predicted
     edge = cloud.scaled(args.edge_slowdown * factor,
-                        name=f"edge (this machine {args.edge_slowdown:g}x slower, int8 interpreter)")
+                        name=f"edge (this machine {args.edge_slowdown:.3g}x slower, int8 interpreter)")
     node_times = node_times_from_kernels(here, frozen, [logits], kernels, EDGE_DEVICE)
     print(f"      the int8 edge interpreter's {len(kernels)} kernels take {measured * 1e3:.2f} ms of CPU here (the core "
-          f"kernels are predicted at {predicted * 1e3:.2f} ms): the edge is priced by them x {args.edge_slowdown:g}",
+          f"kernels are predicted at {predicted * 1e3:.2f} ms): the edge is priced by them x {args.edge_slowdown:.3g}",
           flush=True)
     return cloud, edge, node_times
 
@@ -230,7 +240,7 @@ class offload_service:
             self.proc = None
             return "127.0.0.1:1"
         import subprocess
-        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", self.cloud_path, "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", self.cloud_path, "--port", "0",
                                       "--log-every", "0", "--max-delay-ms", "0.5"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
@@ -337,22 +347,58 @@ def summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_pa
     print(f"      plots: {plot_path} (latency against bandwidth), {graph_path} (the split graph)")
 
 
+def validate(p: argparse.ArgumentParser, args) -> None:
+    """Every flag checked before the training starts (p.error: one line, exit 2)."""
+    from isthmus.partitioner import LinkModel
+    for name, low in (("epochs", 1), ("batch", 1), ("res", 16), ("samples", 1), ("calibration", 1),
+                      ("train_limit", 0), ("eval_limit", 0)):
+        if getattr(args, name) < low:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least {low}")
+    if args.train_limit and args.train_limit < args.batch:
+        p.error(f"--train-limit {args.train_limit}: fewer images than one --batch ({args.batch})")
+    try:
+        LinkModel.parse(args.bandwidth, args.rtt)
+    except ValueError as e:
+        p.error(f"--bandwidth {args.bandwidth} / --rtt {args.rtt}: {e}")
+    if args.edge_slowdown is not None and not args.edge_slowdown >= 1.0:
+        p.error(f"--edge-slowdown {args.edge_slowdown}: must be at least 1")
+    args.profile = None
+    if args.edge_slowdown is None:
+        from isthmus.apps.deploy import load_profile
+        try:
+            args.profile = load_profile(args.edge_profile)
+        except Exception as e:  # noqa: BLE001  (UsageError: the message names the file)
+            p.error(str(e))
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {args.out}: cannot create it ({e.strerror or e})")
+    try:
+        import sklearn  # noqa: F401  (the digits)
+    except ImportError:
+        p.error("the demo trains on scikit-learn's digits: pip install scikit-learn")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="isthmus demo" if __name__ == "isthmus_demo" else None,
                                 description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--res", type=int, default=48, help="image side the network sees (default %(default)s)")
-    p.add_argument("--bandwidth", default="10mbps", help="emulated uplink and downlink (default %(default)s)")
-    p.add_argument("--rtt", default="10ms", help="emulated round-trip time (default %(default)s)")
-    p.add_argument("--edge-slowdown", type=float, default=8.0, help="edge = this machine N times slower")
+    p.add_argument("--bandwidth", default="5mbps", help="emulated uplink and downlink (default %(default)s)")
+    p.add_argument("--rtt", default="20ms", help="emulated round-trip time (default %(default)s)")
+    p.add_argument("--edge-profile", default="phone",
+                   help="the edge device: a profile JSON (isthmus profile), or 'phone', the phone-class profile "
+                        "that ships with isthmus (default %(default)s; docs/deploy.md says what it models)")
+    p.add_argument("--edge-slowdown", type=float, default=None,
+                   help="instead of --edge-profile: the edge is this machine N times slower")
     p.add_argument("--samples", type=int, default=60, help="held-out images timed per mode (default %(default)s)")
     p.add_argument("--out", default=os.path.join("runs", "demo"), help="where files go (default %(default)s)")
     p.add_argument("--train-limit", type=int, default=0, help="train on the first N images only (quick runs)")
     p.add_argument("--eval-limit", type=int, default=0, help="run the client on the first N held-out images only")
     p.add_argument("--calibration", type=int, default=64, help="images calibrating int8 (default %(default)s)")
     args = p.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    validate(p, args)
     t_start = time.perf_counter()
 
     step(1, "data: scikit-learn digits")
@@ -376,7 +422,7 @@ def main(argv=None) -> int:
     graph_path = os.path.join(args.out, "split_graph.svg")
     plot_path = os.path.join(args.out, "latency_vs_bandwidth.svg")
     graph_svg(chosen, graph_path)
-    latency_svg(planner, plot_path, title=f"predicted latency, RTT {args.rtt}, edge {args.edge_slowdown:g}x slower")
+    latency_svg(planner, plot_path, title=f"predicted latency, RTT {args.rtt}, edge {args.edge_slowdown:.3g}x slower")
     print(f"      wrote {graph_path} and {plot_path}")
 
     step(4, "exporting the edge parts (int8) and the cloud parts")
@@ -396,7 +442,7 @@ def main(argv=None) -> int:
         else:
             plan_link = link
         step(6, f"edge client over loopback, link emulated at {args.bandwidth} / RTT {args.rtt}, "
-                f"edge {args.edge_slowdown:g}x slower")
+                f"edge {args.edge_slowdown:.3g}x slower")
         with one_blas_thread():  # an edge device's interpreter; threads that spin between requests distort it
             results = run_client(args, model_path, address, test_data, link, chosen)
 

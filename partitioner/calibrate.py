@@ -374,7 +374,12 @@ def run(args) -> int:
         from ..core import gpu
         if not gpu.gpu_available():
             raise SystemExit(f"isthmus calibrate --device gpu: no GPU available ({gpu.unavailable_reason()})")
-        raise SystemExit("isthmus calibrate --device gpu: GPU op timing is not implemented yet (issue #9)")
+        from .calibrate_gpu import calibrate_gpu  # the GPU's kernels and its host<->device copies
+        profile = calibrate_gpu(args.device, args.ops, "quick" if args.quick else "full")
+        out = args.out or f"{args.device}.json"
+        profile.save(out)
+        print(f"wrote {out}: GPU profile, {len(profile.op_coeffs)} op types")
+        return 0
     with limited_blas_threads(args.blas_threads):
         if args.clock == "cpu" and current_blas_threads() not in (1, None):
             raise SystemExit("isthmus calibrate --clock cpu needs --blas-threads 1 (other BLAS threads' time "

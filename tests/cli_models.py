@@ -1,4 +1,6 @@
 """Small models the CLI tests write to files: an ONNX CNN worth splitting, and its sample data."""
+import sys
+
 import numpy as np
 
 
@@ -31,3 +33,7 @@ def images(n: int, res: int = 48, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     small = rng.random((n, 1, res // 8, res // 8)).astype(np.float32)
     return np.repeat(np.repeat(small, 8, axis=2), 8, axis=3)
+
+
+# the `isthmus` command as a subprocess (one place to change when the entry point moves)
+ISTHMUS = [sys.executable, "-m", "isthmus"]

@@ -3,9 +3,11 @@ import json
 import subprocess
 import sys
 
+from .cli_models import ISTHMUS
+
 
 def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "isthmus.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*ISTHMUS, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_commands_and_version():

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from .cli_models import ISTHMUS
+
 yaml = pytest.importorskip("yaml")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +119,7 @@ def test_servers_started_from_an_operator_tf_config_pass_the_readiness_probe(tmp
                 tf = {"cluster": cluster, "task": {"type": rtype, "index": i}, "environment": "cloud"}
                 env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")}
                 env["TF_CONFIG"] = json.dumps(tf)
-                procs.append(subprocess.Popen([sys.executable, "-m", "isthmus.cli", "server"], env=env,
+                procs.append(subprocess.Popen([*ISTHMUS, "server"], env=env,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         probe = job["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"]["containers"][0]["readinessProbe"]
         for rtype, plist in ports.items():
@@ -125,7 +127,7 @@ def test_servers_started_from_an_operator_tf_config_pass_the_readiness_probe(tmp
                 cmd = [a.replace("localhost:2222", f"127.0.0.1:{p}") for a in probe["exec"]["command"]]
                 deadline, r = time.monotonic() + 60, None
                 while time.monotonic() < deadline:
-                    r = subprocess.run([sys.executable, "-m", "isthmus.cli", *cmd[1:]], capture_output=True,
+                    r = subprocess.run([*ISTHMUS, *cmd[1:]], capture_output=True,
                                        text=True, timeout=60)
                     if r.returncode == 0:
                         break

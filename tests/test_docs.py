@@ -26,6 +26,11 @@ PLACEHOLDERS = {"P": "7070", "N": "1", "NAME": "x", "HOST:PORT": "127.0.0.1:7070
                 "CKPT": "ckpt", "DIR": "out", "FILE": "m.isth", "MODEL": "m.onnx", "TRACE": "t.json"}
 
 
+# command lines a page names as not wired yet (docs/phone.md): they must keep failing to parse until they
+# are wired, then leave this set
+NOT_YET = {"isthmus split --edge-format tflite|onnx", "isthmus export --to tflite", "isthmus edge-run --runtime litert"}
+
+
 def command_lines(text: str):
     """(line, in a console block) for every `isthmus ...` command shown: in code blocks (`$ ` prompts,
     `\\` continuations, trailing comments and `&` dropped) and in inline code spans."""
@@ -58,34 +63,43 @@ def _normalise(line: str) -> list:
 
 
 def test_every_documented_command_line_parses():
-    """Each command line in README.md and docs/ names a command that exists, with flags it accepts."""
+    """Each command line in README.md, docs/ and the commands' --help examples names a command that
+    exists, with flags it accepts."""
     import argparse
     import importlib
 
     from isthmus import cli
     seen = 0
-    for path in TEXTS:
-        for line, _ in command_lines(open(os.path.join(ROOT, path), encoding="utf-8").read()):
-            argv = _normalise(line)
-            if argv[:1] == ["-h"] or "--help" in argv or "--help-demo" in argv or "--version" in argv:
+    shown = [(path, line) for path in TEXTS
+             for line, _ in command_lines(open(os.path.join(ROOT, path), encoding="utf-8").read())]
+    for name, (module, _) in cli.COMMANDS.items():  # and the examples each command's --help prints
+        examples = getattr(importlib.import_module(module), "EXAMPLES", "")
+        shown += [(f"isthmus {name} --help", ln.strip().rstrip("&").split("  #")[0].strip())
+                  for ln in examples.splitlines() if ln.strip().startswith("isthmus ")]
+    for path, line in shown:
+        argv = _normalise(line)
+        if argv[:1] == ["-h"] or "--help" in argv or "--help-demo" in argv or "--version" in argv:
+            continue
+        command = cli.ALIASES.get(argv[0], argv[0]) if argv else ""
+        assert command in cli.COMMANDS, f"{path}: `{line}`: no command {command!r}"
+        if len(argv) == 1 and line.strip() == f"isthmus {argv[0]}":
+            continue  # the command named in prose, not a command line
+        p = argparse.ArgumentParser(prog=f"isthmus {command}", exit_on_error=False)
+        mod = importlib.import_module(cli.COMMANDS[command][0])
+        mod.add_arguments(p)
+        if command in cli.OVERWRITING:
+            p.add_argument("--force", action="store_true")
+        try:
+            if getattr(mod, "PASSTHROUGH", False):
+                p.parse_known_args(argv[1:])
+            else:
+                p.parse_args(argv[1:])
+        except (argparse.ArgumentError, SystemExit) as e:
+            if line in NOT_YET:
                 continue
-            command = cli.ALIASES.get(argv[0], argv[0]) if argv else ""
-            assert command in cli.COMMANDS, f"{path}: `{line}`: no command {command!r}"
-            if len(argv) == 1 and line.strip() == f"isthmus {argv[0]}":
-                continue  # the command named in prose, not a command line
-            p = argparse.ArgumentParser(prog=f"isthmus {command}", exit_on_error=False)
-            mod = importlib.import_module(cli.COMMANDS[command][0])
-            mod.add_arguments(p)
-            if command in cli.OVERWRITING:
-                p.add_argument("--force", action="store_true")
-            try:
-                if getattr(mod, "PASSTHROUGH", False):
-                    p.parse_known_args(argv[1:])
-                else:
-                    p.parse_args(argv[1:])
-            except (argparse.ArgumentError, SystemExit) as e:
-                raise AssertionError(f"{path}: `{line}` does not parse: {e}") from None
-            seen += 1
+            raise AssertionError(f"{path}: `{line}` does not parse: {e}") from None
+        assert line not in NOT_YET, f"`{line}` parses now: take it out of NOT_YET"
+        seen += 1
     assert seen > 20
 
 
@@ -108,7 +122,7 @@ def test_console_blocks_run(path, lines, tmp_path):
 
     import numpy as np
 
-    from .cli_models import cnn_onnx, images
+    from .cli_models import ISTHMUS, cnn_onnx, images
     cnn_onnx(str(tmp_path / "cnn.onnx"))
     np.savez(tmp_path / "calib.npz", image=images(100))
     np.save(tmp_path / "x.npy", images(1, seed=5))
@@ -120,7 +134,7 @@ def test_console_blocks_run(path, lines, tmp_path):
     try:
         for line in lines:
             argv = [a.replace("7070", port) for a in line.split()[1:]]
-            cmd = [sys.executable, "-m", "isthmus.cli", *argv]
+            cmd = [*ISTHMUS, *argv]
             if argv[0] == "serve":
                 proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True)

@@ -35,8 +35,9 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from . import conv, elementwise, gemm, pool
-    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS}
+    from . import batchnorm, conv, elementwise, gemm, pool, state
+    table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS, **state.KERNELS,
+             **batchnorm.KERNELS}
     for op, gpu_factory in table.items():
         d = registry.get(op)
         d.kernel = _dispatch(d.kernel, gpu_factory)

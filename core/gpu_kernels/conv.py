@@ -98,6 +98,9 @@ def _activate(xp, y, activation: str):
 
 
 def conv_forward(xp, x, w, g: Geometry):
+    if g.groups == 1 and g.plain_1x1:  # per image W @ x[n]: NCHW in and out, no transposes
+        y = xp.matmul(w.reshape(g.o, g.c), xp.ascontiguousarray(x).reshape(g.n, g.c, g.h * g.w))
+        return y.reshape(g.n, g.o, g.oh, g.ow)
     if g.groups == 1:
         y2 = xp.matmul(w.reshape(g.o, -1), _cols(xp, x, g))
         return _nchw(xp, y2, g, g.o)
@@ -139,6 +142,9 @@ def conv_input_grad(xp, dy, w, g: Geometry, dtype):
     """dL/dx: the columns' gradient W^T dy, folded back onto the padded input tap by tap."""
     (t, b), (l, r) = g.pads
     depthwise = g.groups == g.c == g.o and w.shape[1] == 1 and g.groups > 1
+    if g.groups == 1 and g.plain_1x1:  # per image W^T @ dy[n]
+        dx = xp.matmul(w.reshape(g.o, g.c).T, xp.ascontiguousarray(dy).reshape(g.n, g.o, g.h * g.w))
+        return dx.reshape(g.n, g.c, g.h, g.w).astype(dtype, copy=False)
     if raw.usable(xp, dy, w) and (depthwise or (g.groups == 1 and not g.plain_1x1)):
         dx = xp.empty((g.n, g.c, g.h, g.w), dtype=dtype)
         if depthwise:
@@ -186,6 +192,10 @@ def conv_filter_grad(xp, x, dy, g: Geometry):
                 rs, cs = g.tap(i, j)
                 dw[:, 0, i, j] = (dy * xpad[:, :, rs, cs]).sum(axis=(0, 2, 3))
         return dw
+    if g.groups == 1 and g.plain_1x1:
+        dy3 = xp.ascontiguousarray(dy).reshape(g.n, g.o, -1)
+        x3 = xp.ascontiguousarray(x).reshape(g.n, g.c, -1)
+        return xp.tensordot(dy3, x3, axes=([0, 2], [0, 2])).reshape(g.o, g.c, 1, 1)
     if g.groups == 1:
         dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
         return xp.matmul(dy2, _cols(xp, x, g).T).reshape(g.o, g.c, g.kh, g.kw)
@@ -206,8 +216,15 @@ def _grouped_grad(xp, g: Geometry, fn, axis: int):
 
 
 # ---- kernel factories (node, ctx) -> fn ----------------------------------------------------------
+def _preload(xp) -> None:
+    """Compile the RawKernels when the plan is compiled, never inside a captured step."""
+    if hasattr(xp, "RawModule"):
+        raw.kernel(xp, "isthmus_im2col")
+
+
 def _conv(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
     activation = node.attrs.get("activation", "none")
 
     def run(x, w, bias=None):
@@ -223,11 +240,13 @@ def _conv(node, ctx):
 
 def _conv_input(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
     return lambda dy, w, x: conv_input_grad(xp, dy, w, geom(x.shape, w.shape), x.dtype)
 
 
 def _conv_filter(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
     return lambda x, dy, w: conv_filter_grad(xp, x, dy, geom(x.shape, w.shape)).astype(w.dtype, copy=False)
 
 

@@ -236,3 +236,81 @@ def test_capture_gemm_kernel(m, k, n, ta, tb, act):
     want = {"none": want, "relu": np.maximum(want, 0), "relu6": np.clip(want, 0, 6), "tanh": np.tanh(want),
             "sigmoid": 1 / (1 + np.exp(-want))}[act]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_gpu_calibration_writes_a_gpu_profile_with_copy_costs(tmp_path):
+    from isthmus.partitioner.calibrate_gpu import calibrate_gpu
+    from isthmus.partitioner.devices import DeviceProfile
+    prof = calibrate_gpu("gpu", ops=["MatMul", "Relu"], level="quick", backend="simulated")
+    assert prof.kind == "GPU" and {"MatMul", "Relu", "DeviceCopy"} <= set(prof.op_coeffs)
+    path = tmp_path / "gpu.json"
+    prof.save(str(path))
+    again = DeviceProfile.load(str(path)) if hasattr(DeviceProfile, "load") else DeviceProfile.from_json(path.read_text())
+    assert again.op_time("DeviceCopy", 0, 2 << 20) > again.op_time("DeviceCopy", 0, 2 << 10) > 0
+
+
+def test_device_flag_of_the_server_commands(monkeypatch):
+    from isthmus.core.device_runtime import apply_device_flag
+    monkeypatch.delenv("ISTHMUS_DEVICE", raising=False)
+    assert apply_device_flag("gpu", "ps") == "cpu"  # parameter servers stay on the CPU
+    assert apply_device_flag("cpu", "worker") == "cpu"
+    if not gpu.gpu_available():
+        assert apply_device_flag("auto", "worker") == "cpu"
+        with pytest.raises(SystemExit, match="no GPU is available"):
+            apply_device_flag("gpu", "worker")
+    with pytest.raises(SystemExit, match="--device must be"):
+        apply_device_flag("tpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_host_values_in_a_variable_move_to_the_device_on_read(backend):
+    g = ism.Graph()
+    with g.as_default():
+        v = ism.Variable(np.zeros(3, np.float32), name="v")
+        y = ism.add(v, 1.0)
+    s = ism.Session(g, device="gpu", gpu=backend)
+    s.state.slot(g.node("v")).value = np.arange(3, dtype=np.float32)  # as a cloud task's RPC assign does
+    np.testing.assert_allclose(s.run(y), [1, 2, 3])
+    assert s.devices.get("/device:GPU:0").is_device_array(s.state.slots["v"].value)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_trace_reports_device_events_and_peak(backend):
+    g, x, y, loss, train, init, xs, ys = _mlp()
+    s = ism.Session(g, device="gpu", gpu=backend)
+    s.run(init)
+    md = ism.RunMetadata()
+    got = s.run([loss, train], {x: xs, y: ys}, options=ism.RunOptions(trace=True), run_metadata=md)[0]
+    assert np.isfinite(got) and type(got) is np.ndarray
+    assert md.device_peak_bytes["/device:GPU:0"] > 0
+    devices = {e.device for e in md.events}
+    assert "/device:GPU:0" in devices and any(e.op == "DeviceCopy" for e in md.events)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalar_and_large_feeds_keep_their_shapes(backend):
+    g = ism.Graph()
+    with g.as_default():
+        s = ism.placeholder("float32", (), name="s")
+        big = ism.placeholder("float32", (512, 1024), name="big")  # 2 MiB: staged through pinned memory
+        y = ism.reduce_sum(ism.mul(big, s), name="y")
+        z = ism.mul(s, 2.0, name="z")
+    sess = ism.Session(g, device="gpu", gpu=backend)
+    bv = np.ones((512, 1024), np.float32)
+    got_y, got_z = sess.run([y, z], {s: 0.5, big: bv})
+    assert got_z.shape == () and float(got_z) == 1.0
+    assert float(got_y) == 0.5 * bv.size
+
+
+def test_gpu_pins_run_on_the_host_without_a_gpu():
+    """A graph partitioned for a cluster names GPUs this machine may lack: soft placement."""
+    if gpu.gpu_available():
+        pytest.skip("a GPU is present")
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (3,), name="x")
+        with ism.device("/job:cloud/task:1/device:GPU:0"):
+            y = ism.exp(x)
+    s = ism.Session(g)
+    np.testing.assert_allclose(s.run(y, {x: np.zeros(3, np.float32)}), np.ones(3))
+    assert all(n.op != "DeviceCopy" for n in s.plan_for(y, {x: np.zeros(3, np.float32)}).nodes)

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "reliability.py")
-HARNESSES = ["edge_loader", "onnx_importer", "graphdef_decoder", "tensorproto_decoder", "recvtensor_reader",
+HARNESSES = ["edge_loader", "onnx_importer", "checkpoint_loader", "graphdef_decoder", "tensorproto_decoder", "recvtensor_reader",
              "chunk_stream_reader", "tflite_importer"]
 
 

@@ -16,6 +16,7 @@ from .ops.reduce import *  # noqa: F401,F403
 from .ops.random import *  # noqa: F401,F403
 from .ops.nn import *  # noqa: F401,F403
 from .ops.conv import *  # noqa: F401,F403
+from .ops.pool import *  # noqa: F401,F403
 from .ops.activation import *  # noqa: F401,F403
 from .ops.pointwise import *  # noqa: F401,F403
 from .ops.indexing import *  # noqa: F401,F403

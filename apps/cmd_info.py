@@ -10,6 +10,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from isthmus.wire.split_format import SPLIT_KEY
+
 from .errors import UsageError, input_file
 
 EXAMPLES = """examples:
@@ -82,7 +84,7 @@ def _edge(path: str) -> Dict[str, object]:
     out = {"file": path, "format": "isthmus edge model" + (" (split)" if split else ""), "producer": m.producer,
            "version": m.version, "file_bytes": os.path.getsize(path)}
     out.update(_edge_model(m))
-    out["metadata"] = {k: v for k, v in m.metadata.items() if k != "isthmus.split" and len(v) < 200}
+    out["metadata"] = {k: v for k, v in m.metadata.items() if k != SPLIT_KEY and len(v) < 200}
     if split:
         out["cuts"] = [{"name": c.name, "uplink_mbps": [c.min_bandwidth_bps / 1e6, None if np.isinf(c.max_bandwidth_bps)
                                                         else c.max_bandwidth_bps / 1e6],

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import isthmus as ism  # noqa: E402
-from isthmus import cli, graph_io  # noqa: E402
+from isthmus.apps import cli, graph_io  # noqa: E402
 from isthmus.core.variables import global_variables, trainable_variables  # noqa: E402
 
 rng = np.random.default_rng(0)
@@ -60,7 +60,7 @@ def test_cli_onnx_to_graph_to_onnx_matches_onnxruntime(tmp_path):
     onnx.save(lstm_mlp_model(), src)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     for argv in (["import", src, "-o", gfile], ["export", gfile, "--to", "onnx", "-o", back]):
-        out = subprocess.run([sys.executable, "-m", "isthmus.cli", *argv], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "isthmus", *argv], capture_output=True, text=True,
                              timeout=120, env=env)
         assert out.returncode == 0, out.stderr
         assert "wrote" in out.stdout

@@ -201,6 +201,21 @@ def _translate(w: _Writer, op) -> None:
     elif kind == "BatchNorm":
         w.node("BatchNormalization", [x] + [w.value(i) for i in op.inputs[1:5]], [out],
                epsilon=float(a.get("epsilon", 1e-3)))
+    elif kind == "LeakyRelu":
+        w.node("LeakyRelu", [x], [out], alpha=float(a.get("alpha", 0.2)))
+    elif kind == "Transpose":
+        w.node("Transpose", [x], [out], perm=[int(p) for p in a["perm"]])
+    elif kind == "LayerNorm":
+        w.node("LayerNormalization", [x, w.value(op.inputs[1]), w.value(op.inputs[2])], [out],
+               axis=int(a.get("axis", -1)), epsilon=float(a.get("epsilon", 1e-5)))
+    elif kind == "Split":
+        axis = int(a.get("axis", 0)) % len(w.shape(op.inputs[0]))
+        sizes = np.asarray([w.shape(o)[axis] for o in op.outputs], np.int64)
+        outs = [w.fresh(w.m.tensors[o].name + "/f") for o in op.outputs]
+        w.node("Split", [x, w.init("split", sizes)], outs, axis=axis)
+        for o, raw in zip(op.outputs, outs):
+            w.result(o, raw)
+        return
     elif kind in ("Quantize", "Dequantize"):
         out = x   # the float value; result() adds Q/DQ for an int8 output
     else:

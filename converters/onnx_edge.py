@@ -26,6 +26,11 @@ from .tflite_write_layout import TFLiteExportError
 OPSET = 17
 IR_VERSION = 8
 ACT = {"relu": ("Relu", {}), "tanh": ("Tanh", {}), "sigmoid": ("Sigmoid", {})}
+# the edge ops _translate writes (a test keeps this beside edge/capabilities.py's table)
+SUPPORTED = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "BiasAdd", "Add", "Sub", "Mul", "Div",
+                       "Maximum", "Minimum", "Relu", "Tanh", "Sigmoid", "Identity", "Relu6", "MaxPool", "AvgPool",
+                       "GlobalAvgPool", "Reshape", "Flatten", "Concat", "Softmax", "Pad", "BatchNorm", "LeakyRelu",
+                       "Transpose", "LayerNorm", "Split", "Quantize", "Dequantize"})
 
 
 class OnnxEdgeExportError(TFLiteExportError):
@@ -297,4 +302,4 @@ def split_to_onnx(split: Union[bytes, str], cut: Optional[str] = None, batch: in
     return OnnxSplitPart(c["name"], c["cloud_part"], proto, list(c["inputs"]), list(c["outputs"]))
 
 
-__all__ = ["edge_to_onnx", "split_to_onnx", "OnnxSplitPart", "OnnxEdgeExportError"]
+__all__ = ["edge_to_onnx", "split_to_onnx", "OnnxSplitPart", "OnnxEdgeExportError", "SUPPORTED"]

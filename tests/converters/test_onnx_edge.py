@@ -177,3 +177,13 @@ def test_split_outputs_each_part():
     xv = rng.standard_normal((2, 7)).astype(np.float32)
     for g, v in zip(run_ort(edge_to_onnx(edge), xv), Interpreter(edge).invoke(xv)):
         np.testing.assert_array_equal(g, v)
+
+
+def test_every_op_the_edge_runs_has_an_onnx_and_a_tflite_form():
+    """The writers keep up with edge/capabilities.py: an op added there without a writer fails here."""
+    from isthmus.converters.onnx_edge import SUPPORTED
+    from isthmus.converters.tflite_write import supported_ops
+    from isthmus.edge import capabilities
+    assert set(capabilities.FP32) - SUPPORTED == set()
+    assert set(capabilities.FP32) - set(supported_ops()) == set()
+    assert set(capabilities.INT8) - set(supported_ops()) == set()

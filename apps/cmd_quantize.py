@@ -110,10 +110,11 @@ def quantize(model: Union[str, LoadedModel], calibration, output: str, method: s
                           time.perf_counter() - t0, notes)
 
 
-def measure_drift(edge_bytes: bytes, sess, m: LoadedModel, feeds: List[Dict[str, np.ndarray]]):
-    """(max |int8 - fp32|, that over max |fp32|, top-1 agreement or None) over the feeds."""
+def measure_drift(edge_model, sess, m: LoadedModel, feeds: List[Dict[str, np.ndarray]]):
+    """(max |int8 - fp32|, that over max |fp32|, top-1 agreement or None) over the feeds; `edge_model`:
+    the edge file's bytes or a loaded EdgeModel."""
     from isthmus.edge.interpreter import Interpreter
-    interp = Interpreter(edge_bytes)
+    interp = Interpreter(edge_model)
     names = list(interp.input_shapes)
     outs = list(m.outputs.values())
     worst, peak, agree, n = 0.0, 0.0, 0, 0

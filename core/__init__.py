@@ -26,6 +26,8 @@ from .ops.ordering import *  # noqa: F401,F403
 from .ops.normalization import *  # noqa: F401,F403
 from .ops.quantization import *  # noqa: F401,F403
 from .ops.conv_transpose import *  # noqa: F401,F403
+from .ops.attention import *  # noqa: F401,F403
+from .ops.einsum import einsum  # noqa: F401
 from .ops.control import cond, while_loop
 from .variables import (Variable, global_variables, global_variables_initializer, trainable_variables,
                         variables_initializer)

@@ -136,10 +136,13 @@ class Session:
         from .executor import prune
         from .passes.copies import insert_copies, needs_devices
         nodes = prune([f.node if isinstance(f, Tensor) else f for f in fetches], set(feeds))
-        if not needs_devices(nodes, self.devices.default):
+        pins = self.devices.gpu_pins_usable()
+        if not needs_devices(nodes, self.devices.default, pins):
             return Plan(fetches, feeds, self._ctx, self.parallel)
         graph = nodes[0].graph if nodes else self.graph
-        rw = insert_copies(graph, nodes, fetches, feeds, self.devices.default)
+        from .passes.copies import host_variables
+        rw = insert_copies(graph, nodes, fetches, feeds, self.devices.default,
+                           host_vars=host_variables(self.graph), gpu_pins=pins)
         if self._binding is None:
             from .device_binding import DeviceBinding
             self._binding = DeviceBinding(self.devices, self.state)
@@ -199,6 +202,7 @@ class Session:
     def _variable_device(self, node: Node):
         """The runtime a variable lives on in this session ("host" when on the CPU)."""
         from .device_runtime import HOST
-        from .passes.copies import assign_devices
-        name = assign_devices([node], self.devices.default)[node]
+        from .passes.copies import assign_devices, host_variables
+        name = assign_devices([node], self.devices.default, host_variables(self.graph),
+                              self.devices.gpu_pins_usable())[node]
         return "host" if name == HOST else self.devices.get(name, node.name)

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from isthmus import cli
+from isthmus.apps import cli
 
 from .cli_models import cnn_onnx, images
 
@@ -98,6 +98,6 @@ def test_a_dynamic_batch_edge_file_runs_at_any_batch(model, capsys):
         x = images(n, res=32, seed=n)
         np.save(d / "x.npy", x)
         out = _run(capsys, "edge-run", str(d / "dyn.isth"), "--input", f"image={d / 'x.npy'}", "--repeat", "1",
-                   "--save", str(d / "y.npy"))
+                   "--save", str(d / "y.npy"), "--force")
         assert f"float32[{n}, 10]" in out
         np.testing.assert_allclose(np.load(d / "y.npy"), sess.run(None, {"image": x})[0], rtol=1e-4, atol=1e-5)

@@ -181,11 +181,11 @@ def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path, capsys):
     _fails(capsys, "cannot import .*bad.tflite", ["import", str(tmp_path / "bad.tflite")])
     _fails(capsys, "--trainable applies to ONNX models", ["import", str(tmp_path / "bad.tflite"), "--trainable"])
     bad_op = helper.make_model(helper.make_graph(
-        [helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g",
+        [helper.make_node("Frobnicate", ["x"], ["y"], name="hm")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(bad_op, str(tmp_path / "op.onnx"))
-    _fails(capsys, r"cannot import .*op.onnx: .*Hardmax x1 \(hm\)", ["import", str(tmp_path / "op.onnx")])
+    _fails(capsys, r"cannot import .*op.onnx: .*Frobnicate x1 \(hm\)", ["import", str(tmp_path / "op.onnx")])
 
 
 def test_mutated_graph_files_raise_only_graph_file_errors(tmp_path):

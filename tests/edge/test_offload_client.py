@@ -103,7 +103,7 @@ def test_every_cut_over_grpc_equals_the_unsplit_model(split, server):
     sm = load_split(split["model"])
     for k, cut in enumerate(sm.cuts):
         mid = (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
-        with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=mid) as c:
+        with OffloadClient(split["model"], server.address, deadline_ms=60000, adapt=False, initial_bandwidth_bps=mid) as c:
             assert c.cut == k
             for v, r in zip(split["xs"][:4], split["ref"][:4]):
                 np.testing.assert_allclose(c.invoke(v)[0], r, rtol=1e-5, atol=1e-7)
@@ -119,7 +119,10 @@ def test_int8_split_stays_within_quantization_tolerance(split, tmp_path):
     sp.save(str(tmp_path / "q.isth"))
     save_cloud_parts(str(tmp_path / "q.cloud"), [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
     with OffloadServer(str(tmp_path / "q.cloud")) as srv:
-        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=1e6) as c:
+        # the deadline is not what this test checks: generous, since the first requests compile int8 kernels
+        # and the machine may be loaded (pytest -n, a CPU hog)
+        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=60000, adapt=False,
+                           initial_bandwidth_bps=1e6) as c:
             assert c.split.cuts[c.cut].inputs == ["mm0:0"]
             assert any(t.dtype == np.int8 for t in c.split.cuts[c.cut].model.tensors)  # the edge part is int8
             got = np.concatenate([c.invoke(v)[0] for v in split["xs"]])

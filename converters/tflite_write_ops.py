@@ -85,12 +85,15 @@ def _bias(tr: Translator, op, o: int, w_e: int, x_e: int) -> int:
     if b_e >= 0:
         if tr.const(b_e) is None:
             raise tr.fail("a bias computed at run time has no TFLite form here (constant biases only)")
-        return tr.get(b_e)
+        if not (tr.is_int8(x_e) and not tr.quant(b_e)):
+            return tr.get(b_e)
+    # no bias, or an int32 bias the quantizer wrote without parameters (s_x * s_w, zero point 0, by convention)
     name = tr.m.tensors[op.outputs[0]].name + "/bias"
     if tr.is_int8(x_e):
         s = np.asarray(tr.quant(x_e)["scale"][0] * np.asarray(tr.quant(w_e)["scale"]), np.float64)
         s = np.broadcast_to(s, (o,))
-        return tr.b.const(name, np.zeros(o, np.int32), scale=s.tolist(), zero_point=[0] * o, axis=0)
+        value = np.zeros(o, np.int32) if b_e < 0 else np.asarray(tr.const(b_e), np.int32)
+        return tr.b.const(name, value, scale=s.tolist(), zero_point=[0] * o, axis=0)
     return tr.b.const(name, np.zeros(o, np.float32))
 
 

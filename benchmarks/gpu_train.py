@@ -81,6 +81,15 @@ def _torch_mlp(torch, ws, bs):
     return torch.nn.Sequential(*layers).cuda()
 
 
+def _profile(sess, fetches, feed, top: int = 8):
+    """One traced step (each GPU node synchronised): the slowest op types, in us."""
+    md = ism.RunMetadata()
+    sess.run(fetches, feed, options=ism.RunOptions(trace=True), run_metadata=md)
+    ops = md.by_op()
+    return {"total_us": round(sum(ops.values()), 1), "nodes": len(md.events),
+            "top_ops_us": {k: round(v, 1) for k, v in list(ops.items())[:top]}}
+
+
 def _torch_step(torch, model, lossf, tx, ty):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
 
@@ -143,6 +152,7 @@ def bench_mlp(batch, torch, out):
                 res["isthmus_eager_with_loss_fetch"] = per_call_ms(lambda: s.run([loss, train], {x: xs, y: ys}),
                                                                    iters=50)
                 out[f"mlp_b{batch}_peak_device_bytes"] = s.memory_stats()
+                out[f"mlp_b{batch}_profile"] = _profile(s, step, {x: xs, y: ys})
         except Exception as e:
             out[f"mlp_b{batch}_{mode}_error"] = f"{type(e).__name__}: {e}"[:400]
     cstep = _cupy_mlp(cp, ws, bs)
@@ -201,6 +211,7 @@ def _vs_torch(name, build, feeds, torch_build, out, iters):
         fd = dict(zip(phs, feeds))
         res["isthmus_eager"] = per_call_ms(lambda: s.run(train, fd), iters=iters, budget_s=30)
         out[f"{name}_peak_device_bytes"] = s.memory_stats()
+        out[f"{name}_profile"] = _profile(s, train, fd)
     except Exception as e:
         out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
     if torch_build is not None:

@@ -113,6 +113,15 @@ class DeviceTable:
             raise ValueError(f"device {default!r}: name a device kind (cpu, gpu, auto or /device:GPU:0)")
         return local_name(spec)
 
+    def gpu_pins_usable(self) -> bool:
+        """Whether nodes pinned to a GPU get one: with no GPU here (cuda backend, cupy absent or no
+        device) they run on the host instead (soft placement: a graph partitioned for a cluster
+        names GPUs that this machine may not have)."""
+        if self.gpu_backend != "cuda":
+            return True
+        from .gpu import gpu_available
+        return gpu_available()
+
     @property
     def uses_gpu(self) -> bool:
         return self.default != HOST or any(k != HOST for k in self._devices)

@@ -92,6 +92,10 @@ class SimArray(np.ndarray):
                                      "a copy node must move it first")
         return _wrap(func(*_unwrap_tree(args, func.__name__), **_unwrap_tree(kwargs, func.__name__)))
 
+    def __getitem__(self, key):
+        r = super().__getitem__(key)
+        return _wrap(r) if isinstance(r, np.generic) else r  # cupy indexing gives 0-d device arrays
+
     def get(self) -> np.ndarray:
         """A host copy (as cupy.ndarray.get)."""
         return np.array(self.view(np.ndarray), copy=True)

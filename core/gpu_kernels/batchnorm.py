@@ -103,6 +103,7 @@ def _batch_norm(node, ctx):
     if not hasattr(xp, "RawModule"):
         return generic
     axis, eps, training = _axis(node), float(node.attrs["epsilon"]), node.attrs["training"]
+    _fn(xp, "isthmus_bn_stats")  # compiled now, not inside a captured step
 
     def run(x, scale, offset, mean, var):
         if not _usable(xp, x, scale, offset, mean, var) or x.ndim < 2:

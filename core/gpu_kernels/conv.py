@@ -216,8 +216,15 @@ def _grouped_grad(xp, g: Geometry, fn, axis: int):
 
 
 # ---- kernel factories (node, ctx) -> fn ----------------------------------------------------------
+def _preload(xp) -> None:
+    """Compile the RawKernels when the plan is compiled, never inside a captured step."""
+    if hasattr(xp, "RawModule"):
+        raw.kernel(xp, "isthmus_im2col")
+
+
 def _conv(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
     activation = node.attrs.get("activation", "none")
 
     def run(x, w, bias=None):
@@ -233,11 +240,13 @@ def _conv(node, ctx):
 
 def _conv_input(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
     return lambda dy, w, x: conv_input_grad(xp, dy, w, geom(x.shape, w.shape), x.dtype)
 
 
 def _conv_filter(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
     return lambda x, dy, w: conv_filter_grad(xp, x, dy, geom(x.shape, w.shape)).astype(w.dtype, copy=False)
 
 

@@ -66,13 +66,13 @@ def _relu_grad(node, ctx):
 def _fused_matmul(node, ctx):
     """cuBLAS product, then bias and activation in one launch, in place (eager steps)."""
     from ..ops.fused import _kernel_fused_matmul
-    from ..ops.linalg import _kernel_matmul
     from .gemm import _capturable_product, _fused_matmul as captured
     if _capturable_product(node, ctx):
         return captured(node, ctx)
     if not _cuda(ctx) or node.inputs[0].dtype not in _FLOATS:
         return _kernel_fused_matmul(node, ctx)
-    cp, mm, act = ctx.xp, _kernel_matmul(node, ctx), node.attrs["activation"]
+    from .gemm import eager_product
+    cp, mm, act = ctx.xp, eager_product(node, ctx), node.attrs["activation"]
     return lambda a, b, bias: bias_act(cp, mm(a, b), bias, act)
 
 

@@ -14,7 +14,7 @@ _SRC = r"""
 extern "C" __global__ void NAME(const float* __restrict__ A, const float* __restrict__ B,
                                 float* __restrict__ C, const float* __restrict__ bias,
                                 int M, int N, int K, long long sam, long long sak,
-                                long long sbk, long long sbn, int act) {
+                                long long sbk, long long sbn, int act, int has_bias) {
   __shared__ float As[KT][TILE + 1];
   __shared__ float Bs[KT][TILE + 1];
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
@@ -56,7 +56,7 @@ extern "C" __global__ void NAME(const float* __restrict__ A, const float* __rest
     for (int j = 0; j < R; ++j) {
       const int r = row0 + ty + 16 * i, c = col0 + tx + 16 * j;
       if (r < M && c < N) {
-        float v = acc[i][j] + bias[c];
+        float v = acc[i][j] + (has_bias ? bias[c] : 0.f);
         if (act == 1) v = fmaxf(v, 0.f);
         else if (act == 2) v = fminf(fmaxf(v, 0.f), 6.f);
         else if (act == 3) v = tanhf(v);
@@ -86,26 +86,17 @@ def gemm(cp, a, b, bias=None, activation: str = "none", out=None):
     n = b.shape[1]
     if out is None:
         out = cp.empty((m, n), cp.float32)
+    has_bias = bias is not None
     if bias is None:
-        bias = _zeros(cp, n)
+        bias = out  # never read (has_bias = 0): no zeros array made, perhaps inside a capture
     tile = 64 if ((m + 63) // 64) * ((n + 63) // 64) >= 132 else 32
     isz = 4
     grid = ((n + tile - 1) // tile, (m + tile - 1) // tile)
     _kernel(cp, tile)(grid, (16, 16), (a, b, out, bias, np.int32(m), np.int32(n), np.int32(k),
                                        np.int64(a.strides[0] // isz), np.int64(a.strides[1] // isz),
                                        np.int64(b.strides[0] // isz), np.int64(b.strides[1] // isz),
-                                       np.int32(_ACT[activation])))
+                                       np.int32(_ACT[activation]), np.int32(1 if has_bias else 0)))
     return out
-
-
-_ZEROS: dict = {}
-
-
-def _zeros(cp, n: int):
-    z = _ZEROS.get(n)
-    if z is None:
-        z = _ZEROS[n] = cp.zeros(n, cp.float32)
-    return z
 
 
 # products up to this many multiply-adds run in a captured step's graph (this kernel); larger ones
@@ -124,10 +115,26 @@ def _capturable_product(node, ctx) -> bool:
     return None not in (m, k, n) and m * k * n <= CAPTURE_MAX_MACS
 
 
-def _matmul(node, ctx):
+def eager_product(node, ctx):
+    """A 2-D product through cupy.dot (cuBLAS, lighter to call than cupy.matmul; transposed
+    operands are passed as views); anything else through the generic kernel."""
     from ..ops.linalg import _kernel_matmul
-    if not _capturable_product(node, ctx):
+    a, b = node.inputs[0], node.inputs[1]
+    if not (hasattr(ctx.xp, "RawKernel") and len(a.shape) == 2 and len(b.shape) == 2):
         return _kernel_matmul(node, ctx)
+    dot, ta, tb = ctx.xp.dot, node.attrs["transpose_a"], node.attrs["transpose_b"]
+    if ta and tb:
+        return lambda a, b: dot(a.T, b.T)
+    if ta:
+        return lambda a, b: dot(a.T, b)
+    if tb:
+        return lambda a, b: dot(a, b.T)
+    return dot
+
+
+def _matmul(node, ctx):
+    if not _capturable_product(node, ctx):
+        return eager_product(node, ctx)
     cp, ta, tb = ctx.xp, node.attrs["transpose_a"], node.attrs["transpose_b"]
     _kernel(cp, 32), _kernel(cp, 64)
     return lambda a, b: gemm(cp, a.T if ta else a, b.T if tb else b)

@@ -35,6 +35,6 @@ def _cost_copy(node) -> Cost:
 register(OpDef(
     "DeviceCopy", inputs=("x",), attrs={"src": REQUIRED, "dst": REQUIRED},
     infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)],
-    kernel=_kernel_copy, grad=lambda node, dys: [dys[0]], cost=_cost_copy,
+    kernel=_kernel_copy, cost=_cost_copy,  # no gradient: copies are inserted after autodiff, per plan
     doc="Move x from device `src` to device `dst` (host <-> GPU within a task).",
 ))

@@ -9,6 +9,7 @@ fetched tensor comes back to the host once.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ..device_runtime import HOST, local_name
@@ -46,21 +47,62 @@ def input_device(node: Node, i: int, device: str) -> Optional[str]:
     return device
 
 
-def assign_devices(nodes: Sequence[Node], default: str) -> Dict[Node, str]:
-    """node -> local device name."""
-    out: Dict[Node, str] = {}
+def _updated_in_bodies(nodes: Sequence[Node]) -> set:
+    """Variables that an update inside a cond/while body names: host control flow runs its bodies
+    on the host, so those variables live there."""
+    found, seen = set(), set()
+    stack = [n for n in nodes if n.op in HOST_OPS]
+    while stack:
+        n = stack.pop()
+        for v in n.attrs.values():
+            g = getattr(v, "graph", None)
+            if g is None or not hasattr(v, "outputs") or id(g) in seen:
+                continue
+            seen.add(id(g))
+            for m in g.nodes:
+                for i in m.opdef.ref_inputs:
+                    found.add(m.inputs[i].node)
+                stack.append(m)
+    return found
+
+
+def host_variables(graph: Graph) -> frozenset:
+    """Names of the variables of `graph` that live on the host whatever the plan: those updated
+    inside cond/while bodies. (A property of the whole graph, so every plan agrees.)"""
+    key = len(graph.nodes)
+    hit = _HOST_VARS.get(graph)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    names = frozenset(v.name for v in _updated_in_bodies(graph.nodes))
+    _HOST_VARS[graph] = (key, names)
+    return names
+
+
+_HOST_VARS: "weakref.WeakKeyDictionary[Graph, tuple]" = weakref.WeakKeyDictionary()
+
+
+def assign_devices(nodes: Sequence[Node], default: str, host_vars: frozenset = frozenset(),
+                   gpu_pins: bool = True) -> Dict[Node, str]:
+    """node -> local device name (`host_vars`: names of variables kept on the host; `gpu_pins`
+    False: no GPU here, so nodes pinned to one run on the host, as TensorFlow's soft placement)."""
+    out: Dict[Node, str] = {v: HOST for v in _updated_in_bodies(nodes)}
+    for n in nodes:
+        if n.op == "Variable" and n.name in host_vars:
+            out[n] = HOST
 
     def place(n: Node) -> str:
         d = out.get(n)
         if d is not None:
             return d
-        if n.op in HOST_OPS:
+        if n.op in HOST_OPS or (n.op == "Variable" and n.name in host_vars):
             d = HOST
         elif n.opdef.ref_inputs:
             d = place(n.inputs[n.opdef.ref_inputs[0]].node)  # updates run where the variable lives
         elif n.device:
             spec = DeviceSpec.parse(n.device)
             d = local_name(spec) if spec.kind is not None else default
+            if d != HOST and not gpu_pins:
+                d = HOST
         else:
             d = default
         out[n] = d
@@ -70,11 +112,11 @@ def assign_devices(nodes: Sequence[Node], default: str) -> Dict[Node, str]:
     return out
 
 
-def needs_devices(nodes: Sequence[Node], default: str) -> bool:
+def needs_devices(nodes: Sequence[Node], default: str, gpu_pins: bool = True) -> bool:
     """Whether any node would run off the host (otherwise the pass is skipped: nothing changes)."""
     if default != HOST:
         return True
-    return any(n.device and DeviceSpec.parse(n.device).kind == "GPU" for n in nodes)
+    return gpu_pins and any(n.device and DeviceSpec.parse(n.device).kind == "GPU" for n in nodes)
 
 
 class _CopyBuilder:
@@ -110,11 +152,12 @@ class _CopyBuilder:
 
 
 def insert_copies(graph: Graph, nodes: Sequence[Node], fetches: Sequence, feeds: Sequence[Tensor],
-                  default: str, stats: Optional[dict] = None) -> Rewrite:
+                  default: str, stats: Optional[dict] = None, host_vars: frozenset = frozenset(),
+                  gpu_pins: bool = True) -> Rewrite:
     """Copy `nodes` (pruned, in order) into a new graph whose nodes carry local devices, with
     DeviceCopy nodes where values change device. Feeds are on the host; fetches return to it."""
     fed = set(feeds)
-    dev = assign_devices(nodes, HOST if default is None else default)
+    dev = assign_devices(nodes, HOST if default is None else default, host_vars, gpu_pins)
     b = _CopyBuilder(graph)
 
     def copy_node(n: Node) -> Node:

@@ -300,3 +300,17 @@ def test_scalar_and_large_feeds_keep_their_shapes(backend):
     got_y, got_z = sess.run([y, z], {s: 0.5, big: bv})
     assert got_z.shape == () and float(got_z) == 1.0
     assert float(got_y) == 0.5 * bv.size
+
+
+def test_gpu_pins_run_on_the_host_without_a_gpu():
+    """A graph partitioned for a cluster names GPUs this machine may lack: soft placement."""
+    if gpu.gpu_available():
+        pytest.skip("a GPU is present")
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (3,), name="x")
+        with ism.device("/job:cloud/task:1/device:GPU:0"):
+            y = ism.exp(x)
+    s = ism.Session(g)
+    np.testing.assert_allclose(s.run(y, {x: np.zeros(3, np.float32)}), np.ones(3))
+    assert all(n.op != "DeviceCopy" for n in s.plan_for(y, {x: np.zeros(3, np.float32)}).nodes)

@@ -10,7 +10,7 @@ import os
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"core", "edge", "cloud", "partitioner", "converters", "proto", "jit", "nn", "optimizers",
+_SUBMODULES = {"core", "edge", "cloud", "partitioner", "converters", "proto", "wire", "jit", "nn", "optimizers",
                "checkpoint", "progress", "train", "summary"}
 
 

@@ -1,4 +1,5 @@
-"""What ties the wings together: the command-line tools, the demo, `deploy_split`. Nothing imports it.
+"""The top layer: what ties the wings together (the command-line tools, the demo, graph-file I/O,
+`deploy_split`). It may import every package of isthmus; nothing imports it (tests/test_import_direction.py).
 
 The commands' Python faces: `deploy_split` (isthmus split), `quantize` (isthmus quantize),
 `describe_file` (isthmus info), `bench` (isthmus bench), `load_model` (every model format)."""

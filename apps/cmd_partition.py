@@ -1,9 +1,9 @@
-"""`isthmus partition MODEL`: partitioner/cli.py's plan explanation, for every model format isthmus
+"""`isthmus partition MODEL`: apps/partition.py's plan explanation, for every model format isthmus
 reads (graph files included) and with its errors reported like a tool's."""
 from __future__ import annotations
 
-from isthmus.partitioner.cli import add_arguments as _partition_arguments
-from isthmus.partitioner.cli import explain
+from .partition import add_arguments as _partition_arguments
+from .partition import explain
 
 
 def add_arguments(p) -> None:

@@ -32,6 +32,7 @@ class Deployment:
     chosen_cut: str
     predicted: Dict[str, float] = field(default_factory=dict)   # seconds: split, edge_only, cloud_only
     seconds: float = 0.0
+    drift: Optional[tuple] = None  # int8: (max abs, relative, top-1 agreement) of the full model vs fp32
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
@@ -165,6 +166,10 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
         json.dump(plan, f, indent=1, sort_keys=True)
     dep = Deployment(out_dir, files["edge"], files["cloud"] if sigs else None, files["json"], files["svg"],
                      files["report"], "", chosen.name, predicted)
+    if int8:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
+        from isthmus.edge.split_model import load_split
+        from .cmd_quantize import measure_drift
+        dep.drift = measure_drift(load_split(files["edge"]).full, sess, m, feeds)
     dep.seconds = time.perf_counter() - t0
     dep.report = _report(dep, m, link, edge, chosen, sp, at_link)
     with open(files["report"], "w") as f:
@@ -201,6 +206,10 @@ def _report(dep: Deployment, m: LoadedModel, link, edge, chosen, sp, at_link) ->
              f"predicted: split {_ms(p['split'])}, edge only {_ms(p.get('edge_only'))}, "
              f"cloud only {_ms(p.get('cloud_only'))}",
              sp.report(),
+             *([] if dep.drift is None else [
+                 "int8 drift vs fp32 on the calibration data (the whole int8 model): max abs "
+                 f"{dep.drift[0]:.4g} ({dep.drift[1]:.2%} of the largest output)"
+                 + ("" if dep.drift[2] is None else f", top-1 agreement {dep.drift[2]:.1%}")]),
              f"wrote {dep.edge_file} ({os.path.getsize(dep.edge_file):,} bytes)"
              + (f", {dep.cloud_file} ({os.path.getsize(dep.cloud_file):,} bytes)" if dep.cloud_file
                 else " (no cloud file: every cut keeps the model on the edge)"),

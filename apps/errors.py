@@ -155,10 +155,22 @@ def check_common(args) -> None:
     p = getattr(args, "port", None)
     if p is not None and not (isinstance(p, int) and 0 <= p <= 65535):
         raise UsageError(f"--port {p}: not a port (0-65535; 0 picks a free one)")
+    for path, flag in _outputs(args):
+        refuse_overwrite(path, args, flag)
     for name in POSITIVE_ARGS:
         v = getattr(args, name, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 1:
             raise UsageError(f"--{name.replace('_', '-')} {v}: must be at least 1")
+
+
+def _outputs(args):
+    """The files a command given --force-less flags would replace (commands that check their own
+    outputs, like quantize and split, are not listed)."""
+    command = getattr(args, "command", None)
+    if command == "edge-run" and getattr(args, "save", None):
+        yield args.save, "--save"
+    if command == "profile" and not getattr(args, "from_trace", None) and getattr(args, "device", None):
+        yield args.out or f"{args.device}.json", "--out"
 
 
 def refuse_overwrite(path: str, args, flag: str = "-o") -> None:

@@ -64,7 +64,7 @@ def load_model(spec: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = 
     if low.endswith(".tflite"):
         return _tflite(input_file(spec))
     if low.endswith(".graph"):
-        from isthmus.graph_io import GraphFileError, load_graph
+        from .graph_io import GraphFileError, load_graph
         input_file(spec)
         try:
             g, ins, outs = load_graph(spec)
@@ -81,7 +81,7 @@ def load_model(spec: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = 
         raise UsageError(f"MODEL {spec}: no such file; expected {MODEL_KINDS}")
     if where.endswith(".py"):
         input_file(where)
-    from isthmus.partitioner.cli import load_model as load_function
+    from .partition import load_model as load_function
     graph, outputs = load_function(spec)
     if not outputs:
         raise UsageError(f"MODEL {spec}: the function returned a Graph without outputs; return (graph, [outputs])")
@@ -130,7 +130,7 @@ def _onnx(path: str, shapes: Dict[str, Tuple[int, ...]]) -> LoadedModel:
 
 
 def _tflite(path: str) -> LoadedModel:
-    from isthmus.graph_io import GraphFileError, import_model
+    from .graph_io import GraphFileError, import_model
     try:
         graph, inputs, outputs, names = import_model(path)
     except GraphFileError as e:

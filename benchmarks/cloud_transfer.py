@@ -72,7 +72,8 @@ def serve_forever(inline_bytes: int, chunk_bytes: int, shm_min_bytes: int) -> No
     # as the raw method's payload is pre-built)
     worker = Worker("/job:worker/task:0", wire=True, inline_bytes=inline_bytes, chunk_bytes=chunk_bytes,
                     shm_min_bytes=shm_min_bytes)
-    server, port = rpc.serve(worker, extra_handlers=[handler], max_workers=4)
+    from isthmus.cloud.server import serve_worker
+    server, port = serve_worker(worker, extra_handlers=[handler], max_workers=4)
     print(port, flush=True)
     sys.stdin.read()  # until the parent closes our stdin
     server.stop(grace=None)

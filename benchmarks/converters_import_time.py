@@ -99,7 +99,7 @@ def main(argv=None) -> int:
                                                 args.repeats),
                "from_tflite_s": _median(lambda: from_tflite(pt), args.repeats)}
         # graph files (`isthmus import` / `isthmus export`): the imported graph written and read back
-        from isthmus import graph_io
+        from isthmus.apps import graph_io
         pg = os.path.join(d, "big.graph")
         g, ins, outs = from_onnx(po)
         res["graph_save_s"] = _median(lambda: graph_io.save_graph(pg, g, ins, outs), args.repeats)

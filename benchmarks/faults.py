@@ -132,7 +132,8 @@ class StallProxy:
 def _worker_and_graph():
     from isthmus.cloud import rpc
     from isthmus.cloud.worker import Worker
-    server, port = rpc.serve(Worker("/job:worker/task:0", recv_timeout=5.0, wire=True))
+    from isthmus.cloud.server import serve_worker
+    server, port = serve_worker(Worker("/job:worker/task:0", recv_timeout=5.0, wire=True))
     return server, f"127.0.0.1:{port}", _worker_graph_bytes()
 
 
@@ -291,8 +292,8 @@ def worker_load(seconds: float = 10.0, clients: int = 16) -> dict:
     from isthmus.cloud import rpc
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-         "from isthmus.cloud import rpc; from isthmus.cloud.worker import Worker; import time; "
-         "s, p = rpc.serve(Worker('/job:worker/task:0', wire=True)); print(p, flush=True); time.sleep(3600)",
+         "from isthmus.cloud.server import serve_worker; from isthmus.cloud.worker import Worker; import time; "
+         "s, p = serve_worker(Worker('/job:worker/task:0', wire=True)); print(p, flush=True); time.sleep(3600)",
          os.path.dirname(ROOT)], stdout=subprocess.PIPE, text=True)
     try:
         port = int(child.stdout.readline())

@@ -48,7 +48,7 @@ class Server:
     def __init__(self, path: str, port: int = 0):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(HERE)) + os.pathsep + env.get("PYTHONPATH", "")
-        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", path, "--port", str(port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", path, "--port", str(port),
                                       "--max-batch", "1", "--log-every", "0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         box = []

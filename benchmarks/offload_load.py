@@ -101,7 +101,7 @@ class Server(ServerProcess):
             env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(blas_threads)
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(HERE)) + os.pathsep + env.get("PYTHONPATH", "")
         super().__init__(
-            [sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0", "--max-batch", str(max_batch),
+            [sys.executable, "-m", "isthmus", "serve", path, "--port", "0", "--max-batch", str(max_batch),
              "--max-delay-ms", str(max_delay_ms), "--max-queue", str(max_queue), "--log-every", "0"]
             + list(serve_flags),
             "ISTHMUS_OFFLOAD", env)

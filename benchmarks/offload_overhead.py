@@ -91,7 +91,7 @@ def package_tree(repo: str, rev: str, dst: str) -> str:
 
 
 def serve_cmd(path: str, max_delay_ms: float, *extra):
-    return [sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0", "--max-batch", "32",
+    return [sys.executable, "-m", "isthmus", "serve", path, "--port", "0", "--max-batch", "32",
             "--max-delay-ms", str(max_delay_ms), "--log-every", "0", "--blas-threads", "1", *extra]
 
 

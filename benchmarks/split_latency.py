@@ -62,7 +62,7 @@ SWEEP = [float(b) for b in np.geomspace(0.1e6, 1e9, 31)]
 
 
 def serve(cloud_path: str):
-    proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", cloud_path, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", cloud_path, "--port", "0",
                              "--log-every", "0", "--max-delay-ms", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))

@@ -25,8 +25,8 @@ def _same(size, k, s, d=1):
 def build_keras(m, tf):
     L = tf.keras.layers
     x_e = m.inputs[0]
-    n, c, h, w = m.tensors[x_e].shape
-    inp = tf.keras.Input((h, w, c), batch_size=1)
+    shape = m.tensors[x_e].shape
+    inp = tf.keras.Input((shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape[1:]), batch_size=1)
     val = {x_e: inp}
 
     def conv(op, t):
@@ -73,6 +73,8 @@ def build_keras(m, tf):
             if len(t.shape) == 4:
                 t = L.Permute((3, 1, 2))(t)      # back to NCHW order before flattening
             y = L.Reshape(tuple(m.tensors[op.outputs[0]].shape[1:]))(t)
+            if len(m.tensors[op.outputs[0]].shape) == 4:
+                y = L.Permute((2, 3, 1))(y)      # an NCHW result, held NHWC as Keras' layers want
         elif op.op in ("MatMul", "FusedMatMul"):
             wt = np.asarray(m.tensors[op.inputs[1]].data)
             bias = np.asarray(m.tensors[op.inputs[2]].data) if len(op.inputs) > 2 and op.inputs[2] >= 0 \
@@ -106,7 +108,8 @@ def main(argv) -> int:
         f.write(conv.convert())
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = lambda: ([c.transpose(0, 2, 3, 1).astype(np.float32)] for c in calib)
+    conv.representative_dataset = lambda: ([(c.transpose(0, 2, 3, 1) if c.ndim == 4 else c).astype(np.float32)]
+                                           for c in calib)
     conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     with open(os.path.join(out, "tf_int8.tflite"), "wb") as f:
         f.write(conv.convert())

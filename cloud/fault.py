@@ -14,7 +14,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
+import grpc
+
 from ..core.rendezvous import RendezvousTimeout
+from ..wire.security import ClientSecurity, make_channel
 from .cluster import ClusterSpec, TaskId
 from .errors import HandleNotFound, TaskUnavailable, WorkerError
 
@@ -43,10 +46,8 @@ def is_task_loss(e: BaseException) -> bool:
 
 def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """True when the task at `address` answers the gRPC health check with SERVING."""
-    import grpc
+    # deferred: grpcio-health-checking is optional at run time (server.py serves without it)
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from ..wire.security import ClientSecurity, make_channel
     try:
         with make_channel(address, ClientSecurity.from_env()) as ch:
             r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)

@@ -23,6 +23,9 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
+import grpc
+
+from ..wire.security import ClientSecurity, make_channel
 from . import shm
 from .cluster import ClusterSpec, TaskId
 
@@ -152,10 +155,9 @@ class LocalCluster:
 
     def wait_healthy(self, timeout: float = 10.0) -> None:
         """Every task answers the gRPC health check with SERVING (or raise, naming the task)."""
-        import grpc
+        # deferred: grpcio-health-checking is optional at run time (server.py serves without it)
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         deadline = time.monotonic() + max(timeout, 0.1)
-        from ..wire.security import ClientSecurity, make_channel
         security = ClientSecurity.from_env(self._env)
         for tid, addr in self.cluster.tasks():
             with make_channel(addr, security) as ch:

@@ -1,7 +1,7 @@
 """The master: a client's sessions over a cluster, in process (cloud/master_rpc.py serves it).
 
 A session holds the client's graph. The first step of each (fetches, feeds, targets)
-signature places the graph on the cluster (cloud/placement.py), partitions it with one
+signature places the graph on the cluster (partitioner/cluster_placement.py), partitions it with one
 Send/Recv pair per tensor per destination task (partitioner/partition.py) and registers
 each part on its task, once. Every step then gets a fresh random step id and runs every
 part at once (a RunGraph per task); the parts meet in the tasks' rendezvous under that
@@ -32,9 +32,9 @@ from ..core.trace import RunMetadata
 from ..partitioner.partition import Partition, partition
 from . import graph_codec
 from .cluster import ClusterSpec, ClusterSpecError
+from ..partitioner.cluster_placement import cluster_devices, place_on_cluster
 from .errors import HandleNotFound, PermissionDenied, WorkerError, caused_by_abort
 from .limits import MAX_STEP_TIMEOUT_S
-from .placement import cluster_devices, place_on_cluster
 
 DEFAULT_STEP_TIMEOUT_S = 60.0
 _ABORT_TIMEOUT_S = 5.0

@@ -68,6 +68,8 @@ wire/security.py's ServerSecurity).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import signal
 import sys
@@ -76,12 +78,15 @@ import time
 from typing import Optional, Sequence, Union
 
 import grpc
+import numpy as np
 
 from ..core.errors import IsthmusError
 from ..core.trace import NodeEvent, RunMetadata
 from ..proto import offload_pb2, tensor_pb2
 from ..wire import tensor_codec
+from ..wire.security import SecurityError, make_channel
 from . import tracing, wire
+from .server import safe_bind_host, security_from_args, start_grpc_server
 from .offload_batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_QUEUE,  # noqa: F401
                                DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, Cancelled, DeadlineExceeded,  # noqa: F401
                                InferResult, InvalidRequest, OffloadError, OffloadService, Overloaded,
@@ -251,7 +256,6 @@ class OffloadServer:
 
     def __init__(self, model: Union[CloudModel, str, os.PathLike], host: str = "127.0.0.1", port: int = 0,
                  security=None, max_workers: Optional[int] = None, insecure: bool = False, **limits):
-        from .server import start_grpc_server
         self.service = OffloadService(model, **limits)
         s = self.service
         # every queued or running request holds a thread; with one more for each refusal, no request
@@ -264,7 +268,6 @@ class OffloadServer:
         except BaseException:
             s.close()
             raise
-        from .server import safe_bind_host
         self.host = safe_bind_host(host, security, insecure, quiet=True)   # what start_grpc_server bound
         self.security = security
 
@@ -282,8 +285,6 @@ class OffloadServer:
         run while the server is idle; the client here shares this process (its gRPC costs count, as an
         edge client's would). A TLS or token server needs `client_security` (wire/security.ClientSecurity).
         The result is kept as `service.measured_overhead`; Describe answers its overhead_ms."""
-        import numpy as np
-        from ..wire.security import make_channel
         if self.security is not None and client_security is None:
             raise ValueError("measure_overhead: this server requires TLS or a token; pass client_security")
         if requests < 1 or rows < 1:
@@ -384,8 +385,6 @@ def pin_malloc(param: int, nbytes: int) -> bool:
     returned when freed and RSS stays flat, but every batch then maps, faults in and unmaps its
     buffers: 1.7x server CPU per request there (benchmarks/offload_load.py --compare-malloc), so it is
     off by default. False where not glibc."""
-    import ctypes
-    import ctypes.util
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return bool(libc.mallopt(param, int(nbytes)))
@@ -394,8 +393,6 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 
 
 def run(args) -> int:
-    from ..wire.security import SecurityError
-    from .server import security_from_args
     from ..core.device_runtime import apply_device_flag
     apply_device_flag(getattr(args, "device", "cpu"), None, "isthmus serve")
     if args.malloc_mmap_threshold_kb:

@@ -42,6 +42,9 @@ import numpy as np
 from ..core.errors import IsthmusError
 from ..core.executor import prune
 from ..core.graph import Graph, Node, Tensor
+from ..core.passes import freeze
+from ..core.session import Session
+from ..partitioner.devices import EDGE_DEVICE
 from ..wire import tensor_codec
 from . import graph_codec
 
@@ -125,7 +128,6 @@ def cloud_part_from_partition(partition, name: str, source: Optional[Source] = N
                               edge: Optional[str] = None, check_batching: bool = True) -> Optional[CloudPart]:
     """The cloud side of a partition (partitioner.partition): every part not on `edge` (default:
     the partitioner's EDGE_DEVICE). None when everything runs on the edge."""
-    from ..partitioner.devices import EDGE_DEVICE
     edge = edge or EDGE_DEVICE
     ins: List[str] = []
     outs: List[str] = []
@@ -185,7 +187,6 @@ def _frozen(source: Source, outputs: Sequence[Name]) -> Graph:
     if isinstance(source, Graph):  # a variable the part needs is refused by _extract, naming it
         return source
     if hasattr(source, "graph") and hasattr(source, "variable_value"):
-        from ..core.passes import freeze
         return freeze(source, [source.graph.tensor(_tname(t)) for t in outputs])
     raise CloudPartsError(f"source must be a Graph or a Session, got {type(source).__name__}")
 
@@ -244,7 +245,6 @@ def _sample(spec: TensorSpec, rows: int, rng) -> np.ndarray:
 
 def _rows_independent(part: CloudPart, rows: int = 3) -> bool:
     """Whether one batch of `rows` rows gives the rows of `rows` single-row runs (no op mixes rows)."""
-    from ..core.session import Session
     rng = np.random.default_rng(0)
     feeds = {s.tensor: _sample(s, rows, rng) for s in part.inputs}
     fetches = [o.tensor for o in part.outputs]

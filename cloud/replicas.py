@@ -8,7 +8,7 @@
 Between-graph replication, as in TensorFlow: each replica is a client with its own copy
 of the graph (`model_fn()` builds it and returns `(loss, [input placeholders])`), pinned
 so that its compute runs on its own worker task and its variables on the ps tasks (the
-same device for a variable in every copy, cloud/placement.py `pin_replica`); variables
+same device for a variable in every copy, partitioner/cluster_placement.py `pin_replica`); variables
 are shared by name on the ps tasks. `batch_fn(step, replica)` gives the replica's shard
 of a step's data (the values of the inputs, in order).
 
@@ -50,8 +50,9 @@ import numpy as np
 from ..core.autodiff import gradients
 from ..core.checkpoint import Saver, latest_checkpoint
 from ..core.graph import Graph, Tensor
-from ..core.ops.array import concat, expand_dims, shape as shape_of
+from ..core.ops.array import concat, expand_dims
 from ..core.ops.base import constant, group, placeholder
+from ..core.ops.fill import shape as shape_of
 from ..core.ops.math import add_n, mul
 from ..core.ops.reduce import reduce_sum
 from ..core.ops.sparse import IndexedSlices, gather
@@ -59,7 +60,8 @@ from ..core.optimizers import UPDATE_OPS, get_or_create_global_step
 from ..core.variables import Variable, global_variables, trainable_variables, variables_initializer
 from .cluster import ClusterSpec
 from .fault import TaskFailure, diagnose, is_task_loss, wait_until
-from .placement import PS_JOB, WORKER_JOB, pin_replica, task_device, variable_devices
+from .session import DistributedSession
+from ..partitioner.cluster_placement import PS_JOB, WORKER_JOB, pin_replica, task_device, variable_devices
 
 log = logging.getLogger("isthmus.replicas")
 
@@ -344,7 +346,6 @@ class ReplicaTrainer:
 
     # ---- sessions --------------------------------------------------------------------------------
     def _connect(self, graph: Graph, device: str):
-        from .session import DistributedSession
         job, task = device.split("/")[1][4:], int(device.split("/")[2][5:])
         return DistributedSession(graph, "grpc://" + self.cluster.address(job, task), timeout=self.step_timeout)
 

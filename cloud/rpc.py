@@ -19,10 +19,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import grpc
 import numpy as np
 
-from ..proto import worker_pb2
-from ..wire.security import ClientSecurity, make_channel
+from ..core.rendezvous import RendezvousAborted
 from ..core.trace import RunMetadata
+from ..proto import worker_pb2
 from ..wire import tensor_codec
+from ..wire.security import ClientSecurity, make_channel
 from . import graph_codec, shm, tracing, wire
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
 from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits
@@ -113,7 +114,6 @@ class WorkerServicer:
         yield from wt.chunk_messages()
 
     def AbortStep(self, request, context):
-        from ..core.rendezvous import RendezvousAborted
         self.worker.abort_step(request.step_id, RendezvousAborted(request.reason or "aborted by the master"))
         return worker_pb2.AbortStepResponse()
 
@@ -149,18 +149,6 @@ def worker_handler(worker: Worker, limits: Optional[WaitLimits] = None) -> grpc.
         "DeregisterGraph": unary(s.DeregisterGraph, req["DeregisterGraph"]),
         "GetStatus": unary(s.GetStatus, req["Status"]),
     })
-
-
-def serve(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
-          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None,
-          insecure: bool = False):
-    """A started gRPC server for `worker` alone (port 0: a free port): (server, port).
-    cloud/server.py serves a whole task (worker, master, health). `security`: a
-    wire.security.ServerSecurity (TLS, bearer token)."""
-    from .server import start_grpc_server
-    limits = WaitLimits(max(DEFAULT_MAX_WAIT_S, worker.recv_timeout), threads=max_workers)
-    return start_grpc_server([worker_handler(worker, limits), *extra_handlers], host, port, max_workers,
-                             max_message_bytes, security=security, insecure=insecure)
 
 
 class WorkerClient:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import signal
 import sys
 import threading
@@ -28,14 +29,16 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import grpc
 
+from ..partitioner.cluster_placement import default_worker
 from ..wire.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
 from .cluster import ClusterSpec, ClusterSpecError, TaskId, from_env, parse
 from .errors import WorkerError
 from .limits import DEFAULT_MAX_WAIT_S, DEFAULT_PER_PEER, WaitLimits
 from .master import DEFAULT_STEP_TIMEOUT_S, Master
-from .placement import default_worker
+from .master_rpc import master_handler
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S
+from .rpc import WorkerClient, channel_options, worker_handler
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
 HEALTH_SERVICES = ("", "isthmus.Worker", "isthmus.Master")
@@ -125,7 +128,6 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
     `security`: TLS and/or a bearer token on every call (wire/security.py); None: plaintext.
     Without TLS and a token it binds loopback whatever `host` says, unless `insecure`
     (safe_bind_host). `health_services`: the service names the health check answers SERVING for."""
-    from .rpc import channel_options
     host = safe_bind_host(host, security, insecure)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="isthmus-rpc"),
                          options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)],
@@ -150,6 +152,16 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
         raise WorkerError(f"cannot listen on {host}:{port}")
     server.start()
     return server, bound
+
+
+def serve_worker(worker: Worker, host: str = "127.0.0.1", port: int = 0, max_workers: int = 64,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, extra_handlers: Sequence = (), security=None,
+                 insecure: bool = False):
+    """A started gRPC server for `worker` alone (port 0: a free port): (server, port); Server below
+    serves a whole task (worker, master, health). `security`: a wire.security.ServerSecurity."""
+    limits = WaitLimits(max(DEFAULT_MAX_WAIT_S, worker.recv_timeout), threads=max_workers)
+    return start_grpc_server([worker_handler(worker, limits), *extra_handlers], host, port, max_workers,
+                             max_message_bytes, security=security, insecure=insecure)
 
 
 def bind_host(address: str) -> str:
@@ -193,8 +205,6 @@ class Server:
             host = host or bind_host(address)
             port = int(address.rsplit(":", 1)[1]) if port is None else port
         self.host = safe_bind_host(host or LOOPBACK, security, insecure, quiet=True)
-        from .master_rpc import master_handler
-        from .rpc import worker_handler
         # RecvTensor's wait is capped here, whatever the caller asks (never below --recv-timeout)
         self.limits = WaitLimits(max(max_recv_wait_s, recv_timeout), max_waiting_per_peer, threads=max_workers)
         self.server, self.port = start_grpc_server([worker_handler(self.worker, self.limits),
@@ -223,7 +233,6 @@ class Server:
             return self.worker
         c = self._clients.get(t.name)
         if c is None:
-            from .rpc import WorkerClient
             with self._lock:
                 c = self._clients.get(t.name)
                 if c is None:
@@ -312,7 +321,6 @@ def _resolve(args) -> Tuple[Optional[ClusterSpec], str, int]:
 
 def security_from_args(args):
     """(ServerSecurity, ClientSecurity) from the flags, each flag defaulting to its variable."""
-    import os
     env = dict(os.environ)
     for flag, var in (("tls_cert", "ISTHMUS_TLS_CERT"), ("tls_key", "ISTHMUS_TLS_KEY"),
                       ("tls_client_ca", "ISTHMUS_TLS_CLIENT_CA"), ("tls_ca", "ISTHMUS_TLS_CA"),

@@ -17,12 +17,10 @@ import numpy as np
 from ..core.graph import Graph, Node, Tensor, get_default_graph
 from ..core.ops.base import make, placeholder
 from ..core.shapes import compatible, fmt
-from ..core.session import _feed_check  # the local Session's feed conversion, for the same results
+from ..core.errors import FeedError
+from ..core.fetches import feed_check, flatten, resolve_feed, resolve_fetch  # as core's Session: the same results
 from ..core.trace import RunMetadata
 from .master import Master
-
-_UPDATE_OPS = frozenset({"NoOp", "Assign", "AssignAdd", "AssignSub", "ScatterAdd"})
-
 
 class DistributedSession:
     """`master`: a Master object (in process) instead of a target address."""
@@ -36,7 +34,7 @@ class DistributedSession:
                 raise ValueError("DistributedSession needs a target ('grpc://host:port') or a master")
             if not target.startswith("grpc://"):
                 raise ValueError(f"target {target!r}: expected 'grpc://host:port'")
-            from .master_rpc import MasterClient
+            from .master_rpc import MasterClient  # deferred: grpc, a heavy import an in-process master does not need
             master = MasterClient(target, timeout=rpc_timeout)
             self._own_master = True
         else:
@@ -61,13 +59,13 @@ class DistributedSession:
             self._version = self.graph.version
             self._graph_version = self.master.extend_session(self.handle, self.graph, self._graph_version)
         flat: List[Union[Tensor, Node]] = []
-        unflatten = _flatten(fetches, flat, self._resolve)
+        unflatten = flatten(fetches, flat, self._resolve)
         feeds = {}
         for k, v in (feed_dict or {}).items():
             t = self._resolve_feed(k)
             check = self._checks.get(t)
             if check is None:
-                check = self._checks[t] = _feed_check(t)
+                check = self._checks[t] = feed_check(t)
             feeds[t.name] = check(v)
         tensors = [f.name for f in flat if isinstance(f, Tensor)]
         targets = [f.name for f in flat if isinstance(f, Node)]
@@ -80,29 +78,10 @@ class DistributedSession:
         return unflatten([got[f.name] if isinstance(f, Tensor) else None for f in flat])
 
     def _resolve(self, f):
-        if isinstance(f, str):
-            name = f
-            f = self.graph.tensor(name) if ":" in name else self.graph.node(name)
-            if isinstance(f, Node) and ":" not in name and len(f.outputs) == 1 and f.op not in _UPDATE_OPS \
-                    and not f.opdef.ref_inputs:
-                f = f.outputs[0]
-        elif hasattr(f, "_as_tensor") and not isinstance(f, Tensor):
-            f = f._as_tensor()
-        if isinstance(f, (Tensor, Node)):
-            if f.graph is not self.graph:
-                from ..core.errors import GraphError
-                raise GraphError(f"cannot fetch '{f.name}': it belongs to another graph than this session's")
-            return f
-        raise TypeError(f"cannot fetch {f!r}: fetches are Tensors, Nodes, names, or lists/tuples/dicts of them")
+        return resolve_fetch(self.graph, f)
 
     def _resolve_feed(self, k) -> Tensor:
-        t = self._resolve(k)
-        if isinstance(t, Node):
-            from ..core.errors import FeedError
-            if len(t.outputs) != 1:
-                raise FeedError(f"cannot feed node '{t.name}' ({t.op}): name one of its outputs")
-            t = t.outputs[0]
-        return t
+        return resolve_feed(self.graph, k)
 
     # ---- variable access (core's Saver uses these, as with a local Session) ----------------------
     def variable_value(self, var) -> np.ndarray:
@@ -116,7 +95,6 @@ class DistributedSession:
         t = node.outputs[0]
         arr = np.asarray(value)
         if arr.dtype != t.dtype or not compatible(arr.shape, t.shape) or len(arr.shape) != len(t.shape):
-            from ..core.errors import FeedError
             raise FeedError(f"variable '{node.name}' is {t.dtype.name}{fmt(t.shape)}; "
                             f"value is {arr.dtype.name}{fmt(arr.shape)}")
         if node.name not in self._assigns:
@@ -151,17 +129,3 @@ class DistributedSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _flatten(f, flat: list, resolve) -> Callable:
-    t = type(f)
-    if t is list or t is tuple:
-        parts = [_flatten(x, flat, resolve) for x in f]
-        return lambda out: t(p(out) for p in parts)
-    if t is dict:
-        keys = list(f)
-        parts = [_flatten(f[k], flat, resolve) for k in keys]
-        return lambda out: {k: p(out) for k, p in zip(keys, parts)}
-    i = len(flat)
-    flat.append(resolve(f))
-    return lambda out: out[i]

@@ -1,5 +1,5 @@
-"""ONNX export of the ops added for issue 20 (activations, pointwise math, indexing, ordering) and of AddN,
-Tile and Mod; registered into onnx_export's handler table at opset 17."""
+"""ONNX export of the ops added for issue 20 (activations, pointwise math, indexing, ordering, ConvTranspose,
+Q/DQ, Einsum) and of AddN, Tile and Mod; registered into onnx_export's handler table at opset 17."""
 from __future__ import annotations
 
 import numpy as np
@@ -148,3 +148,8 @@ def _qdq(c, n, ins, outs):
         raise ExportError(f"node '{n.name}' ({n.op}): int16 values need opset 21 (exporting at {OPSET})")
     attrs = {"axis": int(n.attrs["axis"])} if n.inputs[1].shape not in ((), (1,)) else {}
     c.node(n.op, ins, outs, **attrs)
+
+
+@handler("Einsum")
+def _einsum(c, n, ins, outs):
+    c.node("Einsum", ins, outs, equation=n.attrs["equation"])

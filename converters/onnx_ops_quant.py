@@ -1,6 +1,6 @@
 """ONNX import of quantized models: QuantizeLinear/DequantizeLinear onto the core ops (scales and zero
-points stay Const inputs, see `qdq_params`), and MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv
-as integer-exact float64 computation (exact while sums stay below 2^53) around the float ops."""
+points stay Const inputs, see `qdq_params`), DynamicQuantizeLinear, and MatMulInteger, QLinearMatMul,
+ConvInteger, QLinearConv as integer-exact float64 computation (exact while sums stay below 2^53)."""
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -114,3 +114,18 @@ def qdq_params(graph: Graph) -> Dict[Tensor, Tuple[np.ndarray, np.ndarray, int]]
             out[n.inputs[0]] = (np.asarray(n.inputs[1].node.attrs["value"]),
                                 np.asarray(n.inputs[2].node.attrs["value"]), n.attrs["axis"])
     return out
+
+
+@handler("DynamicQuantizeLinear", 11)
+def _dynamic_quantize(c, node, ins):
+    """uint8 quantization with the scale and zero point of this input's own range (0 included)."""
+    x = ins[0]
+    f32 = ism.constant(np.float32(0.0))
+    hi = ism.maximum(ism.reduce_max(x), f32)
+    lo = ism.minimum(ism.reduce_min(x), f32)
+    span = ism.where(ism.equal(hi, lo), ism.constant(np.float32(1.0)), ism.sub(hi, lo))
+    scale = ism.div(span, ism.constant(np.float32(255.0)))
+    zp_f = ism.round(ism.minimum(ism.maximum(ism.neg(ism.div(lo, scale)), f32), ism.constant(np.float32(255.0))))
+    zp = ism.cast(zp_f, "uint8")
+    y = ism.minimum(ism.maximum(ism.add(ism.round(ism.div(x, scale)), zp_f), f32), ism.constant(np.float32(255.0)))
+    return [ism.cast(y, "uint8"), scale, zp]

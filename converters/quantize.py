@@ -17,6 +17,7 @@ from isthmus.edge import capabilities
 from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
 
+from .calibration import calibrate, calibration_feeds
 from .edge_export import edge_refusal
 
 SHORT_SCALE_BITS = 4  # significant bits of an activation scale under short_scales
@@ -70,28 +71,22 @@ def _int8_ok(n: Node) -> bool:
                                      [t.node.op == "Const" for t in n.inputs]) is None
 
 
-def calibrate(sess, tensors: Sequence[Tensor], feeds: Iterable[Dict], percentile: Optional[float] = None):
-    """(min, max) per tensor over the calibration feeds."""
-    ranges: Dict[Tensor, List[float]] = {}
-    for feed in feeds:
-        vals = sess.run(list(tensors), feed)
-        for t, v in zip(tensors, vals):
-            v = np.asarray(v, np.float64)
-            lo, hi = (np.percentile(v, 100 - percentile), np.percentile(v, percentile)) if percentile else (v.min(), v.max())
-            r = ranges.get(t)
-            ranges[t] = [lo, hi] if r is None else [min(r[0], lo), max(r[1], hi)]
-    return ranges
-
-
-def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration: Iterable[Dict],
+def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration,
                      percentile: Optional[float] = None, batch: int = 1,
-                     pow2_scales: bool = True, short_scales: bool = True) -> Tuple[bytes, Dict[str, object]]:
-    """(edge model bytes, report). `calibration` yields feed dicts keyed by placeholder name or Tensor.
+                     pow2_scales: bool = True, short_scales: bool = True, method: Optional[str] = None,
+                     per_channel: bool = True) -> Tuple[bytes, Dict[str, object]]:
+    """(edge model bytes, report). `calibration`: the representative dataset, as feed dicts keyed by
+    placeholder name or Tensor, arrays (one input), an array [N, ...] or an .npy/.npz file
+    (calibration.calibration_feeds). method: "minmax" (default), "percentile" (at `percentile`,
+    default 99.99; giving `percentile` alone means this) or "entropy" (KL). per_channel: a weight
+    scale per output channel (default) or one per tensor.
     pow2_scales: conv weight scales per channel as S * 2^-e_c (see _pow2_scales): faster int8
     convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127.
     short_scales (with pow2_scales): activation scales rounded up to SHORT_SCALE_BITS significant
     bits and conv weight scales anchored on the output's scale, so a conv's requantization
     multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone."""
+    method = method or ("percentile" if percentile is not None else "minmax")
+    pow2_scales = pow2_scales and per_channel
     short_scales = short_scales and pow2_scales
     import isthmus.core as ism
     from isthmus.core.executor import prune
@@ -105,12 +100,14 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     nodes = prune([t.node for t in outs], set())
     calib_sess = ism.Session(g, optimize=False)
     floats = [t for n in nodes if n.op != "Const" for t in n.outputs if t.dtype == np.float32]
+    names = [n.name for n in nodes if n.op == "Placeholder"]
     feeds = [{(g.tensor(k if ":" in k else k + ":0") if isinstance(k, str) else g.tensor(k.name)): v
-              for k, v in f.items()} for f in calibration]
-    ranges = calibrate(calib_sess, floats, feeds, percentile)
+              for k, v in f.items()} for f in calibration_feeds(calibration, names)]
+    int8 = {n for n in nodes if _int8_ok(n)}
+    quantized = {t for n in int8 for t in list(n.inputs) + list(n.outputs) if t.node.op != "Const"}
+    ranges = calibrate(calib_sess, floats, feeds, method, percentile, keep=outs, warn_for=quantized)
     bits = SHORT_SCALE_BITS if short_scales else None
     qp: Dict[Tensor, Tuple[float, int]] = {t: _qparams(*ranges[t], bits) for t in floats}
-    int8 = {n for n in nodes if _int8_ok(n)}
     for n in nodes:  # ops that must keep their input's quantization
         if n in int8 and n.op in SAME_QPARAMS:
             qp[n.outputs[0]] = qp[n.inputs[0]]
@@ -130,6 +127,11 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
         return fid[t]
 
     def as_int8(t: Tensor) -> int:
+        if t not in qid and t.node.op == "Const":  # a constant operand (an Add's bias): quantized once, here
+            v = np.asarray(t.node.attrs["value"], np.float64)
+            s, z = _qparams(float(v.min(initial=0.0)), float(v.max(initial=0.0)))
+            vq = np.clip(np.round(v / s) + z, -128, 127).astype(np.int8)
+            qid[t] = w.add_constant(t.node.name + "/int8", vq, scale=[s], zero_point=[z])
         if t not in qid:
             s, z = qp[t]
             i = w.add_tensor(t.node.name + "/quant", np.int8, shape_of(t), scale=[s], zero_point=[z])
@@ -153,20 +155,23 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                 axis = 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1  # the output channels
                 red = tuple(i for i in range(wv.ndim) if i != axis)
                 s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
+                if not per_channel:  # one scale for the tensor, written per channel (the kernels' layout)
+                    s_w = np.full_like(s_w, s_w.max())
                 if pow2_scales and axis == 0:
                     s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0], anchored=short_scales)
                 shp = [-1 if i == axis else 1 for i in range(wv.ndim)]
                 wq = np.clip(np.round(wv / s_w.reshape(shp)), -127, 127).astype(np.int8)
                 ins = [as_int8(x), w.add_constant(n.inputs[1].node.name + "/int8", wq, scale=s_w.tolist(),
-                                                   zero_point=[0] * len(s_w), axis=axis)]
+                                                   zero_point=[], axis=axis)]  # zero points: empty, all zero
                 if len(n.inputs) > 2:
                     s_in = qp[x][0]
                     bv = np.asarray(n.inputs[2].node.attrs["value"], np.float64) if n.inputs[2].node.op == "Const" else None
                     if bv is None:
                         raise ValueError(f"node '{n.name}': bias must be constant to quantize")
                     bq = np.round(bv / (s_in * s_w)).astype(np.int32)
-                    ins.append(w.add_constant(n.inputs[2].node.name + "/int32", bq, scale=(s_in * s_w).tolist(),
-                                              zero_point=[0] * len(s_w), axis=0))
+                    # no quantization parameters: an int32 bias is s_in * s_w, zero point 0, by the kernels'
+                    # convention (edge/int8_kernels.py); a scale per channel would cost 4 bytes each
+                    ins.append(w.add_constant(n.inputs[2].node.name + "/int32", bq))
             else:
                 ins = [as_int8(t) for t in n.inputs if t.dtype == np.float32]
             s, z = qp[n.outputs[0]]
@@ -196,5 +201,6 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     for t in floats:
         report["tensors"][t.name] = {"min": float(ranges[t][0]), "max": float(ranges[t][1]),
                                      "scale": qp[t][0], "zero_point": qp[t][1]}
-    w.metadata["quantization"] = "int8 post-training (min/max)" if percentile is None else f"int8 p{percentile}"
+    w.metadata["quantization"] = f"int8 post-training ({method}" + (f" p{percentile}" if percentile else "") + \
+        (", per-tensor weights)" if not per_channel else ")")
     return w.to_bytes(), report

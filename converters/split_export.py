@@ -29,20 +29,27 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+import isthmus.core as ism
 from isthmus.core.errors import GraphError
+from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Tensor
+from isthmus.core.passes import freeze
+from isthmus.core.session import Session
 from isthmus.edge.loader import EdgeModel, loads
 from isthmus.edge.writer import ModelWriter
 
+from isthmus.partitioner.partition import partition
 from isthmus.partitioner.plan import link_terms
 from isthmus.wire.split_format import MAX_BANDWIDTH_KEY, MIN_BANDWIDTH_KEY, SPLIT_KEY, SPLIT_VERSION
 
 from .edge_export import to_edge
+from .quantize import quantize_to_edge
 
 
 @dataclass
@@ -81,7 +88,6 @@ class SplitExport:
     def save(self, path: str) -> str:
         with open(path + ".tmp", "wb") as f:
             f.write(self.data)
-        import os
         os.replace(path + ".tmp", path)
         return path
 
@@ -135,7 +141,6 @@ def _standalone(part, transfers, batch_none: bool = True):
 
 def _one_round_trip(g: Graph, recvs: Mapping[str, Tensor], sends: Mapping[str, Tensor]) -> bool:
     """True when no sent tensor depends on a received one (one remote call per inference)."""
-    from isthmus.core.executor import prune
     recv_nodes = {t.node for t in recvs.values()}
     if not sends or not recv_nodes:
         return True
@@ -187,8 +192,6 @@ def _edge_bytes(g: Graph, outputs: Sequence[Tensor], inputs: Sequence[Tensor], i
                 calibration: Optional[List[Dict[str, np.ndarray]]], batch: int) -> bytes:
     if not int8:
         return to_edge(g, list(outputs), inputs=list(inputs), batch=batch)
-    import isthmus.core as ism
-    from .quantize import quantize_to_edge
     if calibration is None:
         raise ValueError("int8=True needs calibration feeds")
     data, _ = quantize_to_edge(ism.Session(g, optimize=False), list(outputs), calibration, batch=batch)
@@ -235,9 +238,6 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
 
     `source`: a Session (its variables are frozen) or a Graph without variables. `calibration`:
     feed dicts keyed by placeholder name (int8 only)."""
-    from isthmus.core.passes import freeze
-    from isthmus.core.session import Session
-    from isthmus.partitioner.partition import partition
     if hasattr(source, "graph") and hasattr(source, "run"):
         outs0 = [source.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
         graph = freeze(source, outs0)

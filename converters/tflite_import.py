@@ -398,6 +398,43 @@ def _transpose(imp, op):
     return [_Val(ism.transpose(as_nhwc(x), tuple(perm)), False)]
 
 
+@_handler("DENSIFY")
+def _densify(imp, op):
+    """The reader already densified the sparse constant (converters/tflite_sparse.py)."""
+    v = imp.value(op, 0)
+    if v is None or v.const is None:
+        raise TFLiteImportError(f"{imp.where(op)}: DENSIFY needs a constant (sparse) input")
+    return [v]
+
+
+@_handler("STRIDED_SLICE")
+def _strided_slice(imp, op):
+    """TensorFlow's strided slice (masks, ellipsis, new and shrunk axes, offset) as one numpy-style index
+    of the NHWC value."""
+    x = imp.value(op, 0)
+    begin, end, strides = (imp.const(op, k, what).astype(np.int64).reshape(-1)
+                           for k, what in ((1, "begin"), (2, "end"), (3, "strides")))
+    if not len(begin) == len(end) == len(strides):
+        raise TFLiteImportError(f"{imp.where(op)}: begin, end and strides differ in length")
+    if np.any(strides == 0):
+        raise TFLiteImportError(f"{imp.where(op)}: a stride is 0")
+    bits = {k: int(op.options.get(k, 0) or 0) for k in ("BeginMask", "EndMask", "EllipsisMask", "NewAxisMask",
+                                                         "ShrinkAxisMask")}
+    key = []
+    for i, (b, e, st) in enumerate(zip(begin.tolist(), end.tolist(), strides.tolist())):
+        if bits["EllipsisMask"] >> i & 1:
+            key.append(Ellipsis)
+        elif bits["NewAxisMask"] >> i & 1:
+            key.append(None)
+        elif bits["ShrinkAxisMask"] >> i & 1:
+            key.append(b)
+        else:
+            lo = None if bits["BeginMask"] >> i & 1 else b
+            hi = None if bits["EndMask"] >> i & 1 else (b + e if op.options.get("Offset") else e)
+            key.append(slice(lo, hi, st))
+    return [_Val(as_nhwc(x)[tuple(key)], False)]
+
+
 @_handler("SQUEEZE")
 def _squeeze(imp, op):
     x = imp.value(op, 0)
@@ -556,3 +593,6 @@ def _check_shape(imp, op, i: int, v: _Val) -> None:
 
 def _clean(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-." else "_" for ch in name)
+
+
+from . import tflite_mediapipe  # noqa: E402,F401  (MediaPipe custom operators; need the handler table above)

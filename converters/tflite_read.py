@@ -47,6 +47,7 @@ class OperatorData:
     inputs: List[int]       # -1: an omitted optional input
     outputs: List[int]
     options: Dict[str, object] = field(default_factory=dict)
+    custom_options: bytes = b""  # a custom operator's raw options (MediaPipe's are C structs)
 
 
 @dataclass
@@ -91,6 +92,8 @@ _OPTION_FIELDS = {
     "BATCH_MATMUL": ("BatchMatMulOptions", ["AdjX", "AdjY"]),
     "SPLIT": ("SplitOptions", ["NumSplits"]),
     "SPLIT_V": ("SplitVOptions", ["NumSplits"]),
+    "STRIDED_SLICE": ("StridedSliceOptions", ["BeginMask", "EndMask", "EllipsisMask", "NewAxisMask",
+                                              "ShrinkAxisMask", "Offset"]),
 }
 _VECTOR_FIELDS = {"NewShape", "SqueezeDims"}  # int32 vectors, read through numpy
 
@@ -210,7 +213,20 @@ def _tensor(r: _Reader, m, sg, k: int, n_buf: int) -> TensorData:
     if not 0 <= b < max(n_buf, 1):
         raise TFLiteImportError(f"{what}: buffer index {b} outside the model's {n_buf} buffers")
     data = _buffer_data(r, m, b, what) if n_buf else None
+    sparsity = None
     if data is not None:
+        from .tflite_sparse import read_sparsity
+        sparsity = read_sparsity(r, t, what)
+    if sparsity is not None:  # only the non-zeros are stored: densified here, so every op sees dense weights
+        from .tflite_sparse import densify
+        if any(d < 0 for d in shape):
+            raise TFLiteImportError(f"{what}: a sparse constant with unknown dims {shape}")
+        if data.size % dtype.itemsize:
+            raise TFLiteImportError(f"{what}: sparse tensor buffer {b} holds {data.size} bytes, not a whole number "
+                                    f"of {dtype.name} values")
+        values = np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False)
+        data = densify(values, tuple(shape), sparsity, what)
+    elif data is not None:
         if any(d < 0 for d in shape):
             raise TFLiteImportError(f"{what}: a constant with unknown dims {shape}")
         want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -269,6 +285,9 @@ def _operator(r: _Reader, sg, k: int, codes: List[str], n_t: int) -> OperatorDat
         if bad:
             raise TFLiteImportError(f"{what}: {kind} tensor indices {bad} outside the subgraph's {n_t} tensors")
     data = OperatorData(k, op, ins, outs)
+    if op.startswith("custom:"):
+        v = r.call(f"{what} custom_options", o.CustomOptionsAsNumpy)
+        data.custom_options = b"" if isinstance(v, int) else np.asarray(v, np.uint8).tobytes()
     if op in _OPTION_FIELDS:
         data.options = _options(r, o, op, what)
     return data

@@ -25,7 +25,7 @@ from isthmus.edge.loader import EdgeModel, loads, verify_all
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
-from . import tflite_write_array_ops  # noqa: F401  (registers TRANSPOSE, GATHER, ... in HANDLERS)
+from . import tflite_write_array_ops, tflite_write_lstm  # noqa: F401  (register TRANSPOSE, GATHER, LSTM, ...)
 
 METADATA_KEY = "isthmus.tflite"
 METADATA_VERSION = 1
@@ -88,6 +88,7 @@ def edge_to_tflite(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequenc
     ops = [m.operators[k] for k in _select(m, ins, outs)]
     b = TFLiteBuilder()
     tr = Translator(m, b, batch)
+    tr.wanted = set(outs)
     skip, in_ids, in_meta = _bind_inputs(tr, ops, ins, input_type, input_layout)
     out_src, skip_out = _output_sources(tr, ops, outs, output_type)
     for op in ops:
@@ -220,7 +221,7 @@ def to_tflite(source, outputs: Sequence, inputs: Optional[Sequence] = None, int8
 class TFLiteSplitPart:
     """One cut of a split model as .tflite files: `edge` computes what is sent to `cloud_part`
     (outputs in `wire_inputs` order); `post`, when the edge works on after the cloud's answer,
-    takes the answer's tensors (`wire_outputs`, then the model's inputs it reads)."""
+    takes the answer's tensors (`wire_outputs`), then those of the model's inputs it reads."""
     cut: str
     cloud_part: str
     edge: bytes
@@ -255,8 +256,10 @@ def split_to_tflite(split: Union[bytes, str], cut: Optional[str] = None, **optio
     post = None
     if any(o not in remote.outputs for o in m.outputs):
         opts = dict(options, input_layout="nchw")
-        post = edge_to_tflite(m, inputs=list(remote.outputs) + list(m.inputs), outputs=m.outputs,
-                              extra=dict(extra, role="post"), **opts)
+        ops = _select(m, list(remote.outputs) + list(m.inputs), list(m.outputs))
+        read = {i for k in ops for i in m.operators[k].inputs}
+        post = edge_to_tflite(m, inputs=list(remote.outputs) + [e for e in m.inputs if e in read],
+                              outputs=m.outputs, extra=dict(extra, role="post"), **opts)
     return TFLiteSplitPart(c["name"], c["cloud_part"], edge, list(c["inputs"]), list(c["outputs"]), post)
 
 

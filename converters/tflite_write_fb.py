@@ -33,6 +33,7 @@ class FbTensor:
     zero_point: Optional[List[int]] = None
     axis: int = 0
     signature: Optional[Tuple[int, ...]] = None  # shape with -1 where the size is free (batch)
+    is_variable: bool = False                     # a state an op keeps across invokes (LSTM h and c)
 
 
 @dataclass
@@ -59,7 +60,7 @@ class TFLiteBuilder:
 
     # ---- filling --------------------------------------------------------------------------------
     def tensor(self, name: str, dtype, shape: Sequence[int], data: Optional[np.ndarray] = None,
-               scale=None, zero_point=None, axis: int = 0, signature=None) -> int:
+               scale=None, zero_point=None, axis: int = 0, signature=None, is_variable: bool = False) -> int:
         dtype = np.dtype(dtype)
         if dtype not in TENSOR_TYPES:
             raise ValueError(f"tensor '{name}': dtype {dtype} has no TFLite type")
@@ -73,7 +74,7 @@ class TFLiteBuilder:
         self.tensors.append(FbTensor(name, dtype, tuple(int(d) for d in shape), buf,
                                      None if scale is None else [float(s) for s in scale],
                                      None if zero_point is None else [int(z) for z in zero_point], int(axis),
-                                     None if signature is None else tuple(int(d) for d in signature)))
+                                     None if signature is None else tuple(int(d) for d in signature), is_variable))
         return len(self.tensors) - 1
 
     def const(self, name: str, value: np.ndarray, **q) -> int:
@@ -186,6 +187,8 @@ class TFLiteBuilder:
         if sig is not None:
             fb.TensorAddShapeSignature(b, sig)
         fb.TensorAddHasRank(b, True)
+        if t.is_variable:
+            fb.TensorAddIsVariable(b, True)
         return fb.TensorEnd(b)
 
     @staticmethod

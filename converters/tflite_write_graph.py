@@ -15,10 +15,10 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from isthmus.core.graph import Graph, Tensor
+from isthmus.edge import capabilities
 from isthmus.edge.loader import loads
 from isthmus.edge.writer import ModelWriter
 
-from .edge_export import EDGE_OPS
 from .tflite_write import edge_to_tflite
 from .tflite_write_layout import TFLiteExportError
 
@@ -86,15 +86,21 @@ EXTRA_OPS = {
     "StridedSlice": lambda n: (lambda s: None if s is None else ("StridedSlice", s))(_strided(n)),
     "Resize": lambda n: (lambda s: None if s is None else ("Resize", s))(_resize(n)),
     "ReduceMean": lambda n: ("ReduceMean", {"axes": _axes(n), "keepdims": int(n.attrs["keepdims"])}),
+    "LSTMSequence": lambda n: None if n.attrs["reverse"] or n.attrs["with_lens"] or len(n.inputs) != 4
+    else ("LSTMSequence", {}),
     "Squeeze": lambda n: ("Reshape", {"shape": [-1 if d is None else d for d in n.outputs[0].shape]}),
     "ExpandAxes": lambda n: ("Reshape", {"shape": [-1 if d is None else d for d in n.outputs[0].shape]}),
 }
 
 
 def _op_for(n):
-    if n.op in EDGE_OPS:
-        attrs = EDGE_OPS[n.op](n.attrs) if EDGE_OPS[n.op] is not None else {}
-        return None if attrs is None else (n.op, attrs)
+    """(intermediate op, attrs): the edge capability table's attributes for the ops the edge runs
+    (edge/capabilities.py, the one reader of node attributes), EXTRA_OPS' for the rest."""
+    if n.op in capabilities.FP32:
+        try:
+            return n.op, capabilities.edge_attrs(n.op, n.attrs)
+        except capabilities.Refused:
+            return None
     return EXTRA_OPS[n.op](n) if n.op in EXTRA_OPS else None
 
 

@@ -43,6 +43,7 @@ class Translator:
         self.m, self.b, self.batch = model, builder, batch
         self.ids: Dict[Tuple[int, str], int] = {}
         self.op: Optional[OperatorInfo] = None     # the op being translated (for errors)
+        self.wanted: set = set()                   # the edge tensors the model outputs
 
     # ---- facts about edge tensors ------------------------------------------------------------------
     def fail(self, why: str) -> TFLiteExportError:
@@ -62,8 +63,8 @@ class Translator:
         t = self.m.tensors[e]
         if not len(t.scale):
             return {}
-        return dict(scale=[float(s) for s in t.scale], zero_point=[int(z) for z in t.zero_point],
-                    axis=max(t.axis, 0))
+        zp = [int(z) for z in t.zero_point] if len(t.zero_point) else [0] * len(t.scale)  # empty: all zero
+        return dict(scale=[float(s) for s in t.scale], zero_point=zp, axis=max(t.axis, 0))
 
     def is_int8(self, e: int) -> bool:
         return self.m.tensors[e].dtype == np.int8
@@ -98,7 +99,7 @@ class Translator:
         if (e, other) not in self.ids:
             raise self.fail(f"tensor '{t.name}' is used before it is computed (is it an input of the model?)")
         perm = NHWC if layout == LAYOUT_NHWC else TO_NCHW
-        if self._same_bytes(e):
+        if self.same_bytes(e):
             out = self.new(e, layout, suffix="/" + layout)
             shape = self.b.const(t.name + f"/{layout}/shape", np.asarray(stored(self.shape(e), layout), np.int32))
             self.b.op("RESHAPE", [self.ids[(e, other)], shape], [out])
@@ -108,7 +109,7 @@ class Translator:
         self.b.op("TRANSPOSE", [self.ids[(e, other)], p], [out], version=2 if self.is_int8(e) else 1)
         return out
 
-    def _same_bytes(self, e: int) -> bool:
+    def same_bytes(self, e: int) -> bool:
         """NCHW and NHWC hold the same bytes when C == 1 or H * W == 1."""
         n, c, h, w = self.shape(e)
         return c == 1 or h * w == 1
@@ -134,7 +135,7 @@ class Translator:
         """(tensor the op writes, None) or, where TFLite needs the op's output quantized like its
         input (`like_input`) and e's parameters differ, (a scratch tensor with the input's
         parameters, e's tensor): the caller writes the first, then `finish` requantizes."""
-        if like_input is None or not self.is_int8(e) or self._same_q(e, like_input):
+        if like_input is None or not self.is_int8(e) or self.same_q(e, like_input):
             return self.new(e, layout), None
         final = self.new(e, layout)
         tmp = self.b.tensor(self.m.tensors[e].name + "/requant", np.int8,
@@ -146,10 +147,14 @@ class Translator:
         if final is not None:
             self.b.op("QUANTIZE", [tmp], [final], version=2)
 
-    def _same_q(self, a: int, b: int) -> bool:
+    def same_q(self, a: int, b: int) -> bool:
         qa, qb = self.quant(a), self.quant(b)
         return qa.get("zero_point") == qb.get("zero_point") and \
             np.allclose(qa.get("scale", []), qb.get("scale", []), rtol=1e-6, atol=0)
+
+    def used(self, e: int) -> bool:
+        """Whether any operator reads e or the model outputs it."""
+        return e in self.wanted or any(e in op.inputs for op in self.m.operators)
 
     def alias(self, src: int, dst: int) -> None:
         for l in self.layouts(src):

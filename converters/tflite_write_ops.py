@@ -82,16 +82,17 @@ def _window(tr: Translator, x: int, shape, k, s, d, pads, pad_value: float, name
 
 def _bias(tr: Translator, op, o: int, w_e: int, x_e: int) -> int:
     b_e = op.inputs[2] if len(op.inputs) > 2 and op.inputs[2] >= 0 else -1
-    if b_e >= 0:
-        if tr.const(b_e) is None:
-            raise tr.fail("a bias computed at run time has no TFLite form here (constant biases only)")
-        return tr.get(b_e)
     name = tr.m.tensors[op.outputs[0]].name + "/bias"
-    if tr.is_int8(x_e):
-        s = np.asarray(tr.quant(x_e)["scale"][0] * np.asarray(tr.quant(w_e)["scale"]), np.float64)
-        s = np.broadcast_to(s, (o,))
-        return tr.b.const(name, np.zeros(o, np.int32), scale=s.tolist(), zero_point=[0] * o, axis=0)
-    return tr.b.const(name, np.zeros(o, np.float32))
+    if b_e >= 0 and tr.const(b_e) is None:
+        raise tr.fail("a bias computed at run time has no TFLite form here (constant biases only)")
+    if not tr.is_int8(x_e):
+        return tr.get(b_e) if b_e >= 0 else tr.b.const(name, np.zeros(o, np.float32))
+    if b_e >= 0 and tr.quant(b_e):
+        return tr.get(b_e)
+    # an int32 bias without parameters is at s_in * s_w by the edge kernels' convention; TFLite wants them said
+    s = np.broadcast_to(np.asarray(tr.quant(x_e)["scale"][0] * np.asarray(tr.quant(w_e)["scale"]), np.float64), (o,))
+    value = np.zeros(o, np.int32) if b_e < 0 else np.asarray(tr.const(b_e), np.int32).reshape(o)
+    return tr.b.const(name, value, scale=s.tolist(), zero_point=[0] * o, axis=0)
 
 
 @handles("Conv2D", "FusedConv2D")
@@ -256,12 +257,36 @@ def _pool_common(tr: Translator, op, kind: str) -> None:
     n, c, h, w = shape
     if kind == "AVERAGE_POOL_2D" and pads != (0, 0, 0, 0) and not (
             (pads[0], pads[1]) == same_padding(h, k[0], s[0], 1) and (pads[2], pads[3]) == same_padding(w, k[1], s[1], 1)):
-        raise tr.fail(f"average pooling with pads {pads} (neither VALID nor TFLite's SAME) has no TFLite form")
+        _avg_pool_explicit(tr, op, k, s, pads)
+        return
     padding, xi = _window(tr, x, shape, k, s, (1, 1), pads, float(np.finfo(np.float32).min), name)
     pair = tr.output(y, LAYOUT_NHWC, like_input=x)
     tr.b.op(kind, [xi], [pair[0]], "Pool2DOptions", 2 if tr.is_int8(x) else 1, Padding=padding,
             StrideH=s[0], StrideW=s[1], FilterHeight=k[0], FilterWidth=k[1], FusedActivationFunction=0)
     tr.finish(pair)
+
+
+def _avg_pool_explicit(tr: Translator, op, k, s, pads) -> None:
+    """Average pooling over explicit pads that are not TFLite's SAME (the mean of the real elements
+    only): zero PAD, a VALID AVERAGE_POOL_2D (the window sum / (kh kw)), then MUL by the constant
+    map kh kw / (real elements of each window). fp32 only."""
+    x, y = op.inputs[0], op.outputs[0]
+    if tr.is_int8(x):
+        raise tr.fail(f"int8 average pooling with pads {pads} (neither VALID nor TFLite's SAME) has no TFLite form")
+    n, c, h, w = tr.shape(x)
+    t, b, l, r = pads
+    oh, ow = tr.shape(y)[2:]
+    name = tr.m.tensors[y].name
+    _, xi = _window(tr, x, (n, c, h, w), k, s, (1, 1), pads, 0.0, name)
+    ones = np.zeros((h + t + b, w + l + r), np.float32)
+    ones[t:t + h, l:l + w] = 1
+    count = np.array([[ones[i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1]].sum() for j in range(ow)]
+                      for i in range(oh)], np.float32)
+    mid = tr.scratch(name + "/window_mean", np.float32, (n, oh, ow, c))
+    tr.b.op("AVERAGE_POOL_2D", [xi], [mid], "Pool2DOptions", Padding=1, StrideH=s[0], StrideW=s[1],
+            FilterHeight=k[0], FilterWidth=k[1], FusedActivationFunction=0)
+    fix = tr.b.const(name + "/count_fix", (k[0] * k[1] / count).astype(np.float32).reshape(1, oh, ow, 1))
+    tr.b.op("MUL", [mid, fix], [tr.new(y, LAYOUT_NHWC)], "MulOptions", FusedActivationFunction=0)
 
 
 @handles("MaxPool")
@@ -289,7 +314,7 @@ def reshape(tr: Translator, op) -> None:
     x, y = op.inputs[0], op.outputs[0]
     xs = tr.shape(x)
     src = PLAIN
-    if len(xs) == 4 and LAYOUT_NHWC in tr.layouts(x) and PLAIN not in tr.layouts(x) and tr._same_bytes(x):
+    if len(xs) == 4 and LAYOUT_NHWC in tr.layouts(x) and PLAIN not in tr.layouts(x) and tr.same_bytes(x):
         src = LAYOUT_NHWC  # the NHWC bytes are the NCHW bytes: no transpose
     target = tr.shape(y)
     new_shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(target, np.int32))
@@ -304,8 +329,19 @@ def concat(tr: Translator, op) -> None:
     rank = len(tr.shape(y))
     layout = LAYOUT_NHWC if rank == 4 and any(LAYOUT_NHWC in tr.layouts(e) for e in op.inputs) else PLAIN
     axis = stored_axis(int(_attr(op, "axis", 0)), rank, layout)
-    tr.b.op("CONCATENATION", [tr.get(e, layout) for e in op.inputs], [tr.new(y, layout)], "ConcatenationOptions",
+    ins = [tr.get(e, layout) for e in op.inputs]
+    if tr.is_int8(y):  # XNNPACK's int8 concatenation needs every input quantized as the output
+        ins = [i if tr.same_q(e, y) else _requantized(tr, i, y, tr.m.tensors[e].name)
+               for e, i in zip(op.inputs, ins)]
+    tr.b.op("CONCATENATION", ins, [tr.new(y, layout)], "ConcatenationOptions",
             2 if tr.is_int8(y) else 1, Axis=axis, FusedActivationFunction=0)
+
+
+def _requantized(tr: Translator, i: int, like: int, name: str) -> int:
+    """TFLite tensor i requantized (QUANTIZE int8 -> int8) to edge tensor like's parameters."""
+    out = tr.scratch(name + "/requant", np.int8, tr.b.tensors[i].shape, **tr.quant(like))
+    tr.b.op("QUANTIZE", [i], [out], version=2)
+    return out
 
 
 @handles("Softmax")

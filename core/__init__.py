@@ -12,10 +12,13 @@ from .ops.math import abs, pow  # noqa: A004
 from .ops.linalg import bias_add, matmul
 from .ops.sparse import IndexedSlices, gather
 from .ops.array import *  # noqa: F401,F403  (each family lists its public functions in __all__)
+from .ops.fill import *  # noqa: F401,F403
+from .ops.array_dynamic import *  # noqa: F401,F403
 from .ops.reduce import *  # noqa: F401,F403
 from .ops.random import *  # noqa: F401,F403
 from .ops.nn import *  # noqa: F401,F403
 from .ops.conv import *  # noqa: F401,F403
+from .ops.pool import *  # noqa: F401,F403
 from .ops.activation import *  # noqa: F401,F403
 from .ops.pointwise import *  # noqa: F401,F403
 from .ops.indexing import *  # noqa: F401,F403
@@ -23,6 +26,8 @@ from .ops.ordering import *  # noqa: F401,F403
 from .ops.normalization import *  # noqa: F401,F403
 from .ops.quantization import *  # noqa: F401,F403
 from .ops.conv_transpose import *  # noqa: F401,F403
+from .ops.attention import *  # noqa: F401,F403
+from .ops.einsum import einsum  # noqa: F401
 from .ops.control import cond, while_loop
 from .variables import (Variable, global_variables, global_variables_initializer, trainable_variables,
                         variables_initializer)

@@ -277,19 +277,19 @@ class MaxPool2D(Layer):
         self.pool, self.strides, self.padding = pool_size, strides or pool_size, padding
 
     def call(self, x, training):
-        from .ops.conv import max_pool
+        from .ops.pool import max_pool
         return max_pool(x, self.pool, self.strides, self.padding)
 
 
 class AvgPool2D(MaxPool2D):
     def call(self, x, training):
-        from .ops.conv import avg_pool
+        from .ops.pool import avg_pool
         return avg_pool(x, self.pool, self.strides, self.padding)
 
 
 class GlobalAvgPool2D(Layer):
     def call(self, x, training):
-        from .ops.conv import global_avg_pool
+        from .ops.pool import global_avg_pool
         return global_avg_pool(x)
 
 

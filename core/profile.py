@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
+from .fetches import fetch_key
 from .graph import Node, Tensor
 
 
@@ -49,5 +50,4 @@ def by_op_type(times: Dict[Node, float]) -> List[Tuple[str, float, int]]:
 
 
 def _key(session, fetches):
-    from .session import _fetch_key
-    return _fetch_key(fetches)
+    return fetch_key(fetches)

@@ -8,10 +8,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import FeedError, GraphError
+from .errors import FeedError
 from .executor import KernelContext, Plan, SessionState
+from .fetches import feed_check, fetch_key, flatten, resolve_feed, resolve_fetch
 from .graph import Graph, Node, Tensor, get_default_graph
-from .shapes import compatible, fmt, fully_defined
+from .shapes import compatible, fmt
 
 
 class Session:
@@ -74,7 +75,7 @@ class Session:
         if self._closed:
             raise RuntimeError("this Session is closed")
         feed_dict = feed_dict or {}
-        key = (_fetch_key(fetches), tuple(feed_dict))
+        key = (fetch_key(fetches), tuple(feed_dict))
         entry = self._plans.get(key)
         if entry is None:
             entry = self._compile(key, fetches, feed_dict)
@@ -101,7 +102,7 @@ class Session:
     def plan_for(self, fetches, feed_dict: Optional[Dict] = None) -> Plan:
         """The compiled plan that `run(fetches, feed_dict)` uses (compiling it if needed)."""
         feed_dict = feed_dict or {}
-        key = (_fetch_key(fetches), tuple(feed_dict))
+        key = (fetch_key(fetches), tuple(feed_dict))
         entry = self._plans.get(key) or self._compile(key, fetches, feed_dict)
         return entry[0]
 
@@ -110,7 +111,7 @@ class Session:
             if key is not None and key in self._plans:
                 return self._plans[key]
             flat: List = []
-            unflatten = _flatten(fetches, flat, self._resolve)
+            unflatten = flatten(fetches, flat, self._resolve)
             feeds = [self._resolve_feed(k) for k in feed_dict]
             run_fetches, run_feeds = flat, feeds
             if self.optimize:
@@ -121,7 +122,7 @@ class Session:
                 rw = optimize(self.graph, nodes, flat, feeds)
                 run_fetches, run_feeds = rw.fetches, rw.feeds
             plan = self._plan(run_fetches, run_feeds)
-            checks = [_feed_check(t) for t in feeds]
+            checks = [feed_check(t) for t in feeds]
             if self.check_numerics:
                 from .ops.numerics import checked_feed
                 checks = [checked_feed(c, t) for c, t in zip(checks, feeds)]
@@ -157,27 +158,10 @@ class Session:
                          "cap_bytes": d.cap_bytes} for d in self.devices.gpus()}
 
     def _resolve(self, f):
-        if isinstance(f, str):
-            name = f
-            f = self.graph.tensor(name) if ":" in name else self.graph.node(name)
-            if isinstance(f, Node) and len(f.outputs) == 1 and ":" not in name and f.op not in _OPS_FETCHED_AS_NODES \
-                    and not f.opdef.ref_inputs:  # an update op fetched by name runs; it returns nothing
-                f = f.outputs[0]
-        elif hasattr(f, "_as_tensor") and not isinstance(f, Tensor):
-            f = f._as_tensor()
-        if isinstance(f, (Tensor, Node)):
-            if f.graph is not self.graph:
-                raise GraphError(f"cannot fetch '{f.name}': it belongs to another graph than this session's")
-            return f
-        raise TypeError(f"cannot fetch {f!r}: fetches are Tensors, Nodes, names, or lists/tuples/dicts of them")
+        return resolve_fetch(self.graph, f)
 
     def _resolve_feed(self, k) -> Tensor:
-        t = self._resolve(k)
-        if isinstance(t, Node):
-            if len(t.outputs) != 1:
-                raise FeedError(f"cannot feed node '{t.name}' ({t.op}): name one of its outputs")
-            t = t.outputs[0]
-        return t
+        return resolve_feed(self.graph, k)
 
     # ---- lifetime ---------------------------------------------------------------------
     def close(self) -> None:
@@ -222,65 +206,3 @@ class Session:
         name = assign_devices([node], self.devices.default, host_variables(self.graph),
                               self.devices.gpu_pins_usable())[node]
         return "host" if name == HOST else self.devices.get(name, node.name)
-
-
-_OPS_FETCHED_AS_NODES = frozenset({"NoOp", "Assign", "AssignAdd", "AssignSub", "ScatterAdd"})
-
-
-def _fetch_key(f):
-    t = type(f)
-    if t is list or t is tuple:
-        return (t, tuple(_fetch_key(x) for x in f))
-    if t is dict:
-        return (dict, tuple((k, _fetch_key(v)) for k, v in f.items()))
-    return f
-
-
-def _flatten(f, flat: list, resolve) -> Callable:
-    """Append the leaves of a fetch structure to `flat`; return a function rebuilding it."""
-    t = type(f)
-    if t is list or t is tuple:
-        parts = [_flatten(x, flat, resolve) for x in f]
-        return lambda out: t(p(out) for p in parts)
-    if t is dict:
-        keys = list(f)
-        parts = [_flatten(f[k], flat, resolve) for k in keys]
-        return lambda out: {k: p(out) for k, p in zip(keys, parts)}
-    i = len(flat)
-    flat.append(resolve(f))
-    if not flat and i == 0:
-        pass
-    return lambda out: out[i]
-
-
-def _feed_check(t: Tensor) -> Callable:
-    """A fast check for values fed to `t`; the slow path converts and names the tensor."""
-    dtype, shape = t.dtype, t.shape
-    exact = fully_defined(shape)
-    what = f"'{t.node.name}'" if t.node.op == "Placeholder" else f"tensor '{t.name}'"
-
-    def slow(v):
-        if hasattr(v, "_as_tensor") or isinstance(v, (Tensor, Node)):
-            raise FeedError(f"feed for {what} is a symbolic tensor; feed a value (numpy array)")
-        arr = np.asarray(v)
-        if arr.dtype != dtype:
-            # numpy arrays keep their kind (float64 -> float32 is fine, int -> float is not);
-            # Python scalars and lists convert unless that would drop a fraction
-            same_kind = arr.dtype.kind == dtype.kind or (arr.dtype.kind in "iu" and dtype.kind in "iu")
-            from_python = not isinstance(v, (np.ndarray, np.generic))
-            ok = same_kind or (from_python and arr.dtype.kind in "biu" and dtype.kind in "fiu")
-            if arr.dtype == object or not ok:
-                raise FeedError(f"feed for {what} has dtype {arr.dtype}; expected {dtype.name}")
-            arr = arr.astype(dtype)
-        if not compatible(arr.shape, shape):
-            raise FeedError(f"feed for {what} has shape {fmt(arr.shape)}; expected {fmt(shape)}")
-        return arr
-
-    if exact:
-        def check(v):
-            if type(v) is np.ndarray and v.dtype is dtype and v.shape == shape:
-                return v
-            return slow(v)
-    else:
-        check = slow
-    return check

@@ -92,6 +92,11 @@ FP32: Dict[str, Tuple[Callable[[Mapping], dict], Tuple[int, int]]] = {
     "Concat": (lambda a: {"axis": int(a["axis"])}, (1, 1 << 16)),
     "Softmax": (lambda a: {"axis": int(a["axis"])}, (1, 1)),
     "Pad": (_pad, (1, 1)), "BatchNorm": (_batch_norm, (5, 5)),
+    "Transpose": (lambda a: {"perm": [int(p) for p in a["perm"]]}, (1, 1)),
+    "Split": (lambda a: {"axis": int(a["axis"]), "sizes": [int(v) for v in a.get("sizes") or ()],
+                         "num": int(a.get("num") or 0)}, (1, 1)),
+    "LayerNorm": (lambda a: {"axis": int(a["axis"]), "epsilon": float(a["epsilon"])}, (3, 3)),
+    "LeakyRelu": (lambda a: {"alpha": float(a["alpha"])}, (1, 1)),
     **{op: (_none, (2, 2)) for op in ("Add", "Sub", "Mul", "Div", "Maximum", "Minimum")},
     **{op: (_none, (1, 1)) for op in ("Relu", "Relu6", "Tanh", "Sigmoid", "Identity")},
 }

@@ -20,6 +20,13 @@ import time
 
 import numpy as np
 
+from ..wire.security import ClientSecurity, SecurityError
+from .format import EdgeModelError
+from .interpreter import Interpreter
+from .link_emulation import EmulatedLink
+from .offload_client import CloudError, OffloadClient
+from .split_model import load_split
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an edge model file (.isth)")
@@ -120,16 +127,13 @@ def run(args) -> int:
         raise SystemExit("--require-cloud needs --cloud HOST:PORT")
     if args.cloud:
         return _run_split(args)
-    from .format import EdgeModelError
-    from .interpreter import Interpreter
     t0 = time.perf_counter()
     try:
         interp = Interpreter(args.model)
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise
-        from .split_model import load_split  # a split model without --cloud: its full model, locally
-        split = load_split(args.model)
+        split = load_split(args.model)  # a split model without --cloud: its full model, locally
         if split.full is None:
             raise SystemExit(f"{args.model} is a split model without a full copy: run it with --cloud HOST:PORT")
         print(f"{args.model}: a split model; running its full model locally (--cloud HOST:PORT offloads)")
@@ -162,10 +166,6 @@ def _print_outputs(names, outs) -> None:
 
 
 def _run_split(args) -> int:
-    from isthmus.wire.security import ClientSecurity, SecurityError
-    from .format import EdgeModelError
-    from .link_emulation import EmulatedLink
-    from .offload_client import CloudError, OffloadClient
     try:
         if args.tls_ca or args.tls_cert or args.token_file:
             security = ClientSecurity.from_files(args.tls_ca, args.tls_cert, args.tls_key, token_file=args.token_file)

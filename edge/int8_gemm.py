@@ -21,7 +21,12 @@ from .format import EdgeModelError
 from .opcontext import OpContext, Window
 from .quant import quantize_multiplier
 
-_F64 = 1 << 53
+_F64, _F32 = 1 << 53, 1 << 24
+
+
+class NotExact(EdgeModelError):
+    """The integer GEMM's requantization could overflow int64 here: the caller keeps its own path
+    (raised before any scratch is asked for)."""
 _I64 = 1 << 62
 
 
@@ -38,23 +43,28 @@ def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, 
     out = clamp((acc q + c) >> s, lo, hi), c = bias q + 2^(s-1) + zp 2^s (Requantizer's definition).
     float: t = acc mf + cf with mf = q 2^-s, cf = (c + 128 2^s) 2^-s, out = floor(clamp(t)) - 128; exact
     when every value is a multiple of 2^-e (e = s less q's trailing zeros, at least 1) below 2^53 in
-    those units, so t is computed without rounding and its floor is the shift. bound: max |acc|."""
+    those units, so t is computed without rounding and its floor is the shift; mf, cf are float32
+    when even 2^24 bounds them (the GEMM then requantizes in float32). bound: max |acc|."""
     ms = np.broadcast_to(np.asarray(multipliers, np.float64), bias.shape)
     qs = [quantize_multiplier(float(m)) for m in ms]
     q = np.array([v for v, _ in qs], np.int64)
     s = np.array([v for _, v in qs], np.int64)
     c = [int(b) * int(qv) + (1 << (int(sv) - 1)) + (int(zp) << int(sv)) for b, qv, sv in zip(bias, q, s)]
     if any(bound * int(qv) + abs(cv) >= _I64 for qv, cv in zip(q, c)):
-        raise EdgeModelError("int8 GEMM: the requantization could overflow int64")
-    exact = True
+        raise NotExact("int8 GEMM: the requantization could overflow int64")
+    exact, exact32 = True, True
     mf, cf = np.empty(len(q)), np.empty(len(q))
     for i, (qv, sv, bv) in enumerate(zip(q.tolist(), s.tolist(), bias.tolist())):
         tz = (qv & -qv).bit_length() - 1
         e = max(sv - tz, 1)
         units = (bound + abs(int(bv))) * (qv >> tz) * (1 << (e - (sv - tz))) + ((abs(zp) + 130) << e)
-        exact = exact and units < _F64
+        exact, exact32 = exact and units < _F64, exact32 and units < _F32 and sv - tz < 126
         mf[i] = math.ldexp(qv, -sv)
         cf[i] = math.ldexp(float(int(bv) * qv), -sv) + 0.5 + zp + 128
+    if exact32:  # the same arithmetic in float32, every value exact there too (the quantizer's short scales)
+        mf32, cf32 = mf.astype(np.float32), cf.astype(np.float32)
+        if np.array_equal(mf32, mf) and np.array_equal(cf32, cf):
+            return "float", mf32, cf32, float(lo + 128), float(hi + 128)
     if exact:
         return "float", mf, cf, float(lo + 128), float(hi + 128)
     return "int", q, np.array(c, np.int64), s, int(lo), int(hi)
@@ -84,9 +94,11 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
     i_x = ctx.scratch(packed_shape(k, p), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
     i_cols = None if pointwise else ctx.scratch((k, p), np.int8)
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    i_pad = None if pointwise else ctx.scratch((g.c, hp, wp), np.int8)  # the input with its border of zero points
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import im2col, pack_rows
+        from ..jit.gemm_int8 import im2col, pack_rows, pad_planes
         xp = sc[i_x]
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
         if pointwise:
@@ -96,11 +108,12 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
                 pack_rows(x2, xp)
                 gemm()
             return run_pointwise
-        x3, cols = ins[0].reshape(g.c, g.h, g.w), sc[i_cols]
-        geo = (np.int8(zx), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.t, g.l, g.oh, g.ow)
+        x3, cols, xpad = ins[0].reshape(g.c, g.h, g.w), sc[i_cols], sc[i_pad]
+        geo, zx8 = (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow), np.int8(zx)
 
         def run():
-            im2col(x3, *geo, cols)
+            pad_planes(x3, zx8, g.t, g.l, xpad)
+            im2col(xpad, *geo, cols)
             pack_rows(cols, xp)
             gemm()
         return run

@@ -147,7 +147,10 @@ def conv(ctx: OpContext):
     lo, hi = activation_bounds(ctx.choice("activation", "none", ("none", "relu", "relu6")), sy, zy)
     depthwise = groups == c and cg == 1 and o == c
     if groups == 1 and n == 1 and x.data is None and int8_gemm.ready():  # the integer GEMM (int8_gemm.py)
-        return int8_gemm.conv(ctx, g, wi, bias, sx * sw / sy, zx, zy, lo, hi, bound)
+        try:
+            return int8_gemm.conv(ctx, g, wi, bias, sx * sw / sy, zx, zy, lo, hi, bound)
+        except int8_gemm.NotExact:  # its int64 requantization could overflow: the float-GEMM path below
+            pass
     kk = kh * kw
     og, kg = o // groups, cg * kk
     # a 1x1 depthwise conv (a scale per channel) takes the depthwise path: the einsum needs its columns
@@ -355,8 +358,11 @@ def matmul(ctx: OpContext):
     bias = _bias(ctx, nn, sa, sb)
     bias = (0 if bias is None else bias) + fold
     if const_b is not None and not batch and int8_gemm.ready():  # the integer GEMM (int8_gemm.py)
-        return int8_gemm.dense(ctx, bi, np.broadcast_to(bias, (nn,)).astype(np.int64), sa * sb / sy, zy, lo, hi,
-                               bound, m, bool(ta))
+        try:
+            return int8_gemm.dense(ctx, bi, np.broadcast_to(bias, (nn,)).astype(np.int64), sa * sb / sy, zy, lo, hi,
+                                   bound, m, bool(ta))
+        except int8_gemm.NotExact:
+            pass
     folded = None
     if const_b is not None and fold_pays(k, math.prod(out_shape)):  # one float64 GEMM when exact (see conv)
         folded = fold_requantization(bi.T, sa * sb / sy, bias, zy, bound)

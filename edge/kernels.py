@@ -482,3 +482,6 @@ def batch_norm(ctx: OpContext):
             add(y, shift_v, out=y)
         return run
     return [shape], bind
+
+
+from . import kernels_layout  # noqa: E402,F401  (registers Transpose, Split, LayerNorm, LeakyRelu)

@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
+from ..wire import tensor_codec
 from .format import EdgeModelError
 
 METADATA_KEY = "isthmus.tflite"
@@ -93,7 +94,10 @@ class LiteRTOffloadClient:
         answer = self.call_cloud(sent)
         if self.post is None:
             return answer
-        return _run(self.post, self.post_meta, list(answer) + list(inputs))
+        # the post part takes the answer, then the model inputs it reads (named as the edge part names them)
+        by_name = {spec["edge_name"]: x for spec, x in zip(self.meta["inputs"], inputs)}
+        rest = [by_name[spec["edge_name"]] for spec in self.post_meta["inputs"][len(answer):]]
+        return _run(self.post, self.post_meta, list(answer) + rest)
 
     def run_edge(self, *inputs: np.ndarray) -> List[np.ndarray]:
         """The edge part's outputs, float32 NCHW, in wire_name order (what goes to the cloud)."""
@@ -151,6 +155,7 @@ def _run(it, meta: dict, inputs: Sequence[np.ndarray], final: bool = True) -> Li
         raise EdgeModelError(f"the .tflite takes {len(meta['inputs'])} inputs, got {len(inputs)}")
     for d, spec, x in zip(it.get_input_details(), meta["inputs"], inputs):
         it.set_tensor(d["index"], to_model_input(x, spec))
+    it.reset_all_variables()   # LiteRT keeps an LSTM's h and c across invokes; isthmus starts each from zeros
     it.invoke()
     outs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
     return [to_wire(y, s) for y, s in zip(outs, meta["outputs"])] if final else outs

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..wire import tensor_codec
+from ..wire.security import make_channel
 from .cut_selector import CutSelector
 from .format import EdgeModelError
 from .interpreter import Interpreter
@@ -369,9 +370,10 @@ class OffloadClient(RequestTracing):
         if self._channel is not None:
             self._channel.close()
         self._stale = False
-        import grpc  # noqa: F401  (only a client that talks to the cloud needs grpc)
+        # deferred: grpc (and the generated stubs, which import it) is a heavy import that
+        # `import isthmus.edge` must not pay; only a client that talks to the cloud needs it
+        import grpc  # noqa: F401
         from isthmus.proto import offload_pb2, offload_pb2_grpc
-        from isthmus.wire.security import make_channel
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
@@ -383,7 +385,7 @@ class OffloadClient(RequestTracing):
         self.counts["connects"] += 1
 
     def _call(self, method: str, request):
-        import grpc
+        import grpc  # deferred: a heavy import (see _connect); loaded by then
         left = self._remaining()
         if left <= 0:
             raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed before the {method} call")

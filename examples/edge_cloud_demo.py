@@ -240,7 +240,7 @@ class offload_service:
             self.proc = None
             return "127.0.0.1:1"
         import subprocess
-        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", self.cloud_path, "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", self.cloud_path, "--port", "0",
                                       "--log-every", "0", "--max-delay-ms", "0.5"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))

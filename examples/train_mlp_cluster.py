@@ -22,7 +22,7 @@ import numpy as np
 import isthmus as ism
 from isthmus import nn
 from isthmus.cloud.local_cluster import LocalCluster
-from isthmus.cloud.placement import pin_replica, task_device
+from isthmus.partitioner.cluster_placement import pin_replica, task_device
 from isthmus.cloud.replicas import ReplicaTrainer
 
 

@@ -116,16 +116,21 @@ def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
 
     def codegen(context, builder, signature, args):
         results = _accumulate(context, builder, signature, args)
-        i8, i32, i64, f64 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        # float32 constants: the caller proved float32 exact (half the vectors of float64)
+        f64 = ir.FloatType() if signature.args[6].dtype == types.float32 else ir.DoubleType()
         d8 = ir.VectorType(f64, 8)
+        suffix = "v8f32" if isinstance(f64, ir.FloatType) else "v8f64"
         oa, ma, ca = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (2, 6, 7))
         optr = builder.bitcast(oa.data, i8.as_pointer())
         mptr, cptr = (builder.bitcast(a.data, f64.as_pointer()) for a in (ma, ca))
-        lo, hi = (builder.shuffle_vector(builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0)),
+        lo, hi = (builder.shuffle_vector(builder.insert_element(ir.Constant(d8, ir.Undefined),
+                                                                builder.fptrunc(v, f64) if f64 != v.type else v,
+                                                                ir.Constant(i32, 0)),
                                          ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
                   for v in (args[8], args[9]))
-        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum.v8f64")
-        vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum.v8f64")
+        vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum." + suffix)
+        vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
         bias = ir.Constant(ir.VectorType(i32, 8), [128] * 8)
 
         def splat(v):
@@ -176,32 +181,45 @@ def pack_rows(x, xp):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col(x, zx, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, cols):
-    """The im2col columns of x int8 [C, H, W] (one image) into cols int8 [C kh kw, OH OW], padding
-    with the zero point zx: row (c kh + i) kw + j, column oy OW + ox. Each output row is a fill, a
-    run copied from the input row, and a fill (no test per element)."""
+def pad_planes(x, zx, pt, pl, xpad):
+    """xpad int8 [C, Hp, Wp] = x int8 [C, H, W] at (pt, pl), the border filled with the zero point zx."""
     c_, h, w = x.shape
     for c in range(c_):
+        dst = xpad[c]
+        for r in range(dst.shape[0]):
+            row = dst[r]
+            iy = r - pt
+            if iy < 0 or iy >= h:
+                for i in range(row.shape[0]):
+                    row[i] = zx
+                continue
+            src = x[c, iy]
+            for i in range(pl):
+                row[i] = zx
+            for i in range(w):
+                row[pl + i] = src[i]
+            for i in range(pl + w, row.shape[0]):
+                row[i] = zx
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def im2col(xpad, kh, kw, sh, sw, dh, dw, oh, ow, cols):
+    """The im2col columns of a padded image xpad int8 [C, Hp, Wp] (pad_planes) into cols int8
+    [C kh kw, OH OW]: row (c kh + i) kw + j, column oy OW + ox, every run a plain strided copy."""
+    c_ = xpad.shape[0]
+    for c in range(c_):
+        plane = xpad[c]
         for i in range(kh):
             for j in range(kw):
                 dst = cols[(c * kh + i) * kw + j]
-                off = j * dw - pl
-                lo = min((-off + sw - 1) // sw if off < 0 else 0, ow)  # the first ox with ix = ox sw + off >= 0
-                hi = min(max((w - 1 - off) // sw + 1, lo), ow)  # past the last ox with ix < w
                 for oy in range(oh):
-                    iy = oy * sh - pt + i * dh
-                    base = oy * ow
-                    if iy < 0 or iy >= h:
+                    src, base = plane[oy * sh + i * dh], oy * ow
+                    if sw == 1:
                         for ox in range(ow):
-                            dst[base + ox] = zx
-                        continue
-                    row = x[c, iy]
-                    for ox in range(lo):
-                        dst[base + ox] = zx
-                    for ox in range(lo, hi):
-                        dst[base + ox] = row[ox * sw + off]
-                    for ox in range(hi, ow):
-                        dst[base + ox] = zx
+                            dst[base + ox] = src[j * dw + ox]
+                    else:
+                        for ox in range(ow):
+                            dst[base + ox] = src[j * dw + ox * sw]
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

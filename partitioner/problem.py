@@ -6,8 +6,9 @@ and a cost model, with the constraints applied:
 - nodes pinned by the user (`node.device`) run there;
 - ops a device does not support never run there (reported in `forced`, never an error
   later during conversion);
-- a Variable and the ops that update it (through a reference input) are colocated, and so
-  are a producer and consumers of an opaque (variant) value, which cannot cross a wire;
+- a Variable and the ops that update it (through a reference input, also from inside a cond or
+  while body) are colocated, and so are a producer and consumers of an opaque (variant) value,
+  which cannot cross a wire (colocation.py, the rule the cluster placement applies too);
 - graph inputs (placeholders) live where the data does (the sensor is on the edge);
 - the fetched outputs are returned to one device (the edge), their transfer priced;
 - the edge's memory budget (weights plus outputs resident there, a conservative count).
@@ -25,11 +26,11 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
-from ..core import dtypes as _dt
 from ..core.devices import DeviceSpec
 from ..core.errors import IsthmusError
 from ..core.executor import prune
 from ..core.graph import Graph, Node, Tensor
+from .colocation import colocation_groups, updated_variables
 from .costmodel import CostModel
 
 Placement = Dict[str, str]  # node name -> device name
@@ -205,27 +206,12 @@ class Problem:
         self.allowed = allowed
 
     def _groups(self) -> np.ndarray:
-        parent = list(range(len(self.nodes)))
-
-        def find(a: int) -> int:
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-
-        def union(a: int, b: int) -> None:
-            ra, rb = find(a), find(b)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-
-        idx = self.index
-        for node in self.nodes:
-            for k in node.opdef.ref_inputs:
-                union(idx[node], idx[node.inputs[k].node])
-            for t in node.inputs:
-                if t.dtype == _dt.variant and t.node in idx:
-                    union(idx[node], idx[t.node])
-        return np.array([find(i) for i in range(len(self.nodes))], dtype=np.int64)
+        """Each node's group root (the group's smallest index): colocation.py's rule."""
+        group = np.arange(len(self.nodes), dtype=np.int64)
+        for members in colocation_groups(self.nodes).values():
+            ids = [self.index[m] for m in members]
+            group[ids] = min(ids)
+        return group
 
     def _force(self, node: Node, allowed_row: np.ndarray, reason: str) -> None:
         where = tuple(d for d, y in zip(self.devices, allowed_row) if y)
@@ -332,7 +318,7 @@ class Problem:
 def needed_nodes(outputs: Sequence[Union[Tensor, Node]]) -> List[Node]:
     """The nodes that computing `outputs` runs, and the variables their updates name; in order."""
     needed = prune([f.node if isinstance(f, Tensor) else f for f in outputs], set())
-    refs = {n.inputs[i].node for n in needed for i in n.opdef.ref_inputs}
+    refs = {v for n in needed for v in updated_variables(n)}  # also those a cond/while body updates
     return sorted(set(needed) | refs, key=lambda n: n.index)
 
 

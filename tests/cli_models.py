@@ -36,4 +36,4 @@ def images(n: int, res: int = 48, seed: int = 0) -> np.ndarray:
 
 
 # the `isthmus` command as a subprocess (one place to change when the entry point moves)
-ISTHMUS = [sys.executable, "-m", "isthmus.cli"]
+ISTHMUS = [sys.executable, "-m", "isthmus"]

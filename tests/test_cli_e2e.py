@@ -75,7 +75,7 @@ def test_four_commands_from_onnx_to_a_running_int8_split(tmp_path):
     # 2. split --int8: edge file, cloud file, plan, report
     out = _isthmus("split", model, "--bandwidth", "5mbps", "--rtt", "10ms", "--edge-profile", "phone", "--int8",
                    "--calibration-data", calib, "-o", str(tmp_path / "deploy"))
-    assert "cloud part" in out, out
+    assert "cloud part" in out and "int8 drift vs fp32" in out, out
     plan = json.loads((tmp_path / "deploy" / "plan.json").read_text())
     assert any(c["cloud_part"] for c in plan["cuts"]) and (tmp_path / "deploy" / "plan.svg").exists()
     # 3. serve, 4. edge-run --cloud (the cut for 5 Mbit/s: an int8 edge part, the cloud part in fp32)
@@ -103,6 +103,6 @@ def test_fp32_split_equals_the_unsplit_model(tmp_path):
         for bw in ("5mbps", "1000mbps"):  # the stem on the edge; everything in the cloud
             out = _isthmus("edge-run", str(tmp_path / "d" / "model.isth"), "--cloud", address, "--require-cloud",
                            "--input", x, "--emulate-link", bw, "--rtt", "1ms", "--repeat", "1",
-                           "--save", str(tmp_path / "y.npy"), "--deadline-ms", "20000")
+                           "--save", str(tmp_path / "y.npy"), "--force", "--deadline-ms", "20000")
             assert '"cloud": 2' in out, out
             np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(model, xv), rtol=1e-4, atol=1e-5)

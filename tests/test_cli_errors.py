@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from isthmus import cli
+from isthmus.apps import cli
 
 from .cli_models import cnn_onnx, images
 
@@ -29,7 +29,7 @@ def files(tmp_path_factory):
         open(p[k], "wb").close()
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    m = helper.make_model(helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g", [x], [y]),
+    m = helper.make_model(helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], name="hm")], "g", [x], [y]),
                           opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 10
     open(p["unknown_op.onnx"], "wb").write(m.SerializeToString())
@@ -63,7 +63,7 @@ CASES = {
                  "{unknown_op.onnx} --calibration-data {calib.npz}", "{cnn.onnx} --calibration-data {wrong.npz}",
                  "{cnn.onnx} --calibration-data {bad.npz}", "{cnn.onnx} --calibration-data {nan.npz}",
                  "{cnn.onnx} --calibration-data {trunc.npy}", "{cnn.onnx} --calibration-data {calib.npz} --method x",
-                 "{cnn.onnx} --calibration-data {calib.npz} --method entropy",
+                 "{cnn.onnx} --calibration-data {calib.npz} --method percentile --percentile 20",
                  "{cnn.onnx} --calibration-data {calib.npz} -o {existing}", "{folder.onnx} --calibration-data {calib.npz}",
                  "{noshape.onnx} --calibration-data {calib.npz}", "{text.txt} --calibration-data {calib.npz}",
                  "{cnn.isth} --calibration-data {calib.npz}", "{cnn.onnx}"],
@@ -85,7 +85,8 @@ CASES = {
                  "{cnn.isth}", "{cnn.isth} --input {trunc.npy}", "{cnn.isth} --input {text.txt}",
                  "{cnn.isth} --input nope={x.npy}", "{cnn.isth} --repeat 0 --zeros", "{cnn.isth} --repeat x --zeros",
                  "{cnn.isth} --cloud 127.0.0.1:1 --zeros", "{cnn.isth} --require-cloud --zeros",
-                 "{cnn.isth} --input {x.npy} --zeros", "{cnn.isth} --input {wrong.npz}"],
+                 "{cnn.isth} --input {x.npy} --zeros", "{cnn.isth} --input {wrong.npz}",
+                 "{cnn.isth} --zeros --save {existing}"],
     "convert": ["{missing.onnx}", "{empty.onnx}", "{trunc.onnx} -o {out}.isth", "{garbage.onnx} -o {out}.isth",
                 "{unknown_op.onnx} -o {out}.isth", "{cnn.onnx} --batch 0", "{cnn.onnx} --to tflite",
                 "{cnn.onnx} -o {existing}", "{text.txt}", "{garbage.graph} -o {out}.isth",
@@ -112,7 +113,8 @@ CASES = {
                "127.0.0.1:1 --timeout 0", "127.0.0.1:1 --timeout x", "127.0.0.1:x"],
     "profile": ["--ops NoSuchOp --quick --out {out}.json", "--clock sundial", "--device gpu",
                 "--from-trace {missing.onnx}", "--from-trace {garbage.isth}", "--blas-threads x",
-                "--slowdown fast", "--ops Relu --quick --clock cpu --blas-threads 2 --out {out}.json"],
+                "--slowdown fast", "--ops Relu --quick --clock cpu --blas-threads 2 --out {out}.json",
+                "--ops Relu --quick --out {existing}"],
 }
 
 

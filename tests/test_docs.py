@@ -26,6 +26,12 @@ PLACEHOLDERS = {"P": "7070", "N": "1", "NAME": "x", "HOST:PORT": "127.0.0.1:7070
                 "CKPT": "ckpt", "DIR": "out", "FILE": "m.isth", "MODEL": "m.onnx", "TRACE": "t.json"}
 
 
+# command lines a page names as not wired yet (docs/phone.md): they must keep failing to parse until they
+# are wired, then leave this set
+NOT_YET = {"isthmus split --edge-format tflite|onnx", "isthmus export --to tflite", "isthmus edge-run --runtime litert",
+           "isthmus profile --runtime litert"}
+
+
 def command_lines(text: str):
     """(line, in a console block) for every `isthmus ...` command shown: in code blocks (`$ ` prompts,
     `\\` continuations, trailing comments and `&` dropped) and in inline code spans."""
@@ -63,7 +69,7 @@ def test_every_documented_command_line_parses():
     import argparse
     import importlib
 
-    from isthmus import cli
+    from isthmus.apps import cli
     seen = 0
     shown = [(path, line) for path in TEXTS
              for line, _ in command_lines(open(os.path.join(ROOT, path), encoding="utf-8").read())]
@@ -90,7 +96,10 @@ def test_every_documented_command_line_parses():
             else:
                 p.parse_args(argv[1:])
         except (argparse.ArgumentError, SystemExit) as e:
+            if line in NOT_YET:
+                continue
             raise AssertionError(f"{path}: `{line}` does not parse: {e}") from None
+        assert line not in NOT_YET, f"`{line}` parses now: take it out of NOT_YET"
         seen += 1
     assert seen > 20
 

@@ -40,7 +40,7 @@ def test_train_mlp_cluster_trains_sync_and_async_on_a_local_cluster():
 def test_main_demo_quick_run_end_to_end(tmp_path):
     """`isthmus demo` (examples/edge_cloud_demo.py) on a small slice: trains on a local cluster,
     plans, exports int8 + cloud parts, serves them, runs the edge client, prints the summary."""
-    out = subprocess.run([sys.executable, "-m", "isthmus.cli", "demo", "--epochs", "1", "--train-limit", "320",
+    out = subprocess.run([sys.executable, "-m", "isthmus", "demo", "--epochs", "1", "--train-limit", "320",
                           "--eval-limit", "30", "--samples", "4", "--calibration", "8", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=420)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]

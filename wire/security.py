@@ -166,7 +166,7 @@ class ServerSecurity:
 
     def add_port(self, server, address: str) -> int:
         """Bind `address` on `server` (TLS when configured); the bound port (0: failed)."""
-        import grpc
+        import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
         if not self.tls:
             return server.add_insecure_port(address)
         creds = grpc.ssl_server_credentials([(self.private_key, self.cert_chain)],
@@ -222,7 +222,7 @@ class ClientSecurity:
 
 def make_channel(address: str, security: Optional[ClientSecurity] = None, options: Sequence = ()):
     """A gRPC channel to `address` ("host:port"), with TLS and the token when `security` says so."""
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
     options = list(options)
     if security is None:
         return grpc.insecure_channel(address, options=options)
@@ -240,7 +240,7 @@ def make_channel(address: str, security: Optional[ClientSecurity] = None, option
 
 
 def _token_client_interceptors(token: str):
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
 
     class _Details(grpc.ClientCallDetails):
         def __init__(self, d):
@@ -282,7 +282,7 @@ def _role(metadata, expected: bytes, client: Optional[bytes]) -> Optional[str]:
 
 def _with_handler(handler, fn_of):
     """`handler` with its behaviour replaced by fn_of(old behaviour or None)."""
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
     kinds = (("stream_stream", grpc.stream_stream_rpc_method_handler),
              ("stream_unary", grpc.stream_unary_rpc_method_handler),
              ("unary_stream", grpc.unary_stream_rpc_method_handler),
@@ -306,7 +306,7 @@ def _as_client(behaviour):
 
 
 def _make_token_interceptor(token: str, client_token: Optional[str] = None):
-    import grpc
+    import grpc  # deferred: a heavy import; wire/ loads it only when credentials or a channel are made
 
     expected = token.encode()
     client = client_token.encode() if client_token else None

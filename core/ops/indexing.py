@@ -27,7 +27,8 @@ def _wrap(xp, idx, dim):
 # ---- GatherElements / ScatterElements ----------------------------------------------------------------
 def _elements_index(xp, indices, axis: int, dim: int):
     """The full index tuple that addresses data[..., indices[...], ...] element by element."""
-    grids = list(xp.indices(indices.shape, sparse=True))
+    rank = indices.ndim  # open grids (numpy's indices(sparse=True), which cupy lacks)
+    grids = [xp.arange(n).reshape([-1 if j == i else 1 for j in range(rank)]) for i, n in enumerate(indices.shape)]
     grids[axis] = _wrap(xp, indices, dim)
     return tuple(grids)
 

@@ -247,3 +247,38 @@ def test_undecodable_bytes_get_invalid_argument_on_every_service(method):
             assert "malformed request bytes" in ei.value.details()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_isthmus_server_command_binds_loopback_unless_insecure(insecure):
+    """`isthmus server` with a spec naming 0.0.0.0: loopback and a note by default; --insecure binds
+    every interface and warns."""
+    import subprocess
+    import sys
+    import time
+    port = _free_port()
+    cmd = [sys.executable, "-m", "isthmus.cloud.server", "--cluster", f"worker=0.0.0.0:{port}", "--job", "worker"]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("ISTHMUS_")}
+    p = subprocess.Popen(cmd + (["--insecure"] if insecure else []), env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        err, deadline = "", time.monotonic() + 60
+        while "listening on port" not in err and time.monotonic() < deadline and p.poll() is None:
+            err += p.stderr.readline()
+        assert "listening on port" in err, err
+        if insecure:
+            assert "InsecureBindWarning" in err and "without TLS and a token" in err
+        else:
+            assert "binding 127.0.0.1 instead of 0.0.0.0" in err
+        own = _own_address()
+        if own is not None:
+            reached = True
+            try:
+                with rpc.WorkerClient(f"{own}:{port}", timeout=T, shm_enabled=False) as c:
+                    c.status()
+            except WorkerError:
+                reached = False
+            assert reached == insecure
+    finally:
+        p.terminate()
+        p.wait(20)

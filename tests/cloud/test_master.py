@@ -9,7 +9,7 @@ import isthmus as ism
 from isthmus import nn
 from isthmus.cloud.cluster import ClusterSpec
 from isthmus.cloud.master import Master
-from isthmus.cloud.placement import place_on_cluster
+from isthmus.partitioner.cluster_placement import place_on_cluster
 from isthmus.cloud.session import DistributedSession
 from isthmus.cloud.worker import Worker
 from isthmus.core.errors import ExecutionError, FeedError

@@ -536,7 +536,7 @@ def test_isthmus_serve_with_tls_and_a_token_prints_its_address_logs_and_stops_on
     env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")}
     env["PYTHONPATH"] = os.path.dirname(root) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env["ISTHMUS_TLS_CA"] = str(certs.ca)   # for --measure-overhead's own loopback client
-    proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", str(path), "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", str(path), "--port", "0",
                              "--log-every", "0.2", "--tls-cert", str(certs.server_cert), "--tls-key",
                              str(certs.server_key), "--token-file", str(certs.token), "--max-batch", "8",
                              "--warm-up", "--measure-overhead"],

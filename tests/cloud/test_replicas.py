@@ -9,7 +9,7 @@ import pytest
 import isthmus as ism
 from isthmus import nn
 from isthmus.cloud.cluster import ClusterSpec
-from isthmus.cloud.placement import pin_replica, variable_devices
+from isthmus.partitioner.cluster_placement import pin_replica, variable_devices
 from isthmus.cloud.replicas import ReplicaTrainer
 from isthmus.cloud.server import Server
 from isthmus.partitioner.problem import PlacementError
@@ -184,7 +184,7 @@ def test_bad_arguments_are_refused(cluster):
 def test_constants_and_update_groups_run_where_they_are_used():
     """An optimizer's constants and the variables' initial values go to the ps with their
     consumers, and the NoOp grouping the ps updates runs on the ps: fewer transfers per step."""
-    from isthmus.cloud.placement import place_on_cluster
+    from isthmus.partitioner.cluster_placement import place_on_cluster
     from isthmus.partitioner.partition import partition
     g = ism.Graph(seed=0)
     with g.as_default():

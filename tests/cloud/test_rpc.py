@@ -8,6 +8,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from isthmus.cloud import graph_codec, rpc  # noqa: E402
+from isthmus.cloud.server import serve_worker  # noqa: E402
 from isthmus.wire import tensor_codec  # noqa: E402
 from isthmus.cloud.errors import HandleNotFound, TaskUnavailable  # noqa: E402
 from isthmus.cloud.worker import Worker, WorkerError  # noqa: E402
@@ -24,7 +25,7 @@ def cluster():
     peers = lambda dev: clients[dev]  # noqa: E731
     for dev, task in ((D0, "/job:worker/task:0"), (D1, "/job:worker/task:1")):
         w = Worker(task, peers=peers, recv_timeout=5.0, wire=True, inline_bytes=1 << 20, chunk_bytes=1 << 20)
-        server, port = rpc.serve(w)
+        server, port = serve_worker(w)
         servers.append(server)
         # the gRPC path itself (same-host shared memory: tests/cloud/test_shm.py)
         clients[dev] = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=10.0, name=task, shm_enabled=False)

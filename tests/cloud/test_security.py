@@ -10,6 +10,7 @@ pytest.importorskip("cryptography")
 
 import isthmus as ism  # noqa: E402
 from isthmus.cloud import rpc  # noqa: E402
+from isthmus.cloud.server import serve_worker  # noqa: E402
 from isthmus.cloud.errors import TaskUnavailable, WorkerError  # noqa: E402
 from isthmus.cloud.worker import Worker  # noqa: E402
 from isthmus.wire.security import ClientSecurity, SecurityError, ServerSecurity, make_channel  # noqa: E402
@@ -26,7 +27,7 @@ def certs(tmp_path_factory):
 
 def _serve(security):
     w = Worker("/job:worker/task:0", recv_timeout=5.0, wire=True)
-    server, port = rpc.serve(w, security=security)
+    server, port = serve_worker(w, security=security)
     return server, f"127.0.0.1:{port}"
 
 

@@ -13,6 +13,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from isthmus.cloud import rpc, shm, wire  # noqa: E402
+from isthmus.cloud.server import serve_worker  # noqa: E402
 from isthmus.cloud.worker import Worker  # noqa: E402
 from isthmus.proto import tensor_pb2, worker_pb2  # noqa: E402
 
@@ -29,12 +30,15 @@ def _settle(lender, timeout=5.0):
     return lender.outstanding()
 
 
+WAIT = 30.0   # the deadline of a receive whose value is there: generous, for a loaded machine (pytest -n, a CPU hog)
+
+
 @pytest.fixture
 def sender():
     """A sending task on a free port (its Worker laid out as a cluster task's); at the end no
     segment of this process is left (others' may come and go: tests run side by side)."""
     w = Worker("/job:worker/task:0", wire=True, shm_enabled=True, shm_min_bytes=1, recv_timeout=5.0)
-    server, port = rpc.serve(w)
+    server, port = serve_worker(w)
     clients = []
 
     def client(**kw):
@@ -82,7 +86,7 @@ def test_shm_transfer_gives_identical_bytes(sender, monkeypatch, label, value):
     reads = _spy(monkeypatch)
     for step in (1, 2):  # the first answer teaches the sender; the second is laid out at Send time
         w._deposit((D0, D1, "x:0", step), value)
-        got = c.recv_tensor(D0, D1, "x:0", step, timeout=5)
+        got = c.recv_tensor(D0, D1, "x:0", step, timeout=WAIT)
         assert got.shape == value.shape and got.dtype == value.dtype.newbyteorder("=")
         assert got.tobytes() == np.ascontiguousarray(value, got.dtype).tobytes()
         assert not got.flags.writeable   # a view of the mapped segment
@@ -97,7 +101,7 @@ def test_empty_and_small_tensors_stay_inline(sender, monkeypatch):
     reads = _spy(monkeypatch)
     for step, v in enumerate([np.zeros((0, 3), np.float32), np.ones(255, np.float32), np.ones(256, np.float32)]):
         w._deposit((D0, D1, "x:0", step), v)
-        got = c.recv_tensor(D0, D1, "x:0", step, timeout=5)
+        got = c.recv_tensor(D0, D1, "x:0", step, timeout=WAIT)
         assert got.shape == v.shape and got.tobytes() == v.tobytes()
     assert len(reads) == 1 and w.shm.lent_total == 1   # only the 1024-byte one
 
@@ -117,7 +121,7 @@ def test_a_registered_send_goes_through_shm(sender, monkeypatch):
     for step in range(1, 4):
         v = rng.standard_normal((300, 7)).astype(np.float32)
         c.run_graph(h, step, {"x:0": v}, ["send_y"])
-        got = c.recv_tensor(D0, D1, "y:0", step, timeout=5)
+        got = c.recv_tensor(D0, D1, "y:0", step, timeout=WAIT)
         assert got.tobytes() == np.ascontiguousarray((v * 2.0).T).tobytes()
     assert len(reads) == 3
 
@@ -138,7 +142,7 @@ def test_disabled_means_grpc(sender, monkeypatch, where):
     reads = _spy(monkeypatch)
     v = np.arange(5000, dtype=np.float32)
     w._deposit((D0, D1, "x:0", 7), v)
-    got = c.recv_tensor(D0, D1, "x:0", 7, timeout=5)
+    got = c.recv_tensor(D0, D1, "x:0", 7, timeout=WAIT)
     assert got.tobytes() == v.tobytes() and reads == []
     assert w.shm is None or w.shm.lent_total == 0
 
@@ -149,7 +153,7 @@ def test_another_hosts_identity_gets_grpc(sender):
     c.shm_host = "00000000-0000-0000-0000-000000000000/1/" + str(os.getuid())  # another boot
     v = np.arange(5000, dtype=np.float32)
     w._deposit((D0, D1, "x:0", 1), v)
-    assert c.recv_tensor(D0, D1, "x:0", 1, timeout=5).tobytes() == v.tobytes()
+    assert c.recv_tensor(D0, D1, "x:0", 1, timeout=WAIT).tobytes() == v.tobytes()
     assert w.shm.lent_total == 0 and not w.shm.peers
 
 
@@ -172,13 +176,13 @@ def test_an_unreadable_segment_falls_back_to_grpc(sender, monkeypatch, how):
     for step, n in ((1, 5000), (2, 3 << 18)):   # the fallback's answer inline, then streamed
         v = np.random.default_rng(step).standard_normal(n).astype(np.float32)
         w._deposit((D0, D1, "x:0", step), v)
-        got = c.recv_tensor(D0, D1, "x:0", step, timeout=5)
+        got = c.recv_tensor(D0, D1, "x:0", step, timeout=WAIT)
         assert got.tobytes() == v.tobytes()
         assert w.shm.outstanding() == 0
     assert c.shm_failures == 2 and c.shm_host   # still offered (three failures turn it off)
     monkeypatch.setattr(shm, "read_segment", inner)
     w._deposit((D0, D1, "x:0", 3), np.ones(9))
-    assert c.recv_tensor(D0, D1, "x:0", 3, timeout=5).tolist() == [1.0] * 9
+    assert c.recv_tensor(D0, D1, "x:0", 3, timeout=WAIT).tolist() == [1.0] * 9
     assert w.shm.lent_total == 3
 
 
@@ -194,7 +198,7 @@ def test_full_dev_shm_falls_back_to_grpc(sender, monkeypatch):
     for v in (np.arange(4096, dtype=np.int32), np.arange(8192, dtype=np.int32)[::2]):
         for step in (1, 2):
             w._deposit((D0, D1, "x:0", step), v)
-            assert c.recv_tensor(D0, D1, "x:0", step, timeout=5).tobytes() == v.tobytes()
+            assert c.recv_tensor(D0, D1, "x:0", step, timeout=WAIT).tobytes() == v.tobytes()
         assert w.shm.lent_total == 0 and not shm.segments([os.getpid()])
 
 
@@ -203,7 +207,7 @@ def test_no_segment_outlives_an_aborted_step_or_a_stopped_task(sender):
     w, client = sender
     c = client()
     w._deposit((D0, D1, "x:0", 1), np.ones(100))
-    c.recv_tensor(D0, D1, "x:0", 1, timeout=5)     # D1 now known to share the host
+    c.recv_tensor(D0, D1, "x:0", 1, timeout=WAIT)     # D1 now known to share the host
     assert _settle(w.shm) == 0
     w._deposit((D0, D1, "x:0", 2), np.ones(100))
     w._deposit((D0, D1, "z:0", 2), np.ones(100))
@@ -419,7 +423,7 @@ def test_concurrent_receives_through_shm(sender):
 
         def take(name):
             try:
-                got[name] = c.recv_tensor(D0, D1, name, step, timeout=5)
+                got[name] = c.recv_tensor(D0, D1, name, step, timeout=WAIT)
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
         threads = [threading.Thread(target=take, args=(n,)) for n in values]
@@ -442,11 +446,11 @@ def test_a_receiver_that_stops_offering_gets_values_laid_out_for_grpc(sender, mo
     monkeypatch.setattr(shm.Segment, "__init__", counting)
     v = np.arange(3000, dtype=np.float64)
     w._deposit((D0, D1, "x:0", 1), v)
-    assert c.recv_tensor(D0, D1, "x:0", 1, timeout=5).tobytes() == v.tobytes()
+    assert c.recv_tensor(D0, D1, "x:0", 1, timeout=WAIT).tobytes() == v.tobytes()
     w._deposit((D0, D1, "x:0", 2), v)       # laid out in a segment: D1 offered
     assert len(made) == 2
     c.shm_host = ""                          # as after three unreadable segments
-    assert c.recv_tensor(D0, D1, "x:0", 2, timeout=5).tobytes() == v.tobytes()   # read back for gRPC
+    assert c.recv_tensor(D0, D1, "x:0", 2, timeout=WAIT).tobytes() == v.tobytes()   # read back for gRPC
     w._deposit((D0, D1, "x:0", 3), v)
-    assert c.recv_tensor(D0, D1, "x:0", 3, timeout=5).tobytes() == v.tobytes()
+    assert c.recv_tensor(D0, D1, "x:0", 3, timeout=WAIT).tobytes() == v.tobytes()
     assert len(made) == 2 and D1 not in w.shm.peers   # no segment for a caller that stopped offering

@@ -9,7 +9,7 @@ from .test_tflite_import import cnn_model
 
 
 def _convert(*args):
-    return subprocess.run([sys.executable, "-m", "isthmus.cli", "convert", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "isthmus", "convert", *args], capture_output=True, text=True,
                           timeout=120)
 
 

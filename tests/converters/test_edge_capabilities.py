@@ -130,3 +130,35 @@ def test_default_planning_places_only_what_the_edge_exports(cost_name, make_cost
                         f"refuses its part: {e}")
         checked += 1
     assert checked >= 8
+
+
+NEW_OPS = [  # (name, input shape, build(x) -> outputs): each edge kernel against the core kernel
+    ("transpose", (2, 3, 4, 5), lambda x: [ism.transpose(x, (0, 2, 3, 1))]),
+    ("transpose_3d", (2, 3, 4), lambda x: [ism.transpose(x, (2, 0, 1))]),
+    ("split_axis1", (2, 6, 5), lambda x: list(ism.split(x, 3, axis=1))),
+    ("split_sizes_last", (2, 3, 7), lambda x: list(ism.split(x, [2, -1, 1], axis=-1))),
+    ("layer_norm", (2, 5, 8), lambda x: [nn.LayerNorm()(x)]),
+    ("layer_norm_axis1", (3, 4, 6), lambda x: [nn.LayerNorm(axis=1)(x)]),
+    ("leaky_relu", (3, 7), lambda x: [ism.leaky_relu(x, 0.1)]),
+    ("leaky_relu_steep", (3, 7), lambda x: [ism.leaky_relu(x, 1.5)]),
+]
+
+
+@pytest.mark.parametrize("name,shape,build", NEW_OPS, ids=[c[0] for c in NEW_OPS])
+def test_new_edge_kernels_match_the_core_kernels(name, shape, build):
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", shape, name="x")
+        ys = build(x)
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    xv = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    want = sess.run(ys, {x: xv})
+    it = Interpreter(to_edge(sess, ys))
+    got = it.invoke(xv)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    again = it.invoke(xv)  # arena reused: the same answer
+    for a, b in zip(again, got):
+        np.testing.assert_array_equal(a, b)

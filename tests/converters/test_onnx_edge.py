@@ -12,7 +12,10 @@ from isthmus.converters.quantize import quantize_to_edge
 from isthmus.edge.interpreter import Interpreter
 from isthmus.edge.writer import ModelWriter
 
+from isthmus.edge.loader import loads
+
 from .edge_models import MODELS, _feeds, mlp
+from .edge_op_cases import CASES, model
 
 
 def run_ort(model, *inputs, fuse: bool = True):
@@ -134,3 +137,28 @@ def test_split_part_outputs_carry_the_wire_names(tmp_path):
         assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
     with pytest.raises(OnnxEdgeExportError, match="no cut 'nope'"):
         split_to_onnx(path, cut="nope")
+
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_single_op_matches_the_edge_interpreter(name):
+    """Every translated edge op alone (tests/converters/edge_op_cases.py): fp32 within 1e-5
+    relative; an int8 result, dequantized, within one step (the QDQ graph as written)."""
+    op, args, out, shape, attrs = CASES[name]
+    edge = model(op, args, out, shape, attrs)
+    feeds = [a.value for a in args if not a.const]
+    want = Interpreter(edge).invoke(*feeds)[0]
+    m = loads(edge)
+    floats = []
+    for i, x in zip(m.inputs, feeds):   # int8 inputs arrive as their float values
+        t = m.tensors[i]
+        floats.append(((x.astype(np.float32) - t.zero_point[0]) * t.scale[0]).astype(np.float32)
+                      if x.dtype == np.int8 else x)
+    got = run_ort(edge_to_onnx(edge), *floats, fuse=False)[0]
+    assert got.shape == want.shape
+    if want.dtype == np.int8:
+        t = m.tensors[m.outputs[0]]
+        want = (want.astype(np.float32) - t.zero_point[0]) * t.scale[0]
+        assert np.abs(got - want).max() <= t.scale[0] * 1.0001
+    else:
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))

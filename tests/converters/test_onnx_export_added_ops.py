@@ -65,6 +65,11 @@ CASES = [
                                                              1, ((0, 0), (0, 0)), 2, 2), [X4]),
     ("quantize_per_axis", lambda x: ism.quantize_linear(x, np.array([0.01, 0.02, 0.03], np.float32),
                                                         np.array([0, 5, -5], np.int8), axis=1), [X]),
+    ("einsum", lambda x: ism.einsum("bij,bkj->bik", x, x * 2.0), [X]),
+    ("rotary_embedding", lambda x: ism.rotary_embedding(x, np.cos(np.arange(8, dtype=np.float32).reshape(4, 2)),
+                                                        np.sin(np.arange(8, dtype=np.float32).reshape(4, 2)),
+                                                        ism.constant(np.array([[0, 1, 3], [2, 2, 0]])), True, 0, 1),
+     [X]),
     ("qdq_uint8", lambda x: ism.dequantize_linear(ism.quantize_linear(x, np.float32(0.02), np.uint8(128)),
                                                   np.float32(0.02), np.uint8(128)), [X]),
 ]

@@ -211,3 +211,18 @@ def test_scan_reads_slices_in_both_directions_and_stacks_outputs_on_any_axis():
         for a, e in zip(got, ref.run(None, feeds)):
             assert a.shape == e.shape
             np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [-2, 1])
+def test_dft_with_a_run_time_axis_counts_it_over_every_axis(axis):
+    """DFT-20's axis input (here fed at run time, negative or not) counts the real/imaginary axis too."""
+    n = helper.make_node("DFT", ["x", "", "a"], ["y"], onesided=1)
+    g = helper.make_graph([n], "dft", [helper.make_tensor_value_info("x", F, [2, 8, 6, 1]),
+                                       helper.make_tensor_value_info("a", I64, [])],
+                          [helper.make_tensor_value_info("y", F, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    gi, ins, outs = from_onnx(m)
+    x = np.random.default_rng(2).standard_normal((2, 8, 6, 1)).astype(np.float32)
+    got = ism.Session(gi).run(outs[0], {ins["x"]: x, ins["a"]: np.array(axis, np.int64)})
+    z = np.fft.rfft(x[..., 0], axis=axis % 4)
+    np.testing.assert_allclose(got, np.stack([z.real, z.imag], -1), rtol=1e-5, atol=1e-5)

@@ -149,7 +149,7 @@ def _import_model():
     try:  # the command-line layer moves to isthmus.apps (issue 25)
         from isthmus.apps.graph_io import GraphFileError, import_model
     except ImportError:
-        from isthmus.graph_io import GraphFileError, import_model
+        from isthmus.apps.graph_io import GraphFileError, import_model
     return GraphFileError, import_model
 
 

@@ -4,7 +4,6 @@ within one quantization step of the edge interpreter)."""
 import numpy as np
 import pytest
 
-import isthmus as ism
 from isthmus.converters.edge_export import to_edge
 from isthmus.converters.quantize import quantize_to_edge
 from isthmus.converters.tflite_write import (TFLiteExportError, edge_to_tflite, read_metadata, supported_ops,
@@ -206,3 +205,46 @@ def test_explicit_pads_and_padded_max_pool():
     edge = w.to_bytes()
     xv = rng.standard_normal((1, 3, 9, 9)).astype(np.float32)
     assert_fp32_close(run_litert(edge_to_tflite(edge), xv)[0], Interpreter(edge).invoke(xv)[0])
+
+
+def test_split_part_with_edge_work_after_the_cloud_answer():
+    """A cut whose edge part goes on after the cloud's answer: split_to_tflite writes the part before
+    (outputs: the sent tensors, by wire name) and the part after (inputs: the answer, then the model's
+    inputs it reads), which together compute what isthmus's interpreter computes with the same cloud."""
+    import json
+    from isthmus.converters.split_export import SplitWriter
+    from isthmus.converters.tflite_write import split_to_tflite
+    from isthmus.wire.split_format import SPLIT_KEY
+    rng = np.random.default_rng(0)
+    w = SplitWriter()
+    w.begin("cut0")
+    x = w.add_input("x", "float32", (1, 3, 6, 6))
+    k = w.add_constant("k", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    h = w.add_tensor("h", "float32", (1, 4, 6, 6))
+    w.add_operator("Conv2D", [x, k], [h], {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "groups": 1})
+    r = w.add_tensor("answer", "float32", (1, 4, 6, 6))
+    w.add_remote_part("cut0", [h], [r])
+    y = w.add_tensor("y", "float32", (1, 4, 6, 6))
+    w.add_operator("Relu", [r], [y])
+    w.mark_output(y)
+    w.metadata[SPLIT_KEY] = json.dumps({"version": 1, "model": "m", "full": None, "rtt_s": 0.01, "cuts": [
+        {"name": "cut0", "subgraph": 0, "cloud_part": "cut0", "inputs": ["conv:0"], "outputs": ["cloud:0"],
+         "min_bandwidth_bps": 0, "max_bandwidth_bps": None, "predicted_s": 0.0, "terms": [0, 0, 1, 0, 1]}]})
+    data = w.to_bytes()
+    cloud = lambda arrays: [np.tanh(arrays[0]) - 0.3]   # noqa: E731  (the cloud part, as a function)
+    part = split_to_tflite(data, cut="cut0")
+    assert part.post is not None and read_metadata(part.edge)["outputs"][0]["wire_name"] == "conv:0"
+    xv = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    from isthmus.edge.split_model import read_split
+    from isthmus.edge.loader import verify_all
+    model = read_split(verify_all(data)).cuts[0].model
+    want = Interpreter(model, remote=lambda p, arrays: cloud(arrays)).invoke(xv)[0]
+    sent = run_litert(part.edge, xv)
+    assert len(read_metadata(part.post)["inputs"]) == 1     # the answer only: the post part never reads x
+    got = run_litert(part.post, *cloud(sent))[0]
+    assert_fp32_close(got, want)
+    # the reference client runs both parts around its cloud call (here the function above)
+    from isthmus.edge.litert_client import LiteRTOffloadClient
+    client = LiteRTOffloadClient(part.edge, "127.0.0.1:1", post=part.post)
+    client.call_cloud = cloud
+    assert_fp32_close(client.invoke(xv)[0], want)

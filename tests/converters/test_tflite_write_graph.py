@@ -69,3 +69,40 @@ def test_ops_without_a_tflite_form_are_refused_by_node():
         y = ism.tile(x, (2, 1), name="running")   # Tile: no TFLite form here
     with pytest.raises(TFLiteExportError, match=r"'running' \(Tile\)"):
         graph_to_tflite(g, [y])
+
+
+def _lstm(read_h=False):
+    from isthmus.core.ops.recurrent import lstm_sequence
+    rng = np.random.default_rng(0)
+    t, b, i, h = 5, 2, 3, 4
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (t, b, i), name="x")
+        y, h_t, _ = lstm_sequence(x, ism.constant((rng.standard_normal((4 * h, i)) * 0.5).astype(np.float32)),
+                                  ism.constant((rng.standard_normal((4 * h, h)) * 0.5).astype(np.float32)),
+                                  ism.constant((rng.standard_normal(4 * h) * 0.5).astype(np.float32)), name="lstm")
+        out = ism.relu(h_t) if read_h else ism.relu(y)
+        sess = ism.Session(g)
+    return sess, x, out
+
+
+def test_lstm_sequence_as_unidirectional_sequence_lstm():
+    """Gates reordered (ONNX i, o, f, c -> TFLite i, f, c, o); LiteRT keeps h and c across invokes,
+    so each invoke after the first starts from reset_all_variables()."""
+    sess, x, y = _lstm()
+    it = litert.Interpreter(model_content=graph_to_tflite(sess, [y]), num_threads=1)
+    it.allocate_tensors()
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        xv = rng.standard_normal((5, 2, 3)).astype(np.float32)
+        it.reset_all_variables()
+        it.set_tensor(it.get_input_details()[0]["index"], xv)
+        it.invoke()
+        want = sess.run(y, {x: xv})
+        assert np.abs(it.get_tensor(it.get_output_details()[0]["index"]) - want).max() <= 1e-5 * max(1, np.abs(want).max())
+
+
+def test_lstm_reading_the_final_state_is_refused():
+    sess, x, y = _lstm(read_h=True)
+    with pytest.raises(TFLiteExportError, match=r"\(LSTMSequence\).*h_T or c_T"):
+        graph_to_tflite(sess, [y])

@@ -43,6 +43,13 @@ class TFLiteWriter:
         self.ops.append(dict(code=self.codes.index(code), inputs=list(inputs), outputs=list(outputs),
                              options=options or {}, cls=options_class))
 
+    def custom_op(self, code: str, inputs: Sequence[int], outputs: Sequence[int], options: bytes = b"") -> None:
+        """A CUSTOM operator named `code` whose custom_options are the raw bytes given."""
+        if code not in self.codes:
+            self.codes.append(code)
+        self.ops.append(dict(code=self.codes.index(code), inputs=list(inputs), outputs=list(outputs),
+                             options={}, cls=None, custom=bytes(options)))
+
     # ---- serialization ----------------------------------------------------------------------------
     def finish(self, inputs: Sequence[int], outputs: Sequence[int]) -> bytes:
         b = flatbuffers.Builder(1024)
@@ -58,9 +65,13 @@ class TFLiteWriter:
         sub = self._subgraph(b, t_offs, op_offs, inputs, outputs)
         codes = []
         for c in self.codes:
+            custom = b.CreateString(c) if isinstance(c, str) else None
+            c = BuiltinOperator.CUSTOM if isinstance(c, str) else c
             tflite.OperatorCodeStart(b)
             tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(c, 127))
             tflite.OperatorCodeAddBuiltinCode(b, c)
+            if custom is not None:
+                tflite.OperatorCodeAddCustomCode(b, custom)
             tflite.OperatorCodeAddVersion(b, 1)
             codes.append(tflite.OperatorCodeEnd(b))
         codes_v = self._offsets(b, tflite.ModelStartOperatorCodesVector, codes)
@@ -119,7 +130,10 @@ class TFLiteWriter:
             opts = getattr(mod, f"{o['cls']}End")(b)
         ins = b.CreateNumpyVector(np.asarray(o["inputs"], np.int32))
         outs = b.CreateNumpyVector(np.asarray(o["outputs"], np.int32))
+        custom = b.CreateNumpyVector(np.frombuffer(o["custom"], np.uint8)) if o.get("custom") else None
         tflite.OperatorStart(b)
+        if custom is not None:
+            tflite.OperatorAddCustomOptions(b, custom)
         tflite.OperatorAddOpcodeIndex(b, o["code"])
         tflite.OperatorAddInputs(b, ins)
         tflite.OperatorAddOutputs(b, outs)

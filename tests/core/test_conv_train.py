@@ -42,16 +42,16 @@ def _tied(shape, dtype):
 @pytest.fixture
 def fast_paths(monkeypatch):
     """Counts the calls of the fast-path functions, so a test knows it exercised them."""
-    from isthmus.core.ops import conv as conv_mod
+    from isthmus.core.ops import pool as pool_mod
     calls = {}
 
     def counted(name):
-        fn = getattr(conv_mod, name)
+        fn = getattr(pool_mod, name)
 
         def wrapper(*a, **k):
             calls[name] = calls.get(name, 0) + 1
             return fn(*a, **k)
-        monkeypatch.setattr(conv_mod, name, wrapper)
+        monkeypatch.setattr(pool_mod, name, wrapper)
     for name in ("_max_pool_pairs", "_max_pool_grad_pairs"):
         counted(name)
     return calls

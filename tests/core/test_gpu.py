@@ -52,7 +52,7 @@ def test_calibrate_gpu_errors_clearly_without_gpu():
         pytest.skip("a GPU is present")
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "isthmus.cli", "calibrate", "--device", "gpu"],
+    r = subprocess.run([sys.executable, "-m", "isthmus", "calibrate", "--device", "gpu"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "no GPU available" in r.stderr

@@ -9,9 +9,9 @@ import isthmus as ism
 from isthmus.core import registry
 
 from . import test_array_ops, test_conv_ops, test_math_ops, test_nn_ops, test_reduce_ops
-from . import test_activation_ops, test_conv_transpose_quant_ops, test_indexing_ops  # added for ONNX coverage (issue 20)
+from . import test_activation_ops, test_conv_transpose_quant_ops, test_einsum_ops, test_indexing_ops  # issue 20
 
-ADDED_FAMILIES = (test_activation_ops, test_indexing_ops, test_conv_transpose_quant_ops)  # CASES rows: (name, build, inputs, ref, differentiable)
+ADDED_FAMILIES = (test_activation_ops, test_indexing_ops, test_conv_transpose_quant_ops, test_einsum_ops)  # CASES rows: (name, build, inputs, ref, differentiable)
 
 # ops whose gradients are checked by dedicated tests rather than by the tables above
 CHECKED_ELSEWHERE = {
@@ -22,6 +22,7 @@ CHECKED_ELSEWHERE = {
     "Dropout": "test_nn_ops.test_dropout_masks_and_scales_and_its_gradient_uses_the_mask",
     "Identity": "passes through dy unchanged",
     "DeviceCopy": "passes through dy unchanged (core/ops/device_copy.py)",
+    "AttentionBias": "returns no gradient by definition (masks); attention's is test_attention_ops",
     "CheckNumerics": "test_numerics.test_check_numerics_op_passes_values_through_and_names_itself_on_nan",
     "StopGradient": "returns no gradient by definition",
     "OnesLike": "returns no gradient by definition", "ZerosLike": "returns no gradient by definition",

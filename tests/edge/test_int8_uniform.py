@@ -42,8 +42,11 @@ def quantized():
 
 
 def test_the_uniform_path_matches_the_per_channel_path_bit_for_bit(quantized, monkeypatch):
+    import isthmus.edge.int8_gemm as ig
     import isthmus.edge.int8_kernels as k8
     *_, data = quantized
+    gemm = Interpreter(data) if ig.ready() else None  # the integer GEMM where the host has it (int8_gemm.py)
+    monkeypatch.setattr(ig, "ready", lambda: False)  # the float-GEMM kernels from here on
     used = []
     real = k8._uniform
     monkeypatch.setattr(k8, "_uniform", lambda *a: used.append(real(*a)) or used[-1])
@@ -56,6 +59,8 @@ def test_the_uniform_path_matches_the_per_channel_path_bit_for_bit(quantized, mo
         xv = np.random.default_rng(seed).standard_normal((1, 3, 20, 20)).astype(np.float32) * (1 + seed)
         a, b = fast.invoke(xv)[0], slow.invoke(xv)[0]
         np.testing.assert_array_equal(a, b)
+        if gemm is not None:
+            np.testing.assert_array_equal(gemm.invoke(xv)[0], a)
         assert np.ptp(a) > 0
 
 

@@ -381,3 +381,29 @@ def test_refusals_name_the_problem():
         run("MaxPool", [q(x, 0.1, 0)], Out("int8", [0.2], [0]), (1, 2, 2, 2), {"ksize": [2, 2]})
     with pytest.raises(EdgeModelError, match="no int8 kernel"):
         run("LeakyRelu", [q(x, 0.1, 0)], Out("int8", [0.1], [0]), x.shape)
+
+
+@pytest.mark.parametrize("xs,ws,pads", [((1, 16, 9, 9), (24, 16, 1, 1), (0, 0, 0, 0)),
+                                        ((1, 8, 10, 11), (20, 8, 3, 3), (1, 1, 1, 1))])
+def test_integer_gemm_requantizes_short_multipliers_in_float32(xs, ws, pads, monkeypatch):
+    """Few-bit multipliers (the quantizer's short scales): the integer GEMM requantizes in float32
+    registers, still the integer definition bit for bit."""
+    import isthmus.edge.int8_gemm as ig
+    if not ig.ready():
+        pytest.skip("no compiled integer GEMM on this host")
+    kinds = []
+    real = ig.requantization
+    monkeypatch.setattr(ig, "requantization", lambda *a: kinds.append(real(*a)) or kinds[-1])
+    x, w = i8(xs), i8(ws, -127)
+    o = ws[0]
+    sx, zx, sy, zy = 0.75 * 2.0 ** -5, 5, 2.0 ** -3, -9
+    sw = np.ldexp(1.0, -rng.integers(6, 9, o))
+    bias = rng.integers(-3000, 3000, o).astype(np.int32)
+    acc = conv_acc(x, zx, w, np.zeros(o), (1, 1), (1, 1), pads) + bias.reshape(1, -1, 1, 1)
+    want = requant(acc, sx * sw / sy, zy, max(-128, zy), 127, channel_axis=1)
+    args = [q(x, sx, zx), q(w, sw, np.zeros(o), const=True, axis=0), q(bias, sx * sw, np.zeros(o), const=True, axis=0)]
+    attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": list(pads), "groups": 1, "activation": "relu"}
+    got = run("FusedConv2D", args, Out("int8", [sy], [zy]), want.shape, attrs)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 3
+    assert kinds and kinds[0][0] == "float" and kinds[0][1].dtype == np.float32

@@ -103,7 +103,7 @@ def test_every_cut_over_grpc_equals_the_unsplit_model(split, server):
     sm = load_split(split["model"])
     for k, cut in enumerate(sm.cuts):
         mid = (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
-        with OffloadClient(split["model"], server.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=mid) as c:
+        with OffloadClient(split["model"], server.address, deadline_ms=60000, adapt=False, initial_bandwidth_bps=mid) as c:
             assert c.cut == k
             for v, r in zip(split["xs"][:4], split["ref"][:4]):
                 np.testing.assert_allclose(c.invoke(v)[0], r, rtol=1e-5, atol=1e-7)
@@ -119,7 +119,10 @@ def test_int8_split_stays_within_quantization_tolerance(split, tmp_path):
     sp.save(str(tmp_path / "q.isth"))
     save_cloud_parts(str(tmp_path / "q.cloud"), [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
     with OffloadServer(str(tmp_path / "q.cloud")) as srv:
-        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=5000, adapt=False, initial_bandwidth_bps=1e6) as c:
+        # the deadline is not what this test checks: generous, since the first requests compile int8 kernels
+        # and the machine may be loaded (pytest -n, a CPU hog)
+        with OffloadClient(str(tmp_path / "q.isth"), srv.address, deadline_ms=60000, adapt=False,
+                           initial_bandwidth_bps=1e6) as c:
             assert c.split.cuts[c.cut].inputs == ["mm0:0"]
             assert any(t.dtype == np.int8 for t in c.split.cuts[c.cut].model.tensors)  # the edge part is int8
             got = np.concatenate([c.invoke(v)[0] for v in split["xs"]])
@@ -138,7 +141,7 @@ class _ServeProcess:
         import subprocess
         import sys
         import threading
-        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus.cli", "serve", path, "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "isthmus", "serve", path, "--port", "0",
                                       "--log-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         box = []
         t = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
@@ -300,7 +303,7 @@ def test_a_truncated_split_file_is_refused(split, tmp_path):
 
 
 def test_edge_run_with_cloud_prints_outputs_and_stats(split, server, tmp_path, capsys):
-    from isthmus.cli import main
+    from isthmus.apps.cli import main
     np.savez(tmp_path / "x.npz", x=split["xs"][0])
     assert main(["edge-run", split["model"], "--cloud", server.address, "--input", str(tmp_path / "x.npz"),
                  "--repeat", "2", "--save", str(tmp_path / "y.npy"), "--emulate-link", "100mbps", "--rtt", "1ms"]) == 0
@@ -320,7 +323,7 @@ def test_loading_a_split_model_imports_neither_grpc_nor_the_graph_machinery(spli
     and never the graph machinery."""
     import subprocess
     import sys
-    code = ("import sys, numpy as np; from isthmus.edge.offload_client import OffloadClient, load_split; "
+    code = ("import sys, numpy as np; from isthmus.edge.offload_client import OffloadClient; from isthmus.edge.split_model import load_split; "
             "from isthmus.edge import Interpreter; "
             f"m = load_split({split['model']!r}); Interpreter(m.full).invoke(np.zeros((1, 784), 'float32')); "
             "graph = lambda: [k for k in sys.modules "
@@ -408,7 +411,7 @@ def test_damaged_split_files_are_refused_cleanly(split):
 
 
 def test_tls_and_token_through_edge_run_and_a_plaintext_client_refused(split, tmp_path, capsys):
-    from isthmus.cli import main
+    from isthmus.apps.cli import main
     from isthmus.wire.security import ServerSecurity
     from ..tls_certs import make_certs
     certs = make_certs(tmp_path / "certs")

@@ -5,7 +5,7 @@
 
 Runs benchmarks/reliability.py's worker for one harness (`--loader`, or `all` in turn) in
 chunks of `--chunk` inputs, each chunk a fresh subprocess (address space capped at 1 GiB over
-its start, 2 s per input) with its own seed, until `--n` inputs or `--budget-s` seconds per
+its start, 2 s of CPU time per input) with its own seed, until `--n` inputs or `--budget-s` seconds per
 loader. Prints one JSON line per chunk and a summary per loader: inputs actually run, crashes
 (undocumented exceptions) by type, hangs, allocations over 1 GiB. `--out` appends the summaries
 (with date and commit) to a JSON-lines file. Exit status 1 when anything failed.
@@ -50,10 +50,10 @@ def run_loader(name: str, n: int, chunk: int, seed: int, budget_s: float) -> dic
                               "--seed", str(seed * 1_000_003 + k)], capture_output=True, text=True,
                              timeout=max(600, 2.5 * m))
         k += 1
-        if out.returncode != 0:
+        if out.returncode != 0:   # counted and reported; the next chunk goes on
             total["workers_died"] += 1
             total["examples"].append(out.stderr[-300:])
-            break
+            continue
         row = json.loads(out.stdout.strip().splitlines()[-1])
         for key in ("inputs", "reached_deep", "crashes", "hangs", "over_1GiB"):
             total[key] += row[key]
@@ -66,15 +66,44 @@ def run_loader(name: str, n: int, chunk: int, seed: int, budget_s: float) -> dic
     return total
 
 
+def markdown(path: str) -> str:
+    """The long-run table: one row per loader (its latest summary in `path`)."""
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                rows[r["loader"]] = r
+    out = ["## Long runs", "",
+           "`python -m tests.fuzz.run --loader NAME --n 1000000` (chunks of fresh subprocesses, 1 GiB cap, 2 s of CPU "
+           "time per input), stopped at the time budget where noted: *inputs* is what actually ran. An undocumented "
+           "type is any exception other than the loader's documented errors.", "",
+           "| loader | date (UTC) | commit | inputs run | of | past the first check | undocumented types | hangs | "
+           "over 1 GiB | workers died | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        types = ", ".join(f"{t} x{c}" for t, c in r["undocumented_types"].items()) or "none"
+        out.append(f"| {name} | {r['date'][:16].replace('T', ' ')} | {r['commit']} | {r['inputs']:,} | "
+                   f"{r['asked']:,} | {r['reached_deep']:,} | {types} | {r['hangs']} | {r['over_1GiB']} | "
+                   f"{r['workers_died']} | {r['seconds']:.0f} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--loader", required=True, help="a harness of benchmarks/reliability.py, or 'all'")
+    p.add_argument("--loader", help="a harness of benchmarks/reliability.py, or 'all'")
     p.add_argument("--n", type=int, default=int(os.environ.get("ISTHMUS_FUZZ_N", 1_000_000)))
     p.add_argument("--chunk", type=int, default=20000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=float("inf"), help="stop a loader after this many seconds")
     p.add_argument("--out", help="append the summaries to this JSON-lines file")
+    p.add_argument("--markdown", metavar="JSONL", help="print RELIABILITY.md's long-run table from a summaries "
+                                                       "file (written by --out) and exit")
     a = p.parse_args(argv)
+    if a.markdown:
+        print(markdown(a.markdown))
+        return 0
+    if not a.loader:
+        p.error("give --loader NAME (or all)")
     names = harnesses() if a.loader == "all" else [a.loader]
     unknown = [x for x in names if x not in harnesses()]
     if unknown:

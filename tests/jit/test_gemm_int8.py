@@ -31,8 +31,11 @@ def test_im2col_pads_with_the_zero_point(c, h, w, kh, kw, sh, sw, dh, dw, pads):
     zx, (pt, pb, pl, pr) = -3, pads
     oh, ow = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1, (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
     cols = np.full((c * kh * kw, oh * ow), 99, np.int8)
-    g8.im2col(x, np.int8(zx), kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, cols)
+    xpad = np.full((c, h + pt + pb, w + pl + pr), 77, np.int8)  # stale scratch
+    g8.pad_planes(x, np.int8(zx), pt, pl, xpad)
     padded = np.pad(x, ((0, 0), (pt, pb), (pl, pr)), constant_values=zx)
+    np.testing.assert_array_equal(xpad, padded)
+    g8.im2col(xpad, kh, kw, sh, sw, dh, dw, oh, ow, cols)
     for ci in range(c):
         for i in range(kh):
             for j in range(kw):
@@ -45,6 +48,8 @@ def test_the_micro_kernel_multiplies_pairs_into_int32():
     w32 = g8.pack_weights(np.ones((4, 2), np.int64))
     xp = np.zeros(g8.packed_shape(2, 16), np.int32)
     acc, out = np.zeros((4, g8.NR), np.int32), np.zeros((4, 16), np.int32)
-    g8.gemm_int32(w32, xp, acc, out)
-    asm = "".join(g8.gemm_int32.inspect_asm(sig) for sig in g8.gemm_int32.signatures)
+    import numba
+    fresh = numba.njit(g8.gemm_int32.py_func)  # not from numba's disk cache: that one cannot show its assembly
+    fresh(w32, xp, acc, out)
+    asm = "".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
     assert "vpmaddwd" in asm or "vpdpwssd" in asm

@@ -97,7 +97,7 @@ def test_bad_traces_are_refused_clearly(tmp_path):
 
 
 def test_calibrate_from_trace_command(tmp_path, capsys):
-    from isthmus.cli import main
+    from isthmus.apps.cli import main
     from isthmus.partitioner.devices import DeviceProfile
     paths = []
     for i, t in enumerate(_traced_runs([8, 64, 256], repeats=2)):

@@ -1,27 +1,42 @@
-"""Placing a client's graph on a cluster's tasks (a plain dict node name -> device).
+"""Placing a client's graph on a cluster's tasks (a plain dict node name -> device), beside the
+edge/cloud placement of placement.py; cloud/master.py and cloud/replicas.py call it.
 
 The rules of TensorFlow's distributed runtime, where a cost model has no say:
 - a node the user pinned (`with device("/job:worker/task:1")`) runs there; a partial pin
   is completed with task 0 and the task's CPU:0;
 - a variable, the ops that update it (and a control-flow node whose body updates it), and
-  the producer and readers of an opaque value form a group that shares one device;
+  the producer and readers of an opaque value form a group that shares one device
+  (colocation.py: the rule the edge/cloud Problem applies too);
 - a group holding variables and no pin goes to a `ps` task: the one holding the fewest
   variable bytes so far (TF's greedy load balancing), in graph order;
 - everything else runs on the default worker (`/job:worker/task:0`, or the first job's
   task 0 when the cluster has no `worker` job).
+
+`cluster` is a cloud/cluster.py ClusterSpec (jobs, num_tasks, address, tasks); its address()
+raises a ValueError for a task it does not have.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
-from ..core import dtypes as _dt
 from ..core.devices import DeviceSpec
-from ..core.function import Function
 from ..core.graph import Graph, Node
-from ..partitioner.problem import PlacementError
-from .cluster import ClusterSpec, ClusterSpecError
+from .colocation import colocation_groups
+from .problem import PlacementError
+
+
+
+class ClusterSpec(Protocol):
+    """What placement reads of a cluster (cloud/cluster.py's ClusterSpec has it all)."""
+    jobs: List[str]
+
+    def num_tasks(self, job: str) -> int: ...
+
+    def address(self, job: str, index: int) -> str: ...  # ValueError for a task the cluster lacks
+
+    def tasks(self) -> Iterator[Tuple[Any, str]]: ...
 
 PS_JOB = "ps"
 WORKER_JOB = "worker"
@@ -50,67 +65,11 @@ def resolve_pin(pin: str, cluster: ClusterSpec, default: str, what: str) -> str:
         spec = DeviceSpec(spec.job, 0, spec.kind, spec.index)  # /job:ps -> /job:ps/task:0
     try:
         cluster.address(spec.job, spec.task)
-    except ClusterSpecError as e:
+    except ValueError as e:  # cloud/cluster.py's ClusterSpecError
         raise PlacementError(f"{what} is pinned to '{pin}': {e}") from None
     if (spec.kind or "CPU") != "CPU" or (spec.index or 0) != 0:
         raise PlacementError(f"{what} is pinned to '{pin}': tasks of this cluster have one device, CPU:0")
     return task_device(spec.job, spec.task)
-
-
-def _bodies(node: Node) -> Iterable[Graph]:
-    stack = [v for v in node.attrs.values()]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, Function):
-            yield v.graph
-            for n in v.graph.nodes:
-                stack.extend(n.attrs.values())
-        elif isinstance(v, (tuple, list)):
-            stack.extend(v)
-
-
-class _Groups:
-    def __init__(self, nodes: Sequence[Node]):
-        self.parent = {n: n for n in nodes}
-
-    def find(self, a: Node) -> Node:
-        while self.parent[a] is not a:
-            self.parent[a] = self.parent[self.parent[a]]
-            a = self.parent[a]
-        return a
-
-    def union(self, a: Node, b: Node) -> None:
-        if a in self.parent and b in self.parent:
-            ra, rb = self.find(a), self.find(b)
-            if ra is not rb:
-                if ra.index < rb.index:
-                    self.parent[rb] = ra
-                else:
-                    self.parent[ra] = rb
-
-
-def colocation_groups(graph: Graph) -> Dict[Node, List[Node]]:
-    """Nodes that must share a device, by group root (the group's first node in graph order):
-    a variable with the ops that update it (also from control-flow bodies), and the producer
-    and readers of an opaque (variant) value."""
-    nodes = list(graph.nodes)
-    groups = _Groups(nodes)
-    for n in nodes:
-        for k in n.opdef.ref_inputs:
-            groups.union(n, n.inputs[k].node)
-        for t in n.inputs:
-            if t.dtype == _dt.variant:
-                groups.union(n, t.node)
-        for body in _bodies(n):
-            for b in body.nodes:
-                for k in b.opdef.ref_inputs:
-                    v = b.inputs[k].node
-                    if v.graph is graph:
-                        groups.union(n, v)
-    members: Dict[Node, List[Node]] = {}
-    for n in nodes:
-        members.setdefault(groups.find(n), []).append(n)
-    return members
 
 
 def variable_devices(graph: Graph, cluster: ClusterSpec) -> Dict[str, str]:
@@ -127,7 +86,7 @@ def pin_replica(graph: Graph, worker: str, variables: Mapping[str, str]) -> None
     pinned in the graph) is an error:
     two replicas placing it on their own would train different copies."""
     unpinned_before = {n.name for n in graph.nodes if n.device}
-    for root, group in colocation_groups(graph).items():
+    for root, group in colocation_groups(graph.nodes).items():
         devs = {variables.get(n.name) or n.device for n in group if n.op == "Variable"}
         missing = [n.name for n in group if n.op == "Variable" and not (variables.get(n.name) or n.device)]
         if missing:
@@ -155,7 +114,7 @@ def place_on_cluster(graph: Graph, cluster: ClusterSpec, default: Optional[str] 
     """
     default = default or default_worker(cluster)
     previous = previous or {}
-    members = colocation_groups(graph)
+    members = colocation_groups(graph.nodes)
     ps = [task_device(PS_JOB, i) for i in range(cluster.num_tasks(PS_JOB))]
     load = {d: 0 for d in ps}
     placement: Dict[str, str] = {}

@@ -1,5 +1,6 @@
-"""The `isthmus` command. Each subcommand lives in the module that owns the feature and is
-imported only when invoked, so `isthmus --help` stays fast."""
+"""The `isthmus` command (`python -m isthmus`, the console script). Each subcommand lives in the module
+that owns the feature and is imported only when invoked, so `isthmus --help` stays fast: this is the
+top layer (apps/), which may import every package."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +8,11 @@ import importlib
 import sys
 from typing import List, Optional
 
+from isthmus import __version__
+
 # name -> (module, one-line help); the module defines add_arguments(parser) and run(args) -> int
 COMMANDS = {
-    "demo": ("isthmus.demo", "the main demo: train on a local cluster, split, quantize, offload over an emulated link"),
+    "demo": ("isthmus.apps.demo", "the main demo: train on a local cluster, split, quantize, offload over an emulated link"),
     "ops": ("isthmus.core.opinfo", "list the registered ops (optionally as JSON)"),
     "partition": ("isthmus.apps.cmd_partition", "place a model between edge and cloud for a link, and explain it"),
     "profile": ("isthmus.partitioner.calibrate", "time the real kernels on this machine and write a device profile"),
@@ -19,13 +22,13 @@ COMMANDS = {
     "health": ("isthmus.apps.cmd_health", "the gRPC health check of a server or offload service (a readiness probe)"),
     "bench": ("isthmus.apps.cmd_bench", "time a model: warm-up, median, p90/p99, per-op table, peak memory"),
     "convert": ("isthmus.apps.cmd_convert", "any model isthmus reads (ONNX, TFLite, graph file, file.py:fn) to the edge format or ONNX"),
-    "import": ("isthmus.graph_io", "import an ONNX or TFLite model into an isthmus graph file (-o model.graph)"),
-    "export": ("isthmus.graph_io", "export a graph file to ONNX or the edge format (--to onnx|edge)"),
+    "import": ("isthmus.apps.graph_io", "import an ONNX or TFLite model into an isthmus graph file (-o model.graph)"),
+    "export": ("isthmus.apps.graph_io", "export a graph file to ONNX or the edge format (--to onnx|edge)"),
     "edge-run": ("isthmus.edge.cli", "run an edge model file and print outputs, timings and the arena size"),
     "server": ("isthmus.cloud.server", "start one task of a cloud cluster (worker, ps) from a cluster spec or $TF_CONFIG"),
     "serve": ("isthmus.cloud.offload", "serve the cloud parts of a split model to edge clients (batched offload service)"),
 }
-OVERWRITING = ("import", "export")  # commands whose -o gains --force here (graph_io predates it)
+OVERWRITING = ("import", "export", "edge-run", "profile")  # commands whose output flag gains --force here
 ALIASES = {"calibrate": "profile"}  # the old name of `profile` (calibration now means quantization's)
 
 
@@ -61,7 +64,6 @@ def _main(argv: List[str]) -> int:
     else:
         args = parser.parse_args(argv)
     if args.version:
-        from isthmus import __version__
         print(__version__)
         return 0
     if not args.command:

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from isthmus.partitioner import calibrate
-from isthmus.partitioner.cli import main
+from isthmus.apps.partition import main
 from isthmus.partitioner.devices import DeviceProfile
 
 MODEL = textwrap.dedent('''

@@ -18,6 +18,17 @@ import argparse
 import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import isthmus.core as ism
+from isthmus.cloud import graph_codec
+from isthmus.converters.edge_export import to_edge
+from isthmus.converters.onnx_export import to_onnx
+from isthmus.converters.onnx_import import OnnxImportError, from_onnx
+from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
+from isthmus.converters.tflite_read import read_model
+from isthmus.core.checkpoint import Saver
+from isthmus.core.errors import CheckpointError, GraphError
+from isthmus.core.variables import global_variables
+
 INPUTS, INPUT_NAMES = "isthmus.signature.inputs", "isthmus.signature.input_names"
 OUTPUTS, OUTPUT_NAMES = "isthmus.signature.outputs", "isthmus.signature.output_names"
 _KEYS = (INPUTS, INPUT_NAMES, OUTPUTS, OUTPUT_NAMES)
@@ -34,7 +45,6 @@ def save_graph(path: str, graph, inputs: Union[Mapping[str, object], Sequence], 
 
     `inputs`: name -> placeholder (as from_onnx returns them) or a list of placeholders (named
     after their nodes); `outputs`: tensors, named `output_names` (default: their node names)."""
-    from isthmus.cloud import graph_codec
     ins = dict(inputs) if isinstance(inputs, Mapping) else {t.node.name: t for t in inputs}
     outs = list(outputs)
     names = list(output_names) if output_names is not None else [t.node.name for t in outs]
@@ -73,7 +83,6 @@ def load_graph(path: str, max_tensor_bytes: Optional[int] = None) -> Tuple[objec
     """(graph, inputs, outputs) from a graph file: inputs and outputs map the model's names to
     tensors, in the model's order. A file that is missing, not a GraphDef, fails to verify, or
     lacks a valid signature raises GraphFileError naming the file and the field at fault."""
-    from isthmus.cloud import graph_codec
     try:
         size = os.path.getsize(path)
         if size > MAX_FILE_BYTES:
@@ -109,12 +118,9 @@ def load_graph(path: str, max_tensor_bytes: Optional[int] = None) -> Tuple[objec
 
 def import_model(model: str, trainable: bool = False, nhwc: bool = False):
     """(graph, inputs, outputs, output_names) of an .onnx or .tflite file."""
-    from isthmus.core.errors import GraphError
     if model.endswith(".tflite"):
         if trainable:
             raise GraphFileError(f"{model}: --trainable applies to ONNX models (TFLite weights may be quantized)")
-        from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
-        from isthmus.converters.tflite_read import read_model
         try:
             with open(model, "rb") as f:
                 data = f.read()
@@ -128,8 +134,7 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         return graph, inputs, outputs, _unique(names)
     if not model.endswith(".onnx"):
         raise GraphFileError(f"{model}: expected an .onnx or .tflite file")
-    import onnx
-    from isthmus.converters.onnx_import import OnnxImportError, from_onnx
+    import onnx  # the onnx package, a heavy import, only when reading ONNX
     try:
         proto = onnx.load(model, load_external_data=False)  # from_onnx reads it, confined to the model's folder
     except OSError as e:
@@ -161,20 +166,16 @@ def _unique(names: List[str]) -> List[str]:
 
 def _session(graph, checkpoint: Optional[str]):
     """A Session holding the graph's variables: their imported values, or a checkpoint's."""
-    import isthmus.core as ism
-    from isthmus.core.variables import global_variables
     sess = ism.Session(graph)
     if global_variables(graph):
         sess.run(ism.global_variables_initializer(graph))
     if checkpoint:
-        from isthmus.core.checkpoint import Saver
         Saver(graph=graph).restore(sess, checkpoint)
     return sess
 
 
 def export_onnx(graph, inputs: Mapping[str, object], outputs: Mapping[str, object], checkpoint: Optional[str] = None):
     """An onnx.ModelProto of a loaded graph file, inputs and outputs named as in the file."""
-    from isthmus.converters.onnx_export import to_onnx
     sess = _session(graph, checkpoint)
     model = to_onnx(sess, list(outputs.values()), inputs=[t.name for t in inputs.values()])
     _rename(model, [(t.node.name, n) for n, t in inputs.items()], [(v.name, n) for v, n in
@@ -251,23 +252,20 @@ def _import(args) -> int:
     out = args.output or os.path.splitext(args.model)[0] + ".graph"
     _refuse_overwrite(out, args)
     size = save_graph(out, graph, inputs, outputs, names)
-    from isthmus.core.variables import global_variables
     print(f"wrote {out} ({size:,} bytes): {len(graph.nodes)} nodes, {len(global_variables(graph))} variables, "
           f"inputs {list(inputs)}, outputs {names}")
     return 0
 
 
 def _export(args) -> int:
-    from isthmus.core.errors import CheckpointError, GraphError
     graph, inputs, outputs = load_graph(args.graph)
     out = args.output or os.path.splitext(args.graph)[0] + (".onnx" if args.to == "onnx" else ".isth")
     _refuse_overwrite(out, args)
     try:
         if args.to == "onnx":
-            import onnx
+            import onnx  # the onnx package, a heavy import, only when writing ONNX
             onnx.save(export_onnx(graph, inputs, outputs, args.checkpoint), out)
         else:
-            from isthmus.converters.edge_export import to_edge
             data = to_edge(_session(graph, args.checkpoint), [t.name for t in outputs.values()],
                            inputs=[t.name for t in inputs.values()], batch=args.batch,
                            metadata={"source": os.path.basename(args.graph)})

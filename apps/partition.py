@@ -2,8 +2,8 @@
 
     isthmus partition MODEL --bandwidth 5mbps --rtt 40ms [--svg g.svg] [--latency-plot l.svg]
 
-MODEL is an ONNX file (imported by isthmus.converters, loaded lazily) or a Python
-function building the graph, as `path/to/file.py:build` or `package.module:build`; the
+MODEL is an ONNX or TFLite file (imported by isthmus.converters) or a Python function building
+the graph, as `path/to/file.py:build` or `package.module:build`; the
 function returns a Graph, or (Graph, outputs).
 """
 from __future__ import annotations
@@ -17,12 +17,15 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..core.graph import Graph
-from .costmodel import CostModel
-from ..wire.link import LinkModel, parse_duration
-from .devices import CLOUD, EDGE, DeviceProfile
-from .plan import ALGORITHMS, AdaptivePlanner, plan_split
-from .problem import Constraints
+from isthmus.converters.onnx_import import from_onnx
+from isthmus.converters.tflite_import import from_tflite
+from isthmus.core.graph import Graph
+from isthmus.partitioner.costmodel import CostModel
+from isthmus.partitioner.devices import CLOUD, EDGE, DeviceProfile
+from isthmus.partitioner.plan import ALGORITHMS, AdaptivePlanner, plan_split
+from isthmus.partitioner.plots import graph_svg, latency_svg
+from isthmus.partitioner.problem import Constraints
+from isthmus.wire.link import LinkModel, parse_duration
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,16 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_model(spec: str) -> Tuple[Graph, Optional[list]]:
+    """(graph, outputs or None) from an .onnx or .tflite file, file.py:function or module:function."""
     if spec.endswith(".onnx"):
-        try:
-            onnx_import = importlib.import_module("isthmus.converters.onnx_import")
-        except ImportError:
-            raise SystemExit(f"cannot read {spec}: ONNX import (isthmus.converters) is not available yet; "
-                             "pass a Python function building the graph (file.py:function)") from None
-        graph, _, outputs = onnx_import.from_onnx(spec)
+        graph, _, outputs = from_onnx(spec)
         return graph, list(outputs)
-    if spec.endswith(".tflite"):  # converters import partitioner, so found by name, not imported
-        graph, _, outputs = importlib.import_module("isthmus.converters.tflite_import").from_tflite(spec)
+    if spec.endswith(".tflite"):
+        graph, _, outputs = from_tflite(spec)
         return graph, list(outputs)
     where, sep, fn = spec.rpartition(":")
     if not sep or not fn:
@@ -65,7 +64,7 @@ def load_model(spec: str) -> Tuple[Graph, Optional[list]]:
         mod = importlib.util.module_from_spec(s)
         s.loader.exec_module(mod)  # the user's own model script, run as `python file.py` would
     else:
-        mod = importlib.import_module(where)
+        mod = importlib.import_module(where)  # the user's module, named on the command line
     return _as_graph(getattr(mod, fn)())
 
 
@@ -101,7 +100,6 @@ def explain(graph: Graph, outputs: Optional[list], args) -> int:
     plan = plan_split(graph, cm, outputs, c, args.algorithm)
     print(plan.explain())
     if args.svg or args.latency_plot:
-        from .plots import graph_svg, latency_svg
         if args.svg:
             graph_svg(plan, args.svg)
             print(f"wrote {args.svg}")

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import isthmus as ism  # noqa: E402
-from isthmus import cli, graph_io  # noqa: E402
+from isthmus.apps import cli, graph_io  # noqa: E402
 from isthmus.core.variables import global_variables, trainable_variables  # noqa: E402
 
 rng = np.random.default_rng(0)
@@ -60,7 +60,7 @@ def test_cli_onnx_to_graph_to_onnx_matches_onnxruntime(tmp_path):
     onnx.save(lstm_mlp_model(), src)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     for argv in (["import", src, "-o", gfile], ["export", gfile, "--to", "onnx", "-o", back]):
-        out = subprocess.run([sys.executable, "-m", "isthmus.cli", *argv], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "isthmus", *argv], capture_output=True, text=True,
                              timeout=120, env=env)
         assert out.returncode == 0, out.stderr
         assert "wrote" in out.stdout
@@ -181,11 +181,11 @@ def test_import_refuses_missing_unknown_and_corrupt_models(tmp_path, capsys):
     _fails(capsys, "cannot import .*bad.tflite", ["import", str(tmp_path / "bad.tflite")])
     _fails(capsys, "--trainable applies to ONNX models", ["import", str(tmp_path / "bad.tflite"), "--trainable"])
     bad_op = helper.make_model(helper.make_graph(
-        [helper.make_node("Hardmax", ["x"], ["y"], name="hm")], "g",
+        [helper.make_node("Frobnicate", ["x"], ["y"], name="hm")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]), opset_imports=[helper.make_opsetid("", 17)])
     onnx.save(bad_op, str(tmp_path / "op.onnx"))
-    _fails(capsys, r"cannot import .*op.onnx: .*Hardmax x1 \(hm\)", ["import", str(tmp_path / "op.onnx")])
+    _fails(capsys, r"cannot import .*op.onnx: .*Frobnicate x1 \(hm\)", ["import", str(tmp_path / "op.onnx")])
 
 
 def test_mutated_graph_files_raise_only_graph_file_errors(tmp_path):

@@ -18,8 +18,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    here = os.path.dirname(os.path.abspath(__file__))
-    script = os.path.join(here, "examples", "edge_cloud_demo.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root (the package)
+    script = os.path.join(root, "examples", "edge_cloud_demo.py")
     if not os.path.exists(script):
         print("the demo needs the repository checkout (pip install -e .): examples/edge_cloud_demo.py not found",
               file=sys.stderr)

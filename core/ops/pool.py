@@ -1,0 +1,272 @@
+"""Pooling on NCHW tensors: MaxPool, AvgPool and GlobalAvgPool with their gradients (the window
+arithmetic is conv_geometry.py's, shared with conv.py)."""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import Tensor
+from ..registry import Cost, OpDef, register
+from ..shapes import fmt, num_elements_est
+from .base import convert, make
+from .conv_geometry import _Geometry, _out_size, _padded, _pads, _pair
+
+__all__ = ["max_pool", "avg_pool", "global_avg_pool"]
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+def _pool_geometry(node, shape):
+    g = _Geometry()
+    g.kh, g.kw = node.attrs["ksize"]
+    g.sh, g.sw = node.attrs["strides"]
+    g.dh, g.dw = node.attrs["dilations"]
+    g.pads = node.attrs["pads"]
+    g.oh = _out_size(shape[2], g.kh, g.sh, g.dh, g.pads[0])
+    g.ow = _out_size(shape[3], g.kw, g.sw, g.dw, g.pads[1])
+    g.groups = 1
+    return g
+
+
+def _infer_pool(node):
+    x = node.inputs[0]
+    kinds = "fiu" if node.op == "MaxPool" else "f"  # a maximum is exact on integers, a mean is not
+    if len(x.shape) != 4 or x.dtype.kind not in kinds:
+        raise ShapeError(f"{node.op} needs a {'numeric' if kinds == 'fiu' else 'float'} NCHW input, "
+                         f"got {x.dtype.name}{fmt(x.shape)}")
+    g = _pool_geometry(node, x.shape)
+    return [(x.dtype, (x.shape[0], x.shape[1], g.oh, g.ow))]
+
+
+def _taps(g):
+    hs, ws = g.sh * (g.oh - 1) + 1, g.sw * (g.ow - 1) + 1
+    for i in range(g.kh):
+        for j in range(g.kw):
+            yield (slice(None), slice(None), slice(i * g.dh, i * g.dh + hs, g.sh),
+                   slice(j * g.dw, j * g.dw + ws, g.sw))
+
+
+def _lowest(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _pairs_tiled(g, shape) -> bool:
+    """2x2 windows at stride 2 that tile the whole (unpadded) input: the common CNN pooling."""
+    return ((g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (2, 2, 2, 2, 1, 1) and g.pads == ((0, 0), (0, 0))
+            and shape[2] == 2 * g.oh and shape[3] == 2 * g.ow)
+
+
+def _max_pool_pairs(xp, x, g):
+    """Maximum of row pairs (contiguous runs of W), then of column pairs: two ops, not four."""
+    n, c = x.shape[0], x.shape[1]
+    x5 = x.reshape(n, c, g.oh, 2, 2 * g.ow)
+    rows = xp.maximum(x5[:, :, :, 0], x5[:, :, :, 1])
+    return xp.maximum(rows[..., 0::2], rows[..., 1::2])
+
+
+def _kernel_max_pool(node, ctx):
+    """The running maximum over kernel taps: kh*kw elementwise ops on output-sized strided
+    views, several times faster than a numpy reduction over window axes."""
+    xp = ctx.xp
+
+    def run(x):
+        g = _pool_geometry(node, x.shape)
+        if _pairs_tiled(g, x.shape) and x.flags.c_contiguous:
+            return _max_pool_pairs(xp, x, g)
+        xpad = _padded(xp, x, g.pads, _lowest(x.dtype))
+        taps = _taps(g)
+        out = xpad[next(taps)].copy()
+        for t in taps:
+            xp.maximum(out, xpad[t], out=out)
+        return out
+    return run
+
+
+_LITTLE = sys.byteorder == "little"
+_TWICE = np.uint64(0x100000001)  # v * _TWICE == (v << 32) | v for any 32-bit v: a value twice in a row
+
+
+def _upsample_2x2(xp, a, m, ow):
+    """A float32 [.., OH, OW] as [m, 2, 2*OW] with each value in all four places of its 2x2
+    window. Through uint64 views both steps are long contiguous runs; numpy's repeat or
+    broadcasting copies over a length-2 axis are several times slower."""
+    pairs = a.reshape(m, ow).view(xp.uint32).astype(xp.uint64)
+    xp.multiply(pairs, _TWICE, out=pairs)
+    return xp.repeat(pairs, 2, axis=0).view(a.dtype).reshape(m, 2, 2 * ow)
+
+
+def _max_pool_grad_pairs(xp, x, y, dy, g):
+    """MaxPoolGrad of float32 _pairs_tiled windows as contiguous ops at input size: the mask
+    x == y (y upsampled) times dy (upsampled). Where a window holds its maximum more than once,
+    only the first in row-major order keeps its hit, as in the general kernel: with the mask
+    viewed as uint16 each column pair is one value, so "clear the second of a pair when the first
+    is set" is three ops over the whole mask, and "clear row 1 where row 0 has a hit" one more."""
+    n, c, h, w = x.shape
+    m = n * c * g.oh
+    hit = xp.equal(x.reshape(m, 2, w), _upsample_2x2(xp, y, m, g.ow))
+    if int(xp.count_nonzero(hit)) != y.size:  # ties (zeros after a relu are common)
+        pairs = hit.view(xp.uint16)  # [m, 2, OW]: the bytes (left, right) of each column pair
+        first = xp.left_shift(pairs, 8) if _LITTLE else xp.right_shift(pairs, 8)
+        xp.bitwise_and(pairs, xp.invert(first, out=first), out=pairs)
+        xp.multiply(pairs[:, 1], pairs[:, 0] == 0, out=pairs[:, 1])
+    dx = _upsample_2x2(xp, dy, m, g.ow)
+    xp.multiply(dx, hit, out=dx)
+    return dx.reshape(x.shape)
+
+
+def _kernel_max_pool_grad(node, ctx):
+    xp = ctx.xp
+
+    through_relu = node.attrs["through_relu"]
+
+    def run(x, y, dy):
+        g = _pool_geometry(node, x.shape)
+        if through_relu:  # see math.max_pool_grad_through_relu: the relu's mask at the pooled size
+            dy = xp.multiply(dy, y > 0)
+        if _pairs_tiled(g, x.shape) and x.dtype == np.float32:
+            return _max_pool_grad_pairs(xp, xp.ascontiguousarray(x), xp.ascontiguousarray(y),
+                                        xp.ascontiguousarray(dy), g)
+        n, c, h, w = x.shape
+        (t, b), (l, r) = g.pads
+        xpad = _padded(xp, x, g.pads, -np.inf)
+        # windows that neither overlap nor leave gaps write each input element exactly once
+        tiled = (g.sh, g.sw, g.dh, g.dw) == (g.kh, g.kw, 1, 1) and xpad.shape[2:] == (g.oh * g.kh, g.ow * g.kw)
+        dxp = xp.empty(xpad.shape, dtype=x.dtype) if tiled else xp.zeros(xpad.shape, dtype=x.dtype)
+        free = xp.ones(y.shape, dtype=bool)  # each window sends its gradient to one maximum
+        hit = xp.empty(y.shape, dtype=bool)
+        part = None if tiled else xp.empty(y.shape, dtype=x.dtype)
+        for tap in _taps(g):
+            xp.equal(xpad[tap], y, out=hit)
+            xp.logical_and(hit, free, out=hit)
+            xp.logical_xor(free, hit, out=free)  # hit is a subset of free: this clears the hits
+            if tiled:
+                xp.multiply(hit, dy, out=dxp[tap])
+            else:
+                xp.multiply(hit, dy, out=part)
+                dxp[tap] += part
+        return dxp[:, :, t:t + h, l:l + w]
+    return run
+
+
+def _avg_counts(xp, g, shape, dtype):
+    ones = _padded(xp, xp.ones((1, 1) + tuple(shape[2:]), dtype=dtype), g.pads)
+    out = xp.zeros((1, 1, g.oh, g.ow), dtype=dtype)
+    for t in _taps(g):
+        out += ones[t]
+    return out
+
+
+def _kernel_avg_pool(node, ctx):
+    xp = ctx.xp
+
+    def run(x):
+        g = _pool_geometry(node, x.shape)
+        xpad = _padded(xp, x, g.pads)
+        taps = _taps(g)
+        out = xpad[next(taps)].copy()
+        for t in taps:
+            out += xpad[t]
+        if g.pads == ((0, 0), (0, 0)):
+            out *= x.dtype.type(1.0 / (g.kh * g.kw))
+            return out
+        return out / _avg_counts(xp, g, x.shape, x.dtype)
+    return run
+
+
+def _kernel_avg_pool_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(x, dy):
+        g = _pool_geometry(node, x.shape)
+        n, c, h, w = x.shape
+        (t, b), (l, r) = g.pads
+        d = dy / _avg_counts(xp, g, x.shape, x.dtype)
+        dxp = xp.zeros((n, c, h + t + b, w + l + r), dtype=x.dtype)
+        for tap in _taps(g):
+            dxp[tap] += d
+        return dxp[:, :, t:t + h, l:l + w]
+    return run
+
+
+def _pool_attrs():
+    return {"ksize": (2, 2), "strides": (2, 2), "pads": ((0, 0), (0, 0)), "dilations": (1, 1)}
+
+
+def _pool_cost(node):
+    x = node.inputs[0]
+    n = num_elements_est(node.outputs[0].shape) * node.attrs["ksize"][0] * node.attrs["ksize"][1]
+    return Cost(n, num_elements_est(x.shape) * x.dtype.itemsize,
+                num_elements_est(node.outputs[0].shape) * x.dtype.itemsize)
+
+
+register(OpDef("MaxPool", inputs=("x",), attrs=_pool_attrs(), infer=_infer_pool, kernel=_kernel_max_pool,
+               grad=lambda node, dys: [make("MaxPoolGrad", (node.inputs[0], node.outputs[0], dys[0]),
+                                            dict(node.attrs)).outputs[0]], cost=_pool_cost))
+register(OpDef("MaxPoolGrad", inputs=("x", "y", "dy"), attrs={**_pool_attrs(), "through_relu": False},
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_max_pool_grad,
+               cost=_pool_cost, doc="through_relu: x is relu(z) and the result is also the gradient "
+                                    "with respect to z (see max_pool_grad_through_relu in math.py)."))
+
+
+register(OpDef("AvgPool", inputs=("x",), attrs=_pool_attrs(), infer=_infer_pool, kernel=_kernel_avg_pool,
+               grad=lambda node, dys: [make("AvgPoolGrad", (node.inputs[0], dys[0]), dict(node.attrs)).outputs[0]],
+               cost=_pool_cost, doc="SAME padding divides by the number of real (unpadded) elements."))
+register(OpDef("AvgPoolGrad", inputs=("x", "dy"), attrs=_pool_attrs(),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_avg_pool_grad,
+               cost=_pool_cost))
+
+
+def _pool(op, x, ksize, strides, padding, dilations, name):
+    x = convert(x)
+    if len(x.shape) != 4:
+        raise ShapeError(f"{op} needs an NCHW input, got {fmt(x.shape)}")
+    k = _pair(ksize, "ksize")
+    s = _pair(strides if strides is not None else ksize, "strides")
+    d = _pair(dilations, "dilations")
+    if min(k + s + d) < 1:
+        raise ShapeError(f"{op}: ksize {k}, strides {s} and dilations {d} must be >= 1")
+    pads = _pads(padding, x.shape[2:], k, s, d)
+    return make(op, (x,), {"ksize": k, "strides": s, "pads": pads, "dilations": d}, name=name).outputs[0]
+
+
+def max_pool(x, ksize=2, strides=None, padding="VALID", dilations=1, name: Optional[str] = None) -> Tensor:
+    return _pool("MaxPool", x, ksize, strides, padding, dilations, name)
+
+
+def avg_pool(x, ksize=2, strides=None, padding="VALID", dilations=1, name: Optional[str] = None) -> Tensor:
+    """Divides by the number of real (unpadded) elements in each window."""
+    return _pool("AvgPool", x, ksize, strides, padding, dilations, name)
+
+
+def _infer_gap(node):
+    x = node.inputs[0]
+    if len(x.shape) != 4 or x.dtype.kind != "f":
+        raise ShapeError(f"global_avg_pool needs a float NCHW input, got {x.dtype.name}{fmt(x.shape)}")
+    keep = node.attrs["keepdims"]
+    return [(x.dtype, x.shape[:2] + ((1, 1) if keep else ()))]
+
+
+def _kernel_gap_grad(node, ctx):
+    xp = ctx.xp
+
+    def run(x, dy):
+        h, w = x.shape[2], x.shape[3]
+        d = dy.reshape(dy.shape[0], dy.shape[1], 1, 1) / x.dtype.type(h * w)
+        return xp.broadcast_to(d, x.shape).copy()
+    return run
+
+
+register(OpDef("GlobalAvgPool", inputs=("x",), attrs={"keepdims": False}, infer=_infer_gap,
+               kernel=lambda node, ctx: (lambda x, k=node.attrs["keepdims"]: x.mean(axis=(2, 3), keepdims=k)),
+               grad=lambda node, dys: [make("GlobalAvgPoolGrad", (node.inputs[0], dys[0])).outputs[0]],
+               cost=lambda node: Cost(num_elements_est(node.inputs[0].shape),
+                                      num_elements_est(node.inputs[0].shape) * node.inputs[0].dtype.itemsize, 0)))
+register(OpDef("GlobalAvgPoolGrad", inputs=("x", "dy"),
+               infer=lambda node: [(node.inputs[0].dtype, node.inputs[0].shape)], kernel=_kernel_gap_grad,
+               cost=lambda node: Cost(num_elements_est(node.inputs[0].shape))))
+
+
+def global_avg_pool(x, keepdims: bool = False, name: Optional[str] = None) -> Tensor:
+    return make("GlobalAvgPool", (convert(x),), {"keepdims": bool(keepdims)}, name=name).outputs[0]

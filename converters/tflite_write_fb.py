@@ -66,7 +66,7 @@ class TFLiteBuilder:
             raise ValueError(f"tensor '{name}': dtype {dtype} has no TFLite type")
         buf = 0
         if data is not None:
-            arr = np.ascontiguousarray(np.asarray(data, dtype))
+            arr = np.array(data, dtype, order="C", copy=None)   # (ascontiguousarray makes a 0-d array 1-d)
             if tuple(arr.shape) != tuple(shape):
                 raise ValueError(f"tensor '{name}': data shape {arr.shape} differs from {tuple(shape)}")
             self.buffers.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())

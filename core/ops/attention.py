@@ -167,7 +167,9 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, interleaved: bo
     each head (halves, or even/odd features when interleaved) by the cached angles of their position.
     x is [B, H, S, D] or [B, S, H*D] (with num_heads); the caches are [max_pos, rotary_dim/2] read at
     position_ids [B, S], or already [B, S, rotary_dim/2] without them."""
-    from .array import expand_dims, reshape_to, shape
+    from .array import expand_dims
+    from .array_dynamic import reshape_to
+    from .fill import shape
     x = convert(x)
     four_d = len(x.shape) == 4
     if four_d:

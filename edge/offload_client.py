@@ -10,6 +10,10 @@ the client runs the current cut's edge part; at its RemotePart the interpreter h
 tensors here, and they go to the service as one Infer call (wire/tensor_codec.py) with the
 request's remaining deadline.
 
+Every cut (and the full model) is prepared at start and run once on zeros, in the background by
+default (edge/cut_warmer.py): a switch or a fallback then pays no kernel's first use, and a request
+waits only for the warm-up of the cut it runs.
+
 The link is measured as it goes: a Describe call every `ping_every` calls times the round trip,
 each Infer gives a bandwidth sample, and edge/cut_selector.py turns them into the cut to run (with
 hysteresis, and a probe on the next cut up every `ping_every` requests). When the cloud is
@@ -36,6 +40,7 @@ import numpy as np
 from ..wire import tensor_codec
 from ..wire.security import make_channel
 from .cut_selector import CutSelector
+from .cut_warmer import CutWarmer
 from .format import EdgeModelError
 from .interpreter import Interpreter
 from .link_emulation import EmulatedLink
@@ -82,7 +87,8 @@ class OffloadClient(RequestTracing):
                  link: Optional[EmulatedLink] = None, window: int = 3, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
                  initial_bandwidth_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3,
-                 edge_clock: str = "cpu", trace: bool = False):
+                 edge_clock: str = "cpu", trace: bool = False, warm: str = "background",
+                 drop_min_s: float = 0.010):
         """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
         (demos, benchmarks): after each request the client sleeps until the request's local compute
         has taken edge_slowdown x what it took here, so a request takes what it would on that device.
@@ -91,7 +97,12 @@ class OffloadClient(RequestTracing):
         device it stands for; true when BLAS runs on one thread, as on a phone's interpreter), or
         "wall", the wall time (on a loaded machine, waits for a core are multiplied too).
         `trace` asks the service for its spans on every Infer and records the request's timeline
-        (the module docstring, "Tracing")."""
+        (the module docstring, "Tracing").
+        `warm` says when every cut and the full model run once on zeros (edge/cut_warmer.py), so that
+        no request pays a kernel's first use: "background" (default; a request waits only for the
+        warm-up of the cut it runs), "now" (before the constructor returns) or "off".
+        `drop_min_s`: a call whose transfer took twice the estimate's time and this much more shows
+        a bandwidth drop at once (edge/cut_selector.py)."""
         if not edge_slowdown >= 1.0:
             raise ValueError(f"edge_slowdown must be >= 1, got {edge_slowdown!r}")
         if edge_clock not in ("cpu", "wall"):
@@ -110,6 +121,7 @@ class OffloadClient(RequestTracing):
         self._full: Optional[Interpreter] = None
         self._channel = self._stub = self._pb = None
         self._stale = False
+        self._connected = False
         self._lock = threading.Lock()
         self._backoff = 0.0
         self._retry_at = 0.0
@@ -119,7 +131,7 @@ class OffloadClient(RequestTracing):
                            switches=0, probes=0, connects=0, pings=0, trace_errors=0)
         # which cut runs: the link estimate and the switching rule (cut_selector.py, no I/O)
         self.selector = CutSelector(self.split.cuts, window, hysteresis, ping_every, adapt, initial_bandwidth_bps,
-                                    resolution_s, self.counts)
+                                    resolution_s, self.counts, drop_min_s)
         self.trace = bool(trace)
         self._spans: Optional[List["TraceSpan"]] = None   # the request's spans (wall-clock seconds) when tracing
         self._busy: List[Tuple[float, float]] = []        # its remote calls and local runs (wall clock)
@@ -135,6 +147,11 @@ class OffloadClient(RequestTracing):
         for k, c in enumerate(self.split.cuts):  # and every cut, so that a switch costs nothing either
             if c.cloud_part:
                 self._interp_for(k)
+        # and each of them run once (kernels loaded, arena touched): the cut requests run now first,
+        # then its neighbours outwards, the full model (the fallback) last
+        order = sorted(self._interp, key=lambda k: (abs(k - self.cut), k))
+        self.warmer = CutWarmer([(k, self._interp[k]) for k in order]
+                                + ([("full", self._full)] if self._full is not None else []), warm)
         if any(c.cloud_part for c in self.split.cuts):
             self._connect()  # imports grpc and makes the channel (no I/O yet): no request pays for that
 
@@ -164,9 +181,11 @@ class OffloadClient(RequestTracing):
             w0 = time.time()
             if self.trace:
                 self._spans, self._busy, self._trace_w0, self._trace_shift_s = [], [], w0, 0.0
+            self.warmer.request_started()
             try:
                 return self._invoke(inputs)
             finally:
+                self.warmer.request_finished()
                 w_done = time.time()
                 edge_s = self._emulate_edge(t0, c0)
                 total = time.perf_counter() - t0
@@ -203,7 +222,8 @@ class OffloadClient(RequestTracing):
         return dict(self.counts, cut=c.name, cloud_part=c.cloud_part or None, bandwidth_bps=self.bandwidth_bps, rtt_ms=
                     None if self.rtt_s is None else self.rtt_s * 1e3, backoff_s=self._backoff,
                     cloud_down=time.monotonic() < self._retry_at, p50_ms=pct(0.5), p99_ms=pct(0.99),
-                    last_error=self.last_error)
+                    last_error=self.last_error, warm=self.warmer.done, warm_cpu_ms=
+                    {str(k): s * 1e3 for k, s in self.warmer.seconds.items()}, warm_errors={str(k): e for k, e in self.warmer.errors.items()})
 
     def close(self) -> None:
         if self._channel is not None:
@@ -228,6 +248,7 @@ class OffloadClient(RequestTracing):
                 raise CloudError(f"the cloud is backing off after: {self.last_error}; the model carries no full copy")
             self.counts["local"] += 1
             return self._local(inputs)
+        self.warmer.ensure(k)  # a cut still warming: wait for its warm-up (or do it here), no other
         try:
             outs = self._interp_for(k).invoke(*inputs)
         except (_Miss, CloudError) as e:
@@ -254,6 +275,7 @@ class OffloadClient(RequestTracing):
                 raise CloudError("the model carries no full copy to run locally")
             self._full = Interpreter(self.split.full)
         t, w = time.perf_counter(), time.time()
+        self.warmer.ensure("full")
         try:
             return self._full.invoke(*inputs)
         finally:
@@ -349,7 +371,12 @@ class OffloadClient(RequestTracing):
 
     def _ping(self) -> None:
         """One small call (Describe): its time is the round trip. The estimate is the least of the
-        last few pings: delays on a loaded machine only ever add to a round trip."""
+        last few pings: delays on a loaded machine only ever add to a round trip. On a fresh channel
+        a first, untimed call connects: a connection's setup is no round trip, and an RTT estimate
+        holding it (50 ms on loopback) hid every transfer until the next ping."""
+        if not self._connected:
+            self._call("Describe", self._pb.DescribeRequest())
+            self._connected = True
         t0, w0 = time.perf_counter(), time.time()
         self._sleep_link(0)
         self._call("Describe", self._pb.DescribeRequest())
@@ -370,6 +397,7 @@ class OffloadClient(RequestTracing):
         if self._channel is not None:
             self._channel.close()
         self._stale = False
+        self._connected = False  # no call made on this channel yet
         # deferred: grpc (and the generated stubs, which import it) is a heavy import that
         # `import isthmus.edge` must not pay; only a client that talks to the cloud needs it
         import grpc  # noqa: F401

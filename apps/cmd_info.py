@@ -43,6 +43,10 @@ def _shape(shape) -> List[object]:
     return ["?" if d is None or d == -1 else int(d) for d in shape]
 
 
+def _io(name: str, dtype, shape) -> Dict[str, object]:
+    return {"name": name, "dtype": np.dtype(dtype).name, "shape": _shape(shape)}
+
+
 def _graph(m) -> Dict[str, object]:
     from isthmus.core.executor import prune
     outs = list(m.outputs.values())
@@ -55,8 +59,8 @@ def _graph(m) -> Dict[str, object]:
                and any(np.dtype(t.dtype) == np.int8 for t in n.outputs))
     size = os.path.getsize(m.source) if os.path.isfile(m.source) else None
     return {"file": m.source, "format": m.kind, "producer": m.producer, **m.extra,
-            "inputs": [{"name": k, "dtype": np.dtype(t.dtype).name, "shape": _shape(t.shape)} for k, t in m.inputs.items()],
-            "outputs": [{"name": k, "dtype": np.dtype(t.dtype).name, "shape": _shape(t.shape)} for k, t in m.outputs.items()],
+            "inputs": [_io(k, t.dtype, t.shape) for k, t in m.inputs.items()],
+            "outputs": [_io(k, t.dtype, t.shape) for k, t in m.outputs.items()],
             "ops": dict(sorted(ops.items())), "int8_ops": int8, "fp32_ops": sum(ops.values()) - int8,
             "weight_bytes": int(weights), "file_bytes": size, "remote_parts": []}
 
@@ -82,7 +86,8 @@ def _edge(path: str) -> Dict[str, object]:
     out.update(_edge_model(m))
     out["metadata"] = {k: v for k, v in m.metadata.items() if k != SPLIT_KEY and len(v) < 200}
     if split:
-        out["cuts"] = [{"name": c.name, "uplink_mbps": [c.min_bandwidth_bps / 1e6, None if np.isinf(c.max_bandwidth_bps) else c.max_bandwidth_bps / 1e6],
+        out["cuts"] = [{"name": c.name, "uplink_mbps": [c.min_bandwidth_bps / 1e6, None if np.isinf(c.max_bandwidth_bps)
+                                                        else c.max_bandwidth_bps / 1e6],
                         "cloud_part": c.cloud_part or None, "sends": c.inputs, "receives": c.outputs,
                         **{k: v for k, v in _edge_model(c.model).items() if k in ("int8_ops", "fp32_ops")}}
                        for c in split.cuts]
@@ -96,8 +101,8 @@ def _edge_model(m) -> Dict[str, object]:
                and o.op != "Quantize")
     weights = sum(t.data.nbytes for t in m.tensors if t.data is not None)
     t = m.tensors
-    return {"inputs": [{"name": t[i].name, "dtype": np.dtype(t[i].dtype).name, "shape": _shape(t[i].shape)} for i in m.inputs],
-            "outputs": [{"name": t[i].name, "dtype": np.dtype(t[i].dtype).name, "shape": _shape(t[i].shape)} for i in m.outputs],
+    return {"inputs": [_io(t[i].name, t[i].dtype, t[i].shape) for i in m.inputs],
+            "outputs": [_io(t[i].name, t[i].dtype, t[i].shape) for i in m.outputs],
             "ops": dict(sorted(ops.items())), "int8_ops": int8, "fp32_ops": sum(ops.values()) - int8,
             "weight_bytes": int(weights), "remote_parts": [p.name for p in m.remote]}
 

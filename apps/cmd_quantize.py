@@ -58,8 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=METHODS, default="minmax",
                    help="activation ranges: minmax, percentile (clips outliers) or entropy (default %(default)s)")
     p.add_argument("--percentile", type=float, default=99.99, help="with --method percentile (default %(default)s)")
-    p.add_argument("--per-channel", action="store_true",
-                   help="per-channel weight scales (conv and dense weights are per-channel in any case today)")
+    scales = p.add_mutually_exclusive_group()
+    scales.add_argument("--per-channel", dest="per_channel", action="store_const", const=True, default=None,
+                        help="one weight scale per output channel of conv and dense weights (the default)")
+    scales.add_argument("--per-tensor", dest="per_channel", action="store_const", const=False,
+                        help="one weight scale per weight tensor")
     p.add_argument("--limit", type=non_negative_int, default=0, help="use the first N samples only (0: all)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
                    help="shape of an input whose dims the model leaves unknown (repeatable)")
@@ -70,9 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def quantize(model: Union[str, LoadedModel], calibration, output: str, method: str = "minmax",
-             percentile: float = 99.99, per_channel: bool = False, limit: int = 0, batch: int = 1,
+             percentile: float = 99.99, per_channel: Optional[bool] = None, limit: int = 0, batch: int = 1,
              input_shapes=None, force: bool = False) -> QuantizeReport:
-    """Quantize `model` on `calibration` (an .npz path or {input name: samples}) into `output`."""
+    """Quantize `model` on `calibration` (an .npz path or {input name: samples}) into `output`.
+    `per_channel`: None keeps the quantizer's default (per channel)."""
     from isthmus.converters.edge_export import to_edge
     from isthmus.converters.quantize import quantize_to_edge
     from .deploy import calibration_feeds
@@ -92,10 +96,10 @@ def quantize(model: Union[str, LoadedModel], calibration, output: str, method: s
         if "method" not in params:
             raise UsageError("--method entropy: this version's quantizer offers minmax and percentile only")
         kw["method"] = "entropy"
-    if "per_channel" in params:
+    if per_channel is not None and "per_channel" in params:  # None: the quantizer's default (per channel)
         kw["per_channel"] = per_channel
-    elif per_channel:
-        notes.append("--per-channel: conv and dense weights are quantized per channel in any case")
+    elif per_channel is False:
+        raise UsageError("--per-tensor: this version's quantizer quantizes weights per channel only")
     sess = m.session()
     outs = list(m.outputs.values())
     data, rep = quantize_to_edge(sess, outs, feeds, **kw)

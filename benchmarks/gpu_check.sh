@@ -44,15 +44,15 @@ step() {  # step NAME TIMEOUT_S OUTFILE CMD...
 }
 step pytest_gpu 80 "$OUT/pytest_gpu.log" python3 -m pytest -m gpu -p no:cacheprovider -rfEs --tb=short \
   tests/core/test_gpu.py tests/core/test_gpu_devices.py tests/core/test_gpu_ops.py
+step gpu_train 100 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
+step gpu_matmul 25 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
+step gpu_transfer 25 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py
+step gpu_adds 25 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
 # the op tables (forward against numpy references, finite-difference gradients) with every Session on the GPU
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 step op_suites_on_gpu 70 "$OUT/pytest_ops_on_gpu.log" env ISTHMUS_DEVICE=gpu python3 -m pytest $XDIST -p no:cacheprovider \
   -rfE --tb=line tests/core/test_math_ops.py tests/core/test_nn_ops.py tests/core/test_reduce_ops.py \
   tests/core/test_conv_ops.py tests/core/test_batchnorm_paths.py tests/core/test_depthwise_grad.py \
   tests/core/test_pool_dilation.py tests/core/test_optimizers.py tests/core/test_array_ops.py
-step gpu_train 100 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
-step gpu_matmul 25 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
-step gpu_transfer 25 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py
-step gpu_adds 25 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
 echo "total $(( $(date +%s) - T0 ))s" >>"$LOG"
 python3 benchmarks/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"

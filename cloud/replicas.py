@@ -50,8 +50,9 @@ import numpy as np
 from ..core.autodiff import gradients
 from ..core.checkpoint import Saver, latest_checkpoint
 from ..core.graph import Graph, Tensor
-from ..core.ops.array import concat, expand_dims, shape as shape_of
+from ..core.ops.array import concat, expand_dims
 from ..core.ops.base import constant, group, placeholder
+from ..core.ops.fill import shape as shape_of
 from ..core.ops.math import add_n, mul
 from ..core.ops.reduce import reduce_sum
 from ..core.ops.sparse import IndexedSlices, gather

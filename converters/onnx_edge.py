@@ -63,7 +63,10 @@ class _Writer:
 
     def qparams(self, e: int):
         t = self.m.tensors[e]
-        return (np.asarray(t.scale, np.float32), np.asarray(t.zero_point), max(t.axis, 0)) if len(t.scale) else None
+        if not len(t.scale):
+            return None
+        zp = np.asarray(t.zero_point) if len(t.zero_point) else np.zeros(len(t.scale), np.int64)  # empty: zero
+        return np.asarray(t.scale, np.float32), zp, max(t.axis, 0)
 
     def value(self, e: int) -> str:
         """The float ONNX tensor of edge tensor e (a constant read through DequantizeLinear if quantized)."""
@@ -85,6 +88,21 @@ class _Writer:
         out = self.fresh(t.name + "/dq")
         self.node("DequantizeLinear", ins, [out], **({"axis": axis} if per else {}))
         self.names[e] = out
+        return out
+
+    def bias(self, b: int, x: int, w: int) -> str:
+        """A conv / matmul bias as a float tensor; an int32 bias without parameters is at s_x * s_w
+        (the edge kernels' convention), said here for DequantizeLinear."""
+        t = self.m.tensors[b]
+        if b in self.names or t.dtype != np.int32 or self.qparams(b) is not None:
+            return self.value(b)
+        sx, sw = self.qparams(x)[0], self.qparams(w)[0]
+        scale = np.broadcast_to(sx[0] * sw, (t.shape[0],)).astype(np.float32)
+        ins = [self.init(t.name, np.asarray(t.data).reshape(-1)), self.init(t.name + "/scale", scale),
+               self.init(t.name + "/zero_point", np.zeros(len(scale), np.int32))]
+        out = self.fresh(t.name + "/dq")
+        self.node("DequantizeLinear", ins, [out], axis=0)
+        self.names[b] = out
         return out
 
     def result(self, e: int, raw: str) -> None:
@@ -124,7 +142,8 @@ def _translate(w: _Writer, op) -> None:
     kind = op.op
     if kind in ("Conv2D", "FusedConv2D"):
         t, b, l, r = a.get("pads", (0, 0, 0, 0))
-        ins = [x, w.value(op.inputs[1])] + ([w.value(op.inputs[2])] if len(op.inputs) > 2 and op.inputs[2] >= 0 else [])
+        ins = [x, w.value(op.inputs[1])] + ([w.bias(op.inputs[2], op.inputs[0], op.inputs[1])]
+                                            if len(op.inputs) > 2 and op.inputs[2] >= 0 else [])
         w.node("Conv", ins, [out], pads=[t, l, b, r], strides=list(a.get("strides", (1, 1))),
                dilations=list(a.get("dilations", (1, 1))), group=int(a.get("groups", 1)))
         out = w.activation(out, a.get("activation", "none"))
@@ -144,7 +163,7 @@ def _translate(w: _Writer, op) -> None:
         w.node("MatMul", [x, wv], [out])
         if len(op.inputs) > 2 and op.inputs[2] >= 0:
             summed = w.fresh("biased")
-            w.node("Add", [out, w.value(op.inputs[2])], [summed])
+            w.node("Add", [out, w.bias(op.inputs[2], op.inputs[0], op.inputs[1])], [summed])
             out = summed
         out = w.activation(out, a.get("activation", "none"))
     elif kind == "BiasAdd":

@@ -53,12 +53,13 @@ def _conv_pads(at, spatial_in, kernel, strides, dilations):
             small, big = total // 2, total - total // 2
             out.append((small, big) if auto == "SAME_UPPER" else (big, small))
         return tuple(out)
+    n = len(kernel)
     if auto == "VALID":
-        return ((0, 0), (0, 0))
+        return ((0, 0),) * n
     refuse_unless(auto == "NOTSET", f"auto_pad '{auto}' is not an ONNX auto_pad value")
-    p = list(at.get("pads", [0, 0, 0, 0]))
-    refuse_unless(len(p) == 4, f"pads {p} do not fit a 2-D window")
-    return ((p[0], p[2]), (p[1], p[3]))
+    p = list(at.get("pads", [0] * 2 * n))
+    refuse_unless(len(p) == 2 * n, f"pads {p} do not fit a {n}-D window")
+    return tuple((p[i], p[i + n]) for i in range(n))
 
 
 def _spatial_2d(x, what):
@@ -82,18 +83,21 @@ def _conv(c, node, ins):
 
 
 def _pool(kind):
+    """2-D pooling on the core op; 3-D as two separable 2-D passes (H and W, then D): a box maximum is
+    the maximum of maxima, and a box average over the real elements the average of averages, since
+    the real elements of a window form a box too."""
     def h(c, node, ins):
         at = _attrs(node)
         x = ins[0]
-        _spatial_2d(x, f"{node.op_type}")
+        refuse_unless(len(x.shape) in (4, 5), f"only 2-D and 3-D {node.op_type} is supported, "
+                                              f"the input has rank {len(x.shape)}")
         if len(node.output) > 1 and node.output[1]:
             raise ImportError_("the Indices output (argmax positions) is not supported")
-        if kind == "max" and at.get("storage_order", 0) not in (0,):
-            pass  # storage_order only orders the Indices output, refused above
         k = tuple(at["kernel_shape"])
+        refuse_unless(len(k) == len(x.shape) - 2, f"kernel_shape {list(k)} does not fit rank {len(x.shape)}")
         s = tuple(at.get("strides", [1] * len(k)))
         d = tuple(at.get("dilations", [1] * len(k)))
-        pads = _conv_pads(at, x.shape[2:], k, s, d)
+        pads = given = _conv_pads(at, x.shape[2:], k, s, d)
         if at.get("ceil_mode", 0):  # extend the bottom/right padding so the last partial window counts
             grown = []
             for n_, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pads):
@@ -104,12 +108,24 @@ def _pool(kind):
                     out -= 1
                 grown.append((a, max(b, (out - 1) * ss + eff - n_ - a)))
             pads = tuple(grown)
-        if kind == "avg" and at.get("count_include_pad", 0) and pads != ((0, 0), (0, 0)):
-            x = ism.pad(x, ((0, 0), (0, 0)) + pads)
-            pads = ((0, 0), (0, 0))
+        if kind == "avg" and at.get("count_include_pad", 0) and any(p != (0, 0) for p in given):
+            # the given pads count as zeros; what ceil_mode adds past them does not
+            x = ism.pad(x, ((0, 0), (0, 0)) + given)
+            pads = tuple((0, b - gb) for (_, b), (_, gb) in zip(pads, given))
         f = ism.max_pool if kind == "max" else ism.avg_pool
-        return [f(x, k, s, pads, dilations=d)]
+        if len(k) == 2:
+            return [f(x, k, s, pads, dilations=d)]
+        return [_pool_3d(f, x, k, s, pads, d)]
     return h
+
+
+def _pool_3d(f, x, k, s, pads, d):
+    n, ch, dd, hh, ww = x.shape
+    refuse_unless(all(v is not None for v in (ch, dd, hh, ww)), "3-D pooling needs known channel and spatial dims")
+    y = f(ism.reshape(x, (-1, ch * dd, hh, ww)), k[1:], s[1:], pads[1:], dilations=d[1:])  # over H and W
+    h2, w2 = y.shape[2], y.shape[3]
+    y = f(ism.reshape(y, (-1, ch, dd, h2 * w2)), (k[0], 1), (s[0], 1), (pads[0], (0, 0)), dilations=(d[0], 1))
+    return ism.reshape(y, (-1, ch, y.shape[2], h2, w2))
 
 
 handler("MaxPool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order",

@@ -63,8 +63,8 @@ class Translator:
         t = self.m.tensors[e]
         if not len(t.scale):
             return {}
-        return dict(scale=[float(s) for s in t.scale], zero_point=[int(z) for z in t.zero_point],
-                    axis=max(t.axis, 0))
+        zp = [int(z) for z in t.zero_point] if len(t.zero_point) else [0] * len(t.scale)  # empty: all zero
+        return dict(scale=[float(s) for s in t.scale], zero_point=zp, axis=max(t.axis, 0))
 
     def is_int8(self, e: int) -> bool:
         return self.m.tensors[e].dtype == np.int8

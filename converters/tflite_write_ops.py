@@ -82,16 +82,17 @@ def _window(tr: Translator, x: int, shape, k, s, d, pads, pad_value: float, name
 
 def _bias(tr: Translator, op, o: int, w_e: int, x_e: int) -> int:
     b_e = op.inputs[2] if len(op.inputs) > 2 and op.inputs[2] >= 0 else -1
-    if b_e >= 0:
-        if tr.const(b_e) is None:
-            raise tr.fail("a bias computed at run time has no TFLite form here (constant biases only)")
-        return tr.get(b_e)
     name = tr.m.tensors[op.outputs[0]].name + "/bias"
-    if tr.is_int8(x_e):
-        s = np.asarray(tr.quant(x_e)["scale"][0] * np.asarray(tr.quant(w_e)["scale"]), np.float64)
-        s = np.broadcast_to(s, (o,))
-        return tr.b.const(name, np.zeros(o, np.int32), scale=s.tolist(), zero_point=[0] * o, axis=0)
-    return tr.b.const(name, np.zeros(o, np.float32))
+    if b_e >= 0 and tr.const(b_e) is None:
+        raise tr.fail("a bias computed at run time has no TFLite form here (constant biases only)")
+    if not tr.is_int8(x_e):
+        return tr.get(b_e) if b_e >= 0 else tr.b.const(name, np.zeros(o, np.float32))
+    if b_e >= 0 and tr.quant(b_e):
+        return tr.get(b_e)
+    # an int32 bias without parameters is at s_in * s_w by the edge kernels' convention; TFLite wants them said
+    s = np.broadcast_to(np.asarray(tr.quant(x_e)["scale"][0] * np.asarray(tr.quant(w_e)["scale"]), np.float64), (o,))
+    value = np.zeros(o, np.int32) if b_e < 0 else np.asarray(tr.const(b_e), np.int32).reshape(o)
+    return tr.b.const(name, value, scale=s.tolist(), zero_point=[0] * o, axis=0)
 
 
 @handles("Conv2D", "FusedConv2D")

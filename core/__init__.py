@@ -12,6 +12,8 @@ from .ops.math import abs, pow  # noqa: A004
 from .ops.linalg import bias_add, matmul
 from .ops.sparse import IndexedSlices, gather
 from .ops.array import *  # noqa: F401,F403  (each family lists its public functions in __all__)
+from .ops.fill import *  # noqa: F401,F403
+from .ops.array_dynamic import *  # noqa: F401,F403
 from .ops.reduce import *  # noqa: F401,F403
 from .ops.random import *  # noqa: F401,F403
 from .ops.nn import *  # noqa: F401,F403

@@ -12,7 +12,8 @@ import numpy as np
 
 from . import ops as _ops  # noqa: F401  (registers the ops used below)
 from .graph import Tensor
-from .ops.array import concat, expand_dims, shape, split, transpose, zeros
+from .ops.array import concat, expand_dims, split, transpose
+from .ops.fill import shape, zeros
 from .ops.base import constant, convert
 from .ops.control import set_row, while_loop
 from .ops.linalg import bias_add, matmul

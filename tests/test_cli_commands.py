@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from isthmus import cli
+from isthmus.apps import cli
 
 from .cli_models import cnn_onnx, images
 
@@ -101,3 +101,16 @@ def test_a_dynamic_batch_edge_file_runs_at_any_batch(model, capsys):
                    "--save", str(d / "y.npy"), "--force")
         assert f"float32[{n}, 10]" in out
         np.testing.assert_allclose(np.load(d / "y.npy"), sess.run(None, {"image": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_quantize_passes_its_options_to_the_quantizer(model):
+    from isthmus.apps.cmd_quantize import quantize
+    d, path = model
+    calib = str(d / "calib.npz")
+    default = quantize(path, calib, str(d / "d.isth"), limit=6, force=True)
+    channel = quantize(path, calib, str(d / "c.isth"), per_channel=True, limit=6, force=True)
+    tensor = quantize(path, calib, str(d / "t.isth"), per_channel=False, limit=6, force=True)
+    assert open(d / "d.isth", "rb").read() == open(d / "c.isth", "rb").read()  # per channel by default
+    assert open(d / "t.isth", "rb").read() != open(d / "c.isth", "rb").read()
+    assert default.max_abs_drift == channel.max_abs_drift and tensor.max_abs_drift > 0
+    assert quantize(path, calib, str(d / "e.isth"), method="entropy", limit=6, force=True).method == "entropy"

@@ -27,7 +27,7 @@ def _docs(name):
 def _parser(command: str) -> argparse.ArgumentParser:
     import importlib
 
-    from isthmus import cli
+    from isthmus.apps import cli
     p = argparse.ArgumentParser(prog=f"isthmus {command}")
     importlib.import_module(cli.COMMANDS[command][0]).add_arguments(p)
     return p

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from isthmus import cli
+from isthmus.apps import cli
 
 from .cli_models import cnn_onnx, images
 
@@ -63,7 +63,7 @@ CASES = {
                  "{unknown_op.onnx} --calibration-data {calib.npz}", "{cnn.onnx} --calibration-data {wrong.npz}",
                  "{cnn.onnx} --calibration-data {bad.npz}", "{cnn.onnx} --calibration-data {nan.npz}",
                  "{cnn.onnx} --calibration-data {trunc.npy}", "{cnn.onnx} --calibration-data {calib.npz} --method x",
-                 "{cnn.onnx} --calibration-data {calib.npz} --method entropy",
+                 "{cnn.onnx} --calibration-data {calib.npz} --method percentile --percentile 20",
                  "{cnn.onnx} --calibration-data {calib.npz} -o {existing}", "{folder.onnx} --calibration-data {calib.npz}",
                  "{noshape.onnx} --calibration-data {calib.npz}", "{text.txt} --calibration-data {calib.npz}",
                  "{cnn.isth} --calibration-data {calib.npz}", "{cnn.onnx}"],

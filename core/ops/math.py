@@ -289,7 +289,7 @@ _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -
 
 
 def _erf_float32(xp, x):
-    x = xp.clip(x, -4.0, 4.0, dtype=np.float32)
+    x = xp.clip(x.astype(np.float32, copy=False), np.float32(-4.0), np.float32(4.0))  # cupy's clip takes no dtype
     x2 = x * x
     p = xp.full_like(x, _ERF_P[0])
     for c in _ERF_P[1:]:

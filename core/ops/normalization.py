@@ -8,7 +8,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Tensor
-from .array import pad, reshape_to, shape
+from .array import pad
+from .array_dynamic import reshape_to
+from .fill import shape
 from .base import constant, convert
 from .math import add, add_n, div, mul, pow, rsqrt, square, sub  # noqa: A004
 from .reduce import reduce_mean

@@ -8,7 +8,7 @@ import numpy as np
 import isthmus.core as ism
 from isthmus.core.ops.bitwise import bit_shift, bitwise_and, bitwise_not, bitwise_or, bitwise_xor
 from isthmus.core.ops.arange import arange
-from isthmus.core.ops.array import slice_dynamic
+from isthmus.core.ops.array_dynamic import slice_dynamic
 from isthmus.core.ops.pad_dynamic import pad_dynamic
 from isthmus.core.ops.selection import cumprod, non_max_suppression, unique
 from isthmus.core.ops.spectral import dft, stft

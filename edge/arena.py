@@ -31,8 +31,10 @@ class ArenaPlanner:
 
     def plan(self) -> Tuple[List[int], int]:
         """Offsets per buffer and the arena's size."""
+        if not self.buffers:   # a model with nothing to compute (its outputs are its inputs or constants)
+            return [], 0
         bound = self.lower_bound()
-        best: Tuple[List[int], int] = ([0] * len(self.buffers), 0) if not self.buffers else ([], -1)
+        best: Tuple[List[int], int] = ([], -1)
         for order, best_fit in self._orders():
             offsets, peak = self._place(order, best_fit)
             if best[1] < 0 or peak < best[1]:

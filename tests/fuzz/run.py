@@ -67,13 +67,22 @@ def run_loader(name: str, n: int, chunk: int, seed: int, budget_s: float) -> dic
 
 
 def markdown(path: str) -> str:
-    """The long-run table: one row per loader (its latest summary in `path`)."""
-    rows = {}
+    """The long-run table: one row per loader (the sum of its summaries in `path`, runs with different seeds)."""
+    rows: dict = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
-            if line.strip():
-                r = json.loads(line)
-                rows[r["loader"]] = r
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            got = rows.get(r["loader"])
+            if got is None:
+                rows[r["loader"]] = dict(r, commits=[r["commit"]])
+                continue
+            for k in ("inputs", "reached_deep", "hangs", "over_1GiB", "workers_died", "seconds"):
+                got[k] += r[k]
+            for t, c in r["undocumented_types"].items():
+                got["undocumented_types"][t] = got["undocumented_types"].get(t, 0) + c
+            got["commits"] += [c for c in [r["commit"]] if c not in got["commits"]]
     out = ["## Long runs", "",
            "`python -m tests.fuzz.run --loader NAME --n 1000000` (chunks of fresh subprocesses, 1 GiB cap, 2 s of CPU "
            "time per input), stopped at the time budget where noted: *inputs* is what actually ran. An undocumented "
@@ -82,8 +91,8 @@ def markdown(path: str) -> str:
            "over 1 GiB | workers died | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         types = ", ".join(f"{t} x{c}" for t, c in r["undocumented_types"].items()) or "none"
-        out.append(f"| {name} | {r['date'][:16].replace('T', ' ')} | {r['commit']} | {r['inputs']:,} | "
-                   f"{r['asked']:,} | {r['reached_deep']:,} | {types} | {r['hangs']} | {r['over_1GiB']} | "
+        out.append(f"| {name} | {r['date'][:16].replace('T', ' ')} | {', '.join(r['commits'])} | {r['inputs']:,} | "
+                   f"{1_000_000:,} | {r['reached_deep']:,} | {types} | {r['hangs']} | {r['over_1GiB']} | "
                    f"{r['workers_died']} | {r['seconds']:.0f} |")
     return "\n".join(out) + "\n"
 

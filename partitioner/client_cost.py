@@ -46,16 +46,18 @@ class ClientCost:
     @classmethod
     def fit(cls, samples: Iterable[Mapping[str, object]]) -> "ClientCost":
         """Fit from the client's per-request reports: each a mapping with `client_s` (seconds),
-        `edge_part` (bool), `calls` (int) and `nbytes` (bytes up + down). Non-negative least
+        `edge_part` (bool), `calls` (int) and `nbytes` (bytes up + down), or an `OffloadClient.last`
+        as it is (its `up_bytes` + `down_bytes`). Non-negative least
         squares: a coefficient the samples cannot tell apart from zero stays zero. The samples
         must vary what they fit: some requests on each kind of plan (edge-only, split, cloud-only)."""
         rows, ys = [], []
         for k, s in enumerate(samples):
             try:
                 y = float(s["client_s"])
-                row = [1.0, float(bool(s["edge_part"])), float(s["calls"]), float(s["nbytes"])]
+                nbytes = s["nbytes"] if "nbytes" in s else s["up_bytes"] + s["down_bytes"]  # an OffloadClient.last
+                row = [1.0, float(bool(s["edge_part"])), float(s["calls"]), float(nbytes)]
             except (KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"client cost sample {k}: needs client_s, edge_part, calls, nbytes ({e})") from None
+                raise ValueError(f"client cost sample {k}: needs client_s, edge_part, calls, nbytes (or up_bytes and down_bytes) ({e})") from None
             if not (np.isfinite(y) and y >= 0 and all(np.isfinite(row)) and row[2] >= 0 and row[3] >= 0):
                 raise ValueError(f"client cost sample {k}: values must be finite and >= 0, got {dict(s)}")
             rows.append(row)

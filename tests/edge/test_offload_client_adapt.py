@@ -135,7 +135,7 @@ def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, serv
     the ClientCost that plans are priced with (partitioner/client_cost.py)."""
     from isthmus.partitioner.client_cost import ClientCost
     from isthmus.edge.split_model import load_split
-    samples, by_cut = [], {}
+    samples, by_cut, lasts = [], {}, []
     link = EmulatedLink(1e9, 1e-3)
     for k, cut in enumerate(load_split(split["model"]).cuts):
         mid = (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
@@ -145,12 +145,14 @@ def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, serv
                 c.invoke(v)
                 last = c.last
                 assert 0 < last["client_s"] < last["total_s"] - (last["remote_s"] > 0) * 2e-3 * 0.99, last
+                lasts.append(dict(last))
                 samples.append(dict(client_s=last["client_s"], edge_part=last["edge_part"], calls=last["calls"],
                                     nbytes=last["up_bytes"] + last["down_bytes"]))
                 by_cut.setdefault(cut.name, []).append(samples[-1])
     kinds = {n: (s[0]["edge_part"], s[0]["calls"]) for n, s in by_cut.items()}
     assert kinds == {"cut0": (True, 0), "cut1": (True, 1), "cut2": (False, 1)}, kinds
     fit = ClientCost.fit(samples)
+    assert ClientCost.fit(lasts) == fit  # what the client reports, as it is
     for n, ss in by_cut.items():
         med = float(np.median([s["client_s"] for s in ss]))
         pred = fit.seconds(ss[0]["edge_part"], ss[0]["calls"], ss[0]["nbytes"])

@@ -8,10 +8,12 @@ trip): delays only add, so each sample is a lower bound, and the estimate is the
 selector moves to the cut whose range holds it. A drop is believed from the one call that shows it:
 a transfer that took more than twice what the estimate predicts, and longer by more than
 `drop_min_s` and twice the worst excess of the recent calls (the jitter seen on this link and
-machine), cannot be jitter on a fast link, so the window forgets the older (faster) samples and the next request runs
-on the new cut (with the window alone a drop took `window` requests to show). Small transfers cannot show that a link got faster,
-so every `probe_every` requests one runs on the next cut up (a probe). No I/O and no clock here:
-the client feeds it measurements, so it is tested without gRPC (tests/edge/test_cut_selector.py).
+machine), cannot be jitter on a fast link, so the window forgets the older (faster) samples and
+the next request runs on the new cut (with the window alone a drop took `window` requests to
+show). It takes 3 calls to know the jitter first, and a drop schedules a probe of the cut above 3
+requests later: a stall taken for a drop (a busy machine) is undone then, not after `probe_every`
+requests. Small transfers cannot show that a link got faster, so every `probe_every` requests one
+runs on the next cut up (a probe). No I/O and no clock here: the client feeds it measurements, so it is tested without gRPC (tests/edge/test_cut_selector.py).
 """
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ class CutSelector:
             self._samples.clear()  # the link got slower: the faster samples before describe another link
             self._excess.clear()
             self.counts["drops"] += 1
+            self._since_probe = max(self._since_probe, self.probe_every - 3)  # confirm it soon from above
         elif self.bandwidth_bps:
             self._excess.append(max(transfer - nbytes * 8.0 / self.bandwidth_bps, 0.0))
         self._samples.append(nbytes * 8.0 / transfer)
@@ -94,7 +97,9 @@ class CutSelector:
         twice the recent calls' worst excess beyond it: delays on a busy machine add milliseconds,
         not a transfer's whole time again."""
         expected = max(nbytes * 8.0 / self.bandwidth_bps, self.resolution_s)
-        margin = max(self.drop_min_s, 2.0 * max(self._excess, default=0.0))
+        if len(self._excess) < 3:  # the jitter is not known yet: the window alone decides
+            return False
+        margin = max(self.drop_min_s, 2.0 * max(self._excess))
         return transfer_s > 2.0 * expected and transfer_s - expected >= margin
 
     def switch(self, k: int) -> None:

@@ -140,6 +140,9 @@ class OffloadClient(RequestTracing):
         self.last_error: Optional[str] = None
         # the latest request: mode, total_s, local_s (time in the full model), cut, edge_s (emulated edge compute),
         # remote_s (in remote calls), server_s (the service's queue + compute), server_compute_s, bytes each way
+        # and client_s: the client's own work here (encode, decode, glue, bookkeeping: the request less the
+        # edge interpreters' invokes, the stub calls and the link), with edge_part and calls, which is what
+        # partitioner/client_cost.py's ClientCost.fit prices every plan with
         self.last: Dict[str, object] = {}
         self._local_s = 0.0
         if self.split.full is not None:  # prepared now, so that a fallback costs only its compute
@@ -177,7 +180,9 @@ class OffloadClient(RequestTracing):
             self.counts["requests"] += 1
             before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
             self._remote_s = self._server_s = self._compute_s = self._remote_cpu_s = 0.0
-            self._up_bytes = self._down_bytes = 0
+            self._invoke_s = self._stub_s = self._link_s = 0.0
+            self._up_bytes = self._down_bytes = self._calls = 0
+            self._edge_part = False
             w0 = time.time()
             if self.trace:
                 self._spans, self._busy, self._trace_w0, self._trace_shift_s = [], [], w0, 0.0
@@ -187,6 +192,7 @@ class OffloadClient(RequestTracing):
             finally:
                 self.warmer.request_finished()
                 w_done = time.time()
+                here_s = time.perf_counter() - t0
                 edge_s = self._emulate_edge(t0, c0)
                 total = time.perf_counter() - t0
                 mode = next((k for k in ("cloud", "fallback", "local") if self.counts[k] > before[k]), "error")
@@ -195,7 +201,9 @@ class OffloadClient(RequestTracing):
                 self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut,
                                  edge_s=edge_s, remote_s=self._remote_s,
                                  server_s=self._server_s, server_compute_s=self._compute_s,
-                                 up_bytes=self._up_bytes, down_bytes=self._down_bytes)
+                                 up_bytes=self._up_bytes, down_bytes=self._down_bytes,
+                                 client_s=max(here_s - self._invoke_s - self._stub_s - self._link_s, 0.0),
+                                 edge_part=self._edge_part, calls=self._calls)
                 if self._spans is not None:
                     self._finish_trace(cut, w0, w_done, time.time())
                 self.latencies.append(total)
@@ -249,8 +257,9 @@ class OffloadClient(RequestTracing):
             self.counts["local"] += 1
             return self._local(inputs)
         self.warmer.ensure(k)  # a cut still warming: wait for its warm-up (or do it here), no other
+        it = self._interp_for(k)
         try:
-            outs = self._interp_for(k).invoke(*inputs)
+            outs = self._timed_invoke(it, inputs)
         except (_Miss, CloudError) as e:
             return self._fall_back(inputs, e)
         self._backoff = 0.0
@@ -277,13 +286,23 @@ class OffloadClient(RequestTracing):
         t, w = time.perf_counter(), time.time()
         self.warmer.ensure("full")
         try:
-            return self._full.invoke(*inputs)
+            return self._timed_invoke(self._full, inputs)
         finally:
             self._local_s += time.perf_counter() - t
             if self._spans is not None:
                 w_end = time.time()
                 self._busy.append((w, w_end, "local"))
                 self._span("local (full model)", "EdgeLocal", w, w_end)
+
+    def _timed_invoke(self, it: Interpreter, inputs) -> List[np.ndarray]:
+        """it.invoke, its time less its remote calls' counted in _invoke_s: what `last["client_s"]`
+        leaves out as the edge part's own (kernels and interpreter)."""
+        self._edge_part = self._edge_part or any(kind == "op" for kind, _ in it.steps_info)
+        t, r = time.perf_counter(), self._remote_s
+        try:
+            return it.invoke(*inputs)
+        finally:
+            self._invoke_s += time.perf_counter() - t - (self._remote_s - r)
 
     def _interp_for(self, k: int) -> Interpreter:
         it = self._interp.get(k)
@@ -363,11 +382,15 @@ class OffloadClient(RequestTracing):
             return
         need = self.link.transfer_time(nbytes)
         left = self._remaining()
-        if need > left:
-            time.sleep(max(left, 0.0))
-            raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed on the link ({nbytes} bytes at "
-                        f"{self.link.bandwidth_bps / 1e6:g} Mbit/s)")
-        time.sleep(need)
+        t = time.perf_counter()
+        try:
+            if need > left:
+                time.sleep(max(left, 0.0))
+                raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed on the link ({nbytes} bytes at "
+                            f"{self.link.bandwidth_bps / 1e6:g} Mbit/s)")
+            time.sleep(need)
+        finally:
+            self._link_s += time.perf_counter() - t
 
     def _ping(self) -> None:
         """One small call (Describe): its time is the round trip. The estimate is the least of the
@@ -417,6 +440,9 @@ class OffloadClient(RequestTracing):
         left = self._remaining()
         if left <= 0:
             raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed before the {method} call")
+        t = time.perf_counter()
+        if method == "Infer":
+            self._calls += 1
         try:
             return getattr(self._stub, method)(request, timeout=left)
         except grpc.RpcError as e:
@@ -430,6 +456,8 @@ class OffloadClient(RequestTracing):
                 self.counts["errors"] += 1
             details = e.details() if hasattr(e, "details") else str(e)
             raise CloudError(f"{method} to {self.address}: {getattr(code, 'name', code)}: {details}") from None
+        finally:
+            self._stub_s += time.perf_counter() - t  # the RPC stack, the link and the service: not the client's own
 
 
 __all__ = ["OffloadClient", "CloudError"]

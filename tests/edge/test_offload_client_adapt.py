@@ -19,7 +19,7 @@ from isthmus.partitioner.plan import AdaptivePlanner
 from isthmus.partitioner.problem import Constraints
 from isthmus.wire.link import LinkModel
 
-from .test_offload_client import _ServeProcess, planner, split  # noqa: F401  (fixtures)
+from .test_offload_client import _ServeProcess, planner, server, split  # noqa: F401  (fixtures)
 
 
 def _wide():
@@ -83,14 +83,16 @@ _SWITCH = textwrap.dedent("""
     model, cloud, warm = sys.argv[1:4]
     xs = np.random.default_rng(1).standard_normal((30, 1, 784)).astype(np.float32)
     link = EmulatedLink(100e6, 2e-3)
-    with OffloadServer(cloud) as srv, OffloadClient(model, srv.address, deadline_ms=60000, link=link,
-                                                    ping_every=1000, warm=warm) as c:
+    # the switch is made by hand: this checks what it costs, not when it happens (test above)
+    with OffloadServer(cloud) as srv, OffloadClient(model, srv.address, deadline_ms=60000, link=link, adapt=False,
+                                                    initial_bandwidth_bps=100e6, ping_every=1000, warm=warm) as c:
         pre = []
         for v in xs[:4]:
             c.invoke(v)                      # cut2: the input goes to the cloud
             pre.append(c.last["cut"])
         done = c.warmer.wait(60)             # a client that has run a while
         link.set(1e6)
+        c.selector.switch(1)
         cuts, edge = [], []
         for v in xs[4:]:
             c.invoke(v)
@@ -127,3 +129,35 @@ def test_the_first_request_after_a_switch_costs_a_steady_request(split, tmp_path
     assert first <= 1.2 * steady + 1e-3, (first, steady, r["edge"])
     cold, cold_first, cold_steady = _switch_run(model, cloud, "off")
     assert cold_first > 5 * first and cold_first > 2e-3, (cold_first, cold_steady, first, steady)
+
+
+def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, server):  # noqa: F811
+    """Each request reports client_s (its time less the edge invokes, the stub calls and the link),
+    whether an edge part ran, and its calls: per cut (edge-only, split, cloud-only) and fitted into
+    the ClientCost that plans are priced with (partitioner/client_cost.py)."""
+    from isthmus.partitioner.client_cost import ClientCost
+    from isthmus.edge.split_model import load_split
+    samples, by_cut, lasts = [], {}, []
+    link = EmulatedLink(1e9, 1e-3)
+    for k, cut in enumerate(load_split(split["model"]).cuts):
+        mid = (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e9)) / 2
+        with OffloadClient(split["model"], server.address, deadline_ms=60000, adapt=False, initial_bandwidth_bps=mid,
+                           link=link, ping_every=1000, warm="now") as c:
+            for v in split["xs"][:10]:
+                c.invoke(v)
+                last = c.last
+                assert 0 < last["client_s"] < last["total_s"] - (last["remote_s"] > 0) * 2e-3 * 0.99, last
+                lasts.append(dict(last))
+                samples.append(dict(client_s=last["client_s"], edge_part=last["edge_part"], calls=last["calls"],
+                                    nbytes=last["up_bytes"] + last["down_bytes"]))
+                by_cut.setdefault(cut.name, []).append(samples[-1])
+    kinds = {n: (s[0]["edge_part"], s[0]["calls"]) for n, s in by_cut.items()}
+    assert kinds == {"cut0": (True, 0), "cut1": (True, 1), "cut2": (False, 1)}, kinds
+    fit = ClientCost.fit(samples)
+    assert ClientCost.fit(lasts) == fit  # what the client reports, as it is
+    for n, ss in by_cut.items():
+        med = float(np.median([s["client_s"] for s in ss]))
+        pred = fit.seconds(ss[0]["edge_part"], ss[0]["calls"], ss[0]["nbytes"])
+        assert abs(pred - med) <= 0.5 * med + 2e-4, (n, pred, med, fit)
+    print("client cost medians (ms):", {n: round(float(np.median([s["client_s"] for s in ss])) * 1e3, 3)
+                                        for n, ss in by_cut.items()}, fit)

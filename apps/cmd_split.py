@@ -9,6 +9,7 @@ from .errors import positive_int
 EXAMPLES = """examples:
   isthmus split cnn.onnx --bandwidth 5mbps --rtt 40ms -o deploy/
   isthmus split cnn.onnx --edge-profile phone --int8 --calibration-data calib.npz -o deploy/
+  isthmus split cnn.onnx --edge-format tflite -o deploy/     # also deploy/tflite/cutN.tflite for LiteRT
   isthmus serve deploy/model.cloud --port 7070 &
   isthmus edge-run deploy/model.isth --cloud 127.0.0.1:7070 --input image=x.npy"""
 
@@ -31,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape of an input whose dims the model leaves unknown (repeatable)")
     p.add_argument("--batch", type=positive_int, default=1, help="batch size for unknown leading dims")
     p.add_argument("--force", action="store_true", help="overwrite the files in DIR")
+    p.add_argument("--edge-format", choices=["isth", "tflite", "onnx"], default="isth",
+                   help="also write the edge parts for LiteRT (.tflite) or ONNX Runtime Mobile (.onnx) into DIR/FORMAT/")
 
 
 def run(args) -> int:
@@ -40,4 +43,7 @@ def run(args) -> int:
                        int8=args.int8, calibration=args.calibration_data, downlink=args.downlink,
                        input_shapes=parse_input_shapes(args.input_shape), batch=args.batch, force=args.force)
     print(dep.report)
+    if getattr(args, "edge_format", "isth") != "isth":
+        from .edge_formats_cli import write_phone_parts
+        print(write_phone_parts(dep.edge_file, args.output, args.edge_format, force=args.force))
     return 0

@@ -228,8 +228,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--nhwc", action="store_true", help="TFLite: keep 4-D inputs and outputs NHWC (default NCHW)")
     else:
         p.add_argument("graph", help="a graph file written by `isthmus import`")
-        p.add_argument("--to", choices=["onnx", "edge"], default="onnx")
-        p.add_argument("-o", "--output", default=None, help="output path (default: GRAPH with .onnx or .isth)")
+        p.add_argument("--to", choices=["onnx", "edge", "tflite"], default="onnx",
+                       help="tflite: a LiteRT .tflite (fp32; needs the tflite extra)")
+        p.add_argument("-o", "--output", default=None, help="output path (default: GRAPH with .onnx, .isth or .tflite)")
         p.add_argument("--checkpoint", default=None,
                        help="variable values from this checkpoint (file or directory) instead of the imported ones")
         p.add_argument("--batch", type=int, default=1, help="edge: the size of unknown leading dims")
@@ -259,12 +260,18 @@ def _import(args) -> int:
 
 def _export(args) -> int:
     graph, inputs, outputs = load_graph(args.graph)
-    out = args.output or os.path.splitext(args.graph)[0] + (".onnx" if args.to == "onnx" else ".isth")
+    out = args.output or os.path.splitext(args.graph)[0] + {"onnx": ".onnx", "tflite": ".tflite"}.get(args.to, ".isth")
     _refuse_overwrite(out, args)
     try:
         if args.to == "onnx":
             import onnx  # the onnx package, a heavy import, only when writing ONNX
             onnx.save(export_onnx(graph, inputs, outputs, args.checkpoint), out)
+        elif args.to == "tflite":
+            from isthmus.converters.tflite_write_graph import graph_to_tflite   # needs the `tflite` extra
+            data = graph_to_tflite(_session(graph, args.checkpoint), [t.name for t in outputs.values()],
+                                   inputs=[t.name for t in inputs.values()], batch=args.batch)
+            with open(out, "wb") as f:
+                f.write(data)
         else:
             data = to_edge(_session(graph, args.checkpoint), [t.name for t in outputs.values()],
                            inputs=[t.name for t in inputs.values()], batch=args.batch,

@@ -43,7 +43,7 @@ step() {  # step NAME TIMEOUT_S OUTFILE CMD...
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >>"$LOG"
 }
 step pytest_gpu 80 "$OUT/pytest_gpu.log" python3 -m pytest -m gpu -p no:cacheprovider -rfEs --tb=short \
-  tests/core/test_gpu.py tests/core/test_gpu_devices.py tests/core/test_gpu_ops.py
+  tests/core/test_gpu*.py
 step gpu_train 100 "$OUT/gpu_train.json" python3 benchmarks/gpu_train.py
 step gpu_matmul 25 "$OUT/gpu_matmul.json" python3 benchmarks/gpu_matmul.py
 step gpu_transfer 25 "$OUT/gpu_transfer.json" python3 benchmarks/gpu_transfer.py

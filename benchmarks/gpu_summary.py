@@ -64,7 +64,10 @@ def main(folder: str) -> int:
 
 
 def record(folder: str, results_dir: str) -> None:
-    """Store the GPU check's JSON as benchmarks/results records (report.py renders them)."""
+    """Store the GPU check's JSON as benchmarks/results records (report.py renders them), and its
+    targets table as gpu_check.md (report.py appends it to the page)."""
+    with open(os.path.join(results_dir, "gpu_check.md"), "w") as f:
+        f.write(targets_table(folder))
     import time
     setup = ""
     try:
@@ -74,6 +77,9 @@ def record(folder: str, results_dir: str) -> None:
         pass
     gpu_line = next((ln for ln in setup.splitlines() if ln.startswith("GPU 0")), "GPU ?")
     tree = next((ln.split()[-1] for ln in setup.splitlines() if ln.startswith("==")), "?")
+    words = next((ln.split() for ln in setup.splitlines() if ln.startswith("isthmus ")), [])
+    numpy_v = words[words.index("numpy") + 1] if "numpy" in words else "?"
+    torch_v = next((ln.split()[1] for ln in setup.splitlines() if ln.startswith("torch ")), "-")
     for name in ("gpu_train", "gpu_matmul", "gpu_transfer", "gpu_adds"):
         d = _load(folder, name + ".json")
         ok = "error" not in d or len(d) > 1
@@ -82,9 +88,77 @@ def record(folder: str, results_dir: str) -> None:
                "stderr": "" if ok else d.get("error", ""), "when": dev.get("date", time.strftime("%Y-%m-%d %H:%M UTC")),
                "seconds": d.get("wall_s", 0), "load_before": 0.0,
                "machine": {"cpu": gpu_line.split("(UUID")[0].strip(), "cpus": 16, "python": "3.12",
-                           "numpy": "?", "torch": "2.11.0+cu130", "commit": tree}}
+                           "numpy": numpy_v, "torch": torch_v, "commit": tree}}
         with open(os.path.join(results_dir, name + ".json"), "w") as f:
             json.dump(rec, f, indent=1)
+
+
+def _row(name, target, mine, peer, ratio, ok, unit):
+    fmt = lambda v: "-" if v is None else (f"{v:g}" if isinstance(v, (int, float)) else str(v))
+    return f"| {name} | {target} | {fmt(mine)} {unit} | {fmt(peer)} {unit} | {fmt(ratio)} | {ok} |"
+
+
+def targets_table(folder: str) -> str:
+    """Markdown: each issue-19 target against what the GPU check measured."""
+    tr, mm = _load(folder, "gpu_train.json"), _load(folder, "gpu_matmul.json")
+    tf, ad = _load(folder, "gpu_transfer.json"), _load(folder, "gpu_adds.json")
+    dev = tr.get("device", {}) if isinstance(tr.get("device"), dict) else {}
+
+    def ms(key, k):
+        return (tr.get(key) or {}).get("ms", {}).get(k)
+
+    def check(r, limit, le=True):
+        return "?" if r is None else ("met" if (r <= limit if le else r >= limit) else "**missed**")
+    rows = []
+    for key, label in (("mlp_b128", "MLP 784-512-512-10 SGD b128"), ("mlp_b4096", "MLP b4096")):
+        a, b = ms(key, "isthmus_eager"), ms(key, "torch_eager")
+        r = None if None in (a, b) else round(a / b, 3)
+        rows.append(_row(label + ", eager vs torch eager", "<= 1.2x", a, b, r, check(r, 1.2), "ms"))
+        if key == "mlp_b128":
+            a, b = ms(key, "isthmus_capture"), ms(key, "torch_cuda_graph")
+            r = None if None in (a, b) else round(a / b, 3)
+            rows.append(_row(label + ", step capture vs torch CUDA graph", "<= 2x", a, b, r, check(r, 2.0), "ms"))
+    for key, label in (("cnn_b64", "CNN b64"), ("cnn_b512", "CNN b512"), ("mobilenet_v2_96_b32", "MobileNetV2 96x96 b32")):
+        a, b = ms(key, "isthmus_eager"), ms(key, "torch_eager")
+        r = None if None in (a, b) else round(a / b, 3)
+        rows.append(_row(label + " train step vs torch eager", "<= 1.5x", a, b, r, check(r, 1.5), "ms"))
+    t = mm.get("tflops", {})
+    rows.append(_row("8192^3 fp32 matmul through a Session vs cupy", ">= 0.95", t.get("isthmus"), t.get("cupy"),
+                     mm.get("ratio_of_cupy"), check(mm.get("ratio_of_cupy"), 0.95, le=False), "TFLOP/s"))
+    g = tf.get("GB_per_s", {})
+    for k, r_key, label in (("isthmus_up_pinned_feed", "ratio_up_pinned", "256 MiB up, feed in pinned memory"),
+                            ("isthmus_up_pageable_feed", "ratio_up_pageable", "256 MiB up, pageable feed"),
+                            ("isthmus_down", "ratio_down", "256 MiB down (fetch)")):
+        peer = g.get("cupy_down_pinned") if "down" in k else g.get("cupy_up_pinned")
+        rows.append(_row(label + " vs cupy pinned", ">= 0.8", g.get(k), peer, tf.get(r_key),
+                         check(tf.get(r_key), 0.8, le=False), "GB/s"))
+    u = ad.get("us_per_op", {})
+    e, c = u.get("isthmus_eager"), u.get("cupy_eager")
+    rows.append(_row("1000 chained adds, eager vs cupy", "<= cupy", e, c, None if None in (e, c) else round(e / c, 3),
+                     check(None if None in (e, c) else e / c, 1.0), "us/op"))
+    cap = u.get("isthmus_capture")
+    rows.append(_row("1000 chained adds, step capture", "<= 2 us/op", cap, u.get("cupy_cuda_graph"), None,
+                     check(cap, 2.0), "us/op"))
+    head = [f"## GPU check: issue 19's targets", "",
+            f"Measured by `benchmarks/gpu_check.sh` on {dev.get('gpu', '?')} (cupy {dev.get('cupy', '?')}, CUDA runtime "
+            f"{dev.get('cuda_runtime', '?')}), {dev.get('date', '?')}; isthmus and its peer in the same run. Peer: "
+            "PyTorch for the training steps (its CUDA-graph replay for step capture), cupy otherwise; the second "
+            "transfer row's peer is cupy pinned as the target says (cupy's own pageable copy: "
+            f"{g.get('cupy_up_pageable', '?')} GB/s).", "",
+            "| workload | target | isthmus | peer | ratio | |", "|---|---|---|---|---|---|"]
+    tests = ["", "Tests on that GPU:"]
+    for log, what in (("pytest_gpu.log", "`pytest -m gpu` (tests/core/test_gpu*.py)"),
+                      ("pytest_ops_on_gpu.log", "the op suites with every Session on the GPU (`ISTHMUS_DEVICE=gpu`)")):
+        try:
+            with open(os.path.join(folder, log)) as f:
+                lines = f.read().strip().splitlines()
+        except OSError:
+            tests.append(f"- {what}: no log")
+            continue
+        tally = [ln for ln in lines if (" passed" in ln or " failed" in ln) and " in " in ln]
+        tests.append(f"- {what}: {(tally or ['no tally (timed out?)'])[-1].strip('= ')}")
+        tests += [f"  - {ln.split(' - ')[0]}" for ln in lines if ln.startswith(("FAILED", "ERROR"))][:20]
+    return "\n".join(head + rows + tests) + "\n"
 
 
 if __name__ == "__main__":

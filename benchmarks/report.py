@@ -189,8 +189,13 @@ def main(argv=None) -> int:
             print(f"    {rec['status']} in {rec['seconds']} s", file=sys.stderr, flush=True)
             with open(os.path.join(RESULTS, name + ".json"), "w", encoding="utf-8") as f:
                 json.dump(rec, f, indent=1)
+    page = render(load_results())
+    summary = os.path.join(RESULTS, "gpu_check.md")  # the GPU check's targets vs measured (gpu_summary.py)
+    if os.path.exists(summary):
+        with open(summary, encoding="utf-8") as f:
+            page = page.rstrip("\n") + "\n\n" + f.read()
     with open(args.page, "w", encoding="utf-8") as f:
-        f.write(render(load_results()))
+        f.write(page)
     print(f"wrote {args.page}", file=sys.stderr)
     return 0
 

@@ -14,8 +14,18 @@ from isthmus.core.graph import Graph, Tensor
 from isthmus.edge import capabilities
 from isthmus.edge.writer import ModelWriter
 
-# what the edge runs, and the edge attributes of a node: the edge's own table (edge/capabilities.py)
-EDGE_OPS = capabilities.FP32
+def _edge_attrs_or_none(op: str):
+    def attrs(a):
+        try:
+            return capabilities.edge_attrs(op, a)
+        except capabilities.Refused:
+            return None
+    return attrs
+
+
+# op -> (graph attrs -> edge attrs, or None for a variant the edge lacks): a view of the edge's own
+# table (edge/capabilities.py) for callers that map nodes themselves; edge_refusal says why
+EDGE_OPS = {op: _edge_attrs_or_none(op) for op in capabilities.FP32}
 
 
 def edge_supported(op: str) -> bool:

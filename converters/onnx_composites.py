@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 import isthmus.core as ism
-from isthmus.core.ops.bitwise import bit_shift, bitwise_and, bitwise_not, bitwise_or, bitwise_xor
 from isthmus.core.ops.arange import arange
+from isthmus.core.ops.bitwise import bit_shift, bitwise_and, bitwise_not, bitwise_or, bitwise_xor
 from isthmus.core.ops.array_dynamic import slice_dynamic
 from isthmus.core.ops.pad_dynamic import pad_dynamic
 from isthmus.core.ops.selection import cumprod, non_max_suppression, unique
@@ -125,7 +125,7 @@ def _center_crop_pad(c, node, ins):
     t = ism.cast(ins[1], np.int64) if ins[1].dtype != np.int64 else ins[1]
     zero = ism.zeros_like(d)
     start = ism.floordiv(ism.maximum(ism.sub(d, t), zero), np.int64(2))
-    cropped = slice_dynamic(x, start, ism.add(start, ism.minimum(d, t)), ism.constant(np.array(axes, np.int64)))
+    cropped = ism.slice_dynamic(x, start, ism.add(start, ism.minimum(d, t)), ism.constant(np.array(axes, np.int64)))
     grow = ism.maximum(ism.sub(t, d), zero)
     before = ism.floordiv(grow, np.int64(2))
     where = {a: k for k, a in enumerate(axes)}

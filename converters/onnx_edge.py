@@ -26,6 +26,11 @@ from .tflite_write_layout import TFLiteExportError
 OPSET = 17
 IR_VERSION = 8
 ACT = {"relu": ("Relu", {}), "tanh": ("Tanh", {}), "sigmoid": ("Sigmoid", {})}
+# the edge ops _translate writes (a test keeps this beside edge/capabilities.py's table)
+SUPPORTED = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "BiasAdd", "Add", "Sub", "Mul", "Div",
+                       "Maximum", "Minimum", "Relu", "Tanh", "Sigmoid", "Identity", "Relu6", "MaxPool", "AvgPool",
+                       "GlobalAvgPool", "Reshape", "Flatten", "Concat", "Softmax", "Pad", "BatchNorm", "LeakyRelu",
+                       "Transpose", "LayerNorm", "Split", "Quantize", "Dequantize"})
 
 
 class OnnxEdgeExportError(TFLiteExportError):
@@ -201,6 +206,21 @@ def _translate(w: _Writer, op) -> None:
     elif kind == "BatchNorm":
         w.node("BatchNormalization", [x] + [w.value(i) for i in op.inputs[1:5]], [out],
                epsilon=float(a.get("epsilon", 1e-3)))
+    elif kind == "LeakyRelu":
+        w.node("LeakyRelu", [x], [out], alpha=float(a.get("alpha", 0.2)))
+    elif kind == "Transpose":
+        w.node("Transpose", [x], [out], perm=[int(p) for p in a["perm"]])
+    elif kind == "LayerNorm":
+        w.node("LayerNormalization", [x, w.value(op.inputs[1]), w.value(op.inputs[2])], [out],
+               axis=int(a.get("axis", -1)), epsilon=float(a.get("epsilon", 1e-5)))
+    elif kind == "Split":
+        axis = int(a.get("axis", 0)) % len(w.shape(op.inputs[0]))
+        sizes = np.asarray([w.shape(o)[axis] for o in op.outputs], np.int64)
+        outs = [w.fresh(w.m.tensors[o].name + "/f") for o in op.outputs]
+        w.node("Split", [x, w.init("split", sizes)], outs, axis=axis)
+        for o, raw in zip(op.outputs, outs):
+            w.result(o, raw)
+        return
     elif kind in ("Quantize", "Dequantize"):
         out = x   # the float value; result() adds Q/DQ for an int8 output
     else:
@@ -282,4 +302,4 @@ def split_to_onnx(split: Union[bytes, str], cut: Optional[str] = None, batch: in
     return OnnxSplitPart(c["name"], c["cloud_part"], proto, list(c["inputs"]), list(c["outputs"]))
 
 
-__all__ = ["edge_to_onnx", "split_to_onnx", "OnnxSplitPart", "OnnxEdgeExportError"]
+__all__ = ["edge_to_onnx", "split_to_onnx", "OnnxSplitPart", "OnnxEdgeExportError", "SUPPORTED"]

@@ -335,6 +335,8 @@ def _strided(c, n, ins, outs):
 @handler("Resize")
 def _resize(c, n, ins, outs):
     a = n.attrs
+    if a.get("antialias") and a["mode"] != "nearest":
+        raise ExportError(f"node '{n.name}': an antialiased Resize has no opset-{OPSET} form (Resize-18 has)")
     if a["coordinate_mode"] not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
         raise ExportError(f"node '{n.name}': Resize coordinate mode '{a['coordinate_mode']}' has no opset-{OPSET} form")
     x_shape = n.inputs[0].shape

@@ -241,12 +241,34 @@ def _run_nodes(c: "_Ctx", nodes, values) -> None:
 
 
 def _check_attrs(node, opset: int) -> None:
+    """Refuse an attribute the chosen handler does not honour; for a handler that declares none, at least
+    one the ONNX spec does not define for this op at this opset."""
     allowed = declared_attrs(node.op_type, opset)
     if allowed is None:
+        allowed = _spec_attrs(node.op_type, opset)
+        if allowed is None:
+            return
+        extra = sorted(_text(a.name) for a in node.attribute if a.name not in allowed)
+        if extra:
+            raise ImportError_(f"attribute(s) {extra} are not defined for {node.op_type} at opset {opset}")
         return
     extra = sorted(_text(a.name) for a in node.attribute if a.name not in allowed)
     if extra:
         raise ImportError_(f"attribute(s) {extra} are not supported (it reads {sorted(allowed) or 'none'})")
+
+
+_SPEC_ATTRS: Dict[Tuple[str, int], Optional[FrozenSet[str]]] = {}
+
+
+def _spec_attrs(op: str, opset: int) -> Optional[FrozenSet[str]]:
+    key = (op, opset)
+    if key not in _SPEC_ATTRS:
+        import onnx.defs
+        try:
+            _SPEC_ATTRS[key] = frozenset(onnx.defs.get_schema(op, opset).attributes)
+        except Exception:  # noqa: BLE001  (no schema: nothing to check against)
+            _SPEC_ATTRS[key] = None
+    return _SPEC_ATTRS[key]
 
 
 _SUBGRAPH_OPS = {"If", "Loop", "Scan"}

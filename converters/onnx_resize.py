@@ -1,7 +1,7 @@
 """ONNX Resize (opset 11+) onto core Resize: nearest, linear and cubic, the common coordinate modes.
 
 Scales or sizes known at import become attributes; computed ones feed the op at run time.
-tf_crop_and_resize and antialiasing are refused with the node named.
+Antialiasing widens the linear/cubic filter on downscales; tf_crop_and_resize is refused with the node named.
 """
 from __future__ import annotations
 
@@ -30,8 +30,6 @@ def _resize(c, node, ins):
                            f"({', '.join(COORDINATE_MODES)} are)")
     if mode == "nearest" and nearest not in NEAREST_MODES:
         raise ImportError_(f"{where}: nearest_mode '{nearest}' is not supported")
-    if at.get("antialias", 0) and mode != "nearest":
-        raise ImportError_(f"{where}: antialias is not supported")
     axes = [int(a) % rank for a in at.get("axes", [])] or list(range(rank))
     policy = _s(at.get("keep_aspect_ratio_policy", "stretch"))
 
@@ -47,7 +45,8 @@ def _resize(c, node, ins):
     if scales is None and scales_t is None and sizes is None and sizes_t is None:
         raise ImportError_(f"{where}: needs scales or sizes")
     kw = dict(mode=mode, coordinate_mode=coord, nearest_mode=nearest,
-              cubic_coeff_a=float(at.get("cubic_coeff_a", -0.75)), exclude_outside=bool(at.get("exclude_outside", 0)))
+              cubic_coeff_a=float(at.get("cubic_coeff_a", -0.75)), exclude_outside=bool(at.get("exclude_outside", 0)),
+              antialias=bool(at.get("antialias", 0)))
     if scales_t is not None or sizes_t is not None:
         return [resize(x, param=scales_t if scales_t is not None else sizes_t,
                        param_kind="scales" if scales_t is not None else "sizes", axes=axes, policy=policy, **kw)]

@@ -295,7 +295,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
     for k, (j, lo_bw, hi_bw) in enumerate(ranges):
         plan, b = cand_plans[j], built[j]
         name = f"cut{k}"
-        lt = link_terms(plan.predicted, edge_dev)
+        lt = link_terms(plan.predicted, edge_dev, plan.problem.cost.client.byte_s)
         terms = (lt.fixed, lt.up_bits, lt.n_up, lt.down_bits, lt.n_down)
         mid = plan.link if math.isinf(hi_bw) else plan.link.with_uplink(math.sqrt(max(lo_bw, 1.0) * hi_bw))
         info = CutInfo(name, full_index if b is None else -1, "" if b is None else name, lo_bw, hi_bw, [], [],

@@ -189,7 +189,7 @@ def _io_meta(tr: Translator, i: int, src: int, e: int, layout: str, ops, wire: O
 
 def read_metadata(data: bytes) -> dict:
     """The "isthmus.tflite" metadata of a .tflite written here (for clients and tests)."""
-    from isthmus.proto.tflite import schema_generated as fb
+    from .tflite_schema import fb
     m = fb.Model.GetRootAs(data, 0)
     for k in range(m.MetadataLength()):
         md = m.Metadata(k)

@@ -82,3 +82,59 @@ def reduce_mean(tr: Translator, op) -> None:
     tr.b.op("MEAN", [tr.get(x, layout), a], [tr.new(y, out_layout if keep else PLAIN)], "ReducerOptions",
             2 if tr.is_int8(x) else 1, KeepDims=keep)
 
+
+
+@handles("LeakyRelu")
+def leaky_relu(tr: Translator, op) -> None:
+    x, y = op.inputs[0], op.outputs[0]
+    if tr.is_int8(x):
+        raise tr.fail("an int8 LeakyRelu has no TFLite form here")
+    layout = tr.preferred(x)
+    tr.b.op("LEAKY_RELU", [tr.get(x, layout)], [tr.new(y, layout)], "LeakyReluOptions",
+            Alpha=float(op.attrs.get("alpha", 0.2)))
+
+
+@handles("Split")
+def split(tr: Translator, op) -> None:
+    """SPLIT_V along the axis (in x's layout); sizes from the outputs' shapes."""
+    x = op.inputs[0]
+    rank = len(tr.shape(x))
+    axis = int(op.attrs.get("axis", 0)) % rank
+    layout = tr.preferred(x) if rank == 4 else PLAIN
+    sizes = np.asarray([tr.shape(y)[axis] for y in op.outputs], np.int32)
+    name = tr.m.tensors[op.outputs[0]].name
+    ax = tr.b.const(name + "/axis", np.asarray(stored_axis(axis, rank, layout), np.int32))
+    tr.b.op("SPLIT_V", [tr.get(x, layout), tr.b.const(name + "/sizes", sizes), ax],
+            [tr.new(y, layout) for y in op.outputs], "SplitVOptions", 2 if tr.is_int8(x) else 1,
+            NumSplits=len(op.outputs))
+
+
+@handles("LayerNorm")
+def layer_norm(tr: Translator, op) -> None:
+    """(x - mean) * rsqrt(var + eps) * gamma + beta over the trailing axes from `axis`, composed of
+    MEAN, SUB, MUL, ADD and RSQRT (TFLite has no layer-norm builtin), in the graph's own layout."""
+    x, g_e, b_e = op.inputs[:3]
+    y = op.outputs[0]
+    if tr.is_int8(x):
+        raise tr.fail("an int8 LayerNorm has no TFLite form here")
+    shape = tr.shape(x)
+    axis = int(op.attrs.get("axis", -1)) % len(shape)
+    name = tr.m.tensors[y].name
+    red = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+    axes = tr.b.const(name + "/axes", np.arange(axis, len(shape), dtype=np.int32))
+
+    def t(suffix, shp):
+        return tr.scratch(f"{name}/{suffix}", np.float32, shp)
+    xi = tr.get(x)
+    mean, d, sq, var, ve, r, n, scaled = (t("mean", red), t("centered", shape), t("squared", shape), t("var", red),
+                                          t("var_eps", red), t("rsqrt", red), t("normed", shape), t("scaled", shape))
+    tr.b.op("MEAN", [xi, axes], [mean], "ReducerOptions", KeepDims=True)
+    tr.b.op("SUB", [xi, mean], [d], "SubOptions", FusedActivationFunction=0)
+    tr.b.op("MUL", [d, d], [sq], "MulOptions", FusedActivationFunction=0)
+    tr.b.op("MEAN", [sq, axes], [var], "ReducerOptions", KeepDims=True)
+    eps = tr.b.const(name + "/eps", np.asarray([op.attrs.get("epsilon", 1e-5)], np.float32))
+    tr.b.op("ADD", [var, eps], [ve], "AddOptions", FusedActivationFunction=0)
+    tr.b.op("RSQRT", [ve], [r])
+    tr.b.op("MUL", [d, r], [n], "MulOptions", FusedActivationFunction=0)
+    tr.b.op("MUL", [n, tr.get(g_e)], [scaled], "MulOptions", FusedActivationFunction=0)
+    tr.b.op("ADD", [scaled, tr.get(b_e)], [tr.new(y)], "AddOptions", FusedActivationFunction=0)

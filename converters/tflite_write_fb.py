@@ -1,7 +1,8 @@
 """Serialize a TFLite (LiteRT) model: tensors, buffers, operators, metadata, one signature.
 
 A plain in-memory builder (lists of tensors and operators) that the op translation fills and
-`to_bytes` writes through the flatc-generated code in proto/tflite/. Buffer 0 is the empty
+`to_bytes` writes through the TFLite schema code of the PyPI `tflite` package (tflite_schema.py;
+the `tflite` extra). Buffer 0 is the empty
 buffer by the schema's convention; weights are 16-byte aligned in the flatbuffer.
 """
 from __future__ import annotations
@@ -13,13 +14,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import flatbuffers
 import numpy as np
 
-from isthmus.proto.tflite import schema_generated as fb
+from .tflite_schema import fb
 
-TENSOR_TYPES = {np.dtype(np.float32): fb.TensorType.FLOAT32, np.dtype(np.float16): fb.TensorType.FLOAT16,
-                np.dtype(np.int32): fb.TensorType.INT32, np.dtype(np.uint8): fb.TensorType.UINT8,
-                np.dtype(np.int64): fb.TensorType.INT64, np.dtype(np.bool_): fb.TensorType.BOOL,
-                np.dtype(np.int16): fb.TensorType.INT16, np.dtype(np.int8): fb.TensorType.INT8,
-                np.dtype(np.float64): fb.TensorType.FLOAT64}
+# numpy dtype -> the schema's TensorType member (resolved when writing: `tflite` is imported lazily)
+TENSOR_TYPES = {np.dtype(np.float32): "FLOAT32", np.dtype(np.float16): "FLOAT16", np.dtype(np.int32): "INT32",
+                np.dtype(np.uint8): "UINT8", np.dtype(np.int64): "INT64", np.dtype(np.bool_): "BOOL",
+                np.dtype(np.int16): "INT16", np.dtype(np.int8): "INT8", np.dtype(np.float64): "FLOAT64"}
 SCHEMA_VERSION = 3
 
 
@@ -66,7 +66,7 @@ class TFLiteBuilder:
             raise ValueError(f"tensor '{name}': dtype {dtype} has no TFLite type")
         buf = 0
         if data is not None:
-            arr = np.ascontiguousarray(np.asarray(data, dtype))
+            arr = np.array(data, dtype, order="C", copy=None)   # (ascontiguousarray makes a 0-d array 1-d)
             if tuple(arr.shape) != tuple(shape):
                 raise ValueError(f"tensor '{name}': data shape {arr.shape} differs from {tuple(shape)}")
             self.buffers.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
@@ -179,7 +179,7 @@ class TFLiteBuilder:
             quant = fb.QuantizationParametersEnd(b)
         fb.TensorStart(b)
         fb.TensorAddShape(b, shape)
-        fb.TensorAddType(b, TENSOR_TYPES[t.dtype])
+        fb.TensorAddType(b, getattr(fb.TensorType, TENSOR_TYPES[t.dtype]))
         fb.TensorAddBuffer(b, t.buffer)
         fb.TensorAddName(b, name)
         if quant is not None:

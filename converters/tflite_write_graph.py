@@ -99,8 +99,8 @@ def _op_for(n):
     if n.op in capabilities.FP32:
         try:
             return n.op, capabilities.edge_attrs(n.op, n.attrs)
-        except capabilities.Refused:
-            return None
+        except (capabilities.Refused, KeyError, TypeError, ValueError):   # a variant the table does not read
+            pass
     return EXTRA_OPS[n.op](n) if n.op in EXTRA_OPS else None
 
 

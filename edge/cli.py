@@ -29,7 +29,9 @@ from .split_model import load_split
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an edge model file (.isth)")
+    p.add_argument("model", help="an edge model file (.isth), or a .tflite written by isthmus with --runtime litert")
+    p.add_argument("--runtime", choices=["isthmus", "litert"], default="isthmus",
+                   help="litert: run a .tflite in LiteRT (edge/cli_litert.py; needs the tflite and litert extras)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=X.npy",
                    help="an input array (repeatable); or a .npy file per model input, in order; or one .npz")
     p.add_argument("--random-input", action="store_true", help="run on uniform random inputs (seed 0)")
@@ -125,6 +127,9 @@ def run(args) -> int:
     _how(args)
     if args.require_cloud and not args.cloud:
         raise SystemExit("--require-cloud needs --cloud HOST:PORT")
+    if getattr(args, "runtime", "isthmus") == "litert":
+        from .cli_litert import run_litert
+        return run_litert(args)
     if args.cloud:
         return _run_split(args)
     t0 = time.perf_counter()

@@ -32,10 +32,14 @@ class OffloadCallError(RuntimeError):
 
 
 def tflite_metadata(data: bytes) -> dict:
-    """The .tflite's isthmus.tflite metadata (JSON), read through the TFLite schema's generated code."""
-    from isthmus.proto.tflite import schema_generated as fb
+    """The .tflite's isthmus.tflite metadata (JSON), read through the PyPI `tflite` package's schema code
+    (its Model reader; edge may not import converters/tflite_schema.py, so it is imported here directly)."""
     try:
-        m = fb.Model.GetRootAs(data, 0)
+        from tflite.Model import Model
+    except ImportError as e:
+        raise ImportError("reading a .tflite's metadata needs the `tflite` extra: pip install 'isthmus[tflite]'") from e
+    try:
+        m = Model.GetRootAs(data, 0)
         for k in range(m.MetadataLength()):
             md = m.Metadata(k)
             if md.Name() == METADATA_KEY.encode():

@@ -297,6 +297,8 @@ def _subgraph(r: _Reader, sg, bufs, codes, where: str):
                                      f"{dt.name}{list(shape)} needs {known}")
             data = np.frombuffer(r.buf, dtype=dt, count=known // dt.itemsize, offset=off).reshape(shape) \
                 if known else np.zeros(shape, dt)
+        if len(scale) and not len(zp):  # no zero points written: all zero (the quantizer's symmetric weights)
+            zp = np.zeros(len(scale), np.int64)
         tensors.append(TensorInfo(name, dt, shape, buf, scale, zp, axis, data))
     n = len(tensors)
     ops = []

@@ -10,6 +10,10 @@ the client runs the current cut's edge part; at its RemotePart the interpreter h
 tensors here, and they go to the service as one Infer call (wire/tensor_codec.py) with the
 request's remaining deadline.
 
+Every cut (and the full model) is prepared at start and run once on zeros, in the background by
+default (edge/cut_warmer.py): a switch or a fallback then pays no kernel's first use, and a request
+waits only for the warm-up of the cut it runs.
+
 The link is measured as it goes: a Describe call every `ping_every` calls times the round trip,
 each Infer gives a bandwidth sample, and edge/cut_selector.py turns them into the cut to run (with
 hysteresis, and a probe on the next cut up every `ping_every` requests). When the cloud is
@@ -36,6 +40,7 @@ import numpy as np
 from ..wire import tensor_codec
 from ..wire.security import make_channel
 from .cut_selector import CutSelector
+from .cut_warmer import CutWarmer
 from .format import EdgeModelError
 from .interpreter import Interpreter
 from .link_emulation import EmulatedLink
@@ -82,7 +87,8 @@ class OffloadClient(RequestTracing):
                  link: Optional[EmulatedLink] = None, window: int = 3, hysteresis: float = 0.15,
                  backoff_s: Tuple[float, float] = (0.05, 5.0), ping_every: int = 16, adapt: bool = True,
                  initial_bandwidth_bps: Optional[float] = None, edge_slowdown: float = 1.0, resolution_s: float = 0.5e-3,
-                 edge_clock: str = "cpu", trace: bool = False):
+                 edge_clock: str = "cpu", trace: bool = False, warm: str = "background",
+                 drop_min_s: float = 0.010):
         """`edge_slowdown` > 1 emulates an edge device that many times slower than this machine
         (demos, benchmarks): after each request the client sleeps until the request's local compute
         has taken edge_slowdown x what it took here, so a request takes what it would on that device.
@@ -91,7 +97,12 @@ class OffloadClient(RequestTracing):
         device it stands for; true when BLAS runs on one thread, as on a phone's interpreter), or
         "wall", the wall time (on a loaded machine, waits for a core are multiplied too).
         `trace` asks the service for its spans on every Infer and records the request's timeline
-        (the module docstring, "Tracing")."""
+        (the module docstring, "Tracing").
+        `warm` says when every cut and the full model run once on zeros (edge/cut_warmer.py), so that
+        no request pays a kernel's first use: "background" (default; a request waits only for the
+        warm-up of the cut it runs), "now" (before the constructor returns) or "off".
+        `drop_min_s`: a call whose transfer took twice the estimate's time and this much more shows
+        a bandwidth drop at once (edge/cut_selector.py)."""
         if not edge_slowdown >= 1.0:
             raise ValueError(f"edge_slowdown must be >= 1, got {edge_slowdown!r}")
         if edge_clock not in ("cpu", "wall"):
@@ -110,6 +121,7 @@ class OffloadClient(RequestTracing):
         self._full: Optional[Interpreter] = None
         self._channel = self._stub = self._pb = None
         self._stale = False
+        self._connected = False
         self._lock = threading.Lock()
         self._backoff = 0.0
         self._retry_at = 0.0
@@ -119,7 +131,7 @@ class OffloadClient(RequestTracing):
                            switches=0, probes=0, connects=0, pings=0, trace_errors=0)
         # which cut runs: the link estimate and the switching rule (cut_selector.py, no I/O)
         self.selector = CutSelector(self.split.cuts, window, hysteresis, ping_every, adapt, initial_bandwidth_bps,
-                                    resolution_s, self.counts)
+                                    resolution_s, self.counts, drop_min_s)
         self.trace = bool(trace)
         self._spans: Optional[List["TraceSpan"]] = None   # the request's spans (wall-clock seconds) when tracing
         self._busy: List[Tuple[float, float]] = []        # its remote calls and local runs (wall clock)
@@ -128,6 +140,9 @@ class OffloadClient(RequestTracing):
         self.last_error: Optional[str] = None
         # the latest request: mode, total_s, local_s (time in the full model), cut, edge_s (emulated edge compute),
         # remote_s (in remote calls), server_s (the service's queue + compute), server_compute_s, bytes each way
+        # and client_s: the client's own work here (encode, decode, glue, bookkeeping: the request less the
+        # edge interpreters' invokes, the stub calls and the link), with edge_part and calls, which is what
+        # partitioner/client_cost.py's ClientCost.fit prices every plan with
         self.last: Dict[str, object] = {}
         self._local_s = 0.0
         if self.split.full is not None:  # prepared now, so that a fallback costs only its compute
@@ -135,6 +150,11 @@ class OffloadClient(RequestTracing):
         for k, c in enumerate(self.split.cuts):  # and every cut, so that a switch costs nothing either
             if c.cloud_part:
                 self._interp_for(k)
+        # and each of them run once (kernels loaded, arena touched): the cut requests run now first,
+        # then its neighbours outwards, the full model (the fallback) last
+        order = sorted(self._interp, key=lambda k: (abs(k - self.cut), k))
+        self.warmer = CutWarmer([(k, self._interp[k]) for k in order]
+                                + ([("full", self._full)] if self._full is not None else []), warm)
         if any(c.cloud_part for c in self.split.cuts):
             self._connect()  # imports grpc and makes the channel (no I/O yet): no request pays for that
 
@@ -160,14 +180,19 @@ class OffloadClient(RequestTracing):
             self.counts["requests"] += 1
             before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
             self._remote_s = self._server_s = self._compute_s = self._remote_cpu_s = 0.0
-            self._up_bytes = self._down_bytes = 0
+            self._invoke_s = self._stub_s = self._link_s = 0.0
+            self._up_bytes = self._down_bytes = self._calls = 0
+            self._edge_part = False
             w0 = time.time()
             if self.trace:
                 self._spans, self._busy, self._trace_w0, self._trace_shift_s = [], [], w0, 0.0
+            self.warmer.request_started()
             try:
                 return self._invoke(inputs)
             finally:
+                self.warmer.request_finished()
                 w_done = time.time()
+                here_s = time.perf_counter() - t0
                 edge_s = self._emulate_edge(t0, c0)
                 total = time.perf_counter() - t0
                 mode = next((k for k in ("cloud", "fallback", "local") if self.counts[k] > before[k]), "error")
@@ -176,7 +201,9 @@ class OffloadClient(RequestTracing):
                 self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut,
                                  edge_s=edge_s, remote_s=self._remote_s,
                                  server_s=self._server_s, server_compute_s=self._compute_s,
-                                 up_bytes=self._up_bytes, down_bytes=self._down_bytes)
+                                 up_bytes=self._up_bytes, down_bytes=self._down_bytes,
+                                 client_s=max(here_s - self._invoke_s - self._stub_s - self._link_s, 0.0),
+                                 edge_part=self._edge_part, calls=self._calls)
                 if self._spans is not None:
                     self._finish_trace(cut, w0, w_done, time.time())
                 self.latencies.append(total)
@@ -203,7 +230,8 @@ class OffloadClient(RequestTracing):
         return dict(self.counts, cut=c.name, cloud_part=c.cloud_part or None, bandwidth_bps=self.bandwidth_bps, rtt_ms=
                     None if self.rtt_s is None else self.rtt_s * 1e3, backoff_s=self._backoff,
                     cloud_down=time.monotonic() < self._retry_at, p50_ms=pct(0.5), p99_ms=pct(0.99),
-                    last_error=self.last_error)
+                    last_error=self.last_error, warm=self.warmer.done, warm_cpu_ms=
+                    {str(k): s * 1e3 for k, s in self.warmer.seconds.items()}, warm_errors={str(k): e for k, e in self.warmer.errors.items()})
 
     def close(self) -> None:
         if self._channel is not None:
@@ -228,8 +256,10 @@ class OffloadClient(RequestTracing):
                 raise CloudError(f"the cloud is backing off after: {self.last_error}; the model carries no full copy")
             self.counts["local"] += 1
             return self._local(inputs)
+        self.warmer.ensure(k)  # a cut still warming: wait for its warm-up (or do it here), no other
+        it = self._interp_for(k)
         try:
-            outs = self._interp_for(k).invoke(*inputs)
+            outs = self._timed_invoke(it, inputs)
         except (_Miss, CloudError) as e:
             return self._fall_back(inputs, e)
         self._backoff = 0.0
@@ -254,14 +284,25 @@ class OffloadClient(RequestTracing):
                 raise CloudError("the model carries no full copy to run locally")
             self._full = Interpreter(self.split.full)
         t, w = time.perf_counter(), time.time()
+        self.warmer.ensure("full")
         try:
-            return self._full.invoke(*inputs)
+            return self._timed_invoke(self._full, inputs)
         finally:
             self._local_s += time.perf_counter() - t
             if self._spans is not None:
                 w_end = time.time()
                 self._busy.append((w, w_end, "local"))
                 self._span("local (full model)", "EdgeLocal", w, w_end)
+
+    def _timed_invoke(self, it: Interpreter, inputs) -> List[np.ndarray]:
+        """it.invoke, its time less its remote calls' counted in _invoke_s: what `last["client_s"]`
+        leaves out as the edge part's own (kernels and interpreter)."""
+        self._edge_part = self._edge_part or any(kind == "op" for kind, _ in it.steps_info)
+        t, r = time.perf_counter(), self._remote_s
+        try:
+            return it.invoke(*inputs)
+        finally:
+            self._invoke_s += time.perf_counter() - t - (self._remote_s - r)
 
     def _interp_for(self, k: int) -> Interpreter:
         it = self._interp.get(k)
@@ -341,15 +382,24 @@ class OffloadClient(RequestTracing):
             return
         need = self.link.transfer_time(nbytes)
         left = self._remaining()
-        if need > left:
-            time.sleep(max(left, 0.0))
-            raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed on the link ({nbytes} bytes at "
-                        f"{self.link.bandwidth_bps / 1e6:g} Mbit/s)")
-        time.sleep(need)
+        t = time.perf_counter()
+        try:
+            if need > left:
+                time.sleep(max(left, 0.0))
+                raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed on the link ({nbytes} bytes at "
+                            f"{self.link.bandwidth_bps / 1e6:g} Mbit/s)")
+            time.sleep(need)
+        finally:
+            self._link_s += time.perf_counter() - t
 
     def _ping(self) -> None:
         """One small call (Describe): its time is the round trip. The estimate is the least of the
-        last few pings: delays on a loaded machine only ever add to a round trip."""
+        last few pings: delays on a loaded machine only ever add to a round trip. On a fresh channel
+        a first, untimed call connects: a connection's setup is no round trip, and an RTT estimate
+        holding it (50 ms on loopback) hid every transfer until the next ping."""
+        if not self._connected:
+            self._call("Describe", self._pb.DescribeRequest())
+            self._connected = True
         t0, w0 = time.perf_counter(), time.time()
         self._sleep_link(0)
         self._call("Describe", self._pb.DescribeRequest())
@@ -370,6 +420,7 @@ class OffloadClient(RequestTracing):
         if self._channel is not None:
             self._channel.close()
         self._stale = False
+        self._connected = False  # no call made on this channel yet
         # deferred: grpc (and the generated stubs, which import it) is a heavy import that
         # `import isthmus.edge` must not pay; only a client that talks to the cloud needs it
         import grpc  # noqa: F401
@@ -389,6 +440,9 @@ class OffloadClient(RequestTracing):
         left = self._remaining()
         if left <= 0:
             raise _Miss(f"deadline of {self.deadline_s * 1e3:g} ms passed before the {method} call")
+        t = time.perf_counter()
+        if method == "Infer":
+            self._calls += 1
         try:
             return getattr(self._stub, method)(request, timeout=left)
         except grpc.RpcError as e:
@@ -402,6 +456,8 @@ class OffloadClient(RequestTracing):
                 self.counts["errors"] += 1
             details = e.details() if hasattr(e, "details") else str(e)
             raise CloudError(f"{method} to {self.address}: {getattr(code, 'name', code)}: {details}") from None
+        finally:
+            self._stub_s += time.perf_counter() - t  # the RPC stack, the link and the service: not the client's own
 
 
 __all__ = ["OffloadClient", "CloudError"]

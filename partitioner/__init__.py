@@ -7,9 +7,10 @@
     y_value, = parts.run({"x": x_value})              # the parts run together, in process
 
 Modules: devices (profiles, links), costmodel, calibrate, problem (constraints and the
-objective), placement (mincut, greedy, exhaustive, baselines), partition, runner, plan,
+objective), client_cost (the edge client's own cost per request, priced in every plan), placement (mincut, greedy, exhaustive, baselines), partition, runner, plan,
 threads (the BLAS thread count, which a profile holds only for: ISTHMUS_BLAS_THREADS or set_blas_threads).
 """
+from .client_cost import ClientCost
 from .costmodel import CostModel, op_cost
 from ..wire.link import LinkModel
 from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile
@@ -27,4 +28,4 @@ __all__ = ["CostModel", "op_cost", "DeviceProfile", "LinkModel", "CLOUD", "EDGE"
            "Part", "Partition", "Transfer", "partition", "place_mincut", "place_greedy", "place_exhaustive", "place_layer_split",
            "edge_only", "cloud_only", "AdaptivePlanner", "SplitPlan", "plan_split", "Constraints", "Placement",
            "PlacementError", "Problem", "SplitSession", "blas_threads", "set_blas_threads", "limited_blas_threads",
-           "check_threads"]
+           "check_threads", "ClientCost"]

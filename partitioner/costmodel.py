@@ -12,6 +12,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 from ..core.graph import Node, Tensor
 from ..core.registry import Cost, default_cost
 from ..wire.link import LinkModel
+from .client_cost import ClientCost
 from .devices import CLOUD, CLOUD_DEVICE, EDGE, EDGE_DEVICE, DeviceProfile
 from .executed import ABSORBED, FREE, Roles, as_run, unchanged
 
@@ -99,9 +100,11 @@ class CostModel:
 
     def __init__(self, profiles: Mapping[str, DeviceProfile], link: LinkModel, edge: Optional[str] = EDGE_DEVICE,
                  batch_size: int = 1, lan: LinkModel = LAN, passes: bool = True,
-                 node_times: Optional[Mapping[str, Mapping[str, float]]] = None):
+                 node_times: Optional[Mapping[str, Mapping[str, float]]] = None, client: ClientCost = ClientCost()):
         """`node_times` {device: {node name: seconds}}: measured times of this graph's nodes on a
-        device (see measured.py), used instead of the profile's regression for the nodes it names."""
+        device (see measured.py), used instead of the profile's regression for the nodes it names.
+        `client`: the edge client's own cost per request, part, call and byte (client_cost.py),
+        priced in every plan (plan.py); its per-byte term is part of each edge transfer's time."""
         if not profiles:
             raise ValueError("a cost model needs at least one device profile")
         if edge is not None and edge not in profiles:
@@ -114,6 +117,7 @@ class CostModel:
         self.link = link
         self.lan = lan
         self.batch_size = batch_size
+        self.client = client
         self.passes = passes  # price the graph the Session runs after its passes (fusion, folding)
         self.node_times: Dict[str, Dict[str, float]] = {}
         for d, times in (node_times or {}).items():
@@ -221,9 +225,9 @@ class CostModel:
         if src == dst:
             return 0.0
         if src == self.edge:
-            return self.link.upload_time(nbytes)
+            return self.link.upload_time(nbytes) + self.client.byte_s * nbytes
         if dst == self.edge:
-            return self.link.download_time(nbytes)
+            return self.link.download_time(nbytes) + self.client.byte_s * nbytes
         return self.lan.upload_time(nbytes)
 
     def supports(self, device: str, op: Union[str, Node]) -> bool:

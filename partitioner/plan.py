@@ -34,6 +34,7 @@ class SplitPlan:
     baselines: Dict[str, Breakdown]     # edge_only, cloud_only
     forced: List[Forced]
     problem: Problem = field(repr=False)
+    client_s: float = 0.0               # of predicted.compute on the edge: the client's own work (client_cost.py)
 
     @property
     def total(self) -> float:
@@ -41,7 +42,7 @@ class SplitPlan:
 
     def predict(self, link: LinkModel) -> float:
         """This placement's predicted latency over another link, in O(1)."""
-        return link_terms(self.predicted, self.problem.cost.edge).at(link)
+        return link_terms(self.predicted, self.problem.cost.edge, self.problem.cost.client.byte_s).at(link)
 
     def partition(self) -> Partition:
         p = self.problem
@@ -62,7 +63,11 @@ class SplitPlan:
                 shown = ", ".join(names[:12]) + (f", ... ({len(names) - 12} more)" if len(names) > 12 else "")
                 lines.append(f"  {short[d]:<6} {d}: {len(names)} nodes: {shown}")
         lines.append("predicted latency:")
-        rows = [(f"compute on {short[d]}", s) for d, s in self.predicted.compute.items() if s > 0]
+        edge = p.cost.edge
+        rows = [(f"compute on {short[d]}", s - (self.client_s if d == edge else 0.0))
+                for d, s in self.predicted.compute.items() if s > 0]
+        if self.client_s > 0:
+            rows.append((f"client on {short[edge]} (request, part, calls, bytes)", self.client_s))
         rows += [(f"transfer {m.tensor} {short[m.src]}->{short[m.dst]} ({_bytes(m.nbytes)})", m.seconds)
                  for m in self.predicted.moves]
         rows.append(("total", self.total))
@@ -92,12 +97,40 @@ def plan_split(graph: Graph, cost: CostModel, outputs: Optional[Sequence[Fetch]]
         raise ValueError(f"unknown placement algorithm {algorithm!r}; known: {sorted(ALGORITHMS)}")
     p = problem or Problem(graph, cost, outputs, constraints)
     assign = ALGORITHMS[algorithm](p)
-    baselines = {}
+    baselines, assigns = {}, {}
     if p.edge is not None and len(p.devices) > 1:
         for name in ("edge_only", "cloud_only"):
-            baselines[name] = p.breakdown(ALGORITHMS[name](p))
-    return SplitPlan(algorithm, p.placement(assign), p.cost.link, p.breakdown(assign), baselines,
-                     list(p.forced), p)
+            assigns[name] = ALGORITHMS[name](p)
+            baselines[name] = priced(p, assigns[name])[0]
+    predicted, client_s = priced(p, assign)
+    if algorithm == "mincut" and baselines:
+        # the client's fixed costs are no s-t cut: every split pays them all (a part on each side,
+        # one call), so the min cut is the best split, and only running all on one side can beat it
+        name = min(baselines, key=lambda k: baselines[k].total)
+        if baselines[name].total < predicted.total * (1 - 1e-12):
+            assign = assigns[name]
+            predicted, client_s = priced(p, assign)
+    return SplitPlan(algorithm, p.placement(assign), p.cost.link, predicted, baselines, list(p.forced), p, client_s)
+
+
+_NO_WORK = ("Placeholder", "Const", "Constant", "NoOp")
+
+
+def priced(p: Problem, assign) -> "tuple[Breakdown, float]":
+    """The assignment's breakdown with the client's own cost (CostModel.client) added to the edge's
+    compute, and that cost: per request, per edge part (when an op with work runs on the edge), per
+    remote call (one per request when anything runs off the edge). Its per-byte term is already in
+    the edge transfers (CostModel.transfer_time)."""
+    b = p.breakdown(assign)
+    if p.edge is None:
+        return b, 0.0
+    a = np.asarray(assign)
+    edge_part = any(a[i] == p.edge and n.op not in _NO_WORK for i, n in enumerate(p.nodes))
+    calls = int(bool((a != p.edge).any()))
+    c = p.cost.client.seconds(edge_part, calls, 0.0)
+    edge = p.devices[p.edge]
+    b.compute[edge] = b.compute.get(edge, 0.0) + c
+    return b, c
 
 
 # ---- adaptive choice ---------------------------------------------------------------------------------
@@ -115,15 +148,16 @@ class LinkTerms:
                 + (self.n_up + self.n_down) * link.latency_s / 2)
 
 
-def link_terms(b: Breakdown, edge: Optional[str]) -> LinkTerms:
+def link_terms(b: Breakdown, edge: Optional[str], byte_s: float = 0.0) -> LinkTerms:
+    """`byte_s`: the client's time per byte across the cut (ClientCost.byte_s), whatever the link."""
     fixed = sum(b.compute.values())
     ub = db = 0.0
     nu = nd = 0
     for m in b.moves:
         if m.src == edge:
-            ub, nu = ub + 8.0 * m.nbytes, nu + 1
+            ub, nu, fixed = ub + 8.0 * m.nbytes, nu + 1, fixed + byte_s * m.nbytes
         elif m.dst == edge:
-            db, nd = db + 8.0 * m.nbytes, nd + 1
+            db, nd, fixed = db + 8.0 * m.nbytes, nd + 1, fixed + byte_s * m.nbytes
         else:
             fixed += m.seconds
     return LinkTerms(fixed, ub, nu, db, nd)
@@ -147,7 +181,7 @@ class AdaptivePlanner:
             c = cost.with_link(cost.link.with_uplink(bw))
             problem = Problem(graph, c, outputs, constraints)
             self.plans.append(plan_split(graph, c, outputs, constraints, algorithm, problem=problem))
-        self._terms = [link_terms(p.predicted, cost.edge) for p in self.plans]
+        self._terms = [link_terms(p.predicted, cost.edge, cost.client.byte_s) for p in self.plans]
 
     def choose(self, link: LinkModel) -> SplitPlan:
         i = bisect.bisect_left(self.bandwidths, link.up_bandwidth_bps)

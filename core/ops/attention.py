@@ -12,8 +12,10 @@ import numpy as np
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
-from .array import concat, transpose
+from .array import concat, expand_dims, transpose
+from .array_dynamic import reshape_to
 from .base import constant, convert, make
+from .fill import shape
 from .linalg import matmul
 from .math import add, cast, div, mul, tanh, where, zeros_like
 from .nn import softmax
@@ -95,7 +97,6 @@ register(OpDef("AttentionBias", inputs=("q", "k", "*extras"),
 # ---- attention -----------------------------------------------------------------------------------------
 def _heads(x: Tensor, n: Optional[int], what: str) -> Tensor:
     """[B, S, H*D] -> [B, H, S, D]."""
-    from .array import reshape_to
     if n is None:
         raise ShapeError(f"attention: 3-D {what} needs its number of heads")
     return transpose(reshape_to(x, constant(np.array([0, 0, n, -1], np.int64)), copy_zero=True), (0, 2, 1, 3))
@@ -156,7 +157,6 @@ def attention(q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv_seql
     probs = cast(probs, q.dtype)
     y = matmul(probs, v)
     if three_d:
-        from .array import reshape_to
         y = reshape_to(transpose(y, (0, 2, 1, 3)), constant(np.array([0, 0, -1], np.int64)), copy_zero=True)
     return y, present_k, present_v, cast(qk_out, q.dtype)
 
@@ -167,7 +167,6 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, interleaved: bo
     each head (halves, or even/odd features when interleaved) by the cached angles of their position.
     x is [B, H, S, D] or [B, S, H*D] (with num_heads); the caches are [max_pos, rotary_dim/2] read at
     position_ids [B, S], or already [B, S, rotary_dim/2] without them."""
-    from .array import expand_dims, reshape_to, shape
     x = convert(x)
     four_d = len(x.shape) == 4
     if four_d:

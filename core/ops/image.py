@@ -66,8 +66,39 @@ def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
     return np.where(d <= 1, near, far)
 
 
+def _antialias_matrix(node_attrs, n: int, m: int, scale: float, dtype) -> np.ndarray:
+    """[m, n] matrix of a linear or cubic downscale with antialiasing (ONNX antialias=1): the filter
+    stretched by 1/scale, its weights normalised; taps outside repeat the edge (or drop out with
+    exclude_outside), as the ONNX reference implementation does."""
+    a = float(node_attrs["cubic_coeff_a"])
+    cubic = node_attrs["mode"] == "cubic"
+    start = int(np.floor((-2 if cubic else -1) / scale) + 1)
+    k = np.arange(start, (2 if cubic else 1) - start + 1)  # tap offsets from the left neighbour
+    x = _source_coords(node_attrs["coordinate_mode"], n, m, scale)
+    base = np.floor(x)
+    ratio = x - base
+    base = np.where(ratio == 0, base - 1, base)  # the ratio lies in (0, 1]: the left neighbour is preferred
+    ratio = x - base
+    d = np.abs((k[None, :] - ratio[:, None]) * scale)
+    if cubic:
+        w = np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                     np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+    else:
+        w = np.clip(1 - d, 0, 1)
+    w /= w.sum(axis=1, keepdims=True)
+    taps = base.astype(np.intp)[:, None] + k[None, :]
+    if node_attrs["exclude_outside"]:
+        w = np.where((taps >= 0) & (taps < n), w, 0.0)
+        w /= w.sum(axis=1, keepdims=True)
+    mat = np.zeros((m, n), np.float64)
+    np.add.at(mat, (np.repeat(np.arange(m), len(k)), np.clip(taps, 0, n - 1).reshape(-1)), w.reshape(-1))
+    return mat.astype(dtype)
+
+
 def _matrix(node_attrs, n: int, m: int, scale: float, dtype) -> np.ndarray:
     """[m, n] interpolation matrix of one axis (one 1 per row for nearest)."""
+    if node_attrs.get("antialias") and node_attrs["mode"] in ("linear", "cubic") and scale < 1:
+        return _antialias_matrix(node_attrs, n, m, scale, dtype)
     mat = np.zeros((m, n), np.float64)
     rows = np.arange(m)
     if node_attrs["mode"] == "nearest":
@@ -225,7 +256,8 @@ def _cost(node):
 
 
 _ATTRS = {"scales": (), "sizes": (), "param": "", "axes": (), "mode": "nearest", "coordinate_mode": "half_pixel",
-          "nearest_mode": "round_prefer_floor", "policy": "stretch", "cubic_coeff_a": -0.75, "exclude_outside": False}
+          "nearest_mode": "round_prefer_floor", "policy": "stretch", "cubic_coeff_a": -0.75, "exclude_outside": False,
+          "antialias": False}
 
 
 def _infer_resize_grad(node):
@@ -243,7 +275,7 @@ def resize(x, scales: Sequence[float] = (), sizes: Sequence[int] = (), mode: str
            coordinate_mode: str = "half_pixel", nearest_mode: str = "round_prefer_floor",
            param: Optional[Tensor] = None, param_kind: str = "scales", axes: Sequence[int] = (),
            policy: str = "stretch", cubic_coeff_a: float = -0.75, exclude_outside: bool = False,
-           name: Optional[str] = None) -> Tensor:
+           antialias: bool = False, name: Optional[str] = None) -> Tensor:
     """Resample `x`: per-axis `scales` (output = floor(input * scale)) or `sizes` (0: keep), or a run-time
     `param` tensor holding the scales or sizes (`param_kind`) of `axes` (default: all axes)."""
     x = convert(x)
@@ -255,5 +287,6 @@ def resize(x, scales: Sequence[float] = (), sizes: Sequence[int] = (), mode: str
              "param": param_kind if param is not None else "", "axes": tuple(int(a) % max(len(x.shape), 1)
                                                                                   for a in axes),
              "mode": mode, "coordinate_mode": coordinate_mode, "nearest_mode": nearest_mode, "policy": policy,
-             "cubic_coeff_a": float(cubic_coeff_a), "exclude_outside": bool(exclude_outside)}
+             "cubic_coeff_a": float(cubic_coeff_a), "exclude_outside": bool(exclude_outside),
+             "antialias": bool(antialias)}
     return make("Resize", (x,) if param is None else (x, convert(param)), attrs, name=name).outputs[0]

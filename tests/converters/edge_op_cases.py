@@ -77,3 +77,12 @@ CASES = {  # name: (op, args, out, out shape, attrs)
     "quantize": ("Quantize", [Arg(f(1, 3, 4, 4))], Out("int8", [0.02], [5]), (1, 3, 4, 4), {}),
     "dequantize": ("Dequantize", [q(i8(1, 3, 4, 4), 0.02, 5)], F, (1, 3, 4, 4), {}),
 }
+
+CASES.update({
+    "leaky_relu_4d": ("LeakyRelu", [Arg(f(1, 3, 4, 4))], F, (1, 3, 4, 4), {"alpha": 0.1}),
+    "transpose": ("Transpose", [Arg(f(2, 3, 4))], F, (4, 2, 3), {"perm": [2, 0, 1]}),
+    "layer_norm": ("LayerNorm", [Arg(f(2, 5, 6)), Arg(f(6), const=True), Arg(f(6), const=True)], F, (2, 5, 6),
+                   {"axis": -1, "epsilon": 1e-5}),
+    "layer_norm_2_axes": ("LayerNorm", [Arg(f(2, 5, 6)), Arg(f(5, 6), const=True), Arg(f(5, 6), const=True)], F,
+                          (2, 5, 6), {"axis": 1, "epsilon": 1e-5}),
+})

@@ -162,3 +162,28 @@ def test_single_op_matches_the_edge_interpreter(name):
         assert np.abs(got - want).max() <= t.scale[0] * 1.0001
     else:
         assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_split_outputs_each_part():
+    from isthmus.edge.writer import ModelWriter
+    rng = np.random.default_rng(4)
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (2, 7))
+    ys = [w.add_tensor(f"y{i}", "float32", (2, c)) for i, c in enumerate((3, 4))]
+    w.add_operator("Split", [x], ys, {"axis": 1, "sizes": [3, 4], "num": 0})
+    for y in ys:
+        w.mark_output(y)
+    edge = w.to_bytes()
+    xv = rng.standard_normal((2, 7)).astype(np.float32)
+    for g, v in zip(run_ort(edge_to_onnx(edge), xv), Interpreter(edge).invoke(xv)):
+        np.testing.assert_array_equal(g, v)
+
+
+def test_every_op_the_edge_runs_has_an_onnx_and_a_tflite_form():
+    """The writers keep up with edge/capabilities.py: an op added there without a writer fails here."""
+    from isthmus.converters.onnx_edge import SUPPORTED
+    from isthmus.converters.tflite_write import supported_ops
+    from isthmus.edge import capabilities
+    assert set(capabilities.FP32) - SUPPORTED == set()
+    assert set(capabilities.FP32) - set(supported_ops()) == set()
+    assert set(capabilities.INT8) - set(supported_ops()) == set()

@@ -77,14 +77,16 @@ def test_range_constant_and_computed():
         np.testing.assert_array_equal(gv, wv)
 
 
-def test_antialiased_resize_is_refused_naming_the_node():
-    node = helper.make_node("Resize", ["X", "", "scales"], ["Y"], mode="linear", antialias=1, name="up3")
+def test_tf_crop_and_resize_is_refused_naming_the_node():
+    node = helper.make_node("Resize", ["X", "roi", "scales"], ["Y"], mode="linear", name="up3",
+                            coordinate_transformation_mode="tf_crop_and_resize")
     m = helper.make_model(helper.make_graph(
         [node], "t", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 2, 2])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]),
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+         numpy_helper.from_array(np.array([0, 0, 0, 0, 1, 1, 1, 1], np.float32), "roi")]),
         opset_imports=[helper.make_opsetid("", 19)])
-    with pytest.raises(ism.GraphError, match="up3.*antialias"):
+    with pytest.raises(ism.GraphError, match="up3.*tf_crop_and_resize"):
         from_onnx(m)
 
 

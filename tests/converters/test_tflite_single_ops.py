@@ -30,3 +30,30 @@ def test_single_op_matches_the_edge_interpreter(name):
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
     else:
         assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_split_into_parts_along_a_channel_axis():
+    """SPLIT_V of an NHWC-held tensor along its channels, three outputs (the edge op's sizes)."""
+    from isthmus.edge.writer import ModelWriter
+    rng = np.random.default_rng(4)
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (1, 6, 4, 4))
+    k = w.add_constant("k", rng.standard_normal((7, 6, 1, 1)).astype(np.float32))
+    h = w.add_tensor("h", "float32", (1, 7, 4, 4))
+    w.add_operator("Conv2D", [x, k], [h], {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": 1})
+    ys = [w.add_tensor(f"y{i}", "float32", (1, c, 4, 4)) for i, c in enumerate((2, 4, 1))]
+    w.add_operator("Split", [h], ys, {"axis": 1, "sizes": [2, 4, 1], "num": 0})
+    for y in ys:
+        w.mark_output(y)
+    edge = w.to_bytes()
+    xv = rng.standard_normal((1, 6, 4, 4)).astype(np.float32)
+    want = Interpreter(edge).invoke(xv)
+    data = edge_to_tflite(edge)
+    it = litert.Interpreter(model_content=data, num_threads=1)
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], np.ascontiguousarray(xv.transpose(0, 2, 3, 1)))
+    it.invoke()
+    got = [it.get_tensor(d["index"]) for d in it.get_output_details()]
+    assert len(got) == 3
+    for g, v in zip(got, want):
+        assert g.shape == v.shape and np.abs(g - v).max() <= 1e-5 * max(1.0, float(np.abs(v).max()))

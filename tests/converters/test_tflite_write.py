@@ -143,7 +143,7 @@ def test_edge_cnn_int8_is_bit_exact_through_every_layer():
 
 
 def test_layout_is_nhwc_inside_with_no_transposes_between_image_ops():
-    from isthmus.proto.tflite import schema_generated as fb
+    from isthmus.converters.tflite_schema import fb
     sess, x, y = MODELS["mobilenet_v2_32"][0]()
     data = edge_to_tflite(to_edge(sess, [y]))
     m = fb.Model.GetRootAs(data, 0)

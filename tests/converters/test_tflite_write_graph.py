@@ -54,7 +54,7 @@ def test_op_matches_the_session(name):
 
 def test_a_transpose_of_an_nhwc_tensor_is_one_op():
     """NCHW->NHWC of a tensor already NHWC inside the file costs a RESHAPE, not two TRANSPOSEs."""
-    from isthmus.proto.tflite import schema_generated as fb
+    from isthmus.converters.tflite_schema import fb
     sess, x, out = _graph()
     m = fb.Model.GetRootAs(graph_to_tflite(sess, [out["transpose"]]), 0)
     sub = m.Subgraphs(0)

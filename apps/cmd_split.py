@@ -3,6 +3,7 @@ the plan (JSON + SVG) and a report, through apps.deploy.deploy_split."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .errors import positive_int
 
@@ -10,6 +11,8 @@ EXAMPLES = """examples:
   isthmus split cnn.onnx --bandwidth 5mbps --rtt 40ms -o deploy/
   isthmus split cnn.onnx --edge-profile phone --int8 --calibration-data calib.npz -o deploy/
   isthmus split cnn.onnx --edge-format tflite -o deploy/     # also deploy/tflite/cutN.tflite for LiteRT
+  isthmus profile --device phone-litert --runtime litert --slowdown 4 --out phone-litert.json
+  isthmus split cnn.onnx --edge-format tflite --edge-profile phone-litert.json -o deploy/   # priced for LiteRT
   isthmus serve deploy/model.cloud --port 7070 &
   isthmus edge-run deploy/model.isth --cloud 127.0.0.1:7070 --input image=x.npy"""
 
@@ -22,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--downlink", default=None, help="downlink (default: the uplink)")
     p.add_argument("--rtt", default="40ms", help="round-trip time, e.g. 40ms (default %(default)s)")
     p.add_argument("--edge-profile", default=None,
-                   help="device profile JSON of the edge (isthmus profile writes one; 'phone' for the one that "
-                        "ships with isthmus; default: this machine 8x slower)")
+                   help="device profile JSON of the edge (isthmus profile writes one, --runtime litert for an edge "
+                        "part run by LiteRT; 'phone' for the one that ships with isthmus; default: this machine "
+                        "8x slower)")
     p.add_argument("--cloud-profile", default=None, help="device profile JSON of the cloud")
     p.add_argument("--int8", action="store_true", help="quantize the edge parts to int8 (needs --calibration-data)")
     p.add_argument("--calibration-data", default=None, metavar="NPZ",
@@ -36,8 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the edge parts for LiteRT (.tflite) or ONNX Runtime Mobile (.onnx) into DIR/FORMAT/")
 
 
+LITERT_HINT = ("isthmus split: note: --edge-format tflite plans with the default isthmus edge profile; to price "
+               "the cut by LiteRT's speed, make a LiteRT profile (isthmus profile --device phone-litert --runtime "
+               "litert --slowdown N --out phone-litert.json) and pass --edge-profile phone-litert.json")
+
+
 def run(args) -> int:
     from .deploy import deploy_split
+    if getattr(args, "edge_format", "isth") == "tflite" and not args.edge_profile:
+        print(LITERT_HINT, file=sys.stderr)
     from .model_source import parse_input_shapes
     dep = deploy_split(args.model, args.output, args.bandwidth, args.rtt, args.edge_profile, args.cloud_profile,
                        int8=args.int8, calibration=args.calibration_data, downlink=args.downlink,

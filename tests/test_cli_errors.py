@@ -114,7 +114,9 @@ CASES = {
     "profile": ["--ops NoSuchOp --quick --out {out}.json", "--clock sundial", "--device gpu",
                 "--from-trace {missing.onnx}", "--from-trace {garbage.isth}", "--blas-threads x",
                 "--slowdown fast", "--ops Relu --quick --clock cpu --blas-threads 2 --out {out}.json",
-                "--ops Relu --quick --out {existing}"],
+                "--ops Relu --quick --out {existing}", "--runtime litert --ops Softmax --quick --out {out}.json",
+                "--runtime litert --clock cpu --out {out}.json", "--runtime litert --from-trace {missing.onnx}",
+                "--runtime tvm"],
 }
 
 

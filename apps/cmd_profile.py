@@ -1,0 +1,71 @@
+"""`isthmus profile --runtime isthmus|litert`: a device profile timed in isthmus's kernels (the
+partitioner's calibrate command) or in LiteRT (converters/litert_profile), the JSON `split --edge-profile` reads."""
+from __future__ import annotations
+
+import argparse
+
+from .errors import UsageError, refuse_overwrite
+
+EXAMPLES = """examples:
+  isthmus profile --device cloud --out cloud.json
+  isthmus profile --device phone-litert --runtime litert --slowdown 4 --out phone-litert.json
+  isthmus split cnn.onnx --edge-format tflite --edge-profile phone-litert.json -o deploy/"""
+
+RUNTIMES = ("isthmus", "litert")
+DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert"}
+NOT_FOR_LITERT = (("from_trace", "--from-trace"), ("base", "--base"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from isthmus.partitioner import calibrate
+    calibrate.add_arguments(p)
+    p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
+    p.set_defaults(device=None)  # the default name depends on --runtime (DEFAULT_DEVICE)
+    for action in p._actions:
+        if action.dest == "device":
+            action.help = "name of the profile to write (default: cloud; edge-litert with --runtime litert)"
+    p.add_argument("--runtime", choices=RUNTIMES, default="isthmus",
+                   help="whose kernels to time: isthmus's (default) or LiteRT's, running each calibration case as "
+                        "a .tflite file (needs ai-edge-litert; --blas-threads then sets LiteRT's threads, default 1). "
+                        "Plan a split whose edge part runs in LiteRT (split --edge-format tflite) with a litert profile")
+
+
+def run(args) -> int:
+    runtime = getattr(args, "runtime", "isthmus")
+    if args.device is None:
+        args.device = DEFAULT_DEVICE[runtime]
+        if not args.from_trace:
+            refuse_overwrite(args.out or f"{args.device}.json", args, "--out")
+    if runtime == "isthmus":
+        from isthmus.partitioner import calibrate
+        return calibrate.run(args)
+    return _run_litert(args)
+
+
+def _run_litert(args) -> int:
+    """Time the calibration cases in LiteRT, fit, write the profile; one summary line."""
+    for attr, flag in NOT_FOR_LITERT:
+        if getattr(args, attr, None):
+            raise UsageError(f"{flag}: refits isthmus traces; not with --runtime litert")
+    if args.clock != "wall":
+        raise UsageError(f"--clock {args.clock}: --runtime litert times wall clock only (LiteRT's threads are its own)")
+    if args.device.lower() == "gpu":
+        raise UsageError("--device gpu: --runtime litert times LiteRT on this machine's CPU")
+    try:
+        import ai_edge_litert.interpreter  # noqa: F401
+    except ImportError:
+        raise UsageError("--runtime litert needs ai-edge-litert (pip install 'isthmus[litert]')") from None
+    from isthmus.converters.litert_profile import OPS, calibrate_litert
+    unknown = [op for op in args.ops or () if op not in OPS]
+    if unknown:
+        raise UsageError(f"--ops {' '.join(unknown)}: LiteRT is timed on {', '.join(OPS)} only")
+    threads = args.blas_threads or 1
+    if threads < 1:
+        raise UsageError(f"--blas-threads {threads}: must be at least 1")
+    out = args.out or f"{args.device}.json"
+    profile = calibrate_litert(args.device, args.ops, "quick" if args.quick else "full", slowdown=args.slowdown,
+                               threads=threads, path=out)
+    print(f"wrote {out}: LiteRT profile '{profile.name}', {len(profile.op_coeffs)} op types on {threads} LiteRT "
+          f"thread(s), {args.slowdown:g}x slower than measured here; plan with: isthmus split MODEL "
+          f"--edge-format tflite --edge-profile {out} -o DIR")
+    return 0

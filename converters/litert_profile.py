@@ -9,7 +9,7 @@ partitioner/calibrate.py's one-node graphs (same shapes, same cost keys, same fi
 tflite_write_graph.graph_to_tflite, with the node's weights as constants as a deployed model has
 them, each invoke on `threads` LiteRT threads, and fits the same regression (calibrate.fit). The
 profile keeps the edge's kernel table (what isthmus can export for the edge), only its prices change.
-Needs ai-edge-litert. (`isthmus profile --runtime litert` would call this; the flag is apps/'s.)
+Needs ai-edge-litert. `isthmus profile --runtime litert` (apps/cmd_profile.py) calls this.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ PLACEHOLDERS = {"P": "7070", "N": "1", "NAME": "x", "HOST:PORT": "127.0.0.1:7070
                 "CKPT": "ckpt", "DIR": "out", "FILE": "m.isth", "MODEL": "m.onnx", "TRACE": "t.json"}
 
 
-# command lines a page names as not wired yet (docs/phone.md): they must keep failing to parse until they
+# command lines a page names as not wired yet (none now; docs/phone.md had one): they must keep failing to parse until they
 # are wired, then leave this set
 NOT_YET: set = set()
 

@@ -118,13 +118,24 @@ extern "C" __global__ void NAME(const float* __restrict__ logits, const LAB* __r
 
 
 def _sparse_xent(node, ctx):
-    """Loss and softmax-minus-onehot in one launch, without the host-side label check of the
-    generic kernel (which synchronises): an out-of-range label gives a NaN loss, as TensorFlow's
-    GPU kernel does."""
-    from ..ops.nn import _kernel_sparse_xent
+    """Loss and softmax-minus-onehot without a host sync: an out-of-range label gives a NaN loss,
+    as TensorFlow's GPU kernel does. Labels that are known on the host are checked there instead,
+    at no device cost: a constant's value here, fed or host-made labels by the copy that uploads
+    them (core/passes/copies.py), so those fail as the CPU kernel does."""
+    from ..ops.nn import check_labels
     labels, logits = node.inputs
+    src = labels.node
+    if src.op == "Const":  # known now: check once, fail at run time as the CPU kernel would
+        try:
+            check_labels(np.asarray(src.attrs["value"]), logits.shape[1])
+        except ValueError as e:
+            err = str(e)
+
+            def refuse(labels, logits):
+                raise ValueError(err)
+            return refuse
     if not _cuda(ctx) or logits.dtype != np.float32 or labels.dtype not in (np.int32, np.int64):
-        return _kernel_sparse_xent(node, ctx)
+        return _sparse_xent_generic(ctx.xp)
     cp = ctx.xp
     lab = "int" if labels.dtype == np.int32 else "long long"
     name = f"isthmus_sparse_xent_{labels.dtype.name}"
@@ -141,6 +152,26 @@ def _sparse_xent(node, ctx):
         grad = cp.empty((n, c), cp.float32)
         k(((n + 127) // 128,), (128,), (logits, labels, loss, grad, np.int32(n), np.int32(c)))
         return loss, grad
+    return run
+
+
+def _sparse_xent_generic(xp):
+    """The RawKernel's semantics in array-module calls (the CI stand-in, other dtypes): no host
+    check, NaN loss and no one-hot subtraction on a row whose label is out of range."""
+    def run(labels, logits):
+        n, c = logits.shape
+        bad = (labels < 0) | (labels >= c)
+        safe = xp.where(bad, 0, labels)
+        rows = xp.arange(n)
+        m = logits.max(axis=1, keepdims=True)
+        p = logits - m
+        xp.exp(p, out=p)
+        s = p.sum(axis=1, keepdims=True)
+        loss = xp.log(s[:, 0]) + m[:, 0] - logits[rows, safe]
+        loss = xp.where(bad, xp.nan, loss).astype(logits.dtype, copy=False)
+        p /= s
+        p[rows, safe] -= (~bad).astype(p.dtype)
+        return loss, p
     return run
 
 

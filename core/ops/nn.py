@@ -89,13 +89,25 @@ def _infer_sparse_xent(node):
     return [(logits.dtype, logits.shape[:1]), (logits.dtype, logits.shape)]
 
 
+def check_labels(labels, classes, where: str = "") -> None:
+    """Raise when host class ids leave [0, classes) (classes None: unknown, only ids < 0 fail).
+
+    One rule for the CPU kernel and the GPU's host-side checks (the copy that uploads the labels,
+    or a constant's value), so both paths fail with the same words."""
+    if not labels.size:
+        return
+    lo, hi = labels.min(), labels.max()
+    if lo < 0 or (classes is not None and hi >= classes):
+        bound = "?" if classes is None else classes
+        raise ValueError(f"{where}label out of range [0, {bound}): min {lo}, max {hi}")
+
+
 def _kernel_sparse_xent(node, ctx):
     xp = ctx.xp
 
     def run(labels, logits):
         n, c = logits.shape
-        if labels.size and (labels.min() < 0 or labels.max() >= c):
-            raise ValueError(f"label out of range [0, {c}): min {labels.min()}, max {labels.max()}")
+        check_labels(labels, c)
         rows = xp.arange(n)
         m = logits.max(axis=1, keepdims=True)
         p = logits - m

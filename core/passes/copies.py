@@ -5,7 +5,8 @@ default, except ops that only the host runs (feeds, host random generators, cont
 and ops that update a variable, which follow the variable. Where a value is consumed on another
 device than it was made on, one DeviceCopy node per tensor per destination moves it (a constant is
 re-made on the destination instead: nothing moves at run time). Feeds land on the host; every
-fetched tensor comes back to the host once.
+fetched tensor comes back to the host once. A copy that uploads the labels of a GPU cross-entropy
+checks their range on the host (the GPU kernel would need a sync to, and gives NaN instead).
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ _HOST_INPUTS = {"ApplyGradientDescent": {1}, "ApplyMomentum": {2}, "ApplyAdagrad
                 "SparseApplyAdagrad": {2}, "SparseApplyAdam": {3, 4, 5, 6, 7}}
 # inputs of which the kernel reads only the shape: no copy, whatever device they are on
 _SHAPE_ONLY: Dict[str, Tuple[int, ...]] = {"Shape": (0,)}
+# inputs whose values a GPU kernel cannot check without a host sync (class ids): when they come
+# up from the host, the copy checks them there, before the upload, on the consumer's behalf
+_LABEL_INPUTS = {"SparseSoftmaxCrossEntropy": (0, 1)}  # op -> (labels input, logits input)
 
 
 def input_device(node: Node, i: int, device: str) -> Optional[str]:
@@ -150,6 +154,12 @@ class _CopyBuilder:
         self.loc[out] = dst
         return out
 
+    def check_labels_on_host(self, t: Tensor, consumer: Node, classes: Optional[int]) -> None:
+        """If `t` is a host -> device copy, make it check the class ids it uploads for `consumer`."""
+        n = t.node
+        if n.op == "DeviceCopy" and n.attrs["src"] == HOST:
+            n.attrs["label_checks"] = n.attrs["label_checks"] + ((consumer.name, classes),)
+
 
 def insert_copies(graph: Graph, nodes: Sequence[Node], fetches: Sequence, feeds: Sequence[Tensor],
                   default: str, stats: Optional[dict] = None, host_vars: frozenset = frozenset(),
@@ -171,6 +181,9 @@ def insert_copies(graph: Graph, nodes: Sequence[Node], fetches: Sequence, feeds:
                 continue
             where = input_device(n, i, dev[n])
             ins.append(b.map[t] if where is None else b.on(b.map[t], where))
+        lab = _LABEL_INPUTS.get(n.op)
+        if lab is not None:
+            b.check_labels_on_host(ins[lab[0]], n, n.inputs[lab[1]].shape[-1])
         ctrls = [b.node_map[c] for c in n.control_inputs if c in b.node_map]
         new = b.g.add_node(n.op, ins, dict(n.attrs), name=n.name, device=dev[n], control_inputs=ctrls)
         for t, u in zip(n.outputs, new.outputs):

@@ -146,9 +146,11 @@ def test_default_cap_is_never_the_whole_device(monkeypatch):
     assert ism.Session(ism.Graph(), device="gpu", gpu="simulated").devices.get("/device:GPU:0").cap_bytes == 256 << 20
 
 
-def test_gpu_session_without_cupy_names_the_reason():
+def test_gpu_session_without_cupy_names_the_reason(monkeypatch):
     if gpu.gpu_available():
         pytest.skip("a GPU is present")
+    for k in ("ISTHMUS_DEVICE", "ISTHMUS_GPU"):  # the default backend (cuda), whatever the run's env
+        monkeypatch.delenv(k, raising=False)
     with pytest.raises(RuntimeError, match="no GPU is available"):
         ism.Session(ism.Graph(), device="gpu")
     assert ism.Session(ism.Graph(), device="auto").devices.default == "/device:CPU:0"
@@ -302,10 +304,12 @@ def test_scalar_and_large_feeds_keep_their_shapes(backend):
     assert float(got_y) == 0.5 * bv.size
 
 
-def test_gpu_pins_run_on_the_host_without_a_gpu():
+def test_gpu_pins_run_on_the_host_without_a_gpu(monkeypatch):
     """A graph partitioned for a cluster names GPUs this machine may lack: soft placement."""
     if gpu.gpu_available():
         pytest.skip("a GPU is present")
+    for k in ("ISTHMUS_DEVICE", "ISTHMUS_GPU"):  # the default backend (cuda), whatever the run's env
+        monkeypatch.delenv(k, raising=False)
     g = ism.Graph()
     with g.as_default():
         x = ism.placeholder("float32", (3,), name="x")

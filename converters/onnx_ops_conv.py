@@ -8,8 +8,7 @@ from typing import List, Sequence, Tuple
 import isthmus.core as ism
 from isthmus.core.graph import Tensor
 
-from . import onnx_import as _importer
-from .onnx_import import OnnxImportError, handler
+from .onnx_import import OnnxImportError, handler, wrap_each_version
 from .onnx_ops_elementwise import attrs, where
 
 
@@ -194,13 +193,6 @@ def _transpose_pads(node, at, spatial, k, strides, dil, extra) -> List[Tuple[int
     return out
 
 
-def _wrap_each_version(op: str, wrap) -> None:
-    """Put a 1-D-aware handler in front of each version of the importer's handler for `op` (same since,
-    registered later, so it is the one picked); other ranks go on to that version's handler."""
-    for since, before in list(_importer._HANDLERS.get(op, ())):
-        handler(op, since)(wrap(before))
-
-
-_wrap_each_version("Conv", _conv_1d)
-_wrap_each_version("MaxPool", _pool_1d("max"))
-_wrap_each_version("AveragePool", _pool_1d("avg"))
+wrap_each_version("Conv", _conv_1d)
+wrap_each_version("MaxPool", _pool_1d("max"))
+wrap_each_version("AveragePool", _pool_1d("avg"))

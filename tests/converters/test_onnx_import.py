@@ -131,3 +131,24 @@ def test_loop_maps_to_while_loop():
     m = _model(nodes, [_vi("x", [2]), _vi("n", [], TensorProto.INT64), _vi("go", [], TensorProto.BOOL)],
                [_vi("y", [2])], {"one": np.ones(2, np.float32)})
     _compare(m, {"x": np.array([2.0, 0.5], np.float32), "n": np.array(3, np.int64), "go": np.array(True)})
+
+
+def test_wrap_each_version_puts_the_wrapper_in_front_of_each_since_and_falls_through():
+    """The public hook onnx_ops_conv uses: the wrapper is picked at every opset, keeps the declared
+    attributes of the version it shadows, and reaches exactly that version's handler."""
+    from isthmus.converters import onnx_import as imp
+    op = "IsthmusWrapProbe"
+    try:
+        imp.handler(op, 1, attrs=("a",))(lambda c, n, ins: ["v1"])
+        imp.handler(op, 9, attrs=("a", "b"))(lambda c, n, ins: ["v9"])
+        imp.wrap_each_version(op, lambda before: (lambda c, n, ins: ["w"] + list(before(c, n, ins))))
+        assert imp._pick(op, 5)(None, None, []) == ["w", "v1"]
+        assert imp._pick(op, 12)(None, None, []) == ["w", "v9"]
+        assert imp.declared_attrs(op, 12) == frozenset({"a", "b"})
+        assert len(imp._HANDLERS[op]) == 4
+    finally:
+        imp._HANDLERS.pop(op, None)
+        for since in (1, 9):
+            imp._ATTRS.pop((op, since), None)
+    with pytest.raises(KeyError, match="NoSuchOnnxOp"):
+        imp.wrap_each_version("NoSuchOnnxOp", lambda before: before)

@@ -53,6 +53,17 @@ def _entry(op: str, opset: int):
     return best
 
 
+def wrap_each_version(op: str, wrap: Callable[[Handler], Handler]) -> None:
+    """Put `wrap(before)` in front of each version of `op`'s handler: registered at the same `since`
+    (so it is the one picked, with the same declared attributes), `before` being the handler it
+    shadows, which the wrapper may fall through to (how a module adds ranks or forms to an op)."""
+    winners = {since: f for since, f in _HANDLERS.get(op, ())}  # the last registered at each since
+    if not winners:
+        raise KeyError(f"no ONNX handler for {op!r} to wrap; known: {supported_ops()}")
+    for since, before in sorted(winners.items()):
+        handler(op, since)(wrap(before))
+
+
 def _pick(op: str, opset: int) -> Optional[Handler]:
     e = _entry(op, opset)
     return None if e is None else e[1]

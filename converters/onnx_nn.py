@@ -83,15 +83,18 @@ def _conv(c, node, ins):
 
 
 def _pool(kind):
-    """2-D pooling on the core op (onnx_ops_conv puts 1-D and 3-D handling in front of this)."""
+    """2-D pooling on the core op; 3-D as two separable 2-D passes (H and W, then D): a box maximum is
+    the maximum of maxima, and a box average over the real elements the average of averages, since
+    the real elements of a window form a box too (onnx_ops_conv puts 1-D handling in front of this)."""
     def h(c, node, ins):
         at = _attrs(node)
         x = ins[0]
-        _spatial_2d(x, node.op_type)
+        refuse_unless(len(x.shape) in (4, 5), f"only 1-D, 2-D and 3-D {node.op_type} is supported, "
+                                              f"the input has rank {len(x.shape)}")
         if len(node.output) > 1 and node.output[1]:
             raise ImportError_("the Indices output (argmax positions) is not supported")
         k = tuple(at["kernel_shape"])
-        refuse_unless(len(k) == 2, f"kernel_shape {list(k)} does not fit a 2-D window")
+        refuse_unless(len(k) == len(x.shape) - 2, f"kernel_shape {list(k)} does not fit rank {len(x.shape)}")
         s = tuple(at.get("strides", [1] * len(k)))
         d = tuple(at.get("dilations", [1] * len(k)))
         pads = given = _conv_pads(at, x.shape[2:], k, s, d)
@@ -110,8 +113,20 @@ def _pool(kind):
             x = ism.pad(x, ((0, 0), (0, 0)) + given)
             pads = tuple((0, b - gb) for (_, b), (_, gb) in zip(pads, given))
         f = ism.max_pool if kind == "max" else ism.avg_pool
-        return [f(x, k, s, pads, dilations=d)]
+        if len(k) == 2:
+            return [f(x, k, s, pads, dilations=d)]
+        return [_pool_3d(f, x, k, s, pads, d)]
     return h
+
+
+def _pool_3d(f, x, k, s, pads, d):
+    """NCDHW pooling as a 2-D pass over (H, W) with C*D as channels, then one over (D, H'*W')."""
+    n, ch, dd, hh, ww = x.shape
+    refuse_unless(all(v is not None for v in (ch, dd, hh, ww)), "3-D pooling needs known channel and spatial dims")
+    y = f(ism.reshape(x, (-1, ch * dd, hh, ww)), k[1:], s[1:], pads[1:], dilations=d[1:])
+    h2, w2 = y.shape[2], y.shape[3]
+    y = f(ism.reshape(y, (-1, ch, dd, h2 * w2)), (k[0], 1), (s[0], 1), (pads[0], (0, 0)), dilations=(d[0], 1))
+    return ism.reshape(y, (-1, ch, y.shape[2], h2, w2))
 
 
 handler("MaxPool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order",

@@ -1,6 +1,5 @@
 """ONNX import of ConvTranspose (1-D and 2-D); of Conv, MaxPool and AveragePool on 1-D (NCL) inputs, run as
-their 2-D forms over a height of 1; and of 3-D MaxPool/AveragePool as padded strided taps; 2-D nodes go on
-to the importer's own handlers."""
+their 2-D forms over a height of 1; 2-D and 3-D nodes go on to the importer's own handlers (onnx_nn)."""
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
@@ -8,8 +7,7 @@ from typing import List, Sequence, Tuple
 import isthmus.core as ism
 from isthmus.core.graph import Tensor
 
-from . import onnx_import as _importer
-from .onnx_import import OnnxImportError, handler
+from .onnx_import import OnnxImportError, handler, wrap_each_version
 from .onnx_ops_elementwise import attrs, where
 
 
@@ -71,61 +69,10 @@ def _conv_1d(before):
     return h
 
 
-def _pool_taps(node, x: Tensor, kind: str) -> Tensor:
-    """Max or average pooling over any number of spatial dims (used for 3-D): the input padded once (with
-    -inf for max), one strided slice per kernel offset, reduced across the offsets. Averages divide by
-    the number of real elements in each window (or of padded ones with count_include_pad)."""
-    import itertools
-
-    import numpy as np
-    at = attrs(node)
-    k = tuple(at["kernel_shape"])
-    strides, dil, pads = _geometry(node, x, k)
-    spatial = x.shape[2:]
-    if any(d is None for d in spatial):
-        raise OnnxImportError(f"{where(node)}: needs the spatial size at import, got {x.shape}")
-    outs, grown = [], []
-    for n, kk, s, d, (b, e) in zip(spatial, k, strides, dil, pads):
-        eff = (kk - 1) * d + 1
-        span = n + b + e - eff
-        out = (-(-span // s) if at.get("ceil_mode", 0) else span // s) + 1
-        if at.get("ceil_mode", 0) and (out - 1) * s >= n + b:
-            out -= 1  # a window must start inside the input or its leading padding
-        outs.append(out)
-        grown.append((b, max(e, (out - 1) * s + eff - n - b)))
-    fill = -np.inf if kind == "max" else 0.0
-    xp = ism.pad(x, [(0, 0), (0, 0)] + grown, constant_value=fill)
-
-    def taps(t):
-        for off in itertools.product(*[range(kk) for kk in k]):
-            key = (slice(None), slice(None)) + tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
-                                                     for o, d, s, m in zip(off, dil, strides, outs))
-            yield t[key]
-    if kind == "max":
-        y = None
-        for t in taps(xp):
-            y = t if y is None else ism.maximum(y, t)
-        return y
-    total = ism.add_n(list(taps(xp)))
-    ones = np.zeros([1, 1] + [n + b + e for n, (b, e) in zip(spatial, grown)], np.float64)
-    inner = tuple(slice(b, b + n) for n, (b, e) in zip(spatial, grown))
-    if at.get("count_include_pad", 0):  # explicit pads count, the ceil_mode extension does not
-        inner = tuple(slice(0, b + n + e0) for n, (b, e), (_, e0) in zip(spatial, grown, pads))
-    ones[(0, 0) + inner] = 1.0
-    count = sum(ones[(slice(None), slice(None)) + tuple(
-        slice(o * d, o * d + s * (m - 1) + 1, s) for o, d, s, m in zip(off, dil, strides, outs))]
-        for off in itertools.product(*[range(kk) for kk in k]))
-    return ism.div(total, ism.constant(count.astype(np.dtype(x.dtype.name))))
-
-
 def _pool_1d(kind: str):
     def wrap(before):
         def h(c, node, ins):
             x = ins[0]
-            if len(x.shape) >= 5:
-                if len(node.output) > 1 and node.output[1]:
-                    raise OnnxImportError(f"{where(node)}: the Indices output is not supported")
-                return [_pool_taps(node, x, kind)]
             if len(x.shape) != 3:
                 return before(c, node, ins)
             at = attrs(node)
@@ -194,13 +141,6 @@ def _transpose_pads(node, at, spatial, k, strides, dil, extra) -> List[Tuple[int
     return out
 
 
-def _wrap_each_version(op: str, wrap) -> None:
-    """Put a 1-D-aware handler in front of each version of the importer's handler for `op` (same since,
-    registered later, so it is the one picked); other ranks go on to that version's handler."""
-    for since, before in list(_importer._HANDLERS.get(op, ())):
-        handler(op, since)(wrap(before))
-
-
-_wrap_each_version("Conv", _conv_1d)
-_wrap_each_version("MaxPool", _pool_1d("max"))
-_wrap_each_version("AveragePool", _pool_1d("avg"))
+wrap_each_version("Conv", _conv_1d)
+wrap_each_version("MaxPool", _pool_1d("max"))
+wrap_each_version("AveragePool", _pool_1d("avg"))

@@ -27,6 +27,9 @@ _TO_ENUM = {
     np.dtype("int32"): tensor_pb2.DT_INT32,
     np.dtype("int64"): tensor_pb2.DT_INT64,
     np.dtype("uint8"): tensor_pb2.DT_UINT8,
+    np.dtype("uint16"): tensor_pb2.DT_UINT16,
+    np.dtype("uint32"): tensor_pb2.DT_UINT32,
+    np.dtype("uint64"): tensor_pb2.DT_UINT64,
     np.dtype("bool"): tensor_pb2.DT_BOOL,
 }
 _FROM_ENUM = {v: k.newbyteorder("<") if k.itemsize > 1 else k for k, v in _TO_ENUM.items()}

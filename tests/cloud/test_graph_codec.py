@@ -285,3 +285,20 @@ def test_oversized_constant_rejected():
     with pytest.raises(gc.GraphCodecError, match="over the limit"):
         gc.decode(data, max_bytes=100)
     assert gc.decode(d) is not None
+
+
+def test_unsigned_wide_int_constants_and_placeholders_round_trip():
+    """uint16/32/64 tensors and constants (what ONNX imports can hold) cross the GraphDef intact."""
+    g = ism.Graph()
+    big = np.array([0, 1, np.iinfo(np.uint64).max], np.uint64)
+    with g.as_default():
+        ism.constant(np.array([np.iinfo(np.uint32).max, 7], np.uint32), name="c32")
+        ism.placeholder(np.uint16, (2,), name="p16")
+        p64 = ism.placeholder(np.uint64, (3,), name="p64")
+        ism.identity(p64, name="y64")
+    g2 = round_trip(g)
+    assert g2.node("c32").attrs["value"].dtype == np.uint32
+    assert [t.dtype for t in (g2.node("p16").outputs[0], g2.node("p64").outputs[0])] == [np.uint16, np.uint64]
+    y, c = ism.Session(g2).run(["y64:0", "c32:0"], {"p64:0": big})
+    assert y.dtype == np.uint64 and np.array_equal(y, big)
+    assert c.tolist() == [np.iinfo(np.uint32).max, 7]

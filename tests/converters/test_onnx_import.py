@@ -131,3 +131,48 @@ def test_loop_maps_to_while_loop():
     m = _model(nodes, [_vi("x", [2]), _vi("n", [], TensorProto.INT64), _vi("go", [], TensorProto.BOOL)],
                [_vi("y", [2])], {"one": np.ones(2, np.float32)})
     _compare(m, {"x": np.array([2.0, 0.5], np.float32), "n": np.array(3, np.int64), "go": np.array(True)})
+
+
+def test_wrap_each_version_puts_the_wrapper_in_front_of_each_since_and_falls_through():
+    """The public hook onnx_ops_conv uses: the wrapper is picked at every opset, keeps the declared
+    attributes of the version it shadows, and reaches exactly that version's handler."""
+    from isthmus.converters import onnx_import as imp
+    op = "IsthmusWrapProbe"
+    try:
+        imp.handler(op, 1, attrs=("a",))(lambda c, n, ins: ["v1"])
+        imp.handler(op, 9, attrs=("a", "b"))(lambda c, n, ins: ["v9"])
+        imp.wrap_each_version(op, lambda before: (lambda c, n, ins: ["w"] + list(before(c, n, ins))))
+        assert imp._pick(op, 5)(None, None, []) == ["w", "v1"]
+        assert imp._pick(op, 12)(None, None, []) == ["w", "v9"]
+        assert imp.declared_attrs(op, 12) == frozenset({"a", "b"})
+        assert len(imp._HANDLERS[op]) == 4
+    finally:
+        imp._HANDLERS.pop(op, None)
+        for since in (1, 9):
+            imp._ATTRS.pop((op, since), None)
+    with pytest.raises(KeyError, match="NoSuchOnnxOp"):
+        imp.wrap_each_version("NoSuchOnnxOp", lambda before: before)
+
+
+def test_3d_pools_with_dynamic_batch_and_their_gradients():
+    """3-D MaxPool/AveragePool (two separable 2-D passes) with an unknown batch: onnxruntime's numbers
+    at batch 1 and 3, and gradients through both matching central differences (float64)."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[2, 3, 3], strides=[2, 2, 1], pads=[0, 1, 1, 1, 1, 0]),
+             helper.make_node("AveragePool", ["x"], ["a"], kernel_shape=[3, 2, 2], strides=[1, 2, 2], ceil_mode=1)]
+    m = _model(nodes, [_vi("x", ["N", 2, 4, 5, 6])], [_vi("m", None), _vi("a", None)], {})
+    for batch in (1, 3):
+        _compare(m, {"x": rng.standard_normal((batch, 2, 4, 5, 6)).astype(np.float32)})
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    g, ins, outs = from_onnx(m)
+    x0 = rng.permutation(2 * 4 * 5 * 6).reshape(1, 2, 4, 5, 6).astype(np.float64) / 10  # distinct: no max ties
+    with g.as_default():
+        loss = ism.add(ism.reduce_sum(ism.square(outs[0])), ism.reduce_sum(ism.square(outs[1])))
+        (dx,) = ism.gradients(loss, [ins["x"]])
+    sess = ism.Session(g)
+    got = sess.run(dx, {ins["x"]: x0})
+    for idx in [(0, 0, 0, 0, 0), (0, 1, 3, 4, 5), (0, 1, 2, 2, 3), (0, 0, 1, 3, 1)]:
+        xp, xm = x0.copy(), x0.copy()
+        xp[idx] += 1e-4
+        xm[idx] -= 1e-4
+        num = (sess.run(loss, {ins["x"]: xp}) - sess.run(loss, {ins["x"]: xm})) / 2e-4
+        np.testing.assert_allclose(got[idx], num, rtol=1e-5, atol=1e-7)

@@ -86,12 +86,17 @@ def output_path(path: str, force: bool, flag: str = "-o") -> str:
     return path
 
 
+def _parsed(text: str, cast: Callable, what: str):
+    """cast(text), or argparse's error saying the text is not `what` (e.g. "an integer")."""
+    try:
+        return cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
 def port(text: str) -> int:
     """argparse type: a TCP port, 0 (a free one) to 65535."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    v = _parsed(text, int, "a port number")
     if not 0 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"{v} is not a port (0-65535; 0 picks a free one)")
     return v
@@ -99,10 +104,7 @@ def port(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    v = _parsed(text, int, "an integer")
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v} must be at least 1")
     return v
@@ -110,10 +112,7 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    v = _parsed(text, int, "an integer")
     if v < 0:
         raise argparse.ArgumentTypeError(f"{v} must be 0 or more")
     return v
@@ -121,10 +120,7 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    v = _parsed(text, float, "a number")
     if not (v > 0 and v != float("inf")):
         raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
     return v

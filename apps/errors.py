@@ -94,10 +94,15 @@ def _parsed(text: str, cast: Callable, what: str):
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
 
 
+def _is_port(v) -> bool:
+    """A TCP port number a server may bind: 0 (a free one) to 65535."""
+    return isinstance(v, int) and 0 <= v <= 65535
+
+
 def port(text: str) -> int:
     """argparse type: a TCP port, 0 (a free one) to 65535."""
     v = _parsed(text, int, "a port number")
-    if not 0 <= v <= 65535:
+    if not _is_port(v):
         raise argparse.ArgumentTypeError(f"{v} is not a port (0-65535; 0 picks a free one)")
     return v
 
@@ -149,7 +154,7 @@ def check_common(args) -> None:
         if isinstance(v, str) and (os.path.splitext(v)[1] or os.sep in v) and ":" not in os.path.basename(v):
             input_file(v, name.upper())
     p = getattr(args, "port", None)
-    if p is not None and not (isinstance(p, int) and 0 <= p <= 65535):
+    if p is not None and not _is_port(p):
         raise UsageError(f"--port {p}: not a port (0-65535; 0 picks a free one)")
     for path, flag in _outputs(args):
         refuse_overwrite(path, args, flag)

@@ -86,23 +86,30 @@ def output_path(path: str, force: bool, flag: str = "-o") -> str:
     return path
 
 
+def _parsed(text: str, cast: Callable, what: str):
+    """cast(text), or argparse's error saying the text is not `what` (e.g. "an integer")."""
+    try:
+        return cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def _is_port(v) -> bool:
+    """A TCP port number a server may bind: 0 (a free one) to 65535."""
+    return isinstance(v, int) and 0 <= v <= 65535
+
+
 def port(text: str) -> int:
     """argparse type: a TCP port, 0 (a free one) to 65535."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= v <= 65535:
+    v = _parsed(text, int, "a port number")
+    if not _is_port(v):
         raise argparse.ArgumentTypeError(f"{v} is not a port (0-65535; 0 picks a free one)")
     return v
 
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    v = _parsed(text, int, "an integer")
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v} must be at least 1")
     return v
@@ -110,10 +117,7 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    v = _parsed(text, int, "an integer")
     if v < 0:
         raise argparse.ArgumentTypeError(f"{v} must be 0 or more")
     return v
@@ -121,10 +125,7 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    v = _parsed(text, float, "a number")
     if not (v > 0 and v != float("inf")):
         raise argparse.ArgumentTypeError(f"{text} must be a finite number above 0")
     return v
@@ -153,7 +154,7 @@ def check_common(args) -> None:
         if isinstance(v, str) and (os.path.splitext(v)[1] or os.sep in v) and ":" not in os.path.basename(v):
             input_file(v, name.upper())
     p = getattr(args, "port", None)
-    if p is not None and not (isinstance(p, int) and 0 <= p <= 65535):
+    if p is not None and not _is_port(p):
         raise UsageError(f"--port {p}: not a port (0-65535; 0 picks a free one)")
     for path, flag in _outputs(args):
         refuse_overwrite(path, args, flag)

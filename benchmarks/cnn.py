@@ -18,6 +18,7 @@ import numpy as np
 
 import isthmus as ism
 from isthmus.core.profile import by_op_type, time_nodes
+from models import cnn_params, cnn_train
 from timing import emit, torch_or_none, torch_train_step
 
 BATCH = 64
@@ -25,33 +26,12 @@ LR = 0.01
 
 
 def init(seed=0):
-    rng = np.random.default_rng(seed)
-
-    def he(shape, fan_in):
-        return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-    return {
-        "c1w": he((32, 1, 5, 5), 25), "c1b": np.zeros(32, np.float32),
-        "c2w": he((64, 32, 5, 5), 800), "c2b": np.zeros(64, np.float32),
-        "d1w": he((7 * 7 * 64, 1024), 3136), "d1b": np.zeros(1024, np.float32),
-        "d2w": he((1024, 10), 1024), "d2b": np.zeros(10, np.float32),
-    }
+    return cnn_params(seed)
 
 
 def build_isthmus(p, batch=BATCH):
-    g = ism.Graph(seed=0)
+    g, x, y, loss, train = cnn_train(p, batch, LR)
     with g.as_default():
-        x = ism.placeholder("float32", (batch, 1, 28, 28), name="x")
-        y = ism.placeholder("int32", (batch,), name="y")
-        v = {k: ism.Variable(a, name=k) for k, a in p.items()}
-        h = ism.relu(ism.bias_add(ism.conv2d(x, v["c1w"], padding="SAME"), v["c1b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.relu(ism.bias_add(ism.conv2d(h, v["c2w"], padding="SAME"), v["c2b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.reshape(h, (-1, 7 * 7 * 64))
-        h = ism.relu(ism.bias_add(h @ v["d1w"], v["d1b"]))
-        logits = ism.bias_add(h @ v["d2w"], v["d2b"])
-        loss = ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, logits))
-        train = ism.optimizers.SGD(LR).minimize(loss)
         sess = ism.Session(g)
         sess.run(ism.global_variables_initializer())
     return sess, x, y, loss, train

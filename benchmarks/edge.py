@@ -113,29 +113,13 @@ def agreement_vs_onnxruntime(sess, x, y, shape, n_calib=16, n_eval=200):
     """Top-1 agreement with fp32 of the edge's int8 model and of onnxruntime's quantize_static
     (QDQ, per-channel int8 weights, int8 activations, min-max), both calibrated on the same random
     inputs and judged on the same fresh ones against their own fp32 models."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from quantize import ort_quantize_static
     rng = np.random.default_rng(5)
     calib = [rng.standard_normal(shape).astype(np.float32) for _ in range(n_calib)]
     evals = [rng.standard_normal(shape).astype(np.float32) for _ in range(n_eval)]
     fp32, int8 = Interpreter(to_edge(sess, [y], batch=shape[0])), \
         Interpreter(quantize_to_edge(sess, [y], [{x: v} for v in calib], batch=shape[0])[0])
-    model = to_onnx(sess, [y], opset=17)
-    model.ir_version = 10
-    name = model.graph.input[0].name
-    tmp = tempfile.mkdtemp()
-    src, dst = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "int8.onnx")
-    with open(src, "wb") as f:
-        f.write(model.SerializeToString())
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(calib)
-
-        def get_next(self):
-            v = next(self.it, None)
-            return None if v is None else {name: v}
-    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    src, dst, name = ort_quantize_static(sess, y, calib)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     o32, o8 = (ort.InferenceSession(p, so, providers=["CPUExecutionProvider"]) for p in (src, dst))

@@ -178,20 +178,9 @@ def bench_mlp(batch, torch, out):
 
 # ---- CNN and MobileNetV2 ---------------------------------------------------------------------------
 def _cnn_graph(p, batch):
-    g = ism.Graph(seed=0)
+    from models import cnn_train
+    g, x, y, loss, train = cnn_train(p, batch, LR)
     with g.as_default():
-        x = ism.placeholder("float32", (batch, 1, 28, 28), name="x")
-        y = ism.placeholder("int32", (batch,), name="y")
-        v = {k: ism.Variable(a, name=k) for k, a in p.items()}
-        h = ism.relu(ism.bias_add(ism.conv2d(x, v["c1w"], padding="SAME"), v["c1b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.relu(ism.bias_add(ism.conv2d(h, v["c2w"], padding="SAME"), v["c2b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.reshape(h, (-1, 7 * 7 * 64))
-        h = ism.relu(ism.bias_add(h @ v["d1w"], v["d1b"]))
-        logits = ism.bias_add(h @ v["d2w"], v["d2b"])
-        loss = ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, logits))
-        train = ism.optimizers.SGD(LR).minimize(loss)
         init = ism.global_variables_initializer()
     return g, (x, y), loss, train, init
 

@@ -85,14 +85,12 @@ def evaluate(kind, x, y):
             "cpu_int8_over_fp32_1thread": round(cpu["int8"] / cpu["fp32"], 3)}
 
 
-def onnxruntime_static(sess, logits, calib, tx, ty):
-    """onnxruntime's quantize_static (QDQ, per-channel int8 weights, int8 activations, min-max) on
-    the ONNX export of the same trained model, calibrated on the same arrays: accuracy, agreement
-    with its own fp32 model, and file size."""
-    import onnxruntime as ort
+def ort_quantize_static(sess, fetch, calib):
+    """(fp32 path, int8 path, input name): the ONNX export of fetch and onnxruntime's quantize_static
+    of it (QDQ, per-channel int8 weights, int8 activations, min-max) calibrated on the arrays calib."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from isthmus.converters import to_onnx
-    model = to_onnx(sess, [logits], opset=17)
+    model = to_onnx(sess, [fetch], opset=17)
     model.ir_version = 10
     name = model.graph.input[0].name
     tmp = tempfile.mkdtemp()
@@ -109,6 +107,14 @@ def onnxruntime_static(sess, logits, calib, tx, ty):
             return None if v is None else {name: v}
     quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    return src, dst, name
+
+
+def onnxruntime_static(sess, logits, calib, tx, ty):
+    """onnxruntime's quantize_static (ort_quantize_static) on the ONNX export of the same trained
+    model, calibrated on the same arrays: accuracy, agreement with its own fp32 model, and file size."""
+    import onnxruntime as ort
+    src, dst, name = ort_quantize_static(sess, logits, calib)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     p32, p8 = (ort.InferenceSession(p, so, providers=["CPUExecutionProvider"]).run(None, {name: tx})[0].argmax(1)

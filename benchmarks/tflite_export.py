@@ -36,7 +36,7 @@ from isthmus.converters.edge_export import to_edge
 from isthmus.converters.quantize import quantize_to_edge
 from isthmus.converters.tflite_write import edge_to_tflite, read_metadata
 from isthmus.edge import Interpreter
-from models import mobilenet_v2
+from models import cnn_inference, mobilenet_v2
 from timing import emit, interleaved_medians
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,22 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def w2_cnn():
     """benchmarks/cnn.py's network, inference only (same init)."""
-    rng = np.random.default_rng(0)
-    he = lambda shape, fan: (rng.standard_normal(shape) * np.sqrt(2.0 / fan)).astype(np.float32)  # noqa: E731
-    p = {"c1w": he((32, 1, 5, 5), 25), "c1b": np.zeros(32, np.float32), "c2w": he((64, 32, 5, 5), 800),
-         "c2b": np.zeros(64, np.float32), "d1w": he((3136, 1024), 3136), "d1b": np.zeros(1024, np.float32),
-         "d2w": he((1024, 10), 1024), "d2b": np.zeros(10, np.float32)}
-    g = ism.Graph(seed=0)
+    g, x, y = cnn_inference(batch=1, seed=0)
     with g.as_default():
-        x = ism.placeholder("float32", (1, 1, 28, 28), name="x")
-        v = {k: ism.Variable(a, name=k) for k, a in p.items()}
-        h = ism.relu(ism.bias_add(ism.conv2d(x, v["c1w"], padding="SAME"), v["c1b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.relu(ism.bias_add(ism.conv2d(h, v["c2w"], padding="SAME"), v["c2b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.reshape(h, (-1, 7 * 7 * 64))
-        h = ism.relu(ism.bias_add(h @ v["d1w"], v["d1b"]))
-        y = ism.bias_add(h @ v["d2w"], v["d2b"])
         sess = ism.Session(g)
         sess.run(ism.global_variables_initializer())
     return sess, x, y

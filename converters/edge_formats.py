@@ -9,17 +9,37 @@ apps/'s): every cut that has a cloud part becomes <cut>.tflite (and <cut>.post.t
 works on after the cloud's answer) or <cut>.onnx; the split's full model (the fallback, and the
 cut of links where everything stays on the edge) becomes full.tflite / full.onnx. parts.json lists
 them with each cut's uplink range from the split file, so an app picks the file for its link.
+split_cut picks one cut out of a split file for both writers (tflite_write.py, onnx_edge.py).
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple, Union
 
 from isthmus.edge.loader import verify_all
 from isthmus.wire.split_format import MAX_BANDWIDTH_KEY, MIN_BANDWIDTH_KEY, SPLIT_KEY
 
 FORMATS = ("tflite", "onnx")
+
+
+def split_cut(split: Union[bytes, str], cut: Optional[str], error: type) -> Tuple[dict, dict, object, object]:
+    """(split metadata, the cut's entry, its edge model, the cloud call it makes) for one cut of a
+    split model (bytes or a path); default the first cut with a cloud part. Refusals raise `error`."""
+    if isinstance(split, str):
+        with open(split, "rb") as f:
+            split = f.read()
+    models = verify_all(split)
+    info = json.loads(models[0].metadata.get(SPLIT_KEY, "null") or "null")
+    if not info:
+        raise error(f"not a split model: no '{SPLIT_KEY}' metadata")
+    cuts = [c for c in info["cuts"] if c["cloud_part"]]
+    pick = [c for c in cuts if c["name"] == cut] if cut else cuts[:1]
+    if not pick:
+        raise error(f"split model: no cut {cut!r} with a cloud part (cuts with one: "
+                    f"{', '.join(c['name'] for c in cuts) or 'none'})")
+    m = models[pick[0]["subgraph"]]
+    return info, pick[0], m, next(r for r in m.remote if r.name == pick[0]["cloud_part"])
 
 
 def write_edge_parts(split_path: str, out_dir: str, edge_format: str = "tflite", **options) -> List[str]:

@@ -18,8 +18,9 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from isthmus.edge.loader import EdgeModel, loads, verify_all
+from isthmus.edge.loader import EdgeModel, loads
 
+from .edge_formats import split_cut
 from .tflite_write import _index, _select
 from .tflite_write_layout import TFLiteExportError
 
@@ -280,22 +281,7 @@ class OnnxSplitPart:
 
 def split_to_onnx(split: Union[bytes, str], cut: Optional[str] = None, batch: int = 1) -> OnnxSplitPart:
     """The edge part of one cut of an isthmus split model as ONNX (default: the first cut with a cloud part)."""
-    from isthmus.wire.split_format import SPLIT_KEY
-    if isinstance(split, str):
-        with open(split, "rb") as f:
-            split = f.read()
-    models = verify_all(split)
-    info = json.loads(models[0].metadata.get(SPLIT_KEY, "null") or "null")
-    if not info:
-        raise OnnxEdgeExportError(f"not a split model: no '{SPLIT_KEY}' metadata")
-    cuts = [c for c in info["cuts"] if c["cloud_part"]]
-    pick = [c for c in cuts if c["name"] == cut] if cut else cuts[:1]
-    if not pick:
-        raise OnnxEdgeExportError(f"split model: no cut {cut!r} with a cloud part (cuts with one: "
-                                  f"{', '.join(c['name'] for c in cuts) or 'none'})")
-    c = pick[0]
-    m = models[c["subgraph"]]
-    remote = next(r for r in m.remote if r.name == c["cloud_part"])
+    _, c, m, remote = split_cut(split, cut, OnnxEdgeExportError)
     proto = edge_to_onnx(m, inputs=m.inputs, outputs=remote.inputs, output_names=c["inputs"], batch=batch,
                          extra={"split": {"cut": c["name"], "cloud_part": c["cloud_part"],
                                           "wire_inputs": c["inputs"], "wire_outputs": c["outputs"]}})

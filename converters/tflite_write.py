@@ -20,8 +20,9 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from isthmus.edge.loader import EdgeModel, loads, verify_all
+from isthmus.edge.loader import EdgeModel, loads
 
+from .edge_formats import split_cut
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
@@ -233,22 +234,7 @@ class TFLiteSplitPart:
 def split_to_tflite(split: Union[bytes, str], cut: Optional[str] = None, **options) -> TFLiteSplitPart:
     """The edge part of one cut of an isthmus split model (converters/split_export.py) as .tflite.
     `cut`: a cut name; default the first cut that has a cloud part. `options`: edge_to_tflite's."""
-    from isthmus.wire.split_format import SPLIT_KEY
-    if isinstance(split, str):
-        with open(split, "rb") as f:
-            split = f.read()
-    models = verify_all(split)
-    info = json.loads(models[0].metadata.get(SPLIT_KEY, "null") or "null")
-    if not info:
-        raise TFLiteExportError(f"not a split model: no '{SPLIT_KEY}' metadata")
-    cuts = [c for c in info["cuts"] if c["cloud_part"]]
-    pick = [c for c in info["cuts"] if c["name"] == cut] if cut else cuts[:1]
-    if not pick or not pick[0]["cloud_part"]:
-        raise TFLiteExportError(f"split model: no cut {cut!r} with a cloud part (cuts with one: "
-                                f"{', '.join(c['name'] for c in cuts) or 'none'})")
-    c = pick[0]
-    m = models[c["subgraph"]]
-    remote = next(r for r in m.remote if r.name == c["cloud_part"])
+    info, c, m, remote = split_cut(split, cut, TFLiteExportError)
     extra = {"split": {"model": info.get("model", ""), "cut": c["name"], "cloud_part": c["cloud_part"],
                        "wire_inputs": c["inputs"], "wire_outputs": c["outputs"]}}
     edge = edge_to_tflite(m, inputs=m.inputs, outputs=remote.inputs, wire_names=c["inputs"],

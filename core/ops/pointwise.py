@@ -5,9 +5,8 @@ from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
-from ..shapes import broadcast
 from .base import convert, convert_pair, make
-from .math import add, ceil, div, floor, greater, mul, neg, reduce_sum_like, square, where
+from .math import _infer_binary, add, ceil, div, floor, greater, mul, neg, reduce_sum_like, square, where
 
 __all__ = ["round", "sin", "cos", "tan", "atan", "isnan", "isinf", "fmod"]
 
@@ -62,13 +61,6 @@ for _name, _attrs, _kern, _kinds, _odt, _g, _flops in _UNARY:
 
 
 # ---- FMod: the remainder with the dividend's sign (C fmod; ONNX Mod with fmod=1) ---------------------
-def _infer_fmod(node):
-    a, b = node.inputs
-    if a.dtype != b.dtype:
-        raise ShapeError(f"operand dtypes differ: {a.dtype.name} vs {b.dtype.name}")
-    return [(a.dtype, broadcast(a.shape, b.shape))]
-
-
 def _g_fmod(node, dys):
     a, b = node.inputs
     dy = dys[0]
@@ -80,7 +72,7 @@ def _g_fmod(node, dys):
     return [reduce_sum_like(dy, a), reduce_sum_like(neg(mul(dy, trunc)), b)]
 
 
-register(OpDef("FMod", inputs=("x", "y"), infer=_infer_fmod, kernel=_k("fmod"), grad=_g_fmod,
+register(OpDef("FMod", inputs=("x", "y"), infer=_infer_binary, kernel=_k("fmod"), grad=_g_fmod,
                cost=elementwise_cost(2)))
 
 

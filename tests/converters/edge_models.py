@@ -37,25 +37,9 @@ def mlp(seed=0, softmax=True):
 
 
 def w2_cnn(seed=0):
-    """benchmarks/cnn.py's network (its inference half): conv5x5x32 SAME relu, max pool 2,
-    conv5x5x64 SAME relu, max pool 2, dense 1024 relu, dense 10."""
-    rng = np.random.default_rng(seed)
-    he = lambda *s: (rng.standard_normal(s) * np.sqrt(2.0 / np.prod(s[1:] if len(s) == 4 else s[:1]))  # noqa: E731
-                     ).astype(np.float32)
-    g = ism.Graph(seed=seed)
+    """benchmarks/cnn.py's network (its inference half, benchmarks/models.py), conv biases 0.01."""
+    g, x, logits = _load("bench_models", "benchmarks", "models.py").cnn_inference(seed=seed, conv_bias=0.01)
     with g.as_default():
-        x = ism.placeholder("float32", (1, 1, 28, 28), name="x")
-        v = {k: ism.Variable(a, name=k) for k, a in {
-            "c1w": he(32, 1, 5, 5), "c1b": np.full(32, 0.01, np.float32), "c2w": he(64, 32, 5, 5),
-            "c2b": np.full(64, 0.01, np.float32), "d1w": he(3136, 1024), "d1b": np.zeros(1024, np.float32),
-            "d2w": he(1024, 10), "d2b": np.zeros(10, np.float32)}.items()}
-        h = ism.relu(ism.bias_add(ism.conv2d(x, v["c1w"], padding="SAME"), v["c1b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.relu(ism.bias_add(ism.conv2d(h, v["c2w"], padding="SAME"), v["c2b"], axis=1))
-        h = ism.max_pool(h, 2, 2, "VALID")
-        h = ism.reshape(h, (-1, 7 * 7 * 64))
-        h = ism.relu(ism.bias_add(h @ v["d1w"], v["d1b"]))
-        logits = ism.bias_add(h @ v["d2w"], v["d2b"])
         sess = ism.Session(g)
         sess.run(ism.global_variables_initializer())
     return sess, x, logits

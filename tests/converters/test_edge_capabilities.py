@@ -18,7 +18,7 @@ from isthmus.partitioner.devices import EDGE, EDGE_DEVICE
 from isthmus.partitioner.partition import partition
 
 from benchmarks.models import mobilenet_v2
-from tests.converters.test_whole_models import cnn, encoder, mlp, mobilenet
+from tests.converters.test_whole_models import cnn, encoder, mlp, mobilenet, session_of
 
 
 def test_table_matches_the_kernel_registries():
@@ -54,16 +54,6 @@ def test_scalar_slope_prelu_exports_and_runs():
     np.testing.assert_allclose(got, np.where(xv > 0, xv, 0.25 * xv), rtol=1e-6)
 
 
-def _session_model(build, shape):
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        x = ism.placeholder("float32", shape, name="x")
-        y = build(x)
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
-    return sess, y
-
-
 def _lstm(x):
     from isthmus.core.rnn import LSTMCell, dynamic_rnn
     _, (c, h) = dynamic_rnn(LSTMCell(6, seed=1), x, return_outputs=False)
@@ -84,7 +74,7 @@ SESSION_MODELS = [("mlp", mlp, (2, 20)), ("cnn", cnn, (2, 3, 16, 16)), ("mobilen
 def _models():
     """(name, graph without variables, outputs) for every model below, native and through ONNX."""
     for name, build, shape in SESSION_MODELS:
-        sess, y = _session_model(build, shape)
+        sess, _, y = session_of(build, shape)
         frozen = freeze(sess, [y])
         yield name, frozen, [frozen.tensor(y.name)]
         if name == "odd_ops":
@@ -146,12 +136,7 @@ NEW_OPS = [  # (name, input shape, build(x) -> outputs): each edge kernel agains
 
 @pytest.mark.parametrize("name,shape,build", NEW_OPS, ids=[c[0] for c in NEW_OPS])
 def test_new_edge_kernels_match_the_core_kernels(name, shape, build):
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        x = ism.placeholder("float32", shape, name="x")
-        ys = build(x)
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
+    sess, x, ys = session_of(build, shape)
     xv = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     want = sess.run(ys, {x: xv})
     it = Interpreter(to_edge(sess, ys))

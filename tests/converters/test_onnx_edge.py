@@ -14,6 +14,7 @@ from isthmus.edge.writer import ModelWriter
 
 from isthmus.edge.loader import loads
 
+from ..split_models import adaptive_cnn
 from .edge_models import MODELS, _feeds, mlp
 from .edge_op_cases import CASES, model
 
@@ -106,23 +107,7 @@ def test_split_part_outputs_carry_the_wire_names(tmp_path):
     from isthmus.converters.split_export import export_split
     from isthmus.edge import Interpreter as EdgeInterpreter
     from isthmus.edge.split_model import load_split
-    from isthmus.partitioner.costmodel import CostModel
-    from isthmus.partitioner.devices import EDGE
-    from isthmus.wire.link import LinkModel
-    from isthmus.partitioner.plan import AdaptivePlanner
-    from isthmus.partitioner.problem import Constraints
-    import isthmus as ism
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        x = ism.placeholder("float32", (None, 3, 32, 32), name="x")
-        net = ism.nn.Sequential([ism.nn.Conv2D(16, 3, activation="relu"), ism.nn.MaxPool2D(2),
-                                 ism.nn.Conv2D(32, 3, activation="relu"), ism.nn.MaxPool2D(2),
-                                 ism.nn.Conv2D(8, 1, activation="relu"), ism.nn.GlobalAvgPool2D(), ism.nn.Dense(10)])
-        y = ism.softmax(net(x), name="y")
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
-    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 1e-3), edge=EDGE.scaled(100))
-    ap = AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=np.logspace(5, 10, 21))
+    sess, x, y, _, ap = adaptive_cnn()
     sp = export_split(sess, [y], ap)
     path = sp.save(str(tmp_path / "cnn.isth"))
     cut = next(c for c in sp.cuts if c.cloud_part and c.inputs != ["x:0"])

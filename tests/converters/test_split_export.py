@@ -13,28 +13,17 @@ from isthmus.wire.split_format import SPLIT_KEY
 from isthmus.edge import EdgeModelError, Interpreter, load
 from isthmus.edge.split_model import load_split
 from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE, EDGE_DEVICE
+from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
 from isthmus.wire.link import LinkModel
 from isthmus.partitioner.plan import AdaptivePlanner
 from isthmus.partitioner.problem import Constraints
 
-GRID = np.logspace(5, 10, 21)
+from ..split_models import GRID, adaptive_cnn
 
 
 @pytest.fixture(scope="module")
 def cnn():
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        x = ism.placeholder("float32", (None, 3, 32, 32), name="x")
-        net = ism.nn.Sequential([ism.nn.Conv2D(16, 3, activation="relu"), ism.nn.MaxPool2D(2),
-                                 ism.nn.Conv2D(32, 3, activation="relu"), ism.nn.MaxPool2D(2),
-                                 ism.nn.Conv2D(8, 1, activation="relu"), ism.nn.GlobalAvgPool2D(), ism.nn.Dense(10)])
-        y = ism.softmax(net(x), name="y")
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
-    # an edge 100x slower than the profile and a 1 ms round trip: the cut moves three times over the grid
-    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 1e-3), edge=EDGE.scaled(100))
-    ap = AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=GRID)
+    sess, x, y, cm, ap = adaptive_cnn()
     xs = np.random.default_rng(0).standard_normal((4, 1, 3, 32, 32)).astype(np.float32)
     return dict(sess=sess, x=x, y=y, ap=ap, cm=cm, xs=xs, ref=[sess.run(y, {x: v}) for v in xs])
 

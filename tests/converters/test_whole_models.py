@@ -55,6 +55,17 @@ def encoder(x, layers=2, d=16, heads=2):
     return ism.reduce_mean(h, 1)
 
 
+def session_of(build, shape):
+    """(sess, x, y): y = build(x) for a float32 placeholder "x" of shape, variables initialized."""
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", shape, name="x")
+        y = build(x)
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    return sess, x, y
+
+
 CASES = [("mlp", mlp, (2, 20), True), ("cnn", cnn, (2, 3, 16, 16), True),
          ("mobilenet", mobilenet, (1, 3, 32, 32), True), ("transformer", encoder, (2, 8, 16), False)]
 
@@ -62,12 +73,7 @@ CASES = [("mlp", mlp, (2, 20), True), ("cnn", cnn, (2, 3, 16, 16), True),
 @pytest.mark.parametrize("name,build,shape,on_edge", CASES, ids=[c[0] for c in CASES])
 def test_export_import_split_and_edge(name, build, shape, on_edge):
     rng = np.random.default_rng(0)
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        x = ism.placeholder("float32", shape, name="x")
-        y = build(x)
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
+    sess, x, y = session_of(build, shape)
     xv = rng.standard_normal(shape).astype(np.float32)
     want = sess.run(y, {x: xv})
     model = to_onnx(sess, [y])

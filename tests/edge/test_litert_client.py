@@ -6,7 +6,6 @@ import os
 import numpy as np
 import pytest
 
-import isthmus as ism
 from isthmus.cloud.offload import OffloadServer
 from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
 from isthmus.converters.split_export import export_split
@@ -14,34 +13,16 @@ from isthmus.converters.tflite_write import TFLiteExportError, split_to_tflite
 from isthmus.edge.litert_client import LiteRTOffloadClient, OffloadCallError, tflite_metadata
 from isthmus.edge import Interpreter
 from isthmus.edge.split_model import load_split
-from isthmus.partitioner.costmodel import CostModel
-from isthmus.partitioner.devices import EDGE
-from isthmus.wire.link import LinkModel
-from isthmus.partitioner.plan import AdaptivePlanner
-from isthmus.partitioner.problem import Constraints
+
+from ..split_models import adaptive_cnn
 
 pytest.importorskip("ai_edge_litert.interpreter")
-GRID = np.logspace(5, 10, 21)
-
-
-def _cnn():
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        x = ism.placeholder("float32", (None, 3, 32, 32), name="x")
-        net = ism.nn.Sequential([ism.nn.Conv2D(16, 3, activation="relu"), ism.nn.MaxPool2D(2),
-                                 ism.nn.Conv2D(32, 3, activation="relu"), ism.nn.MaxPool2D(2),
-                                 ism.nn.Conv2D(8, 1, activation="relu"), ism.nn.GlobalAvgPool2D(), ism.nn.Dense(10)])
-        y = ism.softmax(net(x), name="y")
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
-    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 1e-3), edge=EDGE.scaled(100))
-    return sess, x, y, AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=GRID)
 
 
 @pytest.fixture(scope="module", params=["fp32", "int8"])
 def split(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("litert")
-    sess, x, y, ap = _cnn()
+    sess, x, y, _, ap = adaptive_cnn()
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((3, 1, 3, 32, 32)).astype(np.float32)
     int8 = request.param == "int8"

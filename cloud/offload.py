@@ -168,7 +168,7 @@ def decode_inputs(svc: OffloadService, request) -> dict:
 
 
 def _varint(n: int) -> bytes:
-    return _SMALL_VARINTS[n] if n < 128 else recv_layout._varint(n)
+    return _SMALL_VARINTS[n] if n < 128 else recv_layout.varint(n)
 
 
 _SMALL_VARINTS = [bytes((i,)) for i in range(128)]
@@ -193,7 +193,7 @@ def response_bytes(request_id: str, res: InferResult, outputs) -> bytes:
         tensor_len = len(head) + len(content) + n
         name_b = name.encode("utf-8")
         named = b"".join((b"\x0a", _varint(len(name_b)), name_b, b"\x12", _varint(tensor_len), head, content))
-        parts += [b"\x0a", _varint(len(named) + n), named, recv_layout._payload(v)]
+        parts += [b"\x0a", _varint(len(named) + n), named, recv_layout.payload(v)]
     parts.append(offload_pb2.InferResponse(request_id=request_id, queue_ms=res.queue_ms, compute_ms=res.compute_ms,
                                            batch_size=res.batch_size).SerializeToString())
     return b"".join(parts)

@@ -261,11 +261,11 @@ class WorkerClient:
             head = self._heads[key] = worker_pb2.RecvTensorRequest(
                 src_device=key[0], dst_device=key[1], tensor=key[2]).SerializeToString()
         step = int(step_id)
-        tail = b"\x20" + recv_layout._varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
+        tail = b"\x20" + recv_layout.varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
         out = head + tail + (_DOUBLE_5.pack(0x29, timeout_s) if timeout_s else b"")
         if self.shm_host:  # field 6, shm_host (protobuf writes fields in number order: after 5)
             h = self.shm_host.encode("ascii")
-            out += b"\x32" + recv_layout._varint(len(h)) + h
+            out += b"\x32" + recv_layout.varint(len(h)) + h
         return out
 
     def _finish_recv(self, req: bytes, key, kind: str, call, t: float, step_id: int) -> np.ndarray:
@@ -308,7 +308,7 @@ class WorkerClient:
             if self.shm_failures >= _SHM_FAILURES_KEPT:
                 self.shm_host = ""
         req = self.recv_request(key, step_id, t)
-        req += b"\x3a" + recv_layout._varint(len(name)) + name.encode("ascii")   # field 7, shm_failed
+        req += b"\x3a" + recv_layout.varint(len(name)) + name.encode("ascii")   # field 7, shm_failed
         data = self._recv(req, timeout=t + _RECV_SLACK_S)
         dtype, shape, content, streamed = recv_layout.read_response(data)
         d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)

@@ -127,6 +127,7 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
     from isthmus.converters.split_export import export_split
     from isthmus.core.passes import freeze
+    from isthmus.edge import cut_for
     from isthmus.partitioner import AdaptivePlanner, plan_split
     from isthmus.partitioner.costmodel import CostModel
     from isthmus.partitioner.devices import CLOUD, EDGE
@@ -155,7 +156,7 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
         save_cloud_parts(files["cloud"], [cloud_part(sp.graph, i, o, n) for n, i, o in sigs], model=m.name)
     elif os.path.exists(files["cloud"]):
         os.remove(files["cloud"])
-    chosen = next((c for c in sp.cuts if c.min_bandwidth_bps <= link.up_bandwidth_bps < c.max_bandwidth_bps), sp.cuts[-1])
+    chosen = sp.cuts[cut_for(sp.cuts, link.up_bandwidth_bps)]
     graph_svg(at_link, files["svg"])
     predicted = {"split": at_link.total, **{k: b.total for k, b in at_link.baselines.items()}}
     plan = {"model": m.source, "int8": int8, "link": str(link), "edge_profile": edge.name,
@@ -167,7 +168,7 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     dep = Deployment(out_dir, files["edge"], files["cloud"] if sigs else None, files["json"], files["svg"],
                      files["report"], "", chosen.name, predicted)
     if int8:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
-        from isthmus.edge.split_model import load_split
+        from isthmus.edge import load_split
         from .cmd_quantize import measure_drift
         dep.drift = measure_drift(load_split(files["edge"]).full, sess, m, feeds)
     dep.seconds = time.perf_counter() - t0

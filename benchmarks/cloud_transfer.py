@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 
-from isthmus.cloud import wire
+from isthmus.cloud import recv_layout
 
 SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "64MiB": 64 << 20}
 REPS = {"4KiB": 300, "1MiB": 100, "16MiB": 30, "64MiB": 8}
@@ -91,9 +91,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
-    p.add_argument("--inline-kib", type=int, default=wire.DEFAULT_INLINE_BYTES >> 10,
+    p.add_argument("--inline-kib", type=int, default=recv_layout.DEFAULT_INLINE_BYTES >> 10,
                    help="tensors above this stream (default %(default)s, the Worker's default)")
-    p.add_argument("--chunk-kib", type=int, default=wire.DEFAULT_CHUNK_BYTES >> 10,
+    p.add_argument("--chunk-kib", type=int, default=recv_layout.DEFAULT_CHUNK_BYTES >> 10,
                    help="streamed chunk size (default %(default)s, the Worker's default)")
     p.add_argument("--shm-min-kib", type=int, default=shm.DEFAULT_MIN_BYTES >> 10,
                    help="tensors of at least this go through shared memory (default %(default)s, the Worker's)")

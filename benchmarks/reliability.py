@@ -213,15 +213,15 @@ def _run_tensorproto(data: bytes) -> bool:
 
 
 def _seeds_wire():
-    from isthmus.cloud.wire import WireTensor
+    from isthmus.cloud.recv_layout import WireTensor
     return [bytes(WireTensor(a).inline) for a in _seed_arrays()]
 
 
 def _run_wire(data: bytes) -> bool:
-    from isthmus.cloud import wire
+    from isthmus.cloud import recv_layout
     from isthmus.wire.tensor_codec import TensorCodecError
     try:
-        arr = wire.response_array(data, max_bytes=64 << 20)
+        arr = recv_layout.response_array(data, max_bytes=64 << 20)
     except TensorCodecError:
         return False
     arr.sum()
@@ -231,7 +231,7 @@ def _run_wire(data: bytes) -> bool:
 def _seeds_chunks():
     """A chunked stream as one input: each TensorChunk message behind a 4-byte length."""
     import struct
-    from isthmus.cloud.wire import WireTensor
+    from isthmus.cloud.recv_layout import WireTensor
     out = []
     for a in _seed_arrays()[:3]:
         wt = WireTensor(a, inline_bytes=0, chunk_bytes=16)
@@ -241,7 +241,7 @@ def _seeds_chunks():
 
 def _run_chunks(data: bytes) -> bool:
     import struct
-    from isthmus.cloud import wire
+    from isthmus.cloud import recv_layout
     from isthmus.wire.tensor_codec import TensorCodecError
     chunks, pos = [], 0
     while pos + 4 <= len(data):
@@ -249,7 +249,7 @@ def _run_chunks(data: bytes) -> bool:
         chunks.append(data[pos + 4:pos + 4 + n])
         pos += 4 + n
     try:
-        arr = wire.chunks_array(chunks, max_bytes=64 << 20)
+        arr = recv_layout.chunks_array(chunks, max_bytes=64 << 20)
     except TensorCodecError:
         return False
     arr.sum()

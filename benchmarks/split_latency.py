@@ -174,13 +174,14 @@ def _client(model_path, address, bps, cut_bps, link=None):
 def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
     """Per cloud cut: the median of (time in the remote call - the service's compute) with the link
     emulated at zero delay: the RPC stack, the encoding and the service's queue."""
+    from isthmus.edge import mid_bandwidth_bps
     from isthmus.edge.link_emulation import EmulatedLink
     out = {}
     with _one_blas_thread():
         for c in cuts:
             if not c.cloud_part:
                 continue
-            mid = (c.min_bandwidth_bps + min(c.max_bandwidth_bps, 1e10)) / 2
+            mid = mid_bandwidth_bps(c)
             with _client(model_path, address, mid, mid, link=EmulatedLink(1e15, 0.0)) as cl:
                 vals = []
                 for i in range(n + 3):
@@ -189,14 +190,6 @@ def call_overhead(model_path, address, cuts, image, n: int = 15) -> dict:
                         vals.append(cl.last["remote_s"] - cl.last["server_compute_s"])
             out[c.name] = float(np.median(vals))
     return out
-
-
-def _cut_of(cuts, bps: float) -> str:
-    """The cut a client on a link of `bps` runs (the one whose bandwidth range holds it)."""
-    for c in cuts:
-        if c.min_bandwidth_bps <= bps < c.max_bandwidth_bps:
-            return c.name
-    return cuts[-1].name
 
 
 def measure_link(model_path, address, bps, cut_bps: dict, n: int, image, blocks: int = 6,
@@ -243,7 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=21, help="timed requests per mode and link (medians)")
     p.add_argument("--res", type=int, default=224)
     args = p.parse_args(argv)
-    from isthmus.edge.split_model import load_split
+    from isthmus.edge import cut_for, load_split, mid_bandwidth_bps
     from isthmus.partitioner import LinkModel, plan_split
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
@@ -267,7 +260,6 @@ def main(argv=None) -> int:
             cuts = load_split(model_path).cuts
             edge_k = next((k for k, c in enumerate(cuts) if not c.cloud_part), None)
             cloud_k = next((k for k, c in enumerate(cuts) if c.inputs == [xname]), None)
-            mid = (lambda k: (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2)
             rows = []
             for mbps in LINKS_MBPS:
                 bps = mbps * 1e6
@@ -286,14 +278,14 @@ def main(argv=None) -> int:
                     "split": round(at_reg.problem.total(at_reg.problem.assignment(chosen.placement)) * 1e3, 2)}}
                 modes = {"split": bps}
                 if edge_k is not None:
-                    modes["edge_only"] = mid(edge_k)
+                    modes["edge_only"] = mid_bandwidth_bps(cuts[edge_k])
                 if cloud_k is not None:
-                    modes["cloud_only"] = mid(cloud_k)
+                    modes["cloud_only"] = mid_bandwidth_bps(cuts[cloud_k])
                 # modes whose bandwidth picks the same cut run the same configuration: it is measured
                 # once (with their requests pooled), not twice to compare noise with itself
                 same = {}
                 for k, b in modes.items():
-                    same.setdefault(_cut_of(cuts, b), []).append(k)
+                    same.setdefault(cuts[cut_for(cuts, b)].name, []).append(k)
                 distinct = {ks[0]: modes[ks[0]] for ks in same.values()}
                 meas = measure_link(model_path, address, bps, distinct, args.requests, image,
                                     weights={ks[0]: len(ks) for ks in same.values()})

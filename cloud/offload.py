@@ -85,7 +85,7 @@ from ..core.trace import NodeEvent, RunMetadata
 from ..proto import offload_pb2, tensor_pb2
 from ..wire import tensor_codec
 from ..wire.security import SecurityError, make_channel
-from . import tracing, wire
+from . import recv_layout, tracing
 from .server import safe_bind_host, security_from_args, start_grpc_server
 from .offload_batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_QUEUE,  # noqa: F401
                                DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, Cancelled, DeadlineExceeded,  # noqa: F401
@@ -168,7 +168,7 @@ def decode_inputs(svc: OffloadService, request) -> dict:
 
 
 def _varint(n: int) -> bytes:
-    return _SMALL_VARINTS[n] if n < 128 else wire._varint(n)
+    return _SMALL_VARINTS[n] if n < 128 else recv_layout.varint(n)
 
 
 _SMALL_VARINTS = [bytes((i,)) for i in range(128)]
@@ -193,7 +193,7 @@ def response_bytes(request_id: str, res: InferResult, outputs) -> bytes:
         tensor_len = len(head) + len(content) + n
         name_b = name.encode("utf-8")
         named = b"".join((b"\x0a", _varint(len(name_b)), name_b, b"\x12", _varint(tensor_len), head, content))
-        parts += [b"\x0a", _varint(len(named) + n), named, wire._payload(v)]
+        parts += [b"\x0a", _varint(len(named) + n), named, recv_layout.payload(v)]
     parts.append(offload_pb2.InferResponse(request_id=request_id, queue_ms=res.queue_ms, compute_ms=res.compute_ms,
                                            batch_size=res.batch_size).SerializeToString())
     return b"".join(parts)

@@ -1,7 +1,7 @@
 """gRPC over the Worker (proto/worker.proto): a thin servicer and a client.
 
 The servicer decodes, calls the in-process Worker, encodes. RecvTensor answers with the
-bytes the Send laid out (cloud/wire.py): one message when the tensor is small; a bigger
+bytes the Send laid out (cloud/recv_layout.py): one message when the tensor is small; a bigger
 one answers `streamed` and its chunks follow on RecvTensorStream (a client that saw a key
 stream asks for the stream at once the next time). A caller on the same host offers its
 host identity and may be answered with a shared-memory segment's name instead of the
@@ -24,7 +24,7 @@ from ..core.trace import RunMetadata
 from ..proto import worker_pb2
 from ..wire import tensor_codec
 from ..wire.security import ClientSecurity, make_channel
-from . import graph_codec, shm, tracing, wire
+from . import graph_codec, recv_layout, shm, tracing
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
 from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits
 from .rendezvous import show
@@ -91,7 +91,7 @@ class WorkerServicer:
                     wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
                                                  request.step_id, t, request.shm_host, request.shm_failed)
                     if isinstance(wt, shm.Segment):
-                        return wire.shm_response(wt)
+                        return recv_layout.shm_response(wt)
                 else:
                     if self.worker.shm is not None:  # a caller that stopped offering: lay its values out for gRPC
                         self.worker.shm.peers.discard(request.dst_device)
@@ -188,7 +188,7 @@ class WorkerClient:
         self.shm_failures = 0                               # segments named to us that we could not read
         self.shm_reads = 0                                  # tensors received through shared memory
         self._recv_stream = ch.unary_stream(f"/{SERVICE}/RecvTensorStream", request_serializer=None,
-                                            response_deserializer=wire.read_chunk)
+                                            response_deserializer=recv_layout.read_chunk)
 
     def _error(self, rpc: str, e: grpc.RpcError) -> BaseException:
         return from_rpc_error(e, rpc, self.name, self.address)
@@ -261,24 +261,24 @@ class WorkerClient:
             head = self._heads[key] = worker_pb2.RecvTensorRequest(
                 src_device=key[0], dst_device=key[1], tensor=key[2]).SerializeToString()
         step = int(step_id)
-        tail = b"\x20" + wire._varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
+        tail = b"\x20" + recv_layout.varint(step & 0xFFFFFFFFFFFFFFFF) if step else b""
         out = head + tail + (_DOUBLE_5.pack(0x29, timeout_s) if timeout_s else b"")
         if self.shm_host:  # field 6, shm_host (protobuf writes fields in number order: after 5)
             h = self.shm_host.encode("ascii")
-            out += b"\x32" + wire._varint(len(h)) + h
+            out += b"\x32" + recv_layout.varint(len(h)) + h
         return out
 
     def _finish_recv(self, req: bytes, key, kind: str, call, t: float, step_id: int) -> np.ndarray:
         try:
             if kind == "stream":
-                arr = wire.chunks_array(call, self.max_tensor_bytes)
+                arr = recv_layout.chunks_array(call, self.max_tensor_bytes)
                 if arr.nbytes < _UNARY_BELOW_BYTES:  # small now: a unary call next time
                     self._streamed.pop(key, None)
                 return arr
             data = call.result() if kind == "unary" else self._recv(req, timeout=t + _RECV_SLACK_S)
-            dtype, shape, content, streamed = wire.read_response(data)
+            dtype, shape, content, streamed = recv_layout.read_response(data)
             if not streamed and len(content) == 0:   # no bytes: maybe a segment's name instead
-                named = wire.read_shm(data)
+                named = recv_layout.read_shm(data)
                 if named is not None:
                     return self._read_shared(named, dtype, shape, key, step_id, t)
             d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)
@@ -288,7 +288,7 @@ class WorkerClient:
                 self._streamed.clear()
             self._streamed[key] = True
             again = self.recv_request(key, step_id, 1.0)  # the value is there already
-            return wire.chunks_array(self._recv_stream(again, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
+            return recv_layout.chunks_array(self._recv_stream(again, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
                                      expect=(dtype, shape))
         except grpc.RpcError as e:
             raise self._error("RecvTensor", e) from None
@@ -308,14 +308,14 @@ class WorkerClient:
             if self.shm_failures >= _SHM_FAILURES_KEPT:
                 self.shm_host = ""
         req = self.recv_request(key, step_id, t)
-        req += b"\x3a" + wire._varint(len(name)) + name.encode("ascii")   # field 7, shm_failed
+        req += b"\x3a" + recv_layout.varint(len(name)) + name.encode("ascii")   # field 7, shm_failed
         data = self._recv(req, timeout=t + _RECV_SLACK_S)
-        dtype, shape, content, streamed = wire.read_response(data)
+        dtype, shape, content, streamed = recv_layout.read_response(data)
         d, shp, nbytes = tensor_codec.check_header(dtype, shape, self.max_tensor_bytes)
         if not streamed:
             return tensor_codec.from_bytes(content, d, shp, nbytes)
         again = self.recv_request(key, step_id, 1.0)
-        return wire.chunks_array(self._recv_stream(again, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
+        return recv_layout.chunks_array(self._recv_stream(again, timeout=t + _RECV_SLACK_S), self.max_tensor_bytes,
                                  expect=(dtype, shape))
 
     def abort_step(self, step_id: int, error: BaseException, timeout: Optional[float] = None) -> None:

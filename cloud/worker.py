@@ -27,7 +27,7 @@ from ..core.rendezvous import RendezvousAborted
 from ..core.session import Session
 from ..core.trace import RunMetadata, RunOptions
 from ..wire import tensor_codec
-from . import graph_codec, shm, wire
+from . import graph_codec, recv_layout, shm
 from .errors import HandleNotFound, WorkerError
 from .rendezvous import DEFAULT_RECV_TIMEOUT_S, Key, PartRendezvous, StepRendezvous, show
 
@@ -104,7 +104,7 @@ class Worker:
     `peers(device) -> Worker | WorkerClient` finds the task holding a device other than
     this task's own, for Recvs whose Send ran there. With `wire=True` (a task served over
     gRPC) a value sent to another task is laid out as its RecvTensor messages when the Send
-    runs, so serving it copies nothing more (cloud/wire.py); when the destination's task
+    runs, so serving it copies nothing more (cloud/recv_layout.py); when the destination's task
     has shown it shares this host's /dev/shm, a value of at least `shm_min_bytes` is
     written into a shared-memory segment instead (cloud/shm.py). `shm_enabled`: None
     follows $ISTHMUS_SHM (on unless 0); False turns it off.
@@ -113,7 +113,7 @@ class Worker:
     def __init__(self, task: str = "/job:worker/task:0", devices: Optional[Sequence[str]] = None,
                  peers: Optional[Callable[[str], Any]] = None, recv_timeout: float = DEFAULT_RECV_TIMEOUT_S,
                  max_tensor_bytes: int = tensor_codec.DEFAULT_MAX_BYTES, wire: bool = False,
-                 inline_bytes: int = wire.DEFAULT_INLINE_BYTES, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+                 inline_bytes: int = recv_layout.DEFAULT_INLINE_BYTES, chunk_bytes: int = recv_layout.DEFAULT_CHUNK_BYTES,
                  shm_enabled: Optional[bool] = None, shm_min_bytes: int = shm.DEFAULT_MIN_BYTES,
                  shm_lease_s: float = shm.DEFAULT_LEASE_S):
         self.task = canonical(task)
@@ -265,7 +265,7 @@ class Worker:
                 return shm.Segment(value, self.max_tensor_bytes)
             except (OSError, ValueError):  # /dev/shm full or gone: the bytes travel by gRPC
                 pass
-        return wire.WireTensor(value, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+        return recv_layout.WireTensor(value, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
 
     def recv_tensor(self, src_device: str, dst_device: str, tensor: str, step_id: int,
                     timeout: Optional[float] = None) -> np.ndarray:
@@ -273,17 +273,17 @@ class Worker:
         v = self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
         if isinstance(v, shm.Segment):
             return self._unshare(v)
-        return v.to_array() if isinstance(v, wire.WireTensor) else v
+        return v.to_array() if isinstance(v, recv_layout.WireTensor) else v
 
     def recv_wire(self, src_device: str, dst_device: str, tensor: str, step_id: int,
-                  timeout: Optional[float] = None) -> wire.WireTensor:
+                  timeout: Optional[float] = None) -> recv_layout.WireTensor:
         """Like recv_tensor, as the messages that carry it (what the gRPC servicer sends)."""
         v = self.table.take((src_device, dst_device, tensor, int(step_id)), timeout)
-        if isinstance(v, wire.WireTensor):
+        if isinstance(v, recv_layout.WireTensor):
             return v
         if isinstance(v, shm.Segment):
             v = self._unshare(v)
-        return wire.WireTensor(v, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+        return recv_layout.WireTensor(v, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
 
     @staticmethod
     def _unshare(seg: "shm.Segment") -> np.ndarray:
@@ -294,7 +294,7 @@ class Worker:
 
     def recv_shared(self, src_device: str, dst_device: str, tensor: str, step_id: int,
                     timeout: Optional[float] = None, shm_host: str = "",
-                    shm_failed: str = "") -> Union[wire.WireTensor, "shm.Segment"]:
+                    shm_failed: str = "") -> Union[recv_layout.WireTensor, "shm.Segment"]:
         """What the RecvTensor servicer answers with: a shared-memory segment lent to the
         caller when it offered this host's identity (`shm_host`) and the value is big enough,
         else the value's messages. `shm_failed`: a segment lent before that the caller could
@@ -304,7 +304,7 @@ class Worker:
             seg = self.shm.reclaim(shm_failed, key) if self.shm is not None else None
             if seg is None:
                 raise WorkerError(f"{self.task}: no shared-memory segment {shm_failed!r} was lent for {show(key)}")
-            return wire.WireTensor(self._unshare(seg), self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
+            return recv_layout.WireTensor(self._unshare(seg), self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
         lender = self.shm
         if lender is None or not shm_host or not lender.accepts(shm_host):
             if lender is not None:   # that device's task is elsewhere now (restarted on another host)
@@ -314,7 +314,7 @@ class Worker:
         v = self.table.take(key, timeout)
         if not isinstance(v, shm.Segment) and getattr(v, "nbytes", 0) >= lender.min_bytes:
             try:  # laid out before this caller offered: into a segment now
-                v = shm.Segment(v.to_array() if isinstance(v, wire.WireTensor) else v, self.max_tensor_bytes)
+                v = shm.Segment(v.to_array() if isinstance(v, recv_layout.WireTensor) else v, self.max_tensor_bytes)
             except (OSError, ValueError):
                 pass
         if isinstance(v, shm.Segment):
@@ -323,7 +323,7 @@ class Worker:
                 return v
             except OSError:
                 v = self._unshare(v)
-        return v if isinstance(v, wire.WireTensor) else wire.WireTensor(
+        return v if isinstance(v, recv_layout.WireTensor) else recv_layout.WireTensor(
             v, self.inline_bytes, self.chunk_bytes, self.max_tensor_bytes)
 
     def put_back(self, src_device: str, dst_device: str, tensor: str, step_id: int, value: Any) -> None:

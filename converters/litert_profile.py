@@ -40,7 +40,7 @@ def _case_graph(op: str, inputs: List[np.ndarray], build):
         if i >= first_const:
             ins.append(g.add_node("Const", (), {"value": a}, name=f"w{i}").outputs[0])
         else:
-            t = cal._placeholder(g, a.dtype, a.shape, f"in{i}")
+            t = cal.placeholder_in(g, a.dtype, a.shape, f"in{i}")
             ins.append(t)
             live.append(t)
             values.append(a)

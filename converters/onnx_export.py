@@ -12,6 +12,7 @@ import numpy as np
 from isthmus.core import dtypes as _dt
 from isthmus.core.errors import GraphError
 from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.core.ops.array import squeeze_axes
 
 OPSET = 17
 IR_VERSION = 10
@@ -252,8 +253,7 @@ def _unsqueeze(c, n, ins, outs):
 
 @handler("Squeeze")
 def _squeeze(c, n, ins, outs):
-    from isthmus.core.ops.array import _squeeze_axes
-    c.node("Squeeze", [ins[0], c.const(np.array(_squeeze_axes(n), np.int64))], outs)
+    c.node("Squeeze", [ins[0], c.const(np.array(squeeze_axes(n), np.int64))], outs)
 
 
 @handler("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 import isthmus.core as ism
+from isthmus.core.ops.arange import range_values
 
 from .onnx_import import _attrs
 
@@ -90,12 +91,6 @@ def _reshape(node, vals):
     return x.reshape(shape)
 
 
-def _range(start, limit, delta):
-    from isthmus.core.ops.arange import _count
-    start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
-    return (np.arange(_count(start, limit, delta), dtype=start.dtype) * delta + start).astype(start.dtype)
-
-
 def _reduce(f, node, vals):
     at = _attrs(node)
     axes = _axes(node, vals)
@@ -121,7 +116,7 @@ _FOLD: Dict[str, Callable] = {
     "Min": lambda n, v: np.minimum.reduce(v) if len(v) > 1 else v[0],
     "Concat": lambda n, v: np.concatenate(v, axis=_attrs(n)["axis"]),
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice, "Cast": _cast,
-    "Reshape": _reshape, "Range": lambda n, v: _range(*v),
+    "Reshape": _reshape, "Range": lambda n, v: range_values(*v),
     "ReduceProd": lambda n, v: _reduce(np.prod, n, v), "ReduceSum": lambda n, v: _reduce(np.sum, n, v),
     "ReduceMax": lambda n, v: _reduce(np.max, n, v), "ReduceMin": lambda n, v: _reduce(np.min, n, v),
 }

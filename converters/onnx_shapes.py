@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import isthmus.core as ism
+from isthmus.core.ops.arange import arange, range_values
 from isthmus.core.ops.pad_dynamic import pad_dynamic
 
 from .onnx_import import ImportError_, _attrs, _s, handler, refuse_unless
@@ -247,11 +248,8 @@ def _const_of_shape(c, node, ins):
 
 @handler("Range", 11, attrs=("stash_type",))
 def _range(c, node, ins):
-    from isthmus.core.ops.arange import _count, arange
     if all(n in c.consts for n in node.input):  # known at import: a constant
-        start, limit, delta = (np.asarray(c.consts[n]).reshape(()) for n in node.input)
-        n = _count(start, limit, delta)
-        arr = (np.arange(n, dtype=start.dtype) * delta + start).astype(start.dtype)
+        arr = range_values(*(c.consts[n] for n in node.input))
         c.consts[node.output[0]] = arr
         return [ism.constant(arr, dtype=arr.dtype)]
     return [arange(*(ism.reshape(t, ()) if t.shape != () else t for t in ins))]

@@ -2,6 +2,7 @@
 plan one memory arena, invoke. Imports numpy and flatbuffers only: never the graph machinery."""
 from .format import EdgeModelError
 from .loader import EdgeModel, load, loads
+from .split_model import Cut, SplitModel, cut_for, load_split, mid_bandwidth_bps
 
 
 def __getattr__(name):
@@ -14,4 +15,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'isthmus.edge' has no attribute '{name}'")
 
 
-__all__ = ["EdgeModelError", "EdgeModel", "load", "loads", "Interpreter", "ModelWriter"]
+__all__ = ["EdgeModelError", "EdgeModel", "load", "loads", "Cut", "SplitModel", "cut_for", "load_split",
+           "mid_bandwidth_bps", "Interpreter", "ModelWriter"]

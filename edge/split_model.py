@@ -46,11 +46,19 @@ class SplitModel:
 
 
 def cut_for(cuts: Sequence[Cut], bandwidth_bps: float) -> int:
-    """The index of the cut whose uplink range holds `bandwidth_bps` (the last one above them all)."""
+    """The index of the cut whose uplink range holds `bandwidth_bps` (the last one above them all).
+    The one rule for which cut a measured bandwidth picks: the client, the CLI's deploy and the
+    demo all call it. `cuts` are contiguous ranges from 0 up (a split file's, or export_split's)."""
     for k, c in enumerate(cuts):
         if bandwidth_bps < c.max_bandwidth_bps:
             return k
     return len(cuts) - 1
+
+
+def mid_bandwidth_bps(cut: Cut) -> float:
+    """A bandwidth inside the cut's uplink range (its middle, an open top taken as 10 Gbit/s):
+    given it as its starting estimate, a client starts on that cut."""
+    return (cut.min_bandwidth_bps + min(cut.max_bandwidth_bps, 1e10)) / 2
 
 
 def _check(cond: bool, what: str) -> None:

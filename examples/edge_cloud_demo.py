@@ -131,9 +131,8 @@ def calibrate_devices(args, frozen, logits, train_data):
     (CPU time x the emulated slowdown) and shared among the nodes it runs (profile-guided, see
     partitioner/measured.py). The edge profile (the cloud's scaled by the slowdown times how much
     more CPU the int8 interpreter takes on this whole model) prices anything they do not cover."""
-    from isthmus.edge import Interpreter
+    from isthmus.edge import Interpreter, load_split
     from isthmus.edge.link_emulation import emulated_kernel_seconds
-    from isthmus.edge.split_model import load_split
     from isthmus.partitioner import CostModel, LinkModel, plan_split
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
@@ -173,15 +172,15 @@ def calibrate_devices(args, frozen, logits, train_data):
 def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
     """The service's fixed cost per call (RPC stack, encoding, its queue): the time in the remote call
     less the service's compute, with the link emulated at no delay. 0 when no cut has a cloud part."""
+    from isthmus.edge import cut_for, load_split, mid_bandwidth_bps
     from isthmus.edge.link_emulation import EmulatedLink
     from isthmus.edge.offload_client import OffloadClient
-    from isthmus.edge.split_model import load_split
     cuts = load_split(model_path).cuts
-    k = next((k for k, c in enumerate(cuts) if c.cloud_part and c.min_bandwidth_bps <= cut_bps < c.max_bandwidth_bps), None)
-    k = k if k is not None else next((k for k, c in enumerate(cuts) if c.cloud_part), None)
+    k = cut_for(cuts, cut_bps)
+    k = k if cuts[k].cloud_part else next((k for k, c in enumerate(cuts) if c.cloud_part), None)
     if k is None:
         return 0.0
-    mid = (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2
+    mid = mid_bandwidth_bps(cuts[k])
     vals = []
     with OffloadClient(model_path, address, link=EmulatedLink(1e15, 0.0), deadline_ms=5000, adapt=False,
                        initial_bandwidth_bps=mid, ping_every=10 ** 6) as client:
@@ -264,9 +263,9 @@ class offload_service:
 
 
 def run_client(args, model_path, address, test_data, link, chosen):
+    from isthmus.edge import load_split, mid_bandwidth_bps
     from isthmus.edge.link_emulation import EmulatedLink
     from isthmus.edge.offload_client import OffloadClient
-    from isthmus.edge.split_model import load_split
     cuts = load_split(model_path).cuts
     emu = EmulatedLink(link.up_bandwidth_bps, link.rtt_s)
     bps = link.up_bandwidth_bps
@@ -294,7 +293,7 @@ def run_client(args, model_path, address, test_data, link, chosen):
         if k is None:
             results[name] = None
             continue
-        mid = (cuts[k].min_bandwidth_bps + min(cuts[k].max_bandwidth_bps, 1e10)) / 2
+        mid = mid_bandwidth_bps(cuts[k])
         with OffloadClient(model_path, address, link=emu, deadline_ms=2000, adapt=False, initial_bandwidth_bps=mid,
                            edge_slowdown=args.edge_slowdown) as client:
             rows = []

@@ -81,7 +81,8 @@ def _data(rng, shape, dtype=np.float32) -> np.ndarray:
     return rng.uniform(0.5, 2.0, shape).astype(dtype)  # positive: log, sqrt and pow are defined
 
 
-def _placeholder(g: Graph, dtype, shape, name: str):
+def placeholder_in(g: Graph, dtype, shape, name: str):
+    """A Placeholder of `dtype` and `shape` in `g` (the one-node calibration graphs; litert_profile's too)."""
     # g.add_node, not ops.placeholder(graph=g): an empty Graph is falsy (it has __len__)
     return g.add_node("Placeholder", (), {"dtype": np.dtype(dtype), "shape": tuple(shape)}, name=name).outputs[0]
 
@@ -131,7 +132,7 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
     for dtype in (np.float32, np.bool_):  # the first dtype the op accepts, and whose kernel runs on it
         try:  # shape inference may accept 1-D inputs that the kernel cannot run (AvgPoolGrad): run it once
             g = Graph()
-            phs = [_placeholder(g, dtype, (4,), f"in{i}") for i in range(arity)]
+            phs = [placeholder_in(g, dtype, (4,), f"in{i}") for i in range(arity)]
             node = _node(op)(g, phs)
             Session(g, parallel=False, optimize=False).run(node.outputs[0],
                                                            {p: _data(rng, (4,), dtype) for p in phs})
@@ -225,7 +226,7 @@ def measure(ops: Optional[Sequence[str]] = None, level: str = "full", budget_s: 
 
 def _build_case(op: str, inputs: List[np.ndarray], build: Callable):
     g = Graph(seed=0)
-    phs = [_placeholder(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
+    phs = [placeholder_in(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
     node = build(g, phs)
     sess = Session(g, parallel=False, optimize=False)
     feed = dict(zip(phs, inputs))

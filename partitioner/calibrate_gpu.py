@@ -18,7 +18,7 @@ import numpy as np
 from ..core import gpu, registry
 from ..core.graph import Graph
 from ..core.session import Session
-from .calibrate import Sample, _placeholder, cases, fit, fit_coeffs
+from .calibrate import Sample, cases, fit, fit_coeffs, placeholder_in
 from .costmodel import cost_key, op_cost
 from .devices import DeviceProfile
 
@@ -27,7 +27,7 @@ COPY_SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 24)
 
 def _gpu_case(op: str, inputs, build, device, backend: str):
     g = Graph(seed=0)
-    phs = [_placeholder(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
+    phs = [placeholder_in(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
     node = build(g, phs)
     sess = Session(g, parallel=False, optimize=False, device="gpu", gpu=backend)
     feed = dict(zip(phs, inputs))

@@ -1,4 +1,4 @@
-"""DESIGN.md's import arrows, checked by reading the imports (STYLE.md habit 13)."""
+"""DESIGN.md's import arrows, checked by reading the imports (STYLE.md habit 13), and no private name used across folders."""
 import ast
 import pathlib
 import os
@@ -105,6 +105,51 @@ def test_no_import_by_name_around_the_layering(folder):
             if target != folder and target not in ALLOWED[folder] and (path.relative_to(ROOT).as_posix(), mod) not in KNOWN_BY_NAME:
                 bad.append(f"{path.relative_to(ROOT)} names {mod}")
     assert not bad, "modules named against DESIGN.md's direction:\n" + "\n".join(bad)
+
+
+def _private_names_from_other_folders(path: pathlib.Path, folder: str, text=None):
+    """`from isthmus.<other folder>.m import _name`, and `m._name` where m was imported from another
+    folder: a private name used across folders (give it a public name where it lives)."""
+    tree = ast.parse(path.read_text() if text is None else text, str(path))
+    pkg = ["isthmus"] + list(path.relative_to(ROOT).parent.parts)
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = (pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else [])) if node.level \
+                else (node.module or "").split(".")
+            mod = ".".join(mod).split(".")
+            if mod[0] != "isthmus" or len(mod) < 2 or mod[1] == folder:
+                continue
+            for a in node.names:
+                is_module = (ROOT.joinpath(*mod[1:], a.name + ".py").is_file()
+                             or ROOT.joinpath(*mod[1:], a.name).is_dir())
+                if a.name.startswith("_") and not a.name.startswith("__") and not is_module:
+                    yield f"{path.relative_to(ROOT)}:{node.lineno} imports {'.'.join(mod)}.{a.name}"
+                bound[a.asname or a.name] = mod + [a.name]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                mod = a.name.split(".")
+                if a.asname and mod[0] == "isthmus" and len(mod) > 1 and mod[1] != folder:
+                    bound[a.asname] = mod
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            yield f"{path.relative_to(ROOT)}:{node.lineno} uses {'.'.join(bound[node.value.id])}.{node.attr}"
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_no_private_names_across_folders(folder):
+    bad = [b for path in sorted((ROOT / folder).rglob("*.py")) for b in _private_names_from_other_folders(path, folder)]
+    assert not bad, "private names used across folders:\n" + "\n".join(bad)
+
+
+def test_the_private_name_check_sees_both_forms():
+    probe = ROOT / "converters" / "_probe_private.py"  # never written: the checker reads the text given
+    text = ("from isthmus.core.ops.array import _squeeze_axes, reshape\nfrom ..core.ops import array\n"
+            "from isthmus.partitioner import calibrate as cal\nx = cal._placeholder\ny = array.reshape\n")
+    got = list(_private_names_from_other_folders(probe, "converters", text))
+    assert got == ["converters/_probe_private.py:1 imports isthmus.core.ops.array._squeeze_axes",
+                   "converters/_probe_private.py:4 uses isthmus.partitioner.calibrate._placeholder"], got
 
 
 def test_nothing_imports_apps():

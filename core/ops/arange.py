@@ -17,7 +17,9 @@ __all__ = ["arange"]
 MAX_RANGE = 1 << 27  # a larger result (1 GiB of int64) is a malformed model, not a real request
 
 
-def _count(start, limit, delta) -> int:
+def range_length(start, limit, delta) -> int:
+    """How many elements Range(start, limit, delta) has; a 0 delta or an oversized range is an error.
+    The ONNX importer folds constant Ranges with it (converters/onnx_shapes.py, onnx_fold.py)."""
     if delta == 0:
         raise ValueError("Range: delta is 0")
     n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
@@ -32,7 +34,7 @@ def _infer_range(node):
         raise ShapeError("Range needs three numeric scalars of one dtype, got "
                          + ", ".join(f"{t.dtype.name}{fmt(t.shape)}" for t in ts))
     vals = [t.node.attrs["value"] if t.node.op == "Const" else None for t in ts]
-    n = _count(*vals) if all(v is not None for v in vals) else None
+    n = range_length(*vals) if all(v is not None for v in vals) else None
     return [(ts[0].dtype, (n,))]
 
 
@@ -41,10 +43,16 @@ def _kernel_range(node, ctx):
     dtype = node.outputs[0].dtype
 
     def run(start, limit, delta):
-        n = _count(start, limit, delta)
+        n = range_length(start, limit, delta)
         # ONNX: output[i] = start + i * delta, in the inputs' dtype
         return (xp.arange(n, dtype=dtype) * dtype.type(delta) + dtype.type(start)).astype(dtype, copy=False)
     return run
+
+
+def range_values(start, limit, delta) -> np.ndarray:
+    """Range's result for known scalars, in start's dtype (the importer's constant folding)."""
+    start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
+    return (np.arange(range_length(start, limit, delta), dtype=start.dtype) * delta + start).astype(start.dtype)
 
 
 register(OpDef("Range", inputs=("start", "limit", "delta"), infer=_infer_range, kernel=_kernel_range,

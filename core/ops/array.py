@@ -495,14 +495,16 @@ def _infer_squeeze(node):
     x = node.inputs[0]
     if node.attrs["axis"] is None and not fully_defined(x.shape):
         raise ShapeError(f"squeeze of {fmt(x.shape)} without axes needs known dims")
-    axes = _squeeze_axes(node)
+    axes = squeeze_axes(node)
     for a in axes:
         if x.shape[a] not in (1, None):
             raise ShapeError(f"cannot squeeze dim {a} of size {x.shape[a]}")
     return [(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in axes))]
 
 
-def _squeeze_axes(node) -> tuple:
+def squeeze_axes(node) -> tuple:
+    """The sorted, non-negative axes a Squeeze node removes (every size-1 dim when it names none);
+    the ONNX exporter writes them (converters/onnx_export.py)."""
     x = node.inputs[0]
     if node.attrs["axis"] is None:
         return tuple(i for i, d in enumerate(x.shape) if d == 1)
@@ -510,7 +512,7 @@ def _squeeze_axes(node) -> tuple:
 
 
 register(OpDef("Squeeze", inputs=("x",), attrs={"axis": None}, infer=_infer_squeeze,
-               kernel=lambda node, ctx: (lambda x, a=_squeeze_axes(node), sq=ctx.xp.squeeze: sq(x, a)),
+               kernel=lambda node, ctx: (lambda x, a=squeeze_axes(node), sq=ctx.xp.squeeze: sq(x, a)),
                grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0]))], cost=_FREE))
 
 

@@ -12,7 +12,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
-from isthmus.cloud import rpc, shm, wire  # noqa: E402
+from isthmus.cloud import recv_layout, rpc, shm  # noqa: E402
 from isthmus.cloud.server import serve_worker  # noqa: E402
 from isthmus.cloud.worker import Worker  # noqa: E402
 from isthmus.proto import tensor_pb2, worker_pb2  # noqa: E402
@@ -308,7 +308,7 @@ def test_a_bad_descriptor_is_refused_naming_the_tensor():
             server, port = _fake_sender(answer)
             c = rpc.WorkerClient(f"127.0.0.1:{port}", timeout=5.0, shm_enabled=True)
             try:
-                with pytest.raises(wire.TensorCodecError, match=message) as e:
+                with pytest.raises(recv_layout.TensorCodecError, match=message) as e:
                     c.recv_tensor(D0, D1, "weights:0", 5, timeout=2)
                 assert "'weights:0'" in str(e.value) and isinstance(e.value, shm.ShmDescriptorError)
             finally:

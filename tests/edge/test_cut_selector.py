@@ -5,7 +5,7 @@ import math
 import pytest
 
 from isthmus.edge.cut_selector import CutSelector
-from isthmus.edge.split_model import Cut, cut_for
+from isthmus.edge import Cut, cut_for, mid_bandwidth_bps
 
 
 def _cuts():
@@ -18,6 +18,13 @@ def _cuts():
 def test_cut_for_picks_the_range_that_holds_the_bandwidth():
     cuts = _cuts()
     assert [cut_for(cuts, b) for b in (0.0, 0.5e6, 1e6, 9.99e6, 10e6, 1e12)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_mid_bandwidth_is_inside_the_range_and_picks_its_cut():
+    cuts = _cuts()
+    assert [mid_bandwidth_bps(c) for c in cuts] == [0.5e6, 5.5e6, (10e6 + 1e10) / 2]
+    assert [cut_for(cuts, mid_bandwidth_bps(c)) for c in cuts] == [0, 1, 2]
+    assert CutSelector(cuts, initial_bandwidth_bps=mid_bandwidth_bps(cuts[1])).cut == 1
 
 
 def test_it_starts_at_the_initial_bandwidths_cut_or_the_last_one():

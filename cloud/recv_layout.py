@@ -22,7 +22,8 @@ DEFAULT_INLINE_BYTES = 4 << 20    # bigger tensors stream
 DEFAULT_CHUNK_BYTES = 1 << 20     # in pieces of this size
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A protobuf varint (cloud/rpc.py and cloud/offload.py write their message headers with it)."""
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -34,7 +35,8 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _payload(arr: np.ndarray) -> memoryview:
+def payload(arr: np.ndarray) -> memoryview:
+    """The tensor's little-endian bytes for tensor_content, without a copy where numpy allows."""
     return memoryview(tensor_codec.le_bytes(arr)) if arr.size else memoryview(b"")
 
 
@@ -53,12 +55,12 @@ class WireTensor:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         enum = tensor_codec.dtype_to_enum(arr.dtype)
         self.dtype, self.shape, self.nbytes = arr.dtype, tuple(arr.shape), int(arr.nbytes)
-        data = _payload(arr)
+        data = payload(arr)
         head = tensor_pb2.TensorProto(dtype=enum, shape=arr.shape).SerializeToString()
         if self.nbytes <= inline_bytes:
-            content = b"\x1a" + _varint(self.nbytes) if self.nbytes else b""
+            content = b"\x1a" + varint(self.nbytes) if self.nbytes else b""
             inner = len(head) + len(content) + self.nbytes
-            self.inline = b"".join((b"\x0a", _varint(inner), head, content, data))
+            self.inline = b"".join((b"\x0a", varint(inner), head, content, data))
             self.header, self.chunks = None, None
             return
         self.inline = None
@@ -71,7 +73,7 @@ class WireTensor:
                 h = tensor_pb2.TensorChunk(dtype=enum, shape=arr.shape, total_bytes=self.nbytes).SerializeToString()
             else:
                 h = tensor_pb2.TensorChunk(offset=off).SerializeToString()
-            self.chunks.append(b"".join((h, b"\x2a", _varint(len(piece)), piece)))
+            self.chunks.append(b"".join((h, b"\x2a", varint(len(piece)), piece)))
 
     def chunk_messages(self) -> List[bytes]:
         """The TensorChunk messages (one, when the tensor was laid out inline)."""
@@ -80,7 +82,7 @@ class WireTensor:
         _, _, content, _ = read_response(self.inline)
         h = tensor_pb2.TensorChunk(dtype=tensor_codec.dtype_to_enum(self.dtype), shape=self.shape,
                                    total_bytes=self.nbytes).SerializeToString()
-        return [b"".join((h, b"\x2a", _varint(self.nbytes), content))] if self.nbytes else [h]
+        return [b"".join((h, b"\x2a", varint(self.nbytes), content))] if self.nbytes else [h]
 
     def to_array(self) -> np.ndarray:
         if self.inline is not None:

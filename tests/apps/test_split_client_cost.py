@@ -70,3 +70,20 @@ def test_without_a_client_section_split_prices_the_documented_default(setup, cap
     _, phone = _split(capsys, d, "phone", "--edge-profile", "phone")   # the shipped profile has one
     assert phone["client_cost_s"] == DeviceProfile.load(PHONE_PROFILE).client.to_dict()
     assert phone["client_cost_s"]["call_s"] > 0
+
+
+def test_profile_client_measures_the_client_and_split_prices_it(setup, capsys):
+    """`isthmus profile --client` runs the offload client against a loopback service and writes the
+    fitted terms x --slowdown; `isthmus split --edge-profile` then prices exactly those."""
+    d = setup
+    path = str(d / "measured.json")
+    capsys.readouterr()
+    assert cli.main(["profile", "--device", "e", "--ops", "MatMul", "--quick", "--slowdown", "8", "--client",
+                     "--client-requests", "4", "--out", path, "--force"]) == 0
+    assert "wrote the client section of" in capsys.readouterr().out
+    client = DeviceProfile.load(path).client
+    assert client is not None
+    per_call = client.request_s + client.call_s   # what a cloud-only request costs the client, bytes aside
+    assert 8 * 5e-6 < per_call < 8 * 20e-3, client   # tens to hundreds of us here (issue 27: 0.145 ms), x 8
+    _, plan = _split(capsys, d, "measured", "--edge-profile", path)
+    assert plan["client_cost_s"] == client.to_dict() and plan["client_cost_source"] == f"edge profile {path}"

@@ -15,7 +15,7 @@ COMMANDS = {
     "demo": ("isthmus.apps.demo", "the main demo: train on a local cluster, split, quantize, offload over an emulated link"),
     "ops": ("isthmus.core.opinfo", "list the registered ops (optionally as JSON)"),
     "partition": ("isthmus.apps.cmd_partition", "place a model between edge and cloud for a link, and explain it"),
-    "profile": ("isthmus.apps.cmd_profile", "time the real kernels (isthmus's or LiteRT's) on this machine and write a device profile"),
+    "profile": ("isthmus.apps.cmd_profile", "time the real kernels (isthmus's or LiteRT's; with --client the edge client too) and write a device profile"),
     "quantize": ("isthmus.apps.cmd_quantize", "quantize a model to an int8 edge file on calibration data, with a report"),
     "split": ("isthmus.apps.cmd_split", "plan a split for a link and write the edge file, cloud file, plan and report"),
     "info": ("isthmus.apps.cmd_info", "inputs, outputs, op counts, sizes and producer of any model file"),

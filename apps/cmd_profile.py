@@ -1,10 +1,13 @@
 """`isthmus profile --runtime isthmus|litert`: a device profile timed in isthmus's kernels (the
-partitioner's calibrate command) or in LiteRT (converters/litert_profile), the JSON `split --edge-profile` reads."""
+partitioner's calibrate command) or in LiteRT (converters/litert_profile), the JSON `split --edge-profile` reads;
+with `--client`, also the offload client's own cost measured here (apps/client_measure.py), scaled by --slowdown,
+as the profile's `client` section, which `isthmus split` prices."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from .errors import UsageError, refuse_overwrite
+from .errors import UsageError, positive_int, refuse_overwrite
 
 EXAMPLES = """examples:
   isthmus profile --device cloud --out cloud.json
@@ -28,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="whose kernels to time: isthmus's (default) or LiteRT's, running each calibration case as "
                         "a .tflite file (needs ai-edge-litert; --blas-threads then sets LiteRT's threads, default 1). "
                         "Plan a split whose edge part runs in LiteRT (split --edge-format tflite) with a litert profile")
+    p.add_argument("--client", action="store_true",
+                   help="also measure the edge offload client's own cost per request here (against an in-process "
+                        "service on 127.0.0.1, a few seconds) and write it, x --slowdown, as the profile's client "
+                        "section; without it `isthmus split` assumes a documented default")
+    p.add_argument("--client-requests", type=positive_int, default=10,
+                   help="with --client: requests timed per cut (edge-only, split, cloud-only; default %(default)s)")
 
 
 def run(args) -> int:
@@ -38,8 +47,24 @@ def run(args) -> int:
             refuse_overwrite(args.out or f"{args.device}.json", args, "--out")
     if runtime == "isthmus":
         from isthmus.partitioner import calibrate
-        return calibrate.run(args)
-    return _run_litert(args)
+        rc = calibrate.run(args)
+    else:
+        rc = _run_litert(args)
+    if rc or not getattr(args, "client", False):
+        return rc
+    return _add_client(args)
+
+
+def _add_client(args) -> int:
+    """Measure the offload client's own cost here and write it, x --slowdown, into the profile just written."""
+    from isthmus.partitioner.devices import DeviceProfile
+    from .client_measure import measure_client_cost
+    out = args.out or f"{args.device}.json"
+    client = measure_client_cost(args.client_requests, slowdown=args.slowdown)
+    replace(DeviceProfile.load(out), client=client).save(out)
+    print(f"wrote the client section of {out}: {client.describe()}"
+          + (f" (measured here x {args.slowdown:g})" if args.slowdown != 1.0 else " (measured here)"))
+    return 0
 
 
 def _run_litert(args) -> int:

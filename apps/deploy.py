@@ -33,6 +33,8 @@ class Deployment:
     predicted: Dict[str, float] = field(default_factory=dict)   # seconds: split, edge_only, cloud_only
     seconds: float = 0.0
     drift: Optional[tuple] = None  # int8: (max abs, relative, top-1 agreement) of the full model vs fp32
+    client: Optional[object] = None  # the ClientCost the plans were priced with
+    client_source: str = ""          # where it came from (the edge profile, the caller, the default)
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
@@ -119,10 +121,12 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
                  edge_profile: Optional[str] = None, cloud_profile: Optional[str] = None, int8: bool = False,
                  calibration: Union[None, str, Mapping[str, np.ndarray]] = None, downlink: Optional[str] = None,
                  input_shapes: Optional[Mapping[str, Sequence[int]]] = None, batch: int = 1,
-                 force: bool = False) -> Deployment:
+                 force: bool = False, client=None) -> Deployment:
     """Plan `model` for the link and write, into `out_dir`: model.isth (the edge parts of every cut
     over a sweep of bandwidths, plus the full model for fallback; int8 with `int8=True`),
-    model.cloud (what `isthmus serve` serves), plan.json, plan.svg and report.txt."""
+    model.cloud (what `isthmus serve` serves), plan.json, plan.svg and report.txt. Every plan prices
+    the edge client's own cost per request (`client`, a ClientCost; default: the edge profile's
+    `client` section, else client_cost.HERE scaled to the built-in edge, see client_cost_for)."""
     t0 = time.perf_counter()
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
     from isthmus.converters.split_export import export_split
@@ -146,7 +150,8 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     outs = list(m.outputs.values())
     frozen = freeze(sess, outs)
     outs = [frozen.tensor(t.name) for t in outs]
-    cost = CostModel.edge_cloud(link, edge, cloud, batch_size=batch)
+    client, client_source = client_cost_for(edge, edge_profile, client)
+    cost = CostModel.edge_cloud(link, edge, cloud, batch_size=batch, client=client)
     planner = AdaptivePlanner(frozen, cost, outputs=outs, bandwidths=SWEEP_BPS)
     at_link = plan_split(frozen, cost, outputs=outs)
     sp = export_split(frozen, outs, planner, int8=int8, calibration=feeds, batch=batch, model_name=m.name)
@@ -161,12 +166,13 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     predicted = {"split": at_link.total, **{k: b.total for k, b in at_link.baselines.items()}}
     plan = {"model": m.source, "int8": int8, "link": str(link), "edge_profile": edge.name,
             "cloud_profile": cloud.name, "chosen_cut": chosen.name, "predicted_s": predicted,
+            "client_cost_s": client.to_dict(), "client_cost_source": client_source,
             "placement": dict(sorted(at_link.placement.items())),
             "cuts": [c.to_json() for c in sp.cuts], "skipped": sp.skipped}
     with open(files["json"], "w") as f:
         json.dump(plan, f, indent=1, sort_keys=True)
     dep = Deployment(out_dir, files["edge"], files["cloud"] if sigs else None, files["json"], files["svg"],
-                     files["report"], "", chosen.name, predicted)
+                     files["report"], "", chosen.name, predicted, client=client, client_source=client_source)
     if int8:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
         from isthmus.edge import load_split
         from .cmd_quantize import measure_drift
@@ -176,6 +182,19 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     with open(files["report"], "w") as f:
         f.write(dep.report + "\n")
     return dep
+
+
+def client_cost_for(edge, edge_profile: Optional[str], client=None):
+    """(the ClientCost to price plans with, where it came from): the caller's, else the edge profile's
+    `client` section, else the default: client_cost.HERE (measured on this machine kind) scaled by the
+    built-in edge's slowdown, for a profile that does not say how slow its client is."""
+    from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
+    if client is not None:
+        return client, "given"
+    if edge.client is not None:
+        return edge.client, f"edge profile {edge_profile or edge.name}"
+    return HERE.scaled(DEFAULT_EDGE_SLOWDOWN), (f"default: this machine's client {DEFAULT_EDGE_SLOWDOWN:g}x slower "
+                                                "(the edge profile has no client section)")
 
 
 def _paths(out_dir: str, force: bool) -> Dict[str, str]:
@@ -206,6 +225,7 @@ def _report(dep: Deployment, m: LoadedModel, link, edge, chosen, sp, at_link) ->
              f"at this link: {chosen.name}: {where}",
              f"predicted: split {_ms(p['split'])}, edge only {_ms(p.get('edge_only'))}, "
              f"cloud only {_ms(p.get('cloud_only'))}",
+             f"client cost assumed on the edge: {dep.client.describe()} ({dep.client_source})",
              sp.report(),
              *([] if dep.drift is None else [
                  "int8 drift vs fp32 on the calibration data (the whole int8 model): max abs "
@@ -220,4 +240,4 @@ def _report(dep: Deployment, m: LoadedModel, link, edge, chosen, sp, at_link) ->
     return "\n".join(lines)
 
 
-__all__ = ["deploy_split", "Deployment", "load_profile", "parse_link", "calibration_feeds", "PHONE_PROFILE"]
+__all__ = ["deploy_split", "Deployment", "client_cost_for", "load_profile", "parse_link", "calibration_feeds", "PHONE_PROFILE"]

@@ -85,7 +85,16 @@ def cost_model(args) -> CostModel:
     else:
         edge = EDGE
     link = LinkModel.parse(args.bandwidth, args.rtt, args.downlink).with_call_cost(parse_duration(args.call_cost))
-    return CostModel.edge_cloud(link, edge, cloud, batch_size=args.batch)
+    return CostModel.edge_cloud(link, edge, cloud, batch_size=args.batch, client=_client(args, edge))
+
+
+def _client(args, edge):
+    """The edge client's own cost (issue 27): the profile's client section, else this machine's
+    measured client (client_cost.HERE) slowed as the edge is (--edge-slowdown, else the built-in 8x)."""
+    from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
+    if edge.client is not None:
+        return edge.client
+    return HERE.scaled(args.edge_slowdown if args.edge_slowdown and not args.edge_profile else DEFAULT_EDGE_SLOWDOWN)
 
 
 def run(args) -> int:

@@ -193,10 +193,13 @@ def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
 
 def plan(args, frozen, logits, cloud, edge, edge_node_times=None):
     from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
+    from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     link = LinkModel.parse(args.bandwidth, args.rtt)
+    # the emulated edge's client is this machine's slowed as its kernels are: price it so (issue 27)
+    client = HERE.scaled(args.edge_slowdown or DEFAULT_EDGE_SLOWDOWN)
     cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1,
-                     node_times={EDGE_DEVICE: edge_node_times} if edge_node_times else None)
+                     node_times={EDGE_DEVICE: edge_node_times} if edge_node_times else None, client=client)
     bandwidths = [float(b) for b in np.geomspace(0.1e6, 1000e6, 25)]
     planner = AdaptivePlanner(frozen, cost, outputs=[logits], bandwidths=bandwidths)
     chosen = planner.choose(link)                      # the precomputed cut the client starts with
@@ -416,6 +419,7 @@ def main(argv=None) -> int:
     local, frozen, logits = frozen_inference_graph(g, t, values)
     cloud, edge, edge_times = calibrate_devices(args, frozen, logits, train_data)
     planner, cost, link, chosen, at_link = plan(args, frozen, logits, cloud, edge, edge_times)
+    print(f"      client cost assumed on the edge: {cost.client.describe()}")
     print("\n".join("      " + line for line in at_link.explain().splitlines()))
     from isthmus.partitioner.plots import graph_svg, latency_svg
     graph_path = os.path.join(args.out, "split_graph.svg")

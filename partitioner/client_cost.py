@@ -15,7 +15,7 @@ coefficients by non-negative least squares; `CostModel(..., client=...)` then pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Dict, Iterable, Mapping
 
 import numpy as np
 from scipy.optimize import nnls
@@ -70,5 +70,42 @@ class ClientCost:
         coef = coef / scale
         return cls(*(float(c) for c in coef))
 
+    def to_dict(self) -> Dict[str, float]:
+        """The four terms by name (the `client` section of a device profile's JSON)."""
+        return {k: getattr(self, k) for k in FIELDS}
 
-__all__ = ["ClientCost"]
+    @classmethod
+    def from_dict(cls, d: object, what: str = "client") -> "ClientCost":
+        """From a `to_dict` mapping; errors name `what` and the field at fault."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{what} must be an object with {', '.join(FIELDS)}, got {d!r}")
+        extra = set(d) - set(FIELDS)
+        if extra:
+            raise ValueError(f"{what} has unknown fields {sorted(extra)}; known: {list(FIELDS)}")
+        for k, v in d.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{what}.{k} must be a number of seconds, got {v!r}")
+        try:
+            return cls(**{k: float(v) for k, v in d.items()})
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+
+    def describe(self) -> str:
+        """One line for reports: the terms in the units they are read in."""
+        return (f"{self.request_s * 1e3:.3g} ms per request + {self.edge_part_s * 1e3:.3g} ms per edge part + "
+                f"{self.call_s * 1e3:.3g} ms per remote call + {self.byte_s * 1e9:.3g} ms per MB across the cut")
+
+
+FIELDS = ("request_s", "edge_part_s", "call_s", "byte_s")
+
+# The client's own cost on THIS machine kind, unslowed: ClientCost.fit over OffloadClient.last of 30
+# requests (10 per cut: edge-only, split, cloud-only) of a 784-wide MLP split against an `isthmus
+# serve` on loopback (tests/edge/test_offload_client_adapt.py::..._the_partitioner_fits_it prints
+# it), 2026-11-27, on 2 cores shared with two other engineers' test runs. Medians were 0.026 ms
+# (edge-only) and 0.148 ms (split, cloud-only); issue 27 measured 29 ms at a 200x edge in
+# cloud-only mode, i.e. 0.145 ms unslowed. An edge N times slower than here costs HERE.scaled(N).
+HERE = ClientCost(request_s=27e-6, edge_part_s=0.0, call_s=130e-6, byte_s=5.5e-9)
+DEFAULT_EDGE_SLOWDOWN = 8.0  # the built-in edge profile (devices.EDGE) is this machine 8x slower
+
+
+__all__ = ["ClientCost", "HERE", "DEFAULT_EDGE_SLOWDOWN", "FIELDS"]

@@ -132,8 +132,10 @@ class CostModel:
 
     @classmethod
     def edge_cloud(cls, link: LinkModel = LinkModel(), edge: DeviceProfile = EDGE, cloud: DeviceProfile = CLOUD,
-                   batch_size: int = 1, passes: bool = True) -> "CostModel":
-        return cls({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size, passes=passes)
+                   batch_size: int = 1, passes: bool = True, client: Optional[ClientCost] = None) -> "CostModel":
+        """The edge/cloud pair over `link`; `client` (default: none, priced at zero) as in __init__."""
+        return cls({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size, passes=passes,
+                   client=client or ClientCost())
 
     @property
     def cloud(self) -> str:

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
+from .client_cost import ClientCost
+
 EDGE_DEVICE = "/job:edge/task:0/device:CPU:0"
 CLOUD_DEVICE = "/job:cloud/task:0/device:CPU:0"
 
@@ -30,6 +32,7 @@ class DeviceProfile:
     op_coeffs: Dict[str, Coeffs] = field(default_factory=dict)
     default_coeffs: Optional[Coeffs] = None  # fitted over all measured ops, for the others
     blas_threads: Optional[int] = None      # the BLAS thread count calibration ran with (threads.py); None: unknown
+    client: Optional[ClientCost] = None  # an edge's offload client's own cost per request (client_cost.py); None: unmeasured
 
     def supports(self, op: str, node=None) -> bool:
         """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
@@ -60,13 +63,15 @@ class DeviceProfile:
                        peak_flops=self.peak_flops / s, mem_bandwidth=self.mem_bandwidth / s,
                        op_overhead=self.op_overhead * s,
                        op_coeffs={k: _mul(c, s) for k, c in self.op_coeffs.items()},
-                       default_coeffs=None if self.default_coeffs is None else _mul(self.default_coeffs, s))
+                       default_coeffs=None if self.default_coeffs is None else _mul(self.default_coeffs, s),
+                       client=None if self.client is None else self.client.scaled(s))
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> str:
         d = asdict(self)
         d["supported_ops"] = None if self.supported_ops is None else sorted(self.supported_ops)
         d["op_coeffs"] = {k: list(v) for k, v in sorted(self.op_coeffs.items())}
+        d["client"] = None if self.client is None else self.client.to_dict()
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -86,6 +91,8 @@ class DeviceProfile:
         bt = d.get("blas_threads")
         if bt is not None and (isinstance(bt, bool) or not isinstance(bt, int) or bt < 1):
             raise ValueError(f"device profile field blas_threads must be an integer >= 1 or null, got {bt!r}")
+        if d.get("client") is not None:
+            d["client"] = ClientCost.from_dict(d["client"], "device profile field client")
         return cls(**d)
 
     def save(self, path: str) -> None:

@@ -48,6 +48,7 @@ def test_main_demo_quick_run_end_to_end(tmp_path):
     for step in range(1, 8):
         assert f"[{step}/7]" in text
     assert "split (chosen)" in text and "edge_only" in text and "cloud_only" in text
+    assert "client cost assumed on the edge:" in text and "per remote call" in text  # priced, not zero (issue 27)
     line = next(ln for ln in text.splitlines() if "accuracy on 30 held-out images" in ln)
     split_acc = float(line.split("(int8 edge part) ")[1].split(";")[0])
     assert split_acc > 0.1  # better than chance after one short epoch

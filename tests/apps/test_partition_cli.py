@@ -58,3 +58,25 @@ def test_calibrate_command_on_one_blas_thread_in_cpu_time(tmp_path):
         args = p.parse_args(["--out", str(out), "--ops", "Add", "--quick", "--clock", "cpu"])
         with pytest.raises(SystemExit, match="--blas-threads 1"):
             calibrate.run(args)
+
+
+def test_partition_prices_the_edge_clients_own_cost(tmp_path, capsys):
+    """`isthmus partition` prices the client (issue 27): the profile's client section, else this
+    machine's measured client slowed as --edge-slowdown says; the explanation shows it."""
+    from dataclasses import replace as dc_replace
+    from isthmus.partitioner.client_cost import HERE, ClientCost
+    from isthmus.partitioner.devices import EDGE
+    f = tmp_path / "m.py"
+    f.write_text(MODEL)
+    args = argparse.Namespace(cloud_profile=None, edge_profile=None, edge_slowdown=4.0, bandwidth="5mbps",
+                              rtt="40ms", downlink=None, call_cost="0ms", batch=1)
+    from isthmus.apps.partition import cost_model
+    assert cost_model(args).client == HERE.scaled(4.0)
+    prof = tmp_path / "e.json"
+    dc_replace(EDGE, client=ClientCost(call_s=0.5)).save(str(prof))
+    args.edge_profile = str(prof)
+    assert cost_model(args).client == ClientCost(call_s=0.5)
+    assert main([f"{f}:build", "--edge-profile", str(prof), "--bandwidth", "1000mbps", "--rtt", "1ms"]) == 0
+    out = capsys.readouterr().out   # a 0.5 s call: cloud-only pays it, the plan keeps to the edge
+    assert float(out.split("cloud_only ")[1].split(" ms")[0]) >= 500.0, out
+    assert "no faster than edge_only" in out, out

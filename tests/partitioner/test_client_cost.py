@@ -114,3 +114,38 @@ def test_the_fit_recovers_the_coefficients_from_per_request_samples():
     with pytest.raises(ValueError, match="call_s must be finite"):
         ClientCost(call_s=-1.0)
     assert CC.scaled(200).call_s == pytest.approx(0.6)
+
+
+def test_a_large_per_call_cost_makes_the_planner_keep_the_model_on_the_edge():
+    """At a link where the min cut splits _mlp (client free), a client that pays 1 s per remote call
+    makes every plan with a cloud part lose: the plan is edge-only, priced as edge-only."""
+    g, x, y = _mlp()
+    cm0, plan0 = _split_link(g, y)
+    costly = ClientCost(call_s=1.0)
+    plan = plan_split(g, CostModel(cm0.profiles, cm0.link, cm0.edge, client=costly), [y])
+    assert plan.placement != plan0.placement
+    assert all(d == cm0.edge for d in plan.placement.values()), plan.placement
+    assert plan.total == pytest.approx(plan.baselines["edge_only"].total, rel=1e-9)
+    assert plan.total == pytest.approx(plan0.baselines["edge_only"].total, rel=1e-9)  # edge-only calls nothing
+    assert plan.total < plan0.total + 1.0  # ... and beats the old split once that pays its call
+
+
+def test_a_device_profile_carries_its_client_cost_through_json_and_scaling(tmp_path):
+    import json
+    from isthmus.partitioner.client_cost import HERE
+    from isthmus.partitioner.devices import DeviceProfile
+    p = DeviceProfile("e", client=CC)
+    q = DeviceProfile.from_json(p.to_json())
+    assert q.client == CC and DeviceProfile.from_json(DeviceProfile("e").to_json()).client is None
+    assert p.scaled(4).client == CC.scaled(4) and CC.scaled(4).call_s == pytest.approx(4 * CC.call_s)
+    assert ClientCost.from_dict(HERE.to_dict()) == HERE
+    d = json.loads(p.to_json())
+    d["client"]["call_s"] = -1.0
+    with pytest.raises(ValueError, match="client.*call_s"):
+        DeviceProfile.from_json(json.dumps(d))
+    d["client"] = {"call_ms": 1.0}
+    with pytest.raises(ValueError, match="client has unknown fields \\['call_ms'\\]"):
+        DeviceProfile.from_json(json.dumps(d))
+    d["client"] = {"call_s": "fast"}
+    with pytest.raises(ValueError, match="client.call_s must be a number"):
+        DeviceProfile.from_json(json.dumps(d))

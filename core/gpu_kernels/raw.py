@@ -14,6 +14,22 @@ _GEOM = "int n, int c, int h, int w, int oh, int ow, int kh, int kw, int sh, int
 
 SOURCE = r"""
 #define GEOM """ + _GEOM + r"""
+// The taps (i, j) of a kh x kw window whose output (y, x) reads input pixel (iy, ix): the one
+// inversion of the strided, dilated, padded window that col2im and the depthwise input gradient share.
+#define FOR_OUTPUT_TAPS(BODY)                                              \
+  for (int i = 0; i < kh; ++i) {                                           \
+    const int ty = iy + pt - i * dh;                                       \
+    if (ty < 0 || ty % sh) continue;                                       \
+    const int y = ty / sh;                                                 \
+    if (y >= oh) continue;                                                 \
+    for (int j = 0; j < kw; ++j) {                                         \
+      const int tx = ix + pl - j * dw;                                     \
+      if (tx < 0 || tx % sw) continue;                                     \
+      const int x = tx / sw;                                               \
+      if (x >= ow) continue;                                               \
+      BODY                                                                 \
+    }                                                                      \
+  }
 extern "C" {
 
 // cols[(ci*kh + i)*kw + j][(ni*oh + y)*ow + x] = x_in[ni][ci][y*sh - pt + i*dh][x*sw - pl + j*dw] (0 outside)
@@ -39,19 +55,7 @@ __global__ void isthmus_col2im(const float* __restrict__ dcols, float* __restric
        k += (long long)gridDim.x * blockDim.x) {
     const int ix = k % w, iy = (k / w) % h, ci = (k / ((long long)w * h)) % c, ni = k / ((long long)w * h * c);
     float acc = 0.f;
-    for (int i = 0; i < kh; ++i) {
-      const int ty = iy + pt - i * dh;
-      if (ty < 0 || ty % sh) continue;
-      const int y = ty / sh;
-      if (y >= oh) continue;
-      for (int j = 0; j < kw; ++j) {
-        const int tx = ix + pl - j * dw;
-        if (tx < 0 || tx % sw) continue;
-        const int x = tx / sw;
-        if (x >= ow) continue;
-        acc += dcols[((long long)(ci * kh + i) * kw + j) * cols_w + ((long long)ni * oh + y) * ow + x];
-      }
-    }
+    FOR_OUTPUT_TAPS(acc += dcols[((long long)(ci * kh + i) * kw + j) * cols_w + ((long long)ni * oh + y) * ow + x];)
     dx[k] = acc;
   }
 }
@@ -93,19 +97,7 @@ __global__ void isthmus_dw_input_grad(const float* __restrict__ dy, const float*
     const float* g = dy + plane * oh * ow;
     const float* f = wt + (long long)ci * kh * kw;
     float acc = 0.f;
-    for (int i = 0; i < kh; ++i) {
-      const int ty = iy + pt - i * dh;
-      if (ty < 0 || ty % sh) continue;
-      const int y = ty / sh;
-      if (y >= oh) continue;
-      for (int j = 0; j < kw; ++j) {
-        const int tx = ix + pl - j * dw;
-        if (tx < 0 || tx % sw) continue;
-        const int x = tx / sw;
-        if (x >= ow) continue;
-        acc += g[(long long)y * ow + x] * f[i * kw + j];
-      }
-    }
+    FOR_OUTPUT_TAPS(acc += g[(long long)y * ow + x] * f[i * kw + j];)
     dx[k] = acc;
   }
 }

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate-link", default=None, metavar="BANDWIDTH",
                    help="emulate an uplink, e.g. 5mbps (with --cloud)")
     p.add_argument("--rtt", default="40ms", help="round trip of the emulated link (default %(default)s)")
+    p.add_argument("--cut", default="auto", metavar="NAME",
+                   help="with --cloud: run every request on this cut of the split (its name in `isthmus info`) "
+                        "instead of following the measured link (default %(default)s)")
 
 
 def _count(text: str) -> int:
@@ -185,10 +188,12 @@ def _run_split(args) -> int:
     _check_split(args.model)
     try:
         client = OffloadClient(args.model, args.cloud, security=security, deadline_ms=args.deadline_ms, link=link,
-                               initial_bandwidth_bps=link.bandwidth_bps if link else None)
+                               initial_bandwidth_bps=link.bandwidth_bps if link else None, adapt=args.cut == "auto")
     except EdgeModelError as e:
         raise SystemExit(f"isthmus edge-run: {e}") from None
     with client:
+        if args.cut != "auto":
+            _pin_cut(client, args.cut, args.model)
         model = client.split.full or client.split.cuts[0].model
         names = [model.tensors[i].name for i in model.inputs]
         shapes = [tuple(1 if d == -1 else d for d in model.tensors[i].shape) for i in model.inputs]
@@ -210,6 +215,15 @@ def _run_split(args) -> int:
     if args.save:
         np.save(args.save, outs[0], allow_pickle=False)
     return _report_cloud(args, stats, client.split)
+
+
+def _pin_cut(client: OffloadClient, name: str, path: str) -> None:
+    """--cut NAME: every request runs that cut (the selector does not adapt: adapt=False)."""
+    names = [c.name for c in client.split.cuts]
+    if name not in names:
+        client.close()
+        raise SystemExit(f"--cut {name}: {path} has no such cut; its cuts are {', '.join(names)}")
+    client.selector.cut = names.index(name)
 
 
 def _check_split(path: str) -> None:

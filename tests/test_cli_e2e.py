@@ -77,10 +77,14 @@ def test_four_commands_from_onnx_to_a_running_int8_split(tmp_path):
                    "--calibration-data", calib, "-o", str(tmp_path / "deploy"))
     assert "cloud part" in out and "int8 drift vs fp32" in out, out
     plan = json.loads((tmp_path / "deploy" / "plan.json").read_text())
-    assert any(c["cloud_part"] for c in plan["cuts"]) and (tmp_path / "deploy" / "plan.svg").exists()
-    # 3. serve, 4. edge-run --cloud (the cut for 5 Mbit/s: an int8 edge part, the cloud part in fp32)
+    chosen = next(c for c in plan["cuts"] if c["name"] == plan["chosen_cut"])
+    assert chosen["cloud_part"] and (tmp_path / "deploy" / "plan.svg").exists(), plan["cuts"]
+    # 3. serve, 4. edge-run --cloud on the cut planned for 5 Mbit/s (an int8 edge part, the cloud part in
+    # fp32), pinned with --cut: a loaded machine stretches the measured link, and following it is
+    # tests/edge/test_cut_selector.py's business, not this path's
     with Served(str(tmp_path / "deploy" / "model.cloud")) as address:
         run = _isthmus("edge-run", str(tmp_path / "deploy" / "model.isth"), "--cloud", address, "--require-cloud",
+                       "--cut", plan["chosen_cut"],
                        "--input", f"image={x}", "--emulate-link", "5mbps", "--rtt", "1ms", "--repeat", "3",
                        "--save", str(tmp_path / "y.npy"), "--deadline-ms", "20000")
     seconds = time.perf_counter() - t0
@@ -99,10 +103,18 @@ def test_fp32_split_equals_the_unsplit_model(tmp_path):
     xv = images(1, seed=3)
     np.save(x, xv)
     _isthmus("split", model, "--rtt", "10ms", "--edge-profile", "phone", "-o", str(tmp_path / "d"))
+    cuts = json.loads((tmp_path / "d" / "plan.json").read_text())["cuts"]
     with Served(str(tmp_path / "d" / "model.cloud")) as address:
-        for bw in ("5mbps", "1000mbps"):  # the stem on the edge; everything in the cloud
+        for bw in (5e6, 1000e6):  # the stem on the edge; everything in the cloud
+            # the cut planned for this uplink, pinned (a loaded machine stretches the measured link)
+            cut = next(c for c in cuts if c["min_bandwidth_bps"] <= bw < (c["max_bandwidth_bps"] or np.inf))
+            assert cut["cloud_part"], cuts
             out = _isthmus("edge-run", str(tmp_path / "d" / "model.isth"), "--cloud", address, "--require-cloud",
-                           "--input", x, "--emulate-link", bw, "--rtt", "1ms", "--repeat", "1",
-                           "--save", str(tmp_path / "y.npy"), "--force", "--deadline-ms", "20000")
+                           "--cut", cut["name"], "--input", x, "--emulate-link", f"{bw / 1e6:g}mbps", "--rtt", "1ms",
+                           "--repeat", "1", "--save", str(tmp_path / "y.npy"), "--force", "--deadline-ms", "20000")
             assert '"cloud": 2' in out, out
             np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(model, xv), rtol=1e-4, atol=1e-5)
+        r = subprocess.run([*ISTHMUS, "edge-run", str(tmp_path / "d" / "model.isth"), "--cloud", address,
+                            "--cut", "nosuch", "--input", x], capture_output=True, text=True, timeout=120, env=ENV)
+        assert r.returncode != 0 and "--cut nosuch" in r.stderr and cuts[0]["name"] in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr

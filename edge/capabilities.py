@@ -143,7 +143,16 @@ def _conv_transpose(a: Mapping) -> dict:
             "groups": int(a["groups"]), "output_padding": list(a.get("output_padding", (0, 0)))}
 
 
+def _reduce(a: Mapping) -> dict:
+    axis = a.get("axis")
+    if axis is not None and not len(axis):
+        raise Refused("a reduction over no axes")
+    return {"axes": [int(v) for v in (axis or ())], "keepdims": int(bool(a.get("keepdims", False)))}
+
+
 FP32.update({
+    "Gelu": (lambda a: {"approximate": str(a.get("approximate", "none"))}, (1, 1)),
+    **{op: (_reduce, (1, 1)) for op in ("ReduceMean", "ReduceSum", "ReduceMax")},
     "Gather": (lambda a: {"axis": int(a["axis"])}, (2, 2)),
     "StridedSlice": (_strided_slice, (1, 1)),
     "Squeeze": (lambda a: {"axes": [int(v) for v in (a.get("axis") or ())]}, (1, 1)),
@@ -157,7 +166,7 @@ FP32.update({
 # rows whose attributes the TFLite writer's graph path still spells its own way (tflite_write_graph.EXTRA_OPS,
 # which it falls back to when edge_attrs refuses): until its handlers read these rows, edge_attrs gives them
 # only to callers writing for the edge interpreter, so graph_to_tflite keeps its own (checked) variants
-WRITERS_PENDING = frozenset({"StridedSlice", "Resize", "Squeeze", "ExpandAxes", "LSTMSequence"})
+WRITERS_PENDING = frozenset({"StridedSlice", "Resize", "Squeeze", "ExpandAxes", "LSTMSequence", "ReduceMean"})
 # inputs an fp32 kernel reads as integers (int32 or int64), by position
 INDEX_INPUTS: Dict[str, Tuple[int, ...]] = {"Gather": (1,)}
 

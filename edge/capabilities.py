@@ -175,7 +175,7 @@ INDEX_INPUTS: Dict[str, Tuple[int, ...]] = {"Gather": (1,)}
 INT8 = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "GlobalAvgPool", "Reshape",
                   "Flatten", "Relu", "Relu6"}
                  | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad", "Concat", "Softmax",
-                    "PRelu", "HardSwish", "HardSigmoid", "LeakyRelu"})
+                    "PRelu", "HardSwish", "HardSigmoid", "LeakyRelu", "ConvTranspose2D"})
 # int8 ops whose output keeps its input's scale and zero point
 SAME_QPARAMS = frozenset({"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
                          | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad"})
@@ -246,6 +246,6 @@ def int8_refusal(op: str, attrs: Mapping, inputs: Sequence[TensorInfo], outputs:
         return "non-constant weights"
     if op == "Resize" and attrs.get("mode", "nearest") != "nearest":
         return "a linear resize (int8 resizes nearest only)"
-    if op == "PRelu" and not constant_inputs[1]:
+    if op in ("PRelu", "ConvTranspose2D") and not constant_inputs[1]:
         return "a slope computed at run time"
     return None

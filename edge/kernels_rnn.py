@@ -6,14 +6,23 @@ a step is then one [B, H] x [H, G H] product and a few in-place passes over [B, 
 gates' rows are negated once, so sigmoid(z) is 1 / (1 + exp(-z)) as exp, +1, reciprocal in place.
 Constant weights (the usual case) are rearranged once in prepare; weights computed at run time are
 rearranged per call into scratch. Hidden states go straight into y; nothing is allocated per call.
+With numba (edge/compiled.use_compiled) the steps after the projection are one compiled loop
+(jit/rnn.py), which pays no per-pass call overhead but evaluates exp and tanh one at a time (numba has
+no vector math library here): it wins while a step's gates are few. Measured on this machine under
+shared load, T = 50, H = 64, one thread: LSTM batch 1 0.26 ms compiled against 0.48 ms in numpy passes,
+batch 8 2.4 ms against 1.5 ms; GRU (three transcendentals per unit, not five) 0.14 / 0.55 ms at batch 1
+and 1.2 / 1.6 ms at batch 8. Hence the compiled loop up to COMPILED_UNITS gate units (batch x hidden).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .compiled import use_compiled
 from .format import EdgeModelError
 from .kernels import kernel
 from .opcontext import OpContext
+
+COMPILED_UNITS = {"LSTMSequence": 256, "GRUSequence": 1024}  # batch x hidden up to which the loop is compiled
 
 
 def _check(ctx: OpContext, gates: int, bias_rows: int, n_states: int):
@@ -96,6 +105,7 @@ def lstm_sequence(ctx: OpContext):
     i_c, i_tmp = ctx.scratch((batch, hid), np.float32), ctx.scratch((batch, hid), np.float32)
     order = list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
     has_state = len(ctx.inputs) == 6
+    compiled = use_compiled() and batch * hid <= COMPILED_UNITS[ctx.op]
 
     def bind(ins, outs, sc):
         (wt, rt, bn), refresh = weights(ins, sc)
@@ -103,6 +113,8 @@ def lstm_sequence(ctx: OpContext):
         y, h_out, c_out = outs
         project = _project(ins[0].reshape(steps * batch, feat), wt, bn, proj.reshape(steps * batch, 4 * hid), refresh)
         h0, c0 = (ins[4], ins[5]) if has_state else (None, None)
+        if compiled:
+            return _compiled_lstm(project, proj, rt, order, h0, c0, y, h_out, c_out, c, z[0])
         plan = [(proj[t], hp, y[t]) for t, hp in zip(order, [h0] + [y[t] for t in order[:-1]])]
         sig, g = z[:, :g3], z[:, g3:]
         i, o, f = z[:, :hid], z[:, hid:2 * hid], z[:, 2 * hid:g3]
@@ -152,6 +164,8 @@ def gru_sequence(ctx: OpContext):
     i_tmp = ctx.scratch((batch, hid), np.float32)
     order = list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
     has_state = len(ctx.inputs) == 5
+    compiled = use_compiled() and batch * hid <= COMPILED_UNITS[ctx.op]
+    i_h0 = ctx.scratch((batch, hid), np.float32)
 
     def bind(ins, outs, sc):
         (wt, rt, bias, rbn), refresh = weights(ins, sc)
@@ -159,6 +173,8 @@ def gru_sequence(ctx: OpContext):
         y, h_out = outs
         project = _project(ins[0].reshape(steps * batch, feat), wt, bias, proj.reshape(steps * batch, 3 * hid), refresh)
         h0 = ins[4] if has_state else None
+        if compiled:
+            return _compiled_gru(project, proj, rt, rbn, lbr, order, h0, sc[i_h0], y, h_out, z[0], tmp[0])
         plan = [(proj[t], hp, y[t]) for t, hp in zip(order, [h0] + [y[t] for t in order[:-1]])]
         zr, zg, rg, n = z[:, :h2], z[:, :hid], z[:, hid:h2], z[:, h2:]
         rt_zr, rt_n = rt[:, :h2], rt[:, h2:]
@@ -199,3 +215,41 @@ def gru_sequence(ctx: OpContext):
             copyto(h_out, plan[-1][2])
         return run
     return [(steps, batch, hid), (batch, hid)], bind
+
+
+def _compiled_lstm(project, proj, rt, order, h0, c0, y, h_out, c_out, h0s, z):
+    """The LSTM step loop as jit.rnn.lstm_steps; h0s is [B, H] scratch (h0 copied in, or zeros)."""
+    from ..jit.rnn import lstm_steps
+    times, copyto = np.array(order, np.int64), np.copyto
+    rt = rt if rt.flags.writeable else rt.copy()
+
+    def run():
+        project()
+        if h0 is None:
+            h0s.fill(0)
+        else:
+            copyto(h0s, h0)
+        if c0 is None:
+            c_out.fill(0)
+        else:
+            copyto(c_out, c0)
+        lstm_steps(proj, rt, times, h0s, c_out, y, z)
+        copyto(h_out, y[order[-1]])
+    return run
+
+
+def _compiled_gru(project, proj, rt, rbn, lbr, order, h0, h0s, y, h_out, z, rec):
+    """The GRU step loop as jit.rnn.gru_steps."""
+    from ..jit.rnn import gru_steps
+    times, copyto = np.array(order, np.int64), np.copyto
+    rt, rbn = (a if a.flags.writeable else a.copy() for a in (rt, rbn))
+
+    def run():
+        project()
+        if h0 is None:
+            h0s.fill(0)
+        else:
+            copyto(h0s, h0)
+        gru_steps(proj, rt, rbn, lbr, times, h0s, y, z, rec)
+        copyto(h_out, y[order[-1]])
+    return run

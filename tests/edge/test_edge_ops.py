@@ -251,3 +251,14 @@ def test_int8_prelu_per_channel_and_conv_transpose_per_channel():
     acc = acc[:, :, 1:10, 0:8] * (0.05 * sw.astype(np.float64)).reshape(1, 2, 1, 1)
     want = np.clip(np.rint(acc / 0.3) + 1, -128, 127)
     assert np.abs(got.astype(np.int64) - want).max() <= 1
+
+
+RNN_CASES = [c for c in CASES if c[0].startswith(("lstm", "gru"))]
+
+
+@pytest.mark.parametrize("jit", ["0", "1"])
+@pytest.mark.parametrize("name,shape,build,int8", RNN_CASES, ids=[c[0] for c in RNN_CASES])
+def test_recurrent_kernels_numpy_and_compiled(name, shape, build, int8, jit, monkeypatch):
+    """Both step loops (numpy passes, jit/rnn.py) against the executor; ISTHMUS_JIT picks one at prepare."""
+    monkeypatch.setenv("ISTHMUS_JIT", jit)
+    test_fp32_edge_matches_the_executor(name, shape, build, int8)

@@ -9,8 +9,9 @@ MobileNetV3-style CNN with HardSwish, a segmentation head with ConvTranspose and
 opset-9 Inception-style net with LRN), each exported by torch.onnx's TorchScript exporter and by
 its dynamo exporter with a dynamic batch axis, into this folder as NAME.EXPORTER.onnx (TorchScript at
 opset 17, Inception at 9; dynamo at 18, the lowest it implements: in torch 2.13 its conversion down to
-17 or 9 fails or writes an invalid model). Each file's metadata_props records the exporter, the opset asked for and the torch/transformers versions.
-An export that fails is recorded in failures.json (name, exporter, error) instead of a file.
+17 or 9 fails or writes an invalid model). Each file's metadata_props records the exporter, the
+opset asked for and the torch/transformers versions. An export that fails is recorded in
+failures.json (name, exporter, error) instead of a file.
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The fixtures in torch_models/ are tiny random-weight versions of public architectures written by
 torch_models/make.py (run by hand; torch is not needed here). Each imports once with its dynamic
-batch axis and runs at batch 1 and 32; every output must match onnxruntime within 1e-4 relative
+batch axis (and sequence, audio length or image size where exported dynamic) and runs at batch 1
+and 32, the other dynamic dims at sizes other than the export's; every output must match onnxruntime within 1e-4 relative
 (elementwise rtol 1e-4, with an absolute floor of 1e-4 times the output's largest magnitude).
 """
 import os
@@ -18,19 +19,22 @@ from isthmus.converters.onnx_import import from_onnx
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_models")
 MODELS = ("bert", "vit", "audio", "mobilenet", "seg", "inception")
 EXPORTERS = ("torchscript", "dynamo")
+# sizes for the dynamic dims besides the batch, at (batch 1, batch 32): other than the export's own
+OTHER_DIMS = {"seq": (9, 23), "samples": (200, 392), "height": (32, 48), "width": (48, 32)}
 
 
 def _feeds(model, batch, rng, scale=1.0):
-    """Random inputs for the model's graph inputs at this batch (BERT: token ids and a padding mask)."""
+    """Random inputs for the model's graph inputs at this batch, its other dynamic dims (sequence, audio
+    length, image height and width) sized from OTHER_DIMS (BERT: token ids and a padding mask)."""
     out = {}
     for vi in model.graph.input:
-        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        dims[0] = batch
+        dims = [batch] + [d.dim_value or OTHER_DIMS[d.dim_param.split("*")[-1]][batch > 1]
+                          for d in vi.type.tensor_type.shape.dim[1:]]
         if vi.name == "input_ids":
             out[vi.name] = rng.integers(0, 120, dims).astype(np.int64)
         elif vi.name == "attention_mask":
             out[vi.name] = np.ones(dims, np.int64)
-            out[vi.name][::2, 11:] = 0  # every other sequence padded after 11 tokens
+            out[vi.name][::2, 7:] = 0  # every other sequence padded after 7 tokens
         else:
             out[vi.name] = (rng.standard_normal(dims) * scale).astype(np.float32)
     return out

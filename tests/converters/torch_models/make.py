@@ -7,7 +7,8 @@ Six tiny random-weight models of public architectures (a BERT-style encoder and 
 transformers' config classes, an LSTM/GRU audio model with an STFT as a 1-D conv and an If, a
 MobileNetV3-style CNN with HardSwish, a segmentation head with ConvTranspose and Resize, an
 opset-9 Inception-style net with LRN), each exported by torch.onnx's TorchScript exporter and by
-its dynamo exporter with a dynamic batch axis, into this folder as NAME.EXPORTER.onnx (TorchScript at
+its dynamo exporter with a dynamic batch axis (and dynamic sequence length, audio length, image
+height and width where the architecture allows), into this folder as NAME.EXPORTER.onnx (TorchScript at
 opset 17, Inception at 9; dynamo at 18, the lowest it implements: in torch 2.13 its conversion down to
 17 or 9 fails or writes an invalid model). Each file's metadata_props records the exporter, the
 opset asked for and the torch/transformers versions. An export that fails is recorded in
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -28,6 +30,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _axes(per_name):
+    """{input or output name: {axis: dim name}} with the batch axis 0 added to each."""
+    return {k: {0: "batch", **v} for k, v in per_name.items()}
+
+
+# how the dynamo exporter must see a dim besides the batch: (multiple of, min, max)
+DIMS = {"seq": (1, 2, 64), "samples": (8, 64, 4096), "height": (4, 8, 512), "width": (4, 8, 512)}
 
 
 # ---- the models -----------------------------------------------------------------------------------------
@@ -49,7 +60,7 @@ def bert():
     ids = torch.randint(0, 120, (2, 16), generator=g)
     mask = torch.ones(2, 16, dtype=torch.int64)
     mask[1, 12:] = 0
-    return Enc(), (ids, mask), ["input_ids", "attention_mask"], ["hidden", "pooled"], {"input_ids": 0, "attention_mask": 0}
+    return Enc(), (ids, mask), ["input_ids", "attention_mask"], ["hidden", "pooled"], _axes({"input_ids": {1: "seq"}, "attention_mask": {1: "seq"}, "hidden": {1: "seq"}, "pooled": {}})
 
 
 def vit():
@@ -64,7 +75,7 @@ def vit():
 
         def forward(self, pixel_values):
             return self.m(pixel_values=pixel_values).last_hidden_state
-    return V(), (torch.randn(2, 3, 32, 32),), ["pixel_values"], ["hidden"], {"pixel_values": 0}
+    return V(), (torch.randn(2, 3, 32, 32),), ["pixel_values"], ["hidden"], _axes({"pixel_values": {}, "hidden": {}})
 
 
 def _gate(x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +107,7 @@ class Audio(nn.Module):
         re, im = spec[:, :self.bins], spec[:, self.bins:]
         feat = torch.log(re * re + im * im + 1e-6).transpose(1, 2)
         if self.dynamo:
+            feat = feat.contiguous()  # torch.cond refuses a strided view as a branch output at dynamic length
             feat = torch.cond(feat.mean() > 0.0, lambda v: v * 0.5, lambda v: v + 0.0, (feat,))
         else:
             feat = self.gate(feat)
@@ -105,7 +117,7 @@ class Audio(nn.Module):
 
 
 def audio(dynamo: bool):
-    return Audio(dynamo), (torch.randn(2, 256),), ["wave"], ["logits"], {"wave": 0}
+    return Audio(dynamo), (torch.randn(2, 256),), ["wave"], ["logits"], _axes({"wave": {1: "samples"}, "logits": {1: "frames"}})
 
 
 def _conv_bn(cin, cout, k, s=1, groups=1, act=None):
@@ -141,7 +153,7 @@ def mobilenet():
                       _IR(24, 72, 24, 3, 1, False, re), _IR(24, 96, 40, 5, 2, True, hs), _IR(40, 120, 40, 5, 1, True, hs),
                       _conv_bn(40, 96, 1, act=hs), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(96, 64), nn.Hardswish(),
                       nn.Dropout(0.2), nn.Linear(64, 10))
-    return m, (torch.randn(2, 3, 64, 64),), ["image"], ["logits"], {"image": 0}
+    return m, (torch.randn(2, 3, 64, 64),), ["image"], ["logits"], _axes({"image": {}, "logits": {}})
 
 
 class Seg(nn.Module):
@@ -166,7 +178,7 @@ class Seg(nn.Module):
 
 
 def seg():
-    return Seg(), (torch.randn(2, 3, 32, 32),), ["image"], ["seg", "boxes"], {"image": 0}
+    return Seg(), (torch.randn(2, 3, 32, 32),), ["image"], ["seg", "boxes"], _axes({"image": {2: "height", 3: "width"}, "seg": {2: "h2", 3: "w2"}, "boxes": {}})
 
 
 class _Inception(nn.Module):
@@ -184,7 +196,7 @@ class _Inception(nn.Module):
 def inception():
     m = nn.Sequential(nn.Conv2d(3, 16, 5, 2, 2), nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.LocalResponseNorm(5, 1e-4, 0.75, 2.0),
                       _Inception(16), _Inception(32), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
-    return m, (torch.randn(2, 3, 32, 32),), ["image"], ["logits"], {"image": 0}
+    return m, (torch.randn(2, 3, 32, 32),), ["image"], ["logits"], _axes({"image": {}, "logits": {}})
 
 
 MODELS = {"bert": (bert, 17), "vit": (vit, 17), "audio": (audio, 17), "mobilenet": (mobilenet, 17),
@@ -195,10 +207,10 @@ MODELS = {"bert": (bert, 17), "vit": (vit, 17), "audio": (audio, 17), "mobilenet
 def _build(name, dynamo):
     make, opset = MODELS[name]
     torch.manual_seed(0)
-    m, args, ins, outs, batch = make(dynamo) if name == "audio" else make()
+    m, args, ins, outs, axes = make(dynamo) if name == "audio" else make()
     m.eval()
     _randomize_norms(m)
-    return m, args, ins, outs, batch, opset
+    return m, args, ins, outs, axes, opset
 
 
 def _randomize_norms(m):
@@ -212,13 +224,18 @@ def _randomize_norms(m):
 
 def export(name: str, exporter: str) -> onnx.ModelProto:
     dynamo = exporter == "dynamo"
-    m, args, ins, outs, batch, opset = _build(name, dynamo)
+    m, args, ins, outs, axes, opset = _build(name, dynamo)
     if dynamo:  # the dynamo exporter implements opset 18 up; asked for less it converts down, which fails
         opset = max(opset, 18)  # for Pad (to 9), ReduceMean axes (to 17), or writes an invalid ReduceMean-13
     with torch.no_grad():
         if dynamo:
-            b = torch.export.Dim("batch", min=1, max=1024)
-            shapes = tuple({0: b} if k in batch else None for k in ins)
+            dims = {"batch": torch.export.Dim("batch", min=1, max=1024)}
+            for k, (mult, lo, hi) in DIMS.items():
+                dims[k] = mult * torch.export.Dim(k, min=lo // mult, max=hi // mult) if mult > 1 else \
+                    torch.export.Dim(k, min=lo, max=hi)
+            if name == "audio":  # torch 2.13's cond rejects its branches' symbolic strides at a dynamic
+                axes = _axes({k: {} for k in axes})  # length ("not a simple accumulative multiplication")
+            shapes = tuple({a: dims[d] for a, d in axes[k].items()} for k in ins)
             prog = torch.onnx.export(m, args, input_names=ins, output_names=outs, opset_version=opset,
                                      dynamo=True, dynamic_shapes=shapes, external_data=False)
             model = prog.model_proto
@@ -226,7 +243,7 @@ def export(name: str, exporter: str) -> onnx.ModelProto:
             import io
             buf = io.BytesIO()
             torch.onnx.export(m, args, buf, input_names=ins, output_names=outs, opset_version=opset,
-                              dynamo=False, dynamic_axes={k: {0: "batch"} for k in list(batch) + outs})
+                              dynamo=False, dynamic_axes=axes)
             model = onnx.load_from_string(buf.getvalue())
     import transformers
     meta = {"exporter": f"torch.onnx {exporter}", "opset_requested": str(opset), "torch": torch.__version__,
@@ -261,7 +278,8 @@ def main(argv=None) -> int:
                 print(f"{key}: opset {model.opset_import[0].version}, {os.path.getsize(out)} bytes")
             except Exception as e:  # noqa: BLE001  (record why this exporter cannot export it)
                 traceback.print_exc()
-                failures[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+                text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+                failures[key] = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:400]
                 if os.path.exists(out):
                     os.remove(out)
                 print(f"{key}: FAILED {failures[key]}", file=sys.stderr)

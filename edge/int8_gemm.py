@@ -132,8 +132,13 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
     k, nn = bi.shape
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     if m < GEMV_ROWS and not transpose_a:
-        wt = bi.T.astype(np.int8 if bi.size == 0 or (bi.min() >= -128 and bi.max() <= 127) else np.int16)
-        return [(m, nn)], lambda ins, outs, sc: _bind_gemv(np.ascontiguousarray(wt), rq, ins[0], outs[0])
+        if bi.size and (bi.min() < -128 or bi.max() > 127):  # int16 weights: numba's one-row dot products
+            wt = np.ascontiguousarray(bi.T.astype(np.int16))
+            return [(m, nn)], lambda ins, outs, sc: _bind_gemv(wt, rq, ins[0], outs[0])
+        from ..jit.gemv_int8 import activation_elems, pack_weights as pack_rows8
+        w8 = pack_rows8(bi.T)
+        i_a = ctx.scratch((activation_elems(k),), np.int16)
+        return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0])
     w32 = pack_weights(np.ascontiguousarray(bi.T))
     i_x = ctx.scratch(packed_shape(k, m), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
@@ -158,3 +163,13 @@ def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[]
         return lambda: gemv_requantize_float(w, a, mf, cf, flo, fhi, out)
     _, q, c, s, lo, hi = rq
     return lambda: gemv_requantize_int(w, a, q, c, s, lo, hi, out)
+
+
+def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16)."""
+    from ..jit.gemv_int8 import gemv_requantize_float, gemv_requantize_int
+    if rq[0] == "float":
+        _, mf, cf, flo, fhi = rq
+        return lambda: gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, out)
+    _, q, c, s, lo, hi = rq
+    return lambda: gemv_requantize_int(w8, a, a16, q, c, s, lo, hi, out)

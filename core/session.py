@@ -1,7 +1,6 @@
 """Session: runs fetches of a graph, compiling one plan per (fetches, feeds) signature."""
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -13,6 +12,16 @@ from .executor import KernelContext, Plan, SessionState
 from .fetches import feed_check, fetch_key, flatten, resolve_feed, resolve_fetch
 from .graph import Graph, Node, Tensor, get_default_graph
 from .shapes import compatible, fmt
+
+
+_REMOTE: List[Callable[[Optional[Graph], str], Any]] = []  # the factory for "grpc://" targets, once registered
+
+
+def register_remote_session(factory: Callable[[Optional[Graph], str], Any]) -> None:
+    """Makes `Session(graph, target="grpc://host:port")` return `factory(graph, target)`.
+    core imports nothing of the cloud runtime (DESIGN.md): isthmus.cloud registers its
+    DistributedSession when imported, and `isthmus.Session` imports isthmus.cloud first."""
+    _REMOTE[:] = [factory]
 
 
 class Session:
@@ -31,10 +40,11 @@ class Session:
         if args or kwargs:
             raise ValueError(f"target {target!r}: a distributed session takes no "
                              f"{', '.join(sorted(kwargs)) or 'local-session options'}")
-        # core imports nothing of ours (DESIGN.md); the cloud runtime is found by name, only
-        # when asked for. Not a Session subclass, so Python does not run __init__ on it again.
-        impl = importlib.import_module("isthmus.cloud.session")
-        return impl.DistributedSession(graph, target)
+        if not _REMOTE:
+            raise RuntimeError(f"target {target!r}: no cluster runtime is registered; import isthmus.cloud "
+                               "first (isthmus.Session does), or run without a target on this machine")
+        # not a Session subclass, so Python does not run __init__ on it again
+        return _REMOTE[0](graph, target)
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,

@@ -520,3 +520,4 @@ def global_avg_pool(ctx: OpContext):
 
 
 from . import int8_elementwise  # noqa: E402,F401  (registers the elementwise kernels)
+from . import int8_convt, int8_shape  # noqa: E402,F401  (register the transposed conv, data-movement, activations)

@@ -31,10 +31,7 @@ FORBIDDEN_THIRD_PARTY = {
 }
 _IMPORT_BY_NAME = {"import_module", "__import__"}
 # imports by name that cross the arrows on purpose, each with its reason (nothing else may)
-KNOWN_BY_NAME = {
-    # Session(target="grpc://...") is core's public way onto a cluster; the cloud runtime loads only then
-    ("core/session.py", "isthmus.cloud.session"),
-}
+KNOWN_BY_NAME: set = set()  # (core's Session finds the cloud runtime through register_remote_session)
 
 
 def _imports(path: pathlib.Path, folder: str = ""):

@@ -176,7 +176,8 @@ INT8 = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxP
                   "Flatten", "Relu", "Relu6"}
                  | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad", "Concat", "Softmax",
                     "PRelu", "HardSwish", "HardSigmoid", "LeakyRelu", "ConvTranspose2D"})
-# int8 ops whose output keeps its input's scale and zero point
+# int8 ops whose output keeps its input's scale and zero point (a linear resize's outputs are convex
+# combinations of its inputs: never outside their range)
 SAME_QPARAMS = frozenset({"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
                          | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad"})
 
@@ -244,8 +245,6 @@ def int8_refusal(op: str, attrs: Mapping, inputs: Sequence[TensorInfo], outputs:
             return "non-constant weights"
     if op in ("Conv2D", "FusedConv2D") and not constant_inputs[1]:
         return "non-constant weights"
-    if op == "Resize" and attrs.get("mode", "nearest") != "nearest":
-        return "a linear resize (int8 resizes nearest only)"
     if op in ("PRelu", "ConvTranspose2D") and not constant_inputs[1]:
         return "a slope computed at run time"
     return None

@@ -105,3 +105,21 @@ def test_planning_puts_the_whole_model_on_the_edge(name, g, x, y):
         assert off == [], f"{name}: planned off the edge: {off}"
         fused = [k for k, d in plan.placement.items() if ops.get(k) in ("LSTMSequence", "Gelu") and d == EDGE_DEVICE]
         assert fused, f"{name}: no LSTM or Gelu node planned on the edge"
+
+
+@pytest.mark.parametrize("build,shape,min_int8", [(tiny_encoder, (2, 8, 16), 10), (lstm_model, (9, 3, 4), 1)],
+                         ids=["encoder", "lstm"])
+def test_whole_model_quantizes_with_int8_where_the_edge_has_it(build, shape, min_int8):
+    """quantize_to_edge on the same models: the ops with int8 kernels (dense layers, transposes, slices,
+    softmax, ...) go int8, the rest (layer norm, batched attention products, the LSTM) stay fp32 between
+    Quantize/Dequantize; the result stays within a few steps of the executor's."""
+    from isthmus.converters.quantize import quantize_to_edge
+    sess, x, y = session_of(build, shape)
+    rng = np.random.default_rng(0)
+    model, report = quantize_to_edge(sess, [y], [rng.standard_normal(shape).astype(np.float32) for _ in range(8)],
+                                     batch=shape[0])
+    assert report["int8_ops"] >= min_int8, report["int8_ops"]
+    xv = rng.standard_normal(shape).astype(np.float32)
+    want = sess.run(y, {x: xv})
+    got = Interpreter(model).invoke(xv)[0]
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max(), np.abs(got - want).max()

@@ -84,6 +84,8 @@ def _reduce(f):
         shape = ctx.inputs[0].shape
         rank = len(shape)
         given = ctx.attrs.get("axes", ()) or ()
+        if not isinstance(given, tuple):
+            raise EdgeModelError(f"{ctx.op}: attribute 'axes' = {given!r} is not a list of ints")
         axes = tuple(sorted({a % rank for a in ctx.ints("axes", len(given), lo=-rank, hi=max(rank - 1, 0))})) \
             if given else tuple(range(rank))
         keep = bool(ctx.one_int("keepdims", 0, 0, 1))

@@ -262,3 +262,38 @@ def test_recurrent_kernels_numpy_and_compiled(name, shape, build, int8, jit, mon
     """Both step loops (numpy passes, jit/rnn.py) against the executor; ISTHMUS_JIT picks one at prepare."""
     monkeypatch.setenv("ISTHMUS_JIT", jit)
     test_fp32_edge_matches_the_executor(name, shape, build, int8)
+
+
+HOSTILE = [  # (op, inputs, output shape, attrs, what the error names): a bad file is an EdgeModelError
+    ("Gather", [np.ones((3, 4), np.float32), np.array([0, 3], np.int64)], (2, 4), {"axis": 0}, "leave"),
+    ("Gather", [np.ones((3, 4), np.float32), np.array([0.0], np.float32)], (1, 4), {"axis": 0}, "int32 or int64"),
+    ("StridedSlice", [np.ones((3, 4), np.float32)], (3,), {"kinds": [0], "begin": [7], "end": [0], "step": [0],
+                                                            "given": [0]}, "out of range"),
+    ("StridedSlice", [np.ones((3, 4), np.float32)], (3, 4), {"kinds": [1], "begin": [0], "end": [3], "step": [0],
+                                                              "given": [7]}, "step 0"),
+    ("ExpandAxes", [np.ones((3, 4), np.float32)], (1, 3, 4), {"axes": [0, 0]}, "twice"),
+    ("Squeeze", [np.ones((3, 4), np.float32)], (4,), {"axes": [0]}, "size 1"),
+    ("Resize", [np.ones((1, 1, 3, 4), np.float32)], (1, 1, 6, 8), {"mode": "cubic", "scales": [1.0, 1.0, 2.0, 2.0]},
+     "mode"),
+    ("Resize", [np.ones((1, 1, 3, 4), np.float32)], (1, 1, 6, 8), {"scales": [1.0, 1.0, -2.0, 2.0]}, "positive"),
+    ("PRelu", [np.ones((2, 3), np.float32), np.ones((4,), np.float32)], (2, 3), {}, "broadcast"),
+    ("LSTMSequence", [np.ones((2, 1, 3), np.float32), np.ones((8, 3), np.float32), np.ones((8, 2), np.float32),
+                      np.ones((7,), np.float32)], (2, 1, 2), {}, "expected"),
+    ("ConvTranspose2D", [np.ones((1, 2, 3, 3), np.float32), np.ones((3, 1, 2, 2), np.float32)], (1, 1, 4, 4),
+     {"groups": 1}, "do not fit"),
+    ("ConvTranspose2D", [np.ones((1, 2, 3, 3), np.float32), np.ones((2, 1, 2, 2), np.float32)], (1, 1, 4, 4),
+     {"strides": [1, 1], "output_padding": [1, 0]}, "below strides"),
+    ("ReduceMean", [np.ones((2, 3), np.float32)], (2,), {"axes": [5]}, "axes"),
+]
+
+
+@pytest.mark.parametrize("op,values,out,attrs,what", HOSTILE, ids=[f"{h[0]}-{h[4]}" for h in HOSTILE])
+def test_bad_attributes_and_shapes_are_edge_model_errors(op, values, out, attrs, what):
+    from isthmus.edge import EdgeModelError
+
+    from .singleop import Out, run
+    args = [Arg(v, const=k > 0) for k, v in enumerate(values)]
+    if op == "LSTMSequence":  # three outputs: the single-op helper writes one, so the arity check speaks first
+        what = "outputs|expected"
+    with pytest.raises(EdgeModelError, match=what):
+        run(op, args, Out("float32"), out, attrs)

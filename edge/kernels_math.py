@@ -1,5 +1,6 @@
 """fp32 edge kernels a transformer block needs beyond matmul and layer norm: Gelu (exact, through erfc,
-or the tanh form) and the reductions ReduceMean, ReduceSum, ReduceMax over any axes. Same contract as
+or the tanh form), Erf (ONNX exports of gelu below opset 20 spell it out with Erf) and the reductions
+ReduceMean, ReduceSum, ReduceMax over any axes. Same contract as
 kernels.py: prepare(ctx) -> (output shapes, bind), steps writing into arena views with out=."""
 from __future__ import annotations
 
@@ -75,6 +76,57 @@ def gelu(ctx: OpContext):
             copyto(t, p, where=neg)
             mul(x, t, out=y)
         return run_tanh if approx == "tanh" else run_exact
+    return [shape], bind
+
+
+# erf(x) = (2 / sqrt pi) (x - x^3 / 3 + x^5 / 10 - ...) near 0, where 1 - erfc(x) would cancel: the terms
+# through x^11, below 2e-8 relative for |x| < 1/2
+_ERF_SERIES = tuple(2 / math.sqrt(math.pi) * (-1) ** k / (math.factorial(k) * (2 * k + 1)) for k in range(6))
+_ERF_SMALL = 0.5
+
+
+@kernel("Erf")
+def erf(ctx: OpContext):
+    """sign(x) (1 - erfc(|x|)) from the erfc fit, and the series near 0."""
+    _float(ctx)
+    shape = ctx.inputs[0].shape
+    i_u, i_t, i_p, i_m = (ctx.scratch(shape, np.float32), ctx.scratch(shape, np.float32),
+                          ctx.scratch(shape, np.float32), ctx.scratch(shape, np.bool_))
+    coef = [np.float32(c) for c in _ERFC]
+    series = [np.float32(c) for c in _ERF_SERIES]
+    one, small = np.float32(1.0), np.float32(_ERF_SMALL)
+
+    def bind(ins, outs, sc):
+        x, y, u, t, p, far = ins[0], outs[0], sc[i_u], sc[i_t], sc[i_p], sc[i_m]
+        add, mul, sub, div, exp, copyto = np.add, np.multiply, np.subtract, np.divide, np.exp, np.copyto
+        half = np.float32(0.5)
+
+        def run():
+            np.abs(x, out=u)
+            mul(u, half, out=t)
+            add(t, one, out=t)
+            div(one, t, out=t)  # t = 1 / (1 + u / 2)
+            copyto(p, coef[-1])
+            for a in coef[-2:0:-1]:  # Horner: P(t) - c0
+                mul(p, t, out=p)
+                add(p, a, out=p)
+            mul(p, t, out=p)
+            add(p, coef[0], out=p)
+            mul(u, u, out=y)
+            sub(p, y, out=p)  # -u^2 + P(t)
+            exp(p, out=p)
+            mul(p, t, out=p)  # erfc(|x|)
+            sub(one, p, out=p)
+            np.copysign(p, x, out=p)  # erf(x), away from 0
+            mul(x, x, out=t)  # the series in x^2, near 0
+            copyto(y, series[-1])
+            for a in series[-2::-1]:
+                mul(y, t, out=y)
+                add(y, a, out=y)
+            mul(y, x, out=y)
+            np.greater_equal(u, small, out=far)
+            copyto(y, p, where=far)
+        return run
     return [shape], bind
 
 

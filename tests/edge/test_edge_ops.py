@@ -75,6 +75,7 @@ CASES = [
     ("hard_sigmoid", (3, 40), lambda x, r: [ism.hard_sigmoid(x, 0.3, 0.4)], True),
     ("leaky_relu", (3, 10), lambda x, r: [ism.leaky_relu(x, 0.1)], True),
     ("gelu", (4, 50), lambda x, r: [ism.gelu(x * 4.0)], False),
+    ("erf", (4, 50), lambda x, r: [ism.erf(x * 2.0), ism.erf(x * 0.01)], False),
     ("gelu_tanh", (4, 50), lambda x, r: [ism.gelu(x * 4.0, approximate="tanh")], False),
     ("reduce_mean_axis1", (2, 5, 3), lambda x, r: [ism.reduce_mean(x, 1)], False),
     ("reduce_sum_keep", (2, 5, 3), lambda x, r: [ism.reduce_sum(x, (0, -1), keepdims=True)], False),
@@ -297,3 +298,23 @@ def test_bad_attributes_and_shapes_are_edge_model_errors(op, values, out, attrs,
         what = "outputs|expected"
     with pytest.raises(EdgeModelError, match=what):
         run(op, args, Out("float32"), out, attrs)
+
+
+def test_erf_and_gelu_against_float64():
+    """The edge's erf and exact gelu (numpy has no erf) against scipy in float64, over the float32 range that
+    matters, tiny arguments included (the series) and the far negative side of gelu (relative accuracy)."""
+    special = pytest.importorskip("scipy.special")
+    from .singleop import Out, run
+    x = np.concatenate([np.linspace(-9, 9, 20001), np.logspace(-8, 0, 200), -np.logspace(-8, 0, 200)])
+    x = x.astype(np.float32)
+    x64 = x.astype(np.float64)
+    ref = special.erf(x64)
+    got = run("Erf", [Arg(x)], Out("float32"), x.shape)
+    assert (np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30)).max() < 1e-6
+    ref = 0.5 * x64 * special.erfc(-x64 / np.sqrt(2))
+    got = run("Gelu", [Arg(x)], Out("float32"), x.shape, {"approximate": "none"})
+    tiny = np.abs(ref) < 1e-30  # underflows to 0 in float32
+    rel = (np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30))[~tiny]
+    # far on the negative side gelu is x e^(-x^2/2 + ...): float32's rounding of an exponent near -40 is a few
+    # 1e-6 relative; float32's own 1 + erf(x / sqrt 2) would have no correct digit left there
+    assert rel.max() < 2e-5 and np.median(rel) < 1e-6

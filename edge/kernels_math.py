@@ -33,7 +33,8 @@ def gelu(ctx: OpContext):
     approx = ctx.choice("approximate", "none", ("none", "tanh"))
     i_t, i_p = ctx.scratch(shape, np.float32), ctx.scratch(shape, np.float32)
     coef = [np.float32(c) for c in _ERFC]
-    half, one, r2, c = np.float32(0.5), np.float32(1.0), np.float32(1 / math.sqrt(2)), np.float32(math.sqrt(2 / math.pi))
+    half, one = np.float32(0.5), np.float32(1.0)
+    r2, c = np.float32(1 / math.sqrt(2)), np.float32(math.sqrt(2 / math.pi))
     k3 = np.float32(0.044715)
 
     def bind(ins, outs, sc):

@@ -16,6 +16,8 @@ from .model_source import LoadedModel, load_model
 
 PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 PHONE_PROFILE = os.path.join(PROFILES, "phone.json")
+PHONE_LITERT_PROFILE = os.path.join(PROFILES, "phone-litert.json")   # benchmarks/tflite_profile.py writes it
+SHIPPED_PROFILES = {"phone": PHONE_PROFILE, "phone-litert": PHONE_LITERT_PROFILE}
 SWEEP_BPS = tuple(float(b) for b in np.geomspace(0.1e6, 1000e6, 25))  # the cuts the client may switch among
 
 
@@ -41,13 +43,15 @@ class Deployment:
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
-    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone' names the one that ships."""
+    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone' and 'phone-litert' name
+    the ones that ship (apps/profiles/)."""
     from isthmus.partitioner.devices import DeviceProfile
     if path in (None, ""):
         return None
-    path = PHONE_PROFILE if path == "phone" else path
+    path = SHIPPED_PROFILES.get(path, path)
     if not os.path.isfile(path):
-        raise UsageError(f"{flag} {path}: no such file (or 'phone' for the profile that ships with isthmus)")
+        raise UsageError(f"{flag} {path}: no such file (or {' / '.join(map(repr, SHIPPED_PROFILES))} for the "
+                         "profiles that ship with isthmus)")
     try:
         return DeviceProfile.load(path)
     except (ValueError, TypeError) as e:

@@ -1,0 +1,106 @@
+"""ONNX import of small ops built from core ops: Shrink, MeanVarianceNormalization, the Hann, Hamming
+and Blackman windows, SwiGLU and CausalConvWithState (the ops the conformance run refused most
+cheaply: each is a few core ops, so each is differentiable where its parts are)."""
+from __future__ import annotations
+
+import numpy as np
+
+import isthmus.core as ism
+from isthmus.core.ops.arange import arange
+
+from .onnx_import import _attrs, _pick, _s, handler, refuse_unless
+
+
+@handler("Shrink", 9, attrs=("bias", "lambd"))
+def _shrink(c, node, ins):
+    """x + bias below -lambd, x - bias above lambd, 0 between."""
+    at = _attrs(node)
+    x = ins[0]
+    lam, bias = float(at.get("lambd", 0.5)), float(at.get("bias", 0.0))
+    dt = x.dtype
+
+    def k(v):
+        return ism.constant(np.array(v, dt))
+    return [ism.where(ism.less(x, k(-lam)), ism.add(x, k(bias)),
+                      ism.where(ism.greater(x, k(lam)), ism.sub(x, k(bias)), ism.zeros_like(x)))]
+
+
+@handler("MeanVarianceNormalization", 9, attrs=("axes",))
+def _mvn(c, node, ins):
+    """(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9) over `axes` (default N, H, W), as ONNX's function body."""
+    x = ins[0]
+    axes = tuple(int(a) for a in _attrs(node).get("axes", (0, 2, 3)))
+    mean = ism.reduce_mean(x, axes, keepdims=True)
+    var = ism.sub(ism.reduce_mean(ism.square(x), axes, keepdims=True), ism.square(mean))
+    std = ism.add(ism.sqrt(var), ism.constant(np.array(1e-9, x.dtype)))
+    return [ism.div(ism.sub(x, mean), std)]
+
+
+# name -> [(coefficient, cosine harmonic)]: w[n] = sum of coefficient * cos(2 pi harmonic n / N)
+_WINDOWS = {"HannWindow": [(0.5, 0), (-0.5, 1)],  # the first term is the constant one
+            "HammingWindow": [(25.0 / 46.0, 0), (-(1 - 25.0 / 46.0), 1)],
+            "BlackmanWindow": [(0.42, 0), (-0.5, 1), (0.08, 2)]}
+
+
+def _window(terms):
+    def h(c, node, ins):
+        """A window of `size` (known at import or at run time) points; N = size (periodic) or size - 1."""
+        from onnx import helper
+        at = _attrs(node)
+        out_dtype = helper.tensor_dtype_to_np_dtype(int(at.get("output_datatype", 1)))
+        size = ism.cast(ism.reshape(ins[0], ()), np.int64)
+        n = ism.cast(arange(ism.constant(np.array(0, np.int64)), size), np.float64)
+        span = ism.cast(size if at.get("periodic", 1) else ism.sub(size, ism.constant(np.array(1, np.int64))),
+                        np.float64)
+        phase = ism.div(ism.mul(n, ism.constant(np.array(2 * np.pi))), span)
+        w = ism.mul(ism.ones_like(n), terms[0][0])
+        for coef, harmonic in terms[1:]:
+            w = ism.add(w, ism.mul(ism.cos(ism.mul(phase, float(harmonic))), coef))
+        return [ism.cast(w, out_dtype)]
+    return h
+
+
+for _op, _terms in _WINDOWS.items():
+    handler(_op, 17, attrs=("output_datatype", "periodic"))(_window(_terms))
+
+
+def _silu(x, alpha: float = 1.0):
+    """x * sigmoid(alpha x), float16 computed in float32 (one rounding, at the end)."""
+    xf = ism.cast(x, np.float32) if x.dtype == np.float16 else x
+    y = ism.mul(xf, ism.sigmoid(xf if alpha == 1.0 else ism.mul(xf, np.array(alpha, xf.dtype))))
+    return y if y.dtype == x.dtype else ism.cast(y, x.dtype)
+
+
+@handler("SwiGLU", 28, attrs=("alpha",))
+def _swiglu(c, node, ins):
+    a, b = ins
+    refuse_unless(a.shape == b.shape or None in a.shape or None in b.shape,
+                  f"A {list(a.shape)} and B {list(b.shape)} must have the same shape (no broadcasting)")
+    return [ism.mul(_silu(a, float(_attrs(node).get("alpha", 1.0))), b)]
+
+
+@handler("CausalConvWithState", 27, attrs=("activation",))
+def _causal_conv(c, node, ins):
+    """Depthwise 1-D conv over [past_state (or k-1 zeros), input]; present_state is the last k-1 positions
+    of that concatenation. The convolution is the imported Conv (group = channels)."""
+    from onnx import helper
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    past = ins[3] if len(ins) > 3 else None
+    act = _s(_attrs(node).get("activation", "none"))
+    refuse_unless(act in ("none", "silu", "swish"), f"activation '{act}' is not none, silu or swish")
+    refuse_unless(len(x.shape) == 3 and len(w.shape) == 3 and w.shape[2] is not None,
+                  f"input {list(x.shape)} and weight {list(w.shape)} must be rank 3 with a known kernel size")
+    ch, k = x.shape[1], w.shape[2]
+    refuse_unless(ch is not None, "the channel count must be known at import")
+    if past is None:
+        padded = ism.pad(x, ((0, 0), (0, 0), (k - 1, 0))) if k > 1 else x
+    else:
+        padded = ism.concat([past, x], 2)
+    conv = helper.make_node("Conv", ["x", "w"] + (["b"] if bias is not None else []), ["y"], group=ch,
+                            kernel_shape=[k], strides=[1], pads=[0, 0], dilations=[1])
+    y = _pick("Conv", c.opset)(c, conv, [padded, w] + ([bias] if bias is not None else []))[0]
+    if act != "none":
+        y = _silu(y)
+    present = padded[:, :, -(k - 1):] if k > 1 else padded[:, :, 0:0]
+    return [y, present]

@@ -1,5 +1,5 @@
 """ONNX import of small ops built from core ops: Shrink, MeanVarianceNormalization, the Hann, Hamming
-and Blackman windows, SwiGLU and CausalConvWithState (the ops the conformance run refused most
+and Blackman windows, SwiGLU, CausalConvWithState and BitCast (the ops the conformance run refused most
 cheaply: each is a few core ops, so each is differentiable where its parts are)."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import numpy as np
 
 import isthmus.core as ism
 from isthmus.core.ops.arange import arange
+from isthmus.core.ops.bitwise import bitcast
 
-from .onnx_import import _attrs, _pick, _s, handler, refuse_unless
+from .onnx_import import ImportError_, _attrs, _pick, _s, handler, refuse_unless
 
 
 @handler("Shrink", 9, attrs=("bias", "lambd"))
@@ -104,3 +105,16 @@ def _causal_conv(c, node, ins):
         y = _silu(y)
     present = padded[:, :, -(k - 1):] if k > 1 else padded[:, :, 0:0]
     return [y, present]
+
+
+@handler("BitCast", 26, attrs=("to",))
+def _bitcast(c, node, ins):
+    from onnx import helper
+    at = _attrs(node)
+    refuse_unless("to" in at, "the 'to' attribute is required")
+    try:
+        to = np.dtype(helper.tensor_dtype_to_np_dtype(int(at["to"])))
+    except Exception:  # noqa: BLE001
+        raise ImportError_(f"'to' = {at['to']} is not an ONNX element type") from None
+    refuse_unless(to.kind in "fiub" and to.isnative, f"'to' = {to} is not supported (numeric and bool types are)")
+    return [bitcast(ins[0], to)]

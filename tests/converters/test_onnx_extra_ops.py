@@ -72,3 +72,18 @@ def test_shrink_on_integers_and_swiglu_at_unknown_batch():
                 [vi("a", TensorProto.FLOAT, ["N", 4]), vi("b", TensorProto.FLOAT, ["N", 4])],
                 [vi("z", TensorProto.FLOAT, None)], {"a": a, "b": b}, 28)
     np.testing.assert_allclose(z, a / (1 + np.exp(-1.702 * a)) * b, rtol=1e-5)
+
+
+def test_bitcast_keeps_the_bits_of_a_strided_input_and_refuses_another_width():
+    """core's BitCast (what ONNX BitCast imports to): numpy's view of the same bytes, also for a transposed
+    (non-contiguous) input; a dtype of another width is refused when the node is built."""
+    from isthmus.core.ops.bitwise import bitcast
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        p = ism.placeholder(np.float32, (None, 4))
+        y = bitcast(ism.transpose(p), np.int32)
+        assert y.dtype == np.int32 and y.shape == (4, None)
+        with pytest.raises(ism.ShapeError, match="32 bits.*int64"):
+            bitcast(p, np.int64)
+    np.testing.assert_array_equal(ism.Session(g).run(y, {p: x}), np.ascontiguousarray(x.T).view(np.int32))

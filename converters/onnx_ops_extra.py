@@ -118,3 +118,56 @@ def _bitcast(c, node, ins):
         raise ImportError_(f"'to' = {at['to']} is not an ONNX element type") from None
     refuse_unless(to.kind in "fiub" and to.isnative, f"'to' = {to} is not supported (numeric and bool types are)")
     return [bitcast(ins[0], to)]
+
+
+@handler("TensorScatter", 24, attrs=("axis", "mode"))
+def _tensor_scatter(c, node, ins):
+    """present = past with update written along `axis` from write_indices[b] (0 when absent) on, the
+    position taken modulo the cache length in circular mode: one ScatterElements."""
+    at = _attrs(node)
+    past, update = ins[0], ins[1]
+    w = ins[2] if len(ins) > 2 else None
+    r = len(past.shape)
+    axis = int(at.get("axis", -2))
+    axis = axis + r if axis < 0 else axis
+    mode = _s(at.get("mode", "linear"))
+    refuse_unless(mode in ("linear", "circular"), f"mode '{mode}' is not linear or circular")
+    refuse_unless(0 < axis < r and len(update.shape) == r, f"axis {at.get('axis', -2)} does not fit rank {r} "
+                                                             "(the batch axis 0 cannot be the sequence axis)")
+    along = [1] * r
+    along[axis] = -1
+    seq_len = ism.reshape(ism.shape(update, "int64")[axis:axis + 1], ())
+    idx = ism.reshape(arange(ism.constant(np.array(0, np.int64)), seq_len), along)
+    if w is not None:
+        idx = ism.add(idx, ism.reshape(ism.cast(w, np.int64), [-1] + [1] * (r - 1)))
+    if mode == "circular":
+        idx = ism.mod(idx, ism.shape(past, "int64")[axis:axis + 1])
+    idx = ism.add(idx, ism.cast(ism.zeros_like(update), np.int64))  # broadcast to the update's shape
+    return [ism.scatter_elements(past, idx, update, axis)]
+
+
+@handler("MaxUnpool", 9, attrs=("kernel_shape", "pads", "strides"))
+def _max_unpool(c, node, ins):
+    """Each value of X written at its index (flat over the whole inferred output, as MaxPool's Indices
+    count) into zeros; an output_shape input pads that at the end of each axis."""
+    from isthmus.core.ops.pad_dynamic import pad_dynamic
+    at = _attrs(node)
+    x, idx = ins[0], ins[1]
+    k = list(at["kernel_shape"])
+    d = len(k)
+    s = list(at.get("strides", [1] * d))
+    p = list(at.get("pads", [0] * (2 * d)))
+    spatial = x.shape[2:]
+    refuse_unless(len(spatial) == d and None not in spatial and x.shape[1] is not None,
+                  f"input {list(x.shape)}: channel and spatial dims must be known, rank {d + 2}")
+    out_sp = [(n - 1) * st - (p[i] + p[i + d]) + k[i] for i, (n, st) in enumerate(zip(spatial, s))]
+    per_image = int(x.shape[1] * np.prod(out_sp))
+    n = ism.reshape(ism.shape(x, "int64")[0:1], ())
+    size = ism.reshape(ism.mul(n, ism.constant(np.array(per_image, np.int64))), (1,))
+    flat = ism.scatter_elements(ism.fill(size, 0, x.dtype), ism.reshape(ism.cast(idx, np.int64), (-1,)),
+                                ism.reshape(x, (-1,)), 0)
+    y = ism.reshape(flat, [-1, x.shape[1]] + out_sp)
+    if len(ins) > 2 and ins[2] is not None:  # grow each axis to output_shape, zeros after
+        extra = ism.sub(ism.cast(ins[2], np.int64), ism.shape(y, "int64"))
+        y = pad_dynamic(y, ism.concat([ism.mul(extra, ism.constant(np.array(0, np.int64))), extra], 0))
+    return [y]

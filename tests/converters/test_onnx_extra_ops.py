@@ -87,3 +87,54 @@ def test_bitcast_keeps_the_bits_of_a_strided_input_and_refuses_another_width():
         with pytest.raises(ism.ShapeError, match="32 bits.*int64"):
             bitcast(p, np.int64)
     np.testing.assert_array_equal(ism.Session(g).run(y, {p: x}), np.ascontiguousarray(x.T).view(np.int32))
+
+
+def test_max_unpool_inverts_max_pool_like_onnxruntime_at_unknown_batch():
+    """onnxruntime's MaxPool gives the values and Indices; isthmus and onnxruntime unpool them."""
+    import onnxruntime as ort
+    vi = helper.make_tensor_value_info
+
+    def model(nodes, inputs, outputs):
+        m = helper.make_model(helper.make_graph(nodes, "m", inputs, [vi(o, TensorProto.FLOAT if o != "i" else
+                                                                        TensorProto.INT64, None) for o in outputs]),
+                              opset_imports=[helper.make_opsetid("", 11)])
+        m.ir_version = 8
+        return m
+    pool = model([helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2])],
+                 [vi("x", TensorProto.FLOAT, ["N", 2, 4, 6])], ["p", "i"])
+    unpool = model([helper.make_node("MaxUnpool", ["p", "i"], ["u"], kernel_shape=[2, 2], strides=[2, 2]),
+                    helper.make_node("MaxUnpool", ["p", "i", "s"], ["v"], kernel_shape=[2, 2], strides=[2, 2])],
+                   [vi("p", TensorProto.FLOAT, ["N", 2, 2, 3]), vi("i", TensorProto.INT64, ["N", 2, 2, 3]),
+                    vi("s", TensorProto.INT64, [4])], ["u", "v"])
+    g, ins, outs = from_onnx(unpool)
+    sess = ism.Session(g)
+    ref = ort.InferenceSession(unpool.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = rng.permutation(n * 48).reshape(n, 2, 4, 6).astype(np.float32)  # distinct: one max per window
+        p, i = ort.InferenceSession(pool.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        s = np.array([n, 2, 5, 7], np.int64)
+        want = ref.run(["u"], {"p": p, "i": i, "s": s})[0]
+        got = sess.run(outs, {ins["p"]: p, ins["i"]: i, ins["s"]: s})
+        np.testing.assert_array_equal(got[0], want)
+        np.testing.assert_array_equal(got[0], np.where(x == np.repeat(np.repeat(p, 2, 2), 2, 3), x, 0))
+        assert got[1].shape == (n, 2, 5, 7)
+        np.testing.assert_array_equal(got[1][:, :, :4, :6], want)  # the spec's reference: zeros after
+        assert not got[1][:, :, 4:].any() and not got[1][:, :, :, 6:].any()
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_writes_each_batch_row_at_its_index(mode):
+    vi = helper.make_tensor_value_info
+    node = helper.make_node("TensorScatter", ["past", "upd", "w"], ["out"], mode=mode, axis=2)
+    ins = [vi("past", TensorProto.FLOAT, ["N", 2, 6, 3]), vi("upd", TensorProto.FLOAT, ["N", 2, "S", 3]),
+           vi("w", TensorProto.INT64, ["N"])]
+    for n, s in ((1, 1), (3, 2)):
+        past = rng.standard_normal((n, 2, 6, 3)).astype(np.float32)
+        upd = rng.standard_normal((n, 2, s, 3)).astype(np.float32)
+        w = rng.integers(0, 6 if mode == "circular" else 6 - s + 1, n)
+        (got,) = _run([node], ins, [vi("out", TensorProto.FLOAT, None)], {"past": past, "upd": upd, "w": w}, 24)
+        want = past.copy()
+        for b in range(n):
+            for t in range(s):
+                want[b, :, (w[b] + t) % 6] = upd[b, :, t]
+        np.testing.assert_array_equal(got, want)

@@ -1,5 +1,5 @@
 """ONNX import of small ops built from core ops: Shrink, MeanVarianceNormalization, the Hann, Hamming
-and Blackman windows, SwiGLU, CausalConvWithState and BitCast (the ops the conformance run refused most
+and Blackman windows, SwiGLU, CausalConvWithState, BitCast, TensorScatter, MaxUnpool and AffineGrid (the ops the conformance run refused most
 cheaply: each is a few core ops, so each is differentiable where its parts are)."""
 from __future__ import annotations
 
@@ -171,3 +171,35 @@ def _max_unpool(c, node, ins):
         extra = ism.sub(ism.cast(ins[2], np.int64), ism.shape(y, "int64"))
         y = pad_dynamic(y, ism.concat([ism.mul(extra, ism.constant(np.array(0, np.int64))), extra], 0))
     return [y]
+
+
+@handler("AffineGrid", 20, attrs=("align_corners",))
+def _affine_grid(c, node, ins):
+    """theta (N, 2, 3) or (N, 3, 4) applied to the normalized coordinates of a (D,) H, W grid whose size
+    comes at run time: [x, y, (z,) 1] per point, one batched matmul, reshaped to (N, (D,) H, W, 2|3)."""
+    theta, size = ins
+    align = bool(_attrs(node).get("align_corners", 0))
+    refuse_unless(len(theta.shape) == 3 and theta.shape[1] in (2, 3), f"theta {list(theta.shape)} is not (N, 2, 3) "
+                                                                       "or (N, 3, 4)")
+    d = theta.shape[1]
+    dt = theta.dtype
+    sz = ism.cast(size, np.int64)
+    axes = []  # per spatial dim (D,) H, W: its normalized coordinates, shaped to broadcast over the grid
+    for k in range(d):
+        n = ism.reshape(sz[2 + k:3 + k], ())
+        i = ism.cast(arange(ism.constant(np.array(0, np.int64)), n), dt)
+        nf = ism.cast(n, dt)
+        v = ism.sub(ism.div(ism.mul(i, 2.0), ism.sub(nf, 1.0)), 1.0) if align else \
+            ism.sub(ism.div(ism.add(ism.mul(i, 2.0), 1.0), nf), 1.0)
+        shape = [1] * d
+        shape[k] = -1
+        axes.append(ism.reshape(v, shape))
+    zero = None
+    for a in axes:
+        z = ism.mul(a, 0.0)
+        zero = z if zero is None else ism.add(zero, z)  # zeros of the full grid's shape
+    coords = [ism.add(a, zero) for a in reversed(axes)] + [ism.add(zero, 1.0)]  # x (W) first, then y, (z), 1
+    grid = ism.reshape(ism.concat([ism.expand_dims(t, -1) for t in coords], -1), (1, -1, d + 1))
+    out = ism.matmul(grid, ism.transpose(theta, (0, 2, 1)))  # (N, points, d)
+    shape = ism.concat([ism.shape(theta, "int64")[0:1], sz[2:2 + d], ism.constant(np.array([d], np.int64))], 0)
+    return [ism.cast(ism.reshape_to(out, shape), np.float32)]

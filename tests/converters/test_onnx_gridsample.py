@@ -1,4 +1,4 @@
-"""GridSample import (converters/onnx_gridsample.py): every mode and padding against onnxruntime at an
+"""GridSample import (converters/onnx_gridsample.py), and AffineGrid feeding it: every mode and padding against onnxruntime at an
 unknown batch (grids reaching well outside [-1, 1], so reflection folds several times), and its
 gradients in the input and the grid against central differences.
 
@@ -79,3 +79,28 @@ def test_grid_sample_gradients_match_central_differences(mode):
         fp = sess.run(loss, {**feeds, (ins["x"] if arr is x else ins["g"]): plus})
         fm = sess.run(loss, {**feeds, (ins["x"] if arr is x else ins["g"]): minus})
         np.testing.assert_allclose(grad[idx], (fp - fm) / 2e-6, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_affine_grid_then_grid_sample_a_spatial_transformer_like_onnxruntime(align):
+    """AffineGrid (size known only at run time: the input's Shape) feeding GridSample, at batch 1 and 3."""
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Shape", ["x"], ["size"]),
+             helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=int(align)),
+             helper.make_node("GridSample", ["x", "grid"], ["y"], align_corners=int(align))]
+    m = helper.make_model(helper.make_graph(nodes, "stn", [vi("x", TensorProto.FLOAT, ["N", 3, 5, 6]),
+                                                           vi("theta", TensorProto.FLOAT, ["N", 2, 3])],
+                                            [vi("y", TensorProto.FLOAT, None), vi("grid", TensorProto.FLOAT, None)]),
+                          opset_imports=[helper.make_opsetid("", 20)])
+    m.ir_version = 10
+    g, ins, outs = from_onnx(m)
+    sess = ism.Session(g)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = rng.standard_normal((n, 3, 5, 6)).astype(np.float32)
+        theta = (np.eye(2, 3) + rng.uniform(-0.3, 0.3, (n, 2, 3))).astype(np.float32)
+        want = ref.run(None, {"x": x, "theta": theta})
+        got = sess.run(outs, {ins["x"]: x, ins["theta"]: theta})
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 """ONNX import of small ops built from core ops: Shrink, MeanVarianceNormalization, the Hann, Hamming
-and Blackman windows, SwiGLU, CausalConvWithState, BitCast, TensorScatter, MaxUnpool and AffineGrid (the ops the conformance run refused most
-cheaply: each is a few core ops, so each is differentiable where its parts are)."""
+and Blackman windows, SwiGLU, CausalConvWithState, BitCast, TensorScatter, MaxUnpool and AffineGrid
+(the ops the conformance run refused most cheaply: each is a few core ops, so each is
+differentiable where its parts are)."""
 from __future__ import annotations
 
 import numpy as np

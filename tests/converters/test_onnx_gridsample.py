@@ -1,5 +1,5 @@
-"""GridSample import (converters/onnx_gridsample.py), and AffineGrid feeding it: every mode and padding against onnxruntime at an
-unknown batch (grids reaching well outside [-1, 1], so reflection folds several times), and its
+"""GridSample import (converters/onnx_gridsample.py), and AffineGrid feeding it: every mode and
+padding against onnxruntime at an unknown batch (grids reaching well outside [-1, 1], so reflection folds several times), and its
 gradients in the input and the grid against central differences.
 
 Cubic with border or reflection padding is checked against onnx's reference evaluator instead: the

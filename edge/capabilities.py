@@ -151,7 +151,7 @@ def _reduce(a: Mapping) -> dict:
 
 
 FP32.update({
-    "Gelu": (lambda a: {"approximate": str(a.get("approximate", "none"))}, (1, 1)),
+    "Gelu": (lambda a: {"approximate": str(a.get("approximate", "none"))}, (1, 1)), "Erf": (_none, (1, 1)),
     **{op: (_reduce, (1, 1)) for op in ("ReduceMean", "ReduceSum", "ReduceMax")},
     "Gather": (lambda a: {"axis": int(a["axis"])}, (2, 2)),
     "StridedSlice": (_strided_slice, (1, 1)),

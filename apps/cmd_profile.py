@@ -1,7 +1,8 @@
 """`isthmus profile --runtime isthmus|litert`: a device profile timed in isthmus's kernels (the
 partitioner's calibrate command) or in LiteRT (converters/litert_profile), the JSON `split --edge-profile` reads;
 with `--client`, also the offload client's own cost measured here (apps/client_measure.py), scaled by --slowdown,
-as the profile's `client` section, which `isthmus split` prices."""
+as the profile's `client` section, and with `--parts int8|fp32` an edge part's cost beyond its kernels
+(apps/part_measure.py) as its `part` section, both of which `isthmus split` prices."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the edge offload client's own cost per request here (against an in-process "
                         "service on 127.0.0.1, a few seconds) and write it, x --slowdown, as the profile's client "
                         "section; without it `isthmus split` assumes a documented default")
+    p.add_argument("--parts", choices=("int8", "fp32"), default=None,
+                   help="also measure what an edge part costs beyond its kernels (the interpreter's call, quantizing "
+                        "at the cut, the client's glue, cold caches after a round trip) on edge parts of several "
+                        "sizes in this format, run by the offload client against an in-process service (about 30 s), "
+                        "and write it, x --slowdown, as the profile's part section, which every plan prices")
     p.add_argument("--client-requests", type=positive_int, default=10,
                    help="with --client: requests timed per cut (edge-only, split, cloud-only; default %(default)s)")
 
@@ -50,9 +56,23 @@ def run(args) -> int:
         rc = calibrate.run(args)
     else:
         rc = _run_litert(args)
-    if rc or not getattr(args, "client", False):
-        return rc
-    return _add_client(args)
+    if not rc and getattr(args, "client", False):
+        rc = _add_client(args)
+    if not rc and getattr(args, "parts", None):
+        rc = _add_parts(args)
+    return rc
+
+
+def _add_parts(args) -> int:
+    """Measure an edge part's cost beyond its kernels here and write it, x --slowdown, into the profile."""
+    from isthmus.partitioner.devices import DeviceProfile
+    from .part_measure import measure_part_cost
+    out = args.out or f"{args.device}.json"
+    part = measure_part_cost(int8=args.parts == "int8", slowdown=args.slowdown)
+    replace(DeviceProfile.load(out), part=part).save(out)
+    print(f"wrote the part section of {out} ({args.parts} edge parts): {part.describe()}"
+          + (f" (measured here x {args.slowdown:g})" if args.slowdown != 1.0 else " (measured here)"))
+    return 0
 
 
 def _add_client(args) -> int:

@@ -4,7 +4,8 @@
 (RunStep on the master, median of `steps`), then opens `flood` RecvTensor calls for tensors
 that never arrive, each asking for an endless wait, spread over `channels` connections, and
 times the same step again while they hang. The task's WaitLimits cap each wait and admit
-only so many; the rest end RESOURCE_EXHAUSTED.
+only so many (the connections share one host, so per_peer of them); the rest end
+RESOURCE_EXHAUSTED.
 """
 from __future__ import annotations
 

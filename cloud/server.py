@@ -278,8 +278,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-recv-wait", type=float, default=DEFAULT_MAX_WAIT_S,
                         help="longest wait a RecvTensor caller may ask for, in seconds (default %(default)s)")
     parser.add_argument("--max-waiting-per-peer", type=int, default=DEFAULT_PER_PEER,
-                        help="RecvTensor calls one connection may have waiting at once; more get "
-                             "RESOURCE_EXHAUSTED (default %(default)s)")
+                        help="RecvTensor calls one caller (one host, however many connections it opens) may "
+                             "have waiting at once; more get RESOURCE_EXHAUSTED (default %(default)s)")
     parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (default: $ISTHMUS_TLS_CERT)")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert (default: $ISTHMUS_TLS_KEY)")
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA "

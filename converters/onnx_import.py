@@ -138,16 +138,19 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
     or from the model file's own folder when `model` is a path; never through `..`, an absolute
     path or a symlink leading out of that folder."""
     from .onnx_external import load_model
-    model, base = load_model(model, external_data_dir)
+    model, base, raws = load_model(model, external_data_dir)
     try:
-        return _import(model, trainable, graph, base)
+        return _import(model, trainable, graph, base, raws)
     except ImportError_:
         raise
     except Exception as e:  # noqa: BLE001  (protobuf, onnx and numpy errors on a malformed model)
         raise ImportError_(f"cannot import the model: {type(e).__name__}: {e}") from e
+    finally:
+        if raws is not None:
+            raws.close()
 
 
-def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str]):
+def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str], raws):
     from onnx import helper
     from .onnx_external import read_initializer
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
@@ -158,8 +161,8 @@ def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str])
     consts: Dict[str, np.ndarray] = {}
     with g.as_default():
         inits = {i.name for i in g_onnx.initializer}
-        for init in g_onnx.initializer:
-            arr = read_initializer(init, base)
+        for k, init in enumerate(g_onnx.initializer):
+            arr = read_initializer(init, base, raws, k)
             consts[init.name] = arr
             if trainable and arr.dtype.kind == "f" and arr.ndim >= 1:
                 values[init.name] = ism.Variable(arr, name=_clean(init.name))

@@ -485,3 +485,4 @@ def batch_norm(ctx: OpContext):
 
 
 from . import kernels_layout  # noqa: E402,F401  (registers Transpose, Split, LayerNorm, LeakyRelu)
+from . import kernels_act, kernels_convt, kernels_math, kernels_rnn, kernels_shape  # noqa: E402,F401  (register their kernels)

@@ -303,3 +303,4 @@ from . import onnx_composites, onnx_losses  # noqa: E402,F401,I001  (losses, bit
 # the handlers register themselves into the table above
 from . import onnx_control, onnx_elementwise, onnx_nn, onnx_resize, onnx_rnn, onnx_shapes  # noqa: E402,F401
 from . import onnx_ops_elementwise, onnx_ops_indexing, onnx_ops_norm, onnx_ops_conv, onnx_ops_quant, onnx_ops_attention  # noqa: E402,F401,I001  (issue 20: the added ops' handlers)
+from . import onnx_gridsample, onnx_ops_extra  # noqa: E402,F401  (GridSample; Shrink, MVN, windows, SwiGLU, CausalConvWithState, BitCast)

@@ -1,31 +1,37 @@
 """Do split plans hold when measured? Predicted vs measured latency of every plan mode (issue 27).
 
-    python benchmarks/split_accuracy.py [--requests 5] [--quick] [--fp32] [--models two_tower ...]
+    python benchmarks/split_accuracy.py [--requests 6] [--quick] [--fp32] [--models two_tower ...]
+        [--edge-prices interpreter|core] [--no-part-cost] [--client-scaled] [--slowdowns 8 20]
 
 Models (benchmarks/split_models.py, batch 1, random weights): MobileNetV2-96, SqueezeNet-96, a
 ResNet-50-shaped network at 64x64, Inception-style blocks and a two-tower model with two inputs.
 The edge runs the int8 edge model (--fp32: the fp32 one) in the real OffloadClient, emulated
 `--slowdowns` times slower than this machine (edge_slowdown counts the CPU time of the invoking
-thread: the load of this shared machine does not stretch it), over a link emulated at each of
-`--bandwidths` Mbit/s (both ways) with a 40 ms round trip, against a real `isthmus serve`
-subprocess on 127.0.0.1 (a free port; stopped at the end) on one BLAS thread.
+thread: the load of this shared machine does not stretch it, as long as slowdown x CPU time
+exceeds the wall time; at 1x it never does), over a link emulated at each of `--bandwidths`
+Mbit/s (both ways) with a 40 ms round trip, against a real `isthmus serve` subprocess on 127.0.0.1
+(a free port; stopped at the end) on one BLAS thread.
 
-What is predicted is what `isthmus split` would predict with a profile of this machine: the cloud
+What is predicted is what `isthmus split` would predict with profiles of this machine: the cloud
 is this machine calibrated (`isthmus profile --quick --clock cpu --blas-threads 1` on the models'
-ops), the edge the same profile x slowdown, the client's own cost as `isthmus profile --client`
-measures it (x slowdown), the link bytes / bandwidth + RTT plus the service's own cost per call,
-measured against the running service with the link at zero. Per model, slowdown and bandwidth the
-modes are: the plan `plan_split` chooses ("split", min cut), edge-only, cloud-only, and on the
-branching graphs the best single split point in topological order ("layer_split"). Every
-distinct placement is one cut of ONE split file per model (each gets a bandwidth slot of its own,
-so that one client pinned with `adapt=False` runs any of them), served by one service.
+ops and the fused kernels the Session runs); the edge the edge interpreter's own kernels
+(`isthmus profile --runtime edge-int8`, or edge-fp32; --edge-prices core: the cloud's profile)
+x slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
+partitioner/part_cost.py) x slowdown; the client's own cost as `isthmus profile --client` measures
+it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
+bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
+running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
+`plan_split` chooses ("split", min cut), edge-only, cloud-only, and on the branching graphs the
+best single split point in topological order ("layer_split"). Every distinct placement is one cut
+of ONE split file per model (partitioner/pinned.py), served by one service, run by one client
+pinned to it (`adapt=False`).
 
 Measured: per point and placement, a block of `--requests` requests after one untimed request
 (the first after the switch to that cut: the switch latency, reported against the steady state),
 in two rounds, the median. Prints JSON and writes benchmarks/results/split_accuracy.json:
-per case the predicted and measured medians (ms) and the error (measured / predicted - 1);
-the min cut's gain over the best layer split on the branching graphs, predicted and measured;
-the switch latency; the load average before and after.
+per case the predicted and measured medians (ms) with their parts, and the error (measured /
+predicted - 1); the min cut's gain over the best layer split on the branching graphs, predicted
+and measured; the switch latency; the load average before and after.
 """
 from __future__ import annotations
 
@@ -45,53 +51,32 @@ sys.path.insert(0, HERE)
 import isthmus as ism  # noqa: E402
 from split_latency import serve, stop  # noqa: E402
 from split_models import BRANCHING, MODELS  # noqa: E402
+from isthmus.partitioner.pinned import PinnedPlans  # noqa: E402
 from timing import emit  # noqa: E402
 
 RTT = 0.040
-SLOT0 = 1e3  # cut j of a model's file holds uplinks [SLOT0 * 10**j, SLOT0 * 10**(j+1)): a pinned slot each
 RESULTS = os.path.join(HERE, "results", "split_accuracy.json")
 
 
-# ---- every placement one cut of one file ----------------------------------------------------------------
-def slot_bps(j: int) -> float:
-    return SLOT0 * 10 ** (j + 0.5)
-
-
-class _Slot:
-    """A SplitPlan that export_split finds best in its own bandwidth slot only (so it becomes a cut)."""
-
-    def __init__(self, plan, j: int):
-        self.plan, self.j = plan, j
-
-    def __getattr__(self, name):
-        return getattr(self.plan, name)
-
-    def predict(self, link) -> float:
-        return 0.0 if SLOT0 * 10 ** self.j <= link.up_bandwidth_bps < SLOT0 * 10 ** (self.j + 1) else 1.0
-
-
-class _Slots:
-    """What export_split reads of an AdaptivePlanner: plans, their bandwidths and the distinct ones."""
-
-    def __init__(self, plans):
-        self.plans = [_Slot(p, j) for j, p in enumerate(plans)]
-        self.bandwidths = [slot_bps(j) for j in range(len(plans))]
-
-    def distinct(self):
-        return self.plans
-
-
 # ---- the cost model a user's profile gives --------------------------------------------------------------
-def cost_model(cloud, client, slowdown: float, mbps: float, call_s: float, part=None):
+def cost_model(cloud, client, slowdown: float, mbps: float, call_s: float, part=None, emulated_client=True,
+               edge_here=None):
+    """The edge: `cloud` x slowdown with the edge's kernel table and `part` x slowdown. The client:
+    as the emulation runs it (`emulated_client`): OffloadClient's edge_slowdown slows the CPU time
+    outside the remote calls only, so the client's per-call and per-byte work (encoding, decoding,
+    inside the call) runs at this machine's speed, and its per-request glue outside the call is in
+    what `part` measured (apps/part_measure.py times the edge per request); else `client` x slowdown,
+    as a real device slows all of it."""
     from dataclasses import replace
     from isthmus.partitioner import CostModel, LinkModel
+    from isthmus.partitioner.client_cost import ClientCost
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
-    edge = replace(cloud.scaled(slowdown, name=f"edge-{slowdown:g}x"), kernel_table="edge")
+    edge = replace((edge_here or cloud).scaled(slowdown, name=f"edge-{slowdown:g}x"), kernel_table="edge")
     if part is not None:
         edge = replace(edge, part=part.scaled(slowdown))
     link = LinkModel(mbps * 1e6, mbps * 1e6, RTT, call_s)
-    return CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1,
-                     client=client.scaled(slowdown))
+    c = ClientCost(call_s=client.call_s, byte_s=client.byte_s) if emulated_client else client.scaled(slowdown)
+    return CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1, client=c)
 
 
 def modes_at(graph, out, cost, branching: bool) -> Dict[str, dict]:
@@ -196,15 +181,15 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
     plans = {}
     for s in opts.slowdowns:
         for mbps in opts.bandwidths:
-            ms = modes_at(graph, out, cost_model(cloud, client_cost, s, mbps, call_s_prior, part), branching)
+            ms = modes_at(graph, out, cost_model(cloud, client_cost, s, mbps, call_s_prior, part, opts.emulated_client, opts.edge_here), branching)
             plans[(s, mbps)] = {mode: config(m["placement"]) for mode, m in ms.items()}
     from dataclasses import replace
     from isthmus.partitioner import plan_split
-    base = plan_split(graph, cost_model(cloud, client_cost, 1.0, 10, call_s_prior, part), [out], algorithm="edge_only")
+    base = plan_split(graph, cost_model(cloud, client_cost, 1.0, 10, call_s_prior, part, opts.emulated_client, opts.edge_here), [out], algorithm="edge_only")
     fake = [replace(base, placement=pl) for pl in placements]  # only the placements matter: the slots pin them
     feeds = feeds_of(inputs, 4)
     with tempfile.TemporaryDirectory() as tmp:
-        sp = export_split(graph, [out], _Slots(fake), int8=not opts.fp32, calibration=feeds, model_name=name)
+        sp = export_split(graph, [out], PinnedPlans(fake), int8=not opts.fp32, calibration=feeds, model_name=name)
         if len(sp.cuts) != len(placements):
             raise SystemExit(f"{name}: {len(placements)} placements made {len(sp.cuts)} cuts: {sp.skipped}")
         model_path, cloud_path = os.path.join(tmp, "m.isth"), os.path.join(tmp, "m.cloud")
@@ -217,7 +202,7 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
         args = [feeds[0][x.node.name] for x in inputs]
         try:
             with _one_thread(), OffloadClient(model_path, address, link=EmulatedLink(1e9, RTT), deadline_ms=120000,
-                                              adapt=False, initial_bandwidth_bps=slot_bps(0), ping_every=10 ** 6,
+                                              adapt=False, initial_bandwidth_bps=PinnedPlans.bandwidth(0), ping_every=10 ** 6,
                                               warm="now") as client:
                 for k in range(len(sp.cuts)):  # connect; every cut once more
                     block(client, k, args, 0)
@@ -227,7 +212,7 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
             stop(proc)
     rows, gains = [], []
     for (s, mbps), modes in plans.items():
-        ms = modes_at(graph, out, cost_model(cloud, client_cost, s, mbps, call_s, part), branching)
+        ms = modes_at(graph, out, cost_model(cloud, client_cost, s, mbps, call_s, part, opts.emulated_client, opts.edge_here), branching)
         for mode, k in modes.items():
             pred = ms[mode]
             if index[tuple(sorted(pred["placement"].items()))] != k:
@@ -235,7 +220,7 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
                 # price the measured placement under the final model
                 from isthmus.partitioner.plan import priced
                 from isthmus.partitioner.problem import Problem
-                p = Problem(graph, cost_model(cloud, client_cost, s, mbps, call_s, part), [out])
+                p = Problem(graph, cost_model(cloud, client_cost, s, mbps, call_s, part, opts.emulated_client, opts.edge_here), [out])
                 b, c = priced(p, p.assignment(placements[k]))
                 pred = {"placement": placements[k], "breakdown": b, "client_s": c}
             else:
@@ -293,8 +278,18 @@ def parse(argv=None):
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--requests", type=int, default=6, help="timed requests per point and mode (in two blocks)")
     p.add_argument("--bandwidths", type=float, nargs="*", default=[1, 5, 20, 100], help="Mbit/s")
-    p.add_argument("--slowdowns", type=float, nargs="*", default=[1, 20])
+    p.add_argument("--slowdowns", type=float, nargs="*", default=[8, 20],
+                   help="edge slowdowns (default 8 20: at 1x the emulated edge is this machine in wall time, "
+                        "which a loaded machine stretches: +280-310%% at load 9-11 here)")
     p.add_argument("--fp32", action="store_true", help="the fp32 edge model (default: int8)")
+    p.add_argument("--edge-prices", choices=("interpreter", "core"), default="interpreter",
+                   help="the edge's kernels priced by the edge interpreter's own (isthmus profile --runtime "
+                        "edge-int8/edge-fp32, default) or by the core Session's (isthmus profile), x slowdown")
+    p.add_argument("--no-part-cost", action="store_true",
+                   help="price no edge part beyond its kernels (the model before issue 27's item 1)")
+    p.add_argument("--client-scaled", action="store_true",
+                   help="price the whole client x slowdown, as a real device runs it (the emulation slows "
+                        "only what runs outside the remote calls)")
     p.add_argument("--quick", action="store_true", help="a smoke run: the two-tower model, 5 Mbit/s, 20x, 2 requests")
     p.add_argument("--out", default=RESULTS, help="JSON file to write (default: %(default)s)")
     args = p.parse_args(argv)
@@ -302,23 +297,35 @@ def parse(argv=None):
         args.models, args.bandwidths, args.slowdowns, args.requests = ["two_tower"], [5.0], [20.0], 2
     if args.requests < 1 or not args.models:
         p.error("--requests must be >= 1 and --models non-empty")
+    args.emulated_client = not args.client_scaled
     return args
 
 
 def main(argv=None) -> int:
+    from dataclasses import replace
     opts = parse(argv)
     from isthmus.apps.client_measure import measure_client_cost
+    from isthmus.apps.part_measure import part_samples
+    from isthmus.partitioner.part_cost import PartCost
     from isthmus.partitioner.calibrate import calibrate
     load0, t0 = os.getloadavg()[0], time.perf_counter()
-    ops = set()
+    ops = {"FusedConv2D", "FusedMatMul"}  # what the Session's passes run: priced as run (else the default fit)
     for name in opts.models:
         ops |= {n.op for n in MODELS[name]()[0].nodes}
     cloud = calibrate("this-machine", sorted(ops), "quick", blas_threads=1, clock="cpu")
+    opts.edge_here = None
+    if opts.edge_prices == "interpreter":
+        from isthmus.converters.edge_profile import OPS, calibrate_edge
+        edge = calibrate_edge("edge-here", sorted(ops & set(OPS)), "quick", int8=not opts.fp32)
+        # an op the interpreter is not timed on (Concat, Reshape) keeps the core's price, not the edge fit's default
+        opts.edge_here = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
     client_cost = measure_client_cost(10)
-    print(f"calibrated {len(ops)} ops, client {client_cost.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    part = None if opts.no_part_cost else PartCost.fit(part_samples(int8=not opts.fp32))
+    print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
+          f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     results, call_s = {}, 0.5e-3
     for name in opts.models:
-        results[name] = run_model(name, cloud, client_cost, opts, call_s)
+        results[name] = run_model(name, cloud, client_cost, opts, call_s, part)
         call_s = results[name]["call_s_ms"] / 1e3 or call_s
         r = results[name]
         print(f"{name}: {r['cuts']} cuts, {r['seconds']} s; errors "
@@ -330,6 +337,8 @@ def main(argv=None) -> int:
     doc = {"edge": ("fp32" if opts.fp32 else "int8") + " edge model, this machine x slowdown (CPU time)",
            "rtt_ms": RTT * 1e3, "bandwidths_mbps": opts.bandwidths, "slowdowns": opts.slowdowns,
            "requests": opts.requests, "blas_threads": 1, "client_cost": client_cost.to_dict(),
+           "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
+           "part_cost": None if part is None else part.to_dict(), "edge_prices": opts.edge_prices,
            "summary": aggregate(rows), "gains": gains,
            "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
            "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),

@@ -151,7 +151,7 @@ def _reduce(a: Mapping) -> dict:
 
 
 FP32.update({
-    "Gelu": (lambda a: {"approximate": str(a.get("approximate", "none"))}, (1, 1)),
+    "Gelu": (lambda a: {"approximate": str(a.get("approximate", "none"))}, (1, 1)), "Erf": (_none, (1, 1)),
     **{op: (_reduce, (1, 1)) for op in ("ReduceMean", "ReduceSum", "ReduceMax")},
     "Gather": (lambda a: {"axis": int(a["axis"])}, (2, 2)),
     "StridedSlice": (_strided_slice, (1, 1)),
@@ -176,7 +176,8 @@ INT8 = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxP
                   "Flatten", "Relu", "Relu6"}
                  | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad", "Concat", "Softmax",
                     "PRelu", "HardSwish", "HardSigmoid", "LeakyRelu", "ConvTranspose2D"})
-# int8 ops whose output keeps its input's scale and zero point
+# int8 ops whose output keeps its input's scale and zero point (a linear resize's outputs are convex
+# combinations of its inputs: never outside their range)
 SAME_QPARAMS = frozenset({"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
                          | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad"})
 
@@ -244,8 +245,6 @@ def int8_refusal(op: str, attrs: Mapping, inputs: Sequence[TensorInfo], outputs:
             return "non-constant weights"
     if op in ("Conv2D", "FusedConv2D") and not constant_inputs[1]:
         return "non-constant weights"
-    if op == "Resize" and attrs.get("mode", "nearest") != "nearest":
-        return "a linear resize (int8 resizes nearest only)"
     if op in ("PRelu", "ConvTranspose2D") and not constant_inputs[1]:
         return "a slope computed at run time"
     return None

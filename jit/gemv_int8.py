@@ -54,7 +54,8 @@ def _dot_rows(typingctx, w, a16, n, kb):
         av = builder.load(builder.bitcast(builder.gep(aptr, [off]), v16.as_pointer()), align=2)
         new = []
         for r in range(ROWS):
-            wv = builder.load(builder.bitcast(builder.gep(wptr, [builder.add(rows[r], off)]), b16.as_pointer()), align=1)
+            at = builder.gep(wptr, [builder.add(rows[r], off)])
+            wv = builder.load(builder.bitcast(at, b16.as_pointer()), align=1)
             new.append(builder.add(accs[r], builder.call(madd, [builder.sext(wv, v16), av])))
         k2 = builder.add(k, ir.Constant(i64, 1))
         for a, v in zip(accs, new):

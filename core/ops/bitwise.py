@@ -11,7 +11,7 @@ from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
 from ..shapes import broadcast
-from .base import convert_pair, make
+from .base import convert, convert_pair, make
 
 __all__ = ["bit_shift", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitcast"]
 
@@ -87,5 +87,4 @@ def bitwise_xor(x, y, name: Optional[str] = None) -> Tensor:
 
 
 def bitwise_not(x, name: Optional[str] = None) -> Tensor:
-    from .base import convert
     return make("BitwiseNot", (convert(x),), name=name).outputs[0]

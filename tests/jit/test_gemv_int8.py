@@ -57,6 +57,7 @@ def test_weights_outside_int8_are_refused():
 def test_the_loop_multiplies_pairs_into_int32_on_256_bit_vectors():
     import numba
     fresh = numba.njit(gv.gemv_int32.py_func)  # not from numba's disk cache: that one cannot show its assembly
-    fresh(gv.pack_weights(np.ones((4, 16))), np.ones((1, 16), np.int8), np.zeros(16, np.int16), np.zeros((1, 4), np.int32))
+    fresh(gv.pack_weights(np.ones((4, 16))), np.ones((1, 16), np.int8), np.zeros(16, np.int16),
+          np.zeros((1, 4), np.int32))
     asm = "".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
     assert "vpmaddwd" in asm and "ymm" in asm

@@ -1,6 +1,7 @@
-"""`isthmus split --edge-format onnx` then `isthmus edge-run CUT.onnx --runtime onnxruntime --cloud` against
-`isthmus serve`: the split gives what onnxruntime gives on the unsplit source model (fp32 within 1e-5
-relative), and an int8 (QDQ) split stays within the drift the split's own report gives."""
+"""`isthmus split --edge-format tflite|onnx` then `isthmus edge-run CUT --runtime litert|onnxruntime --cloud`
+against the offload service (`isthmus serve`): every cut of the split gives what onnxruntime gives on
+the unsplit source model (fp32 within 1e-5 relative), and an int8 split (LiteRT's integer kernels,
+or QDQ in onnxruntime) stays within the drift the split's own report gives."""
 import json
 import re
 
@@ -12,6 +13,13 @@ from isthmus.apps import cli
 from .cli_models import cnn_onnx, images
 
 ort = pytest.importorskip("onnxruntime")
+RUNTIMES = {"litert": "tflite", "onnxruntime": "onnx"}     # --runtime -> --edge-format
+
+
+def _needs(runtime: str) -> None:
+    if runtime == "litert":
+        pytest.importorskip("ai_edge_litert.interpreter")
+        pytest.importorskip("tflite")
 
 
 @pytest.fixture(scope="module")
@@ -31,54 +39,61 @@ def _rel(got, want) -> float:
     return float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
 
 
-def _split(model, name, *extra):
+def _split(model, name, fmt, *extra):
     d, path, _, _ = model
     out = d / name
     # a phone-speed edge on a fast link: the sweep holds cuts that offload, the input and inner ones
     assert cli.main(["split", path, "-o", str(out), "--rtt", "5ms", "--edge-profile", "phone", "--bandwidth",
-                     "100mbps", "--edge-format", "onnx", *extra]) == 0
-    parts = json.loads((out / "onnx" / "parts.json").read_text())["parts"]
+                     "100mbps", "--edge-format", fmt, *extra]) == 0
+    parts = json.loads((out / fmt / "parts.json").read_text())["parts"]
     cuts = [p for p in parts if p["cloud_part"]]
     assert cuts, parts
     return out, cuts
 
 
-def _edge_run(model, out, p, address, capsys) -> np.ndarray:
+def _edge_run(model, out, runtime, p, address, capsys) -> np.ndarray:
     d = model[0]
     saved = d / f"{out.name}-{p['cut']}.npy"
     capsys.readouterr()
-    assert cli.main(["edge-run", str(out / "onnx" / p["file"]), "--runtime", "onnxruntime", "--cloud", address,
+    assert cli.main(["edge-run", str(out / RUNTIMES[runtime] / p["file"]), "--runtime", runtime, "--cloud", address,
                      "--deadline-ms", "20000", "--input", str(d / "x.npy"), "--repeat", "1",
                      "--save", str(saved)]) == 0, p
-    assert "onnxruntime: load+prepare" in capsys.readouterr().out
+    assert {"litert": "LiteRT", "onnxruntime": "onnxruntime"}[runtime] + ": load+prepare" in capsys.readouterr().out
     return np.load(saved)
 
 
-def test_fp32_split_through_onnxruntime_and_serve_equals_the_unsplit_model(model, capsys):
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_fp32_split_through_the_phone_runtime_and_serve_equals_the_unsplit_model(model, capsys, runtime):
     from isthmus.cloud.offload import OffloadServer
+    _needs(runtime)
     d, _, x, want = model
-    out, cuts = _split(model, "fp32")
-    assert cli.main(["edge-run", str(out / "onnx" / "full.onnx"), "--runtime", "onnxruntime", "--input",
-                     str(d / "x.npy"), "--repeat", "1", "--save", str(d / "full.npy")]) == 0
-    assert _rel(np.load(d / "full.npy"), want) <= 1e-5
+    fmt = RUNTIMES[runtime]
+    out, cuts = _split(model, f"fp32-{fmt}", fmt)
+    assert cli.main(["edge-run", str(out / fmt / f"full.{fmt}"), "--runtime", runtime, "--input",
+                     str(d / "x.npy"), "--repeat", "1", "--save", str(d / f"full-{fmt}.npy")]) == 0
+    assert _rel(np.load(d / f"full-{fmt}.npy"), want) <= 1e-5
     server = OffloadServer(str(out / "model.cloud"), max_batch_size=1, max_queue_delay_ms=0.1)
     try:
         for p in cuts:
-            assert _rel(_edge_run(model, out, p, server.address, capsys), want) <= 1e-5, p
+            assert _rel(_edge_run(model, out, runtime, p, server.address, capsys), want) <= 1e-5, p
     finally:
         server.stop(grace=0)
 
 
 @pytest.mark.slow
-def test_int8_split_through_onnxruntime_and_isthmus_serve_stays_within_the_reported_drift(model, capsys):
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_int8_split_through_the_phone_runtime_and_isthmus_serve_stays_within_the_reported_drift(model, capsys,
+                                                                                                 runtime):
     from .test_cli_e2e import Served
+    _needs(runtime)
     d, _, x, want = model
-    out, cuts = _split(model, "int8", "--int8", "--calibration-data", str(d / "calib.npz"))
+    fmt = RUNTIMES[runtime]
+    out, cuts = _split(model, f"int8-{fmt}", fmt, "--int8", "--calibration-data", str(d / "calib.npz"))
     report = (out / "report.txt").read_text()
     drift = float(re.search(r"int8 drift vs fp32 on the calibration data .*?: max abs ([0-9.e+-]+)", report).group(1))
     with Served(str(out / "model.cloud")) as address:
         for p in cuts:
-            got = _edge_run(model, out, p, address, capsys)
+            got = _edge_run(model, out, runtime, p, address, capsys)
             assert np.abs(got - want).max() <= max(drift, 1e-6) * 1.5, (p["cut"], np.abs(got - want).max(), drift)
 
 

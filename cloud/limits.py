@@ -3,22 +3,50 @@
 A RecvTensor call holds one of the server's threads while it waits for its tensor. Without
 bounds a caller could ask for an endless wait, or fill every thread with waits for tensors
 that never come, and stall everyone else's steps. `WaitLimits` caps the wait the caller
-asks for, and admits at most `per_peer` waiting calls per connection and `total` in all
-(fewer than the server's threads, so other calls always find one); a call past either bound
-ends at once with RESOURCE_EXHAUSTED, naming the bound.
+asks for, and admits at most `per_peer` waiting calls per caller and `total` in all (fewer
+than the server's threads, so other calls always find one); a call past either bound ends at
+once with RESOURCE_EXHAUSTED, naming the bound.
+
+The caller is `caller_identity(context)`: the peer's host, never its port. gRPC's
+`context.peer()` names one connection ("ipv4:127.0.0.1:PORT"), so a per-connection bound
+would let one client with many channels hold every waiting slot; the host it cannot vary
+by opening channels. A call a client token authenticated (wire/security.py) counts apart
+from cluster-token calls from the same host. The identity never comes from unverified
+metadata: a server without tokens ignores the authorization header, so a caller could
+otherwise rename itself on every call.
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
+from urllib.parse import unquote
 
+from ..wire.security import CLIENT, caller_role
 from .errors import TooManyWaiting
 
 DEFAULT_MAX_WAIT_S = 60.0       # longest wait a caller may ask of a RecvTensor (the server's cap)
 MAX_STEP_TIMEOUT_S = 600.0      # longest step timeout a caller may ask of RunStep/RunGraph
-DEFAULT_PER_PEER = 32           # waiting calls one connection may hold
+DEFAULT_PER_PEER = 32           # waiting calls one caller (host) may hold
 DEFAULT_RESERVED_THREADS = 16   # server threads a flood of waits can never take
+
+
+def peer_host(peer: str) -> str:
+    """The host part of a gRPC peer string: "ipv4:1.2.3.4:5" -> "1.2.3.4", "ipv6:[::1]:5" (or
+    its %5B..%5D form) -> "::1"; a unix socket or an unknown form is kept whole."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6") or not rest:
+        return peer
+    rest = unquote(rest)
+    host = rest.rpartition(":")[0] if rest.rpartition(":")[2].isdigit() else rest
+    return host.strip("[]") or peer
+
+
+def caller_identity(context: Any) -> str:
+    """Whom a call's waiting slots count against: the peer's host, tagged when a client token
+    (verified by the server's interceptor) made the call."""
+    host = peer_host(context.peer() or "")
+    return f"client token@{host}" if caller_role() == CLIENT else host
 
 
 class WaitLimits:

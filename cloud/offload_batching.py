@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 
 from ..core.errors import IsthmusError
+from ..core.session import Session
 from ..core.trace import RunMetadata, RunOptions
 from ..partitioner.devices import CLOUD_DEVICE
 from .offload_model import CloudModel, CloudPart, load_cloud_parts
@@ -29,6 +30,7 @@ DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_MAX_WAIT_S = 60.0      # a request without a deadline waits at most this long
 LATENCY_WINDOW = 4096          # recent requests the percentiles are taken over
 THROUGHPUT_WINDOW_S = 10.0
+_DEADLINE_SLACK_S = 0.1        # a caller gone this close to its deadline (or a quarter of its wait) went for it
 
 
 class OffloadError(IsthmusError, RuntimeError):
@@ -103,10 +105,18 @@ class _Request:
         self.cancelled = False
 
     def abandon(self) -> None:
-        """The caller went away (cancelled, disconnected): never run it, free the waiting thread."""
+        """The caller went away (cancelled, disconnected, or its deadline passed: gRPC cancels the
+        call then too, and that callback can beat the waiting thread's own timeout, so a call gone
+        at its deadline counts as deadline_exceeded): never run it, free the waiting thread."""
         if self.result is None and self.error is None:
             self.cancelled = True
-            self.error = Cancelled("the caller cancelled the request")
+            # the caller's deadline fires before ours by its request's transit time (12 ms seen on a
+            # loaded machine): a cancel that close to the deadline is the deadline
+            slack = min(_DEADLINE_SLACK_S, 0.25 * (self.deadline - self.t0))
+            if self.deadline and time.monotonic() >= self.deadline - slack:
+                self.error = DeadlineExceeded("no answer within the deadline (the caller's deadline passed)")
+            else:
+                self.error = Cancelled("the caller cancelled the request")
         self.done.set()
 
 
@@ -114,7 +124,6 @@ class _PartRunner:
     """One part: its compiled plan, its queue and the batcher thread that drains it."""
 
     def __init__(self, part: CloudPart, service: "OffloadService"):
-        from ..core.session import Session
         self.part, self.service = part, service
         self.session = Session(part.graph)
         self.run = self.session.make_callable([o.tensor for o in part.outputs], [i.tensor for i in part.inputs])

@@ -26,7 +26,7 @@ from ..wire import tensor_codec
 from ..wire.security import ClientSecurity, make_channel
 from . import graph_codec, recv_layout, shm, tracing
 from .errors import TaskUnavailable, WorkerError, abort_with, from_rpc_error
-from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits
+from .limits import DEFAULT_MAX_WAIT_S, MAX_STEP_TIMEOUT_S, WaitLimits, caller_identity
 from .rendezvous import show
 from .worker import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RPC_TIMEOUT_S, Worker
 
@@ -86,7 +86,7 @@ class WorkerServicer:
     def RecvTensor(self, request, context) -> bytes:
         try:
             t = self.limits.cap(request.timeout_s, self.worker.recv_timeout)
-            with self.limits.waiting(context.peer(), "RecvTensor"):
+            with self.limits.waiting(caller_identity(context), "RecvTensor"):
                 if request.shm_host or request.shm_failed:
                     wt = self.worker.recv_shared(request.src_device, request.dst_device, request.tensor,
                                                  request.step_id, t, request.shm_host, request.shm_failed)
@@ -106,7 +106,7 @@ class WorkerServicer:
 
     def RecvTensorStream(self, request, context):
         try:
-            with self.limits.waiting(context.peer(), "RecvTensorStream"):
+            with self.limits.waiting(caller_identity(context), "RecvTensorStream"):
                 wt = self.worker.recv_wire(request.src_device, request.dst_device, request.tensor,
                                            request.step_id, self.limits.cap(request.timeout_s, self.worker.recv_timeout))
         except Exception as e:  # noqa: BLE001

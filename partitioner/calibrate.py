@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy.optimize import nnls
 
-from ..core import registry
+from ..core import gpu, registry
 from ..core.graph import Graph
 from ..core.registry import REQUIRED
 from ..core.session import Session
@@ -355,6 +355,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_from_trace(args) -> int:
+    # cycle: partitioner.calibrate <-> partitioner.trace_fit
     from .trace_fit import TraceError, refit, report, samples_from_trace
     try:
         samples = samples_from_trace(args.from_trace)
@@ -379,9 +380,9 @@ def run(args) -> int:
     if args.from_trace:
         return _run_from_trace(args)
     if args.device.lower() == "gpu":
-        from ..core import gpu
         if not gpu.gpu_available():
             raise SystemExit(f"isthmus calibrate --device gpu: no GPU available ({gpu.unavailable_reason()})")
+        # cycle: partitioner.calibrate <-> partitioner.calibrate_gpu
         from .calibrate_gpu import calibrate_gpu  # the GPU's kernels and its host<->device copies
         profile = calibrate_gpu(args.device, args.ops, "quick" if args.quick else "full")
         out = args.out or f"{args.device}.json"

@@ -493,6 +493,19 @@ def test_deadline_exceeded_over_grpc(model):
                 time.sleep(0.02)
 
 
+def test_a_caller_gone_at_its_deadline_counts_as_deadline_not_cancel():
+    """gRPC cancels a call when the caller's deadline passes, and the caller's clock runs ahead of
+    the server's by the request's transit: a cancel that close to the deadline is the deadline
+    (it raced the waiting thread's own timeout: counted 'cancelled' 1 in 9 on a loaded machine)."""
+    from isthmus.cloud.offload_batching import Cancelled, _Request
+    now = time.monotonic()
+    for deadline, want in ((now + 0.5, Cancelled), (now + 0.01, DeadlineExceeded), (now - 0.01, DeadlineExceeded)):
+        r = _Request([], 1, deadline)
+        r.t0 = now - 0.5
+        r.abandon()
+        assert type(r.error) is want and r.cancelled and r.done.wait(0), (deadline - now, r.error)
+
+
 def test_a_cancelled_request_frees_its_thread_and_never_runs(model):
     with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=800) as srv:
         with grpc.insecure_channel(srv.address) as ch:

@@ -1,8 +1,9 @@
 """Bounded under abuse (issue 23): RecvTensor's wait is capped by the server, waiting calls
-are limited per connection and in all, and a flood of hanging calls does not stall another
+are limited per caller (its host, however many connections it opens) and in all, and a flood of hanging calls does not stall another
 client's step (cloud/limits.py, cloud/flood.py)."""
 import time
 
+import numpy as np
 import pytest
 
 grpc = pytest.importorskip("grpc")
@@ -10,7 +11,7 @@ grpc = pytest.importorskip("grpc")
 from isthmus.cloud import rpc  # noqa: E402
 from isthmus.cloud.errors import TooManyWaiting  # noqa: E402
 from isthmus.cloud.flood import measure  # noqa: E402
-from isthmus.cloud.limits import WaitLimits  # noqa: E402
+from isthmus.cloud.limits import WaitLimits, caller_identity, peer_host  # noqa: E402
 from isthmus.cloud.server import start_grpc_server  # noqa: E402
 from isthmus.cloud.worker import Worker  # noqa: E402
 from isthmus.core.rendezvous import RendezvousTimeout  # noqa: E402
@@ -26,7 +27,8 @@ def _request(timeout_s):
 
 def test_a_flood_of_80_hanging_recvs_delays_another_clients_step_by_under_100_ms():
     got = measure(flood=80, channels=4, steps=40)
-    assert got["waiting"] == got["total"] and got["refused"] == 80 - got["total"], got
+    # four connections from one host are one caller: it holds per_peer (32) waits, the rest are refused
+    assert got["waiting"] == got["per_peer"] and got["refused"] == 80 - got["per_peer"], got
     # medians of 40 steps each; the unloaded one is measured in the same run, on the same server
     assert got["delta_ms"] <= 100.0, got
 
@@ -77,6 +79,87 @@ def test_one_connection_may_hold_only_so_many_waiting_calls():
                 assert f.exception(timeout=10) is not None
     finally:
         server.stop(None).wait(5)
+
+
+def _own_connection(address):
+    """A channel on a connection of its own (gRPC shares one between like channels otherwise)."""
+    return grpc.insecure_channel(address, options=rpc.channel_options() + [("grpc.use_local_subchannel_pool", 1)])
+
+
+def _recv_call(ch):
+    return ch.unary_unary(f"/{rpc.SERVICE}/RecvTensor", request_serializer=None, response_deserializer=None)
+
+
+def _served_ms(w, call, step0, n=15):
+    """Median time of n RecvTensor calls for tensors already deposited (steps step0..)."""
+    times = []
+    for i in range(n):
+        w.table.put((SRC, DST, "x:0", step0 + i), np.float32([i]))
+        req = worker_pb2.RecvTensorRequest(src_device=SRC, dst_device=DST, tensor="x:0", step_id=step0 + i,
+                                           timeout_s=5.0).SerializeToString()
+        t0 = time.perf_counter()
+        call(req, timeout=30.0)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[n // 2]
+
+
+def test_one_client_with_many_connections_holds_only_its_share_and_another_is_served():
+    """The bound is per caller, not per connection: five channels from 127.0.0.1 together hold
+    at most per_peer waits, and a client from another address (::1 here) still gets its own
+    waits admitted and its tensors within 100 ms of its unloaded time (same run, same server)."""
+    w = Worker("/job:worker/task:0", recv_timeout=20.0, wire=True)
+    limits = WaitLimits(max_wait_s=20.0, per_peer=4, threads=64)
+    server, port = start_grpc_server([rpc.worker_handler(w, limits)], host="localhost")
+    flood_chans = [_own_connection(f"127.0.0.1:{port}") for _ in range(5)]
+    other = _own_connection(f"[::1]:{port}")
+    futs = []
+    try:
+        unloaded = _served_ms(w, _recv_call(other), 100)
+        futs = [_recv_call(ch).future(_request(1e9), timeout=60.0) for ch in flood_chans for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while sum(f.done() for f in futs) < 11 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert limits.status() == {"waiting": 4, "peers": 1, "refused": 11}
+        for f in (f for f in futs if f.done()):
+            assert f.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "4 waiting calls from 127.0.0.1;" in f.details()
+        own = _recv_call(other).future(_request(1e9), timeout=60.0)   # the other caller may still wait
+        while limits.status()["peers"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert limits.status() == {"waiting": 5, "peers": 2, "refused": 11} and not own.done()
+        loaded = _served_ms(w, _recv_call(other), 200)
+        assert loaded - unloaded <= 100.0, (unloaded, loaded)
+        futs.append(own)
+    finally:
+        w.table.close()   # the task stops: the waiting ones end at once
+        for f in futs:
+            f.exception(timeout=10)
+        server.stop(None).wait(5)
+        for ch in flood_chans + [other]:
+            ch.close()
+
+
+class _Context:
+    def __init__(self, peer):
+        self._peer = peer
+
+    def peer(self):
+        return self._peer
+
+
+def test_the_caller_is_the_peers_host_not_its_connection():
+    assert peer_host("ipv4:127.0.0.1:50123") == "127.0.0.1"
+    assert peer_host("ipv6:[::1]:50123") == peer_host("ipv6:%5B::1%5D:50123") == "::1"
+    assert peer_host("unix:/tmp/s.sock") == "unix:/tmp/s.sock"
+    a, b = _Context("ipv4:10.0.0.5:40001"), _Context("ipv4:10.0.0.5:40002")
+    assert caller_identity(a) == caller_identity(b) == "10.0.0.5"
+    lim = WaitLimits(max_wait_s=2.0, per_peer=1, total=8)
+    with lim.waiting(caller_identity(a), "RecvTensor"):
+        with pytest.raises(TooManyWaiting, match="1 waiting calls from 10.0.0.5;"):
+            with lim.waiting(caller_identity(b), "RecvTensor"):
+                pass
+        with lim.waiting(caller_identity(_Context("ipv4:10.0.0.6:40001")), "RecvTensor"):
+            assert lim.status() == {"waiting": 2, "peers": 2, "refused": 1}
 
 
 def test_wait_limits_in_process():

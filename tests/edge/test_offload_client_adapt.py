@@ -144,10 +144,17 @@ def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, serv
         with OffloadClient(split["model"], server.address, deadline_ms=60000, adapt=False, initial_bandwidth_bps=mid,
                            link=link, ping_every=1000, warm="now") as c:
             for v in split["xs"][:10]:
-                c.invoke(v)
-                last = c.last
-                assert 0 < last["client_s"] < last["total_s"] - (last["remote_s"] > 0) * 2e-3 * 0.99, last
-                lasts.append(dict(last))
+                # client_s is wall time: a busy machine (pytest -n, a CPU hog) adds its delays to some
+                # requests, which a least-squares fit averages in (cut0's 65 us median was fitted as
+                # 306 us beside a hog). Delays only add: each input's report is the least of 3 runs
+                runs = []
+                for _ in range(3):
+                    c.invoke(v)
+                    last = c.last
+                    assert 0 < last["client_s"] < last["total_s"] - (last["remote_s"] > 0) * 2e-3 * 0.99, last
+                    runs.append(dict(last))
+                last = min(runs, key=lambda r: r["client_s"])
+                lasts.append(last)
                 samples.append(dict(client_s=last["client_s"], edge_part=last["edge_part"], calls=last["calls"],
                                     nbytes=last["up_bytes"] + last["down_bytes"]))
                 by_cut.setdefault(cut.name, []).append(samples[-1])

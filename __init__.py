@@ -33,6 +33,8 @@ def __getattr__(name: str):
         globals()[name] = mod
         return mod
     core = importlib.import_module("isthmus.core")
+    if name == "Session":  # registers the cluster runtime behind Session(target="grpc://..."); grpc loads later
+        importlib.import_module("isthmus.cloud")
     try:
         value = getattr(core, name)
     except AttributeError:

@@ -1,7 +1,8 @@
 """`isthmus profile --runtime isthmus|litert`: a device profile timed in isthmus's kernels (the
 partitioner's calibrate command) or in LiteRT (converters/litert_profile), the JSON `split --edge-profile` reads;
 with `--client`, also the offload client's own cost measured here (apps/client_measure.py), scaled by --slowdown,
-as the profile's `client` section, which `isthmus split` prices."""
+as the profile's `client` section, and with `--parts int8|fp32` an edge part's cost beyond its kernels
+(apps/part_measure.py) as its `part` section, both of which `isthmus split` prices."""
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ EXAMPLES = """examples:
   isthmus profile --device phone-litert --runtime litert --slowdown 4 --out phone-litert.json
   isthmus split cnn.onnx --edge-format tflite --edge-profile phone-litert.json -o deploy/"""
 
-RUNTIMES = ("isthmus", "litert")
-DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert"}
+RUNTIMES = ("isthmus", "litert", "edge-int8", "edge-fp32")
+DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert", "edge-int8": "edge-int8", "edge-fp32": "edge-fp32"}
 NOT_FOR_LITERT = (("from_trace", "--from-trace"), ("base", "--base"))
 
 
@@ -28,13 +29,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if action.dest == "device":
             action.help = "name of the profile to write (default: cloud; edge-litert with --runtime litert)"
     p.add_argument("--runtime", choices=RUNTIMES, default="isthmus",
-                   help="whose kernels to time: isthmus's (default) or LiteRT's, running each calibration case as "
+                   help="whose kernels to time: isthmus's core (default), its edge interpreter's (edge-int8, edge-fp32: "
+                        "each case as an edge model; price an int8 edge part with edge-int8), or LiteRT's, running each calibration case as "
                         "a .tflite file (needs ai-edge-litert; --blas-threads then sets LiteRT's threads, default 1). "
                         "Plan a split whose edge part runs in LiteRT (split --edge-format tflite) with a litert profile")
     p.add_argument("--client", action="store_true",
                    help="also measure the edge offload client's own cost per request here (against an in-process "
                         "service on 127.0.0.1, a few seconds) and write it, x --slowdown, as the profile's client "
                         "section; without it `isthmus split` assumes a documented default")
+    p.add_argument("--parts", choices=("int8", "fp32"), default=None,
+                   help="also measure what an edge part costs beyond its kernels (the interpreter's call, quantizing "
+                        "at the cut, the client's glue, cold caches after a round trip) on edge parts of several "
+                        "sizes in this format, run by the offload client against an in-process service (about 30 s), "
+                        "and write it, x --slowdown, as the profile's part section, which every plan prices")
     p.add_argument("--client-requests", type=positive_int, default=10,
                    help="with --client: requests timed per cut (edge-only, split, cloud-only; default %(default)s)")
 
@@ -48,11 +55,27 @@ def run(args) -> int:
     if runtime == "isthmus":
         from isthmus.partitioner import calibrate
         rc = calibrate.run(args)
-    else:
+    elif runtime == "litert":
         rc = _run_litert(args)
-    if rc or not getattr(args, "client", False):
-        return rc
-    return _add_client(args)
+    else:
+        rc = _run_edge(args, int8=runtime == "edge-int8")
+    if not rc and getattr(args, "client", False):
+        rc = _add_client(args)
+    if not rc and getattr(args, "parts", None):
+        rc = _add_parts(args)
+    return rc
+
+
+def _add_parts(args) -> int:
+    """Measure an edge part's cost beyond its kernels here and write it, x --slowdown, into the profile."""
+    from isthmus.partitioner.devices import DeviceProfile
+    from .part_measure import measure_part_cost
+    out = args.out or f"{args.device}.json"
+    part = measure_part_cost(int8=args.parts == "int8", slowdown=args.slowdown)
+    replace(DeviceProfile.load(out), part=part).save(out)
+    print(f"wrote the part section of {out} ({args.parts} edge parts): {part.describe()}"
+          + (f" (measured here x {args.slowdown:g})" if args.slowdown != 1.0 else " (measured here)"))
+    return 0
 
 
 def _add_client(args) -> int:
@@ -64,6 +87,23 @@ def _add_client(args) -> int:
     replace(DeviceProfile.load(out), client=client).save(out)
     print(f"wrote the client section of {out}: {client.describe()}"
           + (f" (measured here x {args.slowdown:g})" if args.slowdown != 1.0 else " (measured here)"))
+    return 0
+
+
+def _run_edge(args, int8: bool) -> int:
+    """Time the calibration cases in the edge interpreter (int8 or fp32 models), fit, write the profile."""
+    for attr, flag in NOT_FOR_LITERT:
+        if getattr(args, attr, None):
+            raise UsageError(f"{flag}: refits isthmus traces; not with --runtime {args.runtime}")
+    from isthmus.converters.edge_profile import OPS, calibrate_edge
+    unknown = [op for op in args.ops or () if op not in OPS]
+    if unknown:
+        raise UsageError(f"--ops {' '.join(unknown)}: the edge interpreter is timed on {', '.join(OPS)} only")
+    out = args.out or f"{args.device}.json"
+    profile = calibrate_edge(args.device, args.ops, "quick" if args.quick else "full", int8=int8,
+                             slowdown=args.slowdown, path=out)
+    print(f"wrote {out}: edge interpreter profile '{profile.name}' ({'int8' if int8 else 'fp32'} kernels), "
+          f"{len(profile.op_coeffs)} op types on one thread, {args.slowdown:g}x slower than measured here")
     return 0
 
 

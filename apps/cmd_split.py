@@ -10,9 +10,9 @@ from .errors import positive_int
 EXAMPLES = """examples:
   isthmus split cnn.onnx --bandwidth 5mbps --rtt 40ms -o deploy/
   isthmus split cnn.onnx --edge-profile phone --int8 --calibration-data calib.npz -o deploy/
-  isthmus split cnn.onnx --edge-format tflite -o deploy/     # also deploy/tflite/cutN.tflite for LiteRT
-  isthmus profile --device phone-litert --runtime litert --slowdown 4 --out phone-litert.json
-  isthmus split cnn.onnx --edge-format tflite --edge-profile phone-litert.json -o deploy/   # priced for LiteRT
+  isthmus split cnn.onnx --edge-format tflite -o deploy/     # also deploy/tflite/cutN.tflite, priced for LiteRT
+  isthmus profile --device my-phone --runtime litert --slowdown 1 --out my-phone.json        # on the device
+  isthmus split cnn.onnx --edge-format tflite --edge-profile my-phone.json -o deploy/
   isthmus serve deploy/model.cloud --port 7070 &
   isthmus edge-run deploy/model.isth --cloud 127.0.0.1:7070 --input image=x.npy"""
 
@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtt", default="40ms", help="round-trip time, e.g. 40ms (default %(default)s)")
     p.add_argument("--edge-profile", default=None,
                    help="device profile JSON of the edge (isthmus profile writes one, --runtime litert for an edge "
-                        "part run by LiteRT; 'phone' for the one that ships with isthmus; default: this machine "
-                        "8x slower)")
+                        "part run by LiteRT); 'phone' / 'phone-litert' for the ones that ship with isthmus (the "
+                        "isthmus interpreter / LiteRT on a phone); default: phone-litert with --edge-format tflite, "
+                        "else this machine 8x slower")
     p.add_argument("--cloud-profile", default=None, help="device profile JSON of the cloud")
     p.add_argument("--int8", action="store_true", help="quantize the edge parts to int8 (needs --calibration-data)")
     p.add_argument("--calibration-data", default=None, metavar="NPZ",
@@ -40,19 +41,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the edge parts for LiteRT (.tflite) or ONNX Runtime Mobile (.onnx) into DIR/FORMAT/")
 
 
-LITERT_HINT = ("isthmus split: note: --edge-format tflite plans with the default isthmus edge profile; to price "
-               "the cut by LiteRT's speed, make a LiteRT profile (isthmus profile --device phone-litert --runtime "
-               "litert --slowdown N --out phone-litert.json) and pass --edge-profile phone-litert.json")
+DEFAULT_EDGE_PROFILE = {"tflite": "phone-litert"}   # the runtime that runs the edge part prices it
+PHONE_HINT = ("isthmus split: note: --edge-profile phone prices isthmus's edge interpreter; the .tflite parts run "
+              "in LiteRT, which --edge-profile phone-litert (or a profile from isthmus profile --runtime litert) prices")
+
+
+def edge_profile_for(args) -> tuple:
+    """(the --edge-profile to plan with, the line saying which profile priced the edge and why)."""
+    fmt = getattr(args, "edge_format", "isth")
+    if args.edge_profile:
+        return args.edge_profile, ""
+    default = DEFAULT_EDGE_PROFILE.get(fmt)
+    if default is None:
+        return None, ""
+    from .deploy import SHIPPED_PROFILES
+    return default, (f"isthmus split: the edge is priced by the {default} profile ({SHIPPED_PROFILES[default]}), "
+                     f"the default for --edge-format {fmt}; --edge-profile FILE overrides it")
 
 
 def run(args) -> int:
     from .deploy import deploy_split
-    if getattr(args, "edge_format", "isth") == "tflite" and not args.edge_profile:
-        print(LITERT_HINT, file=sys.stderr)
     from .model_source import parse_input_shapes
-    dep = deploy_split(args.model, args.output, args.bandwidth, args.rtt, args.edge_profile, args.cloud_profile,
+    edge_profile, priced_by = edge_profile_for(args)
+    if getattr(args, "edge_format", "isth") == "tflite" and args.edge_profile == "phone":
+        print(PHONE_HINT, file=sys.stderr)
+    dep = deploy_split(args.model, args.output, args.bandwidth, args.rtt, edge_profile, args.cloud_profile,
                        int8=args.int8, calibration=args.calibration_data, downlink=args.downlink,
                        input_shapes=parse_input_shapes(args.input_shape), batch=args.batch, force=args.force)
+    if priced_by:
+        print(priced_by)
     print(dep.report)
     if getattr(args, "edge_format", "isth") != "isth":
         from .edge_formats_cli import write_phone_parts

@@ -16,6 +16,8 @@ from .model_source import LoadedModel, load_model
 
 PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 PHONE_PROFILE = os.path.join(PROFILES, "phone.json")
+PHONE_LITERT_PROFILE = os.path.join(PROFILES, "phone-litert.json")   # benchmarks/tflite_profile.py writes it
+SHIPPED_PROFILES = {"phone": PHONE_PROFILE, "phone-litert": PHONE_LITERT_PROFILE}
 SWEEP_BPS = tuple(float(b) for b in np.geomspace(0.1e6, 1000e6, 25))  # the cuts the client may switch among
 
 
@@ -35,16 +37,21 @@ class Deployment:
     drift: Optional[tuple] = None  # int8: (max abs, relative, top-1 agreement) of the full model vs fp32
     client: Optional[object] = None  # the ClientCost the plans were priced with
     client_source: str = ""          # where it came from (the edge profile, the caller, the default)
+    planner: Optional[object] = None  # the AdaptivePlanner behind the cuts (its sweep, `choose(link)`)
+    plan: Optional[object] = None     # the SplitPlan at exactly this link (explain(), baselines)
+    split: Optional[object] = None    # the exported SplitExport (report(), cuts, cloud signatures)
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
-    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone' names the one that ships."""
+    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone' and 'phone-litert' name
+    the ones that ship (apps/profiles/)."""
     from isthmus.partitioner.devices import DeviceProfile
     if path in (None, ""):
         return None
-    path = PHONE_PROFILE if path == "phone" else path
+    path = SHIPPED_PROFILES.get(path, path)
     if not os.path.isfile(path):
-        raise UsageError(f"{flag} {path}: no such file (or 'phone' for the profile that ships with isthmus)")
+        raise UsageError(f"{flag} {path}: no such file (or {' / '.join(map(repr, SHIPPED_PROFILES))} for the "
+                         "profiles that ship with isthmus)")
     try:
         return DeviceProfile.load(path)
     except (ValueError, TypeError) as e:
@@ -121,12 +128,15 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
                  edge_profile: Optional[str] = None, cloud_profile: Optional[str] = None, int8: bool = False,
                  calibration: Union[None, str, Mapping[str, np.ndarray]] = None, downlink: Optional[str] = None,
                  input_shapes: Optional[Mapping[str, Sequence[int]]] = None, batch: int = 1,
-                 force: bool = False, client=None) -> Deployment:
+                 force: bool = False, client=None, cost=None, stem: str = "model") -> Deployment:
     """Plan `model` for the link and write, into `out_dir`: model.isth (the edge parts of every cut
     over a sweep of bandwidths, plus the full model for fallback; int8 with `int8=True`),
     model.cloud (what `isthmus serve` serves), plan.json, plan.svg and report.txt. Every plan prices
     the edge client's own cost per request (`client`, a ClientCost; default: the edge profile's
-    `client` section, else client_cost.HERE scaled to the built-in edge, see client_cost_for)."""
+    `client` section, else client_cost.HERE scaled to the built-in edge, see client_cost_for).
+    `cost`: a CostModel to plan with instead (e.g. with measured node times); its link, profiles and
+    client then replace `bandwidth`, `rtt`, `downlink`, the profiles, `client` and `batch`.
+    `stem`: the edge and cloud files are STEM.isth and STEM.cloud."""
     t0 = time.perf_counter()
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
     from isthmus.converters.split_export import export_split
@@ -136,22 +146,28 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     from isthmus.partitioner.costmodel import CostModel
     from isthmus.partitioner.devices import CLOUD, EDGE
     from isthmus.partitioner.plots import graph_svg
-    link = parse_link(bandwidth, rtt, downlink)
-    edge = load_profile(edge_profile) or EDGE
-    cloud = load_profile(cloud_profile, "--cloud-profile") or CLOUD
+    if cost is None:
+        link = parse_link(bandwidth, rtt, downlink)
+        edge = load_profile(edge_profile) or EDGE
+        cloud = load_profile(cloud_profile, "--cloud-profile") or CLOUD
+    else:
+        link, edge, cloud, batch = cost.link, cost.profiles[cost.edge], cost.profiles[cost.cloud], cost.batch_size
     if int8 and calibration is None:
         raise UsageError("--int8 needs --calibration-data (an .npz of sample inputs)")
     if batch < 1:
         raise UsageError(f"--batch {batch}: must be at least 1")
-    files = _paths(out_dir, force)
+    files = _paths(out_dir, force, stem)
     m = model if isinstance(model, LoadedModel) else load_model(model, input_shapes)
     feeds = calibration_feeds(calibration, m) if int8 else None
     sess = m.session()
     outs = list(m.outputs.values())
     frozen = freeze(sess, outs)
     outs = [frozen.tensor(t.name) for t in outs]
-    client, client_source = client_cost_for(edge, edge_profile, client)
-    cost = CostModel.edge_cloud(link, edge, cloud, batch_size=batch, client=client)
+    if cost is None:
+        client, client_source = client_cost_for(edge, edge_profile, client)
+        cost = CostModel.edge_cloud(link, edge, cloud, batch_size=batch, client=client)
+    else:
+        client, client_source = cost.client, "the given cost model"
     planner = AdaptivePlanner(frozen, cost, outputs=outs, bandwidths=SWEEP_BPS)
     at_link = plan_split(frozen, cost, outputs=outs)
     sp = export_split(frozen, outs, planner, int8=int8, calibration=feeds, batch=batch, model_name=m.name)
@@ -172,7 +188,8 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     with open(files["json"], "w") as f:
         json.dump(plan, f, indent=1, sort_keys=True)
     dep = Deployment(out_dir, files["edge"], files["cloud"] if sigs else None, files["json"], files["svg"],
-                     files["report"], "", chosen.name, predicted, client=client, client_source=client_source)
+                     files["report"], "", chosen.name, predicted, client=client, client_source=client_source,
+                     planner=planner, plan=at_link, split=sp)
     if int8:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
         from isthmus.edge import load_split
         from .cmd_quantize import measure_drift
@@ -197,11 +214,13 @@ def client_cost_for(edge, edge_profile: Optional[str], client=None):
                                                 "(the edge profile has no client section)")
 
 
-def _paths(out_dir: str, force: bool) -> Dict[str, str]:
+def _paths(out_dir: str, force: bool, stem: str = "model") -> Dict[str, str]:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"-o {out_dir}: exists and is not a folder")
-    names = {"edge": "model.isth", "cloud": "model.cloud", "json": "plan.json", "svg": "plan.svg",
+    names = {"edge": f"{stem}.isth", "cloud": f"{stem}.cloud", "json": "plan.json", "svg": "plan.svg",
              "report": "report.txt"}
+    if not stem or os.sep in stem or stem in (".", ".."):
+        raise UsageError(f"stem {stem!r}: must be a plain file name (the edge file is STEM.isth)")
     files = {k: os.path.join(out_dir, v) for k, v in names.items()}
     there = [p for p in files.values() if os.path.exists(p)]
     if there and not force:

@@ -2,7 +2,8 @@
 
     python benchmarks/tflite_keras.py EDGE.isth CALIB.npy OUT_DIR    # writes tf_fp32.tflite, tf_int8.tflite
 
-Run by benchmarks/tflite_export.py in a subprocess whose PYTHONPATH holds tensorflow-cpu. The Keras
+Run by peer_files (benchmarks/tflite_export.py, tflite_realdata.py) in a subprocess whose PYTHONPATH
+holds tensorflow-cpu. The Keras
 model has the edge model's ops and weights (NHWC; explicit ZeroPadding2D where isthmus's pads are
 not TensorFlow's SAME), so both .tflite files compute one network. int8 is TFLiteConverter's full
 integer quantization calibrated on CALIB (NCHW float32 feeds), float input and output as isthmus's.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -94,6 +96,23 @@ def build_keras(m, tf):
             raise SystemExit(f"tflite_keras: op {op.op} is not rebuilt")
         val[op.outputs[0]] = y
     return tf.keras.Model(inp, val[m.outputs[0]])
+
+
+def peer_files(edge_fp32: bytes, calib, tf_path: str, tmp: str):
+    """TFLiteConverter's fp32 and int8 files of the same network (a subprocess with TensorFlow)."""
+    src = os.path.join(tmp, "edge.isth")
+    with open(src, "wb") as f:
+        f.write(edge_fp32)
+    np.save(os.path.join(tmp, "calib.npy"), np.stack(calib))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tf_path, os.environ.get("PYTHONPATH", "")]),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, os.path.abspath(__file__), src, os.path.join(tmp, "calib.npy"), tmp],
+                   check=True, timeout=900, env=env, stdout=sys.stderr)
+    out = []
+    for name in ("tf_fp32.tflite", "tf_int8.tflite"):
+        with open(os.path.join(tmp, name), "rb") as f:
+            out.append(f.read())
+    return out
 
 
 def main(argv) -> int:

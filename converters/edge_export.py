@@ -17,7 +17,7 @@ from isthmus.edge.writer import ModelWriter
 def _edge_attrs_or_none(op: str):
     def attrs(a):
         try:
-            return capabilities.edge_attrs(op, a)
+            return capabilities.edge_attrs(op, a, interpreter=True)
         except capabilities.Refused:
             return None
     return attrs
@@ -92,7 +92,7 @@ def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
         out_ids = [w.add_tensor(n.name if t.index == 0 else t.name, t.dtype, shape_of(t)) for t in produced]
         for t, i in zip(produced, out_ids):
             index[t] = i
-        attrs = capabilities.edge_attrs(n.op, n.attrs)
+        attrs = capabilities.edge_attrs(n.op, n.attrs, interpreter=True)
         w.add_operator(n.op, [index[t] for t in n.inputs], out_ids, attrs)
     for t in outs:
         w.mark_output(index[t])

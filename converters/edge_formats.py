@@ -5,9 +5,9 @@
     # deploy/tflite/parts.json (which file is which cut, its link range, wire names)
 
 What `isthmus split --edge-format tflite|onnx` writes beside the .isth file (the command itself is
-apps/'s): every cut that has a cloud part becomes <cut>.tflite (and <cut>.post.tflite where the edge
-works on after the cloud's answer) or <cut>.onnx; the split's full model (the fallback, and the
-cut of links where everything stays on the edge) becomes full.tflite / full.onnx. parts.json lists
+apps/'s): every cut that has a cloud part becomes <cut>.tflite or <cut>.onnx (and <cut>.post.tflite /
+<cut>.post.onnx where the edge works on after the cloud's answer); the split's full model (the
+fallback, and the cut of links where everything stays on the edge) becomes full.tflite / full.onnx. parts.json lists
 them with each cut's uplink range from the split file, so an app picks the file for its link.
 split_cut picks one cut out of a split file for both writers (tflite_write.py, onnx_edge.py).
 """
@@ -84,7 +84,10 @@ def write_edge_parts(split_path: str, out_dir: str, edge_format: str = "tflite",
                 entry["post_file"] = put(f"{c['name']}.post.tflite", part.post)
         else:
             from .onnx_edge import split_to_onnx
-            entry["file"] = put(f"{c['name']}.onnx", split_to_onnx(data, cut=c["name"]).edge.SerializeToString())
+            part = split_to_onnx(data, cut=c["name"])
+            entry["file"] = put(f"{c['name']}.onnx", part.edge.SerializeToString())
+            if part.post is not None:
+                entry["post_file"] = put(f"{c['name']}.post.onnx", part.post.SerializeToString())
         parts.append(entry)
     put("parts.json", json.dumps({"model": info.get("model", ""), "format": edge_format, "parts": parts},
                                  indent=1, sort_keys=True).encode("utf-8"))

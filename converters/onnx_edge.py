@@ -272,20 +272,31 @@ def edge_to_onnx(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequence[
 
 @dataclass
 class OnnxSplitPart:
+    """One cut of a split model as ONNX: `edge` computes what is sent to `cloud_part` (outputs named by
+    `wire_inputs`); `post`, when the edge works on after the cloud's answer, takes the answer's tensors
+    (`wire_outputs` order), then the model's inputs it reads, and computes the model's outputs."""
     cut: str
     cloud_part: str
     edge: object                 # onnx.ModelProto; outputs named by their wire names
     wire_inputs: List[str]
     wire_outputs: List[str]
+    post: object = None          # onnx.ModelProto or None
 
 
 def split_to_onnx(split: Union[bytes, str], cut: Optional[str] = None, batch: int = 1) -> OnnxSplitPart:
     """The edge part of one cut of an isthmus split model as ONNX (default: the first cut with a cloud part)."""
-    _, c, m, remote = split_cut(split, cut, OnnxEdgeExportError)
+    info, c, m, remote = split_cut(split, cut, OnnxEdgeExportError)
+    sp = {"model": info.get("model", ""), "cut": c["name"], "cloud_part": c["cloud_part"],
+          "wire_inputs": c["inputs"], "wire_outputs": c["outputs"]}
     proto = edge_to_onnx(m, inputs=m.inputs, outputs=remote.inputs, output_names=c["inputs"], batch=batch,
-                         extra={"split": {"cut": c["name"], "cloud_part": c["cloud_part"],
-                                          "wire_inputs": c["inputs"], "wire_outputs": c["outputs"]}})
-    return OnnxSplitPart(c["name"], c["cloud_part"], proto, list(c["inputs"]), list(c["outputs"]))
+                         extra={"split": sp, "role": "edge"})
+    post = None
+    if any(o not in remote.outputs for o in m.outputs):
+        ops = _select(m, list(remote.outputs) + list(m.inputs), list(m.outputs))
+        read = {i for k in ops for i in m.operators[k].inputs}
+        post = edge_to_onnx(m, inputs=list(remote.outputs) + [e for e in m.inputs if e in read], outputs=m.outputs,
+                            batch=batch, extra={"split": sp, "role": "post"})
+    return OnnxSplitPart(c["name"], c["cloud_part"], proto, list(c["inputs"]), list(c["outputs"]), post)
 
 
 __all__ = ["edge_to_onnx", "split_to_onnx", "OnnxSplitPart", "OnnxEdgeExportError", "SUPPORTED"]

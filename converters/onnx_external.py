@@ -7,32 +7,56 @@ symlink resolving outside, no read past the file's end.
 """
 from __future__ import annotations
 
+import mmap
 import os
+import sys
 from typing import Optional, Tuple
 
 import numpy as np
 
 from .onnx_import import ImportError_
+from .onnx_wire import RawWeights, parse_without_weights
 
 
-def load_model(model, external_data_dir: Optional[str]) -> Tuple[object, Optional[str]]:
-    """(ModelProto, the folder external data may be read from or None)."""
+def load_model(model, external_data_dir: Optional[str]) -> Tuple[object, Optional[str], Optional[RawWeights]]:
+    """(ModelProto, the folder external data may be read from or None, the initializers' raw_data left
+    in the file or bytes by onnx_wire (the caller closes it), or None when the ModelProto holds them)."""
     import onnx
     base = None if external_data_dir is None else os.fspath(external_data_dir)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
+        base = base if base is not None else (os.path.dirname(os.path.abspath(path)))
         try:
             with open(path, "rb") as fh:
+                fast = _mapped(fh)
+                if fast is not None:
+                    return fast[0], base, RawWeights(fast[1], path=path)
                 data = fh.read()
         except OSError as e:
             raise ImportError_(f"cannot read {path}: {e.strerror or e}") from None
-        base = base if base is not None else (os.path.dirname(os.path.abspath(path)))
-        return _parse(data, path), base
+        return _parse(data, path), base, None
     if isinstance(model, (bytes, bytearray, memoryview)):
-        return _parse(bytes(model), "the model bytes"), base
+        data = bytes(model)
+        fast = parse_without_weights(data) if sys.byteorder == "little" else None
+        if fast is not None:
+            return fast[0], base, RawWeights(fast[1], data=data)
+        return _parse(data, "the model bytes"), base, None
     if isinstance(model, onnx.ModelProto):
-        return model, base
+        return model, base, None
     raise ImportError_(f"from_onnx takes a path, bytes or an onnx.ModelProto, not {type(model).__name__}")
+
+
+def _mapped(fh):
+    """parse_without_weights over a read-only map of the open file (None: an empty file, no mmap, or a
+    framing the fast path does not take)."""
+    if sys.byteorder != "little":
+        return None
+    try:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (ValueError, OSError):
+        return None
+    with mm:
+        return parse_without_weights(mm)
 
 
 def _parse(data: bytes, what: str):
@@ -43,10 +67,23 @@ def _parse(data: bytes, what: str):
         raise ImportError_(f"{what}: not an ONNX model ({type(e).__name__}: {e})") from None
 
 
-def read_initializer(init, base: Optional[str]) -> np.ndarray:
-    """The initializer's array; external data read from inside `base` only."""
-    from onnx import TensorProto, numpy_helper
+def read_initializer(init, base: Optional[str], raws: Optional[RawWeights] = None, k: int = 0) -> np.ndarray:
+    """The initializer's array; external data read from inside `base` only. `raws`: the raw_data that
+    onnx_wire left in the model's file or bytes (initializer number k's is read from there)."""
+    from onnx import TensorProto, helper, numpy_helper
     name = _name(init.name)
+    if raws is not None and raws.spans[k] is not None:
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
+        except Exception:  # noqa: BLE001
+            raise ImportError_(f"initializer '{name}' has unsupported element type {init.data_type}") from None
+        try:
+            if _STORAGE_BITS.get(init.data_type) == dtype.itemsize * 8:
+                count = int(np.prod(init.dims, dtype=np.int64))
+                return raws.get(k, dtype, count, f"initializer '{name}'").reshape(tuple(init.dims))
+            init = _with_raw(init, raws.get(k, np.dtype(np.uint8), raws.spans[k][1], f"initializer '{name}'"))
+        except (ValueError, OSError) as e:
+            raise ImportError_(str(e)) from None
     if init.data_location == TensorProto.EXTERNAL:
         init = _with_external_bytes(init, base)
     try:
@@ -56,6 +93,18 @@ def read_initializer(init, base: Optional[str]) -> np.ndarray:
     if arr.dtype == object or arr.dtype.kind not in "fiub":
         raise ImportError_(f"initializer '{name}' has unsupported dtype {arr.dtype}")
     return arr
+
+
+# element types whose raw_data is plain little-endian numpy storage, with its width in bits
+_STORAGE_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64}
+
+
+def _with_raw(init, raw):
+    from onnx import TensorProto
+    out = TensorProto()
+    out.CopyFrom(init)
+    out.raw_data = raw.tobytes()
+    return out
 
 
 def _with_external_bytes(init, base: Optional[str]):

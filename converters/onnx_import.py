@@ -138,16 +138,19 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
     or from the model file's own folder when `model` is a path; never through `..`, an absolute
     path or a symlink leading out of that folder."""
     from .onnx_external import load_model
-    model, base = load_model(model, external_data_dir)
+    model, base, raws = load_model(model, external_data_dir)
     try:
-        return _import(model, trainable, graph, base)
+        return _import(model, trainable, graph, base, raws)
     except ImportError_:
         raise
     except Exception as e:  # noqa: BLE001  (protobuf, onnx and numpy errors on a malformed model)
         raise ImportError_(f"cannot import the model: {type(e).__name__}: {e}") from e
+    finally:
+        if raws is not None:
+            raws.close()
 
 
-def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str]):
+def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str], raws):
     from onnx import helper
     from .onnx_external import read_initializer
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
@@ -158,8 +161,8 @@ def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str])
     consts: Dict[str, np.ndarray] = {}
     with g.as_default():
         inits = {i.name for i in g_onnx.initializer}
-        for init in g_onnx.initializer:
-            arr = read_initializer(init, base)
+        for k, init in enumerate(g_onnx.initializer):
+            arr = read_initializer(init, base, raws, k)
             consts[init.name] = arr
             if trainable and arr.dtype.kind == "f" and arr.ndim >= 1:
                 values[init.name] = ism.Variable(arr, name=_clean(init.name))
@@ -300,3 +303,4 @@ from . import onnx_composites, onnx_losses  # noqa: E402,F401,I001  (losses, bit
 # the handlers register themselves into the table above
 from . import onnx_control, onnx_elementwise, onnx_nn, onnx_resize, onnx_rnn, onnx_shapes  # noqa: E402,F401
 from . import onnx_ops_elementwise, onnx_ops_indexing, onnx_ops_norm, onnx_ops_conv, onnx_ops_quant, onnx_ops_attention  # noqa: E402,F401,I001  (issue 20: the added ops' handlers)
+from . import onnx_gridsample, onnx_ops_extra  # noqa: E402,F401  (GridSample; Shrink, MVN, windows, SwiGLU, CausalConvWithState, BitCast)

@@ -120,13 +120,32 @@ def _pool(kind):
 
 
 def _pool_3d(f, x, k, s, pads, d):
-    """NCDHW pooling as a 2-D pass over (H, W) with C*D as channels, then one over (D, H'*W')."""
-    n, ch, dd, hh, ww = x.shape
-    refuse_unless(all(v is not None for v in (ch, dd, hh, ww)), "3-D pooling needs known channel and spatial dims")
-    y = f(ism.reshape(x, (-1, ch * dd, hh, ww)), k[1:], s[1:], pads[1:], dilations=d[1:])
-    h2, w2 = y.shape[2], y.shape[3]
-    y = f(ism.reshape(y, (-1, ch, dd, h2 * w2)), (k[0], 1), (s[0], 1), (pads[0], (0, 0)), dilations=(d[0], 1))
-    return ism.reshape(y, (-1, ch, y.shape[2], h2, w2))
+    """NCDHW pooling as a 2-D pass over (H, W) with C*D as channels, then one over (D, H'*W'). Dims
+    unknown at import (a Reshape to a shape computed at run time, as torch's opset-9 LRN makes) are
+    read at run time, so the reshapes between the passes become run-time reshapes."""
+    ch, dd, hh, ww = x.shape[1:]
+    if all(v is not None for v in (ch, dd, hh, ww)):
+        y = f(ism.reshape(x, (-1, ch * dd, hh, ww)), k[1:], s[1:], pads[1:], dilations=d[1:])
+        h2, w2 = y.shape[2], y.shape[3]
+        y = f(ism.reshape(y, (-1, ch, dd, h2 * w2)), (k[0], 1), (s[0], 1), (pads[0], (0, 0)), dilations=(d[0], 1))
+        return ism.reshape(y, (-1, ch, y.shape[2], h2, w2))
+    ch, dd, hh, ww = (_dim(x, i) for i in range(1, 5))
+    y = f(_reshape_dims(x, [ch * dd, hh, ww]), k[1:], s[1:], pads[1:], dilations=d[1:])
+    h2, w2 = _dim(y, 2), _dim(y, 3)
+    y = f(_reshape_dims(y, [ch, dd, h2 * w2]), (k[0], 1), (s[0], 1), (pads[0], (0, 0)), dilations=(d[0], 1))
+    return _reshape_dims(y, [ch, _dim(y, 2), h2, w2])
+
+
+def _dim(x, i: int):
+    """Dim i of x as a 1-element int64 tensor: a constant when known at import, else read at run time."""
+    if x.shape[i] is not None:
+        return ism.constant(np.array([x.shape[i]], np.int64))
+    return ism.shape(x, "int64")[i:i + 1]
+
+
+def _reshape_dims(x, dims):
+    """x reshaped to (-1, *dims), dims being 1-element int64 tensors."""
+    return ism.reshape_to(x, ism.concat([ism.constant(np.array([-1], np.int64))] + list(dims), 0))
 
 
 handler("MaxPool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order",

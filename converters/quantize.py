@@ -177,7 +177,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             s, z = qp[n.outputs[0]]
             out = w.add_tensor(n.name, np.int8, shape_of(n.outputs[0]), scale=[s], zero_point=[z])
             qid[n.outputs[0]] = out
-            w.add_operator(n.op, ins, [out], capabilities.edge_attrs(n.op, n.attrs))
+            w.add_operator(n.op, ins, [out], capabilities.edge_attrs(n.op, n.attrs, interpreter=True))
         else:
             report["fp32_ops"] += 1
             why = edge_refusal(n)
@@ -195,7 +195,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             ids = [w.add_tensor(n.name if t.index == 0 else t.name, t.dtype, shape_of(t)) for t in produced]
             for t, i in zip(produced, ids):
                 fid[t] = i
-            w.add_operator(n.op, ins, ids, capabilities.edge_attrs(n.op, n.attrs))
+            w.add_operator(n.op, ins, ids, capabilities.edge_attrs(n.op, n.attrs, interpreter=True))
     for t in outs:
         w.mark_output(as_float(t) if t in qid and t not in fid else fid[t])
     for t in floats:

@@ -21,7 +21,7 @@ def transpose(tr: Translator, op) -> None:
     xi = tr.get(x, src)
     out = tr.new(y, PLAIN)
     if perm == list(range(len(perm))):
-        shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(tr.shape(y), np.int32))
+        shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(tr.reshape_target(y), np.int32))
         tr.b.op("RESHAPE", [xi, shape], [out])
         return
     p = tr.b.const(tr.m.tensors[y].name + "/perm", np.asarray(perm, np.int32))
@@ -53,7 +53,7 @@ def strided_slice(tr: Translator, op) -> None:
                               tr.b.const(name + "/strides", strides)], [out], "StridedSliceOptions",
             BeginMask=0, EndMask=int(a.get("end_mask", 0)), EllipsisMask=0, NewAxisMask=0, ShrinkAxisMask=0)
     if sliced != target:
-        shape = tr.b.const(name + "/shape", np.asarray(target, np.int32))
+        shape = tr.b.const(name + "/shape", np.asarray(tr.reshape_target(y), np.int32))
         tr.b.op("RESHAPE", [out, shape], [tr.new(y)])
 
 

@@ -86,8 +86,8 @@ EXTRA_OPS = {
     "StridedSlice": lambda n: (lambda s: None if s is None else ("StridedSlice", s))(_strided(n)),
     "Resize": lambda n: (lambda s: None if s is None else ("Resize", s))(_resize(n)),
     "ReduceMean": lambda n: ("ReduceMean", {"axes": _axes(n), "keepdims": int(n.attrs["keepdims"])}),
-    "LSTMSequence": lambda n: None if n.attrs["reverse"] or n.attrs["with_lens"] or len(n.inputs) != 4
-    else ("LSTMSequence", {}),
+    "LSTMSequence": lambda n: None if n.attrs["with_lens"] or len(n.inputs) != 4
+    else ("LSTMSequence", {"reverse": int(bool(n.attrs["reverse"]))}),
     "Squeeze": lambda n: ("Reshape", {"shape": [-1 if d is None else d for d in n.outputs[0].shape]}),
     "ExpandAxes": lambda n: ("Reshape", {"shape": [-1 if d is None else d for d in n.outputs[0].shape]}),
 }

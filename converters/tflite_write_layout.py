@@ -56,6 +56,13 @@ class Translator:
             raise self.fail(f"tensor '{self.m.tensors[e].name}' has run-time dimensions {s}")
         return s
 
+    def reshape_target(self, e: int) -> Tuple[int, ...]:
+        """e's shape as a RESHAPE's new shape: a dynamic batch (-1 in the edge model) stays -1, so a
+        file whose input signature says -1 still computes right after LiteRT resizes the input."""
+        s = self.shape(e)
+        dims = self.m.tensors[e].shape
+        return (-1,) + s[1:] if dims and dims[0] == -1 else s
+
     def const(self, e: int) -> Optional[np.ndarray]:
         return None if e < 0 else self.m.tensors[e].data
 

@@ -316,7 +316,7 @@ def reshape(tr: Translator, op) -> None:
     src = PLAIN
     if len(xs) == 4 and LAYOUT_NHWC in tr.layouts(x) and PLAIN not in tr.layouts(x) and tr.same_bytes(x):
         src = LAYOUT_NHWC  # the NHWC bytes are the NCHW bytes: no transpose
-    target = tr.shape(y)
+    target = tr.reshape_target(y)
     new_shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(target, np.int32))
     pair = tr.output(y, PLAIN, like_input=x)
     tr.b.op("RESHAPE", [tr.get(x, src), new_shape], [pair[0]], "ReshapeOptions", NewShape=list(target))

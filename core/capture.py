@@ -21,8 +21,10 @@ import threading
 from typing import Dict, List, Optional
 
 from .device_runtime import HOST
+from .errors import ExecutionError, IsthmusError
 from .executor import KernelContext, Plan
 from .graph import Node, Tensor
+from .passes.copies import input_device
 from .shapes import fully_defined
 
 # ops that never go into a graph: they move data to or from the host
@@ -39,7 +41,6 @@ class _Step:
 
 def _reads_changing_host_value(n: Node) -> bool:
     """A GPU kernel that reads a host input bakes its value into the graph: fine for constants."""
-    from .passes.copies import input_device
     dev = n.device or HOST
     return any(input_device(n, i, dev) == HOST and t.node.op != "Const"
                for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs)
@@ -238,7 +239,6 @@ class CapturedPlan:
                         v[o] = fixed
 
     def _raise(self, e: Exception) -> None:
-        from .errors import ExecutionError, IsthmusError
         if isinstance(e, IsthmusError):
             raise e
         raise ExecutionError(f"captured step failed: {type(e).__name__}: {e}") from e

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -318,7 +319,6 @@ class Saver:
         if not paths:
             raise CheckpointError(f"no checkpoint in {directory}")
         if warn is None:
-            import logging
             warn = logging.getLogger("isthmus.checkpoint").warning
         problems = []
         for path in reversed(paths):

@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from . import gpu_kernels
 from .device_runtime import HOST, DeviceTable
 from .errors import ExecutionError
 from .executor import KernelContext, SessionState
@@ -29,7 +30,6 @@ class DeviceMemoryError(ExecutionError, MemoryError):
 
 class DeviceBinding:
     def __init__(self, table: DeviceTable, state: SessionState, checked: Optional[bool] = None):
-        from . import gpu_kernels
         gpu_kernels.install()
         self.table = table
         self.state = state

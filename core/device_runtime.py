@@ -13,6 +13,7 @@ import numpy as np
 
 from . import simgpu
 from .devices import DeviceSpec
+from .gpu import CudaDevice, gpu_available, parse_pool_limit, require_gpu, unavailable_reason
 
 HOST = "/device:CPU:0"
 
@@ -44,7 +45,6 @@ class SimulatedGPU:
         self.cap_bytes = self.set_memory_cap(memory)
 
     def set_memory_cap(self, limit) -> int:
-        from .gpu import parse_pool_limit
         cap = parse_pool_limit(limit if limit is not None else os.environ.get("ISTHMUS_GPU_MEMORY"),
                                self.total_bytes)
         self.meter.cap = cap
@@ -82,7 +82,6 @@ def make_gpu(backend: str, index: int, memory=None):
     if backend == "simulated":
         return SimulatedGPU(index, memory)
     if backend == "cuda":
-        from .gpu import CudaDevice
         return CudaDevice(index, memory)
     raise ValueError(f"gpu backend {backend!r}: expected 'cuda' or 'simulated'")
 
@@ -106,7 +105,6 @@ class DeviceTable:
         if low == "auto":
             if self.gpu_backend == "simulated":
                 return "/device:GPU:0"
-            from .gpu import gpu_available
             return "/device:GPU:0" if gpu_available() else HOST
         spec = DeviceSpec.parse(d)
         if spec.kind is None:
@@ -119,7 +117,6 @@ class DeviceTable:
         names GPUs that this machine may not have)."""
         if self.gpu_backend != "cuda":
             return True
-        from .gpu import gpu_available
         return gpu_available()
 
     @property
@@ -133,7 +130,6 @@ class DeviceTable:
             if spec.kind != "GPU":
                 raise ValueError(f"node '{node_name}': unknown local device {name!r}")
             if self.gpu_backend == "cuda":
-                from .gpu import require_gpu
                 require_gpu(node_name, name)
             dev = self._devices[name] = make_gpu(self.gpu_backend, spec.index or 0, self.gpu_memory)
         return dev
@@ -170,7 +166,6 @@ def apply_device_flag(device: str, job: Optional[str] = None, prog: str = "isthm
     if job == "ps":
         d = "cpu"
     elif d in ("gpu", "auto"):
-        from .gpu import gpu_available, unavailable_reason
         if not gpu_available():
             if d == "gpu":
                 raise SystemExit(f"{prog}: --device gpu, but no GPU is available ({unavailable_reason()})")

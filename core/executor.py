@@ -18,6 +18,8 @@ import numpy as np
 
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
+from .ops.numerics import checked_kernel
+from .scheduler import ParallelRunner, parallelism_pays
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -126,7 +128,6 @@ class Plan:
         self._aliases_state: set = set()
         self._copy = ctx.xp.array
         self.fn = self._generate(ctx, fed)
-        from .scheduler import ParallelRunner, parallelism_pays
         if binding is not None and binding.uses_gpu:
             parallel = False  # a GPU queues kernels itself: host threads would only contend
         if parallel == "auto":
@@ -190,7 +191,6 @@ class Plan:
                 raise ExecutionError(f"node '{n.name}' ({n.op}): cannot prepare its kernel: "
                                      f"{type(e).__name__}: {e}", n.name, n.op) from e
             if ctx.check_numerics:   # Session(check_numerics=True): every float output checked
-                from .ops.numerics import checked_kernel
                 kernel = checked_kernel(n, kernel)
             kname = f"k{j}"
             env[kname] = kernel

@@ -20,6 +20,7 @@ class Function:
 
     def compile(self, ctx, fetch_indices=None):
         """A Plan computing the outputs (or those at `fetch_indices`) from the inputs."""
+        # cycle: core.function <-> core.executor (via core.ops.numerics, core.ops, core.ops.control)
         from .executor import Plan
         outs = self.outputs if fetch_indices is None else [self.outputs[i] for i in fetch_indices]
         return Plan(outs, self.inputs, ctx, parallel=False)

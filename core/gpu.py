@@ -7,6 +7,7 @@ a GPU, GPU devices are absent and `require_gpu` raises a clear error naming the 
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Optional, Union
 
@@ -25,6 +26,7 @@ def _probe():
         return _cupy
     _probe_done = True
     try:
+        # deferred: cupy is optional (its ImportError is handled)
         import cupy  # noqa: the only cupy import in the package
     except Exception as e:  # ImportError, or a broken CUDA install
         _probe_error = f"cupy is not importable ({type(e).__name__}: {e}); install the 'gpu' extra"
@@ -150,7 +152,6 @@ class CudaDevice:
     simulated = False
 
     def __init__(self, index: int = 0, memory=None):
-        import os
         cp = require_gpu("<session>", f"/device:GPU:{index}")
         if index >= cp.cuda.runtime.getDeviceCount():
             raise RuntimeError(f"/device:GPU:{index}: this machine has {cp.cuda.runtime.getDeviceCount()} GPU(s)")

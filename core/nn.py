@@ -17,10 +17,12 @@ from .errors import ShapeError
 from .graph import Tensor, get_default_graph
 from .ops.array import flatten as _flatten
 from .ops.base import convert
+from .ops.conv import conv2d
 from .ops.linalg import bias_add, matmul
 from .ops.math import cast, equal, gelu, relu, relu6, sigmoid, square, sub, tanh
 from .ops.nn import batch_norm, dropout as _dropout, layer_norm, softmax, softmax_cross_entropy as _xent
 from .ops.nn import sparse_softmax_cross_entropy as _sparse_xent
+from .ops.pool import avg_pool, global_avg_pool, max_pool
 from .ops.reduce import argmax, reduce_mean
 from .ops.sparse import gather
 from .optimizers import UPDATE_OPS
@@ -162,7 +164,6 @@ class Conv2D(Layer):
         self.bias = self._var("bias", np.zeros(self.filters), x.dtype) if self.use_bias else None
 
     def call(self, x, training):
-        from .ops.conv import conv2d
         y = conv2d(x, self.kernel, strides=self.strides, padding=self.padding, dilations=self.dilation, groups=self.groups)
         if self.bias is not None:
             y = bias_add(y, self.bias, axis=1)
@@ -277,19 +278,16 @@ class MaxPool2D(Layer):
         self.pool, self.strides, self.padding = pool_size, strides or pool_size, padding
 
     def call(self, x, training):
-        from .ops.pool import max_pool
         return max_pool(x, self.pool, self.strides, self.padding)
 
 
 class AvgPool2D(MaxPool2D):
     def call(self, x, training):
-        from .ops.pool import avg_pool
         return avg_pool(x, self.pool, self.strides, self.padding)
 
 
 class GlobalAvgPool2D(Layer):
     def call(self, x, training):
-        from .ops.pool import global_avg_pool
         return global_avg_pool(x)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 from typing import Dict, List
 
+import isthmus.core
+
 from . import registry
 
 
 def op_table() -> List[Dict[str, object]]:
-    import isthmus.core  # noqa: F401  (registers every op)
     rows = []
     for name in registry.registered():
         d = registry.get(name)

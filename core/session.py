@@ -1,18 +1,34 @@
 """Session: runs fetches of a graph, compiling one plan per (fetches, feeds) signature."""
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .capture import CapturedPlan
+from .device_binding import DeviceBinding
+from .device_runtime import DeviceTable, HOST, to_host_any
 from .errors import FeedError
-from .executor import KernelContext, Plan, SessionState
+from .executor import KernelContext, Plan, SessionState, prune
 from .fetches import feed_check, fetch_key, flatten, resolve_feed, resolve_fetch
 from .graph import Graph, Node, Tensor, get_default_graph
+from .ops.numerics import checked_feed
+from .passes import optimize
+from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
 from .shapes import compatible, fmt
+from .trace import RunMetadata, run_traced
+
+
+_REMOTE: List[Callable[[Optional[Graph], str], Any]] = []  # the factory for "grpc://" targets, once registered
+
+
+def register_remote_session(factory: Callable[[Optional[Graph], str], Any]) -> None:
+    """Makes `Session(graph, target="grpc://host:port")` return `factory(graph, target)`.
+    core imports nothing of the cloud runtime (DESIGN.md): isthmus.cloud registers its
+    DistributedSession when imported, and `isthmus.Session` imports isthmus.cloud first."""
+    _REMOTE[:] = [factory]
 
 
 class Session:
@@ -31,10 +47,11 @@ class Session:
         if args or kwargs:
             raise ValueError(f"target {target!r}: a distributed session takes no "
                              f"{', '.join(sorted(kwargs)) or 'local-session options'}")
-        # core imports nothing of ours (DESIGN.md); the cloud runtime is found by name, only
-        # when asked for. Not a Session subclass, so Python does not run __init__ on it again.
-        impl = importlib.import_module("isthmus.cloud.session")
-        return impl.DistributedSession(graph, target)
+        if not _REMOTE:
+            raise RuntimeError(f"target {target!r}: no cluster runtime is registered; import isthmus.cloud "
+                               "first (isthmus.Session does), or run without a target on this machine")
+        # not a Session subclass, so Python does not run __init__ on it again
+        return _REMOTE[0](graph, target)
 
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
@@ -49,7 +66,6 @@ class Session:
         feed); the first holding NaN or Inf fails the step with a NonFiniteError naming that node
         (core/ops/numerics.py). Off by default: it costs about one pass over each output."""
         self.graph = graph if graph is not None else get_default_graph()
-        from .device_runtime import HOST, DeviceTable
         self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
                                    gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
         self.state = SessionState(rendezvous, self.devices)
@@ -57,7 +73,6 @@ class Session:
         self._ctx.check_numerics = self.check_numerics = bool(check_numerics)
         self._binding = None
         if self.devices.default != HOST:
-            from .device_binding import DeviceBinding
             self.devices.get(self.devices.default)  # fails now, naming the reason, when there is no GPU
             self._binding = DeviceBinding(self.devices, self.state)
         self.capture = capture
@@ -81,7 +96,6 @@ class Session:
             entry = self._compile(key, fetches, feed_dict)
         plan, unflatten, checks = entry
         if options is not None and options.trace:
-            from .trace import RunMetadata, run_traced
             md = run_metadata if run_metadata is not None else RunMetadata()
             return unflatten(run_traced(plan, [c(v) for c, v in zip(checks, feed_dict.values())], md))
         if checks:
@@ -115,8 +129,6 @@ class Session:
             feeds = [self._resolve_feed(k) for k in feed_dict]
             run_fetches, run_feeds = flat, feeds
             if self.optimize:
-                from .executor import prune
-                from .passes import optimize
                 fed = set(feeds)
                 nodes = prune([f.node if isinstance(f, Tensor) else f for f in flat], fed)
                 rw = optimize(self.graph, nodes, flat, feeds)
@@ -124,7 +136,6 @@ class Session:
             plan = self._plan(run_fetches, run_feeds)
             checks = [feed_check(t) for t in feeds]
             if self.check_numerics:
-                from .ops.numerics import checked_feed
                 checks = [checked_feed(c, t) for c, t in zip(checks, feeds)]
             entry = (plan, unflatten, checks)
             if key is not None:
@@ -133,21 +144,16 @@ class Session:
 
     def _plan(self, fetches, feeds) -> Plan:
         """The plan, its nodes placed on this session's devices with copy nodes between them."""
-        from .executor import prune
-        from .passes.copies import insert_copies, needs_devices
         nodes = prune([f.node if isinstance(f, Tensor) else f for f in fetches], set(feeds))
         pins = self.devices.gpu_pins_usable()
         if not needs_devices(nodes, self.devices.default, pins):
             return Plan(fetches, feeds, self._ctx, self.parallel)
         graph = nodes[0].graph if nodes else self.graph
-        from .passes.copies import host_variables
         rw = insert_copies(graph, nodes, fetches, feeds, self.devices.default,
                            host_vars=host_variables(self.graph), gpu_pins=pins)
         if self._binding is None:
-            from .device_binding import DeviceBinding
             self._binding = DeviceBinding(self.devices, self.state)
         if self.capture:
-            from .capture import CapturedPlan
             return CapturedPlan.make(rw.fetches, rw.feeds, self._ctx, self._binding, self.capture)
         return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding)
 
@@ -181,7 +187,6 @@ class Session:
         if slot.value is None:
             raise FeedError(f"variable '{node.name}' is not initialized")
         with slot.lock:
-            from .device_runtime import to_host_any
             return to_host_any(slot.value)
 
     def set_variable_value(self, var, value) -> None:
@@ -201,8 +206,6 @@ class Session:
 
     def _variable_device(self, node: Node):
         """The runtime a variable lives on in this session ("host" when on the CPU)."""
-        from .device_runtime import HOST
-        from .passes.copies import assign_devices, host_variables
         name = assign_devices([node], self.devices.default, host_variables(self.graph),
                               self.devices.gpu_pins_usable())[node]
         return "host" if name == HOST else self.devices.get(name, node.name)

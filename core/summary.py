@@ -25,7 +25,7 @@ _TF_DTYPES = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "i
 
 def _tensorboardx():
     try:
-        import tensorboardX
+        import tensorboardX  # deferred: tensorboardX is optional (its ImportError is handled)
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("TensorBoard logging needs tensorboardX: pip install 'isthmus[tensorboard]' "
                           "(or pip install tensorboardX)") from e
@@ -71,6 +71,7 @@ class SummaryWriter:
 
 def graph_proto(graph: Graph):
     """TensorBoard's GraphDef for `graph` (top level; a control-flow node is one box)."""
+    # deferred: tensorboardX is a heavy or optional dependency
     from tensorboardX.proto import attr_value_pb2, graph_pb2, node_def_pb2, tensor_shape_pb2
 
     def shape_proto(shape) -> "tensor_shape_pb2.TensorShapeProto":

@@ -18,6 +18,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
+from .errors import ExecutionError, IsthmusError
+
+from .graph import Tensor
+
 
 @dataclass
 class RunOptions:
@@ -213,7 +217,6 @@ def run_traced(plan, feeds, metadata: RunMetadata):
             if gpu:  # GPU kernels only queue: the node's time is until its work is done
                 dev.synchronize()
         except Exception as e:
-            from .errors import ExecutionError, IsthmusError
             if isinstance(e, IsthmusError):
                 raise
             raise ExecutionError(f"node '{n.name}' ({n.op}) failed: {type(e).__name__}: {e}", n.name, n.op) from e
@@ -238,5 +241,4 @@ def run_traced(plan, feeds, metadata: RunMetadata):
             dev.sample()
     if binding is not None:  # the step's peak device memory, per GPU
         metadata.device_peak_bytes.update({d.name: d.peak_bytes() for d in binding.table.gpus()})
-    from .graph import Tensor
     return tuple(plan.copy_fetch(f, values[f]) if isinstance(f, Tensor) else None for f in plan.fetches)

@@ -29,9 +29,11 @@ from .split_model import load_split
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an edge model file (.isth), or a .tflite written by isthmus with --runtime litert")
-    p.add_argument("--runtime", choices=["isthmus", "litert"], default="isthmus",
-                   help="litert: run a .tflite in LiteRT (edge/cli_litert.py; needs the tflite and litert extras)")
+    p.add_argument("model", help="an edge model file (.isth); a .tflite (--runtime litert) or .onnx "
+                                 "(--runtime onnxruntime) written by isthmus")
+    p.add_argument("--runtime", choices=["isthmus", "litert", "onnxruntime"], default="isthmus",
+                   help="litert: run a .tflite in LiteRT (edge/cli_litert.py; needs the tflite and litert extras); "
+                        "onnxruntime: run an .onnx in onnxruntime (edge/cli_onnxruntime.py)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=X.npy",
                    help="an input array (repeatable); or a .npy file per model input, in order; or one .npz")
     p.add_argument("--random-input", action="store_true", help="run on uniform random inputs (seed 0)")
@@ -133,6 +135,9 @@ def run(args) -> int:
     if getattr(args, "runtime", "isthmus") == "litert":
         from .cli_litert import run_litert
         return run_litert(args)
+    if getattr(args, "runtime", "isthmus") == "onnxruntime":
+        from .cli_onnxruntime import run_onnxruntime
+        return run_onnxruntime(args)
     if args.cloud:
         return _run_split(args)
     t0 = time.perf_counter()

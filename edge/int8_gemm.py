@@ -3,9 +3,9 @@
 The int8 kernels in int8_kernels.py run float GEMMs on exact integers: they buy size, not speed.
 Where the host has the integer GEMM (x86 AVX2, numba importable, ISTHMUS_JIT not 0) these kernels
 take over at prepare time: weights become int16 pairs once; per call the input is packed into
-arena scratch (a 1x1 convolution's rows, or im2col columns padded with the input's zero point),
-multiplied in int32 and requantized per output channel inside the GEMM's loop, straight into the
-int8 output. The arithmetic is edge/quant.Requantizer's integer definition, bit for bit (computed
+arena scratch (a 1x1 convolution's rows, or, in one pass, im2col columns of the input padded with
+its zero point), multiplied in int32 and requantized per output channel inside the GEMM's loop,
+straight into the int8 output. The arithmetic is edge/quant.Requantizer's integer definition, bit for bit (computed
 in float64 where `float_exact` proves it exact, else in int64), so results equal the float-GEMM
 kernels' and a plain integer numpy reference.
 """
@@ -85,21 +85,23 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
          lo: int, hi: int, bound: int) -> Tuple[list, Callable]:
     """A groups-1 int8 convolution of one image: wi int64 [O, C, kh, kw] (less its zero points),
     bias int64 [O] (the input's zero point folded in), multipliers s_x s_w / s_y per channel."""
-    from ..jit.gemm_int8 import NR, pack_weights, packed_shape
+    from ..jit.gemm_int8 import NR, cols_slack, pack_weights, packed_shape
     o, k = wi.shape[0], int(np.prod(wi.shape[1:]))
     p = g.oh * g.ow
     w32 = pack_weights(wi.reshape(o, k))
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded
-    i_x = ctx.scratch(packed_shape(k, p), np.int32)
+    kp, p16 = packed_shape(k, p)
+    i_x = ctx.scratch((kp + (0 if pointwise else 1), p16), np.int32)  # im2col_pairs writes past the last row
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
-    i_cols = None if pointwise else ctx.scratch((k, p), np.int8)
     hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
-    i_pad = None if pointwise else ctx.scratch((g.c, hp, wp), np.int8)  # the input with its border of zero points
+    planes = g.c * hp * wp  # the input with its border of zero points, and slack for vector reads past it
+    i_pad = None if pointwise else ctx.scratch((planes + cols_slack(g.sw),), np.int8)
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import im2col, pack_rows, pad_planes
-        xp = sc[i_x]
+        from ..jit.gemm_int8 import im2col_pairs, pack_rows, pad_planes
+        xq = sc[i_x]
+        xp = xq[:kp]
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
         if pointwise:
             x2 = ins[0].reshape(g.c, g.h * g.w)
@@ -108,13 +110,13 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
                 pack_rows(x2, xp)
                 gemm()
             return run_pointwise
-        x3, cols, xpad = ins[0].reshape(g.c, g.h, g.w), sc[i_cols], sc[i_pad]
-        geo, zx8 = (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow), np.int8(zx)
+        x3, flat, zx8 = ins[0].reshape(g.c, g.h, g.w), sc[i_pad], np.int8(zx)
+        xpad, xq1 = flat[:planes].reshape(g.c, hp, wp), xq.reshape(-1)
+        geo = (g.c, hp, wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow)
 
         def run():
             pad_planes(x3, zx8, g.t, g.l, xpad)
-            im2col(xpad, *geo, cols)
-            pack_rows(cols, xp)
+            im2col_pairs(flat, *geo, xq1)
             gemm()
         return run
     return [(1, o, g.oh, g.ow)], bind
@@ -132,8 +134,13 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
     k, nn = bi.shape
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     if m < GEMV_ROWS and not transpose_a:
-        wt = bi.T.astype(np.int8 if bi.size == 0 or (bi.min() >= -128 and bi.max() <= 127) else np.int16)
-        return [(m, nn)], lambda ins, outs, sc: _bind_gemv(np.ascontiguousarray(wt), rq, ins[0], outs[0])
+        if bi.size and (bi.min() < -128 or bi.max() > 127):  # int16 weights: numba's one-row dot products
+            wt = np.ascontiguousarray(bi.T.astype(np.int16))
+            return [(m, nn)], lambda ins, outs, sc: _bind_gemv(wt, rq, ins[0], outs[0])
+        from ..jit.gemv_int8 import activation_elems, pack_weights as pack_rows8
+        w8 = pack_rows8(bi.T)
+        i_a = ctx.scratch((activation_elems(k),), np.int16)
+        return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0])
     w32 = pack_weights(np.ascontiguousarray(bi.T))
     i_x = ctx.scratch(packed_shape(k, m), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
@@ -158,3 +165,13 @@ def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[]
         return lambda: gemv_requantize_float(w, a, mf, cf, flo, fhi, out)
     _, q, c, s, lo, hi = rq
     return lambda: gemv_requantize_int(w, a, q, c, s, lo, hi, out)
+
+
+def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16)."""
+    from ..jit.gemv_int8 import gemv_requantize_float, gemv_requantize_int
+    if rq[0] == "float":
+        _, mf, cf, flo, fhi = rq
+        return lambda: gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, out)
+    _, q, c, s, lo, hi = rq
+    return lambda: gemv_requantize_int(w8, a, a16, q, c, s, lo, hi, out)

@@ -408,14 +408,17 @@ def _pool_geometry(ctx: OpContext):
                              f"'{y.name}' has different ones")
     taps = [(slice(None), slice(None), slice(i, i + g.sh * (g.oh - 1) + 1, g.sh),
              slice(j, j + g.sw * (g.ow - 1) + 1, g.sw)) for i in range(g.kh) for j in range(g.kw)]
-    return (g.n, g.c, g.h, g.w, g.t, g.b, g.l, g.r, g.oh, g.ow), taps
+    return (g.n, g.c, g.h, g.w, g.t, g.b, g.l, g.r, g.oh, g.ow), taps, (g.kh, g.kw, g.sh, g.sw)
 
 
 @int8_kernel("MaxPool")
 def max_pool(ctx: OpContext):
-    (n, c, h, w, t, b, l, r, oh, ow), taps = _pool_geometry(ctx)
+    (n, c, h, w, t, b, l, r, oh, ow), taps, (kh, kw, sh, sw) = _pool_geometry(ctx)
     padded = bool(t or b or l or r)
     i_pad = ctx.scratch((n, c, h + t + b, w + l + r), np.int8) if padded else None
+
+    # 2x2 at stride 2: one compiled pass (jit.pool) instead of numpy's pass per tap
+    compiled = (kh, kw, sh, sw) == (2, 2, 2, 2) and use_compiled()
 
     def bind(ins, outs, sc):
         src, y = (sc[i_pad] if padded else ins[0]), outs[0]
@@ -425,11 +428,23 @@ def max_pool(ctx: OpContext):
         first, rest = views[0], views[1:]
         copyto, maximum = np.copyto, np.maximum
 
+        def pad():
+            for v in borders:
+                v.fill(-128)
+            copyto(inner, x)
+        if compiled:
+            from ..jit.pool import max_pool_2x2_rows
+            src3, y3 = src.reshape(n * c, *src.shape[2:]), y.reshape(n * c, oh, ow)
+
+            def run_compiled():
+                if padded:
+                    pad()
+                max_pool_2x2_rows(src3, y3)
+            return run_compiled
+
         def run():
             if padded:
-                for v in borders:
-                    v.fill(-128)
-                copyto(inner, x)
+                pad()
             copyto(y, first)
             for v in rest:
                 maximum(y, v, out=y)
@@ -441,7 +456,7 @@ def max_pool(ctx: OpContext):
 def avg_pool(ctx: OpContext):
     """Sums raw int8 values over the real (unpadded) elements of each window, then rounds
     sum / count half up: floor((2 * sum + count) / (2 * count))."""
-    (n, c, h, w, t, b, l, r, oh, ow), taps = _pool_geometry(ctx)
+    (n, c, h, w, t, b, l, r, oh, ow), taps, _ = _pool_geometry(ctx)
     ones = np.zeros((1, 1, h + t + b, w + l + r), np.int32)
     ones[:, :, t:t + h, l:l + w] = 1
     count = sum(ones[tp] for tp in taps)
@@ -505,3 +520,4 @@ def global_avg_pool(ctx: OpContext):
 
 
 from . import int8_elementwise  # noqa: E402,F401  (registers the elementwise kernels)
+from . import int8_convt, int8_shape  # noqa: E402,F401  (register the transposed conv, data-movement, activations)

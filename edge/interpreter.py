@@ -265,7 +265,9 @@ class Interpreter:
             return bind, ctx.scratch_specs, out_shapes
         if op.op not in KERNELS:
             raise EdgeModelError(f"no edge kernel; edge kernels: {', '.join(sorted(KERNELS))}")
-        bad = [t for t in tensors if t.dtype != np.float32]
+        index_inputs = getattr(KERNELS[op.op], "index_inputs", ())  # integer inputs a kernel reads (Gather)
+        bad = [t for k, t in enumerate(tensors)
+               if t.dtype != np.float32 and not (k in index_inputs and t.dtype.kind == "i")]
         if bad:
             raise EdgeModelError(f"'{bad[0].name}' is {bad[0].dtype.name}: fp32 kernels take float32 only")
         ctx = OpContext(op.op, op.attrs, [spec(i) for i in ins], [spec(i) for i in op.outputs])

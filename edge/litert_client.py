@@ -8,27 +8,23 @@ This is, step for step, what an Android or iOS app does with its own LiteRT and 
 the layout and dtype the metadata gives, run the interpreter, turn each output into the bytes the
 cloud part expects (int8 outputs dequantized with the metadata's scale and zero point, NHWC
 outputs transposed back to NCHW), send them in one Infer call under their wire names with the
-request's deadline, and read the answer's tensors in the part's signature order. Nothing here
-falls back or adapts the cut: edge/offload_client.py does that for isthmus's own interpreter.
+request's deadline, and read the answer's tensors in the part's signature order (that request and
+response glue is edge/phone_offload.py's, shared with the onnxruntime client). Nothing here falls
+back or adapts the cut: edge/offload_client.py does that for isthmus's own interpreter.
 
 Needs `ai-edge-litert` (import ai_edge_litert) and grpc; neither is imported by `import isthmus.edge`.
 """
 from __future__ import annotations
 
 import json
-import uuid
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
-from ..wire import tensor_codec
 from .format import EdgeModelError
+from .phone_offload import OffloadCallError, PhoneOffloadClient, read_bytes
 
 METADATA_KEY = "isthmus.tflite"
-
-
-class OffloadCallError(RuntimeError):
-    """The offload service refused the request or missed its deadline (the gRPC status is named)."""
 
 
 def tflite_metadata(data: bytes) -> dict:
@@ -70,88 +66,39 @@ def to_wire(y: np.ndarray, spec: dict) -> np.ndarray:
     return np.ascontiguousarray(y, np.float32)
 
 
-class LiteRTOffloadClient:
+class LiteRTOffloadClient(PhoneOffloadClient):
     """Runs a cut's edge part in LiteRT and its cloud part remotely: one Infer per invoke."""
 
     def __init__(self, edge: Union[str, bytes], address: str, security=None, deadline_ms: float = 1000.0,
                  post: Optional[Union[str, bytes]] = None, num_threads: int = 1):
         from ai_edge_litert.interpreter import Interpreter
-        self.edge_bytes = _read(edge)
+        self.edge_bytes = read_bytes(edge)
         self.meta = tflite_metadata(self.edge_bytes)
         split = self.meta.get("split")
         if not split:
             raise EdgeModelError("the .tflite is not the edge part of a split (its metadata names no cloud part)")
-        self.part, self.wire_outputs = split["cloud_part"], list(split["wire_outputs"])
+        super().__init__(split["cloud_part"], split["wire_outputs"], address, security, deadline_ms)
+        self.send_names = [spec["wire_name"] for spec in self.meta["outputs"]]
         self.edge = Interpreter(model_content=self.edge_bytes, num_threads=num_threads)
         self.edge.allocate_tensors()
         self.post = None
         if post is not None:
-            pb = _read(post)
+            pb = read_bytes(post)
             self.post_meta = tflite_metadata(pb)
             self.post = Interpreter(model_content=pb, num_threads=num_threads)
             self.post.allocate_tensors()
-        self.address, self.security, self.deadline_s = address, security, deadline_ms / 1e3
-        self._channel = self._stub = None
-
-    def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:
-        sent = self.run_edge(*inputs)
-        answer = self.call_cloud(sent)
-        if self.post is None:
-            return answer
-        # the post part takes the answer, then the model inputs it reads (named as the edge part names them)
-        by_name = {spec["edge_name"]: x for spec, x in zip(self.meta["inputs"], inputs)}
-        rest = [by_name[spec["edge_name"]] for spec in self.post_meta["inputs"][len(answer):]]
-        return _run(self.post, self.post_meta, list(answer) + rest)
+        self.has_post = self.post is not None
 
     def run_edge(self, *inputs: np.ndarray) -> List[np.ndarray]:
         """The edge part's outputs, float32 NCHW, in wire_name order (what goes to the cloud)."""
         outs = _run(self.edge, self.meta, inputs, final=False)
         return [to_wire(y, spec) for y, spec in zip(outs, self.meta["outputs"])]
 
-    def call_cloud(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
-        import grpc
-        from isthmus.proto import offload_pb2
-        from isthmus.wire import tensor_codec
-        self._connect()
-        req = offload_pb2.InferRequest(part=self.part, request_id=uuid.uuid4().hex)
-        for spec, a in zip(self.meta["outputs"], arrays):
-            nt = req.inputs.add()
-            nt.name = spec["wire_name"]
-            tensor_codec.encode(a, nt.tensor)   # dtype code, shape, raw little-endian bytes
-        try:
-            resp = self._stub.Infer(req, timeout=self.deadline_s)
-        except grpc.RpcError as e:
-            code = e.code() if hasattr(e, "code") else None
-            raise OffloadCallError(f"Infer '{self.part}' at {self.address}: {getattr(code, 'name', code)}: "
-                                   f"{e.details() if hasattr(e, 'details') else e}") from None
-        return [_from_wire(nt, want) for nt, want in _zip_checked(resp.outputs, self.wire_outputs)]
-
-    def _connect(self) -> None:
-        if self._stub is not None:
-            return
-        from isthmus.proto import offload_pb2_grpc
-        from isthmus.wire.security import make_channel
-        opts = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
-        self._channel = make_channel(self.address, self.security, opts)
-        self._stub = offload_pb2_grpc.OffloadStub(self._channel)
-
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = self._stub = None
-
-    def __enter__(self) -> "LiteRTOffloadClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _read(src: Union[str, bytes]) -> bytes:
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        return bytes(src)
-    with open(src, "rb") as f:
-        return f.read()
+    def run_post(self, answer: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+        # the post part takes the answer, then the model inputs it reads (named as the edge part names them)
+        by_name = {spec["edge_name"]: x for spec, x in zip(self.meta["inputs"], inputs)}
+        rest = [by_name[spec["edge_name"]] for spec in self.post_meta["inputs"][len(answer):]]
+        return _run(self.post, self.post_meta, list(answer) + rest)
 
 
 def _run(it, meta: dict, inputs: Sequence[np.ndarray], final: bool = True) -> List[np.ndarray]:
@@ -163,22 +110,6 @@ def _run(it, meta: dict, inputs: Sequence[np.ndarray], final: bool = True) -> Li
     it.invoke()
     outs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
     return [to_wire(y, s) for y, s in zip(outs, meta["outputs"])] if final else outs
-
-
-def _zip_checked(got, want_names):
-    if len(got) != len(want_names):
-        raise OffloadCallError(f"the service answered {len(got)} tensors, expected {len(want_names)}")
-    return zip(got, want_names)
-
-
-def _from_wire(nt, want_name: str) -> np.ndarray:
-    from isthmus.wire import tensor_codec
-    if nt.name != want_name:
-        raise OffloadCallError(f"the service answered '{nt.name}' where '{want_name}' was expected")
-    try:
-        return np.array(tensor_codec.decode(nt.tensor))
-    except tensor_codec.TensorCodecError as e:
-        raise OffloadCallError(f"tensor '{want_name}': {e}") from None
 
 
 __all__ = ["LiteRTOffloadClient", "OffloadCallError", "tflite_metadata", "to_model_input", "to_wire"]

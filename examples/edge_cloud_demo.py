@@ -28,6 +28,13 @@ import numpy as np
 
 import isthmus as ism
 from isthmus import nn
+from isthmus.apps import LoadedModel, deploy_split, load_profile
+from isthmus.cloud import LocalCluster
+from isthmus.edge import EmulatedLink, Interpreter, OffloadClient, cut_for, emulated_kernel_seconds, load_split, \
+    mid_bandwidth_bps
+from isthmus.partitioner import (CLIENT_HERE, CLOUD_DEVICE, DEFAULT_EDGE_SLOWDOWN, EDGE_DEVICE, CostModel, LinkModel,
+                                 calibrate_profile, graph_svg, latency_svg, limited_blas_threads,
+                                 node_times_from_kernels, plan_split)
 
 STEPS = 7
 
@@ -87,7 +94,6 @@ def build(res: int):
 def train_on_cluster(args, train_data, test_data):
     """Trains on a LocalCluster (ps + worker processes); returns the graph, its tensors and the
     trained variable values fetched back from the parameter server."""
-    from isthmus.cloud.local_cluster import LocalCluster
     g, t = build(args.res)
     n = len(train_data[1])
     rng = np.random.default_rng(1)
@@ -131,21 +137,14 @@ def calibrate_devices(args, frozen, logits, train_data):
     (CPU time x the emulated slowdown) and shared among the nodes it runs (profile-guided, see
     partitioner/measured.py). The edge profile (the cloud's scaled by the slowdown times how much
     more CPU the int8 interpreter takes on this whole model) prices anything they do not cover."""
-    from isthmus.edge import Interpreter, load_split
-    from isthmus.edge.link_emulation import emulated_kernel_seconds
-    from isthmus.partitioner import CostModel, LinkModel, plan_split
-    from isthmus.partitioner.calibrate import calibrate
-    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
-    from isthmus.partitioner.measured import node_times_from_kernels
     ops = sorted({n.op for n in frozen.nodes})
     t0 = time.perf_counter()
-    cloud = calibrate("this-machine", ops, "quick", blas_threads=1, clock="cpu")
+    cloud = calibrate_profile("this-machine", ops, "quick", blas_threads=1, clock="cpu")
     print(f"      timed {len(ops)} op types of the core kernels on this machine in {time.perf_counter() - t0:.1f} s",
           flush=True)
     here = CostModel({EDGE_DEVICE: cloud, CLOUD_DEVICE: cloud}, LinkModel(), EDGE_DEVICE, batch_size=1)
     predicted = plan_split(frozen, here, outputs=[logits]).baselines["edge_only"].total
-    planner, _, _, _, _ = plan(args, frozen, logits, cloud, cloud.scaled(args.edge_slowdown or 8.0))
-    path, _ = export(args, frozen, logits, planner, train_data, quiet=True)
+    path = deploy(args, frozen, logits, plan(args, cloud, cloud.scaled(args.edge_slowdown or 8.0)), train_data).edge_file
     if args.edge_slowdown is None:  # emulate the profile's device: as much slower than here as it predicts
         with one_blas_thread():
             here_s = sum(emulated_kernel_seconds(Interpreter(load_split(path).full), train_data[0][:1]).values())
@@ -172,9 +171,6 @@ def calibrate_devices(args, frozen, logits, train_data):
 def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
     """The service's fixed cost per call (RPC stack, encoding, its queue): the time in the remote call
     less the service's compute, with the link emulated at no delay. 0 when no cut has a cloud part."""
-    from isthmus.edge import cut_for, load_split, mid_bandwidth_bps
-    from isthmus.edge.link_emulation import EmulatedLink
-    from isthmus.edge.offload_client import OffloadClient
     cuts = load_split(model_path).cuts
     k = cut_for(cuts, cut_bps)
     k = k if cuts[k].cloud_part else next((k for k, c in enumerate(cuts) if c.cloud_part), None)
@@ -191,44 +187,29 @@ def call_cost(model_path, address, cut_bps: float, x, n: int = 8) -> float:
     return float(np.median(vals))
 
 
-def plan(args, frozen, logits, cloud, edge, edge_node_times=None):
-    from isthmus.partitioner import AdaptivePlanner, CostModel, LinkModel, plan_split
-    from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
-    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
+def plan(args, cloud, edge, edge_node_times=None):
+    """The cost model the split is planned with: the calibrated devices over the emulated link."""
     link = LinkModel.parse(args.bandwidth, args.rtt)
     # the emulated edge's client is this machine's slowed as its kernels are: price it so (issue 27)
-    client = HERE.scaled(args.edge_slowdown or DEFAULT_EDGE_SLOWDOWN)
-    cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1,
+    client = CLIENT_HERE.scaled(args.edge_slowdown or DEFAULT_EDGE_SLOWDOWN)
+    return CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1,
                      node_times={EDGE_DEVICE: edge_node_times} if edge_node_times else None, client=client)
-    bandwidths = [float(b) for b in np.geomspace(0.1e6, 1000e6, 25)]
-    planner = AdaptivePlanner(frozen, cost, outputs=[logits], bandwidths=bandwidths)
-    chosen = planner.choose(link)                      # the precomputed cut the client starts with
-    at_link = plan_split(frozen, cost, outputs=[logits])  # predictions at exactly this link
-    return planner, cost, link, chosen, at_link
 
 
-def export(args, frozen, logits, planner, train_data, quiet: bool = False):
-    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
-    from isthmus.converters.split_export import export_split
-    calib = [{"image": train_data[0][i:i + 1]} for i in range(min(args.calibration, len(train_data[1])))]
-    t0 = time.perf_counter()
-    sp = export_split(frozen, [logits], planner, int8=True, calibration=calib, model_name="digits-cnn")
-    model_path = os.path.join(args.out, "digits.isth")
-    cloud_path = os.path.join(args.out, "digits.cloud")
-    sp.save(model_path)
-    sigs = sp.cloud_signatures()
-    if sigs:
-        save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sigs], model="digits-cnn")
-    else:  # the planner keeps the whole model on the edge at every bandwidth of the sweep
-        cloud_path = None
-    if quiet:
-        return model_path, cloud_path
-    print("\n".join("      " + line for line in sp.report().splitlines()))
-    cloud_note = (f"and {cloud_path} ({os.path.getsize(cloud_path):,} bytes)" if cloud_path else
+def deploy(args, frozen, logits, cost, train_data):
+    """`isthmus split` on the frozen model (deploy_split): the cuts over a sweep of bandwidths, the
+    edge parts int8 (calibrated on training images) in digits.isth, the cloud parts in digits.cloud."""
+    model = LoadedModel(frozen, {"image": frozen.tensor("image:0")}, {"logits": logits}, "digits-cnn", "graph")
+    return deploy_split(model, args.out, int8=True, calibration={"image": train_data[0][:args.calibration]},
+                        cost=cost, stem="digits", force=True)
+
+
+def print_export(dep) -> None:
+    print("\n".join("      " + line for line in dep.split.report().splitlines()))
+    cloud_note = (f"and {dep.cloud_file} ({os.path.getsize(dep.cloud_file):,} bytes)" if dep.cloud_file else
                   "(no cloud parts: the model stays on the edge at every bandwidth of the sweep)")
-    print(f"      wrote {model_path} ({os.path.getsize(model_path):,} bytes: every cut's edge part + the full "
-          f"model, int8) {cloud_note} in {time.perf_counter() - t0:.1f} s")
-    return model_path, cloud_path
+    print(f"      wrote {dep.edge_file} ({os.path.getsize(dep.edge_file):,} bytes: every cut's edge part + the full "
+          f"model, int8) {cloud_note} in {dep.seconds:.1f} s")
 
 
 class offload_service:
@@ -266,9 +247,6 @@ class offload_service:
 
 
 def run_client(args, model_path, address, test_data, link, chosen):
-    from isthmus.edge import load_split, mid_bandwidth_bps
-    from isthmus.edge.link_emulation import EmulatedLink
-    from isthmus.edge.offload_client import OffloadClient
     cuts = load_split(model_path).cuts
     emu = EmulatedLink(link.up_bandwidth_bps, link.rtt_s)
     bps = link.up_bandwidth_bps
@@ -310,7 +288,6 @@ def run_client(args, model_path, address, test_data, link, chosen):
 
 def one_blas_thread():
     """BLAS limited to one thread while the client runs, as on an edge device's interpreter."""
-    from isthmus.partitioner import limited_blas_threads
     return limited_blas_threads(1)
 
 
@@ -319,7 +296,6 @@ def _ms(v: float) -> str:
 
 
 def summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_path) -> None:
-    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     split = results["split"]
     # the service's compute beside its prediction; its queue and RPC are in "link + RPC", as the
     # per-call cost the plan adds (measured the same way: time in the call less the compute)
@@ -351,7 +327,6 @@ def summary(args, cloud_acc, results, chosen, at_link, link, graph_path, plot_pa
 
 def validate(p: argparse.ArgumentParser, args) -> None:
     """Every flag checked before the training starts (p.error: one line, exit 2)."""
-    from isthmus.partitioner import LinkModel
     for name, low in (("epochs", 1), ("batch", 1), ("res", 16), ("samples", 1), ("calibration", 1),
                       ("train_limit", 0), ("eval_limit", 0)):
         if getattr(args, name) < low:
@@ -366,7 +341,6 @@ def validate(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--edge-slowdown {args.edge_slowdown}: must be at least 1")
     args.profile = None
     if args.edge_slowdown is None:
-        from isthmus.apps.deploy import load_profile
         try:
             args.profile = load_profile(args.edge_profile)
         except Exception as e:  # noqa: BLE001  (UsageError: the message names the file)
@@ -418,10 +392,12 @@ def main(argv=None) -> int:
     step(3, "planning the split")
     local, frozen, logits = frozen_inference_graph(g, t, values)
     cloud, edge, edge_times = calibrate_devices(args, frozen, logits, train_data)
-    planner, cost, link, chosen, at_link = plan(args, frozen, logits, cloud, edge, edge_times)
+    cost = plan(args, cloud, edge, edge_times)
+    dep = deploy(args, frozen, logits, cost, train_data)
+    planner, link, at_link = dep.planner, cost.link, dep.plan  # at_link: the predictions at exactly this link
+    chosen = planner.choose(link)                                # the precomputed cut the client starts with
     print(f"      client cost assumed on the edge: {cost.client.describe()}")
     print("\n".join("      " + line for line in at_link.explain().splitlines()))
-    from isthmus.partitioner.plots import graph_svg, latency_svg
     graph_path = os.path.join(args.out, "split_graph.svg")
     plot_path = os.path.join(args.out, "latency_vs_bandwidth.svg")
     graph_svg(chosen, graph_path)
@@ -429,13 +405,13 @@ def main(argv=None) -> int:
     print(f"      wrote {graph_path} and {plot_path}")
 
     step(4, "exporting the edge parts (int8) and the cloud parts")
-    model_path, cloud_path = export(args, frozen, logits, planner, train_data)
+    print_export(dep)
+    model_path, cloud_path = dep.edge_file, dep.cloud_file
 
     step(5, "starting the offload service (isthmus serve, a separate process)")
     with offload_service(cloud_path) as address:
         print(f"      serving on {address}" if cloud_path else "      nothing to serve: every cut keeps the model on the edge")
         if cloud_path:  # the service's fixed cost per call joins the link's in every prediction below
-            from isthmus.partitioner import plan_split
             with one_blas_thread():
                 call_s = call_cost(model_path, address, link.up_bandwidth_bps, test_data[0])
             plan_link = link.with_call_cost(call_s)

@@ -36,6 +36,7 @@ def available() -> bool:
         with _lock:
             if not _state["checked"]:
                 try:
+                    # deferred: numba is optional (its ImportError is handled)
                     import numba  # noqa: F401
                     _state["ok"] = True
                 except Exception:  # not installed, or broken against this numpy: numpy kernels serve

@@ -12,8 +12,8 @@ needs operands in pairs along K:
 - weights [O, K] int8 become int16 pairs, int32 [ceil(O/4)*4, ceil(K/2)], once at prepare (rows
   and the odd K column padded with zeros);
 - activations become int16 pairs, int32 [ceil(K/2), P16] (P16: P rounded up to 16), per call in
-  arena scratch, by pack_rows from a [K, P] int8 matrix: a 1x1 convolution's input as it is, a
-  windowed convolution's im2col columns (padded with the input's zero point). Padded rows meet
+  arena scratch: by pack_rows from a 1x1 convolution's [K, P] int8 input, by im2col_pairs straight
+  from a windowed convolution's input padded with its zero point (pad_planes), in vector runs. Padded rows meet
   zero weights and padded columns are never stored, so neither is cleared.
 
 The GEMM walks 16 columns at a time (that block of activations stays in L1 while every weight
@@ -202,24 +202,73 @@ def pad_planes(x, zx, pt, pl, xpad):
                 row[i] = zx
 
 
+def _pairs_intrinsic(stride: int):
+    """An intrinsic storing 16 int16 pairs: xq[d + t] = (x[sa + t s] & 0xFFFF) | ((x[sb + t s] << 16) & keep)
+    for t < 16 (s = stride, 1 or 2), as two vector loads (the even lanes of 32 bytes at stride 2)."""
+    @intrinsic
+    def pairs16(typingctx, flat, sa, sb, keep, xq, d):
+        sig = types.void(flat, sa, sb, keep, xq, d)
+
+        def codegen(context, builder, signature, args):
+            fa, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 4))
+            i8, i32 = ir.IntType(8), ir.IntType(32)
+            fptr, qptr = builder.bitcast(fa.data, i8.as_pointer()), builder.bitcast(qa.data, i32.as_pointer())
+            wide, v16 = ir.VectorType(i8, NR * stride), ir.VectorType(i32, NR)
+            lanes = []
+            for off in (args[1], args[2]):
+                v = builder.load(builder.bitcast(builder.gep(fptr, [off]), wide.as_pointer()), align=1)
+                if stride > 1:
+                    v = builder.shuffle_vector(v, ir.Constant(wide, ir.Undefined),
+                                               ir.Constant(ir.VectorType(i32, NR), [t * stride for t in range(NR)]))
+                lanes.append(builder.sext(v, v16))
+            lo = builder.and_(lanes[0], ir.Constant(v16, [0xFFFF] * NR))
+            keep = builder.shuffle_vector(builder.insert_element(ir.Constant(v16, ir.Undefined), args[3],
+                                                                 ir.Constant(i32, 0)),
+                                          ir.Constant(v16, ir.Undefined), ir.Constant(v16, None))
+            hi = builder.and_(builder.shl(lanes[1], ir.Constant(v16, [16] * NR)), keep)
+            builder.store(builder.or_(lo, hi), builder.bitcast(builder.gep(qptr, [args[5]]), v16.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return pairs16
+
+
+_pairs16_s1, _pairs16_s2 = _pairs_intrinsic(1), _pairs_intrinsic(2)
+
+
+def cols_slack(sw: int) -> int:
+    """Bytes a padded image needs beyond its planes for im2col_pairs (whose runs of 16 read past a row)."""
+    return 2 * NR * max(sw, 1)
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col(xpad, kh, kw, sh, sw, dh, dw, oh, ow, cols):
-    """The im2col columns of a padded image xpad int8 [C, Hp, Wp] (pad_planes) into cols int8
-    [C kh kw, OH OW]: row (c kh + i) kw + j, column oy OW + ox, every run a plain strided copy."""
-    c_ = xpad.shape[0]
-    for c in range(c_):
-        plane = xpad[c]
-        for i in range(kh):
-            for j in range(kw):
-                dst = cols[(c * kh + i) * kw + j]
-                for oy in range(oh):
-                    src, base = plane[oy * sh + i * dh], oy * ow
-                    if sw == 1:
-                        for ox in range(ow):
-                            dst[base + ox] = src[j * dw + ox]
-                    else:
-                        for ox in range(ow):
-                            dst[base + ox] = src[j * dw + ox * sw]
+def im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
+    """im2col and pack_rows in one pass: xq int32 flat, [ceil(K/2) + 1, P16] (one spare row), gets
+    the int16 pairs of the im2col rows (2i, 2i + 1) of a padded image (pad_planes) held in flat int8
+    [C Hp Wp + cols_slack(sw)]. At strides 1 and 2 each output row is written in vector runs of 16
+    that run past its end: the next run (or the next row, or the spare row) overwrites them."""
+    k_, taps = c_ * kh * kw, kh * kw
+    p16 = xq.shape[0] // ((k_ + 1) // 2 + 1)
+    for i2 in range((k_ + 1) // 2):
+        ka = 2 * i2
+        ca, ra = ka // taps, ka % taps
+        offa = ca * hp * wp + (ra // kw) * dh * wp + (ra % kw) * dw
+        kb = min(ka + 1, k_ - 1)
+        cb, rb = kb // taps, kb % taps
+        offb = cb * hp * wp + (rb // kw) * dh * wp + (rb % kw) * dw
+        keep = np.int32(-1) if ka + 1 < k_ else np.int32(0)  # an odd K's last pair is (x, 0)
+        row = i2 * p16
+        for oy in range(oh):
+            sa, sb, base = offa + oy * sh * wp, offb + oy * sh * wp, row + oy * ow
+            if sw == 1:
+                for s in range(0, ow, NR):
+                    _pairs16_s1(flat, sa + s, sb + s, keep, xq, base + s)
+            elif sw == 2:
+                for s in range(0, ow, NR):
+                    _pairs16_s2(flat, sa + 2 * s, sb + 2 * s, keep, xq, base + s)
+            else:
+                for ox in range(ow):
+                    u = ox * sw
+                    xq[base + ox] = (np.int32(flat[sa + u]) & 0xFFFF) | ((np.int32(flat[sb + u]) << 16) & keep)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -11,7 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
+from isthmus.edge.capabilities import FP32, NOT_KERNELS, refusal
+
 from .client_cost import ClientCost
+from .part_cost import PartCost
 
 EDGE_DEVICE = "/job:edge/task:0/device:CPU:0"
 CLOUD_DEVICE = "/job:cloud/task:0/device:CPU:0"
@@ -33,17 +36,16 @@ class DeviceProfile:
     default_coeffs: Optional[Coeffs] = None  # fitted over all measured ops, for the others
     blas_threads: Optional[int] = None      # the BLAS thread count calibration ran with (threads.py); None: unknown
     client: Optional[ClientCost] = None  # an edge's offload client's own cost per request (client_cost.py); None: unmeasured
+    part: Optional[PartCost] = None  # an edge part's cost beyond its kernels (part_cost.py); None: unmeasured
 
     def supports(self, op: str, node=None) -> bool:
         """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
         if self.supported_ops is not None and op not in self.supported_ops:
             return False
         if self.kernel_table == "edge" and node is not None:
-            from isthmus.edge.capabilities import refusal
             return refusal(op, node.attrs, [(t.dtype, t.shape) for t in node.inputs],
                            [(t.dtype, t.shape) for t in node.outputs]) is None
         if self.kernel_table == "edge":
-            from isthmus.edge.capabilities import FP32, NOT_KERNELS
             return op in FP32 or op in NOT_KERNELS
         return True
 
@@ -64,7 +66,8 @@ class DeviceProfile:
                        op_overhead=self.op_overhead * s,
                        op_coeffs={k: _mul(c, s) for k, c in self.op_coeffs.items()},
                        default_coeffs=None if self.default_coeffs is None else _mul(self.default_coeffs, s),
-                       client=None if self.client is None else self.client.scaled(s))
+                       client=None if self.client is None else self.client.scaled(s),
+                       part=None if self.part is None else self.part.scaled(s))
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -72,6 +75,7 @@ class DeviceProfile:
         d["supported_ops"] = None if self.supported_ops is None else sorted(self.supported_ops)
         d["op_coeffs"] = {k: list(v) for k, v in sorted(self.op_coeffs.items())}
         d["client"] = None if self.client is None else self.client.to_dict()
+        d["part"] = None if self.part is None else self.part.to_dict()
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -93,6 +97,8 @@ class DeviceProfile:
             raise ValueError(f"device profile field blas_threads must be an integer >= 1 or null, got {bt!r}")
         if d.get("client") is not None:
             d["client"] = ClientCost.from_dict(d["client"], "device profile field client")
+        if d.get("part") is not None:
+            d["part"] = PartCost.from_dict(d["part"], "device profile field part")
         return cls(**d)
 
     def save(self, path: str) -> None:

@@ -3,7 +3,7 @@ choice among plans precomputed for a range of bandwidths."""
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -13,7 +13,7 @@ from .costmodel import CostModel
 from ..wire.link import LinkModel
 from .partition import Partition, partition
 from .placement import solve_exhaustive, solve_greedy, solve_layer_split, solve_mincut, solve_preferring
-from .problem import Breakdown, Constraints, Fetch, Forced, Placement, PlacementError, Problem
+from .problem import Breakdown, Constraints, Fetch, Forced, Move, Placement, PlacementError, Problem
 
 ALGORITHMS: Dict[str, Callable[[Problem], np.ndarray]] = {
     "mincut": solve_mincut,
@@ -64,8 +64,11 @@ class SplitPlan:
                 lines.append(f"  {short[d]:<6} {d}: {len(names)} nodes: {shown}")
         lines.append("predicted latency:")
         edge = p.cost.edge
-        rows = [(f"compute on {short[d]}", s - (self.client_s if d == edge else 0.0))
+        part_s = part_seconds(p, p.assignment(self.placement), self.predicted) if p.edge is not None else 0.0
+        rows = [(f"compute on {short[d]}", s - (self.client_s + part_s if d == edge else 0.0))
                 for d, s in self.predicted.compute.items() if s > 0]
+        if part_s > 0:
+            rows.append((f"edge part on {short[edge]} beyond its kernels (invoke, boundary bytes)", part_s))
         if self.client_s > 0:
             rows.append((f"client on {short[edge]} (request, part, calls, bytes)", self.client_s))
         rows += [(f"transfer {m.tensor} {short[m.src]}->{short[m.dst]} ({_bytes(m.nbytes)})", m.seconds)
@@ -120,17 +123,51 @@ def priced(p: Problem, assign) -> "tuple[Breakdown, float]":
     """The assignment's breakdown with the client's own cost (CostModel.client) added to the edge's
     compute, and that cost: per request, per edge part (when an op with work runs on the edge), per
     remote call (one per request when anything runs off the edge). Its per-byte term is already in
-    the edge transfers (CostModel.transfer_time)."""
+    the edge transfers (CostModel.transfer_time). The edge part's own cost beyond its kernels (the
+    edge profile's `part`, part_cost.py) joins the edge's compute too, not the returned client cost."""
     b = p.breakdown(assign)
     if p.edge is None:
         return b, 0.0
+    b.moves = one_latency_each_way(b.moves, p.devices[p.edge], p.cost.link)
     a = np.asarray(assign)
     edge_part = any(a[i] == p.edge and n.op not in _NO_WORK for i, n in enumerate(p.nodes))
     calls = int(bool((a != p.edge).any()))
     c = p.cost.client.seconds(edge_part, calls, 0.0)
     edge = p.devices[p.edge]
-    b.compute[edge] = b.compute.get(edge, 0.0) + c
+    b.compute[edge] = b.compute.get(edge, 0.0) + c + part_seconds(p, a, b)
     return b, c
+
+
+def one_latency_each_way(moves: List[Move], edge: str, link: LinkModel) -> List[Move]:
+    """The moves with the link's latency (RTT / 2 + the call's cost / 2 each way) paid once per
+    direction: the offload client sends every tensor of a cut in one call and gets every answer in
+    its response, so a cut of three tensors pays one round trip, not three halves each way (the
+    min cut's edges price each tensor's half round trip; this is what a plan costs once chosen)."""
+    out, seen = [], set()
+    for m in moves:
+        way = "up" if m.src == edge else "down" if m.dst == edge else None
+        if way is not None and way in seen:
+            m = replace(m, seconds=max(m.seconds - link.latency_s / 2, 0.0))
+        seen.add(way)
+        out.append(m)
+    return out
+
+
+def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown) -> float:
+    """The edge part's cost beyond its kernels (DeviceProfile.part): one run of the edge's interpreter
+    per request (whatever the plan: a cloud-only plan's part still takes the inputs and sends them),
+    and the bytes crossing its boundary: the inputs placed there, the tensors it computed and sends,
+    those it receives, the outputs it returns (apps/part_measure.py counts the same)."""
+    edge = p.devices[p.edge]
+    part = p.cost.profiles[edge].part
+    if part is None:
+        return 0.0
+    inputs = {f.name: f.nbytes for f in p.flows if p.nodes[f.producer].op == "Placeholder" and assign[f.producer] == p.edge}
+    nbytes = sum(inputs.values())
+    nbytes += sum(m.nbytes for m in b.moves if (m.src == edge and m.tensor not in inputs) or m.dst == edge)
+    if p.return_to == p.edge:
+        nbytes += sum(f.nbytes for f in p.flows if f.is_output)
+    return part.seconds(1, nbytes)
 
 
 # ---- adaptive choice ---------------------------------------------------------------------------------
@@ -155,12 +192,12 @@ def link_terms(b: Breakdown, edge: Optional[str], byte_s: float = 0.0) -> LinkTe
     nu = nd = 0
     for m in b.moves:
         if m.src == edge:
-            ub, nu, fixed = ub + 8.0 * m.nbytes, nu + 1, fixed + byte_s * m.nbytes
+            ub, nu, fixed = ub + 8.0 * m.nbytes, 1, fixed + byte_s * m.nbytes
         elif m.dst == edge:
-            db, nd, fixed = db + 8.0 * m.nbytes, nd + 1, fixed + byte_s * m.nbytes
+            db, nd, fixed = db + 8.0 * m.nbytes, 1, fixed + byte_s * m.nbytes
         else:
             fixed += m.seconds
-    return LinkTerms(fixed, ub, nu, db, nd)
+    return LinkTerms(fixed, ub, nu, db, nd)  # one latency each way (one_latency_each_way)
 
 
 class AdaptivePlanner:
@@ -176,12 +213,26 @@ class AdaptivePlanner:
             raise ValueError("AdaptivePlanner needs at least one bandwidth")
         self.bandwidths: List[float] = bws
         self.plans: List[SplitPlan] = []
-        problem = None
+        problems = []
         for bw in bws:
             c = cost.with_link(cost.link.with_uplink(bw))
-            problem = Problem(graph, c, outputs, constraints)
-            self.plans.append(plan_split(graph, c, outputs, constraints, algorithm, problem=problem))
+            problems.append(Problem(graph, c, outputs, constraints))
+            self.plans.append(plan_split(graph, c, outputs, constraints, algorithm, problem=problems[-1]))
         self._terms = [link_terms(p.predicted, cost.edge, cost.client.byte_s) for p in self.plans]
+        self._best_of_all(problems)
+
+    def _best_of_all(self, problems: List[Problem]) -> None:
+        """At each bandwidth, the best of all the plans found: a min cut prices half a round trip per
+        tensor each way, a chosen plan one each way (one call: one_latency_each_way), so a cut of
+        several tensors found at one bandwidth can beat, at another, the cut found there."""
+        terms = list(self._terms)
+        for i, (p, plan) in enumerate(zip(problems, list(self.plans))):
+            j = min(range(len(terms)), key=lambda j: (terms[j].at(p.cost.link), j))
+            if terms[j].at(p.cost.link) < terms[i].at(p.cost.link) * (1 - 1e-12):
+                predicted, client_s = priced(p, p.assignment(self.plans[j].placement))
+                self.plans[i] = SplitPlan(plan.algorithm, dict(self.plans[j].placement), p.cost.link, predicted,
+                                          plan.baselines, plan.forced, p, client_s)
+                self._terms[i] = link_terms(predicted, p.cost.edge, p.cost.client.byte_s)
 
     def choose(self, link: LinkModel) -> SplitPlan:
         i = bisect.bisect_left(self.bandwidths, link.up_bandwidth_bps)

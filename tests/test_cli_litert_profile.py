@@ -1,5 +1,5 @@
 """`isthmus profile --runtime litert` writes a LiteRT device profile that `isthmus split --edge-format
-tflite --edge-profile` plans with; without one, split says on stderr that it plans with isthmus's."""
+tflite --edge-profile` plans with; without one, split plans with the LiteRT profile that ships."""
 import json
 
 import pytest
@@ -51,22 +51,38 @@ def _split(model, out, *extra):
     return cli.main(["split", model, "-o", str(out), "--rtt", "5ms", "--edge-format", "tflite", *extra])
 
 
-def test_split_tflite_warns_without_a_litert_profile_and_plans_with_one(litert_profile, capsys):
+def test_split_tflite_plans_with_the_shipped_litert_profile_unless_given_one(litert_profile, capsys):
+    """Without --edge-profile, --edge-format tflite is priced by apps/profiles/phone-litert.json (LiteRT's
+    kernels measured here, scaled to a phone), and the plan and its report say so; a LiteRT profile the
+    user made replaces it; the onnx and isth formats keep the built-in edge."""
+    from isthmus.apps.deploy import PHONE_LITERT_PROFILE
     d, path = litert_profile
     model = str(d / "cnn.onnx")
     cnn_onnx(model, res=16)
+    shipped = DeviceProfile.load(PHONE_LITERT_PROFILE)
+    assert shipped.name.startswith("phone-litert (LiteRT") and shipped.kernel_table == "edge"
+    assert {"Conv2D", "FusedConv2D", "MatMul", "Relu", "Add"} <= set(shipped.op_coeffs) and shipped.client
     capsys.readouterr()
     assert _split(model, d / "plain") == 0
-    err = capsys.readouterr().err
-    notes = [ln for ln in err.splitlines() if "isthmus split: note" in ln]
-    assert len(notes) == 1 and "--runtime litert" in notes[0] and "--edge-profile" in notes[0], err
-    assert json.loads((d / "plain" / "plan.json").read_text())["edge_profile"] == EDGE.name
+    out, err = capsys.readouterr()
+    assert "the edge is priced by the phone-litert profile" in out and "phone-litert.json" in out, out
+    assert f"edge profile: {shipped.name}" in out and "isthmus split: note" not in err
+    plan = json.loads((d / "plain" / "plan.json").read_text())
+    assert plan["edge_profile"] == shipped.name
+    assert shipped.name in (d / "plain" / "report.txt").read_text()
+    # the prices are LiteRT's: a 3x3 conv on 32 channels of 16x16 costs what the shipped profile says, not EDGE
+    flops, nbytes = 2 * 9 * 32 * 32 * 16 * 16, 4 * (2 * 32 * 16 * 16 + 9 * 32 * 32)
+    assert shipped.op_time("FusedConv2D", flops, nbytes) != EDGE.op_time("FusedConv2D", flops, nbytes)
     assert _split(model, d / "litert", "--edge-profile", path) == 0
     out, err = capsys.readouterr()
-    assert "isthmus split: note" not in err
+    assert "isthmus split: note" not in err and "priced by the phone-litert profile" not in out
     assert "edge profile: phone-litert" in out
     assert json.loads((d / "litert" / "plan.json").read_text())["edge_profile"] == "phone-litert"
     assert (d / "litert" / "tflite" / "parts.json").is_file()
-    # the onnx format says nothing about LiteRT
+    # the isthmus-interpreter phone profile with .tflite parts: planned as asked, with a note
+    assert _split(model, d / "phone", "--edge-profile", "phone") == 0
+    assert "--edge-profile phone-litert" in capsys.readouterr().err
+    # the onnx format plans with the built-in edge, as before
     assert cli.main(["split", model, "-o", str(d / "onnx"), "--rtt", "5ms", "--edge-format", "onnx"]) == 0
     assert "isthmus split: note" not in capsys.readouterr().err
+    assert json.loads((d / "onnx" / "plan.json").read_text())["edge_profile"] == EDGE.name

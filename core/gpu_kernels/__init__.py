@@ -35,6 +35,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    # cycle: core.gpu_kernels <-> core.gpu_kernels.batchnorm
     from . import batchnorm, conv, elementwise, gemm, pool, state
     table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS, **state.KERNELS,
              **batchnorm.KERNELS}

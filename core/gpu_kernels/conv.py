@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from . import raw
+from .elementwise import bias_act
 
 
 class Geometry:
@@ -230,7 +231,6 @@ def _conv(node, ctx):
     def run(x, w, bias=None):
         y = conv_forward(xp, x, w, geom(x.shape, w.shape))
         if bias is not None and hasattr(xp, "ElementwiseKernel") and y.dtype == bias.dtype:
-            from .elementwise import bias_act
             return bias_act(xp, y, bias.reshape(1, -1, 1, 1), activation)  # one launch
         if bias is not None:
             xp.add(y, bias.reshape(1, -1, 1, 1), out=y)

@@ -8,6 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import generic_factory
+
+from ..ops.fused import _kernel_fused_matmul
+
+from ..ops.math import _kernel_relu6, _kernel_relu_grad
+
+from ..ops.nn import check_labels
+
+from .gemm import _capturable_product, _fused_matmul as captured, eager_product
+
 _K: dict = {}
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -39,7 +49,6 @@ def bias_act(cp, y, bias, activation: str):
 
 
 def _relu6(node, ctx):
-    from ..ops.math import _kernel_relu6
     if not _cuda(ctx):
         return _kernel_relu6(node, ctx)
     xp = ctx.xp
@@ -47,7 +56,6 @@ def _relu6(node, ctx):
 
 
 def _relu_grad(node, ctx):
-    from ..ops.math import _kernel_relu_grad
     if not _cuda(ctx):
         return _kernel_relu_grad(node, ctx)
     lo, hi = node.attrs["lo"], node.attrs["hi"]
@@ -65,20 +73,16 @@ def _relu_grad(node, ctx):
 
 def _fused_matmul(node, ctx):
     """cuBLAS product, then bias and activation in one launch, in place (eager steps)."""
-    from ..ops.fused import _kernel_fused_matmul
-    from .gemm import _capturable_product, _fused_matmul as captured
     if _capturable_product(node, ctx):
         return captured(node, ctx)
     if not _cuda(ctx) or node.inputs[0].dtype not in _FLOATS:
         return _kernel_fused_matmul(node, ctx)
-    from .gemm import eager_product
     cp, mm, act = ctx.xp, eager_product(node, ctx), node.attrs["activation"]
     return lambda a, b, bias: bias_act(cp, mm(a, b), bias, act)
 
 
 def _sgd(node, ctx):
     """var -= lr * grad in one launch; lr is read on the host (copies.py keeps it there)."""
-    from . import generic_factory
     generic = generic_factory("ApplyGradientDescent")
     if not _cuda(ctx) or node.inputs[0].dtype not in _FLOATS:
         return generic(node, ctx)
@@ -122,7 +126,6 @@ def _sparse_xent(node, ctx):
     as TensorFlow's GPU kernel does. Labels that are known on the host are checked there instead,
     at no device cost: a constant's value here, fed or host-made labels by the copy that uploads
     them (core/passes/copies.py), so those fail as the CPU kernel does."""
-    from ..ops.nn import check_labels
     labels, logits = node.inputs
     src = labels.node
     if src.op == "Const":  # known now: check once, fail at run time as the CPU kernel would

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops.fused import _kernel_fused_matmul
+
+from ..ops.linalg import _kernel_matmul
+
 _SRC = r"""
 #define KT 16
 extern "C" __global__ void NAME(const float* __restrict__ A, const float* __restrict__ B,
@@ -118,7 +122,6 @@ def _capturable_product(node, ctx) -> bool:
 def eager_product(node, ctx):
     """A 2-D product through cupy.dot (cuBLAS, lighter to call than cupy.matmul; transposed
     operands are passed as views); anything else through the generic kernel."""
-    from ..ops.linalg import _kernel_matmul
     a, b = node.inputs[0], node.inputs[1]
     if not (hasattr(ctx.xp, "RawKernel") and len(a.shape) == 2 and len(b.shape) == 2):
         return _kernel_matmul(node, ctx)
@@ -141,7 +144,6 @@ def _matmul(node, ctx):
 
 
 def _fused_matmul(node, ctx):
-    from ..ops.fused import _kernel_fused_matmul
     if not _capturable_product(node, ctx) or len(node.inputs[2].shape) != 1:
         return _kernel_fused_matmul(node, ctx)
     cp, ta, tb, act = ctx.xp, node.attrs["transpose_a"], node.attrs["transpose_b"], node.attrs["activation"]

@@ -17,6 +17,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, elementwise_cost, register
 from ..shapes import fmt, fully_defined, normalize_axis, num_elements
 from .base import constant, convert, make
+from .math import zeros_like
 
 __all__ = ["reshape", "transpose", "concat", "split", "slice", "strided_slice", "pad", "squeeze", "expand_dims",
            "unsqueeze", "flatten"]
@@ -250,7 +251,6 @@ def _kernel_split(node, ctx):
 
 
 def _g_split(node, dys):
-    from .math import zeros_like
     return [concat([d if d is not None else zeros_like(t) for d, t in zip(dys, node.outputs)], node.attrs["axis"])]
 
 

@@ -11,6 +11,7 @@ from ..shapes import fmt, normalize_axis
 from .base import constant, convert, make
 from .array import _FREE, _out, _py_slice, concat, static_value
 from .fill import shape
+from .math import zeros_like
 
 
 # ---- ReshapeTo: a shape known only at run time ---------------------------------------------------
@@ -167,7 +168,6 @@ register(OpDef("SplitSizes", inputs=("x", "sizes"), attrs={"num": 1, "axis": 0},
 
 
 def _concat_grads(node, dys):
-    from .math import zeros_like
     return concat([d if d is not None else zeros_like(t) for d, t in zip(dys, node.outputs)], node.attrs["axis"])
 
 

@@ -8,15 +8,20 @@ pass reads), so nothing is recomputed.
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import dtypes as _dt
-from ..errors import ShapeError
+from ..autodiff import gradients
+from ..errors import ExecutionError, IsthmusError, ShapeError
+from ..executor import Plan
 from ..function import Function
 from ..graph import Graph, Tensor, get_default_graph
+from ..ops.sparse import gather, to_dense
 from ..registry import REQUIRED, Cost, OpDef, register
 from ..shapes import as_shape, compatible, fmt
 from .base import constant, convert, make
+from .math import add, less, logical_and, zeros_like
 
 __all__ = ["cond", "while_loop"]
 
@@ -102,7 +107,6 @@ def _kernel_if(node, ctx):
 
 def _branch_grad(f: Function, dys: Sequence[Optional[Tensor]], name: str) -> Function:
     """A Function of (captures..., dys...) giving the gradient w.r.t. each capture."""
-    from ..autodiff import gradients
     g = f.graph
     with g.as_default():
         dy_phs, ys = [], []
@@ -113,8 +117,6 @@ def _branch_grad(f: Function, dys: Sequence[Optional[Tensor]], name: str) -> Fun
                 ys.append(o)
         xs = [x for x in f.inputs]
         grads = gradients(ys, xs, grad_ys=dy_phs, name=name) if ys else [None] * len(xs)
-        from ..ops.sparse import to_dense
-        from .math import zeros_like
         outs = [zeros_like(x) if gr is None else to_dense(gr) for x, gr in zip(xs, grads)]
     return Function(g, list(f.inputs) + dy_phs, outs, name=name)
 
@@ -200,7 +202,6 @@ def _kernel_while(node, ctx):
     body: Function = node.attrs["body"]
     record = ctx.output_used(node.outputs[-1])
     saved = list(node.attrs["saved"].tensors) if record else []
-    from ..executor import Plan
     body_plan = Plan(list(body.outputs) + saved, body.inputs, ctx, parallel=False)
     limit = node.attrs["max_trips"]
     cond_fn, body_fn = cond_plan.fn, body_plan.fn  # the bare generated functions: no wrapper per trip
@@ -227,8 +228,6 @@ def _kernel_while(node, ctx):
 
 def _name_body_failure(e: Exception, plans) -> None:
     """Re-raise a failure inside a loop body as an ExecutionError naming the body's node."""
-    import sys
-    from ..errors import ExecutionError, IsthmusError
     if isinstance(e, IsthmusError):
         return
     tb = sys.exc_info()[2]
@@ -247,9 +246,6 @@ register(OpDef("While", inputs=("*inputs",),
 
 
 def _g_while(node, dys):
-    from ..autodiff import gradients
-    from ..ops.sparse import to_dense
-    from .math import zeros_like
     n = node.attrs["n_vars"]
     body: Function = node.attrs["body"]
     g = body.graph
@@ -306,7 +302,6 @@ def _kernel_while_grad(node, ctx):
     nf = len(fv)
     # only the capture gradients this plan reads are computed (a fed sequence's is not)
     want_caps = [k for k in range(len(fc)) if ctx.output_used(node.outputs[nf + k])]
-    from ..executor import Plan
     plan = Plan(fn.outputs[:nf] + [fn.outputs[nf + k] for k in want_caps], fn.inputs, ctx, parallel=False)
     n_caps = len(node.inputs) - n - 1 - nf
     xp = ctx.xp
@@ -359,7 +354,6 @@ def while_loop(cond_fn: Callable, body_fn: Callable, loop_vars, maximum_iteratio
         limit = convert(maximum_iterations, _dt.int32) if not isinstance(maximum_iterations, Tensor) \
             else maximum_iterations
         user_cond, user_body = cond_fn, body_fn
-        from .math import add, less, logical_and
         cond_fn = lambda i, *v: logical_and(less(i, limit), user_cond(*v))  # noqa: E731
         body_fn = lambda i, *v: [add(i, 1)] + _flatten(user_body(*v))[0]  # noqa: E731
         vars_ = [constant(0, _dt.int32)] + vars_
@@ -414,8 +408,6 @@ def _kernel_set_row(node, ctx):
 def _g_set_row(node, dys):
     dy = dys[0]
     acc, idx, _ = node.inputs
-    from .math import zeros_like
-    from .sparse import gather
     d_acc = make("SetRow", (dy, idx, zeros_like(node.inputs[2])), name="SetRowGrad").outputs[0]
     return [d_acc, None, gather(dy, idx)]
 

@@ -235,7 +235,7 @@ class _Pointwise:
         return out
 
     def _compiled_finish(self, xs, w2, bias, out, step):
-        from ...jit.bias_clamp import bias_clamp_rows
+        from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
         n, o = xs.shape[0], w2.shape[0]
         dt = out.dtype.type
         lo, hi = dt(self._clamp[0]), dt(self._clamp[1])

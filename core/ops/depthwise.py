@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ... import jit
+from .fused import activation_to
 
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
@@ -44,7 +46,6 @@ class DepthwiseConv:
     once when they are immutable (a read-only constant, as after freezing)."""
 
     def __init__(self, xp, activation: str = "none"):
-        from .fused import activation_to
         self.xp, self.act = xp, activation_to(xp, activation)
         self._layouts = {}
         self._tiled = None  # (w, bias, batch, tiled weights) for immutable w and bias
@@ -56,7 +57,7 @@ class DepthwiseConv:
 
     def _run_compiled(self, x, w, g, bias):
         """One compiled pass per row (image, channel), rows split over threads like the numpy path."""
-        from ...jit.depthwise import depthwise_rows
+        from ...jit.depthwise import depthwise_rows  # deferred: jit.depthwise loads numba
         n, c = x.shape[0], x.shape[1]
         rows = n * c
         dt = x.dtype
@@ -138,7 +139,7 @@ def _on_threads(fn, ranges, *args) -> None:
 def compiled_input_grad(dy, w, g, x_shape):
     """The input gradient [N, C, H, W] of a depthwise convolution by the compiled forward kernel
     (a stride-1 convolution of dy with the weights flipped: jit.depthwise.input_grad_as_forward)."""
-    from ...jit.depthwise import depthwise_rows, input_grad_as_forward
+    from ...jit.depthwise import depthwise_rows, input_grad_as_forward  # deferred: jit.depthwise loads numba
     n, c, h, wd = x_shape
     rows, dt = n * c, dy.dtype
     dys = np.ascontiguousarray(dy).reshape(rows, g.oh, g.ow)
@@ -152,7 +153,7 @@ def compiled_input_grad(dy, w, g, x_shape):
 def compiled_filter_grad(x, dy, g, w_shape):
     """The filter gradient [C, 1, kh, kw] of a depthwise convolution by the compiled kernel (sums
     in float64; one accumulator per thread, added at the end)."""
-    from ...jit.depthwise import depthwise_filter_grad_rows
+    from ...jit.depthwise import depthwise_filter_grad_rows  # deferred: jit.depthwise loads numba
     n, c, h, wd = x.shape
     rows = n * c
     xs = np.ascontiguousarray(x).reshape(rows, h, wd)
@@ -322,6 +323,7 @@ def _blas_thread_reader() -> Callable[[], int]:
     """A cheap reader of the BLAS thread count (one C call through threadpoolctl's controllers,
     built once); without threadpoolctl, the count BLAS starts with (OPENBLAS_NUM_THREADS etc.)."""
     try:
+        # deferred: threadpoolctl is optional (its ImportError is handled)
         from threadpoolctl import ThreadpoolController
         libs = [lc for lc in ThreadpoolController().lib_controllers if lc.user_api == "blas"]
     except Exception:  # threadpoolctl missing or unable to inspect this process: fall back to env
@@ -341,7 +343,6 @@ def _pool():
     global _executor
     with _lock:
         if _executor is None:
-            from concurrent.futures import ThreadPoolExecutor
             _executor = ThreadPoolExecutor(max_workers=_MAX_THREADS - 1 or 1, thread_name_prefix="isthmus-dw")
         return _executor
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..registry import REQUIRED, Cost, OpDef, register
 from ..shapes import num_elements_est
+from .nn import check_labels
 
 
 def _kernel_copy(node, ctx):
@@ -34,7 +35,6 @@ def _kernel_copy(node, ctx):
 def _checked_upload(to_device, checks, dst: str):
     """to_device, after checking on the host the class ids that GPU consumers would only turn into
     a NaN loss (their kernels do not sync to check): free here, the values are host arrays."""
-    from .nn import check_labels
 
     def run(x):
         for consumer, classes in checks:

@@ -7,8 +7,9 @@ from typing import List, Optional, Tuple
 from ..errors import GraphError, ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, register
-from ..shapes import num_elements_est
+from ..shapes import broadcast, num_elements_est
 from .base import convert, make
+from .math import ones_like, reduce_sum_like
 
 __all__ = ["einsum"]
 
@@ -29,7 +30,6 @@ def parse(equation: str, n: int) -> Tuple[List[str], str]:
 
 
 def _infer(node):
-    from ..shapes import broadcast
     xs = node.inputs
     if len({t.dtype for t in xs}) != 1:
         raise ShapeError(f"einsum operands differ in dtype: {[t.dtype.name for t in xs]}")
@@ -72,7 +72,6 @@ def _explicit(ins: List[str], out: str, ranks: List[int]) -> Tuple[List[str], st
 
 
 def _grad(node, dys):
-    from .math import ones_like, reduce_sum_like
     dy = dys[0]
     xs = list(node.inputs)
     ins, out = _explicit(*parse(node.attrs["equation"], len(xs)), [len(t.shape) for t in xs])

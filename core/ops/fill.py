@@ -11,6 +11,7 @@ from ..registry import OpDef, elementwise_cost, register
 from ..shapes import as_shape, fmt, fully_defined
 from .base import constant, convert
 from .array import _FREE, _ints, _out, static_value
+from .math import reduce_sum_like
 
 __all__ = ["shape", "fill", "zeros", "ones", "tile", "broadcast_to", "one_hot"]
 
@@ -112,7 +113,6 @@ def _infer_broadcast_to(node):
 
 
 def _g_broadcast_to(node, dys):
-    from .math import reduce_sum_like
     return [reduce_sum_like(dys[0], node.inputs[0])]
 
 

@@ -8,6 +8,7 @@ from ..graph import Tensor
 from ..registry import OpDef, default_cost, elementwise_cost, register
 from ..shapes import normalize_axis
 from .base import convert, make
+from .math import zeros_like
 
 __all__ = ["gather_elements", "scatter_elements", "gather_nd", "scatter_nd", "nonzero", "trilu"]
 
@@ -50,7 +51,6 @@ def _k_gather_elements(node, ctx):
 
 def _g_gather_elements(node, dys):
     data, idx = node.inputs
-    from .math import zeros_like
     return [scatter_elements(zeros_like(data), idx, dys[0], node.attrs["axis"], "add"), None]
 
 
@@ -95,7 +95,6 @@ def _g_scatter_elements(node, dys):
         return [dy, None, gather_elements(dy, idx, axis)]
     if red != "none":
         raise GraphError(f"node '{node.name}' (ScatterElements): no gradient for reduction '{red}'")
-    from .math import zeros_like
     return [scatter_elements(dy, idx, zeros_like(upd), axis), None, gather_elements(dy, idx, axis)]
 
 
@@ -150,7 +149,6 @@ def _k_gather_nd(node, ctx):
 
 def _g_gather_nd(node, dys):
     data, idx = node.inputs
-    from .math import zeros_like
     return [scatter_nd(zeros_like(data), idx, dys[0], "add", node.attrs["batch_dims"]), None]
 
 
@@ -190,7 +188,6 @@ def _g_scatter_nd(node, dys):
         return [dy, None, gather_nd(dy, idx, b)]
     if red != "none":
         raise GraphError(f"node '{node.name}' (ScatterND): no gradient for reduction '{red}'")
-    from .math import zeros_like
     return [scatter_nd(dy, idx, zeros_like(upd), "none", b), None, gather_nd(dy, idx, b)]
 
 

@@ -309,8 +309,9 @@ def _kernel_erf(node, ctx):
     if node.outputs[0].dtype.name in ("float16", "float32"):
         return lambda x: _erf_float32(xp, x).astype(x.dtype, copy=False)
     if xp is np or not hasattr(xp, "ElementwiseKernel"):  # float64: scipy's ufunc (numpy, the CI stand-in GPU)
-        from scipy.special import erf
+        from scipy.special import erf  # deferred: scipy is a heavy or optional dependency
         return erf
+    # deferred: cupyx is a heavy or optional dependency
     import cupyx.scipy.special as csp  # GPU backend only
     return csp.erf
 
@@ -442,10 +443,12 @@ def _kernel_relu_grad(node, ctx):
         return mul(dy, x > lo) if hi is None else mul(dy, (x > lo) & (x < hi))
     if xp is not np:
         return numpy_path
+    # cycle: core.ops.math <-> core.ops.depthwise (via core.ops.fused, core.ops.linalg)
     from .depthwise import compiled_ok
 
     def run(dy, x):
         if dy.dtype == x.dtype and dy.shape == x.shape and compiled_ok(xp, x.dtype):
+            # deferred: jit.elementwise loads numba
             from ...jit.elementwise import window_grad  # one pass instead of three or four
             out = np.empty(x.shape, x.dtype)
             window_grad(np.ascontiguousarray(dy).reshape(-1), np.ascontiguousarray(x).reshape(-1), lo,

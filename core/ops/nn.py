@@ -12,6 +12,7 @@ from ..registry import OpDef, elementwise_cost, register
 from ..shapes import compatible, fmt, normalize_axis
 from . import depthwise as _dw
 from .base import convert, make
+from .math import mul
 
 __all__ = ["softmax", "log_softmax", "sparse_softmax_cross_entropy", "softmax_cross_entropy", "dropout",
            "batch_norm", "layer_norm"]
@@ -121,7 +122,6 @@ def _kernel_sparse_xent(node, ctx):
 
 
 def _g_xent(node, dys):
-    from .math import mul
     dy = dys[0]
     if dy is None:
         return [None, None]
@@ -193,7 +193,6 @@ def _infer_dropout(node):
 
 
 def _g_dropout(node, dys):
-    from .math import mul
     return [None if dys[0] is None else mul(dys[0], node.outputs[1])]
 
 
@@ -244,7 +243,7 @@ def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache
     """BatchNorm by the compiled kernels (isthmus.jit.batchnorm): statistics in float64, then
     one pass y = x * inv + shift. In inference mode inv and shift are kept in `cache` (a dict)
     while the four parameters are read-only arrays (frozen constants) that stay the same."""
-    from ...jit.batchnorm import batch_stats, normalize
+    from ...jit.batchnorm import batch_stats, normalize  # deferred: jit.batchnorm loads numba
     x3 = _bn_view(x, axis)
     c, dt = x3.shape[1], x.dtype
     params = (scale, offset, mean, var)
@@ -269,7 +268,7 @@ def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache
 
 
 def _bn_grad_compiled(dy, x, scale, mean, var, axis, eps, training):
-    from ...jit.batchnorm import batch_norm_grad
+    from ...jit.batchnorm import batch_norm_grad  # deferred: jit.batchnorm loads numba
     x3, dy3 = _bn_view(x, axis), _bn_view(dy.astype(x.dtype, copy=False), axis)
     c, dt = x3.shape[1], x.dtype
     inv = 1.0 / np.sqrt(var.astype(np.float64) + eps)

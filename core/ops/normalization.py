@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..graph import Tensor
-from .array import pad
+from .array import pad, reshape
 from .array_dynamic import reshape_to
 from .fill import shape
 from .base import constant, convert
@@ -20,7 +20,6 @@ __all__ = ["instance_norm", "group_norm", "rms_norm", "lrn"]
 
 def _per_channel(v: Tensor, rank: int) -> Tensor:
     """A [C] vector shaped to broadcast over axis 1 of a rank-`rank` NC... tensor."""
-    from .array import reshape
     return reshape(v, (-1,) + (1,) * (rank - 2))
 
 

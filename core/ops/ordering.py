@@ -10,6 +10,8 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, default_cost, elementwise_cost, register
 from ..shapes import normalize_axis, num_elements_est
 from .base import convert, make
+from .indexing import scatter_elements
+from .math import zeros_like
 
 __all__ = ["cumsum", "top_k", "reduce_prod", "size"]
 
@@ -88,8 +90,6 @@ def _k_top_k(node, ctx):
 
 
 def _g_top_k(node, dys):
-    from .indexing import scatter_elements
-    from .math import zeros_like
     x = node.inputs[0]
     if dys[0] is None:
         return [None] * len(node.inputs)

@@ -12,6 +12,7 @@ from ..errors import ShapeError
 from ..graph import Tensor, get_default_graph
 from ..registry import Cost, OpDef, register
 from ..shapes import as_shape, fully_defined, num_elements_est
+from .array import static_value
 from .base import make
 
 __all__ = ["random_normal", "random_uniform", "truncated_normal", "random_uniform_int"]
@@ -103,7 +104,6 @@ register(OpDef("RandomUniformInt", inputs=(), attrs={"shape": (), "dtype": _dt.i
 
 def _static_shape(shape) -> tuple:
     if isinstance(shape, Tensor):
-        from .array import static_value
         v = static_value(shape)
         if v is None or len(shape.shape) != 1:
             raise ShapeError(f"random shape tensor '{shape.name}' has no static value; random ops need a static shape")

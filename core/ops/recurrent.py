@@ -23,6 +23,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
+from .math import zeros_like
 
 __all__ = ["lstm_step", "gru_step", "lstm_sequence", "gru_sequence"]
 
@@ -112,7 +113,6 @@ def _kernel_lstm_grad(node, ctx):
 
 
 def _zeros_if_none(dy, like):
-    from .math import zeros_like
     return dy if dy is not None else zeros_like(like)
 
 
@@ -407,7 +407,6 @@ def lstm_sequence(x, w, r, b, h0=None, c0=None, reverse: bool = False, lens=None
     h0, c0 [B, H] (default zeros); lens [B] per-example lengths (ONNX sequence_lens)."""
     ins = [convert(x), convert(w), convert(r), convert(b)] + ([convert(lens)] if lens is not None else [])
     if (h0 is None) != (c0 is None):
-        from .math import zeros_like
         h0 = h0 if h0 is not None else zeros_like(c0)
         c0 = c0 if c0 is not None else zeros_like(h0)
     if h0 is not None:

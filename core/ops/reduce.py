@@ -16,6 +16,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import normalize_axis, num_elements_est
 from .base import constant, convert, make
+from .math import broadcast_like, mul
 
 __all__ = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax", "argmin"]
 
@@ -65,12 +66,10 @@ def _expand(dy, node):
 
 
 def _g_sum(node, dys):
-    from .math import broadcast_like
     return [broadcast_like(_expand(dys[0], node), node.inputs[0])]
 
 
 def _g_mean(node, dys):
-    from .math import broadcast_like, mul
     x = node.inputs[0]
     g = broadcast_like(_expand(dys[0], node), x)
     axes = _axes(node)

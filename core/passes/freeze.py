@@ -9,6 +9,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from ..executor import prune
 from ..graph import Graph, Tensor
 
 
@@ -17,7 +18,6 @@ def freeze(session, outputs: Optional[Sequence[Tensor]] = None) -> Graph:
     Consts. Nodes that update state are left out, and so is everything that depends on them.
     Node names are kept, so `frozen.tensor("logits:0")` finds the same output."""
     src: Graph = session.graph
-    from ..executor import prune
     if outputs is not None:
         keep = set(prune([t.node for t in outputs], set()))
         nodes = [n for n in src.nodes if n in keep]

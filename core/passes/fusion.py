@@ -5,6 +5,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..executor import prune
 from ..graph import Graph, Node, Tensor
 from ..registry import registered
 from .simplify import Rewrite
@@ -111,7 +112,6 @@ def fuse_bias_activation(rw: Rewrite) -> Rewrite:
 
 def prune_dead(rw: Rewrite) -> Rewrite:
     """Drop nodes that no fetch needs (what folding and fusion left behind)."""
-    from ..executor import prune
     fed = set(rw.feeds)
     keep = set(prune([f.node if isinstance(f, Tensor) else f for f in rw.fetches], fed))
     keep.update(t.node for t in rw.feeds)

@@ -2,6 +2,8 @@
 DistributedSession and as a local Session, with core importing nothing of cloud."""
 import ast
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -75,15 +77,26 @@ def test_bad_targets_are_refused_clearly():
         ism.Session(g, target="grpc://127.0.0.1:1", parallel=False)
 
 
-def test_core_finds_the_cloud_session_by_name_only():
-    """The hook is an importlib call inside Session.__new__, not an import statement: core
-    still has no import of cloud (tests/test_import_direction.py reads import statements)."""
+def test_core_knows_the_cloud_session_only_through_its_registry():
+    """cloud registers its DistributedSession with core (register_remote_session) when imported:
+    core/session.py neither imports the cloud nor names it; without a registration the error says what to do."""
     src = pathlib.Path(ism.__file__).resolve().parent / "core" / "session.py"
     tree = ast.parse(src.read_text())
     mods = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     mods += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not any("cloud" in m for m in mods)
-    assert "isthmus.cloud.session" in src.read_text()
+    assert "importlib" not in src.read_text() and "import_module" not in src.read_text()
+    code = ("import isthmus.core as c, sys\n"
+            "try:\n    c.Session(c.Graph(), target='grpc://127.0.0.1:1')\n"
+            "except RuntimeError as e:\n    print('refused:', e)\n"
+            "import isthmus.cloud\n"
+            "try:\n    c.Session(c.Graph(), target='grpc://127.0.0.1:1')\n"
+            "except Exception as e:\n    print('cloud:', type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused: target 'grpc://127.0.0.1:1': no cluster runtime is registered; import isthmus.cloud" in out.stdout
+    # registered: the cloud's session tried the (closed) port
+    assert "cloud: TaskUnavailable task master at 127.0.0.1:1 is unreachable" in out.stdout, out.stdout
 
 
 def test_variables_are_read_and_set_on_the_ps_and_a_saver_round_trips(tmp_path):

@@ -154,6 +154,16 @@ def test_wrap_each_version_puts_the_wrapper_in_front_of_each_since_and_falls_thr
         imp.wrap_each_version("NoSuchOnnxOp", lambda before: before)
 
 
+def test_3d_pools_with_every_dim_unknown_at_import():
+    """A 3-D pool whose channel and spatial dims are known only at run time (torch's opset-9 LRN pools
+    a Reshape to a computed shape): the passes between reshape at run time; onnxruntime's numbers."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[2, 3, 3], strides=[2, 2, 1], pads=[0, 1, 1, 1, 1, 0]),
+             helper.make_node("AveragePool", ["x"], ["a"], kernel_shape=[5, 1, 1], pads=[2, 0, 0, 2, 0, 0])]
+    m = _model(nodes, [_vi("x", ["N", "C", "D", "H", "W"])], [_vi("m", None), _vi("a", None)], {}, opset=9)
+    for shape in ((1, 1, 6, 5, 4), (3, 2, 4, 5, 6)):
+        _compare(m, {"x": rng.standard_normal(shape).astype(np.float32)})
+
+
 def test_3d_pools_with_dynamic_batch_and_their_gradients():
     """3-D MaxPool/AveragePool (two separable 2-D passes) with an unknown batch: onnxruntime's numbers
     at batch 1 and 3, and gradients through both matching central differences (float64)."""

@@ -71,26 +71,30 @@ def test_ops_without_a_tflite_form_are_refused_by_node():
         graph_to_tflite(g, [y])
 
 
-def _lstm(read_h=False):
+def _lstm(read="y", reverse=False):
     from isthmus.core.ops.recurrent import lstm_sequence
     rng = np.random.default_rng(0)
     t, b, i, h = 5, 2, 3, 4
     g = ism.Graph(seed=0)
     with g.as_default():
         x = ism.placeholder("float32", (t, b, i), name="x")
-        y, h_t, _ = lstm_sequence(x, ism.constant((rng.standard_normal((4 * h, i)) * 0.5).astype(np.float32)),
-                                  ism.constant((rng.standard_normal((4 * h, h)) * 0.5).astype(np.float32)),
-                                  ism.constant((rng.standard_normal(4 * h) * 0.5).astype(np.float32)), name="lstm")
-        out = ism.relu(h_t) if read_h else ism.relu(y)
+        y, h_t, c_t = lstm_sequence(x, ism.constant((rng.standard_normal((4 * h, i)) * 0.5).astype(np.float32)),
+                                    ism.constant((rng.standard_normal((4 * h, h)) * 0.5).astype(np.float32)),
+                                    ism.constant((rng.standard_normal(4 * h) * 0.5).astype(np.float32)),
+                                    reverse=reverse, name="lstm")
+        out = ism.relu({"y": y, "h": h_t, "c": c_t}[read])
         sess = ism.Session(g)
     return sess, x, out
 
 
-def test_lstm_sequence_as_unidirectional_sequence_lstm():
-    """Gates reordered (ONNX i, o, f, c -> TFLite i, f, c, o); LiteRT keeps h and c across invokes,
-    so each invoke after the first starts from reset_all_variables()."""
-    sess, x, y = _lstm()
-    it = litert.Interpreter(model_content=graph_to_tflite(sess, [y]), num_threads=1)
+@pytest.mark.parametrize("read,reverse", [("y", False), ("h", False), ("y", True), ("h", True)])
+def test_lstm_sequence_as_unidirectional_sequence_lstm(read, reverse):
+    """Gates reordered (ONNX i, o, f, c -> TFLite i, f, c, o); h_T is y's last step (a GATHER); a
+    reverse direction runs between two REVERSE_V2. LiteRT keeps h and c across invokes, so each
+    invoke after the first starts from reset_all_variables()."""
+    sess, x, y = _lstm(read, reverse)
+    data = graph_to_tflite(sess, [y])
+    it = litert.Interpreter(model_content=data, num_threads=1)
     it.allocate_tensors()
     rng = np.random.default_rng(3)
     for _ in range(2):
@@ -99,10 +103,12 @@ def test_lstm_sequence_as_unidirectional_sequence_lstm():
         it.set_tensor(it.get_input_details()[0]["index"], xv)
         it.invoke()
         want = sess.run(y, {x: xv})
-        assert np.abs(it.get_tensor(it.get_output_details()[0]["index"]) - want).max() <= 1e-5 * max(1, np.abs(want).max())
+        got = it.get_tensor(it.get_output_details()[0]["index"])
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-5 * max(1, np.abs(want).max())
 
 
-def test_lstm_reading_the_final_state_is_refused():
-    sess, x, y = _lstm(read_h=True)
-    with pytest.raises(TFLiteExportError, match=r"\(LSTMSequence\).*h_T or c_T"):
+def test_lstm_reading_the_cell_state_is_refused():
+    sess, x, y = _lstm(read="c")
+    with pytest.raises(TFLiteExportError, match=r"\(LSTMSequence\).*c_T is read"):
         graph_to_tflite(sess, [y])

@@ -24,23 +24,34 @@ def test_gemm_int32_equals_numpy(o, k, p):
 
 @pytest.mark.parametrize("c,h,w,kh,kw,sh,sw,dh,dw,pads", [(2, 5, 6, 3, 2, 2, 1, 1, 2, (1, 1, 2, 1)),
                                                          (3, 7, 7, 3, 3, 2, 3, 1, 1, (0, 2, 4, 0)),
-                                                         (1, 4, 3, 1, 5, 1, 1, 1, 1, (0, 0, 2, 2))])
-def test_im2col_pads_with_the_zero_point(c, h, w, kh, kw, sh, sw, dh, dw, pads):
+                                                         (1, 4, 3, 1, 5, 1, 1, 1, 1, (0, 0, 2, 2)),
+                                                         (3, 9, 40, 3, 3, 2, 2, 1, 1, (1, 1, 1, 1)),
+                                                         (32, 14, 14, 5, 5, 1, 1, 1, 1, (2, 2, 2, 2)),
+                                                         (1, 3, 37, 2, 3, 1, 2, 2, 1, (0, 0, 0, 0))])
+def test_im2col_pairs_pads_with_the_zero_point(c, h, w, kh, kw, sh, sw, dh, dw, pads):
     rng = np.random.default_rng(1)
     x = rng.integers(-128, 128, (c, h, w)).astype(np.int8)
     zx, (pt, pb, pl, pr) = -3, pads
     oh, ow = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1, (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
-    cols = np.full((c * kh * kw, oh * ow), 99, np.int8)
-    xpad = np.full((c, h + pt + pb, w + pl + pr), 77, np.int8)  # stale scratch
+    k, p = c * kh * kw, oh * ow
+    hp, wp = h + pt + pb, w + pl + pr
+    flat = np.full(c * hp * wp + g8.cols_slack(sw), 77, np.int8)  # stale scratch
+    xpad = flat[:c * hp * wp].reshape(c, hp, wp)
     g8.pad_planes(x, np.int8(zx), pt, pl, xpad)
     padded = np.pad(x, ((0, 0), (pt, pb), (pl, pr)), constant_values=zx)
     np.testing.assert_array_equal(xpad, padded)
-    g8.im2col(xpad, kh, kw, sh, sw, dh, dw, oh, ow, cols)
+    kp, p16 = g8.packed_shape(k, p)
+    xq = np.full((kp + 1) * p16, 12345, np.int32)
+    g8.im2col_pairs(flat, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq)
+    cols = np.empty((k, p), np.int8)
     for ci in range(c):
         for i in range(kh):
             for j in range(kw):
                 want = padded[ci, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-                np.testing.assert_array_equal(cols[(ci * kh + i) * kw + j], want.reshape(-1))
+                cols[(ci * kh + i) * kw + j] = want.reshape(-1)
+    packed = np.full((kp, p16), 12345, np.int32)
+    g8.pack_rows(cols, packed)  # the two-pass packing: im2col columns, then pairs
+    np.testing.assert_array_equal(xq.reshape(kp + 1, p16)[:kp, :p], packed[:, :p])
 
 
 def test_the_micro_kernel_multiplies_pairs_into_int32():

@@ -1,0 +1,163 @@
+"""Measure what an edge part costs beyond its kernels on this machine (issue 27): edge parts of
+several sizes of two small CNNs (a chain, and fire modules whose cuts send several tensors), int8
+or fp32, each run by the real offload client against an in-process service; per part, the edge's
+CPU time per request less its node kernels' (each timed alone, hot, in run order), fitted into a
+PartCost (partitioner/part_cost.py). Timed hot in a loop, the interpreter's own overhead is 10-40
+us a part here; per request it was 100-250 us: the client's glue around the part and the caches a
+request finds cold after its round trip, which is what a plan must price. `isthmus profile --parts int8|fp32` writes it into the
+profile's `part` section, which every plan prices (partitioner/plan.py, part_seconds)."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import numpy as np
+
+BOUNDARY_OPS = ("Quantize", "Dequantize")  # the quantizer's borders: part of the part, no graph node
+
+
+def _graphs():
+    """(graph, placeholder, output) of the chain and the fire-module CNN, random constant weights."""
+    import isthmus as ism
+    rng = np.random.default_rng(0)
+
+    def conv(h, out, k, stride=1):
+        w = (rng.standard_normal((out, h.shape[1], k, k)) * np.sqrt(2.0 / (h.shape[1] * k * k))).astype(np.float32)
+        y = ism.conv2d(h, ism.constant(w), strides=stride, padding="SAME")
+        return ism.relu(ism.bias_add(y, ism.constant(np.zeros(out, np.float32)), axis=1))
+    out = []
+    for kind in ("chain", "fire"):
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            x = ism.placeholder("float32", (1, 3, 64, 64), name="x")
+            h = conv(x, 16, 3, 2)
+            for c in ((24, 32, 48, 64) if kind == "chain" else (16, 32, 48)):
+                if kind == "chain":
+                    h = conv(h, c, 3, 2 if c in (32, 64) else 1)
+                else:
+                    s = conv(h, c // 2, 1)
+                    h = ism.max_pool(ism.concat([conv(s, c, 1), conv(s, c, 3)], axis=1), 2, 2, "VALID")
+            w = (rng.standard_normal((h.shape[1], 10)) * 0.1).astype(np.float32)
+            y = ism.matmul(ism.global_avg_pool(h), ism.constant(w), name="y")
+        out.append((g, x, y))
+    return out
+
+
+def _plans(g, y, count: int):
+    """SplitPlans of `count` prefixes of the graph on the edge (topological order; 0: cloud-only,
+    all: edge-only), for PinnedPlans."""
+    from dataclasses import replace
+    from isthmus.partitioner import CostModel, LinkModel, plan_split
+    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
+    from isthmus.partitioner.problem import Constraints, Problem
+    cm = CostModel.edge_cloud(LinkModel(10e6, 10e6, 0.01))
+    p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
+    base = plan_split(g, cm, [y], p.constraints, algorithm="edge_only", problem=p)
+    n = len(p.nodes)
+    plans, seen = [], set()
+    for k in np.unique(np.linspace(0, n, count).astype(int)):
+        assign = np.where(np.arange(n) < k, p.edge, 1 - p.edge)
+        assign[[i for i, node in enumerate(p.nodes) if node.op == "Placeholder"]] = p.edge
+        pl = p.placement(assign)
+        key = tuple(sorted(pl.items()))
+        if key not in seen:
+            seen.add(key)
+            plans.append(replace(base, placement=pl))
+    return plans, {EDGE_DEVICE, CLOUD_DEVICE}
+
+
+def _zeros_remote(interp_box: list):
+    """A remote callback answering every part with zeros of the shapes the interpreter expects."""
+    def call(part, arrays):
+        it = interp_box[0]
+        return [np.zeros(it.remote_shapes[i], it.model.tensors[i].dtype) for i in part.outputs]
+    return call
+
+
+def _time_part(interp, inputs, runs: int) -> Dict[str, float]:
+    """Median CPU seconds of the whole invoke and of its node kernels (all steps but the
+    quantizer's borders and the remote call), each timed in run order, hot."""
+    steps = [step for _, step in interp.kernels]
+    node = [kind == "op" and op not in BOUNDARY_OPS for kind, op in interp.steps_info]
+    interp.invoke(*inputs)
+    wholes, kernels = [], []
+    for _ in range(runs):
+        c = time.thread_time()
+        interp.invoke(*inputs)
+        wholes.append(time.thread_time() - c)
+        interp.set_inputs(*inputs)
+        total = 0.0
+        for step, is_node in zip(steps, node):
+            c = time.thread_time()
+            step()
+            if is_node:
+                total += time.thread_time() - c
+        kernels.append(total)
+    return {"whole_s": float(np.median(wholes)), "kernels_s": float(np.median(kernels))}
+
+
+def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: float = 10.0,
+                 rtt_s: float = 0.02) -> List[Dict[str, float]]:
+    """Per edge part of the two CNNs: {"seconds": its edge CPU time per request less its node kernels'
+    (timed hot, one by one), "nbytes": bytes entering and leaving it, "edge_s", "kernels_s", "model",
+    "cut"}. The edge time is the real OffloadClient's, against an in-process service over a link
+    emulated with `rtt_s` (a request finds the caches as cold as after a real round trip), with the
+    edge emulated `slowdown` x slower by CPU time (edge_s / slowdown is the CPU time, whatever the load
+    of this machine). One BLAS thread."""
+    import os
+    import tempfile
+    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    from isthmus.converters.split_export import export_split
+    from isthmus.edge.interpreter import Interpreter
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.partitioner.pinned import PinnedPlans
+    from isthmus.partitioner.threads import limited_blas_threads
+    out = []
+    for mi, (g, x, y) in enumerate(_graphs()):
+        plans, _ = _plans(g, y, cuts)
+        rng = np.random.default_rng(mi)
+        feeds = [{x.node.name: rng.standard_normal(x.shape).astype(np.float32)} for _ in range(4)]
+        sp = export_split(g, [y], PinnedPlans(plans), int8=int8, calibration=feeds, model_name=f"parts{mi}")
+        sizes = {t.name: int(np.prod(t.shape)) * 4 for n in g.nodes for t in n.outputs}
+        io = sizes[x.name] + sizes[y.name]
+        xv = feeds[0][x.node.name]
+        with tempfile.TemporaryDirectory(prefix="isthmus-part-cost-") as d, limited_blas_threads(1):
+            model, cloud = sp.save(os.path.join(d, "m.isth")), os.path.join(d, "m.cloud")
+            save_cloud_parts(cloud, [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
+            server = OffloadServer(cloud, max_batch_size=1, max_queue_delay_ms=0.0)
+            try:
+                with OffloadClient(model, server.address, link=EmulatedLink(1e9, rtt_s), deadline_ms=60000,
+                                   adapt=False, initial_bandwidth_bps=PinnedPlans.bandwidth(0), ping_every=10 ** 6,
+                                   warm="now", edge_slowdown=slowdown) as client:
+                    for k, info in enumerate(sp.cuts):
+                        client.selector.switch(k)
+                        edge = []
+                        for i in range(requests + 2):
+                            client.invoke(xv)
+                            if i >= 2:
+                                edge.append(client.last["edge_s"] / slowdown)
+                        it = client._full if not info.cloud_part else client._interp[k]
+                        box: list = []
+                        hot = Interpreter(it.model, remote=_zeros_remote(box))
+                        box.append(hot)
+                        kernels = _time_part(hot, [xv], 21)["kernels_s"]
+                        e = float(np.median(edge))
+                        sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
+                        nbytes = io + sum(sizes[n] for n in sent + info.outputs)
+                        out.append({"seconds": max(e - kernels, 0.0), "nbytes": float(nbytes), "edge_s": e,
+                                    "kernels_s": kernels, "model": mi, "cut": k})
+            finally:
+                server.stop(grace=0)
+    return out
+
+
+def measure_part_cost(int8: bool = True, slowdown: float = 1.0):
+    """The PartCost fitted here, scaled to a device `slowdown` times slower."""
+    from isthmus.partitioner.part_cost import PartCost
+    fit = PartCost.fit(part_samples(int8))
+    return fit.scaled(slowdown) if slowdown != 1.0 else fit
+
+
+__all__ = ["measure_part_cost", "part_samples"]

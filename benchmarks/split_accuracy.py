@@ -1,0 +1,357 @@
+"""Do split plans hold when measured? Predicted vs measured latency of every plan mode (issue 27).
+
+    python benchmarks/split_accuracy.py [--requests 6] [--quick] [--fp32] [--models two_tower ...]
+        [--edge-prices interpreter|core] [--no-part-cost] [--client-scaled] [--slowdowns 8 20]
+
+Models (benchmarks/split_models.py, batch 1, random weights): MobileNetV2-96, SqueezeNet-96, a
+ResNet-50-shaped network at 64x64, Inception-style blocks and a two-tower model with two inputs.
+The edge runs the int8 edge model (--fp32: the fp32 one) in the real OffloadClient, emulated
+`--slowdowns` times slower than this machine (edge_slowdown counts the CPU time of the invoking
+thread: the load of this shared machine does not stretch it, as long as slowdown x CPU time
+exceeds the wall time; at 1x it never does), over a link emulated at each of `--bandwidths`
+Mbit/s (both ways) with a 40 ms round trip, against a real `isthmus serve` subprocess on 127.0.0.1
+(a free port; stopped at the end) on one BLAS thread.
+
+What is predicted is what `isthmus split` would predict with profiles of this machine: the cloud
+is this machine calibrated (`isthmus profile --quick --clock cpu --blas-threads 1` on the models'
+ops and the fused kernels the Session runs); the edge the edge interpreter's own kernels
+(`isthmus profile --runtime edge-int8`, or edge-fp32; --edge-prices core: the cloud's profile)
+x slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
+partitioner/part_cost.py) x slowdown; the client's own cost as `isthmus profile --client` measures
+it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
+bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
+running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
+`plan_split` chooses ("split", min cut), edge-only, cloud-only, and on the branching graphs the
+best single split point in topological order ("layer_split"). Every distinct placement is one cut
+of ONE split file per model (partitioner/pinned.py), served by one service, run by one client
+pinned to it (`adapt=False`).
+
+Measured: per point and placement, a block of `--requests` requests after one untimed request
+(the first after the switch to that cut: the switch latency, reported against the steady state),
+in two rounds, the median. Prints JSON and writes benchmarks/results/split_accuracy.json:
+per case the predicted and measured medians (ms) with their parts, and the error (measured /
+predicted - 1); the min cut's gain over the best layer split on the branching graphs, predicted
+and measured; the switch latency; the load average before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import isthmus as ism  # noqa: E402
+from split_latency import serve, stop  # noqa: E402
+from split_models import BRANCHING, MODELS  # noqa: E402
+from isthmus.partitioner.pinned import PinnedPlans  # noqa: E402
+from timing import emit  # noqa: E402
+
+RTT = 0.040
+RESULTS = os.path.join(HERE, "results", "split_accuracy.json")
+
+
+# ---- the cost model a user's profile gives --------------------------------------------------------------
+def cost_model(cloud, client, slowdown: float, mbps: float, call_s: float, part=None, emulated_client=True,
+               edge_here=None):
+    """The edge: `cloud` x slowdown with the edge's kernel table and `part` x slowdown. The client:
+    as the emulation runs it (`emulated_client`): OffloadClient's edge_slowdown slows the CPU time
+    outside the remote calls only, so the client's per-call and per-byte work (encoding, decoding,
+    inside the call) runs at this machine's speed, and its per-request glue outside the call is in
+    what `part` measured (apps/part_measure.py times the edge per request); else `client` x slowdown,
+    as a real device slows all of it."""
+    from dataclasses import replace
+    from isthmus.partitioner import CostModel, LinkModel
+    from isthmus.partitioner.client_cost import ClientCost
+    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
+    edge = replace((edge_here or cloud).scaled(slowdown, name=f"edge-{slowdown:g}x"), kernel_table="edge")
+    if part is not None:
+        edge = replace(edge, part=part.scaled(slowdown))
+    link = LinkModel(mbps * 1e6, mbps * 1e6, RTT, call_s)
+    c = ClientCost(call_s=client.call_s, byte_s=client.byte_s) if emulated_client else client.scaled(slowdown)
+    return CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: cloud}, link, EDGE_DEVICE, batch_size=1, client=c)
+
+
+def modes_at(graph, out, cost, branching: bool) -> Dict[str, dict]:
+    """mode -> {placement, predicted breakdown} for one slowdown and link."""
+    from isthmus.partitioner import plan_split
+    from isthmus.partitioner.plan import ALGORITHMS, priced
+    from isthmus.partitioner.problem import Problem
+    p = Problem(graph, cost, [out])
+    chosen = plan_split(graph, cost, [out], problem=p)
+    algos = {"split": None, "edge_only": "edge_only", "cloud_only": "cloud_only"}
+    if branching:
+        algos["layer_split"] = "layer_split"
+    res = {}
+    for mode, algo in algos.items():
+        assign = p.assignment(chosen.placement) if algo is None else ALGORITHMS[algo](p)
+        b, client_s = priced(p, assign)
+        res[mode] = {"placement": p.placement(assign), "breakdown": b, "client_s": client_s}
+    return res
+
+
+def predicted_fields(m: dict, edge: str) -> dict:
+    b = m["breakdown"]
+    e = b.compute.get(edge, 0.0)
+    return {"ms": round(b.total * 1e3, 3), "edge_ms": round((e - m["client_s"]) * 1e3, 3),
+            "client_ms": round(m["client_s"] * 1e3, 3),
+            "cloud_ms": round(sum(v for d, v in b.compute.items() if d != edge) * 1e3, 3),
+            "link_ms": round(sum(x.seconds for x in b.moves) * 1e3, 3),
+            "up_bytes": int(sum(x.nbytes for x in b.moves if x.src == edge))}
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
+def _one_thread():
+    from isthmus.partitioner.threads import limited_blas_threads
+    return limited_blas_threads(1)
+
+
+def feeds_of(inputs, n: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    return [{x.node.name: rng.standard_normal(x.shape).astype(np.float32) for x in inputs} for _ in range(n)]
+
+
+def block(client, k: int, args, n: int) -> dict:
+    """Switch `client` to cut k, one untimed request (the switch), then n timed: their reports."""
+    client.selector.switch(k)
+    client.invoke(*args)
+    first = dict(client.last)
+    rows = []
+    for _ in range(n):
+        client.invoke(*args)
+        rows.append(dict(client.last))
+    return {"first": first, "rows": rows}
+
+
+def summary(blocks: List[dict], cut: str) -> dict:
+    rows = [r for b in blocks for r in b["rows"]]
+    bad = [r["cut"] for r in rows if r["cut"] != cut or r["mode"] == "fallback"]
+    if bad:
+        raise SystemExit(f"expected every request on {cut}, got {bad[:3]} (fallbacks: the deadline or the service)")
+    med = {f: float(np.median([r[f] for r in rows])) for f in ("total_s", "edge_s", "server_s", "remote_s",
+                                                                 "client_s")}
+    steady = med["total_s"]
+    return {"ms": round(steady * 1e3, 3), "edge_ms": round(med["edge_s"] * 1e3, 3),
+            "server_ms": round(med["server_s"] * 1e3, 3), "client_ms": round(med["client_s"] * 1e3, 3),
+            "remote_ms": round(med["remote_s"] * 1e3, 3),
+            "spread_ms": [round(float(np.percentile([r["total_s"] for r in rows], q)) * 1e3, 2) for q in (25, 75)],
+            "switch_ratio": [round(b["first"]["total_s"] / steady, 3) for b in blocks]}
+
+
+def call_cost(client, cloud_cuts: List[int], args, n: int = 6) -> float:
+    """The service's own cost per call beyond its compute (the RPC stack, its queue), the link at
+    zero and the edge at 1x: the call's time less the service's compute less the client's encoding
+    (which the client cost prices)."""
+    client.link.set(1e15, 0.0)
+    client.edge_slowdown = 1.0
+    vals = []
+    for k in cloud_cuts:
+        for r in block(client, k, args, n)["rows"]:
+            vals.append(r["remote_s"] - r["server_compute_s"] - r["client_s"])
+    client.link.set(1e9, RTT)
+    return max(float(np.median(vals)), 0.0)
+
+
+# ---- one model ---------------------------------------------------------------------------------------
+def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=None) -> dict:
+    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    from isthmus.converters.split_export import export_split
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.partitioner.devices import EDGE_DEVICE
+    t0 = time.perf_counter()
+    graph, inputs, out = MODELS[name]()
+    branching = name in BRANCHING
+    # the placements to measure: every mode at every point, once each
+    placements, index = [], {}
+
+    def config(pl):
+        key = tuple(sorted(pl.items()))
+        if key not in index:
+            index[key] = len(placements)
+            placements.append(pl)
+        return index[key]
+    plans = {}
+    for s in opts.slowdowns:
+        for mbps in opts.bandwidths:
+            ms = modes_at(graph, out, cost_model(cloud, client_cost, s, mbps, call_s_prior, part, opts.emulated_client, opts.edge_here), branching)
+            plans[(s, mbps)] = {mode: config(m["placement"]) for mode, m in ms.items()}
+    from dataclasses import replace
+    from isthmus.partitioner import plan_split
+    base = plan_split(graph, cost_model(cloud, client_cost, 1.0, 10, call_s_prior, part, opts.emulated_client, opts.edge_here), [out], algorithm="edge_only")
+    fake = [replace(base, placement=pl) for pl in placements]  # only the placements matter: the slots pin them
+    feeds = feeds_of(inputs, 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        sp = export_split(graph, [out], PinnedPlans(fake), int8=not opts.fp32, calibration=feeds, model_name=name)
+        if len(sp.cuts) != len(placements):
+            raise SystemExit(f"{name}: {len(placements)} placements made {len(sp.cuts)} cuts: {sp.skipped}")
+        model_path, cloud_path = os.path.join(tmp, "m.isth"), os.path.join(tmp, "m.cloud")
+        sp.save(model_path)
+        sigs = sp.cloud_signatures()
+        cloud_cuts = [k for k, c in enumerate(sp.cuts) if c.cloud_part]
+        save_cloud_parts(cloud_path, [cloud_part(sp.graph, i, o, n) for n, i, o in sigs])
+        export_s = time.perf_counter() - t0
+        proc, address = serve(cloud_path)
+        args = [feeds[0][x.node.name] for x in inputs]
+        try:
+            with _one_thread(), OffloadClient(model_path, address, link=EmulatedLink(1e9, RTT), deadline_ms=120000,
+                                              adapt=False, initial_bandwidth_bps=PinnedPlans.bandwidth(0), ping_every=10 ** 6,
+                                              warm="now") as client:
+                for k in range(len(sp.cuts)):  # connect; every cut once more
+                    block(client, k, args, 0)
+                call_s = call_cost(client, cloud_cuts, args)
+                meas = measure(client, plans, sp, args, opts)
+        finally:
+            stop(proc)
+    rows, gains = [], []
+    for (s, mbps), modes in plans.items():
+        ms = modes_at(graph, out, cost_model(cloud, client_cost, s, mbps, call_s, part, opts.emulated_client, opts.edge_here), branching)
+        for mode, k in modes.items():
+            pred = ms[mode]
+            if index[tuple(sorted(pred["placement"].items()))] != k:
+                note = "re-planned with the measured call cost: another placement (the planned one is measured)"
+                # price the measured placement under the final model
+                from isthmus.partitioner.plan import priced
+                from isthmus.partitioner.problem import Problem
+                p = Problem(graph, cost_model(cloud, client_cost, s, mbps, call_s, part, opts.emulated_client, opts.edge_here), [out])
+                b, c = priced(p, p.assignment(placements[k]))
+                pred = {"placement": placements[k], "breakdown": b, "client_s": c}
+            else:
+                note = None
+            pf = predicted_fields(pred, EDGE_DEVICE)
+            m = meas[(s, mbps, k)] if sp.cuts[k].cloud_part else meas[(s, None, k)]
+            rows.append({"model": name, "slowdown": s, "mbps": mbps, "mode": mode, "cut": sp.cuts[k].name,
+                         "predicted": pf, "measured": m, "error": round(m["ms"] / pf["ms"] - 1, 4),
+                         **({"note": note} if note else {})})
+        if branching:
+            r = {x["mode"]: x for x in rows[-len(modes):]}
+            gains.append({"model": name, "slowdown": s, "mbps": mbps,
+                          "split_is_layer_split": modes["split"] == modes["layer_split"],
+                          "predicted_gain": round(r["layer_split"]["predicted"]["ms"] / r["split"]["predicted"]["ms"], 3),
+                          "measured_gain": round(r["layer_split"]["measured"]["ms"] / r["split"]["measured"]["ms"], 3)})
+    return {"rows": rows, "gains": gains, "call_s_ms": round(call_s * 1e3, 3), "cuts": len(sp.cuts),
+            "seconds": round(time.perf_counter() - t0, 1), "export_s": round(export_s, 1)}
+
+
+def measure(client, plans, sp, args, opts) -> dict:
+    """(slowdown, mbps or None for edge-only cuts, cut) -> summary, in two rounds of blocks."""
+    from isthmus.edge.link_emulation import EmulatedLink  # noqa: F401  (client.link is one)
+    per_round = max(1, -(-opts.requests // 2))
+    blocks: Dict[tuple, List[dict]] = {}
+    for s in opts.slowdowns:
+        client.edge_slowdown = float(s)
+        local = sorted({k for (s2, _), ms in plans.items() if s2 == s for k in ms.values() if not sp.cuts[k].cloud_part})
+        for rnd in range(2):
+            for k in local:
+                blocks.setdefault((s, None, k), []).append(block(client, k, args, per_round))
+            for mbps in opts.bandwidths:
+                client.link.set(mbps * 1e6, RTT)
+                ks = sorted({k for k in plans[(s, mbps)].values() if sp.cuts[k].cloud_part})
+                for k in (ks if rnd == 0 else ks[::-1]):
+                    blocks.setdefault((s, mbps, k), []).append(block(client, k, args, per_round))
+        print(f"  slowdown {s:g}x measured", file=sys.stderr)
+    return {key: summary(bs, sp.cuts[key[2]].name) for key, bs in blocks.items()}
+
+
+# ---- the whole run ------------------------------------------------------------------------------------
+def aggregate(rows: List[dict]) -> dict:
+    errs = [abs(r["error"]) for r in rows]
+    out = {"cases": len(rows), "within_10pct": sum(e <= 0.10 for e in errs),
+           "max_abs_error": round(max(errs), 4) if errs else None,
+           "median_abs_error": round(float(np.median(errs)), 4) if errs else None}
+    for mode in sorted({r["mode"] for r in rows}):
+        e = [abs(r["error"]) for r in rows if r["mode"] == mode]
+        out[mode] = {"max_abs_error": round(max(e), 4), "median_abs_error": round(float(np.median(e)), 4),
+                     "within_10pct": f"{sum(x <= 0.10 for x in e)}/{len(e)}"}
+    return out
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--requests", type=int, default=6, help="timed requests per point and mode (in two blocks)")
+    p.add_argument("--bandwidths", type=float, nargs="*", default=[1, 5, 20, 100], help="Mbit/s")
+    p.add_argument("--slowdowns", type=float, nargs="*", default=[8, 20],
+                   help="edge slowdowns (default 8 20: at 1x the emulated edge is this machine in wall time, "
+                        "which a loaded machine stretches: +280-310%% at load 9-11 here)")
+    p.add_argument("--fp32", action="store_true", help="the fp32 edge model (default: int8)")
+    p.add_argument("--edge-prices", choices=("interpreter", "core"), default="interpreter",
+                   help="the edge's kernels priced by the edge interpreter's own (isthmus profile --runtime "
+                        "edge-int8/edge-fp32, default) or by the core Session's (isthmus profile), x slowdown")
+    p.add_argument("--no-part-cost", action="store_true",
+                   help="price no edge part beyond its kernels (the model before issue 27's item 1)")
+    p.add_argument("--client-scaled", action="store_true",
+                   help="price the whole client x slowdown, as a real device runs it (the emulation slows "
+                        "only what runs outside the remote calls)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: the two-tower model, 5 Mbit/s, 20x, 2 requests")
+    p.add_argument("--out", default=RESULTS, help="JSON file to write (default: %(default)s)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.bandwidths, args.slowdowns, args.requests = ["two_tower"], [5.0], [20.0], 2
+    if args.requests < 1 or not args.models:
+        p.error("--requests must be >= 1 and --models non-empty")
+    args.emulated_client = not args.client_scaled
+    return args
+
+
+def main(argv=None) -> int:
+    from dataclasses import replace
+    opts = parse(argv)
+    from isthmus.apps.client_measure import measure_client_cost
+    from isthmus.apps.part_measure import part_samples
+    from isthmus.partitioner.part_cost import PartCost
+    from isthmus.partitioner.calibrate import calibrate
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    ops = {"FusedConv2D", "FusedMatMul"}  # what the Session's passes run: priced as run (else the default fit)
+    for name in opts.models:
+        ops |= {n.op for n in MODELS[name]()[0].nodes}
+    cloud = calibrate("this-machine", sorted(ops), "quick", blas_threads=1, clock="cpu")
+    opts.edge_here = None
+    if opts.edge_prices == "interpreter":
+        from isthmus.converters.edge_profile import OPS, calibrate_edge
+        edge = calibrate_edge("edge-here", sorted(ops & set(OPS)), "quick", int8=not opts.fp32)
+        # an op the interpreter is not timed on (Concat, Reshape) keeps the core's price, not the edge fit's default
+        opts.edge_here = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
+    client_cost = measure_client_cost(10)
+    part = None if opts.no_part_cost else PartCost.fit(part_samples(int8=not opts.fp32))
+    print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
+          f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    results, call_s = {}, 0.5e-3
+    for name in opts.models:
+        results[name] = run_model(name, cloud, client_cost, opts, call_s, part)
+        call_s = results[name]["call_s_ms"] / 1e3 or call_s
+        r = results[name]
+        print(f"{name}: {r['cuts']} cuts, {r['seconds']} s; errors "
+              + ", ".join(f"{x['mode']}@{x['slowdown']:g}x/{x['mbps']:g} {x['error']:+.0%}" for x in r["rows"]),
+              file=sys.stderr)
+    rows = [x for r in results.values() for x in r["rows"]]
+    gains = [g for r in results.values() for g in r["gains"]]
+    switch = [x for r in rows for x in r["measured"]["switch_ratio"]]
+    doc = {"edge": ("fp32" if opts.fp32 else "int8") + " edge model, this machine x slowdown (CPU time)",
+           "rtt_ms": RTT * 1e3, "bandwidths_mbps": opts.bandwidths, "slowdowns": opts.slowdowns,
+           "requests": opts.requests, "blas_threads": 1, "client_cost": client_cost.to_dict(),
+           "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
+           "part_cost": None if part is None else part.to_dict(), "edge_prices": opts.edge_prices,
+           "summary": aggregate(rows), "gains": gains,
+           "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
+           "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),
+                      "max_first_over_steady": round(max(switch), 3)},
+           "models": {k: {f: v for f, v in r.items() if f not in ("rows", "gains")} for k, r in results.items()},
+           "cases": rows, "load_average_before": round(load0, 2), "load_average_after": round(os.getloadavg()[0], 2),
+           "seconds": round(time.perf_counter() - t0, 1)}
+    emit("split_accuracy", doc)
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump({"benchmark": "split_accuracy", **doc}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

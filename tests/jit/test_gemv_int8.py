@@ -1,0 +1,63 @@
+"""jit.gemv_int8: the int8 matrix-vector product against numpy's int64 product, bit for bit, its
+two requantizations against a numpy reference, and the multiply-add instruction it is written for."""
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+from isthmus.jit import gemm_int8 as g8  # noqa: E402
+from isthmus.jit import gemv_int8 as gv  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not g8.supported(), reason="the kernel needs x86 AVX2")
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 16, 4), (3, 17, 5), (2, 33, 7), (1, 3136, 64), (1, 0, 3)])
+def test_gemv_int32_equals_numpy(m, k, n):
+    rng = np.random.default_rng(m * 100 + k + n)
+    w = rng.integers(-128, 128, (n, k))
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    a16 = np.full(max(gv.activation_elems(k), 1), 31000, np.int16)  # stale scratch: its tail meets zero weights
+    out = np.full((m, n), 5, np.int32)
+    gv.gemv_int32(gv.pack_weights(w), a, a16, out)
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ w.T)
+
+
+def test_extreme_values_accumulate_without_overflow():
+    k = 4096  # (-128)(-128) 4096 times: 2^26, far inside int32 but beyond int16 pairs
+    w, a = np.full((5, k), -128), np.full((1, k), -128, np.int8)
+    out = np.zeros((1, 5), np.int32)
+    gv.gemv_int32(gv.pack_weights(w), a, np.zeros(gv.activation_elems(k), np.int16), out)
+    assert (out == 128 * 128 * k).all()
+
+
+def test_requantizations_match_the_integer_definition():
+    rng = np.random.default_rng(3)
+    m, k, n = 2, 70, 9
+    w = rng.integers(-128, 128, (n, k))
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    acc = a.astype(np.int64) @ w.T
+    q = rng.integers(1 << 29, 1 << 30, n)
+    s = rng.integers(36, 40, n)
+    c = rng.integers(-1 << 36, 1 << 36, n)
+    want = np.clip((acc * q + c) >> s, -128, 127).astype(np.int8)
+    w8, a16 = gv.pack_weights(w), np.zeros(gv.activation_elems(k), np.int16)
+    got = np.zeros((m, n), np.int8)
+    gv.gemv_requantize_int(w8, a, a16, q, c, s, -128, 127, got)
+    np.testing.assert_array_equal(got, want)
+    mf, cf = np.ldexp(1.0, -10) * np.ones(n), rng.integers(0, 200, n) + 0.5
+    want_f = (np.floor(np.clip(acc * mf + cf, 0.0, 255.0)) - 128).astype(np.int8)
+    gv.gemv_requantize_float(w8, a, a16, mf, cf, 0.0, 255.0, got)
+    np.testing.assert_array_equal(got, want_f)
+
+
+def test_weights_outside_int8_are_refused():
+    with pytest.raises(ValueError, match="int8"):
+        gv.pack_weights(np.array([[128]]))
+
+
+def test_the_loop_multiplies_pairs_into_int32_on_256_bit_vectors():
+    import numba
+    fresh = numba.njit(gv.gemv_int32.py_func)  # not from numba's disk cache: that one cannot show its assembly
+    fresh(gv.pack_weights(np.ones((4, 16))), np.ones((1, 16), np.int8), np.zeros(16, np.int16),
+          np.zeros((1, 4), np.int32))
+    asm = "".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
+    assert "vpmaddwd" in asm and "ymm" in asm

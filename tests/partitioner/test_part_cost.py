@@ -1,0 +1,99 @@
+"""An edge part's cost beyond its kernels (partitioner/part_cost.py): fitted back from samples, kept
+in the device profile's JSON, scaled with the device, and priced in every plan (edge-only, split,
+cloud-only) by the part's run and the bytes crossing its boundary, counted by hand here."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from isthmus.partitioner.costmodel import CostModel
+from isthmus.partitioner.devices import EDGE, DeviceProfile
+from isthmus.partitioner.part_cost import PartCost
+from isthmus.partitioner.plan import ALGORITHMS, plan_split, priced
+from isthmus.partitioner.problem import Constraints, Problem
+from isthmus.wire.link import LinkModel
+
+from .test_client_cost import _mlp, _split_link
+
+PC = PartCost(invoke_s=2e-3, byte_s=1e-8)
+
+
+def test_fit_recovers_the_terms_from_noisy_samples():
+    rng = np.random.default_rng(0)
+    nbytes = rng.uniform(1e4, 1e6, 40)
+    secs = PC.invoke_s + PC.byte_s * nbytes + rng.normal(0, 1e-5, 40)
+    got = PartCost.fit({"seconds": s, "nbytes": b} for s, b in zip(secs, nbytes))
+    assert got.invoke_s == pytest.approx(PC.invoke_s, rel=0.02)
+    assert got.byte_s == pytest.approx(PC.byte_s, rel=0.02)
+    # a term the samples cannot tell from zero stays zero (non-negative)
+    flat = PartCost.fit({"seconds": 1e-4, "nbytes": b} for b in nbytes)
+    assert flat.byte_s == pytest.approx(0.0, abs=1e-15) and flat.invoke_s == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_bad_samples_and_fields_name_what_is_wrong():
+    with pytest.raises(ValueError, match="sample 1: needs seconds and nbytes"):
+        PartCost.fit([{"seconds": 1e-3, "nbytes": 10}, {"seconds": 1e-3}])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        PartCost.fit([{"seconds": 1e-3, "nbytes": 10}])
+    with pytest.raises(ValueError, match="PartCost.invoke_s must be finite"):
+        PartCost(invoke_s=-1.0)
+    with pytest.raises(ValueError, match=r"device profile field part has unknown fields \['call_s'\]"):
+        DeviceProfile.from_json(replace(EDGE, part=PC).to_json().replace('"invoke_s"', '"call_s"'))
+    with pytest.raises(ValueError, match=r"device profile field part.byte_s must be a number"):
+        DeviceProfile.from_json(replace(EDGE, part=PC).to_json().replace("1e-08", '"fast"'))
+
+
+def test_the_profile_keeps_and_scales_it():
+    prof = replace(EDGE, part=PC)
+    back = DeviceProfile.from_json(prof.to_json())
+    assert back.part == PC and back == prof
+    assert DeviceProfile.from_json(EDGE.to_json()).part is None
+    assert prof.scaled(4).part == PartCost(8e-3, 4e-8)
+
+
+def _boundary_bytes(p, placement):
+    """By hand: the input when it stays on the edge, each tensor the edge computed and sends, each
+    it receives, the output returned."""
+    edge = p.cost.edge
+    x = next(n for n in p.nodes if n.op == "Placeholder")
+    total = p.cost.tensor_bytes(x.outputs[0]) + p.cost.tensor_bytes(p.outputs[0])
+    for n in p.nodes:
+        t = n.outputs[0]
+        readers = {placement[m.name] for m in p.nodes if t in m.inputs}
+        if placement[n.name] == edge and n.op != "Placeholder" and readers - {edge}:
+            total += p.cost.tensor_bytes(t)
+        if placement[n.name] != edge and (edge in readers or t is p.outputs[0]):
+            total += p.cost.tensor_bytes(t)
+    return total
+
+
+def test_every_plan_pays_its_edge_part():
+    g, x, y = _mlp()
+    cm0, _ = _split_link(g, y)
+    with_part = CostModel({d: (replace(pr, part=PC) if d == cm0.edge else pr) for d, pr in cm0.profiles.items()},
+                          cm0.link, cm0.edge)
+    p0 = Problem(g, cm0, [y], Constraints())
+    p1 = Problem(g, with_part, [y], Constraints())
+    for algo in ("edge_only", "cloud_only", "layer_split", "mincut"):
+        a = ALGORITHMS[algo](p0)
+        placement = p0.placement(a)
+        b0, _ = priced(p0, a)
+        b1, _ = priced(p1, p1.assignment(placement))
+        want = PC.invoke_s + PC.byte_s * _boundary_bytes(p0, placement)
+        assert b1.total - b0.total == pytest.approx(want, rel=1e-9), algo
+        assert b1.compute[cm0.cloud] == b0.compute[cm0.cloud]  # the edge's, not the cloud's
+    plan = plan_split(g, with_part, [y])
+    assert "edge part on edge beyond its kernels" in plan.explain()
+
+
+def test_with_a_costly_part_byte_the_plan_is_no_worse_than_either_side_alone():
+    """The part's byte term is priced on the chosen plan, not in the min cut's edges: the planner
+    still compares its split with edge-only and cloud-only under the full prices."""
+    g, x, y = _mlp()
+    cm0, _ = _split_link(g, y)
+    costly = CostModel({d: (replace(pr, part=PartCost(0.0, 1e-5)) if d == cm0.edge else pr)
+                        for d, pr in cm0.profiles.items()}, cm0.link, cm0.edge)
+    plan = plan_split(g, costly, [y])
+    p = Problem(g, costly, [y], Constraints())
+    for algo in ("edge_only", "cloud_only"):
+        assert plan.total <= priced(p, ALGORITHMS[algo](p))[0].total + 1e-12

@@ -4,9 +4,11 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
 - intra_op_threads: the threads one kernel may use. BLAS gets it through threadpoolctl around
   each run (set only when it differs, restored when the last concurrent run ends: OpenBLAS's
   count is process-wide, so concurrent runs of sessions with other counts share the last one
-  set), and the compiled kernels (isthmus.jit, numba `prange`) get it through
-  numba.set_num_threads, which numba keeps per calling thread. Default: the cores this process
-  may run on. A kernel still decides by its size whether to fan out (jit.parallel_pays).
+  set); numba kernels (isthmus.jit, `prange`) through numba.set_num_threads on the calling
+  thread; numpy passes split by `fan_out` through intra_threads(). Default (None): the count
+  BLAS has when the run starts, which is the cores unless the process was limited
+  (OPENBLAS_NUM_THREADS, threadpoolctl, partitioner.set_blas_threads, ISTHMUS_BLAS_THREADS): a
+  session never overrides a limit it was not given. Small work never fans out (MIN_CHUNK_BYTES).
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.
@@ -16,11 +18,19 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
 
 _lock = threading.Lock()
 _controller = None  # threadpoolctl's view of the BLAS libraries, made once numpy's BLAS is loaded
 _active = {"runs": 0, "saved": None}  # BLAS count before the first of the concurrent runs began
+_intra = [None]  # the intra-op count of the run in progress (process-wide, like BLAS's); None: BLAS's count
+
+# fan_out gives a thread a chunk only when the chunk moves at least this many bytes: a chunk
+# handed to a pool thread costs about 20-50 us of dispatch and wake-up (Python futures), and a
+# memory-bound numpy pass moves about 1 MiB in 100 us, so smaller work runs on the caller alone.
+MIN_CHUNK_BYTES = 1 << 20
+_workers = None  # the intra-op pool: the threads besides the caller that fan_out hands chunks to
 
 
 def cores() -> int:
@@ -66,8 +76,10 @@ class IntraOpThreads:
     def __enter__(self):
         n = self.n
         if n is None:
-            _set_numba(blas_threads_now() or cores())
+            _intra[0] = blas_threads_now() or cores()
+            _set_numba(_intra[0])
             return self
+        _intra[0] = n
         with _lock:
             libs = _blas_libs()
             if _active["runs"] == 0:
@@ -85,6 +97,7 @@ class IntraOpThreads:
         with _lock:
             _active["runs"] -= 1
             if _active["runs"] == 0:
+                _intra[0] = None
                 for lib, k in zip(_blas_libs(), _active["saved"] or []):
                     if lib.num_threads != k:
                         lib.set_num_threads(k)
@@ -98,10 +111,45 @@ def _set_numba(n: int) -> None:
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+def intra_threads() -> int:
+    """The threads a kernel may use now: the running session's intra_op_threads, else BLAS's count."""
+    n = _intra[0]
+    return n if n is not None else (blas_threads_now() or 1)
+
+
+def _pool():
+    global _workers
+    if _workers is None:
+        with _lock:
+            if _workers is None:
+                _workers = ThreadPoolExecutor(max_workers=max(1, cores() - 1), thread_name_prefix="isthmus-intra")
+    return _workers
+
+
+def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int) -> int:
+    """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
+    caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
+    chunks of at least MIN_CHUNK_BYTES. fn must release the GIL to gain (numpy copies and ufuncs
+    do). Returns the number of chunks."""
+    k = min(intra_threads(), total, nbytes // MIN_CHUNK_BYTES)
+    if k <= 1:
+        fn(0, total)
+        return 1
+    bounds = [total * i // k for i in range(k + 1)]
+    futures = [_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
+    try:
+        fn(bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()  # re-raises a chunk's error here, after every chunk has ended
+    return k
+
+
 def blas_threads_now() -> Optional[int]:
     """The BLAS thread count now (the largest over the loaded libraries); None without BLAS."""
     counts = [lib.num_threads for lib in _blas_libs()]
     return max(counts) if counts else None
 
 
-__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "blas_threads_now"]
+__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "blas_threads_now",
+           "intra_threads", "fan_out", "MIN_CHUNK_BYTES"]

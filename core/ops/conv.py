@@ -28,6 +28,7 @@ from .conv_geometry import _Geometry, _out_size, _padded, _pads, _pair, _windows
 from .depthwise import (_CLAMPS, ARENAS, DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad,
                         compiled_ok)
 from .fused import activation_inplace
+from .intra_op import add_into, contiguous, copy_into, rows_apply
 
 __all__ = ["conv2d", "depthwise_conv2d"]
 
@@ -71,7 +72,7 @@ def _cols_kw(xp, xt, g):
     c, hp, _, n = xt.shape
     s0, s1, s2, s3 = xt.strides
     view = as_strided(xt, (g.kw, c, hp, g.ow, n), (g.dw * s2, s0, s1, g.sw * s2, s3), writeable=False)
-    return xp.ascontiguousarray(view).reshape(g.kw * c, hp * g.ow * n)
+    return contiguous(xp, view, axis=1).reshape(g.kw * c, hp * g.ow * n)
 
 
 def _transposed_geometry(g, h, w) -> Optional["_Geometry"]:
@@ -149,11 +150,26 @@ def _kernel_conv(node, ctx, activation: str = "none"):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if not _row_taps(g, c):
             return _im2col_per_image(xp, x, w, g, bias, act)
-        y = xp.ascontiguousarray(_conv_rows(xp, x, w, g).transpose(3, 0, 1, 2))
-        if bias is not None:
-            xp.add(y, bias.reshape(1, -1, 1, 1), out=y)
-        return y if act is None else act(y)
+        return _nchw_finished(xp, _conv_rows(xp, x, w, g), bias, act)
     return conv
+
+
+def _nchw_finished(xp, y_onhw, bias, act):
+    """act(y + bias) as NCHW from the rows' [O, OH, OW, N] output, a chunk of images at a time
+    (each chunk relaid, biased and activated while in cache, chunks on the intra-op threads)."""
+    src = y_onhw.transpose(3, 0, 1, 2)
+    y = xp.empty(src.shape, dtype=src.dtype)
+    b = None if bias is None else bias.reshape(1, -1, 1, 1)
+
+    def part(lo, hi):
+        yc = y[lo:hi]
+        yc[...] = src[lo:hi]
+        if b is not None:
+            xp.add(yc, b, out=yc)
+        if act is not None:
+            act(yc)
+    rows_apply(xp, part, y.shape[0], y.nbytes)
+    return y
 
 
 def _im2col_per_image(xp, x, w, g, bias, act):
@@ -304,7 +320,7 @@ def _kernel_conv_input(node, ctx):
         t2 = None if _depthwise(node, w.shape, c) else _transposed_geometry(g, h, wd)
         if t2 is not None and _row_taps(t2, w.shape[0]):
             wf = xp.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-            return xp.ascontiguousarray(_conv_rows(xp, dy, wf, t2).transpose(3, 0, 1, 2))
+            return contiguous(xp, _conv_rows(xp, dy, wf, t2).transpose(3, 0, 1, 2), axis=1)
         dxp = xp.zeros((n, c, h + t + b, wd + l + r), dtype=dy.dtype)
         if _depthwise(node, w.shape, c):
             for i in range(g.kh):
@@ -335,11 +351,11 @@ def _chwn_wpadded(xp, x, wpads):
     l, r = wpads
     n, c, h, w = x.shape
     if not (l or r):
-        return xp.ascontiguousarray(x.transpose(1, 2, 3, 0))
+        return contiguous(xp, x.transpose(1, 2, 3, 0))
     out = xp.empty((c, h, w + l + r, n), dtype=x.dtype)
     out[:, :, :l, :] = 0
     out[:, :, l + w:, :] = 0
-    out[:, :, l:l + w, :] = x.transpose(1, 2, 3, 0)
+    copy_into(xp, out[:, :, l:l + w, :], x.transpose(1, 2, 3, 0))
     return out
 
 
@@ -377,10 +393,10 @@ def _conv_rows(xp, x, w, g):
         # wasted products, but M = kh*O keeps BLAS far busier than kh GEMMs with a small M
         big = xp.matmul(wt.reshape(g.kh * o, g.kw * c), cols).reshape(g.kh, o, h * run)
         src = spans[full[0]][2]
-        out = big[full[0], :, src * run:(src + g.oh) * run].copy()
+        out = contiguous(xp, big[full[0], :, src * run:(src + g.oh) * run])
         for i, (lo, hi, src) in enumerate(spans):
             if hi > lo and i != full[0]:
-                out[:, lo * run:hi * run] += big[i, :, src * run:(src + hi - lo) * run]
+                add_into(xp, out[:, lo * run:hi * run], big[i, :, src * run:(src + hi - lo) * run])
         return out.reshape(o, g.oh, g.ow, n)
     out = xp.empty((o, g.oh * run), dtype=x.dtype)
     if full:
@@ -395,7 +411,7 @@ def _conv_rows(xp, x, w, g):
         k = (hi - lo) * run
         part = tmp[:o * k].reshape(o, k)
         xp.matmul(wt[i], cols[:, src * run:src * run + k], out=part)
-        out[:, lo * run:hi * run] += part
+        add_into(xp, out[:, lo * run:hi * run], part)
     return out.reshape(o, g.oh, g.ow, n)
 
 
@@ -420,7 +436,7 @@ def _kernel_conv_filter(node, ctx):
         if groups == 1 and not _row_taps(g, c) and _cnhw_pays(g, n, c, o, x.shape[3]):
             return _filter_grad_cnhw(xp, x, dy, w, g)
         cg, og = c // groups, o // groups
-        dy_t = xp.ascontiguousarray(dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
+        dy_t = contiguous(xp, dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
         if _row_taps(g, c):
             cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)
             run_ = g.ow * n
@@ -459,12 +475,12 @@ def _filter_grad_cnhw(xp, x, dy, w, g):
     o = w.shape[0]
     (t, b), (l, r) = g.pads
     xc = xp.zeros((c, n, h + t + b, wd + l + r), dtype=x.dtype)
-    xc[:, :, t:t + h, l:l + wd] = x.transpose(1, 0, 2, 3)
+    copy_into(xp, xc[:, :, t:t + h, l:l + wd], x.transpose(1, 0, 2, 3), axis=1)
     s0, s1, s2, s3 = xc.strides
     win = as_strided(xc, (c, g.kh, g.kw, n, g.oh, g.ow),
                      (s0, g.dh * s2, g.dw * s3, s1, g.sh * s2, g.sw * s3), writeable=False)
-    cols = xp.ascontiguousarray(win).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
-    dyc = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(o, n * g.oh * g.ow)
+    cols = contiguous(xp, win, axis=3).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
+    dyc = contiguous(xp, dy.transpose(1, 0, 2, 3), axis=1).reshape(o, n * g.oh * g.ow)
     return (cols @ dyc.T).T.reshape(w.shape)
 
 

@@ -13,6 +13,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import _Geometry, _out_size, _padded, _pads, _pair
+from .intra_op import rows_apply
 
 __all__ = ["max_pool", "avg_pool", "global_avg_pool"]
 
@@ -59,11 +60,17 @@ def _pairs_tiled(g, shape) -> bool:
 
 
 def _max_pool_pairs(xp, x, g):
-    """Maximum of row pairs (contiguous runs of W), then of column pairs: two ops, not four."""
+    """Maximum of row pairs (contiguous runs of W), then of column pairs: two ops, not four;
+    images in chunks on the intra-op threads."""
     n, c = x.shape[0], x.shape[1]
     x5 = x.reshape(n, c, g.oh, 2, 2 * g.ow)
-    rows = xp.maximum(x5[:, :, :, 0], x5[:, :, :, 1])
-    return xp.maximum(rows[..., 0::2], rows[..., 1::2])
+    out = xp.empty((n, c, g.oh, g.ow), dtype=x.dtype)
+
+    def part(lo, hi):
+        rows = xp.maximum(x5[lo:hi, :, :, 0], x5[lo:hi, :, :, 1])
+        xp.maximum(rows[..., 0::2], rows[..., 1::2], out=out[lo:hi])
+    rows_apply(xp, part, n, x.nbytes)
+    return out
 
 
 def _kernel_max_pool(node, ctx):
@@ -116,6 +123,22 @@ def _max_pool_grad_pairs(xp, x, y, dy, g):
     return dx.reshape(x.shape)
 
 
+def _max_pool_grad_split(xp, x, y, dy, g):
+    """_max_pool_grad_pairs over chunks of images on the intra-op threads (one chunk: in place)."""
+    n = x.shape[0]
+    dx = []
+
+    def part(lo, hi):
+        r = _max_pool_grad_pairs(xp, x[lo:hi], y[lo:hi], dy[lo:hi], g)
+        if lo == 0 and hi == n:
+            dx.append(r)
+        else:
+            out[lo:hi] = r
+    out = xp.empty(x.shape, dtype=x.dtype)
+    rows_apply(xp, part, n, x.nbytes * 3)
+    return dx[0] if dx else out
+
+
 def _kernel_max_pool_grad(node, ctx):
     xp = ctx.xp
 
@@ -126,7 +149,7 @@ def _kernel_max_pool_grad(node, ctx):
         if through_relu:  # see math.max_pool_grad_through_relu: the relu's mask at the pooled size
             dy = xp.multiply(dy, y > 0)
         if _pairs_tiled(g, x.shape) and x.dtype == np.float32:
-            return _max_pool_grad_pairs(xp, xp.ascontiguousarray(x), xp.ascontiguousarray(y),
+            return _max_pool_grad_split(xp, xp.ascontiguousarray(x), xp.ascontiguousarray(y),
                                         xp.ascontiguousarray(dy), g)
         n, c, h, w = x.shape
         (t, b), (l, r) = g.pads

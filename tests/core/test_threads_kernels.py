@@ -1,0 +1,116 @@
+"""Convolution and max-pool kernels split across intra-op threads give the numpy reference's results."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus.core import threads
+from isthmus.core.ops import intra_op
+
+
+@pytest.fixture
+def fan_outs(monkeypatch):
+    """Every pass fans out (no size threshold) and each fan-out's chunk count is recorded."""
+    counts = []
+    real = threads.fan_out
+
+    def counting(fn, total, nbytes):
+        k = real(fn, total, nbytes)
+        counts.append(k)
+        return k
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(intra_op, "fan_out", counting)
+    return counts
+
+
+def _conv_ref(x, w, pad):
+    """y, and the gradients of sum(y * r) w.r.t. x and w, one kernel tap at a time (stride 1)."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(np.float64)
+    oh, ow = h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1
+    y = np.zeros((n, o, oh, ow))
+    for p in range(kh):
+        for q in range(kw):
+            y += np.einsum("nchw,oc->nohw", xp[:, :, p:p + oh, q:q + ow], w[:, :, p, q])
+    return y, oh, ow
+
+
+def _conv_grads_ref(x, w, r, pad):
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(np.float64)
+    oh, ow = r.shape[2], r.shape[3]
+    dw = np.zeros(w.shape)
+    dxp = np.zeros(xp.shape)
+    for p in range(kh):
+        for q in range(kw):
+            dw[:, :, p, q] = np.einsum("nchw,nohw->oc", xp[:, :, p:p + oh, q:q + ow], r)
+            dxp[:, :, p:p + oh, q:q + ow] += np.einsum("nohw,oc->nchw", r, w[:, :, p, q])
+    return dxp[:, :, pad:pad + h, pad:pad + wd], dw
+
+
+@pytest.mark.parametrize("c,o", [(1, 8), (16, 12)])  # the im2col path and the row-taps path
+def test_conv_and_its_gradients_split_across_threads(fan_outs, c, o):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, c, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((o, c, 5, 5)).astype(np.float32) * 0.2
+    b = rng.standard_normal(o).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")
+        bt = ism.placeholder(np.float32, (o,), name="b")
+        y = ism.relu(ism.conv2d(xt, wt, padding="SAME") + ism.reshape(bt, (1, o, 1, 1)))
+        rt = ism.placeholder(np.float32, (6, o, 10, 10), name="r")
+        loss = ism.reduce_sum(y * rt)
+        dx, dw = ism.gradients(loss, [xt, wt])
+    r = rng.standard_normal((6, o, 10, 10)).astype(np.float32)
+    got = ism.Session(g, intra_op_threads=2).run([y, dx, dw], {xt: x, wt: w, bt: b, rt: r})
+    assert max(fan_outs) == 2  # the passes really were split
+    pre, _, _ = _conv_ref(x, w, 2)
+    pre += b.reshape(1, o, 1, 1)
+    np.testing.assert_allclose(got[0], np.maximum(pre, 0), rtol=1e-4, atol=1e-4)
+    ref_dx, ref_dw = _conv_grads_ref(x, w, r * (pre > 0), 2)
+    np.testing.assert_allclose(got[1], ref_dx, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[2], ref_dw, rtol=1e-4, atol=1e-3)
+    one = ism.Session(g, intra_op_threads=1).run([y, dx, dw], {xt: x, wt: w, bt: b, rt: r})
+    for a, e in zip(got, one):  # the split changes no arithmetic; BLAS on 2 threads may round otherwise
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_max_pool_and_its_gradient_split_across_threads(fan_outs):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 8, 8)).astype(np.float32)
+    x[0, 0, 0, :2] = x[0, 0, 1, :2] = 9.0  # a tie: the first in row-major order takes the gradient
+    g = ism.Graph()
+    with g.as_default():
+        xt = ism.placeholder(np.float32, x.shape, name="x")
+        y = ism.max_pool(xt, 2)
+        rt = ism.placeholder(np.float32, (5, 3, 4, 4), name="r")
+        (dx,) = ism.gradients(ism.reduce_sum(y * rt), [xt])
+    r = rng.standard_normal((5, 3, 4, 4)).astype(np.float32)
+    got_y, got_dx = ism.Session(g, intra_op_threads=2).run([y, dx], {xt: x, rt: r})
+    assert max(fan_outs) == 2
+    win = x.reshape(5, 3, 4, 2, 4, 2).transpose(0, 1, 2, 4, 3, 5).reshape(5, 3, 4, 4, 4)
+    np.testing.assert_array_equal(got_y, win.max(-1))
+    arg = win.argmax(-1)  # numpy's argmax takes the first maximum
+    ref = np.zeros((5, 3, 4, 4, 4), np.float32)
+    np.put_along_axis(ref, arg[..., None], r[..., None], -1)
+    ref = ref.reshape(5, 3, 4, 4, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(x.shape)
+    np.testing.assert_array_equal(got_dx, ref)
+
+
+def test_small_passes_do_not_fan_out():
+    calls = []
+    with threads.IntraOpThreads(2):
+        k = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, threads.MIN_CHUNK_BYTES)
+        k2 = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * threads.MIN_CHUNK_BYTES)
+    assert k == 1 and calls[0] == (0, 64)
+    assert k2 == 2 and sorted(calls[1:]) == [(0, 32), (32, 64)]
+
+
+def test_a_chunk_error_reaches_the_caller():
+    def fail(lo, hi):
+        if lo > 0:
+            raise RuntimeError(f"chunk {lo}")
+    with threads.IntraOpThreads(2), pytest.raises(RuntimeError, match="chunk 32"):
+        threads.fan_out(fail, 64, 1 << 30)

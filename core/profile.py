@@ -5,6 +5,7 @@ all, so profiling costs nothing when it is off).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
@@ -20,6 +21,12 @@ def time_nodes(session, fetches, feed_dict: Optional[dict] = None, repeats: int 
     checks = session._plans[(_key(session, fetches), tuple(feed_dict))][2]
     feeds = [c(v) for c, v in zip(checks, feed_dict.values())]
     samples: Dict[Node, List[float]] = defaultdict(list)
+    with getattr(session, "_threads", contextlib.nullcontext()):  # the session's intra_op_threads, as in run
+        _time_runs(plan, feeds, samples, repeats)
+    return {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
+
+
+def _time_runs(plan, feeds, samples: Dict[Node, List[float]], repeats: int) -> None:
     for _ in range(repeats):
         values: Dict[Tensor, object] = dict(zip(plan.feeds, feeds))
         values.update(plan.constants)
@@ -36,7 +43,6 @@ def time_nodes(session, fetches, feed_dict: Optional[dict] = None, repeats: int 
             elif n.outputs:
                 for t, v in zip(n.outputs, out):
                     values[t] = v
-    return {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
 
 
 def by_op_type(times: Dict[Node, float]) -> List[Tuple[str, float, int]]:

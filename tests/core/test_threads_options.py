@@ -113,3 +113,14 @@ def test_one_inter_op_thread_runs_serially():
 def test_bad_thread_counts_are_refused_naming_the_option(option, bad):
     with pytest.raises(ValueError, match=option):
         ism.Session(ism.Graph(), **{option: bad})
+
+
+@needs_blas
+def test_per_node_timing_runs_with_the_sessions_threads(probe):
+    from isthmus.core.profile import time_nodes
+    g, x, y = _graph()
+    with threadpool_limits(2, user_api="blas"):
+        times = time_nodes(ism.Session(g, optimize=False, intra_op_threads=1), y,
+                           {x: np.zeros(3, np.float32)}, repeats=2)
+    assert probe and all(b == 1 for b, _ in probe)
+    assert [n.name for n in times] == ["y"]

@@ -75,9 +75,8 @@ class IntraOpThreads:
 
     def __enter__(self):
         n = self.n
-        if n is None:
-            _intra[0] = blas_threads_now() or cores()
-            _set_numba(_intra[0])
+        if n is None:  # intra_threads() reads BLAS's count as it goes
+            _set_numba(blas_threads_now() or cores())
             return self
         _intra[0] = n
         with _lock:
@@ -117,7 +116,8 @@ def intra_threads() -> int:
     return n if n is not None else (blas_threads_now() or 1)
 
 
-def _pool():
+def intra_pool() -> ThreadPoolExecutor:
+    """The pool of threads (cores - 1) that intra-op work is split onto besides the caller."""
     global _workers
     if _workers is None:
         with _lock:
@@ -136,7 +136,7 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int) -> int:
         fn(0, total)
         return 1
     bounds = [total * i // k for i in range(k + 1)]
-    futures = [_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
+    futures = [intra_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
     try:
         fn(bounds[0], bounds[1])
     finally:
@@ -152,4 +152,4 @@ def blas_threads_now() -> Optional[int]:
 
 
 __all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "blas_threads_now",
-           "intra_threads", "fan_out", "MIN_CHUNK_BYTES"]
+           "intra_threads", "intra_pool", "fan_out", "MIN_CHUNK_BYTES"]

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ... import jit
+from ..threads import intra_pool, intra_threads
 from .fused import activation_to
 
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
@@ -298,53 +297,21 @@ ARENAS = _ArenaPool()
 
 # ---- threads --------------------------------------------------------------------------------
 # Depthwise work is not BLAS, so BLAS cannot spread it over cores; a convolution large enough
-# (multiply-adds) is split into as many row ranges as BLAS has threads, so that a session
-# limited to one BLAS thread (threadpoolctl, OPENBLAS_NUM_THREADS) runs it on one thread too.
+# (multiply-adds) is split into as many row ranges as the run has intra-op threads
+# (core/threads.py: the session's intra_op_threads, else BLAS's count), on the intra-op pool.
 THREAD_MIN_MACS = 4_000_000
-_blas_count: Optional[Callable[[], int]] = None
-_executor = None
-_lock = threading.Lock()
-
-
-def threads(macs: int) -> int:
-    """How many threads a depthwise convolution of `macs` multiply-adds uses: BLAS's count now."""
-    if macs < THREAD_MIN_MACS:
-        return 1
-    global _blas_count
-    if _blas_count is None:
-        _blas_count = _blas_thread_reader()
-    return max(1, min(_MAX_THREADS, _blas_count()))
-
-
 _MAX_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
-def _blas_thread_reader() -> Callable[[], int]:
-    """A cheap reader of the BLAS thread count (one C call through threadpoolctl's controllers,
-    built once); without threadpoolctl, the count BLAS starts with (OPENBLAS_NUM_THREADS etc.)."""
-    try:
-        # deferred: threadpoolctl is optional (its ImportError is handled)
-        from threadpoolctl import ThreadpoolController
-        libs = [lc for lc in ThreadpoolController().lib_controllers if lc.user_api == "blas"]
-    except Exception:  # threadpoolctl missing or unable to inspect this process: fall back to env
-        libs = []
-    if libs:
-        return lambda: max(lc.get_num_threads() or 1 for lc in libs)
-    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
-        v = os.environ.get(var, "")
-        if v.isdigit() and int(v) > 0:
-            n = int(v)
-            return lambda: n
-    n = os.cpu_count() or 1
-    return lambda: n
+def threads(macs: int) -> int:
+    """How many threads a depthwise convolution of `macs` multiply-adds uses."""
+    if macs < THREAD_MIN_MACS:
+        return 1
+    return max(1, min(_MAX_THREADS, intra_threads()))
 
 
 def _pool():
-    global _executor
-    with _lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=_MAX_THREADS - 1 or 1, thread_name_prefix="isthmus-dw")
-        return _executor
+    return intra_pool()
 
 
 def _tap_groups(g, plane: int, wp: int):

@@ -82,7 +82,7 @@ def test_compiled_batch_norm_channels_on_threads(monkeypatch):
     monkeypatch.setattr(depthwise, "_MAX_THREADS", 3)
     outs = {}
     for t in (1, 3):
-        monkeypatch.setattr(depthwise, "_blas_count", lambda t=t: t)
+        monkeypatch.setattr(depthwise, "intra_threads", lambda t=t: t)
         outs[t] = run(*args)
     for a, b in zip(outs[1], outs[3]):
         np.testing.assert_array_equal(a, b)

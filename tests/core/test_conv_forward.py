@@ -165,7 +165,7 @@ def test_depthwise_threads_split_rows_bit_identically(kernel_path, monkeypatch, 
     monkeypatch.setattr(depthwise, "_MAX_THREADS", 4)
     outs = {}
     for t in (1, parts):
-        monkeypatch.setattr(depthwise, "_blas_count", lambda t=t: t)
+        monkeypatch.setattr(depthwise, "intra_threads", lambda t=t: t)
         assert depthwise.threads(10) == t
         outs[t] = run_conv(x, w, b, 2, "SAME", 1, 20, "relu6")[0]
     np.testing.assert_array_equal(outs[1], outs[parts])

@@ -87,7 +87,7 @@ def test_compiled_gradients_on_threads_match_one_thread(monkeypatch):
     monkeypatch.setattr(depthwise, "_MAX_THREADS", 3)
     outs = {}
     for t in (1, 3):
-        monkeypatch.setattr(depthwise, "_blas_count", lambda t=t: t)
+        monkeypatch.setattr(depthwise, "intra_threads", lambda t=t: t)
         outs[t] = run_grads(x, w, dy, 2, "SAME", 1, "float32")[0]
     np.testing.assert_array_equal(outs[1][0], outs[3][0])  # input rows are independent: bit-identical
     np.testing.assert_allclose(outs[1][1], outs[3][1], rtol=1e-6)  # float64 partial sums, added in another order

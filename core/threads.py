@@ -15,6 +15,7 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -126,23 +127,49 @@ def intra_pool() -> ThreadPoolExecutor:
     return _workers
 
 
-def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int) -> int:
+def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> int:
     """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
     caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
     chunks of at least MIN_CHUNK_BYTES. fn must release the GIL to gain (numpy copies and ufuncs
-    do). Returns the number of chunks."""
+    do). blas_inside: fn calls BLAS on small products; while the chunks run, BLAS is held to one
+    thread (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe).
+    Returns the number of chunks."""
     k = min(intra_threads(), total, nbytes // MIN_CHUNK_BYTES)
     if k <= 1:
         fn(0, total)
         return 1
     bounds = [total * i // k for i in range(k + 1)]
-    futures = [intra_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
-    try:
-        fn(bounds[0], bounds[1])
-    finally:
-        for f in futures:
-            f.result()  # re-raises a chunk's error here, after every chunk has ended
+    with (_OneBlasThread() if blas_inside else _NO_LIMIT):
+        futures = [intra_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
+        try:
+            fn(bounds[0], bounds[1])
+        finally:
+            for f in futures:
+                f.result()  # re-raises a chunk's error here, after every chunk has ended
     return k
+
+
+class _OneBlasThread:
+    """BLAS on one thread inside the block, its count before restored after (per call)."""
+
+    def __enter__(self):
+        with _lock:
+            libs = _blas_libs()
+            self.saved = [lib.num_threads for lib in libs]
+            for lib, k in zip(libs, self.saved):
+                if k != 1:
+                    lib.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            for lib, k in zip(_blas_libs(), self.saved):
+                if k != 1:
+                    lib.set_num_threads(k)
+        return False
+
+
+_NO_LIMIT = contextlib.nullcontext()
 
 
 def blas_threads_now() -> Optional[int]:

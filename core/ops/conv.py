@@ -182,18 +182,21 @@ def _im2col_per_image(xp, x, w, g, bias, act):
     win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)  # [N, C, kh, kw, OH, OW]
     wk = [w[k * og:(k + 1) * og].reshape(og, -1) for k in range(groups)]
     out = xp.empty((n, o, g.oh * g.ow), dtype=x.dtype)
-    cols = xp.empty((cg, g.kh, g.kw, g.oh, g.ow), dtype=x.dtype)
-    cols2 = cols.reshape(cg * g.kh * g.kw, g.oh * g.ow)
     b = None if bias is None else bias.reshape(o, 1)
-    for i in range(n):
-        y = out[i]
-        for k in range(groups):
-            cols[...] = win[i, k * cg:(k + 1) * cg]
-            xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
-        if b is not None:
-            xp.add(y, b, out=y)
-        if act is not None:
-            act(y)
+
+    def images(lo, hi):  # a chunk of images on one thread, with its own columns buffer
+        cols = xp.empty((cg, g.kh, g.kw, g.oh, g.ow), dtype=x.dtype)
+        cols2 = cols.reshape(cg * g.kh * g.kw, g.oh * g.ow)
+        for i in range(lo, hi):
+            y = out[i]
+            for k in range(groups):
+                cols[...] = win[i, k * cg:(k + 1) * cg]
+                xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
+            if b is not None:
+                xp.add(y, b, out=y)
+            if act is not None:
+                act(y)
+    rows_apply(xp, images, n, out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * x.dtype.itemsize, blas_inside=True)
     return out.reshape(n, o, g.oh, g.ow)
 
 

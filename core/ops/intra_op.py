@@ -51,12 +51,13 @@ def add_into(xp, dst, src, axis: int = 0):
     return dst
 
 
-def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int) -> None:
-    """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all)."""
+def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> None:
+    """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all;
+    blas_inside: fn's small BLAS products run one-threaded while the chunks run)."""
     if xp is not np:
         fn(0, total)
         return
-    fan_out(fn, total, nbytes)
+    fan_out(fn, total, nbytes, blas_inside)
 
 
 __all__ = ["copy_into", "contiguous", "add_into", "rows_apply"]

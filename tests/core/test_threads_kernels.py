@@ -13,8 +13,8 @@ def fan_outs(monkeypatch):
     counts = []
     real = threads.fan_out
 
-    def counting(fn, total, nbytes):
-        k = real(fn, total, nbytes)
+    def counting(fn, total, nbytes, blas_inside=False):
+        k = real(fn, total, nbytes, blas_inside)
         counts.append(k)
         return k
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
@@ -114,3 +114,14 @@ def test_a_chunk_error_reaches_the_caller():
             raise RuntimeError(f"chunk {lo}")
     with threads.IntraOpThreads(2), pytest.raises(RuntimeError, match="chunk 32"):
         threads.fan_out(fail, 64, 1 << 30)
+
+
+def test_blas_runs_one_thread_inside_chunks_that_call_it():
+    from threadpoolctl import threadpool_limits
+    if threads.blas_threads_now() is None:
+        pytest.skip("threadpoolctl sees no BLAS library")
+    seen = []
+    with threadpool_limits(2, user_api="blas"), threads.IntraOpThreads(2):
+        threads.fan_out(lambda lo, hi: seen.append(threads.blas_threads_now()), 4, 1 << 30, blas_inside=True)
+        assert seen == [1, 1]
+        assert threads.blas_threads_now() == 2

@@ -17,7 +17,8 @@ from .model_source import LoadedModel, load_model
 PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 PHONE_PROFILE = os.path.join(PROFILES, "phone.json")
 PHONE_LITERT_PROFILE = os.path.join(PROFILES, "phone-litert.json")   # benchmarks/tflite_profile.py writes it
-SHIPPED_PROFILES = {"phone": PHONE_PROFILE, "phone-litert": PHONE_LITERT_PROFILE}
+PHONE_ORT_PROFILE = os.path.join(PROFILES, "phone-ort.json")         # ... --runtime onnxruntime
+SHIPPED_PROFILES = {"phone": PHONE_PROFILE, "phone-litert": PHONE_LITERT_PROFILE, "phone-ort": PHONE_ORT_PROFILE}
 SWEEP_BPS = tuple(float(b) for b in np.geomspace(0.1e6, 1000e6, 25))  # the cuts the client may switch among
 
 
@@ -43,8 +44,8 @@ class Deployment:
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
-    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone' and 'phone-litert' name
-    the ones that ship (apps/profiles/)."""
+    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone', 'phone-litert' and
+    'phone-ort' name the ones that ship (apps/profiles/)."""
     from isthmus.partitioner.devices import DeviceProfile
     if path in (None, ""):
         return None

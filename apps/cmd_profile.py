@@ -15,8 +15,8 @@ EXAMPLES = """examples:
   isthmus profile --device phone-litert --runtime litert --slowdown 4 --out phone-litert.json
   isthmus split cnn.onnx --edge-format tflite --edge-profile phone-litert.json -o deploy/"""
 
-RUNTIMES = ("isthmus", "litert")
-DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert"}
+RUNTIMES = ("isthmus", "litert", "edge-int8", "edge-fp32")
+DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert", "edge-int8": "edge-int8", "edge-fp32": "edge-fp32"}
 NOT_FOR_LITERT = (("from_trace", "--from-trace"), ("base", "--base"))
 
 
@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if action.dest == "device":
             action.help = "name of the profile to write (default: cloud; edge-litert with --runtime litert)"
     p.add_argument("--runtime", choices=RUNTIMES, default="isthmus",
-                   help="whose kernels to time: isthmus's (default) or LiteRT's, running each calibration case as "
+                   help="whose kernels to time: isthmus's core (default), its edge interpreter's (edge-int8, edge-fp32: "
+                        "each case as an edge model; price an int8 edge part with edge-int8), or LiteRT's, running each calibration case as "
                         "a .tflite file (needs ai-edge-litert; --blas-threads then sets LiteRT's threads, default 1). "
                         "Plan a split whose edge part runs in LiteRT (split --edge-format tflite) with a litert profile")
     p.add_argument("--client", action="store_true",
@@ -54,8 +55,10 @@ def run(args) -> int:
     if runtime == "isthmus":
         from isthmus.partitioner import calibrate
         rc = calibrate.run(args)
-    else:
+    elif runtime == "litert":
         rc = _run_litert(args)
+    else:
+        rc = _run_edge(args, int8=runtime == "edge-int8")
     if not rc and getattr(args, "client", False):
         rc = _add_client(args)
     if not rc and getattr(args, "parts", None):
@@ -84,6 +87,23 @@ def _add_client(args) -> int:
     replace(DeviceProfile.load(out), client=client).save(out)
     print(f"wrote the client section of {out}: {client.describe()}"
           + (f" (measured here x {args.slowdown:g})" if args.slowdown != 1.0 else " (measured here)"))
+    return 0
+
+
+def _run_edge(args, int8: bool) -> int:
+    """Time the calibration cases in the edge interpreter (int8 or fp32 models), fit, write the profile."""
+    for attr, flag in NOT_FOR_LITERT:
+        if getattr(args, attr, None):
+            raise UsageError(f"{flag}: refits isthmus traces; not with --runtime {args.runtime}")
+    from isthmus.converters.edge_profile import OPS, calibrate_edge
+    unknown = [op for op in args.ops or () if op not in OPS]
+    if unknown:
+        raise UsageError(f"--ops {' '.join(unknown)}: the edge interpreter is timed on {', '.join(OPS)} only")
+    out = args.out or f"{args.device}.json"
+    profile = calibrate_edge(args.device, args.ops, "quick" if args.quick else "full", int8=int8,
+                             slowdown=args.slowdown, path=out)
+    print(f"wrote {out}: edge interpreter profile '{profile.name}' ({'int8' if int8 else 'fp32'} kernels), "
+          f"{len(profile.op_coeffs)} op types on one thread, {args.slowdown:g}x slower than measured here")
     return 0
 
 

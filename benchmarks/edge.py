@@ -11,8 +11,9 @@ The script re-executes itself without this workplace's OpenBLAS pins (blas_env.p
 BLAS kernels that ran. int8 and fp32 are timed interleaved, by wall clock and, less sensitive to
 other processes on a shared machine, by this thread's CPU time with BLAS on one thread. The int8
 model has the quantizer's default scales; its groups-1 convolutions and dense layers run the
-compiled integer GEMM (isthmus.jit.gemm_int8) where the host has it (`int8_gemm`), depthwise
-convolutions the compiled float kernel on exact integers.
+compiled integer GEMM (isthmus.jit.gemm_int8; dense layers of 1-3 rows jit.gemv_int8) where the
+host has it (`int8_gemm`), depthwise convolutions the compiled float kernel on exact integers.
+`per_op_ms_1thread` says where each path's time goes, by kernel kind.
 """
 from __future__ import annotations
 
@@ -98,7 +99,9 @@ def int8_vs_fp32(sess, x, y, xv, repeats=41, pow2_scales=True):
                 it.invoke(xv)
                 cpu[k].append(time.thread_time() - t0)
     cpu = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
-    return {"ms_fp32": round(wall["fp32"] * 1e3, 3), "ms_int8": round(wall["int8"] * 1e3, 3),
+    profile = {"fp32": per_op_ms(fp32, xv), "int8": per_op_ms(int8, xv)}
+    return {"per_op_ms_1thread": profile,
+            "ms_fp32": round(wall["fp32"] * 1e3, 3), "ms_int8": round(wall["int8"] * 1e3, 3),
             "int8_over_fp32": round(wall["int8"] / wall["fp32"], 3),
             "ms_fp32_1thread": round(wall1["fp32"] * 1e3, 3), "ms_int8_1thread": round(wall1["int8"] * 1e3, 3),
             "int8_over_fp32_1thread": round(wall1["int8"] / wall1["fp32"], 3),
@@ -107,6 +110,37 @@ def int8_vs_fp32(sess, x, y, xv, repeats=41, pow2_scales=True):
             "bytes_fp32": len(fp32_bytes), "bytes_int8": len(int8_bytes),
             "size_ratio": round(len(int8_bytes) / len(fp32_bytes), 3),
             "arena_bytes_int8": int8.arena_bytes, "arena_lower_bound_int8": int8.arena_lower_bound}
+
+
+def _kind(op) -> str:
+    """An operator's row in the per-op profile: convolutions split into depthwise, 1x1 and windowed."""
+    if op.op != "FusedConv2D":
+        return op.op
+    if int(op.attrs.get("groups", 1)) > 1:
+        return "FusedConv2D depthwise"
+    return "FusedConv2D windowed" if any(int(p) for p in op.attrs.get("pads", ())) else "FusedConv2D 1x1/unpadded"
+
+
+def per_op_ms(interp, xv, repeats=21):
+    """Median ms per kernel kind over `repeats` runs, each kernel timed as the interpreter runs it
+    (Interpreter.kernels after set_inputs), one BLAS thread: where a model's time goes."""
+    from threadpoolctl import threadpool_limits
+    kinds = [_kind(op) for op in interp.model.operators]  # no remote parts: steps are the operators in order
+    rows = []
+    with threadpool_limits(1):
+        for _ in range(repeats + 1):
+            interp.set_inputs(xv)
+            row = []
+            for _, step in interp.kernels:
+                t0 = time.perf_counter()
+                step()
+                row.append(time.perf_counter() - t0)
+            rows.append(row)
+    med = np.median(np.array(rows[1:]), axis=0)
+    out = {}
+    for k, t in zip(kinds, med):
+        out[k] = out.get(k, 0.0) + float(t)
+    return {k: round(v * 1e3, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def agreement_vs_onnxruntime(sess, x, y, shape, n_calib=16, n_eval=200):

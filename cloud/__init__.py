@@ -14,7 +14,7 @@ register_remote_session(_distributed_session)
 
 def __getattr__(name: str):
     if name in ("LocalCluster", "LocalClusterError"):  # deferred: local_cluster loads grpc
-        from . import local_cluster
+        from . import local_cluster  # deferred: local_cluster loads grpc
         return getattr(local_cluster, name)
     raise AttributeError(f"module 'isthmus.cloud' has no attribute '{name}'")
 

@@ -13,16 +13,20 @@ import statistics
 import time
 from typing import Dict
 
+import grpc
 import numpy as np
 
+from ..core import constant
+from ..core.graph import Graph
+from ..proto import worker_pb2
+from ..wire.security import ClientSecurity
 from .cluster import ClusterSpec
+from .master_rpc import MasterClient
+from .rpc import SERVICE, channel_options
 from .server import Server
 
 
 def _one_node_graph():
-    from ..core.graph import Graph
-    from ..core import ops  # noqa: F401  (registers the ops)
-    from .. import constant
     g = Graph(seed=0)
     with g.as_default():
         constant(np.float32(1.0), name="one")
@@ -43,10 +47,6 @@ def measure(flood: int = 80, channels: int = 4, steps: int = 40, settle_s: float
     """{"unloaded_ms", "loaded_ms", "delta_ms", "waiting", "refused", "flood", ...}. `unbounded`:
     lift the admission bounds (as before issue 23) to show what they prevent; the steps then
     wait for the flood's calls to hit `max_wait_s`."""
-    import grpc
-    from ..proto import worker_pb2
-    from .master_rpc import MasterClient
-    from .rpc import SERVICE, channel_options
     server = Server(None, "worker", 0, recv_timeout=min(5.0, max_wait_s), max_recv_wait_s=max_wait_s)
     if unbounded:
         server.limits.per_peer = server.limits.total = 1 << 30
@@ -54,7 +54,6 @@ def measure(flood: int = 80, channels: int = 4, steps: int = 40, settle_s: float
     try:
         server.set_cluster(ClusterSpec({"worker": [f"127.0.0.1:{server.port}"]}))
         addr = f"127.0.0.1:{server.port}"
-        from ..wire.security import ClientSecurity
         m = MasterClient(addr, timeout=30.0, security=ClientSecurity(tls=False))
         h = m.create_session(_one_node_graph())
 

@@ -365,6 +365,8 @@ class _Decoder:
         node.control_inputs = tuple(ctl)
         node.attrs = {e.key: self.attr(e.value, f"{where} attribute '{e.key}'") for e in nd.attrs}
         if nd.HasField("variable"):
+            if not node.outputs:
+                raise GraphCodecError(f"{where}: a variable node with no output (its value is output 0)")
             v = node.outputs[0]
             init = g._by_name.get(nd.variable.initializer)
             if init is None:

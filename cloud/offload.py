@@ -80,6 +80,7 @@ from typing import Optional, Sequence, Union
 import grpc
 import numpy as np
 
+from ..core.device_runtime import apply_device_flag
 from ..core.errors import IsthmusError
 from ..core.trace import NodeEvent, RunMetadata
 from ..proto import offload_pb2, tensor_pb2
@@ -393,7 +394,6 @@ def pin_malloc(param: int, nbytes: int) -> bool:
 
 
 def run(args) -> int:
-    from ..core.device_runtime import apply_device_flag
     apply_device_flag(getattr(args, "device", "cpu"), None, "isthmus serve")
     if args.malloc_mmap_threshold_kb:
         pin_malloc(M_MMAP_THRESHOLD, args.malloc_mmap_threshold_kb << 10)
@@ -401,6 +401,7 @@ def run(args) -> int:
         pin_malloc(M_TRIM_THRESHOLD, args.malloc_trim_threshold_kb << 10)
     if args.blas_threads:
         try:
+            # deferred: threadpoolctl is optional (its ImportError is handled)
             from threadpoolctl import threadpool_limits
         except ImportError:
             print("isthmus serve: --blas-threads needs threadpoolctl (pip install threadpoolctl); "

@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 
 from ..core.errors import IsthmusError
+from ..core.session import Session
 from ..core.trace import RunMetadata, RunOptions
 from ..partitioner.devices import CLOUD_DEVICE
 from .offload_model import CloudModel, CloudPart, load_cloud_parts
@@ -123,7 +124,6 @@ class _PartRunner:
     """One part: its compiled plan, its queue and the batcher thread that drains it."""
 
     def __init__(self, part: CloudPart, service: "OffloadService"):
-        from ..core.session import Session
         self.part, self.service = part, service
         self.session = Session(part.graph)
         self.run = self.session.make_callable([o.tensor for o in part.outputs], [i.tensor for i in part.inputs])

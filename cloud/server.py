@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import grpc
 
+from ..core.device_runtime import apply_device_flag
 from ..partitioner.cluster_placement import default_worker
 from ..wire.security import ClientSecurity, SecurityError, ServerSecurity
 from . import shm
@@ -135,6 +136,7 @@ def start_grpc_server(handlers: Sequence, host: str = "127.0.0.1", port: int = 0
     server.add_generic_rpc_handlers(tuple(handlers))
     if health:
         try:
+            # deferred: grpc_health is optional (its ImportError is handled)
             from grpc_health.v1 import health as health_mod, health_pb2, health_pb2_grpc
         except ImportError:  # grpcio-health-checking is a dependency; without it, no health service
             pass
@@ -333,7 +335,6 @@ def security_from_args(args):
 def run(args) -> int:
     try:
         cluster, job, task = _resolve(args)
-        from ..core.device_runtime import apply_device_flag
         apply_device_flag(getattr(args, "device", "cpu"), job, "isthmus server")
         security, client_security = security_from_args(args)
         server = Server(cluster, job, task, host=args.bind, port=args.port, recv_timeout=args.recv_timeout,

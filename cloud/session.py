@@ -21,6 +21,7 @@ from ..core.errors import FeedError
 from ..core.fetches import feed_check, flatten, resolve_feed, resolve_fetch  # as core's Session: the same results
 from ..core.trace import RunMetadata
 from .master import Master
+from .master_rpc import MasterClient
 
 class DistributedSession:
     """`master`: a Master object (in process) instead of a target address."""
@@ -34,7 +35,6 @@ class DistributedSession:
                 raise ValueError("DistributedSession needs a target ('grpc://host:port') or a master")
             if not target.startswith("grpc://"):
                 raise ValueError(f"target {target!r}: expected 'grpc://host:port'")
-            from .master_rpc import MasterClient  # deferred: grpc, a heavy import an in-process master does not need
             master = MasterClient(target, timeout=rpc_timeout)
             self._own_master = True
         else:

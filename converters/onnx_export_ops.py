@@ -17,6 +17,8 @@ _SAME_NAME = {
     "Softsign": ("Softsign", {}),
     "ThresholdedRelu": ("ThresholdedRelu", {"alpha": float}),
     "Round": ("Round", {}), "Sin": ("Sin", {}), "Cos": ("Cos", {}), "Tan": ("Tan", {}), "Atan": ("Atan", {}),
+    "Sinh": ("Sinh", {}), "Cosh": ("Cosh", {}), "Asin": ("Asin", {}), "Acos": ("Acos", {}), "Asinh": ("Asinh", {}),
+    "Acosh": ("Acosh", {}), "Atanh": ("Atanh", {}),
     "IsNaN": ("IsNaN", {}), "IsInf": ("IsInf", {"detect_positive": int, "detect_negative": int}),
     "GatherElements": ("GatherElements", {"axis": int}),
     "NonZero": ("NonZero", {}),

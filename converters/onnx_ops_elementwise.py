@@ -43,6 +43,8 @@ _UNARY_ATTRS = {
     "Softsign": (ism.softsign, {}),
     "ThresholdedRelu": (ism.thresholded_relu, {"alpha": ("alpha", 1.0)}),
     "Sin": (ism.sin, {}), "Cos": (ism.cos, {}), "Tan": (ism.tan, {}), "Atan": (ism.atan, {}),
+    "Sinh": (ism.sinh, {}), "Cosh": (ism.cosh, {}), "Asin": (ism.asin, {}), "Acos": (ism.acos, {}),
+    "Asinh": (ism.asinh, {}), "Acosh": (ism.acosh, {}), "Atanh": (ism.atanh, {}),
     "Round": (ism.round, {}), "IsNaN": (ism.isnan, {}),
     "IsInf": (ism.isinf, {"detect_positive": ("detect_positive", 1), "detect_negative": ("detect_negative", 1)}),
 }

@@ -191,17 +191,20 @@ def prelu(ctx: OpContext):
     # in output units: y = rint((x - zx) * (slope where x < zx, else 1) * sx / sy) + zy
     ratio, k = np.float32(sx / sy), slope.astype(np.float32)
     zx32, zy32, lo, hi = np.float32(zx), np.float32(zy), np.float32(-128 - zy), np.float32(127 - zy)
-    i_t, i_m = ctx.scratch(x.shape, np.float32), ctx.scratch(x.shape, np.bool_)
+    i_t, i_n = ctx.scratch(x.shape, np.float32), ctx.scratch(x.shape, np.float32)
 
     def bind(ins, outs, sc):
-        xi, yo, t, mask = ins[0], outs[0], sc[i_t], sc[i_m]
-        copyto, subtract, multiply, less, rint, add = np.copyto, np.subtract, np.multiply, np.less, np.rint, np.add
+        xi, yo, t, n = ins[0], outs[0], sc[i_t], sc[i_n]
+        copyto, subtract, multiply, minimum, maximum, rint, add = (np.copyto, np.subtract, np.multiply, np.minimum,
+                                                                   np.maximum, np.rint, np.add)
 
-        def run():
+        def run():  # max(t, 0) + slope min(t, 0): no masked pass (numpy's are 20-40x slower)
             copyto(t, xi)
             subtract(t, zx32, out=t)
-            less(t, 0, out=mask)
-            multiply(t, k, out=t, where=mask)
+            minimum(t, 0, out=n)
+            multiply(n, k, out=n)
+            maximum(t, 0, out=t)
+            add(t, n, out=t)
             multiply(t, ratio, out=t)
             clip_ufunc(t, lo, hi, out=t)
             rint(t, out=t)

@@ -266,7 +266,8 @@ class Interpreter:
         if op.op not in KERNELS:
             raise EdgeModelError(f"no edge kernel; edge kernels: {', '.join(sorted(KERNELS))}")
         index_inputs = getattr(KERNELS[op.op], "index_inputs", ())  # integer inputs a kernel reads (Gather)
-        bad = [t for k, t in enumerate(tensors) if t.dtype != np.float32 and not (k in index_inputs and t.dtype.kind == "i")]
+        bad = [t for k, t in enumerate(tensors)
+               if t.dtype != np.float32 and not (k in index_inputs and t.dtype.kind == "i")]
         if bad:
             raise EdgeModelError(f"'{bad[0].name}' is {bad[0].dtype.name}: fp32 kernels take float32 only")
         ctx = OpContext(op.op, op.attrs, [spec(i) for i in ins], [spec(i) for i in op.outputs])

@@ -89,6 +89,10 @@ def conv(ctx: OpContext):
     og, kk, p = o // groups, kh * kw, oh * ow
     # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
     wide = None if pointwise or compiled else WideIm2col(g, compact=not depthwise)
+    # a GEMM convolution of one image: the product straight into the output (the columns' layout is
+    # the output's), then bias and none/relu/relu6 in one compiled pass, as for 1x1 convs above
+    gemm_direct = wide is not None and wide.compact and not depthwise and n == 1 and act_name in CLAMPS and \
+        use_compiled()
     if wide is not None:
         s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
             ((o, n * wide.L), np.float32)
@@ -149,6 +153,9 @@ def conv(ctx: OpContext):
                 finish_wide()
             return run_depthwise
         kg = cg * kk
+        if gemm_direct:  # one image, compact columns: acc's layout is y's
+            acc = y.reshape(o, p)
+            finish_wide = bind_bias_clamp(acc, ins[2] if has_bias else None, *CLAMPS[act_name])
         gemms = [(wperm[k * og:(k + 1) * og].reshape(og, kg), cols[k * kg:(k + 1) * kg], acc[k * og:(k + 1) * og])
                  for k in range(groups)]
 

@@ -19,7 +19,8 @@ def _float(ctx: OpContext, n_in: int) -> None:
 
 @kernel("PRelu")
 def prelu(ctx: OpContext):
-    """y = x where x >= 0, slope * x elsewhere; the slope broadcasts against x (ONNX rules)."""
+    """y = x where x >= 0, slope * x elsewhere; the slope broadcasts against x (ONNX rules). A finite slope
+    gives core's values exactly (slope * 0 = 0 on the positive side)."""
     _float(ctx, 2)
     x, s = ctx.inputs[0].shape, ctx.inputs[1].shape
     try:
@@ -28,16 +29,17 @@ def prelu(ctx: OpContext):
         raise EdgeModelError(f"PRelu: slope {s} does not broadcast against {x}") from None
     if out != tuple(x):
         raise EdgeModelError(f"PRelu: slope {s} would grow the input {x} to {out}")
-    i_mask = ctx.scratch(x, np.bool_)
+    i_t = ctx.scratch(x, np.float32)
 
     def bind(ins, outs, sc):
-        xi, si, y, mask = ins[0], ins[1], outs[0], sc[i_mask]
-        multiply, greater_equal, copyto = np.multiply, np.greater_equal, np.copyto
+        xi, si, y, t = ins[0], ins[1], outs[0], sc[i_t]
+        minimum, maximum, multiply, add = np.minimum, np.maximum, np.multiply, np.add
 
-        def run():
-            multiply(xi, si, out=y)
-            greater_equal(xi, 0, out=mask)
-            copyto(y, xi, where=mask)
+        def run():  # max(x, 0) + slope min(x, 0): four streaming passes, no masked copy
+            minimum(xi, 0, out=t)
+            multiply(t, si, out=t)
+            maximum(xi, 0, out=y)
+            add(y, t, out=y)
         return run
     return [x], bind
 

@@ -58,7 +58,7 @@ def _rearrange(ctx: OpContext, make, shapes):
     consts = [t.data for t in ctx.inputs[1:4]]
     if all(c is not None for c in consts):
         fixed = make(*(np.asarray(c, np.float32) for c in consts))
-        return (lambda ins, sc: (fixed, None)), []
+        return lambda ins, sc: (fixed, None)
     ids = [ctx.scratch(s, np.float32) for s in shapes]
 
     def per_call(ins, sc):
@@ -68,7 +68,7 @@ def _rearrange(ctx: OpContext, make, shapes):
             for o, v in zip(outs, make(*ins[1:4])):
                 o[...] = v
         return outs, refresh
-    return per_call, ids
+    return per_call
 
 
 def _project(x2, wt, bn, proj2, refresh):
@@ -84,9 +84,9 @@ def _project(x2, wt, bn, proj2, refresh):
 
 
 def _sigmoid_negated(v):
-    """v holds -z: v = sigmoid(z) = 1 / (1 + exp(-z)), in place."""
-    with np.errstate(over="ignore"):  # exp(-z) -> inf for z < -88: 1 / inf = 0, exact
-        np.exp(v, out=v)
+    """v holds -z: v = sigmoid(z) = 1 / (1 + exp(-z)), in place. exp(-z) overflows to inf for z < -88,
+    and 1 / inf = 0 is exact: the step loops run under np.errstate(over="ignore"), entered once a call."""
+    np.exp(v, out=v)
     v += 1
     np.reciprocal(v, out=v)
 
@@ -100,7 +100,7 @@ def lstm_sequence(ctx: OpContext):
 
     def make(w, r, b):
         return (np.ascontiguousarray((w * neg[:, None]).T), np.ascontiguousarray((r * neg[:, None]).T), b * neg)
-    weights, _ = _rearrange(ctx, make, [(feat, 4 * hid), (hid, 4 * hid), (4 * hid,)])
+    weights = _rearrange(ctx, make, [(feat, 4 * hid), (hid, 4 * hid), (4 * hid,)])
     i_proj, i_z = ctx.scratch((steps, batch, 4 * hid), np.float32), ctx.scratch((batch, 4 * hid), np.float32)
     i_c, i_tmp = ctx.scratch((batch, hid), np.float32), ctx.scratch((batch, hid), np.float32)
     order = list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
@@ -118,7 +118,7 @@ def lstm_sequence(ctx: OpContext):
         plan = [(proj[t], hp, y[t]) for t, hp in zip(order, [h0] + [y[t] for t in order[:-1]])]
         sig, g = z[:, :g3], z[:, g3:]
         i, o, f = z[:, :hid], z[:, hid:2 * hid], z[:, 2 * hid:g3]
-        matmul, add, tanh, multiply, copyto = np.matmul, np.add, np.tanh, np.multiply, np.copyto
+        matmul, add, tanh, multiply, copyto, errstate = np.matmul, np.add, np.tanh, np.multiply, np.copyto, np.errstate
 
         def run():
             project()
@@ -126,19 +126,20 @@ def lstm_sequence(ctx: OpContext):
                 c.fill(0)
             else:
                 copyto(c, c0)
-            for p, hp, h in plan:
-                if hp is None:
-                    copyto(z, p)
-                else:
-                    matmul(hp, rt, out=z)
-                    add(z, p, out=z)
-                _sigmoid_negated(sig)
-                tanh(g, out=g)
-                multiply(c, f, out=c)
-                multiply(i, g, out=tmp)
-                add(c, tmp, out=c)
-                tanh(c, out=h)
-                multiply(h, o, out=h)
+            with errstate(over="ignore"):  # see _sigmoid_negated
+                for p, hp, h in plan:
+                    if hp is None:
+                        copyto(z, p)
+                    else:
+                        matmul(hp, rt, out=z)
+                        add(z, p, out=z)
+                    _sigmoid_negated(sig)
+                    tanh(g, out=g)
+                    multiply(c, f, out=c)
+                    multiply(i, g, out=tmp)
+                    add(c, tmp, out=c)
+                    tanh(c, out=h)
+                    multiply(h, o, out=h)
             copyto(h_out, plan[-1][2])
             copyto(c_out, c)
         return run
@@ -159,7 +160,7 @@ def gru_sequence(ctx: OpContext):
         bias = np.concatenate([wb[:h2] + rb[:h2], wb[h2:] if lbr else wb[h2:] + rb[h2:]]) * neg
         return (np.ascontiguousarray((w * neg[:, None]).T), np.ascontiguousarray((r * neg[:, None]).T), bias,
                 np.ascontiguousarray(rb[h2:]))
-    weights, _ = _rearrange(ctx, make, [(feat, 3 * hid), (hid, 3 * hid), (3 * hid,), (hid,)])
+    weights = _rearrange(ctx, make, [(feat, 3 * hid), (hid, 3 * hid), (3 * hid,), (hid,)])
     i_proj, i_z = ctx.scratch((steps, batch, 3 * hid), np.float32), ctx.scratch((batch, 3 * hid), np.float32)
     i_tmp = ctx.scratch((batch, hid), np.float32)
     order = list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
@@ -178,40 +179,39 @@ def gru_sequence(ctx: OpContext):
         plan = [(proj[t], hp, y[t]) for t, hp in zip(order, [h0] + [y[t] for t in order[:-1]])]
         zr, zg, rg, n = z[:, :h2], z[:, :hid], z[:, hid:h2], z[:, h2:]
         rt_zr, rt_n = rt[:, :h2], rt[:, h2:]
-        matmul, add, tanh, multiply, subtract, copyto = (np.matmul, np.add, np.tanh, np.multiply, np.subtract,
-                                                         np.copyto)
+        matmul, add, tanh, multiply, subtract, copyto, errstate = (np.matmul, np.add, np.tanh, np.multiply,
+                                                                   np.subtract, np.copyto, np.errstate)
 
         def run():
             project()
-            for p, hp, h in plan:
-                if hp is None:  # h = 0: no recurrent products; n's recurrent term is Rb_n alone
-                    copyto(z, p)
-                    if lbr:
+            with errstate(over="ignore"):  # see _sigmoid_negated
+                for p, hp, h in plan:
+                    if hp is None:  # h = 0: no recurrent products; n's recurrent term is Rb_n alone
+                        copyto(z, p)
                         _sigmoid_negated(zr)
-                        multiply(rg, rbn, out=tmp)
-                        add(n, tmp, out=n)
-                    else:
-                        _sigmoid_negated(zr)
+                        if lbr:
+                            multiply(rg, rbn, out=tmp)
+                            add(n, tmp, out=n)
+                        tanh(n, out=n)
+                        subtract(0, n, out=h)  # h' = n + z (0 - n)
+                        multiply(h, zg, out=h)
+                        add(h, n, out=h)
+                        continue
+                    matmul(hp, rt_zr, out=zr)
+                    add(zr, p[:, :h2], out=zr)
+                    _sigmoid_negated(zr)
+                    if lbr:  # n = tanh(x Wn + Wbn + r * (h Rn + Rbn))
+                        matmul(hp, rt_n, out=n)
+                        add(n, rbn, out=n)
+                        multiply(n, rg, out=n)
+                    else:  # n = tanh(x Wn + Wbn + Rbn + (r * h) Rn)
+                        multiply(rg, hp, out=tmp)
+                        matmul(tmp, rt_n, out=n)
+                    add(n, p[:, h2:], out=n)
                     tanh(n, out=n)
-                    subtract(0, n, out=h)  # h' = n + z (0 - n)
+                    subtract(hp, n, out=h)  # h' = n + z (h - n)
                     multiply(h, zg, out=h)
                     add(h, n, out=h)
-                    continue
-                matmul(hp, rt_zr, out=zr)
-                add(zr, p[:, :h2], out=zr)
-                _sigmoid_negated(zr)
-                if lbr:  # n = tanh(x Wn + Wbn + r * (h Rn + Rbn))
-                    matmul(hp, rt_n, out=n)
-                    add(n, rbn, out=n)
-                    multiply(n, rg, out=n)
-                else:  # n = tanh(x Wn + Wbn + Rbn + (r * h) Rn)
-                    multiply(rg, hp, out=tmp)
-                    matmul(tmp, rt_n, out=n)
-                add(n, p[:, h2:], out=n)
-                tanh(n, out=n)
-                subtract(hp, n, out=h)  # h' = n + z (h - n)
-                multiply(h, zg, out=h)
-                add(h, n, out=h)
             copyto(h_out, plan[-1][2])
         return run
     return [(steps, batch, hid), (batch, hid)], bind

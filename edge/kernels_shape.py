@@ -103,7 +103,12 @@ def strided_slice(ctx: OpContext, dtype: str = "float32"):
 def _axes(ctx: OpContext, rank: int) -> List[int]:
     axes = ctx.attrs.get("axes", ())
     n = len(axes) if isinstance(axes, tuple) else -1
-    return sorted({a % rank for a in ctx.ints("axes", n, lo=-rank, hi=rank - 1)}) if rank else []
+    if not rank:
+        return []
+    out = sorted({a % rank for a in ctx.ints("axes", n, lo=-rank, hi=rank - 1)})
+    if len(out) != n:
+        raise EdgeModelError(f"{ctx.op}: attribute 'axes' = {axes} names an axis twice")
+    return out
 
 
 def squeeze(ctx: OpContext, dtype: str = "float32"):
@@ -121,7 +126,8 @@ def expand_axes(ctx: OpContext, dtype: str = "float32"):
     """Inserts size-1 axes at the output positions listed in 'axes'."""
     _check(ctx, 1, dtype)
     shape = ctx.inputs[0].shape
-    rank = len(shape) + len(ctx.attrs.get("axes", ()) or ())
+    given = ctx.attrs.get("axes", ())
+    rank = len(shape) + (len(given) if isinstance(given, tuple) else 0)
     axes = _axes(ctx, rank)
     rest = iter(shape)
     out = tuple(1 if a in axes else next(rest) for a in range(rank))

@@ -29,8 +29,8 @@ _apply_blas_env()  # ISTHMUS_BLAS_THREADS, once per process
 
 
 def __getattr__(name: str):
-    if name == "calibrate_profile":  # deferred: calibrate.py loads scipy.optimize and the op-timing cases
-        from .calibrate import calibrate
+    if name == "calibrate_profile":
+        from .calibrate import calibrate  # deferred: calibrate.py loads scipy.optimize and its op-timing cases
         return calibrate
     raise AttributeError(f"module 'isthmus.partitioner' has no attribute '{name}'")
 

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy.optimize import nnls
 
-from ..core import registry
+from ..core import gpu, registry
 from ..core.graph import Graph
 from ..core.registry import REQUIRED
 from ..core.session import Session
@@ -62,10 +62,17 @@ _MATMULS = {"quick": ((1, 256, 256), (1, 1024, 1024), (4, 1536, 1536), (8, 256, 
                      (1, 256, 256), (1, 1024, 1024), (1, 64, 512), (1, 2048, 512), (1, 512, 64),
                      (1, 1536, 1536))}
 # convolutions, NCHW: (batch, in channels, size, out channels, kernel, stride); groups: depthwise
-_CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)),
+# Fire modules (SqueezeNet: a 1x1 squeeze, 1x1 and 3x3 expands) and bottlenecks (ResNet: 1x1 down,
+# 3x3, 1x1 up) on small feature maps with many channels: few output pixels, so the GEMM behind each
+# has few rows and large weights, which a regression fitted on large maps priced 1.5-2x too low
+# (issue 27: SqueezeNet-96 and a ResNet-50-shaped net at 64x64, fp32 and int8 alike).
+_FIRE_AND_BOTTLENECK = ((1, 64, 24, 16, 1, 1), (1, 16, 24, 64, 3, 1), (1, 128, 12, 32, 1, 1), (1, 32, 12, 128, 3, 1),
+                        (1, 384, 6, 64, 1, 1), (1, 64, 6, 256, 3, 1), (1, 512, 6, 100, 1, 1), (1, 128, 8, 512, 1, 1),
+                        (1, 256, 4, 256, 3, 1), (1, 1024, 2, 256, 1, 1), (1, 256, 2, 1024, 1, 1))
+_CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)) + _FIRE_AND_BOTTLENECK,
           "full": ((1, 3, 224, 32, 3, 2), (1, 16, 56, 24, 1, 1), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 3, 2),
                    (1, 96, 14, 96, 1, 1), (1, 128, 7, 256, 3, 1), (1, 256, 7, 64, 1, 1), (1, 8, 112, 16, 3, 1),
-                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1))}
+                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1)) + _FIRE_AND_BOTTLENECK}
 _DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1), (1, 64, 56, 3, 2),
                         (1, 192, 14, 3, 1), (1, 16, 112, 3, 1)),
               "full": ((1, 32, 112, 3, 1), (1, 96, 56, 3, 2), (1, 144, 28, 3, 1), (1, 192, 14, 3, 1),
@@ -348,6 +355,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_from_trace(args) -> int:
+    # cycle: partitioner.calibrate <-> partitioner.trace_fit
     from .trace_fit import TraceError, refit, report, samples_from_trace
     try:
         samples = samples_from_trace(args.from_trace)
@@ -372,9 +380,9 @@ def run(args) -> int:
     if args.from_trace:
         return _run_from_trace(args)
     if args.device.lower() == "gpu":
-        from ..core import gpu
         if not gpu.gpu_available():
             raise SystemExit(f"isthmus calibrate --device gpu: no GPU available ({gpu.unavailable_reason()})")
+        # cycle: partitioner.calibrate <-> partitioner.calibrate_gpu
         from .calibrate_gpu import calibrate_gpu  # the GPU's kernels and its host<->device copies
         profile = calibrate_gpu(args.device, args.ops, "quick" if args.quick else "full")
         out = args.out or f"{args.device}.json"

@@ -61,9 +61,13 @@ def cost_key(node: Node, batch_size: int = 1) -> str:
     one line through both regimes fits neither, so few-row products have their own too. And
     among those, OpenBLAS runs a row count that is a multiple of 4 through its small-GEMM kernel
     but the rows left over one at a time (measured here, 1024x1024 weights, one thread: 2 rows
-    370 us, 3 rows 527, 4 rows 298, 6 rows 486, 8 rows 428): "MatMul:narrow_odd" for those."""
+    370 us, 3 rows 527, 4 rows 298, 6 rows 486, 8 rows 428): "MatMul:narrow_odd" for those.
+    A 1x1 convolution at stride 1 is "Conv2D:pointwise" (one GEMM over the pixels, no window
+    gathered); a profile without that key prices it as "Conv2D" (op_time falls back to the op)."""
     if node.op in ("Conv2D", "FusedConv2D"):
-        return f"{node.op}:grouped" if node.attrs.get("groups", 1) != 1 else node.op
+        if node.attrs.get("groups", 1) != 1:
+            return f"{node.op}:grouped"
+        return f"{node.op}:pointwise" if _pointwise(node) else node.op
     if node.op in ("MatMul", "FusedMatMul"):
         rows = _rows(node, batch_size)
         if rows == 1:
@@ -71,6 +75,15 @@ def cost_key(node: Node, batch_size: int = 1) -> str:
         if 1 < rows <= NARROW_ROWS:
             return f"{node.op}:narrow" if rows % 4 == 0 else f"{node.op}:narrow_odd"
     return node.op
+
+
+def _pointwise(node: Node) -> bool:
+    """A 1x1 convolution at stride 1: one GEMM over the pixels, no window to gather (a 3x3's im2col
+    copies nine times its input first), so its time per FLOP is its own."""
+    w = node.inputs[1].shape if len(node.inputs) > 1 else ()
+    strides = node.attrs.get("strides", (1, 1))
+    strides = (strides, strides) if isinstance(strides, int) else tuple(strides)
+    return len(w) == 4 and tuple(w[2:]) == (1, 1) and all(int(v) == 1 for v in strides)
 
 
 def _rows(node: Node, batch_size: int) -> int:

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
+from isthmus.edge.capabilities import FP32, NOT_KERNELS, refusal
+
 from .client_cost import ClientCost
 from .part_cost import PartCost
 
@@ -41,11 +43,9 @@ class DeviceProfile:
         if self.supported_ops is not None and op not in self.supported_ops:
             return False
         if self.kernel_table == "edge" and node is not None:
-            from isthmus.edge.capabilities import refusal
             return refusal(op, node.attrs, [(t.dtype, t.shape) for t in node.inputs],
                            [(t.dtype, t.shape) for t in node.outputs]) is None
         if self.kernel_table == "edge":
-            from isthmus.edge.capabilities import FP32, NOT_KERNELS
             return op in FP32 or op in NOT_KERNELS
         return True
 

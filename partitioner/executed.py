@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..core.graph import Node, Tensor
+from ..core.passes import optimize
 
 RUNS, FREE, ABSORBED = "runs", "free", "absorbed"
 _FUSABLE_TAIL = frozenset({"BiasAdd", "BatchNorm", "Relu", "Relu6", "Tanh", "Sigmoid"})
@@ -42,7 +43,6 @@ class Roles:
 def as_run(nodes: Sequence[Node], outputs: Sequence[Union[Tensor, Node]]) -> Roles:
     """Run the Session's passes over `nodes` (a pruned subgraph in graph order, constants
     included) fetching `outputs`, and say what became of each node."""
-    from ..core.passes import optimize
     if not nodes:
         return Roles({}, {}, {})
     graph = nodes[0].graph

@@ -19,6 +19,7 @@ from ..core.devices import DeviceSpec
 from ..core.errors import GraphError
 from ..core.graph import Graph, Node, Tensor
 from .problem import Fetch, PlacementError, needed_nodes, replicable, resolve_outputs
+from .runner import SplitSession
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,6 @@ class Partition:
 
     def session(self, rendezvous=None, timeout: float = 60.0):
         """A SplitSession running these parts together (one Session per part)."""
-        from .runner import SplitSession
         return SplitSession(self, rendezvous=rendezvous, timeout=timeout)
 
     def run(self, feed_dict: Optional[Mapping] = None, timeout: float = 60.0) -> list:

@@ -27,7 +27,7 @@ _limiter = None  # the process-wide limit set by set_blas_threads (kept so that 
 
 def _threadpoolctl():
     try:
-        import threadpoolctl
+        import threadpoolctl  # deferred: threadpoolctl is optional (its ImportError is handled)
         return threadpoolctl
     except ImportError:
         return None

@@ -1,5 +1,5 @@
 """Bitwise integer ops (ONNX BitShift, BitwiseAnd/Or/Xor/Not): elementwise with numpy broadcasting,
-no gradient (integers). A shift by a negative amount or by the type's width or more gives what the
+no gradient (integers); BitCast reinterprets a tensor's bits as another dtype of the same width. A shift by a negative amount or by the type's width or more gives what the
 sign extension alone gives (ONNX opset 28): -1 for a right shift of a negative value, else 0."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..registry import OpDef, elementwise_cost, register
 from ..shapes import broadcast
 from .base import convert, convert_pair, make
 
-__all__ = ["bit_shift", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"]
+__all__ = ["bit_shift", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitcast"]
 
 
 def _infer(node):
@@ -45,6 +45,27 @@ for _op, _fn in (("BitwiseAnd", "bitwise_and"), ("BitwiseOr", "bitwise_or"), ("B
                    kernel=(lambda f: lambda node, ctx: getattr(ctx.xp, f))(_fn)))
 register(OpDef("BitwiseNot", inputs=("x",), infer=_infer, cost=elementwise_cost(1),
                kernel=lambda node, ctx: ctx.xp.invert))
+
+
+def _infer_bitcast(node):
+    x, to = node.inputs[0], node.attrs["dtype"]
+    if x.dtype.itemsize != to.itemsize:
+        raise ShapeError(f"BitCast keeps the bit width: {x.dtype.name} ({x.dtype.itemsize * 8} bits) cannot become "
+                         f"{to.name} ({to.itemsize * 8} bits)")
+    return [(to, x.shape)]
+
+
+# the same bytes seen as another dtype (a view; little-endian, as ONNX specifies and these CPUs are)
+register(OpDef("BitCast", inputs=("x",), attrs={"dtype": None}, infer=_infer_bitcast, cost=elementwise_cost(0),
+               kernel=lambda node, ctx: (lambda x, d=node.attrs["dtype"]: x.view(d)),
+               doc="x's bits as dtype (same width, same shape); no gradient."))
+
+
+def bitcast(x, dtype, name: Optional[str] = None) -> Tensor:
+    """x's bits reinterpreted as `dtype` (same bit width): ONNX BitCast."""
+    from .. import dtypes as _dt
+    from .base import convert
+    return make("BitCast", (convert(x),), {"dtype": _dt.as_dtype(dtype)}, name=name).outputs[0]
 
 
 def bit_shift(x, y, direction: str = "LEFT", name: Optional[str] = None) -> Tensor:

@@ -1,4 +1,5 @@
-"""Elementwise math added for ONNX coverage (Round, Sin, Cos, Tan, Atan, IsNaN, IsInf, FMod), one record each."""
+"""Elementwise math added for ONNX coverage (Round, trigonometric and hyperbolic functions and their inverses,
+IsNaN, IsInf, FMod), one record each."""
 from __future__ import annotations
 
 from .. import dtypes as _dt
@@ -6,9 +7,10 @@ from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
 from .base import convert, convert_pair, make
-from .math import _infer_binary, add, ceil, div, floor, greater, mul, neg, reduce_sum_like, square, where
+from .math import _infer_binary, add, ceil, div, floor, greater, mul, neg, reduce_sum_like, rsqrt, square, sub, where
 
-__all__ = ["round", "sin", "cos", "tan", "atan", "isnan", "isinf", "fmod"]
+__all__ = ["round", "sin", "cos", "tan", "atan", "sinh", "cosh", "asin", "acos", "asinh", "acosh", "atanh", "isnan",
+           "isinf", "fmod"]
 
 
 def _infer(kinds: str, out_dtype=None):
@@ -52,6 +54,13 @@ _UNARY = [
     ("Cos", {}, _k("cos"), "f", None, _grad(lambda x, y, dy: neg(mul(dy, sin(x)))), 10),
     ("Tan", {}, _k("tan"), "f", None, _grad(lambda x, y, dy: mul(dy, add(square(y), 1.0))), 12),
     ("Atan", {}, _k("arctan"), "f", None, _grad(lambda x, y, dy: div(dy, add(square(x), 1.0))), 12),
+    ("Sinh", {}, _k("sinh"), "f", None, _grad(lambda x, y, dy: mul(dy, cosh(x))), 12),
+    ("Cosh", {}, _k("cosh"), "f", None, _grad(lambda x, y, dy: mul(dy, sinh(x))), 12),
+    ("Asin", {}, _k("arcsin"), "f", None, _grad(lambda x, y, dy: mul(dy, rsqrt(sub(1.0, square(x))))), 12),
+    ("Acos", {}, _k("arccos"), "f", None, _grad(lambda x, y, dy: neg(mul(dy, rsqrt(sub(1.0, square(x)))))), 12),
+    ("Asinh", {}, _k("arcsinh"), "f", None, _grad(lambda x, y, dy: mul(dy, rsqrt(add(square(x), 1.0)))), 12),
+    ("Acosh", {}, _k("arccosh"), "f", None, _grad(lambda x, y, dy: mul(dy, rsqrt(sub(square(x), 1.0)))), 12),
+    ("Atanh", {}, _k("arctanh"), "f", None, _grad(lambda x, y, dy: div(dy, sub(1.0, square(x)))), 12),
     ("IsNaN", {}, _k("isnan"), "f", _dt.bool_, _none, 1),
     ("IsInf", {"detect_positive": True, "detect_negative": True}, _k_isinf, "f", _dt.bool_, _none, 1),
 ]
@@ -89,6 +98,13 @@ def sin(x, name=None) -> Tensor: return _out("Sin", x, name=name)
 def cos(x, name=None) -> Tensor: return _out("Cos", x, name=name)
 def tan(x, name=None) -> Tensor: return _out("Tan", x, name=name)
 def atan(x, name=None) -> Tensor: return _out("Atan", x, name=name)
+def sinh(x, name=None) -> Tensor: return _out("Sinh", x, name=name)
+def cosh(x, name=None) -> Tensor: return _out("Cosh", x, name=name)
+def asin(x, name=None) -> Tensor: return _out("Asin", x, name=name)
+def acos(x, name=None) -> Tensor: return _out("Acos", x, name=name)
+def asinh(x, name=None) -> Tensor: return _out("Asinh", x, name=name)
+def acosh(x, name=None) -> Tensor: return _out("Acosh", x, name=name)
+def atanh(x, name=None) -> Tensor: return _out("Atanh", x, name=name)
 def isnan(x, name=None) -> Tensor: return _out("IsNaN", x, name=name)
 
 

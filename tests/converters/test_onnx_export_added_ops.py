@@ -39,6 +39,8 @@ CASES = [
     ("thresholded_relu", lambda x: ism.thresholded_relu(x, 0.2), [X]),
     ("round_sin_cos", lambda x: ism.round(ism.sin(x) * 3.0) + ism.cos(x), [X]),
     ("tan_atan", lambda x: ism.tan(x * 0.5) + ism.atan(x), [X]),
+    ("hyperbolic_and_inverses", lambda x: ism.sinh(x) + ism.cosh(x) + ism.asinh(x) + ism.acosh(ism.abs(x) + 1.5)
+     + ism.asin(x * 0.3) + ism.acos(x * 0.3) + ism.atanh(x * 0.3), [X]),
     ("isnan_isinf", lambda x: ism.logical_or(ism.isnan(x), ism.isinf(x, detect_negative=False)),
      [np.array([[1.0, np.nan, np.inf, -np.inf]], np.float32)]),
     ("fmod", lambda x: ism.fmod(x, ism.constant(np.float32(0.7))), [X]),

@@ -70,10 +70,14 @@ def _onnx_lstm_graph():
 
 def _models():
     """(name, graph without variables, input, output)"""
+    from isthmus.converters import from_onnx, to_onnx
     for name, build, shape in (("encoder", tiny_encoder, (2, 8, 16)), ("lstm", lstm_model, (9, 3, 4))):
         sess, x, y = session_of(build, shape)
         g = freeze(sess, [y])
         yield name, g, g.tensor(x.name), g.tensor(y.name)
+        if name == "encoder":  # through ONNX and back: gelu comes back spelled out with Erf
+            g2, ins, outs = from_onnx(to_onnx(sess, [y]))
+            yield "encoder-onnx", g2, ins["x"], outs[0]
     g, x, y = _onnx_lstm_graph()
     yield "onnx_bilstm", g, x, y
 
@@ -89,7 +93,7 @@ def test_whole_model_runs_on_the_edge_as_the_executor(name, g, x, y):
     got = it.invoke(xv)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     ops = {op for _, op in it.steps_info}
-    assert ops & {"LSTMSequence", "LayerNorm"}, ops  # the fused kernels ran, not a graph of small ops
+    assert ops & {"LSTMSequence", "LayerNorm", "Erf"}, ops  # the fused kernels ran, not a graph of small ops
 
 
 @pytest.mark.parametrize("name,g,x,y", MODELS, ids=[m[0] for m in MODELS])
@@ -103,5 +107,24 @@ def test_planning_puts_the_whole_model_on_the_edge(name, g, x, y):
         ops = {n.name: n.op for n in g.nodes}
         off = sorted(k for k, d in plan.placement.items() if d != EDGE_DEVICE and ops.get(k) != "Const")
         assert off == [], f"{name}: planned off the edge: {off}"
-        fused = [k for k, d in plan.placement.items() if ops.get(k) in ("LSTMSequence", "Gelu") and d == EDGE_DEVICE]
-        assert fused, f"{name}: no LSTM or Gelu node planned on the edge"
+        fused = [k for k, d in plan.placement.items() if ops.get(k) in ("LSTMSequence", "Gelu", "Erf")
+                 and d == EDGE_DEVICE]
+        assert fused, f"{name}: no LSTM, Gelu or Erf node planned on the edge"
+
+
+@pytest.mark.parametrize("build,shape,min_int8", [(tiny_encoder, (2, 8, 16), 10), (lstm_model, (9, 3, 4), 1)],
+                         ids=["encoder", "lstm"])
+def test_whole_model_quantizes_with_int8_where_the_edge_has_it(build, shape, min_int8):
+    """quantize_to_edge on the same models: the ops with int8 kernels (dense layers, transposes, slices,
+    softmax, ...) go int8, the rest (layer norm, batched attention products, the LSTM) stay fp32 between
+    Quantize/Dequantize; the result stays within a few steps of the executor's."""
+    from isthmus.converters.quantize import quantize_to_edge
+    sess, x, y = session_of(build, shape)
+    rng = np.random.default_rng(0)
+    model, report = quantize_to_edge(sess, [y], [rng.standard_normal(shape).astype(np.float32) for _ in range(8)],
+                                     batch=shape[0])
+    assert report["int8_ops"] >= min_int8, report["int8_ops"]
+    xv = rng.standard_normal(shape).astype(np.float32)
+    want = sess.run(y, {x: xv})
+    got = Interpreter(model).invoke(xv)[0]
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max(), np.abs(got - want).max()

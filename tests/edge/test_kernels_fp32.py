@@ -56,8 +56,10 @@ CONV_CASES = [
 ]
 
 
+@pytest.mark.parametrize("jit", ["1", "0"])  # compiled passes (depthwise, bias + clamp) or numpy's
 @pytest.mark.parametrize("xs,ws,strides,dil,pads,groups,act", CONV_CASES)
-def test_conv(xs, ws, strides, dil, pads, groups, act):
+def test_conv(xs, ws, strides, dil, pads, groups, act, jit, monkeypatch):
+    monkeypatch.setenv("ISTHMUS_JIT", jit)
     x, w, b = f32(*xs), f32(*ws), f32(ws[0])
     attrs = {"strides": list(strides), "dilations": list(dil), "pads": list(pads), "groups": groups}
     want = conv_ref(x, w, strides, dil, pads, groups)

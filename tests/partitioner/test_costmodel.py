@@ -80,7 +80,7 @@ def test_grouped_convolutions_have_their_own_cost_key():
         x = ism.placeholder("float32", (1, 8, 16, 16), name="x")
         dw = ism.depthwise_conv2d(x, ism.constant(np.ones((8, 1, 3, 3), np.float32)), name="dw")
         pw = ism.conv2d(dw, ism.constant(np.ones((4, 8, 1, 1), np.float32)), name="pw")
-    assert cost_key(dw.node) == "Conv2D:grouped" and cost_key(pw.node) == "Conv2D"
+    assert cost_key(dw.node) == "Conv2D:grouped" and cost_key(pw.node) == "Conv2D:pointwise"  # 1x1: one GEMM
     prof = DeviceProfile("p", op_coeffs={"Conv2D": (1e-3, 0.0, 0.0)}, default_coeffs=(1.0, 0.0, 0.0))
     assert prof.op_time("Conv2D:grouped", 0, 0) == prof.op_time("Conv2D", 0, 0) == 1e-3  # falls back to the op
     prof = DeviceProfile("p", op_coeffs={"Conv2D": (1e-3, 0.0, 0.0), "Conv2D:grouped": (5e-3, 0.0, 0.0)})

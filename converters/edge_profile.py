@@ -1,0 +1,109 @@
+"""A device profile of the edge interpreter's own kernels: the partitioner's calibration cases
+written as edge models (int8 or fp32) and timed in isthmus's edge interpreter.
+
+    profile = calibrate_edge("phone-int8", int8=True, slowdown=8.0)   # a DeviceProfile
+    profile.save("phone-int8.json")        # isthmus split ... --int8 --edge-profile phone-int8.json
+
+An int8 edge part runs the interpreter's int8 kernels (edge/int8_kernels.py: compiled int8 GEMMs,
+depthwise loops, requantization), not the core Session's float32 kernels a plain `isthmus profile`
+times: issue 27 measured the int8 MobileNetV2-96 at 0.7-0.95x and SqueezeNet's fire modules at up
+to 1.6x what the float32 regression said. This times calibrate.py's one-node graphs (the same
+shapes, fire-module and bottleneck convolutions among them, the same cost keys by op family: dense,
+pointwise and grouped convolutions, the products by row regime, elementwise, pooling) as edge
+models, with the node's weights as constants as a deployed model has them, quantized when int8.
+Only the node's own kernel is timed: the Quantize/Dequantize steps at its borders are the part's
+cost (partitioner/part_cost.py, `isthmus profile --parts`). An op without an int8 kernel keeps its
+fp32 kernel inside an int8 model, and is timed as that. Kernels run on one thread, CPU time, each
+after the private caches are flushed when it reads weights (calibrate.py's rule); the same fit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from isthmus.core.session import Session
+from isthmus.partitioner import calibrate as cal
+from isthmus.partitioner.costmodel import cost_key, op_cost
+from isthmus.partitioner.devices import EDGE, DeviceProfile
+
+from .edge_export import to_edge
+from .litert_profile import _case_graph
+from .quantize import quantize_to_edge
+
+OPS = ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "AvgPool", "GlobalAvgPool", "BatchNorm",
+       "BiasAdd", "Relu", "Relu6")
+BORDERS = ("Quantize", "Dequantize")
+
+
+def _edge_model(g, live, values, node, int8: bool) -> bytes:
+    out = [node.outputs[0]]
+    if not int8:
+        return to_edge(g, out, inputs=live)
+    feeds = [{t.node.name: v for t, v in zip(live, values)}]
+    data, _ = quantize_to_edge(Session(g, optimize=False), out, feeds)
+    return data
+
+
+def _time(data: bytes, values: Sequence[np.ndarray], op: str, budget_s: float) -> float:
+    """Median CPU seconds of the node's own steps (the quantizer's borders left out)."""
+    from isthmus.edge.interpreter import Interpreter
+    it = Interpreter(data)
+    mine = [kind == "op" and name not in BORDERS for kind, name in it.steps_info]
+    steps = [s for _, s in it.kernels]
+    flush = np.zeros(cal.FLUSH_BYTES // 4 if op in cal.WEIGHT_OPS else 1, np.float32)
+    it.invoke(*values)
+    t0 = time.perf_counter()
+    it.invoke(*values)
+    repeats = int(np.clip(budget_s / max(time.perf_counter() - t0, 1e-6), 5, 200))
+    samples = []
+    for _ in range(repeats):
+        it.set_inputs(*values)
+        flush += 1.0
+        total = 0.0
+        for step, m in zip(steps, mine):
+            c = time.thread_time()
+            step()
+            if m:
+                total += time.thread_time() - c
+        samples.append(total)
+    return max(float(np.median(samples)) - cal.clock_floor(time.thread_time, 51) * sum(mine), 1e-9)
+
+
+def measure_edge(ops: Optional[Sequence[str]] = None, level: str = "quick", int8: bool = True,
+                 budget_s: float = 0.03, rounds: int = 2) -> List[cal.Sample]:
+    """Samples (cost key, shapes, FLOPs, bytes, seconds) of every case of `ops` run in the edge
+    interpreter; each case keeps its fastest median over `rounds` passes (a burst of other work
+    slows one round)."""
+    from isthmus.partitioner.threads import limited_blas_threads
+    built = []
+    for op in ops or OPS:
+        for inputs, build in cal.cases(op, level):
+            g, live, values, node = _case_graph(op, inputs, build)
+            c = op_cost(node)
+            built.append((_edge_model(g, live, values, node, int8), values, op, cost_key(node),
+                          "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written))
+    best = [float("inf")] * len(built)
+    with limited_blas_threads(1):
+        for _ in range(rounds):
+            for k, (data, values, op, *_rest) in enumerate(built):
+                best[k] = min(best[k], _time(data, values, op, budget_s / rounds))
+    return [cal.Sample(key, shape, flops, nbytes, sec) for (_, _, _, key, shape, flops, nbytes), sec in zip(built, best)]
+
+
+def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = None, level: str = "quick",
+                   int8: bool = True, slowdown: float = 1.0, base: DeviceProfile = EDGE,
+                   path: Optional[str] = None) -> DeviceProfile:
+    """The profile of the edge interpreter on this machine (int8 or fp32 models; `slowdown` > 1: a
+    device that many times slower), with `base`'s kernel table, memory budget, client and part."""
+    profile = replace(cal.fit(measure_edge(ops, level, int8), device, base), blas_threads=1)
+    if slowdown != 1.0:
+        profile = profile.scaled(slowdown, name=device)
+    if path:
+        profile.save(path)
+    return profile
+
+
+__all__ = ["calibrate_edge", "measure_edge", "OPS"]

@@ -293,3 +293,36 @@ def test_isthmus_server_command_binds_loopback_unless_insecure(insecure):
     finally:
         p.terminate()
         p.wait(20)
+
+
+def _describe(address):
+    from isthmus.proto import offload_pb2, offload_pb2_grpc
+    with grpc.insecure_channel(address) as ch:
+        return offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=T)
+
+
+def test_the_offload_service_binds_loopback_unless_insecure():
+    """`isthmus serve --host 0.0.0.0` (OffloadServer) without TLS and a token: 127.0.0.1 only; with
+    --insecure (insecure=True) the host asked for, and a warning."""
+    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload_model import CloudModel, cloud_part
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 2), name="x")
+        y = ism.relu(x, name="y")
+    model = CloudModel("m", {"whole": cloud_part(ism.Session(g), ["x"], [y], "whole")})
+    own = _own_address()
+    with OffloadServer(model, host="0.0.0.0") as srv:
+        assert [p.name for p in _describe(f"127.0.0.1:{srv.port}").parts] == ["whole"]   # the local user works
+        if own is not None:
+            with pytest.raises(grpc.RpcError) as e:
+                _describe(f"{own}:{srv.port}")
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    if own is None:
+        pytest.skip("no non-loopback address on this host: the loopback half is checked above")
+    with pytest.warns(InsecureBindWarning, match="without TLS and a token"):
+        srv = OffloadServer(model, host="0.0.0.0", insecure=True)
+    try:
+        assert [p.name for p in _describe(f"{own}:{srv.port}").parts] == ["whole"]   # the check above can fail
+    finally:
+        srv.stop()

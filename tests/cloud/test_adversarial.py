@@ -245,19 +245,40 @@ def test_the_attack_list_detects_success_with_the_cluster_token():
         server.stop()
 
 
-@pytest.mark.parametrize("method", ["/isthmus.Master/CreateSession", "/isthmus.Master/RunStep",
-                                    "/isthmus.Master/CloseSession", "/isthmus.Worker/RunGraph"])
+def _assert_invalid_argument(port, method):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        if method.endswith("Stream"):
+            call = ch.unary_stream(method, request_serializer=None, response_deserializer=None)
+            fn = lambda: list(call(b"\xff\xff\xff\xff", timeout=T))  # noqa: E731
+        else:
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            fn = lambda: call(b"\xff\xff\xff\xff", timeout=T)  # noqa: E731
+        with pytest.raises(grpc.RpcError) as ei:
+            fn()
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
+        assert f"{method}: malformed request bytes" in ei.value.details()
+
+
+@pytest.mark.parametrize("method", [f"/isthmus.Master/{m}" for m in (
+    "CreateSession", "ExtendSession", "RunStep", "CloseSession", "ListDevices")] + [f"/isthmus.Worker/{m}" for m in (
+    "RegisterGraph", "RunGraph", "RecvTensor", "RecvTensorStream", "AbortStep", "DeregisterGraph", "GetStatus")])
 def test_undecodable_bytes_get_invalid_argument_on_every_service(method):
     server, port = _start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-            with pytest.raises(grpc.RpcError) as ei:
-                call(b"\xff\xff\xff\xff", timeout=T)
-            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
-            assert "malformed request bytes" in ei.value.details()
+        _assert_invalid_argument(port, method)
     finally:
         server.stop()
+
+
+def test_undecodable_bytes_get_invalid_argument_on_the_offload_service():
+    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload_model import CloudModel, cloud_part
+    g = ism.Graph()
+    with g.as_default():
+        ism.relu(ism.placeholder("float32", (None, 2), name="x"), name="y")
+    with OffloadServer(CloudModel("m", {"whole": cloud_part(ism.Session(g), ["x"], ["y"], "whole")})) as srv:
+        for m in ("Describe", "Infer", "Stats"):
+            _assert_invalid_argument(srv.port, f"/isthmus.Offload/{m}")
 
 
 @pytest.mark.parametrize("insecure", [False, True])

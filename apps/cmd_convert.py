@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .errors import UsageError, positive_int, refuse_overwrite
+from .errors import UsageError, output_path, positive_int
 
 EXAMPLES = """examples:
   isthmus convert cnn.onnx --to edge -o cnn.isth
@@ -34,7 +34,7 @@ def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_sha
     from .model_source import load_model
     base = os.path.splitext(model.split(":")[0])[0]
     out = output or base + (".isth" if to == "edge" else ".converted.onnx")
-    refuse_overwrite(out, argparse.Namespace(force=force))
+    output_path(out, force)  # not there yet (or --force), and its folder exists
     if model.lower().endswith(".tflite") and nhwc:
         from isthmus.converters.tflite_import import from_tflite
         from .model_source import LoadedModel

@@ -16,9 +16,22 @@ def run(args) -> int:
     from .deploy import PHONE_PROFILE, load_profile, parse_link
     from .model_source import load_model, parse_input_shapes
     parse_link(args.bandwidth, args.rtt, args.downlink)
+    _check_call_cost(args.call_cost)
     load_profile(args.edge_profile)
     if args.edge_profile == "phone":
         args.edge_profile = PHONE_PROFILE
     load_profile(args.cloud_profile, "--cloud-profile")
     m = load_model(args.model, parse_input_shapes(args.input_shape))
     return explain(m.graph, list(m.outputs.values()), args)
+
+
+def _check_call_cost(text: str) -> None:
+    """--call-cost is a duration of 0 or more, named in the error."""
+    from isthmus.wire.link import parse_duration
+    from .errors import UsageError
+    try:
+        v = parse_duration(text)
+    except ValueError as e:
+        raise UsageError(f"--call-cost {text}: {e}") from None
+    if not v >= 0:
+        raise UsageError(f"--call-cost {text}: must be 0 or more")

@@ -255,8 +255,9 @@ def _report(dep: Deployment, m: LoadedModel, link, edge, chosen, sp, at_link) ->
              + (f", {dep.cloud_file} ({os.path.getsize(dep.cloud_file):,} bytes)" if dep.cloud_file
                 else " (no cloud file: every cut keeps the model on the edge)"),
              f"wrote {dep.plan_json}, {dep.plan_svg}, {dep.report_file} in {dep.seconds:.1f} s",
-             "next: isthmus serve " + (dep.cloud_file or "MODEL.cloud") + " --port 7070   and   "
-             f"isthmus edge-run {dep.edge_file} --cloud 127.0.0.1:7070 --input x.npy"]
+             ("next: isthmus serve " + dep.cloud_file + " --port 7070   and   "
+              f"isthmus edge-run {dep.edge_file} --cloud 127.0.0.1:7070 --input x.npy" if dep.cloud_file else
+              f"next: isthmus edge-run {dep.edge_file} --input x.npy (nothing to serve at this link and profile)")]
     return "\n".join(lines)
 
 

@@ -194,6 +194,8 @@ def _outputs(args):
     command = getattr(args, "command", None)
     if command == "edge-run" and getattr(args, "save", None):
         yield args.save, "--save"
+    if command == "partition":
+        yield from ((path, flag) for path, flag in ((args.svg, "--svg"), (args.latency_plot, "--latency-plot")) if path)
     if command == "profile" and not getattr(args, "from_trace", None) and getattr(args, "device", None):
         yield args.out or f"{args.device}.json", "--out"
 

@@ -22,13 +22,15 @@ from isthmus.partitioner import calibrate as cal
 from isthmus.partitioner.costmodel import cost_key, op_cost
 from isthmus.partitioner.devices import EDGE, DeviceProfile
 
+from .edge_export import to_edge
 from .litert_profile import OPS, case_graph
+from .onnx_edge import edge_to_onnx
 
 
 def run_floor(threads: int = 1, budget_s: float = 0.05) -> float:
     """What one session.run of a one-Identity model costs (onnxruntime's per-call cost from Python, ~9 us
     here): paid once per edge part, not per node, so it is taken off every case's time."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # deferred: onnx is heavy
     info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "floor", info[:1], info[1:])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -37,7 +39,7 @@ def run_floor(threads: int = 1, budget_s: float = 0.05) -> float:
 
 
 def _time(model: bytes, values: Sequence[np.ndarray], budget_s: float, threads: int) -> float:
-    import onnxruntime as ort
+    import onnxruntime as ort  # deferred: onnxruntime is heavy and optional
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
@@ -57,8 +59,6 @@ def _time(model: bytes, values: Sequence[np.ndarray], budget_s: float, threads: 
 def measure_ort(ops: Optional[Sequence[str]] = None, level: str = "quick", budget_s: float = 0.03,
                 rounds: int = 2, threads: int = 1) -> List[cal.Sample]:
     """Samples of every case of `ops` run in onnxruntime; each keeps its fastest median over `rounds`."""
-    from .edge_export import to_edge
-    from .onnx_edge import edge_to_onnx
     built = []
     for op in ops or OPS:
         for inputs, build in cal.cases(op, level):

@@ -130,8 +130,12 @@ def _how(args) -> str:
 
 def run(args) -> int:
     _how(args)
-    if args.require_cloud and not args.cloud:
-        raise SystemExit("--require-cloud needs --cloud HOST:PORT")
+    if not args.cloud:  # flags that only mean something with a cloud are refused, not ignored
+        given = [f for f, v in (("--require-cloud", args.require_cloud), ("--cut", args.cut != "auto"),
+                                ("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
+                                ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)) if v]
+        if given:
+            raise SystemExit(f"{given[0]} needs --cloud HOST:PORT")
     if getattr(args, "runtime", "isthmus") == "litert":
         from .cli_litert import run_litert
         return run_litert(args)

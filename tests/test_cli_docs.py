@@ -3,6 +3,8 @@ block's lines in order, in a folder of their own holding the files they name (a 
 split of it, a graph file, a checkpoint, TLS files); `serve`/`server` lines start in the background on
 a free port and stop when their block ends. What cannot run here is listed in EXCLUDED with its reason,
 and a test keeps that list (and ADDED) free of lines the docs no longer show."""
+import contextlib
+import io
 import json
 import os
 import queue
@@ -93,7 +95,8 @@ def _name_only(line: str) -> bool:
     p = argparse.ArgumentParser(exit_on_error=False)
     importlib.import_module(cli.COMMANDS[cli.ALIASES.get(words[1], words[1])][0]).add_arguments(p)
     try:
-        p.parse_args([])
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse prints its usage before it exits
+            p.parse_args([])
     except (argparse.ArgumentError, SystemExit):
         return True
     return False

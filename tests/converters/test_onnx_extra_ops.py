@@ -171,3 +171,26 @@ def test_domain_ops_are_chosen_by_their_domains_version_and_adam_corrects_bias_f
     m2 = helper.make_model(helper.make_graph([node], "m", ins, outs), opset_imports=[helper.make_opsetid("com.example", 1)])
     with pytest.raises(OnnxImportError, match=r"com\.example\.Adam x1"):
         from_onnx(m2)
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                   dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], dilations=[1, 2]),
+                                   dict(kernel_shape=[2, 3], strides=[1, 2], storage_order=1)])
+def test_max_pool_indices_match_onnxruntime_at_unknown_batch(attrs):
+    """MaxPool's second output (argmax positions over the whole input) and its values, vs onnxruntime."""
+    import onnxruntime as ort
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph([helper.make_node("MaxPool", ["x"], ["p", "i"], **attrs)], "m",
+                                            [vi("x", TensorProto.FLOAT, ["N", 2, 5, 7])],
+                                            [vi("p", TensorProto.FLOAT, None), vi("i", TensorProto.INT64, None)]),
+                          opset_imports=[helper.make_opsetid("", 12)])
+    m.ir_version = 8
+    g, ins, outs = from_onnx(m)
+    sess = ism.Session(g)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = rng.permutation(n * 70).reshape(n, 2, 5, 7).astype(np.float32) - 30  # distinct: one argmax
+        want = ref.run(None, {"x": x})
+        got = sess.run(outs, {ins["x"]: x})
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])

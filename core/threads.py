@@ -31,6 +31,8 @@ _intra = [None]  # the intra-op count of the run in progress (process-wide, like
 # handed to a pool thread costs about 20-50 us of dispatch and wake-up (Python futures), and a
 # memory-bound numpy pass moves about 1 MiB in 100 us, so smaller work runs on the caller alone.
 MIN_CHUNK_BYTES = 1 << 20
+# the same for a GEMM split by rows or columns: 4 MFLOP take about 100 us on one core here
+MIN_CHUNK_FLOPS = 4_000_000
 _workers = None  # the intra-op pool: the threads besides the caller that fan_out hands chunks to
 
 
@@ -127,14 +129,16 @@ def intra_pool() -> ThreadPoolExecutor:
     return _workers
 
 
-def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> int:
+def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False,
+            min_chunk: Optional[int] = None) -> int:
     """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
     caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
     chunks of at least MIN_CHUNK_BYTES. fn must release the GIL to gain (numpy copies and ufuncs
     do). blas_inside: fn calls BLAS on small products; while the chunks run, BLAS is held to one
     thread (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe).
-    Returns the number of chunks."""
-    k = min(intra_threads(), total, nbytes // MIN_CHUNK_BYTES)
+    min_chunk: the least work per chunk, in the unit of `nbytes` (default MIN_CHUNK_BYTES; a
+    GEMM passes its FLOPs and MIN_CHUNK_FLOPS). Returns the number of chunks."""
+    k = min(intra_threads(), total, int(nbytes // (min_chunk or MIN_CHUNK_BYTES)))
     if k <= 1:
         fn(0, total)
         return 1
@@ -179,4 +183,4 @@ def blas_threads_now() -> Optional[int]:
 
 
 __all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "blas_threads_now",
-           "intra_threads", "intra_pool", "fan_out", "MIN_CHUNK_BYTES"]
+           "intra_threads", "intra_pool", "fan_out", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

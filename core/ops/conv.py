@@ -29,6 +29,7 @@ from .depthwise import (_CLAMPS, ARENAS, DepthwiseConv, _immutable, compiled_fil
                         compiled_ok)
 from .fused import activation_inplace
 from .intra_op import add_into, contiguous, copy_into, rows_apply
+from .intra_op import matmul as split_matmul
 
 __all__ = ["conv2d", "depthwise_conv2d"]
 
@@ -394,7 +395,7 @@ def _conv_rows(xp, x, w, g):
     if full and o < _STACK_MAX_M and g.kh * h <= 1.25 * sum(max(hi - lo, 0) for lo, hi, _ in spans):
         # one GEMM for all kernel rows, each over every input row, then shifted adds: a few
         # wasted products, but M = kh*O keeps BLAS far busier than kh GEMMs with a small M
-        big = xp.matmul(wt.reshape(g.kh * o, g.kw * c), cols).reshape(g.kh, o, h * run)
+        big = split_matmul(xp, wt.reshape(g.kh * o, g.kw * c), cols).reshape(g.kh, o, h * run)
         src = spans[full[0]][2]
         out = contiguous(xp, big[full[0], :, src * run:(src + g.oh) * run])
         for i, (lo, hi, src) in enumerate(spans):
@@ -404,7 +405,7 @@ def _conv_rows(xp, x, w, g):
     out = xp.empty((o, g.oh * run), dtype=x.dtype)
     if full:
         src = spans[full[0]][2]
-        xp.matmul(wt[full[0]], cols[:, src * run:(src + g.oh) * run], out=out)
+        split_matmul(xp, wt[full[0]], cols[:, src * run:(src + g.oh) * run], out=out)
     else:
         out[...] = 0
     tmp = xp.empty(o * g.oh * run, dtype=x.dtype)
@@ -413,7 +414,7 @@ def _conv_rows(xp, x, w, g):
             continue
         k = (hi - lo) * run
         part = tmp[:o * k].reshape(o, k)
-        xp.matmul(wt[i], cols[:, src * run:src * run + k], out=part)
+        split_matmul(xp, wt[i], cols[:, src * run:src * run + k], out=part)
         add_into(xp, out[:, lo * run:hi * run], part)
     return out.reshape(o, g.oh, g.ow, n)
 
@@ -448,7 +449,8 @@ def _kernel_conv_filter(node, ctx):
                 if hi <= lo:
                     rows[i] = 0
                 else:
-                    xp.matmul(dy_t[:, lo * run_:hi * run_], cols[:, src * run_:(src + hi - lo) * run_].T, out=rows[i])
+                    split_matmul(xp, dy_t[:, lo * run_:hi * run_], cols[:, src * run_:(src + hi - lo) * run_].T,
+                                 out=rows[i])
             return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
         xt = _chwn_padded(xp, x, g.pads)
         out = xp.empty(w.shape, dtype=x.dtype)
@@ -484,7 +486,7 @@ def _filter_grad_cnhw(xp, x, dy, w, g):
                      (s0, g.dh * s2, g.dw * s3, s1, g.sh * s2, g.sw * s3), writeable=False)
     cols = contiguous(xp, win, axis=3).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
     dyc = contiguous(xp, dy.transpose(1, 0, 2, 3), axis=1).reshape(o, n * g.oh * g.ow)
-    return (cols @ dyc.T).T.reshape(w.shape)
+    return split_matmul(xp, cols, dyc.T).T.reshape(w.shape)
 
 
 register(OpDef("Conv2DBackpropInput", inputs=("dy", "w", "x"), attrs=_conv_attrs(),

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import broadcast, dim_compatible, fmt, normalize_axis, num_elements_est
 from .base import convert, make
+from .intra_op import matmul as split_matmul
 from .math import reduce_sum_like
 
 
@@ -30,7 +33,9 @@ def _infer_matmul(node):
 
 
 def _kernel_matmul(node, ctx):
-    mm = ctx.xp.matmul
+    xp = ctx.xp
+    # numpy: 2-D products split across the intra-op threads (intra_op.matmul), else BLAS whole
+    mm = xp.matmul if xp is not np else (lambda a, b: split_matmul(xp, a, b))
     ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
     # numpy hands transposed views to BLAS with a transpose flag: no copy is made
     if ta and tb:

@@ -4,11 +4,14 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
 - intra_op_threads: the threads one kernel may use. BLAS gets it through threadpoolctl around
   each run (set only when it differs, restored when the last concurrent run ends: OpenBLAS's
   count is process-wide, so concurrent runs of sessions with other counts share the last one
-  set); numba kernels (isthmus.jit, `prange`) through numba.set_num_threads on the calling
-  thread; numpy passes split by `fan_out` through intra_threads(). Default (None): the count
-  BLAS has when the run starts, which is the cores unless the process was limited
-  (OPENBLAS_NUM_THREADS, threadpoolctl, partitioner.set_blas_threads, ISTHMUS_BLAS_THREADS): a
-  session never overrides a limit it was not given. Small work never fans out (MIN_CHUNK_BYTES).
+  set), numba through numba.set_num_threads on the calling thread (for `prange` kernels; the
+  compiled depthwise and batch-norm kernels take row/channel ranges on the intra-op pool
+  instead), and the kernels' own splits through intra_threads(): numpy passes and 2-D GEMMs cut
+  by `fan_out` (core/ops/intra_op.py; GEMM parts run one-threaded BLAS, so BLAS's own threads
+  serve only products too small to split). Default (None): the count BLAS has when the run
+  starts, which is the cores unless the process was limited (OPENBLAS_NUM_THREADS, threadpoolctl,
+  partitioner.set_blas_threads, ISTHMUS_BLAS_THREADS): a session never overrides a limit it was
+  not given. Small work never fans out (MIN_CHUNK_BYTES, MIN_CHUNK_FLOPS).
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.

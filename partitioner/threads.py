@@ -10,7 +10,9 @@ small ones, and 2-10x slower than one thread when another process holds the seco
 threads wait for each other). calibrate.py records the count in the profile (`blas_threads`);
 `check_threads` warns when a profile is used to predict a run with another count.
 
-The count is read and set through threadpoolctl (OpenBLAS, MKL, BLIS alike). Without
+A Session's own `intra_op_threads` (core/threads.py) sets BLAS's count around each of its runs and
+restores it after; a session without it keeps the count set here. The count is read and set
+through threadpoolctl (OpenBLAS, MKL, BLIS alike). Without
 threadpoolctl, `blas_threads()` is None and setting a count raises, naming the env vars that
 work before numpy is imported (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS).
 """

@@ -19,11 +19,14 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
+
+import numpy as np
 
 _lock = threading.Lock()
 _controller = None  # threadpoolctl's view of the BLAS libraries, made once numpy's BLAS is loaded
@@ -55,10 +58,10 @@ def check_option(value, option: str, default: Optional[int]) -> Optional[int]:
     """`value` of the session option `option` as a thread count (None: `default`); ValueError else."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"Session option {option}: expected an integer >= 1 or None (the default), "
                          f"got {value!r}")
-    return value
+    return int(value)
 
 
 def _blas_libs():

@@ -109,7 +109,7 @@ def test_one_inter_op_thread_runs_serially():
 
 
 @pytest.mark.parametrize("option", ["intra_op_threads", "inter_op_threads"])
-@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2", np.int64(0)])
 def test_bad_thread_counts_are_refused_naming_the_option(option, bad):
     with pytest.raises(ValueError, match=option):
         ism.Session(ism.Graph(), **{option: bad})
@@ -124,3 +124,8 @@ def test_per_node_timing_runs_with_the_sessions_threads(probe):
                            {x: np.zeros(3, np.float32)}, repeats=2)
     assert probe and all(b == 1 for b, _ in probe)
     assert [n.name for n in times] == ["y"]
+
+
+def test_numpy_integers_are_thread_counts():
+    s = ism.Session(ism.Graph(), intra_op_threads=np.int64(2), inter_op_threads=np.int32(3))
+    assert (s.intra_op_threads, s.inter_op_threads) == (2, 3) and type(s.intra_op_threads) is int

@@ -140,13 +140,16 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
     """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
     caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
     chunks of at least MIN_CHUNK_BYTES. fn must release the GIL to gain (numpy copies and ufuncs
-    do). blas_inside: fn calls BLAS on small products; while the chunks run, BLAS is held to one
-    thread (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe).
+    do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or not
+    (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe, and a
+    product too small to split gains little from BLAS's threads, which then spin for a while
+    after the call on cores the next pass wants).
     min_chunk: the least work per chunk, in the unit of `nbytes` (default MIN_CHUNK_BYTES; a
     GEMM passes its FLOPs and MIN_CHUNK_FLOPS). Returns the number of chunks."""
     k = min(intra_threads(), total, int(nbytes // (min_chunk or MIN_CHUNK_BYTES)))
     if k <= 1:
-        fn(0, total)
+        with (_OneBlasThread() if blas_inside else _NO_LIMIT):
+            fn(0, total)
         return 1
     bounds = [total * i // k for i in range(k + 1)]
     with (_OneBlasThread() if blas_inside else _NO_LIMIT):

@@ -61,18 +61,25 @@ def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas
     fan_out(fn, total, nbytes, blas_inside)
 
 
+# OpenBLAS runs products under about this size on one thread by itself (M*N*K <= 4 * 65536):
+# they skip the hold on BLAS's count and its few microseconds
+_BLAS_SERIAL_FLOPS = 2 * 4 * 65536
+
+
 def matmul(xp, a, b, out=None):
     """a [M, K] @ b [K, N] (into `out` when given) split by the larger of M and N across the
     intra-op threads, each part one-threaded BLAS: threads that sleep when idle, where OpenBLAS's
     own spin after each call and contend with the next numpy pass on a busy machine (a GEMM and
     an SGD update, 2 threads at load 6 on 2 cores: 75 ms BLAS-threaded, 45 split, 42 one thread).
-    Products under 2 * MIN_CHUNK_FLOPS run whole."""
+    Products under 2 * MIN_CHUNK_FLOPS run whole, one-threaded too."""
     if xp is not np or a.ndim != 2 or b.ndim != 2:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
     if out is None:
         out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
     m, n = out.shape
     flops = 2 * m * n * a.shape[1]
+    if flops < _BLAS_SERIAL_FLOPS:
+        return np.matmul(a, b, out=out)
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])

@@ -19,6 +19,7 @@ def fan_outs(monkeypatch):
         return k
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
+    monkeypatch.setattr(intra_op, "_BLAS_SERIAL_FLOPS", 0)
     monkeypatch.setattr(intra_op, "fan_out", counting)
     return counts
 

@@ -72,14 +72,12 @@ def matmul(xp, a, b, out=None):
     own spin after each call and contend with the next numpy pass on a busy machine (a GEMM and
     an SGD update, 2 threads at load 6 on 2 cores: 75 ms BLAS-threaded, 45 split, 42 one thread).
     Products under 2 * MIN_CHUNK_FLOPS run whole, one-threaded too."""
-    if xp is not np or a.ndim != 2 or b.ndim != 2:
+    if xp is not np or a.ndim != 2 or b.ndim != 2 or 2 * a.size * b.shape[1] < _BLAS_SERIAL_FLOPS:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
     if out is None:
         out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
     m, n = out.shape
     flops = 2 * m * n * a.shape[1]
-    if flops < _BLAS_SERIAL_FLOPS:
-        return np.matmul(a, b, out=out)
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])

@@ -21,9 +21,12 @@ import time
 import numpy as np
 
 from ..wire.security import ClientSecurity, SecurityError
+from .cli_litert import run_litert
+from .cli_onnxruntime import run_onnxruntime
 from .format import EdgeModelError
 from .interpreter import Interpreter
 from .link_emulation import EmulatedLink
+from .loader import load
 from .offload_client import CloudError, OffloadClient
 from .split_model import load_split
 
@@ -133,10 +136,8 @@ def run(args) -> int:
     if args.require_cloud and not args.cloud:
         raise SystemExit("--require-cloud needs --cloud HOST:PORT")
     if getattr(args, "runtime", "isthmus") == "litert":
-        from .cli_litert import run_litert
         return run_litert(args)
     if getattr(args, "runtime", "isthmus") == "onnxruntime":
-        from .cli_onnxruntime import run_onnxruntime
         return run_onnxruntime(args)
     if args.cloud:
         return _run_split(args)
@@ -233,8 +234,6 @@ def _pin_cut(client: OffloadClient, name: str, path: str) -> None:
 
 def _check_split(path: str) -> None:
     """--cloud needs a split model (isthmus split): say so for a plain one, before any client is made."""
-    from .format import EdgeModelError
-    from .loader import load
     if not os.path.isfile(path):
         raise SystemExit(f"MODEL {path}: no such file")
     try:

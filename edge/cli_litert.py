@@ -8,15 +8,16 @@ import time
 
 from .cli_phone import PhoneRun, client_security, refuse_emulated_link, run_phone
 from .format import EdgeModelError
+from .litert_client import LiteRTOffloadClient, _run, tflite_metadata
+from .phone_offload import read_bytes
 
 
 def run_litert(args) -> int:
-    from .litert_client import LiteRTOffloadClient, _run, tflite_metadata
-    from .phone_offload import read_bytes
     refuse_emulated_link(args, "LiteRT")
     if not os.path.isfile(args.model):
         raise SystemExit(f"MODEL {args.model}: no such file")
     try:
+        # deferred: ai_edge_litert is optional (its ImportError is handled)
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
         raise SystemExit("--runtime litert needs LiteRT: pip install 'isthmus[litert]' (ai-edge-litert)") from None

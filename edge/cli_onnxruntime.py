@@ -9,6 +9,8 @@ import time
 
 from .cli_phone import PhoneRun, client_security, refuse_emulated_link, run_phone
 from .format import EdgeModelError
+from .onnxruntime_client import OnnxRuntimeOffloadClient, onnx_metadata, ort_session, run_session
+from .phone_offload import read_bytes
 
 
 def run_onnxruntime(args) -> int:
@@ -16,11 +18,10 @@ def run_onnxruntime(args) -> int:
     if not os.path.isfile(args.model):
         raise SystemExit(f"MODEL {args.model}: no such file")
     try:
+        # deferred: onnxruntime is optional (its ImportError is handled)
         import onnxruntime  # noqa: F401
     except ImportError:
         raise SystemExit("--runtime onnxruntime needs onnxruntime: pip install onnxruntime") from None
-    from .onnxruntime_client import OnnxRuntimeOffloadClient, onnx_metadata, ort_session, run_session
-    from .phone_offload import read_bytes
     data = read_bytes(args.model)
     t0 = time.perf_counter()
     try:

@@ -10,6 +10,7 @@ from typing import Callable, List, Sequence
 
 import numpy as np
 
+from ..wire.security import ClientSecurity, SecurityError
 from .phone_offload import OffloadCallError
 
 
@@ -27,7 +28,7 @@ class PhoneRun:
 
 def run_phone(args, opened: PhoneRun) -> int:
     """Run `opened` on the command's inputs (once, then --repeat timed runs); print and --save."""
-    from . import cli
+    from . import cli  # cycle: edge.cli_phone <-> edge.cli (via edge.cli_litert)
     try:
         inputs = cli._inputs(args.input, opened.input_names, opened.input_shapes, cli._how(args))
         outs = opened.call(*inputs)
@@ -56,7 +57,6 @@ def refuse_emulated_link(args, runtime: str) -> None:
 
 def client_security(args):
     """The offload client's ClientSecurity from --tls-ca/--tls-cert/--tls-key/--token-file, else the environment."""
-    from ..wire.security import ClientSecurity, SecurityError
     try:
         if args.tls_ca or args.tls_cert or args.token_file:
             return ClientSecurity.from_files(args.tls_ca, args.tls_cert, args.tls_key, token_file=args.token_file)

@@ -14,6 +14,8 @@ from typing import List, Sequence, Union
 
 import numpy as np
 
+from isthmus.wire.security import make_channel
+
 GRPC_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
 
 
@@ -56,9 +58,9 @@ class PhoneOffloadClient:
 
     def call_cloud(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
         """One Infer call: `arrays` under send_names; the answer's tensors in wire_outputs order."""
-        import grpc
-        from isthmus.proto import offload_pb2
-        from isthmus.wire import tensor_codec
+        import grpc  # deferred: grpc is a heavy or optional dependency
+        from isthmus.proto import offload_pb2  # deferred: proto.offload_pb2 loads protobuf
+        from isthmus.wire import tensor_codec  # deferred: wire.tensor_codec loads protobuf
         self._connect()
         req = offload_pb2.InferRequest(part=self.part, request_id=uuid.uuid4().hex)
         for name, a in zip(self.send_names, arrays):
@@ -78,8 +80,7 @@ class PhoneOffloadClient:
     def _connect(self) -> None:
         if self._stub is not None:
             return
-        from isthmus.proto import offload_pb2_grpc
-        from isthmus.wire.security import make_channel
+        from isthmus.proto import offload_pb2_grpc  # deferred: proto.offload_pb2_grpc loads grpc, protobuf
         self._channel = make_channel(self.address, self.security, GRPC_OPTIONS)
         self._stub = offload_pb2_grpc.OffloadStub(self._channel)
 
@@ -96,7 +97,7 @@ class PhoneOffloadClient:
 
 
 def _from_wire(nt, want_name: str) -> np.ndarray:
-    from isthmus.wire import tensor_codec
+    from isthmus.wire import tensor_codec  # deferred: wire.tensor_codec loads protobuf
     if nt.name != want_name:
         raise OffloadCallError(f"the service answered '{nt.name}' where '{want_name}' was expected")
     try:

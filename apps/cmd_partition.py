@@ -2,6 +2,8 @@
 reads (graph files included) and with its errors reported like a tool's."""
 from __future__ import annotations
 
+from .deploy import PHONE_PROFILE, load_profile, parse_link
+from .model_source import load_model, parse_input_shapes
 from .partition import add_arguments as _partition_arguments
 from .partition import explain
 
@@ -13,8 +15,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .deploy import PHONE_PROFILE, load_profile, parse_link
-    from .model_source import load_model, parse_input_shapes
     parse_link(args.bandwidth, args.rtt, args.downlink)
     load_profile(args.edge_profile)
     if args.edge_profile == "phone":

@@ -53,6 +53,7 @@ def describe(e: BaseException) -> str:
 
 
 def _is_input_error(e: BaseException) -> bool:
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.core.errors import IsthmusError
     return isinstance(e, (UsageError, ValueError, OSError, LookupError, IsthmusError, EOFError, UnicodeError))
 

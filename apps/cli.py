@@ -29,7 +29,7 @@ COMMANDS = {
     "server": ("isthmus.cloud.server", "start one task of a cloud cluster (worker, ps) from a cluster spec or $TF_CONFIG"),
     "serve": ("isthmus.cloud.offload", "serve the cloud parts of a split model to edge clients (batched offload service)"),
 }
-OVERWRITING = ("import", "export", "edge-run", "profile")  # commands whose output flag gains --force here
+OVERWRITING = ("import", "export", "edge-run", "profile", "partition")  # commands whose output flag gains --force here
 ALIASES = {"calibrate": "profile"}  # the old name of `profile` (calibration now means quantization's)
 
 

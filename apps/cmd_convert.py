@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .errors import UsageError, positive_int, refuse_overwrite
+from .errors import UsageError, output_path, positive_int
 from .model_source import LoadedModel, load_model, parse_input_shapes
 
 EXAMPLES = """examples:
@@ -34,7 +34,7 @@ def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_sha
     """Write `model` as an edge file or ONNX; returns the path written. batch=-1: a dynamic batch."""
     base = os.path.splitext(model.split(":")[0])[0]
     out = output or base + (".isth" if to == "edge" else ".converted.onnx")
-    refuse_overwrite(out, argparse.Namespace(force=force))
+    output_path(out, force)  # not there yet (or --force), and its folder exists
     if model.lower().endswith(".tflite") and nhwc:
         # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
         from isthmus.converters.tflite_import import from_tflite

@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   isthmus split cnn.onnx --bandwidth 5mbps --rtt 40ms -o deploy/
   isthmus split cnn.onnx --edge-profile phone --int8 --calibration-data calib.npz -o deploy/
   isthmus split cnn.onnx --edge-format tflite -o deploy/     # also deploy/tflite/cutN.tflite, priced for LiteRT
+  isthmus split cnn.onnx --edge-format onnx -o deploy/       # deploy/onnx/cutN.onnx, priced for onnxruntime
   isthmus profile --device my-phone --runtime litert --slowdown 1 --out my-phone.json        # on the device
   isthmus split cnn.onnx --edge-format tflite --edge-profile my-phone.json -o deploy/
   isthmus serve deploy/model.cloud --port 7070 &
@@ -29,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtt", default="40ms", help="round-trip time, e.g. 40ms (default %(default)s)")
     p.add_argument("--edge-profile", default=None,
                    help="device profile JSON of the edge (isthmus profile writes one, --runtime litert for an edge "
-                        "part run by LiteRT); 'phone' / 'phone-litert' for the ones that ship with isthmus (the "
-                        "isthmus interpreter / LiteRT on a phone); default: phone-litert with --edge-format tflite, "
-                        "else this machine 8x slower")
+                        "part run by LiteRT); 'phone' / 'phone-litert' / 'phone-ort' for the ones that ship with "
+                        "isthmus (the isthmus interpreter / LiteRT / onnxruntime on a phone); default: phone-litert "
+                        "with --edge-format tflite, phone-ort with onnx, else this machine 8x slower")
     p.add_argument("--cloud-profile", default=None, help="device profile JSON of the cloud")
     p.add_argument("--int8", action="store_true", help="quantize the edge parts to int8 (needs --calibration-data)")
     p.add_argument("--calibration-data", default=None, metavar="NPZ",
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the edge parts for LiteRT (.tflite) or ONNX Runtime Mobile (.onnx) into DIR/FORMAT/")
 
 
-DEFAULT_EDGE_PROFILE = {"tflite": "phone-litert"}   # the runtime that runs the edge part prices it
+DEFAULT_EDGE_PROFILE = {"tflite": "phone-litert", "onnx": "phone-ort"}   # the runtime that runs the edge part prices it
 PHONE_HINT = ("isthmus split: note: --edge-profile phone prices isthmus's edge interpreter; the .tflite parts run "
               "in LiteRT, which --edge-profile phone-litert (or a profile from isthmus profile --runtime litert) prices")
 

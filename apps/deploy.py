@@ -19,7 +19,8 @@ from .model_source import LoadedModel, _load_array, load_model
 PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 PHONE_PROFILE = os.path.join(PROFILES, "phone.json")
 PHONE_LITERT_PROFILE = os.path.join(PROFILES, "phone-litert.json")   # benchmarks/tflite_profile.py writes it
-SHIPPED_PROFILES = {"phone": PHONE_PROFILE, "phone-litert": PHONE_LITERT_PROFILE}
+PHONE_ORT_PROFILE = os.path.join(PROFILES, "phone-ort.json")         # ... --runtime onnxruntime
+SHIPPED_PROFILES = {"phone": PHONE_PROFILE, "phone-litert": PHONE_LITERT_PROFILE, "phone-ort": PHONE_ORT_PROFILE}
 SWEEP_BPS = tuple(float(b) for b in np.geomspace(0.1e6, 1000e6, 25))  # the cuts the client may switch among
 
 
@@ -45,8 +46,8 @@ class Deployment:
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
-    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone' and 'phone-litert' name
-    the ones that ship (apps/profiles/)."""
+    """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone', 'phone-litert' and
+    'phone-ort' name the ones that ship (apps/profiles/)."""
     from isthmus.partitioner.devices import DeviceProfile  # deferred: partitioner.devices loads scipy
     if path in (None, ""):
         return None
@@ -258,8 +259,9 @@ def _report(dep: Deployment, m: LoadedModel, link, edge, chosen, sp, at_link) ->
              + (f", {dep.cloud_file} ({os.path.getsize(dep.cloud_file):,} bytes)" if dep.cloud_file
                 else " (no cloud file: every cut keeps the model on the edge)"),
              f"wrote {dep.plan_json}, {dep.plan_svg}, {dep.report_file} in {dep.seconds:.1f} s",
-             "next: isthmus serve " + (dep.cloud_file or "MODEL.cloud") + " --port 7070   and   "
-             f"isthmus edge-run {dep.edge_file} --cloud 127.0.0.1:7070 --input x.npy"]
+             ("next: isthmus serve " + dep.cloud_file + " --port 7070   and   "
+              f"isthmus edge-run {dep.edge_file} --cloud 127.0.0.1:7070 --input x.npy" if dep.cloud_file else
+              f"next: isthmus edge-run {dep.edge_file} --input x.npy (nothing to serve at this link and profile)")]
     return "\n".join(lines)
 
 

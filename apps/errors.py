@@ -7,6 +7,8 @@ import sys
 import traceback
 from typing import Callable, Optional, Sequence
 
+from isthmus.wire.link import parse_bandwidth, parse_duration
+
 EXIT_USAGE = 2
 
 
@@ -144,7 +146,11 @@ __all__ = ["UsageError", "run_command", "describe", "input_file", "output_path",
 
 # ---- checks every command gets from cli.py, after parsing -------------------------------------------------
 FILE_ARGS = ("model", "graph", "file")   # positional arguments that name an input file
-POSITIVE_ARGS = ("batch", "max_batch", "repeat", "runs")
+POSITIVE_ARGS = ("batch", "max_batch", "repeat", "runs", "blas_threads", "max_queue", "max_waiting_per_peer",
+                 "client_requests")  # counts: 1 or more
+NON_NEGATIVE_ARGS = ("task", "malloc_mmap_threshold_kb", "malloc_trim_threshold_kb", "max_delay_ms")
+POSITIVE_FLOAT_ARGS = ("recv_timeout", "max_recv_wait", "max_message_mb", "max_request_mb", "deadline_ms",
+                       "slowdown", "edge_slowdown", "memory_budget", "timeout")  # finite, above 0
 
 
 def check_common(args) -> None:
@@ -159,10 +165,29 @@ def check_common(args) -> None:
         raise UsageError(f"--port {p}: not a port (0-65535; 0 picks a free one)")
     for path, flag in _outputs(args):
         refuse_overwrite(path, args, flag)
-    for name in POSITIVE_ARGS:
-        v = getattr(args, name, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 1:
-            raise UsageError(f"--{name.replace('_', '-')} {v}: must be at least 1")
+    for names, bad, rule in ((POSITIVE_ARGS, lambda v: v < 1, "must be at least 1"),
+                             (NON_NEGATIVE_ARGS, lambda v: not v >= 0, "must be 0 or more"),
+                             (POSITIVE_FLOAT_ARGS, lambda v: not 0 < v < float("inf"), "must be a finite number above 0")):
+        for name in names:
+            v = getattr(args, name, None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and bad(v):
+                raise UsageError(f"--{name.replace('_', '-')} {v:g}: {rule}")
+    _check_edge_run_link(args)
+
+
+def _check_edge_run_link(args) -> None:
+    """edge-run's emulated link applies only to the calls a split model makes to --cloud; its values parse."""
+    if getattr(args, "command", None) != "edge-run" or not getattr(args, "emulate_link", None):
+        return
+    if not getattr(args, "cloud", None):
+        raise UsageError(f"--emulate-link {args.emulate_link}: needs --cloud HOST:PORT (it slows the calls to the cloud)")
+    for flag, text, parse in (("--emulate-link", args.emulate_link, parse_bandwidth), ("--rtt", args.rtt, parse_duration)):
+        try:
+            ok = parse(text) > 0 if flag == "--emulate-link" else parse(text) >= 0
+        except ValueError as e:
+            raise UsageError(f"{flag} {text}: {e}") from None
+        if not ok:
+            raise UsageError(f"{flag} {text}: must be above 0")
 
 
 def _outputs(args):
@@ -171,6 +196,8 @@ def _outputs(args):
     command = getattr(args, "command", None)
     if command == "edge-run" and getattr(args, "save", None):
         yield args.save, "--save"
+    if command == "partition":
+        yield from ((path, flag) for path, flag in ((args.svg, "--svg"), (args.latency_plot, "--latency-plot")) if path)
     if command == "profile" and not getattr(args, "from_trace", None) and getattr(args, "device", None):
         yield args.out or f"{args.device}.json", "--out"
 

@@ -32,7 +32,7 @@ from isthmus.partitioner.devices import EDGE, DeviceProfile
 from isthmus.partitioner.threads import limited_blas_threads
 
 from .edge_export import to_edge
-from .litert_profile import _case_graph
+from .litert_profile import case_graph
 from .quantize import quantize_to_edge
 
 OPS = ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "AvgPool", "GlobalAvgPool", "BatchNorm",
@@ -81,7 +81,7 @@ def measure_edge(ops: Optional[Sequence[str]] = None, level: str = "quick", int8
     built = []
     for op in ops or OPS:
         for inputs, build in cal.cases(op, level):
-            g, live, values, node = _case_graph(op, inputs, build)
+            g, live, values, node = case_graph(op, inputs, build)
             c = op_cost(node)
             built.append((_edge_model(g, live, values, node, int8), values, op, cost_key(node),
                           "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written))

@@ -32,7 +32,7 @@ OPS = ("MatMul", "FusedMatMul", "Conv2D", "FusedConv2D", "MaxPool", "AvgPool", "
 WEIGHTS = {"MatMul": 1, "FusedMatMul": 1, "Conv2D": 1, "FusedConv2D": 1, "BatchNorm": 1, "BiasAdd": 1}
 
 
-def _case_graph(op: str, inputs: List[np.ndarray], build):
+def case_graph(op: str, inputs: List[np.ndarray], build):
     """(graph, live placeholders, their values, node): inputs from WEIGHTS[op] on are constants."""
     g = Graph(seed=0)
     first_const = WEIGHTS.get(op, len(inputs))
@@ -73,7 +73,7 @@ def measure_litert(ops: Optional[Sequence[str]] = None, level: str = "quick", bu
     built = []
     for op in ops or OPS:
         for inputs, build in cal.cases(op, level):
-            g, live, values, node = _case_graph(op, inputs, build)
+            g, live, values, node = case_graph(op, inputs, build)
             c = op_cost(node)
             built.append((op, graph_to_tflite(g, [node.outputs[0]]), values, cost_key(node),
                           "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written))
@@ -98,4 +98,4 @@ def calibrate_litert(device: str = "edge-litert", ops: Optional[Sequence[str]] =
     return profile
 
 
-__all__ = ["calibrate_litert", "measure_litert", "OPS"]
+__all__ = ["calibrate_litert", "measure_litert", "case_graph", "OPS"]

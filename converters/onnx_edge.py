@@ -40,7 +40,7 @@ class OnnxEdgeExportError(TFLiteExportError):
 
 class _Writer:
     def __init__(self, m: EdgeModel, batch: int):
-        from onnx import helper, numpy_helper  # deferred: onnx is a heavy or optional dependency
+        from onnx import helper, numpy_helper  # deferred: onnx is heavy; loaded when a model is written
         self.m, self.batch, self.h, self.nh = m, batch, helper, numpy_helper
         self.nodes: List = []
         self.inits: List = []
@@ -234,7 +234,7 @@ def edge_to_onnx(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequence[
                  batch: int = 1, extra: Optional[Dict[str, object]] = None):
     """An onnx.ModelProto computing `outputs` from `inputs` (default: the model's), fp32 or QDQ int8.
     Inputs and outputs are float32 (int8 boundaries become QuantizeLinear/DequantizeLinear)."""
-    from onnx import TensorProto, checker, helper  # deferred: onnx is a heavy or optional dependency
+    from onnx import TensorProto, checker, helper  # deferred: onnx is heavy; loaded when a model is written
     if isinstance(model, str):
         with open(model, "rb") as f:
             model = f.read()

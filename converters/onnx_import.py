@@ -86,6 +86,12 @@ class _Ctx:
         self.g = graph
         self.consts = consts  # names known at import time (initializers, Constant nodes, folded)
         self.opset = 1
+        self.versions: Dict[str, int] = {}  # other domains' opset versions (ai.onnx.ml, ai.onnx.preview.training)
+
+    def key(self, node) -> Tuple[str, int]:
+        """The handler-table name of `node`'s op (domain-qualified outside the default domain) and the
+        opset version its domain is imported at."""
+        return _key(node, self.opset, self.versions)
 
     def const_value(self, name: str, what: str, node) -> np.ndarray:
         if name not in self.consts:
@@ -153,8 +159,9 @@ def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str],
     from onnx import helper  # deferred: onnx is a heavy or optional dependency
     from .onnx_external import read_initializer  # cycle: converters.onnx_import <-> converters.onnx_external
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
+    versions = {o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")}
     g_onnx = model.graph
-    _check_ops(g_onnx, opset)
+    _check_ops(g_onnx, opset, versions)
     g = graph or Graph(seed=0)
     values: Dict[str, Tensor] = {}
     consts: Dict[str, np.ndarray] = {}
@@ -186,7 +193,7 @@ def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str],
                 raise ImportError_(f"graph input '{_text(vi.name)}': {e}") from None
             values[vi.name] = inputs[vi.name] = t
         c = _Ctx(g, consts)
-        c.opset = opset
+        c.opset, c.versions = opset, versions
         _run_nodes(c, g_onnx.node, values)
         unknown_out = [o.name for o in g_onnx.output if o.name not in values]
         if unknown_out:
@@ -195,13 +202,19 @@ def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str],
     return g, inputs, outputs
 
 
-def _check_ops(g_onnx, opset: int) -> None:
+def _key(node, opset: int, versions: Dict[str, int]) -> Tuple[str, int]:
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type, opset
+    return f"{_text(node.domain)}.{node.op_type}", versions.get(node.domain, 0)
+
+
+def _check_ops(g_onnx, opset: int, versions: Dict[str, int]) -> None:
     """Refuse, all at once, every op (in subgraphs too) no handler covers at this opset."""
     missing: Dict[str, List[str]] = {}
 
     def scan(nodes) -> None:
         for n in nodes:
-            if n.domain not in ("", "ai.onnx") or _pick(n.op_type, opset) is None:
+            if _pick(*_key(n, opset, versions)) is None:
                 missing.setdefault(_text(f"{_text(n.domain) + '.' if n.domain else ''}{_text(n.op_type)}"), []).append(
                     _text(n.name or (n.output[0] if n.output else "?")))
             for a in n.attribute:
@@ -236,10 +249,11 @@ def _run_nodes(c: "_Ctx", nodes, values) -> None:
         ins = [values[i] if i else None for i in n.input]
         with g.name_scope(_clean(n.name or n.op_type)):
             try:
-                _check_attrs(n, c.opset)
+                op, version = c.key(n)
+                _check_attrs(n, op, version)
                 outs = try_fold(c, n, ins)
                 if outs is None:
-                    f = _pick(n.op_type, c.opset)
+                    f = _pick(op, version)
                     outs = list(f(c, n, ins, values) if n.op_type in _SUBGRAPH_OPS else f(c, n, ins))
             except ImportError_ as e:
                 raise ImportError_(f"{where}: {_PREFIX.sub('', str(e))}") from None
@@ -252,12 +266,12 @@ def _run_nodes(c: "_Ctx", nodes, values) -> None:
                 values[name] = t
 
 
-def _check_attrs(node, opset: int) -> None:
+def _check_attrs(node, op: str, opset: int) -> None:
     """Refuse an attribute the chosen handler does not honour; for a handler that declares none, at least
     one the ONNX spec does not define for this op at this opset."""
-    allowed = declared_attrs(node.op_type, opset)
+    allowed = declared_attrs(op, opset)
     if allowed is None:
-        allowed = _spec_attrs(node.op_type, opset)
+        allowed = _spec_attrs(node.op_type, opset) if op == node.op_type else None
         if allowed is None:
             return
         extra = sorted(_text(a.name) for a in node.attribute if a.name not in allowed)
@@ -301,4 +315,4 @@ from . import onnx_composites, onnx_losses  # noqa: E402,F401,I001  (losses, bit
 # the handlers register themselves into the table above
 from . import onnx_control, onnx_elementwise, onnx_nn, onnx_resize, onnx_rnn, onnx_shapes  # noqa: E402,F401
 from . import onnx_ops_elementwise, onnx_ops_indexing, onnx_ops_norm, onnx_ops_conv, onnx_ops_quant, onnx_ops_attention  # noqa: E402,F401,I001  (issue 20: the added ops' handlers)
-from . import onnx_gridsample, onnx_ops_extra  # noqa: E402,F401  (GridSample; Shrink, MVN, windows, SwiGLU, CausalConvWithState, BitCast)
+from . import onnx_gridsample, onnx_ops_extra, onnx_ops_training  # noqa: E402,F401,I001  (GridSample; Shrink...AffineGrid; optimizers, ml)

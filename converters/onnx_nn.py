@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import isthmus.core as ism
+from isthmus.core.ops.arange import arange
 
 from .onnx_import import ImportError_, _attrs, _s, handler, refuse_unless
 
@@ -91,8 +92,9 @@ def _pool(kind):
         x = ins[0]
         refuse_unless(len(x.shape) in (4, 5), f"only 1-D, 2-D and 3-D {node.op_type} is supported, "
                                               f"the input has rank {len(x.shape)}")
-        if len(node.output) > 1 and node.output[1]:
-            raise ImportError_("the Indices output (argmax positions) is not supported")
+        want_indices = len(node.output) > 1 and bool(node.output[1])
+        refuse_unless(not want_indices or len(x.shape) == 4,
+                      "the Indices output (argmax positions) is supported for 2-D MaxPool only")
         k = tuple(at["kernel_shape"])
         refuse_unless(len(k) == len(x.shape) - 2, f"kernel_shape {list(k)} does not fit rank {len(x.shape)}")
         s = tuple(at.get("strides", [1] * len(k)))
@@ -114,9 +116,40 @@ def _pool(kind):
             pads = tuple((0, b - gb) for (_, b), (_, gb) in zip(pads, given))
         f = ism.max_pool if kind == "max" else ism.avg_pool
         if len(k) == 2:
-            return [f(x, k, s, pads, dilations=d)]
+            y = f(x, k, s, pads, dilations=d)
+            return [y, _argmax_indices(x, k, s, pads, d, int(at.get("storage_order", 0)))] if want_indices else [y]
         return [_pool_3d(f, x, k, s, pads, d)]
     return h
+
+
+def _argmax_indices(x, k, s, pads, d, storage_order: int):
+    """MaxPool's Indices: per window, where its first maximum lies in the whole input, flattened
+    (n, c, h, w) row-major (storage_order 0) or with h and w swapped (1). The windows' taps are a
+    table fixed at import (known channel and spatial dims), gathered from the -inf padded input."""
+    ch, hh, ww = x.shape[1:]
+    refuse_unless(None not in (ch, hh, ww), "the Indices output needs known channel and spatial dims")
+    (pt, pb), (pl, pr) = pads
+    hp, wp = hh + pt + pb, ww + pl + pr
+    oh = (hp - ((k[0] - 1) * d[0] + 1)) // s[0] + 1
+    ow = (wp - ((k[1] - 1) * d[1] + 1)) // s[1] + 1
+    i = (np.arange(oh)[:, None, None, None] * s[0] + np.arange(k[0])[None, None, :, None] * d[0])  # padded row
+    j = (np.arange(ow)[None, :, None, None] * s[1] + np.arange(k[1])[None, None, None, :] * d[1])  # padded col
+    i, j = np.broadcast_arrays(i, j)  # (oh, ow, kh, kw)
+    taps = (i * wp + j).reshape(-1)
+    orig_h, orig_w = i - pt, j - pl
+    orig = (orig_h * ww + orig_w if storage_order == 0 else orig_h + orig_w * hh).reshape(oh * ow, -1)
+    low = np.finfo(x.dtype).min if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    xp = ism.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_value=low) if any(pads[0] + pads[1]) else x
+    win = ism.reshape(ism.gather(ism.reshape(xp, (-1, ch, hp * wp)), ism.constant(taps.astype(np.int64)), 2),
+                      (-1, ch, oh * ow, k[0] * k[1]))
+    tap = ism.argmax(win, -1)  # (N, C, oh*ow): the first maximum's tap
+    pos = ism.add(tap, ism.constant((np.arange(oh * ow) * k[0] * k[1]).astype(np.int64)))
+    within = ism.gather(ism.constant(orig.reshape(-1).astype(np.int64)), pos, 0)
+    n = ism.reshape(ism.shape(x, "int64")[0:1], ())
+    image = ism.reshape(arange(ism.constant(np.array(0, np.int64)), ism.mul(n, ism.constant(np.array(ch, np.int64)))),
+                        (-1, ch, 1))
+    flat = ism.add(within, ism.mul(image, ism.constant(np.array(hh * ww, np.int64))))
+    return ism.reshape(flat, (-1, ch, oh, ow))
 
 
 def _pool_3d(f, x, k, s, pads, d):

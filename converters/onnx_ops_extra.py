@@ -1,5 +1,5 @@
 """ONNX import of small ops built from core ops: Shrink, MeanVarianceNormalization, the Hann, Hamming
-and Blackman windows, SwiGLU, CausalConvWithState, BitCast, TensorScatter, MaxUnpool and AffineGrid
+and Blackman windows, SwiGLU, CausalConvWithState, BitCast, TensorScatter, MaxUnpool, AffineGrid and Det
 (the ops the conformance run refused most cheaply: each is a few core ops, so each is
 differentiable where its parts are)."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ import numpy as np
 import isthmus.core as ism
 from isthmus.core.ops.arange import arange
 from isthmus.core.ops.bitwise import bitcast
+from isthmus.core.ops.det import det
 from isthmus.core.ops.pad_dynamic import pad_dynamic
 
 from .onnx_import import ImportError_, _attrs, _pick, _s, handler, refuse_unless
@@ -204,3 +205,8 @@ def _affine_grid(c, node, ins):
     out = ism.matmul(grid, ism.transpose(theta, (0, 2, 1)))  # (N, points, d)
     shape = ism.concat([ism.shape(theta, "int64")[0:1], sz[2:2 + d], ism.constant(np.array([d], np.int64))], 0)
     return [ism.cast(ism.reshape_to(out, shape), np.float32)]
+
+
+@handler("Det", 11, attrs=())
+def _det(c, node, ins):
+    return [det(ins[0])]

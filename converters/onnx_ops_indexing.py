@@ -33,8 +33,23 @@ def const_input(c, node, i: int, what: str, default=None):
 
 @handler("Tile", 6)
 def _tile(c, node, ins):
-    reps = [int(r) for r in const_input(c, node, 1, "repeats").reshape(-1)]
-    return [ism.tile(ins[0], reps)]
+    if node.input[1] in c.consts:
+        return [ism.tile(ins[0], [int(r) for r in const_input(c, node, 1, "repeats").reshape(-1)])]
+    return [_tile_run_time(ins[0], ism.cast(ins[1], np.int64))]
+
+
+def _tile_run_time(x, reps):
+    """Tile by repeats known at run time: a unit axis before each axis, broadcast to (rep0, d0, rep1,
+    d1, ...), reshaped to (rep0 * d0, rep1 * d1, ...)."""
+    r = len(x.shape)
+    dims = ism.shape(x, "int64")
+    y = x
+    for i in range(r):
+        y = ism.expand_dims(y, 2 * i)
+    target = ism.concat([t for i in range(r) for t in (reps[i:i + 1], dims[i:i + 1])], 0)
+    grown = ism.logical_or(y, ism.fill(target, False, x.dtype)) if x.dtype.kind == "b" else \
+        ism.add(y, ism.fill(target, 0, x.dtype))
+    return ism.reshape_to(grown, ism.mul(dims, reps))
 
 
 @handler("ArgMin", 1)

@@ -153,16 +153,22 @@ def _pad(c, node, ins):
     if "pads" in at or c.opset < 11:
         pads, value = _ints(at.get("pads", [0] * 2 * r)), float(at.get("value", 0.0))
         return [_pad_static(x, pads, mode, value)]
-    axes = None
+    axes = axes_t = None
     if c.has_input(node, 3):
-        axes = [a % r for a in _ints(c.const_value(node.input[3], "axes", node))]
+        if c.const_or_none(node, 3) is None:  # axes known only at run time
+            axes_t = ism.mod(ism.cast(ins[3], np.int64), ism.constant(np.array(r, np.int64)))
+        else:
+            axes = [a % r for a in _ints(c.consts[node.input[3]])]
     value_t = ins[2] if c.has_input(node, 2) else None
     pads = c.const_or_none(node, 1)
     value = c.const_or_none(node, 2)
-    if pads is None or (value_t is not None and value is None):
+    if pads is None or (value_t is not None and value is None) or axes_t is not None:
         p = ins[1] if pads is None else ism.constant(np.asarray(pads, np.int64).reshape(-1))
         p = ism.cast(p, np.int64) if p.dtype != np.int64 else p
-        if axes is not None:  # scatter the given axes' pads into [begin..., end...] over every axis
+        if axes_t is not None:  # the given axes' [begins, ends] scattered into zeros over every axis
+            idx = ism.concat([axes_t, ism.add(axes_t, ism.constant(np.array(r, np.int64)))], 0)
+            p = ism.scatter_elements(ism.constant(np.zeros(2 * r, np.int64)), idx, p, 0)
+        elif axes is not None:  # scatter the given axes' pads into [begin..., end...] over every axis
             refuse_unless(len(set(axes)) == len(axes), f"repeated axes {axes}")
             zero = ism.constant(np.zeros(1, np.int64))
             where = {a: k for k, a in enumerate(axes)}

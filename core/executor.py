@@ -112,8 +112,10 @@ class Plan:
     """A compiled step: `plan(*feed_values)` returns the tuple of fetched values."""
 
     def __init__(self, fetches: Sequence[Union[Tensor, Node]], feeds: Sequence[Tensor], ctx: KernelContext,
-                 parallel: Union[bool, str] = "auto", binding: Optional["DeviceBinding"] = None):
-        """`binding` (device_binding.py): per-node contexts of a session that places nodes on GPUs."""
+                 parallel: Union[bool, str] = "auto", binding: Optional["DeviceBinding"] = None,
+                 workers: Optional[int] = None):
+        """`binding` (device_binding.py): per-node contexts of a session that places nodes on GPUs.
+        `workers`: the branch pool's size when branches run in parallel (Session inter_op_threads)."""
         self.binding = binding
         self.fetches = list(fetches)
         self.feeds = list(feeds)
@@ -133,7 +135,7 @@ class Plan:
         if parallel == "auto":
             parallel = parallelism_pays(self.nodes, fed)
         self.parallel = bool(parallel)
-        self._runner = ParallelRunner(self) if self.parallel else None
+        self._runner = ParallelRunner(self, workers) if self.parallel else None
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""

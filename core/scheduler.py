@@ -7,7 +7,6 @@ nodes to a small thread pool (numpy releases the GIL in BLAS and most ufunc loop
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .errors import ExecutionError, IsthmusError
 from .graph import Node, Tensor
+from .threads import default_inter_op_threads
 
 # rough device figures for the decision only; the partitioner's calibrated model is the real one
 _FLOPS_PER_S = 20e9
@@ -22,17 +22,18 @@ _BYTES_PER_S = 8e9
 _DISPATCH_S = 2e-6
 HEAVY_S = 200e-6  # nodes predicted to take longer than this go to the pool
 
-_pool: Optional[ThreadPoolExecutor] = None
+_pools: Dict[int, ThreadPoolExecutor] = {}  # one shared branch pool per size (Session inter_op_threads)
 _pool_lock = threading.Lock()
 
 
-def _shared_pool() -> ThreadPoolExecutor:
-    global _pool
+def shared_pool(workers: Optional[int] = None) -> ThreadPoolExecutor:
+    """The process's branch pool of `workers` threads (default: threads.default_inter_op_threads)."""
+    workers = workers or default_inter_op_threads()
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
-                                       thread_name_prefix="isthmus-op")
-        return _pool
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="isthmus-op")
+        return pool
 
 
 def predicted_seconds(node: Node) -> float:
@@ -73,8 +74,9 @@ def parallelism_pays(nodes: Sequence[Node], fed: set) -> bool:
 class ParallelRunner:
     """Executes the nodes of a Plan by dependency counting; same kernels, same results."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, workers: Optional[int] = None):
         self.plan = plan
+        self.workers = workers or default_inter_op_threads()  # the branch pool's size
         nodes: List[Node] = [n for n in plan.nodes if n in plan.kernels]
         self.nodes = nodes
         pos = {id(n): i for i, n in enumerate(nodes)}
@@ -131,7 +133,7 @@ class ParallelRunner:
         uses = list(self.uses)
         ready = [i for i, d in enumerate(remaining) if d == 0]
         done: "queue.Queue" = queue.Queue()
-        pool = _shared_pool()
+        pool = shared_pool(self.workers)
         in_flight = 0
         kernels = [plan.kernels[n] for n in self.nodes]
 

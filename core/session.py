@@ -18,6 +18,7 @@ from .ops.numerics import checked_feed
 from .passes import optimize
 from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
 from .shapes import compatible, fmt
+from .threads import IntraOpThreads, check_option, default_inter_op_threads
 from .trace import RunMetadata, run_traced
 
 
@@ -56,7 +57,8 @@ class Session:
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
                  device: Optional[str] = None, gpu: Optional[str] = None, gpu_memory=None,
-                 capture: "bool | str" = False, check_numerics: bool = False):
+                 capture: "bool | str" = False, check_numerics: bool = False,
+                 intra_op_threads: Optional[int] = None, inter_op_threads: Optional[int] = None):
         """device: where unpinned nodes run: "cpu" (default; ISTHMUS_DEVICE overrides), "gpu", "auto"
         (a GPU when one is usable) or a name such as "/device:GPU:1". gpu: "cuda" (cupy) or
         "simulated" (the CI stand-in; default ISTHMUS_GPU, else "cuda"). gpu_memory: the device memory cap, a fraction or bytes
@@ -64,7 +66,11 @@ class Session:
         as CUDA graphs (core/capture.py).
         check_numerics: check every float output of every node as it runs (and every float
         feed); the first holding NaN or Inf fails the step with a NonFiniteError naming that node
-        (core/ops/numerics.py). Off by default: it costs about one pass over each output."""
+        (core/ops/numerics.py). Off by default: it costs about one pass over each output.
+        intra_op_threads: threads one kernel may use (BLAS, compiled kernels; default: BLAS's count
+        now, the cores unless the process limited it).
+        inter_op_threads: the branch pool's threads (1: run serially; default max(2, min(8, cores)));
+        as TensorFlow's ConfigProto (core/threads.py)."""
         self.graph = graph if graph is not None else get_default_graph()
         self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
                                    gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
@@ -81,6 +87,14 @@ class Session:
         self._closed = False
         if parallel not in (True, False, "auto"):
             raise ValueError(f"parallel must be True, False or 'auto', got {parallel!r}")
+        self.intra_op_threads = check_option(intra_op_threads, "intra_op_threads", None)
+        self.inter_op_threads = check_option(inter_op_threads, "inter_op_threads", default_inter_op_threads())
+        if self.inter_op_threads == 1:
+            if parallel is True:
+                raise ValueError("Session options parallel=True and inter_op_threads=1 disagree: "
+                                 "one inter-op thread runs the plan serially")
+            parallel = False
+        self._threads = IntraOpThreads(self.intra_op_threads)
         self.parallel = parallel  # "auto": run branches on a thread pool when the cost model says it pays
         self.optimize = optimize  # run the graph passes (core/passes) on each plan's subgraph
 
@@ -95,13 +109,14 @@ class Session:
         if entry is None:
             entry = self._compile(key, fetches, feed_dict)
         plan, unflatten, checks = entry
-        if options is not None and options.trace:
-            md = run_metadata if run_metadata is not None else RunMetadata()
-            return unflatten(run_traced(plan, [c(v) for c, v in zip(checks, feed_dict.values())], md))
-        if checks:
-            values = [check(v) for check, v in zip(checks, feed_dict.values())]
-            return unflatten(plan(*values))
-        return unflatten(plan())
+        with self._threads:
+            if options is not None and options.trace:
+                md = run_metadata if run_metadata is not None else RunMetadata()
+                return unflatten(run_traced(plan, [c(v) for c, v in zip(checks, feed_dict.values())], md))
+            if checks:
+                values = [check(v) for check, v in zip(checks, feed_dict.values())]
+                return unflatten(plan(*values))
+            return unflatten(plan())
 
     def make_callable(self, fetches, feed_list=()) -> Callable:
         """A function f(*feed_values) that runs `fetches`, skipping the per-call key lookup."""
@@ -110,7 +125,8 @@ class Session:
         plan, unflatten, checks = entry
 
         def call(*values):
-            return unflatten(plan(*[c(v) for c, v in zip(checks, values)]))
+            with self._threads:
+                return unflatten(plan(*[c(v) for c, v in zip(checks, values)]))
         return call
 
     def plan_for(self, fetches, feed_dict: Optional[Dict] = None) -> Plan:
@@ -147,7 +163,7 @@ class Session:
         nodes = prune([f.node if isinstance(f, Tensor) else f for f in fetches], set(feeds))
         pins = self.devices.gpu_pins_usable()
         if not needs_devices(nodes, self.devices.default, pins):
-            return Plan(fetches, feeds, self._ctx, self.parallel)
+            return Plan(fetches, feeds, self._ctx, self.parallel, workers=self.inter_op_threads)
         graph = nodes[0].graph if nodes else self.graph
         rw = insert_copies(graph, nodes, fetches, feeds, self.devices.default,
                            host_vars=host_variables(self.graph), gpu_pins=pins)
@@ -155,7 +171,7 @@ class Session:
             self._binding = DeviceBinding(self.devices, self.state)
         if self.capture:
             return CapturedPlan.make(rw.fetches, rw.feeds, self._ctx, self._binding, self.capture)
-        return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding)
+        return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding, workers=self.inter_op_threads)
 
     def memory_stats(self) -> Dict[str, Dict[str, int]]:
         """Per GPU: peak bytes of the last run, bytes in use now, and the cap."""

@@ -21,8 +21,6 @@ import time
 import numpy as np
 
 from ..wire.security import ClientSecurity, SecurityError
-from .cli_litert import run_litert
-from .cli_onnxruntime import run_onnxruntime
 from .format import EdgeModelError
 from .interpreter import Interpreter
 from .link_emulation import EmulatedLink
@@ -133,11 +131,17 @@ def _how(args) -> str:
 
 def run(args) -> int:
     _how(args)
-    if args.require_cloud and not args.cloud:
-        raise SystemExit("--require-cloud needs --cloud HOST:PORT")
+    if not args.cloud:  # flags that only mean something with a cloud are refused, not ignored
+        given = [f for f, v in (("--require-cloud", args.require_cloud), ("--cut", args.cut != "auto"),
+                                ("--token-file", args.token_file), ("--tls-ca", args.tls_ca),
+                                ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)) if v]
+        if given:
+            raise SystemExit(f"{given[0]} needs --cloud HOST:PORT")
     if getattr(args, "runtime", "isthmus") == "litert":
+        from .cli_litert import run_litert  # cycle: edge.cli <-> edge.cli_litert (via edge.cli_phone)
         return run_litert(args)
     if getattr(args, "runtime", "isthmus") == "onnxruntime":
+        from .cli_onnxruntime import run_onnxruntime  # cycle: edge.cli <-> edge.cli_onnxruntime (via edge.cli_phone)
         return run_onnxruntime(args)
     if args.cloud:
         return _run_split(args)

@@ -17,8 +17,7 @@ def run_litert(args) -> int:
     if not os.path.isfile(args.model):
         raise SystemExit(f"MODEL {args.model}: no such file")
     try:
-        # deferred: ai_edge_litert is optional (its ImportError is handled)
-        from ai_edge_litert.interpreter import Interpreter
+        from ai_edge_litert.interpreter import Interpreter  # deferred: LiteRT is optional; checked here
     except ImportError:
         raise SystemExit("--runtime litert needs LiteRT: pip install 'isthmus[litert]' (ai-edge-litert)") from None
     data = read_bytes(args.model)

@@ -18,8 +18,7 @@ def run_onnxruntime(args) -> int:
     if not os.path.isfile(args.model):
         raise SystemExit(f"MODEL {args.model}: no such file")
     try:
-        # deferred: onnxruntime is optional (its ImportError is handled)
-        import onnxruntime  # noqa: F401
+        import onnxruntime  # noqa: F401  # deferred: onnxruntime is heavy and optional; checked before use
     except ImportError:
         raise SystemExit("--runtime onnxruntime needs onnxruntime: pip install onnxruntime") from None
     data = read_bytes(args.model)

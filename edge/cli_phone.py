@@ -11,6 +11,7 @@ from typing import Callable, List, Sequence
 import numpy as np
 
 from ..wire.security import ClientSecurity, SecurityError
+from . import cli
 from .phone_offload import OffloadCallError
 
 
@@ -28,7 +29,6 @@ class PhoneRun:
 
 def run_phone(args, opened: PhoneRun) -> int:
     """Run `opened` on the command's inputs (once, then --repeat timed runs); print and --save."""
-    from . import cli  # cycle: edge.cli_phone <-> edge.cli (via edge.cli_litert)
     try:
         inputs = cli._inputs(args.input, opened.input_names, opened.input_shapes, cli._how(args))
         outs = opened.call(*inputs)

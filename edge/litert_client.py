@@ -31,7 +31,7 @@ def tflite_metadata(data: bytes) -> dict:
     """The .tflite's isthmus.tflite metadata (JSON), read through the PyPI `tflite` package's schema code
     (its Model reader; edge may not import converters/tflite_schema.py, so it is imported here directly)."""
     try:
-        from tflite.Model import Model  # deferred: tflite is optional (its ImportError is handled)
+        from tflite.Model import Model  # deferred: the tflite extra is optional
     except ImportError as e:
         raise ImportError("reading a .tflite's metadata needs the `tflite` extra: pip install 'isthmus[tflite]'") from e
     try:
@@ -71,7 +71,7 @@ class LiteRTOffloadClient(PhoneOffloadClient):
 
     def __init__(self, edge: Union[str, bytes], address: str, security=None, deadline_ms: float = 1000.0,
                  post: Optional[Union[str, bytes]] = None, num_threads: int = 1):
-        from ai_edge_litert.interpreter import Interpreter  # deferred: ai_edge_litert is a heavy or optional dependency
+        from ai_edge_litert.interpreter import Interpreter  # deferred: the litert extra is optional
         self.edge_bytes = read_bytes(edge)
         self.meta = tflite_metadata(self.edge_bytes)
         split = self.meta.get("split")

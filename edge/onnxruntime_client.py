@@ -29,7 +29,7 @@ METADATA_KEY = "isthmus.onnx"
 def ort_session(model: Union[str, bytes], num_threads: int = 1):
     """An onnxruntime CPU session over `model` (a path or bytes) with `num_threads` intra-op threads."""
     try:
-        import onnxruntime as ort  # deferred: onnxruntime is optional (its ImportError is handled)
+        import onnxruntime as ort  # deferred: onnxruntime is heavy and optional
     except ImportError as e:
         raise ImportError("running an .onnx edge part needs onnxruntime: pip install onnxruntime") from e
     opts = ort.SessionOptions()

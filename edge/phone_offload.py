@@ -14,6 +14,7 @@ from typing import List, Sequence, Union
 
 import numpy as np
 
+from isthmus.wire import tensor_codec
 from isthmus.wire.security import make_channel
 
 GRPC_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
@@ -58,9 +59,8 @@ class PhoneOffloadClient:
 
     def call_cloud(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
         """One Infer call: `arrays` under send_names; the answer's tensors in wire_outputs order."""
-        import grpc  # deferred: grpc is a heavy or optional dependency
-        from isthmus.proto import offload_pb2  # deferred: proto.offload_pb2 loads protobuf
-        from isthmus.wire import tensor_codec  # deferred: wire.tensor_codec loads protobuf
+        import grpc  # deferred: grpc is heavy and only a client that calls needs it
+        from isthmus.proto import offload_pb2  # deferred: protobuf's generated code, with grpc
         self._connect()
         req = offload_pb2.InferRequest(part=self.part, request_id=uuid.uuid4().hex)
         for name, a in zip(self.send_names, arrays):
@@ -80,7 +80,7 @@ class PhoneOffloadClient:
     def _connect(self) -> None:
         if self._stub is not None:
             return
-        from isthmus.proto import offload_pb2_grpc  # deferred: proto.offload_pb2_grpc loads grpc, protobuf
+        from isthmus.proto import offload_pb2_grpc  # deferred: imports grpc
         self._channel = make_channel(self.address, self.security, GRPC_OPTIONS)
         self._stub = offload_pb2_grpc.OffloadStub(self._channel)
 
@@ -97,7 +97,6 @@ class PhoneOffloadClient:
 
 
 def _from_wire(nt, want_name: str) -> np.ndarray:
-    from isthmus.wire import tensor_codec  # deferred: wire.tensor_codec loads protobuf
     if nt.name != want_name:
         raise OffloadCallError(f"the service answered '{nt.name}' where '{want_name}' was expected")
     try:

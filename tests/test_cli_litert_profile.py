@@ -54,7 +54,7 @@ def _split(model, out, *extra):
 def test_split_tflite_plans_with_the_shipped_litert_profile_unless_given_one(litert_profile, capsys):
     """Without --edge-profile, --edge-format tflite is priced by apps/profiles/phone-litert.json (LiteRT's
     kernels measured here, scaled to a phone), and the plan and its report say so; a LiteRT profile the
-    user made replaces it; the onnx and isth formats keep the built-in edge."""
+    user made replaces it; the onnx format gets phone-ort.json the same way, isth the built-in edge."""
     from isthmus.apps.deploy import PHONE_LITERT_PROFILE
     d, path = litert_profile
     model = str(d / "cnn.onnx")
@@ -82,7 +82,14 @@ def test_split_tflite_plans_with_the_shipped_litert_profile_unless_given_one(lit
     # the isthmus-interpreter phone profile with .tflite parts: planned as asked, with a note
     assert _split(model, d / "phone", "--edge-profile", "phone") == 0
     assert "--edge-profile phone-litert" in capsys.readouterr().err
-    # the onnx format plans with the built-in edge, as before
+    # the onnx format plans with the onnxruntime profile that ships; the isthmus format with the built-in edge
+    from isthmus.apps.deploy import PHONE_ORT_PROFILE
+    ort_profile = DeviceProfile.load(PHONE_ORT_PROFILE)
+    assert ort_profile.name.startswith("phone-ort (onnxruntime") and ort_profile.kernel_table == "edge"
     assert cli.main(["split", model, "-o", str(d / "onnx"), "--rtt", "5ms", "--edge-format", "onnx"]) == 0
-    assert "isthmus split: note" not in capsys.readouterr().err
-    assert json.loads((d / "onnx" / "plan.json").read_text())["edge_profile"] == EDGE.name
+    out, err = capsys.readouterr()
+    assert "isthmus split: note" not in err and "priced by the phone-ort profile" in out
+    assert json.loads((d / "onnx" / "plan.json").read_text())["edge_profile"] == ort_profile.name
+    assert cli.main(["split", model, "-o", str(d / "isth"), "--rtt", "5ms"]) == 0
+    assert json.loads((d / "isth" / "plan.json").read_text())["edge_profile"] == EDGE.name
+    assert "priced by the" not in capsys.readouterr().out

@@ -6,3 +6,4 @@ from . import comm  # noqa: F401
 from . import image, arange, recurrent, numerics  # noqa: F401
 from . import device_copy  # noqa: F401
 from . import activation, pointwise, indexing, ordering, normalization, quantization, conv_transpose, attention, einsum  # noqa: F401  (issue 20)
+from . import det  # noqa: F401  (ONNX Det)

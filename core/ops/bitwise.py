@@ -7,6 +7,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
@@ -63,8 +64,6 @@ register(OpDef("BitCast", inputs=("x",), attrs={"dtype": None}, infer=_infer_bit
 
 def bitcast(x, dtype, name: Optional[str] = None) -> Tensor:
     """x's bits reinterpreted as `dtype` (same bit width): ONNX BitCast."""
-    from .. import dtypes as _dt
-    from .base import convert
     return make("BitCast", (convert(x),), {"dtype": _dt.as_dtype(dtype)}, name=name).outputs[0]
 
 

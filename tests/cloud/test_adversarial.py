@@ -245,19 +245,40 @@ def test_the_attack_list_detects_success_with_the_cluster_token():
         server.stop()
 
 
-@pytest.mark.parametrize("method", ["/isthmus.Master/CreateSession", "/isthmus.Master/RunStep",
-                                    "/isthmus.Master/CloseSession", "/isthmus.Worker/RunGraph"])
+def _assert_invalid_argument(port, method):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        if method.endswith("Stream"):
+            call = ch.unary_stream(method, request_serializer=None, response_deserializer=None)
+            fn = lambda: list(call(b"\xff\xff\xff\xff", timeout=T))  # noqa: E731
+        else:
+            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+            fn = lambda: call(b"\xff\xff\xff\xff", timeout=T)  # noqa: E731
+        with pytest.raises(grpc.RpcError) as ei:
+            fn()
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
+        assert f"{method}: malformed request bytes" in ei.value.details()
+
+
+@pytest.mark.parametrize("method", [f"/isthmus.Master/{m}" for m in (
+    "CreateSession", "ExtendSession", "RunStep", "CloseSession", "ListDevices")] + [f"/isthmus.Worker/{m}" for m in (
+    "RegisterGraph", "RunGraph", "RecvTensor", "RecvTensorStream", "AbortStep", "DeregisterGraph", "GetStatus")])
 def test_undecodable_bytes_get_invalid_argument_on_every_service(method):
     server, port = _start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-            with pytest.raises(grpc.RpcError) as ei:
-                call(b"\xff\xff\xff\xff", timeout=T)
-            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
-            assert "malformed request bytes" in ei.value.details()
+        _assert_invalid_argument(port, method)
     finally:
         server.stop()
+
+
+def test_undecodable_bytes_get_invalid_argument_on_the_offload_service():
+    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload_model import CloudModel, cloud_part
+    g = ism.Graph()
+    with g.as_default():
+        ism.relu(ism.placeholder("float32", (None, 2), name="x"), name="y")
+    with OffloadServer(CloudModel("m", {"whole": cloud_part(ism.Session(g), ["x"], ["y"], "whole")})) as srv:
+        for m in ("Describe", "Infer", "Stats"):
+            _assert_invalid_argument(srv.port, f"/isthmus.Offload/{m}")
 
 
 @pytest.mark.parametrize("insecure", [False, True])
@@ -293,3 +314,36 @@ def test_isthmus_server_command_binds_loopback_unless_insecure(insecure):
     finally:
         p.terminate()
         p.wait(20)
+
+
+def _describe(address):
+    from isthmus.proto import offload_pb2, offload_pb2_grpc
+    with grpc.insecure_channel(address) as ch:
+        return offload_pb2_grpc.OffloadStub(ch).Describe(offload_pb2.DescribeRequest(), timeout=T)
+
+
+def test_the_offload_service_binds_loopback_unless_insecure():
+    """`isthmus serve --host 0.0.0.0` (OffloadServer) without TLS and a token: 127.0.0.1 only; with
+    --insecure (insecure=True) the host asked for, and a warning."""
+    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload_model import CloudModel, cloud_part
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 2), name="x")
+        y = ism.relu(x, name="y")
+    model = CloudModel("m", {"whole": cloud_part(ism.Session(g), ["x"], [y], "whole")})
+    own = _own_address()
+    with OffloadServer(model, host="0.0.0.0") as srv:
+        assert [p.name for p in _describe(f"127.0.0.1:{srv.port}").parts] == ["whole"]   # the local user works
+        if own is not None:
+            with pytest.raises(grpc.RpcError) as e:
+                _describe(f"{own}:{srv.port}")
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    if own is None:
+        pytest.skip("no non-loopback address on this host: the loopback half is checked above")
+    with pytest.warns(InsecureBindWarning, match="without TLS and a token"):
+        srv = OffloadServer(model, host="0.0.0.0", insecure=True)
+    try:
+        assert [p.name for p in _describe(f"{own}:{srv.port}").parts] == ["whole"]   # the check above can fail
+    finally:
+        srv.stop()

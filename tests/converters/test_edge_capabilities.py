@@ -61,7 +61,7 @@ def _lstm(x):
 
 
 def _odd_ops(x):
-    """ArgMax, Abs, an int64 path, an erf-based gelu: ops the edge has no kernel for, between ones it has."""
+    """ArgMax, Abs, an int64 path: ops the edge has no kernel for, between ones it has (gelu among them)."""
     h = nn.Dense(16, activation="relu")(x)
     h = ism.abs(h) + nn.Dense(16, activation="gelu")(h)
     return ism.argmax(nn.Dense(4)(h), axis=1)

@@ -4,7 +4,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import isthmus as ism
-from isthmus.converters.onnx_import import from_onnx
+from isthmus.converters.onnx_import import OnnxImportError, from_onnx
 
 rng = np.random.default_rng(5)
 
@@ -138,3 +138,59 @@ def test_tensor_scatter_writes_each_batch_row_at_its_index(mode):
             for t in range(s):
                 want[b, :, (w[b] + t) % 6] = upd[b, :, t]
         np.testing.assert_array_equal(got, want)
+
+
+def test_domain_ops_are_chosen_by_their_domains_version_and_adam_corrects_bias_from_step_one():
+    """ai.onnx.preview.training.Adam is found under its own domain's opset (the model imports no default
+    domain); at T = 0 the rate is R, after that R sqrt(1 - beta^T) / (1 - alpha^T) (numpy written out).
+    An op of a domain with no handler, or at a domain version before the handler's, is refused by name."""
+    vi = helper.make_tensor_value_info
+    node = helper.make_node("Adam", ["R", "T", "X", "G", "V", "H"], ["X2", "V2", "H2"], domain="ai.onnx.preview.training",
+                            alpha=0.9, beta=0.99, epsilon=1e-6, norm_coefficient=0.01)
+    ins = [vi("R", TensorProto.FLOAT, []), vi("T", TensorProto.INT64, [])] + \
+        [vi(k, TensorProto.FLOAT, ["N"]) for k in "XGVH"]
+    outs = [vi(k, TensorProto.FLOAT, None) for k in ("X2", "V2", "H2")]
+    m = helper.make_model(helper.make_graph([node], "m", ins, outs),
+                          opset_imports=[helper.make_opsetid("ai.onnx.preview.training", 1)])
+    g, gi, go = from_onnx(m)
+    sess = ism.Session(g)
+    x, gr, v, h = (rng.standard_normal(5).astype(np.float32) for _ in range(4))
+    h = np.abs(h)
+    for t in (0, 3):
+        got = sess.run(go, {gi["R"]: np.float32(0.1), gi["T"]: np.int64(t), gi["X"]: x, gi["G"]: gr, gi["V"]: v, gi["H"]: h})
+        g2 = 0.01 * x + gr
+        v2, h2 = 0.9 * v + 0.1 * g2, 0.99 * h + 0.01 * g2 * g2
+        rate = 0.1 * np.sqrt(1 - 0.99 ** t) / (1 - 0.9 ** t) if t else 0.1
+        np.testing.assert_allclose(got[0], x - rate * v2 / (np.sqrt(h2) + 1e-6), rtol=1e-5)
+        np.testing.assert_allclose(got[1], v2, rtol=1e-6)
+        np.testing.assert_allclose(got[2], h2, rtol=1e-6)
+    m.opset_import[0].version = 0
+    with pytest.raises(OnnxImportError, match=r"ai\.onnx\.preview\.training\.Adam x1"):
+        from_onnx(m)
+    node.domain = "com.example"
+    m2 = helper.make_model(helper.make_graph([node], "m", ins, outs), opset_imports=[helper.make_opsetid("com.example", 1)])
+    with pytest.raises(OnnxImportError, match=r"com\.example\.Adam x1"):
+        from_onnx(m2)
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                   dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], dilations=[1, 2]),
+                                   dict(kernel_shape=[2, 3], strides=[1, 2], storage_order=1)])
+def test_max_pool_indices_match_onnxruntime_at_unknown_batch(attrs):
+    """MaxPool's second output (argmax positions over the whole input) and its values, vs onnxruntime."""
+    import onnxruntime as ort
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph([helper.make_node("MaxPool", ["x"], ["p", "i"], **attrs)], "m",
+                                            [vi("x", TensorProto.FLOAT, ["N", 2, 5, 7])],
+                                            [vi("p", TensorProto.FLOAT, None), vi("i", TensorProto.INT64, None)]),
+                          opset_imports=[helper.make_opsetid("", 12)])
+    m.ir_version = 8
+    g, ins, outs = from_onnx(m)
+    sess = ism.Session(g)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = rng.permutation(n * 70).reshape(n, 2, 5, 7).astype(np.float32) - 30  # distinct: one argmax
+        want = ref.run(None, {"x": x})
+        got = sess.run(outs, {ins["x"]: x})
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])

@@ -226,3 +226,36 @@ def test_dft_with_a_run_time_axis_counts_it_over_every_axis(axis):
     got = ism.Session(gi).run(outs[0], {ins["x"]: x, ins["a"]: np.array(axis, np.int64)})
     z = np.fft.rfft(x[..., 0], axis=axis % 4)
     np.testing.assert_allclose(got, np.stack([z.real, z.imag], -1), rtol=1e-5, atol=1e-5)
+
+
+def test_tile_by_run_time_repeats_and_pad_of_run_time_axes_match_onnxruntime():
+    """Tile whose repeats are computed from the input's Shape, and a Pad whose axes are a graph input
+    (opset 18), on inputs of unknown dims: onnxruntime's numbers at two sizes; Tile's gradient is a
+    sum over the copies."""
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["s"]), n("Slice", ["s", "zero1", "one1"], ["nb"]),
+             n("Concat", ["one1", "nb"], ["reps"], axis=0),  # repeat axis 1 by the batch size
+             n("Tile", ["x", "reps"], ["t"]),
+             n("Pad", ["x", "pads", "padv", "axes"], ["p"], mode="constant")]
+    inits = [_i("zero1", 0), _i("one1", 1), numpy_helper.from_array(np.array(-1.5, np.float32), "padv")]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", F, ["N", "T"]),
+                                       helper.make_tensor_value_info("pads", I64, [2]),
+                                       helper.make_tensor_value_info("axes", I64, [1])],
+                          [helper.make_tensor_value_info(k, F, None) for k in ("t", "p")], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    gi, ins, outs = from_onnx(m)
+    sess = ism.Session(gi)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    for shape, axes in (((1, 3), [-1]), ((3, 5), [0])):
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32), "pads": np.array([1, 2], np.int64),
+                 "axes": np.array(axes, np.int64)}
+        want = ref.run(None, feeds)
+        got = sess.run(outs, {ins[k]: v for k, v in feeds.items()})
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    with gi.as_default():
+        (dx,) = ism.gradients(ism.reduce_sum(outs[0]), [ins["x"]])
+    x = rng.standard_normal((3, 2)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(dx, {ins["x"]: x}), np.full((3, 2), 3.0, np.float32))

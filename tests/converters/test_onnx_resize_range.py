@@ -125,3 +125,30 @@ def test_matmul_of_a_stack_by_a_matrix_with_symbolic_dims():
                                 [numpy_helper.from_array(w, "w")], {"x": x})
     assert outs[0].shape == (None, None, 5)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_tf_crop_and_resize_with_run_time_roi_and_sizes_matches_onnxruntime():
+    """Linear tf_crop_and_resize over H and W, roi and sizes fed at run time (boxes reaching outside the
+    image take extrapolation_value), at batch 1 and 3, vs onnxruntime."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    node = helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], mode="linear", axes=[2, 3],
+                            coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-7.0)
+    m = helper.make_model(helper.make_graph([node], "m", [vi("x", TensorProto.FLOAT, ["N", 2, 6, 5]),
+                                                         vi("roi", TensorProto.FLOAT, [4]),
+                                                         vi("sizes", TensorProto.INT64, [2])],
+                                            [vi("y", TensorProto.FLOAT, None)]),
+                          opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    g, ins, outs = from_onnx(m)
+    sess = ism.Session(g)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    r = np.random.default_rng(8)
+    for n, roi, sizes in ((1, [0.1, 0.2, 0.7, 0.9], [4, 3]), (3, [-0.2, 0.3, 0.6, 1.3], [5, 1]), (2, [0.4, 0.0, 0.4, 1.0], [1, 6])):
+        feeds = {"x": r.standard_normal((n, 2, 6, 5)).astype(np.float32), "roi": np.array(roi, np.float32),
+                 "sizes": np.array(sizes, np.int64)}
+        want = ref.run(None, feeds)[0]
+        got = sess.run(outs[0], {ins[k]: v for k, v in feeds.items()})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

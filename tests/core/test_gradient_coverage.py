@@ -10,8 +10,9 @@ from isthmus.core import registry
 
 from . import test_array_ops, test_conv_ops, test_math_ops, test_nn_ops, test_reduce_ops
 from . import test_activation_ops, test_conv_transpose_quant_ops, test_einsum_ops, test_indexing_ops  # issue 20
+from . import test_det_ops
 
-ADDED_FAMILIES = (test_activation_ops, test_indexing_ops, test_conv_transpose_quant_ops, test_einsum_ops)  # CASES rows: (name, build, inputs, ref, differentiable)
+ADDED_FAMILIES = (test_activation_ops, test_indexing_ops, test_conv_transpose_quant_ops, test_einsum_ops, test_det_ops)  # CASES rows: (name, build, inputs, ref, differentiable)
 
 # ops whose gradients are checked by dedicated tests rather than by the tables above
 CHECKED_ELSEWHERE = {

@@ -92,7 +92,7 @@ CASES = [
         output_padding=(1, 2))], True),
     ("conv_1d", (2, 3, 11), lambda x, r: [ism.squeeze(ism.conv2d(ism.expand_dims(x, 2), _c(r, 5, 3, 1, 3),
                                                                  strides=(1, 2), padding=((0, 0), (1, 1))), 2)],
-     False),
+     True),
 ]
 
 

@@ -23,9 +23,12 @@ from .test_offload_client import _ServeProcess, planner, server, split  # noqa: 
 
 
 def _wide():
-    """An MLP whose 16 kB input makes a link drop plain from one call (65 ms at 2 Mbit/s against
-    10-20 ms of jitter on a loaded 2-core machine); priced for an edge 32x slower than the profile,
-    its cuts are: everything on the edge below ~0.26 Mbit/s, the first layer up to ~8.4, the input above."""
+    """An MLP whose 16 kB input makes a link drop plain from one call (262 ms at 0.5 Mbit/s against
+    the tens of ms of delays on a loaded 2-core machine); priced for an edge 64x slower than the
+    profile, its cuts are: everything on the edge below ~0.11 Mbit/s, the first layer up to ~4.2, the
+    input above. So cut2's 16 kB at 100 Mbit/s shows a fast enough link unless a call is held ~27 ms
+    (at 32x the boundary was ~8.4 Mbit/s: ~14 ms), and cut1's 168 bytes can never show one: at the
+    client's 0.5 ms resolution they read at most 2.7 Mbit/s, below 4.2 / 1.15 (at 128x they did)."""
     g = ism.Graph(seed=0)
     rng = np.random.default_rng(0)
     with g.as_default():
@@ -37,13 +40,16 @@ def _wide():
             h = ism.matmul(h, wt, name=f"mm{i}")
             h = ism.relu(h, name=f"act{i}") if i < 2 else h
         y = ism.softmax(h, name="y")
-    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 2e-3), edge=EDGE.scaled(32))
-    return g, x, y, AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=np.logspace(5, 10, 21))
+    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 2e-3), edge=EDGE.scaled(64))
+    return g, x, y, AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=np.logspace(4, 10, 25))
 
 
 def test_the_request_after_a_drop_runs_on_the_new_cut(tmp_path):
-    """100 -> 2 Mbit/s: the request that meets the drop measures it, the next one runs on cut1
-    (with the largest-of-3 window alone, 3 requests still ran on cut2)."""
+    """100 -> 0.5 Mbit/s: the request that meets the drop measures it, the next one runs on cut1
+    (with the largest-of-3 window alone, 3 requests still ran on cut2). A drop must show 100 ms
+    (drop_min_s; 10 ms by default) over its expected time: a busy machine (pytest -n, a CPU hog)
+    held single fast-link calls past 10 ms and twice the recent jitter, a drop that was none; the
+    real one shows ~260 ms."""
     g, x, y, pl = _wide()
     sp = export_split(g, [y], pl, model_name="wide")
     model, cloud = str(tmp_path / "w.isth"), str(tmp_path / "w.cloud")
@@ -54,12 +60,12 @@ def test_the_request_after_a_drop_runs_on_the_new_cut(tmp_path):
     srv = _ServeProcess(cloud)
     link = EmulatedLink(100e6, 2e-3)
     try:
-        with OffloadClient(model, srv.address, deadline_ms=3000, link=link, ping_every=1000) as c:
+        with OffloadClient(model, srv.address, deadline_ms=3000, link=link, ping_every=1000, drop_min_s=0.1) as c:
             assert [(cut.name, cut.inputs) for cut in c.split.cuts] == [("cut0", []), ("cut1", ["mm0:0"]),
                                                                        ("cut2", ["x:0"])]
-            assert c.split.cuts[1].min_bandwidth_bps < 2e6 / 1.15 and c.split.cuts[2].min_bandwidth_bps > 2e6 * 1.15
+            assert c.split.cuts[1].min_bandwidth_bps < 0.5e6 / 4 and c.split.cuts[2].min_bandwidth_bps > 0.5e6 * 4
             seen = []
-            for bw, n in ((100e6, 6), (2e6, 4)):
+            for bw, n in ((100e6, 6), (0.5e6, 4)):
                 link.set(bw)
                 for _ in range(n):
                     v = xs[len(seen)]
@@ -68,8 +74,8 @@ def test_the_request_after_a_drop_runs_on_the_new_cut(tmp_path):
             st = c.stats()
     finally:
         srv.stop()
-    assert seen[:6] == ["cut2"] * 6, seen               # fast link: the input goes to the cloud
-    assert seen[6] == "cut2" and seen[7:] == ["cut1"] * 3, seen  # the drop seen by request 7, acted on by 8
+    assert seen[:6] == ["cut2"] * 6, (" ".join(seen), st)  # fast link: the input goes to the cloud
+    assert seen[6] == "cut2" and seen[7:] == ["cut1"] * 3, (" ".join(seen), st)  # the drop seen by request 7, acted on by 8
     assert st["drops"] == 1 and st["switches"] == 1 and st["fallback"] == 0, st
 
 

@@ -1,0 +1,115 @@
+"""Session options intra_op_threads / inter_op_threads reach BLAS (threadpoolctl), numba and the branch pool."""
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import isthmus as ism
+from isthmus.core import registry
+from isthmus.core.threads import blas_threads_now, default_inter_op_threads
+
+
+def _blas_count():
+    return blas_threads_now()
+
+
+needs_blas = pytest.mark.skipif(_blas_count() is None, reason="threadpoolctl sees no BLAS library")
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """Neg's kernel, replaced for one test: it records BLAS's and numba's thread counts as it runs."""
+    seen = []
+
+    def kernel(node, ctx):
+        def run(x):
+            import sys
+            nb = sys.modules.get("numba")
+            seen.append((_blas_count(), nb.get_num_threads() if nb is not None else None))
+            return -x
+        return run
+    monkeypatch.setattr(registry.get("Neg"), "kernel", kernel)
+    return seen
+
+
+def _graph():
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(np.float32, (3,), name="x")
+        y = ism.neg(x, name="y")
+    return g, x, y
+
+
+def _run(sess, x, y):
+    out = sess.run(y, {x: np.arange(3, dtype=np.float32)})
+    np.testing.assert_array_equal(out, -np.arange(3, dtype=np.float32))
+
+
+@needs_blas
+def test_intra_op_threads_limits_blas_during_the_run_only(probe):
+    g, x, y = _graph()
+    with threadpool_limits(2, user_api="blas"):
+        before = _blas_count()
+        _run(ism.Session(g, optimize=False, intra_op_threads=1), x, y)
+        assert probe[-1][0] == 1
+        assert _blas_count() == before  # restored after the run
+
+
+@needs_blas
+def test_intra_op_threads_raises_a_process_limit_for_its_runs(probe):
+    g, x, y = _graph()
+    with threadpool_limits(1, user_api="blas"):
+        _run(ism.Session(g, optimize=False, intra_op_threads=2), x, y)
+        assert probe[-1][0] == 2
+        assert _blas_count() == 1
+
+
+@needs_blas
+def test_default_keeps_the_process_limit(probe):
+    g, x, y = _graph()
+    with threadpool_limits(1, user_api="blas"):
+        _run(ism.Session(g, optimize=False), x, y)
+    assert probe[-1][0] == 1
+
+
+def test_intra_op_threads_reach_numba(probe):
+    nb = pytest.importorskip("numba")
+    if nb.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread here")
+    g, x, y = _graph()
+    s = ism.Session(g, optimize=False, intra_op_threads=1)
+    _run(s, x, y)
+    assert probe[-1][1] == 1
+    _run(ism.Session(g, optimize=False, intra_op_threads=2), x, y)
+    assert probe[-1][1] == 2
+    f = s.make_callable(y, [x])
+    f(np.zeros(3, np.float32))
+    assert probe[-1][1] == 1
+
+
+def test_inter_op_threads_size_the_branch_pool():
+    g, x, y = _graph()
+    s = ism.Session(g, optimize=False, parallel=True, inter_op_threads=3)
+    plan = s.plan_for(y, {x: np.zeros(3, np.float32)})
+    assert plan.parallel and plan._runner.workers == 3
+    _run(s, x, y)
+    from isthmus.core.scheduler import shared_pool
+    assert shared_pool(3)._max_workers == 3
+    d = ism.Session(g, optimize=False, parallel=True)
+    assert d.plan_for(y, {x: np.zeros(3, np.float32)})._runner.workers == default_inter_op_threads()
+    assert d.inter_op_threads == default_inter_op_threads() >= 2
+
+
+def test_one_inter_op_thread_runs_serially():
+    g, x, y = _graph()
+    s = ism.Session(g, optimize=False, inter_op_threads=1)
+    assert not s.plan_for(y, {x: np.zeros(3, np.float32)}).parallel
+    _run(s, x, y)
+    with pytest.raises(ValueError, match="inter_op_threads=1"):
+        ism.Session(g, parallel=True, inter_op_threads=1)
+
+
+@pytest.mark.parametrize("option", ["intra_op_threads", "inter_op_threads"])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2"])
+def test_bad_thread_counts_are_refused_naming_the_option(option, bad):
+    with pytest.raises(ValueError, match=option):
+        ism.Session(ism.Graph(), **{option: bad})

@@ -1,0 +1,169 @@
+"""The quantization a QDQ model carries, for the edge quantizer: QuantizeLinear -> DequantizeLinear pairs
+folded away (their scale and zero point kept per tensor), DequantizeLinear of constant weights and biases
+folded into float constants (their integer scales kept per constant), and the checks that the edge's int8
+conventions (int8 activations per tensor, symmetric weights per output channel) hold for those numbers."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.core.passes import Rewrite
+from isthmus.core.passes.fusion import Builder
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+@dataclass
+class ConstQuant:
+    """A constant's integer form in the QDQ file: scale and zero point (scalars or per `axis`)."""
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+    node: str  # the DequantizeLinear that gave it, for messages
+
+
+@dataclass
+class QdqParams:
+    """Per tensor name of the stripped graph: activations (scale, int8 zero point), constants ConstQuant."""
+    activations: Dict[str, Tuple[float, int]] = field(default_factory=dict)
+    constants: Dict[str, ConstQuant] = field(default_factory=dict)
+    source: Dict[str, str] = field(default_factory=dict)  # activation tensor -> the QuantizeLinear node
+
+
+def has_qdq(nodes: Sequence[Node]) -> bool:
+    """Whether a graph (its needed nodes) is in QDQ form."""
+    return any(n.op in QDQ_OPS for n in nodes)
+
+
+def _const(t: Tensor) -> Optional[np.ndarray]:
+    return np.asarray(t.node.attrs["value"]) if t.node.op == "Const" else None
+
+
+def _activation_params(q: Node) -> Tuple[float, int]:
+    """(scale, zero point on the edge's int8 grid) of a per-tensor QuantizeLinear; uint8 shifts by 128."""
+    s, z = _const(q.inputs[1]), _const(q.inputs[2])
+    if s is None or z is None:
+        raise ValueError(f"node '{q.name}' (QuantizeLinear): scale and zero point must be constants to go to "
+                         "the edge as int8")
+    if s.size != 1 or z.size != 1:
+        raise ValueError(f"node '{q.name}' (QuantizeLinear): a scale per channel on an activation; the edge's "
+                         "int8 activations have one scale per tensor")
+    if z.dtype == np.uint8:
+        return float(s.reshape(())), int(z.reshape(())) - 128
+    if z.dtype == np.int8:
+        return float(s.reshape(())), int(z.reshape(()))
+    raise ValueError(f"node '{q.name}' (QuantizeLinear): {z.dtype} values; the edge's int8 kernels take int8 or "
+                     "uint8 (shifted by 128) only")
+
+
+def _pairs(g: Graph, fetched: set) -> Tuple[Dict[Node, Node], set]:
+    """DequantizeLinear -> the QuantizeLinear it undoes (same constant scale and zero point), and the
+    QuantizeLinear nodes that only such pairs read (they disappear)."""
+    users: Dict[Tensor, List[Node]] = {}
+    for n in g.nodes:
+        for t in n.inputs:
+            users.setdefault(t, []).append(n)
+    pairs = {}
+    for n in g.nodes:
+        if n.op != "DequantizeLinear" or n.inputs[0].node.op != "QuantizeLinear":
+            continue
+        q = n.inputs[0].node
+        same = all(_const(a) is not None and _const(b) is not None and np.array_equal(_const(a), _const(b))
+                   for a, b in zip(q.inputs[1:], n.inputs[1:]))
+        if not same:
+            raise ValueError(f"node '{n.name}' (DequantizeLinear): its scale or zero point differs from those of "
+                             f"'{q.name}' (QuantizeLinear) before it; a QDQ pair must share them")
+        pairs[n] = q
+    gone = {q for q in set(pairs.values())
+            if q.outputs[0] not in fetched and all(u in pairs for u in users.get(q.outputs[0], []))}
+    return pairs, gone
+
+
+def strip_qdq(graph: Graph, fetches: Sequence[Tensor]) -> Tuple[Rewrite, QdqParams]:
+    """`graph` without its QDQ pairs (a consumer of DequantizeLinear(QuantizeLinear(x)) reads x, whose
+    parameters are kept) and with DequantizeLinear(constant) folded into a float constant (the integer
+    scales kept under the constant's name). Other Quantize/DequantizeLinear nodes stay as they are."""
+    pairs, gone = _pairs(graph, set(fetches))
+    b, p = Builder(Rewrite(graph, list(fetches), [], {})), QdqParams()
+    for n in graph.nodes:
+        if n in gone:
+            continue
+        if n in pairs:
+            x = b.map[pairs[n].inputs[0]]
+            params = _activation_params(pairs[n])
+            old = p.activations.setdefault(x.name, params)
+            if old != params:
+                raise ValueError(f"tensor '{x.name}': quantized twice with different parameters ({old} in "
+                                 f"'{p.source[x.name]}', {params} in '{pairs[n].name}')")
+            p.source.setdefault(x.name, pairs[n].name)
+            b.map[n.outputs[0]] = x
+        elif n.op == "DequantizeLinear" and all(_const(t) is not None for t in n.inputs):
+            b.map[n.outputs[0]] = _fold_dequantize(b, n, p)
+        else:
+            b.copy(n)
+    return Rewrite(b.g, [b.map[t] for t in fetches], [], {"qdq_folded": len(pairs)}), p
+
+
+def _fold_dequantize(b: Builder, n: Node, p: QdqParams) -> Tensor:
+    q, s, z = (_const(t) for t in n.inputs)
+    axis = n.attrs["axis"] % max(q.ndim, 1)
+    if n.attrs.get("block_size"):
+        raise ValueError(f"node '{n.name}' (DequantizeLinear): blocked quantization; the edge's int8 kernels "
+                         "take one scale per tensor or per output channel")
+    shape = [-1 if i == axis else 1 for i in range(q.ndim)] if s.size > 1 else [1] * q.ndim
+    value = ((q.astype(np.float32) - z.reshape(shape).astype(np.float32)) * s.reshape(shape)).astype(s.dtype)
+    t = b.g.add_node("Const", [], {"value": value}, name=n.name, device=n.device).outputs[0]
+    zp = z.astype(np.int64).reshape(-1) - (128 if z.dtype == np.uint8 else 0)  # on the edge's int8 grid
+    p.constants[t.name] = ConstQuant(s.astype(np.float64).reshape(-1), zp, axis, n.name)
+    return t
+
+
+def weight_scales(node: Node, wv: np.ndarray, axis: int, cq: ConstQuant) -> Tuple[np.ndarray, List[str]]:
+    """The per-output-channel scales of `node`'s weights as the QDQ file gives them, and notes on what had
+    to be requantized to meet the edge kernels' symmetric per-channel form (each named by node)."""
+    notes, channels = [], wv.shape[axis]
+    if cq.scale.size == 1:
+        s_w = np.full(channels, float(cq.scale[0]))
+    elif cq.axis == axis and cq.scale.size == channels:
+        s_w = cq.scale.copy()
+    else:
+        raise ValueError(f"node '{node.name}' ({node.op}): weights quantized along axis {cq.axis} by "
+                         f"'{cq.node}'; the edge's int8 kernels take a scale per output channel (axis {axis})")
+    if np.any(cq.zero_point != 0):
+        s_w = np.maximum(np.abs(wv).max(axis=tuple(i for i in range(wv.ndim) if i != axis)), 1e-12) / 127.0
+        notes.append(f"node '{node.name}': weights of '{cq.node}' have nonzero zero points; requantized to "
+                     "symmetric int8 (zero point 0, scale max|w|/127 per output channel)")
+    else:
+        q = np.round(wv / s_w.reshape([-1 if i == axis else 1 for i in range(wv.ndim)]))
+        if np.any(q < -127):
+            notes.append(f"node '{node.name}': weights of '{cq.node}' at -128 are clipped to -127 (the edge's "
+                         "int8 weights are symmetric)")
+    return s_w, notes
+
+
+def bias_note(node: Node, bias: Tensor, s_in: float, s_w: np.ndarray, p: QdqParams) -> Optional[str]:
+    """A note when the QDQ file's bias scale is not input scale x weight scale (the edge's int32 bias is)."""
+    cq = p.constants.get(bias.name)
+    if cq is None:
+        return None
+    want = s_in * s_w
+    have = np.broadcast_to(cq.scale, want.shape)
+    if np.any(cq.zero_point != 0) or not np.allclose(have, want, rtol=1e-5, atol=0):
+        return (f"node '{node.name}': bias of '{cq.node}' has scale {have.tolist()} (zero points "
+                f"{cq.zero_point.tolist()}), not input x weight scale {want.tolist()}; requantized to the latter")
+    return None
+
+
+def warn_notes(notes: Sequence[str]) -> None:
+    for note in notes:
+        warnings.warn("QDQ quantization: " + note, RuntimeWarning, stacklevel=3)
+
+
+def missing_error(t: Tensor, user: Node) -> ValueError:
+    return ValueError(f"tensor '{t.name}' (read or written by int8 node '{user.name}', {user.op}) has no scale "
+                      "and zero point in the QDQ model and no calibration data was given: add a "
+                      "QuantizeLinear/DequantizeLinear pair on it or pass calibration data")

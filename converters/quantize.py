@@ -91,7 +91,8 @@ def _same_qparams(nodes, int8: set, qp: dict, qdqp) -> None:
 def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration=None,
                      percentile: Optional[float] = None, batch: int = 1,
                      pow2_scales: bool = True, short_scales: bool = True, method: Optional[str] = None,
-                     per_channel: bool = True, qdq: Optional[bool] = None) -> Tuple[bytes, Dict[str, object]]:
+                     per_channel: bool = True, qdq: Optional[bool] = None,
+                     qdq_params: Optional[qdq_form.QdqParams] = None) -> Tuple[bytes, Dict[str, object]]:
     """(edge model bytes, report). `calibration`: the representative dataset, as feed dicts keyed by
     placeholder name or Tensor, arrays (one input), an array [N, ...] or an .npy/.npz file
     (calibration.calibration_feeds). method: "minmax" (default), "percentile" (at `percentile`,
@@ -105,7 +106,9 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     qdq: take scales and zero points from the model's own QuantizeLinear/DequantizeLinear pairs (a QDQ
     model, converters/quantize_qdq.py), folding the pairs away; None: when the graph has any. Calibration
     is then optional: it fills in only tensors the file leaves without parameters (an error names the
-    first such tensor when none is given); pow2_scales and short_scales are off (the file's scales stay)."""
+    first such tensor when none is given); pow2_scales and short_scales are off (the file's scales stay).
+    qdq_params: parameters by tensor name from elsewhere (a split's part: those of the whole model,
+    quantize_qdq.fp32_graph), for a graph whose QDQ pairs were already folded away."""
     method = method or ("percentile" if percentile is not None else "minmax")
     import isthmus.core as ism
     from isthmus.core.executor import prune
@@ -113,11 +116,14 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     outs0 = [session.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
     frozen = freeze(session, outs0)
     outs0 = [frozen.tensor(t.name) for t in outs0]
-    qdq = qdq_form.has_qdq(prune([t.node for t in outs0], set())) if qdq is None else qdq
+    in_graph = qdq_form.has_qdq(prune([t.node for t in outs0], set()))
+    qdq = (in_graph or qdq_params is not None) if qdq is None else qdq
     qdqp = qdq_form.QdqParams()
     if qdq:  # the file's scales are the model's: kept exactly, none of the speed-minded roundings
-        srw, qdqp = qdq_form.strip_qdq(frozen, outs0)
-        frozen, outs0 = srw.graph, list(srw.fetches)
+        if in_graph:
+            srw, qdqp = qdq_form.strip_qdq(frozen, outs0)
+            frozen, outs0 = srw.graph, list(srw.fetches)
+        qdqp = qdqp.merged(qdq_params)
         pow2_scales = short_scales = False
     elif calibration is None:
         raise ValueError("quantize_to_edge: calibration data is needed (the model has no QDQ scales of its own)")

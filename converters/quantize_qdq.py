@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,6 +32,22 @@ class QdqParams:
     activations: Dict[str, Tuple[float, int]] = field(default_factory=dict)
     constants: Dict[str, ConstQuant] = field(default_factory=dict)
     source: Dict[str, str] = field(default_factory=dict)  # activation tensor -> the QuantizeLinear node
+
+    def merged(self, other: Optional["QdqParams"]) -> "QdqParams":
+        """These parameters, completed by `other`'s (ours win where both name a tensor)."""
+        if other is None:
+            return self
+        return QdqParams({**other.activations, **self.activations}, {**other.constants, **self.constants},
+                         {**other.source, **self.source})
+
+    def with_aliases(self, aliases: Mapping[str, str]) -> "QdqParams":
+        """A copy where tensor `new` also has the parameters of `old`, for each new -> old (a split's
+        received tensors, which become placeholders of another name)."""
+        act = dict(self.activations)
+        act.update({new: act[old] for new, old in aliases.items() if old in act})
+        src = dict(self.source)
+        src.update({new: src[old] for new, old in aliases.items() if old in src})
+        return QdqParams(act, dict(self.constants), src)
 
 
 def has_qdq(nodes: Sequence[Node]) -> bool:
@@ -167,3 +183,13 @@ def missing_error(t: Tensor, user: Node) -> ValueError:
     return ValueError(f"tensor '{t.name}' (read or written by int8 node '{user.name}', {user.op}) has no scale "
                       "and zero point in the QDQ model and no calibration data was given: add a "
                       "QuantizeLinear/DequantizeLinear pair on it or pass calibration data")
+
+
+def fp32_graph(session, outputs: Sequence[Tensor]) -> Tuple[Graph, List[Tensor], QdqParams]:
+    """The float model a QDQ model quantizes (variables frozen, the QDQ pairs folded away), its outputs,
+    and the parameters the pairs gave: what a planner prices and a cloud part runs."""
+    from isthmus.core.passes import freeze
+    outs = [session.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
+    frozen = freeze(session, outs)
+    rw, params = strip_qdq(frozen, [frozen.tensor(t.name) for t in outs])
+    return rw.graph, list(rw.fetches), params

@@ -92,7 +92,8 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                      percentile: Optional[float] = None, batch: int = 1,
                      pow2_scales: bool = True, short_scales: bool = True, method: Optional[str] = None,
                      per_channel: bool = True, qdq: Optional[bool] = None,
-                     qdq_params: Optional[qdq_form.QdqParams] = None) -> Tuple[bytes, Dict[str, object]]:
+                     qdq_params: Optional[qdq_form.QdqParams] = None,
+                     unquantized: str = "error") -> Tuple[bytes, Dict[str, object]]:
     """(edge model bytes, report). `calibration`: the representative dataset, as feed dicts keyed by
     placeholder name or Tensor, arrays (one input), an array [N, ...] or an .npy/.npz file
     (calibration.calibration_feeds). method: "minmax" (default), "percentile" (at `percentile`,
@@ -108,7 +109,10 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     is then optional: it fills in only tensors the file leaves without parameters (an error names the
     first such tensor when none is given); pow2_scales and short_scales are off (the file's scales stay).
     qdq_params: parameters by tensor name from elsewhere (a split's part: those of the whole model,
-    quantize_qdq.fp32_graph), for a graph whose QDQ pairs were already folded away."""
+    quantize_qdq.fp32_graph), for a graph whose QDQ pairs were already folded away.
+    unquantized: what an int8-capable node reading or writing a tensor without parameters does: "error"
+    (a ValueError naming the tensor) or "fp32" (it runs in float: a split's part cut where the file
+    has no pair, e.g. between a conv and its bias)."""
     method = method or ("percentile" if percentile is not None else "minmax")
     import isthmus.core as ism
     from isthmus.core.executor import prune
@@ -149,9 +153,12 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     qp.update({t: qdqp.activations[t.name] for t in floats if t.name in qdqp.activations})
     _same_qparams(nodes, int8, qp, qdqp)
     for n in nodes:
-        for t in list(n.inputs) + list(n.outputs) if n in int8 else ():
-            if t.node.op != "Const" and t not in qp:
-                raise qdq_form.missing_error(t, n)
+        ts = list(n.inputs) + list(n.outputs) if n in int8 else []
+        lacking = [t for t in ts if t.node.op != "Const" and t not in qp]
+        if lacking and unquantized == "fp32":
+            int8.discard(n)
+        elif lacking:
+            raise qdq_form.missing_error(lacking[0], n)
     notes: List[str] = []
 
     w = ModelWriter()
@@ -204,6 +211,9 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                 if cq is not None:  # the file's own weight scales
                     s_w, more = qdq_form.weight_scales(n, wv, axis, cq)
                     notes += more
+                elif qdq:  # e.g. a weight the file dequantizes before a Transpose that folding merged
+                    notes.append(f"node '{n.name}': the QDQ model gives no scales for its weights "
+                                 f"'{n.inputs[1].name}'; quantized per channel from their own range")
                 elif not per_channel:  # one scale for the tensor, written per channel (the kernels' layout)
                     s_w = np.full_like(s_w, s_w.max())
                 if pow2_scales and axis == 0:
@@ -251,12 +261,17 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     for t in floats:
         if t in qp:
             lo, hi = ranges.get(t, (None, None))
+            src = "qdq" if t.name in qdqp.activations else "calibration" if t in ranges else "derived"
+            # derived: from the other side of an op that keeps its input's quantization (SAME_QPARAMS)
             report["tensors"][t.name] = {"min": lo, "max": hi, "scale": qp[t][0], "zero_point": qp[t][1],
-                                         "source": "qdq" if t.name in qdqp.activations else "calibration"}
+                                         "source": src}
     qdq_form.warn_notes(notes)
     report["requantized"] = notes
     report["scales_from"] = ("qdq" if not ranges else "qdq+calibration") if qdq else "calibration"
-    w.metadata["quantization"] = ("int8 from the model's QDQ scales" + (f" (with {method} calibration)" if ranges else "")
-                                  if qdq else f"int8 post-training ({method}" + (f" p{percentile}" if percentile else "")
-                                  + (", per-tensor weights)" if not per_channel else ")"))
+    if qdq:
+        w.metadata["quantization"] = "int8 from the model's QDQ scales" + (f" (with {method} calibration)"
+                                                                          if ranges else "")
+    else:
+        w.metadata["quantization"] = f"int8 post-training ({method}" + (f" p{percentile}" if percentile else "") + \
+            (", per-tensor weights)" if not per_channel else ")")
     return w.to_bytes(), report

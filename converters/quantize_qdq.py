@@ -11,7 +11,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from isthmus.core.graph import Graph, Node, Tensor
-from isthmus.core.passes import Rewrite
+from isthmus.core.passes import Rewrite, freeze
 from isthmus.core.passes.fusion import Builder
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -101,8 +101,9 @@ def _pairs(g: Graph, fetched: set) -> Tuple[Dict[Node, Node], set]:
 
 def strip_qdq(graph: Graph, fetches: Sequence[Tensor]) -> Tuple[Rewrite, QdqParams]:
     """`graph` without its QDQ pairs (a consumer of DequantizeLinear(QuantizeLinear(x)) reads x, whose
-    parameters are kept) and with DequantizeLinear(constant) folded into a float constant (the integer
-    scales kept under the constant's name). Other Quantize/DequantizeLinear nodes stay as they are."""
+    parameters are kept; Relu(x) where the pair's range starts at 0, see _kept_floor) and with
+    DequantizeLinear(constant) folded into a float constant (the integer scales kept under the constant's
+    name). Other Quantize/DequantizeLinear nodes stay as they are."""
     pairs, gone = _pairs(graph, set(fetches))
     b, p = Builder(Rewrite(graph, list(fetches), [], {})), QdqParams()
     for n in graph.nodes:
@@ -111,6 +112,7 @@ def strip_qdq(graph: Graph, fetches: Sequence[Tensor]) -> Tuple[Rewrite, QdqPara
         if n in pairs:
             x = b.map[pairs[n].inputs[0]]
             params = _activation_params(pairs[n])
+            x = _kept_floor(b, x, params, pairs[n])
             old = p.activations.setdefault(x.name, params)
             if old != params:
                 raise ValueError(f"tensor '{x.name}': quantized twice with different parameters ({old} in "
@@ -122,6 +124,26 @@ def strip_qdq(graph: Graph, fetches: Sequence[Tensor]) -> Tuple[Rewrite, QdqPara
         else:
             b.copy(n)
     return Rewrite(b.g, [b.map[t] for t in fetches], [], {"qdq_folded": len(pairs)}), p
+
+
+_SIGN_KEEPING = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "ExpandAxes", "StridedSlice")
+
+
+def _non_negative(t: Tensor) -> bool:
+    """Whether t is a Relu's output, or one moved or max-pooled from such (then no floor is needed)."""
+    while t.node.op in _SIGN_KEEPING:
+        t = t.node.inputs[0]
+    return t.node.op in ("Relu", "Relu6") or (t.node.op in ("FusedConv2D", "FusedMatMul")
+                                                and t.node.attrs.get("activation") in ("relu", "relu6"))
+
+
+def _kept_floor(b: Builder, x: Tensor, params: Tuple[float, int], q: Node) -> Tensor:
+    """x, or Relu(x) where the pair's range starts at exactly 0 (zero point at the bottom of the grid): a
+    quantizer that drops a Relu before such a pair (onnxruntime's does) leaves the clamp to the pair, and
+    the float graph without the pair must keep it. The edge's int8 output clamps there anyway (same bits)."""
+    if params[1] != -128 or _non_negative(x):
+        return x
+    return b.g.add_node("Relu", [x], {}, name=x.node.name + "/qdq_floor", device=q.device).outputs[0]
 
 
 def _fold_dequantize(b: Builder, n: Node, p: QdqParams) -> Tensor:
@@ -188,7 +210,6 @@ def missing_error(t: Tensor, user: Node) -> ValueError:
 def fp32_graph(session, outputs: Sequence[Tensor]) -> Tuple[Graph, List[Tensor], QdqParams]:
     """The float model a QDQ model quantizes (variables frozen, the QDQ pairs folded away), its outputs,
     and the parameters the pairs gave: what a planner prices and a cloud part runs."""
-    from isthmus.core.passes import freeze
     outs = [session.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
     frozen = freeze(session, outs)
     rw, params = strip_qdq(frozen, [frozen.tensor(t.name) for t in outs])

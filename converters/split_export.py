@@ -195,7 +195,7 @@ def _edge_bytes(g: Graph, outputs: Sequence[Tensor], inputs: Sequence[Tensor], i
     if not calibration and qdq_params is None:
         raise ValueError("int8=True needs calibration feeds (or a QDQ model's parameters)")
     data, _ = quantize_to_edge(ism.Session(g, optimize=False), list(outputs), calibration or None, batch=batch,
-                               qdq_params=qdq_params)
+                               qdq_params=qdq_params, unquantized="fp32" if not calibration else "error")
     return data
 
 

@@ -27,18 +27,19 @@ def _model(nodes, inits, shape_in, shape_out):
     return m
 
 
-def cnn():
+def cnn(cin=1, res=8, stride=1):
     r = np.random.default_rng(1)
-    inits = {"w1": r.normal(0, .4, (4, 1, 3, 3)), "b1": r.normal(0, .1, 4), "w2": r.normal(0, .2, (6, 4, 3, 3)),
-             "b2": r.normal(0, .1, 6), "w3": r.normal(0, .2, (10, 6 * 4 * 4)), "b3": r.normal(0, .1, 10)}
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+    side = res // stride // 2
+    inits = {"w1": r.normal(0, .4, (4, cin, 3, 3)), "b1": r.normal(0, .1, 4), "w2": r.normal(0, .2, (6, 4, 3, 3)),
+             "b2": r.normal(0, .1, 6), "w3": r.normal(0, .2, (10, 6 * side * side)), "b3": r.normal(0, .1, 10)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[stride, stride]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c2"], ["r2"]),
              helper.make_node("Flatten", ["r2"], ["f"]),
              helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1)]
-    return _model(nodes, {k: v.astype(np.float32) for k, v in inits.items()}, [1, 1, 8, 8], [1, 10])
+    return _model(nodes, {k: v.astype(np.float32) for k, v in inits.items()}, [1, cin, res, res], [1, 10])
 
 
 def mlp():
@@ -51,7 +52,8 @@ def mlp():
     return _model(nodes, {k: v.astype(np.float32) for k, v in inits.items()}, [1, 16], [1, 10])
 
 
-MODELS = {"cnn": (cnn, (1, 1, 8, 8)), "mlp": (mlp, (1, 16))}
+MODELS = {"cnn": (cnn, (1, 1, 8, 8)), "mlp": (mlp, (1, 16)),
+          "wide": (lambda: cnn(3, 32, 2), (1, 3, 32, 32))}  # a large input, small inner tensors: cuts inside
 
 
 def samples(shape, n, seed):
@@ -102,7 +104,7 @@ def _edge(path):
     return data, rep
 
 
-CASES = [(m, pc, at) for m in MODELS for pc, at in ((False, "QUInt8"), (True, "QInt8"))]
+CASES = [(m, pc, at) for m in ("cnn", "mlp") for pc, at in ((False, "QUInt8"), (True, "QInt8"))]
 
 
 @pytest.mark.parametrize("name,per_channel,act_type", CASES)
@@ -216,8 +218,59 @@ def test_cli_quantize_and_split_take_a_qdq_file_without_data(tmp_path, capsys):
     from isthmus.edge import load_split
     full = load_split(str(tmp_path / "dep" / "model.isth")).full
     x = samples((1, 1, 8, 8), 1, 9)[0]
-    np.testing.assert_array_equal(np.asarray(Interpreter(full).invoke(x)[0]), np.asarray(Interpreter(want).invoke(x)[0]))
+    np.testing.assert_array_equal(np.asarray(Interpreter(full).invoke(x)[0]),
+                                  np.asarray(Interpreter(want).invoke(x)[0]))
     # a float model still needs data, and says so
     onnx.save(cnn(), tmp_path / "f.onnx")
     assert cli.main(["quantize", str(tmp_path / "f.onnx"), "-o", str(tmp_path / "f.isth")]) != 0
     assert "--calibration-data is needed" in capsys.readouterr().err
+
+
+def test_split_cuts_inside_a_qdq_model_take_its_scales(tmp_path):
+    """Cuts inside the network: each edge part is int8 with the file's scales (a received tensor, now a
+    placeholder of the edge part, takes those of the tensor it stands for); no calibration data at all."""
+    from isthmus.cloud.offload_model import cloud_part
+    from isthmus.converters.quantize_qdq import fp32_graph
+    from isthmus.converters.split_export import export_split
+    from isthmus.partitioner.costmodel import CostModel
+    from isthmus.partitioner.devices import EDGE
+    from isthmus.partitioner.plan import AdaptivePlanner
+    from isthmus.partitioner.problem import Constraints
+    from isthmus.wire.link import LinkModel
+    path = qdq_file(tmp_path, "wide", True, "QUInt8")
+    model = onnx.load(path)
+    g0, ins, outs0 = from_onnx(model)
+    g, outs, params = fp32_graph(ism.Session(g0), list(outs0))
+    cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 1e-3), edge=EDGE.scaled(100))
+    ap = AdaptivePlanner(g, cm, outs, Constraints(edge_memory_budget=None), bandwidths=np.logspace(5, 10, 21))
+    sp = export_split(g, outs, ap, int8=True, qdq_params=params)
+    inner = [c for c in sp.cuts if c.cloud_part and c.inputs != ["x:0"]]
+    assert inner, [c.inputs for c in sp.cuts]
+    acts, _, _ = _file_params(model)
+    file_acts = {(float(np.float32(s)), z) for s, z in acts}
+    from isthmus.edge.loader import verify_all
+    from isthmus.edge.split_model import read_split
+    sm = read_split(verify_all(sp.data))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    y_s = float(numpy_helper.to_array([i for i in model.graph.initializer if i.name == "y_scale"][0]))
+    int8_cuts = 0
+    for cut in [c for c in sm.cuts if c.cloud_part and c.inputs != ["x:0"]]:
+        edge_acts = {(float(t.scale[0]), int(t.zero_point[0])) for t in cut.model.tensors
+                     if t.dtype == np.int8 and t.data is None and len(t.scale)}
+        assert edge_acts <= file_acts  # (a cut between a conv and its bias, where the file has no pair, runs fp32)
+        int8_cuts += bool(edge_acts)
+        name, cins, couts = next(s for s in sp.cloud_signatures() if s[0] == cut.cloud_part)
+        part = cloud_part(sp.graph, cins, couts, name, check_batching=False)
+        csess = ism.Session(part.graph)
+        fetch = [part.graph.tensor(s.tensor) for s in part.outputs]
+        feeds = [part.graph.tensor(s.tensor) for s in part.inputs]
+        for x in samples((1, 3, 32, 32), 4, 40):
+            remote = lambda r, arrays: csess.run(fetch, dict(zip(feeds, arrays)))  # noqa: E731
+            got = Interpreter(cut.model, remote=remote).invoke(x)[0]
+            # the cloud half runs the float model (no rounding to the file's grid after the cut): measured up to
+            # 2.2 output steps from the QDQ model on these inputs (the cloud-only cut), 4 allowed
+            diff = np.abs(np.asarray(got).reshape(-1) - ref.run(None, {"x": x})[0].reshape(-1)).max()
+            assert diff <= 4 * y_s, (cut.name, diff / y_s)
+    assert int8_cuts

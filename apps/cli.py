@@ -9,6 +9,7 @@ import sys
 from typing import List, Optional
 
 from isthmus import __version__
+from isthmus.apps.errors import check_common, run_command, strip_debug
 
 # name -> (module, one-line help); the module defines add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -33,7 +34,6 @@ ALIASES = {"calibrate": "profile"}  # the old name of `profile` (calibration now
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from isthmus.apps.errors import run_command, strip_debug
     argv, debug = strip_debug(sys.argv[1:] if argv is None else argv)
     argv = [ALIASES.get(a, a) if i == _command_index(argv) else a for i, a in enumerate(argv)]
     return run_command("isthmus " + (next((a for a in argv if not a.startswith("-")), "")).strip(),
@@ -69,7 +69,6 @@ def _main(argv: List[str]) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    from isthmus.apps.errors import check_common
     check_common(args)
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 

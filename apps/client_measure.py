@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import tempfile
 
+import isthmus as ism
 import numpy as np
+
+from isthmus.wire.link import LinkModel
 
 WIDTHS = (128, 1024, 1024, 10)  # an edge 8x slower than the built-in cloud cuts this MLP three ways
 
 
 def _mlp():
-    import isthmus as ism
     g = ism.Graph(seed=0)
     rng = np.random.default_rng(0)
     with g.as_default():
@@ -29,13 +31,14 @@ def _mlp():
 
 def _export(folder: str):
     """The MLP's split file (its three cuts) and cloud file in `folder`."""
+    # deferred: cloud.offload_model loads protobuf, scipy
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    # deferred: converters.split_export loads flatbuffers, scipy
     from isthmus.converters.split_export import export_split
-    from isthmus.partitioner import AdaptivePlanner
-    from isthmus.partitioner.costmodel import CostModel
-    from isthmus.partitioner.devices import EDGE
-    from isthmus.partitioner.problem import Constraints
-    from isthmus.wire.link import LinkModel
+    from isthmus.partitioner import AdaptivePlanner  # deferred: partitioner loads scipy
+    from isthmus.partitioner.costmodel import CostModel  # deferred: partitioner.costmodel loads scipy
+    from isthmus.partitioner.devices import EDGE  # deferred: partitioner.devices loads scipy
+    from isthmus.partitioner.problem import Constraints  # deferred: partitioner.problem loads scipy
     g, _, y = _mlp()
     cm = CostModel.edge_cloud(LinkModel(1e6, 1e6, 2e-3), edge=EDGE.scaled(8))
     planner = AdaptivePlanner(g, cm, [y], Constraints(edge_memory_budget=None), bandwidths=np.logspace(5, 10, 21))
@@ -49,9 +52,11 @@ def _export(folder: str):
 def client_samples(requests: int = 10, warmup: int = 2):
     """OffloadClient.last of `requests` requests per cut (after `warmup` more), every cut of the MLP,
     link emulated at 1 Gbit/s and 1 ms so that only the client's own work is in client_s."""
-    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload import OffloadServer  # deferred: cloud.offload loads grpc, protobuf, scipy
+    # deferred: the edge interpreter, loaded only by the commands that need it
     from isthmus.edge.link_emulation import EmulatedLink
-    from isthmus.edge.offload_client import OffloadClient
+    from isthmus.edge.offload_client import OffloadClient  # deferred: edge.offload_client loads protobuf
+    # deferred: the edge runtime, loaded only by the commands that need it
     from isthmus.edge.split_model import load_split
     xs = np.random.default_rng(1).standard_normal((requests + warmup, 1, 784)).astype(np.float32)
     samples = []
@@ -74,7 +79,7 @@ def client_samples(requests: int = 10, warmup: int = 2):
 
 def measure_client_cost(requests: int = 10, slowdown: float = 1.0):
     """The ClientCost fitted on this machine, scaled to a device `slowdown` times slower."""
-    from isthmus.partitioner.client_cost import ClientCost
+    from isthmus.partitioner.client_cost import ClientCost  # deferred: partitioner.client_cost loads scipy
     fit = ClientCost.fit(client_samples(requests))
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 

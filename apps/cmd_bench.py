@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import UsageError, input_file, non_negative_int, positive_int
+from .model_source import check_input, load_model, parse_input_shapes, random_inputs, read_inputs
 
 EXAMPLES = """examples:
   isthmus bench cnn.int8.isth --random-input --runs 100 --per-op
@@ -76,7 +77,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def bench(file: str, inputs: Sequence[str] = (), random_input: bool = False, runs: int = 50, warmup: int = 5,
           threads: Optional[int] = None, per_op: bool = False, input_shapes=None) -> BenchResult:
     """Time `file` on the given inputs (or random ones); see the module docstring."""
-    from .model_source import parse_input_shapes
     if runs < 1 or warmup < 0:
         raise UsageError(f"--runs {runs} / --warmup {warmup}: need runs >= 1 and warmup >= 0")
     if not inputs and not random_input:
@@ -97,12 +97,11 @@ def bench(file: str, inputs: Sequence[str] = (), random_input: bool = False, run
 def _threads(n: Optional[int]):
     if n is None:
         return None
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # deferred: threadpoolctl is a heavy or optional dependency
     return threadpool_limits(n, user_api="blas")
 
 
 def _feeds(names_specs: Dict[str, Tuple[Sequence[Optional[int]], object]], inputs, shapes) -> Dict[str, np.ndarray]:
-    from .model_source import check_input, random_inputs, read_inputs
     unknown = sorted(set(shapes) - set(names_specs))
     if unknown:
         raise UsageError(f"--input-shape {unknown[0]}: the model has no input of that name "
@@ -140,15 +139,18 @@ def _time(fn, runs: int, warmup: int) -> List[float]:
 
 
 def _bench_edge(path, inputs, shapes, runs, warmup, threads, per_op) -> BenchResult:
+    # deferred: the edge runtime, loaded only by the commands that need it
     from isthmus.edge.format import EdgeModelError
+    # deferred: the edge interpreter, loaded only by the commands that need it
     from isthmus.edge.interpreter import Interpreter
-    from isthmus.edge.loader import load
+    from isthmus.edge.loader import load  # deferred: the edge runtime, loaded only by the commands that need it
     t0 = time.perf_counter()
     try:
         model = load(path)
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise UsageError(f"FILE {path}: not a valid edge model: {e}") from None
+        # deferred: the edge runtime, loaded only by the commands that need it
         from isthmus.edge.split_model import load_split
         model = load_split(path).full
         if model is None:
@@ -181,7 +183,6 @@ def _bench_edge(path, inputs, shapes, runs, warmup, threads, per_op) -> BenchRes
 
 
 def _bench_core(spec, inputs, shapes, runs, warmup, threads, per_op) -> BenchResult:
-    from .model_source import load_model
     t0 = time.perf_counter()
     m = load_model(spec, shapes if spec.lower().endswith(".onnx") else None)
     sess = m.session()
@@ -194,6 +195,7 @@ def _bench_core(spec, inputs, shapes, runs, warmup, threads, per_op) -> BenchRes
     times = _time(lambda: sess.run(outs, fd), runs, warmup)
     ops = []
     if per_op:
+        # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
         from isthmus.core.profile import time_nodes
         ops = [(n.name, n.op, s) for n, s in time_nodes(sess, outs, fd, repeats=min(runs, 20)).items()]
     return BenchResult(spec, "core executor", threads, warmup, times, ops, _peak_rss(), None, init)

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from .errors import UsageError, output_path, positive_int
+from .model_source import LoadedModel, load_model, parse_input_shapes
 
 EXAMPLES = """examples:
   isthmus convert cnn.onnx --to edge -o cnn.isth
@@ -31,13 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_shapes=None, nhwc: bool = False,
             force: bool = False) -> str:
     """Write `model` as an edge file or ONNX; returns the path written. batch=-1: a dynamic batch."""
-    from .model_source import load_model
     base = os.path.splitext(model.split(":")[0])[0]
     out = output or base + (".isth" if to == "edge" else ".converted.onnx")
     output_path(out, force)  # not there yet (or --force), and its folder exists
     if model.lower().endswith(".tflite") and nhwc:
+        # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
         from isthmus.converters.tflite_import import from_tflite
-        from .model_source import LoadedModel
         graph, inputs, outputs = from_tflite(model, nhwc_io=True)
         m = LoadedModel(graph, dict(inputs), {t.name: t for t in outputs}, model, "TFLite")
     else:
@@ -45,14 +45,15 @@ def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_sha
     sess = m.session()
     outs = list(m.outputs.values())
     if to == "edge":
-        from isthmus.converters.edge_export import to_edge
+        from isthmus.converters.edge_export import to_edge  # deferred: converters.edge_export loads flatbuffers
         data = to_edge(sess, outs, inputs=[t.name for t in m.inputs.values()], batch=batch,
                        metadata={"source": os.path.basename(model)})
         with open(out + ".tmp", "wb") as f:
             f.write(data)
         os.replace(out + ".tmp", out)
     elif to == "onnx":
-        import onnx
+        import onnx  # deferred: onnx is a heavy or optional dependency
+        # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
         from isthmus.converters.onnx_export import to_onnx
         onnx.save(to_onnx(sess, outs, inputs=[t.name for t in m.inputs.values()]), out)
     else:
@@ -61,7 +62,6 @@ def convert(model: str, to: str = "edge", output=None, batch: int = 1, input_sha
 
 
 def run(args) -> int:
-    from .model_source import parse_input_shapes
     out = convert(args.model, args.to, args.output, -1 if args.dynamic_batch else args.batch,
                   parse_input_shapes(args.input_shape), args.nhwc,
                   getattr(args, "force", False))

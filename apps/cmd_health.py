@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from isthmus.wire.security import ClientSecurity, make_channel
+
 from .errors import UsageError, positive_float
 
 EXAMPLES = """examples:
@@ -23,10 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(address: str, service: str = "", timeout: float = 3.0) -> str:
     """The server's health status name (SERVING, NOT_SERVING, ...); an unreachable server raises."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    import grpc  # deferred: grpc is a heavy or optional dependency
+    from grpc_health.v1 import health_pb2, health_pb2_grpc  # deferred: grpc_health is a heavy or optional dependency
 
-    from isthmus.wire.security import ClientSecurity, make_channel
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"HOST:PORT {address!r}: expected host:port, e.g. 127.0.0.1:2222")

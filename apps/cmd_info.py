@@ -13,6 +13,7 @@ import numpy as np
 from isthmus.wire.split_format import SPLIT_KEY
 
 from .errors import UsageError, input_file
+from .model_source import load_model
 
 EXAMPLES = """examples:
   isthmus info cnn.onnx
@@ -34,7 +35,6 @@ def describe_file(path: str) -> Dict[str, object]:
         return _edge(input_file(path, "FILE"))
     if low.endswith(".cloud"):
         return _cloud(input_file(path, "FILE"))
-    from .model_source import load_model
     m = load_model(path)
     return _graph(m)
 
@@ -48,6 +48,7 @@ def _io(name: str, dtype, shape) -> Dict[str, object]:
 
 
 def _graph(m) -> Dict[str, object]:
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.core.executor import prune
     outs = list(m.outputs.values())
     nodes = prune([t.node for t in outs], set())
@@ -66,14 +67,16 @@ def _graph(m) -> Dict[str, object]:
 
 
 def _edge(path: str) -> Dict[str, object]:
+    # deferred: the edge runtime, loaded only by the commands that need it
     from isthmus.edge.format import EdgeModelError
-    from isthmus.edge.loader import load
+    from isthmus.edge.loader import load  # deferred: the edge runtime, loaded only by the commands that need it
     try:
         models = [load(path)]
         split = None
     except EdgeModelError as e:
         if "subgraph" not in str(e):
             raise UsageError(f"FILE {path}: not a valid edge model: {e}") from None
+        # deferred: the edge runtime, loaded only by the commands that need it
         from isthmus.edge.split_model import load_split
         try:
             split = load_split(path)
@@ -108,6 +111,7 @@ def _edge_model(m) -> Dict[str, object]:
 
 
 def _cloud(path: str) -> Dict[str, object]:
+    # deferred: cloud.offload_model loads protobuf, scipy
     from isthmus.cloud.offload_model import CloudPartsError, load_cloud_parts
     try:
         cm = load_cloud_parts(path)

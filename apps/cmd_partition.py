@@ -2,6 +2,11 @@
 reads (graph files included) and with its errors reported like a tool's."""
 from __future__ import annotations
 
+from isthmus.wire.link import parse_duration
+
+from .deploy import PHONE_PROFILE, load_profile, parse_link
+from .errors import UsageError
+from .model_source import load_model, parse_input_shapes
 from .partition import add_arguments as _partition_arguments
 from .partition import explain
 
@@ -13,8 +18,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .deploy import PHONE_PROFILE, load_profile, parse_link
-    from .model_source import load_model, parse_input_shapes
     parse_link(args.bandwidth, args.rtt, args.downlink)
     _check_call_cost(args.call_cost)
     load_profile(args.edge_profile)
@@ -27,8 +30,6 @@ def run(args) -> int:
 
 def _check_call_cost(text: str) -> None:
     """--call-cost is a duration of 0 or more, named in the error."""
-    from isthmus.wire.link import parse_duration
-    from .errors import UsageError
     try:
         v = parse_duration(text)
     except ValueError as e:

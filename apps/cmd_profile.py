@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from .client_measure import measure_client_cost
 from .errors import UsageError, positive_int, refuse_overwrite
+from .part_measure import measure_part_cost
 
 EXAMPLES = """examples:
   isthmus profile --device cloud --out cloud.json
@@ -21,7 +23,7 @@ NOT_FOR_LITERT = (("from_trace", "--from-trace"), ("base", "--base"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from isthmus.partitioner import calibrate
+    from isthmus.partitioner import calibrate  # deferred: partitioner.calibrate loads scipy
     calibrate.add_arguments(p)
     p.epilog, p.formatter_class = EXAMPLES, argparse.RawDescriptionHelpFormatter
     p.set_defaults(device=None)  # the default name depends on --runtime (DEFAULT_DEVICE)
@@ -53,7 +55,7 @@ def run(args) -> int:
         if not args.from_trace:
             refuse_overwrite(args.out or f"{args.device}.json", args, "--out")
     if runtime == "isthmus":
-        from isthmus.partitioner import calibrate
+        from isthmus.partitioner import calibrate  # deferred: partitioner.calibrate loads scipy
         rc = calibrate.run(args)
     elif runtime == "litert":
         rc = _run_litert(args)
@@ -68,8 +70,7 @@ def run(args) -> int:
 
 def _add_parts(args) -> int:
     """Measure an edge part's cost beyond its kernels here and write it, x --slowdown, into the profile."""
-    from isthmus.partitioner.devices import DeviceProfile
-    from .part_measure import measure_part_cost
+    from isthmus.partitioner.devices import DeviceProfile  # deferred: partitioner.devices loads scipy
     out = args.out or f"{args.device}.json"
     part = measure_part_cost(int8=args.parts == "int8", slowdown=args.slowdown)
     replace(DeviceProfile.load(out), part=part).save(out)
@@ -80,8 +81,7 @@ def _add_parts(args) -> int:
 
 def _add_client(args) -> int:
     """Measure the offload client's own cost here and write it, x --slowdown, into the profile just written."""
-    from isthmus.partitioner.devices import DeviceProfile
-    from .client_measure import measure_client_cost
+    from isthmus.partitioner.devices import DeviceProfile  # deferred: partitioner.devices loads scipy
     out = args.out or f"{args.device}.json"
     client = measure_client_cost(args.client_requests, slowdown=args.slowdown)
     replace(DeviceProfile.load(out), client=client).save(out)
@@ -95,6 +95,7 @@ def _run_edge(args, int8: bool) -> int:
     for attr, flag in NOT_FOR_LITERT:
         if getattr(args, attr, None):
             raise UsageError(f"{flag}: refits isthmus traces; not with --runtime {args.runtime}")
+    # deferred: converters.edge_profile loads flatbuffers, scipy
     from isthmus.converters.edge_profile import OPS, calibrate_edge
     unknown = [op for op in args.ops or () if op not in OPS]
     if unknown:
@@ -117,9 +118,11 @@ def _run_litert(args) -> int:
     if args.device.lower() == "gpu":
         raise UsageError("--device gpu: --runtime litert times LiteRT on this machine's CPU")
     try:
+        # deferred: ai_edge_litert is optional (its ImportError is handled)
         import ai_edge_litert.interpreter  # noqa: F401
     except ImportError:
         raise UsageError("--runtime litert needs ai-edge-litert (pip install 'isthmus[litert]')") from None
+    # deferred: converters.litert_profile loads flatbuffers, scipy
     from isthmus.converters.litert_profile import OPS, calibrate_litert
     unknown = [op for op in args.ops or () if op not in OPS]
     if unknown:

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Union
 
 import numpy as np
 
+from .deploy import calibration_feeds
 from .errors import UsageError, non_negative_int, output_path, positive_int
 from .model_source import LoadedModel, load_model, parse_input_shapes
 
@@ -89,10 +90,10 @@ def quantize(model: Union[str, LoadedModel], calibration, output: str, method: s
              input_shapes=None, force: bool = False) -> QuantizeReport:
     """Quantize `model` on `calibration` (an .npz path or {input name: samples}) into `output`.
     `per_channel`: None keeps the quantizer's default (per channel)."""
-    from isthmus.converters.edge_export import to_edge
-    from isthmus.converters.quantize import quantize_to_edge
+    from isthmus.converters.edge_export import to_edge  # deferred: converters.edge_export loads flatbuffers
+    from isthmus.converters.quantize import quantize_to_edge  # deferred: converters.quantize loads flatbuffers
+    # deferred: converters.quantize_qdq loads the graph machinery (isthmus.core)
     from isthmus.converters.quantize_qdq import fp32_graph, has_qdq
-    from .deploy import calibration_feeds
     t0 = time.perf_counter()
     if method not in METHODS:
         raise UsageError(f"--method {method}: expected one of {', '.join(METHODS)}")
@@ -139,6 +140,7 @@ def quantize(model: Union[str, LoadedModel], calibration, output: str, method: s
 def measure_drift(edge_model, sess, m: LoadedModel, feeds: List[Dict[str, np.ndarray]]):
     """(max |int8 - fp32|, that over max |fp32|, top-1 agreement or None) over the feeds; `edge_model`:
     the edge file's bytes or a loaded EdgeModel."""
+    # deferred: the edge interpreter, loaded only by the commands that need it
     from isthmus.edge.interpreter import Interpreter
     interp = Interpreter(edge_model)
     names = list(interp.input_shapes)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .deploy import SHIPPED_PROFILES, deploy_split
+from .edge_formats_cli import write_phone_parts
 from .errors import positive_int
+from .model_source import parse_input_shapes
 
 EXAMPLES = """examples:
   isthmus split cnn.onnx --bandwidth 5mbps --rtt 40ms -o deploy/
@@ -56,14 +59,11 @@ def edge_profile_for(args) -> tuple:
     default = DEFAULT_EDGE_PROFILE.get(fmt)
     if default is None:
         return None, ""
-    from .deploy import SHIPPED_PROFILES
     return default, (f"isthmus split: the edge is priced by the {default} profile ({SHIPPED_PROFILES[default]}), "
                      f"the default for --edge-format {fmt}; --edge-profile FILE overrides it")
 
 
 def run(args) -> int:
-    from .deploy import deploy_split
-    from .model_source import parse_input_shapes
     edge_profile, priced_by = edge_profile_for(args)
     if getattr(args, "edge_format", "isth") == "tflite" and args.edge_profile == "phone":
         print(PHONE_HINT, file=sys.stderr)
@@ -74,6 +74,5 @@ def run(args) -> int:
         print(priced_by)
     print(dep.report)
     if getattr(args, "edge_format", "isth") != "isth":
-        from .edge_formats_cli import write_phone_parts
         print(write_phone_parts(dep.edge_file, args.output, args.edge_format, force=args.force))
     return 0

@@ -11,8 +11,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from isthmus.wire.link import LinkModel, parse_bandwidth, parse_duration
+
 from .errors import UsageError
-from .model_source import LoadedModel, load_model
+from .model_source import LoadedModel, _load_array, load_model
 
 PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 PHONE_PROFILE = os.path.join(PROFILES, "phone.json")
@@ -47,7 +49,7 @@ class Deployment:
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
     """A DeviceProfile from a JSON file (`isthmus profile` writes them); 'phone', 'phone-litert' and
     'phone-ort' name the ones that ship (apps/profiles/)."""
-    from isthmus.partitioner.devices import DeviceProfile
+    from isthmus.partitioner.devices import DeviceProfile  # deferred: partitioner.devices loads scipy
     if path in (None, ""):
         return None
     path = SHIPPED_PROFILES.get(path, path)
@@ -62,7 +64,6 @@ def load_profile(path: Optional[str], flag: str = "--edge-profile"):
 
 def parse_link(bandwidth: str, rtt: str, downlink: Optional[str] = None):
     """A LinkModel from the flags, errors naming the flag."""
-    from isthmus.wire.link import LinkModel, parse_bandwidth, parse_duration
     for flag, v, fn in (("--bandwidth", bandwidth, parse_bandwidth), ("--rtt", rtt, parse_duration),
                         ("--downlink", downlink, parse_bandwidth)):
         if v is None:
@@ -80,7 +81,6 @@ def calibration_feeds(data: Union[str, Mapping[str, np.ndarray]], model: LoadedM
                       flag: str = "--calibration-data") -> List[Dict[str, np.ndarray]]:
     """Feed dicts (by placeholder name) of the calibration samples: an .npz (or a dict) holding, per
     model input (by name, or the only array for a one-input model), samples along axis 0."""
-    from .model_source import _load_array
     if isinstance(data, str):
         z = _load_array(data, flag)
         if not hasattr(z, "files"):
@@ -140,15 +140,19 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     client then replace `bandwidth`, `rtt`, `downlink`, the profiles, `client` and `batch`.
     `stem`: the edge and cloud files are STEM.isth and STEM.cloud."""
     t0 = time.perf_counter()
+    # deferred: cloud.offload_model loads protobuf, scipy
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    # deferred: converters.quantize_qdq loads the graph machinery (isthmus.core)
     from isthmus.converters.quantize_qdq import fp32_graph, has_qdq
+    # deferred: converters.split_export loads flatbuffers, scipy
     from isthmus.converters.split_export import export_split
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.core.passes import freeze
-    from isthmus.edge import cut_for
-    from isthmus.partitioner import AdaptivePlanner, plan_split
-    from isthmus.partitioner.costmodel import CostModel
-    from isthmus.partitioner.devices import CLOUD, EDGE
-    from isthmus.partitioner.plots import graph_svg
+    from isthmus.edge import cut_for  # deferred: the edge runtime, loaded only by the commands that need it
+    from isthmus.partitioner import AdaptivePlanner, plan_split  # deferred: partitioner loads scipy
+    from isthmus.partitioner.costmodel import CostModel  # deferred: partitioner.costmodel loads scipy
+    from isthmus.partitioner.devices import CLOUD, EDGE  # deferred: partitioner.devices loads scipy
+    from isthmus.partitioner.plots import graph_svg  # deferred: partitioner.plots loads scipy
     if cost is None:
         link = parse_link(bandwidth, rtt, downlink)
         edge = load_profile(edge_profile) or EDGE
@@ -202,8 +206,8 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     dep.scales_from = ("the model's QDQ nodes" + (" (calibration for the rest)" if feeds else "")
                        if qdq else "calibration") if int8 else None
     if int8 and feeds:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
-        from isthmus.edge import load_split
-        from .cmd_quantize import measure_drift
+        from isthmus.edge import load_split  # deferred: the edge runtime, loaded only by the commands that need it
+        from .cmd_quantize import measure_drift  # cycle: apps.deploy <-> apps.cmd_quantize
         dep.drift = measure_drift(load_split(files["edge"]).full, sess, m, feeds)
     dep.seconds = time.perf_counter() - t0
     dep.report = _report(dep, m, link, edge, chosen, sp, at_link)
@@ -216,6 +220,7 @@ def client_cost_for(edge, edge_profile: Optional[str], client=None):
     """(the ClientCost to price plans with, where it came from): the caller's, else the edge profile's
     `client` section, else the default: client_cost.HERE (measured on this machine kind) scaled by the
     built-in edge's slowdown, for a profile that does not say how slow its client is."""
+    # deferred: partitioner.client_cost loads scipy
     from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
     if client is not None:
         return client, "given"

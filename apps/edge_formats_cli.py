@@ -16,6 +16,7 @@ def write_phone_parts(edge_file: str, out_dir: str, edge_format: str, force: boo
         return ""
     if edge_format not in FORMATS:
         raise UsageError(f"--edge-format {edge_format}: one of {', '.join(FORMATS)}")
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.converters.edge_formats import write_edge_parts
     folder = os.path.join(out_dir, edge_format)
     if os.path.exists(os.path.join(folder, "parts.json")) and not force:

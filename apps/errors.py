@@ -7,6 +7,8 @@ import sys
 import traceback
 from typing import Callable, Optional, Sequence
 
+from isthmus.wire.link import parse_bandwidth, parse_duration
+
 EXIT_USAGE = 2
 
 
@@ -53,6 +55,7 @@ def describe(e: BaseException) -> str:
 
 
 def _is_input_error(e: BaseException) -> bool:
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.core.errors import IsthmusError
     return isinstance(e, (UsageError, ValueError, OSError, LookupError, IsthmusError, EOFError, UnicodeError))
 
@@ -178,7 +181,6 @@ def _check_edge_run_link(args) -> None:
         return
     if not getattr(args, "cloud", None):
         raise UsageError(f"--emulate-link {args.emulate_link}: needs --cloud HOST:PORT (it slows the calls to the cloud)")
-    from isthmus.wire.link import parse_bandwidth, parse_duration
     for flag, text, parse in (("--emulate-link", args.emulate_link, parse_bandwidth), ("--rtt", args.rtt, parse_duration)):
         try:
             ok = parse(text) > 0 if flag == "--emulate-link" else parse(text) >= 0

@@ -25,6 +25,7 @@ from isthmus.converters.onnx_export import to_onnx
 from isthmus.converters.onnx_import import OnnxImportError, from_onnx
 from isthmus.converters.tflite_import import TFLiteImportError, from_tflite
 from isthmus.converters.tflite_read import read_model
+from isthmus.converters.tflite_write_graph import graph_to_tflite
 from isthmus.core.checkpoint import Saver
 from isthmus.core.errors import CheckpointError, GraphError
 from isthmus.core.variables import global_variables
@@ -134,6 +135,7 @@ def import_model(model: str, trainable: bool = False, nhwc: bool = False):
         return graph, inputs, outputs, _unique(names)
     if not model.endswith(".onnx"):
         raise GraphFileError(f"{model}: expected an .onnx or .tflite file")
+    # deferred: onnx is a heavy or optional dependency
     import onnx  # the onnx package, a heavy import, only when reading ONNX
     try:
         proto = onnx.load(model, load_external_data=False)  # from_onnx reads it, confined to the model's folder
@@ -264,10 +266,10 @@ def _export(args) -> int:
     _refuse_overwrite(out, args)
     try:
         if args.to == "onnx":
+            # deferred: onnx is a heavy or optional dependency
             import onnx  # the onnx package, a heavy import, only when writing ONNX
             onnx.save(export_onnx(graph, inputs, outputs, args.checkpoint), out)
         elif args.to == "tflite":
-            from isthmus.converters.tflite_write_graph import graph_to_tflite   # needs the `tflite` extra
             data = graph_to_tflite(_session(graph, args.checkpoint), [t.name for t in outputs.values()],
                                    inputs=[t.name for t in inputs.values()], batch=args.batch)
             with open(out, "wb") as f:

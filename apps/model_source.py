@@ -26,7 +26,9 @@ class LoadedModel:
 
     def session(self):
         """A Session holding the graph's variables at their stored values."""
+        # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
         import isthmus.core as ism
+        # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
         from isthmus.core.variables import global_variables
         sess = ism.Session(self.graph)
         if global_variables(self.graph):
@@ -64,7 +66,7 @@ def load_model(spec: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = 
     if low.endswith(".tflite"):
         return _tflite(input_file(spec))
     if low.endswith(".graph"):
-        from .graph_io import GraphFileError, load_graph
+        from .graph_io import GraphFileError, load_graph  # deferred: apps.graph_io loads flatbuffers, protobuf
         input_file(spec)
         try:
             g, ins, outs = load_graph(spec)
@@ -81,7 +83,7 @@ def load_model(spec: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = 
         raise UsageError(f"MODEL {spec}: no such file; expected {MODEL_KINDS}")
     if where.endswith(".py"):
         input_file(where)
-    from .partition import load_model as load_function
+    from .partition import load_model as load_function  # deferred: apps.partition loads scipy
     graph, outputs = load_function(spec)
     if not outputs:
         raise UsageError(f"MODEL {spec}: the function returned a Graph without outputs; return (graph, [outputs])")
@@ -91,8 +93,10 @@ def load_model(spec: str, input_shapes: Optional[Mapping[str, Sequence[int]]] = 
 
 
 def _onnx(path: str, shapes: Dict[str, Tuple[int, ...]]) -> LoadedModel:
-    import onnx
+    import onnx  # deferred: onnx is a heavy or optional dependency
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.converters.onnx_import import OnnxImportError, from_onnx
+    # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
     from isthmus.core.errors import GraphError
     try:
         proto = onnx.load(path)
@@ -130,7 +134,7 @@ def _onnx(path: str, shapes: Dict[str, Tuple[int, ...]]) -> LoadedModel:
 
 
 def _tflite(path: str) -> LoadedModel:
-    from .graph_io import GraphFileError, import_model
+    from .graph_io import GraphFileError, import_model  # deferred: apps.graph_io loads flatbuffers, protobuf
     try:
         graph, inputs, outputs, names = import_model(path)
     except GraphFileError as e:

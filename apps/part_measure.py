@@ -8,9 +8,13 @@ request finds cold after its round trip, which is what a plan must price. `isthm
 profile's `part` section, which every plan prices (partitioner/plan.py, part_seconds)."""
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+from dataclasses import replace
 from typing import Dict, List
 
+import isthmus as ism
 import numpy as np
 
 BOUNDARY_OPS = ("Quantize", "Dequantize")  # the quantizer's borders: part of the part, no graph node
@@ -18,7 +22,6 @@ BOUNDARY_OPS = ("Quantize", "Dequantize")  # the quantizer's borders: part of th
 
 def _graphs():
     """(graph, placeholder, output) of the chain and the fire-module CNN, random constant weights."""
-    import isthmus as ism
     rng = np.random.default_rng(0)
 
     def conv(h, out, k, stride=1):
@@ -46,10 +49,9 @@ def _graphs():
 def _plans(g, y, count: int):
     """SplitPlans of `count` prefixes of the graph on the edge (topological order; 0: cloud-only,
     all: edge-only), for PinnedPlans."""
-    from dataclasses import replace
-    from isthmus.partitioner import CostModel, LinkModel, plan_split
-    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
-    from isthmus.partitioner.problem import Constraints, Problem
+    from isthmus.partitioner import CostModel, LinkModel, plan_split  # deferred: partitioner loads scipy
+    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE  # deferred: partitioner.devices loads scipy
+    from isthmus.partitioner.problem import Constraints, Problem  # deferred: partitioner.problem loads scipy
     cm = CostModel.edge_cloud(LinkModel(10e6, 10e6, 0.01))
     p = Problem(g, cm, [y], Constraints(edge_memory_budget=None))
     base = plan_split(g, cm, [y], p.constraints, algorithm="edge_only", problem=p)
@@ -104,16 +106,18 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     emulated with `rtt_s` (a request finds the caches as cold as after a real round trip), with the
     edge emulated `slowdown` x slower by CPU time (edge_s / slowdown is the CPU time, whatever the load
     of this machine). One BLAS thread."""
-    import os
-    import tempfile
-    from isthmus.cloud.offload import OffloadServer
+    from isthmus.cloud.offload import OffloadServer  # deferred: cloud.offload loads grpc, protobuf, scipy
+    # deferred: cloud.offload_model loads protobuf, scipy
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    # deferred: converters.split_export loads flatbuffers, scipy
     from isthmus.converters.split_export import export_split
+    # deferred: the edge interpreter, loaded only by the commands that need it
     from isthmus.edge.interpreter import Interpreter
+    # deferred: the edge interpreter, loaded only by the commands that need it
     from isthmus.edge.link_emulation import EmulatedLink
-    from isthmus.edge.offload_client import OffloadClient
-    from isthmus.partitioner.pinned import PinnedPlans
-    from isthmus.partitioner.threads import limited_blas_threads
+    from isthmus.edge.offload_client import OffloadClient  # deferred: edge.offload_client loads protobuf
+    from isthmus.partitioner.pinned import PinnedPlans  # deferred: partitioner.pinned loads scipy
+    from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
     out = []
     for mi, (g, x, y) in enumerate(_graphs()):
         plans, _ = _plans(g, y, cuts)
@@ -155,7 +159,7 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
 
 def measure_part_cost(int8: bool = True, slowdown: float = 1.0):
     """The PartCost fitted here, scaled to a device `slowdown` times slower."""
-    from isthmus.partitioner.part_cost import PartCost
+    from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
     fit = PartCost.fit(part_samples(int8))
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 

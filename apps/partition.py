@@ -20,6 +20,7 @@ import numpy as np
 from isthmus.converters.onnx_import import from_onnx
 from isthmus.converters.tflite_import import from_tflite
 from isthmus.core.graph import Graph
+from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
 from isthmus.partitioner.costmodel import CostModel
 from isthmus.partitioner.devices import CLOUD, EDGE, DeviceProfile
 from isthmus.partitioner.plan import ALGORITHMS, AdaptivePlanner, plan_split
@@ -91,7 +92,6 @@ def cost_model(args) -> CostModel:
 def _client(args, edge):
     """The edge client's own cost (issue 27): the profile's client section, else this machine's
     measured client (client_cost.HERE) slowed as the edge is (--edge-slowdown, else the built-in 8x)."""
-    from isthmus.partitioner.client_cost import DEFAULT_EDGE_SLOWDOWN, HERE
     if edge.client is not None:
         return edge.client
     return HERE.scaled(args.edge_slowdown if args.edge_slowdown and not args.edge_profile else DEFAULT_EDGE_SLOWDOWN)

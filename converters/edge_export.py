@@ -10,9 +10,13 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from isthmus.core.errors import GraphError
+from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Tensor
+from isthmus.core.passes import freeze, optimize
 from isthmus.edge import capabilities
 from isthmus.edge.writer import ModelWriter
+
+from .onnx_export import to_onnx
 
 def _edge_attrs_or_none(op: str):
     def attrs(a):
@@ -46,8 +50,6 @@ def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
     With `delegate`, an ONNX copy of the same graph is embedded, which the interpreter hands to
     onnxruntime when the device has it (Interpreter(..., delegate="auto")).
     """
-    from isthmus.core.executor import prune
-    from isthmus.core.passes import freeze, optimize
     if hasattr(source, "graph") and hasattr(source, "run"):
         outs_t = [source.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
         graph = freeze(source, outs_t)
@@ -97,7 +99,6 @@ def to_edge(source: Union[Graph, object], outputs: Sequence[Union[Tensor, str]],
     for t in outs:
         w.mark_output(index[t])
     if delegate:
-        from .onnx_export import to_onnx
         model = to_onnx(graph, outs, inputs=ins or None, optimize=False)
         w.metadata["delegate.onnxruntime.buffer"] = str(w.add_blob(model.SerializeToString()))
     return w.to_bytes()

@@ -77,13 +77,13 @@ def write_edge_parts(split_path: str, out_dir: str, edge_format: str = "tflite",
         if not c["cloud_part"]:
             entry["file"] = f"full.{edge_format}"
         elif edge_format == "tflite":
-            from .tflite_write import split_to_tflite
+            from .tflite_write import split_to_tflite  # cycle: converters.edge_formats <-> converters.tflite_write
             part = split_to_tflite(data, cut=c["name"], **options)
             entry["file"] = put(f"{c['name']}.tflite", part.edge)
             if part.post is not None:
                 entry["post_file"] = put(f"{c['name']}.post.tflite", part.post)
         else:
-            from .onnx_edge import split_to_onnx
+            from .onnx_edge import split_to_onnx  # cycle: converters.edge_formats <-> converters.onnx_edge
             part = split_to_onnx(data, cut=c["name"])
             entry["file"] = put(f"{c['name']}.onnx", part.edge.SerializeToString())
             if part.post is not None:
@@ -96,9 +96,9 @@ def write_edge_parts(split_path: str, out_dir: str, edge_format: str = "tflite",
 
 def _whole(model, edge_format: str, options) -> bytes:
     if edge_format == "tflite":
-        from .tflite_write import edge_to_tflite
+        from .tflite_write import edge_to_tflite  # cycle: converters.edge_formats <-> converters.tflite_write
         return edge_to_tflite(model, **options)
-    from .onnx_edge import edge_to_onnx
+    from .onnx_edge import edge_to_onnx  # cycle: converters.edge_formats <-> converters.onnx_edge
     return edge_to_onnx(model).SerializeToString()
 
 

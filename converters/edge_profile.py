@@ -25,9 +25,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from isthmus.core.session import Session
+from isthmus.edge.interpreter import Interpreter
 from isthmus.partitioner import calibrate as cal
 from isthmus.partitioner.costmodel import cost_key, op_cost
 from isthmus.partitioner.devices import EDGE, DeviceProfile
+from isthmus.partitioner.threads import limited_blas_threads
 
 from .edge_export import to_edge
 from .litert_profile import case_graph
@@ -49,7 +51,6 @@ def _edge_model(g, live, values, node, int8: bool) -> bytes:
 
 def _time(data: bytes, values: Sequence[np.ndarray], op: str, budget_s: float) -> float:
     """Median CPU seconds of the node's own steps (the quantizer's borders left out)."""
-    from isthmus.edge.interpreter import Interpreter
     it = Interpreter(data)
     mine = [kind == "op" and name not in BORDERS for kind, name in it.steps_info]
     steps = [s for _, s in it.kernels]
@@ -77,7 +78,6 @@ def measure_edge(ops: Optional[Sequence[str]] = None, level: str = "quick", int8
     """Samples (cost key, shapes, FLOPs, bytes, seconds) of every case of `ops` run in the edge
     interpreter; each case keeps its fastest median over `rounds` passes (a burst of other work
     slows one round)."""
-    from isthmus.partitioner.threads import limited_blas_threads
     built = []
     for op in ops or OPS:
         for inputs, build in cal.cases(op, level):

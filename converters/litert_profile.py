@@ -24,6 +24,7 @@ from isthmus.partitioner import calibrate as cal
 from isthmus.partitioner.costmodel import cost_key, op_cost
 from isthmus.partitioner.devices import EDGE, DeviceProfile
 
+from .tflite_write import read_metadata
 from .tflite_write_graph import graph_to_tflite
 
 OPS = ("MatMul", "FusedMatMul", "Conv2D", "FusedConv2D", "MaxPool", "AvgPool", "GlobalAvgPool", "BatchNorm",
@@ -48,8 +49,7 @@ def case_graph(op: str, inputs: List[np.ndarray], build):
 
 
 def _time(data: bytes, values: Sequence[np.ndarray], budget_s: float, threads: int) -> float:
-    from ai_edge_litert.interpreter import Interpreter
-    from .tflite_write import read_metadata
+    from ai_edge_litert.interpreter import Interpreter  # deferred: ai_edge_litert is a heavy or optional dependency
     it = Interpreter(model_content=data, num_threads=threads)
     it.allocate_tensors()
     for d, v, m in zip(it.get_input_details(), values, read_metadata(data)["inputs"]):

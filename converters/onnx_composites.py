@@ -104,7 +104,7 @@ def _cumprod(c, node, ins):
 
 @handler("EyeLike", 9, attrs=("dtype", "k"))
 def _eye_like(c, node, ins):
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     at = _attrs(node)
     x = ins[0]
     refuse_unless(len(x.shape) == 2 and all(d is not None for d in x.shape), "EyeLike needs a 2-D input of known shape")

@@ -1,9 +1,13 @@
 """ONNX import handlers for control flow: If -> cond, Loop -> while_loop (bodies are subgraphs)."""
 from __future__ import annotations
 
+from collections import ChainMap
+
 import numpy as np
 
 import isthmus.core as ism
+
+from isthmus.core.graph import Graph, get_default_graph
 
 from .onnx_import import ImportError_, _attrs, _clean, _run_nodes, handler
 
@@ -11,10 +15,9 @@ from .onnx_import import ImportError_, _attrs, _clean, _run_nodes, handler
 def _body(c, gp, values, bind):
     """A function building ONNX subgraph `gp` in the current (body) graph: `bind` names its formal
     inputs; outer names resolve through `values` and are captured by the body graph."""
-    from collections import ChainMap
 
     def build(*args):
-        from onnx import numpy_helper
+        from onnx import numpy_helper  # deferred: onnx is a heavy or optional dependency
         scope = ChainMap(dict(zip(bind, args)), values)
         for init in gp.initializer:  # a subgraph's own constants
             arr = numpy_helper.to_array(init)
@@ -98,7 +101,6 @@ def _scan_specs(build, loop_vars, invariants, n_state):
 
 
 def _trial_build(build, specs):
-    from isthmus.core.graph import Graph, get_default_graph
     outer = get_default_graph()
     scratch = Graph(seed=outer.seed, outer=outer)
     with scratch.as_default():

@@ -5,6 +5,8 @@ import numpy as np
 
 import isthmus.core as ism
 
+from isthmus.core.dtypes import as_dtype
+
 from .onnx_import import ImportError_, _attrs, _s, handler, refuse_unless
 
 _BINARY = {"Add": ism.add, "Sub": ism.sub, "Mul": ism.mul, "Div": ism.div, "Pow": ism.pow,
@@ -94,7 +96,7 @@ def _clip(c, node, ins):
 
 @handler("Cast", attrs=("to", "saturate", "round_mode"))
 def _cast(c, node, ins):
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     at = _attrs(node)
     try:
         dtype = helper.tensor_dtype_to_np_dtype(at["to"])
@@ -107,7 +109,6 @@ def _cast(c, node, ins):
 
 
 def _isthmus_dtype(dtype, what: str):
-    from isthmus.core.dtypes import as_dtype
     try:
         return as_dtype(dtype)
     except (TypeError, ValueError) as e:

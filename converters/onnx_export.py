@@ -11,8 +11,10 @@ import numpy as np
 
 from isthmus.core import dtypes as _dt
 from isthmus.core.errors import GraphError
+from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Node, Tensor
 from isthmus.core.ops.array import squeeze_axes
+from isthmus.core.passes import freeze, optimize as run_passes
 
 OPSET = 17
 IR_VERSION = 10
@@ -23,8 +25,8 @@ class ExportError(GraphError):
 
 
 def _onnx():
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    import onnx  # deferred: onnx is a heavy or optional dependency
+    from onnx import TensorProto, helper, numpy_helper  # deferred: onnx is a heavy or optional dependency
     return onnx, TensorProto, helper, numpy_helper
 
 
@@ -95,7 +97,7 @@ def _same(c, n, ins, outs):
 
 
 def _onnx_dtype(d) -> int:
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     return helper.np_dtype_to_tensor_dtype(np.dtype(d))
 
 
@@ -497,8 +499,6 @@ def to_onnx(source: Union[Graph, "object"], outputs: Sequence[Union[Tensor, str]
     activation), so the model is as lean as the plan isthmus itself would run.
     """
     onnx, TensorProto, helper, numpy_helper = _onnx()
-    from isthmus.core.executor import prune
-    from isthmus.core.passes import freeze
     if hasattr(source, "graph") and hasattr(source, "run"):  # a Session: freeze its variables
         outs_t = [source.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
         graph = freeze(source, outs_t)
@@ -508,7 +508,6 @@ def to_onnx(source: Union[Graph, "object"], outputs: Sequence[Union[Tensor, str]
         outs = [graph.tensor(o) if isinstance(o, str) else o for o in outputs]
     ins = [graph.tensor(i) if isinstance(i, str) else i for i in (inputs or [])]
     if optimize:
-        from isthmus.core.passes import optimize as run_passes
         rw = run_passes(graph, prune([t.node for t in outs], set(ins)), outs, ins)
         graph, outs, ins = rw.graph, list(rw.fetches), list(rw.feeds)
     nodes = prune([t.node for t in outs], set(ins))

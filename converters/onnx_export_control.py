@@ -5,6 +5,7 @@ from typing import List, Sequence
 
 import numpy as np
 
+from isthmus.core.executor import prune
 from isthmus.core.graph import Tensor
 
 from .onnx_export import _HANDLERS, ExportError, _Ctx, _onnx_dtype, handler
@@ -13,7 +14,6 @@ from .onnx_export import _HANDLERS, ExportError, _Ctx, _onnx_dtype, handler
 def _inline(c: _Ctx, fn, input_names: Sequence[str], prefix: str) -> List[str]:
     """Emit the nodes of Function `fn` into `c` with its inputs bound to `input_names`; returns the
     names of its outputs. Names are prefixed so that every value stays unique across scopes."""
-    from isthmus.core.executor import prune
     for t, nm in zip(fn.inputs, input_names):
         c.names[t] = nm
     for n in prune([t.node for t in fn.outputs], set(fn.inputs)):

@@ -21,7 +21,7 @@ from .onnx_wire import RawWeights, parse_without_weights
 def load_model(model, external_data_dir: Optional[str]) -> Tuple[object, Optional[str], Optional[RawWeights]]:
     """(ModelProto, the folder external data may be read from or None, the initializers' raw_data left
     in the file or bytes by onnx_wire (the caller closes it), or None when the ModelProto holds them)."""
-    import onnx
+    import onnx  # deferred: onnx is a heavy or optional dependency
     base = None if external_data_dir is None else os.fspath(external_data_dir)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
@@ -60,7 +60,7 @@ def _mapped(fh):
 
 
 def _parse(data: bytes, what: str):
-    import onnx
+    import onnx  # deferred: onnx is a heavy or optional dependency
     try:
         return onnx.load_from_string(data)
     except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
@@ -70,7 +70,7 @@ def _parse(data: bytes, what: str):
 def read_initializer(init, base: Optional[str], raws: Optional[RawWeights] = None, k: int = 0) -> np.ndarray:
     """The initializer's array; external data read from inside `base` only. `raws`: the raw_data that
     onnx_wire left in the model's file or bytes (initializer number k's is read from there)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # deferred: onnx is a heavy or optional dependency
     name = _name(init.name)
     if raws is not None and raws.spans[k] is not None:
         try:
@@ -100,7 +100,7 @@ _STORAGE_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11
 
 
 def _with_raw(init, raw):
-    from onnx import TensorProto
+    from onnx import TensorProto  # deferred: onnx is a heavy or optional dependency
     out = TensorProto()
     out.CopyFrom(init)
     out.raw_data = raw.tobytes()
@@ -108,7 +108,7 @@ def _with_raw(init, raw):
 
 
 def _with_external_bytes(init, base: Optional[str]):
-    from onnx import TensorProto
+    from onnx import TensorProto  # deferred: onnx is a heavy or optional dependency
     name = _name(init.name)
     info = {e.key: e.value for e in init.external_data}
     loc = info.get("location", "")

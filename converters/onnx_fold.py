@@ -72,7 +72,7 @@ def _slice(node, vals):
 
 
 def _cast(node, vals):
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     return vals[0].astype(helper.tensor_dtype_to_np_dtype(_attrs(node)["to"]))
 
 

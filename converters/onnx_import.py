@@ -15,8 +15,10 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, U
 import numpy as np
 
 import isthmus.core as ism
+from isthmus.core.dtypes import as_dtype
 from isthmus.core.errors import GraphError
-from isthmus.core.graph import Graph, Tensor
+from isthmus.core.graph import Graph, Tensor, get_default_graph
+from isthmus.core.ops.base import make
 
 
 class ImportError_(GraphError):
@@ -110,9 +112,6 @@ def owned_constant(arr: np.ndarray, name: str) -> Tensor:
     """A Const over `arr` without the private copy `ism.constant` makes: importers own the arrays
     they read (or hold read-only views of the model file) and never write them. A 90 MB model is
     then imported without copying its weights a second time."""
-    from isthmus.core.dtypes import as_dtype
-    from isthmus.core.graph import get_default_graph
-    from isthmus.core.ops.base import make
     if not isinstance(arr, np.ndarray) or arr.ndim == 0 or not arr.flags.c_contiguous \
             or as_dtype(arr.dtype) != arr.dtype:
         return ism.constant(arr, dtype=np.asarray(arr).dtype, name=name)
@@ -121,7 +120,7 @@ def owned_constant(arr: np.ndarray, name: str) -> Tensor:
 
 
 def _attrs(node) -> Dict[str, object]:
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
@@ -143,7 +142,7 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
     Weights stored outside the model file (external data) are read only from `external_data_dir`,
     or from the model file's own folder when `model` is a path; never through `..`, an absolute
     path or a symlink leading out of that folder."""
-    from .onnx_external import load_model
+    from .onnx_external import load_model  # cycle: converters.onnx_import <-> converters.onnx_external
     model, base, raws = load_model(model, external_data_dir)
     try:
         return _import(model, trainable, graph, base, raws)
@@ -157,8 +156,8 @@ def from_onnx(model: Union[str, bytes, "object"], trainable: bool = False, graph
 
 
 def _import(model, trainable: bool, graph: Optional[Graph], base: Optional[str], raws):
-    from onnx import helper
-    from .onnx_external import read_initializer
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
+    from .onnx_external import read_initializer  # cycle: converters.onnx_import <-> converters.onnx_external
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
     versions = {o.domain: o.version for o in model.opset_import if o.domain not in ("", "ai.onnx")}
     g_onnx = model.graph
@@ -234,9 +233,8 @@ _PREFIX = re.compile(r"^node '[^']*' \([A-Za-z]+\): ")
 def _run_nodes(c: "_Ctx", nodes, values) -> None:
     """Import `nodes` into the default graph (a cond or loop body when called for a subgraph),
     reading and writing `values` (name -> Tensor; a body sees its enclosing graph's names too)."""
-    from isthmus.core.graph import get_default_graph
 
-    from .onnx_fold import try_fold
+    from .onnx_fold import try_fold  # cycle: converters.onnx_import <-> converters.onnx_fold
     g = get_default_graph()
     for k, n in enumerate(nodes):
         where = f"node {k} '{_text(n.name or n.op_type)}' ({_text(n.op_type)}, opset {c.opset})"
@@ -291,7 +289,7 @@ _SPEC_ATTRS: Dict[Tuple[str, int], Optional[FrozenSet[str]]] = {}
 def _spec_attrs(op: str, opset: int) -> Optional[FrozenSet[str]]:
     key = (op, opset)
     if key not in _SPEC_ATTRS:
-        import onnx.defs
+        import onnx.defs  # deferred: onnx is a heavy or optional dependency
         try:
             _SPEC_ATTRS[key] = frozenset(onnx.defs.get_schema(op, opset).attributes)
         except Exception:  # noqa: BLE001  (no schema: nothing to check against)

@@ -21,7 +21,7 @@ def _attention(c, node, ins):
         raise OnnxImportError(f"{where(node)}: unknown attribute(s) {sorted(unknown)}")
     softmax_dtype = None
     if at.get("softmax_precision"):
-        from onnx import helper
+        from onnx import helper  # deferred: onnx is a heavy or optional dependency
         softmax_dtype = helper.tensor_dtype_to_np_dtype(at["softmax_precision"])
     y, pk, pv, qk = ism.attention(
         ins[0], ins[1], ins[2], _opt(ins, 3), _opt(ins, 4), _opt(ins, 5), _opt(ins, 6),

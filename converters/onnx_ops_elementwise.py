@@ -14,7 +14,7 @@ from .onnx_import import OnnxImportError, handler
 
 def attrs(node) -> Dict[str, object]:
     """The node's attributes as Python values (strings decoded)."""
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     out = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)

@@ -10,6 +10,7 @@ import isthmus.core as ism
 from isthmus.core.ops.arange import arange
 from isthmus.core.ops.bitwise import bitcast
 from isthmus.core.ops.det import det
+from isthmus.core.ops.pad_dynamic import pad_dynamic
 
 from .onnx_import import ImportError_, _attrs, _pick, _s, handler, refuse_unless
 
@@ -48,7 +49,7 @@ _WINDOWS = {"HannWindow": [(0.5, 0), (-0.5, 1)],  # the first term is the consta
 def _window(terms):
     def h(c, node, ins):
         """A window of `size` (known at import or at run time) points; N = size (periodic) or size - 1."""
-        from onnx import helper
+        from onnx import helper  # deferred: onnx is a heavy or optional dependency
         at = _attrs(node)
         out_dtype = helper.tensor_dtype_to_np_dtype(int(at.get("output_datatype", 1)))
         size = ism.cast(ism.reshape(ins[0], ()), np.int64)
@@ -86,7 +87,7 @@ def _swiglu(c, node, ins):
 def _causal_conv(c, node, ins):
     """Depthwise 1-D conv over [past_state (or k-1 zeros), input]; present_state is the last k-1 positions
     of that concatenation. The convolution is the imported Conv (group = channels)."""
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
     past = ins[3] if len(ins) > 3 else None
@@ -111,7 +112,7 @@ def _causal_conv(c, node, ins):
 
 @handler("BitCast", 26, attrs=("to",))
 def _bitcast(c, node, ins):
-    from onnx import helper
+    from onnx import helper  # deferred: onnx is a heavy or optional dependency
     at = _attrs(node)
     refuse_unless("to" in at, "the 'to' attribute is required")
     try:
@@ -152,7 +153,6 @@ def _tensor_scatter(c, node, ins):
 def _max_unpool(c, node, ins):
     """Each value of X written at its index (flat over the whole inferred output, as MaxPool's Indices
     count) into zeros; an output_shape input pads that at the end of each axis."""
-    from isthmus.core.ops.pad_dynamic import pad_dynamic
     at = _attrs(node)
     x, idx = ins[0], ins[1]
     k = list(at["kernel_shape"])

@@ -7,6 +7,8 @@ import numpy as np
 
 import isthmus.core as ism
 
+from isthmus.core.ops.arange import arange
+
 from .onnx_import import OnnxImportError, handler
 from .onnx_ops_elementwise import attrs, where
 
@@ -101,7 +103,6 @@ def _one_hot(c, node, ins):
         idx = ism.where(ism.less(idx, ism.constant(0, idx.dtype)), ism.add(idx, ism.constant(depth, idx.dtype)), idx)
         hot = ism.one_hot(idx, depth, values.dtype)
     else:  # depth computed at run time: compare against arange(depth)
-        from isthmus.core.ops.arange import arange
         depth = ism.cast(ism.reshape(ins[1], ()), idx.dtype)
         idx = ism.where(ism.less(idx, ism.constant(0, idx.dtype)), ism.add(idx, depth), idx)
         classes = arange(ism.constant(0, idx.dtype), depth, ism.constant(1, idx.dtype))

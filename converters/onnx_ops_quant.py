@@ -30,7 +30,7 @@ def _quantize(c, node, ins):
         raise OnnxImportError(f"{where(node)}: the precision attribute is not supported")
     out_dt = np.uint8
     if at.get("output_dtype"):
-        from onnx import helper
+        from onnx import helper  # deferred: onnx is a heavy or optional dependency
         out_dt = helper.tensor_dtype_to_np_dtype(at["output_dtype"])
     zp = _zero_point(node, ins, 2, out_dt)
     return [ism.quantize_linear(ins[0], ins[1], zp, int(at.get("axis", 1)), int(at.get("block_size", 0)))]

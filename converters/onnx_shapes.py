@@ -218,7 +218,7 @@ def _pad_static(x, pads, mode, value):
 @handler("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
                             "value_strings", "sparse_value"))
 def _constant(c, node, ins):
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # deferred: onnx is a heavy or optional dependency
     refuse_unless(len(node.attribute) == 1, f"needs exactly one value attribute, got {len(node.attribute)}")
     at = node.attribute[0]
     if at.name == "value":
@@ -241,7 +241,7 @@ def _constant(c, node, ins):
 
 @handler("ConstantOfShape", attrs=("value",))
 def _const_of_shape(c, node, ins):
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # deferred: onnx is a heavy or optional dependency
     at = [a for a in node.attribute if a.name == "value"]
     v = numpy_helper.to_array(at[0].t) if at else np.zeros(1, np.float32)
     refuse_unless(v.dtype != object and v.dtype.kind in "fiub", f"dtype {v.dtype} is not supported")

@@ -82,7 +82,7 @@ def parse_without_weights(buf):
     """(ModelProto whose top-level initializers lack their raw_data, [(offset, length) of each
     initializer's raw_data in `buf`, or None], aligned with model.graph.initializer), or None when
     the fast path does not apply. `buf`: the file's bytes or a read-only map of it."""
-    import onnx
+    import onnx  # deferred: onnx is a heavy or optional dependency
     with memoryview(buf) as mv:
         try:
             graph = _only(mv, 0, len(mv), _MODEL_GRAPH)

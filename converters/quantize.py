@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+import isthmus.core as ism
 import numpy as np
 
+from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Node, Tensor
+from isthmus.core.passes import freeze, optimize
 from isthmus.edge import capabilities
 from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
@@ -114,9 +117,6 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     (a ValueError naming the tensor) or "fp32" (it runs in float: a split's part cut where the file
     has no pair, e.g. between a conv and its bias)."""
     method = method or ("percentile" if percentile is not None else "minmax")
-    import isthmus.core as ism
-    from isthmus.core.executor import prune
-    from isthmus.core.passes import freeze, optimize
     outs0 = [session.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
     frozen = freeze(session, outs0)
     outs0 = [frozen.tensor(t.name) for t in outs0]

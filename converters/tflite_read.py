@@ -9,6 +9,7 @@ so the importer never touches the buffer again.
 """
 from __future__ import annotations
 
+import importlib
 import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -61,7 +62,7 @@ class ModelData:
 
 
 def _builtin_names() -> Dict[int, str]:
-    from tflite.BuiltinOperator import BuiltinOperator
+    from tflite.BuiltinOperator import BuiltinOperator  # deferred: tflite is a heavy or optional dependency
     return {v: k for k, v in vars(BuiltinOperator).items() if not k.startswith("_") and isinstance(v, int)}
 
 
@@ -148,7 +149,7 @@ class _Reader:
 
 def read_model(buf: bytes) -> ModelData:
     """Parse and check a .tflite flatbuffer (subgraph 0)."""
-    import tflite
+    import tflite  # deferred: tflite is a heavy or optional dependency
     buf = bytes(buf)
     if len(buf) < 8:
         raise TFLiteImportError(f"not a TFLite model: {len(buf)} bytes")
@@ -215,10 +216,10 @@ def _tensor(r: _Reader, m, sg, k: int, n_buf: int) -> TensorData:
     data = _buffer_data(r, m, b, what) if n_buf else None
     sparsity = None
     if data is not None:
-        from .tflite_sparse import read_sparsity
+        from .tflite_sparse import read_sparsity  # cycle: converters.tflite_read <-> converters.tflite_sparse
         sparsity = read_sparsity(r, t, what)
     if sparsity is not None:  # only the non-zeros are stored: densified here, so every op sees dense weights
-        from .tflite_sparse import densify
+        from .tflite_sparse import densify  # cycle: converters.tflite_read <-> converters.tflite_sparse
         if any(d < 0 for d in shape):
             raise TFLiteImportError(f"{what}: a sparse constant with unknown dims {shape}")
         if data.size % dtype.itemsize:
@@ -294,7 +295,6 @@ def _operator(r: _Reader, sg, k: int, codes: List[str], n_t: int) -> OperatorDat
 
 
 def _options(r: _Reader, o, op: str, what: str) -> Dict[str, object]:
-    import importlib
     cls_name, fields = _OPTION_FIELDS[op]
     table = r.call(f"{what} options", o.BuiltinOptions)
     if table is None:

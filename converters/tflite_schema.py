@@ -25,7 +25,7 @@ class TFLiteSchemaMissing(ImportError):
 def schema() -> types.SimpleNamespace:
     """Every schema table, enum and builder function of the installed `tflite` package, by name."""
     try:
-        import tflite
+        import tflite  # deferred: tflite is optional (its ImportError is handled)
     except ImportError as e:
         raise TFLiteSchemaMissing(f"reading or writing .tflite flatbuffers needs the `tflite` extra: {EXTRA_HINT}") \
             from e

@@ -3,6 +3,7 @@ metadata) read with bounds checks and densified, as TFLite's own FormatConverter
 densify is refused with a message that says the tensor is sparse."""
 from __future__ import annotations
 
+import importlib
 from typing import Optional, Tuple
 
 import numpy as np
@@ -35,7 +36,6 @@ def read_sparsity(r, t, what: str) -> Optional[dict]:
 
 
 def _index_vector(r, type_fn, table_fn, what: str) -> np.ndarray:
-    import importlib
     kind = int(r.call(f"{what} type", type_fn))
     names = {1: "Int32Vector", 2: "Uint16Vector", 3: "Uint8Vector"}
     if kind not in names:

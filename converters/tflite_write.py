@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Union
 
+import isthmus.core as ism
 import numpy as np
 
 from isthmus.edge.loader import EdgeModel, loads
@@ -27,6 +28,9 @@ from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
 from . import tflite_write_array_ops, tflite_write_lstm  # noqa: F401  (register TRANSPOSE, GATHER, LSTM, ...)
+from .edge_export import to_edge
+from .quantize import quantize_to_edge
+from .tflite_schema import fb
 
 METADATA_KEY = "isthmus.tflite"
 METADATA_VERSION = 1
@@ -190,7 +194,6 @@ def _io_meta(tr: Translator, i: int, src: int, e: int, layout: str, ops, wire: O
 
 def read_metadata(data: bytes) -> dict:
     """The "isthmus.tflite" metadata of a .tflite written here (for clients and tests)."""
-    from .tflite_schema import fb
     m = fb.Model.GetRootAs(data, 0)
     for k in range(m.MetadataLength()):
         md = m.Metadata(k)
@@ -204,15 +207,12 @@ def to_tflite(source, outputs: Sequence, inputs: Optional[Sequence] = None, int8
               calibration=None, batch: int = 1, **options) -> bytes:
     """A whole graph (a Session, whose variables are frozen, or a Graph) as a .tflite: the edge
     export (or, with int8, converters/quantize.py's calibrated quantization) written as TFLite."""
-    from .edge_export import to_edge
     if not int8:
         data = to_edge(source, list(outputs), inputs=inputs, batch=batch)
     else:
-        from .quantize import quantize_to_edge
         if calibration is None:
             raise ValueError("int8=True needs calibration feeds")
         if not hasattr(source, "run"):
-            import isthmus.core as ism
             source = ism.Session(source)
         data, _ = quantize_to_edge(source, list(outputs), calibration, batch=batch)
     return edge_to_tflite(data, batch=batch, **options)

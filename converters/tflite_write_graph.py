@@ -14,7 +14,9 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Tensor
+from isthmus.core.passes import freeze, optimize
 from isthmus.edge import capabilities
 from isthmus.edge.loader import loads
 from isthmus.edge.writer import ModelWriter
@@ -108,8 +110,6 @@ def graph_to_tflite(source, outputs: Sequence[Union[Tensor, str]], inputs: Optio
                     batch: int = 1, **options) -> bytes:
     """The fp32 .tflite of a whole graph (a Session, whose variables are frozen, or a Graph);
     `options`: edge_to_tflite's (layouts, wire names)."""
-    from isthmus.core.executor import prune
-    from isthmus.core.passes import freeze, optimize
     if hasattr(source, "graph") and hasattr(source, "run"):
         outs0 = [source.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
         graph: Graph = freeze(source, outs0)

@@ -24,6 +24,7 @@ from ..wire.security import ClientSecurity, SecurityError
 from .format import EdgeModelError
 from .interpreter import Interpreter
 from .link_emulation import EmulatedLink
+from .loader import load
 from .offload_client import CloudError, OffloadClient
 from .split_model import load_split
 
@@ -137,10 +138,10 @@ def run(args) -> int:
         if given:
             raise SystemExit(f"{given[0]} needs --cloud HOST:PORT")
     if getattr(args, "runtime", "isthmus") == "litert":
-        from .cli_litert import run_litert
+        from .cli_litert import run_litert  # cycle: edge.cli <-> edge.cli_litert (via edge.cli_phone)
         return run_litert(args)
     if getattr(args, "runtime", "isthmus") == "onnxruntime":
-        from .cli_onnxruntime import run_onnxruntime
+        from .cli_onnxruntime import run_onnxruntime  # cycle: edge.cli <-> edge.cli_onnxruntime (via edge.cli_phone)
         return run_onnxruntime(args)
     if args.cloud:
         return _run_split(args)
@@ -237,8 +238,6 @@ def _pin_cut(client: OffloadClient, name: str, path: str) -> None:
 
 def _check_split(path: str) -> None:
     """--cloud needs a split model (isthmus split): say so for a plain one, before any client is made."""
-    from .format import EdgeModelError
-    from .loader import load
     if not os.path.isfile(path):
         raise SystemExit(f"MODEL {path}: no such file")
     try:

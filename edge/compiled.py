@@ -22,7 +22,7 @@ import numpy as np
 
 from ..jit import available as _jit_available  # the leaf package only: never core
 from .opcontext import Window
-from .quant import MAGIC32
+from .quant import MAGIC, MAGIC32
 
 CLAMPS = {"none": (-math.inf, math.inf), "relu": (0.0, math.inf), "relu6": (0.0, 6.0)}
 _MANTISSA = {np.dtype(np.float32): (24, -149), np.dtype(np.float64): (53, -1074)}  # bits, smallest exponent
@@ -45,7 +45,7 @@ class _Geometry:
 
 def depthwise_scratch_elems(g: Window, kh: int, kw: int) -> int:
     """float32 elements of arena scratch the compiled depthwise kernel works in (its padded plane)."""
-    from ..jit.depthwise import scratch_elems
+    from ..jit.depthwise import scratch_elems  # deferred: jit.depthwise loads numba
     return scratch_elems((g.h, g.w), (kh, kw), _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw))
 
 
@@ -54,7 +54,7 @@ def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: f
     """A step writing out3 [R, OH, OW] = clamp(bias + depthwise(x3 [R, H, W], w3 [C, kh, kw]), lo, hi).
     Every array is contiguous, writeable (numba compiles read-only arrays as another type) and of
     one float dtype; bias is [C] (zeros for none). Imports numba on the first call."""
-    from ..jit.depthwise import depthwise_rows
+    from ..jit.depthwise import depthwise_rows  # deferred: jit.depthwise loads numba
     for name, a in (("x", x3), ("weights", w3), ("bias", bias), ("out", out3)):
         if not (a.flags.c_contiguous and a.flags.writeable) or a.dtype != x3.dtype:
             raise ValueError(f"compiled depthwise: {name} must be contiguous, writeable {x3.dtype}")
@@ -73,7 +73,7 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
     (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
     then being its clamp in the accumulator's domain. bias must make the sums exact (exact_int8_bias)."""
-    from ..jit.depthwise_int8 import depthwise_int8_step
+    from ..jit.depthwise_int8 import depthwise_int8_step  # deferred: jit.depthwise_int8 loads numba
     for name, a in (("x", x3), ("weights", w3), ("bias", bias), ("out", outq3 if outf3 is None else outf3)):
         if not (a.flags.c_contiguous and a.flags.writeable):
             raise ValueError(f"compiled int8 depthwise: {name} must be contiguous and writeable")
@@ -89,7 +89,7 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
 def bind_bias_clamp(y2: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[], None]:
     """A step doing y2 [R, L] = clamp(y2 + bias[r % C], lo, hi) in place in one compiled pass
     (jit.bias_clamp); bias None: zeros. A read-only bias (a view of the file) is copied once."""
-    from ..jit.bias_clamp import bias_clamp_rows
+    from ..jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
     if not (y2.flags.c_contiguous and y2.flags.writeable and y2.ndim == 2):
         raise ValueError("compiled bias and clamp: the output must be a contiguous, writeable [rows, columns]")
     if bias is None:
@@ -141,9 +141,8 @@ def bind_uniform_requantization(rq, acc: np.ndarray, view: Callable, out: np.nda
     rows = accumulator_rows(acc, view, out)
     if rows is None:
         return None
-    from ..jit.requantize import uniform_requantize_rows
+    from ..jit.requantize import uniform_requantize_rows  # deferred: jit.requantize loads numba
     a2, o2 = rows
-    from .quant import MAGIC
     dt = acc.dtype.type
     before, after = rq.clamp_before and rq.needs_clamp, not rq.clamp_before
     if rq.magic:
@@ -173,7 +172,7 @@ def bind_channel_requantization(rq, acc4: np.ndarray, out4: np.ndarray) -> Optio
         return None
     if a2.strides[1] != a2.itemsize or not o2.flags.c_contiguous:
         return None
-    from ..jit.requantize import channel_requantize_rows
+    from ..jit.requantize import channel_requantize_rows  # deferred: jit.requantize loads numba
     mf = np.ascontiguousarray(np.broadcast_to(np.asarray(rq.mf, np.float64).reshape(-1), (o,)))
     cf = np.ascontiguousarray(np.broadcast_to(np.asarray(rq.cf, np.float64).reshape(-1), (o,)))
     flo, fhi = np.float64(rq.lo + 128), np.float64(rq.hi + 128)
@@ -185,7 +184,7 @@ def bind_channel_requantization(rq, acc4: np.ndarray, out4: np.ndarray) -> Optio
 
 def bind_requantize_rows(a2: np.ndarray, bias: Optional[np.ndarray], lo, hi, magic, o2: np.ndarray) -> Callable[[], None]:
     """A step: o2 [R, L] (int8) = the short requantization of a2 [R, >= L] (float32) + bias[r % C]."""
-    from ..jit.requantize import requantize_rows
+    from ..jit.requantize import requantize_rows  # deferred: jit.requantize loads numba
     b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).copy()
     lo, hi, magic, base = np.float32(lo), np.float32(hi), np.float32(magic), np.int32(MAGIC32)
 

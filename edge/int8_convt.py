@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from .format import EdgeModelError
-from .int8_kernels import int8_kernel
+from .kernel_tables import int8_kernel
 from .kernels_convt import conv_transpose
 from .opcontext import OpContext, clip_ufunc
 

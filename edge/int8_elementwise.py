@@ -13,7 +13,7 @@ import numpy as np
 
 from .compiled import use_compiled
 from .format import EdgeModelError
-from .int8_kernels import int8_kernel
+from .kernel_tables import int8_kernel
 from .kernels import reshape_target
 from .opcontext import OpContext, clip_ufunc
 from .quant import F64_EXACT, Requantizer, activation_bounds, quantize_multiplier
@@ -155,7 +155,7 @@ def add(ctx: OpContext):
 
         def bind(ins, outs, sc):
             if compiled:  # arena views are contiguous; only a constant operand may need its copy
-                from ..jit.requantize import add_requantize
+                from ..jit.requantize import add_requantize  # deferred: jit.requantize loads numba
                 a1, b1 = (np.ascontiguousarray(v).reshape(-1) for v in ins)
                 y1 = outs[0].reshape(-1)
                 return lambda: add_requantize(a1, b1, m1, m2, kf, flo, fhi, y1)
@@ -316,7 +316,7 @@ def quantize(ctx: OpContext):
 
     def bind(ins, outs, sc):
         if compiled:  # arena views are contiguous; a constant input is copied once
-            from ..jit.requantize import quantize_flat
+            from ..jit.requantize import quantize_flat  # deferred: jit.requantize loads numba
             x1, y1 = np.ascontiguousarray(ins[0]).reshape(-1), outs[0].reshape(-1)
             return lambda: quantize_flat(x1, s, lo, hi, z, y1)
         xi, yo, t = ins[0], outs[0], sc[i_t]

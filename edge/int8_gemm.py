@@ -34,7 +34,7 @@ def ready() -> bool:
     """Whether kernels prepared now take the integer GEMM (imports numba: call at prepare only)."""
     if not use_compiled():
         return False
-    from ..jit.gemm_int8 import supported
+    from ..jit.gemm_int8 import supported  # deferred: jit.gemm_int8 loads llvmlite, numba
     return supported()
 
 
@@ -73,6 +73,7 @@ def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, 
 def _bind_gemm(w32: np.ndarray, rq, xp: np.ndarray, acc: np.ndarray, out: np.ndarray, o: int, p: int, so: int,
                sp: int) -> Callable[[], None]:
     """The GEMM and its requantization into out (the int8 output's flat buffer): element (o, p) at o so + p sp."""
+    # deferred: jit.gemm_int8 loads llvmlite, numba
     from ..jit.gemm_int8 import gemm_requantize_float, gemm_requantize_int
     if rq[0] == "float":
         _, mf, cf, flo, fhi = rq
@@ -85,6 +86,7 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
          lo: int, hi: int, bound: int) -> Tuple[list, Callable]:
     """A groups-1 int8 convolution of one image: wi int64 [O, C, kh, kw] (less its zero points),
     bias int64 [O] (the input's zero point folded in), multipliers s_x s_w / s_y per channel."""
+    # deferred: jit.gemm_int8 loads llvmlite, numba
     from ..jit.gemm_int8 import NR, cols_slack, pack_weights, packed_shape
     o, k = wi.shape[0], int(np.prod(wi.shape[1:]))
     p = g.oh * g.ow
@@ -99,7 +101,7 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
     i_pad = None if pointwise else ctx.scratch((planes + cols_slack(g.sw),), np.int8)
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import im2col_pairs, pack_rows, pad_planes
+        from ..jit.gemm_int8 import im2col_pairs, pack_rows, pad_planes  # deferred: jit.gemm_int8 loads llvmlite, numba
         xq = sc[i_x]
         xp = xq[:kp]
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
@@ -130,13 +132,14 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
     """y [M, N] = requantize(a [M, K] @ b): bi int64 [K, N] (less its zero points), bias int64 [N] (the
     input's zero point folded in). A few rows: dot products against each weight row (jit.gemm_int8's
     gemv); more: the GEMM y^T = b^T a^T, output channels as its rows."""
-    from ..jit.gemm_int8 import NR, pack_weights, packed_shape
+    from ..jit.gemm_int8 import NR, pack_weights, packed_shape  # deferred: jit.gemm_int8 loads llvmlite, numba
     k, nn = bi.shape
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     if m < GEMV_ROWS and not transpose_a:
         if bi.size and (bi.min() < -128 or bi.max() > 127):  # int16 weights: numba's one-row dot products
             wt = np.ascontiguousarray(bi.T.astype(np.int16))
             return [(m, nn)], lambda ins, outs, sc: _bind_gemv(wt, rq, ins[0], outs[0])
+        # deferred: jit.gemv_int8 loads llvmlite, numba
         from ..jit.gemv_int8 import activation_elems, pack_weights as pack_rows8
         w8 = pack_rows8(bi.T)
         i_a = ctx.scratch((activation_elems(k),), np.int16)
@@ -146,7 +149,7 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import pack_rows
+        from ..jit.gemm_int8 import pack_rows  # deferred: jit.gemm_int8 loads llvmlite, numba
         xp = sc[i_x]
         a_t = ins[0] if transpose_a else ins[0].T  # [K, M]
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), nn, m, 1, nn)  # y^T: channel n, row m
@@ -159,6 +162,7 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
 
 
 def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    # deferred: jit.gemm_int8 loads llvmlite, numba
     from ..jit.gemm_int8 import gemv_requantize_float, gemv_requantize_int
     if rq[0] == "float":
         _, mf, cf, flo, fhi = rq
@@ -169,6 +173,7 @@ def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[]
 
 def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray) -> Callable[[], None]:
     """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16)."""
+    # deferred: jit.gemv_int8 loads llvmlite, numba
     from ..jit.gemv_int8 import gemv_requantize_float, gemv_requantize_int
     if rq[0] == "float":
         _, mf, cf, flo, fhi = rq

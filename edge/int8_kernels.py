@@ -44,7 +44,7 @@ no arguments that writes its outputs in place.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List
+from typing import List
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -53,19 +53,11 @@ from .compiled import (bind_channel_requantization, bind_int8_rows, bind_requant
                        exact_int8_bias, use_compiled)
 from . import int8_gemm
 from .format import EdgeModelError
+from .kernel_tables import INT8_KERNELS, int8_kernel
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
 from .quant import (F64_EXACT, MAGIC32, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
                     fold_requantization, int8_range, shared_mantissa)
 
-INT8_KERNELS: Dict[str, Callable] = {}
-
-
-def int8_kernel(*names):
-    def deco(f):
-        for n in names:
-            INT8_KERNELS[n] = f
-        return f
-    return deco
 
 
 def _borders(a: np.ndarray, t: int, b: int, l: int, r: int) -> List[np.ndarray]:
@@ -433,7 +425,7 @@ def max_pool(ctx: OpContext):
                 v.fill(-128)
             copyto(inner, x)
         if compiled:
-            from ..jit.pool import max_pool_2x2_rows
+            from ..jit.pool import max_pool_2x2_rows  # deferred: jit.pool loads numba
             src3, y3 = src.reshape(n * c, *src.shape[2:]), y.reshape(n * c, oh, ow)
 
             def run_compiled():
@@ -504,7 +496,7 @@ def global_avg_pool(ctx: OpContext):
 
     def bind(ins, outs, sc):
         if compiled:
-            from ..jit.requantize import sum_requantize_rows
+            from ..jit.requantize import sum_requantize_rows  # deferred: jit.requantize loads numba
             x2, y1 = np.ascontiguousarray(ins[0]).reshape(n * c, hw), outs[0].reshape(n * c)
             args = (np.int64(rq.q), np.int64(rq.c), np.int64(rq.s), np.int64(rq.lo), np.int64(rq.hi))
             return lambda: sum_requantize_rows(x2, *args, y1)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .format import EdgeModelError
 from .int8_elementwise import _INT8_VALUES, _requant_table, _same, _table_kernel, _table_step
-from .int8_kernels import INT8_KERNELS, int8_kernel
+from .kernel_tables import INT8_KERNELS, int8_kernel
 from .kernels_shape import expand_axes, gather, resize, squeeze, strided_slice
 from .opcontext import OpContext, clip_ufunc
 

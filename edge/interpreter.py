@@ -5,6 +5,7 @@ arena views, and hands back copies of the outputs; it allocates nothing else per
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -62,6 +63,7 @@ class Interpreter:
                 raise EdgeModelError("the model embeds no onnxruntime delegate (export it with delegate=True)")
             return None
         try:
+            # deferred: onnxruntime is optional (its ImportError is handled)
             import onnxruntime as ort  # only when a delegate is asked for: the edge runtime itself needs numpy
         except ImportError:
             if required:
@@ -197,7 +199,6 @@ class Interpreter:
         """(index, operator) in run order; (index, None) for remote part `index`. Operators keep
         the file's order where their inputs allow; a remote part runs as soon as its inputs are
         written, and the operators reading its outputs wait for it (edge -> cloud -> edge)."""
-        import heapq
         m = self.model
         if not m.remote:
             return list(enumerate(m.operators))

@@ -8,25 +8,16 @@ writes into the arena views with out= everywhere, allocating nothing per call.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .compiled import CLAMPS, bind_bias_clamp, bind_rows, depthwise_scratch_elems, use_compiled
 from .format import EdgeModelError
+from .kernel_tables import KERNELS, kernel
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
 
-KERNELS: Dict[str, Callable] = {}
 ACTIVATIONS = ("none", "relu", "relu6", "tanh", "sigmoid")
-
-
-def kernel(*names):
-    def deco(f):
-        for n in names:
-            KERNELS[n] = f
-        return f
-    return deco
 
 
 def _act(name: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .format import EdgeModelError
-from .kernels import kernel
+from .kernel_tables import kernel
 from .opcontext import OpContext, clip_ufunc
 
 

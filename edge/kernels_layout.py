@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from .format import EdgeModelError
-from .kernels import KERNELS, kernel
+from .kernel_tables import KERNELS, kernel
 from .opcontext import OpContext
 
 

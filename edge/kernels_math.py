@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from .format import EdgeModelError
-from .kernels import kernel
+from .kernel_tables import kernel
 from .opcontext import OpContext, clip_ufunc
 
 # erfc(u) = t exp(-u^2 + P(t)), t = 1 / (1 + u / 2), u >= 0: the Chebyshev fit in Numerical Recipes

@@ -19,7 +19,7 @@ import numpy as np
 
 from .compiled import use_compiled
 from .format import EdgeModelError
-from .kernels import kernel
+from .kernel_tables import kernel
 from .opcontext import OpContext
 
 COMPILED_UNITS = {"LSTMSequence": 256, "GRUSequence": 1024}  # batch x hidden up to which the loop is compiled
@@ -219,7 +219,7 @@ def gru_sequence(ctx: OpContext):
 
 def _compiled_lstm(project, proj, rt, order, h0, c0, y, h_out, c_out, h0s, z):
     """The LSTM step loop as jit.rnn.lstm_steps; h0s is [B, H] scratch (h0 copied in, or zeros)."""
-    from ..jit.rnn import lstm_steps
+    from ..jit.rnn import lstm_steps  # deferred: jit.rnn loads numba
     times, copyto = np.array(order, np.int64), np.copyto
     rt = rt if rt.flags.writeable else rt.copy()
 
@@ -240,7 +240,7 @@ def _compiled_lstm(project, proj, rt, order, h0, c0, y, h_out, c_out, h0s, z):
 
 def _compiled_gru(project, proj, rt, rbn, lbr, order, h0, h0s, y, h_out, z, rec):
     """The GRU step loop as jit.rnn.gru_steps."""
-    from ..jit.rnn import gru_steps
+    from ..jit.rnn import gru_steps  # deferred: jit.rnn loads numba
     times, copyto = np.array(order, np.int64), np.copyto
     rt, rbn = (a if a.flags.writeable else a.copy() for a in (rt, rbn))
 

@@ -10,7 +10,7 @@ from typing import List, Tuple
 import numpy as np
 
 from .format import EdgeModelError
-from .kernels import KERNELS
+from .kernel_tables import KERNELS
 from .opcontext import OpContext
 
 INDEX_DTYPES = ("int32", "int64")

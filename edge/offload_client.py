@@ -423,8 +423,9 @@ class OffloadClient(RequestTracing):
         self._connected = False  # no call made on this channel yet
         # deferred: grpc (and the generated stubs, which import it) is a heavy import that
         # `import isthmus.edge` must not pay; only a client that talks to the cloud needs it
+        # deferred: grpc is a heavy or optional dependency
         import grpc  # noqa: F401
-        from isthmus.proto import offload_pb2, offload_pb2_grpc
+        from isthmus.proto import offload_pb2, offload_pb2_grpc  # deferred: proto.offload_pb2_grpc loads grpc
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),

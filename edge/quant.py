@@ -294,6 +294,7 @@ class UniformRequantizer:
                 raise EdgeModelError("the short requantization needs a float32 v M + eps (UniformRequantizer.short)")
             slo, shi = np.float32(self.lo - self.zp), np.float32(self.hi - self.zp)
             c32, bits = np.float32(MAGIC32 + self.zp), view(acc).view(np.int32)
+            # cycle: edge.quant <-> edge.compiled
             from .compiled import bind_short_requantization  # (compiled.py imports this module)
             fused = bind_short_requantization(acc, view, out, slo, shi, c32)
             if fused is not None:  # the same arithmetic in one compiled pass
@@ -304,6 +305,7 @@ class UniformRequantizer:
                 add(acc, c32, out=acc)  # rounds to the integer, held in the low bits
                 copyto(out, bits, casting="unsafe")  # the low byte: the value
             return run_short
+        # cycle: edge.quant <-> edge.compiled
         from .compiled import bind_uniform_requantization  # (compiled.py imports this module)
         fused = bind_uniform_requantization(self, acc, view, out)
         if fused is not None:  # the same arithmetic in one compiled pass

@@ -27,8 +27,8 @@ def generated_names():
 
 def generate(out_dir: str) -> None:
     try:
-        from grpc_tools import protoc
-        import grpc_tools
+        from grpc_tools import protoc  # deferred: grpcio-tools is optional, needed only to regenerate
+        import grpc_tools  # deferred: grpcio-tools is optional
     except ImportError:
         raise SystemExit("grpcio-tools not found: pip install grpcio-tools") from None
     well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")

@@ -23,10 +23,11 @@ __all__ = ["reshape", "transpose", "concat", "split", "slice", "strided_slice", 
            "unsqueeze", "flatten"]
 
 _py_slice = builtins.slice  # `slice` below is the op builder
-_FREE = lambda node: Cost(0, 0, 0)  # noqa: E731  (views: no data moves)
+FREE_COST = lambda node: Cost(0, 0, 0)  # noqa: E731  (views: no data moves)
 
 
-def _out(op, inputs, attrs=None, name=None) -> Tensor:
+def first_output(op, inputs, attrs=None, name=None) -> Tensor:
+    """The first output of a new `op` node (what the array, fill and dynamic-shape families return)."""
     return make(op, inputs, attrs, name=name).outputs[0]
 
 
@@ -95,16 +96,16 @@ def _g_reshape(node, dys):
     x = node.inputs[0]
     if fully_defined(x.shape):
         return [reshape(dys[0], x.shape)]
-    return [_out("ReshapeLike", (dys[0], x))]
+    return [first_output("ReshapeLike", (dys[0], x))]
 
 
 register(OpDef("Reshape", inputs=("x",), attrs={"shape": None}, infer=_infer_reshape,
                kernel=lambda node, ctx: (lambda x, s=tuple(node.attrs["shape"]): x.reshape(s)),
-               grad=_g_reshape, cost=_FREE, doc="shape: ints, one of them may be -1."))
+               grad=_g_reshape, cost=FREE_COST, doc="shape: ints, one of them may be -1."))
 register(OpDef("ReshapeLike", inputs=("x", "like"),
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)],
                kernel=lambda node, ctx: (lambda x, like: x.reshape(like.shape)),
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE,
+               grad=lambda node, dys: [first_output("ReshapeLike", (dys[0], node.inputs[0])), None], cost=FREE_COST,
                doc="x reshaped to like's run-time shape (gradients through unknown dims)."))
 
 
@@ -117,7 +118,7 @@ def reshape(x, shape, name=None) -> Tensor:
             raise TypeError(f"reshape needs a static target shape; '{shape.name}' is only known at run time "
                             "(use -1 for one unknown dim)")
         shape = v
-    return _out("Reshape", (convert(x),), {"shape": tuple(-1 if d is None else int(d) for d in shape)}, name=name)
+    return first_output("Reshape", (convert(x),), {"shape": tuple(-1 if d is None else int(d) for d in shape)}, name=name)
 
 
 def _infer_flatten(node):
@@ -129,14 +130,14 @@ def _infer_flatten(node):
 register(OpDef("Flatten", inputs=("x",), attrs={"axis": 1}, infer=_infer_flatten,
                kernel=lambda node, ctx: (lambda x, a=node.attrs["axis"], p=_math.prod:
                                          x.reshape(p(x.shape[:a]), p(x.shape[a:]))),
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0]))], cost=_FREE,
+               grad=lambda node, dys: [first_output("ReshapeLike", (dys[0], node.inputs[0]))], cost=FREE_COST,
                doc="[d0..d(a-1), da..] -> [prod(d0..d(a-1)), prod(da..)], as ONNX Flatten."))
 
 
 def flatten(x, axis: int = 1, name=None) -> Tensor:
     """[N, ...] -> [N, prod(...)] (the dims before `axis` become the first)."""
     x = convert(x)
-    return _out("Flatten", (x,), {"axis": normalize_axis(axis, len(x.shape) + 1)}, name=name)
+    return first_output("Flatten", (x,), {"axis": normalize_axis(axis, len(x.shape) + 1)}, name=name)
 
 
 # ---- Transpose ------------------------------------------------------------------------------------
@@ -157,11 +158,11 @@ def _infer_transpose(node):
 register(OpDef("Transpose", inputs=("x",), attrs={"perm": None}, infer=_infer_transpose,
                kernel=lambda node, ctx: (lambda x, p=_perm(node): x.transpose(p)),
                grad=lambda node, dys: [transpose(dys[0], tuple(int(i) for i in np.argsort(_perm(node))))],
-               cost=_FREE))
+               cost=FREE_COST))
 
 
 def transpose(x, perm: Optional[Sequence[int]] = None, name=None) -> Tensor:
-    return _out("Transpose", (convert(x),), {"perm": None if perm is None else _ints(perm, "perm")}, name=name)
+    return first_output("Transpose", (convert(x),), {"perm": None if perm is None else _ints(perm, "perm")}, name=name)
 
 
 # ---- Concat and Split -----------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def concat(values, axis: int = 0, name=None) -> Tensor:
     values = [convert(v) for v in values]
     if len(values) == 1:
         return values[0]
-    return _out("Concat", values, {"axis": int(axis)}, name=name)
+    return first_output("Concat", values, {"axis": int(axis)}, name=name)
 
 
 def _split_sizes(node):
@@ -255,7 +256,7 @@ def _g_split(node, dys):
 
 
 register(OpDef("Split", inputs=("x",), attrs={"sizes": (), "num": 0, "axis": 0}, infer=_infer_split,
-               kernel=_kernel_split, grad=_g_split, cost=_FREE,
+               kernel=_kernel_split, grad=_g_split, cost=FREE_COST,
                doc="Pieces of the given sizes (one may be -1), or `num` equal pieces when sizes is empty."))
 
 
@@ -278,7 +279,7 @@ def _kernel_split_like(node, ctx):
 
 
 register(OpDef("SplitLike", inputs=("x", "*likes"), attrs={"axis": 0}, infer=_infer_split_like,
-               kernel=_kernel_split_like, cost=_FREE, doc="Split x along axis into pieces sized like the likes."))
+               kernel=_kernel_split_like, cost=FREE_COST, doc="Split x along axis into pieces sized like the likes."))
 
 
 def split(x, num_or_size_splits, axis: int = 0, name=None) -> list:
@@ -339,8 +340,8 @@ def _kernel_strided_grad(node, ctx):
 
 register(OpDef("StridedSlice", inputs=("x",), attrs={"spec": ()}, infer=_infer_strided,
                kernel=lambda node, ctx: (lambda x, i=_index_tuple(node.attrs["spec"]): x[i]),
-               grad=lambda node, dys: [_out("StridedSliceGrad", (dys[0], node.inputs[0]), {"spec": node.attrs["spec"]})],
-               cost=_FREE, doc="x[spec]: ints, slices with steps, newaxis (Tensor.__getitem__)."))
+               grad=lambda node, dys: [first_output("StridedSliceGrad", (dys[0], node.inputs[0]), {"spec": node.attrs["spec"]})],
+               cost=FREE_COST, doc="x[spec]: ints, slices with steps, newaxis (Tensor.__getitem__)."))
 register(OpDef("StridedSliceGrad", inputs=("dy", "x"), attrs={"spec": ()},
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)],
                kernel=_kernel_strided_grad, cost=elementwise_cost(1), doc="dy scattered into zeros shaped like x."))
@@ -380,7 +381,7 @@ def strided_slice(x, key, name=None) -> Tensor:
             raise TypeError("tensor indices are not supported by []; use gather(x, indices)")
         else:
             raise TypeError(f"unsupported index {k!r}: use ints, slices, None or ...")
-    return _out("StridedSlice", (x,), {"spec": tuple(spec)}, name=name)
+    return first_output("StridedSlice", (x,), {"spec": tuple(spec)}, name=name)
 
 
 def slice(x, begin, size, name=None) -> Tensor:  # noqa: A001
@@ -440,7 +441,7 @@ def _kernel_pad(node, ctx):
 def _g_pad(node, dys):
     p = node.attrs["paddings"]
     if node.attrs["mode"] != "constant":
-        return [_out("PadGrad", (dys[0], node.inputs[0]), {"paddings": p, "mode": node.attrs["mode"]})]
+        return [first_output("PadGrad", (dys[0], node.inputs[0]), {"paddings": p, "mode": node.attrs["mode"]})]
     return [strided_slice(dys[0], tuple(_py_slice(a, None if b == 0 else -b) for a, b in p))]
 
 
@@ -487,7 +488,7 @@ def pad(x, paddings, mode: str = "constant", constant_value=0, name=None) -> Ten
     if mode not in ("constant", "reflect", "edge"):
         raise ValueError(f"pad mode must be constant, reflect or edge, got {mode!r}")
     p = tuple((int(a), int(b)) for a, b in paddings)
-    return _out("Pad", (convert(x),), {"paddings": p, "mode": mode, "constant_value": constant_value}, name=name)
+    return first_output("Pad", (convert(x),), {"paddings": p, "mode": mode, "constant_value": constant_value}, name=name)
 
 
 # ---- Squeeze / ExpandDims ---------------------------------------------------------------------------
@@ -513,12 +514,12 @@ def squeeze_axes(node) -> tuple:
 
 register(OpDef("Squeeze", inputs=("x",), attrs={"axis": None}, infer=_infer_squeeze,
                kernel=lambda node, ctx: (lambda x, a=squeeze_axes(node), sq=ctx.xp.squeeze: sq(x, a)),
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0]))], cost=_FREE))
+               grad=lambda node, dys: [first_output("ReshapeLike", (dys[0], node.inputs[0]))], cost=FREE_COST))
 
 
 def squeeze(x, axis=None, name=None) -> Tensor:
     ax = None if axis is None else ((int(axis),) if isinstance(axis, (int, np.integer)) else _ints(axis, "axis"))
-    return _out("Squeeze", (convert(x),), {"axis": ax}, name=name)
+    return first_output("Squeeze", (convert(x),), {"axis": ax}, name=name)
 
 
 def _infer_expand(node):
@@ -535,8 +536,8 @@ def _infer_expand(node):
 
 register(OpDef("ExpandAxes", inputs=("x",), attrs={"axes": ()}, infer=_infer_expand,
                kernel=lambda node, ctx: (lambda x, a=tuple(node.attrs["axes"]), ed=ctx.xp.expand_dims: ed(x, a)),
-               grad=lambda node, dys: [_out("Squeeze", (dys[0],), {"axis": tuple(node.attrs["axes"])})],
-               cost=_FREE, doc="Insert size-1 axes at the given (output) positions: expand_dims/unsqueeze."))
+               grad=lambda node, dys: [first_output("Squeeze", (dys[0],), {"axis": tuple(node.attrs["axes"])})],
+               cost=FREE_COST, doc="Insert size-1 axes at the given (output) positions: expand_dims/unsqueeze."))
 
 
 def expand_dims(x, axis, name=None) -> Tensor:
@@ -544,7 +545,7 @@ def expand_dims(x, axis, name=None) -> Tensor:
     x = convert(x)
     axes = (int(axis),) if isinstance(axis, (int, np.integer)) else _ints(axis, "axis")
     rank = len(x.shape) + len(axes)
-    return _out("ExpandAxes", (x,), {"axes": tuple(sorted(normalize_axis(a, rank) for a in axes))}, name=name)
+    return first_output("ExpandAxes", (x,), {"axes": tuple(sorted(normalize_axis(a, rank) for a in axes))}, name=name)
 
 
 def unsqueeze(x, axes, name=None) -> Tensor:

@@ -9,7 +9,7 @@ from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
 from ..shapes import fmt, normalize_axis
 from .base import constant, convert, make
-from .array import _FREE, _out, _py_slice, concat, static_value
+from .array import FREE_COST, _py_slice, concat, first_output, static_value
 from .fill import shape
 from .math import zeros_like
 
@@ -39,13 +39,13 @@ def _kernel_reshape_to(node, ctx):
 
 register(OpDef("ReshapeTo", inputs=("x", "shape"), attrs={"copy_zero": False}, infer=_infer_reshape_to,
                kernel=_kernel_reshape_to,
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE,
+               grad=lambda node, dys: [first_output("ReshapeLike", (dys[0], node.inputs[0])), None], cost=FREE_COST,
                doc="x reshaped to a shape computed at run time (-1 allowed; copy_zero: ONNX's 0 = keep)."))
 
 
 def reshape_to(x, shape, copy_zero: bool = False, name=None) -> Tensor:
     """Reshape to a run-time shape tensor (reshape() takes static ints)."""
-    return _out("ReshapeTo", (convert(x), convert(shape)), {"copy_zero": bool(copy_zero)}, name=name)
+    return first_output("ReshapeTo", (convert(x), convert(shape)), {"copy_zero": bool(copy_zero)}, name=name)
 
 
 __all__ = ["reshape_to"]
@@ -94,8 +94,8 @@ def _kernel_slice_dynamic_grad(node, ctx):
 
 
 register(OpDef("SliceDynamic", inputs=("x", "starts", "ends", "*axes_steps"), infer=_infer_slice_dynamic,
-               kernel=_kernel_slice_dynamic, cost=_FREE,
-               grad=lambda node, dys: [_out("SliceDynamicGrad", [dys[0]] + list(node.inputs))]
+               kernel=_kernel_slice_dynamic, cost=FREE_COST,
+               grad=lambda node, dys: [first_output("SliceDynamicGrad", [dys[0]] + list(node.inputs))]
                + [None] * (len(node.inputs) - 1),
                doc="x sliced by run-time starts/ends (axes, steps optional), clamped as ONNX Slice is."))
 register(OpDef("SliceDynamicGrad", inputs=("dy", "x", "starts", "ends", "*axes_steps"),
@@ -111,7 +111,7 @@ def slice_dynamic(x, starts, ends, axes=None, steps=None, name=None) -> Tensor:
             ins.append(convert(steps))
     elif steps is not None:
         ins += [constant(np.arange(ins[1].shape[0] or 0, dtype=np.int64)), convert(steps)]
-    return _out("SliceDynamic", ins, name=name)
+    return first_output("SliceDynamic", ins, name=name)
 
 
 def _infer_axes_dynamic(node):
@@ -125,19 +125,19 @@ def _infer_axes_dynamic(node):
 
 register(OpDef("SqueezeDynamic", inputs=("x", "axes"), infer=_infer_axes_dynamic,
                kernel=lambda node, ctx: (lambda x, a: ctx.xp.squeeze(x, tuple(int(v) % x.ndim for v in a))),
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE))
+               grad=lambda node, dys: [first_output("ReshapeLike", (dys[0], node.inputs[0])), None], cost=FREE_COST))
 register(OpDef("ExpandDynamic", inputs=("x", "axes"), infer=_infer_axes_dynamic,
                kernel=lambda node, ctx: (lambda x, a: ctx.xp.expand_dims(
                    x, tuple(sorted(int(v) % (x.ndim + len(a)) for v in a)))),
-               grad=lambda node, dys: [_out("ReshapeLike", (dys[0], node.inputs[0])), None], cost=_FREE))
+               grad=lambda node, dys: [first_output("ReshapeLike", (dys[0], node.inputs[0])), None], cost=FREE_COST))
 
 
 def squeeze_dynamic(x, axes, name=None) -> Tensor:
-    return _out("SqueezeDynamic", (convert(x), convert(axes)), name=name)
+    return first_output("SqueezeDynamic", (convert(x), convert(axes)), name=name)
 
 
 def expand_dynamic(x, axes, name=None) -> Tensor:
-    return _out("ExpandDynamic", (convert(x), convert(axes)), name=name)
+    return first_output("ExpandDynamic", (convert(x), convert(axes)), name=name)
 
 
 __all__ += ["slice_dynamic", "squeeze_dynamic", "expand_dynamic"]
@@ -162,7 +162,7 @@ def _kernel_split_sizes(node, ctx):
 
 
 register(OpDef("SplitSizes", inputs=("x", "sizes"), attrs={"num": 1, "axis": 0}, infer=_infer_split_sizes,
-               kernel=_kernel_split_sizes, cost=_FREE,
+               kernel=_kernel_split_sizes, cost=FREE_COST,
                grad=lambda node, dys: [_concat_grads(node, dys), None],
                doc="x split along axis into pieces whose sizes are given at run time."))
 

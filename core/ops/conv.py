@@ -24,7 +24,7 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .conv_geometry import _Geometry, _out_size, _padded, _pads, _pair, _windows
+from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
 from .depthwise import (_CLAMPS, ARENAS, DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad,
                         compiled_ok)
 from .fused import activation_inplace
@@ -74,7 +74,7 @@ def _cols_kw(xp, xt, g):
     return xp.ascontiguousarray(view).reshape(g.kw * c, hp * g.ow * n)
 
 
-def _transposed_geometry(g, h, w) -> Optional["_Geometry"]:
+def _transposed_geometry(g, h, w) -> Optional["WindowGeometry"]:
     """The geometry under which dx = conv2d(dy, flipped transposed weights), for stride 1
     (None when the padding exceeds the kernel's extent and the identity does not hold)."""
     if (g.sh, g.sw) != (1, 1) or g.groups != 1:
@@ -84,20 +84,20 @@ def _transposed_geometry(g, h, w) -> Optional["_Geometry"]:
     pads = ((eh - t, eh - b), (ew - l, ew - r))
     if min(pads[0] + pads[1]) < 0:
         return None
-    t2 = _Geometry()
+    t2 = WindowGeometry()
     t2.kh, t2.kw, t2.sh, t2.sw, t2.dh, t2.dw = g.kh, g.kw, 1, 1, g.dh, g.dw
     t2.pads, t2.oh, t2.ow, t2.groups = pads, h, w, 1
     return t2
 
 
-def _geometry(node, x_shape, w_shape) -> _Geometry:
-    g = _Geometry()
+def _geometry(node, x_shape, w_shape) -> WindowGeometry:
+    g = WindowGeometry()
     g.kh, g.kw = w_shape[2], w_shape[3]
     g.sh, g.sw = node.attrs["strides"]
     g.dh, g.dw = node.attrs["dilations"]
     g.pads = node.attrs["pads"]
-    g.oh = _out_size(x_shape[2], g.kh, g.sh, g.dh, g.pads[0])
-    g.ow = _out_size(x_shape[3], g.kw, g.sw, g.dw, g.pads[1])
+    g.oh = window_out_size(x_shape[2], g.kh, g.sh, g.dh, g.pads[0])
+    g.ow = window_out_size(x_shape[3], g.kw, g.sw, g.dw, g.pads[1])
     g.groups = node.attrs["groups"]
     return g
 
@@ -162,7 +162,7 @@ def _im2col_per_image(xp, x, w, g, bias, act):
     n, c = x.shape[0], x.shape[1]
     o, groups = w.shape[0], g.groups
     cg, og = c // groups, o // groups
-    xpad = _padded(xp, x, g.pads)
+    xpad = padded_copy(xp, x, g.pads)
     win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)  # [N, C, kh, kw, OH, OW]
     wk = [w[k * og:(k + 1) * og].reshape(og, -1) for k in range(groups)]
     out = xp.empty((n, o, g.oh * g.ow), dtype=x.dtype)
@@ -410,7 +410,7 @@ def _kernel_conv_filter(node, ctx):
         if _depthwise(node, w.shape, c) and compiled_ok(xp, x.dtype):
             return compiled_filter_grad(x, dy, g, w.shape)
         if _depthwise(node, w.shape, c):
-            xpad = _padded(xp, x, g.pads)
+            xpad = padded_copy(xp, x, g.pads)
             win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)
             dw_ = xp.empty(w.shape, dtype=x.dtype)
             for i in range(g.kh):
@@ -490,10 +490,10 @@ class _Proxy:
 def conv2d(x, w, strides=1, padding="SAME", dilations=1, groups: int = 1, name: Optional[str] = None) -> Tensor:
     """NCHW x OIHW convolution; padding SAME (TensorFlow's), VALID, ((t,b),(l,r)) or 4 ints."""
     x, w = convert(x), convert(w)
-    s, d = _pair(strides, "strides"), _pair(dilations, "dilations")
+    s, d = window_pair(strides, "strides"), window_pair(dilations, "dilations")
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise ShapeError(f"conv2d needs NCHW input and OIHW weights, got {fmt(x.shape)} and {fmt(w.shape)}")
-    pads = _pads(padding, x.shape[2:], w.shape[2:], s, d)
+    pads = resolve_pads(padding, x.shape[2:], w.shape[2:], s, d)
     return make("Conv2D", (x, w), {"strides": s, "dilations": d, "pads": pads, "groups": int(groups)}, name=name).outputs[0]
 
 

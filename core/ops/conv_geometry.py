@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..errors import ShapeError
 
 
-def _pair(v, what) -> Tuple[int, int]:
+def window_pair(v, what) -> Tuple[int, int]:
     if isinstance(v, (int, np.integer)):
         return int(v), int(v)
     v = tuple(int(a) for a in v)
@@ -19,7 +19,7 @@ def _pair(v, what) -> Tuple[int, int]:
     return v
 
 
-def _pads(padding, size, k, stride, dil):
+def resolve_pads(padding, size, k, stride, dil):
     """((top, bottom), (left, right)) for SAME/VALID/explicit padding (TensorFlow's SAME)."""
     if isinstance(padding, str):
         p = padding.upper()
@@ -42,7 +42,7 @@ def _pads(padding, size, k, stride, dil):
     raise ShapeError(f"explicit padding must be ((top, bottom), (left, right)) or 4 ints, got {padding!r}")
 
 
-def _out_size(n, k, s, d, pads):
+def window_out_size(n, k, s, d, pads):
     if n is None:
         return None
     eff = (k - 1) * d + 1
@@ -59,7 +59,7 @@ def _windows(xp_, kh, kw, oh, ow, sh, sw, dh, dw):
     return as_strided(xp_, (n, c, kh, kw, oh, ow), (s0, s1, dh * s2, dw * s3, sh * s2, sw * s3), writeable=False)
 
 
-def _padded(xp, x, pads, value=0.0):
+def padded_copy(xp, x, pads, value=0.0):
     (t, b), (l, r) = pads
     if not (t or b or l or r):
         return x if x.flags.c_contiguous else xp.ascontiguousarray(x)
@@ -69,5 +69,5 @@ def _padded(xp, x, pads, value=0.0):
     return out
 
 
-class _Geometry:
+class WindowGeometry:
     __slots__ = ("kh", "kw", "sh", "sw", "dh", "dw", "pads", "oh", "ow", "groups")

@@ -10,7 +10,7 @@ from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
 from ..shapes import as_shape, fmt, fully_defined
 from .base import constant, convert
-from .array import _FREE, _ints, _out, static_value
+from .array import FREE_COST, _ints, first_output, static_value
 from .math import reduce_sum_like
 
 __all__ = ["shape", "fill", "zeros", "ones", "tile", "broadcast_to", "one_hot"]
@@ -25,11 +25,11 @@ def _infer_shape(node):
 
 register(OpDef("Shape", inputs=("x",), attrs={"out_type": _dt.int32}, infer=_infer_shape,
                kernel=lambda node, ctx: (lambda x, d=node.attrs["out_type"], a=ctx.xp.asarray: a(x.shape, dtype=d)),
-               grad=lambda node, dys: [None], cost=_FREE, doc="The run-time shape of x as a 1-D int tensor."))
+               grad=lambda node, dys: [None], cost=FREE_COST, doc="The run-time shape of x as a 1-D int tensor."))
 
 
 def shape(x, out_type="int32", name=None) -> Tensor:
-    return _out("Shape", (convert(x),), {"out_type": _dt.as_dtype(out_type)}, name=name)
+    return first_output("Shape", (convert(x),), {"out_type": _dt.as_dtype(out_type)}, name=name)
 
 
 def _infer_fill(node):
@@ -58,7 +58,7 @@ def fill(shape, value, dtype="float32", name=None) -> Tensor:
     """A tensor of `shape` (ints, or a 1-D int tensor such as shape(x)) filled with `value`."""
     if not isinstance(shape, Tensor):
         shape = constant(np.asarray(shape, dtype=np.int32).reshape(-1), dtype="int32")
-    return _out("Fill", (shape,), {"value": value, "dtype": _dt.as_dtype(dtype)}, name=name)
+    return first_output("Fill", (shape,), {"value": value, "dtype": _dt.as_dtype(dtype)}, name=name)
 
 
 def zeros(shape, dtype="float32", name=None) -> Tensor:
@@ -91,7 +91,7 @@ def _kernel_tile_grad(node, ctx):
 
 register(OpDef("Tile", inputs=("x",), attrs={"multiples": ()}, infer=_infer_tile,
                kernel=lambda node, ctx: (lambda x, m=node.attrs["multiples"], t=ctx.xp.tile: t(x, m)),
-               grad=lambda node, dys: [_out("TileGrad", (dys[0], node.inputs[0]), {"multiples": node.attrs["multiples"]})],
+               grad=lambda node, dys: [first_output("TileGrad", (dys[0], node.inputs[0]), {"multiples": node.attrs["multiples"]})],
                cost=elementwise_cost(0)))
 register(OpDef("TileGrad", inputs=("dy", "x"), attrs={"multiples": ()},
                infer=lambda node: [(node.inputs[0].dtype, node.inputs[1].shape)], kernel=_kernel_tile_grad,
@@ -99,7 +99,7 @@ register(OpDef("TileGrad", inputs=("dy", "x"), attrs={"multiples": ()},
 
 
 def tile(x, multiples, name=None) -> Tensor:
-    return _out("Tile", (convert(x),), {"multiples": _ints(multiples, "multiples")}, name=name)
+    return first_output("Tile", (convert(x),), {"multiples": _ints(multiples, "multiples")}, name=name)
 
 
 def _infer_broadcast_to(node):
@@ -118,11 +118,11 @@ def _g_broadcast_to(node, dys):
 
 register(OpDef("BroadcastTo", inputs=("x",), attrs={"shape": ()}, infer=_infer_broadcast_to,
                kernel=lambda node, ctx: (lambda x, s=node.attrs["shape"], b=ctx.xp.broadcast_to: b(x, s)),
-               grad=_g_broadcast_to, cost=_FREE, doc="A read-only broadcast view of x."))
+               grad=_g_broadcast_to, cost=FREE_COST, doc="A read-only broadcast view of x."))
 
 
 def broadcast_to(x, shape, name=None) -> Tensor:
-    return _out("BroadcastTo", (convert(x),), {"shape": as_shape(shape)}, name=name)
+    return first_output("BroadcastTo", (convert(x),), {"shape": as_shape(shape)}, name=name)
 
 
 def _infer_one_hot(node):
@@ -145,4 +145,4 @@ register(OpDef("OneHot", inputs=("indices",), attrs={"depth": 0, "dtype": _dt.fl
 
 
 def one_hot(indices, depth: int, dtype="float32", name=None) -> Tensor:
-    return _out("OneHot", (convert(indices),), {"depth": int(depth), "dtype": _dt.as_dtype(dtype)}, name=name)
+    return first_output("OneHot", (convert(indices),), {"depth": int(depth), "dtype": _dt.as_dtype(dtype)}, name=name)

@@ -12,20 +12,20 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
-from .conv_geometry import _Geometry, _out_size, _padded, _pads, _pair
+from .conv_geometry import WindowGeometry, padded_copy, resolve_pads, window_out_size, window_pair
 
 __all__ = ["max_pool", "avg_pool", "global_avg_pool"]
 
 
 # ---- pooling ------------------------------------------------------------------------------------
 def _pool_geometry(node, shape):
-    g = _Geometry()
+    g = WindowGeometry()
     g.kh, g.kw = node.attrs["ksize"]
     g.sh, g.sw = node.attrs["strides"]
     g.dh, g.dw = node.attrs["dilations"]
     g.pads = node.attrs["pads"]
-    g.oh = _out_size(shape[2], g.kh, g.sh, g.dh, g.pads[0])
-    g.ow = _out_size(shape[3], g.kw, g.sw, g.dw, g.pads[1])
+    g.oh = window_out_size(shape[2], g.kh, g.sh, g.dh, g.pads[0])
+    g.ow = window_out_size(shape[3], g.kw, g.sw, g.dw, g.pads[1])
     g.groups = 1
     return g
 
@@ -75,7 +75,7 @@ def _kernel_max_pool(node, ctx):
         g = _pool_geometry(node, x.shape)
         if _pairs_tiled(g, x.shape) and x.flags.c_contiguous:
             return _max_pool_pairs(xp, x, g)
-        xpad = _padded(xp, x, g.pads, _lowest(x.dtype))
+        xpad = padded_copy(xp, x, g.pads, _lowest(x.dtype))
         taps = _taps(g)
         out = xpad[next(taps)].copy()
         for t in taps:
@@ -130,7 +130,7 @@ def _kernel_max_pool_grad(node, ctx):
                                         xp.ascontiguousarray(dy), g)
         n, c, h, w = x.shape
         (t, b), (l, r) = g.pads
-        xpad = _padded(xp, x, g.pads, -np.inf)
+        xpad = padded_copy(xp, x, g.pads, -np.inf)
         # windows that neither overlap nor leave gaps write each input element exactly once
         tiled = (g.sh, g.sw, g.dh, g.dw) == (g.kh, g.kw, 1, 1) and xpad.shape[2:] == (g.oh * g.kh, g.ow * g.kw)
         dxp = xp.empty(xpad.shape, dtype=x.dtype) if tiled else xp.zeros(xpad.shape, dtype=x.dtype)
@@ -151,7 +151,7 @@ def _kernel_max_pool_grad(node, ctx):
 
 
 def _avg_counts(xp, g, shape, dtype):
-    ones = _padded(xp, xp.ones((1, 1) + tuple(shape[2:]), dtype=dtype), g.pads)
+    ones = padded_copy(xp, xp.ones((1, 1) + tuple(shape[2:]), dtype=dtype), g.pads)
     out = xp.zeros((1, 1, g.oh, g.ow), dtype=dtype)
     for t in _taps(g):
         out += ones[t]
@@ -163,7 +163,7 @@ def _kernel_avg_pool(node, ctx):
 
     def run(x):
         g = _pool_geometry(node, x.shape)
-        xpad = _padded(xp, x, g.pads)
+        xpad = padded_copy(xp, x, g.pads)
         taps = _taps(g)
         out = xpad[next(taps)].copy()
         for t in taps:
@@ -222,12 +222,12 @@ def _pool(op, x, ksize, strides, padding, dilations, name):
     x = convert(x)
     if len(x.shape) != 4:
         raise ShapeError(f"{op} needs an NCHW input, got {fmt(x.shape)}")
-    k = _pair(ksize, "ksize")
-    s = _pair(strides if strides is not None else ksize, "strides")
-    d = _pair(dilations, "dilations")
+    k = window_pair(ksize, "ksize")
+    s = window_pair(strides if strides is not None else ksize, "strides")
+    d = window_pair(dilations, "dilations")
     if min(k + s + d) < 1:
         raise ShapeError(f"{op}: ksize {k}, strides {s} and dilations {d} must be >= 1")
-    pads = _pads(padding, x.shape[2:], k, s, d)
+    pads = resolve_pads(padding, x.shape[2:], k, s, d)
     return make(op, (x,), {"ksize": k, "strides": s, "pads": pads, "dilations": d}, name=name).outputs[0]
 
 

@@ -167,7 +167,7 @@ def test_layout_choice_for_the_benchmark_cnn():
     """The first convolution of the benchmark CNN (1 input channel) takes the (n, oh, ow) layout,
     the second keeps row taps."""
     from isthmus.core.ops import conv as conv_mod
-    g = conv_mod._Geometry()
+    g = conv_mod.WindowGeometry()
     g.kh = g.kw = 5
     g.sh = g.sw = g.dh = g.dw = g.groups = 1
     g.pads, g.oh, g.ow = ((2, 2), (2, 2)), 28, 28
@@ -206,7 +206,7 @@ def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, stack
 
 def test_row_spans_of_the_benchmark_cnn():
     from isthmus.core.ops import conv as conv_mod
-    g = conv_mod._Geometry()
+    g = conv_mod.WindowGeometry()
     g.kh, g.dh, g.pads, g.oh = 5, 1, ((2, 2), (2, 2)), 14
     assert conv_mod._row_spans(g, 14) == [(2, 14, 0), (1, 14, 0), (0, 14, 0), (0, 13, 1), (0, 12, 2)]
 

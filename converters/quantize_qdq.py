@@ -109,7 +109,9 @@ def strip_qdq(graph: Graph, fetches: Sequence[Tensor]) -> Tuple[Rewrite, QdqPara
     for n in graph.nodes:
         if n in gone:
             continue
-        if n in pairs:
+        if n in pairs and all(_const(t) is not None for t in pairs[n].inputs):  # a QAT export's Q(weights)
+            b.map[n.outputs[0]] = _fold_dequantize(b, n, p, _quantized(pairs[n]))
+        elif n in pairs:
             x = b.map[pairs[n].inputs[0]]
             params = _activation_params(pairs[n])
             x = _kept_floor(b, x, params, pairs[n])
@@ -146,8 +148,22 @@ def _kept_floor(b: Builder, x: Tensor, params: Tuple[float, int], q: Node) -> Te
     return b.g.add_node("Relu", [x], {}, name=x.node.name + "/qdq_floor", device=q.device).outputs[0]
 
 
-def _fold_dequantize(b: Builder, n: Node, p: QdqParams) -> Tensor:
-    q, s, z = (_const(t) for t in n.inputs)
+def _quantized(q: Node) -> np.ndarray:
+    """The integers QuantizeLinear makes of its constant input (round half to even, clipped to the dtype)."""
+    w, s, z = (_const(t) for t in q.inputs)
+    if q.attrs.get("block_size"):
+        raise ValueError(f"node '{q.name}' (QuantizeLinear): blocked quantization; the edge's int8 kernels "
+                         "take one scale per tensor or per output channel")
+    axis = q.attrs["axis"] % max(w.ndim, 1)
+    shape = [-1 if i == axis else 1 for i in range(w.ndim)] if s.size > 1 else [1] * w.ndim
+    info = np.iinfo(z.dtype)
+    v = np.rint(w / s.reshape(shape)).astype(np.int64) + z.reshape(shape).astype(np.int64)
+    return np.clip(v, info.min, info.max).astype(z.dtype)
+
+
+def _fold_dequantize(b: Builder, n: Node, p: QdqParams, q: Optional[np.ndarray] = None) -> Tensor:
+    """DequantizeLinear of constant integers (`q`: those of a folded QuantizeLinear) as a float constant."""
+    q, s, z = _const(n.inputs[0]) if q is None else q, _const(n.inputs[1]), _const(n.inputs[2])
     axis = n.attrs["axis"] % max(q.ndim, 1)
     if n.attrs.get("block_size"):
         raise ValueError(f"node '{n.name}' (DequantizeLinear): blocked quantization; the edge's int8 kernels "

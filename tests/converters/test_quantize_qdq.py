@@ -274,3 +274,35 @@ def test_split_cuts_inside_a_qdq_model_take_its_scales(tmp_path):
             diff = np.abs(np.asarray(got).reshape(-1) - ref.run(None, {"x": x})[0].reshape(-1)).max()
             assert diff <= 4 * y_s, (cut.name, diff / y_s)
     assert int8_cuts
+
+
+def test_a_qat_export_quantizing_float_weights_in_the_graph_keeps_their_scales():
+    """PyTorch/TF QAT exports keep float weights and put QuantizeLinear -> DequantizeLinear (per channel) on
+    them: the edge file holds the integers that QuantizeLinear makes, under the pair's scales."""
+    r = np.random.default_rng(5)
+    w = r.normal(0, .3, (4, 2, 3, 3)).astype(np.float32)
+    w_s = (np.abs(w).max(axis=(1, 2, 3)) / 127).astype(np.float32)
+    inits = {"w": w, "w_s": w_s, "w_z": np.zeros(4, np.int8), "x_s": np.float32(0.03), "x_z": np.int8(0),
+             "y_s": np.float32(0.05), "y_z": np.int8(-3)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+             helper.make_node("QuantizeLinear", ["w", "w_s", "w_z"], ["wq"], axis=0),
+             helper.make_node("DequantizeLinear", ["wq", "w_s", "w_z"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "y_s", "y_z"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "y_s", "y_z"], ["y"])]
+    model = _model(nodes, inits, [1, 2, 6, 6], [1, 4, 6, 6])
+    g, ins, outs = from_onnx(model)
+    data, rep = quantize_to_edge(ism.Session(g), list(outs), None)
+    assert rep["requantized"] == [] and rep["fp32_ops"] == 0
+    wt = [t for t in loads(data).tensors if t.dtype == np.int8 and t.data is not None]
+    assert len(wt) == 1
+    np.testing.assert_array_equal(wt[0].data, np.clip(np.rint(w / w_s.reshape(-1, 1, 1, 1)), -128, 127))
+    np.testing.assert_array_equal(wt[0].scale, w_s)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    for x in samples((1, 2, 6, 6), 4, 60):
+        got = np.asarray(Interpreter(data).invoke(x)[0]).reshape(-1)
+        d = np.abs(got - sess.run(None, {"x": x})[0].reshape(-1)) / 0.05
+        assert d.max() <= 2 + 1e-3 and np.mean(d < 1e-3) >= 0.95

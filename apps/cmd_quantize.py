@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="one weight scale per output channel of conv and dense weights (the default)")
     scales.add_argument("--per-tensor", dest="per_channel", action="store_const", const=False,
                         help="one weight scale per weight tensor")
+    p.add_argument("--unquantized", choices=("error", "fp32"), default="error",
+                   help="a QDQ model's int8-capable node on a tensor the file gives no scale (and no data "
+                        "calibrates): refuse it naming the tensor, or run it in float as the file does")
     p.add_argument("--limit", type=non_negative_int, default=0, help="use the first N samples only (0: all)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",
                    help="shape of an input whose dims the model leaves unknown (repeatable)")
@@ -87,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def quantize(model: Union[str, LoadedModel], calibration, output: str, method: str = "minmax",
              percentile: float = 99.99, per_channel: Optional[bool] = None, limit: int = 0, batch: int = 1,
-             input_shapes=None, force: bool = False) -> QuantizeReport:
+             input_shapes=None, force: bool = False, unquantized: str = "error") -> QuantizeReport:
     """Quantize `model` on `calibration` (an .npz path or {input name: samples}) into `output`.
     `per_channel`: None keeps the quantizer's default (per channel)."""
     from isthmus.converters.edge_export import to_edge  # deferred: converters.edge_export loads flatbuffers
@@ -119,6 +122,8 @@ def quantize(model: Union[str, LoadedModel], calibration, output: str, method: s
         raise UsageError("--per-tensor: this version's quantizer quantizes weights per channel only")
     sess = m.session()
     outs = list(m.outputs.values())
+    if qdq:
+        kw["unquantized"] = unquantized
     data, rep = quantize_to_edge(sess, outs, feeds or None, **kw)
     if qdq:  # the float model the QDQ nodes quantize
         g, fouts, _ = fp32_graph(sess, outs)
@@ -164,7 +169,7 @@ def run(args) -> int:
     out = args.output or os.path.splitext(args.model.split(":")[0])[0] + ".int8.isth"
     rep = quantize(args.model, args.calibration_data, out, args.method, args.percentile, args.per_channel,
                    args.limit, -1 if args.dynamic_batch else args.batch, parse_input_shapes(args.input_shape),
-                   args.force)
+                   args.force, args.unquantized)
     print(rep.text())
     return 0
 

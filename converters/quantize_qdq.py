@@ -220,7 +220,8 @@ def warn_notes(notes: Sequence[str]) -> None:
 def missing_error(t: Tensor, user: Node) -> ValueError:
     return ValueError(f"tensor '{t.name}' (read or written by int8 node '{user.name}', {user.op}) has no scale "
                       "and zero point in the QDQ model and no calibration data was given: add a "
-                      "QuantizeLinear/DequantizeLinear pair on it or pass calibration data")
+                      "QuantizeLinear/DequantizeLinear pair on it, pass calibration data, or run such nodes in "
+                      "float as the QDQ model does (unquantized='fp32'; isthmus quantize --unquantized fp32)")
 
 
 def fp32_graph(session, outputs: Sequence[Tensor]) -> Tuple[Graph, List[Tensor], QdqParams]:

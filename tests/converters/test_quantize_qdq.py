@@ -177,6 +177,19 @@ def test_a_tensor_the_file_leaves_out_is_named_or_calibrated(tmp_path):
         quantize_to_edge(ism.Session(g), list(outs), None)
     msg = str(e.value)
     assert "no scale and zero point in the QDQ model" in msg and "'Gemm" in msg, msg
+    # or that node runs in float, as the file has it: onnxruntime's result up to float rounding
+    data, rep = quantize_to_edge(ism.Session(g), list(outs), None, unquantized="fp32")
+    assert rep["fp32_ops"] == 1 and rep["int8_ops"] > 0
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(cut.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    for x in samples((1, 1, 8, 8), 4, 70):
+        np.testing.assert_allclose(np.asarray(Interpreter(data).invoke(x)[0]).reshape(1, 10),
+                                   sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    path = tmp_path / "cut.onnx"
+    onnx.save(cut, path)
+    assert cli.main(["quantize", str(path), "-o", str(tmp_path / "cut.isth"), "--unquantized", "fp32"]) == 0
+    assert open(tmp_path / "cut.isth", "rb").read() == data
     # with calibration data, that tensor alone is calibrated; the others keep the file's scales
     data, rep = quantize_to_edge(ism.Session(g), list(outs), samples((1, 1, 8, 8), 8, 7))
     assert rep["scales_from"] == "qdq+calibration"

@@ -400,3 +400,14 @@ def test_the_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
     (pkg / "d.py").write_text("from .a import x\n")  # a cycle only through a function-level import: not counted
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert _cycles_in("probe") == [frozenset({"probe.a", "probe.b", "probe.c"})]
+
+
+LIBRARY_FOLDERS = ("apps", "cloud", "converters", "core", "edge", "jit", "partitioner", "wire")
+
+
+def test_no_library_file_over_600_lines():
+    """Issue 25 item 5: a file over 600 lines is doing more than one job; split it by job.
+    Generated code (proto/) is not counted."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for folder in LIBRARY_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, long

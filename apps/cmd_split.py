@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "isthmus (the isthmus interpreter / LiteRT / onnxruntime on a phone); default: phone-litert "
                         "with --edge-format tflite, phone-ort with onnx, else this machine 8x slower")
     p.add_argument("--cloud-profile", default=None, help="device profile JSON of the cloud")
-    p.add_argument("--int8", action="store_true", help="quantize the edge parts to int8 (needs --calibration-data)")
+    p.add_argument("--int8", action="store_true",
+                   help="quantize the edge parts to int8 (needs --calibration-data unless the model is in QDQ form)")
     p.add_argument("--calibration-data", default=None, metavar="NPZ",
                    help="sample inputs, by input name, samples along axis 0")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,..",

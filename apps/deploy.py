@@ -43,6 +43,7 @@ class Deployment:
     planner: Optional[object] = None  # the AdaptivePlanner behind the cuts (its sweep, `choose(link)`)
     plan: Optional[object] = None     # the SplitPlan at exactly this link (explain(), baselines)
     split: Optional[object] = None    # the exported SplitExport (report(), cuts, cloud signatures)
+    scales_from: Optional[str] = None  # int8: where the scales came from (calibration, the model's QDQ nodes)
 
 
 def load_profile(path: Optional[str], flag: str = "--edge-profile"):
@@ -141,6 +142,8 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     t0 = time.perf_counter()
     # deferred: cloud.offload_model loads protobuf, scipy
     from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    # deferred: converters.quantize_qdq loads the graph machinery (isthmus.core)
+    from isthmus.converters.quantize_qdq import fp32_graph, has_qdq
     # deferred: converters.split_export loads flatbuffers, scipy
     from isthmus.converters.split_export import export_split
     # deferred: the graph machinery (isthmus.core), loaded only by the commands that need it
@@ -156,17 +159,22 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
         cloud = load_profile(cloud_profile, "--cloud-profile") or CLOUD
     else:
         link, edge, cloud, batch = cost.link, cost.profiles[cost.edge], cost.profiles[cost.cloud], cost.batch_size
-    if int8 and calibration is None:
-        raise UsageError("--int8 needs --calibration-data (an .npz of sample inputs)")
     if batch < 1:
         raise UsageError(f"--batch {batch}: must be at least 1")
-    files = _paths(out_dir, force, stem)
     m = model if isinstance(model, LoadedModel) else load_model(model, input_shapes)
-    feeds = calibration_feeds(calibration, m) if int8 else None
+    qdq = int8 and has_qdq(m.graph.nodes)  # a QDQ model: planned as its float graph, int8 with its own scales
+    if int8 and calibration is None and not qdq:
+        raise UsageError("--int8 needs --calibration-data (an .npz of sample inputs) unless the model is in "
+                         "QDQ form (QuantizeLinear/DequantizeLinear with its own scales)")
+    files = _paths(out_dir, force, stem)
+    feeds = calibration_feeds(calibration, m) if int8 and calibration is not None else None
     sess = m.session()
     outs = list(m.outputs.values())
-    frozen = freeze(sess, outs)
-    outs = [frozen.tensor(t.name) for t in outs]
+    if qdq:
+        frozen, outs, qdq_params = fp32_graph(sess, outs)
+    else:
+        frozen, qdq_params = freeze(sess, outs), None
+        outs = [frozen.tensor(t.name) for t in outs]
     if cost is None:
         client, client_source = client_cost_for(edge, edge_profile, client)
         cost = CostModel.edge_cloud(link, edge, cloud, batch_size=batch, client=client)
@@ -174,7 +182,8 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
         client, client_source = cost.client, "the given cost model"
     planner = AdaptivePlanner(frozen, cost, outputs=outs, bandwidths=SWEEP_BPS)
     at_link = plan_split(frozen, cost, outputs=outs)
-    sp = export_split(frozen, outs, planner, int8=int8, calibration=feeds, batch=batch, model_name=m.name)
+    sp = export_split(frozen, outs, planner, int8=int8, calibration=feeds, batch=batch, model_name=m.name,
+                      qdq_params=qdq_params)
     sp.save(files["edge"])
     sigs = sp.cloud_signatures()
     if sigs:
@@ -194,7 +203,9 @@ def deploy_split(model: Union[str, LoadedModel], out_dir: str, bandwidth: str = 
     dep = Deployment(out_dir, files["edge"], files["cloud"] if sigs else None, files["json"], files["svg"],
                      files["report"], "", chosen.name, predicted, client=client, client_source=client_source,
                      planner=planner, plan=at_link, split=sp)
-    if int8:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
+    dep.scales_from = ("the model's QDQ nodes" + (" (calibration for the rest)" if feeds else "")
+                       if qdq else "calibration") if int8 else None
+    if int8 and feeds:  # the whole int8 model (the fallback, and the most quantized cut) against fp32
         from isthmus.edge import load_split  # deferred: the edge runtime, loaded only by the commands that need it
         from .cmd_quantize import measure_drift  # cycle: apps.deploy <-> apps.cmd_quantize
         dep.drift = measure_drift(load_split(files["edge"]).full, sess, m, feeds)
@@ -251,6 +262,7 @@ def _report(dep: Deployment, m: LoadedModel, link, edge, chosen, sp, at_link) ->
              f"cloud only {_ms(p.get('cloud_only'))}",
              f"client cost assumed on the edge: {dep.client.describe()} ({dep.client_source})",
              sp.report(),
+             *([] if dep.scales_from is None else [f"int8 scales from {dep.scales_from}"]),
              *([] if dep.drift is None else [
                  "int8 drift vs fp32 on the calibration data (the whole int8 model): max abs "
                  f"{dep.drift[0]:.4g} ({dep.drift[1]:.2%} of the largest output)"

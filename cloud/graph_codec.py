@@ -391,6 +391,10 @@ class _Decoder:
                 if not isinstance(body, Function) or not isinstance(holder, SavedTensors):
                     continue
                 k = len(body.inputs)
+                if isinstance(n_saved, bool) or not isinstance(n_saved, (int, np.integer)) \
+                        or not 0 <= n_saved <= len(fn.inputs) - k:
+                    raise GraphCodecError(f"node '{n.name}': attribute n_saved must be an integer in "
+                                          f"[0, {max(len(fn.inputs) - k, 0)}], got {n_saved!r}")
                 holder.add(fn.inputs[k:k + n_saved])
 
     max_bytes = tensor_codec.DEFAULT_MAX_BYTES

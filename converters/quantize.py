@@ -20,6 +20,7 @@ from isthmus.edge import capabilities
 from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
 
+from . import quantize_qdq as qdq_form
 from .calibration import calibrate, calibration_feeds
 from .edge_export import edge_refusal
 
@@ -74,10 +75,28 @@ def _int8_ok(n: Node) -> bool:
                                      [t.node.op == "Const" for t in n.inputs]) is None
 
 
-def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration,
+def _same_qparams(nodes, int8: set, qp: dict, qdqp) -> None:
+    """Ops whose int8 kernel keeps its input's quantization: the output takes the input's parameters
+    (or the input the output's, where only that is known). Where a QDQ file gives the two different
+    parameters, the node leaves `int8` and runs fp32 between them: the file's numbers win."""
+    for n in nodes:
+        if n not in int8 or n.op not in SAME_QPARAMS:
+            continue
+        i, o = n.inputs[0], n.outputs[0]
+        if o.name in qdqp.activations and i in qp and qp[i] != qp[o]:
+            int8.discard(n)
+        elif i in qp:
+            qp[o] = qp[i]
+        elif o in qp:
+            qp[i] = qp[o]
+
+
+def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration=None,
                      percentile: Optional[float] = None, batch: int = 1,
                      pow2_scales: bool = True, short_scales: bool = True, method: Optional[str] = None,
-                     per_channel: bool = True) -> Tuple[bytes, Dict[str, object]]:
+                     per_channel: bool = True, qdq: Optional[bool] = None,
+                     qdq_params: Optional[qdq_form.QdqParams] = None,
+                     unquantized: str = "error") -> Tuple[bytes, Dict[str, object]]:
     """(edge model bytes, report). `calibration`: the representative dataset, as feed dicts keyed by
     placeholder name or Tensor, arrays (one input), an array [N, ...] or an .npy/.npz file
     (calibration.calibration_feeds). method: "minmax" (default), "percentile" (at `percentile`,
@@ -87,30 +106,60 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127.
     short_scales (with pow2_scales): activation scales rounded up to SHORT_SCALE_BITS significant
     bits and conv weight scales anchored on the output's scale, so a conv's requantization
-    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone."""
+    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone.
+    qdq: take scales and zero points from the model's own QuantizeLinear/DequantizeLinear pairs (a QDQ
+    model, converters/quantize_qdq.py), folding the pairs away; None: when the graph has any. Calibration
+    is then optional: it fills in only tensors the file leaves without parameters (an error names the
+    first such tensor when none is given); pow2_scales and short_scales are off (the file's scales stay).
+    qdq_params: parameters by tensor name from elsewhere (a split's part: those of the whole model,
+    quantize_qdq.fp32_graph), for a graph whose QDQ pairs were already folded away.
+    unquantized: what an int8-capable node reading or writing a tensor without parameters does: "error"
+    (a ValueError naming the tensor) or "fp32" (it runs in float: a split's part cut where the file
+    has no pair, e.g. between a conv and its bias)."""
     method = method or ("percentile" if percentile is not None else "minmax")
-    pow2_scales = pow2_scales and per_channel
-    short_scales = short_scales and pow2_scales
     outs0 = [session.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
     frozen = freeze(session, outs0)
     outs0 = [frozen.tensor(t.name) for t in outs0]
+    in_graph = qdq_form.has_qdq(prune([t.node for t in outs0], set()))
+    qdq = (in_graph or qdq_params is not None) if qdq is None else qdq
+    qdqp = qdq_form.QdqParams()
+    if qdq:  # the file's scales are the model's: kept exactly, none of the speed-minded roundings
+        if in_graph:
+            srw, qdqp = qdq_form.strip_qdq(frozen, outs0)
+            frozen, outs0 = srw.graph, list(srw.fetches)
+        qdqp = qdqp.merged(qdq_params)
+        pow2_scales = short_scales = False
+    elif calibration is None:
+        raise ValueError("quantize_to_edge: calibration data is needed (the model has no QDQ scales of its own)")
+    pow2_scales = pow2_scales and per_channel
+    short_scales = short_scales and pow2_scales
     rw = optimize(frozen, prune([t.node for t in outs0], set()), outs0, [])
     g: Graph = rw.graph
     outs = list(rw.fetches)
     nodes = prune([t.node for t in outs], set())
-    calib_sess = ism.Session(g, optimize=False)
     floats = [t for n in nodes if n.op != "Const" for t in n.outputs if t.dtype == np.float32]
-    names = [n.name for n in nodes if n.op == "Placeholder"]
-    feeds = [{(g.tensor(k if ":" in k else k + ":0") if isinstance(k, str) else g.tensor(k.name)): v
-              for k, v in f.items()} for f in calibration_feeds(calibration, names)]
     int8 = {n for n in nodes if _int8_ok(n)}
     quantized = {t for n in int8 for t in list(n.inputs) + list(n.outputs) if t.node.op != "Const"}
-    ranges = calibrate(calib_sess, floats, feeds, method, percentile, keep=outs, warn_for=quantized)
+    todo = [t for t in floats if t.name not in qdqp.activations]
+    ranges: Dict[Tensor, Tuple[float, float]] = {}
+    if calibration is not None and todo:
+        names = [n.name for n in nodes if n.op == "Placeholder"]
+        feeds = [{(g.tensor(k if ":" in k else k + ":0") if isinstance(k, str) else g.tensor(k.name)): v
+                  for k, v in f.items()} for f in calibration_feeds(calibration, names)]
+        ranges = calibrate(ism.Session(g, optimize=False), todo, feeds, method, percentile, keep=outs,
+                           warn_for=quantized & set(todo))
     bits = SHORT_SCALE_BITS if short_scales else None
-    qp: Dict[Tensor, Tuple[float, int]] = {t: _qparams(*ranges[t], bits) for t in floats}
-    for n in nodes:  # ops that must keep their input's quantization
-        if n in int8 and n.op in SAME_QPARAMS:
-            qp[n.outputs[0]] = qp[n.inputs[0]]
+    qp: Dict[Tensor, Tuple[float, int]] = {t: _qparams(*ranges[t], bits) for t in ranges}
+    qp.update({t: qdqp.activations[t.name] for t in floats if t.name in qdqp.activations})
+    _same_qparams(nodes, int8, qp, qdqp)
+    for n in nodes:
+        ts = list(n.inputs) + list(n.outputs) if n in int8 else []
+        lacking = [t for t in ts if t.node.op != "Const" and t not in qp]
+        if lacking and unquantized == "fp32":
+            int8.discard(n)
+        elif lacking:
+            raise qdq_form.missing_error(lacking[0], n)
+    notes: List[str] = []
 
     w = ModelWriter()
     fid: Dict[Tensor, int] = {}   # float edge tensor per graph tensor
@@ -130,6 +179,9 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
         if t not in qid and t.node.op == "Const":  # a constant operand (an Add's bias): quantized once, here
             v = np.asarray(t.node.attrs["value"], np.float64)
             s, z = _qparams(float(v.min(initial=0.0)), float(v.max(initial=0.0)))
+            cq = qdqp.constants.get(t.name)
+            if cq is not None and cq.scale.size == 1 and -128 <= int(cq.zero_point[0]) <= 127:
+                s, z = float(cq.scale[0]), int(cq.zero_point[0])
             vq = np.clip(np.round(v / s) + z, -128, 127).astype(np.int8)
             qid[t] = w.add_constant(t.node.name + "/int8", vq, scale=[s], zero_point=[z])
         if t not in qid:
@@ -155,7 +207,14 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                 axis = 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1  # the output channels
                 red = tuple(i for i in range(wv.ndim) if i != axis)
                 s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
-                if not per_channel:  # one scale for the tensor, written per channel (the kernels' layout)
+                cq = qdqp.constants.get(n.inputs[1].name)
+                if cq is not None:  # the file's own weight scales
+                    s_w, more = qdq_form.weight_scales(n, wv, axis, cq)
+                    notes += more
+                elif qdq:  # e.g. a weight the file dequantizes before a Transpose that folding merged
+                    notes.append(f"node '{n.name}': the QDQ model gives no scales for its weights "
+                                 f"'{n.inputs[1].name}'; quantized per channel from their own range")
+                elif not per_channel:  # one scale for the tensor, written per channel (the kernels' layout)
                     s_w = np.full_like(s_w, s_w.max())
                 if pow2_scales and axis == 0:
                     s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0], anchored=short_scales)
@@ -168,6 +227,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                     bv = np.asarray(n.inputs[2].node.attrs["value"], np.float64) if n.inputs[2].node.op == "Const" else None
                     if bv is None:
                         raise ValueError(f"node '{n.name}': bias must be constant to quantize")
+                    notes += [m for m in [qdq_form.bias_note(n, n.inputs[2], s_in, s_w, qdqp)] if m]
                     bq = np.round(bv / (s_in * s_w)).astype(np.int32)
                     # no quantization parameters: an int32 bias is s_in * s_w, zero point 0, by the kernels'
                     # convention (edge/int8_kernels.py); a scale per channel would cost 4 bytes each
@@ -199,8 +259,19 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     for t in outs:
         w.mark_output(as_float(t) if t in qid and t not in fid else fid[t])
     for t in floats:
-        report["tensors"][t.name] = {"min": float(ranges[t][0]), "max": float(ranges[t][1]),
-                                     "scale": qp[t][0], "zero_point": qp[t][1]}
-    w.metadata["quantization"] = f"int8 post-training ({method}" + (f" p{percentile}" if percentile else "") + \
-        (", per-tensor weights)" if not per_channel else ")")
+        if t in qp:
+            lo, hi = ranges.get(t, (None, None))
+            src = "qdq" if t.name in qdqp.activations else "calibration" if t in ranges else "derived"
+            # derived: from the other side of an op that keeps its input's quantization (SAME_QPARAMS)
+            report["tensors"][t.name] = {"min": lo, "max": hi, "scale": qp[t][0], "zero_point": qp[t][1],
+                                         "source": src}
+    qdq_form.warn_notes(notes)
+    report["requantized"] = notes
+    report["scales_from"] = ("qdq" if not ranges else "qdq+calibration") if qdq else "calibration"
+    if qdq:
+        w.metadata["quantization"] = "int8 from the model's QDQ scales" + (f" (with {method} calibration)"
+                                                                          if ranges else "")
+    else:
+        w.metadata["quantization"] = f"int8 post-training ({method}" + (f" p{percentile}" if percentile else "") + \
+            (", per-tensor weights)" if not per_channel else ")")
     return w.to_bytes(), report

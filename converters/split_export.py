@@ -189,12 +189,13 @@ class SplitWriter(ModelWriter):
 
 # ---- export ----------------------------------------------------------------------------------------
 def _edge_bytes(g: Graph, outputs: Sequence[Tensor], inputs: Sequence[Tensor], int8: bool,
-                calibration: Optional[List[Dict[str, np.ndarray]]], batch: int) -> bytes:
+                calibration: Optional[List[Dict[str, np.ndarray]]], batch: int, qdq_params=None) -> bytes:
     if not int8:
         return to_edge(g, list(outputs), inputs=list(inputs), batch=batch)
-    if calibration is None:
-        raise ValueError("int8=True needs calibration feeds")
-    data, _ = quantize_to_edge(ism.Session(g, optimize=False), list(outputs), calibration, batch=batch)
+    if not calibration and qdq_params is None:
+        raise ValueError("int8=True needs calibration feeds (or a QDQ model's parameters)")
+    data, _ = quantize_to_edge(ism.Session(g, optimize=False), list(outputs), calibration or None, batch=batch,
+                               qdq_params=qdq_params, unquantized="fp32" if not calibration else "error")
     return data
 
 
@@ -232,12 +233,14 @@ def _ranges(planner, plans: List, lo_bw: float, hi_bw: float) -> List[Tuple[int,
 
 def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: bool = False,
                  calibration: Optional[Iterable[Mapping]] = None, batch: int = 1, model_name: str = "model",
-                 include_full: bool = True) -> SplitExport:
+                 include_full: bool = True, qdq_params=None) -> SplitExport:
     """One edge model file for every distinct plan of `planner` (an AdaptivePlanner built on this
     graph, or on the unfrozen graph it was frozen from: node names are the same) plus the full model.
 
     `source`: a Session (its variables are frozen) or a Graph without variables. `calibration`:
-    feed dicts keyed by placeholder name (int8 only)."""
+    feed dicts keyed by placeholder name (int8 only). `qdq_params`: a QDQ model's own scales by tensor
+    name (converters.quantize_qdq.fp32_graph gives the float graph to plan and them), used before
+    calibration, which may then be None."""
     if hasattr(source, "graph") and hasattr(source, "run"):
         outs0 = [source.graph.tensor(o) if isinstance(o, str) else o for o in outputs]
         graph = freeze(source, outs0)
@@ -247,7 +250,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
     outs = [graph.tensor(t.name) for t in outs0]
     calib = [dict((k if isinstance(k, str) else k.node.name, np.asarray(v)) for k, v in f.items())
              for f in (calibration or [])] if int8 else None
-    if int8 and not calib:
+    if int8 and not calib and qdq_params is None:
         raise ValueError("int8=True needs calibration feeds (dicts keyed by placeholder name)")
     edge_dev = planner.plans[0].problem.cost.edge
     w = SplitWriter()
@@ -258,7 +261,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
     placeholders = [n for n in graph.nodes if n.op == "Placeholder"]
     if include_full:
         w.begin("full")
-        ins, outs_i = w.add_model(loads(_edge_bytes(graph, outs, [], int8, calib, batch)))
+        ins, outs_i = w.add_model(loads(_edge_bytes(graph, outs, [], int8, calib, batch, qdq_params)))
         w.inputs, w.outputs = ins, outs_i
         full_index = 0
 
@@ -307,7 +310,7 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
             e_outs = [sends[s] for s in sent] + [eouts[t.name] for t in outs]
             e_ins = ph + [recvs[r] for r in received]
             ecal = None
-            if int8:  # the received tensors' calibration values come from running the whole model
+            if int8 and calib:  # the received tensors' calibration values come from running the whole model
                 if full_sess is None:
                     full_sess = Session(graph)
                 ecal = []
@@ -316,7 +319,8 @@ def export_split(source, outputs: Sequence[Union[Tensor, str]], planner, int8: b
                     feed = {n.name: f[n.name] for n in placeholders if n.name in eg and n.name in f}
                     feed.update({recvs[r].node.name: v for r, v in zip(received, vals)})
                     ecal.append(feed)
-            m = loads(_edge_bytes(eg, e_outs, e_ins, int8, ecal, batch))
+            eq = qdq_params.with_aliases({recvs[r].name: r for r in received}) if qdq_params is not None else None
+            m = loads(_edge_bytes(eg, e_outs, e_ins, int8, ecal, batch, eq))
             w.begin(name)
             info.subgraph = len(w.done)
             ins, outs_i = w.add_model(m)

@@ -84,8 +84,9 @@ class IntraOpThreads:
 
     def __enter__(self):
         n = self.n
-        if n is None:  # intra_threads() reads BLAS's count as it goes
-            _set_numba(blas_threads_now() or cores())
+        if n is None:  # intra_threads() reads BLAS's count as it goes; numba follows it once loaded
+            if "numba" in sys.modules:  # reading BLAS's count costs ~3 us: not for runs that cannot use it
+                _set_numba(blas_threads_now() or cores())
             return self
         _intra[0] = n
         with _lock:

@@ -164,7 +164,11 @@ def load_results() -> List[dict]:
         for f in sorted(os.listdir(RESULTS)):
             if f.endswith(".json"):
                 with open(os.path.join(RESULTS, f), encoding="utf-8") as fh:
-                    records.append(json.load(fh))
+                    rec = json.load(fh)
+                if not isinstance(rec, dict) or "name" not in rec:  # a script's own file, not a run record
+                    print(f"report.py: {f} is not a run record (no 'name'); left out of the page", file=sys.stderr)
+                    continue
+                records.append(rec)
     order = list(_scripts())
     return sorted(records, key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
 

@@ -19,7 +19,7 @@ from .model_source import LoadedModel, load_model, parse_input_shapes
 EXAMPLES = """examples:
   isthmus quantize cnn.onnx --calibration-data calib.npz -o cnn.int8.isth
   isthmus quantize model.graph --calibration-data calib.npz --method percentile --percentile 99.9 -o m.isth
-  isthmus quantize model.qdq.onnx -o m.isth     (a QDQ model: its own scales, no data needed)
+  isthmus quantize model.qdq.onnx -o m.isth     # a QDQ model: its own scales, no data needed
   isthmus edge-run cnn.int8.isth --input image=x.npy
 The .npz holds sample inputs by input name (or one array for a one-input model), samples along axis 0."""
 METHODS = ("minmax", "percentile", "entropy")

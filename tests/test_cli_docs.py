@@ -158,6 +158,19 @@ class Background:
             self.proc.wait(15)
 
 
+def _qdq(src, dst) -> None:
+    """model.qdq.onnx: the CNN quantized by onnxruntime's quantize_static in QDQ form (docs/converters.md)."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"image": images(1, seed=s)} for s in range(8)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ)
+
+
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
     """The files the docs name, made once: a CNN (ONNX, graph file + checkpoint, .tflite, edge file), its
@@ -172,6 +185,7 @@ def fixtures(tmp_path_factory):
     np.savez(fx / "calib.npz", image=images(100))
     np.savez(fx / "data.npz", image=images(20))
     np.save(fx / "x.npy", images(1, seed=5))
+    _qdq(fx / "cnn.onnx", fx / "model.qdq.onnx")
     make_certs(fx / "tls")
     here = os.getcwd()
     os.chdir(fx)

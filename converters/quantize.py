@@ -17,6 +17,7 @@ from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Node, Tensor
 from isthmus.core.passes import freeze, optimize
 from isthmus.edge import capabilities
+from isthmus.edge.format import scales_to_codes
 from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
 
@@ -106,7 +107,9 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127.
     short_scales (with pow2_scales): activation scales rounded up to SHORT_SCALE_BITS significant
     bits and conv weight scales anchored on the output's scale, so a conv's requantization
-    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone.
+    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone; the other
+    per-channel weight scales (dense layers) rounded up to 4 significant bits relative to the largest
+    (at most 1/8 coarser), which the file stores in a byte per channel (edge.format.scales_to_codes).
     qdq: take scales and zero points from the model's own QuantizeLinear/DequantizeLinear pairs (a QDQ
     model, converters/quantize_qdq.py), folding the pairs away; None: when the graph has any. Calibration
     is then optional: it fills in only tensors the file leaves without parameters (an error names the
@@ -218,6 +221,8 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                     s_w = np.full_like(s_w, s_w.max())
                 if pow2_scales and axis == 0:
                     s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0], anchored=short_scales)
+                elif short_scales:  # rounded up to 4 significant bits: one byte per channel in the file
+                    s_w = scales_to_codes(s_w)[0].astype(np.float64)
                 shp = [-1 if i == axis else 1 for i in range(wv.ndim)]
                 wq = np.clip(np.round(wv / s_w.reshape(shp)), -127, 127).astype(np.int8)
                 ins = [as_int8(x), w.add_constant(n.inputs[1].node.name + "/int8", wq, scale=s_w.tolist(),

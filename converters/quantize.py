@@ -76,20 +76,33 @@ def _int8_ok(n: Node) -> bool:
                                      [t.node.op == "Const" for t in n.inputs]) is None
 
 
+def _const_qparams(t: Tensor, qdqp) -> Tuple[float, int]:
+    """A float constant's per-tensor int8 parameters: the QDQ file's where it gives one pair, else its range."""
+    cq = qdqp.constants.get(t.name)
+    if cq is not None and cq.scale.size == 1 and -128 <= int(cq.zero_point[0]) <= 127:
+        return float(cq.scale[0]), int(cq.zero_point[0])
+    v = np.asarray(t.node.attrs["value"], np.float64)
+    return _qparams(float(v.min(initial=0.0)), float(v.max(initial=0.0)))
+
+
 def _same_qparams(nodes, int8: set, qp: dict, qdqp) -> None:
-    """Ops whose int8 kernel keeps its input's quantization: the output takes the input's parameters
-    (or the input the output's, where only that is known). Where a QDQ file gives the two different
-    parameters, the node leaves `int8` and runs fp32 between them: the file's numbers win."""
+    """Ops whose int8 kernel keeps its input's quantization: every output takes the input's parameters
+    (or the input an output's, where only that is known; a constant input, a Gather's table, its own).
+    Where a QDQ file gives the two different parameters, the node leaves `int8` and runs fp32 between
+    them: the file's numbers win."""
     for n in nodes:
         if n not in int8 or n.op not in SAME_QPARAMS:
             continue
-        i, o = n.inputs[0], n.outputs[0]
-        if o.name in qdqp.activations and i in qp and qp[i] != qp[o]:
-            int8.discard(n)
-        elif i in qp:
-            qp[o] = qp[i]
-        elif o in qp:
-            qp[i] = qp[o]
+        i = n.inputs[0]
+        if i.node.op == "Const":
+            qp[i] = _const_qparams(i, qdqp)
+        for o in n.outputs:
+            if o.name in qdqp.activations and i in qp and qp[i] != qp[o]:
+                int8.discard(n)
+            elif i in qp:
+                qp[o] = qp[i]
+            elif o in qp:
+                qp[i] = qp[o]
 
 
 def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration=None,
@@ -157,7 +170,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     _same_qparams(nodes, int8, qp, qdqp)
     for n in nodes:
         ts = list(n.inputs) + list(n.outputs) if n in int8 else []
-        lacking = [t for t in ts if t.node.op != "Const" and t not in qp]
+        lacking = [t for t in ts if t.node.op != "Const" and t.dtype == np.float32 and t not in qp]  # (not indices)
         if lacking and unquantized == "fp32":
             int8.discard(n)
         elif lacking:
@@ -181,10 +194,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     def as_int8(t: Tensor) -> int:
         if t not in qid and t.node.op == "Const":  # a constant operand (an Add's bias): quantized once, here
             v = np.asarray(t.node.attrs["value"], np.float64)
-            s, z = _qparams(float(v.min(initial=0.0)), float(v.max(initial=0.0)))
-            cq = qdqp.constants.get(t.name)
-            if cq is not None and cq.scale.size == 1 and -128 <= int(cq.zero_point[0]) <= 127:
-                s, z = float(cq.scale[0]), int(cq.zero_point[0])
+            s, z = _const_qparams(t, qdqp)
             vq = np.clip(np.round(v / s) + z, -128, 127).astype(np.int8)
             qid[t] = w.add_constant(t.node.name + "/int8", vq, scale=[s], zero_point=[z])
         if t not in qid:
@@ -193,6 +203,11 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             w.add_operator("Quantize", [as_float(t)], [i])
             qid[t] = i
         return qid[t]
+
+    def as_index(t: Tensor) -> int:  # an integer operand (a Gather's indices): as it is
+        if t not in fid:
+            fid[t] = w.add_constant(t.node.name, np.asarray(t.node.attrs["value"]))
+        return fid[t]
 
     report = {"tensors": {}, "int8_ops": 0, "fp32_ops": 0}
     for n in nodes:
@@ -204,7 +219,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
         if n in int8:
             report["int8_ops"] += 1
             ins = []
-            if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul"):
+            if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul") and n.inputs[1].node.op == "Const":
                 x = n.inputs[0]
                 wv = np.asarray(n.inputs[1].node.attrs["value"], np.float64)
                 axis = 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1  # the output channels
@@ -237,12 +252,17 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                     # no quantization parameters: an int32 bias is s_in * s_w, zero point 0, by the kernels'
                     # convention (edge/int8_kernels.py); a scale per channel would cost 4 bytes each
                     ins.append(w.add_constant(n.inputs[2].node.name + "/int32", bq))
-            else:
-                ins = [as_int8(t) for t in n.inputs if t.dtype == np.float32]
-            s, z = qp[n.outputs[0]]
-            out = w.add_tensor(n.name, np.int8, shape_of(n.outputs[0]), scale=[s], zero_point=[z])
-            qid[n.outputs[0]] = out
-            w.add_operator(n.op, ins, [out], capabilities.edge_attrs(n.op, n.attrs, interpreter=True))
+            else:  # (a MatMul of two activations: both per-tensor)
+                index = capabilities.INDEX_INPUTS.get(n.op, ())
+                ins = [as_index(t) if k in index else as_int8(t) for k, t in enumerate(n.inputs)
+                       if k in index or t.dtype == np.float32]
+            outs_q = []
+            for t in n.outputs:
+                s, z = qp[t]
+                qid[t] = w.add_tensor(n.name if t.index == 0 else t.name, np.int8, shape_of(t), scale=[s],
+                                      zero_point=[z])
+                outs_q.append(qid[t])
+            w.add_operator(n.op, ins, outs_q, capabilities.edge_attrs(n.op, n.attrs, interpreter=True))
         else:
             report["fp32_ops"] += 1
             why = edge_refusal(n)

@@ -43,8 +43,21 @@ class _Geometry:
     dw: int
 
 
-def depthwise_scratch_elems(g: Window, kh: int, kw: int) -> int:
-    """float32 elements of arena scratch the compiled depthwise kernel works in (its padded plane)."""
+def blocked_depthwise(g: Window, kh: int, kw: int) -> bool:
+    """Whether a depthwise convolution of this geometry can run channel-blocked (jit.depthwise_blocked:
+    3x3, dilation 1, any stride) on this host (compiled kernels on, AVX2)."""
+    if not (kh == kw == 3 and g.dh == g.dw == 1 and use_compiled()):
+        return False
+    from ..jit.gemm_int8 import supported  # deferred: loads llvmlite, numba
+    return supported()
+
+
+def depthwise_scratch_elems(g: Window, kh: int, kw: int, blocked: bool = False) -> int:
+    """float32 elements of arena scratch the compiled depthwise kernel works in (its padded plane;
+    blocked: the padded block of 8 channels and its output block)."""
+    if blocked:
+        from ..jit.depthwise_blocked import blocked_scratch_elems  # deferred: loads numba
+        return blocked_scratch_elems(g.h + g.t + g.b, g.w + g.l + g.r, g.oh, g.ow)
     from ..jit.depthwise import scratch_elems  # deferred: jit.depthwise loads numba
     return scratch_elems((g.h, g.w), (kh, kw), _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw))
 
@@ -63,6 +76,25 @@ def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: f
 
     def run():
         depthwise_rows(x3, w3, bias, geo, lo, hi, out3, 0, rows, scratch)
+    return run
+
+
+def bind_blocked(x3: np.ndarray, w3: np.ndarray, bias: Optional[np.ndarray], g: Window, lo: float, hi: float,
+                 out3: np.ndarray, scratch: np.ndarray) -> Callable[[], None]:
+    """A step writing out3 [N*C, OH, OW] = clamp(bias + depthwise(x3 [N*C, H, W], w3 [C, 3, 3]), lo, hi)
+    with channels blocked by 8 (jit.depthwise_blocked); float32, x3 and out3 contiguous arena views,
+    w3 and bias constant (blocked here, once); scratch of depthwise_scratch_elems(..., blocked=True)."""
+    from ..jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
+    for name, a in (("x", x3), ("out", out3)):
+        if not (a.flags.c_contiguous and a.flags.writeable) or a.dtype != np.float32:
+            raise ValueError(f"blocked depthwise: {name} must be a contiguous, writeable float32 array")
+    wb, bb = block_weights(w3, bias)
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    pb, ob = scratch[:hp * wp * 8], scratch[hp * wp * 8:(hp * wp + g.oh * g.ow) * 8]
+    args = (x3, w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi), out3, pb, ob)
+
+    def run():
+        blocked_rows(*args)
     return run
 
 

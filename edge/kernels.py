@@ -12,7 +12,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_bias_clamp, bind_rows, depthwise_scratch_elems, use_compiled
+from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_rows, blocked_depthwise, depthwise_scratch_elems, \
+    use_compiled
 from .format import EdgeModelError
 from .kernel_tables import KERNELS, kernel
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
@@ -74,7 +75,10 @@ def conv(ctx: OpContext):
     # depthwise on the compiled kernel (edge/compiled.py), decided here, once: its scratch is one
     # padded plane (per image and channel row, reused row after row)
     compiled = depthwise and ctx.inputs[0].data is None and use_compiled()
-    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw),), np.float32) if compiled else None
+    # constant 3x3 weights (and bias): 8 channels at a time (jit.depthwise_blocked), blocked once
+    blocked = compiled and blocked_depthwise(g, kh, kw) and ctx.inputs[1].data is not None and \
+        (not has_bias or ctx.inputs[2].data is not None)
+    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw, blocked),), np.float32) if compiled else None
     # a 1x1 conv's bias and none/relu/relu6 in one compiled pass after the GEMM (edge/compiled.py)
     fused_finish = pointwise and act_name in CLAMPS and (has_bias or act_name != "none") and use_compiled()
     og, kk, p = o // groups, kh * kw, oh * ow
@@ -114,7 +118,8 @@ def conv(ctx: OpContext):
                 finish()
             return run_pointwise
         if compiled:
-            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw])
+            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw],
+                                            blocked)
         cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
         gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
         res, y4 = wide.out_view(acc), y.transpose(1, 0, 2, 3)
@@ -161,16 +166,17 @@ def conv(ctx: OpContext):
     return [(n, o, oh, ow)], bind
 
 
-def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act, scratch):
-    """y = act(depthwise(x, wt) + bias) in one compiled pass per (image, channel); relu and relu6
-    are the kernel's clamp, tanh and sigmoid a pass after it. Constant weights and bias (read-only
-    views of the file) are copied once; arena views are used in place."""
+def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act, scratch, blocked: bool):
+    """y = act(depthwise(x, wt) + bias) in one compiled pass per (image, channel), or per 8 channels
+    (blocked); relu and relu6 are the kernel's clamp, tanh and sigmoid a pass after it. Constant
+    weights and bias (read-only views of the file) are copied once; arena views are used in place."""
     c, kh, kw = wt.shape[0], wt.shape[2], wt.shape[3]
     w3 = wt.reshape(c, kh, kw)
     w3 = w3 if w3.flags.writeable else w3.copy()
     b = np.zeros(c, np.float32) if bias is None else (bias if bias.flags.writeable else bias.copy())
     lo, hi = CLAMPS.get(act_name, CLAMPS["none"])
-    step = bind_rows(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow), scratch)
+    bind = bind_blocked if blocked else bind_rows
+    step = bind(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow), scratch)
     post = None if act_name in CLAMPS else act
     if post is None:
         return step

@@ -336,15 +336,13 @@ def global_avg_pool(ctx: OpContext):
     ctx.rank(ctx.inputs[0], 4)
     n, c, h, w = ctx.inputs[0].shape
     keep = ctx.one_int("keepdims", 0, 0, 1)
-    inv = np.float32(1.0 / max(h * w, 1))
+    # a product with a vector of 1 / (H W): one BLAS call (about 2 us on MobileNet's 128 x 36, where
+    # a sum along the last axis and a multiply took 8-18 us)
+    mean = np.full(h * w, 1.0 / max(h * w, 1), np.float32)
 
     def bind(ins, outs, sc):
-        x3, y2, total, multiply = ins[0].reshape(n, c, h * w), outs[0].reshape(n, c), np.sum, np.multiply
-
-        def run():
-            total(x3, axis=2, out=y2)
-            multiply(y2, inv, out=y2)
-        return run
+        x3, y2, matmul = ins[0].reshape(n, c, h * w), outs[0].reshape(n, c), np.matmul
+        return lambda: matmul(x3, mean, out=y2)
     return [(n, c, 1, 1) if keep else (n, c)], bind
 
 

@@ -98,6 +98,31 @@ def bind_blocked(x3: np.ndarray, w3: np.ndarray, bias: Optional[np.ndarray], g: 
     return run
 
 
+def packed_gemm(o: int, p: int, const_weights: bool) -> bool:
+    """Whether a 1x1 convolution of o outputs over p pixels (batch 1) runs jit.gemm_f32 (weights packed
+    once, bias and clamp in the epilogue) rather than BLAS and a bias pass: constant weights, o a
+    multiple of 4, at least 64 pixels (on 6x6 planes BLAS was as fast or faster: the last columns
+    go through a narrow tile), AVX2, compiled kernels on."""
+    if not (const_weights and o % 4 == 0 and p >= 64 and use_compiled()):
+        return False
+    from ..jit.gemm_int8 import supported  # deferred: loads llvmlite, numba
+    return supported()
+
+
+def bind_packed_gemm(w2: np.ndarray, bias: Optional[np.ndarray], x2: np.ndarray, y2: np.ndarray, lo: float, hi: float,
+                     panel: np.ndarray, tile: np.ndarray) -> Callable[[], None]:
+    """A step: y2 [O, P] = clamp(w2 [O, K] @ x2 [K, P] + bias, lo, hi) by jit.gemm_f32 (w2 packed here,
+    once); panel [K, 16] and tile [O, 16] float32 scratch."""
+    from ..jit.gemm_f32 import gemm_bias_clamp, pack_weights  # deferred: loads llvmlite, numba
+    wp = pack_weights(w2)
+    b = np.zeros(w2.shape[0], np.float32) if bias is None else np.array(bias, np.float32).reshape(-1)
+    args = (wp, b, x2, np.float32(lo), np.float32(hi), y2, panel, tile)
+
+    def run():
+        gemm_bias_clamp(*args)
+    return run
+
+
 def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
                    outf3: Optional[np.ndarray] = None, outq3: Optional[np.ndarray] = None,
                    zy: int = 0, scratch: Optional[np.ndarray] = None) -> Callable[[], None]:

@@ -12,8 +12,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_rows, blocked_depthwise, depthwise_scratch_elems, \
-    use_compiled
+from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_packed_gemm, bind_rows, blocked_depthwise, \
+    depthwise_scratch_elems, packed_gemm, use_compiled
 from .format import EdgeModelError
 from .kernel_tables import KERNELS, kernel
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
@@ -81,6 +81,12 @@ def conv(ctx: OpContext):
     i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw, blocked),), np.float32) if compiled else None
     # a 1x1 conv's bias and none/relu/relu6 in one compiled pass after the GEMM (edge/compiled.py)
     fused_finish = pointwise and act_name in CLAMPS and (has_bias or act_name != "none") and use_compiled()
+    # batch 1, constant weights: a GEMM with its weights packed once and the bias and clamp in its
+    # epilogue (jit.gemm_f32), scratch for its last columns
+    packed = pointwise and n == 1 and act_name in CLAMPS and (not has_bias or ctx.inputs[2].data is not None) \
+        and packed_gemm(o, h * w, ctx.inputs[1].data is not None)
+    if packed:
+        i_panel, i_tile = ctx.scratch((c, 16), np.float32), ctx.scratch((o, 16), np.float32)
     og, kk, p = o // groups, kh * kw, oh * ow
     # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
     wide = None if pointwise or compiled else WideIm2col(g, compact=not depthwise)
@@ -108,6 +114,9 @@ def conv(ctx: OpContext):
                 add(y, bias, out=y)
             if act is not None:
                 act(y)
+        if packed:
+            return bind_packed_gemm(wt.reshape(o, c), ins[2] if has_bias else None, x.reshape(c, p), y.reshape(o, p),
+                                    *CLAMPS[act_name], sc[i_panel], sc[i_tile])
         if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
             w2, x3, y3 = wt.reshape(o, c), x.reshape(n, c, h * w), y.reshape(n, o, p)
             if fused_finish:

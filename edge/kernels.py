@@ -84,9 +84,7 @@ def conv(ctx: OpContext):
     # batch 1, constant weights: a GEMM with its weights packed once and the bias and clamp in its
     # epilogue (jit.gemm_f32), scratch for its last columns
     packed = pointwise and n == 1 and act_name in CLAMPS and (not has_bias or ctx.inputs[2].data is not None) \
-        and packed_gemm(o, h * w, ctx.inputs[1].data is not None)
-    if packed:
-        i_panel, i_tile = ctx.scratch((c, 16), np.float32), ctx.scratch((o, 16), np.float32)
+        and packed_gemm(o, c, h * w, ctx.inputs[1].data is not None)
     og, kk, p = o // groups, kh * kw, oh * ow
     # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
     wide = None if pointwise or compiled else WideIm2col(g, compact=not depthwise)
@@ -94,6 +92,11 @@ def conv(ctx: OpContext):
     # the output's), then bias and none/relu/relu6 in one compiled pass, as for 1x1 convs above
     gemm_direct = wide is not None and wide.compact and not depthwise and n == 1 and act_name in CLAMPS and \
         use_compiled()
+    # and its GEMM on packed weights with the bias and clamp in the epilogue, as 1x1 convs above
+    packed = packed or (gemm_direct and groups == 1 and (not has_bias or ctx.inputs[2].data is not None)
+                        and packed_gemm(o, c * kk, p, ctx.inputs[1].data is not None))
+    if packed:
+        i_panel, i_tile = ctx.scratch((c * kk, 16), np.float32), ctx.scratch((o, 16), np.float32)
     if wide is not None:
         s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
             ((o, n * wide.L), np.float32)
@@ -114,7 +117,7 @@ def conv(ctx: OpContext):
                 add(y, bias, out=y)
             if act is not None:
                 act(y)
-        if packed:
+        if packed and pointwise:
             return bind_packed_gemm(wt.reshape(o, c), ins[2] if has_bias else None, x.reshape(c, p), y.reshape(o, p),
                                     *CLAMPS[act_name], sc[i_panel], sc[i_tile])
         if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
@@ -158,6 +161,14 @@ def conv(ctx: OpContext):
                 finish_wide()
             return run_depthwise
         kg = cg * kk
+        if packed:  # one image, compact columns [c kk, p], constant weights in the columns' tap order
+            step = bind_packed_gemm(wk.reshape(o, kg), ins[2] if has_bias else None, cols.reshape(kg, p),
+                                    y.reshape(o, p), *CLAMPS[act_name], sc[i_panel], sc[i_tile])
+
+            def run_packed():
+                gather()
+                step()
+            return run_packed
         if gemm_direct:  # one image, compact columns: acc's layout is y's
             acc = y.reshape(o, p)
             finish_wide = bind_bias_clamp(acc, ins[2] if has_bias else None, *CLAMPS[act_name])

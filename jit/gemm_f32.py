@@ -22,6 +22,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 MR, NR = 4, 16  # tile: output rows, columns (two vectors of eight floats)
+KC = 128  # K chunk: a [128, 16] panel of x (8 KB) stays in L1
 
 
 def _splat(builder, v, vt):
@@ -33,36 +34,43 @@ def _splat(builder, v, vt):
 def _make_tile(nv: int):
     """The tile intrinsic over nv vectors of 8 columns (2: the main loop; 1: a short last panel)."""
     @intrinsic
-    def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, lo, hi):
-        sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, lo, hi)
+    def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi):
+        sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi)
         return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv)
     return tile
 
 
 def _tile_ir(context, builder, signature, args, nv):
-    """y[(ob 4 + r) ldy + py + j] = clamp(bias[ob 4 + r] + sum over i < k of wp[ob, i, r] x[i ldx + px + j],
-    lo, hi) for r < 4, j < 8 nv: wp the packed weights [O/4, K, 4], x and y flat float32. A NaN passes
-    the clamp."""
+    """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob, i, r] x[i ldx + px + j],
+    lo, hi) for r < 4, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else that y (a K chunk after
+    the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN passes the clamp."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
     v8 = ir.VectorType(f32, 8)
     arrs = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 4, 8)]
     wptr, xptr, yptr, bptr = (builder.bitcast(a.data, f32.as_pointer()) for a in arrs)
-    ldx, px, ldy, py, ob, k, lo, hi = (args[i] for i in (2, 3, 5, 6, 7, 9, 10, 11))
+    ldx, px, ldy, py, ob, k, k0, kn, first, lo, hi = (args[i] for i in (2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14))
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
-    wbase = builder.mul(builder.mul(ob, k), ir.Constant(i64, MR))
-    init = [_splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
-                                                                         ir.Constant(i64, r))])), v8)
+    wbase = builder.mul(builder.add(builder.mul(ob, k), k0), ir.Constant(i64, MR))
+    rows = [builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
             for r in range(MR)]
+    from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
+    init = []
+    for r in range(MR):
+        b = _splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
+                                                                         ir.Constant(i64, r))])), v8)
+        for j in range(nv):
+            ptr = builder.bitcast(builder.gep(yptr, [builder.add(rows[r], ir.Constant(i64, 8 * j))]), v8.as_pointer())
+            init.append(builder.select(from_bias, b, builder.load(ptr, align=4)))
     entry = builder.basic_block
     loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
-    builder.cbranch(builder.icmp_signed(">", k, ir.Constant(i64, 0)), loop, done)
+    builder.cbranch(builder.icmp_signed(">", kn, ir.Constant(i64, 0)), loop, done)
     builder.position_at_end(loop)
     i = builder.phi(i64)
     i.add_incoming(ir.Constant(i64, 0), entry)
     accs = [builder.phi(v8) for _ in range(nv * MR)]
     for n, a in enumerate(accs):
-        a.add_incoming(init[n // nv], entry)
-    xo = builder.add(builder.mul(i, ldx), px)
+        a.add_incoming(init[n], entry)
+    xo = builder.add(builder.mul(builder.add(k0, i), ldx), px)
     xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xo, ir.Constant(i64, 8 * j))]),
                                        v8.as_pointer()), align=4) for j in range(nv)]
     wo = builder.add(wbase, builder.mul(i, ir.Constant(i64, MR)))
@@ -74,17 +82,17 @@ def _tile_ir(context, builder, signature, args, nv):
     for a, v in zip(accs, new):
         a.add_incoming(v, loop)
     i.add_incoming(i2, loop)
-    builder.cbranch(builder.icmp_signed("<", i2, k), loop, done)
+    builder.cbranch(builder.icmp_signed("<", i2, kn), loop, done)
     builder.position_at_end(done)
     results = []
     for n, v in enumerate(new):  # every phi first
         res = builder.phi(v8)
-        res.add_incoming(init[n // nv], entry)
+        res.add_incoming(init[n], entry)
         res.add_incoming(v, loop)
         results.append(res)
     lov, hiv = _splat(builder, lo, v8), _splat(builder, hi, v8)
     for r in range(MR):
-        row = builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
+        row = rows[r]
         for j in range(nv):
             v = results[nv * r + j]
             v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
@@ -98,6 +106,22 @@ _tile, _tile8 = _make_tile(2), _make_tile(1)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
+def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
+    """Every row tile over one 16-column panel (8 when narrow), K in chunks of KC (the chunk of x
+    stays in L1 while the row tiles pass; chunks after the first start from y, the last clamps)."""
+    inf = np.float32(np.inf)
+    for k0 in range(0, k, KC):
+        kn = min(KC, k - k0)
+        last = k0 + kn >= k
+        clo, chi = (lo, hi) if last else (-inf, inf)
+        for ob in range(o // MR):
+            if narrow:
+                _tile8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+            else:
+                _tile(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemm_bias_clamp(wp, bias, x, lo, hi, y, panel, tile):
     """y [O, P] = clamp(W @ x [K, P] + bias, lo, hi), W packed by pack_weights ([O/4, K, 4]), bias [O];
     panel [K, 16] and tile [O, 16] scratch for the last P mod 16 columns (contents do not matter)."""
@@ -106,8 +130,7 @@ def gemm_bias_clamp(wp, bias, x, lo, hi, y, panel, tile):
     xf, yf = x.reshape(k * p), y.reshape(o * p)
     whole = p // NR * NR
     for p0 in range(0, whole, NR):
-        for ob in range(o // MR):
-            _tile(wp, xf, p, p0, yf, p, p0, ob, bias, k, lo, hi)
+        _panels(wp, bias, xf, p, p0, yf, p, p0, o, k, lo, hi, False)
     rest = p - whole
     if rest:
         for i in range(k):
@@ -116,12 +139,7 @@ def gemm_bias_clamp(wp, bias, x, lo, hi, y, panel, tile):
                 dst[j] = src[whole + j]
             for j in range(rest, NR):
                 dst[j] = 0
-        pf, tf = panel.reshape(k * NR), tile.reshape(o * NR)
-        for ob in range(o // MR):
-            if rest <= NR // 2:
-                _tile8(wp, pf, NR, 0, tf, NR, 0, ob, bias, k, lo, hi)
-            else:
-                _tile(wp, pf, NR, 0, tf, NR, 0, ob, bias, k, lo, hi)
+        _panels(wp, bias, panel.reshape(k * NR), NR, 0, tile.reshape(o * NR), NR, 0, o, k, lo, hi, rest <= NR // 2)
         for r in range(o):
             src, dst = tile[r], y[r]
             for j in range(rest):

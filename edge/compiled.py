@@ -124,6 +124,21 @@ def bind_packed_gemm(w2: np.ndarray, bias: Optional[np.ndarray], x2: np.ndarray,
     return run
 
 
+def bind_im2col(x3: np.ndarray, g: Window, xpad3: np.ndarray, cols2: np.ndarray) -> Callable[[], None]:
+    """A step: xpad3 [C, Hp, Wp] = x3 [C, H, W] zero padded, then cols2 [C kh kw, OH OW] = its windows
+    (one image; jit.gemm_int8.pad_planes and jit.gemm_f32.im2col, compiled passes)."""
+    from ..jit.gemm_f32 import im2col  # deferred: loads llvmlite, numba
+    from ..jit.gemm_int8 import pad_planes  # deferred: loads llvmlite, numba
+    c, hp, wp = xpad3.shape
+    flat, zero = xpad3.reshape(c, hp * wp), x3.dtype.type(0)
+    args = (wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, cols2, g.oh, g.ow)
+
+    def run():
+        pad_planes(x3, zero, g.t, g.l, xpad3)
+        im2col(flat, *args)
+    return run
+
+
 def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
                    outf3: Optional[np.ndarray] = None, outq3: Optional[np.ndarray] = None,
                    zy: int = 0, scratch: Optional[np.ndarray] = None) -> Callable[[], None]:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_packed_gemm, bind_rows, blocked_depthwise, \
+from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_im2col, bind_packed_gemm, bind_rows, blocked_depthwise, \
     depthwise_scratch_elems, packed_gemm, use_compiled
 from .format import EdgeModelError
 from .kernel_tables import KERNELS, kernel
@@ -133,7 +133,11 @@ def conv(ctx: OpContext):
             return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw],
                                             blocked)
         cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
-        gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
+        if gemm_direct:  # one image: pad and gather in two compiled passes (the phase buffer holds the padded image)
+            gather = bind_im2col(x.reshape(c, h, w), g, overlay(sc[i_a], (c, g.h + t + b, g.w + l + r), np.float32),
+                                 cols.reshape(c * kk, p))
+        else:
+            gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
         res, y4 = wide.out_view(acc), y.transpose(1, 0, 2, 3)
         b4 = None if bias is None else bias.reshape(o, 1, 1, 1)
         wperm = wk if wk is not None else sc[i_w]

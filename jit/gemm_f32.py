@@ -146,6 +146,28 @@ def gemm_bias_clamp(wp, bias, x, lo, hi, y, panel, tile):
                 dst[whole + j] = src[j]
 
 
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def im2col(pad, ws, kh, kw, sh, sw, dh, dw, cols, oh, ow):
+    """cols [C kh kw, OH OW] (rows in (c, ky, kx) order) = the windows of pad [C, >= Hp ws] (one image,
+    padded, flat planes of width ws): cols[(c kh + ky) kw + kx, oy OW + ox] =
+    pad[c, (oy sh + ky dh) ws + ox sw + kx dw]. One pass of row copies (numpy's 6-d window copy
+    paid its iterator per row of OW elements)."""
+    c = pad.shape[0]
+    for ch in range(c):
+        src_c = pad[ch]
+        for ky in range(kh):
+            for kx in range(kw):
+                row = cols[(ch * kh + ky) * kw + kx]
+                for oy in range(oh):
+                    src, dst = src_c[(oy * sh + ky * dh) * ws + kx * dw:], row[oy * ow:]
+                    if sw == 1:
+                        for ox in range(ow):
+                            dst[ox] = src[ox]
+                    else:
+                        for ox in range(ow):
+                            dst[ox] = src[ox * sw]
+
+
 def pack_weights(w: np.ndarray) -> np.ndarray:
     """w [O, K] float32 (O a multiple of 4) -> [O/4, K, 4]: four rows' weights side by side per k."""
     o, k = w.shape

@@ -73,3 +73,17 @@ def test_edge_pointwise_conv_uses_it(monkeypatch, act):
         got = run("FusedConv2D", args, Out("float32"), want.shape, attrs)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert bool(calls) == used
+
+
+@pytest.mark.parametrize("kh,kw,sh,sw,dh,dw", [(5, 5, 1, 1, 1, 1), (3, 3, 2, 2, 1, 1), (3, 2, 2, 1, 2, 3)])
+def test_im2col_against_numpy(kh, kw, sh, sw, dh, dw):
+    from isthmus.jit.gemm_f32 import im2col
+    rng = np.random.default_rng(kh * 7 + sh)
+    c, hp, wp = 3, 13, 12
+    pad = rng.standard_normal((c, hp, wp)).astype(np.float32)
+    oh, ow = (hp - (kh - 1) * dh - 1) // sh + 1, (wp - (kw - 1) * dw - 1) // sw + 1
+    want = np.stack([pad[ch, ky * dh:ky * dh + (oh - 1) * sh + 1:sh, kx * dw:kx * dw + (ow - 1) * sw + 1:sw].reshape(-1)
+                     for ch in range(c) for ky in range(kh) for kx in range(kw)])
+    cols = np.full((c * kh * kw, oh * ow), np.nan, np.float32)
+    im2col(pad.reshape(c, hp * wp), wp, kh, kw, sh, sw, dh, dw, cols, oh, ow)
+    np.testing.assert_array_equal(cols, want)

@@ -91,7 +91,8 @@ def bind_blocked(x3: np.ndarray, w3: np.ndarray, bias: Optional[np.ndarray], g: 
     wb, bb = block_weights(w3, bias)
     hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
     pb, ob = scratch[:hp * wp * 8], scratch[hp * wp * 8:(hp * wp + g.oh * g.ow) * 8]
-    args = (x3, w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi), out3, pb, ob)
+    args = (x3, np.float32(0), w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi),
+            False, np.float32(0), np.int32(0), out3, pb, ob)
 
     def run():
         blocked_rows(*args)

@@ -95,13 +95,17 @@ def conv(ctx: OpContext):
     # and its GEMM on packed weights with the bias and clamp in the epilogue, as 1x1 convs above
     packed = packed or (gemm_direct and groups == 1 and (not has_bias or ctx.inputs[2].data is not None)
                         and packed_gemm(o, c * kk, p, ctx.inputs[1].data is not None))
-    if packed:
-        i_panel, i_tile = ctx.scratch((c * kk, 16), np.float32), ctx.scratch((o, 16), np.float32)
+    # the packed GEMM's last p % 16 columns go through a panel [K, 16] and a tile [O, 16]; a windowed
+    # conv's share the phases' region (the padded image is dead once the columns are gathered)
+    s_pt = (((c * kk + o) * 16 if p % 16 else 0,), np.float32)
+    if packed and pointwise:
+        i_pt = ctx.scratch(*s_pt)
     if wide is not None:
         s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
             ((o, n * wide.L), np.float32)
-        # lifetimes inside the op: phases -> columns -> accumulator
-        i_a, i_cols = ctx.shared_scratch(s_pad, s_acc), ctx.scratch(*s_cols)
+        # lifetimes inside the op: phases -> columns -> accumulator (or the packed GEMM's panel and tile)
+        i_a, i_cols = ctx.shared_scratch(s_pad, s_acc, s_pt), ctx.scratch(*s_cols)
+        i_pt = i_a
         # weights in the columns' tap order: permuted once when constant, per call into scratch otherwise
         wk = None if ctx.inputs[1].data is None else \
             np.ascontiguousarray(ctx.inputs[1].data.reshape(o, cg, kk)[:, :, wide.order])
@@ -119,7 +123,7 @@ def conv(ctx: OpContext):
                 act(y)
         if packed and pointwise:
             return bind_packed_gemm(wt.reshape(o, c), ins[2] if has_bias else None, x.reshape(c, p), y.reshape(o, p),
-                                    *CLAMPS[act_name], sc[i_panel], sc[i_tile])
+                                    *CLAMPS[act_name], *_panel_tile(sc[i_pt], c, o, p))
         if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
             w2, x3, y3 = wt.reshape(o, c), x.reshape(n, c, h * w), y.reshape(n, o, p)
             if fused_finish:
@@ -167,7 +171,7 @@ def conv(ctx: OpContext):
         kg = cg * kk
         if packed:  # one image, compact columns [c kk, p], constant weights in the columns' tap order
             step = bind_packed_gemm(wk.reshape(o, kg), ins[2] if has_bias else None, cols.reshape(kg, p),
-                                    y.reshape(o, p), *CLAMPS[act_name], sc[i_panel], sc[i_tile])
+                                    y.reshape(o, p), *CLAMPS[act_name], *_panel_tile(sc[i_pt], kg, o, p))
 
             def run_packed():
                 gather()
@@ -188,6 +192,14 @@ def conv(ctx: OpContext):
             finish_wide()
         return run_gemm
     return [(n, o, oh, ow)], bind
+
+
+def _panel_tile(raw, k: int, o: int, p: int):
+    """The packed GEMM's panel [k, 16] and tile [o, 16] over raw scratch (empty when p % 16 == 0)."""
+    if p % 16 == 0:
+        return np.empty((0, 16), np.float32), np.empty((0, 16), np.float32)
+    both = overlay(raw, ((k + o) * 16,), np.float32)
+    return both[:k * 16].reshape(k, 16), both[k * 16:].reshape(o, 16)
 
 
 def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act, scratch, blocked: bool):

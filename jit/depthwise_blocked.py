@@ -102,22 +102,32 @@ def _transpose8(builder, rows):
 
 
 @intrinsic
-def _pack8(typingctx, src, s0, stride, dst, d0, n):
-    """dst[d0 + (i 8 + c)] = src[s0 + c stride + i] for c < 8, i < n rounded down to 8 (8x8 transposes):
-    eight channel rows of a plane into interleaved pixels. Returns the pixels done."""
-    sig = types.int64(src, s0, stride, dst, d0, n)
+def _pack8(typingctx, src, s0, stride, dst, d0, n, zx):
+    """dst[d0 + (i 8 + c)] = src[s0 + c stride + i] - zx for c < 8, i < n rounded down to 8 (8x8
+    transposes): eight channel rows of a plane (float32, or int8 converted) into interleaved float32
+    pixels. Returns the pixels done."""
+    sig = types.int64(src, s0, stride, dst, d0, n, zx)
 
     def codegen(context, builder, signature, args):
         f32, i64 = ir.FloatType(), ir.IntType(64)
         v8 = ir.VectorType(f32, CB)
+        narrow = signature.args[0].dtype == types.int8
+        et = ir.IntType(8) if narrow else f32
         sa, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3))
-        sptr, dptr = (builder.bitcast(a.data, f32.as_pointer()) for a in (sa, da))
+        sptr, dptr = builder.bitcast(sa.data, et.as_pointer()), builder.bitcast(da.data, f32.as_pointer())
         s0, stride, d0, n = args[1], args[2], args[4], args[5]
+        zxv = _splat(builder, args[6], v8)
+
+        def load(o):
+            if not narrow:
+                return builder.fsub(builder.load(_vec_ptr(builder, sptr, o, v8), align=4), zxv)
+            raw = builder.load(_vec_ptr(builder, sptr, o, ir.VectorType(et, CB)), align=1)
+            return builder.fsub(builder.sitofp(raw, v8), zxv)
         blocks = builder.sdiv(n, ir.Constant(i64, 8))
         with cgutils.for_range(builder, blocks) as blk:
             i = builder.mul(blk.index, ir.Constant(i64, 8))
             starts = [builder.add(builder.add(s0, builder.mul(ir.Constant(i64, c), stride)), i) for c in range(CB)]
-            rows = [builder.load(_vec_ptr(builder, sptr, o, v8), align=4) for o in starts]
+            rows = [load(o) for o in starts]
             for j, v in enumerate(_transpose8(builder, rows)):
                 off = builder.add(d0, builder.mul(builder.add(i, ir.Constant(i64, j)), ir.Constant(i64, CB)))
                 builder.store(v, _vec_ptr(builder, dptr, off, v8), align=4)
@@ -126,17 +136,29 @@ def _pack8(typingctx, src, s0, stride, dst, d0, n):
 
 
 @intrinsic
-def _unpack8(typingctx, src, s0, dst, d0, stride, n):
+def _unpack8(typingctx, src, s0, dst, d0, stride, n, magic, base):
     """dst[d0 + c stride + i] = src[s0 + i 8 + c] for c < 8, i < n rounded down to 8: interleaved
-    pixels back into eight channel rows. Returns the pixels done."""
-    sig = types.int64(src, s0, dst, d0, stride, n)
+    float32 pixels back into eight channel rows; an int8 dst gets int8(int32(v + magic) - base), the
+    short requantization (magic = 1.5 2^23 + zero point rounds v to an integer). Returns the pixels done."""
+    sig = types.int64(src, s0, dst, d0, stride, n, magic, base)
 
     def codegen(context, builder, signature, args):
-        f32, i64 = ir.FloatType(), ir.IntType(64)
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
         v8 = ir.VectorType(f32, CB)
+        narrow = signature.args[2].dtype == types.int8
         sa, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2))
-        sptr, dptr = (builder.bitcast(a.data, f32.as_pointer()) for a in (sa, da))
+        sptr = builder.bitcast(sa.data, f32.as_pointer())
+        dptr = builder.bitcast(da.data, (ir.IntType(8) if narrow else f32).as_pointer())
         s0, d0, stride, n = args[1], args[3], args[4], args[5]
+        magic, base = _splat(builder, args[6], v8), _splat(builder, args[7], ir.VectorType(i32, CB))
+
+        def store(v, off):
+            if not narrow:
+                builder.store(v, _vec_ptr(builder, dptr, off, v8), align=4)
+                return
+            q = builder.sub(builder.fptosi(builder.fadd(v, magic), ir.VectorType(i32, CB)), base)
+            q = builder.trunc(q, ir.VectorType(ir.IntType(8), CB))
+            builder.store(q, _vec_ptr(builder, dptr, off, ir.VectorType(ir.IntType(8), CB)), align=1)
         blocks = builder.sdiv(n, ir.Constant(i64, 8))
         with cgutils.for_range(builder, blocks) as blk:
             i = builder.mul(blk.index, ir.Constant(i64, 8))
@@ -144,40 +166,49 @@ def _unpack8(typingctx, src, s0, dst, d0, stride, n):
                       for j in range(8)]
             rows = [builder.load(_vec_ptr(builder, sptr, o, v8), align=4) for o in starts]
             for c, v in enumerate(_transpose8(builder, rows)):
-                off = builder.add(builder.add(d0, builder.mul(ir.Constant(i64, c), stride)), i)
-                builder.store(v, _vec_ptr(builder, dptr, off, v8), align=4)
+                store(v, builder.add(builder.add(d0, builder.mul(ir.Constant(i64, c), stride)), i))
         return builder.mul(blocks, ir.Constant(i64, 8))
     return sig, codegen
 
 
 @nb.njit(**_OPTS)
-def _pack_block(xf, r0, nc, hw, wd, pb, wp, pt, pl):
-    """The interior of the padded block pb [Hp * Wp * 8] from rows r0..r0+nc of xf [R * H * W] (flat)."""
+def _pack_block(xf, zx, r0, nc, hw, wd, pb, wp, pt, pl):
+    """The interior of the padded block pb [Hp * Wp * 8] from rows r0..r0+nc of xf [R * H * W] (flat;
+    float32, or int8 less its zero point zx)."""
     h = hw // wd
     for y in range(h):
         s0, d0 = r0 * hw + y * wd, ((pt + y) * wp + pl) * CB
-        done = _pack8(xf, s0, hw, pb, d0, wd) if nc == CB else 0
+        done = _pack8(xf, s0, hw, pb, d0, wd, zx) if nc == CB else 0
         for c in range(nc):
             src, dst = xf[s0 + c * hw:], pb[d0 + c:]
             for i in range(done, wd):
-                dst[i * CB] = src[i]
+                dst[i * CB] = np.float32(src[i]) - zx
 
 
 @nb.njit(**_OPTS)
-def _unpack_block(ob, nc, of, r0, ohw):
-    """Rows r0..r0+nc of of [R * OH * OW] (flat) from the output block ob [OH * OW * 8]."""
-    done = _unpack8(ob, 0, of, r0 * ohw, ohw, ohw) if nc == CB else 0
+def _unpack_block(ob, nc, of, r0, ohw, quant, magic, base):
+    """Rows r0..r0+nc of of [R * OH * OW] (flat) from the output block ob [OH * OW * 8] (float32 as
+    is; int8 requantized as _unpack8 does)."""
+    done = _unpack8(ob, 0, of, r0 * ohw, ohw, ohw, magic, base) if nc == CB else 0
     for c in range(nc):
         src, dst = ob[c:], of[(r0 + c) * ohw:]
         for i in range(done, ohw):
-            dst[i] = src[i * CB]
+            if quant:
+                dst[i] = np.int8(np.int32(src[i * CB] + magic) - base)
+            else:
+                dst[i] = src[i * CB]
+
+
+
 
 
 @nb.njit(**_OPTS)
-def blocked_rows(x, c, wb, bb, pt, pl, wp, sh, sw, lo, hi, out, pb, ob):
-    """out [R, OH, OW] = clamp(bias + 3x3 depthwise of x [R, H, W], lo, hi), R = images x c channels:
-    wb [ceil(c / 8), 72] the weights blocked (tap-major, 8 channels a tap), bb [ceil(c / 8), 8] the
-    bias, pb the padded block [Hp * Wp * 8], ob [OH * OW * 8] (scratch; contents do not matter)."""
+def blocked_rows(x, zx, c, wb, bb, pt, pl, wp, sh, sw, lo, hi, quant, magic, base, out, pb, ob):
+    """out [R, OH, OW] = clamp(bias + 3x3 depthwise of (x [R, H, W] - zx), lo, hi), R = images x c
+    channels: wb [ceil(c / 8), 72] the weights blocked (tap-major, 8 channels a tap), bb [ceil(c / 8),
+    8] the bias, pb the padded block [Hp * Wp * 8], ob [OH * OW * 8] (float32 scratch; contents do
+    not matter). x float32 (zx 0) or int8; quant: out is int8 = int8(int32(v + magic) - base), the
+    short requantization of jit.depthwise_int8, else out is float32 = v."""
     rows, h, wd = x.shape
     oh, ow = out.shape[1], out.shape[2]
     hw, ohw = h * wd, oh * ow
@@ -187,9 +218,9 @@ def blocked_rows(x, c, wb, bb, pt, pl, wp, sh, sw, lo, hi, out, pb, ob):
         for blk in range(wb.shape[0]):
             r0 = n * c + blk * CB
             nc = min(CB, c - blk * CB)
-            _pack_block(xf, r0, nc, hw, wd, pb, wp, pt, pl)
+            _pack_block(xf, zx, r0, nc, hw, wd, pb, wp, pt, pl)
             _plane3x3(pb, wb[blk], bb[blk], ob, wp, sh, sw, oh, ow, lo, hi)
-            _unpack_block(ob, nc, of, r0, ohw)
+            _unpack_block(ob, nc, of, r0, ohw, quant, magic, base)
 
 
 def block_weights(w: np.ndarray, bias) -> tuple:

@@ -34,8 +34,8 @@ def blocked(x, c, w, b, sh, sw, pads, lo, hi, scratch_fill=0.0):
     wb, bb = block_weights(w, b)
     sc = np.full(blocked_scratch_elems(hp, wp, oh, ow), scratch_fill, np.float32)
     out = np.full((r, oh, ow), np.nan, np.float32)
-    blocked_rows(x, c, wb, bb, pt, pl, wp, sh, sw, np.float32(lo), np.float32(hi), out,
-                 sc[:hp * wp * 8], sc[hp * wp * 8:])
+    blocked_rows(x, np.float32(0), c, wb, bb, pt, pl, wp, sh, sw, np.float32(lo), np.float32(hi), False, np.float32(0),
+                 np.int32(0), out, sc[:hp * wp * 8], sc[hp * wp * 8:])
     return out
 
 

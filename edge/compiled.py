@@ -142,7 +142,7 @@ def bind_im2col(x3: np.ndarray, g: Window, xpad3: np.ndarray, cols2: np.ndarray)
 
 def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
                    outf3: Optional[np.ndarray] = None, outq3: Optional[np.ndarray] = None,
-                   zy: int = 0, scratch: Optional[np.ndarray] = None) -> Callable[[], None]:
+                   zy: int = 0, scratch: Optional[np.ndarray] = None, blocked: bool = False) -> Callable[[], None]:
     """A step running jit.depthwise_int8 on int8 x3 [R, H, W]: into outf3 (float, w3's dtype) the
     accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
     (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
@@ -155,9 +155,29 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
         raise ValueError("compiled int8 depthwise: int8 x, and one float dtype for weights, bias and out")
     if outq3 is not None and w3.dtype != np.float32:
         raise ValueError("compiled int8 depthwise: the fused requantization is float32's")
+    if blocked:  # float32 weights, 3x3: 8 channels at a time (jit.depthwise_blocked), same arithmetic
+        return _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch)
     geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
     return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, MAGIC32 + zy, int(MAGIC32), outf3, outq3,
                                scratch=scratch)
+
+
+def _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch):
+    """bind_int8_rows on jit.depthwise_blocked: the block holds x - zx as float32, the sums are exact
+    (exact_int8_bias), so any order gives jit.depthwise_int8's result bit for bit."""
+    from ..jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
+    if w3.dtype != np.float32 or w3.shape[1:] != (3, 3):
+        raise ValueError("blocked int8 depthwise: float32 3x3 weights")
+    wb, bb = block_weights(w3, bias)
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    pb, ob = scratch[:hp * wp * 8], scratch[hp * wp * 8:(hp * wp + g.oh * g.ow) * 8]
+    quant = outq3 is not None
+    args = (x3, np.float32(zx), w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi), quant,
+            np.float32(MAGIC32 + zy), np.int32(MAGIC32), outq3 if quant else outf3, pb, ob)
+
+    def run():
+        blocked_rows(*args)
+    return run
 
 
 def bind_bias_clamp(y2: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[], None]:

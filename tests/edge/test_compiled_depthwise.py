@@ -35,8 +35,12 @@ def kernel_path(request, monkeypatch):
     calls = []
     real, real8, realb = jd.depthwise_rows, jq.depthwise_int8_step, jb.blocked_rows
     monkeypatch.setattr(jd, "depthwise_rows", lambda *a, **k: calls.append("fp32") or real(*a, **k))
-    # 3x3 kernels of dilation 1 run channel-blocked (8 channels a vector) where the host has AVX2
-    monkeypatch.setattr(jb, "blocked_rows", lambda *a, **k: calls.append("fp32") or realb(*a, **k))
+    # 3x3 kernels of dilation 1 run channel-blocked (8 channels a vector) where the host has AVX2,
+    # fp32 or int8 (a[12]: requantized into int8 in the same call)
+    def blocked(*a, **k):
+        calls.append("int8->int8" if a[12] else "int8" if a[0].dtype == np.int8 else "fp32")
+        return realb(*a, **k)
+    monkeypatch.setattr(jb, "blocked_rows", blocked)
 
     def step8(*a, **k):  # int8: whether the requantization ran fused (an int8 output) or after the kernel
         run = real8(*a, **k)

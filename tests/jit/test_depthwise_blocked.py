@@ -77,3 +77,36 @@ def test_dirty_scratch_and_nan():
     want = reference(x, w, b, 1, 1, pads, 0.0, 6.0)
     assert np.isnan(got[3, 3:6, 4:7]).all() and np.isnan(got).sum() == 9
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,c,h,wd,strides,pads", CASES)
+def test_blocked_int8_requantized_exactly(n, c, h, wd, strides, pads):
+    """int8 input less its zero point, integer weights scaled by 2^-4 (so the sums are exact in float32
+    and not integers), requantized in the kernel: equal to an int32 numpy reference of the same rule,
+    clamp(acc 2^-4, lo, hi) plus the output zero point, rounded half to even (the float32 add of
+    1.5 2^23 + zy rounds the sum)."""
+    from isthmus.jit.depthwise_blocked import block_weights, blocked_rows, blocked_scratch_elems
+    rng = np.random.default_rng(n * 999 + c * 7 + h)
+    zx, zy, magic32 = -7, 5, np.float32(1.5 * 2 ** 23)
+    x = rng.integers(-128, 128, (n * c, h, wd)).astype(np.int8)
+    wi = rng.integers(-15, 16, (c, 3, 3)).astype(np.int32)
+    bi = rng.integers(-500, 500, c).astype(np.int32)
+    (pt, pb), (pl, pr) = pads
+    sh, sw = strides
+    hp, wp = h + pt + pb, wd + pl + pr
+    oh, ow = (hp - 3) // sh + 1, (wp - 3) // sw + 1
+    xp = np.pad(x.astype(np.int32) - zx, ((0, 0), (pt, pb), (pl, pr)))  # zero padding of x - zx
+    ch = np.arange(n * c) % c
+    acc = np.zeros((n * c, oh, ow), np.int32) + bi[ch, None, None]
+    for i in range(3):
+        for j in range(3):
+            acc += xp[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw] * wi[ch, i, j][:, None, None]
+    lo, hi = -128.0 - zy, 127.0 - zy
+    want = np.rint(np.clip(acc * 0.0625, lo, hi) + zy).astype(np.int8)
+    wb, bb = block_weights((wi * 0.0625).astype(np.float32), (bi * 0.0625).astype(np.float32))
+    sc = np.full(blocked_scratch_elems(hp, wp, oh, ow), np.nan, np.float32)
+    got = np.zeros((n * c, oh, ow), np.int8)
+    blocked_rows(x, np.float32(zx), c, wb, bb, pt, pl, wp, sh, sw, np.float32(lo), np.float32(hi), True,
+                 np.float32(magic32 + zy), np.int32(magic32), got, sc[:hp * wp * 8], sc[hp * wp * 8:])
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 50  # the clamp does not flatten the test

@@ -31,31 +31,35 @@ def _splat(builder, v, vt):
     return builder.shuffle_vector(e, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(i32, vt.count), None))
 
 
-def _make_tile(nv: int):
-    """The tile intrinsic over nv vectors of 8 columns (2: the main loop; 1: a short last panel)."""
+def _make_tile(nv: int, mb: int = 1):
+    """The tile intrinsic over nv vectors of 8 columns (2: the main loop; 1: a short last panel) and
+    mb blocks of 4 rows (2 for a short panel: eight independent accumulators keep the FMAs busy)."""
     @intrinsic
     def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi):
         sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi)
-        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv)
+        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb)
     return tile
 
 
-def _tile_ir(context, builder, signature, args, nv):
-    """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob, i, r] x[i ldx + px + j],
-    lo, hi) for r < 4, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else that y (a K chunk after
-    the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN passes the clamp."""
+def _tile_ir(context, builder, signature, args, nv, mb):
+    """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob + r // 4, i, r % 4]
+    x[i ldx + px + j], lo, hi) for r < 4 mb, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else
+    that y (a K chunk after the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN
+    passes the clamp."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
     v8 = ir.VectorType(f32, 8)
     arrs = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 4, 8)]
     wptr, xptr, yptr, bptr = (builder.bitcast(a.data, f32.as_pointer()) for a in arrs)
     ldx, px, ldy, py, ob, k, k0, kn, first, lo, hi = (args[i] for i in (2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14))
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
-    wbase = builder.mul(builder.add(builder.mul(ob, k), k0), ir.Constant(i64, MR))
+    nr = MR * mb
+    wbases = [builder.mul(builder.add(builder.mul(builder.add(ob, ir.Constant(i64, b)), k), k0), ir.Constant(i64, MR))
+              for b in range(mb)]
     rows = [builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
-            for r in range(MR)]
+            for r in range(nr)]
     from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
     init = []
-    for r in range(MR):
+    for r in range(nr):
         b = _splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
                                                                          ir.Constant(i64, r))])), v8)
         for j in range(nv):
@@ -67,16 +71,17 @@ def _tile_ir(context, builder, signature, args, nv):
     builder.position_at_end(loop)
     i = builder.phi(i64)
     i.add_incoming(ir.Constant(i64, 0), entry)
-    accs = [builder.phi(v8) for _ in range(nv * MR)]
+    accs = [builder.phi(v8) for _ in range(nv * nr)]
     for n, a in enumerate(accs):
         a.add_incoming(init[n], entry)
     xo = builder.add(builder.mul(builder.add(k0, i), ldx), px)
     xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xo, ir.Constant(i64, 8 * j))]),
                                        v8.as_pointer()), align=4) for j in range(nv)]
-    wo = builder.add(wbase, builder.mul(i, ir.Constant(i64, MR)))
+    wos = [builder.add(wb, builder.mul(i, ir.Constant(i64, MR))) for wb in wbases]
     new = []
-    for r in range(MR):
-        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wo, ir.Constant(i64, r))])), v8)
+    for r in range(nr):
+        wo = wos[r // MR]
+        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wo, ir.Constant(i64, r % MR))])), v8)
         new += [builder.call(fma, [wv, xs[j], accs[nv * r + j]]) for j in range(nv)]
     i2 = builder.add(i, ir.Constant(i64, 1))
     for a, v in zip(accs, new):
@@ -91,7 +96,7 @@ def _tile_ir(context, builder, signature, args, nv):
         res.add_incoming(v, loop)
         results.append(res)
     lov, hiv = _splat(builder, lo, v8), _splat(builder, hi, v8)
-    for r in range(MR):
+    for r in range(nr):
         row = rows[r]
         for j in range(nv):
             v = results[nv * r + j]
@@ -102,7 +107,7 @@ def _tile_ir(context, builder, signature, args, nv):
     return context.get_dummy_value()
 
 
-_tile, _tile8 = _make_tile(2), _make_tile(1)
+_tile, _tile8, _tile8x8 = _make_tile(2), _make_tile(1), _make_tile(1, 2)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
@@ -114,10 +119,14 @@ def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
         kn = min(KC, k - k0)
         last = k0 + kn >= k
         clo, chi = (lo, hi) if last else (-inf, inf)
-        for ob in range(o // MR):
-            if narrow:
-                _tile8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
-            else:
+        if narrow:  # 8 rows at a time where two row blocks remain
+            nb4 = o // MR
+            for ob in range(0, nb4 - 1, 2):
+                _tile8x8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+            if nb4 % 2:
+                _tile8(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi)
+        else:
+            for ob in range(o // MR):
                 _tile(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
 
 

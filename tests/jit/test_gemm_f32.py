@@ -24,7 +24,8 @@ def reference(w, b, x, lo, hi):
         return np.where(np.isnan(y), y, np.clip(y, lo, hi))
 
 
-@pytest.mark.parametrize("o,k,p", [(8, 16, 64), (96, 16, 2304), (4, 7, 37), (12, 33, 45), (16, 1, 20), (24, 96, 5)])
+@pytest.mark.parametrize("o,k,p", [(8, 16, 64), (96, 16, 2304), (4, 7, 37), (12, 33, 45), (16, 1, 20), (24, 96, 5),
+                                   (12, 10, 21), (576, 96, 36)])
 @pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
 def test_gemm_against_reference(o, k, p, lo, hi):
     rng = np.random.default_rng(o * 100 + k + p)
@@ -51,15 +52,15 @@ def test_dirty_scratch_nan_and_rows():
 
 @pytest.mark.parametrize("act", ["none", "relu", "relu6"])
 def test_edge_pointwise_conv_uses_it(monkeypatch, act):
-    """A batch-1 1x1 FusedConv2D with constant weights over >= 64 pixels runs the packed GEMM and
-    matches numpy; 6x6 planes keep BLAS."""
+    """A batch-1 1x1 FusedConv2D with constant weights over >= 16 pixels runs the packed GEMM and
+    matches numpy; 3x3 planes keep BLAS."""
     import isthmus.jit.gemm_f32 as jg
     from tests.edge.singleop import Out, q, run
     calls = []
     real = jg.gemm_bias_clamp
     monkeypatch.setattr(jg, "gemm_bias_clamp", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(11)
-    for hw, used in ((9, True), (6, False)):
+    for hw, used in ((9, True), (6, True), (3, False)):
         calls.clear()
         x = rng.standard_normal((1, 20, hw, hw)).astype(np.float32)
         w = rng.standard_normal((12, 20, 1, 1)).astype(np.float32)

@@ -6,7 +6,7 @@ keeps h and c in variable tensors. TFLite's op outputs y only and runs forward, 
 exported models read) is y's last step, a GATHER; a reverse direction (and so each half of an ONNX
 bidirectional LSTM) runs forward on the time-reversed input between two REVERSE_V2 ops, its h_T
 being the last step before the second reversal. A graph that reads c_T, has per-example lengths or
-an initial state is refused (tflite_write_graph.py refuses the last two by node).
+an initial state is refused (edge/capabilities.py refuses the lengths, this handler the states).
 
 LiteRT keeps variable tensors across invokes: a caller that wants each invoke to start from zeros
 (isthmus's semantics) resets them (`Interpreter.reset_all_variables()`) between invokes.
@@ -30,6 +30,9 @@ def lstm_sequence(tr: Translator, op) -> None:
         raise tr.fail("c_T is read: TFLite's sequence LSTM keeps its cell state inside (read y or h_T)")
     if tr.is_int8(x):
         raise tr.fail("an int8 LSTM has no TFLite form here")
+    if any(e >= 0 for e in op.inputs[4:]):
+        raise tr.fail("initial states h0/c0 are inputs: TFLite's sequence LSTM starts from its own variable "
+                      "tensors (zeros after reset_all_variables)")
     w, r, b = (tr.const(e) for e in (w_e, r_e, b_e))
     if w is None or r is None or b is None:
         raise tr.fail("LSTM weights computed at run time have no TFLite form (constant W, R, b only)")

@@ -1,0 +1,189 @@
+"""ONNX forms of the edge ops beyond the CNN/MLP core (onnx_edge.py's _translate): data movement
+(Gather, StridedSlice, Squeeze, ExpandAxes, Resize), reductions, the mobile activations, Gelu and Erf,
+ConvTranspose2D and the fused recurrent sequences, read from the edge kernels' attributes.
+
+Each translator takes the writer (onnx_edge._Writer) and the edge operator and returns the float ONNX
+tensor holding output 0 (the caller adds Q/DQ for an int8 output), or None when it bound its outputs
+itself. int8 edge tensors arrive as their float values (DequantizeLinear), so an int8 op is its float
+op between QDQ pairs: the QDQ form ORT Mobile fuses into integer kernels where it has them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from .edge_geometry import resize_axes, resize_scales, slice_axes
+
+TRANSLATORS: Dict[str, Callable] = {}
+ONNX_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")   # Resize-13..18
+INT64_MIN = -(1 << 62)     # a Slice end before the first element (ONNX clamps it to -1)
+
+
+def translates(*names):
+    def deco(f):
+        for n in names:
+            TRANSLATORS[n] = f
+        return f
+    return deco
+
+
+def _out(w, op, k: int = 0) -> str:
+    return w.fresh(w.m.tensors[op.outputs[k]].name + "/f")
+
+
+def _ints(w, base: str, values) -> str:
+    return w.init(base, np.asarray(list(values), np.int64))
+
+
+def index_value(w, e: int) -> str:
+    """An index tensor as it is (int32/int64): never dequantized, whatever parameters the file gives it."""
+    if e in w.names:
+        return w.names[e]
+    t = w.m.tensors[e]
+    if t.data is None:
+        raise w.fail(f"tensor '{t.name}' is used before it is computed")
+    w.names[e] = w.init(t.name, np.asarray(t.data).reshape(w.shape(e)).astype(np.int64))
+    return w.names[e]
+
+
+# ---- data movement ----------------------------------------------------------------------------------
+@translates("Gather")
+def gather(w, op) -> str:
+    rank = len(w.shape(op.inputs[0]))
+    out = _out(w, op)
+    w.node("Gather", [w.value(op.inputs[0]), index_value(w, op.inputs[1])], [out],
+           axis=int(op.attrs.get("axis", 0)) % rank)
+    return out
+
+
+@translates("StridedSlice")
+def strided_slice(w, op) -> str:
+    """Slice over every input axis (an indexed axis kept as size 1), then Reshape to the output's shape."""
+    x, y = op.inputs[0], op.outputs[0]
+    shape = w.shape(x)
+    axes, out_shape = slice_axes(op.attrs, shape)
+    sliced = w.fresh("sliced")
+    w.node("Slice", [w.value(x), _ints(w, "starts", [a.begin for a in axes]),
+                     _ints(w, "ends", [INT64_MIN if a.end is None else a.end for a in axes]),
+                     _ints(w, "axes", range(len(axes))), _ints(w, "steps", [a.step for a in axes])], [sliced])
+    if tuple(a.size for a in axes) == tuple(out_shape):
+        return sliced
+    out = _out(w, op)
+    w.node("Reshape", [sliced, _ints(w, "shape", w.shape(y))], [out])
+    return out
+
+
+@translates("Squeeze")
+def squeeze(w, op) -> str:
+    dims = w.m.tensors[op.inputs[0]].shape
+    given = [int(a) % len(dims) for a in op.attrs.get("axes", ()) or ()]
+    axes = sorted(set(given)) if given else [k for k, d in enumerate(dims) if d == 1]
+    out = _out(w, op)
+    w.node("Squeeze", [w.value(op.inputs[0]), _ints(w, "axes", axes)], [out])
+    return out
+
+
+@translates("ExpandAxes")
+def expand_axes(w, op) -> str:
+    rank = len(w.shape(op.outputs[0]))
+    out = _out(w, op)
+    w.node("Unsqueeze", [w.value(op.inputs[0]), _ints(w, "axes", sorted({int(a) % rank for a in op.attrs["axes"]}))],
+           [out])
+    return out
+
+
+@translates("ReduceMean", "ReduceSum", "ReduceMax")
+def reduce(w, op) -> str:
+    """Over the edge's axes (all when none are listed); ReduceSum takes them as an input at opset 13+."""
+    rank = len(w.shape(op.inputs[0]))
+    axes = sorted({int(a) % rank for a in op.attrs.get("axes", ()) or ()}) or list(range(rank))
+    keep = int(bool(int(op.attrs.get("keepdims", 0))))
+    out = _out(w, op)
+    if op.op == "ReduceSum":
+        w.node("ReduceSum", [w.value(op.inputs[0]), _ints(w, "axes", axes)], [out], keepdims=keep)
+    else:
+        w.node(op.op, [w.value(op.inputs[0])], [out], axes=axes, keepdims=keep)
+    return out
+
+
+# ---- Resize -----------------------------------------------------------------------------------------
+def _ort_nearest(attrs, n: int, m: int, s: float) -> Optional[np.ndarray]:
+    """onnxruntime's nearest source index along an axis (its float32 arithmetic), for the edge's modes."""
+    coord, rule = attrs.get("coordinate_mode", "half_pixel"), attrs.get("nearest_mode", "round_prefer_floor")
+    o, s32 = np.arange(m, dtype=np.float32), np.float32(s)
+    if coord in ("half_pixel", "pytorch_half_pixel"):
+        x = (o + np.float32(0.5)) / s32 - np.float32(0.5) if coord == "half_pixel" or m > 1 else np.zeros(m, np.float32)
+    elif coord == "align_corners":
+        x = o * np.float32(n - 1) / np.float32(m - 1) if m > 1 else np.zeros(m, np.float32)
+    else:
+        x = o / s32
+    x = x.astype(np.float32)
+    fl = np.floor(x)
+    tie = x == fl + np.float32(0.5)
+    idx = {"round_prefer_floor": np.where(tie, fl, np.floor(x + np.float32(0.5))),
+           "round_prefer_ceil": np.where(tie, fl + 1, np.floor(x + np.float32(0.5))),
+           "floor": fl, "ceil": np.ceil(x)}[rule]
+    return np.clip(idx, 0, n - 1).astype(np.int64)
+
+
+def _native_resize(w, op, shape) -> Optional[str]:
+    """ONNX Resize with the edge's own modes, when its scales and pixels are the edge's; else None."""
+    a = op.attrs
+    coord = a.get("coordinate_mode", "half_pixel")
+    plan = resize_scales(a, shape)
+    if coord not in ONNX_COORDINATES or not plan:
+        return None
+    scales = [1.0] * len(shape)
+    for ax, m, s in plan:
+        if m != math.floor(shape[ax] * s) and abs(s - m / shape[ax]) > 1e-12:
+            return None     # the edge's output size and its coordinate scale disagree: no ONNX Resize says that
+        scales[ax] = s
+    if a.get("mode", "nearest") == "nearest":
+        want = {r.axis: r.i0 for r in resize_axes(a, shape)}
+        if any(not np.array_equal(_ort_nearest(a, shape[ax], m, s), want[ax]) for ax, m, s in plan):
+            return None
+    use_sizes = all(abs(s - m / shape[ax]) <= 1e-12 for ax, m, s in plan)   # the scale is the sizes' ratio
+    if not use_sizes and any(m != math.floor(shape[ax] * float(np.float32(s))) for ax, m, s in plan):
+        return None
+    out = _out(w, op)
+    size_or_scale = ["", _ints(w, "sizes", w.shape(op.outputs[0]))] if use_sizes else \
+        [w.init("scales", np.asarray(scales, np.float32))]
+    extra = {"nearest_mode": a.get("nearest_mode", "round_prefer_floor")} if a.get("mode") != "linear" else {}
+    w.node("Resize", [w.value(op.inputs[0]), ""] + size_or_scale, [out], mode=a.get("mode", "nearest"),
+           coordinate_transformation_mode=coord, **extra)
+    return out
+
+
+@translates("Resize")
+def resize(w, op) -> str:
+    """ONNX Resize where it picks the edge's pixels; otherwise the edge kernel's own steps: per resized
+    axis a Gather of constant indices (nearest) or two Gathers blended by constant weights (linear)."""
+    shape = w.shape(op.inputs[0])
+    native = _native_resize(w, op, shape)
+    if native is not None:
+        return native
+    cur = w.value(op.inputs[0])
+    plan = resize_axes(op.attrs, shape)
+    if not plan:
+        out = _out(w, op)
+        w.node("Identity", [cur], [out])
+        return out
+    for r in plan:
+        nxt = w.fresh(f"resize_axis{r.axis}")
+        if r.i1 is None:
+            w.node("Gather", [cur, _ints(w, "idx", r.i0)], [nxt], axis=r.axis)
+        else:
+            view = (-1,) + (1,) * (len(shape) - r.axis - 1)
+            t0, t1, p0, p1 = (w.fresh("tap") for _ in range(4))
+            w.node("Gather", [cur, _ints(w, "i0", r.i0)], [t0], axis=r.axis)
+            w.node("Gather", [cur, _ints(w, "i1", r.i1)], [t1], axis=r.axis)
+            w.node("Mul", [t0, w.init("w0", r.w0.reshape(view))], [p0])
+            w.node("Mul", [t1, w.init("w1", r.w1.reshape(view))], [p1])
+            w.node("Add", [p0, p1], [nxt])
+        cur = nxt
+    return cur
+
+
+__all__ = ["TRANSLATORS", "index_value"]

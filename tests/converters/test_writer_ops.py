@@ -1,0 +1,89 @@
+"""The edge ops the format writers gained for issues 21/26, one at a time (writer_op_cases.py): the
+written .tflite in LiteRT and the written ONNX in onnxruntime against isthmus's edge interpreter on
+the same inputs, fp32 within 1e-5 relative, int8 within one quantization step."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from isthmus.converters.onnx_edge import edge_to_onnx
+from isthmus.converters.tflite_write import edge_to_tflite, read_metadata
+from isthmus.edge.interpreter import Interpreter
+from isthmus.edge.loader import loads
+
+from .edge_op_cases import model
+from .writer_op_cases import CASES
+
+litert = pytest.importorskip("ai_edge_litert.interpreter")
+
+
+def run_litert(data: bytes, feeds, reset: bool = False):
+    it = litert.Interpreter(model_content=data, num_threads=1)
+    it.allocate_tensors()
+    if reset:
+        it.reset_all_variables()
+    for d, x, meta in zip(it.get_input_details(), feeds, read_metadata(data)["inputs"]):
+        it.set_tensor(d["index"], np.ascontiguousarray(x.transpose(0, 2, 3, 1) if meta["layout"] == "NHWC" else x))
+    it.invoke()
+    return [it.get_tensor(d["index"]) for d in it.get_output_details()]
+
+
+def run_onnx(proto, feeds):
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC   # the QDQ graph as written
+    s = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return s.run(None, {i.name: x for i, x in zip(s.get_inputs(), feeds)})
+
+
+def as_float(t, v: np.ndarray) -> np.ndarray:
+    """An int8 edge tensor's value as the float the ONNX edge part carries."""
+    if v.dtype != np.int8:
+        return v
+    return ((v.astype(np.float32) - t.zero_point[0]) * t.scale[0]).astype(np.float32)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, t, what: str) -> None:
+    """fp32 within 1e-5 relative; an int8 output (int8 from LiteRT, its float value from onnxruntime)
+    within one step of the edge interpreter's."""
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    if want.dtype == np.int8:
+        step = float(t.scale[0])
+        d = np.abs(as_float(t, got) - as_float(t, want)).max() if got.size else 0.0
+        assert d <= step * 1.0001, (what, d / step)
+    else:
+        d = np.abs(got - want).max() if got.size else 0.0
+        assert d <= 1e-5 * max(1.0, float(np.abs(want).max())), (what, d)
+
+
+def check_both(edge: bytes, feeds) -> None:
+    """The edge model's outputs in LiteRT (.tflite) and onnxruntime (ONNX) equal the interpreter's."""
+    m = loads(edge)
+    want = Interpreter(edge).invoke(*feeds)
+    outs = [m.tensors[i] for i in m.outputs]
+    for k, (g, w_) in enumerate(zip(run_litert(edge_to_tflite(edge), feeds, reset=True), want)):
+        assert g.dtype == w_.dtype
+        assert_close(g, w_, outs[k], f"litert output {k}")
+    floats = [as_float(m.tensors[i], x) for i, x in zip(m.inputs, feeds)]
+    for k, (g, w_) in enumerate(zip(run_onnx(edge_to_onnx(edge), floats), want)):
+        if w_.dtype == np.int8:   # the float value, on the output's int8 grid: back to int8 to compare steps
+            t = outs[k]
+            g = np.clip(np.rint(g / t.scale[0]) + t.zero_point[0], -128, 127).astype(np.int8)
+        assert_close(g, w_, outs[k], f"onnx output {k}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_in_litert_and_onnxruntime_matches_the_edge_interpreter(name):
+    op, args, out, shape, attrs = CASES[name]
+    check_both(model(op, args, out, shape, attrs), [a.value for a in args if not a.const])
+
+
+def test_attributes_the_edge_refuses_are_refused_naming_the_node_and_the_format():
+    from isthmus.converters.onnx_edge import OnnxEdgeExportError
+    from isthmus.converters.tflite_write import TFLiteExportError
+    from .edge_op_cases import Arg, Out
+    from .writer_op_cases import spec
+    edge = model("StridedSlice", [Arg(np.ones((3, 4), np.float32))], Out("float32"), (4,), spec(("index", 7)))
+    with pytest.raises(TFLiteExportError, match=r"TFLite export: operator 'y' \(StridedSlice\): .*index 7"):
+        edge_to_tflite(edge)
+    with pytest.raises(OnnxEdgeExportError, match=r"ONNX edge export: operator 'y' \(StridedSlice\): .*index 7"):
+        edge_to_onnx(edge)

@@ -186,4 +186,57 @@ def resize(w, op) -> str:
     return cur
 
 
+# ---- activations -------------------------------------------------------------------------------------
+@translates("PRelu")
+def prelu(w, op) -> str:
+    out = _out(w, op)
+    w.node("PRelu", [w.value(op.inputs[0]), w.value(op.inputs[1])], [out])
+    return out
+
+
+@translates("HardSwish")
+def hard_swish(w, op) -> str:
+    out = _out(w, op)
+    w.node("HardSwish", [w.value(op.inputs[0])], [out])
+    return out
+
+
+@translates("HardSigmoid")
+def hard_sigmoid(w, op) -> str:
+    out = _out(w, op)
+    w.node("HardSigmoid", [w.value(op.inputs[0])], [out], alpha=float(op.attrs.get("alpha", 0.2)),
+           beta=float(op.attrs.get("beta", 0.5)))
+    return out
+
+
+@translates("Erf")
+def erf(w, op) -> str:
+    out = _out(w, op)
+    w.node("Erf", [w.value(op.inputs[0])], [out])
+    return out
+
+
+@translates("Gelu")
+def gelu(w, op) -> str:
+    """x (1 + erf(x / sqrt 2)) / 2, or the tanh form (ONNX's Gelu op is opset 20; the writer's is 17)."""
+    x = w.value(op.inputs[0])
+    inner, shaped, half = w.fresh("gelu_in"), w.fresh("gelu_f"), w.fresh("gelu_half")
+    if op.attrs.get("approximate", "none") == "tanh":
+        cube, poly = w.fresh("gelu_cube"), w.fresh("gelu_poly")
+        w.node("Mul", [x, x], [cube + "2"])
+        w.node("Mul", [cube + "2", x], [cube])
+        w.node("Mul", [cube, w.init("k3", np.float32(0.044715))], [cube + "k"])
+        w.node("Add", [x, cube + "k"], [poly])
+        w.node("Mul", [poly, w.init("c", np.float32(math.sqrt(2 / math.pi)))], [inner])
+        w.node("Tanh", [inner], [shaped])
+    else:
+        w.node("Mul", [x, w.init("r2", np.float32(1 / math.sqrt(2)))], [inner])
+        w.node("Erf", [inner], [shaped])
+    w.node("Add", [shaped, w.init("one", np.float32(1))], [shaped + "1"])
+    w.node("Mul", [x, w.init("half", np.float32(0.5))], [half])
+    out = _out(w, op)
+    w.node("Mul", [half, shaped + "1"], [out])
+    return out
+
+
 __all__ = ["TRANSLATORS", "index_value"]

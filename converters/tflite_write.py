@@ -28,7 +28,7 @@ from .edge_formats import split_cut
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
-from . import tflite_write_array_ops, tflite_write_lstm, tflite_write_resize  # noqa: F401  (register their ops)
+from . import tflite_write_act, tflite_write_array_ops, tflite_write_lstm, tflite_write_resize  # noqa: F401
 from .edge_export import to_edge
 from .quantize import quantize_to_edge
 from .tflite_schema import fb

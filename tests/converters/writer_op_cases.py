@@ -91,3 +91,27 @@ CASES = {  # name: (op, args, out, out shape, attrs)
     "resize_linear_int8_symmetric": ("Resize", [q(i8(1, 2, 4, 5), 0.05, 3)], Out("int8", [0.05], [3]), (1, 2, 6, 7),
                                      resize("linear", "half_pixel_symmetric", sizes=(1, 2, 6, 7))),
 }
+
+SLOPE = (np.abs(f(4, 1, 1)) * 0.3).astype(np.float32)
+CASES.update({
+    "prelu_channel_slope_4d": ("PRelu", [Arg(f(1, 4, 5, 5)), Arg(SLOPE, const=True)], F, (1, 4, 5, 5), {}),
+    "prelu_scalar_slope_batch3": ("PRelu", [Arg(f(3, 7)), Arg(np.asarray(0.25, np.float32), const=True)], F,
+                                  (3, 7), {}),
+    "prelu_run_time_slope": ("PRelu", [Arg(f(3, 6)), Arg(f(6))], F, (3, 6), {}),
+    "prelu_int8_channel_slope": ("PRelu", [q(i8(1, 4, 5, 5), 0.05, -4), Arg(SLOPE, const=True)],
+                                 Out("int8", [0.04], [10]), (1, 4, 5, 5), {}),
+    "prelu_int8_int8_slope": ("PRelu", [q(i8(3, 4, 3, 3), 0.05, -4), q(np.array([[[20]], [[-7]], [[64]], [[3]]],
+                                                                              np.int8), 0.01, 0, const=True)],
+                              Out("int8", [0.04], [10]), (3, 4, 3, 3), {}),
+    "prelu_int8_scalar_slope": ("PRelu", [q(i8(2, 9), 0.05, 3), Arg(np.asarray([0.1], np.float32), const=True)],
+                                Out("int8", [0.03], [-60]), (2, 9), {}),
+    "hard_swish_4d_batch3": ("HardSwish", [Arg(f(3, 4, 5, 5) * 4)], F, (3, 4, 5, 5), {}),
+    "hard_swish_int8": ("HardSwish", [q(i8(1, 3, 4, 4), 0.05, 3)], Out("int8", [0.03], [-100]), (1, 3, 4, 4), {}),
+    "hard_sigmoid": ("HardSigmoid", [Arg(f(2, 9) * 4)], F, (2, 9), {"alpha": 0.2, "beta": 0.5}),
+    "hard_sigmoid_4d_alpha": ("HardSigmoid", [Arg(f(1, 3, 4, 4) * 4)], F, (1, 3, 4, 4), {"alpha": 1 / 6, "beta": 0.5}),
+    "hard_sigmoid_int8": ("HardSigmoid", [q(i8(3, 3, 4, 4), 0.05, 3)], Out("int8", [1 / 255], [-128]), (3, 3, 4, 4),
+                          {"alpha": 0.2, "beta": 0.5}),
+    "gelu_exact": ("Gelu", [Arg(f(3, 17) * 3)], F, (3, 17), {"approximate": "none"}),
+    "gelu_tanh_4d": ("Gelu", [Arg(f(1, 3, 4, 4) * 3)], F, (1, 3, 4, 4), {"approximate": "tanh"}),
+    "erf": ("Erf", [Arg(np.concatenate([f(4, 33) * 2, np.zeros((4, 1), np.float32)], axis=1))], F, (4, 34), {}),
+})

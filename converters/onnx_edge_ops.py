@@ -239,4 +239,18 @@ def gelu(w, op) -> str:
     return out
 
 
+# ---- ConvTranspose2D -----------------------------------------------------------------------------------
+@translates("ConvTranspose2D")
+def conv_transpose(w, op) -> str:
+    """ONNX's ConvTranspose has the edge's weights ([C, O/groups, kh, kw]) and geometry; int8 weights are
+    read through DequantizeLinear along axis 1 when per channel."""
+    a = op.attrs
+    t, b, l, r = (int(v) for v in a.get("pads", (0, 0, 0, 0)))
+    out = _out(w, op)
+    w.node("ConvTranspose", [w.value(op.inputs[0]), w.value(op.inputs[1])], [out], pads=[t, l, b, r],
+           strides=[int(v) for v in a.get("strides", (1, 1))], dilations=[int(v) for v in a.get("dilations", (1, 1))],
+           group=int(a.get("groups", 1)), output_padding=[int(v) for v in a.get("output_padding", (0, 0))])
+    return out
+
+
 __all__ = ["TRANSLATORS", "index_value"]

@@ -115,3 +115,25 @@ CASES.update({
     "gelu_tanh_4d": ("Gelu", [Arg(f(1, 3, 4, 4) * 3)], F, (1, 3, 4, 4), {"approximate": "tanh"}),
     "erf": ("Erf", [Arg(np.concatenate([f(4, 33) * 2, np.zeros((4, 1), np.float32)], axis=1))], F, (4, 34), {}),
 })
+
+
+def convt(groups=1, strides=(2, 2), dilations=(1, 1), pads=(0, 0, 0, 0), output_padding=(0, 0)):
+    return {"strides": list(strides), "dilations": list(dilations), "pads": list(pads), "groups": groups,
+            "output_padding": list(output_padding)}
+
+
+SW = [0.02, 0.05, 0.03]
+CASES.update({
+    "convt_stride2": ("ConvTranspose2D", [Arg(f(1, 3, 4, 5)), Arg(f(3, 2, 3, 3), const=True)], F, (1, 2, 9, 11),
+                      convt()),
+    "convt_pads_output_padding_batch3": ("ConvTranspose2D", [Arg(f(3, 2, 3, 4)), Arg(f(2, 4, 3, 2), const=True)], F,
+                                         (3, 4, 6, 8), convt(pads=(1, 1, 0, 1), output_padding=(1, 1))),
+    "convt_dilated_groups": ("ConvTranspose2D", [Arg(f(1, 4, 3, 3)), Arg(f(4, 3, 2, 3), const=True)], F,
+                             (1, 6, 8, 3), convt(groups=2, strides=(3, 1), dilations=(2, 1), pads=(0, 1, 1, 1))),
+    "convt_int8_per_channel": ("ConvTranspose2D", [q(i8(1, 4, 3, 4), 0.05, -4),
+                                                   q(i8(4, 3, 3, 3), SW, [0, 0, 0], const=True, axis=1)],
+                               Out("int8", [0.3], [5]), (1, 3, 5, 7), convt(pads=(1, 1, 1, 1))),
+    "convt_int8_groups_batch3": ("ConvTranspose2D", [q(i8(3, 4, 3, 3), 0.05, 2),
+                                                     q(i8(4, 3, 2, 2), 0.02, 0, const=True)],
+                                 Out("int8", [0.2], [-3]), (3, 6, 6, 6), convt(groups=2)),
+})

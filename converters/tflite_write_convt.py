@@ -1,0 +1,75 @@
+"""The edge's ConvTranspose2D as TFLite's TRANSPOSE_CONV (fp32; int8 with symmetric weights, per
+tensor or per output channel), NHWC.
+
+TRANSPOSE_CONV has no dilation, no groups and only SAME / VALID padding, so the writer reshapes the
+problem into one it has, exactly: the kernel is dilated by zero taps, groups become one block-diagonal
+kernel (zero weights between groups: exact, at groups times the multiply-adds), and the op computes
+the full VALID output (fh + output_padding rows: TFLite's and XNNPACK's shape rule agree on it), from
+which a SLICE keeps the edge's rows [top, top + oh) and columns [left, left + ow). Weights go from the
+edge's [C, O/groups, kh, kw] to TFLite's [O, kh, kw, C] without flipping: both scatter input (i, j)
+through tap (ki, kj) to output (i s + ki d, j s + kj d).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .tflite_write_layout import LAYOUT_NHWC, Translator
+from .tflite_write_ops import handles
+
+
+def ohwi_weights(w: np.ndarray, groups: int, dilations) -> np.ndarray:
+    """[C, O/groups, kh, kw] -> [O, (kh-1) dh + 1, (kw-1) dw + 1, C]: dilated, block-diagonal over groups."""
+    c, og, kh, kw = w.shape
+    dh, dw = dilations
+    cg = c // groups
+    out = np.zeros((og * groups, (kh - 1) * dh + 1, (kw - 1) * dw + 1, c), w.dtype)
+    for g in range(groups):
+        out[g * og:(g + 1) * og, ::dh, ::dw, g * cg:(g + 1) * cg] = w[g * cg:(g + 1) * cg].transpose(1, 2, 3, 0)
+    return out
+
+
+def _weight_quant(tr: Translator, w_e: int, groups: int) -> dict:
+    """The kernel's int8 parameters in TFLite's terms: per tensor, or per output channel (axis 0)."""
+    q = tr.quant(w_e)
+    if not q:
+        return {}
+    if any(q["zero_point"]):
+        raise tr.fail(f"weights '{tr.m.tensors[w_e].name}' have a nonzero zero point: TFLite's int8 "
+                      "TRANSPOSE_CONV takes symmetric weights")
+    if len(q["scale"]) == 1:
+        return {"scale": q["scale"], "zero_point": [0], "axis": 0}
+    scales = list(q["scale"]) * groups            # the edge's per-channel scales repeat in every group
+    return {"scale": scales, "zero_point": [0] * len(scales), "axis": 0}
+
+
+@handles("ConvTranspose2D")
+def conv_transpose(tr: Translator, op) -> None:
+    x, w_e, y = op.inputs[0], op.inputs[1], op.outputs[0]
+    wt = tr.const(w_e)
+    if wt is None:
+        raise tr.fail("transposed-conv weights computed at run time have no TFLite form (constant weights only)")
+    a, name = op.attrs, tr.m.tensors[y].name
+    n, c, h, wd = tr.shape(x)
+    cw, og, kh, kw = tr.shape(w_e)
+    groups = int(a.get("groups", 1))
+    sh, sw = (int(v) for v in a.get("strides", (1, 1)))
+    dh, dw = (int(v) for v in a.get("dilations", (1, 1)))
+    t, b, l, r = (int(v) for v in a.get("pads", (0, 0, 0, 0)))
+    eh, ew = (int(v) for v in a.get("output_padding", (0, 0)))
+    o, (oh, ow) = og * groups, tr.shape(y)[2:]
+    if tr.m.tensors[x].shape[0] == -1:
+        raise tr.fail("a free batch: TRANSPOSE_CONV's output shape is a constant of the file")
+    kernel = ohwi_weights(np.asarray(wt).reshape(cw, og, kh, kw), groups, (dh, dw))
+    fh, fw = sh * (h - 1) + kernel.shape[1] + eh, sw * (wd - 1) + kernel.shape[2] + ew
+    filt = tr.b.const(tr.m.tensors[w_e].name + "/ohwi", kernel, **_weight_quant(tr, w_e, groups))
+    shape = tr.b.const(name + "/output_shape", np.asarray([n, fh, fw, o], np.int32))
+    crop = (t, l, fh - t - oh, fw - l - ow) != (0, 0, 0, 0)
+    out = tr.new(y, LAYOUT_NHWC) if not crop else tr.scratch(name + "/full", tr.m.tensors[y].dtype, (n, fh, fw, o),
+                                                            **tr.quant(y))
+    int8 = tr.is_int8(x)
+    tr.b.op("TRANSPOSE_CONV", [shape, filt, tr.get(x, LAYOUT_NHWC)], [out], "TransposeConvOptions",
+            2 if int8 else 1, Padding=1, StrideH=sh, StrideW=sw)
+    if crop:
+        begin = tr.b.const(name + "/begin", np.asarray([0, t, l, 0], np.int32))
+        size = tr.b.const(name + "/size", np.asarray([n, oh, ow, o], np.int32))
+        tr.b.op("SLICE", [out, begin, size], [tr.new(y, LAYOUT_NHWC)], version=2 if int8 else 1)

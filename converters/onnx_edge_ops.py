@@ -253,4 +253,39 @@ def conv_transpose(w, op) -> str:
     return out
 
 
+# ---- recurrent sequences ------------------------------------------------------------------------------
+def _batched(w, name: str, base: str, axis: int = 0) -> str:
+    """name with a leading direction axis (ONNX's LSTM / GRU take [num_directions, ...] tensors)."""
+    out = w.fresh(base)
+    w.node("Unsqueeze", [name, _ints(w, "axes", [axis])], [out])
+    return out
+
+
+@translates("LSTMSequence", "GRUSequence")
+def sequence(w, op) -> None:
+    """ONNX LSTM / GRU, one direction (forward or reverse): the edge's W, R (ONNX gate orders), the bias
+    (an LSTM's summed [4H] bias as Wb with a zero Rb; a GRU's [6H] as it is) and the initial states, with
+    a direction axis added; y, h_T (and c_T) without it."""
+    lstm = op.op == "LSTMSequence"
+    x, w_e, r_e, b_e = op.inputs[:4]
+    hid = w.shape(r_e)[1]
+    bias = w.value(b_e)
+    if lstm:
+        full = w.fresh("lstm_bias")
+        w.node("Concat", [bias, w.init("zero_rb", np.zeros(4 * hid, np.float32))], [full], axis=0)
+        bias = full
+    states = [_batched(w, w.value(e), "state") for e in op.inputs[4:] if e >= 0]
+    ins = [w.value(x), _batched(w, w.value(w_e), "W"), _batched(w, w.value(r_e), "R"), _batched(w, bias, "B")]
+    ins += [""] if states else []          # sequence_lens: none (the edge refuses per-example lengths)
+    outs = [w.fresh(w.m.tensors[o].name + "/d") for o in op.outputs]
+    extra = {} if lstm else {"linear_before_reset": int(bool(int(op.attrs.get("linear_before_reset", 0))))}
+    w.node("LSTM" if lstm else "GRU", ins + states, outs, hidden_size=hid,
+           direction="reverse" if int(op.attrs.get("reverse", 0)) else "forward", **extra)
+    for k, (o, raw) in enumerate(zip(op.outputs, outs)):
+        val = w.fresh(w.m.tensors[o].name + "/f")
+        w.node("Squeeze", [raw, _ints(w, "axes", [1 if k == 0 else 0])], [val])
+        w.result(o, val)
+    return None
+
+
 __all__ = ["TRANSLATORS", "index_value"]

@@ -28,8 +28,8 @@ from .edge_formats import split_cut
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
-from . import (tflite_write_act, tflite_write_array_ops, tflite_write_convt, tflite_write_lstm,  # noqa: F401
-               tflite_write_resize)  # (each registers its ops' handlers)
+from . import (tflite_write_act, tflite_write_array_ops, tflite_write_convt, tflite_write_unrolled,  # noqa: F401
+               tflite_write_lstm, tflite_write_resize)  # (each registers its ops' handlers)
 from .edge_export import to_edge
 from .quantize import quantize_to_edge
 from .tflite_schema import fb

@@ -169,10 +169,7 @@ def test_every_op_the_edge_runs_has_an_onnx_and_a_tflite_form():
     from isthmus.converters.onnx_edge import SUPPORTED
     from isthmus.converters.tflite_write import supported_ops
     from isthmus.edge import capabilities
-    # the ops the edge gained for issue 21 item 2 (edge/kernels_shape, _act, _rnn, _convt) before the writers
-    # (owned elsewhere) translate them: listed here, so each further edge op still needs its writers
-    awaiting = {"GRUSequence", "LSTMSequence"}
-    assert awaiting <= set(capabilities.FP32)
-    assert set(capabilities.FP32) - SUPPORTED - awaiting == set()
-    assert set(capabilities.FP32) - set(supported_ops()) - awaiting == set()
-    assert set(capabilities.INT8) - set(supported_ops()) - awaiting == set()
+    assert set(capabilities.FP32) - SUPPORTED == set()
+    assert set(capabilities.FP32) - set(supported_ops()) == set()
+    assert set(capabilities.INT8) - set(supported_ops()) == set()
+    assert capabilities.WRITERS_PENDING == frozenset()

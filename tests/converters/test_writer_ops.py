@@ -87,3 +87,61 @@ def test_attributes_the_edge_refuses_are_refused_naming_the_node_and_the_format(
         edge_to_tflite(edge)
     with pytest.raises(OnnxEdgeExportError, match=r"ONNX edge export: operator 'y' \(StridedSlice\): .*index 7"):
         edge_to_onnx(edge)
+
+
+def sequence_model(op: str, steps: int, batch: int, feat: int, hid: int, attrs: dict, states: bool = False,
+                   read_c: bool = False, seed: int = 0):
+    """A one-op LSTMSequence / GRUSequence edge model (y and h_T as outputs; c_T too when read_c) and its
+    feeds: x, then the initial states when `states`."""
+    from isthmus.edge.writer import ModelWriter
+    rng = np.random.default_rng(seed)
+    gates, bias_rows, n_states = (4, 4, 2) if op == "LSTMSequence" else (3, 6, 1)
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (steps, batch, feat))
+    feeds = [rng.standard_normal((steps, batch, feat)).astype(np.float32)]
+    consts = [w.add_constant(n, (rng.standard_normal(s) * 0.5).astype(np.float32)) for n, s in
+              (("W", (gates * hid, feat)), ("R", (gates * hid, hid)), ("b", (bias_rows * hid,)))]
+    ins = [x] + consts
+    if states:
+        for k in range(n_states):
+            ins.append(w.add_input(f"state{k}", "float32", (batch, hid)))
+            feeds.append(rng.standard_normal((batch, hid)).astype(np.float32))
+    outs = [w.add_tensor("y", "float32", (steps, batch, hid))]
+    outs += [w.add_tensor(n, "float32", (batch, hid)) for n in ("h_T", "c_T")[:n_states]]
+    w.add_operator(op, ins, outs, attrs)
+    for o in outs[:3 if read_c else 2]:
+        w.mark_output(o)
+    return w.to_bytes(), feeds
+
+
+@pytest.mark.parametrize("op,steps,batch,feat,hid,attrs", [
+    ("LSTMSequence", 5, 1, 3, 4, {"reverse": 0}),
+    ("LSTMSequence", 4, 3, 5, 7, {"reverse": 1}),
+    ("GRUSequence", 5, 1, 3, 4, {"reverse": 0, "linear_before_reset": 0}),
+    ("GRUSequence", 6, 3, 5, 7, {"reverse": 1, "linear_before_reset": 1}),
+    ("GRUSequence", 1, 3, 2, 3, {"reverse": 0, "linear_before_reset": 1}),
+])
+def test_recurrent_sequence_in_litert_and_onnxruntime(op, steps, batch, feat, hid, attrs):
+    """LSTM as UNIDIRECTIONAL_SEQUENCE_LSTM (LiteRT's variables reset before the invoke), GRU unrolled;
+    ONNX LSTM / GRU; y and h_T against the edge interpreter."""
+    edge, feeds = sequence_model(op, steps, batch, feat, hid, attrs)
+    check_both(edge, feeds)
+
+
+def test_gru_with_an_initial_state():
+    edge, feeds = sequence_model("GRUSequence", 4, 3, 5, 6, {"reverse": 0, "linear_before_reset": 0}, states=True)
+    check_both(edge, feeds)
+
+
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_lstm_with_initial_states_and_its_cell_state_read_is_unrolled(reverse):
+    """TFLite's sequence LSTM keeps h and c in variable tensors: given states, or a read c_T, the writer
+    unrolls the steps instead; ONNX's LSTM takes both."""
+    from isthmus.converters.tflite_schema import fb
+    edge, feeds = sequence_model("LSTMSequence", 4, 3, 3, 5, {"reverse": reverse}, states=True, read_c=True)
+    check_both(edge, feeds)
+    edge, feeds = sequence_model("LSTMSequence", 3, 1, 2, 4, {"reverse": reverse}, read_c=True, seed=1)
+    check_both(edge, feeds)
+    m = fb.Model.GetRootAs(edge_to_tflite(edge), 0)
+    codes = {m.OperatorCodes(k).BuiltinCode() for k in range(m.OperatorCodesLength())}
+    assert fb.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM not in codes and fb.BuiltinOperator.PACK in codes

@@ -140,10 +140,8 @@ def reduce(tr: Translator, op) -> None:
 @handles("LeakyRelu")
 def leaky_relu(tr: Translator, op) -> None:
     x, y = op.inputs[0], op.outputs[0]
-    if tr.is_int8(x):
-        raise tr.fail("an int8 LeakyRelu has no TFLite form here")
     layout = tr.preferred(x)
-    tr.b.op("LEAKY_RELU", [tr.get(x, layout)], [tr.new(y, layout)], "LeakyReluOptions",
+    tr.b.op("LEAKY_RELU", [tr.get(x, layout)], [tr.new(y, layout)], "LeakyReluOptions", 2 if tr.is_int8(x) else 1,
             Alpha=float(op.attrs.get("alpha", 0.2)))
 
 

@@ -354,12 +354,39 @@ def softmax(tr: Translator, op) -> None:
     elif axis == rank - 1:
         layout = PLAIN
     else:
-        raise tr.fail(f"softmax over axis {axis} of a rank-{rank} tensor (TFLite's is over the last axis)")
+        _softmax_moved(tr, op, axis)
+        return
     if tr.is_int8(x) and not _fixed_q_ok(tr, y, "SOFTMAX"):
         _in_float(tr, op, "SOFTMAX", layout)
         return
     tr.b.op("SOFTMAX", [tr.get(x, layout)], [tr.new(y, layout)], "SoftmaxOptions", 2 if tr.is_int8(x) else 1,
             Beta=1.0)
+
+
+def _softmax_moved(tr: Translator, op, axis: int) -> None:
+    """Softmax over an inner axis: TRANSPOSE it last, SOFTMAX (TFLite's is over the last axis), TRANSPOSE
+    back; int8 keeps its parameters through the moves (the int8 SOFTMAX itself as softmax() writes it)."""
+    x, y = op.inputs[0], op.outputs[0]
+    shape, name = tr.shape(x), tr.m.tensors[y].name
+    rank = len(shape)
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    back = [perm.index(a) for a in range(rank)]
+    moved = tuple(shape[p] for p in perm)
+    int8 = tr.is_int8(x)
+    dt = tr.m.tensors[x].dtype
+    xt = tr.scratch(name + "/last_axis_in", dt, moved, **tr.quant(x))
+    tr.b.op("TRANSPOSE", [tr.get(x), tr.b.const(name + "/perm", np.asarray(perm, np.int32))], [xt],
+            version=2 if int8 else 1)
+    yt = tr.scratch(name + "/last_axis_out", dt, moved, **tr.quant(y))
+    if int8 and not _fixed_q_ok(tr, y, "SOFTMAX"):
+        fx, fy = (tr.scratch(f"{name}/float_{k}", np.float32, moved) for k in ("in", "out"))
+        tr.b.op("DEQUANTIZE", [xt], [fx], version=2)
+        tr.b.op("SOFTMAX", [fx], [fy], "SoftmaxOptions", Beta=1.0)
+        tr.b.op("QUANTIZE", [fy], [yt], version=2)
+    else:
+        tr.b.op("SOFTMAX", [xt], [yt], "SoftmaxOptions", 2 if int8 else 1, Beta=1.0)
+    tr.b.op("TRANSPOSE", [yt, tr.b.const(name + "/perm_back", np.asarray(back, np.int32))], [tr.new(y)],
+            version=2 if int8 else 1)
 
 
 @handles("Pad")

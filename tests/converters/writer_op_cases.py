@@ -137,3 +137,14 @@ CASES.update({
                                                      q(i8(4, 3, 2, 2), 0.02, 0, const=True)],
                                  Out("int8", [0.2], [-3]), (3, 6, 6, 6), convt(groups=2)),
 })
+
+CASES.update({   # variants the writers refused before: an int8 LeakyRelu, softmax over an inner axis
+    "leaky_relu_int8": ("LeakyRelu", [q(i8(3, 4, 5, 5), 0.05, 3)], Out("int8", [0.03], [40]), (3, 4, 5, 5),
+                        {"alpha": 0.1}),
+    "softmax_inner_axis": ("Softmax", [Arg(f(3, 5, 4))], F, (3, 5, 4), {"axis": 1}),
+    "softmax_inner_axis_4d": ("Softmax", [Arg(f(1, 3, 4, 5))], F, (1, 3, 4, 5), {"axis": -2}),
+    "softmax_inner_axis_int8": ("Softmax", [q(i8(2, 6, 3), 0.1, 0)], Out("int8", [1 / 256], [-128]), (2, 6, 3),
+                                {"axis": 1}),
+    "softmax_inner_axis_int8_free": ("Softmax", [q(i8(2, 6, 3), 0.1, 0)], Out("int8", [1 / 200], [-100]), (2, 6, 3),
+                                     {"axis": 0}),
+})

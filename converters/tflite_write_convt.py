@@ -7,7 +7,9 @@ kernel (zero weights between groups: exact, at groups times the multiply-adds), 
 the full VALID output (fh + output_padding rows: TFLite's and XNNPACK's shape rule agree on it), from
 which a SLICE keeps the edge's rows [top, top + oh) and columns [left, left + ow). Weights go from the
 edge's [C, O/groups, kh, kw] to TFLite's [O, kh, kw, C] without flipping: both scatter input (i, j)
-through tap (ki, kj) to output (i s + ki d, j s + kj d).
+through tap (ki, kj) to output (i s + ki d, j s + kj d). TFLite's int8 kernel takes symmetric weights
+only: asymmetric per-tensor weights (what converters/quantize.py gives ConvTranspose2D today) whose
+values minus the zero point leave [-127, 127] run in float between DEQUANTIZE and QUANTIZE.
 """
 from __future__ import annotations
 
@@ -28,18 +30,18 @@ def ohwi_weights(w: np.ndarray, groups: int, dilations) -> np.ndarray:
     return out
 
 
-def _weight_quant(tr: Translator, w_e: int, groups: int) -> dict:
-    """The kernel's int8 parameters in TFLite's terms: per tensor, or per output channel (axis 0)."""
+def _int8_weights(tr: Translator, w_e: int, wt: np.ndarray, groups: int):
+    """(weights, their TFLite parameters) for an int8 TRANSPOSE_CONV, symmetric as TFLite requires: per
+    output channel (axis 0), or per tensor; per-tensor weights with a zero point z are w - z at z = 0 when
+    every w - z fits [-127, 127] (exact). None when they do not: the op then runs in float."""
     q = tr.quant(w_e)
-    if not q:
-        return {}
-    if any(q["zero_point"]):
-        raise tr.fail(f"weights '{tr.m.tensors[w_e].name}' have a nonzero zero point: TFLite's int8 "
-                      "TRANSPOSE_CONV takes symmetric weights")
-    if len(q["scale"]) == 1:
-        return {"scale": q["scale"], "zero_point": [0], "axis": 0}
-    scales = list(q["scale"]) * groups            # the edge's per-channel scales repeat in every group
-    return {"scale": scales, "zero_point": [0] * len(scales), "axis": 0}
+    if len(q["scale"]) > 1:                  # the edge's per-channel scales repeat in every group
+        scales = list(q["scale"]) * groups
+        return wt, {"scale": scales, "zero_point": [0] * len(scales), "axis": 0}
+    shifted = wt.astype(np.int32) - q["zero_point"][0]
+    if shifted.min() < -127 or shifted.max() > 127:
+        return None
+    return shifted.astype(np.int8), {"scale": q["scale"], "zero_point": [0], "axis": 0}
 
 
 @handles("ConvTranspose2D")
@@ -59,17 +61,35 @@ def conv_transpose(tr: Translator, op) -> None:
     o, (oh, ow) = og * groups, tr.shape(y)[2:]
     if tr.m.tensors[x].shape[0] == -1:
         raise tr.fail("a free batch: TRANSPOSE_CONV's output shape is a constant of the file")
-    kernel = ohwi_weights(np.asarray(wt).reshape(cw, og, kh, kw), groups, (dh, dw))
+    wt = np.asarray(wt).reshape(cw, og, kh, kw)
+    int8 = tr.is_int8(x)
+    ints = _int8_weights(tr, w_e, wt, groups) if int8 else None
+    in_float = int8 and ints is None          # asymmetric weights TFLite's int8 kernel cannot take
+    if in_float:
+        q = tr.quant(w_e)
+        wt = ((wt.astype(np.float32) - np.float32(q["zero_point"][0])) * np.float32(q["scale"][0])).astype(np.float32)
+    elif int8:
+        wt = ints[0]
+    kernel = ohwi_weights(wt, groups, (dh, dw))
     fh, fw = sh * (h - 1) + kernel.shape[1] + eh, sw * (wd - 1) + kernel.shape[2] + ew
-    filt = tr.b.const(tr.m.tensors[w_e].name + "/ohwi", kernel, **_weight_quant(tr, w_e, groups))
+    filt = tr.b.const(tr.m.tensors[w_e].name + "/ohwi", kernel, **(ints[1] if ints else {}))
     shape = tr.b.const(name + "/output_shape", np.asarray([n, fh, fw, o], np.int32))
     crop = (t, l, fh - t - oh, fw - l - ow) != (0, 0, 0, 0)
-    out = tr.new(y, LAYOUT_NHWC) if not crop else tr.scratch(name + "/full", tr.m.tensors[y].dtype, (n, fh, fw, o),
-                                                            **tr.quant(y))
-    int8 = tr.is_int8(x)
-    tr.b.op("TRANSPOSE_CONV", [shape, filt, tr.get(x, LAYOUT_NHWC)], [out], "TransposeConvOptions",
-            2 if int8 else 1, Padding=1, StrideH=sh, StrideW=sw)
+    xi = tr.get(x, LAYOUT_NHWC)
+    if in_float:
+        xf = tr.scratch(name + "/float_in", np.float32, tr.b.tensors[xi].shape)
+        tr.b.op("DEQUANTIZE", [xi], [xf], version=2)
+        xi = xf
+    final = tr.new(y, LAYOUT_NHWC)
+    dt, q = (np.float32, {}) if in_float or not int8 else (np.int8, tr.quant(y))
+    out = final if not crop and not in_float else tr.scratch(name + "/full", dt, (n, fh, fw, o), **q)
+    tr.b.op("TRANSPOSE_CONV", [shape, filt, xi], [out], "TransposeConvOptions", 2 if int8 and not in_float else 1,
+            Padding=1, StrideH=sh, StrideW=sw)
     if crop:
+        cropped = final if not in_float else tr.scratch(name + "/cropped", dt, (n, oh, ow, o))
         begin = tr.b.const(name + "/begin", np.asarray([0, t, l, 0], np.int32))
         size = tr.b.const(name + "/size", np.asarray([n, oh, ow, o], np.int32))
-        tr.b.op("SLICE", [out, begin, size], [tr.new(y, LAYOUT_NHWC)], version=2 if int8 else 1)
+        tr.b.op("SLICE", [out, begin, size], [cropped], version=2 if dt == np.int8 else 1)
+        out = cropped
+    if in_float:
+        tr.b.op("QUANTIZE", [out], [final], version=2)

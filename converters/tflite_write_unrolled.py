@@ -66,8 +66,8 @@ def _prologue(tr: Translator, op, what: str):
 def _per_step(s: _Steps, x: int, w: np.ndarray, bias: np.ndarray, steps: int, batch: int):
     """x W^T + bias for every step at once, cut into one [batch, units] tensor per step."""
     tr, feat, units = s.tr, w.shape[1], w.shape[0]
-    flat = s.op("RESHAPE", [tr.get(x), tr.b.const(f"{s.name}/flat{units}", np.asarray([steps * batch, feat],
-                                                                                      np.int32))], (steps * batch, feat))
+    flat_shape = tr.b.const(f"{s.name}/flat{units}", np.asarray([steps * batch, feat], np.int32))
+    flat = s.op("RESHAPE", [tr.get(x), flat_shape], (steps * batch, feat))
     p = s.fc(flat, w, bias, (steps * batch, units))
     p3 = s.op("RESHAPE", [p, tr.b.const(f"{s.name}/steps{units}", np.asarray([steps, batch, units], np.int32))],
               (steps, batch, units))

@@ -75,7 +75,8 @@ CASES = {  # name: (op, args, out, out shape, attrs)
                                         resize("nearest", sizes=(1, 2, 7, 8))),
     "resize_nearest_tf_nn": ("Resize", [Arg(f(1, 2, 4, 6))], F, (1, 2, 7, 9),
                              resize("nearest", "tf_half_pixel_for_nn", "floor", sizes=(1, 2, 7, 9))),
-    "resize_linear_half_pixel": ("Resize", [Arg(f(1, 3, 4, 6))], F, (1, 3, 9, 11), resize("linear", sizes=(1, 3, 9, 11))),
+    "resize_linear_half_pixel": ("Resize", [Arg(f(1, 3, 4, 6))], F, (1, 3, 9, 11),
+                                 resize("linear", sizes=(1, 3, 9, 11))),
     "resize_linear_align_batch3": ("Resize", [Arg(f(3, 2, 5, 5))], F, (3, 2, 8, 3),
                                    resize("linear", "align_corners", sizes=(3, 2, 8, 3))),
     "resize_linear_asymmetric": ("Resize", [Arg(f(1, 2, 4, 5))], F, (1, 2, 10, 12),
@@ -147,4 +148,13 @@ CASES.update({   # variants the writers refused before: an int8 LeakyRelu, softm
                                 {"axis": 1}),
     "softmax_inner_axis_int8_free": ("Softmax", [q(i8(2, 6, 3), 0.1, 0)], Out("int8", [1 / 200], [-100]), (2, 6, 3),
                                      {"axis": 0}),
+})
+
+CASES.update({   # asymmetric per-tensor weights (converters/quantize.py's today): shifted to z = 0, or in float
+    "convt_int8_asymmetric_weights_shifted": ("ConvTranspose2D", [
+        q(i8(1, 2, 3, 3), 0.05, 2), q(R.integers(-100, 100, (2, 3, 2, 2)).astype(np.int8), 0.02, 9, const=True)],
+        Out("int8", [0.1], [-3]), (1, 3, 6, 6), convt()),
+    "convt_int8_asymmetric_weights_in_float": ("ConvTranspose2D", [
+        q(i8(3, 2, 3, 3), 0.05, 2), q(i8(2, 3, 3, 3), 0.02, 9, const=True)],
+        Out("int8", [0.1], [-3]), (3, 3, 6, 6), convt(pads=(1, 1, 1, 1), output_padding=(1, 1))),
 })

@@ -158,3 +158,11 @@ CASES.update({   # asymmetric per-tensor weights (converters/quantize.py's today
         q(i8(3, 2, 3, 3), 0.05, 2), q(i8(2, 3, 3, 3), 0.02, 9, const=True)],
         Out("int8", [0.1], [-3]), (3, 3, 6, 6), convt(pads=(1, 1, 1, 1), output_padding=(1, 1))),
 })
+
+CONV = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "groups": 2}
+CASES.update({   # a grouped (not depthwise) convolution: one block-diagonal CONV_2D in TFLite
+    "grouped_conv": ("Conv2D", [Arg(f(1, 4, 6, 6)), Arg(f(6, 2, 3, 3), const=True)], F, (1, 6, 6, 6), CONV),
+    "grouped_conv_int8_batch3": ("Conv2D", [q(i8(3, 6, 5, 5), 0.05, 3),
+                                            q(i8(4, 3, 3, 3), [0.01, 0.02, 0.015, 0.01], [0] * 4, const=True, axis=0)],
+                                 Out("int8", [0.5], [2]), (3, 4, 5, 5), CONV),
+})

@@ -265,10 +265,14 @@ def edge_to_onnx(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequence[
         except EdgeModelError as e:    # the edge's own reading of the attributes (edge_geometry.py) refused
             raise w.fail(str(e)) from None
     w.op = None
-    g_out = []
+    g_out, taken = [], set()
     for k, e in enumerate(outs):
         name = output_names[k] if output_names else m.tensors[e].name
-        w.node("Identity", [w.value(e)], [name])
+        if name in taken:          # the same tensor output twice: ONNX names each output once
+            name = f"{name}/{k}"
+        taken.add(name)
+        if w.value(e) != name:     # (an input passed straight through is its own output)
+            w.node("Identity", [w.value(e)], [name])
         g_out.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(w.shape(e))))
     graph = helper.make_graph(w.nodes, "isthmus_edge", g_in, g_out, w.inits)
     model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],

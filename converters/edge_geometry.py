@@ -51,6 +51,17 @@ def slice_axes(attrs: Mapping, shape: Sequence[int]) -> Tuple[List[SliceAxis], T
     return axes, tuple(out)
 
 
+def keeps_first_axis(attrs: Mapping) -> bool:
+    """Whether a StridedSlice takes its input's axis 0 whole whatever its size (no bounds given on it):
+    what a free batch dimension needs."""
+    kinds = list(attrs.get("kinds", ()))
+    k = next((j for j, kind in enumerate(kinds) if kind != 2), None)   # the entry on input axis 0
+    if k is None:
+        return True
+    given, begin, step = attrs["given"][k], attrs["begin"][k], attrs["step"][k]
+    return kinds[k] == 1 and not given & 2 and (not given & 1 or begin == 0) and (not given & 4 or step == 1)
+
+
 @dataclass
 class ResizeAxis:
     """One resized axis: output size m; nearest: y = x[i0]; linear: y = w0 x[i0] + w1 x[i1]."""
@@ -95,4 +106,5 @@ def resize_scales(attrs: Mapping, shape: Sequence[int]) -> List[Tuple[int, int, 
     return resize_plan(OpContext("Resize", dict(attrs), [], []), tuple(shape))
 
 
-__all__ = ["SliceAxis", "slice_axes", "ResizeAxis", "resize_axes", "resize_source", "resize_scales"]
+__all__ = ["SliceAxis", "slice_axes", "keeps_first_axis", "ResizeAxis", "resize_axes", "resize_source",
+           "resize_scales"]

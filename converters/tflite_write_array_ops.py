@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .edge_geometry import slice_axes
+from .edge_geometry import keeps_first_axis, slice_axes
 from .tflite_write_layout import LAYOUT_NHWC, NHWC, PLAIN, TO_NCHW, Translator, stored_axis
 from .tflite_write_ops import handles
 
@@ -67,9 +67,11 @@ def strided_slice(tr: Translator, op) -> None:
     order = list(NHWC) if layout == LAYOUT_NHWC else list(range(len(shape)))
     free_batch = bool(tr.m.tensors[x].shape) and tr.m.tensors[x].shape[0] == -1
     begin, end, step, begin_mask, end_mask = [], [], [], 0, 0
+    if free_batch and not keeps_first_axis(op.attrs):
+        raise tr.fail("a slice of the free batch dimension (its bounds would be fixed at the written batch)")
     for j, k in enumerate(order):
         a = axes[k]
-        if a.full(shape[k]) or (k == 0 and free_batch):   # a whole axis (a free batch too): mask bits
+        if a.full(shape[k]):                               # a whole axis (a free batch too): mask bits
             begin_mask, end_mask = begin_mask | 1 << j, end_mask | 1 << j
         elif a.end is None:                                # a negative step through the first element
             end_mask |= 1 << j

@@ -145,3 +145,36 @@ def test_lstm_with_initial_states_and_its_cell_state_read_is_unrolled(reverse):
     m = fb.Model.GetRootAs(edge_to_tflite(edge), 0)
     codes = {m.OperatorCodes(k).BuiltinCode() for k in range(m.OperatorCodesLength())}
     assert fb.BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM not in codes and fb.BuiltinOperator.PACK in codes
+
+
+def test_a_free_batch_stays_free_through_the_new_shape_ops():
+    """Written at batch 1 with a free (-1) batch, the .tflite resized to batch 3 in LiteRT equals the edge
+    interpreter at batch 3; a slice that bounds the free batch is refused naming the node."""
+    from isthmus.converters.tflite_write import TFLiteExportError
+    from isthmus.edge.writer import ModelWriter
+    from .writer_op_cases import spec
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (-1, 4, 6))
+    s = w.add_tensor("sliced", "float32", (-1, 4, 4))
+    w.add_operator("StridedSlice", [x], [s], spec(("slice",), ("slice",), ("slice", 1, -1)))
+    e = w.add_tensor("expanded", "float32", (-1, 1, 4, 4))
+    w.add_operator("ExpandAxes", [s], [e], {"axes": [1]})
+    y = w.add_tensor("y", "float32", (-1, 4, 4))
+    w.add_operator("Squeeze", [e], [y], {"axes": [1]})
+    w.mark_output(y)
+    edge = w.to_bytes()
+    xv = np.random.default_rng(2).standard_normal((3, 4, 6)).astype(np.float32)
+    it = litert.Interpreter(model_content=edge_to_tflite(edge), num_threads=1)
+    it.resize_tensor_input(it.get_input_details()[0]["index"], [3, 4, 6])
+    it.allocate_tensors()
+    it.set_tensor(it.get_input_details()[0]["index"], xv)
+    it.invoke()
+    want = Interpreter(edge, input_shapes={"x": (3, 4, 6)}).invoke(xv)[0]
+    np.testing.assert_array_equal(it.get_tensor(it.get_output_details()[0]["index"]), want)
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (-1, 4))
+    y = w.add_tensor("first_row", "float32", (1, 4))
+    w.add_operator("StridedSlice", [x], [y], spec(("slice", 0, 1)))
+    w.mark_output(y)
+    with pytest.raises(TFLiteExportError, match=r"'first_row' \(StridedSlice\): a slice of the free batch"):
+        edge_to_tflite(w.to_bytes())

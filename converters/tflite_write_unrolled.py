@@ -33,7 +33,7 @@ class _Steps:
         self.n += 1
         return self.tr.scratch(f"{self.name}/t{self.n}", np.float32, shape) if out < 0 else out
 
-    def op(self, kind: str, ins, shape, opts: str = "", out: int = -1, **o) -> int:
+    def write(self, kind: str, ins, shape, opts: str = "", out: int = -1, **o) -> int:
         y = self.t(shape, out)
         if opts in ("AddOptions", "SubOptions", "MulOptions", "FullyConnectedOptions"):
             o.setdefault("FusedActivationFunction", 0)
@@ -44,12 +44,13 @@ class _Steps:
         self.n += 1
         wi = self.tr.b.const(f"{self.name}/w{self.n}", np.ascontiguousarray(w, np.float32))
         bi = -1 if bias is None else self.tr.b.const(f"{self.name}/b{self.n}", np.asarray(bias, np.float32))
-        return self.op("FULLY_CONNECTED", [x, wi, bi], shape, "FullyConnectedOptions", KeepNumDims=False)
+        return self.write("FULLY_CONNECTED", [x, wi, bi], shape, "FullyConnectedOptions", KeepNumDims=False)
 
 
-def _prologue(tr: Translator, op, what: str):
+def _prologue(tr: Translator, op):
     """(x, steps, batch, hid, W, R, b, the step order, the _Steps writer) of a sequence op; refusals by node."""
     x, w_e, r_e, b_e = op.inputs[:4]
+    what = op.op
     if tr.is_int8(x):
         raise tr.fail(f"an int8 {what} has no TFLite form here")
     w, r, b = (tr.const(e) for e in (w_e, r_e, b_e))
@@ -67,9 +68,9 @@ def _per_step(s: _Steps, x: int, w: np.ndarray, bias: np.ndarray, steps: int, ba
     """x W^T + bias for every step at once, cut into one [batch, units] tensor per step."""
     tr, feat, units = s.tr, w.shape[1], w.shape[0]
     flat_shape = tr.b.const(f"{s.name}/flat{units}", np.asarray([steps * batch, feat], np.int32))
-    flat = s.op("RESHAPE", [tr.get(x), flat_shape], (steps * batch, feat))
+    flat = s.write("RESHAPE", [tr.get(x), flat_shape], (steps * batch, feat))
     p = s.fc(flat, w, bias, (steps * batch, units))
-    p3 = s.op("RESHAPE", [p, tr.b.const(f"{s.name}/steps{units}", np.asarray([steps, batch, units], np.int32))],
+    p3 = s.write("RESHAPE", [p, tr.b.const(f"{s.name}/steps{units}", np.asarray([steps, batch, units], np.int32))],
               (steps, batch, units))
     outs = [s.t((batch, units)) for _ in range(steps)]
     tr.b.op("UNPACK", [p3], outs, "UnpackOptions", Num=steps, Axis=0)
@@ -83,7 +84,7 @@ def _state_outputs(tr: Translator, op, k: int, n: int):
 
 @handles("GRUSequence")
 def gru_sequence(tr: Translator, op) -> None:
-    x, steps, batch, hid, w, r, b, order, s = _prologue(tr, op, "GRU")
+    x, steps, batch, hid, w, r, b, order, s = _prologue(tr, op)
     lbr = bool(int(op.attrs.get("linear_before_reset", 0)))
     wb, rb, h2 = b[:3 * hid], b[3 * hid:], 2 * hid
     p_zr = _per_step(s, x, w[:h2], wb[:h2] + rb[:h2], steps, batch)
@@ -97,24 +98,24 @@ def gru_sequence(tr: Translator, op) -> None:
 
 def lstm_unrolled(tr: Translator, op) -> None:
     """An LSTMSequence with initial states or a read c_T, step by step (ONNX gate order i, o, f, c)."""
-    x, steps, batch, hid, w, r, b, order, s = _prologue(tr, op, "LSTM")
+    x, steps, batch, hid, w, r, b, order, s = _prologue(tr, op)
     p = _per_step(s, x, w, b, steps, batch)
     states = [e for e in op.inputs[4:6] if e >= 0]
     h, c = (tr.get(states[0]), tr.get(states[1])) if len(states) == 2 else (None, None)
     bh, ys = (batch, hid), {}
     for k, t in enumerate(order):
         left = len(order) - 1 - k
-        pre = p[t] if h is None else s.op("ADD", [p[t], s.fc(h, r, None, (batch, 4 * hid))], (batch, 4 * hid),
+        pre = p[t] if h is None else s.write("ADD", [p[t], s.fc(h, r, None, (batch, 4 * hid))], (batch, 4 * hid),
                                           "AddOptions")
         parts = [s.t(bh) for _ in range(4)]
         tr.b.op("SPLIT", [tr.b.const(f"{s.name}/gate_axis{s.n}", np.asarray(1, np.int32)), pre], parts,
                 "SplitOptions", NumSplits=4)
-        i, o, f = (s.op("LOGISTIC", [g], bh) for g in parts[:3])
-        ig = s.op("MUL", [i, s.op("TANH", [parts[3]], bh)], bh, "MulOptions")
+        i, o, f = (s.write("LOGISTIC", [g], bh) for g in parts[:3])
+        ig = s.write("MUL", [i, s.write("TANH", [parts[3]], bh)], bh, "MulOptions")
         c_out = _state_outputs(tr, op, left, 2)
-        c = s.op("ADD", [s.op("MUL", [f, c], bh, "MulOptions"), ig], bh, "AddOptions", out=c_out) if c is not None \
-            else s.op("RESHAPE", [ig, tr.b.const(f"{s.name}/bh{s.n}", np.asarray(bh, np.int32))], bh, out=c_out)
-        h = ys[t] = s.op("MUL", [o, s.op("TANH", [c], bh)], bh, "MulOptions", out=_state_outputs(tr, op, left, 1))
+        c = s.write("ADD", [s.write("MUL", [f, c], bh, "MulOptions"), ig], bh, "AddOptions", out=c_out) if c is not None \
+            else s.write("RESHAPE", [ig, tr.b.const(f"{s.name}/bh{s.n}", np.asarray(bh, np.int32))], bh, out=c_out)
+        h = ys[t] = s.write("MUL", [o, s.write("TANH", [c], bh)], bh, "MulOptions", out=_state_outputs(tr, op, left, 1))
     tr.b.op("PACK", [ys[t] for t in range(steps)], [tr.new(op.outputs[0])], "PackOptions", ValuesCount=steps, Axis=0)
 
 
@@ -122,20 +123,20 @@ def _step(s: _Steps, p_zr: int, p_n: int, h, r: np.ndarray, rb: np.ndarray, hid:
           out: int) -> int:
     """One GRU step from h (None: zeros) to h' (into `out` when given)."""
     h2, bh = 2 * hid, (batch, hid)
-    pre = p_zr if h is None else s.op("ADD", [p_zr, s.fc(h, r[:h2], None, (batch, h2))], (batch, h2), "AddOptions")
-    zr = s.op("LOGISTIC", [pre], (batch, h2))
+    pre = p_zr if h is None else s.write("ADD", [p_zr, s.fc(h, r[:h2], None, (batch, h2))], (batch, h2), "AddOptions")
+    zr = s.write("LOGISTIC", [pre], (batch, h2))
     z, rg = s.t(bh), s.t(bh)
     s.tr.b.op("SPLIT", [s.tr.b.const(f"{s.name}/gate_axis{s.n}", np.asarray(1, np.int32)), zr], [z, rg],
               "SplitOptions", NumSplits=2)
     if lbr:
         rec = s.tr.b.const(f"{s.name}/rb_n{s.n}", rb[h2:]) if h is None else s.fc(h, r[h2:], rb[h2:], bh)
-        inner = s.op("ADD", [p_n, s.op("MUL", [rg, rec], bh, "MulOptions")], bh, "AddOptions")
+        inner = s.write("ADD", [p_n, s.write("MUL", [rg, rec], bh, "MulOptions")], bh, "AddOptions")
     elif h is None:
         inner = p_n
     else:
-        inner = s.op("ADD", [p_n, s.fc(s.op("MUL", [rg, h], bh, "MulOptions"), r[h2:], None, bh)], bh, "AddOptions")
-    n = s.op("TANH", [inner], bh)
+        inner = s.write("ADD", [p_n, s.fc(s.write("MUL", [rg, h], bh, "MulOptions"), r[h2:], None, bh)], bh, "AddOptions")
+    n = s.write("TANH", [inner], bh)
     if h is None:                                   # h' = n - z n
-        return s.op("SUB", [n, s.op("MUL", [z, n], bh, "MulOptions")], bh, "SubOptions", out=out)
-    diff = s.op("SUB", [h, n], bh, "SubOptions")
-    return s.op("ADD", [n, s.op("MUL", [z, diff], bh, "MulOptions")], bh, "AddOptions", out=out)
+        return s.write("SUB", [n, s.write("MUL", [z, n], bh, "MulOptions")], bh, "SubOptions", out=out)
+    diff = s.write("SUB", [h, n], bh, "SubOptions")
+    return s.write("ADD", [n, s.write("MUL", [z, diff], bh, "MulOptions")], bh, "AddOptions", out=out)

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from .edge_geometry import resize_axes, resize_scales, slice_axes
+from .edge_geometry import resize_axes, resize_scales, resize_source, slice_axes
 
 TRANSLATORS: Dict[str, Callable] = {}
 ONNX_COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")   # Resize-13..18
@@ -109,9 +109,11 @@ def reduce(w, op) -> str:
 
 
 # ---- Resize -----------------------------------------------------------------------------------------
-def _ort_nearest(attrs, n: int, m: int, s: float) -> Optional[np.ndarray]:
-    """onnxruntime's nearest source index along an axis (its float32 arithmetic), for the edge's modes."""
-    coord, rule = attrs.get("coordinate_mode", "half_pixel"), attrs.get("nearest_mode", "round_prefer_floor")
+NEAREST_RULES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _ort_coordinate(coord: str, n: int, m: int, s: float) -> np.ndarray:
+    """onnxruntime's source coordinate of each of m outputs along an axis of n (its float32 arithmetic)."""
     o, s32 = np.arange(m, dtype=np.float32), np.float32(s)
     if coord in ("half_pixel", "pytorch_half_pixel"):
         x = (o + np.float32(0.5)) / s32 - np.float32(0.5) if coord == "half_pixel" or m > 1 else np.zeros(m, np.float32)
@@ -119,7 +121,11 @@ def _ort_nearest(attrs, n: int, m: int, s: float) -> Optional[np.ndarray]:
         x = o * np.float32(n - 1) / np.float32(m - 1) if m > 1 else np.zeros(m, np.float32)
     else:
         x = o / s32
-    x = x.astype(np.float32)
+    return x.astype(np.float32)
+
+
+def _ort_nearest(coord: str, rule: str, n: int, m: int, s: float) -> np.ndarray:
+    x = _ort_coordinate(coord, n, m, s)
     fl = np.floor(x)
     tie = x == fl + np.float32(0.5)
     idx = {"round_prefer_floor": np.where(tie, fl, np.floor(x + np.float32(0.5))),
@@ -128,31 +134,49 @@ def _ort_nearest(attrs, n: int, m: int, s: float) -> Optional[np.ndarray]:
     return np.clip(idx, 0, n - 1).astype(np.int64)
 
 
+def _ort_modes(a, shape, plan) -> Optional[tuple]:
+    """(coordinate mode, nearest mode or None) under which onnxruntime's Resize takes the edge's pixels
+    (nearest) or coordinates (linear) on every resized axis; the edge's own names first. None: no such."""
+    linear = a.get("mode", "nearest") == "linear"
+    mine = a.get("coordinate_mode", "half_pixel")
+    coords = ([mine] if mine in ONNX_COORDINATES else []) + [c for c in ONNX_COORDINATES if c != mine]
+    rule = a.get("nearest_mode", "round_prefer_floor")
+    rules = [None] if linear else [rule] + [r for r in NEAREST_RULES if r != rule]
+    want = {r.axis: r.i0 for r in resize_axes(a, shape)}
+    for coord in coords:
+        for nr in rules:
+            if all(np.allclose(np.clip(_ort_coordinate(coord, shape[ax], m, s), 0, shape[ax] - 1),
+                               np.clip(resize_source(a, shape[ax], m, s), 0, shape[ax] - 1), rtol=0,
+                               atol=1e-6 * shape[ax]) if linear else
+                   np.array_equal(_ort_nearest(coord, nr, shape[ax], m, s), want[ax]) for ax, m, s in plan):
+                return coord, nr
+    return None
+
+
 def _native_resize(w, op, shape) -> Optional[str]:
-    """ONNX Resize with the edge's own modes, when its scales and pixels are the edge's; else None."""
+    """ONNX Resize where its scales and its pixels are the edge's (under the edge's modes or others that
+    coincide on this shape); else None."""
     a = op.attrs
-    coord = a.get("coordinate_mode", "half_pixel")
     plan = resize_scales(a, shape)
-    if coord not in ONNX_COORDINATES or not plan:
+    if not plan:
         return None
     scales = [1.0] * len(shape)
     for ax, m, s in plan:
         if m != math.floor(shape[ax] * s) and abs(s - m / shape[ax]) > 1e-12:
             return None     # the edge's output size and its coordinate scale disagree: no ONNX Resize says that
         scales[ax] = s
-    if a.get("mode", "nearest") == "nearest":
-        want = {r.axis: r.i0 for r in resize_axes(a, shape)}
-        if any(not np.array_equal(_ort_nearest(a, shape[ax], m, s), want[ax]) for ax, m, s in plan):
-            return None
     use_sizes = all(abs(s - m / shape[ax]) <= 1e-12 for ax, m, s in plan)   # the scale is the sizes' ratio
     if not use_sizes and any(m != math.floor(shape[ax] * float(np.float32(s))) for ax, m, s in plan):
+        return None
+    modes = _ort_modes(a, shape, plan)
+    if modes is None:
         return None
     out = _out(w, op)
     size_or_scale = ["", _ints(w, "sizes", w.shape(op.outputs[0]))] if use_sizes else \
         [w.init("scales", np.asarray(scales, np.float32))]
-    extra = {"nearest_mode": a.get("nearest_mode", "round_prefer_floor")} if a.get("mode") != "linear" else {}
+    extra = {} if modes[1] is None else {"nearest_mode": modes[1]}
     w.node("Resize", [w.value(op.inputs[0]), ""] + size_or_scale, [out], mode=a.get("mode", "nearest"),
-           coordinate_transformation_mode=coord, **extra)
+           coordinate_transformation_mode=modes[0], **extra)
     return out
 
 

@@ -166,3 +166,10 @@ CASES.update({   # a grouped (not depthwise) convolution: one block-diagonal CON
                                             q(i8(4, 3, 3, 3), [0.01, 0.02, 0.015, 0.01], [0] * 4, const=True, axis=0)],
                                  Out("int8", [0.5], [2]), (3, 4, 5, 5), CONV),
 })
+
+CASES.update({   # coordinate rules neither TFLite's builtins nor ONNX's Resize-13 express: the gather composites
+    "resize_linear_symmetric_scaled": ("Resize", [Arg(f(1, 2, 4, 5))], F, (1, 2, 6, 8),
+                                       resize("linear", "half_pixel_symmetric", scales=(1, 1, 1.7, 1.7))),
+    "resize_nearest_tf_nn_ceil_batch3": ("Resize", [Arg(f(3, 2, 4, 6))], F, (3, 2, 7, 9),
+                                         resize("nearest", "tf_half_pixel_for_nn", "ceil", sizes=(3, 2, 7, 9))),
+})

@@ -113,8 +113,10 @@ def lstm_unrolled(tr: Translator, op) -> None:
         i, o, f = (s.write("LOGISTIC", [g], bh) for g in parts[:3])
         ig = s.write("MUL", [i, s.write("TANH", [parts[3]], bh)], bh, "MulOptions")
         c_out = _state_outputs(tr, op, left, 2)
-        c = s.write("ADD", [s.write("MUL", [f, c], bh, "MulOptions"), ig], bh, "AddOptions", out=c_out) if c is not None \
-            else s.write("RESHAPE", [ig, tr.b.const(f"{s.name}/bh{s.n}", np.asarray(bh, np.int32))], bh, out=c_out)
+        if c is not None:
+            c = s.write("ADD", [s.write("MUL", [f, c], bh, "MulOptions"), ig], bh, "AddOptions", out=c_out)
+        else:
+            c = s.write("RESHAPE", [ig, tr.b.const(f"{s.name}/bh{s.n}", np.asarray(bh, np.int32))], bh, out=c_out)
         h = ys[t] = s.write("MUL", [o, s.write("TANH", [c], bh)], bh, "MulOptions", out=_state_outputs(tr, op, left, 1))
     tr.b.op("PACK", [ys[t] for t in range(steps)], [tr.new(op.outputs[0])], "PackOptions", ValuesCount=steps, Axis=0)
 
@@ -134,7 +136,8 @@ def _step(s: _Steps, p_zr: int, p_n: int, h, r: np.ndarray, rb: np.ndarray, hid:
     elif h is None:
         inner = p_n
     else:
-        inner = s.write("ADD", [p_n, s.fc(s.write("MUL", [rg, h], bh, "MulOptions"), r[h2:], None, bh)], bh, "AddOptions")
+        gated = s.write("MUL", [rg, h], bh, "MulOptions")
+        inner = s.write("ADD", [p_n, s.fc(gated, r[h2:], None, bh)], bh, "AddOptions")
     n = s.write("TANH", [inner], bh)
     if h is None:                                   # h' = n - z n
         return s.write("SUB", [n, s.write("MUL", [z, n], bh, "MulOptions")], bh, "SubOptions", out=out)

@@ -67,3 +67,45 @@ def test_every_planned_edge_part_writes_as_tflite_and_onnx_and_runs_there(cost_n
                 assert np.abs(g - w).max() <= 1e-5 * max(1.0, float(np.abs(w).max())), (name, fmt)
         checked += 1
     assert checked >= 8, checked
+
+
+def test_every_planned_edge_part_quantized_writes_as_tflite_and_onnx_within_its_drift():
+    """The same edge parts (an edge that takes all it can) quantized by converters/quantize.py on random
+    calibration feeds: LiteRT and onnxruntime (the QDQ graph as written) differ from the int8 edge
+    interpreter by no more than that differs from fp32 (per-op steps compound through the layers)."""
+    from isthmus.converters.quantize import quantize_to_edge
+    from isthmus.core.session import Session
+    checked, ops = 0, set()
+    for name, g, outs in _models():
+        batch = outs[0].shape[0] or 1
+        plan = plan_split(g, COSTS[0][1](batch), outputs=outs)
+        part = partition(g, plan.placement, outs, return_to=EDGE_DEVICE)
+        if part.parts.get(EDGE_DEVICE) is None:
+            continue
+        eg, recvs, sends, eouts = _standalone(part.parts[EDGE_DEVICE], part.transfers, batch_none=False)
+        e_outs = [sends[s] for s in sorted(sends)] + [eouts[t.name] for t in outs if t.name in eouts]
+        e_ins = list(recvs.values()) + [n.outputs[0] for n in eg.nodes if n.op == "Placeholder"
+                                        and n.outputs[0] not in recvs.values()]
+        if not e_outs or any(t.dtype != np.float32 for t in e_ins):
+            continue
+        fp32 = to_edge(eg, e_outs, e_ins, batch=batch)
+        m32 = loads(fp32)
+        names = [m32.tensors[i].name for i in m32.inputs]      # the placeholders' node names
+        calib = [dict(zip(names, _feeds(fp32))) for _ in range(4)]
+        edge, _ = quantize_to_edge(Session(eg, optimize=False), e_outs, calib, batch=batch)
+        rng = np.random.default_rng(9)
+        by_name = {n: rng.standard_normal(x.shape).astype(np.float32) for n, x in zip(names, _feeds(fp32))}
+        m8 = loads(edge)
+        ops |= {op.op for op in m8.operators}
+        xs = [by_name[m8.tensors[i].name] for i in m8.inputs]
+        want, ref = Interpreter(edge).invoke(*xs), Interpreter(fp32).invoke(*[by_name[n] for n in names])
+        got_t, got_o = run_litert(edge_to_tflite(edge), xs), run_onnx(edge_to_onnx(edge), xs)
+        assert [m8.tensors[i].name.replace("/dequant", "") for i in m8.outputs] == \
+            [m32.tensors[i].name for i in m32.outputs], name     # the same outputs, in the same order
+        for k, (w, r) in enumerate(zip(want, ref)):
+            drift = float(np.abs(w - r).max())
+            for fmt, got in (("tflite", got_t[k]), ("onnx", got_o[k])):
+                assert np.abs(got - w).max() <= drift + 1e-6, (name, fmt, k, float(np.abs(got - w).max()), drift)
+        checked += 1
+    assert checked >= 5, checked
+    assert {"FusedConv2D", "FusedMatMul", "LayerNorm", "Quantize", "Dequantize"} <= ops, ops

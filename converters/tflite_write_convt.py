@@ -9,12 +9,14 @@ which a SLICE keeps the edge's rows [top, top + oh) and columns [left, left + ow
 edge's [C, O/groups, kh, kw] to TFLite's [O, kh, kw, C] without flipping: both scatter input (i, j)
 through tap (ki, kj) to output (i s + ki d, j s + kj d). TFLite's int8 kernel takes symmetric weights
 only: asymmetric per-tensor weights (what converters/quantize.py gives ConvTranspose2D today) whose
-values minus the zero point leave [-127, 127] run in float between DEQUANTIZE and QUANTIZE.
+values minus the zero point leave [-127, 127] run in float between DEQUANTIZE and QUANTIZE. A free batch
+takes the output shape from the input's at run time (SHAPE): LiteRT then sizes the output per invoke.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .tflite_schema import fb
 from .tflite_write_layout import LAYOUT_NHWC, Translator
 from .tflite_write_ops import handles
 
@@ -44,6 +46,19 @@ def _int8_weights(tr: Translator, w_e: int, wt: np.ndarray, groups: int):
     return shifted.astype(np.int8), {"scale": q["scale"], "zero_point": [0], "axis": 0}
 
 
+def _output_shape(tr: Translator, xi: int, name: str, rest) -> int:
+    """[batch of x, *rest] computed at run time (SHAPE, SLICE, CONCATENATION): a free batch stays free."""
+    full = tr.scratch(name + "/x_shape", np.int32, (4,))
+    tr.b.op("SHAPE", [xi], [full], "ShapeOptions", OutType=fb.TensorType.INT32)
+    batch = tr.scratch(name + "/batch", np.int32, (1,))
+    tr.b.op("SLICE", [full, tr.b.const(name + "/batch_begin", np.asarray([0], np.int32)),
+                      tr.b.const(name + "/batch_size", np.asarray([1], np.int32))], [batch])
+    out = tr.scratch(name + "/output_shape", np.int32, (4,))
+    tr.b.op("CONCATENATION", [batch, tr.b.const(name + "/rest", np.asarray(rest, np.int32))], [out],
+            "ConcatenationOptions", Axis=0, FusedActivationFunction=0)
+    return out
+
+
 @handles("ConvTranspose2D")
 def conv_transpose(tr: Translator, op) -> None:
     x, w_e, y = op.inputs[0], op.inputs[1], op.outputs[0]
@@ -59,8 +74,6 @@ def conv_transpose(tr: Translator, op) -> None:
     t, b, l, r = (int(v) for v in a.get("pads", (0, 0, 0, 0)))
     eh, ew = (int(v) for v in a.get("output_padding", (0, 0)))
     o, (oh, ow) = og * groups, tr.shape(y)[2:]
-    if tr.m.tensors[x].shape[0] == -1:
-        raise tr.fail("a free batch: TRANSPOSE_CONV's output shape is a constant of the file")
     wt = np.asarray(wt).reshape(cw, og, kh, kw)
     int8 = tr.is_int8(x)
     ints = _int8_weights(tr, w_e, wt, groups) if int8 else None
@@ -73,9 +86,11 @@ def conv_transpose(tr: Translator, op) -> None:
     kernel = ohwi_weights(wt, groups, (dh, dw))
     fh, fw = sh * (h - 1) + kernel.shape[1] + eh, sw * (wd - 1) + kernel.shape[2] + ew
     filt = tr.b.const(tr.m.tensors[w_e].name + "/ohwi", kernel, **(ints[1] if ints else {}))
-    shape = tr.b.const(name + "/output_shape", np.asarray([n, fh, fw, o], np.int32))
     crop = (t, l, fh - t - oh, fw - l - ow) != (0, 0, 0, 0)
     xi = tr.get(x, LAYOUT_NHWC)
+    free = tr.m.tensors[x].shape[0] == -1
+    shape = _output_shape(tr, xi, name, (fh, fw, o)) if free else \
+        tr.b.const(name + "/output_shape", np.asarray([n, fh, fw, o], np.int32))
     if in_float:
         xf = tr.scratch(name + "/float_in", np.float32, tr.b.tensors[xi].shape)
         tr.b.op("DEQUANTIZE", [xi], [xf], version=2)
@@ -88,7 +103,7 @@ def conv_transpose(tr: Translator, op) -> None:
     if crop:
         cropped = final if not in_float else tr.scratch(name + "/cropped", dt, (n, oh, ow, o))
         begin = tr.b.const(name + "/begin", np.asarray([0, t, l, 0], np.int32))
-        size = tr.b.const(name + "/size", np.asarray([n, oh, ow, o], np.int32))
+        size = tr.b.const(name + "/size", np.asarray([-1 if free else n, oh, ow, o], np.int32))
         tr.b.op("SLICE", [out, begin, size], [cropped], version=2 if dt == np.int8 else 1)
         out = cropped
     if in_float:

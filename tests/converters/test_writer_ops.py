@@ -178,3 +178,28 @@ def test_a_free_batch_stays_free_through_the_new_shape_ops():
     w.mark_output(y)
     with pytest.raises(TFLiteExportError, match=r"'first_row' \(StridedSlice\): a slice of the free batch"):
         edge_to_tflite(w.to_bytes())
+
+
+def test_a_free_batch_through_a_transposed_conv():
+    """The output shape of TRANSPOSE_CONV follows the input's batch at run time (SHAPE, SLICE, CONCATENATION)."""
+    from isthmus.edge.writer import ModelWriter
+    rng = np.random.default_rng(3)
+    w = ModelWriter()
+    x = w.add_input("x", "float32", (-1, 3, 4, 5))
+    k = w.add_constant("k", rng.standard_normal((3, 2, 3, 3)).astype(np.float32))
+    y = w.add_tensor("y", "float32", (-1, 2, 7, 9))
+    w.add_operator("ConvTranspose2D", [x, k], [y], {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1],
+                                                    "groups": 1, "output_padding": [0, 0]})
+    w.mark_output(y)
+    edge = w.to_bytes()
+    data = edge_to_tflite(edge)
+    for batch in (1, 3):
+        xv = rng.standard_normal((batch, 3, 4, 5)).astype(np.float32)
+        it = litert.Interpreter(model_content=data, num_threads=1)
+        it.resize_tensor_input(it.get_input_details()[0]["index"], [batch, 4, 5, 3])
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], np.ascontiguousarray(xv.transpose(0, 2, 3, 1)))
+        it.invoke()
+        got = it.get_tensor(it.get_output_details()[0]["index"])
+        want = Interpreter(edge, input_shapes={"x": xv.shape}).invoke(xv)[0]
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))

@@ -49,9 +49,11 @@ def gather(tr: Translator, op) -> None:
         dt = tr.m.tensors[idx].dtype
         ii = tr.scratch(name + "/indices", dt, tr.shape(idx))
         tr.b.op("FLOOR_MOD", [tr.get(idx), tr.b.const(name + "/axis_size", np.asarray(d, dt))], [ii])
-    pair = tr.output(y, PLAIN, like_input=params)
-    tr.b.op("GATHER", [tr.get(params), ii], [pair[0]], "GatherOptions", 2 if tr.is_int8(params) else 1,
-            Axis=axis, BatchDims=0)
+    # a rank-4 tensor held NHWC gathers there when the indices are a vector (the output stays rank 4)
+    layout = tr.preferred(params) if len(shape) == 4 and len(tr.shape(idx)) == 1 else PLAIN
+    pair = tr.output(y, layout, like_input=params)
+    tr.b.op("GATHER", [tr.get(params, layout), ii], [pair[0]], "GatherOptions", 2 if tr.is_int8(params) else 1,
+            Axis=stored_axis(axis, len(shape), layout), BatchDims=0)
     tr.finish(pair)
 
 

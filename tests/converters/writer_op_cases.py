@@ -173,3 +173,9 @@ CASES.update({   # coordinate rules neither TFLite's builtins nor ONNX's Resize-
     "resize_nearest_tf_nn_ceil_batch3": ("Resize", [Arg(f(3, 2, 4, 6))], F, (3, 2, 7, 9),
                                          resize("nearest", "tf_half_pixel_for_nn", "ceil", sizes=(3, 2, 7, 9))),
 })
+
+CASES.update({   # a channel gather of an NHWC-held tensor (GATHER on axis 3 there), int8 requantized
+    "gather_channels_int8_batch3": ("Gather", [q(i8(3, 5, 4, 4), 0.05, 3), Arg(np.array([4, 0, -3], np.int64),
+                                                                                const=True)],
+                                    Out("int8", [0.04], [-1]), (3, 3, 4, 4), {"axis": 1}),
+})

@@ -13,7 +13,7 @@ import numpy as np
 
 from isthmus.edge.kernels_math import ERFC_FIT as ERFC   # erfc(u) = t exp(-u^2 + P(t)), t = 1 / (1 + u / 2)
 
-from .tflite_write_layout import LAYOUT_NHWC, NHWC, Translator
+from .tflite_write_layout import LAYOUT_NHWC, NHWC, PLAIN, Translator
 from .tflite_write_ops import handles
 
 
@@ -41,7 +41,7 @@ def prelu(tr: Translator, op) -> None:
         if tr.is_int8(x):
             raise tr.fail("an int8 PRelu with a slope computed at run time has no TFLite form")
         if len(tr.shape(s)) != rank:
-            layout = "plain"        # a run-time slope broadcasts in the graph's own layout
+            layout = PLAIN          # a run-time slope broadcasts in the graph's own layout
         slope = tr.get(s, layout)
     else:
         v = _const_like(tr, s, rank, layout)

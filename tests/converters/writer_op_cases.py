@@ -179,3 +179,7 @@ CASES.update({   # a channel gather of an NHWC-held tensor (GATHER on axis 3 the
                                                                                 const=True)],
                                     Out("int8", [0.04], [-1]), (3, 3, 4, 4), {"axis": 1}),
 })
+
+CASES.update({   # a run-time slope of lower rank than an NHWC-held x: PRELU in the graph's own layout
+    "prelu_run_time_slope_4d": ("PRelu", [Arg(f(3, 4, 3, 3)), Arg(f(4, 1, 1))], F, (3, 4, 3, 3), {}),
+})

@@ -24,6 +24,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .math import zeros_like
+from .recurrent_compiled import CompiledLSTM, compiled_pays
 
 __all__ = ["lstm_step", "gru_step", "lstm_sequence", "gru_sequence"]
 
@@ -294,10 +295,13 @@ def _freeze(xp, live, new, old, y_k):
 
 def _kernel_lstm_seq(node, ctx):
     xp, reverse = ctx.xp, node.attrs["reverse"]
+    compiled = CompiledLSTM(reverse)
 
     def run(x, w, r, b, *rest):
         lens, (h0, c0) = _unpack(rest, node.attrs["with_lens"], 2)
         steps, batch, feat = x.shape
+        if steps and compiled_pays(xp, x.dtype, batch, r.shape[1], lens):
+            return compiled(x, w, r, b, h0, c0)
         if batch == 1 and lens is None and steps:
             return _lstm_one_example(xp, x, w, r, b, h0, c0, reverse)
         hid = r.shape[1]

@@ -133,6 +133,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     act = None if activation == "none" else activation_inplace(xp, activation)
     depthwise = DepthwiseConv(xp, activation)
     pointwise = _Pointwise(xp, act, activation)
+    finish = _Finish(xp, act, activation)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -150,30 +151,50 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if not _row_taps(g, c):
-            return _im2col_per_image(xp, x, w, g, bias, act)
-        return _nchw_finished(xp, _conv_rows(xp, x, w, g), bias, act)
+            return _im2col_per_image(xp, x, w, g, bias, finish)
+        return _nchw_finished(xp, _conv_rows(xp, x, w, g), bias, finish)
     return conv
 
 
-def _nchw_finished(xp, y_onhw, bias, act):
+class _Finish:
+    """act(y + bias) in place over an output's rows [R, L] (row r has channel r % C): one compiled
+    pass where isthmus.jit serves and the activation is a clamp (none, relu, relu6), else numpy's
+    add and activation (two passes, each a call: at batch 1 about as long as a small GEMM)."""
+
+    def __init__(self, xp, act, activation: str):
+        self.xp, self.act, self.clamp = xp, act, _CLAMPS.get(activation)
+
+    def __call__(self, y, bias):
+        xp, act = self.xp, self.act
+        if bias is not None and self.clamp is not None and compiled_ok(xp, y.dtype) and bias.dtype == y.dtype:
+            from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
+            t = y.dtype.type
+            bias_clamp_rows(y, bias.reshape(-1), t(self.clamp[0]), t(self.clamp[1]))
+            return y
+        if bias is not None:
+            yv = y.reshape(-1, bias.size, y.shape[-1])  # (image, channel) rows
+            xp.add(yv, bias.reshape(1, -1, 1), out=yv)
+        if act is not None:
+            act(y)
+        return y
+
+
+def _nchw_finished(xp, y_onhw, bias, finish):
     """act(y + bias) as NCHW from the rows' [O, OH, OW, N] output, a chunk of images at a time
     (each chunk relaid, biased and activated while in cache, chunks on the intra-op threads)."""
     src = y_onhw.transpose(3, 0, 1, 2)
+    n, o, oh, ow = src.shape
     y = xp.empty(src.shape, dtype=src.dtype)
-    b = None if bias is None else bias.reshape(1, -1, 1, 1)
 
     def part(lo, hi):
         yc = y[lo:hi]
         yc[...] = src[lo:hi]
-        if b is not None:
-            xp.add(yc, b, out=yc)
-        if act is not None:
-            act(yc)
-    rows_apply(xp, part, y.shape[0], y.nbytes)
+        finish(yc.reshape((hi - lo) * o, oh * ow), bias)
+    rows_apply(xp, part, n, y.nbytes)
     return y
 
 
-def _im2col_per_image(xp, x, w, g, bias, act):
+def _im2col_per_image(xp, x, w, g, bias, finish):
     """The general convolution one image at a time: the image's im2col [C*kh*kw, OH*OW] (in
     cache) times the weights gives its NCHW output directly (no transposes), finished there."""
     n, c = x.shape[0], x.shape[1]
@@ -183,7 +204,6 @@ def _im2col_per_image(xp, x, w, g, bias, act):
     win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)  # [N, C, kh, kw, OH, OW]
     wk = [w[k * og:(k + 1) * og].reshape(og, -1) for k in range(groups)]
     out = xp.empty((n, o, g.oh * g.ow), dtype=x.dtype)
-    b = None if bias is None else bias.reshape(o, 1)
 
     def images(lo, hi):  # a chunk of images on one thread, with its own columns buffer
         cols = xp.empty((cg, g.kh, g.kw, g.oh, g.ow), dtype=x.dtype)
@@ -193,10 +213,7 @@ def _im2col_per_image(xp, x, w, g, bias, act):
             for k in range(groups):
                 cols[...] = win[i, k * cg:(k + 1) * cg]
                 xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
-            if b is not None:
-                xp.add(y, b, out=y)
-            if act is not None:
-                act(y)
+            finish(y, bias)
     rows_apply(xp, images, n, out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * x.dtype.itemsize, blas_inside=True)
     return out.reshape(n, o, g.oh, g.ow)
 

@@ -74,10 +74,14 @@ def matmul(xp, a, b, out=None):
     Products under 2 * MIN_CHUNK_FLOPS run whole, one-threaded too."""
     if xp is not np or a.ndim != 2 or b.ndim != 2 or 2 * a.size * b.shape[1] < _BLAS_SERIAL_FLOPS:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
-    if out is None:
-        out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
-    m, n = out.shape
+    m, n = a.shape[0], b.shape[1]
     flops = 2 * m * n * a.shape[1]
+    if flops < 2 * threads.MIN_CHUNK_FLOPS and threads.intra_threads() == 1:
+        # it cannot split and BLAS is on one thread already: fan_out's hold would only cost its
+        # ~5 us (a lock and two reads of BLAS's count), a third of a [32, 64] x [64, 192] product
+        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), dtype=np.result_type(a, b))
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])

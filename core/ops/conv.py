@@ -233,25 +233,51 @@ class _Pointwise:
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias
 
     def __call__(self, x, w, bias):
-        xp, act = self.xp, self.act
+        xp = self.xp
         n, c = x.shape[0], x.shape[1]
         o, hw = w.shape[0], x.shape[2] * x.shape[3]
         xs = x.reshape(n, c, hw)
         out = xp.empty((n, o, hw), dtype=x.dtype)
         step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
         if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype):
-            return self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
-        if bias is not None and c < o:
-            wa = self._augmented(w, bias, x.dtype)
-            k = min(step, n)
-            size = k * (c + 1) * hw
+            images = self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
+        elif bias is not None and c < o:
+            images = self._augmented_images(xs, self._augmented(w, bias, x.dtype), out, step)
+        else:
+            images = self._plain_images(xs, w.reshape(o, c), bias, out, step)
+        # image groups on the intra-op threads, every product on one BLAS thread: a threaded BLAS
+        # on products this small waits for its other threads, milliseconds each on a busy machine
+        rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True)
+        return out
+
+    def _plain_images(self, xs, w2, bias, out, step):
+        xp, act = self.xp, self.act
+        b = None if bias is None else bias.reshape(1, -1, 1)
+
+        def images(lo, hi):
+            for i in range(lo, hi, step):
+                y = out[i:min(hi, i + step)]
+                xp.matmul(w2, xs[i:i + y.shape[0]], out=y)
+                if b is not None:
+                    xp.add(y, b, out=y)
+                if act is not None:
+                    act(y)
+        return images
+
+    def _augmented_images(self, xs, wa, out, step):
+        xp, act = self.xp, self.act
+        c, hw = xs.shape[1], xs.shape[2]
+
+        def images(lo, hi):
+            k = min(step, hi - lo)
+            size = k * (c + 1) * hw * xs.dtype.itemsize
             # a scratch arena of the depthwise pool (still in cache from the node before), last rows ones
-            mem = ARENAS.take(xp, size * x.dtype.itemsize)
+            mem = ARENAS.take(xp, size)
             try:
-                xa = mem[:size * x.dtype.itemsize].view(x.dtype).reshape(k, c + 1, hw)
+                xa = mem[:size].view(xs.dtype).reshape(k, c + 1, hw)
                 xa[:, c] = 1
-                for i in range(0, n, step):
-                    m = min(step, n - i)
+                for i in range(lo, hi, step):
+                    m = min(step, hi - i)
                     xa[:m, :c] = xs[i:i + m]
                     y = out[i:i + m]
                     xp.matmul(wa, xa[:m], out=y)
@@ -259,31 +285,24 @@ class _Pointwise:
                         act(y)
             finally:
                 ARENAS.give(xp, mem)
-            return out
-        w2 = w.reshape(o, c)
-        b = None if bias is None else bias.reshape(1, o, 1)
-        for i in range(0, n, step):
-            y = out[i:i + step]
-            xp.matmul(w2, xs[i:i + step], out=y)
-            if b is not None:
-                xp.add(y, b, out=y)
-            if act is not None:
-                act(y)
-        return out
+        return images
 
     def _compiled_finish(self, xs, w2, bias, out, step):
         from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
-        n, o = xs.shape[0], w2.shape[0]
+        o = w2.shape[0]
         dt = out.dtype.type
-        lo, hi = dt(self._clamp[0]), dt(self._clamp[1])
+        lo_, hi_ = dt(self._clamp[0]), dt(self._clamp[1])
         b = bias.reshape(o)
         b = b if b.dtype == out.dtype and b.flags.c_contiguous else np.ascontiguousarray(b, dtype=out.dtype)
         w2 = w2 if w2.dtype == out.dtype else w2.astype(out.dtype)
-        for i in range(0, n, step):
-            y = out[i:i + step]
-            self.xp.matmul(w2, xs[i:i + step], out=y)
-            bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo, hi)
-        return out
+        matmul = self.xp.matmul
+
+        def images(lo, hi):
+            for i in range(lo, hi, step):
+                y = out[i:min(hi, i + step)]
+                matmul(w2, xs[i:i + y.shape[0]], out=y)
+                bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo_, hi_)
+        return images
 
     def _augmented(self, w, bias, dtype):
         cached = self._aug

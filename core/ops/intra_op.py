@@ -61,6 +61,16 @@ def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas
     fan_out(fn, total, nbytes, blas_inside)
 
 
+def serial_blas(xp, fn: Callable[[], object]):
+    """fn() with BLAS held to one thread (numpy): for a loop of small products (a recurrent step's),
+    each of which a threaded BLAS would follow by waiting on its other threads."""
+    if xp is not np:
+        return fn()
+    box = []
+    fan_out(lambda lo, hi: box.append(fn()), 1, 0, blas_inside=True)
+    return box[0]
+
+
 # OpenBLAS runs products under about this size on one thread by itself (M*N*K <= 4 * 65536):
 # they skip the hold on BLAS's count and its few microseconds
 _BLAS_SERIAL_FLOPS = 2 * 4 * 65536
@@ -93,4 +103,4 @@ def matmul(xp, a, b, out=None):
     return out
 
 
-__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "matmul"]
+__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul"]

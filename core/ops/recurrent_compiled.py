@@ -13,6 +13,8 @@ import numpy as np
 
 from ... import jit
 from .depthwise import _immutable
+from .intra_op import matmul as split_matmul
+from .intra_op import serial_blas
 
 # batch x hidden up to which lstm_steps' matrix-vector loops beat a GEMM per step (measured here,
 # one thread, T = 32, I = 64, H = 128, shared load: batch 1 0.24 against 0.33 ms, 4 0.71 / 1.06 ms,
@@ -49,7 +51,7 @@ class CompiledLSTM:
         steps, batch, feat = x.shape
         hid = r.shape[1]
         w_t, rt, bias = self._weights(w, r, b)
-        proj = np.matmul(x.reshape(steps * batch, feat), w_t).reshape(steps, batch, 4 * hid)
+        proj = split_matmul(np, x.reshape(steps * batch, feat), w_t).reshape(steps, batch, 4 * hid)
         proj += bias
         order = np.arange(steps - 1, -1, -1) if self.reverse else np.arange(steps)
         h0s = np.zeros((batch, hid), np.float32) if h0 is None else np.array(h0, np.float32, order="C")
@@ -59,13 +61,14 @@ class CompiledLSTM:
             from ...jit.rnn import lstm_steps  # deferred: jit.rnn loads numba
             lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))
         else:
-            _gemm_steps(proj, rt, order, h0s, c, y)
+            serial_blas(np, lambda: _gemm_steps(proj, rt, order, h0s, c, y))
         return y, y[order[-1]], c
 
 
 def _gemm_steps(proj, rt, order, h0, c, y) -> None:
     """Larger batches: each step's recurrent product is one BLAS GEMM ([B, H] x [H, 4H]) and its gates
-    one compiled call, instead of lstm_steps' per-example matrix-vector loops."""
+    one compiled call, instead of lstm_steps' per-example matrix-vector loops. The caller holds BLAS
+    to one thread (serial_blas): a threaded BLAS waits on its other threads after every step."""
     from ...jit.rnn import lstm_cells  # deferred: jit.rnn loads numba
     matmul = np.matmul
     z = np.empty(proj.shape[1:], np.float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math as _math
 import numpy as np
 
+from ... import jit
 from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
@@ -319,8 +320,6 @@ _ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) f
 def _kernel_erf(node, ctx):
     xp = ctx.xp
     if node.outputs[0].dtype.name == "float32" and xp is np:
-        from ... import jit  # the package only (cheap): it loads numba when asked
-
         def erf32(x):
             return _erf_compiled(x) if jit.available() else _erf_float32(np, x)
         return erf32

@@ -96,7 +96,7 @@ class IntraOpThreads:
             _active["runs"] += 1
             for lib in libs:
                 if lib.num_threads != n:
-                    lib.set_num_threads(n)
+                    _set_blas(lib, n)
         _set_numba(n)
         return self
 
@@ -109,9 +109,34 @@ class IntraOpThreads:
                 _intra[0] = None
                 for lib, k in zip(_blas_libs(), _active["saved"] or []):
                     if lib.num_threads != k:
-                        lib.set_num_threads(k)
+                        _set_blas(lib, k)
                 _active["saved"] = None
         return False
+
+
+_setters: dict = {}  # BLAS library path -> its own set_num_threads (None: threadpoolctl's)
+
+
+def _set_blas(lib, n: int) -> None:
+    """Set one BLAS library's thread count from whatever thread calls. threadpoolctl (3.6 and
+    later) lets only one Python thread change a pthreads OpenBLAS's count, the first to set it
+    while that thread lives, and drops every other thread's call without a word: a gRPC
+    handler thread's one-BLAS-thread block then ran its GEMM parts on two BLAS threads, so a
+    product's bits depended on which thread ran the step. isthmus serialises the count itself
+    (_lock, the refcounted blocks below), so it calls the library's own setter."""
+    key = getattr(lib, "filepath", id(lib))
+    if key not in _setters:
+        setter = None
+        if getattr(lib, "internal_api", None) == "openblas" and getattr(lib, "threading_layer", None) != "openmp":
+            dynlib = getattr(lib, "dynlib", None)   # threadpoolctl's ctypes handle and the build's symbol affixes
+            pre, suf = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
+            setter = getattr(dynlib, f"{pre}openblas_set_num_threads{suf}", None) if dynlib is not None else None
+        _setters[key] = setter
+    setter = _setters[key]
+    if setter is not None:
+        setter(int(n))
+    else:
+        lib.set_num_threads(n)
 
 
 def _set_numba(n: int) -> None:
@@ -183,7 +208,7 @@ class _OneBlasThread:
                 _hold["saved"] = [lib.num_threads for lib in libs]
                 for lib, k in zip(libs, _hold["saved"]):
                     if k != 1:
-                        lib.set_num_threads(1)
+                        _set_blas(lib, 1)
             _hold["depth"] += 1
         return self
 
@@ -193,7 +218,7 @@ class _OneBlasThread:
             if _hold["depth"] == 0:
                 for lib, k in zip(_blas_libs(), _hold["saved"] or []):
                     if k != 1:
-                        lib.set_num_threads(k)
+                        _set_blas(lib, k)
                 _hold["saved"] = None
         return False
 

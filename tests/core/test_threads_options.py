@@ -148,3 +148,41 @@ def test_overlapping_one_blas_thread_blocks_restore_the_count_once_the_last_ends
         assert threads.blas_threads_now() == 1
         b.__exit__(None, None, None)
         assert threads.blas_threads_now() == 2 and threads.intra_threads() == 2
+
+
+def test_one_blas_thread_blocks_hold_from_any_thread():
+    """threadpoolctl lets only the first Python thread that set a pthreads OpenBLAS's count change
+    it while that thread lives, and ignores the rest without a word. Every gRPC handler thread
+    runs steps, so the holds must take effect from any thread: a GEMM part that ran on two BLAS
+    threads gave other bits (tests/cloud/test_shm.py's shm and gRPC steps differed)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from isthmus.core import threads
+    if not any(i["user_api"] == "blas" and i["internal_api"] == "openblas" for i in threadpool_info()):
+        pytest.skip("no OpenBLAS loaded")
+    owner_set, release = threading.Event(), threading.Event()
+
+    def owner():  # claims threadpoolctl's control of OpenBLAS and stays alive while the others run
+        with threadpool_limits(2, user_api="blas"):
+            owner_set.set()
+            release.wait(10)
+    t = threading.Thread(target=owner)
+    t.start()
+    try:
+        assert owner_set.wait(10)
+
+        def inside():
+            with threads._OneBlasThread():
+                one = threads.blas_threads_now()
+            with threads.IntraOpThreads(1):
+                intra_one = threads.blas_threads_now()
+            return one, intra_one, threads.blas_threads_now()
+        with ThreadPoolExecutor(2) as pool:
+            got = [pool.submit(inside).result(timeout=10) for _ in range(3)]
+        assert got == [(1, 1, 2)] * 3
+    finally:
+        release.set()
+        t.join(10)

@@ -19,9 +19,16 @@ def _cut(axis: int, lo: int, hi: int) -> tuple:
     return (slice(None),) * axis + (slice(lo, hi),)
 
 
+def _never_splits(total: int, nbytes: int) -> bool:
+    """fan_out would run this on the caller alone, whatever the thread count (no chunk of
+    MIN_CHUNK_BYTES for a second thread): the caller skips fan_out and its reads of BLAS's count,
+    a few microseconds a call, which at batch 1 add up to a tenth of a small network's run."""
+    return total <= 1 or nbytes < 2 * threads.MIN_CHUNK_BYTES
+
+
 def copy_into(xp, dst, src, axis: int = 0):
     """dst[...] = src (same shapes), in chunks along `axis`. Returns dst."""
-    if xp is not np:
+    if xp is not np or _never_splits(dst.shape[axis] if dst.ndim else 1, dst.nbytes):
         dst[...] = src
         return dst
 
@@ -41,7 +48,7 @@ def contiguous(xp, src, axis: int = 0):
 
 def add_into(xp, dst, src, axis: int = 0):
     """dst += src (src broadcastable along every axis but `axis`), in chunks along `axis`."""
-    if xp is not np:
+    if xp is not np or _never_splits(dst.shape[axis] if dst.ndim else 1, dst.nbytes):
         dst += src
         return dst
 
@@ -55,8 +62,8 @@ def add_into(xp, dst, src, axis: int = 0):
 def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> None:
     """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all;
     blas_inside: fn's small BLAS products run one-threaded while the chunks run)."""
-    if xp is not np:
-        fn(0, total)
+    if xp is not np or (_never_splits(total, nbytes) and (not blas_inside or threads.intra_threads() == 1)):
+        fn(0, total)  # one chunk, and BLAS (if fn calls it) on one thread already: no hold needed
         return
     fan_out(fn, total, nbytes, blas_inside)
 

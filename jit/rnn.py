@@ -12,33 +12,22 @@ from __future__ import annotations
 import math
 
 import numba as nb  # imported only when a recurrent kernel is first bound
-import numpy as np  # noqa: F401  (numba resolves the dtypes)
+import numpy as np
 
+from .fastexp import FAST, exp_scaled
 
-# 1 / (1 + exp(v)) in float32 without a vector math library: exp(v) = 2^k 2^f with k = round(v log2 e)
-# and |f| <= 1/2, 2^f by its Taylor polynomial (degree 7: relative error below 1e-8 before rounding)
-# and 2^k written as float32 bits; every step is arithmetic LLVM vectorizes (math.exp is not).
 _F32 = np.float32
-_LOG2E, _V_MAX = _F32(1.4426950408889634), _F32(87.0)
-_C1, _C2, _C3, _C4, _C5, _C6, _C7 = (_F32(math.log(2.0) ** k / math.factorial(k)) for k in range(1, 8))
-_ONE, _HALF = _F32(1.0), _F32(0.5)
-_BIAS, _MANT = np.int32(127), np.int32(23)  # float32 exponent bias and mantissa bits
-# error_model="numpy": no ZeroDivisionError branch, which keeps LLVM from vectorizing the divisions
-_FAST = dict(nogil=True, cache=True, boundscheck=False, fastmath={"contract"}, error_model="numpy")
+_ONE = _F32(1.0)
+_FAST = FAST
 
 
 @nb.njit(**_FAST)
 def _logistic_neg(v, lo, hi, scale, bits):
-    """v[lo:hi] = 1 / (1 + exp(scale * v[lo:hi])), float32, in place; bits: int32 scratch as long as v."""
-    pow2 = bits.view(np.float32)
+    """v[lo:hi] = 1 / (1 + exp(scale * v[lo:hi])), float32, in place (exp as fastexp's, vectorized);
+    bits: int32 scratch as long as v."""
+    exp_scaled(v, lo, hi, scale, bits)
     for g in range(lo, hi):
-        a = min(max(scale * v[g], -_V_MAX), _V_MAX) * _LOG2E
-        k = np.floor(a + _HALF)  # float32 (math.floor would return an int64 and make f float64)
-        f = a - k
-        v[g] = _ONE + f * (_C1 + f * (_C2 + f * (_C3 + f * (_C4 + f * (_C5 + f * (_C6 + f * _C7))))))
-        bits[g] = (np.int32(k) + _BIAS) << _MANT
-    for g in range(lo, hi):
-        v[g] = _ONE / (_ONE + v[g] * pow2[g])
+        v[g] = _ONE / (_ONE + v[g])
 
 
 @nb.njit(**_FAST)

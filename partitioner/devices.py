@@ -37,6 +37,10 @@ class DeviceProfile:
     blas_threads: Optional[int] = None      # the BLAS thread count calibration ran with (threads.py); None: unknown
     client: Optional[ClientCost] = None  # an edge's offload client's own cost per request (client_cost.py); None: unmeasured
     part: Optional[PartCost] = None  # an edge part's cost beyond its kernels (part_cost.py); None: unmeasured
+    # what a step fused into a product (a bias, an activation, a folded batch norm) costs there, as a share
+    # of its own price: the core Session runs it as one numpy call in place (1); the int8 interpreter folds
+    # it into the product's requantization (measured by converters/edge_profile: about 0)
+    fused_steps: float = 1.0
 
     def supports(self, op: str, node=None) -> bool:
         """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
@@ -95,6 +99,9 @@ class DeviceProfile:
         bt = d.get("blas_threads")
         if bt is not None and (isinstance(bt, bool) or not isinstance(bt, int) or bt < 1):
             raise ValueError(f"device profile field blas_threads must be an integer >= 1 or null, got {bt!r}")
+        fs = d.get("fused_steps", 1.0)
+        if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not 0.0 <= fs < float("inf"):
+            raise ValueError(f"device profile field fused_steps must be a finite number >= 0, got {fs!r}")
         if d.get("client") is not None:
             d["client"] = ClientCost.from_dict(d["client"], "device profile field client")
         if d.get("part") is not None:

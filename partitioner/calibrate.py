@@ -78,11 +78,16 @@ _MID_3X3 = ((1, 64, 32, 64, 3, 1), (1, 128, 16, 128, 3, 1), (1, 32, 56, 32, 3, 1
 # FLOPs: priced with the wide ones, the int8 interpreter's were 2-3x too cheap (issue 27).
 _NARROW = ((1, 256, 8, 512, 1, 2), (1, 512, 4, 1024, 1, 2), (1, 128, 8, 128, 3, 2), (1, 256, 4, 256, 3, 2),
            (1, 512, 2, 128, 1, 1), (1, 128, 4, 128, 3, 1))
+# Wide 3x3s on 32x32 maps (Inception's and the two-tower's first stages: im2col columns beyond L2, about
+# 70 GFLOP/s in the int8 interpreter against 110 on smaller maps) and stems from 3 channels (K = 27 or 147:
+# gathering the window dominates), as the split benchmark's models have them.
+_WIDE_AND_STEMS = ((1, 64, 32, 96, 3, 1), (1, 32, 32, 64, 3, 1), (1, 3, 32, 64, 3, 1), (1, 3, 64, 32, 7, 2))
 _CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3
-          + _NARROW,
+          + _NARROW + _WIDE_AND_STEMS,
           "full": ((1, 3, 224, 32, 3, 2), (1, 16, 56, 24, 1, 1), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 3, 2),
                    (1, 96, 14, 96, 1, 1), (1, 128, 7, 256, 3, 1), (1, 256, 7, 64, 1, 1), (1, 8, 112, 16, 3, 1),
-                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3 + _NARROW}
+                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3 + _NARROW
+                  + _WIDE_AND_STEMS}
 _DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1), (1, 64, 56, 3, 2),
                         (1, 192, 14, 3, 1), (1, 16, 112, 3, 1)),
               "full": ((1, 32, 112, 3, 1), (1, 96, 56, 3, 2), (1, 144, 28, 3, 1), (1, 192, 14, 3, 1),

@@ -57,8 +57,11 @@ class DeviceProfile:
         """Seconds for an op (a cost key: "Conv2D:grouped" falls back to "Conv2D", then to the default)."""
         c = self.op_coeffs.get(op) or self.op_coeffs.get(op.split(":")[0]) or self.default_coeffs
         if c is not None:
-            return c[0] + c[1] * flops + c[2] * nbytes
-        return self.op_overhead + flops / self.peak_flops + nbytes / self.mem_bandwidth
+            t = c[0] + c[1] * flops + c[2] * nbytes
+        else:
+            t = self.op_overhead + flops / self.peak_flops + nbytes / self.mem_bandwidth
+        # inside a real part, per request, kernels take kernel_scale x their calibration (part_cost.py)
+        return t if self.part is None else t * self.part.kernel_scale
 
     def scaled(self, slowdown: float, name: Optional[str] = None) -> "DeviceProfile":
         """The same device `slowdown` times slower (an edge emulated from this machine)."""

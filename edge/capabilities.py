@@ -163,11 +163,9 @@ FP32.update({
     "LSTMSequence": (_sequence, (4, 6)), "GRUSequence": (_sequence, (4, 5)),
     "ConvTranspose2D": (_conv_transpose, (2, 2)),
 })
-# rows whose attributes the TFLite writer's graph path still spells its own way (tflite_write_graph.EXTRA_OPS,
-# which it falls back to when edge_attrs refuses): until its handlers read these rows, edge_attrs gives them
-# only to callers writing for the edge interpreter, so graph_to_tflite keeps its own (checked) variants
-WRITERS_PENDING = frozenset({"StridedSlice", "Resize", "Squeeze", "ExpandAxes", "LSTMSequence", "ReduceMean",
-                             "Gather"})  # (Gather: the writer's form normalizes a negative axis; the edge's keeps it)
+# rows whose attributes a format writer (converters/tflite_write*.py, onnx_edge.py) does not read yet: edge_attrs
+# gives them only to callers writing for the edge interpreter (to_edge, the quantizer)
+WRITERS_PENDING: frozenset = frozenset()
 # inputs an fp32 kernel reads as integers (int32 or int64), by position
 INDEX_INPUTS: Dict[str, Tuple[int, ...]] = {"Gather": (1,)}
 

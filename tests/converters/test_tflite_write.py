@@ -185,12 +185,12 @@ def test_nchw_output_of_an_image_tensor_and_metadata():
 def test_unsupported_ops_are_refused_naming_the_node_and_op():
     w = ModelWriter()
     x = w.add_input("x", "float32", (1, 4, 8, 8))
-    k = w.add_constant("k", np.ones((4, 2, 3, 3), np.float32))
-    y = w.add_tensor("grouped", "float32", (1, 4, 8, 8))
+    k = w.add_input("k", "float32", (4, 4, 3, 3))      # weights computed at run time (a grouped conv is written)
+    y = w.add_tensor("run_time_weights", "float32", (1, 4, 8, 8))
     w.add_operator("Conv2D", [x, k], [y], {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1],
-                                           "groups": 2})
+                                           "groups": 1})
     w.mark_output(y)
-    with pytest.raises(TFLiteExportError, match=r"'grouped' \(Conv2D\).*groups=2"):
+    with pytest.raises(TFLiteExportError, match=r"'run_time_weights' \(Conv2D\).*constant weights only"):
         edge_to_tflite(w.to_bytes())
     assert "FusedConv2D" in supported_ops() and "Softmax" in supported_ops()
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..jit import available as _jit_available  # the leaf package only: never core
 from .opcontext import Window
-from .quant import MAGIC, MAGIC32
+from .quant import MAGIC, magic_pair
 
 CLAMPS = {"none": (-math.inf, math.inf), "relu": (0.0, math.inf), "relu6": (0.0, 6.0)}
 _MANTISSA = {np.dtype(np.float32): (24, -149), np.dtype(np.float64): (53, -1074)}  # bits, smallest exponent
@@ -145,7 +145,7 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
                    zy: int = 0, scratch: Optional[np.ndarray] = None, blocked: bool = False) -> Callable[[], None]:
     """A step running jit.depthwise_int8 on int8 x3 [R, H, W]: into outf3 (float, w3's dtype) the
     accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
-    (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
+    (quant.UniformRequantizer.bind's float32 path: clamp, round by quant.magic_pair(zy)), lo and hi
     then being its clamp in the accumulator's domain. bias must make the sums exact (exact_int8_bias)."""
     from ..jit.depthwise_int8 import depthwise_int8_step  # deferred: jit.depthwise_int8 loads numba
     for name, a in (("x", x3), ("weights", w3), ("bias", bias), ("out", outq3 if outf3 is None else outf3)):
@@ -158,8 +158,8 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
     if blocked:  # float32 weights, 3x3: 8 channels at a time (jit.depthwise_blocked), same arithmetic
         return _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch)
     geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
-    return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, MAGIC32 + zy, int(MAGIC32), outf3, outq3,
-                               scratch=scratch)
+    magic, base = magic_pair(zy)
+    return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, magic, base, outf3, outq3, scratch=scratch)
 
 
 def _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch):
@@ -171,9 +171,9 @@ def _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch):
     wb, bb = block_weights(w3, bias)
     hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
     pb, ob = scratch[:hp * wp * 8], scratch[hp * wp * 8:(hp * wp + g.oh * g.ow) * 8]
-    quant = outq3 is not None
+    quant, (magic, base) = outq3 is not None, magic_pair(zy)
     args = (x3, np.float32(zx), w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi), quant,
-            np.float32(MAGIC32 + zy), np.int32(MAGIC32), outq3 if quant else outf3, pb, ob)
+            np.float32(magic), np.int32(base), outq3 if quant else outf3, pb, ob)
 
     def run():
         blocked_rows(*args)
@@ -221,17 +221,17 @@ def accumulator_rows(acc: np.ndarray, view: Callable, out: np.ndarray):
     return acc.reshape(v2.shape[0], v2.strides[0] // isz), o2
 
 
-def bind_short_requantization(acc: np.ndarray, view: Callable, out: np.ndarray, lo, hi, magic) \
+def bind_short_requantization(acc: np.ndarray, view: Callable, out: np.ndarray, lo, hi, zp: int) \
         -> Optional[Callable[[], None]]:
     """quant.UniformRequantizer's short requantization as one compiled pass (jit.requantize), or None
     where accumulator_rows says no."""
     rows = None if acc.dtype != np.float32 else accumulator_rows(acc, view, out)
-    return None if rows is None else bind_requantize_rows(rows[0], None, lo, hi, magic, rows[1])
+    return None if rows is None else bind_requantize_rows(rows[0], None, lo, hi, zp, rows[1])
 
 
 def bind_uniform_requantization(rq, acc: np.ndarray, view: Callable, out: np.ndarray) -> Optional[Callable[[], None]]:
     """quant.UniformRequantizer's float64 requantization (clamp before, multiply, add, clamp after,
-    the low byte or a floor) as one compiled pass, or None where accumulator_rows says no."""
+    the low byte) as one compiled pass, or None where accumulator_rows says no."""
     rows = accumulator_rows(acc, view, out)
     if rows is None:
         return None
@@ -239,10 +239,7 @@ def bind_uniform_requantization(rq, acc: np.ndarray, view: Callable, out: np.nda
     a2, o2 = rows
     dt = acc.dtype.type
     before, after = rq.clamp_before and rq.needs_clamp, not rq.clamp_before
-    if rq.magic:
-        c, flo, fhi, sub, off = MAGIC + rq.zp, MAGIC + rq.lo, MAGIC + rq.hi, MAGIC, 0
-    else:
-        c, flo, fhi, sub, off = rq.c, float(rq.lo + 128), float(rq.hi + 128), 0.0, 128
+    c, flo, fhi, sub, off = MAGIC + rq.even, MAGIC + rq.lo - rq.odd, MAGIC + rq.hi - rq.odd, MAGIC, -rq.odd
     args = (dt(rq.t_lo), dt(rq.t_hi), before, np.float64(rq.m), np.float64(c), np.float64(flo), np.float64(fhi),
             after, np.float64(sub), np.int32(off))
 
@@ -269,18 +266,20 @@ def bind_channel_requantization(rq, acc4: np.ndarray, out4: np.ndarray) -> Optio
     from ..jit.requantize import channel_requantize_rows  # deferred: jit.requantize loads numba
     mf = np.ascontiguousarray(np.broadcast_to(np.asarray(rq.mf, np.float64).reshape(-1), (o,)))
     cf = np.ascontiguousarray(np.broadcast_to(np.asarray(rq.cf, np.float64).reshape(-1), (o,)))
-    flo, fhi = np.float64(rq.lo + 128), np.float64(rq.hi + 128)
+    flo, fhi, off = np.float64(rq.flo), np.float64(rq.fhi), np.int32(-rq.odd)
 
     def run():
-        channel_requantize_rows(a2, oh, mf, cf, flo, fhi, o2)
+        channel_requantize_rows(a2, oh, mf, cf, flo, fhi, off, o2)
     return run
 
 
-def bind_requantize_rows(a2: np.ndarray, bias: Optional[np.ndarray], lo, hi, magic, o2: np.ndarray) -> Callable[[], None]:
-    """A step: o2 [R, L] (int8) = the short requantization of a2 [R, >= L] (float32) + bias[r % C]."""
+def bind_requantize_rows(a2: np.ndarray, bias: Optional[np.ndarray], lo, hi, zp: int, o2: np.ndarray) -> Callable[[], None]:
+    """A step: o2 [R, L] (int8) = the short requantization of a2 [R, >= L] (float32) + bias[r % C]
+    with output zero point zp (ties to even: quant.magic_pair)."""
     from ..jit.requantize import requantize_rows  # deferred: jit.requantize loads numba
     b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).copy()
-    lo, hi, magic, base = np.float32(lo), np.float32(hi), np.float32(magic), np.int32(MAGIC32)
+    magic, base = magic_pair(zp)
+    lo, hi, magic, base = np.float32(lo), np.float32(hi), np.float32(magic), np.int32(base)
 
     def run():
         requantize_rows(a2, b, lo, hi, magic, base, o2)

@@ -5,7 +5,7 @@ Where the host has the integer GEMM (x86 AVX2, numba importable, ISTHMUS_JIT not
 take over at prepare time: weights become int16 pairs once; per call the input is packed into
 arena scratch (a 1x1 convolution's rows, or, in one pass, im2col columns of the input padded with
 its zero point), multiplied in int32 and requantized per output channel inside the GEMM's loop,
-straight into the int8 output. The arithmetic is edge/quant.Requantizer's integer definition, bit for bit (computed
+straight into the int8 output. The arithmetic is edge/quant.Requantizer's integer definition (ties to even), bit for bit (computed
 in float64 where `float_exact` proves it exact, else in int64), so results equal the float-GEMM
 kernels' and a plain integer numpy reference.
 """
@@ -19,7 +19,7 @@ import numpy as np
 from .compiled import use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, Window
-from .quant import quantize_multiplier
+from .quant import quantize_multiplier, split_zero_point
 
 _F64, _F32 = 1 << 53, 1 << 24
 
@@ -39,18 +39,21 @@ def ready() -> bool:
 
 
 def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, hi: int, bound: int):
-    """("float", mf, cf, flo, fhi) or ("int", q, c, s, lo, hi): per output channel, the constants of
-    out = clamp((acc q + c) >> s, lo, hi), c = bias q + 2^(s-1) + zp 2^s (Requantizer's definition).
-    float: t = acc mf + cf with mf = q 2^-s, cf = (c + 128 2^s) 2^-s, out = floor(clamp(t)) - 128; exact
-    when every value is a multiple of 2^-e (e = s less q's trailing zeros, at least 1) below 2^53 in
-    those units, so t is computed without rounding and its floor is the shift; mf, cf are float32
-    when even 2^24 bounds them (the GEMM then requantizes in float32). bound: max |acc|."""
+    """("float", mf, cf, flo, fhi, off) or ("int", q, c, s, zp, lo, hi): per output channel, the constants of
+    out = clamp(rne((acc q + c) 2^-s), lo, hi), c = bias q + zp 2^s, ties to the even value less zp
+    (Requantizer's definition; jit.requantize.shift_round_even). float: t = acc mf + cf with
+    mf = q 2^-s, cf = bias q 2^-s + even (split_zero_point), out = rint(clamp(t, flo, fhi)) - off,
+    flo = lo - odd, fhi = hi - odd, off = -odd; exact when every value is a multiple of 2^-e (e = s
+    less q's trailing zeros, at least 1) below 2^53 in those units, so t is computed without rounding
+    and rint (ties to even, the offset even keeping the parity) is the definition's rounding; mf, cf
+    are float32 when even 2^24 bounds them (the GEMM then requantizes in float32). bound: max |acc|."""
     ms = np.broadcast_to(np.asarray(multipliers, np.float64), bias.shape)
     qs = [quantize_multiplier(float(m)) for m in ms]
     q = np.array([v for v, _ in qs], np.int64)
     s = np.array([v for _, v in qs], np.int64)
-    c = [int(b) * int(qv) + (1 << (int(sv) - 1)) + (int(zp) << int(sv)) for b, qv, sv in zip(bias, q, s)]
-    if any(bound * int(qv) + abs(cv) >= _I64 for qv, cv in zip(q, c)):
+    c = [int(b) * int(qv) + (int(zp) << int(sv)) for b, qv, sv in zip(bias, q, s)]
+    even, odd = split_zero_point(zp)
+    if any(bound * int(qv) + abs(cv) + (1 << int(sv)) >= _I64 for qv, cv, sv in zip(q, c, s)):
         raise NotExact("int8 GEMM: the requantization could overflow int64")
     exact, exact32 = True, True
     mf, cf = np.empty(len(q)), np.empty(len(q))
@@ -60,14 +63,15 @@ def requantization(multipliers: np.ndarray, bias: np.ndarray, zp: int, lo: int, 
         units = (bound + abs(int(bv))) * (qv >> tz) * (1 << (e - (sv - tz))) + ((abs(zp) + 130) << e)
         exact, exact32 = exact and units < _F64, exact32 and units < _F32 and sv - tz < 126
         mf[i] = math.ldexp(qv, -sv)
-        cf[i] = math.ldexp(float(int(bv) * qv), -sv) + 0.5 + zp + 128
+        cf[i] = math.ldexp(float(int(bv) * qv), -sv) + even
+    flo, fhi, off = float(lo - odd), float(hi - odd), np.int32(-odd)
     if exact32:  # the same arithmetic in float32, every value exact there too (the quantizer's short scales)
         mf32, cf32 = mf.astype(np.float32), cf.astype(np.float32)
         if np.array_equal(mf32, mf) and np.array_equal(cf32, cf):
-            return "float", mf32, cf32, float(lo + 128), float(hi + 128)
+            return "float", mf32, cf32, flo, fhi, off
     if exact:
-        return "float", mf, cf, float(lo + 128), float(hi + 128)
-    return "int", q, np.array(c, np.int64), s, int(lo), int(hi)
+        return "float", mf, cf, flo, fhi, off
+    return "int", q, np.array(c, np.int64), s, np.int64(zp), int(lo), int(hi)
 
 
 def _bind_gemm(w32: np.ndarray, rq, xp: np.ndarray, acc: np.ndarray, out: np.ndarray, o: int, p: int, so: int,
@@ -76,10 +80,10 @@ def _bind_gemm(w32: np.ndarray, rq, xp: np.ndarray, acc: np.ndarray, out: np.nda
     # deferred: jit.gemm_int8 loads llvmlite, numba
     from ..jit.gemm_int8 import gemm_requantize_float, gemm_requantize_int
     if rq[0] == "float":
-        _, mf, cf, flo, fhi = rq
-        return lambda: gemm_requantize_float(w32, xp, acc, mf, cf, flo, fhi, out, o, p, so, sp)
-    _, q, c, s, lo, hi = rq
-    return lambda: gemm_requantize_int(w32, xp, acc, q, c, s, lo, hi, out, o, p, so, sp)
+        _, mf, cf, flo, fhi, off = rq
+        return lambda: gemm_requantize_float(w32, xp, acc, mf, cf, flo, fhi, off, out, o, p, so, sp)
+    _, q, c, s, zp, lo, hi = rq
+    return lambda: gemm_requantize_int(w32, xp, acc, q, c, s, zp, lo, hi, out, o, p, so, sp)
 
 
 def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multipliers, zx: int, zy: int,
@@ -165,10 +169,10 @@ def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[]
     # deferred: jit.gemm_int8 loads llvmlite, numba
     from ..jit.gemm_int8 import gemv_requantize_float, gemv_requantize_int
     if rq[0] == "float":
-        _, mf, cf, flo, fhi = rq
-        return lambda: gemv_requantize_float(w, a, mf, cf, flo, fhi, out)
-    _, q, c, s, lo, hi = rq
-    return lambda: gemv_requantize_int(w, a, q, c, s, lo, hi, out)
+        _, mf, cf, flo, fhi, off = rq
+        return lambda: gemv_requantize_float(w, a, mf, cf, flo, fhi, off, out)
+    _, q, c, s, zp, lo, hi = rq
+    return lambda: gemv_requantize_int(w, a, q, c, s, zp, lo, hi, out)
 
 
 def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray) -> Callable[[], None]:
@@ -176,7 +180,7 @@ def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndar
     # deferred: jit.gemv_int8 loads llvmlite, numba
     from ..jit.gemv_int8 import gemv_requantize_float, gemv_requantize_int
     if rq[0] == "float":
-        _, mf, cf, flo, fhi = rq
-        return lambda: gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, out)
-    _, q, c, s, lo, hi = rq
-    return lambda: gemv_requantize_int(w8, a, a16, q, c, s, lo, hi, out)
+        _, mf, cf, flo, fhi, off = rq
+        return lambda: gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out)
+    _, q, c, s, zp, lo, hi = rq
+    return lambda: gemv_requantize_int(w8, a, a16, q, c, s, zp, lo, hi, out)

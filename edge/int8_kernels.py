@@ -55,7 +55,7 @@ from . import int8_gemm
 from .format import EdgeModelError
 from .kernel_tables import INT8_KERNELS, int8_kernel
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
-from .quant import (F64_EXACT, MAGIC32, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
+from .quant import (F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
                     fold_requantization, int8_range, shared_mantissa)
 
 
@@ -271,12 +271,12 @@ def conv(ctx: OpContext):
         ones = ones if extra else None
         if pw_bias is not None:
             finish = bind_requantize_rows(acc.reshape(o, oh * ow), pw_bias, uni.lo - uni.zp, uni.hi - uni.zp,
-                                          MAGIC32 + uni.zp, outs[0].reshape(o, oh * ow))
+                                          uni.zp, outs[0].reshape(o, oh * ow))
         elif uni is not None:
             view = (lambda a: a.reshape(o, n, oh, ow)) if pointwise else wide.out_view
             finish = uni.bind(acc, None if ft == np.float64 else tmp, view, y4, bias_scaled)
         else:
-            finish = bind_folded_output(acc4, y4, lo, hi) if extra else _channel_finish(rq, acc4, y4, tmp)
+            finish = bind_folded_output(acc4, y4, lo, hi, zy) if extra else _channel_finish(rq, acc4, y4, tmp)
         if depthwise:  # per-channel 1 x kh*kw products: einsum, not thousands of tiny BLAS calls
             wc, einsum, add = wg[0].reshape(c, kk + extra), np.einsum, np.add
 
@@ -375,7 +375,7 @@ def matmul(ctx: OpContext):
         bin_ = None if i_b is None else (ins[1].swapaxes(-1, -2) if tb else ins[1])
         bf = const_b if i_b is None else sc[i_b]
         zaf, zbf = ft.type(za), ft.type(zb[0])
-        finish = bind_folded_output(acc, outs[0], lo, hi) if extra else rq.bind(acc, outs[0], tmp)
+        finish = bind_folded_output(acc, outs[0], lo, hi, zy) if extra else rq.bind(acc, outs[0], tmp)
         copyto, subtract, matmul = np.copyto, np.subtract, np.matmul
 
         def run():
@@ -500,7 +500,7 @@ def global_avg_pool(ctx: OpContext):
         if compiled:
             from ..jit.requantize import sum_requantize_rows  # deferred: jit.requantize loads numba
             x2, y1 = np.ascontiguousarray(ins[0]).reshape(n * c, hw), outs[0].reshape(n * c)
-            args = (np.int64(rq.q), np.int64(rq.c), np.int64(rq.s), np.int64(rq.lo), np.int64(rq.hi))
+            args = (np.int64(rq.q), np.int64(rq.c), np.int64(rq.s), np.int64(rq.zp), np.int64(rq.lo), np.int64(rq.hi))
             return lambda: sum_requantize_rows(x2, *args, y1)
         wide, acc, x3 = sc[i_wide], sc[i_acc], ins[0].reshape(n, c, hw)
         requant, total, copyto = rq.bind(acc, outs[0].reshape(n, c), acc), np.sum, np.copyto

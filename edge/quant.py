@@ -1,15 +1,20 @@
 """Fixed-point arithmetic shared by the int8 kernels.
 
 A real multiplier M (say s_x * s_w / s_y) is held as an int32 `q` in [2^30, 2^31) and a right
-shift `s` with M ~= q * 2^-s. Requantizing an integer v is one rounding, half up, in int64:
+shift `s` with M ~= q * 2^-s. Requantizing an integer v is one rounding, to nearest with ties to
+even (what LiteRT's XNNPACK does: its "fp32" requantization rounds v * M in float32 by the current
+rounding mode, exact for the quantizer's short multipliers, where exact ties are common), in int64:
 
-    y = clamp(((v + bias) * q + 2^(s-1)) >> s) + zero_point, lo, hi)
+    y = clamp(rne(((v + bias) * q) * 2^-s) + zero_point, lo, hi)
 
-(TFLite's single-rounding scheme). The tests write this definition out again in plain int64 numpy
-and compare bit for bit. The kernels fold bias, rounding and zero point into one per-channel
-constant c. Where |acc| q + |c| < 2^53 (nearly always) the same arithmetic runs in float64, exact:
-v = acc q 2^-s + (c + 128 * 2^s) 2^-s, then clamp and truncate into the output's bytes, whose top
-bit flips to give floor(v) - 128; float64 multiplies vectorize where int64 ones do not (AVX2).
+with rne(t 2^-s) = (t + 2^(s-1) - 1 + ((t >> s) & 1)) >> s (`shift_round_even`). The tie is
+decided before the zero point is added: with an odd zero point, rounding the sum to even would
+round the value to odd. The tests write this definition out again in plain int64 numpy and compare
+bit for bit. The kernels fold bias and zero point into one per-channel constant c. Where
+|acc| q + |c| < 2^53 (nearly always) the same arithmetic runs in float64, exact: t = acc q 2^-s
++ c 2^-s, clamped, then rounded by adding 1.5 * 2^52 (the float unit's ties-to-even), whose low
+bits are the value; float64 multiplies vectorize where int64 ones do not (AVX2). Float paths fold
+only the even part of the zero point (`split_zero_point`) before rounding, and add its low bit after.
 
 int8 GEMMs run as float32 GEMMs on int8-valued arrays: exact while every partial sum stays below
 2^24, which `exact_dtype` checks from a bound on the accumulator (float64, exact to 2^53, otherwise).
@@ -30,6 +35,25 @@ F32_EXACT = 1 << 24
 F64_EXACT = 1 << 53
 MAX_SHIFT = 62
 I64_LIMIT = 1 << 63
+
+
+def split_zero_point(zero_point: int) -> Tuple[int, int]:
+    """(even, odd) with even + odd = zero_point and odd in {0, 1}: float paths round t + even (an
+    even offset keeps the tie's parity) and add odd after the rounding."""
+    odd = int(zero_point) & 1
+    return int(zero_point) - odd, odd
+
+
+def shift_round_even(t, s):
+    """t * 2^-s rounded to nearest, ties to even (t int or int64 array, s >= 1): branch free."""
+    return (t + ((1 << (s - 1)) - 1) + ((t >> s) & 1)) >> s
+
+
+def magic_pair(zero_point: int, magic: float = MAGIC32) -> Tuple[float, int]:
+    """(add, base) for the magic-constant rounding of x into int8 with an output zero point:
+    int(x + add) - base = rne(x) + zero_point (add holds only the zero point's even part)."""
+    even, odd = split_zero_point(zero_point)
+    return magic + even, int(magic) - odd
 
 
 def quantize_multiplier(m: float) -> Tuple[int, int]:
@@ -76,7 +100,7 @@ def activation_bounds(activation: str, scale: float, zero_point: int) -> Tuple[i
 
 
 class Requantizer:
-    """out = clamp(((acc + bias) * q + 2^(s-1)) >> s) + zp, lo, hi), per channel along one axis.
+    """out = clamp(rne((acc + bias) * q 2^-s) + zp, lo, hi), per channel along one axis (ties to even).
 
     multipliers: one per channel (or one); bias: per channel ints (or None); acc_bound: max |acc|,
     used to prove int64 never overflows; channel_shape: the broadcast shape of a per-channel vector.
@@ -91,19 +115,19 @@ class Requantizer:
         if len(qs) not in (1, n) or len(b) not in (1, n):
             raise EdgeModelError(f"{len(qs)} multipliers and {len(b)} biases for {n} channels")
         qs, b = qs * (n // len(qs)), b * (n // len(b))
-        consts, worst = [], 0
-        for (q, s), bv in zip(qs, b):
-            c = bv * q + (1 << (s - 1)) + (int(zero_point) << s)
-            consts.append(c)
-            worst = max(worst, int(acc_bound) * q + abs(c))
-        if worst >= I64_LIMIT:
+        self.zp = int(zero_point)
+        even, odd = split_zero_point(self.zp)
+        consts = [bv * q + (self.zp << s) for (q, s), bv in zip(qs, b)]  # t = acc q + c; y = rne(t 2^-s)
+        if max(int(acc_bound) * q + abs(c) + (1 << s) for (q, s), c in zip(qs, consts)) >= I64_LIMIT:
             raise EdgeModelError("requantization could overflow int64 (bias, zero point or multiplier out of range)")
         self.lo, self.hi = int(lo), int(hi)
-        # the same arithmetic in float64 when every value stays exact: v = acc * q 2^-s + (c + 128 * 2^s) 2^-s
-        # is then a multiple of 2^-s below 2^(53 - s), and floor(v) - 128 the requantized value
+        # the same arithmetic in float64 when every value stays exact: t = acc * q 2^-s + (bias q + even 2^s) 2^-s
+        # is then a multiple of 2^-s below 2^(53 - s); clamped to [lo - odd, hi - odd] and rounded
+        # (ties to even: the offset `even` keeps the parity), + odd is the requantized value
         # (float64 multiplies vectorize; int64 ones do not, before AVX-512)
-        shifted = [cv + (128 << sv) for (_, sv), cv in zip(qs, consts)]
+        shifted = [bv * qv + (even << sv) for (qv, sv), bv in zip(qs, b)]
         self.float_ok = all(int(acc_bound) * qv + abs(cv) < F64_EXACT for (qv, _), cv in zip(qs, shifted))
+        self.flo, self.fhi, self.odd = float(self.lo - odd), float(self.hi - odd), odd
         mf = np.array([math.ldexp(qv, -sv) for qv, sv in qs], np.float64)
         cf = np.array([math.ldexp(float(cv), -sv) if abs(cv) < F64_EXACT else 0.0 for (_, sv), cv in zip(qs, shifted)])
         if len(set(mf.tolist())) == 1 and len(set(cf.tolist())) == 1:
@@ -118,16 +142,18 @@ class Requantizer:
             shifts = {s for _, s in qs}
             self.s = np.int64(shifts.pop()) if len(shifts) == 1 else \
                 np.array([s for _, s in qs], np.int64).reshape(channel_shape)
+        self.h1 = (np.int64(1) << (self.s - 1)) - 1  # half less one: t + h1 + parity, shifted, rounds ties to even
 
     def bind(self, acc: np.ndarray, out: np.ndarray, tmp: np.ndarray):
         """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64,
         or its bytes as float64). Every ufunc runs on one dtype: a casting ufunc would allocate
         iteration buffers per call (and is slower than a separate copyto)."""
         copyto, multiply, add, right_shift, clip = np.copyto, np.multiply, np.add, np.right_shift, clip_ufunc
+        odd = np.int8(self.odd)
         if self.float_ok and acc.dtype.kind == "f":
-            t, u8, mf, cf = tmp.view(np.float64), out.view(np.uint8), self.mf, self.cf
+            t, mf, cf, low = tmp.view(np.float64), self.mf, self.cf, tmp.view(np.int64)
             src = acc if acc.dtype == np.float64 else None  # float32 first widens into t
-            flo, fhi, top, xor = float(self.lo + 128), float(self.hi + 128), np.uint8(128), np.bitwise_xor
+            flo, fhi, magic = self.flo, self.fhi, np.float64(MAGIC)
 
             def run_float():
                 if src is None:
@@ -137,17 +163,26 @@ class Requantizer:
                     multiply(src, mf, out=t)
                 add(t, cf, out=t)
                 clip(t, flo, fhi, out=t)
-                copyto(u8, t, casting="unsafe")  # truncation: a floor, all values are >= 0 here
-                xor(u8, top, out=u8)
+                add(t, magic, out=t)  # rounds to the integer (ties to even), held in the low bits
+                copyto(out, low, casting="unsafe")  # the low byte: the value less `odd`, modulo 256
+                if odd:
+                    add(out, odd, out=out)
             return run_float
-        q, c, s, lo, hi = self.q, self.c, self.s, self.lo, self.hi
+        q, c, s, h1, zp, lo, hi = self.q, self.c, self.s, self.h1, np.int64(self.zp), self.lo, self.hi
         load = acc is not tmp
+        par = np.empty_like(tmp, dtype=np.int64)  # the parity of the truncated quotient (a fallback path's own buffer)
+        bitwise_and, bitwise_xor = np.bitwise_and, np.bitwise_xor
 
         def run():
             if load:
                 copyto(tmp, acc, casting="unsafe")
             multiply(tmp, q, out=tmp)
             add(tmp, c, out=tmp)
+            right_shift(tmp, s, out=par)
+            bitwise_xor(par, zp, out=par)  # the tie's parity is the value's, before the zero point
+            bitwise_and(par, 1, out=par)
+            add(par, h1, out=par)
+            add(tmp, par, out=tmp)
             right_shift(tmp, s, out=tmp)
             clip(tmp, lo, hi, out=tmp)
             copyto(out, tmp, casting="unsafe")
@@ -155,29 +190,30 @@ class Requantizer:
 
     def table(self, values: np.ndarray) -> np.ndarray:
         """The requantization of each value (int64 in, int8 out) computed once, for lookup tables."""
-        v = (values.astype(np.int64) * self.q + self.c) >> self.s
+        t = values.astype(np.int64) * self.q + self.c
+        v = (t + self.h1 + (((t >> self.s) ^ self.zp) & 1)) >> self.s
         return np.clip(v, self.lo, self.hi).astype(np.int8)
-
 
 
 def fold_requantization(w: np.ndarray, multipliers, bias, zero_point: int, acc_bound: int):
     """Fold Requantizer's per-channel arithmetic into float64 GEMM weights, or None when not exact.
 
     w: integer weights [O, K]. Returns [O, K + 1] float64: row o is w[o] * q_o * 2^-s_o, and its last
-    column (against a row of ones) is (bias_o * q_o + 2^(s_o - 1) + (zp + 128) * 2^s_o) * 2^-s_o.
-    Every product and partial sum of the GEMM is then a multiple of 2^-s_o below 2^(53 - s_o), so
-    exact, and floor(result) - 128 is the requantized value before its clamp: the whole
-    requantization becomes part of the GEMM, and what remains is a clip and a cast.
+    column (against a row of ones) is (bias_o * q_o + even * 2^s_o) * 2^-s_o, `even` the zero point's
+    even part (split_zero_point). Every product and partial sum of the GEMM is then a multiple of
+    2^-s_o below 2^(53 - s_o), so exact, and bind_folded_output's clamp and rounding give the
+    requantized value: the whole requantization becomes part of the GEMM but a clip, an add and a cast.
     """
     ms = np.atleast_1d(np.asarray(multipliers, np.float64))
     o = w.shape[0]
     if len(ms) == 1:
         ms = np.full(o, ms[0])
     b = np.zeros(o, np.int64) if bias is None else np.broadcast_to(np.asarray(bias, np.int64), (o,))
+    even, _ = split_zero_point(zero_point)
     out = np.empty((o, w.shape[1] + 1), np.float64)
     for i in range(o):
         q, s = quantize_multiplier(float(ms[i]))
-        n = int(b[i]) * q + (1 << (s - 1)) + ((int(zero_point) + 128) << s)
+        n = int(b[i]) * q + (even << s)
         if int(acc_bound) * q + abs(n) >= F64_EXACT or int(np.abs(w[i]).max(initial=0)) * q >= F64_EXACT:
             return None
         scale = math.ldexp(1.0, -s)
@@ -186,16 +222,20 @@ def fold_requantization(w: np.ndarray, multipliers, bias, zero_point: int, acc_b
     return out
 
 
-def bind_folded_output(acc: np.ndarray, out: np.ndarray, lo: int, hi: int):
-    """The end of a folded requantization: clip to [lo, hi] + 128, truncate (a floor: all values are
-    now >= 0) into the output's bytes, and flip the top bit (u - 128 as int8)."""
-    u8 = out.view(np.uint8)
-    clip, copyto, xor, flo, fhi, top = clip_ufunc, np.copyto, np.bitwise_xor, float(lo + 128), float(hi + 128), np.uint8(128)
+def bind_folded_output(acc: np.ndarray, out: np.ndarray, lo: int, hi: int, zero_point: int):
+    """The end of a folded requantization (acc float64, clamped and rounded in place): clip to
+    [lo, hi] less the zero point's odd part, add 1.5 * 2^52 (rounds ties to even, the value in the
+    low bits), take the low byte, and add the odd part back."""
+    _, odd = split_zero_point(zero_point)
+    low, odd8 = acc.view(np.int64), np.int8(odd)
+    clip, copyto, add, flo, fhi, magic = clip_ufunc, np.copyto, np.add, float(lo - odd), float(hi - odd), np.float64(MAGIC)
 
     def run():
         clip(acc, flo, fhi, out=acc)
-        copyto(u8, acc, casting="unsafe")
-        xor(u8, top, out=u8)
+        add(acc, magic, out=acc)
+        copyto(out, low, casting="unsafe")
+        if odd:
+            add(out, odd8, out=out)
     return run
 
 
@@ -215,16 +255,16 @@ def shared_mantissa(multipliers) -> Optional[Tuple[int, int, np.ndarray]]:
 
 
 class UniformRequantizer:
-    USE_MAGIC = True
-    """out = clamp(floor(a * q 2^-s + 1/2) + zp, lo, hi) for a GEMM result a = v_c 2^-e_c, v_c the integer
+    """out = clamp(rne(a * q 2^-s) + zp, lo, hi) for a GEMM result a = v_c 2^-e_c, v_c the integer
     accumulator (bias included) of channel c: Requantizer's arithmetic for multipliers q 2^-(s + e_c),
     with the powers of two already in the weights. Every multiplier and constant is one scalar, so
     each pass is a plain streaming loop (a per-channel vector makes numpy run one short broadcast
     loop per row, 2-2.5x slower here).
 
-    In float64: a q 2^-s is v_c q 2^-(s + e_c), exact while |v_c| q < 2^53; v = a M + (zp + 128.5) is
-    a multiple of 2^-(s + e_c), exact below 2^9 while s + e_c <= 44, so floor(v) - 128 is the
-    requantized value wherever the clamp leaves it (larger |v| may round, and clamp all the same).
+    In float64: x = a q 2^-s is v_c q 2^-(s + e_c), exact while |v_c| q < 2^53; adding
+    1.5 * 2^52 + even (split_zero_point) rounds x + even once, ties to even, and leaves the integer
+    in the low bits, which an int64 -> int8 cast takes directly; the odd part is added after. A clamp
+    after that add is exact whatever x is (rounding is monotone).
     The clamp moves before the multiply, onto a (float32 when the GEMM is): a -> y(a) is monotone,
     so clamping a to integers t_lo, t_hi with y(t_lo) = lo and y(t_hi) = hi (found in exact integer
     arithmetic) gives the same outputs; where no such integer exists (a multiplier above 1) the
@@ -242,41 +282,37 @@ class UniformRequantizer:
         if not (self.f64_ok or self.short):
             raise EdgeModelError("uniform requantization would round in float64")
         self.lo, self.hi, self.zp = int(lo), int(hi), int(zero_point)
+        self.even, self.odd = split_zero_point(self.zp)
         self.m = math.ldexp(self.q, -self.s)
-        self.c = self.zp + 128.5
         big = max(bounds)  # |a| <= max_c bound_c 2^-e_c <= big
-        k = ((self.zp + 128) << self.s) + (1 << (self.s - 1))  # (zp + 128.5) 2^s, an integer
 
-        def y(t: int) -> int:  # floor(t q 2^-s + zp + 128.5), the requantized value of a = t, + 128
-            return (t * self.q + k) >> self.s
+        def y(t: int) -> int:  # rne(t q 2^-s) + zp + 128, the requantized value of a = t, + 128
+            return shift_round_even(t * self.q, self.s) + self.zp + 128
         lo8, hi8 = self.lo + 128, self.hi + 128
+        k = ((self.zp + 128) << self.s) + (1 << (self.s - 1))  # half up's largest/smallest t, then ties to even's
         t_lo = -((-(((lo8 + 1) << self.s) - k)) // self.q) - 1  # the largest t with y(t) <= lo8
         t_hi = -((-((hi8 << self.s) - k)) // self.q)  # the smallest t with y(t) >= hi8
+        for _ in range(4):  # ties to even rounds down where half up does not: at most a step or two on
+            t_lo += y(t_lo + 1) <= lo8
+            t_hi += y(t_hi) < hi8
         self.clamp_before = True
         if t_lo < -big:
             t_lo = -big  # no a lies below: a no-op
-        elif t_lo > big or y(t_lo) != lo8:
+        elif t_lo > big or y(t_lo) != lo8 or y(t_lo + 1) <= lo8:
             self.clamp_before = False
         if t_hi > big:
             t_hi = big
-        elif t_hi < -big or y(t_hi) != hi8:
+        elif t_hi < -big or y(t_hi) != hi8 or y(t_hi - 1) >= hi8:
             self.clamp_before = False
         self.t_lo, self.t_hi = t_lo, t_hi
         self.needs_clamp = not self.clamp_before or t_lo > -big or t_hi < big
-        # Rounding by a magic constant: adding 1.5 * 2^52 rounds x = a q 2^-s to the nearest integer,
-        # ties to even, and leaves it in the low bits of the float64, which an int64 -> int8 cast
-        # then takes directly (no +128 offset, no byte flip). Ties to even equal the definition's
-        # half up wherever x is never a tie: x = v q 2^-(s + e_c) is k + 1/2 only if v is a multiple
-        # of 2^(s + e_c - 1 - tz(q)) (tz: trailing zero bits), which |v| <= big cannot be but for 0.
-        self.magic = self.USE_MAGIC and self.s - 1 - tz >= 0 and big < (1 << (self.s - 1 - tz))
         # A short multiplier (quantize_to_edge's short activation scales make q = odd * 2^tz with a
         # few-bit odd part): M_c = (q >> tz) 2^-f_c, f_c = s + e_c - tz, folds into float32 weights
-        # exactly, and with eps_c = 2^-(f_c + 1) added to the bias the GEMM yields x = v M_c + eps_c
-        # exactly while 2 (q >> tz) |v| + 1 < 2^24. floor(v M_c + 1/2) is then x rounded to nearest
-        # (x is an odd multiple of 2^-(f_c + 1): never a tie), which adding 1.5 * 2^23 does in
-        # float32; clamping x to [lo - zp, hi - zp] first gives the clamped values. `short`: the whole
-        # requantization in float32, a clamp, an add and a narrowing cast.
-        self.eps = np.ldexp(1.0, -(self.s + e - tz + 1))
+        # exactly, and the GEMM yields x = v M_c exactly while (q >> tz) |v| < 2^24. Clamping x to
+        # [lo - zp, hi - zp] and adding 1.5 * 2^23 + even rounds it in float32, ties to even
+        # (magic_pair): `short`, the whole requantization in float32, a clamp, an add and a narrowing cast.
+        # (eps_c: what the bias adds besides; zero now that ties round to even, as the kernels expect.)
+        self.eps = np.zeros(e.shape)
 
     def bind(self, acc: np.ndarray, tmp: Optional[np.ndarray], view, out: np.ndarray, short: bool = False):
         """A zero-argument step. acc: the GEMM's contiguous result (float32 or float64, clamped in
@@ -288,22 +324,25 @@ class UniformRequantizer:
         if not short and not self.f64_ok:
             raise EdgeModelError("uniform requantization would round in float64; only the short one is exact")
         t = acc if tmp is None else tmp
-        copyto, multiply, add, clip, xor = np.copyto, np.multiply, np.add, clip_ufunc, np.bitwise_xor
+        copyto, multiply, add, clip = np.copyto, np.multiply, np.add, clip_ufunc
+        odd = np.int8(self.odd)
         if short:  # acc is v M_c + eps_c in float32 (the kernel folded both in)
             if not self.short or acc.dtype != np.float32:
                 raise EdgeModelError("the short requantization needs a float32 v M + eps (UniformRequantizer.short)")
             slo, shi = np.float32(self.lo - self.zp), np.float32(self.hi - self.zp)
-            c32, bits = np.float32(MAGIC32 + self.zp), view(acc).view(np.int32)
+            c32, bits = np.float32(MAGIC32 + self.even), view(acc).view(np.int32)
             # cycle: edge.quant <-> edge.compiled
             from .compiled import bind_short_requantization  # (compiled.py imports this module)
-            fused = bind_short_requantization(acc, view, out, slo, shi, c32)
+            fused = bind_short_requantization(acc, view, out, slo, shi, self.zp)
             if fused is not None:  # the same arithmetic in one compiled pass
                 return fused
 
             def run_short():
                 clip(acc, slo, shi, out=acc)
-                add(acc, c32, out=acc)  # rounds to the integer, held in the low bits
-                copyto(out, bits, casting="unsafe")  # the low byte: the value
+                add(acc, c32, out=acc)  # rounds to the integer (ties to even), held in the low bits
+                copyto(out, bits, casting="unsafe")  # the low byte: the value less `odd`
+                if odd:
+                    add(out, odd, out=out)
             return run_short
         # cycle: edge.quant <-> edge.compiled
         from .compiled import bind_uniform_requantization  # (compiled.py imports this module)
@@ -314,17 +353,9 @@ class UniformRequantizer:
             raise EdgeModelError("uniform requantization: no compiled pass for this layout, and no temporary")
         tlo, thi = acc.dtype.type(self.t_lo), acc.dtype.type(self.t_hi)
         before, after, widen = self.clamp_before and self.needs_clamp, not self.clamp_before, tmp is not None
-        m = np.float64(self.m)
-        if self.magic:
-            c = np.float64(MAGIC + self.zp)
-            flo, fhi = MAGIC + self.lo, MAGIC + self.hi
-            src, dst = view(t).view(np.int64), out
-        else:
-            c = np.float64(self.c)
-            flo, fhi = float(self.lo + 128), float(self.hi + 128)
-            src, dst = view(t), out.view(np.uint8)
-        flip = None if self.magic else (dst.reshape(-1) if dst.flags.c_contiguous else dst)
-        top = np.uint8(128)
+        m, c = np.float64(self.m), np.float64(MAGIC + self.even)
+        flo, fhi = MAGIC + self.lo - self.odd, MAGIC + self.hi - self.odd
+        src = view(t).view(np.int64)
 
         def run():
             if before:
@@ -332,11 +363,10 @@ class UniformRequantizer:
             if widen:
                 copyto(t, acc)
             multiply(t, m, out=t)
-            add(t, c, out=t)
+            add(t, c, out=t)  # rounds x + even to the integer (ties to even), held in the low bits
             if after:
                 clip(t, flo, fhi, out=t)
-            # magic: the low byte of the int64 bits is the value; else truncation, a floor (all >= 0)
-            copyto(dst, src, casting="unsafe")
-            if flip is not None:
-                xor(flip, top, out=flip)
+            copyto(out, src, casting="unsafe")  # the low byte of the int64 bits: the value less `odd`
+            if odd:
+                add(out, odd, out=out)
         return run

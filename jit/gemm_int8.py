@@ -18,8 +18,8 @@ needs operands in pairs along K:
 
 The GEMM walks 16 columns at a time (that block of activations stays in L1 while every weight
 row block passes over it) and requantizes the block's [O, 16] accumulators straight into the int8
-output: out = clamp(floor(acc * q 2^-s + c 2^-s), lo, hi) per output channel, which is
-edge/quant.Requantizer's integer definition, in float64 where the caller proves it exact
+output: out = clamp(rne(acc * q 2^-s + c 2^-s), lo, hi) per output channel (ties to even, as LiteRT's
+XNNPACK), which is edge/quant.Requantizer's integer definition, in float64 where the caller proves it exact
 (`float_exact`), else in int64. Needs x86 AVX2 (`supported`); elsewhere the edge keeps its
 float-GEMM int8 kernels.
 """
@@ -31,6 +31,8 @@ from llvmlite import binding as _llvm
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+
+from .requantize import shift_round_even
 
 MR, NR = 4, 16  # tile: weight rows, activation columns (two vectors of eight int32)
 
@@ -108,11 +110,11 @@ def _tile(typingctx, w, x, acc, o, p0, kp):
 
 
 @intrinsic
-def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
+def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, off, so):
     """The tile of _tile, requantized in registers: out[(o + r) so + p0 + i] (int8, flat) =
-    int8(int32(min(max(double(acc) mf[o + r] + cf[o + r], flo), fhi)) - 128) for r < 4, i < 16; the
+    int8(int32(rint(min(max(double(acc) mf[o + r] + cf[o + r], flo), fhi))) - off) for r < 4, i < 16; the
     float64 requantization of gemm_requantize_float, element for element (mul then add, no fma)."""
-    sig = types.void(w, x, out, o, p0, kp, mf, cf, flo, fhi, so)
+    sig = types.void(w, x, out, o, p0, kp, mf, cf, flo, fhi, off, so)
 
     def codegen(context, builder, signature, args):
         results = _accumulate(context, builder, signature, args)
@@ -131,7 +133,10 @@ def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
                   for v in (args[8], args[9]))
         vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum." + suffix)
         vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
-        bias = ir.Constant(ir.VectorType(i32, 8), [128] * 8)
+        vrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8]), "llvm.rint." + suffix)
+        i32x8 = ir.VectorType(i32, 8)  # the offset: the zero point's odd part (ties to even before it)
+        bias = builder.shuffle_vector(builder.insert_element(ir.Constant(i32x8, ir.Undefined), args[10], ir.Constant(i32, 0)),
+                                      ir.Constant(i32x8, ir.Undefined), ir.Constant(i32x8, None))
 
         def splat(v):
             e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
@@ -141,9 +146,9 @@ def _tile_requantize(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
             m, c = splat(builder.load(builder.gep(mptr, [row]))), splat(builder.load(builder.gep(cptr, [row])))
             for j in range(2):
                 t = builder.fadd(builder.fmul(builder.sitofp(results[2 * r + j], d8), m), c)
-                t = builder.call(vmin, [builder.call(vmax, [t, lo]), hi])
+                t = builder.call(vrint, [builder.call(vmin, [builder.call(vmax, [t, lo]), hi])])
                 q = builder.trunc(builder.sub(builder.fptosi(t, ir.VectorType(i32, 8)), bias), ir.VectorType(i8, 8))
-                off = builder.add(builder.add(builder.mul(row, args[10]), args[4]), ir.Constant(i64, 8 * j))
+                off = builder.add(builder.add(builder.mul(row, args[11]), args[4]), ir.Constant(i64, 8 * j))
                 builder.store(q, builder.bitcast(builder.gep(optr, [off]), ir.VectorType(i8, 8).as_pointer()), align=1)
         return context.get_dummy_value()
     return sig, codegen
@@ -272,8 +277,8 @@ def im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, out, o_, p_, so, sp):
-    """out[o so + p sp] (int8, flat) = clamp(floor(acc[o, p] mf[o] + cf[o]), flo, fhi) - 128 for o < O, p < P,
+def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so, sp):
+    """out[o so + p sp] (int8, flat) = rint(clamp(acc[o, p] mf[o] + cf[o], flo, fhi)) - off for o < O, p < P,
     acc = w @ x in int32 (the packed operands), a block of 16 columns at a time through acc int32
     [Opad, 16]; exact when the caller's requantization says "float". (Flat indices: a row view per
     row and block cost more than the GEMM at K = 16.)"""
@@ -284,7 +289,7 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, out, o_, p_, so, sp):
         n = min(NR, p_ - p0)
         if n == NR:
             for o in range(0, full_o, MR):
-                _tile_requantize(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
+                _tile_requantize(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, off, so)
         first = full_o if n == NR else 0
         for o in range(first - first % MR, opad, MR):
             _tile(w32, x32, acc, o, p0, kp)
@@ -292,12 +297,12 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, out, o_, p_, so, sp):
             m, c, base, ob = mf[o], cf[o], o * NR, o * so + p0 * sp
             for i in range(n):
                 t = np.float64(a[base + i]) * m + c
-                out[ob + i * sp] = np.int8(np.int32(min(max(t, flo), fhi)) - 128)
+                out[ob + i * sp] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemm_requantize_int(w32, x32, acc, q, c, s, lo, hi, out, o_, p_, so, sp):
-    """gemm_requantize_float's layout, requantized in int64: clamp((acc q[o] + c[o]) >> s[o], lo, hi)."""
+def gemm_requantize_int(w32, x32, acc, q, c, s, zp, lo, hi, out, o_, p_, so, sp):
+    """gemm_requantize_float's layout, requantized in int64: clamp(shift_round_even(acc q[o] + c[o], s[o], zp), lo, hi)."""
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     a = acc.reshape(-1)
     for p0 in range(0, ppad, NR):
@@ -307,7 +312,7 @@ def gemm_requantize_int(w32, x32, acc, q, c, s, lo, hi, out, o_, p_, so, sp):
         for o in range(o_):
             qo, co, sh, base, ob = q[o], c[o], s[o], o * NR, o * so + p0 * sp
             for i in range(n):
-                v = (np.int64(a[base + i]) * qo + co) >> sh
+                v = shift_round_even(np.int64(a[base + i]) * qo + co, sh, zp)
                 out[ob + i * sp] = np.int8(min(max(v, lo), hi))
 
 
@@ -334,22 +339,22 @@ def _dot(wr, a):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_requantize_float(w, a, mf, cf, flo, fhi, out):
-    """A dense layer of a few rows: out[m, n] = clamp(floor(dot(w[n], a[m]) * mf[n] + cf[n]), flo, fhi) - 128;
+def gemv_requantize_float(w, a, mf, cf, flo, fhi, off, out):
+    """A dense layer of a few rows: out[m, n] = rint(clamp(dot(w[n], a[m]) * mf[n] + cf[n], flo, fhi)) - off;
     w int8 or int16 [N, K] (rows contiguous), a int8 [M, K]. Each weight row is read once per row
     of a (a matrix-vector product streams the weights: no packing, no padded columns)."""
     for m in range(a.shape[0]):
         am, om = a[m], out[m]
         for n in range(w.shape[0]):
             t = np.float64(_dot(w[n], am)) * mf[n] + cf[n]
-            om[n] = np.int8(np.int32(min(max(t, flo), fhi)) - 128)
+            om[n] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_requantize_int(w, a, q, c, s, lo, hi, out):
+def gemv_requantize_int(w, a, q, c, s, zp, lo, hi, out):
     """gemv_requantize_float's product, requantized in int64 (Requantizer's definition)."""
     for m in range(a.shape[0]):
         am, om = a[m], out[m]
         for n in range(w.shape[0]):
-            v = (np.int64(_dot(w[n], am)) * q[n] + c[n]) >> s[n]
+            v = shift_round_even(np.int64(_dot(w[n], am)) * q[n] + c[n], s[n], zp)
             om[n] = np.int8(min(max(v, lo), hi))

@@ -10,8 +10,8 @@ them with 16 activations into eight int32 pairs (pmaddwd on 256-bit vectors).
 
 Weights are int8 [ceil(N/4)*4, ceil(K/16)*16] with zero padding (pack_weights, once at prepare),
 so neither the padded activation columns nor the padded rows need clearing or masking.
-Requantization is jit.gemm_int8's: out = clamp(floor(acc mf + cf), flo, fhi) - 128 in float where
-the caller proved it exact, else clamp((acc q + c) >> s, lo, hi) in int64.
+Requantization is jit.gemm_int8's (ties to even): out = rint(clamp(acc mf + cf, flo, fhi)) - off in float
+where the caller proved it exact, else clamp(shift_round_even(acc q + c, s, zp), lo, hi) in int64.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+
+from .requantize import shift_round_even
 
 ROWS, KB = 4, 16  # weight rows per step, int8 weights per row per step
 
@@ -102,8 +104,8 @@ def _widen(src, a16):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, out):
-    """out[m, n] = clamp(floor(dot(w8[n], a[m]) mf[n] + cf[n]), flo, fhi) - 128 for n < N = out.shape[1];
+def gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out):
+    """out[m, n] = rint(clamp(dot(w8[n], a[m]) mf[n] + cf[n], flo, fhi)) - off for n < N = out.shape[1];
     a int8 [M, K], a16 int16 scratch (activation_elems(K)), w8 from pack_weights."""
     n_, kb = out.shape[1], w8.shape[1] // KB
     for m in range(a.shape[0]):
@@ -113,12 +115,12 @@ def gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, out):
             s = _dot_rows(w8, a16, n0, kb)
             for r in range(min(ROWS, n_ - n0)):
                 t = np.float64(s[r]) * mf[n0 + r] + cf[n0 + r]
-                om[n0 + r] = np.int8(np.int32(min(max(t, flo), fhi)) - 128)
+                om[n0 + r] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_requantize_int(w8, a, a16, q, c, s, lo, hi, out):
-    """gemv_requantize_float's product, requantized in int64: clamp((acc q[n] + c[n]) >> s[n], lo, hi)."""
+def gemv_requantize_int(w8, a, a16, q, c, s, zp, lo, hi, out):
+    """gemv_requantize_float's product, requantized in int64: clamp(shift_round_even(acc q[n] + c[n], s[n], zp), lo, hi)."""
     n_, kb = out.shape[1], w8.shape[1] // KB
     for m in range(a.shape[0]):
         _widen(a[m], a16)
@@ -127,7 +129,7 @@ def gemv_requantize_int(w8, a, a16, q, c, s, lo, hi, out):
             t = _dot_rows(w8, a16, n0, kb)
             for r in range(min(ROWS, n_ - n0)):
                 n = n0 + r
-                v = (np.int64(t[r]) * q[n] + c[n]) >> s[n]
+                v = shift_round_even(np.int64(t[r]) * q[n] + c[n], s[n], zp)
                 om[n] = np.int8(min(max(v, lo), hi))
 
 

@@ -1,10 +1,11 @@
 """The short float32 requantization of the edge's int8 kernels in one compiled pass.
 
 edge/quant.UniformRequantizer's short path turns a float32 accumulator into int8 in three numpy
-passes (a clamp, an add of 1.5 * 2^23 + zero point that rounds to the integer, a narrowing copy of
-the float's low byte); `requantize_rows` does the same arithmetic per element in one loop:
-out = int8(int32(min(max(a, lo), hi) + magic) - base), base = 1.5 * 2^23 (the integer part of a
-float32 in [2^23, 2^24) is its value, and its low byte the int8 result), after adding a per-row
+passes (a clamp, an add of 1.5 * 2^23 + the zero point's even part that rounds to the integer,
+ties to even, a narrowing copy of the float's low byte); `requantize_rows` does the same arithmetic
+per element in one loop: out = int8(int32(min(max(a, lo), hi) + magic) - base), (magic, base) =
+edge/quant.magic_pair(zero point) (the integer part of a float32 in [2^23, 2^24) is its value,
+base takes 1.5 * 2^23 off and adds the zero point's odd part), after adding a per-row
 bias where the caller left it out of the GEMM. The rows may be strided in the accumulator (a wide
 im2col's junk columns are skipped) and are contiguous in the output.
 """
@@ -30,8 +31,8 @@ def requantize_rows(a, bias, lo, hi, magic, base, out):
 def uniform_requantize_rows(a, tlo, thi, before, m, c, flo, fhi, after, sub, off, out):
     """edge/quant.UniformRequantizer's float64 path per element: clamp a to [tlo, thi] in its own
     dtype (before), t = float64(a) * m + c, clamp t to [flo, fhi] (after), out = int8(int32(t - sub) - off):
-    sub = 1.5 * 2^52 held in c, off = 0 (t is an integer whose low bits are the value), or sub = 0,
-    off = 128 with t >= 0 (the truncation is a floor).
+    c = 1.5 * 2^52 + the zero point's even part rounds (ties to even), sub = 1.5 * 2^52, off = -(its
+    odd part).
     a: [rows, >= cols] C-contiguous float32 or float64, out: int8 [rows, cols]."""
     for r in range(out.shape[0]):
         ar, orow = a[r], out[r]
@@ -66,22 +67,30 @@ def quantize_flat(x, s, lo, hi, z, out):
         out[i] = np.int8(np.int32(np.rint(min(max(x[i] / s, lo), hi)) + z))
 
 
+@nb.njit(inline="always")
+def shift_round_even(t, s, zp):
+    """edge/quant.Requantizer's int64 rounding: t 2^-s (t holding zp 2^s) to nearest, ties to the
+    value (less zp) that is even; branch free: (t + 2^(s-1) - 1 + parity) >> s."""
+    return (t + ((np.int64(1) << (s - 1)) - 1) + (((t >> s) ^ zp) & 1)) >> s
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def sum_requantize_rows(x, q, c, s, lo, hi, out):
-    """edge's int8 GlobalAvgPool: out[r] = clamp(((sum x[r]) * q + c) >> s, lo, hi) in int64
-    (edge/quant.Requantizer's integer path with one multiplier, the zero points folded into c)."""
+def sum_requantize_rows(x, q, c, s, zp, lo, hi, out):
+    """edge's int8 GlobalAvgPool: out[r] = clamp(shift_round_even((sum x[r]) * q + c, s, zp), lo, hi) in
+    int64 (edge/quant.Requantizer's integer path with one multiplier, the zero points folded into c)."""
     for r in range(x.shape[0]):
         row = x[r]
         v = np.int64(0)
         for i in range(row.shape[0]):
             v += np.int64(row[i])
-        out[r] = np.int8(min(max((v * q + c) >> s, lo), hi))
+        out[r] = np.int8(min(max(shift_round_even(v * q + c, s, zp), lo), hi))
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)  # no contraction: the multiply and the add round as numpy's
-def channel_requantize_rows(a, per, mf, cf, flo, fhi, out):
+def channel_requantize_rows(a, per, mf, cf, flo, fhi, off, out):
     """edge/quant.Requantizer's float64 path with a multiplier and a constant per channel, row r
-    being channel r // per: t = float64(a) * mf + cf, clamped to [flo, fhi] (>= 0), out = floor(t) - 128.
+    being channel r // per: t = float64(a) * mf + cf, clamped to [flo, fhi], out = rint(t) - off
+    (rint: ties to even; cf holds the zero point's even part, -off its odd part).
     a: float [rows, cols] (rows may be strided), out: int8 [rows, cols]."""
     for r in range(out.shape[0]):
         ch = r // per
@@ -89,4 +98,4 @@ def channel_requantize_rows(a, per, mf, cf, flo, fhi, out):
         ar, orow = a[r], out[r]
         for i in range(orow.shape[0]):
             t = np.float64(ar[i]) * m + c
-            orow[i] = np.int8(np.int32(min(max(t, flo), fhi)) - 128)  # int32: AVX2 has no packed float64 -> int64
+            orow[i] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)  # int32: AVX2 has no packed float64 -> int64

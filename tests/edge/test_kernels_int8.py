@@ -22,7 +22,8 @@ def multiplier(m: float):
 
 
 def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None):
-    """clamp((((acc) * q + 2^(s-1)) >> s) + zp), per channel along channel_axis when m is a vector."""
+    """clamp(rne(acc * q 2^-s) + zp), ties to even (LiteRT's XNNPACK), per channel along channel_axis
+    when m is a vector."""
     acc = np.asarray(acc, np.int64)
     ms = np.atleast_1d(m)
     qs = np.array([multiplier(float(v))[0] for v in ms], np.int64)
@@ -33,7 +34,10 @@ def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None):
         qs, ss = qs.reshape(shape), ss.reshape(shape)
     else:
         qs, ss = qs[0], ss[0]
-    v = (acc * qs + (np.int64(1) << (ss - 1))) >> ss
+    t = acc * qs
+    v = t >> ss  # the floor, then up past the half, and at the half to the even neighbour
+    frac, half = t - (v << ss), np.int64(1) << (ss - 1)
+    v = v + (frac > half) + ((frac == half) & (v % 2 == 1))
     return np.clip(v + zp, lo, hi).astype(np.int8)
 
 

@@ -1,5 +1,5 @@
 """The fixed-point requantization and its float64-GEMM folding, against plain int64 arithmetic,
-including the extremes of the accumulator bound and exact rounding ties."""
+including the extremes of the accumulator bound and exact rounding ties (to even, as LiteRT's XNNPACK)."""
 import math
 
 import numpy as np
@@ -16,7 +16,11 @@ def reference(acc, bias, m, zp, lo, hi):
     if q == 2 ** 31:
         q, e = q // 2, e + 1
     s = 31 - e
-    return np.clip(((acc.astype(np.int64) + bias) * q + (1 << (s - 1)) >> s) + zp, lo, hi).astype(np.int8)
+    t = (acc.astype(np.int64) + bias) * q
+    r = t >> s  # floor, then up past the half and to the even neighbour at the half
+    frac, half = t - (r << s), 1 << (s - 1)
+    r = r + (frac > half) + ((frac == half) & (r % 2 == 1))
+    return np.clip(r + zp, lo, hi).astype(np.int8)
 
 
 @pytest.mark.parametrize("m", [2.0 ** -31, 1e-7, 3.3e-4, 0.0123, 0.5, 1.0, 77.7])
@@ -60,23 +64,35 @@ def test_requantizer_and_folded_gemm_match_the_integer_definition(seed):
     assert folded is not None
     out = folded @ np.vstack([x, np.ones((1, 300))])
     got2 = np.empty((o, 300), np.int8)
-    bind_folded_output(out, got2, lo, hi)()
+    bind_folded_output(out, got2, lo, hi, zp)()
     np.testing.assert_array_equal(got2, want)
 
 
-def test_rounding_ties_go_up():
-    acc = np.arange(-8, 9, dtype=np.int64)  # acc * 0.25 hits every tie
-    want = reference(acc, 0, 0.25, 0, -128, 127)
-    assert list(want[:5]) == [-2, -2, -1, -1, -1]  # -2, -1.75, -1.5, -1.25, -1 -> half up
+# acc * 0.25 for acc in -8..8: -2, -1.75, ..., 2, rounded half to even (the tie's parity before the zero point)
+_TIES = [-2, -2, -2, -1, -1, -1, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("zp", [0, 3, -3, -128, 127])
+def test_rounding_ties_go_to_even(zp):
+    acc = np.arange(-8, 9, dtype=np.int64)  # acc * 0.25 hits every tie, both parities, both signs
+    want = np.clip(np.array(_TIES) + zp, -128, 127).astype(np.int8)
+    np.testing.assert_array_equal(reference(acc, 0, 0.25, zp, -128, 127), want)
     got = np.empty(17, np.int8)
-    Requantizer(0.25, 0, -128, 127, 8).bind(acc, got, np.empty(17, np.int64))()
+    Requantizer(0.25, zp, -128, 127, 8).bind(acc, got, np.empty(17, np.int64))()
     np.testing.assert_array_equal(got, want)
-    Requantizer(0.25, 0, -128, 127, 8).bind(acc.astype(np.float32), got, np.empty(17, np.int64))()
+    Requantizer(0.25, zp, -128, 127, 8).bind(acc.astype(np.float32), got, np.empty(17, np.int64))()
     np.testing.assert_array_equal(got, want)
-    folded = fold_requantization(np.ones((1, 1), np.int64), 0.25, None, 0, 8)
+    np.testing.assert_array_equal(Requantizer(0.25, zp, -128, 127, 8).table(acc), want)
+    folded = fold_requantization(np.ones((1, 1), np.int64), 0.25, None, zp, 8)
     out = (folded @ np.vstack([acc, np.ones(17)]).astype(np.float64)).reshape(17)
-    bind_folded_output(out, got, -128, 127)()
+    bind_folded_output(out, got, -128, 127, zp)()
     np.testing.assert_array_equal(got, want)
+    rq = UniformRequantizer(*quantize_multiplier(0.25), np.array([0]), zp, -128, 127, np.array([8]))
+    for short in (False, True):
+        got = np.empty((1, 17), np.int8)
+        a = acc.reshape(1, 17) * (rq.m if short else 1.0)
+        rq.bind(a.astype(np.float32), None if short else np.empty((1, 17)), lambda t: t, got, short=short)()
+        np.testing.assert_array_equal(got[0], want)
 
 
 def test_fold_declines_when_float64_would_round():
@@ -119,10 +135,12 @@ def test_uniform_requantizer_matches_the_integer_definition(seed, m0, lo, hi):
     zp = int(rng.integers(-20, 20))
     want = np.stack([reference(v[i], 0, ms[i], zp, lo, hi) for i in range(o)])
     rq = UniformRequantizer(*sm, zp, lo, hi, np.full(o, bound))
-    # rounding by the magic constant where no tie is reachable (a power-of-two multiplier makes ties)
-    assert rq.clamp_before == (m0 < 1) and rq.magic == (m0 != 2.0 ** -10)
-    for dtype, magic in ((np.float32, True), (np.float64, True), (np.float32, False), (np.float64, False)):
-        rq.magic = magic  # False: the +128 offset, truncation and a byte flip
+    assert rq.clamp_before == (m0 < 1)
+    if m0 == 2.0 ** -10:  # a power-of-two multiplier: v = (2k + 1) 2^(9 + e_c) are ties, both parities and signs
+        v[:, 40:46] = np.array([1, -1, 3, -3, 5, -7])[None, :] << (9 + e)[:, None]
+        want = np.stack([reference(v[i], 0, ms[i], zp, lo, hi) for i in range(o)])
+        assert np.all((v[:, 40:46] * ms[:, None]) % 1 == 0.5)
+    for dtype in (np.float32, np.float64):
         a = (v * np.ldexp(1.0, -e)[:, None]).astype(dtype)
         assert np.array_equal(a.astype(np.float64) * np.ldexp(1.0, e)[:, None], v)  # exact
         wide = np.concatenate([a, np.full((o, 7), 1e6, dtype)], axis=1)  # 7 junk columns
@@ -149,9 +167,9 @@ def test_shared_mantissa_declines_unrelated_multipliers():
 @pytest.mark.parametrize("seed,mq,f,lo,hi", [(0, 13, 14, -128, 127), (1, 5, 9, -5, 60), (2, 1, 12, 0, 127),
                                              (3, 15, 18, -128, 100)])
 def test_short_requantization_matches_the_integer_definition(seed, mq, f, lo, hi):
-    """A few-bit multiplier M_c = mq 2^-(f + e_c): the float32 path takes x = v M_c + 2^-(f + e_c + 1)
-    (what the kernel's GEMM yields), clamps, rounds by 1.5 * 2^23 and keeps the low byte; ties
-    (v M_c = k + 1/2, common with such multipliers) go up as the definition says."""
+    """A few-bit multiplier M_c = mq 2^-(f + e_c): the float32 path takes x = v M_c (what the
+    kernel's GEMM yields, eps_c being 0), clamps, rounds by 1.5 * 2^23 and keeps the low byte; ties
+    (v M_c = k + 1/2, common with such multipliers) go to even as the definition says."""
     rng = np.random.default_rng(seed)
     o, n = 4, 600
     e = rng.integers(0, 4, o)
@@ -166,6 +184,7 @@ def test_short_requantization_matches_the_integer_definition(seed, mq, f, lo, hi
     half = 1 << (f + e - 1)  # v = +-2^(f + e_c - 1): v M_c = +-mq / 2, an exact half, a tie
     ties = half <= bound
     v[ties, 200], v[ties, 201] = half[ties], -half[ties]
+    v[ties, 202], v[ties, 203] = 3 * half[ties], -3 * half[ties]  # the other parity
     want = np.stack([reference(v[i], 0, ms[i], rq.zp, lo, hi) for i in range(o)])
     x = v * ms[:, None] + rq.eps[:, None]
     scale = np.ldexp(1.0, f + e)[:, None]
@@ -173,4 +192,5 @@ def test_short_requantization_matches_the_integer_definition(seed, mq, f, lo, hi
     got = np.zeros((o, n), np.int8)
     rq.bind(x.astype(np.float32), None, lambda a: a, got, short=True)()
     np.testing.assert_array_equal(got, want)
-    assert ties.any() and np.all((v[ties, 200:202] * ms[ties, None]) % 1 == 0.5)
+    assert ties.any() and np.all((v[ties, 200:204] * ms[ties, None]) % 1 == 0.5)
+    assert not rq.eps.any()

@@ -83,11 +83,13 @@ def test_dirty_scratch_and_nan():
 def test_blocked_int8_requantized_exactly(n, c, h, wd, strides, pads):
     """int8 input less its zero point, integer weights scaled by 2^-4 (so the sums are exact in float32
     and not integers), requantized in the kernel: equal to an int32 numpy reference of the same rule,
-    clamp(acc 2^-4, lo, hi) plus the output zero point, rounded half to even (the float32 add of
-    1.5 2^23 + zy rounds the sum)."""
+    clamp(acc 2^-4, lo, hi) rounded half to even, plus the output zero point (odd here: the float32
+    add of edge.quant.magic_pair's constant rounds before the zero point's odd part is added)."""
+    from isthmus.edge.quant import magic_pair
     from isthmus.jit.depthwise_blocked import block_weights, blocked_rows, blocked_scratch_elems
     rng = np.random.default_rng(n * 999 + c * 7 + h)
-    zx, zy, magic32 = -7, 5, np.float32(1.5 * 2 ** 23)
+    zx, zy = -7, 5
+    magic, base = magic_pair(zy)
     x = rng.integers(-128, 128, (n * c, h, wd)).astype(np.int8)
     wi = rng.integers(-15, 16, (c, 3, 3)).astype(np.int32)
     bi = rng.integers(-500, 500, c).astype(np.int32)
@@ -102,11 +104,12 @@ def test_blocked_int8_requantized_exactly(n, c, h, wd, strides, pads):
         for j in range(3):
             acc += xp[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw] * wi[ch, i, j][:, None, None]
     lo, hi = -128.0 - zy, 127.0 - zy
-    want = np.rint(np.clip(acc * 0.0625, lo, hi) + zy).astype(np.int8)
+    want = (np.rint(np.clip(acc * 0.0625, lo, hi)) + zy).astype(np.int8)
+    assert np.any((acc * 0.0625) % 2 == 0.5) and np.any((acc * 0.0625) % 2 == 1.5)  # ties, both parities
     wb, bb = block_weights((wi * 0.0625).astype(np.float32), (bi * 0.0625).astype(np.float32))
     sc = np.full(blocked_scratch_elems(hp, wp, oh, ow), np.nan, np.float32)
     got = np.zeros((n * c, oh, ow), np.int8)
     blocked_rows(x, np.float32(zx), c, wb, bb, pt, pl, wp, sh, sw, np.float32(lo), np.float32(hi), True,
-                 np.float32(magic32 + zy), np.int32(magic32), got, sc[:hp * wp * 8], sc[hp * wp * 8:])
+                 np.float32(magic), np.int32(base), got, sc[:hp * wp * 8], sc[hp * wp * 8:])
     np.testing.assert_array_equal(got, want)
     assert len(np.unique(got)) > 50  # the clamp does not flatten the test

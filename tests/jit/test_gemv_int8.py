@@ -29,23 +29,46 @@ def test_extreme_values_accumulate_without_overflow():
     assert (out == 128 * 128 * k).all()
 
 
-def test_requantizations_match_the_integer_definition():
+def _round_even_ref(t, s, zp):
+    """t 2^-s (t holding zp 2^s) to nearest, ties to the even value less zp: floor, then the remainder."""
+    r = t >> s
+    frac, half = t - (r << s), np.int64(1) << (s - 1)
+    return r + (frac > half) + ((frac == half) & ((r - zp) % 2 == 1))
+
+
+@pytest.mark.parametrize("pow2,zp", [(False, -128), (True, 0), (True, 3), (True, -7)])
+def test_requantizations_match_the_integer_definition(pow2, zp):
+    """Both requantizations against a numpy reference, ties to even; pow2: power-of-two multipliers
+    (exact ties in many outputs, both parities and signs)."""
     rng = np.random.default_rng(3)
-    m, k, n = 2, 70, 9
-    w = rng.integers(-128, 128, (n, k))
-    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    m, k, n = 3, 70, 40
+    r = 5 if pow2 else 128  # power-of-two multipliers: small products, so that the ties are not clamped
+    w = rng.integers(-r, r, (n, k))
+    a = rng.integers(-r, r, (m, k)).astype(np.int8)
     acc = a.astype(np.int64) @ w.T
-    q = rng.integers(1 << 29, 1 << 30, n)
-    s = rng.integers(36, 40, n)
-    c = rng.integers(-1 << 36, 1 << 36, n)
-    want = np.clip((acc * q + c) >> s, -128, 127).astype(np.int8)
+    q = np.full(n, 1 << 30) if pow2 else rng.integers(1 << 29, 1 << 30, n)
+    s = rng.integers(36, 40, n) if not pow2 else np.full(n, 33 + np.arange(n) % 3)  # M = 2^-3 .. 2^-5
+    c = (rng.integers(-30, 30, n) * q) + (np.int64(zp) << s)  # bias q + zp 2^s
+    if not pow2:
+        c = rng.integers(-1 << 36, 1 << 36, n) + (np.int64(zp) << s)
+    t = acc * q + c
+    want = np.clip(_round_even_ref(t, s, zp), -128, 127).astype(np.int8)
+    if pow2:
+        ties = (t & ((np.int64(1) << s) - 1)) == (np.int64(1) << (s - 1))
+        assert ties.sum() >= 5 and len({int(v) % 2 for v in ((t >> s) - zp)[ties]}) == 2  # both parities
     w8, a16 = gv.pack_weights(w), np.zeros(gv.activation_elems(k), np.int16)
     got = np.zeros((m, n), np.int8)
-    gv.gemv_requantize_int(w8, a, a16, q, c, s, -128, 127, got)
+    gv.gemv_requantize_int(w8, a, a16, q, c, s, np.int64(zp), -128, 127, got)
     np.testing.assert_array_equal(got, want)
-    mf, cf = np.ldexp(1.0, -10) * np.ones(n), rng.integers(0, 200, n) + 0.5
-    want_f = (np.floor(np.clip(acc * mf + cf, 0.0, 255.0)) - 128).astype(np.int8)
-    gv.gemv_requantize_float(w8, a, a16, mf, cf, 0.0, 255.0, got)
+    odd = zp & 1  # the float form: small products, M = 1/4, so that a quarter of the outputs are ties
+    w, a = rng.integers(-4, 5, (n, k)), rng.integers(-4, 5, (m, k)).astype(np.int8)
+    w8, acc = gv.pack_weights(w), a.astype(np.int64) @ w.T
+    mf, cf = np.full(n, 0.25), rng.integers(-400, 400, n) * 0.25 + (zp - odd)
+    flo, fhi = -128.0 - odd, 127.0 - odd
+    x = acc * mf + cf
+    want_f = (np.rint(np.clip(x, flo, fhi)) + odd).astype(np.int8)
+    assert np.any(x % 1 == 0.5)  # ties
+    gv.gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, np.int32(-odd), got)
     np.testing.assert_array_equal(got, want_f)
 
 

@@ -67,12 +67,11 @@ def test_int8_within_one_step_of_the_edge_interpreter(name):
     calib = [{x.node.name: v} for v in _feeds(shape, 8, seed=2)]
     edge, _ = quantize_to_edge(sess, [y], calib)
     data = edge_to_tflite(edge)
-    # each op is within one step (LiteRT's XNNPACK rounds requantization ties to even, isthmus half up, and
-    # the convs' short multipliers make ties common); through the CNN's two dense layers after its convs
-    # the steps can add: over 60 other random inputs one output reaches 2 steps with free dense scales,
-    # none with dense scales rounded to 4 bits (the quantizer's default), and one of these three does
-    for xv in _feeds(shape, 3, seed=3):
-        assert_int8_within_one_step(data, edge, xv, steps=1 if name == "mlp" else 2)
+    # isthmus requantizes as LiteRT's XNNPACK does, ties to even (the quantizer's short multipliers make
+    # exact ties common; rounding them half up put the CNN's dense layers 2 steps off on some inputs):
+    # over 60 inputs (these 20 among them) both models now match LiteRT exactly; one step is the claim
+    for xv in _feeds(shape, 20, seed=3):
+        assert_int8_within_one_step(data, edge, xv)
     assert to_tflite(sess, [y], int8=True, calibration=calib) == data
 
 

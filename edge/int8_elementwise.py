@@ -16,7 +16,7 @@ from .format import EdgeModelError
 from .kernel_tables import int8_kernel
 from .kernels import reshape_target
 from .opcontext import OpContext, clip_ufunc
-from .quant import F64_EXACT, Requantizer, activation_bounds, quantize_multiplier
+from .quant import F64_EXACT, Requantizer, activation_bounds, add_multipliers
 
 _INT8_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)  # index u -> int8
 
@@ -136,8 +136,7 @@ def add(ctx: OpContext):
             raise EdgeModelError(f"BiasAdd: bias of {x2.shape[0]} for axis {axis} of {x1.shape}")
         shape2 = (x2.shape[0],) + (1,) * (len(x1.shape) - axis - 1)
     out = _broadcast(ctx, x1.shape, shape2)
-    _, shift = quantize_multiplier(max(s1, s2) / sy)
-    q1, q2 = round(s1 / sy * 2 ** shift), round(s2 / sy * 2 ** shift)
+    q1, q2, shift = add_multipliers(s1, s2, sy)  # LiteRT's XNNPACK's (its rounding: half up)
     k = -z1 * q1 - z2 * q2 + (1 << (shift - 1)) + (zy << shift)
     if 128 * (q1 + q2) + abs(k) >= 1 << 63:
         raise EdgeModelError(f"{ctx.op}: scales {s1}, {s2} -> {sy} overflow the fixed-point sum")

@@ -70,6 +70,21 @@ def quantize_multiplier(m: float) -> Tuple[int, int]:
     return q, s
 
 
+def add_multipliers(s1: float, s2: float, sy: float) -> Tuple[int, int, int]:
+    """(q1, q2, S) for an int8 Add y = ((x1 - z1) q1 + (x2 - z2) q2 + 2^(S-1)) >> S + z_y (half up).
+    As LiteRT's XNNPACK builds them (qs8 add): the ratios r_i = s_i / s_y divided in float32, a
+    21-bit multiplier for the larger (S = 20 - floor(log2 max r_i)), each q_i = round(r_i 2^S),
+    where XNNPACK takes the op (ratios in [2^-10, 2^8)); elsewhere 31-bit multipliers."""
+    r1, r2 = (float(np.float32(v) / np.float32(sy)) for v in (s1, s2))
+    big = max(r1, r2)
+    if 2.0 ** -10 <= big < 2.0 ** 8 and min(r1, r2) >= 2.0 ** -10:
+        shift = 20 - (math.frexp(big)[1] - 1)
+    else:
+        _, shift = quantize_multiplier(max(s1, s2) / sy)
+        r1, r2 = s1 / sy, s2 / sy
+    return round(math.ldexp(r1, shift)), round(math.ldexp(r2, shift)), shift
+
+
 def exact_dtype(acc_bound: float) -> np.dtype:
     """float32 when a GEMM whose partial sums are bounded by acc_bound is exact in it, else float64."""
     if acc_bound < F32_EXACT:

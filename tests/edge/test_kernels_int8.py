@@ -213,10 +213,13 @@ def test_matmul_of_two_activations_with_batch():
 
 # ---- elementwise ---------------------------------------------------------------------------------
 def add_ref(x1, s1, z1, x2, s2, z2, sy, zy):
-    s1, s2, sy = f32(s1), f32(s2), f32(sy)
-    mx = max(s1, s2) / sy
-    _, shift = multiplier(mx)
-    q1, q2 = round(s1 / sy * 2 ** shift), round(s2 / sy * 2 ** shift)
+    """LiteRT's XNNPACK qs8 Add: float32 ratios s_i / s_y, the larger one's multiplier 21 bits
+    (shift = 20 - its exponent), the sum shifted right after adding half (half up)."""
+    r1, r2 = f32(s1) / f32(sy), f32(s2) / f32(sy)  # float32 divisions
+    assert 2.0 ** -10 <= min(r1, r2) and max(r1, r2) < 2.0 ** 8  # the ratios XNNPACK takes
+    shift = 20 - (int(np.frexp(max(r1, r2))[1]) - 1)
+    q1, q2 = round(float(r1) * 2 ** shift), round(float(r2) * 2 ** shift)
+    assert 1 << 20 <= max(q1, q2) < 1 << 21
     v = (x1.astype(np.int64) - z1) * q1 + (x2.astype(np.int64) - z2) * q2
     return np.clip(((v + (1 << (shift - 1))) >> shift) + zy, -128, 127).astype(np.int8)
 

@@ -16,7 +16,7 @@ from .format import EdgeModelError
 from .kernel_tables import int8_kernel
 from .kernels import reshape_target
 from .opcontext import OpContext, clip_ufunc
-from .quant import F64_EXACT, Requantizer, activation_bounds, add_multipliers
+from .quant import F64_EXACT, UP, Requantizer, activation_bounds, add_multipliers, convert_table
 
 _INT8_VALUES = np.arange(256, dtype=np.int64).astype(np.uint8).view(np.int8).astype(np.int64)  # index u -> int8
 
@@ -27,7 +27,10 @@ def _same(a, b) -> bool:
 
 def _requant_table(ctx: OpContext, src, dst, lo: int = -128, hi: int = 127) -> np.ndarray:
     (s1, z1), (s2, z2) = src, dst
-    return Requantizer(s1 / s2, z2, lo, hi, 256, [-z1]).table(_INT8_VALUES)
+    # int8 -> int8 requantization is LiteRT's QUANTIZE op (XNNPACK's convert: quant.convert_table); with
+    # an activation's clamp, or where XNNPACK declines the ratio, the fixed point rounding half up
+    table = convert_table(s1, z1, s2, z2, _INT8_VALUES) if (lo, hi) == (-128, 127) else None
+    return Requantizer(s1 / s2, z2, lo, hi, 256, [-z1], rounding=UP).table(_INT8_VALUES) if table is None else table
 
 
 def _table_step(table: np.ndarray, x: np.ndarray, y: np.ndarray, idx: np.ndarray):

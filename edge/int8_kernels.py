@@ -55,7 +55,7 @@ from . import int8_gemm
 from .format import EdgeModelError
 from .kernel_tables import INT8_KERNELS, int8_kernel
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
-from .quant import (F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
+from .quant import (EVEN_SUM, F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
                     fold_requantization, int8_range, shared_mantissa)
 
 
@@ -449,7 +449,8 @@ def max_pool(ctx: OpContext):
 @int8_kernel("AvgPool")
 def avg_pool(ctx: OpContext):
     """Sums raw int8 values over the real (unpadded) elements of each window, then rounds
-    sum / count half up: floor((2 * sum + count) / (2 * count))."""
+    sum / count half away from zero, as LiteRT's int8 AVERAGE_POOL_2D does:
+    floor((2 * sum + count - (sum < 0)) / (2 * count))."""
     (n, c, h, w, t, b, l, r, oh, ow), taps, _ = _pool_geometry(ctx)
     ones = np.zeros((1, 1, h + t + b, w + l + r), np.int32)
     ones[:, :, t:t + h, l:l + w] = 1
@@ -457,13 +458,14 @@ def avg_pool(ctx: OpContext):
     cnt = np.int32(count.flat[0]) if np.all(count == count.flat[0]) else count
     cnt2 = cnt * 2
     i_pad, i_acc = ctx.scratch((n, c, h + t + b, w + l + r), np.int32), ctx.scratch((n, c, oh, ow), np.int32)
+    i_neg = ctx.scratch((n, c, oh, ow), np.int32)
 
     def bind(ins, outs, sc):
-        src, acc, x, y = sc[i_pad], sc[i_acc], ins[0], outs[0]
+        src, acc, neg, x, y = sc[i_pad], sc[i_acc], sc[i_neg], ins[0], outs[0]
         borders, inner = _borders(src, t, b, l, r), src[:, :, t:t + h, l:l + w]
         views = [src[tp] for tp in taps]
         first, rest = views[0], views[1:]
-        copyto, add, multiply, floor_divide = np.copyto, np.add, np.multiply, np.floor_divide
+        copyto, add, multiply, floor_divide, right_shift = np.copyto, np.add, np.multiply, np.floor_divide, np.right_shift
 
         def run():
             for v in borders:
@@ -472,8 +474,10 @@ def avg_pool(ctx: OpContext):
             copyto(acc, first)
             for v in rest:
                 add(acc, v, out=acc)
+            right_shift(acc, 31, out=neg)  # -1 where the sum is negative: its tie rounds down (away from zero)
             multiply(acc, 2, out=acc)
             add(acc, cnt, out=acc)
+            add(acc, neg, out=acc)
             floor_divide(acc, cnt2, out=acc)
             copyto(y, acc, casting="unsafe")
         return run
@@ -491,7 +495,7 @@ def global_avg_pool(ctx: OpContext):
     sx, zx = ctx.per_tensor(x)
     sy, zy = ctx.per_tensor(y)
     hw = h * w
-    rq = Requantizer(sx / (sy * hw), zy, -128, 127, 128 * hw, [-hw * zx])
+    rq = Requantizer(sx / (sy * hw), zy, -128, 127, 128 * hw, [-hw * zx], rounding=EVEN_SUM)  # LiteRT's MEAN
     compiled = use_compiled()  # one compiled pass (jit.requantize.sum_requantize_rows): about 8 numpy calls less
     if not compiled:
         i_wide, i_acc = ctx.scratch((n, c, hw), np.int64), ctx.scratch((n, c), np.int64)
@@ -500,7 +504,7 @@ def global_avg_pool(ctx: OpContext):
         if compiled:
             from ..jit.requantize import sum_requantize_rows  # deferred: jit.requantize loads numba
             x2, y1 = np.ascontiguousarray(ins[0]).reshape(n * c, hw), outs[0].reshape(n * c)
-            args = (np.int64(rq.q), np.int64(rq.c), np.int64(rq.s), np.int64(rq.zp), np.int64(rq.lo), np.int64(rq.hi))
+            args = (np.int64(rq.q), np.int64(rq.c), np.int64(rq.s), np.int64(rq.pz), np.int64(rq.lo), np.int64(rq.hi))
             return lambda: sum_requantize_rows(x2, *args, y1)
         wide, acc, x3 = sc[i_wide], sc[i_acc], ins[0].reshape(n, c, hw)
         requant, total, copyto = rq.bind(acc, outs[0].reshape(n, c), acc), np.sum, np.copyto

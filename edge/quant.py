@@ -85,6 +85,19 @@ def add_multipliers(s1: float, s2: float, sy: float) -> Tuple[int, int, int]:
     return round(math.ldexp(r1, shift)), round(math.ldexp(r2, shift)), shift
 
 
+def convert_table(s1: float, z1: int, s2: float, z2: int, values: np.ndarray) -> Optional[np.ndarray]:
+    """int8 -> int8 requantization of `values` (int64) as LiteRT's XNNPACK converts (qs8 convert, the
+    QUANTIZE op between int8 tensors): an 8-bit fraction m = round(256 s1 / s2) (the ratio divided in
+    float32), y = clamp(((x - z1) m + 128) >> 8 + z2), half up; None outside the ratios XNNPACK takes
+    ([2^-8, 2^7])."""
+    r = float(np.float32(s1) / np.float32(s2))
+    if not 2.0 ** -8 <= r <= 2.0 ** 7:
+        return None
+    m = round(256.0 * r)  # exact product, rounded ties to even (lrintf)
+    v = ((values.astype(np.int64) - z1) * m + 128 + (int(z2) << 8)) >> 8
+    return np.clip(v, -128, 127).astype(np.int8)
+
+
 def exact_dtype(acc_bound: float) -> np.dtype:
     """float32 when a GEMM whose partial sums are bounded by acc_bound is exact in it, else float64."""
     if acc_bound < F32_EXACT:
@@ -114,15 +127,23 @@ def activation_bounds(activation: str, scale: float, zero_point: int) -> Tuple[i
     return lo, hi
 
 
+# How an op's requantization rounds a tie, as LiteRT runs that op (measured against LiteRT 2.3.0 with
+# tie-heavy inputs): EVEN, ties to even before the zero point (XNNPACK's fp32 requantization: conv,
+# depthwise, fully connected, mul); EVEN_SUM, ties to even after it (MEAN); UP, half up (int8 -> int8
+# QUANTIZE, which requantizing reshapes and concatenations become).
+EVEN, EVEN_SUM, UP = "even", "even_sum", "up"
+
+
 class Requantizer:
-    """out = clamp(rne((acc + bias) * q 2^-s) + zp, lo, hi), per channel along one axis (ties to even).
+    """out = clamp(rne((acc + bias) * q 2^-s) + zp, lo, hi), per channel along one axis (ties to even;
+    `rounding` EVEN_SUM: rne(... + zp), UP: floor(... + 1/2) + zp).
 
     multipliers: one per channel (or one); bias: per channel ints (or None); acc_bound: max |acc|,
     used to prove int64 never overflows; channel_shape: the broadcast shape of a per-channel vector.
     """
 
     def __init__(self, multipliers: Union[float, Sequence[float]], zero_point: int, lo: int, hi: int,
-                 acc_bound: int, bias=None, channel_shape: Tuple[int, ...] = (-1,)):
+                 acc_bound: int, bias=None, channel_shape: Tuple[int, ...] = (-1,), rounding: str = EVEN):
         ms = np.atleast_1d(np.asarray(multipliers, dtype=np.float64))
         qs = [quantize_multiplier(float(m)) for m in ms]
         b = [0] if bias is None else [int(v) for v in np.atleast_1d(bias)]
@@ -131,7 +152,11 @@ class Requantizer:
             raise EdgeModelError(f"{len(qs)} multipliers and {len(b)} biases for {n} channels")
         qs, b = qs * (n // len(qs)), b * (n // len(b))
         self.zp = int(zero_point)
-        even, odd = split_zero_point(self.zp)
+        if rounding not in (EVEN, EVEN_SUM, UP):
+            raise EdgeModelError(f"requantization rounding {rounding!r} is none of {EVEN}, {EVEN_SUM}, {UP}")
+        # the tie's parity is that of the value less `pz` (the zero point for EVEN: decided before it)
+        self.pz, self.pm = (self.zp if rounding == EVEN else 0), (0 if rounding == UP else 1)
+        even, odd = split_zero_point(self.zp) if rounding == EVEN else (self.zp, 0)
         consts = [bv * q + (self.zp << s) for (q, s), bv in zip(qs, b)]  # t = acc q + c; y = rne(t 2^-s)
         if max(int(acc_bound) * q + abs(c) + (1 << s) for (q, s), c in zip(qs, consts)) >= I64_LIMIT:
             raise EdgeModelError("requantization could overflow int64 (bias, zero point or multiplier out of range)")
@@ -141,7 +166,7 @@ class Requantizer:
         # (ties to even: the offset `even` keeps the parity), + odd is the requantized value
         # (float64 multiplies vectorize; int64 ones do not, before AVX-512)
         shifted = [bv * qv + (even << sv) for (qv, sv), bv in zip(qs, b)]
-        self.float_ok = all(int(acc_bound) * qv + abs(cv) < F64_EXACT for (qv, _), cv in zip(qs, shifted))
+        self.float_ok = rounding != UP and all(int(acc_bound) * qv + abs(cv) < F64_EXACT for (qv, _), cv in zip(qs, shifted))
         self.flo, self.fhi, self.odd = float(self.lo - odd), float(self.hi - odd), odd
         mf = np.array([math.ldexp(qv, -sv) for qv, sv in qs], np.float64)
         cf = np.array([math.ldexp(float(cv), -sv) if abs(cv) < F64_EXACT else 0.0 for (_, sv), cv in zip(qs, shifted)])
@@ -157,7 +182,8 @@ class Requantizer:
             shifts = {s for _, s in qs}
             self.s = np.int64(shifts.pop()) if len(shifts) == 1 else \
                 np.array([s for _, s in qs], np.int64).reshape(channel_shape)
-        self.h1 = (np.int64(1) << (self.s - 1)) - 1  # half less one: t + h1 + parity, shifted, rounds ties to even
+        # half less one: t + h1 + parity, shifted, rounds ties to even (UP: the half, no parity)
+        self.h1 = (np.int64(1) << (self.s - 1)) - self.pm
 
     def bind(self, acc: np.ndarray, out: np.ndarray, tmp: np.ndarray):
         """A zero-argument step: acc (integer-valued float or int) -> out (int8), through tmp (int64,
@@ -183,7 +209,7 @@ class Requantizer:
                 if odd:
                     add(out, odd, out=out)
             return run_float
-        q, c, s, h1, zp, lo, hi = self.q, self.c, self.s, self.h1, np.int64(self.zp), self.lo, self.hi
+        q, c, s, h1, zp, pm, lo, hi = self.q, self.c, self.s, self.h1, np.int64(self.pz), np.int64(self.pm), self.lo, self.hi
         load = acc is not tmp
         par = np.empty_like(tmp, dtype=np.int64)  # the parity of the truncated quotient (a fallback path's own buffer)
         bitwise_and, bitwise_xor = np.bitwise_and, np.bitwise_xor
@@ -195,7 +221,7 @@ class Requantizer:
             add(tmp, c, out=tmp)
             right_shift(tmp, s, out=par)
             bitwise_xor(par, zp, out=par)  # the tie's parity is the value's, before the zero point
-            bitwise_and(par, 1, out=par)
+            bitwise_and(par, pm, out=par)
             add(par, h1, out=par)
             add(tmp, par, out=tmp)
             right_shift(tmp, s, out=tmp)
@@ -206,7 +232,7 @@ class Requantizer:
     def table(self, values: np.ndarray) -> np.ndarray:
         """The requantization of each value (int64 in, int8 out) computed once, for lookup tables."""
         t = values.astype(np.int64) * self.q + self.c
-        v = (t + self.h1 + (((t >> self.s) ^ self.zp) & 1)) >> self.s
+        v = (t + self.h1 + (((t >> self.s) ^ self.pz) & self.pm)) >> self.s
         return np.clip(v, self.lo, self.hi).astype(np.int8)
 
 

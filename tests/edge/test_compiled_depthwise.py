@@ -224,15 +224,20 @@ def test_quantize_on_both_paths(kernel_path, scale, zp):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("zx,zy,shape", [(7, -9, (2, 5, 3, 4)), (-128, 127, (1, 16, 6, 6)), (127, -128, (1, 3, 1, 1))])
-def test_int8_global_avg_pool_on_both_paths(kernel_path, zx, zy, shape):
-    """jit.requantize.sum_requantize_rows on the compiled path: the integer definition either way."""
+@pytest.mark.parametrize("zx,zy,shape,sy", [(7, -9, (2, 5, 3, 4), 0.02), (-128, 127, (1, 16, 6, 6), 0.02),
+                                           (127, -128, (1, 3, 1, 1), 0.02), (3, 5, (1, 64, 2, 2), 0.05),
+                                           (3, -4, (1, 64, 2, 2), 0.05)])
+def test_int8_global_avg_pool_on_both_paths(kernel_path, zx, zy, shape, sy):
+    """jit.requantize.sum_requantize_rows on the compiled path: the integer definition either way,
+    ties to even after the zero point (LiteRT's MEAN); sy = 0.05 = sx over 2x2: a quarter are ties."""
     from .test_kernels_int8 import i8
     x = i8(shape)
     hw = shape[2] * shape[3]
     acc = (x.astype(np.int64) - zx).sum(axis=(2, 3))
-    want = requant(acc, f32(0.05) / (f32(0.02) * hw), zy)
-    got = run("GlobalAvgPool", [q(x, 0.05, zx)], Out("int8", [0.02], [zy]), want.shape)
+    want = requant(acc, f32(0.05) / (f32(sy) * hw), zy, tie_with_zp=True)
+    if hw == 4:
+        assert np.any(acc % 4 == 2)
+    got = run("GlobalAvgPool", [q(x, 0.05, zx)], Out("int8", [sy], [zy]), want.shape)
     np.testing.assert_array_equal(got, want)
 
 

@@ -21,9 +21,9 @@ def multiplier(m: float):
     return qm, 31 - e
 
 
-def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None):
+def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None, tie_with_zp=False):
     """clamp(rne(acc * q 2^-s) + zp), ties to even (LiteRT's XNNPACK), per channel along channel_axis
-    when m is a vector."""
+    when m is a vector; tie_with_zp: rne(acc * q 2^-s + zp) (LiteRT's int8 MEAN)."""
     acc = np.asarray(acc, np.int64)
     ms = np.atleast_1d(m)
     qs = np.array([multiplier(float(v))[0] for v in ms], np.int64)
@@ -37,8 +37,16 @@ def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None):
     t = acc * qs
     v = t >> ss  # the floor, then up past the half, and at the half to the even neighbour
     frac, half = t - (v << ss), np.int64(1) << (ss - 1)
-    v = v + (frac > half) + ((frac == half) & (v % 2 == 1))
+    v = v + (frac > half) + ((frac == half) & ((v + (zp if tie_with_zp else 0)) % 2 == 1))
     return np.clip(v + zp, lo, hi).astype(np.int8)
+
+
+def convert_ref(x, s1, z1, s2, z2):
+    """int8 -> int8 requantization as LiteRT's XNNPACK converts: m = round(256 * (s1 / s2 in float32)),
+    (x - z1) m / 256 rounded half up, + z2."""
+    m = round(256.0 * float(f32(s1) / f32(s2)))
+    v = (np.asarray(x, np.int64) - z1) * m
+    return np.clip(((v + 128) >> 8) + z2, -128, 127).astype(np.int8)
 
 
 def conv_acc(x, zx, w, zw, strides=(1, 1), dil=(1, 1), pads=(0, 0, 0, 0), groups=1):
@@ -288,7 +296,10 @@ def test_max_and_avg_pool(k, s, pads, jit, monkeypatch):
     want_max = np.max(windows(xp, k, s, oh, ow), axis=0).astype(np.int8)
     total = sum(np.where(v == -1000, 0, v) for v in windows(xp, k, s, oh, ow))
     count = sum(windows(real, k, s, oh, ow))
-    want_avg = np.floor_divide(2 * total + count, 2 * count).astype(np.int8)  # round half up
+    # half away from zero (LiteRT's int8 AVERAGE_POOL_2D): the magnitude rounded half up, the sign put back
+    want_avg = (np.sign(total) * np.floor_divide(2 * np.abs(total) + count, 2 * count)).astype(np.int8)
+    ties = (2 * total) % (2 * count) == count
+    assert np.any(ties & (total < 0)) and np.any(ties & (total > 0)) or k == (3, 3)  # both signs of tie
     attrs = {"ksize": list(k), "strides": list(s), "pads": list(pads)}
     np.testing.assert_array_equal(run("MaxPool", [q(x, 0.1, 3)], Out("int8", [0.1], [3]), want_max.shape, attrs), want_max)
     np.testing.assert_array_equal(run("AvgPool", [q(x, 0.1, 3)], Out("int8", [0.1], [3]), want_avg.shape, attrs), want_avg)
@@ -298,7 +309,7 @@ def test_max_and_avg_pool(k, s, pads, jit, monkeypatch):
 def test_global_avg_pool(keep):
     x = i8((2, 5, 3, 4))
     acc = (x.astype(np.int64) - 7).sum(axis=(2, 3))
-    want = requant(acc, f32(0.05) / (f32(0.02) * 12), -9)
+    want = requant(acc, f32(0.05) / (f32(0.02) * 12), -9, tie_with_zp=True)
     if keep:
         want = want.reshape(2, 5, 1, 1)
     got = run("GlobalAvgPool", [q(x, 0.05, 7)], Out("int8", [0.02], [-9]), want.shape, {"keepdims": keep})
@@ -310,15 +321,14 @@ def test_reshape_flatten_identity_keep_or_requantize():
     x = i8((2, 3, 4))
     np.testing.assert_array_equal(run("Reshape", [q(x, 0.1, 0)], Out("int8", [0.1], [0]), (6, 4), {"shape": [-1, 4]}),
                                   x.reshape(6, 4))
-    want = requant(x.reshape(2, 12).astype(np.int64), f32(0.1) / f32(0.3), 5)
+    want = convert_ref(x.reshape(2, 12), 0.1, 0, 0.3, 5)
     np.testing.assert_array_equal(run("Flatten", [q(x, 0.1, 0)], Out("int8", [0.3], [5]), (2, 12), {"axis": 1}), want)
     np.testing.assert_array_equal(run("Identity", [q(x, 0.1, 0)], Out("int8", [0.1], [0]), x.shape), x)
 
 
 def test_concat_requantizes_inputs_with_other_parameters():
     a, b, c = i8((2, 3, 2)), i8((2, 1, 2)), i8((2, 4, 2))
-    want = np.concatenate([a, requant(b.astype(np.int64) + 20, f32(0.2) / f32(0.1), 0),
-                           requant(c.astype(np.int64) - 1, f32(0.05) / f32(0.1), 0)], 1)
+    want = np.concatenate([a, convert_ref(b, 0.2, -20, 0.1, 0), convert_ref(c, 0.05, 1, 0.1, 0)], 1)  # ties: 0.05 / 0.1
     got = run("Concat", [q(a, 0.1, 0), q(b, 0.2, -20), q(c, 0.05, 1)], Out("int8", [0.1], [0]), want.shape, {"axis": 1})
     np.testing.assert_array_equal(got, want)
 
@@ -361,7 +371,7 @@ def test_quantize_per_tensor_and_per_axis_and_back():
     np.testing.assert_array_equal(back, ((got.astype(np.float32) - np.array([0, 1, -1], np.float32).reshape(3, 1))
                                          * s.reshape(3, 1)))
     requantized = run("Quantize", [q(want, 0.05, 4)], Out("int8", [0.1], [0]), x.shape)
-    np.testing.assert_array_equal(requantized, requant(want.astype(np.int64) - 4, f32(0.05) / f32(0.1), 0))
+    np.testing.assert_array_equal(requantized, convert_ref(want, 0.05, 4, 0.1, 0))
 
 
 @pytest.mark.parametrize("z", [3, -4])

@@ -182,7 +182,8 @@ def pack_rows(x, xp):
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def pad_planes(x, zx, pt, pl, xpad):
-    """xpad int8 [C, Hp, Wp] = x int8 [C, H, W] at (pt, pl), the border filled with the zero point zx."""
+    """xpad [C, Hp, Wp] = x [C, H, W] at (pt, pl), the border filled with zx (int8 with its zero point,
+    or float32 with 0)."""
     c_, h, w = x.shape
     for c in range(c_):
         dst = xpad[c]
@@ -193,13 +194,13 @@ def pad_planes(x, zx, pt, pl, xpad):
                 for i in range(row.shape[0]):
                     row[i] = zx
                 continue
-            src = x[c, iy]
-            for i in range(pl):
+            src, inner, right = x[c, iy], row[pl:], row[pl + w:]  # slices: a computed index (pl + i)
+            for i in range(pl):  # kept the copy from vectorizing (1.7 ns an element on a 3x96x96 input)
                 row[i] = zx
             for i in range(w):
-                row[pl + i] = src[i]
-            for i in range(pl + w, row.shape[0]):
-                row[i] = zx
+                inner[i] = src[i]
+            for i in range(right.shape[0]):
+                right[i] = zx
 
 
 def _pairs_intrinsic(stride: int):

@@ -183,3 +183,8 @@ CASES.update({   # a channel gather of an NHWC-held tensor (GATHER on axis 3 the
 CASES.update({   # a run-time slope of lower rank than an NHWC-held x: PRELU in the graph's own layout
     "prelu_run_time_slope_4d": ("PRelu", [Arg(f(3, 4, 3, 3)), Arg(f(4, 1, 1))], F, (3, 4, 3, 3), {}),
 })
+
+CASES.update({   # a scale that keeps an axis's size still resamples it on the edge (onnxruntime's Resize copies it)
+    "resize_linear_scale_keeps_size_int8": ("Resize", [q(i8(1, 3, 1, 3), 0.05, 3)], Out("int8", [0.05], [3]),
+                                            (1, 3, 1, 3), resize("linear", "asymmetric", scales=(1, 1, 1.5, 1.25))),
+})

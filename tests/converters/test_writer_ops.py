@@ -22,7 +22,8 @@ def run_litert(data: bytes, feeds, reset: bool = False):
     if reset:
         it.reset_all_variables()
     for d, x, meta in zip(it.get_input_details(), feeds, read_metadata(data)["inputs"]):
-        it.set_tensor(d["index"], np.ascontiguousarray(x.transpose(0, 2, 3, 1) if meta["layout"] == "NHWC" else x))
+        x = np.asarray(x)   # (np.ascontiguousarray would make a 0-d array 1-d)
+        it.set_tensor(d["index"], np.array(x.transpose(0, 2, 3, 1) if meta["layout"] == "NHWC" else x, order="C"))
     it.invoke()
     return [it.get_tensor(d["index"]) for d in it.get_output_details()]
 

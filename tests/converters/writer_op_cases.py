@@ -188,3 +188,7 @@ CASES.update({   # a scale that keeps an axis's size still resamples it on the e
     "resize_linear_scale_keeps_size_int8": ("Resize", [q(i8(1, 3, 1, 3), 0.05, 3)], Out("int8", [0.05], [3]),
                                             (1, 3, 1, 3), resize("linear", "asymmetric", scales=(1, 1, 1.5, 1.25))),
 })
+
+CASES.update({   # a 0-d run-time index drops the axis
+    "gather_scalar_run_time_index": ("Gather", [Arg(f(4, 2, 3)), Arg(np.array(-2, np.int32))], F, (4, 3), {"axis": 1}),
+})

@@ -193,7 +193,7 @@ CASES.update({   # a 0-d run-time index drops the axis
     "gather_scalar_run_time_index": ("Gather", [Arg(f(4, 2, 3)), Arg(np.array(-2, np.int32))], F, (4, 3), {"axis": 1}),
 })
 
-CASES.update({   # a wide input, a fine output and a float slope: 127 slope levels would cost steps, so PRELU runs in float
+CASES.update({   # a wide input, a fine output, a float slope: 127 slope levels would cost steps: PRELU in float
     "prelu_int8_fine_output_in_float": ("PRelu", [q(i8(2, 4, 3, 2), 0.036, 50),
                                                   Arg(np.array([1.4, -0.3, 0.77, 0.05], np.float32).reshape(4, 1, 1),
                                                       const=True)], Out("int8", [0.0064], [8]), (2, 4, 3, 2), {}),

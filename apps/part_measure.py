@@ -98,11 +98,25 @@ def _time_part(interp, inputs, runs: int) -> Dict[str, float]:
     return {"whole_s": float(np.median(wholes)), "kernels_s": float(np.median(kernels))}
 
 
+def _priced(g, y, plans, profile) -> List[float]:
+    """Each plan's edge kernels as `profile` prices them (its part section left out: what is fitted)."""
+    from isthmus.partitioner import CostModel, LinkModel  # deferred: partitioner loads scipy
+    from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE  # deferred: partitioner.devices loads scipy
+    from isthmus.partitioner.plan import priced  # deferred: partitioner.plan loads scipy
+    from isthmus.partitioner.problem import Constraints, Problem  # deferred: partitioner.problem loads scipy
+    edge = replace(profile, part=None, client=None, kernel_table="edge")
+    p = Problem(g, CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: edge}, LinkModel(10e6, 10e6, 0.01)), [y],
+                Constraints(edge_memory_budget=None))
+    return [priced(p, p.assignment(plan.placement))[0].compute.get(EDGE_DEVICE, 0.0) for plan in plans]
+
+
 def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: float = 10.0,
-                 rtt_s: float = 0.02) -> List[Dict[str, float]]:
+                 rtt_s: float = 0.02, profile=None) -> List[Dict[str, float]]:
     """Per edge part of the two CNNs: {"seconds": its edge CPU time per request less its node kernels'
     (timed hot, one by one), "nbytes": bytes entering and leaving it, "edge_s", "kernels_s", "model",
-    "cut"}. The edge time is the real OffloadClient's, against an in-process service over a link
+    "cut"}, and with a `profile` (a DeviceProfile of this machine, 1x) "priced_s": its kernels as the
+    profile prices them (PartCost.fit then fits the profile's kernel_scale too). The edge time is the
+    real OffloadClient's, against an in-process service over a link
     emulated with `rtt_s` (a request finds the caches as cold as after a real round trip), with the
     edge emulated `slowdown` x slower by CPU time (edge_s / slowdown is the CPU time, whatever the load
     of this machine). One BLAS thread."""
@@ -121,9 +135,12 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     out = []
     for mi, (g, x, y) in enumerate(_graphs()):
         plans, _ = _plans(g, y, cuts)
+        prices = _priced(g, y, plans, profile) if profile is not None else None
         rng = np.random.default_rng(mi)
         feeds = [{x.node.name: rng.standard_normal(x.shape).astype(np.float32)} for _ in range(4)]
         sp = export_split(g, [y], PinnedPlans(plans), int8=int8, calibration=feeds, model_name=f"parts{mi}")
+        if prices is not None and len(sp.cuts) != len(plans):
+            raise RuntimeError(f"parts{mi}: {len(plans)} plans made {len(sp.cuts)} cuts ({sp.skipped})")
         sizes = {t.name: int(np.prod(t.shape)) * 4 for n in g.nodes for t in n.outputs}
         io = sizes[x.name] + sizes[y.name]
         xv = feeds[0][x.node.name]
@@ -151,16 +168,18 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
                         sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
                         nbytes = io + sum(sizes[n] for n in sent + info.outputs)
                         out.append({"seconds": max(e - kernels, 0.0), "nbytes": float(nbytes), "edge_s": e,
-                                    "kernels_s": kernels, "model": mi, "cut": k})
+                                    "kernels_s": kernels, "model": mi, "cut": k,
+                                    **({"priced_s": prices[k]} if prices is not None else {})})
             finally:
                 server.stop(grace=0)
     return out
 
 
-def measure_part_cost(int8: bool = True, slowdown: float = 1.0):
-    """The PartCost fitted here, scaled to a device `slowdown` times slower."""
+def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None):
+    """The PartCost fitted here, scaled to a device `slowdown` times slower; with `profile` (of this
+    machine at 1x) its kernel_scale against that profile's prices too."""
     from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
-    fit = PartCost.fit(part_samples(int8))
+    fit = PartCost.fit(part_samples(int8, profile=profile))
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 
 

@@ -321,7 +321,9 @@ def main(argv=None) -> int:
         # an op the interpreter is not timed on (Concat, Reshape) keeps the core's price, not the edge fit's default
         opts.edge_here = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
     client_cost = measure_client_cost(10)
-    part = None if opts.no_part_cost else PartCost.fit(part_samples(int8=not opts.fp32))
+    # the part's cost and the edge kernels' scale in a real part, fitted against the prices the edge gets
+    here = replace(opts.edge_here or cloud, kernel_table="edge")
+    part = None if opts.no_part_cost else PartCost.fit(part_samples(int8=not opts.fp32, profile=here))
     print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
           f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     results, call_s = {}, 0.5e-3

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .litert_profile import case_graph
 from .quantize import quantize_to_edge
 
 OPS = ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "AvgPool", "GlobalAvgPool", "BatchNorm",
-       "BiasAdd", "Relu", "Relu6")
+       "BiasAdd", "Relu", "Relu6", "Concat")
 BORDERS = ("Quantize", "Dequantize")
 
 
@@ -78,19 +78,47 @@ def measure_edge(ops: Optional[Sequence[str]] = None, level: str = "quick", int8
     """Samples (cost key, shapes, FLOPs, bytes, seconds) of every case of `ops` run in the edge
     interpreter; each case keeps its fastest median over `rounds` passes (a burst of other work
     slows one round)."""
+    return [s for s, _ in _measure(ops, level, int8, budget_s, rounds)]
+
+
+def _measure(ops, level: str, int8: bool, budget_s: float = 0.03, rounds: int = 2) -> List[Tuple[cal.Sample, int]]:
+    """measure_edge's samples, each with its node's output elements."""
     built = []
     for op in ops or OPS:
         for inputs, build in cal.cases(op, level):
             g, live, values, node = case_graph(op, inputs, build)
             c = op_cost(node)
             built.append((_edge_model(g, live, values, node, int8), values, op, cost_key(node),
-                          "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written))
+                          "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written,
+                          int(np.prod(node.outputs[0].shape))))
     best = [float("inf")] * len(built)
     with limited_blas_threads(1):
         for _ in range(rounds):
             for k, (data, values, op, *_rest) in enumerate(built):
                 best[k] = min(best[k], _time(data, values, op, budget_s / rounds))
-    return [cal.Sample(key, shape, flops, nbytes, sec) for (_, _, _, key, shape, flops, nbytes), sec in zip(built, best)]
+    return [(cal.Sample(key, shape, flops, nbytes, sec), out)
+            for (_, _, _, key, shape, flops, nbytes, out), sec in zip(built, best)]
+
+
+def fused_share(profile: DeviceProfile, measured: Sequence[Tuple[cal.Sample, int]], default: float = 1.0) -> float:
+    """What a bias and an activation fused into a convolution cost in the interpreter, as a share of
+    their own prices (DeviceProfile.fused_steps): the median over the calibration's shapes of (the
+    FusedConv2D case less the Conv2D case of the same shapes) / (BiasAdd + Relu6 priced on its
+    output), at least 0; `default` unless both convolutions and both steps were timed. The int8
+    kernels requantize with the bias and the clamp in one pass: there the fused steps cost about nothing."""
+    if not {"BiasAdd", "Relu6"} <= set(profile.op_coeffs):
+        return default
+    plain = {(s.op.partition(":")[2], s.shape): s for s, _ in measured if s.op.split(":")[0] == "Conv2D"}
+    shares = []
+    for s, elems in measured:
+        base, _, variant = s.op.partition(":")
+        p = plain.get((variant, s.shape.rsplit("x", 1)[0])) if base == "FusedConv2D" else None
+        if p is None:
+            continue
+        priced = profile.op_time("BiasAdd", elems, 3 * 4 * elems) + profile.op_time("Relu6", elems, 2 * 4 * elems)
+        if priced > 0:
+            shares.append(max(s.seconds - p.seconds, 0.0) / priced)
+    return float(np.median(shares)) if shares else default
 
 
 def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = None, level: str = "quick",
@@ -98,7 +126,9 @@ def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = Non
                    path: Optional[str] = None) -> DeviceProfile:
     """The profile of the edge interpreter on this machine (int8 or fp32 models; `slowdown` > 1: a
     device that many times slower), with `base`'s kernel table, memory budget, client and part."""
-    profile = replace(cal.fit(measure_edge(ops, level, int8), device, base), blas_threads=1)
+    measured = _measure(ops, level, int8)
+    profile = replace(cal.fit([s for s, _ in measured], device, base), blas_threads=1)
+    profile = replace(profile, fused_steps=fused_share(profile, measured, profile.fused_steps))
     if slowdown != 1.0:
         profile = profile.scaled(slowdown, name=device)
     if path:
@@ -106,4 +136,4 @@ def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = Non
     return profile
 
 
-__all__ = ["calibrate_edge", "measure_edge", "OPS"]
+__all__ = ["calibrate_edge", "measure_edge", "fused_share", "OPS"]

@@ -73,16 +73,31 @@ _FIRE_AND_BOTTLENECK = ((1, 64, 24, 16, 1, 1), (1, 16, 24, 64, 3, 1), (1, 128, 1
 # extrapolated from small cases and priced the int8 interpreter's 3x3 convolutions of a whole model
 # 1.5-1.7x too low (its int8 kernels run these at about 60% of the small cases' FLOP rate here).
 _MID_3X3 = ((1, 64, 32, 64, 3, 1), (1, 128, 16, 128, 3, 1), (1, 32, 56, 32, 3, 1), (1, 96, 28, 96, 3, 1))
-_CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3,
+# Few output pixels (costmodel's "Conv2D:narrow": at most 16), many channels: the last stages of a
+# ResNet at 64x64, their strided 3x3s and 1x1 projections. Bound by streaming the weights, not by
+# FLOPs: priced with the wide ones, the int8 interpreter's were 2-3x too cheap (issue 27).
+_NARROW = ((1, 256, 8, 512, 1, 2), (1, 512, 4, 1024, 1, 2), (1, 128, 8, 128, 3, 2), (1, 256, 4, 256, 3, 2),
+           (1, 512, 2, 128, 1, 1), (1, 128, 4, 128, 3, 1))
+# Wide 3x3s on 32x32 maps (Inception's and the two-tower's first stages: im2col columns beyond L2, about
+# 70 GFLOP/s in the int8 interpreter against 110 on smaller maps) and stems from 3 channels (K = 27 or 147:
+# gathering the window dominates), as the split benchmark's models have them.
+_WIDE_AND_STEMS = ((1, 64, 32, 96, 3, 1), (1, 32, 32, 64, 3, 1), (1, 3, 32, 64, 3, 1), (1, 3, 64, 32, 7, 2))
+_CONVS = {"quick": ((1, 3, 96, 32, 3, 2), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3
+          + _NARROW + _WIDE_AND_STEMS,
           "full": ((1, 3, 224, 32, 3, 2), (1, 16, 56, 24, 1, 1), (1, 32, 28, 64, 3, 1), (1, 64, 14, 128, 3, 2),
                    (1, 96, 14, 96, 1, 1), (1, 128, 7, 256, 3, 1), (1, 256, 7, 64, 1, 1), (1, 8, 112, 16, 3, 1),
-                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3}
+                   (4, 32, 28, 32, 3, 1), (1, 160, 7, 960, 1, 1)) + _FIRE_AND_BOTTLENECK + _MID_3X3 + _NARROW
+                  + _WIDE_AND_STEMS}
 _DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1), (1, 64, 56, 3, 2),
                         (1, 192, 14, 3, 1), (1, 16, 112, 3, 1)),
               "full": ((1, 32, 112, 3, 1), (1, 96, 56, 3, 2), (1, 144, 28, 3, 1), (1, 192, 14, 3, 1),
                        (1, 576, 14, 3, 2), (1, 960, 7, 3, 1), (1, 16, 64, 5, 1), (4, 64, 28, 3, 1))}
 _FEATURE_MAPS = {"quick": ((1, 32, 56), (1, 96, 14), (4, 64, 28)),
                  "full": ((1, 32, 112), (1, 24, 56), (1, 64, 28), (1, 160, 14), (1, 960, 7), (4, 64, 28))}
+# channel concatenations, NCHW: (batch, channels of each input, size, inputs): fire and Inception modules'
+# joins (int8: a requantization of every input whose scale differs from the output's)
+_CONCATS = {"quick": ((1, 64, 24, 2), (1, 128, 12, 2), (1, 48, 16, 4), (1, 256, 6, 2)),
+            "full": ((1, 64, 24, 2), (1, 128, 12, 2), (1, 48, 16, 4), (1, 256, 6, 2), (1, 32, 56, 2), (1, 96, 8, 4))}
 _NOT_KERNELS = {"Const", "Placeholder", "Variable", "NoOp", "Send", "Recv", "If", "While", "WhileGrad"}
 
 
@@ -125,6 +140,12 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
                 yield [x], _node(op)
             else:
                 yield [x], _node(op, {"ksize": (3, 3), "strides": (2, 2), "pads": ((1, 1), (1, 1))})
+        return
+    if op == "Concat":
+        for n, c, hw, k in _CONCATS[level]:
+            # each input its own range: an int8 model gives each its own scale (as the branches of a
+            # module have), so its kernel requantizes them, where equal scales make it a copy (10x faster)
+            yield [_data(rng, (n, c, hw, hw)) * (1 + i) for i in range(k)], _node(op, {"axis": 1})
         return
     if op == "BiasAdd":
         for size in _SIZES[level]:

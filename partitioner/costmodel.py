@@ -19,6 +19,7 @@ from .executed import ABSORBED, FREE, Roles, as_run, unchanged
 # between two cloud devices (the many-device case): a datacenter network
 LAN = LinkModel(up_bandwidth_bps=10e9, down_bandwidth_bps=10e9, rtt_s=100e-6)
 NARROW_ROWS = 16  # products of up to this many rows are priced as weight-streaming ("MatMul:narrow")
+NARROW_PIXELS = 16  # convolutions with up to this many output pixels too ("Conv2D:narrow")
 _FREE_OPS = frozenset({"Const", "Placeholder", "NoOp", "Send", "Recv"})
 
 
@@ -63,10 +64,16 @@ def cost_key(node: Node, batch_size: int = 1) -> str:
     but the rows left over one at a time (measured here, 1024x1024 weights, one thread: 2 rows
     370 us, 3 rows 527, 4 rows 298, 6 rows 486, 8 rows 428): "MatMul:narrow_odd" for those.
     A 1x1 convolution at stride 1 is "Conv2D:pointwise" (one GEMM over the pixels, no window
-    gathered); a profile without that key prices it as "Conv2D" (op_time falls back to the op)."""
+    gathered); a profile without that key prices it as "Conv2D" (op_time falls back to the op).
+    A dense convolution with at most NARROW_PIXELS output pixels (a ResNet's last stages) is
+    "Conv2D:narrow": its GEMM has few columns and large weights, bound by streaming them as a
+    narrow product is (the int8 interpreter ran ResNet-50-shaped 4x4 and 2x2 stages 2-3x slower
+    than a fit over wide convolutions said, issue 27)."""
     if node.op in ("Conv2D", "FusedConv2D"):
         if node.attrs.get("groups", 1) != 1:
             return f"{node.op}:grouped"
+        if 0 < _pixels(node, batch_size) <= NARROW_PIXELS:
+            return f"{node.op}:narrow"
         return f"{node.op}:pointwise" if _pointwise(node) else node.op
     if node.op in ("MatMul", "FusedMatMul"):
         rows = _rows(node, batch_size)
@@ -75,6 +82,15 @@ def cost_key(node: Node, batch_size: int = 1) -> str:
         if 1 < rows <= NARROW_ROWS:
             return f"{node.op}:narrow" if rows % 4 == 0 else f"{node.op}:narrow_odd"
     return node.op
+
+
+def _pixels(node: Node, batch_size: int) -> int:
+    """Output pixels of an NCHW convolution (its GEMM's columns); 0 when its output is not 4-D."""
+    y = node.outputs[0].shape if node.outputs else ()
+    if len(y) != 4:
+        return 0
+    n, _, h, w = (batch_size if d is None else d for d in y)
+    return n * h * w
 
 
 def _pointwise(node: Node) -> bool:
@@ -220,14 +236,18 @@ class CostModel:
     def _absorbed_time(self, node: Node, device: str) -> float:
         """An elementwise step inside a fused kernel: priced as its op, fixed cost included (the
         fused kernel still makes one numpy call per step; only the executor's dispatch, which no
-        kernel timing holds, is saved)."""
+        kernel timing holds, is saved), times the device's `fused_steps` (the int8 edge
+        interpreter does them inside its requantization: about nothing)."""
+        prof = self.profiles[device]
+        if not prof.fused_steps:
+            return 0.0
         if node.op != "BatchNorm":
-            return self.node_time(node, device)
+            return prof.fused_steps * self.node_time(node, device)
         t = node.outputs[0]  # folded into the weights: what is left is adding its offset
         n = 1
         for d in t.shape:
             n *= self.batch_size if d is None else d
-        return self.profiles[device].op_time("BiasAdd", n, 3 * n * t.dtype.itemsize)
+        return prof.fused_steps * prof.op_time("BiasAdd", n, 3 * n * t.dtype.itemsize)
 
     # ---- tensors ----------------------------------------------------------------------------------
     def tensor_bytes(self, t: Tensor) -> int:

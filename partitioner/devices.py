@@ -37,6 +37,10 @@ class DeviceProfile:
     blas_threads: Optional[int] = None      # the BLAS thread count calibration ran with (threads.py); None: unknown
     client: Optional[ClientCost] = None  # an edge's offload client's own cost per request (client_cost.py); None: unmeasured
     part: Optional[PartCost] = None  # an edge part's cost beyond its kernels (part_cost.py); None: unmeasured
+    # what a step fused into a product (a bias, an activation, a folded batch norm) costs there, as a share
+    # of its own price: the core Session runs it as one numpy call in place (1); the int8 interpreter folds
+    # it into the product's requantization (measured by converters/edge_profile: about 0)
+    fused_steps: float = 1.0
 
     def supports(self, op: str, node=None) -> bool:
         """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
@@ -53,8 +57,11 @@ class DeviceProfile:
         """Seconds for an op (a cost key: "Conv2D:grouped" falls back to "Conv2D", then to the default)."""
         c = self.op_coeffs.get(op) or self.op_coeffs.get(op.split(":")[0]) or self.default_coeffs
         if c is not None:
-            return c[0] + c[1] * flops + c[2] * nbytes
-        return self.op_overhead + flops / self.peak_flops + nbytes / self.mem_bandwidth
+            t = c[0] + c[1] * flops + c[2] * nbytes
+        else:
+            t = self.op_overhead + flops / self.peak_flops + nbytes / self.mem_bandwidth
+        # inside a real part, per request, kernels take kernel_scale x their calibration (part_cost.py)
+        return t if self.part is None else t * self.part.kernel_scale
 
     def scaled(self, slowdown: float, name: Optional[str] = None) -> "DeviceProfile":
         """The same device `slowdown` times slower (an edge emulated from this machine)."""
@@ -95,6 +102,9 @@ class DeviceProfile:
         bt = d.get("blas_threads")
         if bt is not None and (isinstance(bt, bool) or not isinstance(bt, int) or bt < 1):
             raise ValueError(f"device profile field blas_threads must be an integer >= 1 or null, got {bt!r}")
+        fs = d.get("fused_steps", 1.0)
+        if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not 0.0 <= fs < float("inf"):
+            raise ValueError(f"device profile field fused_steps must be a finite number >= 0, got {fs!r}")
         if d.get("client") is not None:
             d["client"] = ClientCost.from_dict(d["client"], "device profile field client")
         if d.get("part") is not None:

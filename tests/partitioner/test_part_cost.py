@@ -30,8 +30,24 @@ def test_fit_recovers_the_terms_from_noisy_samples():
     assert flat.byte_s == pytest.approx(0.0, abs=1e-15) and flat.invoke_s == pytest.approx(1e-4, rel=1e-6)
 
 
+def test_fit_against_a_profile_recovers_the_kernel_scale_which_op_time_applies():
+    """Samples with the part's kernels as a profile prices them: edge_s = invoke + byte_s * bytes +
+    kernel_scale * priced; the profile then prices every kernel x kernel_scale (scaled keeps it)."""
+    rng = np.random.default_rng(1)
+    nbytes, priced_s = rng.uniform(1e4, 1e6, 40), rng.uniform(0.0, 5e-3, 40)
+    edge_s = PC.invoke_s + PC.byte_s * nbytes + 1.25 * priced_s + rng.normal(0, 1e-6, 40)
+    got = PartCost.fit({"edge_s": e, "nbytes": b, "priced_s": k} for e, b, k in zip(edge_s, nbytes, priced_s))
+    assert got.kernel_scale == pytest.approx(1.25, rel=0.01) and got.invoke_s == pytest.approx(PC.invoke_s, rel=0.02)
+    prof = DeviceProfile("p", op_coeffs={"Relu": (1e-6, 0.0, 0.0)})
+    assert replace(prof, part=got).op_time("Relu", 0, 0) == pytest.approx(1.25e-6, rel=0.01)
+    assert replace(prof, part=got).scaled(4).op_time("Relu", 0, 0) == pytest.approx(5e-6, rel=0.01)
+    assert PartCost.from_dict({"invoke_s": 1e-3, "byte_s": 0.0}).kernel_scale == 1.0  # a profile from before
+    with pytest.raises(ValueError, match="needs edge_s, nbytes, priced_s"):
+        PartCost.fit([{"edge_s": 1e-3, "nbytes": 1.0, "priced_s": 0.0}, {"edge_s": 1e-3, "priced_s": 0.0}])
+
+
 def test_bad_samples_and_fields_name_what_is_wrong():
-    with pytest.raises(ValueError, match="sample 1: needs seconds and nbytes"):
+    with pytest.raises(ValueError, match="sample 1: needs seconds, nbytes"):
         PartCost.fit([{"seconds": 1e-3, "nbytes": 10}, {"seconds": 1e-3}])
     with pytest.raises(ValueError, match="at least 2 samples"):
         PartCost.fit([{"seconds": 1e-3, "nbytes": 10}])

@@ -9,7 +9,9 @@ from isthmus.partitioner.devices import DeviceProfile
 
 
 def test_samples_count_the_boundary_and_time_the_parts():
-    samples = part_samples(int8=True, cuts=3, requests=2)
+    from dataclasses import replace
+    from isthmus.partitioner.devices import CLOUD
+    samples = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"))
     graphs = _graphs()
     assert sorted({s["model"] for s in samples}) == [0, 1]
     for mi, (g, x, y) in enumerate(graphs):
@@ -21,6 +23,8 @@ def test_samples_count_the_boundary_and_time_the_parts():
         assert cloud_only["nbytes"] == io + 4 * int(np.prod(y.shape)) and cloud_only["kernels_s"] == 0.0
         assert edge_only["nbytes"] == io and edge_only["kernels_s"] > 0.0
         assert mine[1]["nbytes"] > io  # a part inside the network sends what it computed
+        # the part's kernels as the profile prices them: none on the cloud-only cut, all on the edge-only one
+        assert cloud_only["priced_s"] == 0.0 < mine[1]["priced_s"] < edge_only["priced_s"]
         for s in mine:
             assert s["seconds"] >= 0.0 and s["edge_s"] > 0.0 and np.isfinite(s["edge_s"])
 
@@ -28,7 +32,8 @@ def test_samples_count_the_boundary_and_time_the_parts():
 def test_profile_parts_writes_the_part_section(tmp_path, capsys, monkeypatch):
     from isthmus.apps import part_measure
     fast = part_measure.part_samples
-    monkeypatch.setattr(part_measure, "part_samples", lambda int8: fast(int8, cuts=3, requests=2))
+    monkeypatch.setattr(part_measure, "part_samples", lambda int8, profile=None: fast(int8, cuts=3, requests=2,
+                                                                                      profile=profile))
     path = str(tmp_path / "e.json")
     assert cli.main(["profile", "--device", "e", "--ops", "Relu", "--quick", "--slowdown", "8", "--parts", "fp32",
                      "--out", path, "--force"]) == 0

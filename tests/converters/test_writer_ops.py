@@ -43,6 +43,15 @@ def as_float(t, v: np.ndarray) -> np.ndarray:
     return ((v.astype(np.float32) - t.zero_point[0]) * t.scale[0]).astype(np.float32)
 
 
+def output_step(m, k: int) -> float:
+    """One step of the int8 tensor output k of model m was dequantized from (0 for a float output)."""
+    e = m.outputs[k]
+    op = next((op for op in m.operators if e in op.outputs), None)
+    if op is not None and op.op == "Dequantize":
+        return float(m.tensors[op.inputs[0]].scale[0])
+    return float(m.tensors[e].scale[0]) if len(m.tensors[e].scale) else 0.0
+
+
 def assert_close(got: np.ndarray, want: np.ndarray, t, what: str) -> None:
     """fp32 within 1e-5 relative; an int8 output (int8 from LiteRT, its float value from onnxruntime)
     within one step of the edge interpreter's."""

@@ -198,3 +198,10 @@ CASES.update({   # a wide input, a fine output, a float slope: 127 slope levels 
                                                   Arg(np.array([1.4, -0.3, 0.77, 0.05], np.float32).reshape(4, 1, 1),
                                                       const=True)], Out("int8", [0.0064], [8]), (2, 4, 3, 2), {}),
 })
+
+CASES.update({   # int8 MatMul of two activations (converters/quantize.py writes it for attention): BATCH_MATMUL
+    "batch_matmul_int8": ("MatMul", [q(i8(2, 3, 5), 0.05, 3), q(i8(2, 5, 4), 0.04, -7)], Out("int8", [0.3], [2]),
+                          (2, 3, 4), {"transpose_a": 0, "transpose_b": 0}),
+    "batch_matmul_int8_tb_broadcast": ("MatMul", [q(i8(3, 2, 3, 6), 0.05, 3), q(i8(2, 4, 6), 0.04, 0)],
+                                       Out("int8", [0.25], [-5]), (3, 2, 3, 4), {"transpose_a": 0, "transpose_b": 1}),
+})

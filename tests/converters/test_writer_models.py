@@ -77,3 +77,26 @@ def test_int8_model_in_litert_and_onnxruntime_within_the_quantization_drift():
         for runtime, got in (("litert", run_litert(data, [xv])[0]), ("onnxruntime", run_onnx(proto, [xv])[0])):
             assert got.shape == want.shape
             assert np.abs(got - want).max() <= drift, (runtime, float(np.abs(got - want).max()), drift)
+
+
+def test_int8_embedding_lookup_with_run_time_indices():
+    """converters/quantize.py's int8 Gather of a constant table by run-time int64 indices (negative ones
+    included) then a dense layer: LiteRT and onnxruntime within one output step of the edge interpreter."""
+    rng = np.random.default_rng(4)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        ids = ism.placeholder("int64", (2, 5), name="ids")
+        table = ism.constant(rng.standard_normal((11, 6)).astype(np.float32))
+        h = ism.reshape(ism.gather(table, ids, axis=0), (2, 30))
+        y = ism.matmul(h, ism.constant((rng.standard_normal((30, 4)) * 0.3).astype(np.float32)))
+        sess = ism.Session(g)
+    calib = [{"ids": rng.integers(-11, 11, (2, 5)).astype(np.int64)} for _ in range(6)]
+    edge, _ = quantize_to_edge(sess, [y], calib)
+    m = loads(edge)
+    assert any(op.op == "Gather" and m.tensors[op.outputs[0]].dtype == np.int8 for op in m.operators)
+    step = output_step(m, 0)
+    for seed in (5, 6):
+        xv = np.random.default_rng(seed).integers(-11, 11, (2, 5)).astype(np.int64)
+        want = Interpreter(edge).invoke(xv)[0]
+        for got in (run_litert(edge_to_tflite(edge), [xv])[0], run_onnx(edge_to_onnx(edge), [xv])[0]):
+            assert got.shape == want.shape and np.abs(got - want).max() <= step * 1.0001

@@ -151,7 +151,8 @@ def leaky_relu(tr: Translator, op) -> None:
 
 @handles("Split")
 def split(tr: Translator, op) -> None:
-    """SPLIT_V along the axis (in x's layout); sizes from the outputs' shapes."""
+    """SPLIT_V along the axis (in x's layout); sizes from the outputs' shapes; an int8 piece whose
+    parameters differ from x's is requantized after it."""
     x = op.inputs[0]
     rank = len(tr.shape(x))
     axis = int(op.attrs.get("axis", 0)) % rank
@@ -159,9 +160,11 @@ def split(tr: Translator, op) -> None:
     sizes = np.asarray([tr.shape(y)[axis] for y in op.outputs], np.int32)
     name = tr.m.tensors[op.outputs[0]].name
     ax = tr.b.const(name + "/axis", np.asarray(stored_axis(axis, rank, layout), np.int32))
+    pairs = [tr.output(y, layout, like_input=x) for y in op.outputs]   # int8 pieces keep x's parameters
     tr.b.op("SPLIT_V", [tr.get(x, layout), tr.b.const(name + "/sizes", sizes), ax],
-            [tr.new(y, layout) for y in op.outputs], "SplitVOptions", 2 if tr.is_int8(x) else 1,
-            NumSplits=len(op.outputs))
+            [p[0] for p in pairs], "SplitVOptions", 2 if tr.is_int8(x) else 1, NumSplits=len(op.outputs))
+    for p in pairs:
+        tr.finish(p)
 
 
 @handles("LayerNorm")

@@ -213,3 +213,18 @@ def test_a_free_batch_through_a_transposed_conv():
         got = it.get_tensor(it.get_output_details()[0]["index"])
         want = Interpreter(edge, input_shapes={"x": xv.shape}).invoke(xv)[0]
         assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_int8_split_pieces_with_their_own_parameters():
+    """SPLIT_V moves int8 values as they are: a piece quantized unlike the input is requantized after it."""
+    from isthmus.edge.writer import ModelWriter
+    rng = np.random.default_rng(8)
+    w = ModelWriter()
+    x = w.add_tensor("x", "int8", (3, 7, 2, 2), scale=[0.05], zero_point=[3])
+    w.inputs.append(x)
+    ys = [w.add_tensor("same", "int8", (3, 3, 2, 2), scale=[0.05], zero_point=[3]),
+          w.add_tensor("own", "int8", (3, 4, 2, 2), scale=[0.08], zero_point=[-10])]
+    w.add_operator("Split", [x], ys, {"axis": 1, "sizes": [3, 4], "num": 0})
+    for y in ys:
+        w.mark_output(y)
+    check_both(w.to_bytes(), [rng.integers(-128, 128, (3, 7, 2, 2)).astype(np.int8)])

@@ -22,13 +22,14 @@ def transpose(tr: Translator, op) -> None:
     else:
         src = PLAIN
     xi = tr.get(x, src)
-    out = tr.new(y, PLAIN)
+    pair = tr.output(y, PLAIN, like_input=x)     # int8: the input's parameters, requantized after if y's differ
     if perm == list(range(len(perm))):
         shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(tr.reshape_target(y), np.int32))
-        tr.b.op("RESHAPE", [xi, shape], [out])
-        return
-    p = tr.b.const(tr.m.tensors[y].name + "/perm", np.asarray(perm, np.int32))
-    tr.b.op("TRANSPOSE", [xi, p], [out], version=2 if tr.is_int8(x) else 1)
+        tr.b.op("RESHAPE", [xi, shape], [pair[0]])
+    else:
+        p = tr.b.const(tr.m.tensors[y].name + "/perm", np.asarray(perm, np.int32))
+        tr.b.op("TRANSPOSE", [xi, p], [pair[0]], version=2 if tr.is_int8(x) else 1)
+    tr.finish(pair)
 
 
 @handles("Gather")

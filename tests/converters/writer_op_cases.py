@@ -205,3 +205,8 @@ CASES.update({   # int8 MatMul of two activations (converters/quantize.py writes
     "batch_matmul_int8_tb_broadcast": ("MatMul", [q(i8(3, 2, 3, 6), 0.05, 3), q(i8(2, 4, 6), 0.04, 0)],
                                        Out("int8", [0.25], [-5]), (3, 2, 3, 4), {"transpose_a": 0, "transpose_b": 1}),
 })
+
+CASES.update({   # an int8 Transpose whose output is quantized unlike its input
+    "transpose_int8_requant": ("Transpose", [q(i8(2, 3, 4), 0.05, 3)], Out("int8", [0.07], [-9]), (4, 2, 3),
+                               {"perm": [2, 0, 1]}),
+})

@@ -276,7 +276,8 @@ def bind_channel_requantization(rq, acc4: np.ndarray, out4: np.ndarray) -> Optio
     return run
 
 
-def bind_requantize_rows(a2: np.ndarray, bias: Optional[np.ndarray], lo, hi, zp: int, o2: np.ndarray) -> Callable[[], None]:
+def bind_requantize_rows(a2: np.ndarray, bias: Optional[np.ndarray], lo, hi, zp: int,
+                         o2: np.ndarray) -> Callable[[], None]:
     """A step: o2 [R, L] (int8) = the short requantization of a2 [R, >= L] (float32) + bias[r % C]
     with output zero point zp (ties to even: quant.magic_pair)."""
     from ..jit.requantize import requantize_rows  # deferred: jit.requantize loads numba

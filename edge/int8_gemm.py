@@ -5,9 +5,9 @@ Where the host has the integer GEMM (x86 AVX2, numba importable, ISTHMUS_JIT not
 take over at prepare time: weights become int16 pairs once; per call the input is packed into
 arena scratch (a 1x1 convolution's rows, or, in one pass, im2col columns of the input padded with
 its zero point), multiplied in int32 and requantized per output channel inside the GEMM's loop,
-straight into the int8 output. The arithmetic is edge/quant.Requantizer's integer definition (ties to even), bit for bit (computed
-in float64 where `float_exact` proves it exact, else in int64), so results equal the float-GEMM
-kernels' and a plain integer numpy reference.
+straight into the int8 output. The arithmetic is edge/quant.Requantizer's integer definition (ties
+to even), bit for bit (computed in float64 where `float_exact` proves it exact, else in int64), so
+results equal the float-GEMM kernels' and a plain integer numpy reference.
 """
 from __future__ import annotations
 

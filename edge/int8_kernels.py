@@ -55,8 +55,8 @@ from . import int8_gemm
 from .format import EdgeModelError
 from .kernel_tables import INT8_KERNELS, int8_kernel
 from .opcontext import OpContext, WideIm2col, conv_geometry, overlay, pool_geometry
-from .quant import (EVEN_SUM, F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output, exact_dtype,
-                    fold_requantization, int8_range, shared_mantissa)
+from .quant import (EVEN_SUM, F64_EXACT, Requantizer, UniformRequantizer, activation_bounds, bind_folded_output,
+                    exact_dtype, fold_requantization, int8_range, shared_mantissa)
 
 
 
@@ -466,7 +466,8 @@ def avg_pool(ctx: OpContext):
         borders, inner = _borders(src, t, b, l, r), src[:, :, t:t + h, l:l + w]
         views = [src[tp] for tp in taps]
         first, rest = views[0], views[1:]
-        copyto, add, multiply, floor_divide, right_shift = np.copyto, np.add, np.multiply, np.floor_divide, np.right_shift
+        copyto, add, multiply, floor_divide = np.copyto, np.add, np.multiply, np.floor_divide
+        right_shift = np.right_shift
 
         def run():
             for v in borders:

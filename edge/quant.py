@@ -166,7 +166,8 @@ class Requantizer:
         # (ties to even: the offset `even` keeps the parity), + odd is the requantized value
         # (float64 multiplies vectorize; int64 ones do not, before AVX-512)
         shifted = [bv * qv + (even << sv) for (qv, sv), bv in zip(qs, b)]
-        self.float_ok = rounding != UP and all(int(acc_bound) * qv + abs(cv) < F64_EXACT for (qv, _), cv in zip(qs, shifted))
+        self.float_ok = rounding != UP and all(int(acc_bound) * qv + abs(cv) < F64_EXACT
+                                               for (qv, _), cv in zip(qs, shifted))
         self.flo, self.fhi, self.odd = float(self.lo - odd), float(self.hi - odd), odd
         mf = np.array([math.ldexp(qv, -sv) for qv, sv in qs], np.float64)
         cf = np.array([math.ldexp(float(cv), -sv) if abs(cv) < F64_EXACT else 0.0 for (_, sv), cv in zip(qs, shifted)])
@@ -209,7 +210,8 @@ class Requantizer:
                 if odd:
                     add(out, odd, out=out)
             return run_float
-        q, c, s, h1, zp, pm, lo, hi = self.q, self.c, self.s, self.h1, np.int64(self.pz), np.int64(self.pm), self.lo, self.hi
+        q, c, s, h1, lo, hi = self.q, self.c, self.s, self.h1, self.lo, self.hi
+        zp, pm = np.int64(self.pz), np.int64(self.pm)
         load = acc is not tmp
         par = np.empty_like(tmp, dtype=np.int64)  # the parity of the truncated quotient (a fallback path's own buffer)
         bitwise_and, bitwise_xor = np.bitwise_and, np.bitwise_xor
@@ -269,7 +271,8 @@ def bind_folded_output(acc: np.ndarray, out: np.ndarray, lo: int, hi: int, zero_
     low bits), take the low byte, and add the odd part back."""
     _, odd = split_zero_point(zero_point)
     low, odd8 = acc.view(np.int64), np.int8(odd)
-    clip, copyto, add, flo, fhi, magic = clip_ufunc, np.copyto, np.add, float(lo - odd), float(hi - odd), np.float64(MAGIC)
+    clip, copyto, add, magic = clip_ufunc, np.copyto, np.add, np.float64(MAGIC)
+    flo, fhi = float(lo - odd), float(hi - odd)
 
     def run():
         clip(acc, flo, fhi, out=acc)

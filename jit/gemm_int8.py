@@ -141,8 +141,8 @@ def _requantize_ir(context, builder, signature, args, mr):
     vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
     vrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8]), "llvm.rint." + suffix)
     i32x8 = ir.VectorType(i32, 8)  # the offset: the zero point's odd part (ties to even before it)
-    bias = builder.shuffle_vector(builder.insert_element(ir.Constant(i32x8, ir.Undefined), args[10], ir.Constant(i32, 0)),
-                                  ir.Constant(i32x8, ir.Undefined), ir.Constant(i32x8, None))
+    first = builder.insert_element(ir.Constant(i32x8, ir.Undefined), args[10], ir.Constant(i32, 0))
+    bias = builder.shuffle_vector(first, ir.Constant(i32x8, ir.Undefined), ir.Constant(i32x8, None))
 
     def splat(v):
         e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
@@ -314,7 +314,8 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so,
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemm_requantize_int(w32, x32, acc, q, c, s, zp, lo, hi, out, o_, p_, so, sp):
-    """gemm_requantize_float's layout, requantized in int64: clamp(shift_round_even(acc q[o] + c[o], s[o], zp), lo, hi)."""
+    """gemm_requantize_float's layout, requantized in int64:
+    clamp(shift_round_even(acc q[o] + c[o], s[o], zp), lo, hi)."""
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     a = acc.reshape(-1)
     for p0 in range(0, ppad, NR):

@@ -120,7 +120,8 @@ def gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out):
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemv_requantize_int(w8, a, a16, q, c, s, zp, lo, hi, out):
-    """gemv_requantize_float's product, requantized in int64: clamp(shift_round_even(acc q[n] + c[n], s[n], zp), lo, hi)."""
+    """gemv_requantize_float's product, requantized in int64:
+    clamp(shift_round_even(acc q[n] + c[n], s[n], zp), lo, hi)."""
     n_, kb = out.shape[1], w8.shape[1] // KB
     for m in range(a.shape[0]):
         _widen(a[m], a16)

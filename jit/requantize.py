@@ -98,4 +98,5 @@ def channel_requantize_rows(a, per, mf, cf, flo, fhi, off, out):
         ar, orow = a[r], out[r]
         for i in range(orow.shape[0]):
             t = np.float64(ar[i]) * m + c
-            orow[i] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)  # int32: AVX2 has no packed float64 -> int64
+            # int32: AVX2 has no packed float64 -> int64
+            orow[i] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)

@@ -67,13 +67,19 @@ def test_requantized_rows_in_six_and_four_row_tiles(o, dtype):
     xp = np.zeros(g8.packed_shape(k, p), np.int32)
     g8.pack_rows(x, xp)
     w32 = g8.pack_weights(w)
-    mf = np.ldexp(1.0, -rng.integers(9, 13, o)).astype(dtype)  # exact in float32 too
-    cf = (rng.integers(-400, 400, o) * 0.25 + 2).astype(dtype)
+    e = rng.integers(9, 13, o)
+    mf = np.ldexp(1.0, -e).astype(dtype)  # exact in float32 too
+    cf = (rng.integers(-400, 400, o) * np.where(np.arange(o) % 2, 0.25, 1.0) + 2).astype(dtype)
+    x[:, 0], x[0, 0] = 0, 1  # column 0: acc = w[:, 0] = odd 2^(e - 1), a tie in every row with an integer cf
+    w[:, 0] = (2 * rng.integers(-3, 3, o) + 1) << (e - 1)
+    xp[:] = 0
+    g8.pack_rows(x, xp)
+    w32 = g8.pack_weights(w)
     acc, out = np.zeros((w32.shape[0], g8.NR), np.int32), np.zeros(o * p, np.int8)
     g8.gemm_requantize_float(w32, xp, acc, mf, cf, -129.0, 126.0, np.int32(-1), out, o, p, p, 1)
     t = (w @ x.astype(np.int64)).astype(np.float64) * mf[:, None].astype(np.float64) + cf[:, None].astype(np.float64)
     want = (np.rint(np.clip(t, -129.0, 126.0)) + 1).astype(np.int8)
-    assert o < 16 or np.count_nonzero(t % 1 == 0.5) >= 2  # exact ties
+    assert np.count_nonzero(t % 2 == 0.5) >= 1 and np.count_nonzero(t % 2 == 1.5) >= 1  # exact ties, both parities
     np.testing.assert_array_equal(out.reshape(o, p), want)
     assert len(np.unique(want)) > 20
 

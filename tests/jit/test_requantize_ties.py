@@ -63,7 +63,8 @@ def test_channel_rows_round_ties_to_even_before_the_zero_point(zp):
     odd = zp & 1
     cf = bias / 16 + (zp - odd)
     out = np.zeros(v.shape, np.int8)
-    jr.channel_requantize_rows(v.astype(np.float64), 1, mf, cf, float(-128 - odd), float(127 - odd), np.int32(-odd), out)
+    jr.channel_requantize_rows(v.astype(np.float64), 1, mf, cf, float(-128 - odd), float(127 - odd), np.int32(-odd),
+                               out)
     want = np.stack([want_of([Fraction(int(t)) * Fraction(mf[c]) + Fraction(int(bias[c]), 16) for t in v[c]], zp)
                      for c in range(6)])
     np.testing.assert_array_equal(out, want)

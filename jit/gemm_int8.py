@@ -109,17 +109,19 @@ def _tile(typingctx, w, x, acc, o, p0, kp):
     return sig, codegen
 
 
-def _requantizing_tile(mr: int):
+def _requantizing_tile(mr: int, off: int):
     """The requantizing tile intrinsic over mr weight rows (4, or 6: twelve accumulators hide more of
-    pmaddwd's latency on long K; measured 206 -> 174 us on the core CNN's 64 x 800 x 196)."""
+    pmaddwd's latency on long K; measured 206 -> 174 us on the core CNN's 64 x 800 x 196), with the
+    offset off (0 or -1: the zero point's odd part) a constant of the code (a run-time splat of it
+    cost the float64 tiles 8-10% of the whole GEMM here)."""
     @intrinsic
-    def tile(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, off, so):
-        sig = types.void(w, x, out, o, p0, kp, mf, cf, flo, fhi, off, so)
-        return sig, lambda context, builder, signature, args: _requantize_ir(context, builder, signature, args, mr)
+    def tile(typingctx, w, x, out, o, p0, kp, mf, cf, flo, fhi, so):
+        sig = types.void(w, x, out, o, p0, kp, mf, cf, flo, fhi, so)
+        return sig, lambda context, builder, signature, args: _requantize_ir(context, builder, signature, args, mr, off)
     return tile
 
 
-def _requantize_ir(context, builder, signature, args, mr):
+def _requantize_ir(context, builder, signature, args, mr, off):
     """The tile of _tile over mr rows, requantized in registers: out[(o + r) so + p0 + i] (int8, flat) =
     int8(int32(rint(min(max(double(acc) mf[o + r] + cf[o + r], flo), fhi))) - off) for r < mr, i < 16; the
     float64 requantization of gemm_requantize_float, element for element (mul then add, no fma)."""
@@ -141,8 +143,7 @@ def _requantize_ir(context, builder, signature, args, mr):
     vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
     vrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8]), "llvm.rint." + suffix)
     i32x8 = ir.VectorType(i32, 8)  # the offset: the zero point's odd part (ties to even before it)
-    first = builder.insert_element(ir.Constant(i32x8, ir.Undefined), args[10], ir.Constant(i32, 0))
-    bias = builder.shuffle_vector(first, ir.Constant(i32x8, ir.Undefined), ir.Constant(i32x8, None))
+    bias = ir.Constant(i32x8, [off] * 8)
 
     def splat(v):
         e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
@@ -153,13 +154,14 @@ def _requantize_ir(context, builder, signature, args, mr):
         for j in range(2):
             t = builder.fadd(builder.fmul(builder.sitofp(results[2 * r + j], d8), m), c)
             t = builder.call(vrint, [builder.call(vmin, [builder.call(vmax, [t, lo]), hi])])
-            q = builder.trunc(builder.sub(builder.fptosi(t, ir.VectorType(i32, 8)), bias), ir.VectorType(i8, 8))
-            off = builder.add(builder.add(builder.mul(row, args[11]), args[4]), ir.Constant(i64, 8 * j))
-            builder.store(q, builder.bitcast(builder.gep(optr, [off]), ir.VectorType(i8, 8).as_pointer()), align=1)
+            q = builder.trunc(builder.sub(builder.fptosi(t, i32x8), bias), ir.VectorType(i8, 8))
+            at = builder.add(builder.add(builder.mul(row, args[10]), args[4]), ir.Constant(i64, 8 * j))
+            builder.store(q, builder.bitcast(builder.gep(optr, [at]), ir.VectorType(i8, 8).as_pointer()), align=1)
     return context.get_dummy_value()
 
 
-_tile_requantize, _tile_requantize6 = _requantizing_tile(MR), _requantizing_tile(6)
+_tile_requantize, _tile_requantize6 = _requantizing_tile(MR, 0), _requantizing_tile(6, 0)
+_tile_requantize_odd, _tile_requantize6_odd = _requantizing_tile(MR, -1), _requantizing_tile(6, -1)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -287,7 +289,7 @@ def im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so, sp):
-    """out[o so + p sp] (int8, flat) = rint(clamp(acc[o, p] mf[o] + cf[o], flo, fhi)) - off for o < O, p < P,
+    """out[o so + p sp] (int8, flat) = rint(clamp(acc[o, p] mf[o] + cf[o], flo, fhi)) - off (0 or -1) for o < O, p < P,
     acc = w @ x in int32 (the packed operands), a block of 16 columns at a time through acc int32
     [Opad, 16]; exact when the caller's requantization says "float". (Flat indices: a row view per
     row and block cost more than the GEMM at K = 16.)"""
@@ -298,10 +300,16 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so,
     for p0 in range(0, ppad, NR):
         n = min(NR, p_ - p0)
         if n == NR:
-            for o in range(0, six, 6):
-                _tile_requantize6(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, off, so)
-            for o in range(six, full_o, MR):
-                _tile_requantize(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, off, so)
+            if off == 0:  # the offset is the code's constant (_requantizing_tile)
+                for o in range(0, six, 6):
+                    _tile_requantize6(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
+                for o in range(six, full_o, MR):
+                    _tile_requantize(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
+            else:
+                for o in range(0, six, 6):
+                    _tile_requantize6_odd(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
+                for o in range(six, full_o, MR):
+                    _tile_requantize_odd(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
         first = full_o if n == NR else 0
         for o in range(first - first % MR, opad, MR):
             _tile(w32, x32, acc, o, p0, kp)

@@ -139,7 +139,7 @@ def _run_peer(args, runtime: str) -> int:
     # deferred: converters.litert_profile / ort_profile load flatbuffers, scipy (and onnx)
     from isthmus.converters.litert_profile import OPS, calibrate_litert
     if runtime == "onnxruntime":
-        from isthmus.converters.ort_profile import calibrate_ort as calibrate
+        from isthmus.converters.ort_profile import calibrate_ort as calibrate  # deferred: onnx, onnxruntime
     else:
         calibrate = calibrate_litert
     unknown = [op for op in args.ops or () if op not in OPS]

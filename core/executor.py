@@ -19,7 +19,9 @@ import numpy as np
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
-from .scheduler import ParallelRunner, parallelism_pays
+from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
+from . import threads
+from .threads import IntraOpThreads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -136,6 +138,13 @@ class Plan:
             parallel = parallelism_pays(self.nodes, fed)
         self.parallel = bool(parallel)
         self._runner = ParallelRunner(self, workers) if self.parallel else None
+        # runs whose unknown dims are all 1 take one intra-op thread for the whole run (one BLAS
+        # hold, not one per product) when no node could use a second one (scheduler.one_thread_pays);
+        # a session given intra_op_threads keeps what it was given
+        self._serial_dims = None
+        if not self.parallel and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
+            self._serial_dims = [(i, tuple(j for j, d in enumerate(t.shape) if d is None))
+                                 for i, t in enumerate(self.feeds)]
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""
@@ -243,6 +252,23 @@ class Plan:
     def __call__(self, *feeds):
         if self._runner is not None:
             return self._runner(*feeds)
+        # threads._intra[0]: the running session's intra_op_threads (None: the default, BLAS's count)
+        if self._serial_dims is not None and threads._intra[0] is None and self._unit_dims(feeds):
+            with IntraOpThreads(1):
+                return self._call(feeds)
+        return self._call(feeds)
+
+    def _unit_dims(self, feeds) -> bool:
+        """Whether this run's feeds have 1 wherever the graph left a dim unknown (the sizes
+        one_thread_pays assumed)."""
+        for i, dims in self._serial_dims:
+            shape = getattr(feeds[i], "shape", ())
+            for j in dims:
+                if j < len(shape) and shape[j] != 1:
+                    return False
+        return True
+
+    def _call(self, feeds):
         try:
             if self.binding is not None:
                 return self.binding.run(self.fn, feeds)

@@ -16,11 +16,11 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import threads
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
 from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
-from . import threads
 from .threads import IntraOpThreads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's

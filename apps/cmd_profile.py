@@ -22,10 +22,9 @@ EXAMPLES = """examples:
 RUNTIMES = ("isthmus", "litert", "onnxruntime", "edge-int8", "edge-fp32")
 DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert", "onnxruntime": "edge-ort", "edge-int8": "edge-int8",
                   "edge-fp32": "edge-fp32"}
-# the timed runtimes other than isthmus's own: (its name in messages, the module that imports it, pip's hint,
-# split's --edge-format)
-PEERS = {"litert": ("LiteRT", "ai_edge_litert.interpreter", "pip install 'isthmus[litert]'", "tflite"),
-         "onnxruntime": ("onnxruntime", "onnxruntime", "pip install onnxruntime", "onnx")}
+# the timed runtimes other than isthmus's own: (its name in messages, pip's hint, split's --edge-format)
+PEERS = {"litert": ("LiteRT", "pip install 'isthmus[litert]'", "tflite"),
+         "onnxruntime": ("onnxruntime", "pip install onnxruntime", "onnx")}
 NOT_FOR_LITERT = (("from_trace", "--from-trace"), ("base", "--base"))
 
 
@@ -123,7 +122,7 @@ def _run_edge(args, int8: bool) -> int:
 
 def _run_peer(args, runtime: str) -> int:
     """Time the calibration cases in LiteRT or onnxruntime, fit, write the profile; one summary line."""
-    label, module, hint, fmt = PEERS[runtime]
+    label, hint, fmt = PEERS[runtime]
     for attr, flag in NOT_FOR_LITERT:
         if getattr(args, attr, None):
             raise UsageError(f"{flag}: refits isthmus traces; not with --runtime {runtime}")
@@ -132,16 +131,19 @@ def _run_peer(args, runtime: str) -> int:
                          "its own)")
     if args.device.lower() == "gpu":
         raise UsageError(f"--device gpu: --runtime {runtime} times {label} on this machine's CPU")
-    try:
-        __import__(module)  # an optional dependency: its ImportError becomes a usage error
+    try:  # optional dependencies: an ImportError becomes a usage error
+        if runtime == "onnxruntime":
+            import onnxruntime  # noqa: F401  # deferred: optional and heavy
+        else:
+            import ai_edge_litert.interpreter  # noqa: F401  # deferred: optional
     except ImportError:
         raise UsageError(f"--runtime {runtime} needs {label} ({hint})") from None
     # deferred: converters.litert_profile / ort_profile load flatbuffers, scipy (and onnx)
     from isthmus.converters.litert_profile import OPS, calibrate_litert
+    calibrate = calibrate_litert
     if runtime == "onnxruntime":
-        from isthmus.converters.ort_profile import calibrate_ort as calibrate  # deferred: onnx, onnxruntime
-    else:
-        calibrate = calibrate_litert
+        # deferred: converters.ort_profile loads onnx
+        from isthmus.converters.ort_profile import calibrate_ort as calibrate
     unknown = [op for op in args.ops or () if op not in OPS]
     if unknown:
         raise UsageError(f"--ops {' '.join(unknown)}: {label} is timed on {', '.join(OPS)} only")

@@ -162,6 +162,8 @@ def _native_resize(w, op, shape) -> Optional[str]:
         return None
     scales = [1.0] * len(shape)
     for ax, m, s in plan:
+        if m == shape[ax]:
+            return None     # a scale != 1 that keeps the size: onnxruntime copies that axis, the edge resamples it
         if m != math.floor(shape[ax] * s) and abs(s - m / shape[ax]) > 1e-12:
             return None     # the edge's output size and its coordinate scale disagree: no ONNX Resize says that
         scales[ax] = s

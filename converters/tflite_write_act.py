@@ -2,9 +2,10 @@
 (int8 where TFLite has the kernel and the edge does), HardSigmoid and Erf as exact composites of
 builtins (TFLite has neither), computed in the edge kernels' order (edge/kernels_act.py, kernels_math.py).
 
-int8 PRelu: TFLite's int8 PRELU takes an int8 slope with per-tensor parameters; a float slope is
-quantized symmetrically to 127 levels of its largest magnitude, an error below half a level that moves
-the output less than one of its own steps where the negative side does not dwarf the output's range.
+int8 PRelu: TFLite's int8 PRELU takes an int8 slope with per-tensor parameters: the edge's own int8
+slope, or a float one quantized symmetrically to 127 levels of its largest magnitude. Where that
+slope's error, times the most negative input, would move an output by half a step or more, the op
+runs in float between DEQUANTIZE and QUANTIZE instead.
 int8 HardSigmoid runs its float composite between DEQUANTIZE and QUANTIZE (the edge's table is exact).
 """
 from __future__ import annotations
@@ -35,8 +36,7 @@ def _const_like(tr: Translator, e: int, rank: int, layout: str) -> np.ndarray:
 @handles("PRelu")
 def prelu(tr: Translator, op) -> None:
     x, s, y = op.inputs[0], op.inputs[1], op.outputs[0]
-    rank, name = len(tr.shape(x)), tr.m.tensors[y].name
-    layout = tr.preferred(x)
+    rank, layout = len(tr.shape(x)), tr.preferred(x)
     if tr.const(s) is None:
         if tr.is_int8(x):
             raise tr.fail("an int8 PRelu with a slope computed at run time has no TFLite form")
@@ -44,16 +44,47 @@ def prelu(tr: Translator, op) -> None:
             layout = PLAIN          # a run-time slope broadcasts in the graph's own layout
         slope = tr.get(s, layout)
     else:
-        v = _const_like(tr, s, rank, layout)
-        q = tr.quant(s)
-        if tr.is_int8(x) and tr.m.tensors[s].dtype != np.int8:
-            top = float(np.abs(v).max()) or 1.0
-            q = {"scale": [top / 127], "zero_point": [0]}
-            v = np.clip(np.rint(v / q["scale"][0]), -127, 127).astype(np.int8)
-        if q and len(q["scale"]) > 1:
-            raise tr.fail(f"slope '{tr.m.tensors[s].name}' is quantized per channel: TFLite's PRELU takes one scale")
-        slope = tr.b.const(f"{name}/slope", v, **q)
+        slope = _constant_slope(tr, op, s, rank, layout)
+        if slope is None:       # no int8 slope keeps the int8 kernel within a step: the op runs in float
+            _prelu_in_float(tr, op, rank, layout)
+            return
     tr.b.op("PRELU", [tr.get(x, layout), slope], [tr.new(y, layout)])
+
+
+def _constant_slope(tr: Translator, op, s: int, rank: int, layout: str):
+    """The slope tensor for PRELU; int8 for an int8 x: the edge's own int8 slope, or a float one quantized
+    to 127 levels, when the slope's quantization error moves no output by half a step of its own (the
+    most negative x times the error, over the output's scale); else None."""
+    x, y, name = op.inputs[0], op.outputs[0], tr.m.tensors[op.outputs[0]].name
+    v, q = _const_like(tr, s, rank, layout), tr.quant(s)
+    if not tr.is_int8(x):
+        return tr.b.const(f"{name}/slope", v, **q)
+    if q and len(q["scale"]) > 1:
+        return None                               # TFLite's int8 PRELU takes one slope scale
+    exact = (v.astype(np.float64) - q["zero_point"][0]) * q["scale"][0] if q else v.astype(np.float64)
+    if not q:
+        q = {"scale": [(float(np.abs(v).max()) or 1.0) / 127], "zero_point": [0]}
+        v = np.clip(np.rint(v / q["scale"][0]), -127, 127).astype(np.int8)
+    err = float(np.abs((v.astype(np.float64) - q["zero_point"][0]) * q["scale"][0] - exact).max())
+    (sx,), (zx,), (sy,) = tr.quant(x)["scale"], tr.quant(x)["zero_point"], tr.quant(y)["scale"]
+    if (zx + 128) * sx * err / sy > 0.45:
+        return None
+    return tr.b.const(f"{name}/slope", v, **q)
+
+
+def _prelu_in_float(tr: Translator, op, rank: int, layout: str) -> None:
+    """DEQUANTIZE, a float PRELU with the exact slope, QUANTIZE (within one step of the edge's int8)."""
+    x, s, y = op.inputs[0], op.inputs[1], op.outputs[0]
+    name, q = tr.m.tensors[y].name, tr.quant(s)
+    v = _const_like(tr, s, rank, layout).astype(np.float64)
+    if q:                                   # (the edge's int8 PRelu takes a per-tensor int8 slope only)
+        v = (v - q["zero_point"][0]) * q["scale"][0]
+    xi = tr.get(x, layout)
+    shape = tr.b.tensors[xi].shape
+    fx, fy = (tr.scratch(f"{name}/float_{k}", np.float32, shape) for k in ("in", "out"))
+    tr.b.op("DEQUANTIZE", [xi], [fx], version=2)
+    tr.b.op("PRELU", [fx, tr.b.const(f"{name}/slope", v.astype(np.float32))], [fy])
+    tr.b.op("QUANTIZE", [fy], [tr.new(y, layout)], version=2)
 
 
 @handles("HardSwish")

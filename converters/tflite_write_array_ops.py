@@ -22,13 +22,14 @@ def transpose(tr: Translator, op) -> None:
     else:
         src = PLAIN
     xi = tr.get(x, src)
-    out = tr.new(y, PLAIN)
+    pair = tr.output(y, PLAIN, like_input=x)     # int8: the input's parameters, requantized after if y's differ
     if perm == list(range(len(perm))):
         shape = tr.b.const(tr.m.tensors[y].name + "/shape", np.asarray(tr.reshape_target(y), np.int32))
-        tr.b.op("RESHAPE", [xi, shape], [out])
-        return
-    p = tr.b.const(tr.m.tensors[y].name + "/perm", np.asarray(perm, np.int32))
-    tr.b.op("TRANSPOSE", [xi, p], [out], version=2 if tr.is_int8(x) else 1)
+        tr.b.op("RESHAPE", [xi, shape], [pair[0]])
+    else:
+        p = tr.b.const(tr.m.tensors[y].name + "/perm", np.asarray(perm, np.int32))
+        tr.b.op("TRANSPOSE", [xi, p], [pair[0]], version=2 if tr.is_int8(x) else 1)
+    tr.finish(pair)
 
 
 @handles("Gather")
@@ -151,7 +152,8 @@ def leaky_relu(tr: Translator, op) -> None:
 
 @handles("Split")
 def split(tr: Translator, op) -> None:
-    """SPLIT_V along the axis (in x's layout); sizes from the outputs' shapes."""
+    """SPLIT_V along the axis (in x's layout); sizes from the outputs' shapes; an int8 piece whose
+    parameters differ from x's is requantized after it."""
     x = op.inputs[0]
     rank = len(tr.shape(x))
     axis = int(op.attrs.get("axis", 0)) % rank
@@ -159,9 +161,11 @@ def split(tr: Translator, op) -> None:
     sizes = np.asarray([tr.shape(y)[axis] for y in op.outputs], np.int32)
     name = tr.m.tensors[op.outputs[0]].name
     ax = tr.b.const(name + "/axis", np.asarray(stored_axis(axis, rank, layout), np.int32))
+    pairs = [tr.output(y, layout, like_input=x) for y in op.outputs]   # int8 pieces keep x's parameters
     tr.b.op("SPLIT_V", [tr.get(x, layout), tr.b.const(name + "/sizes", sizes), ax],
-            [tr.new(y, layout) for y in op.outputs], "SplitVOptions", 2 if tr.is_int8(x) else 1,
-            NumSplits=len(op.outputs))
+            [p[0] for p in pairs], "SplitVOptions", 2 if tr.is_int8(x) else 1, NumSplits=len(op.outputs))
+    for p in pairs:
+        tr.finish(p)
 
 
 @handles("LayerNorm")

@@ -165,9 +165,14 @@ def matmul(tr: Translator, op) -> None:
         tr.b.op("FULLY_CONNECTED", [tr.get(x), f, bias], [raw], "FullyConnectedOptions",
                 3 if tr.is_int8(x) else 1, FusedActivationFunction=fused, KeepNumDims=len(xs) > 2)
     else:
-        if tr.is_int8(x):
-            raise tr.fail("an int8 MatMul of two run-time operands has no TFLite form here")
         has_bias = len(op.inputs) > 2 and op.inputs[2] >= 0
+        if tr.is_int8(x):   # two activations, per tensor both: TFLite's int8 BATCH_MATMUL requantizes to y's
+            if has_bias or fused or post:
+                raise tr.fail("an int8 MatMul of two run-time operands with a bias or an activation has no "
+                              "TFLite form here")
+            tr.b.op("BATCH_MATMUL", [tr.get(x), tr.get(w_e)], [tr.new(y)], "BatchMatMulOptions", 2,
+                    AdjX=bool(ta), AdjY=bool(tb))
+            return
         raw = tr.new(y) if not (post or has_bias or fused) else tr.scratch(name + "/product", np.float32, tr.shape(y))
         tr.b.op("BATCH_MATMUL", [tr.get(x), tr.get(w_e)], [raw], "BatchMatMulOptions", AdjX=bool(ta), AdjY=bool(tb))
         if has_bias or fused:

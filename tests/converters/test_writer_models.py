@@ -1,8 +1,8 @@
 """A whole model made of the ops the format writers gained (HardSwish, ConvTranspose2D, PRelu, Resize,
 HardSigmoid, StridedSlice, ReduceMean; issues 21/26), exported fp32 and int8 (converters/quantize.py)
 to .tflite and ONNX: LiteRT and onnxruntime compute what isthmus's edge interpreter computes (fp32
-within 1e-5 relative; int8 end to end within the int8 model's own drift from fp32, where the per-op
-steps compound through the layers)."""
+within 1e-5 relative; int8 end to end within the int8 model's own drift from fp32, or one output step
+where that drift is smaller, since the per-op steps compound through the layers)."""
 import numpy as np
 import pytest
 
@@ -15,7 +15,7 @@ from isthmus.core.ops.image import resize
 from isthmus.edge.interpreter import Interpreter
 from isthmus.edge.loader import loads
 
-from .test_writer_ops import run_litert, run_onnx
+from .test_writer_ops import output_step, run_litert, run_onnx
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -69,9 +69,34 @@ def test_int8_model_in_litert_and_onnxruntime_within_the_quantization_drift():
     int8_ops = {op.op for op in m.operators if any(m.tensors[i].dtype == np.int8 for i in op.outputs)}
     assert {"HardSwish", "ConvTranspose2D", "PRelu", "Resize", "HardSigmoid", "StridedSlice"} <= int8_ops, int8_ops
     data, proto = edge_to_tflite(edge), edge_to_onnx(edge)
+    step = output_step(m, 0)
+    assert step > 0
     for xv in feeds(1, 3, seed=3):
         want = Interpreter(edge).invoke(xv)[0]
-        drift = float(np.abs(want - sess.run(y, {x: xv})).max())
+        drift = max(float(np.abs(want - sess.run(y, {x: xv})).max()), step)   # (a step: one op's own tolerance)
         for runtime, got in (("litert", run_litert(data, [xv])[0]), ("onnxruntime", run_onnx(proto, [xv])[0])):
             assert got.shape == want.shape
             assert np.abs(got - want).max() <= drift, (runtime, float(np.abs(got - want).max()), drift)
+
+
+def test_int8_embedding_lookup_with_run_time_indices():
+    """converters/quantize.py's int8 Gather of a constant table by run-time int64 indices (negative ones
+    included) then a dense layer: LiteRT and onnxruntime within one output step of the edge interpreter."""
+    rng = np.random.default_rng(4)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        ids = ism.placeholder("int64", (2, 5), name="ids")
+        table = ism.constant(rng.standard_normal((11, 6)).astype(np.float32))
+        h = ism.reshape(ism.gather(table, ids, axis=0), (2, 30))
+        y = ism.matmul(h, ism.constant((rng.standard_normal((30, 4)) * 0.3).astype(np.float32)))
+        sess = ism.Session(g)
+    calib = [{"ids": rng.integers(-11, 11, (2, 5)).astype(np.int64)} for _ in range(6)]
+    edge, _ = quantize_to_edge(sess, [y], calib)
+    m = loads(edge)
+    assert any(op.op == "Gather" and m.tensors[op.outputs[0]].dtype == np.int8 for op in m.operators)
+    step = output_step(m, 0)
+    for seed in (5, 6):
+        xv = np.random.default_rng(seed).integers(-11, 11, (2, 5)).astype(np.int64)
+        want = Interpreter(edge).invoke(xv)[0]
+        for got in (run_litert(edge_to_tflite(edge), [xv])[0], run_onnx(edge_to_onnx(edge), [xv])[0]):
+            assert got.shape == want.shape and np.abs(got - want).max() <= step * 1.0001

@@ -16,7 +16,7 @@ from isthmus.partitioner.devices import EDGE_DEVICE
 from isthmus.partitioner.partition import partition
 
 from .test_edge_capabilities import COSTS, _models
-from .test_writer_ops import run_litert, run_onnx
+from .test_writer_ops import output_step, run_litert, run_onnx
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -72,7 +72,8 @@ def test_every_planned_edge_part_writes_as_tflite_and_onnx_and_runs_there(cost_n
 def test_every_planned_edge_part_quantized_writes_as_tflite_and_onnx_within_its_drift():
     """The same edge parts (an edge that takes all it can) quantized by converters/quantize.py on random
     calibration feeds: LiteRT and onnxruntime (the QDQ graph as written) differ from the int8 edge
-    interpreter by no more than that differs from fp32 (per-op steps compound through the layers)."""
+    interpreter by no more than that differs from fp32, or one output step where that is smaller (per-op
+    steps compound through the layers)."""
     from isthmus.converters.quantize import quantize_to_edge
     from isthmus.core.session import Session
     checked, ops = 0, set()
@@ -103,7 +104,7 @@ def test_every_planned_edge_part_quantized_writes_as_tflite_and_onnx_within_its_
         assert [m8.tensors[i].name.replace("/dequant", "") for i in m8.outputs] == \
             [m32.tensors[i].name for i in m32.outputs], name     # the same outputs, in the same order
         for k, (w, r) in enumerate(zip(want, ref)):
-            drift = float(np.abs(w - r).max())
+            drift = max(float(np.abs(w - r).max()), output_step(m8, k))
             for fmt, got in (("tflite", got_t[k]), ("onnx", got_o[k])):
                 assert np.abs(got - w).max() <= drift + 1e-6, (name, fmt, k, float(np.abs(got - w).max()), drift)
         checked += 1

@@ -183,3 +183,30 @@ CASES.update({   # a channel gather of an NHWC-held tensor (GATHER on axis 3 the
 CASES.update({   # a run-time slope of lower rank than an NHWC-held x: PRELU in the graph's own layout
     "prelu_run_time_slope_4d": ("PRelu", [Arg(f(3, 4, 3, 3)), Arg(f(4, 1, 1))], F, (3, 4, 3, 3), {}),
 })
+
+CASES.update({   # a scale that keeps an axis's size still resamples it on the edge (onnxruntime's Resize copies it)
+    "resize_linear_scale_keeps_size_int8": ("Resize", [q(i8(1, 3, 1, 3), 0.05, 3)], Out("int8", [0.05], [3]),
+                                            (1, 3, 1, 3), resize("linear", "asymmetric", scales=(1, 1, 1.5, 1.25))),
+})
+
+CASES.update({   # a 0-d run-time index drops the axis
+    "gather_scalar_run_time_index": ("Gather", [Arg(f(4, 2, 3)), Arg(np.array(-2, np.int32))], F, (4, 3), {"axis": 1}),
+})
+
+CASES.update({   # a wide input, a fine output, a float slope: 127 slope levels would cost steps: PRELU in float
+    "prelu_int8_fine_output_in_float": ("PRelu", [q(i8(2, 4, 3, 2), 0.036, 50),
+                                                  Arg(np.array([1.4, -0.3, 0.77, 0.05], np.float32).reshape(4, 1, 1),
+                                                      const=True)], Out("int8", [0.0064], [8]), (2, 4, 3, 2), {}),
+})
+
+CASES.update({   # int8 MatMul of two activations (converters/quantize.py writes it for attention): BATCH_MATMUL
+    "batch_matmul_int8": ("MatMul", [q(i8(2, 3, 5), 0.05, 3), q(i8(2, 5, 4), 0.04, -7)], Out("int8", [0.3], [2]),
+                          (2, 3, 4), {"transpose_a": 0, "transpose_b": 0}),
+    "batch_matmul_int8_tb_broadcast": ("MatMul", [q(i8(3, 2, 3, 6), 0.05, 3), q(i8(2, 4, 6), 0.04, 0)],
+                                       Out("int8", [0.25], [-5]), (3, 2, 3, 4), {"transpose_a": 0, "transpose_b": 1}),
+})
+
+CASES.update({   # an int8 Transpose whose output is quantized unlike its input
+    "transpose_int8_requant": ("Transpose", [q(i8(2, 3, 4), 0.05, 3)], Out("int8", [0.07], [-9]), (4, 2, 3),
+                               {"perm": [2, 0, 1]}),
+})

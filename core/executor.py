@@ -252,8 +252,7 @@ class Plan:
     def __call__(self, *feeds):
         if self._runner is not None:
             return self._runner(*feeds)
-        # threads._intra[0]: the running session's intra_op_threads (None: the default, BLAS's count)
-        if self._serial_dims is not None and threads._intra[0] is None and self._unit_dims(feeds):
+        if self._serial_dims is not None and threads.session_intra_threads() is None and self._unit_dims(feeds):
             with IntraOpThreads(1):
                 return self._call(feeds)
         return self._call(feeds)

@@ -11,29 +11,23 @@ from .intra_op import rows_apply
 _POINTWISE_CHUNK_BYTES = 1 << 20
 
 
-_AVX2: list = []  # [whether jit.gemm_f32's micro-kernel runs here], once known
-
-
 class PackedGemm:
     """Batch 1: y [O, P] = clamp(W [O, K] @ x [K, P] + bias) by jit.gemm_f32 (the edge's kernel: the
     weights packed once per constant weights, bias and clamp in the epilogue) instead of BLAS, which
-    packs both operands on every call, and a bias pass. Where it pays is the edge's measurement
-    (edge/compiled.packed_gemm): O a multiple of 4, at least 16 pixels, K <= 256, AVX2."""
+    packs both operands on every call, and a bias pass, where jit.gemm_f32.packed_pays says it pays
+    (the edge's measurement; the edge interpreter asks the same function)."""
 
     def __init__(self, activation: str):
         self.clamp = _CLAMPS.get(activation)
         self._cached = None  # (w, bias, packed w, bias as float32) for immutable w and bias
 
     def pays(self, xp, x, w, bias, k: int, p: int) -> bool:
-        o = w.shape[0]
-        if (self.clamp is None or x.dtype != np.float32 or w.dtype != np.float32 or o % 4 or p < 16
-                or k > 256 or not compiled_ok(xp, x.dtype) or not _immutable(w)
+        if (self.clamp is None or x.dtype != np.float32 or w.dtype != np.float32
+                or not compiled_ok(xp, x.dtype) or not _immutable(w)
                 or (bias is not None and not _immutable(bias))):
             return False
-        if not _AVX2:  # asked once: LLVM's feature query costs about 200 us
-            from ...jit.gemm_int8 import supported  # deferred: loads llvmlite, numba
-            _AVX2.append(supported())
-        return _AVX2[0]
+        from ...jit.gemm_f32 import packed_pays  # deferred: loads llvmlite, numba
+        return packed_pays(w.shape[0], k, p)
 
     def __call__(self, w, bias, x2, y2) -> None:
         """w: the constant weights (its identity keys the packing), x2 [K, P], y2 [O, P] out."""

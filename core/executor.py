@@ -16,10 +16,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import threads
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
-from .scheduler import ParallelRunner, parallelism_pays
+from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
+from .threads import IntraOpThreads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -136,6 +138,13 @@ class Plan:
             parallel = parallelism_pays(self.nodes, fed)
         self.parallel = bool(parallel)
         self._runner = ParallelRunner(self, workers) if self.parallel else None
+        # runs whose unknown dims are all 1 take one intra-op thread for the whole run (one BLAS
+        # hold, not one per product) when no node could use a second one (scheduler.one_thread_pays);
+        # a session given intra_op_threads keeps what it was given
+        self._serial_dims = None
+        if not self.parallel and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
+            self._serial_dims = [(i, tuple(j for j, d in enumerate(t.shape) if d is None))
+                                 for i, t in enumerate(self.feeds)]
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""
@@ -243,6 +252,22 @@ class Plan:
     def __call__(self, *feeds):
         if self._runner is not None:
             return self._runner(*feeds)
+        if self._serial_dims is not None and threads.session_intra_threads() is None and self._unit_dims(feeds):
+            with IntraOpThreads(1):
+                return self._call(feeds)
+        return self._call(feeds)
+
+    def _unit_dims(self, feeds) -> bool:
+        """Whether this run's feeds have 1 wherever the graph left a dim unknown (the sizes
+        one_thread_pays assumed)."""
+        for i, dims in self._serial_dims:
+            shape = getattr(feeds[i], "shape", ())
+            for j in dims:
+                if j < len(shape) and shape[j] != 1:
+                    return False
+        return True
+
+    def _call(self, feeds):
         try:
             if self.binding is not None:
                 return self.binding.run(self.fn, feeds)

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .errors import ExecutionError, IsthmusError
 from .graph import Node, Tensor
+from . import threads
 from .threads import default_inter_op_threads
 
 # rough device figures for the decision only; the partitioner's calibrated model is the real one
@@ -51,6 +52,34 @@ def predicted_seconds(node: Node) -> float:
 # gains nothing and oversubscribes the cores (a CNN training step ran 30% slower that way).
 BLAS_THREADED_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2D", "FusedConv2D", "Conv2DBackpropInput",
                                "Conv2DBackpropFilter"})
+
+
+# a product OpenBLAS runs threaded by itself (above M*N*K = 4 * 65536; core/ops/intra_op.py)
+_BLAS_THREADED_FLOPS = 2 * 4 * 65536
+
+
+def one_thread_pays(nodes: Sequence[Node], fed: set) -> bool:
+    """True when no node is large enough for fan_out to give a second intra-op thread a chunk
+    (2 x MIN_CHUNK_FLOPS of product, 2 x MIN_CHUNK_BYTES of a pass) while at least two are
+    products that BLAS would thread on its own: each would take fan_out's one-BLAS-thread hold (a
+    lock and reads and writes of BLAS's count, about 10 us a product at 2 BLAS threads: a
+    transformer at batch 1 ran 38% slower at default threads than at one), where one hold
+    around the whole run costs one. Unknown dims count as 1 (the plan checks each run's sizes)."""
+    products = 0
+    for n in nodes:
+        if n.op in ("Const", "Placeholder") or (n.outputs and all(o in fed for o in n.outputs)):
+            continue
+        if n.opdef.cost is None:
+            continue
+        try:
+            c = n.opdef.cost(n)
+        except Exception:  # a cost function must never break execution
+            return False
+        if c.flops >= 2 * threads.MIN_CHUNK_FLOPS or c.bytes_read + c.bytes_written >= 4 * threads.MIN_CHUNK_BYTES:
+            return False
+        if n.op in BLAS_THREADED_OPS and c.flops >= _BLAS_THREADED_FLOPS:
+            products += 1
+    return products >= 2
 
 
 def parallelism_pays(nodes: Sequence[Node], fed: set) -> bool:

@@ -145,6 +145,11 @@ def _set_numba(n: int) -> None:
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+def session_intra_threads() -> Optional[int]:
+    """The running session's intra_op_threads; None when it left the default (BLAS's count)."""
+    return _intra[0]
+
+
 def intra_threads() -> int:
     """The threads a kernel may use now: the running session's intra_op_threads, else BLAS's count."""
     n = _intra[0]
@@ -233,4 +238,4 @@ def blas_threads_now() -> Optional[int]:
 
 
 __all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "blas_threads_now",
-           "intra_threads", "intra_pool", "fan_out", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]
+           "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -103,15 +103,13 @@ def bind_blocked(x3: np.ndarray, w3: np.ndarray, bias: Optional[np.ndarray], g: 
 
 
 def packed_gemm(o: int, k: int, p: int, const_weights: bool) -> bool:
-    """Whether a convolution's GEMM of o outputs, k inputs (channels x taps) over p pixels (batch 1)
-    runs jit.gemm_f32 (weights packed once, bias and clamp in the epilogue) rather than BLAS and a
-    bias pass: constant weights, o a multiple of 4, at least 16 pixels, k <= 256 (the core CNN's
-    k = 800 ran as fast as BLAS, no gain; on 6x6 planes k = 384 and 576 ran slower), AVX2, compiled
-    kernels on. MobileNet's 6x6 planes with k <= 192: 0.5-0.9x BLAS + the bias pass (loaded machine)."""
-    if not (const_weights and o % 4 == 0 and p >= 16 and k <= 256 and use_compiled()):
+    """Whether a convolution's GEMM of o outputs, k inputs over p pixels (batch 1) runs
+    jit.gemm_f32 rather than BLAS and a bias pass: constant weights, compiled kernels on, and
+    jit.gemm_f32.packed_pays (its shape rule and AVX2)."""
+    if not (const_weights and use_compiled()):
         return False
-    from ..jit.gemm_int8 import supported  # deferred: loads llvmlite, numba
-    return supported()
+    from ..jit.gemm_f32 import packed_pays  # deferred: loads llvmlite, numba
+    return packed_pays(o, k, p)
 
 
 def bind_packed_gemm(w2: np.ndarray, bias: Optional[np.ndarray], x2: np.ndarray, y2: np.ndarray, lo: float, hi: float,

@@ -37,12 +37,17 @@ from .requantize import shift_round_even
 MR, NR = 4, 16  # tile: weight rows, activation columns (two vectors of eight int32)
 
 
+_SUPPORTED: list = []  # the answer, asked once: LLVM's CPU-feature query costs about 200 us
+
+
 def supported() -> bool:
     """Whether the host CPU has the instructions the micro-kernel is written with (AVX2)."""
-    try:
-        return bool(_llvm.get_host_cpu_features().get("avx2", False))
-    except Exception:  # an LLVM that cannot say: do not guess
-        return False
+    if not _SUPPORTED:
+        try:
+            _SUPPORTED.append(bool(_llvm.get_host_cpu_features().get("avx2", False)))
+        except Exception:  # an LLVM that cannot say: do not guess
+            _SUPPORTED.append(False)
+    return _SUPPORTED[0]
 
 
 def _accumulate(context, builder, signature, args, mr=MR):

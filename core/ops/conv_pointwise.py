@@ -11,6 +11,38 @@ from .intra_op import rows_apply
 _POINTWISE_CHUNK_BYTES = 1 << 20
 
 
+class PackedGemm:
+    """Batch 1: y [O, P] = clamp(W [O, K] @ x [K, P] + bias) by jit.gemm_f32 (the edge's kernel: the
+    weights packed once per constant weights, bias and clamp in the epilogue) instead of BLAS, which
+    packs both operands on every call, and a bias pass, where jit.gemm_f32.packed_pays says it pays
+    (the edge's measurement; the edge interpreter asks the same function)."""
+
+    def __init__(self, activation: str):
+        self.clamp = _CLAMPS.get(activation)
+        self._cached = None  # (w, bias, packed w, bias as float32) for immutable w and bias
+
+    def pays(self, xp, x, w, bias, k: int, p: int) -> bool:
+        if (self.clamp is None or x.dtype != np.float32 or w.dtype != np.float32
+                or not compiled_ok(xp, x.dtype) or not _immutable(w)
+                or (bias is not None and not _immutable(bias))):
+            return False
+        from ...jit.gemm_f32 import packed_pays  # deferred: loads llvmlite, numba
+        return packed_pays(w.shape[0], k, p)
+
+    def __call__(self, w, bias, x2, y2) -> None:
+        """w: the constant weights (its identity keys the packing), x2 [K, P], y2 [O, P] out."""
+        from ...jit.gemm_f32 import NR, gemm_bias_clamp, pack_weights  # deferred: loads llvmlite, numba
+        cached = self._cached
+        if cached is None or cached[0] is not w or cached[1] is not bias:
+            o = w.shape[0]
+            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+            cached = self._cached = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id unique
+        k, o = x2.shape[0], y2.shape[0]
+        lo, hi = self.clamp
+        gemm_bias_clamp(cached[2], cached[3], x2, np.float32(lo), np.float32(hi), y2,
+                        np.empty((k, NR), np.float32), np.empty((o, NR), np.float32))
+
+
 class Finish:
     """act(y + bias) in place over an output's rows [R, L] (row r has channel r % C): one compiled
     pass where isthmus.jit serves and the activation is a clamp (none, relu, relu6), else numpy's
@@ -47,6 +79,7 @@ class Pointwise:
         self.xp, self.act = xp, act
         self._clamp = _CLAMPS.get(activation)
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias
+        self._packed = PackedGemm(activation)
 
     def __call__(self, x, w, bias):
         xp = self.xp
@@ -55,6 +88,9 @@ class Pointwise:
         xs = x.reshape(n, c, hw)
         out = xp.empty((n, o, hw), dtype=x.dtype)
         step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
+        if n == 1 and self._packed.pays(xp, x, w, bias, c, hw):
+            self._packed(w, bias, xs[0], out[0])
+            return out
         if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype):
             images = self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
         elif bias is not None and c < o:

@@ -13,6 +13,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, padded_copy, resolve_pads, window_out_size, window_pair
+from .depthwise import compiled_ok
 from .intra_op import rows_apply
 
 __all__ = ["max_pool", "avg_pool", "global_avg_pool"]
@@ -81,6 +82,14 @@ def _kernel_max_pool(node, ctx):
     def run(x):
         g = _pool_geometry(node, x.shape)
         if _pairs_tiled(g, x.shape) and x.flags.c_contiguous:
+            if x.dtype.kind == "f" and x.shape[0] == 1 and compiled_ok(xp, x.dtype):
+                # batch 1: one compiled pass (jit.pool, the edge's kernel; numpy's two passes pay their
+                # iterator per output row on small planes)
+                from ...jit.pool import max_pool_2x2_float_rows  # deferred: jit.pool loads numba
+                n, c, h, w = x.shape
+                out = np.empty((n, c, g.oh, g.ow), x.dtype)
+                max_pool_2x2_float_rows(x.reshape(n * c, h, w), out.reshape(n * c, g.oh, g.ow))
+                return out
             return _max_pool_pairs(xp, x, g)
         xpad = padded_copy(xp, x, g.pads, _lowest(x.dtype))
         taps = _taps(g)

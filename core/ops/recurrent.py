@@ -7,7 +7,8 @@ computed for all steps before the loop and fed in; `rt` is the recurrent weight 
 ([H, G*H]). Gradients are fused kernels too (recomputing the gates from the inputs).
 
 LSTMSequence runs a whole LSTM direction in one kernel (inference only): no executor step per
-time step, one GEMM per step for the input projection, the recurrent product and the bias
+time step. On the CPU in float32 it is compiled (recurrent_compiled.py: jit/rnn.py's loop, the
+edge's); otherwise one GEMM per step for the input projection, the recurrent product and the bias
 together ([W | R | b] times [x_t; h; 1]), and the state kept transposed ([H, B]) so that each
 gate is one contiguous block for numpy's elementwise passes. GRUSequence does the same for a GRU
 (a second, [H, H] GEMM per step for the hidden gate's recurrent product).

@@ -364,10 +364,11 @@ class _FakeNode:
     attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1}
 
 
-def test_row_taps_weights_from_a_variable_are_never_cached_stale():
-    """Constant weights are relaid for the row taps once; a variable's are relaid every run."""
+@pytest.mark.parametrize("batch", [1, 2])  # 1: the compiled im2col; 2: the row taps
+def test_row_taps_weights_from_a_variable_are_never_cached_stale(batch):
+    """Constant weights are relaid (row taps) or packed (batch 1) once; a variable's every run."""
     rng = np.random.default_rng(11)
-    x = rng.standard_normal((2, 32, 6, 6)).astype(np.float32)
+    x = rng.standard_normal((batch, 32, 6, 6)).astype(np.float32)
     w1, w2 = (rng.standard_normal((2, 16, 32, 3, 3)) * 0.1).astype(np.float32)
     g = ism.Graph(seed=0)
     with g.as_default():
@@ -381,3 +382,34 @@ def test_row_taps_weights_from_a_variable_are_never_cached_stale():
     pads = ((1, 1), (1, 1))
     np.testing.assert_allclose(first, ref_conv(x, w1, (1, 1), pads, (1, 1), 1), rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(second, ref_conv(x, w2, (1, 1), pads, (1, 1), 1), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "sigmoid"])
+@pytest.mark.parametrize("c,o,k,strides,dil,hw", [
+    (1, 32, 5, 1, 1, 28),    # the CNN's first conv: packed GEMM (K 25)
+    (3, 32, 3, 2, 1, 33),    # a stride-2 stem, odd size: packed GEMM (K 27)
+    (32, 64, 5, 1, 1, 14),   # K 800: BLAS after the compiled gather
+    (8, 30, 3, 1, 2, 11),    # O not a multiple of 4, dilation 2: BLAS
+    (16, 24, 3, 1, 1, 3),    # 9 pixels (< 16): BLAS
+])
+def test_batch1_compiled_im2col_and_packed_gemm(kernel_path, act, c, o, k, strides, dil, hw):
+    """Batch 1: the compiled im2col gather and, where it pays, jit.gemm_f32's packed GEMM with the
+    bias and clamp in its epilogue (none/relu/relu6; sigmoid finishes in numpy), else BLAS."""
+    rng = np.random.default_rng(zlib.crc32(f"b1{act}{c}{o}{k}{strides}{dil}{hw}".encode()))
+    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    check(x, w, b, strides, "SAME", dil, 1, act)
+    check(x, w, None, strides, "VALID", dil, 1)
+
+
+@pytest.mark.parametrize("act", ["relu6", "none"])
+@pytest.mark.parametrize("c,o,hw", [(16, 96, 48), (96, 576, 6), (24, 144, 24), (32, 30, 12)])
+def test_batch1_pointwise_packed_gemm(kernel_path, act, c, o, hw):
+    """A batch-1 1x1 convolution through the packed GEMM (O a multiple of 4, K <= 256, >= 16 pixels:
+    36 pixels leave a short last panel) or BLAS (O = 30), against float64."""
+    rng = np.random.default_rng(zlib.crc32(f"pw1{act}{c}{o}{hw}".encode()))
+    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    check(x, w, b, 1, "VALID", 1, 1, act)

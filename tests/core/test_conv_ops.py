@@ -165,3 +165,19 @@ def test_global_avg_pool_float32_against_float64(shape, keep):
     want = x.astype(np.float64).mean(axis=(2, 3), keepdims=keep)
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("jit_on", ["1", "0"])
+def test_max_pool_2x2_batch1_float32_compiled_and_numpy(monkeypatch, jit_on):
+    """Batch 1's 2x2/2 max pool runs jit.pool's compiled pass (or numpy's): the same values, and a
+    window holding a NaN gives NaN as np.maximum does."""
+    monkeypatch.setenv("ISTHMUS_JIT", jit_on)
+    x = np.random.default_rng(9).standard_normal((1, 5, 8, 6)).astype(np.float32)
+    x[0, 1, 2, 3] = np.nan
+    g = ism.Graph()
+    with g.as_default():
+        got = ism.Session(g).run(ism.max_pool(ism.constant(x), 2, 2, "VALID"))
+    want = x.reshape(1, 5, 4, 2, 3, 2).max(axis=(3, 5))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[0, 1, 1, 1])

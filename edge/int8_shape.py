@@ -19,6 +19,7 @@ from .int8_elementwise import _INT8_VALUES, _requant_table, _same, _table_kernel
 from .kernel_tables import INT8_KERNELS, int8_kernel
 from .kernels_shape import expand_axes, gather, resize, squeeze, strided_slice
 from .opcontext import OpContext, clip_ufunc
+from .quant import convert_table
 
 
 def _moved(prepare: Callable) -> Callable:
@@ -162,7 +163,15 @@ def hard_sigmoid(ctx: OpContext):
 
 @int8_kernel("LeakyRelu")
 def leaky_relu(ctx: OpContext):
+    """LiteRT's XNNPACK int8 LEAKY_RELU where it takes the op (quant.convert_table: 8-bit multipliers,
+    half up), else the float function's table."""
     a = ctx.number("alpha", 0.2)
+    if len(ctx.inputs) == 1 and ctx.inputs[0] is not None and len(ctx.outputs) == 1:
+        (sx, zx), (sy, zy) = ctx.per_tensor(ctx.inputs[0]), ctx.per_tensor(ctx.outputs[0])
+        table = convert_table(sx, zx, sy, zy, _INT8_VALUES, slope=a)
+        if table is not None:
+            ctx.dtype(ctx.inputs[0], "int8"), ctx.dtype(ctx.outputs[0], "int8")
+            return _table_kernel(ctx, table, ctx.inputs[0].shape)
     return _activation_table(ctx, lambda v: np.where(v >= 0, v, v * a))
 
 

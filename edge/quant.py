@@ -85,16 +85,20 @@ def add_multipliers(s1: float, s2: float, sy: float) -> Tuple[int, int, int]:
     return round(math.ldexp(r1, shift)), round(math.ldexp(r2, shift)), shift
 
 
-def convert_table(s1: float, z1: int, s2: float, z2: int, values: np.ndarray) -> Optional[np.ndarray]:
+def convert_table(s1: float, z1: int, s2: float, z2: int, values: np.ndarray,
+                  slope: Optional[float] = None) -> Optional[np.ndarray]:
     """int8 -> int8 requantization of `values` (int64) as LiteRT's XNNPACK converts (qs8 convert, the
-    QUANTIZE op between int8 tensors): an 8-bit fraction m = round(256 s1 / s2) (the ratio divided in
-    float32), y = clamp(((x - z1) m + 128) >> 8 + z2), half up; None outside the ratios XNNPACK takes
-    ([2^-8, 2^7])."""
-    r = float(np.float32(s1) / np.float32(s2))
-    if not 2.0 ** -8 <= r <= 2.0 ** 7:
+    QUANTIZE op between int8 tensors) or, with a slope, applies LEAKY_RELU: 8-bit fractions
+    m = round(256 r), r = s1 / s2 divided in float32 (times the slope in float32 below the zero
+    point), y = clamp(((x - z1) m + 128) >> 8 + z2), half up; None outside the ratios XNNPACK
+    takes ([2^-8, 2^7] in magnitude)."""
+    r = np.float32(s1) / np.float32(s2)
+    neg = r if slope is None else r * np.float32(slope)
+    if not (2.0 ** -8 <= float(r) <= 2.0 ** 7 and 2.0 ** -8 <= abs(float(neg)) <= 2.0 ** 7 - 2.0 ** -8):
         return None
-    m = round(256.0 * r)  # exact product, rounded ties to even (lrintf)
-    v = ((values.astype(np.int64) - z1) * m + 128 + (int(z2) << 8)) >> 8
+    mp, mn = round(256.0 * float(r)), round(256.0 * float(neg))  # exact products, rounded ties to even (lrintf)
+    d = values.astype(np.int64) - z1
+    v = (d * np.where(d >= 0, mp, mn) + 128 + (int(z2) << 8)) >> 8
     return np.clip(v, -128, 127).astype(np.int8)
 
 

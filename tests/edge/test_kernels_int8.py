@@ -21,9 +21,9 @@ def multiplier(m: float):
     return qm, 31 - e
 
 
-def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None, tie_with_zp=False):
+def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None, tie_with_zp=False, half_up=False):
     """clamp(rne(acc * q 2^-s) + zp), ties to even (LiteRT's XNNPACK), per channel along channel_axis
-    when m is a vector; tie_with_zp: rne(acc * q 2^-s + zp) (LiteRT's int8 MEAN)."""
+    when m is a vector; tie_with_zp: rne(acc * q 2^-s + zp) (LiteRT's int8 MEAN); half_up: floor(. + 1/2)."""
     acc = np.asarray(acc, np.int64)
     ms = np.atleast_1d(m)
     qs = np.array([multiplier(float(v))[0] for v in ms], np.int64)
@@ -37,15 +37,17 @@ def requant(acc, m, zp, lo=-128, hi=127, channel_axis=None, tie_with_zp=False):
     t = acc * qs
     v = t >> ss  # the floor, then up past the half, and at the half to the even neighbour
     frac, half = t - (v << ss), np.int64(1) << (ss - 1)
-    v = v + (frac > half) + ((frac == half) & ((v + (zp if tie_with_zp else 0)) % 2 == 1))
+    v = v + (frac > half) + ((frac == half) & (half_up | ((v + (zp if tie_with_zp else 0)) % 2 == 1)))
     return np.clip(v + zp, lo, hi).astype(np.int8)
 
 
-def convert_ref(x, s1, z1, s2, z2):
+def convert_ref(x, s1, z1, s2, z2, slope=None):
     """int8 -> int8 requantization as LiteRT's XNNPACK converts: m = round(256 * (s1 / s2 in float32)),
-    (x - z1) m / 256 rounded half up, + z2."""
-    m = round(256.0 * float(f32(s1) / f32(s2)))
-    v = (np.asarray(x, np.int64) - z1) * m
+    (x - z1) m / 256 rounded half up, + z2; with a slope, its LEAKY_RELU (m times the slope below z1)."""
+    r = f32(s1) / f32(s2)
+    mp, mn = round(256.0 * float(r)), round(256.0 * float(r * f32(1.0 if slope is None else slope)))
+    d = np.asarray(x, np.int64) - z1
+    v = d * np.where(d >= 0, mp, mn)
     return np.clip(((v + 128) >> 8) + z2, -128, 127).astype(np.int8)
 
 
@@ -264,8 +266,17 @@ def test_relu(op, same):
     x = i8((2, 40))
     sx, zx, sy, zy = (0.05, -10, 0.05, -10) if same else (0.05, -10, 0.03, -100)
     hi = min(127, zy + round(6 / sy)) if op == "Relu6" else 127
-    want = requant(x.astype(np.int64) - zx, f32(sx) / f32(sy), zy, max(-128, zy), hi)
+    want = requant(x.astype(np.int64) - zx, f32(sx) / f32(sy), zy, max(-128, zy), hi, half_up=True)
     got = run(op, [q(x, sx, zx)], Out("int8", [sy], [zy]), want.shape)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("sy,zy,alpha", [(0.05, 1, 0.5), (0.1, -7, 0.25), (0.03, 40, 0.2)])
+def test_leaky_relu_as_litert_runs_it(sy, zy, alpha):
+    """XNNPACK's int8 LEAKY_RELU: 8-bit multipliers, half up (halves with 0.05 -> 0.1 and slopes 1/2, 1/4)."""
+    x = np.arange(-128, 128, dtype=np.int8).reshape(4, 64)
+    want = convert_ref(x, 0.05, 3, sy, zy, slope=alpha)
+    got = run("LeakyRelu", [q(x, 0.05, 3)], Out("int8", [sy], [zy]), want.shape, {"alpha": alpha})
     np.testing.assert_array_equal(got, want)
 
 

@@ -16,6 +16,13 @@ bit for bit. The kernels fold bias and zero point into one per-channel constant 
 bits are the value; float64 multiplies vectorize where int64 ones do not (AVX2). Float paths fold
 only the even part of the zero point (`split_zero_point`) before rounding, and add its low bit after.
 
+That is the rule of conv, depthwise, dense and mul. Other ops round as LiteRT runs them (measured
+against LiteRT 2.3.0 with tie-heavy single-op models): MEAN (GlobalAvgPool) ties to even after the
+zero point (EVEN_SUM); int8 -> int8 QUANTIZE (requantizing reshapes, concatenations, ...) and
+LEAKY_RELU with XNNPACK's 8-bit multipliers, half up (`convert_table`); ADD with its 21-bit ones,
+half up (`add_multipliers`); a requantizing RELU half up (UP); AVERAGE_POOL_2D half away from zero
+(int8_kernels.avg_pool).
+
 int8 GEMMs run as float32 GEMMs on int8-valued arrays: exact while every partial sum stays below
 2^24, which `exact_dtype` checks from a bound on the accumulator (float64, exact to 2^53, otherwise).
 """

@@ -13,7 +13,7 @@ def test_samples_count_the_boundary_and_time_the_parts():
     from isthmus.partitioner.devices import CLOUD
     samples = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"))
     graphs = _graphs()
-    assert sorted({s["model"] for s in samples}) == [0, 1]
+    assert sorted({s["model"] for s in samples}) == [0, 1, 2]
     for mi, (g, x, y) in enumerate(graphs):
         mine = [s for s in samples if s["model"] == mi]
         assert len(mine) == 3  # cloud-only, one inside, edge-only

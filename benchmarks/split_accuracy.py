@@ -14,9 +14,11 @@ Mbit/s (both ways) with a 40 ms round trip, against a real `isthmus serve` subpr
 
 What is predicted is what `isthmus split` would predict with profiles of this machine: the cloud
 is this machine calibrated (`isthmus profile --quick --clock cpu --blas-threads 1` on the models'
-ops and the fused kernels the Session runs); the edge that profile x slowdown (--edge-prices
-interpreter: the edge interpreter's own kernels, `isthmus profile --runtime edge-int8` or edge-fp32), plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
-partitioner/part_cost.py) x slowdown; the client's own cost as `isthmus profile --client` measures
+ops and the fused kernels the Session runs); the edge by the edge interpreter's own kernels
+(`isthmus profile --runtime edge-int8` or edge-fp32; --edge-prices core: the cloud's profile) x
+slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
+partitioner/part_cost.py: per part, per boundary byte, and the scale of its kernels in a real part
+per request, fitted against the edge prices in use) x slowdown; the client's own cost as `isthmus profile --client` measures
 it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
 bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
 running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
@@ -281,11 +283,12 @@ def parse(argv=None):
                    help="edge slowdowns (default 8 20: at 1x the emulated edge is this machine in wall time, "
                         "which a loaded machine stretches: +280-310%% at load 9-11 here)")
     p.add_argument("--fp32", action="store_true", help="the fp32 edge model (default: int8)")
-    p.add_argument("--edge-prices", choices=("interpreter", "core"), default="core",
-                   help="the edge's kernels priced by the core Session's (isthmus profile; default) or by the edge "
-                        "interpreter's own (isthmus profile --runtime edge-int8/edge-fp32), x slowdown. Measured "
-                        "here (2026-11-27) the interpreter's one-node int8 timings priced whole int8 models 1.2-1.6x "
-                        "too low (edge-only +17..+64%%), the core's 0.9-1.45x too high (-7..-31%%)")
+    p.add_argument("--edge-prices", choices=("interpreter", "core"), default="interpreter",
+                   help="the edge's kernels priced by the edge interpreter's own (isthmus profile --runtime "
+                        "edge-int8/edge-fp32; default) or by the core Session's (isthmus profile), x slowdown, either "
+                        "with the part's kernel scale fitted against it (part_cost.py). Measured here (2026-11-27, "
+                        "5 Mbit/s, 8x and 20x, load 5-8) edge-only was within -9%%..+14%% with the interpreter's, "
+                        "+3%%..+36%% with the core's")
     p.add_argument("--no-part-cost", action="store_true",
                    help="price no edge part beyond its kernels (the model before issue 27's item 1)")
     p.add_argument("--client-scaled", action="store_true",

@@ -181,6 +181,17 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     return out
 
 
+def repriced(samples: List[Dict[str, float]], profile, cuts: int = 7) -> List[Dict[str, float]]:
+    """`samples` of part_samples (made with the same `cuts`) with "priced_s" by another profile: the
+    same measured parts fitted against other prices (PartCost.fit)."""
+    out = []
+    for mi, (g, x, y) in enumerate(_graphs()):
+        plans, _ = _plans(g, y, cuts)
+        prices = _priced(g, y, plans, profile)
+        out += [dict(s, priced_s=prices[s["cut"]]) for s in samples if s["model"] == mi]
+    return out
+
+
 def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None):
     """The PartCost fitted here, scaled to a device `slowdown` times slower; with `profile` (of this
     machine at 1x) its kernel_scale against that profile's prices too."""
@@ -189,4 +200,4 @@ def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None):
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 
 
-__all__ = ["measure_part_cost", "part_samples"]
+__all__ = ["measure_part_cost", "part_samples", "repriced"]

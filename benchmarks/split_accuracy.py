@@ -228,9 +228,12 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
                 note = None
             pf = predicted_fields(pred, EDGE_DEVICE)
             m = meas[(s, mbps, k)] if sp.cuts[k].cloud_part else meas[(s, None, k)]
+            other = _other_pricing(graph, out, placements[k], cloud, client_cost, s, mbps, call_s, opts)
             rows.append({"model": name, "slowdown": s, "mbps": mbps, "mode": mode, "cut": sp.cuts[k].name,
                          "predicted": pf, "measured": m, "error": round(m["ms"] / pf["ms"] - 1, 4),
-                         **({"note": note} if note else {})})
+                         **({"note": note} if note else {}),
+                         **({"predicted_other": other, "error_other": round(m["ms"] / other["ms"] - 1, 4)}
+                            if other else {})})
         if branching:
             r = {x["mode"]: x for x in rows[-len(modes):]}
             gains.append({"model": name, "slowdown": s, "mbps": mbps,
@@ -239,6 +242,20 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
                           "measured_gain": round(r["layer_split"]["measured"]["ms"] / r["split"]["measured"]["ms"], 3)})
     return {"rows": rows, "gains": gains, "call_s_ms": round(call_s * 1e3, 3), "cuts": len(sp.cuts),
             "seconds": round(time.perf_counter() - t0, 1), "export_s": round(export_s, 1)}
+
+
+def _other_pricing(graph, out, placement, cloud, client_cost, s, mbps, call_s, opts):
+    """The same placement priced with the other edge prices (--edge-prices): paired with the same
+    measurement, so the two pricings are compared without run-to-run noise; None without one."""
+    if opts.other is None:
+        return None
+    from isthmus.partitioner.devices import EDGE_DEVICE
+    from isthmus.partitioner.plan import priced
+    from isthmus.partitioner.problem import Problem
+    edge_here, part = opts.other
+    p = Problem(graph, cost_model(cloud, client_cost, s, mbps, call_s, part, opts.emulated_client, edge_here), [out])
+    b, c = priced(p, p.assignment(placement))
+    return predicted_fields({"breakdown": b, "client_s": c}, EDGE_DEVICE)
 
 
 def measure(client, plans, sp, args, opts) -> dict:
@@ -317,16 +334,21 @@ def main(argv=None) -> int:
     for name in opts.models:
         ops |= {n.op for n in MODELS[name]()[0].nodes}
     cloud = calibrate("this-machine", sorted(ops), "quick", blas_threads=1, clock="cpu")
-    opts.edge_here = None
-    if opts.edge_prices == "interpreter":
-        from isthmus.converters.edge_profile import OPS, calibrate_edge
-        edge = calibrate_edge("edge-here", sorted(ops & set(OPS)), "quick", int8=not opts.fp32)
-        # an op the interpreter is not timed on (Concat, Reshape) keeps the core's price, not the edge fit's default
-        opts.edge_here = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
+    from isthmus.apps.part_measure import repriced
+    from isthmus.converters.edge_profile import OPS, calibrate_edge
+    edge = calibrate_edge("edge-here", sorted(ops & set(OPS)), "quick", int8=not opts.fp32)
+    # an op the interpreter is not timed on (Reshape) keeps the core's price, not the edge fit's default
+    interp = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
     client_cost = measure_client_cost(10)
-    # the part's cost and the edge kernels' scale in a real part, fitted against the prices the edge gets
-    here = replace(opts.edge_here or cloud, kernel_table="edge")
-    part = None if opts.no_part_cost else PartCost.fit(part_samples(int8=not opts.fp32, profile=here))
+    # the part's cost and the edge kernels' scale in a real part, fitted against each edge pricing (the
+    # parts are measured once): the chosen one prices the plans, the other is reported beside it
+    pricings = {"interpreter": interp, "core": None}
+    samples = None if opts.no_part_cost else part_samples(int8=not opts.fp32, profile=replace(interp, kernel_table="edge"))
+    parts = {"interpreter": None if samples is None else PartCost.fit(samples),
+             "core": None if samples is None else PartCost.fit(repriced(samples, replace(cloud, kernel_table="edge")))}
+    mine, theirs = opts.edge_prices, ("core" if opts.edge_prices == "interpreter" else "interpreter")
+    opts.edge_here, part = pricings[mine], parts[mine]
+    opts.other = (pricings[theirs], parts[theirs])
     print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
           f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     results, call_s = {}, 0.5e-3
@@ -346,6 +368,8 @@ def main(argv=None) -> int:
            "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
            "part_cost": None if part is None else part.to_dict(), "edge_prices": opts.edge_prices,
            "summary": aggregate(rows), "gains": gains,
+           "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else parts[theirs].to_dict(),
+                                 "summary": aggregate([{**x, "error": x["error_other"]} for x in rows])},
            "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
            "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),
                       "max_first_over_steady": round(max(switch), 3)},

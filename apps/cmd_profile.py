@@ -1,5 +1,6 @@
-"""`isthmus profile --runtime isthmus|litert`: a device profile timed in isthmus's kernels (the
-partitioner's calibrate command) or in LiteRT (converters/litert_profile), the JSON `split --edge-profile` reads;
+"""`isthmus profile --runtime isthmus|litert|onnxruntime|edge-int8|edge-fp32`: a device profile timed in isthmus's
+kernels (the partitioner's calibrate command), in LiteRT (converters/litert_profile), in onnxruntime
+(converters/ort_profile) or in the edge interpreter, the JSON `split --edge-profile` reads;
 with `--client`, also the offload client's own cost measured here (apps/client_measure.py), scaled by --slowdown,
 as the profile's `client` section, and with `--parts int8|fp32` an edge part's cost beyond its kernels
 (apps/part_measure.py) as its `part` section, both of which `isthmus split` prices."""
@@ -15,10 +16,15 @@ from .part_measure import measure_part_cost
 EXAMPLES = """examples:
   isthmus profile --device cloud --out cloud.json
   isthmus profile --device phone-litert --runtime litert --slowdown 4 --out phone-litert.json
+  isthmus profile --device phone-ort --runtime onnxruntime --slowdown 4 --out phone-ort.json
   isthmus split cnn.onnx --edge-format tflite --edge-profile phone-litert.json -o deploy/"""
 
-RUNTIMES = ("isthmus", "litert", "edge-int8", "edge-fp32")
-DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert", "edge-int8": "edge-int8", "edge-fp32": "edge-fp32"}
+RUNTIMES = ("isthmus", "litert", "onnxruntime", "edge-int8", "edge-fp32")
+DEFAULT_DEVICE = {"isthmus": "cloud", "litert": "edge-litert", "onnxruntime": "edge-ort", "edge-int8": "edge-int8",
+                  "edge-fp32": "edge-fp32"}
+# the timed runtimes other than isthmus's own: (its name in messages, pip's hint, split's --edge-format)
+PEERS = {"litert": ("LiteRT", "pip install 'isthmus[litert]'", "tflite"),
+         "onnxruntime": ("onnxruntime", "pip install onnxruntime", "onnx")}
 NOT_FOR_LITERT = (("from_trace", "--from-trace"), ("base", "--base"))
 
 
@@ -29,12 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(device=None)  # the default name depends on --runtime (DEFAULT_DEVICE)
     for action in p._actions:
         if action.dest == "device":
-            action.help = "name of the profile to write (default: cloud; edge-litert with --runtime litert)"
+            action.help = ("name of the profile to write (default: cloud; edge-litert with --runtime litert, edge-ort "
+                           "with --runtime onnxruntime)")
     p.add_argument("--runtime", choices=RUNTIMES, default="isthmus",
                    help="whose kernels to time: isthmus's core (default), its edge interpreter's (edge-int8, edge-fp32: "
                         "each case as an edge model; price an int8 edge part with edge-int8), or LiteRT's, running each calibration case as "
-                        "a .tflite file (needs ai-edge-litert; --blas-threads then sets LiteRT's threads, default 1). "
-                        "Plan a split whose edge part runs in LiteRT (split --edge-format tflite) with a litert profile")
+                        "a .tflite file (needs ai-edge-litert; --blas-threads then sets LiteRT's threads, default 1), or onnxruntime's, "
+                        "running each case as isthmus's ONNX edge part (needs onnxruntime; --blas-threads: its "
+                        "intra-op threads). Plan a split whose edge part runs in LiteRT (split --edge-format tflite) "
+                        "with a litert profile, one that onnxruntime runs (--edge-format onnx) with an onnxruntime one")
     p.add_argument("--client", action="store_true",
                    help="also measure the edge offload client's own cost per request here (against an in-process "
                         "service on 127.0.0.1, a few seconds) and write it, x --slowdown, as the profile's client "
@@ -57,8 +66,8 @@ def run(args) -> int:
     if runtime == "isthmus":
         from isthmus.partitioner import calibrate  # deferred: partitioner.calibrate loads scipy
         rc = calibrate.run(args)
-    elif runtime == "litert":
-        rc = _run_litert(args)
+    elif runtime in PEERS:
+        rc = _run_peer(args, runtime)
     else:
         rc = _run_edge(args, int8=runtime == "edge-int8")
     if not rc and getattr(args, "client", False):
@@ -111,32 +120,40 @@ def _run_edge(args, int8: bool) -> int:
     return 0
 
 
-def _run_litert(args) -> int:
-    """Time the calibration cases in LiteRT, fit, write the profile; one summary line."""
+def _run_peer(args, runtime: str) -> int:
+    """Time the calibration cases in LiteRT or onnxruntime, fit, write the profile; one summary line."""
+    label, hint, fmt = PEERS[runtime]
     for attr, flag in NOT_FOR_LITERT:
         if getattr(args, attr, None):
-            raise UsageError(f"{flag}: refits isthmus traces; not with --runtime litert")
+            raise UsageError(f"{flag}: refits isthmus traces; not with --runtime {runtime}")
     if args.clock != "wall":
-        raise UsageError(f"--clock {args.clock}: --runtime litert times wall clock only (LiteRT's threads are its own)")
+        raise UsageError(f"--clock {args.clock}: --runtime {runtime} times wall clock only ({label}'s threads are "
+                         "its own)")
     if args.device.lower() == "gpu":
-        raise UsageError("--device gpu: --runtime litert times LiteRT on this machine's CPU")
-    try:
-        # deferred: ai_edge_litert is optional (its ImportError is handled)
-        import ai_edge_litert.interpreter  # noqa: F401
+        raise UsageError(f"--device gpu: --runtime {runtime} times {label} on this machine's CPU")
+    try:  # optional dependencies: an ImportError becomes a usage error
+        if runtime == "onnxruntime":
+            import onnxruntime  # noqa: F401  # deferred: optional and heavy
+        else:
+            import ai_edge_litert.interpreter  # noqa: F401  # deferred: optional
     except ImportError:
-        raise UsageError("--runtime litert needs ai-edge-litert (pip install 'isthmus[litert]')") from None
-    # deferred: converters.litert_profile loads flatbuffers, scipy
+        raise UsageError(f"--runtime {runtime} needs {label} ({hint})") from None
+    # deferred: converters.litert_profile / ort_profile load flatbuffers, scipy (and onnx)
     from isthmus.converters.litert_profile import OPS, calibrate_litert
+    calibrate = calibrate_litert
+    if runtime == "onnxruntime":
+        # deferred: converters.ort_profile loads onnx
+        from isthmus.converters.ort_profile import calibrate_ort as calibrate
     unknown = [op for op in args.ops or () if op not in OPS]
     if unknown:
-        raise UsageError(f"--ops {' '.join(unknown)}: LiteRT is timed on {', '.join(OPS)} only")
+        raise UsageError(f"--ops {' '.join(unknown)}: {label} is timed on {', '.join(OPS)} only")
     threads = args.blas_threads or 1
     if threads < 1:
         raise UsageError(f"--blas-threads {threads}: must be at least 1")
     out = args.out or f"{args.device}.json"
-    profile = calibrate_litert(args.device, args.ops, "quick" if args.quick else "full", slowdown=args.slowdown,
-                               threads=threads, path=out)
-    print(f"wrote {out}: LiteRT profile '{profile.name}', {len(profile.op_coeffs)} op types on {threads} LiteRT "
+    profile = calibrate(args.device, args.ops, "quick" if args.quick else "full", slowdown=args.slowdown,
+                        threads=threads, path=out)
+    print(f"wrote {out}: {label} profile '{profile.name}', {len(profile.op_coeffs)} op types on {threads} {label} "
           f"thread(s), {args.slowdown:g}x slower than measured here; plan with: isthmus split MODEL "
-          f"--edge-format tflite --edge-profile {out} -o DIR")
+          f"--edge-format {fmt} --edge-profile {out} -o DIR")
     return 0

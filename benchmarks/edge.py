@@ -9,7 +9,10 @@ quantize_static; the arena at its lower bound; a 100 MB model loads in < 20 ms.
 
 The script re-executes itself without this workplace's OpenBLAS pins (blas_env.py) and records the
 BLAS kernels that ran. int8 and fp32 are timed interleaved, by wall clock and, less sensitive to
-other processes on a shared machine, by this thread's CPU time with BLAS on one thread. The int8
+other processes on a shared machine, by this thread's CPU time per run and by time.process_time()
+around blocks of 50 runs taking turns (BLAS on one thread), each figure with the load average
+beside it; LiteRT's own int8 / fp32 on the same two models (written as .tflite) is timed in the same
+run, the peer that says what this CPU allows (no VNNI: int8 pays little here). The int8
 model has the quantizer's default scales; its groups-1 convolutions and dense layers run the
 compiled integer GEMM (isthmus.jit.gemm_int8; dense layers of 1-3 rows jit.gemv_int8) where the
 host has it (`int8_gemm`), depthwise convolutions the compiled float kernel on exact integers.
@@ -64,9 +67,15 @@ def compare(sess, x, y, xv):
     o1 = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     delegated1 = Interpreter(data, delegate="onnxruntime", delegate_threads=1)
     with threadpool_limits(1):
+        load1 = round(os.getloadavg()[0], 2)
         t1 = blocked_medians({"edge": lambda: interp.invoke(xv), "ort": lambda: o1.run(None, {name: xv}),
                               "delegate": lambda: delegated1.invoke(xv)}, repeats=21, rounds=5)
+        c1 = process_cpu_blocks({"edge": lambda: interp.invoke(xv), "ort": lambda: o1.run(None, {name: xv})})
+        load2 = round(os.getloadavg()[0], 2)
     return {"ms_edge_fp32_1thread": round(t1["edge"] * 1e3, 3), "ms_onnxruntime_1thread": round(t1["ort"] * 1e3, 3),
+            "process_cpu_ms_edge_fp32_1thread": round(c1["edge"] * 1e3, 3),
+            "process_cpu_ms_onnxruntime_1thread": round(c1["ort"] * 1e3, 3),
+            "process_cpu_ratio_1thread": round(c1["edge"] / c1["ort"], 3), "load_average_1thread": [load1, load2],
             "ratio_1thread": round(t1["edge"] / t1["ort"], 3),
             "ms_edge_delegate_1thread": round(t1["delegate"] * 1e3, 3),
             "delegate_ratio_1thread": round(t1["delegate"] / t1["ort"], 3),
@@ -78,15 +87,48 @@ def compare(sess, x, y, xv):
             "arena_over_bound": round(interp.arena_bytes / max(interp.arena_lower_bound, 1), 3)}
 
 
+def process_cpu_blocks(fns, runs=50, rounds=5):
+    """Per contender, the median over `rounds` of time.process_time() around `runs` back-to-back
+    calls, divided by runs (contenders take turns each round): CPU seconds per call, less sensitive
+    than the wall clock to neighbours on a shared machine."""
+    per = {k: [] for k in fns}
+    for f in fns.values():
+        f()
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0 = time.process_time()
+            for _ in range(runs):
+                f()
+            per[k].append((time.process_time() - t0) / runs)
+    return {k: sorted(v)[len(v) // 2] for k, v in per.items()}
+
+
+def litert_int8_over_fp32(fp32_bytes, int8_bytes, xv, runs=50):
+    """LiteRT (one thread, XNNPACK) on the same two models written as .tflite: process CPU ms and the
+    int8/fp32 ratio, timed like the edge's (benchmark-only peer); None where LiteRT is missing."""
+    try:
+        from tflite_export import litert_runner
+        from isthmus.converters.tflite_write import edge_to_tflite
+    except ImportError:
+        return None
+    fns = {"fp32": litert_runner(edge_to_tflite(fp32_bytes), xv), "int8": litert_runner(edge_to_tflite(int8_bytes), xv)}
+    cpu = process_cpu_blocks(fns, runs=runs)
+    return {"cpu_ms_fp32": round(cpu["fp32"] * 1e3, 3), "cpu_ms_int8": round(cpu["int8"] * 1e3, 3),
+            "cpu_int8_over_fp32": round(cpu["int8"] / cpu["fp32"], 3), "load_average": round(os.getloadavg()[0], 2)}
+
+
 def int8_vs_fp32(sess, x, y, xv, repeats=41, pow2_scales=True):
     """int8 / fp32 time of the edge paths: interleaved wall-clock medians (BLAS threads as they
-    are, and one BLAS thread), and medians of this thread's CPU time with one BLAS thread; file sizes."""
+    are, and one BLAS thread), medians of this thread's CPU time per run and of the process's CPU time
+    around blocks of runs (one BLAS thread), each with the load average; file sizes; LiteRT's own
+    int8 / fp32 on the same models in the same run."""
     from threadpoolctl import threadpool_limits
     rng = np.random.default_rng(3)
     calib = [{x: rng.standard_normal(xv.shape).astype(np.float32)} for _ in range(4)]
     fp32_bytes = to_edge(sess, [y], batch=xv.shape[0])
     int8_bytes = quantize_to_edge(sess, [y], calib, batch=xv.shape[0], pow2_scales=pow2_scales)[0]
     fp32, int8 = Interpreter(fp32_bytes), Interpreter(int8_bytes)
+    loads = {"start": round(os.getloadavg()[0], 2)}
     wall = interleaved_medians({"fp32": lambda: fp32.invoke(xv), "int8": lambda: int8.invoke(xv)}, repeats=repeats)
     cpu = {"fp32": [], "int8": []}
     with threadpool_limits(1):
@@ -98,9 +140,16 @@ def int8_vs_fp32(sess, x, y, xv, repeats=41, pow2_scales=True):
                 t0 = time.thread_time()
                 it.invoke(xv)
                 cpu[k].append(time.thread_time() - t0)
+        loads["wall"] = round(os.getloadavg()[0], 2)
+        blocks = process_cpu_blocks({"fp32": lambda: fp32.invoke(xv), "int8": lambda: int8.invoke(xv)})
+        loads["process_cpu"] = round(os.getloadavg()[0], 2)
+        litert = litert_int8_over_fp32(fp32_bytes, int8_bytes, xv)
     cpu = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
     profile = {"fp32": per_op_ms(fp32, xv), "int8": per_op_ms(int8, xv)}
-    return {"per_op_ms_1thread": profile,
+    return {"per_op_ms_1thread": profile, "load_average": loads, "litert": litert,
+            "process_cpu_ms_fp32_1thread": round(blocks["fp32"] * 1e3, 3),
+            "process_cpu_ms_int8_1thread": round(blocks["int8"] * 1e3, 3),
+            "process_cpu_int8_over_fp32_1thread": round(blocks["int8"] / blocks["fp32"], 3),
             "ms_fp32": round(wall["fp32"] * 1e3, 3), "ms_int8": round(wall["int8"] * 1e3, 3),
             "int8_over_fp32": round(wall["int8"] / wall["fp32"], 3),
             "ms_fp32_1thread": round(wall1["fp32"] * 1e3, 3), "ms_int8_1thread": round(wall1["int8"] * 1e3, 3),

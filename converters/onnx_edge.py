@@ -18,9 +18,11 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from isthmus.edge.format import EdgeModelError
 from isthmus.edge.loader import EdgeModel, loads
 
 from .edge_formats import split_cut
+from .onnx_edge_ops import TRANSLATORS
 from .tflite_write import _index, _select
 from .tflite_write_layout import TFLiteExportError
 
@@ -31,7 +33,7 @@ ACT = {"relu": ("Relu", {}), "tanh": ("Tanh", {}), "sigmoid": ("Sigmoid", {})}
 SUPPORTED = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "BiasAdd", "Add", "Sub", "Mul", "Div",
                        "Maximum", "Minimum", "Relu", "Tanh", "Sigmoid", "Identity", "Relu6", "MaxPool", "AvgPool",
                        "GlobalAvgPool", "Reshape", "Flatten", "Concat", "Softmax", "Pad", "BatchNorm", "LeakyRelu",
-                       "Transpose", "LayerNorm", "Split", "Quantize", "Dequantize"})
+                       "Transpose", "LayerNorm", "Split", "Quantize", "Dequantize"}) | frozenset(TRANSLATORS)
 
 
 class OnnxEdgeExportError(TFLiteExportError):
@@ -143,9 +145,9 @@ class _Writer:
 def _translate(w: _Writer, op) -> None:
     a = op.attrs
     y = op.outputs[0]
-    x = w.value(op.inputs[0]) if op.inputs else None
-    out = w.fresh(w.m.tensors[y].name + "/f")
     kind = op.op
+    x = w.value(op.inputs[0]) if op.inputs and kind not in TRANSLATORS else None
+    out = w.fresh(w.m.tensors[y].name + "/f")
     if kind in ("Conv2D", "FusedConv2D"):
         t, b, l, r = a.get("pads", (0, 0, 0, 0))
         ins = [x, w.value(op.inputs[1])] + ([w.bias(op.inputs[2], op.inputs[0], op.inputs[1])]
@@ -224,6 +226,10 @@ def _translate(w: _Writer, op) -> None:
         return
     elif kind in ("Quantize", "Dequantize"):
         out = x   # the float value; result() adds Q/DQ for an int8 output
+    elif kind in TRANSLATORS:
+        out = TRANSLATORS[kind](w, op)
+        if out is None:    # the translator bound its outputs itself
+            return
     else:
         raise w.fail(f"op {kind} has no ONNX form here")
     w.result(y, out)
@@ -249,15 +255,24 @@ def edge_to_onnx(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequence[
             w.result(e, name)
         else:
             w.names[e] = name
-        g_in.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(w.shape(e))))
+        dt = m.tensors[e].dtype
+        elem = TensorProto.FLOAT if dt in (np.float32, np.int8) else helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+        g_in.append(helper.make_tensor_value_info(name, elem, list(w.shape(e))))
     for k in _select(m, ins, outs):
         w.op = m.operators[k]
-        _translate(w, w.op)
+        try:
+            _translate(w, w.op)
+        except EdgeModelError as e:    # the edge's own reading of the attributes (edge_geometry.py) refused
+            raise w.fail(str(e)) from None
     w.op = None
-    g_out = []
+    g_out, taken = [], set()
     for k, e in enumerate(outs):
         name = output_names[k] if output_names else m.tensors[e].name
-        w.node("Identity", [w.value(e)], [name])
+        if name in taken:          # the same tensor output twice: ONNX names each output once
+            name = f"{name}/{k}"
+        taken.add(name)
+        if w.value(e) != name:     # (an input passed straight through is its own output)
+            w.node("Identity", [w.value(e)], [name])
         g_out.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(w.shape(e))))
     graph = helper.make_graph(w.nodes, "isthmus_edge", g_in, g_out, w.inits)
     model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],

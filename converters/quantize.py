@@ -17,6 +17,7 @@ from isthmus.core.executor import prune
 from isthmus.core.graph import Graph, Node, Tensor
 from isthmus.core.passes import freeze, optimize
 from isthmus.edge import capabilities
+from isthmus.edge.format import scales_to_codes
 from isthmus.edge.quant import quantize_multiplier
 from isthmus.edge.writer import ModelWriter
 
@@ -75,20 +76,33 @@ def _int8_ok(n: Node) -> bool:
                                      [t.node.op == "Const" for t in n.inputs]) is None
 
 
+def _const_qparams(t: Tensor, qdqp) -> Tuple[float, int]:
+    """A float constant's per-tensor int8 parameters: the QDQ file's where it gives one pair, else its range."""
+    cq = qdqp.constants.get(t.name)
+    if cq is not None and cq.scale.size == 1 and -128 <= int(cq.zero_point[0]) <= 127:
+        return float(cq.scale[0]), int(cq.zero_point[0])
+    v = np.asarray(t.node.attrs["value"], np.float64)
+    return _qparams(float(v.min(initial=0.0)), float(v.max(initial=0.0)))
+
+
 def _same_qparams(nodes, int8: set, qp: dict, qdqp) -> None:
-    """Ops whose int8 kernel keeps its input's quantization: the output takes the input's parameters
-    (or the input the output's, where only that is known). Where a QDQ file gives the two different
-    parameters, the node leaves `int8` and runs fp32 between them: the file's numbers win."""
+    """Ops whose int8 kernel keeps its input's quantization: every output takes the input's parameters
+    (or the input an output's, where only that is known; a constant input, a Gather's table, its own).
+    Where a QDQ file gives the two different parameters, the node leaves `int8` and runs fp32 between
+    them: the file's numbers win."""
     for n in nodes:
         if n not in int8 or n.op not in SAME_QPARAMS:
             continue
-        i, o = n.inputs[0], n.outputs[0]
-        if o.name in qdqp.activations and i in qp and qp[i] != qp[o]:
-            int8.discard(n)
-        elif i in qp:
-            qp[o] = qp[i]
-        elif o in qp:
-            qp[i] = qp[o]
+        i = n.inputs[0]
+        if i.node.op == "Const":
+            qp[i] = _const_qparams(i, qdqp)
+        for o in n.outputs:
+            if o.name in qdqp.activations and i in qp and qp[i] != qp[o]:
+                int8.discard(n)
+            elif i in qp:
+                qp[o] = qp[i]
+            elif o in qp:
+                qp[i] = qp[o]
 
 
 def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration=None,
@@ -106,7 +120,9 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     convolutions for at most one bit of weight resolution; False: each channel's own max|w| / 127.
     short_scales (with pow2_scales): activation scales rounded up to SHORT_SCALE_BITS significant
     bits and conv weight scales anchored on the output's scale, so a conv's requantization
-    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone.
+    multiplier has a few-bit mantissa and the edge kernel requantizes in float32 alone; the other
+    per-channel weight scales (dense layers) rounded up to 4 significant bits relative to the largest
+    (at most 1/8 coarser), which the file stores in a byte per channel (edge.format.scales_to_codes).
     qdq: take scales and zero points from the model's own QuantizeLinear/DequantizeLinear pairs (a QDQ
     model, converters/quantize_qdq.py), folding the pairs away; None: when the graph has any. Calibration
     is then optional: it fills in only tensors the file leaves without parameters (an error names the
@@ -154,7 +170,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     _same_qparams(nodes, int8, qp, qdqp)
     for n in nodes:
         ts = list(n.inputs) + list(n.outputs) if n in int8 else []
-        lacking = [t for t in ts if t.node.op != "Const" and t not in qp]
+        lacking = [t for t in ts if t.node.op != "Const" and t.dtype == np.float32 and t not in qp]  # (not indices)
         if lacking and unquantized == "fp32":
             int8.discard(n)
         elif lacking:
@@ -178,10 +194,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
     def as_int8(t: Tensor) -> int:
         if t not in qid and t.node.op == "Const":  # a constant operand (an Add's bias): quantized once, here
             v = np.asarray(t.node.attrs["value"], np.float64)
-            s, z = _qparams(float(v.min(initial=0.0)), float(v.max(initial=0.0)))
-            cq = qdqp.constants.get(t.name)
-            if cq is not None and cq.scale.size == 1 and -128 <= int(cq.zero_point[0]) <= 127:
-                s, z = float(cq.scale[0]), int(cq.zero_point[0])
+            s, z = _const_qparams(t, qdqp)
             vq = np.clip(np.round(v / s) + z, -128, 127).astype(np.int8)
             qid[t] = w.add_constant(t.node.name + "/int8", vq, scale=[s], zero_point=[z])
         if t not in qid:
@@ -190,6 +203,11 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
             w.add_operator("Quantize", [as_float(t)], [i])
             qid[t] = i
         return qid[t]
+
+    def as_index(t: Tensor) -> int:  # an integer operand (a Gather's indices): as it is
+        if t not in fid:
+            fid[t] = w.add_constant(t.node.name, np.asarray(t.node.attrs["value"]))
+        return fid[t]
 
     report = {"tensors": {}, "int8_ops": 0, "fp32_ops": 0}
     for n in nodes:
@@ -201,7 +219,7 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
         if n in int8:
             report["int8_ops"] += 1
             ins = []
-            if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul"):
+            if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul") and n.inputs[1].node.op == "Const":
                 x = n.inputs[0]
                 wv = np.asarray(n.inputs[1].node.attrs["value"], np.float64)
                 axis = 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1  # the output channels
@@ -218,6 +236,8 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                     s_w = np.full_like(s_w, s_w.max())
                 if pow2_scales and axis == 0:
                     s_w = _pow2_scales(s_w, qp[x][0], qp[n.outputs[0]][0], anchored=short_scales)
+                elif short_scales:  # rounded up to 4 significant bits: one byte per channel in the file
+                    s_w = scales_to_codes(s_w)[0].astype(np.float64)
                 shp = [-1 if i == axis else 1 for i in range(wv.ndim)]
                 wq = np.clip(np.round(wv / s_w.reshape(shp)), -127, 127).astype(np.int8)
                 ins = [as_int8(x), w.add_constant(n.inputs[1].node.name + "/int8", wq, scale=s_w.tolist(),
@@ -232,12 +252,17 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
                     # no quantization parameters: an int32 bias is s_in * s_w, zero point 0, by the kernels'
                     # convention (edge/int8_kernels.py); a scale per channel would cost 4 bytes each
                     ins.append(w.add_constant(n.inputs[2].node.name + "/int32", bq))
-            else:
-                ins = [as_int8(t) for t in n.inputs if t.dtype == np.float32]
-            s, z = qp[n.outputs[0]]
-            out = w.add_tensor(n.name, np.int8, shape_of(n.outputs[0]), scale=[s], zero_point=[z])
-            qid[n.outputs[0]] = out
-            w.add_operator(n.op, ins, [out], capabilities.edge_attrs(n.op, n.attrs, interpreter=True))
+            else:  # (a MatMul of two activations: both per-tensor)
+                index = capabilities.INDEX_INPUTS.get(n.op, ())
+                ins = [as_index(t) if k in index else as_int8(t) for k, t in enumerate(n.inputs)
+                       if k in index or t.dtype == np.float32]
+            outs_q = []
+            for t in n.outputs:
+                s, z = qp[t]
+                qid[t] = w.add_tensor(n.name if t.index == 0 else t.name, np.int8, shape_of(t), scale=[s],
+                                      zero_point=[z])
+                outs_q.append(qid[t])
+            w.add_operator(n.op, ins, outs_q, capabilities.edge_attrs(n.op, n.attrs, interpreter=True))
         else:
             report["fp32_ops"] += 1
             why = edge_refusal(n)

@@ -21,13 +21,15 @@ from typing import Dict, List, Optional, Sequence, Union
 import isthmus.core as ism
 import numpy as np
 
+from isthmus.edge.format import EdgeModelError
 from isthmus.edge.loader import EdgeModel, loads
 
 from .edge_formats import split_cut
 from .tflite_write_fb import TFLiteBuilder
 from .tflite_write_layout import LAYOUT_NHWC, PLAIN, TFLiteExportError, Translator
 from .tflite_write_ops import HANDLERS
-from . import tflite_write_array_ops, tflite_write_lstm  # noqa: F401  (register TRANSPOSE, GATHER, LSTM, ...)
+from . import (tflite_write_act, tflite_write_array_ops, tflite_write_convt, tflite_write_unrolled,  # noqa: F401
+               tflite_write_lstm, tflite_write_resize)  # (each registers its ops' handlers)
 from .edge_export import to_edge
 from .quantize import quantize_to_edge
 from .tflite_schema import fb
@@ -103,7 +105,10 @@ def edge_to_tflite(model: Union[bytes, str, EdgeModel], inputs: Optional[Sequenc
         handler = HANDLERS.get(op.op)
         if handler is None:
             raise tr.fail(f"op {op.op} has no TFLite form (the writer handles: {', '.join(supported_ops())})")
-        handler(tr, op)
+        try:
+            handler(tr, op)
+        except EdgeModelError as e:    # the edge's own reading of the attributes (edge_geometry.py) refused
+            raise tr.fail(str(e)) from None
     tr.op = None
     b.inputs = in_ids
     out_meta = []

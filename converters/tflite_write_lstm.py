@@ -5,8 +5,9 @@ TFLite takes one [H, I] / [H, H] / [H] tensor per gate, ordered input, forget, c
 keeps h and c in variable tensors. TFLite's op outputs y only and runs forward, so: h_T (what most
 exported models read) is y's last step, a GATHER; a reverse direction (and so each half of an ONNX
 bidirectional LSTM) runs forward on the time-reversed input between two REVERSE_V2 ops, its h_T
-being the last step before the second reversal. A graph that reads c_T, has per-example lengths or
-an initial state is refused (tflite_write_graph.py refuses the last two by node).
+being the last step before the second reversal. An LSTM whose c_T is read or whose initial states are
+inputs is written unrolled instead (tflite_write_unrolled.py); per-example lengths are refused by
+edge/capabilities.py.
 
 LiteRT keeps variable tensors across invokes: a caller that wants each invoke to start from zeros
 (isthmus's semantics) resets them (`Interpreter.reset_all_variables()`) between invokes.
@@ -17,6 +18,7 @@ import numpy as np
 
 from .tflite_write_layout import Translator
 from .tflite_write_ops import handles
+from .tflite_write_unrolled import lstm_unrolled
 
 GATES = {"i": 0, "o": 1, "f": 2, "c": 3}         # ONNX order in W, R, b
 TFLITE_ORDER = ("i", "f", "c", "o")
@@ -26,8 +28,9 @@ TFLITE_ORDER = ("i", "f", "c", "o")
 def lstm_sequence(tr: Translator, op) -> None:
     x, w_e, r_e, b_e = op.inputs[:4]
     y = op.outputs[0]
-    if len(op.outputs) > 2 and tr.used(op.outputs[2]):
-        raise tr.fail("c_T is read: TFLite's sequence LSTM keeps its cell state inside (read y or h_T)")
+    if (len(op.outputs) > 2 and tr.used(op.outputs[2])) or any(e >= 0 for e in op.inputs[4:]):
+        lstm_unrolled(tr, op)     # c_T read, or initial states: TFLite's sequence LSTM keeps both inside
+        return
     if tr.is_int8(x):
         raise tr.fail("an int8 LSTM has no TFLite form here")
     w, r, b = (tr.const(e) for e in (w_e, r_e, b_e))

@@ -95,6 +95,18 @@ def _bias(tr: Translator, op, o: int, w_e: int, x_e: int) -> int:
     return tr.b.const(name, value, scale=s.tolist(), zero_point=[0] * o, axis=0)
 
 
+def _block_diagonal(w: np.ndarray, groups: int) -> np.ndarray:
+    """[O, C/groups, kh, kw] -> TFLite's [O, kh, kw, C], zero weights between groups: a grouped convolution
+    as one CONV_2D (exact, at groups times the multiply-adds; TFLite's own grouped CONV_2D is not run by
+    every delegate). Zero is exact in int8 too (the weights' zero point is 0 per channel)."""
+    o, cg = w.shape[:2]
+    og = o // groups
+    out = np.zeros((o,) + w.shape[2:] + (cg * groups,), w.dtype)
+    for g in range(groups):
+        out[g * og:(g + 1) * og, :, :, g * cg:(g + 1) * cg] = w[g * og:(g + 1) * og].transpose(0, 2, 3, 1)
+    return out
+
+
 @handles("Conv2D", "FusedConv2D")
 def conv(tr: Translator, op) -> None:
     x, w_e, y = op.inputs[0], op.inputs[1], op.outputs[0]
@@ -114,8 +126,11 @@ def conv(tr: Translator, op) -> None:
     version = 3 if int8 else 1
     bias = _bias(tr, op, o, w_e, x)
     raw = tr.new(y, LAYOUT_NHWC) if not post else tr.scratch(name + "/linear", np.float32, (n,) + tr.shape(y)[2:] + (o,))
-    if groups == 1:
-        filt = tr.b.const(tr.m.tensors[w_e].name + "/ohwi", np.asarray(wt).transpose(0, 2, 3, 1), **qw)
+    if groups > 1 and qw and any(qw["zero_point"]) and not (groups == c and cg == 1):
+        raise tr.fail(f"grouped int8 weights '{tr.m.tensors[w_e].name}' with a nonzero zero point: the "
+                      "block-diagonal CONV_2D needs their zeros exact")
+    if groups == 1 or not (groups == c and cg == 1):   # grouped (not depthwise): one block-diagonal kernel
+        filt = tr.b.const(tr.m.tensors[w_e].name + "/ohwi", _block_diagonal(np.asarray(wt), groups), **qw)
         tr.b.op("CONV_2D", [xi, filt, bias], [raw], "Conv2DOptions", version, Padding=padding, StrideH=s[0],
                 StrideW=s[1], DilationHFactor=d[0], DilationWFactor=d[1], FusedActivationFunction=fused)
     elif groups == c and cg == 1:
@@ -126,8 +141,6 @@ def conv(tr: Translator, op) -> None:
         tr.b.op("DEPTHWISE_CONV_2D", [xi, filt, bias], [raw], "DepthwiseConv2DOptions", version, Padding=padding,
                 StrideH=s[0], StrideW=s[1], DepthMultiplier=o // c, DilationHFactor=d[0], DilationWFactor=d[1],
                 FusedActivationFunction=fused)
-    else:
-        raise tr.fail(f"grouped convolution (groups={groups}, neither 1 nor depthwise) has no TFLite form here")
     if post:
         _post_activation(tr, op, y, raw, post, LAYOUT_NHWC)
 
@@ -152,9 +165,14 @@ def matmul(tr: Translator, op) -> None:
         tr.b.op("FULLY_CONNECTED", [tr.get(x), f, bias], [raw], "FullyConnectedOptions",
                 3 if tr.is_int8(x) else 1, FusedActivationFunction=fused, KeepNumDims=len(xs) > 2)
     else:
-        if tr.is_int8(x):
-            raise tr.fail("an int8 MatMul of two run-time operands has no TFLite form here")
         has_bias = len(op.inputs) > 2 and op.inputs[2] >= 0
+        if tr.is_int8(x):   # two activations, per tensor both: TFLite's int8 BATCH_MATMUL requantizes to y's
+            if has_bias or fused or post:
+                raise tr.fail("an int8 MatMul of two run-time operands with a bias or an activation has no "
+                              "TFLite form here")
+            tr.b.op("BATCH_MATMUL", [tr.get(x), tr.get(w_e)], [tr.new(y)], "BatchMatMulOptions", 2,
+                    AdjX=bool(ta), AdjY=bool(tb))
+            return
         raw = tr.new(y) if not (post or has_bias or fused) else tr.scratch(name + "/product", np.float32, tr.shape(y))
         tr.b.op("BATCH_MATMUL", [tr.get(x), tr.get(w_e)], [raw], "BatchMatMulOptions", AdjX=bool(ta), AdjY=bool(tb))
         if has_bias or fused:
@@ -354,12 +372,39 @@ def softmax(tr: Translator, op) -> None:
     elif axis == rank - 1:
         layout = PLAIN
     else:
-        raise tr.fail(f"softmax over axis {axis} of a rank-{rank} tensor (TFLite's is over the last axis)")
+        _softmax_moved(tr, op, axis)
+        return
     if tr.is_int8(x) and not _fixed_q_ok(tr, y, "SOFTMAX"):
         _in_float(tr, op, "SOFTMAX", layout)
         return
     tr.b.op("SOFTMAX", [tr.get(x, layout)], [tr.new(y, layout)], "SoftmaxOptions", 2 if tr.is_int8(x) else 1,
             Beta=1.0)
+
+
+def _softmax_moved(tr: Translator, op, axis: int) -> None:
+    """Softmax over an inner axis: TRANSPOSE it last, SOFTMAX (TFLite's is over the last axis), TRANSPOSE
+    back; int8 keeps its parameters through the moves (the int8 SOFTMAX itself as softmax() writes it)."""
+    x, y = op.inputs[0], op.outputs[0]
+    shape, name = tr.shape(x), tr.m.tensors[y].name
+    rank = len(shape)
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    back = [perm.index(a) for a in range(rank)]
+    moved = tuple(shape[p] for p in perm)
+    int8 = tr.is_int8(x)
+    dt = tr.m.tensors[x].dtype
+    xt = tr.scratch(name + "/last_axis_in", dt, moved, **tr.quant(x))
+    tr.b.op("TRANSPOSE", [tr.get(x), tr.b.const(name + "/perm", np.asarray(perm, np.int32))], [xt],
+            version=2 if int8 else 1)
+    yt = tr.scratch(name + "/last_axis_out", dt, moved, **tr.quant(y))
+    if int8 and not _fixed_q_ok(tr, y, "SOFTMAX"):
+        fx, fy = (tr.scratch(f"{name}/float_{k}", np.float32, moved) for k in ("in", "out"))
+        tr.b.op("DEQUANTIZE", [xt], [fx], version=2)
+        tr.b.op("SOFTMAX", [fx], [fy], "SoftmaxOptions", Beta=1.0)
+        tr.b.op("QUANTIZE", [fy], [yt], version=2)
+    else:
+        tr.b.op("SOFTMAX", [xt], [yt], "SoftmaxOptions", 2 if int8 else 1, Beta=1.0)
+    tr.b.op("TRANSPOSE", [yt, tr.b.const(name + "/perm_back", np.asarray(back, np.int32))], [tr.new(y)],
+            version=2 if int8 else 1)
 
 
 @handles("Pad")

@@ -163,11 +163,9 @@ FP32.update({
     "LSTMSequence": (_sequence, (4, 6)), "GRUSequence": (_sequence, (4, 5)),
     "ConvTranspose2D": (_conv_transpose, (2, 2)),
 })
-# rows whose attributes the TFLite writer's graph path still spells its own way (tflite_write_graph.EXTRA_OPS,
-# which it falls back to when edge_attrs refuses): until its handlers read these rows, edge_attrs gives them
-# only to callers writing for the edge interpreter, so graph_to_tflite keeps its own (checked) variants
-WRITERS_PENDING = frozenset({"StridedSlice", "Resize", "Squeeze", "ExpandAxes", "LSTMSequence", "ReduceMean",
-                             "Gather"})  # (Gather: the writer's form normalizes a negative axis; the edge's keeps it)
+# rows whose attributes a format writer (converters/tflite_write*.py, onnx_edge.py) does not read yet: edge_attrs
+# gives them only to callers writing for the edge interpreter (to_edge, the quantizer)
+WRITERS_PENDING: frozenset = frozenset()
 # inputs an fp32 kernel reads as integers (int32 or int64), by position
 INDEX_INPUTS: Dict[str, Tuple[int, ...]] = {"Gather": (1,)}
 
@@ -176,11 +174,11 @@ INDEX_INPUTS: Dict[str, Tuple[int, ...]] = {"Gather": (1,)}
 INT8 = frozenset({"Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "Add", "MaxPool", "GlobalAvgPool", "Reshape",
                   "Flatten", "Relu", "Relu6"}
                  | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad", "Concat", "Softmax",
-                    "PRelu", "HardSwish", "HardSigmoid", "LeakyRelu", "ConvTranspose2D"})
+                    "PRelu", "HardSwish", "HardSigmoid", "LeakyRelu", "ConvTranspose2D", "Gather", "Split"})
 # int8 ops whose output keeps its input's scale and zero point (a linear resize's outputs are convex
 # combinations of its inputs: never outside their range)
 SAME_QPARAMS = frozenset({"MaxPool", "Reshape", "Flatten", "Relu", "Relu6"}
-                         | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad"})
+                         | {"Transpose", "StridedSlice", "Squeeze", "ExpandAxes", "Resize", "Pad", "Gather", "Split"})
 
 
 def _rank_needs(op: str, inputs: Sequence[TensorInfo]) -> Optional[str]:
@@ -239,6 +237,8 @@ def int8_refusal(op: str, attrs: Mapping, inputs: Sequence[TensorInfo], outputs:
         return f"no int8 kernel for {op}"
     if op in ("FusedConv2D", "FusedMatMul") and attrs.get("activation", "none") not in INT8_ACTIVATIONS:
         return f"activation '{attrs['activation']}' (int8 fuses {', '.join(INT8_ACTIVATIONS)})"
+    if op == "MatMul" and not constant_inputs[1]:  # two activations: per-tensor int8 both (BATCH_MATMUL)
+        return None
     if op in ("MatMul", "FusedMatMul"):
         if attrs.get("transpose_a") or len(inputs[0][1]) != 2 or len(inputs[1][1]) != 2:
             return "a transposed or batched left operand (int8 takes [M, K] @ [K, N] or [N, K]^T)"

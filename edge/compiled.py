@@ -43,8 +43,21 @@ class _Geometry:
     dw: int
 
 
-def depthwise_scratch_elems(g: Window, kh: int, kw: int) -> int:
-    """float32 elements of arena scratch the compiled depthwise kernel works in (its padded plane)."""
+def blocked_depthwise(g: Window, kh: int, kw: int) -> bool:
+    """Whether a depthwise convolution of this geometry can run channel-blocked (jit.depthwise_blocked:
+    3x3, dilation 1, any stride) on this host (compiled kernels on, AVX2)."""
+    if not (kh == kw == 3 and g.dh == g.dw == 1 and use_compiled()):
+        return False
+    from ..jit.gemm_int8 import supported  # deferred: loads llvmlite, numba
+    return supported()
+
+
+def depthwise_scratch_elems(g: Window, kh: int, kw: int, blocked: bool = False) -> int:
+    """float32 elements of arena scratch the compiled depthwise kernel works in (its padded plane;
+    blocked: the padded block of 8 channels and its output block)."""
+    if blocked:
+        from ..jit.depthwise_blocked import blocked_scratch_elems  # deferred: loads numba
+        return blocked_scratch_elems(g.h + g.t + g.b, g.w + g.l + g.r, g.oh, g.ow)
     from ..jit.depthwise import scratch_elems  # deferred: jit.depthwise loads numba
     return scratch_elems((g.h, g.w), (kh, kw), _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw))
 
@@ -66,9 +79,70 @@ def bind_rows(x3: np.ndarray, w3: np.ndarray, bias: np.ndarray, g: Window, lo: f
     return run
 
 
+def bind_blocked(x3: np.ndarray, w3: np.ndarray, bias: Optional[np.ndarray], g: Window, lo: float, hi: float,
+                 out3: np.ndarray, scratch: np.ndarray) -> Callable[[], None]:
+    """A step writing out3 [N*C, OH, OW] = clamp(bias + depthwise(x3 [N*C, H, W], w3 [C, 3, 3]), lo, hi)
+    with channels blocked by 8 (jit.depthwise_blocked); float32, x3 and out3 contiguous arena views,
+    w3 and bias constant (blocked here, once); scratch of depthwise_scratch_elems(..., blocked=True)."""
+    from ..jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
+    for name, a in (("x", x3), ("out", out3)):
+        if not (a.flags.c_contiguous and a.flags.writeable) or a.dtype != np.float32:
+            raise ValueError(f"blocked depthwise: {name} must be a contiguous, writeable float32 array")
+    wb, bb = block_weights(w3, bias)
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    pb, ob = scratch[:hp * wp * 8], scratch[hp * wp * 8:(hp * wp + g.oh * g.ow) * 8]
+    args = (x3, np.float32(0), w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi),
+            False, np.float32(0), np.int32(0), out3, pb, ob)
+
+    def run():
+        blocked_rows(*args)
+    return run
+
+
+def packed_gemm(o: int, k: int, p: int, const_weights: bool) -> bool:
+    """Whether a convolution's GEMM of o outputs, k inputs (channels x taps) over p pixels (batch 1)
+    runs jit.gemm_f32 (weights packed once, bias and clamp in the epilogue) rather than BLAS and a
+    bias pass: constant weights, o a multiple of 4, at least 16 pixels, k <= 256 (the core CNN's
+    k = 800 ran as fast as BLAS, no gain; on 6x6 planes k = 384 and 576 ran slower), AVX2, compiled
+    kernels on. MobileNet's 6x6 planes with k <= 192: 0.5-0.9x BLAS + the bias pass (loaded machine)."""
+    if not (const_weights and o % 4 == 0 and p >= 16 and k <= 256 and use_compiled()):
+        return False
+    from ..jit.gemm_int8 import supported  # deferred: loads llvmlite, numba
+    return supported()
+
+
+def bind_packed_gemm(w2: np.ndarray, bias: Optional[np.ndarray], x2: np.ndarray, y2: np.ndarray, lo: float, hi: float,
+                     panel: np.ndarray, tile: np.ndarray) -> Callable[[], None]:
+    """A step: y2 [O, P] = clamp(w2 [O, K] @ x2 [K, P] + bias, lo, hi) by jit.gemm_f32 (w2 packed here,
+    once); panel [K, 16] and tile [O, 16] float32 scratch."""
+    from ..jit.gemm_f32 import gemm_bias_clamp, pack_weights  # deferred: loads llvmlite, numba
+    wp = pack_weights(w2)
+    b = np.zeros(w2.shape[0], np.float32) if bias is None else np.array(bias, np.float32).reshape(-1)
+    args = (wp, b, x2, np.float32(lo), np.float32(hi), y2, panel, tile)
+
+    def run():
+        gemm_bias_clamp(*args)
+    return run
+
+
+def bind_im2col(x3: np.ndarray, g: Window, xpad3: np.ndarray, cols2: np.ndarray) -> Callable[[], None]:
+    """A step: xpad3 [C, Hp, Wp] = x3 [C, H, W] zero padded, then cols2 [C kh kw, OH OW] = its windows
+    (one image; jit.gemm_int8.pad_planes and jit.gemm_f32.im2col, compiled passes)."""
+    from ..jit.gemm_f32 import im2col  # deferred: loads llvmlite, numba
+    from ..jit.gemm_int8 import pad_planes  # deferred: loads llvmlite, numba
+    c, hp, wp = xpad3.shape
+    flat, zero = xpad3.reshape(c, hp * wp), x3.dtype.type(0)
+    args = (wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, cols2, g.oh, g.ow)
+
+    def run():
+        pad_planes(x3, zero, g.t, g.l, xpad3)
+        im2col(flat, *args)
+    return run
+
+
 def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g: Window, lo: float, hi: float,
                    outf3: Optional[np.ndarray] = None, outq3: Optional[np.ndarray] = None,
-                   zy: int = 0, scratch: Optional[np.ndarray] = None) -> Callable[[], None]:
+                   zy: int = 0, scratch: Optional[np.ndarray] = None, blocked: bool = False) -> Callable[[], None]:
     """A step running jit.depthwise_int8 on int8 x3 [R, H, W]: into outf3 (float, w3's dtype) the
     accumulator clamped to [lo, hi]; or into outq3 (int8) the short requantization fused
     (quant.UniformRequantizer.bind's float32 path: clamp, add 1.5 * 2^23 + zy, low byte), lo and hi
@@ -81,9 +155,29 @@ def bind_int8_rows(x3: np.ndarray, zx: int, w3: np.ndarray, bias: np.ndarray, g:
         raise ValueError("compiled int8 depthwise: int8 x, and one float dtype for weights, bias and out")
     if outq3 is not None and w3.dtype != np.float32:
         raise ValueError("compiled int8 depthwise: the fused requantization is float32's")
+    if blocked:  # float32 weights, 3x3: 8 channels at a time (jit.depthwise_blocked), same arithmetic
+        return _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch)
     geo = _Geometry(((g.t, g.b), (g.l, g.r)), g.sh, g.sw, g.dh, g.dw)
     return depthwise_int8_step(x3, zx, w3, bias, geo, lo, hi, MAGIC32 + zy, int(MAGIC32), outf3, outq3,
                                scratch=scratch)
+
+
+def _bind_int8_blocked(x3, zx, w3, bias, g, lo, hi, outf3, outq3, zy, scratch):
+    """bind_int8_rows on jit.depthwise_blocked: the block holds x - zx as float32, the sums are exact
+    (exact_int8_bias), so any order gives jit.depthwise_int8's result bit for bit."""
+    from ..jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
+    if w3.dtype != np.float32 or w3.shape[1:] != (3, 3):
+        raise ValueError("blocked int8 depthwise: float32 3x3 weights")
+    wb, bb = block_weights(w3, bias)
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    pb, ob = scratch[:hp * wp * 8], scratch[hp * wp * 8:(hp * wp + g.oh * g.ow) * 8]
+    quant = outq3 is not None
+    args = (x3, np.float32(zx), w3.shape[0], wb, bb, g.t, g.l, wp, g.sh, g.sw, np.float32(lo), np.float32(hi), quant,
+            np.float32(MAGIC32 + zy), np.int32(MAGIC32), outq3 if quant else outf3, pb, ob)
+
+    def run():
+        blocked_rows(*args)
+    return run
 
 
 def bind_bias_clamp(y2: np.ndarray, bias: Optional[np.ndarray], lo: float, hi: float) -> Callable[[], None]:

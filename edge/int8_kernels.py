@@ -49,8 +49,8 @@ from typing import List
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import (bind_channel_requantization, bind_int8_rows, bind_requantize_rows, depthwise_scratch_elems,
-                       exact_int8_bias, use_compiled)
+from .compiled import (bind_channel_requantization, bind_int8_rows, bind_requantize_rows, blocked_depthwise,
+                       depthwise_scratch_elems, exact_int8_bias, use_compiled)
 from . import int8_gemm
 from .format import EdgeModelError
 from .kernel_tables import INT8_KERNELS, int8_kernel
@@ -213,7 +213,9 @@ def conv(ctx: OpContext):
     # the short requantization (float32) runs inside the compiled kernel: no scratch at all
     fused = cbias is not None and uni is not None and bias_scaled and ft == np.float32
     # the compiled depthwise works in one padded plane of arena scratch (in the weights' dtype)
-    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw),), ft) if cbias is not None else None
+    # 3x3 in float32: 8 channels at a time (jit.depthwise_blocked), the same exact sums
+    blocked = cbias is not None and ft == np.float32 and blocked_depthwise(g, kh, kw)
+    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw, blocked),), ft) if cbias is not None else None
     if cbias is not None:
         if not fused:  # the accumulator, then the requantization's temporary
             if uni is not None and not rq_compiled:
@@ -240,10 +242,10 @@ def conv(ctx: OpContext):
             x3, w3 = ins[0].reshape(n * c, h, wd), wnat.reshape(c, kh, kw)
             if fused:
                 return bind_int8_rows(x3, zx, w3, cbias, g, float(uni.lo - uni.zp), float(uni.hi - uni.zp),
-                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp, scratch=sc[i_dw])
+                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp, scratch=sc[i_dw], blocked=blocked)
             acc, tmp = sc[i_b], sc[i_a]
             step = bind_int8_rows(x3, zx, w3, cbias, g, -math.inf, math.inf, outf3=acc.reshape(n * c, oh, ow),
-                                  scratch=sc[i_dw])
+                                  scratch=sc[i_dw], blocked=blocked)
             if uni is not None:
                 finish = uni.bind(acc, None if ft == np.float64 else tmp, lambda a: a.reshape(n, c, oh, ow),
                                   outs[0], bias_scaled)

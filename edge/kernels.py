@@ -12,7 +12,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_bias_clamp, bind_rows, depthwise_scratch_elems, use_compiled
+from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_im2col, bind_packed_gemm, bind_rows, blocked_depthwise, \
+    depthwise_scratch_elems, packed_gemm, use_compiled
 from .format import EdgeModelError
 from .kernel_tables import KERNELS, kernel
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
@@ -74,9 +75,16 @@ def conv(ctx: OpContext):
     # depthwise on the compiled kernel (edge/compiled.py), decided here, once: its scratch is one
     # padded plane (per image and channel row, reused row after row)
     compiled = depthwise and ctx.inputs[0].data is None and use_compiled()
-    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw),), np.float32) if compiled else None
+    # constant 3x3 weights (and bias): 8 channels at a time (jit.depthwise_blocked), blocked once
+    blocked = compiled and blocked_depthwise(g, kh, kw) and ctx.inputs[1].data is not None and \
+        (not has_bias or ctx.inputs[2].data is not None)
+    i_dw = ctx.scratch((depthwise_scratch_elems(g, kh, kw, blocked),), np.float32) if compiled else None
     # a 1x1 conv's bias and none/relu/relu6 in one compiled pass after the GEMM (edge/compiled.py)
     fused_finish = pointwise and act_name in CLAMPS and (has_bias or act_name != "none") and use_compiled()
+    # batch 1, constant weights: a GEMM with its weights packed once and the bias and clamp in its
+    # epilogue (jit.gemm_f32), scratch for its last columns
+    packed = pointwise and n == 1 and act_name in CLAMPS and (not has_bias or ctx.inputs[2].data is not None) \
+        and packed_gemm(o, c, h * w, ctx.inputs[1].data is not None)
     og, kk, p = o // groups, kh * kw, oh * ow
     # columns as contiguous runs for depthwise (see opcontext); the classic layout for GEMMs
     wide = None if pointwise or compiled else WideIm2col(g, compact=not depthwise)
@@ -84,11 +92,20 @@ def conv(ctx: OpContext):
     # the output's), then bias and none/relu/relu6 in one compiled pass, as for 1x1 convs above
     gemm_direct = wide is not None and wide.compact and not depthwise and n == 1 and act_name in CLAMPS and \
         use_compiled()
+    # and its GEMM on packed weights with the bias and clamp in the epilogue, as 1x1 convs above
+    packed = packed or (gemm_direct and groups == 1 and (not has_bias or ctx.inputs[2].data is not None)
+                        and packed_gemm(o, c * kk, p, ctx.inputs[1].data is not None))
+    # the packed GEMM's last p % 16 columns go through a panel [K, 16] and a tile [O, 16]; a windowed
+    # conv's share the phases' region (the padded image is dead once the columns are gathered)
+    s_pt = (((c * kk + o) * 16 if p % 16 else 0,), np.float32)
+    if packed and pointwise:
+        i_pt = ctx.scratch(*s_pt)
     if wide is not None:
         s_pad, s_cols, s_acc = (wide.phase_shape, np.float32), ((c * kk, n * wide.L), np.float32), \
             ((o, n * wide.L), np.float32)
-        # lifetimes inside the op: phases -> columns -> accumulator
-        i_a, i_cols = ctx.shared_scratch(s_pad, s_acc), ctx.scratch(*s_cols)
+        # lifetimes inside the op: phases -> columns -> accumulator (or the packed GEMM's panel and tile)
+        i_a, i_cols = ctx.shared_scratch(s_pad, s_acc, s_pt), ctx.scratch(*s_cols)
+        i_pt = i_a
         # weights in the columns' tap order: permuted once when constant, per call into scratch otherwise
         wk = None if ctx.inputs[1].data is None else \
             np.ascontiguousarray(ctx.inputs[1].data.reshape(o, cg, kk)[:, :, wide.order])
@@ -104,6 +121,9 @@ def conv(ctx: OpContext):
                 add(y, bias, out=y)
             if act is not None:
                 act(y)
+        if packed and pointwise:
+            return bind_packed_gemm(wt.reshape(o, c), ins[2] if has_bias else None, x.reshape(c, p), y.reshape(o, p),
+                                    *CLAMPS[act_name], *_panel_tile(sc[i_pt], c, o, p))
         if pointwise:  # a 1x1 convolution is a product over channels: no padding, no columns
             w2, x3, y3 = wt.reshape(o, c), x.reshape(n, c, h * w), y.reshape(n, o, p)
             if fused_finish:
@@ -114,9 +134,14 @@ def conv(ctx: OpContext):
                 finish()
             return run_pointwise
         if compiled:
-            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw])
+            return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw],
+                                            blocked)
         cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
-        gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
+        if gemm_direct:  # one image: pad and gather in two compiled passes (the phase buffer holds the padded image)
+            gather = bind_im2col(x.reshape(c, h, w), g, overlay(sc[i_a], (c, g.h + t + b, g.w + l + r), np.float32),
+                                 cols.reshape(c * kk, p))
+        else:
+            gather = wide.bind(x, overlay(sc[i_a], *s_pad), cols.reshape(wide.cols_shape), 0.0)
         res, y4 = wide.out_view(acc), y.transpose(1, 0, 2, 3)
         b4 = None if bias is None else bias.reshape(o, 1, 1, 1)
         wperm = wk if wk is not None else sc[i_w]
@@ -144,6 +169,14 @@ def conv(ctx: OpContext):
                 finish_wide()
             return run_depthwise
         kg = cg * kk
+        if packed:  # one image, compact columns [c kk, p], constant weights in the columns' tap order
+            step = bind_packed_gemm(wk.reshape(o, kg), ins[2] if has_bias else None, cols.reshape(kg, p),
+                                    y.reshape(o, p), *CLAMPS[act_name], *_panel_tile(sc[i_pt], kg, o, p))
+
+            def run_packed():
+                gather()
+                step()
+            return run_packed
         if gemm_direct:  # one image, compact columns: acc's layout is y's
             acc = y.reshape(o, p)
             finish_wide = bind_bias_clamp(acc, ins[2] if has_bias else None, *CLAMPS[act_name])
@@ -161,16 +194,25 @@ def conv(ctx: OpContext):
     return [(n, o, oh, ow)], bind
 
 
-def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act, scratch):
-    """y = act(depthwise(x, wt) + bias) in one compiled pass per (image, channel); relu and relu6
-    are the kernel's clamp, tanh and sigmoid a pass after it. Constant weights and bias (read-only
-    views of the file) are copied once; arena views are used in place."""
+def _panel_tile(raw, k: int, o: int, p: int):
+    """The packed GEMM's panel [k, 16] and tile [o, 16] over raw scratch (empty when p % 16 == 0)."""
+    if p % 16 == 0:
+        return np.empty((0, 16), np.float32), np.empty((0, 16), np.float32)
+    both = overlay(raw, ((k + o) * 16,), np.float32)
+    return both[:k * 16].reshape(k, 16), both[k * 16:].reshape(o, 16)
+
+
+def _bind_compiled_depthwise(g, x, wt, bias, y, act_name: str, act, scratch, blocked: bool):
+    """y = act(depthwise(x, wt) + bias) in one compiled pass per (image, channel), or per 8 channels
+    (blocked); relu and relu6 are the kernel's clamp, tanh and sigmoid a pass after it. Constant
+    weights and bias (read-only views of the file) are copied once; arena views are used in place."""
     c, kh, kw = wt.shape[0], wt.shape[2], wt.shape[3]
     w3 = wt.reshape(c, kh, kw)
     w3 = w3 if w3.flags.writeable else w3.copy()
     b = np.zeros(c, np.float32) if bias is None else (bias if bias.flags.writeable else bias.copy())
     lo, hi = CLAMPS.get(act_name, CLAMPS["none"])
-    step = bind_rows(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow), scratch)
+    bind = bind_blocked if blocked else bind_rows
+    step = bind(x.reshape(-1, g.h, g.w), w3, b, g, lo, hi, y.reshape(-1, g.oh, g.ow), scratch)
     post = None if act_name in CLAMPS else act
     if post is None:
         return step
@@ -295,9 +337,17 @@ def _pool(kind: str):
             scale = (1.0 / count).astype(np.float32) if g.padded else np.float32(1.0 / (g.kh * g.kw))
         i_pad = ctx.scratch((n, c, h + t + b, w + l + r), np.float32) if g.padded else None
         fill = -np.inf if kind == "max" else 0.0
+        # 2x2 max at stride 2, unpadded: one compiled pass (jit.pool; 4 numpy passes took 18-21 us on
+        # the core CNN's 32x28x28 and 64x14x14, one thread)
+        pool2 = kind == "max" and (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (2, 2, 2, 2, 1, 1) and not g.padded \
+            and use_compiled()
 
         def bind(ins, outs, sc):
             x, y = ins[0], outs[0]
+            if pool2:
+                from ..jit.pool import max_pool_2x2_float_rows  # deferred: jit.pool loads numba
+                x3, y3 = x.reshape(n * c, h, w), y.reshape(n * c, oh, ow)
+                return lambda: max_pool_2x2_float_rows(x3, y3)
             src = sc[i_pad] if i_pad is not None else x
             borders = _borders(src, t, b, l, r) if i_pad is not None else []
             inner = src[:, :, t:t + h, l:l + w]
@@ -330,15 +380,13 @@ def global_avg_pool(ctx: OpContext):
     ctx.rank(ctx.inputs[0], 4)
     n, c, h, w = ctx.inputs[0].shape
     keep = ctx.one_int("keepdims", 0, 0, 1)
-    inv = np.float32(1.0 / max(h * w, 1))
+    # a product with a vector of 1 / (H W): one BLAS call (about 2 us on MobileNet's 128 x 36, where
+    # a sum along the last axis and a multiply took 8-18 us)
+    mean = np.full(h * w, 1.0 / max(h * w, 1), np.float32)
 
     def bind(ins, outs, sc):
-        x3, y2, total, multiply = ins[0].reshape(n, c, h * w), outs[0].reshape(n, c), np.sum, np.multiply
-
-        def run():
-            total(x3, axis=2, out=y2)
-            multiply(y2, inv, out=y2)
-        return run
+        x3, y2, matmul = ins[0].reshape(n, c, h * w), outs[0].reshape(n, c), np.matmul
+        return lambda: matmul(x3, mean, out=y2)
     return [(n, c, 1, 1) if keep else (n, c)], bind
 
 

@@ -162,3 +162,5 @@ def _reduce(f):
 
 for _name, _f in (("ReduceMean", np.mean), ("ReduceSum", np.sum), ("ReduceMax", np.max)):
     kernel(_name)(_reduce(_f))
+# the TFLite writer's Erf composite (converters/tflite_write_act.py) evaluates the same fit
+ERFC_FIT = _ERFC

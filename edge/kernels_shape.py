@@ -248,3 +248,5 @@ for _name, _prepare in (("Gather", gather), ("StridedSlice", strided_slice), ("S
                         ("ExpandAxes", expand_axes), ("Resize", resize)):
     KERNELS[_name] = _prepare
 KERNELS["Gather"].index_inputs = (1,)  # inputs an fp32 kernel takes as integers (the interpreter's dtype check)
+# the format writers (converters/edge_geometry.py) compute the same coordinates: one rule, one place
+source_coordinates, nearest_indices = _source, _nearest

@@ -17,7 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .format import ALIGN, DTYPES, FILE_IDENTIFIER, FLOAT, FLOATS, INT, INTS, SCHEMA_VERSION, STRING, EdgeModelError
+from .format import (ALIGN, DTYPES, FILE_IDENTIFIER, FLOAT, FLOATS, INT, INTS, SCHEMA_VERSION, STRING,
+                     EdgeModelError, scales_from_codes)
 
 MAX_RANK = 8
 MIN_ACTIVATION_LIMIT = 256 << 20  # an activation may need at most max(this, 256 x file size) bytes
@@ -202,12 +203,45 @@ def _attrs(op: _Table) -> Dict[str, object]:
         elif kind == STRING:
             out[name] = a.string(4, "s")
         elif kind == INTS:
-            out[name] = tuple(int(v) for v in a.array(5, "<i8", "ints"))
+            wide, narrow = a.array(5, "<i8", "ints"), a.array(7, "<i4", "ints32")
+            if len(wide) and len(narrow):
+                raise EdgeModelError(f"{a.what}: attribute '{name}' has both ints and ints32")
+            out[name] = tuple(int(v) for v in (narrow if len(narrow) else wide))
         elif kind == FLOATS:
             out[name] = tuple(float(v) for v in a.array(6, "<f8", "floats"))
         else:
             raise EdgeModelError(f"{a.what}: attribute '{name}' has unknown kind {kind}")
     return out
+
+
+def _inline_quantization(t: _Table, has_table: bool, what: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(scale, zero point) held in the tensor itself (schema 2), or None; never beside a table."""
+    has_scale, has_zp = t.field(6, 4) is not None, t.field(7, 4) is not None
+    if not (has_scale or has_zp):
+        return None
+    if has_table or not has_scale:
+        raise EdgeModelError(f"{what}: an inline zero point needs an inline scale, and neither goes with a "
+                             "quantization table")
+    return (np.array([t.scalar(6, "f", 0.0)], np.float32), np.array([t.scalar(7, "i", 0)], np.int64))
+
+
+def _buffer_spans(m: _Table) -> List[Tuple[int, int]]:
+    """(offset, size) of every buffer: the Span structs (schema 2) or the Buffer tables (schema 1), not both."""
+    start, n = m.vector(6, 16, "buffer_spans")
+    tables = m.tables(4, "buffers")
+    if n and tables:
+        raise EdgeModelError("model: both buffers and buffer_spans (a file holds one of the two)")
+    if n:
+        return [tuple(int(v) for v in pair) for pair in np.frombuffer(m.r.buf, "<u8", 2 * n, start).reshape(n, 2)]
+    return [(b.scalar(0, "Q", 0), b.scalar(1, "Q", 0)) for b in tables]
+
+
+def _shape(t: _Table, what: str) -> Tuple[int, ...]:
+    """A tensor's shape: its int32 `dims` (schema 2) or its int64 `shape` (schema 1), not both."""
+    dims, shape = t.array(5, "<i4", "dims"), t.array(2, "<i8", "shape")
+    if len(dims) and len(shape):
+        raise EdgeModelError(f"{what}: both a shape and dims (a file holds one of the two)")
+    return tuple(int(d) for d in (dims if len(dims) else shape))
 
 
 def verify(buf) -> EdgeModel:
@@ -232,8 +266,7 @@ def verify_all(buf, single: bool = False) -> List[EdgeModel]:
     producer = m.string(1, "producer")
     codes = [(c.string(0, "name"), c.scalar(1, "i", 1)) for c in m.tables(2, "operator_codes")]
     bufs = []
-    for i, b in enumerate(m.tables(4, "buffers")):
-        off, size = b.scalar(0, "Q", 0), b.scalar(1, "Q", 0)
+    for i, (off, size) in enumerate(_buffer_spans(m)):
         if size and (off % ALIGN or off + size > r.n):
             raise EdgeModelError(f"buffer {i}: bytes {off}..{off + size} are misaligned or outside the file ({r.n})")
         bufs.append((off, size))
@@ -262,7 +295,7 @@ def _subgraph(r: _Reader, sg, bufs, codes, where: str):
         code = t.scalar(1, "b", 0)
         if code not in DTYPES:
             raise EdgeModelError(f"{where}tensor {i} '{name}': unknown dtype code {code}")
-        shape = tuple(int(d) for d in t.array(2, "<i8", "shape"))
+        shape = _shape(t, f"{where}tensor {i} '{name}'")
         if len(shape) > MAX_RANK or any(d < -1 for d in shape):
             raise EdgeModelError(f"{where}tensor {i} '{name}': invalid shape {shape}")
         buf = t.scalar(3, "I", 0)
@@ -272,6 +305,16 @@ def _subgraph(r: _Reader, sg, bufs, codes, where: str):
         scale = q.array(0, "<f4", "scale") if q else np.zeros(0, np.float32)
         zp = q.array(1, "<i8", "zero_point") if q else np.zeros(0, np.int64)
         axis = q.scalar(2, "i", -1) if q else -1
+        inline = _inline_quantization(t, q is not None, f"{where}tensor {i} '{name}'")
+        if inline is not None:
+            scale, zp = inline
+        scale_codes = q.array(3, "<u1", "scale_codes") if q else None
+        if scale_codes is not None and len(scale_codes):  # schema 2: one scale and a byte per channel
+            if axis == -1 or len(scale) != 1 or len(zp):
+                raise EdgeModelError(f"{where}tensor {i} '{name}': scale codes need a channel axis, one scale "
+                                     f"and no zero points (got axis {axis}, {len(scale)} scales, "
+                                     f"{len(zp)} zero points)")
+            scale = scales_from_codes(scale[0], scale_codes)  # (checked below with the count and sign of every scale)
         if len(zp) and len(zp) != len(scale):
             raise EdgeModelError(f"{where}tensor {i} '{name}': {len(scale)} scales but {len(zp)} zero points")
         if not -1 <= axis < len(shape):

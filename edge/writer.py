@@ -2,16 +2,17 @@
 one 16-byte-aligned data section holding every weight once."""
 from __future__ import annotations
 
+import functools
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import flatbuffers
 import numpy as np
 
-from isthmus.proto.edge import (Attr, Buffer, Metadata, Model, Operator, OperatorCode, Quantization, RemotePart,
+from isthmus.proto.edge import (Attr, Metadata, Model, Operator, OperatorCode, Quantization, RemotePart, Span,
                                 SubGraph, Tensor)
 
-from .format import ALIGN, DTYPE_CODES, FILE_IDENTIFIER, FLOAT, FLOATS, INT, INTS, SCHEMA_VERSION, STRING
+from .format import ALIGN, DTYPE_CODES, FILE_IDENTIFIER, FLOAT, FLOATS, INT, INTS, SCHEMA_VERSION, STRING, scales_to_codes
 
 AttrValue = Union[int, float, str, Sequence[int], Sequence[float]]
 
@@ -132,6 +133,9 @@ class ModelWriter:
 
     def _flatbuffer(self, offsets: List[int]) -> bytes:
         b = flatbuffers.Builder(1024)
+        # flatbuffer objects are immutable and referenced by offset, so equal ones are written once and
+        # shared: shape and index vectors, quantization tables, attributes and whole attribute lists
+        self._memo: Dict[tuple, int] = {}
         sg_offs = [self._subgraph(b, sg) for sg in self._subgraph_tables()]
         code_offs = []
         for (name, version), _ in sorted(self.opcodes.items(), key=lambda kv: kv[1]):
@@ -141,13 +145,10 @@ class ModelWriter:
             OperatorCode.AddVersion(b, version)
             code_offs.append(OperatorCode.End(b))
         codes = _table_vector(b, Model.StartOperatorCodesVector, code_offs)
-        buf_offs = []
-        for off, raw in zip(offsets, self.buffers):
-            Buffer.Start(b)
-            Buffer.AddOffset(b, off)
-            Buffer.AddSize(b, len(raw))
-            buf_offs.append(Buffer.End(b))
-        bufs = _table_vector(b, Model.StartBuffersVector, buf_offs)
+        Model.StartBufferSpansVector(b, len(self.buffers))  # structs (schema 2): 16 bytes a buffer
+        for off, raw in reversed(list(zip(offsets, self.buffers))):
+            Span.CreateSpan(b, off, len(raw))
+        spans = b.EndVector()
         md_offs = []
         for k, v in sorted(self.metadata.items()):
             ko, vo = b.CreateString(k), b.CreateString(v)
@@ -163,39 +164,66 @@ class ModelWriter:
         Model.AddProducer(b, producer)
         Model.AddOperatorCodes(b, codes)
         Model.AddSubgraphs(b, subgraphs)
-        Model.AddBuffers(b, bufs)
+        Model.AddBufferSpans(b, spans)
         Model.AddMetadata(b, md)
         b.Finish(Model.End(b), file_identifier=FILE_IDENTIFIER)
         return bytes(b.Output())
 
-    def _subgraph(self, b, sg: dict) -> int:
-        def vec(items, dtype):
-            return b.CreateNumpyVector(np.asarray(items, dtype=dtype))
+    def _shared(self, key: tuple, make) -> int:
+        """The offset of the object `key` describes, made by make() the first time only."""
+        off = self._memo.get(key)
+        if off is None:
+            off = self._memo[key] = make()
+        return off
 
+    def _quantization(self, b, scale, zero_point, axis: int) -> int:
+        codes = _codes(scale, zero_point) if axis >= 0 else None
+        if codes is not None:  # one float and a byte per channel (schema version 2)
+            scale, zero_point = [max(scale)], []
+        sc, zp = self._vec(b, scale, np.float32), self._vec(b, zero_point, np.int64)
+        cv = None if codes is None else self._vec(b, codes, np.uint8)
+        Quantization.Start(b)
+        Quantization.AddScale(b, sc)
+        Quantization.AddZeroPoint(b, zp)
+        Quantization.AddAxis(b, axis)
+        if cv is not None:
+            Quantization.AddScaleCodes(b, cv)
+        return Quantization.End(b)
+
+    def _vec(self, b, items, dtype) -> int:
+        arr = np.asarray(items, dtype=dtype)
+        return self._shared(("vec", arr.dtype.str, arr.tobytes()), lambda: b.CreateNumpyVector(arr))
+
+    def _subgraph(self, b, sg: dict) -> int:
+        vec = functools.partial(self._vec, b)
         tensor_offs = []
         for t in sg["tensors"]:
-            name, shape = b.CreateString(t["name"]), vec(t["shape"], np.int64)
+            name = b.CreateString(t["name"])
+            dims = all(-1 <= d < 1 << 31 for d in t["shape"])  # int32 dims (schema 2), else the int64 shape
+            shape = vec(t["shape"], np.int32 if dims else np.int64)
             q = None
-            if t["scale"] is not None:
-                sc = vec(t["scale"], np.float32)
-                zp = vec(t["zero_point"] if t["zero_point"] is not None else [0] * len(t["scale"]), np.int64)
-                Quantization.Start(b)
-                Quantization.AddScale(b, sc)
-                Quantization.AddZeroPoint(b, zp)
-                Quantization.AddAxis(b, t["axis"])
-                q = Quantization.End(b)
+            inline = _inline_quantization(t)  # (scale, zero point) held in the tensor (schema 2), or None
+            if inline is None and t["scale"] is not None:
+                zps = t["zero_point"] if t["zero_point"] is not None else [0] * len(t["scale"])
+                key = ("quant", np.asarray(t["scale"], np.float32).tobytes(), np.asarray(zps, np.int64).tobytes(),
+                       t["axis"])
+                q = self._shared(key, lambda t=t, zps=zps: self._quantization(b, t["scale"], zps, t["axis"]))
             Tensor.Start(b)
             Tensor.AddName(b, name)
             Tensor.AddDtype(b, t["dtype"])
-            Tensor.AddShape(b, shape)
+            (Tensor.AddDims if dims else Tensor.AddShape)(b, shape)
             Tensor.AddBuffer(b, t["buffer"])
             if q is not None:
                 Tensor.AddQuantization(b, q)
+            if inline is not None:
+                Tensor.AddScale(b, inline[0])
+                Tensor.AddZeroPoint(b, inline[1])  # (0, the default, is not written)
             tensor_offs.append(Tensor.End(b))
         op_offs = []
         for op in sg["operators"]:
-            attrs = _table_vector(b, Operator.StartAttrsVector,
-                                  [self._attr(b, k, v) for k, v in sorted(op["attrs"].items())])
+            offs = tuple(self._shared(("attr", k, _attr_key(v)), lambda k=k, v=v: self._attr(b, k, v))
+                         for k, v in sorted(op["attrs"].items()))
+            attrs = self._shared(("attrs",) + offs, lambda offs=offs: _table_vector(b, Operator.StartAttrsVector, offs))
             ins, outs = vec(op["inputs"], np.int32), vec(op["outputs"], np.int32)
             Operator.Start(b)
             Operator.AddOpcode(b, op["opcode"])
@@ -226,12 +254,11 @@ class ModelWriter:
         SubGraph.AddRemote(b, remote)
         return SubGraph.End(b)
 
-    @staticmethod
-    def _attr(b, name: str, value: AttrValue):
-        nm = b.CreateString(name)
+    def _attr(self, b, name: str, value: AttrValue):
+        nm = b.CreateSharedString(name)  # attribute names and string values repeat: each stored once
         s = ints = floats = None
         if isinstance(value, str):
-            kind, s = STRING, b.CreateString(value)
+            kind, s = STRING, b.CreateSharedString(value)
         elif isinstance(value, (bool, int, np.integer)):
             kind = INT
         elif isinstance(value, (float, np.floating)):
@@ -239,7 +266,8 @@ class ModelWriter:
         else:
             flat = list(np.asarray(value).reshape(-1).tolist())
             if all(isinstance(v, (bool, int)) for v in flat):
-                kind, ints = INTS, b.CreateNumpyVector(np.asarray(flat, dtype=np.int64))
+                narrow = all(-(1 << 31) <= v < 1 << 31 for v in flat)  # int32 (schema 2) where they fit
+                kind, ints = INTS, b.CreateNumpyVector(np.asarray(flat, dtype=np.int32 if narrow else np.int64))
             else:
                 kind, floats = FLOATS, b.CreateNumpyVector(np.asarray(flat, dtype=np.float64))
         Attr.Start(b)
@@ -252,10 +280,41 @@ class ModelWriter:
         elif s is not None:
             Attr.AddS(b, s)
         elif ints is not None:
-            Attr.AddInts(b, ints)
+            (Attr.AddInts32 if narrow else Attr.AddInts)(b, ints)
         elif floats is not None:
             Attr.AddFloats(b, floats)
         return Attr.End(b)
+
+
+def _inline_quantization(t: dict) -> Optional[Tuple[float, int]]:
+    """A per-tensor quantization's (scale, zero point) when the tensor can hold it itself: one positive
+    finite scale and an int32 zero point."""
+    if t["scale"] is None or t["axis"] != -1 or len(t["scale"]) != 1:
+        return None
+    scale = float(np.float32(t["scale"][0]))
+    zps = list(t["zero_point"]) if t["zero_point"] is not None else [0]
+    zp = int(zps[0]) if len(zps) == 1 else 0
+    if len(zps) > 1 or not (np.isfinite(scale) and scale > 0) or not -(1 << 31) <= zp < 1 << 31:
+        return None
+    return scale, zp
+
+
+def _codes(scale, zero_point) -> Optional[np.ndarray]:
+    """The scale codes of a per-channel scale of several channels whose zero points are all zero, when
+    every channel's float32 scale is exactly what its code gives (edge.format.scales_to_codes); else None."""
+    s = np.asarray(scale, np.float32)
+    if s.size < 2 or np.any(np.asarray(zero_point)):
+        return None
+    rounded, codes = scales_to_codes(s)
+    return codes if codes is not None and np.array_equal(rounded, s) else None
+
+
+def _attr_key(value: AttrValue) -> tuple:
+    """A hashable key telling attribute values apart by kind too (1, 1.0 and True are three)."""
+    if isinstance(value, (str, bool, int, float, np.integer, np.floating)):
+        return (type(value).__name__, value)
+    flat = np.asarray(value).reshape(-1)
+    return ("seq", flat.dtype.str, tuple(flat.tolist()))
 
 
 def _table_vector(b, start_fn, offs) -> int:

@@ -5,9 +5,10 @@ conv2d with stride 1 along H and enough channels copies only the kernel's column
 ("row taps": a [kw*C, H*OW*N] matrix, W-padded only, kw times the input instead of kh*kw times)
 and runs one GEMM per kernel row over the output rows it reaches (rows that would read only H
 padding are skipped), or one stacked GEMM and shifted adds when O is small; otherwise it builds
-the im2col matrix one image at a time and multiplies it. 1x1 convolutions are a GEMM on the
-input as it lies. The filter gradient is the same GEMMs against the same columns; the input
-gradient of a stride-1 convolution is itself a convolution (of dy with the flipped, transposed
+the im2col matrix one image at a time and multiplies it (always at batch 1: one deeper GEMM
+beats kh shallower ones there). 1x1 convolutions are a GEMM on the input as it lies
+(conv_pointwise.py, with the bias + activation finish every GEMM path shares). The filter
+gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution is itself a convolution (of dy with the flipped, transposed
 weights), else one GEMM and one strided add per kernel tap. Depthwise convolutions skip the
 GEMM: compiled loops (isthmus.jit, forward and both gradients) where numba serves, else
 depthwise.py's chunked forward and a multiply-add per kernel tap for the gradients.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import ShapeError
@@ -25,8 +25,8 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
-from .depthwise import (_CLAMPS, ARENAS, DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad,
-                        compiled_ok)
+from .conv_pointwise import Finish, Pointwise
+from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
 from .intra_op import add_into, contiguous, copy_into, rows_apply
 from .intra_op import matmul as split_matmul
@@ -52,10 +52,6 @@ def _cols_chwn(xp, xt, g, c0=0, c1=None):
     win = as_strided(xt, (c, g.kh, g.kw, g.oh, g.ow, n),
                      (s0, g.dh * s1, g.dw * s2, g.sh * s1, g.sw * s2, s3), writeable=False)
     return xp.ascontiguousarray(win).reshape(c * g.kh * g.kw, g.oh * g.ow * n)
-
-
-# a 1x1 convolution's output is finished in groups of images of about this many bytes (in cache)
-_POINTWISE_CHUNK_BYTES = 1 << 20
 
 
 # Row taps pay when each kernel row's GEMM has a deep enough contraction (kw*C) to run BLAS
@@ -132,7 +128,9 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     groups = node.attrs["groups"]
     act = None if activation == "none" else activation_inplace(xp, activation)
     depthwise = DepthwiseConv(xp, activation)
-    pointwise = _Pointwise(xp, act, activation)
+    pointwise = Pointwise(xp, act, activation)
+    finish = Finish(xp, act, activation)
+    row_weights = _RowWeights(xp)
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -149,31 +147,46 @@ def _kernel_conv(node, ctx, activation: str = "none"):
             return depthwise(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
-        if not _row_taps(g, c):
-            return _im2col_per_image(xp, x, w, g, bias, act)
-        return _nchw_finished(xp, _conv_rows(xp, x, w, g), bias, act)
+        if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
+            return _im2col_per_image(xp, x, w, g, bias, finish)
+        return _nchw_finished(xp, _conv_rows(xp, x, w, g, row_weights(w)), bias, finish)
     return conv
 
 
-def _nchw_finished(xp, y_onhw, bias, act):
+class _RowWeights:
+    """w [O, C, kh, kw] relaid as _conv_rows' [kh, O, kw*C], once for weights that cannot change (a
+    constant's): per call, the relayout of a 256x256 3x3 kernel cost more than its GEMMs at batch 1."""
+
+    def __init__(self, xp):
+        self.xp, self._cached = xp, None
+
+    def __call__(self, w):
+        cached = self._cached
+        if cached is not None and cached[0] is w:
+            return cached[1]
+        o, c, kh, kw = w.shape
+        wt = self.xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(kh, o, kw * c)
+        if _immutable(w):
+            self._cached = (w, wt)  # holding w keeps its identity unique
+        return wt
+
+
+def _nchw_finished(xp, y_onhw, bias, finish):
     """act(y + bias) as NCHW from the rows' [O, OH, OW, N] output, a chunk of images at a time
     (each chunk relaid, biased and activated while in cache, chunks on the intra-op threads)."""
     src = y_onhw.transpose(3, 0, 1, 2)
+    n, o, oh, ow = src.shape
     y = xp.empty(src.shape, dtype=src.dtype)
-    b = None if bias is None else bias.reshape(1, -1, 1, 1)
 
     def part(lo, hi):
         yc = y[lo:hi]
         yc[...] = src[lo:hi]
-        if b is not None:
-            xp.add(yc, b, out=yc)
-        if act is not None:
-            act(yc)
-    rows_apply(xp, part, y.shape[0], y.nbytes)
+        finish(yc.reshape((hi - lo) * o, oh * ow), bias)
+    rows_apply(xp, part, n, y.nbytes)
     return y
 
 
-def _im2col_per_image(xp, x, w, g, bias, act):
+def _im2col_per_image(xp, x, w, g, bias, finish):
     """The general convolution one image at a time: the image's im2col [C*kh*kw, OH*OW] (in
     cache) times the weights gives its NCHW output directly (no transposes), finished there."""
     n, c = x.shape[0], x.shape[1]
@@ -183,7 +196,6 @@ def _im2col_per_image(xp, x, w, g, bias, act):
     win = _windows(xpad, g.kh, g.kw, g.oh, g.ow, g.sh, g.sw, g.dh, g.dw)  # [N, C, kh, kw, OH, OW]
     wk = [w[k * og:(k + 1) * og].reshape(og, -1) for k in range(groups)]
     out = xp.empty((n, o, g.oh * g.ow), dtype=x.dtype)
-    b = None if bias is None else bias.reshape(o, 1)
 
     def images(lo, hi):  # a chunk of images on one thread, with its own columns buffer
         cols = xp.empty((cg, g.kh, g.kw, g.oh, g.ow), dtype=x.dtype)
@@ -193,90 +205,9 @@ def _im2col_per_image(xp, x, w, g, bias, act):
             for k in range(groups):
                 cols[...] = win[i, k * cg:(k + 1) * cg]
                 xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
-            if b is not None:
-                xp.add(y, b, out=y)
-            if act is not None:
-                act(y)
+            finish(y, bias)
     rows_apply(xp, images, n, out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * x.dtype.itemsize, blas_inside=True)
     return out.reshape(n, o, g.oh, g.ow)
-
-
-class _Pointwise:
-    """A 1x1 convolution as one matrix product per image ([O, C] @ [C, H*W], no im2col), in
-    groups of images whose output fits in cache, each finished (bias, activation) in place
-    before the next group is computed. When the output has more channels than the input (an
-    expansion), the bias rides in the product instead: [W | b] @ [x; 1] costs a copy of the
-    smaller input rather than a pass over the larger output. Where the compiled kernels serve
-    (isthmus.jit) and the activation is a clamp (none, relu, relu6), the bias and the clamp are
-    one compiled pass after each group's product instead (no copy of the input, one pass)."""
-
-    def __init__(self, xp, act, activation: str = "none"):
-        self.xp, self.act = xp, act
-        self._clamp = _CLAMPS.get(activation)
-        self._aug = None  # (w, bias, [W | b]) for immutable w and bias
-
-    def __call__(self, x, w, bias):
-        xp, act = self.xp, self.act
-        n, c = x.shape[0], x.shape[1]
-        o, hw = w.shape[0], x.shape[2] * x.shape[3]
-        xs = x.reshape(n, c, hw)
-        out = xp.empty((n, o, hw), dtype=x.dtype)
-        step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
-        if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype):
-            return self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
-        if bias is not None and c < o:
-            wa = self._augmented(w, bias, x.dtype)
-            k = min(step, n)
-            size = k * (c + 1) * hw
-            # a scratch arena of the depthwise pool (still in cache from the node before), last rows ones
-            mem = ARENAS.take(xp, size * x.dtype.itemsize)
-            try:
-                xa = mem[:size * x.dtype.itemsize].view(x.dtype).reshape(k, c + 1, hw)
-                xa[:, c] = 1
-                for i in range(0, n, step):
-                    m = min(step, n - i)
-                    xa[:m, :c] = xs[i:i + m]
-                    y = out[i:i + m]
-                    xp.matmul(wa, xa[:m], out=y)
-                    if act is not None:
-                        act(y)
-            finally:
-                ARENAS.give(xp, mem)
-            return out
-        w2 = w.reshape(o, c)
-        b = None if bias is None else bias.reshape(1, o, 1)
-        for i in range(0, n, step):
-            y = out[i:i + step]
-            xp.matmul(w2, xs[i:i + step], out=y)
-            if b is not None:
-                xp.add(y, b, out=y)
-            if act is not None:
-                act(y)
-        return out
-
-    def _compiled_finish(self, xs, w2, bias, out, step):
-        from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
-        n, o = xs.shape[0], w2.shape[0]
-        dt = out.dtype.type
-        lo, hi = dt(self._clamp[0]), dt(self._clamp[1])
-        b = bias.reshape(o)
-        b = b if b.dtype == out.dtype and b.flags.c_contiguous else np.ascontiguousarray(b, dtype=out.dtype)
-        w2 = w2 if w2.dtype == out.dtype else w2.astype(out.dtype)
-        for i in range(0, n, step):
-            y = out[i:i + step]
-            self.xp.matmul(w2, xs[i:i + step], out=y)
-            bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo, hi)
-        return out
-
-    def _augmented(self, w, bias, dtype):
-        cached = self._aug
-        if cached is not None and cached[0] is w and cached[1] is bias:
-            return cached[2]
-        o = w.shape[0]
-        wa = self.xp.concatenate([w.reshape(o, -1), bias.reshape(o, 1)], axis=1).astype(dtype, copy=False)
-        if _immutable(w) and _immutable(bias):
-            self._aug = (w, bias, wa)  # holding w and bias keeps their identities unique
-        return wa
 
 
 def _cost_conv(node):
@@ -382,14 +313,16 @@ def _row_spans(g, h):
 _STACK_MAX_M = 128
 
 
-def _conv_rows(xp, x, w, g):
+def _conv_rows(xp, x, w, g, wt=None):
     """conv2d for _row_taps geometries without H padding: one GEMM per kernel row over the
-    output rows it reaches, accumulated (or one stacked GEMM and shifted adds). -> [O, OH, OW, N]"""
+    output rows it reaches, accumulated (or one stacked GEMM and shifted adds). -> [O, OH, OW, N]
+    wt: w relaid as [kh, O, kw*C] (_RowWeights), else relaid here."""
     n, c, h = x.shape[0], x.shape[1], x.shape[2]
     o = w.shape[0]
     cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)  # [kw*C, H*OW*N]
     run = g.ow * n
-    wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
+    if wt is None:
+        wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
     spans = _row_spans(g, h)
     full = [i for i, (lo, hi, _) in enumerate(spans) if (lo, hi) == (0, g.oh)]
     if full and o < _STACK_MAX_M and g.kh * h <= 1.25 * sum(max(hi - lo, 0) for lo, hi, _ in spans):

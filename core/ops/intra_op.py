@@ -19,9 +19,16 @@ def _cut(axis: int, lo: int, hi: int) -> tuple:
     return (slice(None),) * axis + (slice(lo, hi),)
 
 
+def _never_splits(total: int, nbytes: int) -> bool:
+    """fan_out would run this on the caller alone, whatever the thread count (no chunk of
+    MIN_CHUNK_BYTES for a second thread): the caller skips fan_out and its reads of BLAS's count,
+    a few microseconds a call, which at batch 1 add up to a tenth of a small network's run."""
+    return total <= 1 or nbytes < 2 * threads.MIN_CHUNK_BYTES
+
+
 def copy_into(xp, dst, src, axis: int = 0):
     """dst[...] = src (same shapes), in chunks along `axis`. Returns dst."""
-    if xp is not np:
+    if xp is not np or _never_splits(dst.shape[axis] if dst.ndim else 1, dst.nbytes):
         dst[...] = src
         return dst
 
@@ -41,7 +48,7 @@ def contiguous(xp, src, axis: int = 0):
 
 def add_into(xp, dst, src, axis: int = 0):
     """dst += src (src broadcastable along every axis but `axis`), in chunks along `axis`."""
-    if xp is not np:
+    if xp is not np or _never_splits(dst.shape[axis] if dst.ndim else 1, dst.nbytes):
         dst += src
         return dst
 
@@ -55,10 +62,20 @@ def add_into(xp, dst, src, axis: int = 0):
 def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> None:
     """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all;
     blas_inside: fn's small BLAS products run one-threaded while the chunks run)."""
-    if xp is not np:
-        fn(0, total)
+    if xp is not np or (_never_splits(total, nbytes) and (not blas_inside or threads.intra_threads() == 1)):
+        fn(0, total)  # one chunk, and BLAS (if fn calls it) on one thread already: no hold needed
         return
     fan_out(fn, total, nbytes, blas_inside)
+
+
+def serial_blas(xp, fn: Callable[[], object]):
+    """fn() with BLAS held to one thread (numpy): for a loop of small products (a recurrent step's),
+    each of which a threaded BLAS would follow by waiting on its other threads."""
+    if xp is not np:
+        return fn()
+    box = []
+    fan_out(lambda lo, hi: box.append(fn()), 1, 0, blas_inside=True)
+    return box[0]
 
 
 # OpenBLAS runs products under about this size on one thread by itself (M*N*K <= 4 * 65536):
@@ -74,10 +91,14 @@ def matmul(xp, a, b, out=None):
     Products under 2 * MIN_CHUNK_FLOPS run whole, one-threaded too."""
     if xp is not np or a.ndim != 2 or b.ndim != 2 or 2 * a.size * b.shape[1] < _BLAS_SERIAL_FLOPS:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
-    if out is None:
-        out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
-    m, n = out.shape
+    m, n = a.shape[0], b.shape[1]
     flops = 2 * m * n * a.shape[1]
+    if flops < 2 * threads.MIN_CHUNK_FLOPS and threads.intra_threads() == 1:
+        # it cannot split and BLAS is on one thread already: fan_out's hold would only cost its
+        # ~5 us (a lock and two reads of BLAS's count), a third of a [32, 64] x [64, 192] product
+        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), dtype=np.result_type(a, b))
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
@@ -89,4 +110,4 @@ def matmul(xp, a, b, out=None):
     return out
 
 
-__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "matmul"]
+__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math as _math
 import numpy as np
 
+from ... import jit
 from .. import dtypes as _dt
 from ..errors import ShapeError
 from ..graph import Tensor
@@ -304,8 +305,24 @@ def _erf_float32(xp, x):
     return p
 
 
+def _erf_compiled(x):
+    """_erf_float32 of a float32 array in one compiled pass (isthmus.jit), the same polynomial."""
+    from ...jit.erf import erf_rational  # deferred: jit.erf loads numba
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty(x.shape, np.float32)
+    erf_rational(flat, out.reshape(-1), np.float32(4.0), _ERF_P32, _ERF_Q32)
+    return out
+
+
+_ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) for c in _ERF_Q)
+
+
 def _kernel_erf(node, ctx):
     xp = ctx.xp
+    if node.outputs[0].dtype.name == "float32" and xp is np:
+        def erf32(x):
+            return _erf_compiled(x) if jit.available() else _erf_float32(np, x)
+        return erf32
     if node.outputs[0].dtype.name in ("float16", "float32"):
         return lambda x: _erf_float32(xp, x).astype(x.dtype, copy=False)
     if xp is np or not hasattr(xp, "ElementwiseKernel"):  # float64: scipy's ufunc (numpy, the CI stand-in GPU)

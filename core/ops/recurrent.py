@@ -24,6 +24,8 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .math import zeros_like
+from .intra_op import serial_blas
+from .recurrent_compiled import CompiledLSTM, compiled_pays
 
 __all__ = ["lstm_step", "gru_step", "lstm_sequence", "gru_sequence"]
 
@@ -294,6 +296,13 @@ def _freeze(xp, live, new, old, y_k):
 
 def _kernel_lstm_seq(node, ctx):
     xp, reverse = ctx.xp, node.attrs["reverse"]
+    compiled = CompiledLSTM(reverse)
+
+    def dispatch(x, w, r, b, *rest):
+        lens, (h0, c0) = _unpack(rest, node.attrs["with_lens"], 2)
+        if x.shape[0] and compiled_pays(xp, x.dtype, x.shape[1], r.shape[1], lens):
+            return compiled(x, w, r, b, h0, c0)
+        return serial_blas(xp, lambda: run(x, w, r, b, *rest))  # a small product per step: one BLAS thread
 
     def run(x, w, r, b, *rest):
         lens, (h0, c0) = _unpack(rest, node.attrs["with_lens"], 2)
@@ -345,7 +354,7 @@ def _kernel_lstm_seq(node, ctx):
                     xp.copyto(c, c_old, where=~live[k])
         y = (s[1:, feat:feat + hid] if ys is None else ys).transpose(0, 2, 1)  # [T, B, H] in step order: a view
         return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T, c.T
-    return run
+    return dispatch
 
 
 def _lstm_one_example(xp, x, w, r, b, h0, c0, reverse: bool):
@@ -481,7 +490,7 @@ def _kernel_gru_seq(node, ctx):
                     _freeze(xp, live[k], nxt, h, ys[k])
         y = (s[1:, feat:feat + hid] if ys is None else ys).transpose(0, 2, 1)
         return (y[::-1] if reverse else y), s[steps, feat:feat + hid].T
-    return run
+    return lambda *args: serial_blas(xp, lambda: run(*args))  # a small product per step: one BLAS thread
 
 
 def _gru_one_example(xp, x, w, r, b, h0, reverse: bool, lbr: bool):

@@ -117,8 +117,35 @@ class Attr(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
         return o == 0
 
+    # Attr
+    def Ints32(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # Attr
+    def Ints32AsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int32Flags, o)
+        return 0
+
+    # Attr
+    def Ints32Length(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Attr
+    def Ints32IsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        return o == 0
+
 def AttrStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def Start(builder):
     AttrStart(builder)
@@ -176,6 +203,18 @@ def AttrStartFloatsVector(builder, numElems):
 
 def StartFloatsVector(builder, numElems):
     return AttrStartFloatsVector(builder, numElems)
+
+def AttrAddInts32(builder, ints32):
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(ints32), 0)
+
+def AddInts32(builder, ints32):
+    AttrAddInts32(builder, ints32)
+
+def AttrStartInts32Vector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartInts32Vector(builder, numElems):
+    return AttrStartInts32Vector(builder, numElems)
 
 def AttrEnd(builder):
     return builder.EndObject()

@@ -142,8 +142,32 @@ class Model(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
+    # Model
+    def BufferSpans(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 16
+            from isthmus.proto.edge.Span import Span
+            obj = Span()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Model
+    def BufferSpansLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Model
+    def BufferSpansIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        return o == 0
+
 def ModelStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder):
     ModelStart(builder)
@@ -207,6 +231,18 @@ def ModelStartMetadataVector(builder, numElems):
 
 def StartMetadataVector(builder, numElems):
     return ModelStartMetadataVector(builder, numElems)
+
+def ModelAddBufferSpans(builder, bufferSpans):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(bufferSpans), 0)
+
+def AddBufferSpans(builder, bufferSpans):
+    ModelAddBufferSpans(builder, bufferSpans)
+
+def ModelStartBufferSpansVector(builder, numElems):
+    return builder.StartVector(16, numElems, 8)
+
+def StartBufferSpansVector(builder, numElems):
+    return ModelStartBufferSpansVector(builder, numElems)
 
 def ModelEnd(builder):
     return builder.EndObject()

@@ -89,8 +89,35 @@ class Quantization(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return -1
 
+    # Quantization
+    def ScaleCodes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # Quantization
+    def ScaleCodesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # Quantization
+    def ScaleCodesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Quantization
+    def ScaleCodesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
 def QuantizationStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def Start(builder):
     QuantizationStart(builder)
@@ -124,6 +151,18 @@ def QuantizationAddAxis(builder, axis):
 
 def AddAxis(builder, axis):
     QuantizationAddAxis(builder, axis)
+
+def QuantizationAddScaleCodes(builder, scaleCodes):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(scaleCodes), 0)
+
+def AddScaleCodes(builder, scaleCodes):
+    QuantizationAddScaleCodes(builder, scaleCodes)
+
+def QuantizationStartScaleCodesVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def StartScaleCodesVector(builder, numElems):
+    return QuantizationStartScaleCodesVector(builder, numElems)
 
 def QuantizationEnd(builder):
     return builder.EndObject()

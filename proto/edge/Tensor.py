@@ -87,8 +87,49 @@ class Tensor(object):
             return obj
         return None
 
+    # Tensor
+    def Dims(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # Tensor
+    def DimsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int32Flags, o)
+        return 0
+
+    # Tensor
+    def DimsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Tensor
+    def DimsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
+    # Tensor
+    def Scale(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Float32Flags, o + self._tab.Pos)
+        return 0.0
+
+    # Tensor
+    def ZeroPoint(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
 def TensorStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(8)
 
 def Start(builder):
     TensorStart(builder)
@@ -128,6 +169,30 @@ def TensorAddQuantization(builder, quantization):
 
 def AddQuantization(builder, quantization):
     TensorAddQuantization(builder, quantization)
+
+def TensorAddDims(builder, dims):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(dims), 0)
+
+def AddDims(builder, dims):
+    TensorAddDims(builder, dims)
+
+def TensorStartDimsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def StartDimsVector(builder, numElems):
+    return TensorStartDimsVector(builder, numElems)
+
+def TensorAddScale(builder, scale):
+    builder.PrependFloat32Slot(6, scale, 0.0)
+
+def AddScale(builder, scale):
+    TensorAddScale(builder, scale)
+
+def TensorAddZeroPoint(builder, zeroPoint):
+    builder.PrependInt32Slot(7, zeroPoint, 0)
+
+def AddZeroPoint(builder, zeroPoint):
+    TensorAddZeroPoint(builder, zeroPoint)
 
 def TensorEnd(builder):
     return builder.EndObject()

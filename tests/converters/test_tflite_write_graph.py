@@ -108,7 +108,15 @@ def test_lstm_sequence_as_unidirectional_sequence_lstm(read, reverse):
         assert np.abs(got - want).max() <= 1e-5 * max(1, np.abs(want).max())
 
 
-def test_lstm_reading_the_cell_state_is_refused():
+def test_lstm_reading_the_cell_state_is_unrolled():
+    """c_T lives inside TFLite's sequence LSTM: a graph that reads it gets the unrolled steps."""
     sess, x, y = _lstm(read="c")
-    with pytest.raises(TFLiteExportError, match=r"\(LSTMSequence\).*c_T is read"):
-        graph_to_tflite(sess, [y])
+    data = graph_to_tflite(sess, [y])
+    it = litert.Interpreter(model_content=data, num_threads=1)
+    it.allocate_tensors()
+    xv = np.random.default_rng(3).standard_normal((5, 2, 3)).astype(np.float32)
+    it.set_tensor(it.get_input_details()[0]["index"], xv)
+    it.invoke()
+    want = sess.run(y, {x: xv})
+    got = it.get_tensor(it.get_output_details()[0]["index"])
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-5 * max(1, np.abs(want).max())

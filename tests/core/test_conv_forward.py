@@ -11,6 +11,7 @@ import pytest
 
 import isthmus as ism
 from isthmus.core.ops import conv as conv_ops
+from isthmus.core.ops import conv_pointwise
 from isthmus.core.ops import depthwise
 from isthmus.core.ops.base import make
 
@@ -129,7 +130,7 @@ def test_pointwise_image_groups(kernel_path, monkeypatch, chunk, act, c, o):
     """Both paths: numpy's (bias in the product for an expansion, then the activation) and the
     compiled bias + clamp pass after each group's product (none, relu, relu6)."""
     if chunk is not None:  # one image per group; two images per group
-        monkeypatch.setattr(conv_ops, "_POINTWISE_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(conv_pointwise, "_POINTWISE_CHUNK_BYTES", chunk)
     rng = np.random.default_rng(11)
     x = rng.standard_normal((5, c, 4, 3)).astype(np.float32)
     w = rng.standard_normal((o, c, 1, 1)).astype(np.float32)
@@ -344,3 +345,39 @@ def test_arena_pool_keeps_the_largest_arenas_of_mixed_sizes():
     kept = sorted(a.nbytes for a in pool._free[id(np)])
     assert kept == sorted(sizes)[-pool.KEEP:]
     assert pool.take(np, 5000).nbytes >= 5000
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "sigmoid"])
+@pytest.mark.parametrize("batch", [1, 3])  # batch 1 takes per-image im2col, 3 the row taps (C*kw >= 64)
+def test_fused_conv_row_taps_and_im2col_finish(kernel_path, act, batch):
+    """FusedConv2D's bias and activation after the row-taps GEMMs and after per-image im2col: one
+    compiled pass for none/relu/relu6 (isthmus.jit), numpy's add and activation otherwise."""
+    rng = np.random.default_rng(zlib.crc32(f"rows{act}{batch}".encode()))
+    x = rng.standard_normal((batch, 32, 7, 9)).astype(np.float32)
+    w = (rng.standard_normal((24, 32, 3, 3)) * 0.1).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    assert conv_ops._row_taps(conv_ops._geometry(_FakeNode(), x.shape, w.shape), 32)
+    check(x, w, b, 1, "SAME", 1, 1, act)
+
+
+class _FakeNode:
+    attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1}
+
+
+def test_row_taps_weights_from_a_variable_are_never_cached_stale():
+    """Constant weights are relaid for the row taps once; a variable's are relaid every run."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 32, 6, 6)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((2, 16, 32, 3, 3)) * 0.1).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        v = ism.Variable(w1, name="w")
+        y = ism.conv2d(ism.constant(x), v, strides=1, padding="SAME")
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+        first = sess.run(y)
+        sess.set_variable_value(v, w2)
+        second = sess.run(y)
+    pads = ((1, 1), (1, 1))
+    np.testing.assert_allclose(first, ref_conv(x, w1, (1, 1), pads, (1, 1), 1), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(second, ref_conv(x, w2, (1, 1), pads, (1, 1), 1), rtol=2e-5, atol=2e-5)

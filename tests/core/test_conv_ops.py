@@ -153,3 +153,15 @@ def test_conv_strategies_forward_and_gradients(conv_strategy, name, kw, wshape, 
     np.testing.assert_allclose(got, ref_conv(X, w, **refkw), rtol=1e-9, atol=1e-10)
     x = rng.standard_normal((1, 4, 5, 4))
     check_gradients(lambda x_, w_: ism.conv2d(x_, w_, **kw), [x, w])
+
+
+@pytest.mark.parametrize("shape,keep", [((2, 5, 3, 4), False), ((1, 128, 6, 6), True), ((3, 2, 1, 1), False)])
+def test_global_avg_pool_float32_against_float64(shape, keep):
+    """The plane means as BLAS matrix-vector products, float32, against float64 numpy."""
+    x = (np.random.default_rng(len(shape) + shape[1]).standard_normal(shape) + 3).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        got = ism.Session(g).run(ism.global_avg_pool(ism.constant(x), keepdims=keep))
+    want = x.astype(np.float64).mean(axis=(2, 3), keepdims=keep)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

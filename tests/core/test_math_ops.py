@@ -159,10 +159,13 @@ def test_add_n_of_scalars_fan_in():
     np.testing.assert_allclose(got, 2 * 0.6 + 2 + np.exp(0.6))
 
 
-def test_float32_erf_against_the_standard_library():
+@pytest.mark.parametrize("jit", ["0", "1"])
+def test_float32_erf_against_the_standard_library(monkeypatch, jit):
     # the float32 kernel is a rational approximation (not scipy): check it against math.erf,
-    # an independent double-precision reference, over the whole range, tiny values, +-inf and NaN
+    # an independent double-precision reference, over the whole range, tiny values, +-inf and NaN;
+    # numpy passes (ISTHMUS_JIT=0) and the compiled loop (jit/erf.py) alike
     import math
+    monkeypatch.setenv("ISTHMUS_JIT", jit)
     x = np.concatenate([np.linspace(-7, 7, 20001), np.logspace(-36, 0.7, 2001), -np.logspace(-36, 0.7, 2001),
                         [0.0, -0.0, np.inf, -np.inf]]).astype(np.float32)
     g = ism.Graph()

@@ -115,3 +115,21 @@ def test_shape_errors():
                            np.zeros(3, np.float32), np.ones(3, np.float32))
         with pytest.raises(ism.ShapeError, match="rate must be"):
             ism.dropout(ism.constant(np.zeros(3, np.float32)), 1.0)
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 7, 33), -1), ((3, 1, 64), 2), ((2, 3, 4), 1)])
+def test_layer_norm_float32_rows(shape, axis):
+    """The last-axis kernel (row means and variances as BLAS products) and the general one, float32
+    rows far from zero (offset 100, small spread: float32 keeps about 2e-5 of the result), against float64."""
+    x = (100 + rng.standard_normal(shape) * 0.5).astype(np.float32)
+    norm = shape[axis:]
+    g, b = rng.standard_normal(norm).astype(np.float32), rng.standard_normal(norm).astype(np.float32)
+    graph = ism.Graph()
+    with graph.as_default():
+        got = ism.Session(graph).run(ism.layer_norm(ism.constant(x), g, b, axis=axis))
+    axes = tuple(range(axis % len(shape), len(shape)))
+    x64 = x.astype(np.float64)
+    mu, var = x64.mean(axis=axes, keepdims=True), x64.var(axis=axes, keepdims=True)
+    want = (x64 - mu) / np.sqrt(var + 1e-5) * g + b
+    assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

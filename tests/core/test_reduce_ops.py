@@ -117,3 +117,15 @@ def test_reduce_over_run_time_axes():
                   lambda x: np.asarray(x.mean()))
     check_forward(lambda x: ism.reduce_dynamic(x, ax(np.zeros(0, np.int64)), "min", noop_with_empty_axes=True), [X],
                   lambda x: x)
+
+
+@pytest.mark.parametrize("axis,keep", [(1, False), ((0, 2), True), (None, False), (-1, True)])
+def test_float32_mean_is_numpys_bit_for_bit(axis, keep):
+    """The float mean kernel skips numpy's wrapper but keeps its arithmetic: the same bits."""
+    x = np.random.default_rng(5).standard_normal((3, 32, 65)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        got = ism.Session(g).run(ism.reduce_mean(ism.constant(x), axis=axis, keepdims=keep))
+    want = x.mean(axis=axis, keepdims=keep)
+    assert got.dtype == np.float32 and np.shape(got) == np.shape(want)
+    np.testing.assert_array_equal(got, want)

@@ -28,12 +28,19 @@ def _seed(*case) -> int:
 def kernel_path(request, monkeypatch):
     """Runs the test with the depthwise kernels compiled, then on numpy; counts the compiled calls."""
     import isthmus.jit.depthwise as jd
+    import isthmus.jit.depthwise_blocked as jb
     import isthmus.jit.depthwise_int8 as jq
     monkeypatch.setenv("ISTHMUS_JIT", "1" if request.param == "compiled" else "0")
     assert jit.available() == (request.param == "compiled"), "numba is a dependency: it must import"
     calls = []
-    real, real8 = jd.depthwise_rows, jq.depthwise_int8_step
+    real, real8, realb = jd.depthwise_rows, jq.depthwise_int8_step, jb.blocked_rows
     monkeypatch.setattr(jd, "depthwise_rows", lambda *a, **k: calls.append("fp32") or real(*a, **k))
+    # 3x3 kernels of dilation 1 run channel-blocked (8 channels a vector) where the host has AVX2,
+    # fp32 or int8 (a[12]: requantized into int8 in the same call)
+    def blocked(*a, **k):
+        calls.append("int8->int8" if a[12] else "int8" if a[0].dtype == np.int8 else "fp32")
+        return realb(*a, **k)
+    monkeypatch.setattr(jb, "blocked_rows", blocked)
 
     def step8(*a, **k):  # int8: whether the requantization ran fused (an int8 output) or after the kernel
         run = real8(*a, **k)

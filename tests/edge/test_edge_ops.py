@@ -47,9 +47,9 @@ def _gru(lbr=False, reverse=False, state=False, hid=4):
 CASES = [
     ("transpose", (2, 3, 4, 5), lambda x, r: [ism.transpose(x, (0, 2, 3, 1))], True),
     ("gather_axis1_const", (2, 5, 4), lambda x, r: [ism.gather(x, ism.constant(np.array([3, 0, -1, 3])), axis=1)],
-     False),
+     True),
     ("gather_axis0_2d_idx", (6, 3), lambda x, r: [ism.gather(x, ism.constant(np.array([[1, 2], [5, 0]], np.int32)))],
-     False),
+     True),
     ("slice_steps", (2, 7, 6), lambda x, r: [x[:, 1:6:2, ::-2]], True),
     ("slice_index_newaxis", (3, 4, 5), lambda x, r: [x[1:, -1, None, 2:]], True),
     ("slice_begin_size", (2, 6, 5), lambda x, r: [ism.slice(x, (0, 2, 1), (-1, 3, 4))], True),
@@ -57,11 +57,16 @@ CASES = [
     ("pad_all_axes", (2, 3, 4), lambda x, r: [ism.pad(x, ((1, 0), (0, 2), (1, 1)), constant_value=0.5)], True),
     ("concat_axis2", (2, 3, 4), lambda x, r: [ism.concat([x, ism.relu(x), ism.relu6(x)], axis=2)], True),
     ("concat_axis0", (2, 3), lambda x, r: [ism.concat([x, ism.relu(x)], axis=0)], True),
-    ("split_last_axis", (2, 3, 7), lambda x, r: list(ism.split(x, [2, 4, 1], axis=-1)), False),
+    ("split_last_axis", (2, 3, 7), lambda x, r: list(ism.split(x, [2, 4, 1], axis=-1)), True),
+    ("split_then_relu", (2, 6, 3), lambda x, r: [ism.relu(p) for p in ism.split(x, [3, 3], axis=1)], True),
+    ("gather_rows_of_a_table", (2, 3), lambda x, r: [ism.gather(_c(r, 9, 4), ism.constant(np.array([[8, 0, 2],
+                                                                                                      [4, 4, 1]])))
+                                                     + x[:, :, None]], True),
     ("softmax_axis1", (2, 5, 3), lambda x, r: [ism.softmax(x, axis=1)], True),
     ("softmax_axis0", (4, 3), lambda x, r: [ism.softmax(x, axis=0)], True),
     ("batch_matmul", (2, 3, 4, 5), lambda x, r: [ism.matmul(x, _c(r, 5, 6))], False),
-    ("batch_matmul_two_acts", (2, 3, 4), lambda x, r: [ism.matmul(x, x, transpose_b=True)], False),
+    ("batch_matmul_two_acts", (2, 3, 4), lambda x, r: [ism.matmul(x, x, transpose_b=True)], True),
+    ("matmul_two_acts_2d", (5, 4), lambda x, r: [ism.matmul(ism.relu(x), x, transpose_a=True)], True),
     ("layer_norm", (2, 5, 8), lambda x, r: [ism.layer_norm(x, _c(r, 8), _c(r, 8))], False),
     ("resize_nearest_2x", (1, 2, 3, 4), lambda x, r: [resize(x, scales=(1, 1, 2, 2))], True),
     ("resize_nearest_sizes", (1, 2, 5, 4), lambda x, r: [resize(x, sizes=(0, 0, 3, 7), nearest_mode="floor",
@@ -131,15 +136,17 @@ def test_int8_edge_within_one_step(name, shape, build, int8):
     xv = rng.standard_normal(shape).astype(np.float32)
     model, report = quantize_to_edge(sess, ys, calib, batch=shape[0])
     assert report["fp32_ops"] == 0, report  # every op ran in int8
-    got = Interpreter(model).invoke(xv)[0]
+    gots = Interpreter(model).invoke(xv)
     qx = report["tensors"][x.name]
     s, z = qx["scale"], qx["zero_point"]
     xq = ((np.clip(np.rint(xv / s) + z, -128, 127) - z) * s).astype(np.float32)  # what the int8 model sees
-    want = sess.run(ys[0], {x: xq})
-    qy = report["tensors"][ys[0].name]
-    step = qy["scale"]
-    want = np.clip(want, (-128 - qy["zero_point"]) * step, (127 - qy["zero_point"]) * step)  # int8's range
-    assert np.abs(got - want).max() <= step * 1.0001 + 1e-6, (np.abs(got - want).max(), step)
+    assert len(gots) == len(ys)
+    for got, y, want in zip(gots, ys, sess.run(ys, {x: xq})):  # every output (a Split's pieces)
+        qy = report["tensors"][y.name]
+        step = qy["scale"]
+        want = np.clip(want, (-128 - qy["zero_point"]) * step, (127 - qy["zero_point"]) * step)  # int8's range
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= step * 1.0001 + 1e-6, (y.name, np.abs(got - want).max(), step)
 
 
 def test_gather_with_run_time_indices_int64():
@@ -154,6 +161,34 @@ def test_gather_with_run_time_indices_int64():
     np.testing.assert_allclose(it.invoke(iv)[0], sess.run(y, {ids: iv}), rtol=1e-6)
     with pytest.raises(ValueError, match="Gather"):
         it.invoke(np.array([[0, 10, 3], [1, 2, 2]], np.int64))
+
+
+def test_int8_embedding_lookup_with_run_time_indices():
+    """An int8 Gather of a constant table (an embedding) at indices fed at run time, added to an
+    activation: the table keeps its own range (the Gather's output takes it), the indices pass as int64;
+    within one output step of the executor on the quantized input and the int8 table."""
+    g = ism.Graph(seed=0)
+    rng = np.random.default_rng(3)
+    table_v = rng.standard_normal((10, 4)).astype(np.float32)
+    with g.as_default():
+        ids = ism.placeholder("int64", (2, 3), name="ids")
+        x = ism.placeholder("float32", (2, 3, 4), name="x")
+        y = ism.relu(ism.gather(ism.constant(table_v), ids) + x)
+        sess = ism.Session(g)
+    calib = [{"ids": rng.integers(0, 10, (2, 3)), "x": rng.standard_normal((2, 3, 4)).astype(np.float32)}
+             for _ in range(6)]
+    model, report = quantize_to_edge(sess, [y], calib, batch=2)
+    assert report["fp32_ops"] == 0 and report["int8_ops"] == 3, report
+    iv, xv = np.array([[0, 9, 3], [-1, 2, 2]], np.int64), rng.standard_normal((2, 3, 4)).astype(np.float32)
+    got = Interpreter(model).invoke(iv, xv)[0]
+
+    def through_int8(v, q):
+        return ((np.clip(np.rint(v / q["scale"]) + q["zero_point"], -128, 127) - q["zero_point"]) * q["scale"])
+    tq = report["tensors"]["Gather:0"]
+    want = np.maximum(through_int8(table_v, tq)[iv] + through_int8(xv, report["tensors"]["x:0"]), 0)
+    qy = report["tensors"][y.name]
+    want = np.minimum(want, (127 - qy["zero_point"]) * qy["scale"])
+    assert np.abs(got - want).max() <= qy["scale"] * 1.0001, (np.abs(got - want).max(), qy["scale"])
 
 
 def test_conv_1d_and_conv_transpose_1d_from_onnx():

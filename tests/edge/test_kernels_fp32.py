@@ -125,6 +125,21 @@ def test_pool(k, s, pads, kind):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 7, 6), (1, 32, 28, 28), (1, 5, 9, 11)])
+def test_max_pool_2x2_compiled_and_nan(shape):
+    """2x2 max at stride 2 (compiled where numba is) on odd and even planes, a NaN propagating as in
+    np.maximum, against a numpy reference."""
+    x = f32(*shape)
+    x[0, 1, 2, 3] = np.nan
+    oh, ow = shape[2] // 2, shape[3] // 2
+    win = x[:, :, :2 * oh, :2 * ow].reshape(shape[0], shape[1], oh, 2, ow, 2)
+    want = np.maximum(np.maximum(win[:, :, :, 0, :, 0], win[:, :, :, 0, :, 1]),
+                      np.maximum(win[:, :, :, 1, :, 0], win[:, :, :, 1, :, 1]))
+    got = run("MaxPool", [Arg(x)], Out("float32"), want.shape, {"ksize": [2, 2], "strides": [2, 2], "pads": [0] * 4})
+    assert np.isnan(got[0, 1, 1, 1]) and np.isnan(got).sum() == 1
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("keep", [0, 1])
 def test_global_avg_pool(keep):
     x = f32(2, 5, 3, 4)

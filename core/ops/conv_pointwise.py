@@ -1,0 +1,131 @@
+"""The GEMM paths' tails of conv.py: 1x1 convolutions as a matrix product per group of images
+(Pointwise), and the bias + activation that finishes every convolution GEMM's output (Finish)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
+from .intra_op import rows_apply
+
+# a 1x1 convolution's output is finished in groups of images of about this many bytes (in cache)
+_POINTWISE_CHUNK_BYTES = 1 << 20
+
+
+class Finish:
+    """act(y + bias) in place over an output's rows [R, L] (row r has channel r % C): one compiled
+    pass where isthmus.jit serves and the activation is a clamp (none, relu, relu6), else numpy's
+    add and activation (two passes, each a call: at batch 1 about as long as a small GEMM)."""
+
+    def __init__(self, xp, act, activation: str):
+        self.xp, self.act, self.clamp = xp, act, _CLAMPS.get(activation)
+
+    def __call__(self, y, bias):
+        xp, act = self.xp, self.act
+        if bias is not None and self.clamp is not None and compiled_ok(xp, y.dtype) and bias.dtype == y.dtype:
+            from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
+            t = y.dtype.type
+            bias_clamp_rows(y, bias.reshape(-1), t(self.clamp[0]), t(self.clamp[1]))
+            return y
+        if bias is not None:
+            yv = y.reshape(-1, bias.size, y.shape[-1])  # (image, channel) rows
+            xp.add(yv, bias.reshape(1, -1, 1), out=yv)
+        if act is not None:
+            act(y)
+        return y
+
+
+class Pointwise:
+    """A 1x1 convolution as one matrix product per image ([O, C] @ [C, H*W], no im2col), in
+    groups of images whose output fits in cache, each finished (bias, activation) in place
+    before the next group is computed. When the output has more channels than the input (an
+    expansion), the bias rides in the product instead: [W | b] @ [x; 1] costs a copy of the
+    smaller input rather than a pass over the larger output. Where the compiled kernels serve
+    (isthmus.jit) and the activation is a clamp (none, relu, relu6), the bias and the clamp are
+    one compiled pass after each group's product instead (no copy of the input, one pass)."""
+
+    def __init__(self, xp, act, activation: str = "none"):
+        self.xp, self.act = xp, act
+        self._clamp = _CLAMPS.get(activation)
+        self._aug = None  # (w, bias, [W | b]) for immutable w and bias
+
+    def __call__(self, x, w, bias):
+        xp = self.xp
+        n, c = x.shape[0], x.shape[1]
+        o, hw = w.shape[0], x.shape[2] * x.shape[3]
+        xs = x.reshape(n, c, hw)
+        out = xp.empty((n, o, hw), dtype=x.dtype)
+        step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
+        if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype):
+            images = self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
+        elif bias is not None and c < o:
+            images = self._augmented_images(xs, self._augmented(w, bias, x.dtype), out, step)
+        else:
+            images = self._plain_images(xs, w.reshape(o, c), bias, out, step)
+        # image groups on the intra-op threads, every product on one BLAS thread: a threaded BLAS
+        # on products this small waits for its other threads, milliseconds each on a busy machine
+        rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True)
+        return out
+
+    def _plain_images(self, xs, w2, bias, out, step):
+        xp, act = self.xp, self.act
+        b = None if bias is None else bias.reshape(1, -1, 1)
+
+        def images(lo, hi):
+            for i in range(lo, hi, step):
+                y = out[i:min(hi, i + step)]
+                xp.matmul(w2, xs[i:i + y.shape[0]], out=y)
+                if b is not None:
+                    xp.add(y, b, out=y)
+                if act is not None:
+                    act(y)
+        return images
+
+    def _augmented_images(self, xs, wa, out, step):
+        xp, act = self.xp, self.act
+        c, hw = xs.shape[1], xs.shape[2]
+
+        def images(lo, hi):
+            k = min(step, hi - lo)
+            size = k * (c + 1) * hw * xs.dtype.itemsize
+            # a scratch arena of the depthwise pool (still in cache from the node before), last rows ones
+            mem = ARENAS.take(xp, size)
+            try:
+                xa = mem[:size].view(xs.dtype).reshape(k, c + 1, hw)
+                xa[:, c] = 1
+                for i in range(lo, hi, step):
+                    m = min(step, hi - i)
+                    xa[:m, :c] = xs[i:i + m]
+                    y = out[i:i + m]
+                    xp.matmul(wa, xa[:m], out=y)
+                    if act is not None:
+                        act(y)
+            finally:
+                ARENAS.give(xp, mem)
+        return images
+
+    def _compiled_finish(self, xs, w2, bias, out, step):
+        from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
+        o = w2.shape[0]
+        dt = out.dtype.type
+        lo_, hi_ = dt(self._clamp[0]), dt(self._clamp[1])
+        b = bias.reshape(o)
+        b = b if b.dtype == out.dtype and b.flags.c_contiguous else np.ascontiguousarray(b, dtype=out.dtype)
+        w2 = w2 if w2.dtype == out.dtype else w2.astype(out.dtype)
+        matmul = self.xp.matmul
+
+        def images(lo, hi):
+            for i in range(lo, hi, step):
+                y = out[i:min(hi, i + step)]
+                matmul(w2, xs[i:i + y.shape[0]], out=y)
+                bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo_, hi_)
+        return images
+
+    def _augmented(self, w, bias, dtype):
+        cached = self._aug
+        if cached is not None and cached[0] is w and cached[1] is bias:
+            return cached[2]
+        o = w.shape[0]
+        wa = self.xp.concatenate([w.reshape(o, -1), bias.reshape(o, 1)], axis=1).astype(dtype, copy=False)
+        if _immutable(w) and _immutable(bias):
+            self._aug = (w, bias, wa)  # holding w and bias keeps their identities unique
+        return wa

@@ -1,0 +1,79 @@
+"""LSTMSequence's compiled path (CPU, float32): the step loop without numpy's per-pass overhead.
+
+numpy runs a step as about ten passes over the gates, each paying a call's overhead; at small batch
+that overhead is most of a step. Up to COMPILED_UNITS (batch x hidden) the whole direction is one
+call of jit/rnn.py's lstm_steps (the loop the edge's kernel runs), whose matrix-vector products walk
+the examples one at a time; beyond, each step is one BLAS GEMM for the recurrent product and one
+compiled call (lstm_cells) for the gates. The input projection of all steps is one GEMM up front;
+the weights are rearranged (sigmoid rows negated, R transposed) once per set of constant weights.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import jit
+from .depthwise import _immutable
+from .intra_op import matmul as split_matmul
+from .intra_op import serial_blas
+
+# batch x hidden up to which lstm_steps' matrix-vector loops beat a GEMM per step (measured here,
+# one thread, T = 32, I = 64, H = 128, shared load: batch 1 0.24 against 0.33 ms, 4 0.71 / 1.06 ms,
+# 8 1.52 / 1.55 ms, 16 2.65 / 2.42 ms)
+COMPILED_UNITS = 1024
+
+
+def compiled_pays(xp, dtype, batch: int, hid: int, lens) -> bool:
+    """Whether LSTMSequence runs the compiled loop for these arrays (else its numpy steps)."""
+    return xp is np and dtype == np.float32 and lens is None and jit.available()
+
+
+class CompiledLSTM:
+    """One LSTMSequence node's compiled path; holds the rearranged weights of immutable inputs."""
+
+    def __init__(self, reverse: bool):
+        self.reverse = reverse
+        self._prepared = None  # (w, r, b, (w_t, rt, bias)) for immutable w, r, b
+
+    def _weights(self, w, r, b):
+        cached = self._prepared
+        if cached is not None and cached[0] is w and cached[1] is r and cached[2] is b:
+            return cached[3]
+        hid = r.shape[1]
+        neg = np.ones((4 * hid, 1), np.float32)
+        neg[:3 * hid] = -1  # sigmoid rows negated: the loop computes sigmoid(z) as 1 / (1 + exp(-z))
+        prepared = (np.ascontiguousarray((w * neg).T, np.float32), np.ascontiguousarray((r * neg).T, np.float32),
+                    (b * neg[:, 0]).astype(np.float32))
+        if _immutable(w) and _immutable(r) and _immutable(b):
+            self._prepared = (w, r, b, prepared)  # holding them keeps their identities unique
+        return prepared
+
+    def __call__(self, x, w, r, b, h0, c0):
+        steps, batch, feat = x.shape
+        hid = r.shape[1]
+        w_t, rt, bias = self._weights(w, r, b)
+        proj = split_matmul(np, x.reshape(steps * batch, feat), w_t).reshape(steps, batch, 4 * hid)
+        proj += bias
+        order = np.arange(steps - 1, -1, -1) if self.reverse else np.arange(steps)
+        h0s = np.zeros((batch, hid), np.float32) if h0 is None else np.array(h0, np.float32, order="C")
+        c = np.zeros((batch, hid), np.float32) if c0 is None else np.array(c0, np.float32, order="C")
+        y = np.empty((steps, batch, hid), np.float32)
+        if batch * hid <= COMPILED_UNITS:
+            from ...jit.rnn import lstm_steps  # deferred: jit.rnn loads numba
+            lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))
+        else:
+            serial_blas(np, lambda: _gemm_steps(proj, rt, order, h0s, c, y))
+        return y, y[order[-1]], c
+
+
+def _gemm_steps(proj, rt, order, h0, c, y) -> None:
+    """Larger batches: each step's recurrent product is one BLAS GEMM ([B, H] x [H, 4H]) and its gates
+    one compiled call, instead of lstm_steps' per-example matrix-vector loops. The caller holds BLAS
+    to one thread (serial_blas): a threaded BLAS waits on its other threads after every step."""
+    from ...jit.rnn import lstm_cells  # deferred: jit.rnn loads numba
+    matmul = np.matmul
+    z = np.empty(proj.shape[1:], np.float32)
+    hp = h0
+    for t in order:
+        matmul(hp, rt, out=z)
+        lstm_cells(z, proj[t], c, y[t])
+        hp = y[t]

@@ -1,0 +1,185 @@
+"""fp32 GEMM with the bias and a clamp in its epilogue, for the edge's 1x1 convolutions at batch 1.
+
+A 1x1 convolution is Y [O, P] = W [O, K] @ X [K, P] + bias, then relu/relu6. numpy runs the product
+through BLAS, which packs both operands on every call (on a MobileNet's 6x6 planes the 576 x 96
+weights cost as much to pack as to multiply), then the bias and the clamp take another pass over
+Y (about 45 us of MobileNetV2-96's 900 us of 1x1 convolutions, one thread). Here the weights are
+packed once, at prepare, as [O/4, K, 4]; X is read in place, 16 columns at a time; a 4 x 16 tile
+of accumulators (eight <8 x float> vectors) starts at the bias, takes one FMA per weight and
+column vector along K, and is clamped and stored. The tile is LLVM IR (a numba intrinsic, as in
+jit/gemm_int8.py), since numba leaves such a register-blocked loop unvectorized.
+
+Columns past the last whole 16 go through a zero-padded copy of their [K, P mod 16] panel and a
+[O, 16] tile buffer (scratch). O must be a multiple of 4 (MobileNets' widths are multiples of 8);
+callers keep BLAS otherwise.
+"""
+from __future__ import annotations
+
+import numba as nb  # imported only when a kernel is first prepared
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+MR, NR = 4, 16  # tile: output rows, columns (two vectors of eight floats)
+KC = 128  # K chunk: a [128, 16] panel of x (8 KB) stays in L1
+
+
+def _splat(builder, v, vt):
+    i32 = ir.IntType(32)
+    e = builder.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(i32, 0))
+    return builder.shuffle_vector(e, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(i32, vt.count), None))
+
+
+def _make_tile(nv: int, mb: int = 1):
+    """The tile intrinsic over nv vectors of 8 columns (2: the main loop; 1: a short last panel) and
+    mb blocks of 4 rows (2 for a short panel: eight independent accumulators keep the FMAs busy)."""
+    @intrinsic
+    def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi):
+        sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi)
+        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb)
+    return tile
+
+
+def _tile_ir(context, builder, signature, args, nv, mb):
+    """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob + r // 4, i, r % 4]
+    x[i ldx + px + j], lo, hi) for r < 4 mb, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else
+    that y (a K chunk after the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN
+    passes the clamp."""
+    f32, i64 = ir.FloatType(), ir.IntType(64)
+    v8 = ir.VectorType(f32, 8)
+    arrs = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 4, 8)]
+    wptr, xptr, yptr, bptr = (builder.bitcast(a.data, f32.as_pointer()) for a in arrs)
+    ldx, px, ldy, py, ob, k, k0, kn, first, lo, hi = (args[i] for i in (2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14))
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
+    nr = MR * mb
+    wbases = [builder.mul(builder.add(builder.mul(builder.add(ob, ir.Constant(i64, b)), k), k0), ir.Constant(i64, MR))
+              for b in range(mb)]
+    rows = [builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
+            for r in range(nr)]
+    from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
+    init = []
+    for r in range(nr):
+        b = _splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
+                                                                         ir.Constant(i64, r))])), v8)
+        for j in range(nv):
+            ptr = builder.bitcast(builder.gep(yptr, [builder.add(rows[r], ir.Constant(i64, 8 * j))]), v8.as_pointer())
+            init.append(builder.select(from_bias, b, builder.load(ptr, align=4)))
+    entry = builder.basic_block
+    loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
+    builder.cbranch(builder.icmp_signed(">", kn, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(i64)
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    accs = [builder.phi(v8) for _ in range(nv * nr)]
+    for n, a in enumerate(accs):
+        a.add_incoming(init[n], entry)
+    xo = builder.add(builder.mul(builder.add(k0, i), ldx), px)
+    xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xo, ir.Constant(i64, 8 * j))]),
+                                       v8.as_pointer()), align=4) for j in range(nv)]
+    wos = [builder.add(wb, builder.mul(i, ir.Constant(i64, MR))) for wb in wbases]
+    new = []
+    for r in range(nr):
+        wo = wos[r // MR]
+        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wo, ir.Constant(i64, r % MR))])), v8)
+        new += [builder.call(fma, [wv, xs[j], accs[nv * r + j]]) for j in range(nv)]
+    i2 = builder.add(i, ir.Constant(i64, 1))
+    for a, v in zip(accs, new):
+        a.add_incoming(v, loop)
+    i.add_incoming(i2, loop)
+    builder.cbranch(builder.icmp_signed("<", i2, kn), loop, done)
+    builder.position_at_end(done)
+    results = []
+    for n, v in enumerate(new):  # every phi first
+        res = builder.phi(v8)
+        res.add_incoming(init[n], entry)
+        res.add_incoming(v, loop)
+        results.append(res)
+    lov, hiv = _splat(builder, lo, v8), _splat(builder, hi, v8)
+    for r in range(nr):
+        row = rows[r]
+        for j in range(nv):
+            v = results[nv * r + j]
+            v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
+            v = builder.select(builder.fcmp_ordered(">", v, hiv), hiv, v)
+            ptr = builder.gep(yptr, [builder.add(row, ir.Constant(i64, 8 * j))])
+            builder.store(v, builder.bitcast(ptr, v8.as_pointer()), align=4)
+    return context.get_dummy_value()
+
+
+_tile, _tile8, _tile8x8 = _make_tile(2), _make_tile(1), _make_tile(1, 2)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
+    """Every row tile over one 16-column panel (8 when narrow), K in chunks of KC (the chunk of x
+    stays in L1 while the row tiles pass; chunks after the first start from y, the last clamps)."""
+    inf = np.float32(np.inf)
+    for k0 in range(0, k, KC):
+        kn = min(KC, k - k0)
+        last = k0 + kn >= k
+        clo, chi = (lo, hi) if last else (-inf, inf)
+        if narrow:  # 8 rows at a time where two row blocks remain
+            nb4 = o // MR
+            for ob in range(0, nb4 - 1, 2):
+                _tile8x8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+            if nb4 % 2:
+                _tile8(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi)
+        else:
+            for ob in range(o // MR):
+                _tile(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemm_bias_clamp(wp, bias, x, lo, hi, y, panel, tile):
+    """y [O, P] = clamp(W @ x [K, P] + bias, lo, hi), W packed by pack_weights ([O/4, K, 4]), bias [O];
+    panel [K, 16] and tile [O, 16] scratch for the last P mod 16 columns (contents do not matter)."""
+    k, p = x.shape
+    o = y.shape[0]
+    xf, yf = x.reshape(k * p), y.reshape(o * p)
+    whole = p // NR * NR
+    for p0 in range(0, whole, NR):
+        _panels(wp, bias, xf, p, p0, yf, p, p0, o, k, lo, hi, False)
+    rest = p - whole
+    if rest:
+        for i in range(k):
+            src, dst = x[i], panel[i]
+            for j in range(rest):
+                dst[j] = src[whole + j]
+            for j in range(rest, NR):
+                dst[j] = 0
+        _panels(wp, bias, panel.reshape(k * NR), NR, 0, tile.reshape(o * NR), NR, 0, o, k, lo, hi, rest <= NR // 2)
+        for r in range(o):
+            src, dst = tile[r], y[r]
+            for j in range(rest):
+                dst[whole + j] = src[j]
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def im2col(pad, ws, kh, kw, sh, sw, dh, dw, cols, oh, ow):
+    """cols [C kh kw, OH OW] (rows in (c, ky, kx) order) = the windows of pad [C, >= Hp ws] (one image,
+    padded, flat planes of width ws): cols[(c kh + ky) kw + kx, oy OW + ox] =
+    pad[c, (oy sh + ky dh) ws + ox sw + kx dw]. One pass of row copies (numpy's 6-d window copy
+    paid its iterator per row of OW elements)."""
+    c = pad.shape[0]
+    for ch in range(c):
+        src_c = pad[ch]
+        for ky in range(kh):
+            for kx in range(kw):
+                row = cols[(ch * kh + ky) * kw + kx]
+                for oy in range(oh):
+                    src, dst = src_c[(oy * sh + ky * dh) * ws + kx * dw:], row[oy * ow:]
+                    if sw == 1:
+                        for ox in range(ow):
+                            dst[ox] = src[ox]
+                    else:
+                        for ox in range(ow):
+                            dst[ox] = src[ox * sw]
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """w [O, K] float32 (O a multiple of 4) -> [O/4, K, 4]: four rows' weights side by side per k."""
+    o, k = w.shape
+    if o % MR:
+        raise ValueError(f"fp32 GEMM: {o} output rows are not a multiple of {MR}")
+    return np.ascontiguousarray(w.astype(np.float32).reshape(o // MR, MR, k).transpose(0, 2, 1))

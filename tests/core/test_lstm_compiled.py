@@ -1,0 +1,95 @@
+"""LSTMSequence's three CPU paths (numpy passes, the compiled loop, a GEMM per step with compiled gates)
+against float64 numpy written from the ONNX equations, and the compiled logistic against exp."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus import jit
+from isthmus.core.ops import recurrent_compiled
+from isthmus.core.ops.recurrent import lstm_sequence
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed")
+
+
+def _ref(x, w, r, b, h0, c0, reverse):
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+    hid = r.shape[1]
+    h, c = h0.astype(np.float64), c0.astype(np.float64)
+    y = np.zeros((x.shape[0], x.shape[1], hid))
+    for t in (range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])):
+        z = x[t] @ w.T.astype(np.float64) + h @ r.T.astype(np.float64) + b
+        i, o, f, g = sig(z[:, :hid]), sig(z[:, hid:2 * hid]), sig(z[:, 2 * hid:3 * hid]), np.tanh(z[:, 3 * hid:])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        y[t] = h
+    return y, h, c
+
+
+def _set_path(monkeypatch, path):
+    monkeypatch.setenv("ISTHMUS_JIT", "0" if path == "numpy" else "1")
+    monkeypatch.setattr(recurrent_compiled, "COMPILED_UNITS", 10 ** 9 if path == "loop" else 0)
+
+
+@pytest.mark.parametrize("path", ["numpy", "loop", "gemm"])
+@pytest.mark.parametrize("reverse,states,batch,scale", [(False, False, 1, 0.5), (True, True, 3, 0.5),
+                                                        (False, True, 2, 8.0), (True, False, 1, 8.0)])
+def test_paths_match_float64(monkeypatch, path, reverse, states, batch, scale):
+    """scale 8 drives the gates into saturation (|z| up to ~100): the compiled exp's clamp is exercised."""
+    _set_path(monkeypatch, path)
+    rng = np.random.default_rng(7 + batch)
+    t_len, feat, hid = 9, 6, 5  # hid not a multiple of 4: the loop's remainder rows run too
+    x = rng.standard_normal((t_len, batch, feat)).astype(np.float32)
+    w = (rng.standard_normal((4 * hid, feat)) * scale).astype(np.float32)
+    r = (rng.standard_normal((4 * hid, hid)) * scale).astype(np.float32)
+    b = rng.standard_normal(4 * hid).astype(np.float32)
+    h0, c0 = (rng.standard_normal((2, batch, hid)) if states else np.zeros((2, batch, hid))).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder("float32", (None, None, feat))
+        hp, cp = ism.placeholder("float32", (None, hid)), ism.placeholder("float32", (None, hid))
+        outs = lstm_sequence(xp, w, r, b, hp if states else None, cp if states else None, reverse=reverse)
+        sess = ism.Session(g)
+        got = sess.run(list(outs), {xp: x, hp: h0, cp: c0})
+        again = sess.run(list(outs), {xp: x, hp: h0, cp: c0})  # the prepared weights are reused
+    want = _ref(x, w, r, b, h0, c0, reverse)
+    for gv, av, wv in zip(got, again, want):
+        assert gv.dtype == np.float32 and np.all(np.isfinite(gv))
+        np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=2e-6)
+        np.testing.assert_array_equal(gv, av)
+
+
+@pytest.mark.parametrize("path", ["loop", "gemm"])
+def test_weights_fed_at_run_time_are_not_cached(monkeypatch, path):
+    """Weights that can change between runs (a fed placeholder) are rearranged on every call."""
+    _set_path(monkeypatch, path)
+    rng = np.random.default_rng(3)
+    t_len, batch, feat, hid = 4, 2, 3, 4
+    x = rng.standard_normal((t_len, batch, feat)).astype(np.float32)
+    r = rng.standard_normal((4 * hid, hid)).astype(np.float32)
+    b = np.zeros(4 * hid, np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        wp = ism.placeholder("float32", (4 * hid, feat))
+        y, _, _ = lstm_sequence(x, wp, r, b)
+        sess = ism.Session(g)
+        for seed in (1, 2):
+            w = np.random.default_rng(seed).standard_normal((4 * hid, feat)).astype(np.float32)
+            want = _ref(x, w, r, b, np.zeros((batch, hid)), np.zeros((batch, hid)), False)[0]
+            np.testing.assert_allclose(sess.run(y, {wp: w}), want, rtol=1e-5, atol=2e-6)
+
+
+def test_compiled_logistic_against_exp():
+    from isthmus.jit.rnn import _logistic_neg
+    v = np.concatenate([np.linspace(-200, 200, 40001), [np.inf, -np.inf, 0.0]]).astype(np.float32)
+    bits = np.empty(v.size, np.int32)
+    for scale in (1.0, -2.0):
+        got = v.copy()
+        _logistic_neg(got, 0, v.size, np.float32(scale), bits)
+        with np.errstate(over="ignore"):
+            want = 1 / (1 + np.exp(scale * v.astype(np.float64)))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1.5e-7)
+    part = v.copy()
+    _logistic_neg(part, 10, 20, np.float32(1.0), bits)  # only [lo, hi) is touched
+    np.testing.assert_array_equal(part[:10], v[:10])
+    np.testing.assert_array_equal(part[20:], v[20:])

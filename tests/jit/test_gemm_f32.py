@@ -1,0 +1,90 @@
+"""jit.gemm_f32 (packed-weight fp32 GEMM, bias and clamp in the epilogue) against a float64 numpy
+reference: whole 16-column panels, last panels of up to 8 and of more than 8 columns, odd and
+one-long K, a dirty scratch, NaN through the clamp; and the edge's 1x1 convolutions on it."""
+import numpy as np
+import pytest
+
+from isthmus.jit.gemm_int8 import supported
+
+pytestmark = pytest.mark.skipif(not supported(), reason="the tile is written for AVX2")
+
+
+def run_gemm(w, b, x, lo, hi, fill=0.0):
+    from isthmus.jit.gemm_f32 import gemm_bias_clamp, pack_weights
+    o, k = w.shape
+    y = np.full((o, x.shape[1]), np.nan, np.float32)
+    panel, tile = np.full((k, 16), fill, np.float32), np.full((o, 16), fill, np.float32)
+    gemm_bias_clamp(pack_weights(w), b, x, np.float32(lo), np.float32(hi), y, panel, tile)
+    return y
+
+
+def reference(w, b, x, lo, hi):
+    y = w.astype(np.float64) @ x.astype(np.float64) + b[:, None]
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(y), y, np.clip(y, lo, hi))
+
+
+@pytest.mark.parametrize("o,k,p", [(8, 16, 64), (96, 16, 2304), (4, 7, 37), (12, 33, 45), (16, 1, 20), (24, 96, 5),
+                                   (12, 10, 21), (576, 96, 36)])
+@pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
+def test_gemm_against_reference(o, k, p, lo, hi):
+    rng = np.random.default_rng(o * 100 + k + p)
+    w = rng.standard_normal((o, k)).astype(np.float32)
+    x = rng.standard_normal((k, p)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    np.testing.assert_allclose(run_gemm(w, b, x, lo, hi), reference(w, b, x, lo, hi), rtol=1e-5, atol=1e-5)
+
+
+def test_dirty_scratch_nan_and_rows():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 10)).astype(np.float32)
+    x = rng.standard_normal((10, 41)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    clean = run_gemm(w, b, x, 0.0, 6.0)
+    np.testing.assert_array_equal(run_gemm(w, b, x, 0.0, 6.0, fill=np.nan), clean)
+    x[2, 40] = np.nan  # the last panel's column
+    got = run_gemm(w, b, x, 0.0, 6.0)
+    assert np.isnan(got[:, 40]).all() and np.isnan(got).sum() == 8
+    from isthmus.jit.gemm_f32 import pack_weights
+    with pytest.raises(ValueError, match="multiple of 4"):
+        pack_weights(np.zeros((6, 3), np.float32))
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "relu6"])
+def test_edge_pointwise_conv_uses_it(monkeypatch, act):
+    """A batch-1 1x1 FusedConv2D with constant weights over >= 16 pixels runs the packed GEMM and
+    matches numpy; 3x3 planes keep BLAS."""
+    import isthmus.jit.gemm_f32 as jg
+    from tests.edge.singleop import Out, q, run
+    calls = []
+    real = jg.gemm_bias_clamp
+    monkeypatch.setattr(jg, "gemm_bias_clamp", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(11)
+    for hw, used in ((9, True), (6, True), (3, False)):
+        calls.clear()
+        x = rng.standard_normal((1, 20, hw, hw)).astype(np.float32)
+        w = rng.standard_normal((12, 20, 1, 1)).astype(np.float32)
+        b = rng.standard_normal(12).astype(np.float32)
+        want = np.einsum("oc,nchw->nohw", w[:, :, 0, 0].astype(np.float64), x) + b.reshape(1, -1, 1, 1)
+        want = {"none": want, "relu": np.maximum(want, 0), "relu6": np.clip(want, 0, 6)}[act]
+        args = [q(x, 1, 0), q(w, 1, 0, const=True), q(b, 1, 0, const=True)]
+        for a in args:
+            a.scale = None
+        attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": 1, "activation": act}
+        got = run("FusedConv2D", args, Out("float32"), want.shape, attrs)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert bool(calls) == used
+
+
+@pytest.mark.parametrize("kh,kw,sh,sw,dh,dw", [(5, 5, 1, 1, 1, 1), (3, 3, 2, 2, 1, 1), (3, 2, 2, 1, 2, 3)])
+def test_im2col_against_numpy(kh, kw, sh, sw, dh, dw):
+    from isthmus.jit.gemm_f32 import im2col
+    rng = np.random.default_rng(kh * 7 + sh)
+    c, hp, wp = 3, 13, 12
+    pad = rng.standard_normal((c, hp, wp)).astype(np.float32)
+    oh, ow = (hp - (kh - 1) * dh - 1) // sh + 1, (wp - (kw - 1) * dw - 1) // sw + 1
+    want = np.stack([pad[ch, ky * dh:ky * dh + (oh - 1) * sh + 1:sh, kx * dw:kx * dw + (ow - 1) * sw + 1:sw].reshape(-1)
+                     for ch in range(c) for ky in range(kh) for kx in range(kw)])
+    cols = np.full((c * kh * kw, oh * ow), np.nan, np.float32)
+    im2col(pad.reshape(c, hp * wp), wp, kh, kw, sh, sw, dh, dw, cols, oh, ow)
+    np.testing.assert_array_equal(cols, want)

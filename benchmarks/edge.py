@@ -12,7 +12,8 @@ BLAS kernels that ran. int8 and fp32 are timed interleaved, by wall clock and, l
 other processes on a shared machine, by this thread's CPU time per run and by time.process_time()
 around blocks of 50 runs taking turns (BLAS on one thread), each figure with the load average
 beside it; LiteRT's own int8 / fp32 on the same two models (written as .tflite) is timed in the same
-run, the peer that says what this CPU allows (no VNNI: int8 pays little here). The int8
+run, the peer that says what this CPU allows (no VNNI: int8 pays little here); `mac_ceiling_1thread`
+measures it directly: int8's and fp32's multiply-accumulates per second in their AVX2 inner steps. The int8
 model has the quantizer's default scales; its groups-1 convolutions and dense layers run the
 compiled integer GEMM (isthmus.jit.gemm_int8; dense layers of 1-3 rows jit.gemv_int8) where the
 host has it (`int8_gemm`), depthwise convolutions the compiled float kernel on exact integers.
@@ -213,6 +214,71 @@ def agreement_vs_onnxruntime(sess, x, y, shape, n_calib=16, n_eval=200):
             "bytes_onnxruntime_int8_over_fp32": round(os.path.getsize(dst) / os.path.getsize(src), 3)}
 
 
+def mac_ceiling(iterations=20_000_000):
+    """What this CPU allows int8 at best: multiply-accumulates per second of the AVX2 int8 GEMM's inner
+    step (vpmaddwd: 16 int16 products summed in pairs, then vpaddd into int32) against fp32's
+    (vfmadd231ps: 8), each as 12 independent accumulators in a JIT-compiled loop (llvmlite), one
+    thread. Without VNNI (vpdpwssd fuses the add) int8 gets about 1.6x fp32's MACs per second on a
+    Zen 3, so int8 <= 0.5x fp32 needs more than the arithmetic offers."""
+    import ctypes
+    import llvmlite.binding as llvm
+    from llvmlite import ir
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8i, v16s, v8f = ir.VectorType(i32, 8), ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.FloatType(), 8)
+    mod = ir.Module("mac_ceiling")
+    mod.triple = llvm.get_process_triple()
+    madd = ir.Function(mod, ir.FunctionType(v8i, [v16s, v16s]), "llvm.x86.avx2.pmadd.wd")
+    fma = ir.Function(mod, ir.FunctionType(v8f, [v8f, v8f, v8f]), "llvm.fma.v8f32")
+    for name, vt in (("int8", v8i), ("fp32", v8f)):
+        fn = ir.Function(mod, ir.FunctionType(i32, [i64]), name)
+        b = ir.IRBuilder(fn.append_basic_block())
+        entry, loop, done = b.basic_block, fn.append_basic_block(), fn.append_basic_block()
+        b.branch(loop)
+        b.position_at_end(loop)
+        i = b.phi(i64)
+        i.add_incoming(ir.Constant(i64, 0), entry)
+        accs = [b.phi(vt) for _ in range(12)]
+        lane = b.add(b.insert_element(ir.Constant(v8i, ir.Undefined), b.trunc(i, i32), ir.Constant(i32, 0)),
+                     ir.Constant(v8i, [3] * 8))
+        if name == "int8":
+            new = [b.add(a, b.call(madd, [b.bitcast(a, v16s), b.bitcast(lane, v16s)])) for a in accs]
+        else:
+            x = b.sitofp(lane, v8f)
+            new = [b.call(fma, [a, x, a]) for a in accs]
+        for k, (a, v) in enumerate(zip(accs, new)):
+            a.add_incoming(ir.Constant(vt, [k if name == "int8" else float(k)] * 8), entry)
+            a.add_incoming(v, loop)
+        i2 = b.add(i, ir.Constant(i64, 1))
+        i.add_incoming(i2, loop)
+        b.cbranch(b.icmp_signed("<", i2, fn.args[0]), loop, done)
+        b.position_at_end(done)
+        total = new[0]
+        for v in new[1:]:
+            total = b.add(total, v) if name == "int8" else b.fadd(total, v)
+        e = b.extract_element(total, ir.Constant(i32, 0))
+        b.ret(e if name == "int8" else b.fptosi(e, i32))
+    tm = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2)
+    ee = llvm.create_mcjit_compiler(llvm.parse_assembly(str(mod)), tm)
+    ee.finalize_object()
+    out = {"cpu": llvm.get_host_cpu_name(), "load_average": round(os.getloadavg()[0], 2)}
+    for name, macs in (("int8", 12 * 16), ("fp32", 12 * 8)):
+        f = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64)(ee.get_function_address(name))
+        f(1000)
+        best = min(_timed(f, iterations) for _ in range(5))
+        out[f"gmac_per_s_{name}"] = round(iterations * macs / best / 1e9, 1)
+    out["int8_over_fp32_macs"] = round(out["gmac_per_s_int8"] / out["gmac_per_s_fp32"], 2)
+    return out
+
+
+def _timed(f, n):
+    t0 = time.perf_counter()
+    f(n)
+    return time.perf_counter() - t0
+
+
 def load_time_100mb():
     w = ModelWriter()
     for i in range(25):
@@ -247,6 +313,7 @@ def main():
     cnn = compare(cs, cx, clogits, cxv)
     cnn["int8"] = int8_vs_fp32(cs, cx, clogits, cxv)
     lt = load_time_100mb()
+    ceiling = mac_ceiling()
     both = (mob, cnn)
     # the int8 target on one thread, by the wall clock and by CPU time (robust to a loaded machine)
     int8_ok = all(max(r["int8"]["int8_over_fp32_1thread"], r["int8"]["cpu_int8_over_fp32_1thread"]) <= 0.5 for r in both)
@@ -256,6 +323,7 @@ def main():
     ort_ok = all(r["ratio_1thread"] <= 1.3 for r in both)
     agree_ok = mob["agreement"]["top1_agreement_edge_int8"] >= mob["agreement"]["top1_agreement_onnxruntime_quantize_static"]
     emit("edge", {"mobilenet_v2_96_batch1": mob, "cnn_batch1": cnn, "load": lt, "blas": blas_kernels(),
+                  "mac_ceiling_1thread": ceiling,
                   "compiled_kernels": jit.available(), "int8_gemm": int8_gemm.ready(),
                   "load_average": [load_before, round(os.getloadavg()[0], 2)],
                   "targets": {"int8_over_fp32_max": 0.5, "fp32_over_onnxruntime_max": 1.3, "int8_size_ratio_max": 0.3,

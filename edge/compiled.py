@@ -2,12 +2,15 @@
 
 numpy runs a depthwise convolution as an im2col copy (kh*kw times the input) and an einsum over
 it; the compiled kernels make one pass per (image, channel) row with the taps in registers
-(fp32: jit.depthwise; int8: jit.depthwise_int8, requantizing in the same loop). Chains of numpy
+(fp32: jit.depthwise; int8: jit.depthwise_int8, requantizing in the same loop), or, for 3x3
+kernels on AVX2 hosts, one pass per 8 channels interleaved into vectors (jit.depthwise_blocked,
+fp32 and int8 alike). Batch-1 GEMM convolutions with constant weights run jit.gemm_f32 (weights
+packed once, bias and clamp in the epilogue) after a compiled pad and im2col. Chains of numpy
 passes after a GEMM (bias + clamp, the int8 requantizations) become one compiled loop each.
 Whether a kernel uses them is decided once, when it is prepared (`use_compiled`: numba imports
-and ISTHMUS_JIT is not 0): the choice fixes the scratch the arena plans (the compiled depthwise
-needs one padded plane, `depthwise_scratch_elems`), so it cannot change per call. numba itself is imported when the first such kernel
-is bound, never at `import isthmus.edge`.
+and ISTHMUS_JIT is not 0): the choice fixes the scratch the arena plans (`depthwise_scratch_elems`:
+one padded plane, or a padded block of 8 channels and its output block), so it cannot change per
+call. numba itself is imported when the first such kernel is bound, never at `import isthmus.edge`.
 
 int8 runs float kernels on exact integers, so the result is the numpy path's bit for bit: see
 `exact_int8_bias`; the requantizations repeat numpy's float operations one for one.

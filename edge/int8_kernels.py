@@ -242,7 +242,8 @@ def conv(ctx: OpContext):
             x3, w3 = ins[0].reshape(n * c, h, wd), wnat.reshape(c, kh, kw)
             if fused:
                 return bind_int8_rows(x3, zx, w3, cbias, g, float(uni.lo - uni.zp), float(uni.hi - uni.zp),
-                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp, scratch=sc[i_dw], blocked=blocked)
+                                      outq3=outs[0].reshape(n * c, oh, ow), zy=uni.zp, scratch=sc[i_dw],
+                                      blocked=blocked)
             acc, tmp = sc[i_b], sc[i_a]
             step = bind_int8_rows(x3, zx, w3, cbias, g, -math.inf, math.inf, outf3=acc.reshape(n * c, oh, ow),
                                   scratch=sc[i_dw], blocked=blocked)

@@ -12,8 +12,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import CLAMPS, bind_bias_clamp, bind_blocked, bind_im2col, bind_packed_gemm, bind_rows, blocked_depthwise, \
-    depthwise_scratch_elems, packed_gemm, use_compiled
+from .compiled import (CLAMPS, bind_bias_clamp, bind_blocked, bind_im2col, bind_packed_gemm, bind_rows,
+                       blocked_depthwise, depthwise_scratch_elems, packed_gemm, use_compiled)
 from .format import EdgeModelError
 from .kernel_tables import KERNELS, kernel
 from .opcontext import OpContext, WideIm2col, clip_ufunc, conv_geometry, overlay, pool_geometry
@@ -137,7 +137,7 @@ def conv(ctx: OpContext):
             return _bind_compiled_depthwise(g, x, wt, ins[2] if has_bias else None, y, act_name, act, sc[i_dw],
                                             blocked)
         cols, acc = sc[i_cols], overlay(sc[i_a], *s_acc)
-        if gemm_direct:  # one image: pad and gather in two compiled passes (the phase buffer holds the padded image)
+        if gemm_direct:  # one image: pad and gather in two compiled passes (the phases' region holds the padding)
             gather = bind_im2col(x.reshape(c, h, w), g, overlay(sc[i_a], (c, g.h + t + b, g.w + l + r), np.float32),
                                  cols.reshape(c * kk, p))
         else:

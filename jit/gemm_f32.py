@@ -172,6 +172,9 @@ def im2col(pad, ws, kh, kw, sh, sw, dh, dw, cols, oh, ow):
                     if sw == 1:
                         for ox in range(ow):
                             dst[ox] = src[ox]
+                    elif sw == 2:  # a constant stride vectorizes (interleaved loads)
+                        for ox in range(ow):
+                            dst[ox] = src[2 * ox]
                     else:
                         for ox in range(ow):
                             dst[ox] = src[ox * sw]

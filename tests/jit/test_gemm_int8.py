@@ -54,6 +54,28 @@ def test_im2col_pairs_pads_with_the_zero_point(c, h, w, kh, kw, sh, sw, dh, dw, 
     np.testing.assert_array_equal(xq.reshape(kp + 1, p16)[:kp, :p], packed[:, :p])
 
 
+@pytest.mark.parametrize("o", [4, 8, 12, 16, 20, 28, 30, 64])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_requantized_rows_in_six_and_four_row_tiles(o, dtype):
+    """gemm_requantize_float with rows in 6-row tiles, then 4-row tiles, then scalar rows (o % 4),
+    and a last short column block: equal to the same float64 formula in numpy."""
+    rng = np.random.default_rng(o)
+    k, p = 37, 41
+    w = rng.integers(-255, 256, (o, k))
+    x = rng.integers(-128, 128, (k, p)).astype(np.int8)
+    xp = np.zeros(g8.packed_shape(k, p), np.int32)
+    g8.pack_rows(x, xp)
+    w32 = g8.pack_weights(w)
+    mf = np.ldexp(1.0, -rng.integers(9, 13, o)).astype(dtype)  # exact in float32 too
+    cf = (rng.integers(60, 200, o) + 0.5).astype(dtype)
+    acc, out = np.zeros((w32.shape[0], g8.NR), np.int32), np.zeros(o * p, np.int8)
+    g8.gemm_requantize_float(w32, xp, acc, mf, cf, 0.0, 255.0, out, o, p, p, 1)
+    t = (w @ x.astype(np.int64)).astype(np.float64) * mf[:, None].astype(np.float64) + cf[:, None].astype(np.float64)
+    want = (np.clip(t, 0.0, 255.0).astype(np.int32) - 128).astype(np.int8)
+    np.testing.assert_array_equal(out.reshape(o, p), want)
+    assert len(np.unique(want)) > 20
+
+
 def test_the_micro_kernel_multiplies_pairs_into_int32():
     """pmaddwd (or, on VNNI hosts, its fused form vpdpwssd) in the compiled loop."""
     w32 = g8.pack_weights(np.ones((4, 2), np.int64))

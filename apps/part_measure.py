@@ -1,5 +1,6 @@
 """Measure what an edge part costs beyond its kernels on this machine (issue 27): edge parts of
-several sizes of two small CNNs (a chain, and fire modules whose cuts send several tensors), int8
+several sizes of three CNNs (a chain, fire modules whose cuts send several tensors, and a wide
+chain with a network's worth of kernels), int8
 or fp32, each run by the real offload client against an in-process service; per part, the edge's
 CPU time per request less its node kernels' (each timed alone, hot, in run order), fitted into a
 PartCost (partitioner/part_cost.py). Timed hot in a loop, the interpreter's own overhead is 10-40
@@ -21,7 +22,8 @@ BOUNDARY_OPS = ("Quantize", "Dequantize")  # the quantizer's borders: part of th
 
 
 def _graphs():
-    """(graph, placeholder, output) of the chain and the fire-module CNN, random constant weights."""
+    """(graph, placeholder, output) of the chain, the fire-module CNN and a wide chain whose kernels
+    take what a whole network's do (what fits the part's kernel scale), random constant weights."""
     rng = np.random.default_rng(0)
 
     def conv(h, out, k, stride=1):
@@ -29,12 +31,16 @@ def _graphs():
         y = ism.conv2d(h, ism.constant(w), strides=stride, padding="SAME")
         return ism.relu(ism.bias_add(y, ism.constant(np.zeros(out, np.float32)), axis=1))
     out = []
-    for kind in ("chain", "fire"):
+    for kind in ("chain", "fire", "wide"):
         g = ism.Graph(seed=0)
         with g.as_default():
             x = ism.placeholder("float32", (1, 3, 64, 64), name="x")
-            h = conv(x, 16, 3, 2)
-            for c in ((24, 32, 48, 64) if kind == "chain" else (16, 32, 48)):
+            h = conv(x, 16 if kind != "wide" else 32, 3, 2)
+            if kind == "wide":  # a network's worth of kernels (2-4 ms here), maps from 32x32 to 2x2
+                for c, k, st in ((64, 3, 1), (64, 3, 2), (128, 3, 1), (128, 3, 2), (256, 1, 1), (256, 3, 2),
+                                 (512, 1, 1), (512, 3, 2), (128, 1, 1)):
+                    h = conv(h, c, k, st)
+            for c in ((24, 32, 48, 64) if kind == "chain" else (16, 32, 48) if kind == "fire" else ()):
                 if kind == "chain":
                     h = conv(h, c, 3, 2 if c in (32, 64) else 1)
                 else:
@@ -175,6 +181,17 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     return out
 
 
+def repriced(samples: List[Dict[str, float]], profile, cuts: int = 7) -> List[Dict[str, float]]:
+    """`samples` of part_samples (made with the same `cuts`) with "priced_s" by another profile: the
+    same measured parts fitted against other prices (PartCost.fit)."""
+    out = []
+    for mi, (g, x, y) in enumerate(_graphs()):
+        plans, _ = _plans(g, y, cuts)
+        prices = _priced(g, y, plans, profile)
+        out += [dict(s, priced_s=prices[s["cut"]]) for s in samples if s["model"] == mi]
+    return out
+
+
 def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None):
     """The PartCost fitted here, scaled to a device `slowdown` times slower; with `profile` (of this
     machine at 1x) its kernel_scale against that profile's prices too."""
@@ -183,4 +200,4 @@ def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None):
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 
 
-__all__ = ["measure_part_cost", "part_samples"]
+__all__ = ["measure_part_cost", "part_samples", "repriced"]

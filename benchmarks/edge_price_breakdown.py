@@ -89,7 +89,7 @@ def by_key(rows: List[dict]) -> Dict[str, dict]:
 
 def profiles(models, int8: bool):
     """(core profile, interpreter profile, its samples) calibrated here on the models' ops, one thread, CPU time."""
-    from isthmus.converters.edge_profile import OPS, measure_edge
+    from isthmus.converters.edge_profile import OPS, _measure, fused_share
     from isthmus.partitioner import calibrate as cal
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import EDGE
@@ -97,8 +97,10 @@ def profiles(models, int8: bool):
     for name in models:
         ops |= {n.op for n in MODELS[name]()[0].nodes}
     core = calibrate("core", sorted(ops), "quick", blas_threads=1, clock="cpu")
-    samples = measure_edge(sorted(ops & set(OPS)), "quick", int8)
+    measured = _measure(sorted(ops & set(OPS)), "quick", int8)
+    samples = [s for s, _ in measured]
     edge = replace(cal.fit(samples, "interpreter", EDGE), blas_threads=1)
+    edge = replace(edge, fused_steps=fused_share(edge, measured, edge.fused_steps))  # as calibrate_edge does
     return core, replace(edge, op_coeffs={**core.op_coeffs, **edge.op_coeffs}), samples
 
 

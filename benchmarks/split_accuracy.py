@@ -14,9 +14,11 @@ Mbit/s (both ways) with a 40 ms round trip, against a real `isthmus serve` subpr
 
 What is predicted is what `isthmus split` would predict with profiles of this machine: the cloud
 is this machine calibrated (`isthmus profile --quick --clock cpu --blas-threads 1` on the models'
-ops and the fused kernels the Session runs); the edge that profile x slowdown (--edge-prices
-interpreter: the edge interpreter's own kernels, `isthmus profile --runtime edge-int8` or edge-fp32), plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
-partitioner/part_cost.py) x slowdown; the client's own cost as `isthmus profile --client` measures
+ops and the fused kernels the Session runs); the edge by the edge interpreter's own kernels
+(`isthmus profile --runtime edge-int8` or edge-fp32; --edge-prices core: the cloud's profile) x
+slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
+partitioner/part_cost.py: per part, per boundary byte, and the scale of its kernels in a real part
+per request, fitted against the edge prices in use) x slowdown; the client's own cost as `isthmus profile --client` measures
 it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
 bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
 running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
@@ -226,9 +228,12 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
                 note = None
             pf = predicted_fields(pred, EDGE_DEVICE)
             m = meas[(s, mbps, k)] if sp.cuts[k].cloud_part else meas[(s, None, k)]
+            other = _other_pricing(graph, out, placements[k], cloud, client_cost, s, mbps, call_s, opts)
             rows.append({"model": name, "slowdown": s, "mbps": mbps, "mode": mode, "cut": sp.cuts[k].name,
                          "predicted": pf, "measured": m, "error": round(m["ms"] / pf["ms"] - 1, 4),
-                         **({"note": note} if note else {})})
+                         **({"note": note} if note else {}),
+                         **({"predicted_other": other, "error_other": round(m["ms"] / other["ms"] - 1, 4)}
+                            if other else {})})
         if branching:
             r = {x["mode"]: x for x in rows[-len(modes):]}
             gains.append({"model": name, "slowdown": s, "mbps": mbps,
@@ -237,6 +242,20 @@ def run_model(name: str, cloud, client_cost, opts, call_s_prior: float, part=Non
                           "measured_gain": round(r["layer_split"]["measured"]["ms"] / r["split"]["measured"]["ms"], 3)})
     return {"rows": rows, "gains": gains, "call_s_ms": round(call_s * 1e3, 3), "cuts": len(sp.cuts),
             "seconds": round(time.perf_counter() - t0, 1), "export_s": round(export_s, 1)}
+
+
+def _other_pricing(graph, out, placement, cloud, client_cost, s, mbps, call_s, opts):
+    """The same placement priced with the other edge prices (--edge-prices): paired with the same
+    measurement, so the two pricings are compared without run-to-run noise; None without one."""
+    if opts.other is None:
+        return None
+    from isthmus.partitioner.devices import EDGE_DEVICE
+    from isthmus.partitioner.plan import priced
+    from isthmus.partitioner.problem import Problem
+    edge_here, part = opts.other
+    p = Problem(graph, cost_model(cloud, client_cost, s, mbps, call_s, part, opts.emulated_client, edge_here), [out])
+    b, c = priced(p, p.assignment(placement))
+    return predicted_fields({"breakdown": b, "client_s": c}, EDGE_DEVICE)
 
 
 def measure(client, plans, sp, args, opts) -> dict:
@@ -281,11 +300,12 @@ def parse(argv=None):
                    help="edge slowdowns (default 8 20: at 1x the emulated edge is this machine in wall time, "
                         "which a loaded machine stretches: +280-310%% at load 9-11 here)")
     p.add_argument("--fp32", action="store_true", help="the fp32 edge model (default: int8)")
-    p.add_argument("--edge-prices", choices=("interpreter", "core"), default="core",
-                   help="the edge's kernels priced by the core Session's (isthmus profile; default) or by the edge "
-                        "interpreter's own (isthmus profile --runtime edge-int8/edge-fp32), x slowdown. Measured "
-                        "here (2026-11-27) the interpreter's one-node int8 timings priced whole int8 models 1.2-1.6x "
-                        "too low (edge-only +17..+64%%), the core's 0.9-1.45x too high (-7..-31%%)")
+    p.add_argument("--edge-prices", choices=("interpreter", "core"), default="interpreter",
+                   help="the edge's kernels priced by the edge interpreter's own (isthmus profile --runtime "
+                        "edge-int8/edge-fp32; default) or by the core Session's (isthmus profile), x slowdown, either "
+                        "with the part's kernel scale fitted against it (part_cost.py). Measured here (2026-11-27, "
+                        "5 Mbit/s, 8x and 20x, load 5-8) edge-only was within -9%%..+14%% with the interpreter's, "
+                        "+3%%..+36%% with the core's")
     p.add_argument("--no-part-cost", action="store_true",
                    help="price no edge part beyond its kernels (the model before issue 27's item 1)")
     p.add_argument("--client-scaled", action="store_true",
@@ -314,16 +334,21 @@ def main(argv=None) -> int:
     for name in opts.models:
         ops |= {n.op for n in MODELS[name]()[0].nodes}
     cloud = calibrate("this-machine", sorted(ops), "quick", blas_threads=1, clock="cpu")
-    opts.edge_here = None
-    if opts.edge_prices == "interpreter":
-        from isthmus.converters.edge_profile import OPS, calibrate_edge
-        edge = calibrate_edge("edge-here", sorted(ops & set(OPS)), "quick", int8=not opts.fp32)
-        # an op the interpreter is not timed on (Concat, Reshape) keeps the core's price, not the edge fit's default
-        opts.edge_here = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
+    from isthmus.apps.part_measure import repriced
+    from isthmus.converters.edge_profile import OPS, calibrate_edge
+    edge = calibrate_edge("edge-here", sorted(ops & set(OPS)), "quick", int8=not opts.fp32)
+    # an op the interpreter is not timed on (Reshape) keeps the core's price, not the edge fit's default
+    interp = replace(edge, op_coeffs={**cloud.op_coeffs, **edge.op_coeffs})
     client_cost = measure_client_cost(10)
-    # the part's cost and the edge kernels' scale in a real part, fitted against the prices the edge gets
-    here = replace(opts.edge_here or cloud, kernel_table="edge")
-    part = None if opts.no_part_cost else PartCost.fit(part_samples(int8=not opts.fp32, profile=here))
+    # the part's cost and the edge kernels' scale in a real part, fitted against each edge pricing (the
+    # parts are measured once): the chosen one prices the plans, the other is reported beside it
+    pricings = {"interpreter": interp, "core": None}
+    samples = None if opts.no_part_cost else part_samples(int8=not opts.fp32, profile=replace(interp, kernel_table="edge"))
+    parts = {"interpreter": None if samples is None else PartCost.fit(samples),
+             "core": None if samples is None else PartCost.fit(repriced(samples, replace(cloud, kernel_table="edge")))}
+    mine, theirs = opts.edge_prices, ("core" if opts.edge_prices == "interpreter" else "interpreter")
+    opts.edge_here, part = pricings[mine], parts[mine]
+    opts.other = (pricings[theirs], parts[theirs])
     print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
           f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     results, call_s = {}, 0.5e-3
@@ -343,6 +368,8 @@ def main(argv=None) -> int:
            "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
            "part_cost": None if part is None else part.to_dict(), "edge_prices": opts.edge_prices,
            "summary": aggregate(rows), "gains": gains,
+           "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else parts[theirs].to_dict(),
+                                 "summary": aggregate([{**x, "error": x["error_other"]} for x in rows])},
            "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
            "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),
                       "max_first_over_steady": round(max(switch), 3)},

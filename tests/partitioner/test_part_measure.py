@@ -4,7 +4,7 @@ plan's pricing does, and the fit writes a part section into the profile."""
 import numpy as np
 
 from isthmus.apps import cli
-from isthmus.apps.part_measure import _graphs, part_samples
+from isthmus.apps.part_measure import _graphs, part_samples, repriced
 from isthmus.partitioner.devices import DeviceProfile
 
 
@@ -13,7 +13,7 @@ def test_samples_count_the_boundary_and_time_the_parts():
     from isthmus.partitioner.devices import CLOUD
     samples = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"))
     graphs = _graphs()
-    assert sorted({s["model"] for s in samples}) == [0, 1]
+    assert sorted({s["model"] for s in samples}) == [0, 1, 2]
     for mi, (g, x, y) in enumerate(graphs):
         mine = [s for s in samples if s["model"] == mi]
         assert len(mine) == 3  # cloud-only, one inside, edge-only
@@ -27,6 +27,10 @@ def test_samples_count_the_boundary_and_time_the_parts():
         assert cloud_only["priced_s"] == 0.0 < mine[1]["priced_s"] < edge_only["priced_s"]
         for s in mine:
             assert s["seconds"] >= 0.0 and s["edge_s"] > 0.0 and np.isfinite(s["edge_s"])
+    # the same parts priced by another profile (twice as slow): the measurements kept, the prices doubled
+    again = repriced(samples, replace(CLOUD, kernel_table="edge").scaled(2.0), cuts=3)
+    assert [s["edge_s"] for s in again] == [s["edge_s"] for s in samples]
+    assert np.allclose([s["priced_s"] for s in again], [2 * s["priced_s"] for s in samples])
 
 
 def test_profile_parts_writes_the_part_section(tmp_path, capsys, monkeypatch):

@@ -26,6 +26,12 @@ def split_mlp():
     return partition(g, placement, [y], return_to=EDGE_DEVICE)
 
 
+def _check_transit(t, emulated_s):
+    span_us = t.recv.end_us - t.send.start_us
+    assert 0.9 * emulated_s * 1e6 <= span_us < 2e6
+    assert 0.0 <= t.transit_us <= span_us
+
+
 def test_traced_split_run():
     xv = RNG.standard_normal((8, 32)).astype(np.float32)
     want = np.tanh(xv @ W1) @ W2  # numpy reference
@@ -51,11 +57,14 @@ def test_traced_split_run():
     for t in up:
         assert t.dst_device == CLOUD_DEVICE and t.nbytes == 8 * 64 * 4 == t.recv.transfer_bytes
         assert t.send.device == EDGE_DEVICE and t.recv.device == CLOUD_DEVICE
-        # the Recv cannot finish before the emulated upload: on one timeline with the Send
-        assert 0.9 * link.upload_time(t.nbytes) * 1e6 <= t.transit_us < 2e6
+        # the Recv cannot finish before the emulated upload, which starts when the Send hands the value
+        # over (between the Send's start and end): on one timeline with the Send. transit_us starts at the
+        # Send's end, so a sender thread descheduled after the hand-over (a loaded machine: pytest -n 2
+        # beside a CPU hog) shortens it by as much; it is never longer than the whole span
+        _check_transit(t, link.upload_time(t.nbytes))
     for t in down:
         assert t.dst_device == EDGE_DEVICE and t.nbytes == 8 * 10 * 4
-        assert 0.9 * link.download_time(t.nbytes) * 1e6 <= t.transit_us < 2e6
+        _check_transit(t, link.download_time(t.nbytes))
     # the n-th Send of a key pairs with the n-th Recv: the second step's after the first's
     first, second = sorted(up, key=lambda t: t.send.start_us)
     assert first.recv.end_us <= second.recv.end_us and first.send.end_us <= second.send.start_us
@@ -67,7 +76,8 @@ def test_traced_split_run():
     s_ = {e["id"]: e for e in ev if e["ph"] == "s"}
     f_ = {e["id"]: e for e in ev if e["ph"] == "f"}
     assert len(s_) == 4 and s_.keys() == f_.keys()
-    assert all(s_[i]["args"]["transit_us"] >= 0.9 * 5e3 for i in s_)  # at least half the 10 ms round trip
+    # the flow events carry the transfers' own transit times (bounded above: see _check_transit)
+    assert sorted(s_[i]["args"]["transit_us"] for i in s_) == sorted(round(t.transit_us, 3) for t in ts)
     assert sorted((procs[s_[i]["pid"]], procs[f_[i]["pid"]], s_[i]["args"]["bytes"]) for i in s_) == sorted(
         [(EDGE_DEVICE, CLOUD_DEVICE, 2048)] * 2 + [(CLOUD_DEVICE, EDGE_DEVICE, 320)] * 2)
 

@@ -1,4 +1,5 @@
-"""2x2 max pooling at stride 2 in one compiled pass, for the edge's int8 and fp32 MaxPool.
+"""2x2 max pooling at stride 2 (and its gradient) in one compiled pass, for the edge's int8 and fp32
+MaxPool and core's MaxPool/MaxPoolGrad (over chunks of rows on the intra-op threads: nogil).
 
 numpy pools as one pass per window tap over strided views of the whole tensor; at batch 1 with
 small planes each pass pays numpy's iterator per output row (the core CNN's 2x2 pools on
@@ -36,3 +37,35 @@ def max_pool_2x2_float_rows(x, out):
             dst, a, b = orr[oy], xr[2 * oy], xr[2 * oy + 1]
             for ox in range(ow):
                 dst[ox] = np.maximum(np.maximum(a[2 * ox], a[2 * ox + 1]), np.maximum(b[2 * ox], b[2 * ox + 1]))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def max_pool_2x2_grad_rows(x, y, dy, dx, through_relu):
+    """dx [R, 2, 2 OW] = the gradient of a 2x2 stride-2 max pool over row pairs (x [R, 2, 2 OW] its
+    input, y [R, OW] its output, R = planes x OH): each window's dy goes to the first element
+    (row-major) equal to its maximum. through_relu: dy is first multiplied by (y > 0)
+    (max_pool_grad_through_relu). Every element is written as dy times a 1.0 or 0.0 mask, as
+    numpy's mask multiplies do (a NaN or inf dy leaves NaN beside its maximum; a NaN window sends
+    nothing). Three branch-free loops per row pair, each over contiguous runs."""
+    ow = y.shape[1]
+    t = dy.dtype.type
+    one = t(1)
+    free = np.empty(ow, dy.dtype)  # 1 where row 0 of the window holds no hit
+    dd = np.empty(ow, dy.dtype)
+    for r in range(y.shape[0]):
+        a, b, da, db, ym, dym = x[r, 0], x[r, 1], dx[r, 0], dx[r, 1], y[r], dy[r]
+        for ox in range(ow):
+            dd[ox] = dym[ox] * t(ym[ox] > 0) if through_relu else dym[ox]
+        for ox in range(ow):
+            m, d = ym[ox], dd[ox]
+            e0 = t(a[2 * ox] == m)
+            e1 = t(a[2 * ox + 1] == m) * (one - e0)
+            da[2 * ox] = d * e0
+            da[2 * ox + 1] = d * e1
+            free[ox] = one - e0 - e1
+        for ox in range(ow):
+            m, d = ym[ox], dd[ox]
+            e2 = t(b[2 * ox] == m) * free[ox]
+            e3 = t(b[2 * ox + 1] == m) * (free[ox] - e2)
+            db[2 * ox] = d * e2
+            db[2 * ox + 1] = d * e3

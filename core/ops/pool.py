@@ -74,6 +74,18 @@ def _max_pool_pairs(xp, x, g):
     return out
 
 
+def _max_pool_pairs_compiled(x, g):
+    """One compiled pass (jit.pool, the edge's kernel) over chunks of (image, channel) planes on the
+    intra-op threads: numpy's two passes pay their iterator per output row on small planes, and
+    each pass is a trip through memory (64x32x28x28: 2.3 ms in numpy, one thread)."""
+    from ...jit.pool import max_pool_2x2_float_rows  # deferred: jit.pool loads numba
+    n, c, h, w = x.shape
+    out = np.empty((n, c, g.oh, g.ow), x.dtype)
+    x3, y3 = x.reshape(n * c, h, w), out.reshape(n * c, g.oh, g.ow)
+    rows_apply(np, lambda lo, hi: max_pool_2x2_float_rows(x3[lo:hi], y3[lo:hi]), n * c, x.nbytes)
+    return out
+
+
 def _kernel_max_pool(node, ctx):
     """The running maximum over kernel taps: kh*kw elementwise ops on output-sized strided
     views, several times faster than a numpy reduction over window axes."""
@@ -82,14 +94,8 @@ def _kernel_max_pool(node, ctx):
     def run(x):
         g = _pool_geometry(node, x.shape)
         if _pairs_tiled(g, x.shape) and x.flags.c_contiguous:
-            if x.dtype.kind == "f" and x.shape[0] == 1 and compiled_ok(xp, x.dtype):
-                # batch 1: one compiled pass (jit.pool, the edge's kernel; numpy's two passes pay their
-                # iterator per output row on small planes)
-                from ...jit.pool import max_pool_2x2_float_rows  # deferred: jit.pool loads numba
-                n, c, h, w = x.shape
-                out = np.empty((n, c, g.oh, g.ow), x.dtype)
-                max_pool_2x2_float_rows(x.reshape(n * c, h, w), out.reshape(n * c, g.oh, g.ow))
-                return out
+            if x.dtype.kind == "f" and compiled_ok(xp, x.dtype):
+                return _max_pool_pairs_compiled(x, g)
             return _max_pool_pairs(xp, x, g)
         xpad = padded_copy(xp, x, g.pads, _lowest(x.dtype))
         taps = _taps(g)
@@ -148,6 +154,25 @@ def _max_pool_grad_split(xp, x, y, dy, g):
     return dx[0] if dx else out
 
 
+def _max_pool_grad_compiled(x, y, dy, g, through_relu: bool):
+    """MaxPoolGrad of _pairs_tiled windows as one compiled pass (jit.pool) over chunks of (image,
+    channel) planes on the intra-op threads: the same values as _max_pool_grad_pairs' mask passes
+    (ties, NaN and the relu mask alike), in one trip through memory instead of about ten."""
+    from ...jit.pool import max_pool_2x2_grad_rows  # deferred: jit.pool loads numba
+    n, c, h, w = x.shape
+    rows = n * c * g.oh  # pairs of input rows, one row of windows each
+    x3 = np.ascontiguousarray(x).reshape(rows, 2, w)
+    y2 = np.ascontiguousarray(y).reshape(rows, g.ow)
+    dy2 = np.ascontiguousarray(dy).reshape(rows, g.ow)
+    dx = np.empty((n, c, h, w), x.dtype)
+    dx3 = dx.reshape(rows, 2, w)
+
+    def part(lo, hi):
+        max_pool_2x2_grad_rows(x3[lo:hi], y2[lo:hi], dy2[lo:hi], dx3[lo:hi], through_relu)
+    rows_apply(np, part, rows, 2 * x.nbytes + 2 * y.nbytes)
+    return dx
+
+
 def _kernel_max_pool_grad(node, ctx):
     xp = ctx.xp
 
@@ -155,6 +180,8 @@ def _kernel_max_pool_grad(node, ctx):
 
     def run(x, y, dy):
         g = _pool_geometry(node, x.shape)
+        if _pairs_tiled(g, x.shape) and x.dtype == y.dtype == dy.dtype and compiled_ok(xp, x.dtype):
+            return _max_pool_grad_compiled(x, y, dy, g, through_relu)
         if through_relu:  # see math.max_pool_grad_through_relu: the relu's mask at the pooled size
             dy = xp.multiply(dy, y > 0)
         if _pairs_tiled(g, x.shape) and x.dtype == np.float32:

@@ -52,14 +52,16 @@ def fast_paths(monkeypatch):
             calls[name] = calls.get(name, 0) + 1
             return fn(*a, **k)
         monkeypatch.setattr(pool_mod, name, wrapper)
-    for name in ("_max_pool_pairs", "_max_pool_grad_pairs"):
+    for name in ("_max_pool_pairs", "_max_pool_grad_pairs", "_max_pool_pairs_compiled", "_max_pool_grad_compiled"):
         counted(name)
     return calls
 
 
+@pytest.mark.parametrize("jit_on", ["1", "0"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("data", ["distinct", "ties", "relu"])
-def test_max_pool_2x2_forward_and_grad_match_loops(dtype, data, fast_paths):
+def test_max_pool_2x2_forward_and_grad_match_loops(dtype, data, fast_paths, jit_on, monkeypatch):
+    monkeypatch.setenv("ISTHMUS_JIT", jit_on)
     shape = (3, 4, 8, 10)
     x = {"distinct": lambda: rng.standard_normal(shape),
          "ties": lambda: _tied(shape, np.float64),
@@ -75,8 +77,42 @@ def test_max_pool_2x2_forward_and_grad_match_loops(dtype, data, fast_paths):
     np.testing.assert_array_equal(y, want_y)
     np.testing.assert_array_equal(dx, ref_max_pool_grad(x, dy, (2, 2), (2, 2)))
     assert dx.dtype == dtype
-    assert fast_paths == ({"_max_pool_pairs": 1, "_max_pool_grad_pairs": 1} if dtype == np.float32
-                          else {"_max_pool_pairs": 1})  # float64 gradients take the general kernel
+    if jit_on == "1" and ism.jit.available():  # compiled passes (jit.pool), both dtypes
+        assert fast_paths == {"_max_pool_pairs_compiled": 1, "_max_pool_grad_compiled": 1}
+    else:
+        assert fast_paths == ({"_max_pool_pairs": 1, "_max_pool_grad_pairs": 1} if dtype == np.float32
+                              else {"_max_pool_pairs": 1})  # numpy: float64 gradients take the general kernel
+
+
+def _pool_grad_through_relu(z, dy, jit_on, monkeypatch):
+    """dz of max_pool(relu(z)) (the relu folds into MaxPoolGrad's through_relu)."""
+    monkeypatch.setenv("ISTHMUS_JIT", jit_on)
+    g = ism.Graph()
+    with g.as_default():
+        zp = ism.placeholder(z.dtype, z.shape)
+        dz, = ism.gradients(ism.max_pool(ism.relu(zp), 2), [zp], grad_ys=ism.constant(dy))
+        assert any(n.op == "MaxPoolGrad" and n.attrs["through_relu"] for n in g.nodes)
+        return ism.Session(g, device="cpu").run(dz, {zp: z})
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_compiled_max_pool_grad_gives_numpys_bytes_through_relu_with_nan_and_inf(monkeypatch):
+    """jit.pool's gradient and numpy's mask passes agree bit for bit: ties after the relu, a NaN
+    window (sends nothing), an inf and a NaN dy (NaN beside its maximum: dy times a zero mask)."""
+    if not ism.jit.available():
+        pytest.skip("numba is not available")
+    z = _tied((2, 3, 6, 8), np.float32)
+    z[0, 0, 0, 0] = np.nan
+    z[1, 2, 0:2, 2:4] = [[2, 1], [0, 2]]  # a tie for the maximum 2: the first takes the inf below
+    dy = rng.standard_normal((2, 3, 3, 4)).astype(np.float32)
+    dy[1, 2, 0, 1], dy[0, 1, 2, 3] = np.inf, np.nan
+    got = _pool_grad_through_relu(z, dy, "1", monkeypatch)
+    want = _pool_grad_through_relu(z, dy, "0", monkeypatch)
+    assert got.tobytes() == want.tobytes()
+    x, d = np.maximum(z[1:, :2], 0), dy[1:, :2]  # a corner without NaN or inf, against the loops
+    d = d * (x.reshape(1, 2, 3, 2, 4, 2).max(axis=(3, 5)) > 0)
+    np.testing.assert_array_equal(got[1:, :2], ref_max_pool_grad(x, d, (2, 2), (2, 2)))
+    assert np.isinf(got[1, 2, 0, 2]) and np.isnan(got[1, 2, 0:2, 2:4]).sum() == 3
 
 
 @pytest.mark.parametrize("shape,ksize,strides", [((2, 3, 7, 6), 2, None),   # odd height: the general path

@@ -152,6 +152,8 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
             return _one_image_compiled(x, w, g, bias, finish, packed)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
+            if _images_compiled_pays(xp, x, w, g, bias, finish):
+                return _images_compiled(x, w, g, bias, finish.clamp)
             return _im2col_per_image(xp, x, w, g, bias, finish)
         return _nchw_finished(xp, _conv_rows(xp, x, w, g, row_weights(w)), bias, finish)
     return conv
@@ -209,6 +211,38 @@ def _one_image_compiled(x, w, g, bias, finish, packed):
         serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols, out=y))
         finish(y, bias)
     return out
+
+
+def _images_compiled_pays(xp, x, w, g, bias, finish) -> bool:
+    """Whether _images_compiled serves: float32, groups 1, a clamp activation, and a GEMM shape the
+    packed kernel runs at least as fast as BLAS (jit.gemm_f32.packed_pays)."""
+    if (g.groups != 1 or finish.clamp is None or not compiled_ok(xp, x.dtype) or x.dtype != np.float32
+            or w.dtype != np.float32 or (bias is not None and bias.dtype != np.float32)):
+        return False
+    from ...jit.gemm_f32 import packed_pays  # deferred: loads llvmlite, numba
+    return packed_pays(w.shape[0], x.shape[1] * g.kh * g.kw, g.oh * g.ow)
+
+
+def _images_compiled(x, w, g, bias, clamp):
+    """A batch's convolution as compiled calls over chunks of images on the intra-op threads
+    (jit.conv_images: im2col and the packed GEMM with bias and clamp, nogil), not a Python loop of
+    per-image copies, BLAS products and bias passes. Chunks change no arithmetic: each image's
+    output is the same whichever thread computes it."""
+    from ...jit.conv_images import conv_images_bias_clamp  # deferred: loads llvmlite, numba
+    from ...jit.gemm_f32 import pack_weights
+    n, c = x.shape[0], x.shape[1]
+    o = w.shape[0]
+    xpad = padded_copy(np, x, g.pads)
+    hp, wp = xpad.shape[2], xpad.shape[3]
+    packed = pack_weights(w.reshape(o, -1))
+    b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+    geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow], np.int64)
+    out = np.empty((n, o, g.oh * g.ow), np.float32)
+    x3 = xpad.reshape(n, c, hp * wp)
+    lo, hi = np.float32(clamp[0]), np.float32(clamp[1])
+    rows_apply(np, lambda i0, i1: conv_images_bias_clamp(x3, wp, packed, b, lo, hi, geo, out, i0, i1), n,
+               out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * 4)
+    return out.reshape(n, o, g.oh, g.ow)
 
 
 def _im2col_per_image(xp, x, w, g, bias, finish):

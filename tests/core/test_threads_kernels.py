@@ -138,3 +138,32 @@ def test_split_matmul_matches_numpy(fan_outs, m, n):
         got = intra_op.matmul(np, a, b.T.copy().T)  # a column-strided b, as the conv gradients pass
     assert fan_outs == [2]
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["relu", "none"])
+def test_compiled_batch_conv_splits_by_images_with_the_same_bytes(fan_outs, monkeypatch, act):
+    """A batch's im2col convolution (few input channels: no row taps) runs as compiled calls over
+    chunks of images (jit.conv_images); two threads give one thread's bytes, and both the float64
+    reference's values."""
+    from isthmus.core.ops import conv as conv_mod
+    if not ism.jit.available():
+        pytest.skip("numba is not available")
+    used = []
+    real = conv_mod._images_compiled
+    monkeypatch.setattr(conv_mod, "_images_compiled", lambda *a: used.append(1) or real(*a))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 3, 9, 11)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 5, 5)).astype(np.float32) * 0.2
+    b = rng.standard_normal(8).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xt = ism.placeholder(np.float32, x.shape, name="x")
+        y = ism.conv2d(xt, ism.constant(w), padding="SAME") + ism.reshape(ism.constant(b), (1, 8, 1, 1))
+        y = ism.relu(y) if act == "relu" else y
+    two = ism.Session(g, intra_op_threads=2).run(y, {xt: x})
+    assert used and max(fan_outs) == 2
+    one = ism.Session(g, intra_op_threads=1).run(y, {xt: x})
+    assert two.tobytes() == one.tobytes()
+    pre, _, _ = _conv_ref(x, w, 2)
+    pre += b.reshape(1, 8, 1, 1)
+    np.testing.assert_allclose(two, np.maximum(pre, 0) if act == "relu" else pre, rtol=1e-4, atol=1e-4)

@@ -29,7 +29,7 @@ from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, 
 from .conv_pointwise import Finish, PackedGemm, Pointwise
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
-from .intra_op import add_into, contiguous, copy_into, rows_apply, serial_blas
+from .intra_op import add_into, contiguous, copy_into, matmul_ksplit, rows_apply, serial_blas
 from .intra_op import matmul as split_matmul
 
 __all__ = ["conv2d", "depthwise_conv2d"]
@@ -441,14 +441,14 @@ def _kernel_conv_filter(node, ctx):
                 if hi <= lo:
                     rows[i] = 0
                 else:
-                    split_matmul(xp, dy_t[:, lo * run_:hi * run_], cols[:, src * run_:(src + hi - lo) * run_].T,
-                                 out=rows[i])
+                    matmul_ksplit(xp, dy_t[:, lo * run_:hi * run_], cols[:, src * run_:(src + hi - lo) * run_].T,
+                                  out=rows[i])
             return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
         xt = _chwn_padded(xp, x, g.pads)
         out = xp.empty(w.shape, dtype=x.dtype)
         for k in range(groups):
             cols = _cols_chwn(xp, xt, g, k * cg, (k + 1) * cg)
-            out[k * og:(k + 1) * og] = (dy_t[k * og:(k + 1) * og] @ cols.T).reshape(og, cg, g.kh, g.kw)
+            out[k * og:(k + 1) * og] = matmul_ksplit(xp, dy_t[k * og:(k + 1) * og], cols.T).reshape(og, cg, g.kh, g.kw)
         return out
     return run
 
@@ -478,7 +478,7 @@ def _filter_grad_cnhw(xp, x, dy, w, g):
                      (s0, g.dh * s2, g.dw * s3, s1, g.sh * s2, g.sw * s3), writeable=False)
     cols = contiguous(xp, win, axis=3).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
     dyc = contiguous(xp, dy.transpose(1, 0, 2, 3), axis=1).reshape(o, n * g.oh * g.ow)
-    return split_matmul(xp, cols, dyc.T).T.reshape(w.shape)
+    return matmul_ksplit(xp, cols, dyc.T).T.reshape(w.shape)
 
 
 register(OpDef("Conv2DBackpropInput", inputs=("dy", "w", "x"), attrs=_conv_attrs(),

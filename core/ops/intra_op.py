@@ -110,4 +110,52 @@ def matmul(xp, a, b, out=None):
     return out
 
 
-__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul"]
+# matmul_ksplit: at most this many parts, each of at least _KSPLIT_MIN_K contracted columns and
+# _KSPLIT_FLOPS_PER_CHUNK times MIN_CHUNK_FLOPS (the count depends on the shape only)
+_KSPLIT_MAX_PARTS = 8
+_KSPLIT_MIN_K = 64
+_KSPLIT_FLOPS_PER_CHUNK = 8
+
+
+def ksplit_parts(m: int, k: int, n: int) -> int:
+    """How many parts matmul_ksplit cuts a [m, k] @ [k, n] product's contraction into: a function of
+    the shape alone, never of the thread count, so the partial sums and their bits are the same
+    on any number of threads. 1: no split (the contraction is not the long side, or too little work)."""
+    if k < 4 * max(m, n):
+        return 1
+    flops = 2 * m * n * k
+    return max(1, min(_KSPLIT_MAX_PARTS, k // _KSPLIT_MIN_K,
+                      flops // (_KSPLIT_FLOPS_PER_CHUNK * threads.MIN_CHUNK_FLOPS)))
+
+
+def matmul_ksplit(xp, a, b, out=None):
+    """a [M, K] @ b [K, N] for a long contraction and a small output (a filter gradient: [O, C*k]
+    over every pixel of the batch) as the sum, in order, of ksplit_parts products over fixed ranges
+    of K, the parts spread over the intra-op threads (one BLAS thread each). Split by rows or
+    columns (matmul), every thread would read and pack the whole of the long operand that is not
+    split: the CNN's first filter gradient, [25, 50176] @ [50176, 32], ran slower on two threads
+    than on one that way."""
+    m, k = a.shape
+    n = b.shape[1]
+    parts = ksplit_parts(m, k, n) if xp is np and a.ndim == b.ndim == 2 else 1
+    if parts <= 1:
+        return matmul(xp, a, b, out=out)
+    bounds = [k * i // parts for i in range(parts + 1)]
+    partial = np.empty((parts, m, n), dtype=np.result_type(a, b))
+
+    def run(lo, hi):
+        for j in range(lo, hi):
+            np.matmul(a[:, bounds[j]:bounds[j + 1]], b[bounds[j]:bounds[j + 1]], out=partial[j])
+    flops = 2 * m * n * k
+    fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts))
+    if out is None:
+        out = partial[0]
+    else:
+        out[...] = partial[0]
+    for j in range(1, parts):
+        np.add(out, partial[j], out=out)
+    return out
+
+
+__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul", "matmul_ksplit",
+           "ksplit_parts"]

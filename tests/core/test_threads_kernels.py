@@ -167,3 +167,42 @@ def test_compiled_batch_conv_splits_by_images_with_the_same_bytes(fan_outs, monk
     pre, _, _ = _conv_ref(x, w, 2)
     pre += b.reshape(1, 8, 1, 1)
     np.testing.assert_allclose(two, np.maximum(pre, 0) if act == "relu" else pre, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c,o", [(1, 8), (16, 12)])  # the (n, oh, ow) columns path and the row-taps path
+def test_filter_gradients_split_along_the_contraction_give_one_threads_bytes(fan_outs, monkeypatch, c, o):
+    """Conv2DBackpropFilter's GEMMs (small output, every pixel of the batch contracted) run as fixed
+    parts of K on the threads: two threads give one thread's bytes, and the reference's values."""
+    parts = []
+    real = intra_op.ksplit_parts
+    monkeypatch.setattr(intra_op, "ksplit_parts", lambda *a: parts.append(real(*a)) or parts[-1])
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((6, c, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((o, c, 5, 5)).astype(np.float32) * 0.2
+    r = rng.standard_normal((6, o, 10, 10)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")
+        rt = ism.placeholder(np.float32, r.shape, name="r")
+        (dw,) = ism.gradients(ism.reduce_sum(ism.conv2d(xt, wt, padding="SAME") * rt), [wt])
+    feed = {xt: x, wt: w, rt: r}
+    two = ism.Session(g, intra_op_threads=2).run(dw, feed)
+    assert parts and min(parts) > 1 and max(fan_outs) == 2
+    one = ism.Session(g, intra_op_threads=1).run(dw, feed)
+    assert two.tobytes() == one.tobytes()
+    np.testing.assert_allclose(two, _conv_grads_ref(x, w, r, 2)[1], rtol=1e-4, atol=1e-3)
+
+
+def test_matmul_ksplit_sums_fixed_parts_whatever_the_threads(fan_outs):
+    rng = np.random.default_rng(17)
+    a = rng.standard_normal((5, 3000)).astype(np.float32)
+    b = rng.standard_normal((7, 3000)).astype(np.float32).T  # a transposed view, as the gradients pass
+    assert intra_op.ksplit_parts(5, 3000, 7) == intra_op._KSPLIT_MAX_PARTS
+    with threads.IntraOpThreads(2):
+        two = intra_op.matmul_ksplit(np, a, b)
+    assert fan_outs == [2]
+    with threads.IntraOpThreads(1):
+        one = intra_op.matmul_ksplit(np, a, b, out=np.empty((5, 7), np.float32))
+    assert two.tobytes() == one.tobytes()
+    np.testing.assert_allclose(two, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert intra_op.ksplit_parts(64, 100, 64) == 1  # a short contraction: matmul's row/column split

@@ -2,7 +2,7 @@
 
 Calibration runs the (frozen, optimized) graph on representative feeds and records each
 activation's range (min/max, or a percentile); activations become asymmetric per-tensor int8,
-conv and dense weights symmetric per-channel int8, biases int32 at scale s_in * s_w. Ops
+conv, transposed-conv and dense weights symmetric per-channel int8, biases int32 at scale s_in * s_w. Ops
 without an int8 kernel stay fp32, with Quantize/Dequantize at their borders.
 """
 from __future__ import annotations
@@ -219,10 +219,14 @@ def quantize_to_edge(session, outputs: Sequence[Union[Tensor, str]], calibration
         if n in int8:
             report["int8_ops"] += 1
             ins = []
-            if n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul") and n.inputs[1].node.op == "Const":
+            if (n.op in ("Conv2D", "FusedConv2D", "MatMul", "FusedMatMul", "ConvTranspose2D")
+                    and n.inputs[1].node.op == "Const"):
                 x = n.inputs[0]
                 wv = np.asarray(n.inputs[1].node.attrs["value"], np.float64)
-                axis = 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1  # the output channels
+                # the output channels: axis 0 of a conv's [O, C, kh, kw], axis 1 of a transposed conv's
+                # [C, O/groups, kh, kw] (one scale per channel shared by the groups, as TFLite's int8
+                # TRANSPOSE_CONV takes symmetric weights), the columns of a dense layer's [in, out]
+                axis = 1 if n.op == "ConvTranspose2D" else 0 if n.op.endswith("Conv2D") or n.attrs.get("transpose_b") else 1
                 red = tuple(i for i in range(wv.ndim) if i != axis)
                 s_w = np.maximum(np.abs(wv).max(axis=red), 1e-12) / 127.0
                 cq = qdqp.constants.get(n.inputs[1].name)

@@ -8,8 +8,9 @@ the full VALID output (fh + output_padding rows: TFLite's and XNNPACK's shape ru
 which a SLICE keeps the edge's rows [top, top + oh) and columns [left, left + ow). Weights go from the
 edge's [C, O/groups, kh, kw] to TFLite's [O, kh, kw, C] without flipping: both scatter input (i, j)
 through tap (ki, kj) to output (i s + ki d, j s + kj d). TFLite's int8 kernel takes symmetric weights
-only: asymmetric per-tensor weights (what converters/quantize.py gives ConvTranspose2D today) whose
-values minus the zero point leave [-127, 127] run in float between DEQUANTIZE and QUANTIZE. A free batch
+only (converters/quantize.py gives ConvTranspose2D symmetric per-channel weights): asymmetric per-tensor
+weights (from another quantizer) whose values minus the zero point leave [-127, 127] run in float
+between DEQUANTIZE and QUANTIZE. A free batch
 takes the output shape from the input's at run time (SHAPE): LiteRT then sizes the output per invoke.
 """
 from __future__ import annotations

@@ -18,6 +18,20 @@ from isthmus.edge.loader import loads
 from .test_writer_ops import output_step, run_litert, run_onnx
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
+tflite = pytest.importorskip("tflite")
+
+
+def _tflite_filter_type(data: bytes, builtin: str) -> int:
+    """The tensor type of the weights (input 1) of the first `builtin` op in a .tflite file."""
+    m = tflite.Model.GetRootAs(data, 0)
+    code = getattr(tflite.BuiltinOperator, builtin)
+    g = m.Subgraphs(0)
+    for k in range(g.OperatorsLength()):
+        op = g.Operators(k)
+        oc = m.OperatorCodes(op.OpcodeIndex())
+        if max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode()) == code:
+            return g.Tensors(op.Inputs(1)).Type()
+    raise AssertionError(f"no {builtin} in the file")
 
 
 def mobile_block(batch: int):
@@ -68,7 +82,13 @@ def test_int8_model_in_litert_and_onnxruntime_within_the_quantization_drift():
     m = loads(edge)
     int8_ops = {op.op for op in m.operators if any(m.tensors[i].dtype == np.int8 for i in op.outputs)}
     assert {"HardSwish", "ConvTranspose2D", "PRelu", "Resize", "HardSigmoid", "StridedSlice"} <= int8_ops, int8_ops
+    # the transposed conv's weights are symmetric per output channel, as TFLite's int8 TRANSPOSE_CONV takes
+    # them, so the written file runs it in int8 (asymmetric weights would run it in float)
+    convt = next(op for op in m.operators if op.op == "ConvTranspose2D")
+    wq = m.tensors[convt.inputs[1]]
+    assert wq.dtype == np.int8 and len(wq.scale) == wq.shape[1] > 1 and not np.any(wq.zero_point)
     data, proto = edge_to_tflite(edge), edge_to_onnx(edge)
+    assert _tflite_filter_type(data, "TRANSPOSE_CONV") == tflite.TensorType.INT8
     step = output_step(m, 0)
     assert step > 0
     for xv in feeds(1, 3, seed=3):

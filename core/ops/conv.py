@@ -229,7 +229,7 @@ def _images_compiled(x, w, g, bias, clamp):
     per-image copies, BLAS products and bias passes. Chunks change no arithmetic: each image's
     output is the same whichever thread computes it."""
     from ...jit.conv_images import conv_images_bias_clamp  # deferred: loads llvmlite, numba
-    from ...jit.gemm_f32 import pack_weights
+    from ...jit.gemm_f32 import pack_weights  # deferred: loads llvmlite, numba
     n, c = x.shape[0], x.shape[1]
     o = w.shape[0]
     xpad = padded_copy(np, x, g.pads)

@@ -29,7 +29,7 @@ from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, 
 from .conv_pointwise import Finish, PackedGemm, Pointwise
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
-from .intra_op import add_into, contiguous, copy_into, matmul_ksplit, rows_apply, serial_blas
+from .intra_op import add_into, contiguous, copy_into, ksplit_parts, matmul_ksplit, rows_apply, serial_blas, sum_of_parts
 from .intra_op import matmul as split_matmul
 
 __all__ = ["conv2d", "depthwise_conv2d"]
@@ -476,9 +476,20 @@ def _filter_grad_cnhw(xp, x, dy, w, g):
     s0, s1, s2, s3 = xc.strides
     win = as_strided(xc, (c, g.kh, g.kw, n, g.oh, g.ow),
                      (s0, g.dh * s2, g.dw * s3, s1, g.sh * s2, g.sw * s3), writeable=False)
-    cols = contiguous(xp, win, axis=3).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
-    dyc = contiguous(xp, dy.transpose(1, 0, 2, 3), axis=1).reshape(o, n * g.oh * g.ow)
-    return matmul_ksplit(xp, cols, dyc.T).T.reshape(w.shape)
+    k, p = c * g.kh * g.kw, g.oh * g.ow
+    parts = min(n, ksplit_parts(k, n * p, o)) if xp is np else 1
+    if parts > 1:  # each part gathers its own images' columns and dy on its thread, in cache
+        bounds = [n * i // parts for i in range(parts + 1)]
+
+        def product(j, dst):
+            a, b = bounds[j], bounds[j + 1]
+            cols = np.ascontiguousarray(win[:, :, :, a:b]).reshape(k, (b - a) * p)
+            dyc = np.ascontiguousarray(dy[a:b].transpose(1, 0, 2, 3)).reshape(o, (b - a) * p)
+            np.matmul(dyc, cols.T, out=dst)
+        return sum_of_parts(product, parts, (o, k), x.dtype, 2 * o * k * n * p).reshape(w.shape)
+    cols = contiguous(xp, win, axis=3).reshape(k, n * p)
+    dyc = contiguous(xp, dy.transpose(1, 0, 2, 3), axis=1).reshape(o, n * p)
+    return split_matmul(xp, cols, dyc.T).T.reshape(w.shape)
 
 
 register(OpDef("Conv2DBackpropInput", inputs=("dy", "w", "x"), attrs=_conv_attrs(),

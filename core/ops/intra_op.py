@@ -141,12 +141,21 @@ def matmul_ksplit(xp, a, b, out=None):
     if parts <= 1:
         return matmul(xp, a, b, out=out)
     bounds = [k * i // parts for i in range(parts + 1)]
-    partial = np.empty((parts, m, n), dtype=np.result_type(a, b))
+
+    def product(j, dst):
+        np.matmul(a[:, bounds[j]:bounds[j + 1]], b[bounds[j]:bounds[j + 1]], out=dst)
+    return sum_of_parts(product, parts, (m, n), np.result_type(a, b), 2 * m * n * k, out)
+
+
+def sum_of_parts(product: Callable[[int, object], None], parts: int, shape: tuple, dtype, flops: int, out=None):
+    """product(j, dst) for j < parts (each a BLAS product into its own [shape] buffer) spread over
+    the intra-op threads, one BLAS thread each, then the partials added in order of j: the same
+    bytes on any number of threads for a given `parts`."""
+    partial = np.empty((parts,) + tuple(shape), dtype=dtype)
 
     def run(lo, hi):
         for j in range(lo, hi):
-            np.matmul(a[:, bounds[j]:bounds[j + 1]], b[bounds[j]:bounds[j + 1]], out=partial[j])
-    flops = 2 * m * n * k
+            product(j, partial[j])
     fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts))
     if out is None:
         out = partial[0]
@@ -158,4 +167,4 @@ def matmul_ksplit(xp, a, b, out=None):
 
 
 __all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul", "matmul_ksplit",
-           "ksplit_parts"]
+           "ksplit_parts", "sum_of_parts"]

@@ -169,17 +169,20 @@ def test_compiled_batch_conv_splits_by_images_with_the_same_bytes(fan_outs, monk
     np.testing.assert_allclose(two, np.maximum(pre, 0) if act == "relu" else pre, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("c,o", [(1, 8), (16, 12)])  # the (n, oh, ow) columns path and the row-taps path
-def test_filter_gradients_split_along_the_contraction_give_one_threads_bytes(fan_outs, monkeypatch, c, o):
+@pytest.mark.parametrize("c,o,size", [(1, 8, 10), (16, 12, 10),  # [C, H, W, N] columns; row taps
+                                      (1, 8, 28)])  # (n, oh, ow) columns gathered per part of the batch
+def test_filter_gradients_split_along_the_contraction_give_one_threads_bytes(fan_outs, monkeypatch, c, o, size):
     """Conv2DBackpropFilter's GEMMs (small output, every pixel of the batch contracted) run as fixed
     parts of K on the threads: two threads give one thread's bytes, and the reference's values."""
+    from isthmus.core.ops import conv as conv_mod
     parts = []
     real = intra_op.ksplit_parts
-    monkeypatch.setattr(intra_op, "ksplit_parts", lambda *a: parts.append(real(*a)) or parts[-1])
+    for mod in (intra_op, conv_mod):
+        monkeypatch.setattr(mod, "ksplit_parts", lambda *a: parts.append(real(*a)) or parts[-1])
     rng = np.random.default_rng(13)
-    x = rng.standard_normal((6, c, 10, 10)).astype(np.float32)
+    x = rng.standard_normal((6, c, size, size)).astype(np.float32)
     w = rng.standard_normal((o, c, 5, 5)).astype(np.float32) * 0.2
-    r = rng.standard_normal((6, o, 10, 10)).astype(np.float32)
+    r = rng.standard_normal((6, o, size, size)).astype(np.float32)
     g = ism.Graph()
     with g.as_default():
         xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")

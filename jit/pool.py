@@ -40,32 +40,34 @@ def max_pool_2x2_float_rows(x, out):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def max_pool_2x2_grad_rows(x, y, dy, dx, through_relu):
-    """dx [R, 2, 2 OW] = the gradient of a 2x2 stride-2 max pool over row pairs (x [R, 2, 2 OW] its
-    input, y [R, OW] its output, R = planes x OH): each window's dy goes to the first element
-    (row-major) equal to its maximum. through_relu: dy is first multiplied by (y > 0)
-    (max_pool_grad_through_relu). Every element is written as dy times a 1.0 or 0.0 mask, as
-    numpy's mask multiplies do (a NaN or inf dy leaves NaN beside its maximum; a NaN window sends
-    nothing). Three branch-free loops per row pair, each over contiguous runs."""
-    ow = y.shape[1]
+def max_pool_2x2_grad_rows(x, y, dy, dx, rows, w, through_relu):
+    """dx = the gradient of a 2x2 stride-2 max pool over `rows` pairs of input rows of width w (x, dx
+    flat [rows 2 w]; y, dy flat [rows w/2]: its output and the output's gradient): each window's dy
+    goes to the first element (row-major) equal to its maximum. through_relu: dy is first
+    multiplied by (y > 0) (max_pool_grad_through_relu). Every element is written as dy times a
+    1.0 or 0.0 mask, as numpy's mask multiplies do (a NaN or inf dy leaves NaN beside its maximum;
+    a NaN window sends nothing). Three branch-free loops per row pair over flat offsets (views
+    per row cost more than the arithmetic on 7- and 14-wide rows)."""
+    ow = w // 2
     t = dy.dtype.type
     one = t(1)
     free = np.empty(ow, dy.dtype)  # 1 where row 0 of the window holds no hit
     dd = np.empty(ow, dy.dtype)
-    for r in range(y.shape[0]):
-        a, b, da, db, ym, dym = x[r, 0], x[r, 1], dx[r, 0], dx[r, 1], y[r], dy[r]
+    for r in range(rows):
+        ba, by = r * 2 * w, r * ow
+        bb = ba + w
         for ox in range(ow):
-            dd[ox] = dym[ox] * t(ym[ox] > 0) if through_relu else dym[ox]
+            dd[ox] = dy[by + ox] * t(y[by + ox] > 0) if through_relu else dy[by + ox]
         for ox in range(ow):
-            m, d = ym[ox], dd[ox]
-            e0 = t(a[2 * ox] == m)
-            e1 = t(a[2 * ox + 1] == m) * (one - e0)
-            da[2 * ox] = d * e0
-            da[2 * ox + 1] = d * e1
+            m, d = y[by + ox], dd[ox]
+            e0 = t(x[ba + 2 * ox] == m)
+            e1 = t(x[ba + 2 * ox + 1] == m) * (one - e0)
+            dx[ba + 2 * ox] = d * e0
+            dx[ba + 2 * ox + 1] = d * e1
             free[ox] = one - e0 - e1
         for ox in range(ow):
-            m, d = ym[ox], dd[ox]
-            e2 = t(b[2 * ox] == m) * free[ox]
-            e3 = t(b[2 * ox + 1] == m) * (free[ox] - e2)
-            db[2 * ox] = d * e2
-            db[2 * ox + 1] = d * e3
+            m, d = y[by + ox], dd[ox]
+            e2 = t(x[bb + 2 * ox] == m) * free[ox]
+            e3 = t(x[bb + 2 * ox + 1] == m) * (free[ox] - e2)
+            dx[bb + 2 * ox] = d * e2
+            dx[bb + 2 * ox + 1] = d * e3

@@ -161,14 +161,15 @@ def _max_pool_grad_compiled(x, y, dy, g, through_relu: bool):
     from ...jit.pool import max_pool_2x2_grad_rows  # deferred: jit.pool loads numba
     n, c, h, w = x.shape
     rows = n * c * g.oh  # pairs of input rows, one row of windows each
-    x3 = np.ascontiguousarray(x).reshape(rows, 2, w)
-    y2 = np.ascontiguousarray(y).reshape(rows, g.ow)
-    dy2 = np.ascontiguousarray(dy).reshape(rows, g.ow)
+    xf, yf = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1)
+    dyf = np.ascontiguousarray(dy).reshape(-1)
     dx = np.empty((n, c, h, w), x.dtype)
-    dx3 = dx.reshape(rows, 2, w)
+    dxf = dx.reshape(-1)
 
     def part(lo, hi):
-        max_pool_2x2_grad_rows(x3[lo:hi], y2[lo:hi], dy2[lo:hi], dx3[lo:hi], through_relu)
+        a, b = lo * 2 * w, lo * g.ow
+        max_pool_2x2_grad_rows(xf[a:hi * 2 * w], yf[b:hi * g.ow], dyf[b:hi * g.ow], dxf[a:hi * 2 * w], hi - lo, w,
+                               through_relu)
     rows_apply(np, part, rows, 2 * x.nbytes + 2 * y.nbytes)
     return dx
 

@@ -209,3 +209,30 @@ def test_matmul_ksplit_sums_fixed_parts_whatever_the_threads(fan_outs):
     assert two.tobytes() == one.tobytes()
     np.testing.assert_allclose(two, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
     assert intra_op.ksplit_parts(64, 100, 64) == 1  # a short contraction: matmul's row/column split
+
+
+@pytest.mark.parametrize("strides,padding,dilations", [(2, "VALID", 1), (1, "SAME", 2), (2, "SAME", 1)])
+def test_compiled_batch_conv_geometries_match_the_blas_path(fan_outs, monkeypatch, strides, padding, dilations):
+    """Strided, dilated and unpadded windows through jit.conv_images give the per-image BLAS path's
+    values (to rounding), and one thread's bytes on two."""
+    from isthmus.core.ops import conv as conv_mod
+    if not ism.jit.available():
+        pytest.skip("numba is not available")
+    used = []
+    real = conv_mod._images_compiled
+    monkeypatch.setattr(conv_mod, "_images_compiled", lambda *a: used.append(1) or real(*a))
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((4, 2, 13, 12)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xt = ism.placeholder(np.float32, x.shape, name="x")
+        y = ism.relu(ism.conv2d(xt, ism.constant(w), strides, padding, dilations)
+                     + ism.reshape(ism.constant(b), (1, 4, 1, 1)))
+    two = ism.Session(g, intra_op_threads=2).run(y, {xt: x})
+    one = ism.Session(g, intra_op_threads=1).run(y, {xt: x})
+    assert used and two.tobytes() == one.tobytes()
+    monkeypatch.setattr(conv_mod, "_images_compiled_pays", lambda *a: False)
+    blas = ism.Session(g, intra_op_threads=1).run(y, {xt: x})
+    np.testing.assert_allclose(two, blas, rtol=1e-5, atol=1e-5)

@@ -213,33 +213,31 @@ def resize(w, op) -> str:
 
 
 # ---- activations -------------------------------------------------------------------------------------
+def _same_op(w, op, n_inputs: int, **attrs) -> str:
+    """The edge op as the ONNX op of the same name and meaning, over its first n_inputs inputs."""
+    out = _out(w, op)
+    w.node(op.op, [w.value(i) for i in op.inputs[:n_inputs]], [out], **attrs)
+    return out
+
+
 @translates("PRelu")
 def prelu(w, op) -> str:
-    out = _out(w, op)
-    w.node("PRelu", [w.value(op.inputs[0]), w.value(op.inputs[1])], [out])
-    return out
+    return _same_op(w, op, 2)
 
 
 @translates("HardSwish")
 def hard_swish(w, op) -> str:
-    out = _out(w, op)
-    w.node("HardSwish", [w.value(op.inputs[0])], [out])
-    return out
+    return _same_op(w, op, 1)
 
 
 @translates("HardSigmoid")
 def hard_sigmoid(w, op) -> str:
-    out = _out(w, op)
-    w.node("HardSigmoid", [w.value(op.inputs[0])], [out], alpha=float(op.attrs.get("alpha", 0.2)),
-           beta=float(op.attrs.get("beta", 0.5)))
-    return out
+    return _same_op(w, op, 1, alpha=float(op.attrs.get("alpha", 0.2)), beta=float(op.attrs.get("beta", 0.5)))
 
 
 @translates("Erf")
 def erf(w, op) -> str:
-    out = _out(w, op)
-    w.node("Erf", [w.value(op.inputs[0])], [out])
-    return out
+    return _same_op(w, op, 1)
 
 
 @translates("Gelu")

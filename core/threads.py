@@ -34,8 +34,10 @@ _active = {"runs": 0, "saved": None}  # BLAS count before the first of the concu
 _intra = [None]  # the intra-op count of the run in progress (process-wide, like BLAS's); None: BLAS's count
 
 # fan_out gives a thread a chunk only when the chunk moves at least this many bytes: a chunk
-# handed to a pool thread costs about 20-50 us of dispatch and wake-up (Python futures), and a
-# memory-bound numpy pass moves about 1 MiB in 100 us, so smaller work runs on the caller alone.
+# handed to a pool thread costs about 20-50 us of dispatch and wake-up (Python futures) on a
+# server, and a memory-bound numpy pass moves about 1 MiB in 100 us, so smaller work runs on the
+# caller alone. (On the 2-core development VM, whose idle cores halt, a hand-off measured 40-140
+# us: there the sizes are small by several times; they are not scaled per machine yet.)
 MIN_CHUNK_BYTES = 1 << 20
 # the same for a GEMM split by rows or columns: 4 MFLOP take about 100 us on one core here
 MIN_CHUNK_FLOPS = 4_000_000

@@ -140,17 +140,24 @@ def test_split_matmul_matches_numpy(fan_outs, m, n):
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("act", ["relu", "none"])
-def test_compiled_batch_conv_splits_by_images_with_the_same_bytes(fan_outs, monkeypatch, act):
-    """A batch's im2col convolution (few input channels: no row taps) runs as compiled calls over
-    chunks of images (jit.conv_images); two threads give one thread's bytes, and both the float64
-    reference's values."""
+def _images_spy(monkeypatch):
+    """(core.ops.conv, a list that gains an entry per call of its compiled batch convolution);
+    skips without numba."""
     from isthmus.core.ops import conv as conv_mod
     if not ism.jit.available():
         pytest.skip("numba is not available")
     used = []
     real = conv_mod._images_compiled
     monkeypatch.setattr(conv_mod, "_images_compiled", lambda *a: used.append(1) or real(*a))
+    return conv_mod, used
+
+
+@pytest.mark.parametrize("act", ["relu", "none"])
+def test_compiled_batch_conv_splits_by_images_with_the_same_bytes(fan_outs, monkeypatch, act):
+    """A batch's im2col convolution (few input channels: no row taps) runs as compiled calls over
+    chunks of images (jit.conv_images); two threads give one thread's bytes, and both the float64
+    reference's values."""
+    conv_mod, used = _images_spy(monkeypatch)
     rng = np.random.default_rng(11)
     x = rng.standard_normal((5, 3, 9, 11)).astype(np.float32)
     w = rng.standard_normal((8, 3, 5, 5)).astype(np.float32) * 0.2
@@ -215,12 +222,7 @@ def test_matmul_ksplit_sums_fixed_parts_whatever_the_threads(fan_outs):
 def test_compiled_batch_conv_geometries_match_the_blas_path(fan_outs, monkeypatch, strides, padding, dilations):
     """Strided, dilated and unpadded windows through jit.conv_images give the per-image BLAS path's
     values (to rounding), and one thread's bytes on two."""
-    from isthmus.core.ops import conv as conv_mod
-    if not ism.jit.available():
-        pytest.skip("numba is not available")
-    used = []
-    real = conv_mod._images_compiled
-    monkeypatch.setattr(conv_mod, "_images_compiled", lambda *a: used.append(1) or real(*a))
+    conv_mod, used = _images_spy(monkeypatch)
     rng = np.random.default_rng(19)
     x = rng.standard_normal((4, 2, 13, 12)).astype(np.float32)
     w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)

@@ -21,7 +21,7 @@ from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
 from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
-from .threads import IntraOpThreads
+from .threads import OneThreadRun
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -253,7 +253,7 @@ class Plan:
         if self._runner is not None:
             return self._runner(*feeds)
         if self._serial_dims is not None and threads.session_intra_threads() is None and self._unit_dims(feeds):
-            with IntraOpThreads(1):
+            with OneThreadRun():  # this thread's kernels alone; other threads' runs keep their counts
                 return self._call(feeds)
         return self._call(feeds)
 

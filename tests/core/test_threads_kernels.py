@@ -19,7 +19,9 @@ def fan_outs(monkeypatch):
         return k
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])  # chunk_scale() 1, whatever the machine
     monkeypatch.setattr(intra_op, "_BLAS_SERIAL_FLOPS", 0)
+    monkeypatch.setattr(intra_op, "_KSPLIT_PART_FLOPS", 1)
     monkeypatch.setattr(intra_op, "fan_out", counting)
     return counts
 
@@ -101,11 +103,17 @@ def test_max_pool_and_its_gradient_split_across_threads(fan_outs):
     np.testing.assert_array_equal(got_dx, ref)
 
 
-def test_small_passes_do_not_fan_out():
+@pytest.mark.parametrize("handoff_us", [5, 10, 80])
+def test_small_passes_do_not_fan_out(monkeypatch, handoff_us):
+    """A chunk carries at least MIN_CHUNK_BYTES, times the measured hand-off over 10 us when slower."""
+    monkeypatch.setattr(threads, "_handoff", [handoff_us * 1e-6])
+    least = threads.MIN_CHUNK_BYTES * max(1, handoff_us // 10)
+    assert threads.min_chunk_bytes() == least
+    assert threads.min_chunk_flops() == threads.MIN_CHUNK_FLOPS * max(1, handoff_us // 10)
     calls = []
     with threads.IntraOpThreads(2):
-        k = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, threads.MIN_CHUNK_BYTES)
-        k2 = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * threads.MIN_CHUNK_BYTES)
+        k = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * least - 1)
+        k2 = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * least)
     assert k == 1 and calls[0] == (0, 64)
     assert k2 == 2 and sorted(calls[1:]) == [(0, 32), (32, 64)]
 
@@ -129,14 +137,15 @@ def test_blas_runs_one_thread_inside_chunks_that_call_it():
         assert threads.blas_threads_now() == 2
 
 
-@pytest.mark.parametrize("m,n", [(3, 40), (40, 3)])  # split by columns, then by rows
-def test_split_matmul_matches_numpy(fan_outs, m, n):
+@pytest.mark.parametrize("m,n", [(3, 40), (40, 3)])
+def test_matmul_matches_numpy_without_fanning_out(fan_outs, m, n):
+    """2-D products are left to BLAS's own threads: no fan-out, whatever the split sizes."""
     rng = np.random.default_rng(5)
     a = rng.standard_normal((m, 17)).astype(np.float32)
     b = rng.standard_normal((17, n)).astype(np.float32)
     with threads.IntraOpThreads(2):
         got = intra_op.matmul(np, a, b.T.copy().T)  # a column-strided b, as the conv gradients pass
-    assert fan_outs == [2]
+    assert fan_outs == []
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 

@@ -7,8 +7,8 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   set), numba through numba.set_num_threads on the calling thread (for `prange` kernels; the
   compiled depthwise and batch-norm kernels take row/channel ranges on the intra-op pool
   instead), and the kernels' own splits through intra_threads(): numpy passes cut by `fan_out`
-  (core/ops/intra_op.py); 2-D products are threaded by BLAS itself, on one thread per
-  BLAS_FLOPS_PER_THREAD (blas_threads_for). Default (None): the count BLAS has when the run
+  and 2-D GEMMs (core/ops/intra_op.py; GEMM parts run one-threaded BLAS, so BLAS's own threads
+  serve only products too small to split). Default (None): the count BLAS has when the run
   starts, which is the cores unless the process was limited (OPENBLAS_NUM_THREADS, threadpoolctl,
   partitioner.set_blas_threads, ISTHMUS_BLAS_THREADS): a session never overrides a limit it was
   not given. Small work never fans out: a chunk carries about ten hand-offs of work, the hand-off
@@ -47,11 +47,6 @@ _measure_lock = threading.Lock()
 MIN_CHUNK_BYTES = 1 << 20
 MIN_CHUNK_FLOPS = 4_000_000
 HANDOFF_REF_S = 10e-6
-# a product BLAS threads itself gets one thread per this many FLOPs (at most the intra-op count):
-# OpenBLAS's own threads spin between calls (about 10 us of sync on the VM, a few on a server), so
-# each must get about 25 us of work; OpenBLAS's own rule (M*N*K / 65536 / 4 threads) would give 16
-# threads a 0.8 MFLOP batch-1 product on a 16-core server
-BLAS_FLOPS_PER_THREAD = 1_000_000
 _handoff = [None]  # seconds, measured at the first fan-out that could split (or ISTHMUS_HANDOFF_US)
 _workers = None  # the intra-op pool: the threads besides the caller that fan_out hands chunks to
 
@@ -106,10 +101,10 @@ class IntraOpThreads:
         with _lock:
             libs = _blas_libs()
             if _active["runs"] == 0:
-                _active["saved"] = [lib.num_threads for lib in libs]
+                _active["saved"] = [_get_blas(lib) for lib in libs]
             _active["runs"] += 1
             for lib in libs:
-                if lib.num_threads != n:
+                if _get_blas(lib) != n:
                     _set_blas(lib, n)
         _set_numba(n)
         return self
@@ -122,7 +117,7 @@ class IntraOpThreads:
             if _active["runs"] == 0:
                 _intra[0] = None
                 for lib, k in zip(_blas_libs(), _active["saved"] or []):
-                    if lib.num_threads != k:
+                    if _get_blas(lib) != k:
                         _set_blas(lib, k)
                 _active["saved"] = None
         return False
@@ -140,17 +135,34 @@ def _set_blas(lib, n: int) -> None:
     (_lock, the refcounted blocks below), so it calls the library's own setter."""
     key = getattr(lib, "filepath", id(lib))
     if key not in _setters:
-        setter = None
-        if getattr(lib, "internal_api", None) == "openblas" and getattr(lib, "threading_layer", None) != "openmp":
-            dynlib = getattr(lib, "dynlib", None)   # threadpoolctl's ctypes handle and the build's symbol affixes
-            pre, suf = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
-            setter = getattr(dynlib, f"{pre}openblas_set_num_threads{suf}", None) if dynlib is not None else None
-        _setters[key] = setter
+        _setters[key] = _openblas_symbol(lib, "openblas_set_num_threads")
     setter = _setters[key]
     if setter is not None:
         setter(int(n))
     else:
         lib.set_num_threads(n)
+
+
+_getters: dict = {}  # BLAS library path -> its own get_num_threads (None: threadpoolctl's property)
+
+
+def _get_blas(lib) -> int:
+    """One BLAS library's thread count, through OpenBLAS's own getter where there is one (a
+    ctypes call, ~0.2 us; threadpoolctl's property costs about 1 us, and every hold reads it)."""
+    key = getattr(lib, "filepath", id(lib))
+    if key not in _getters:
+        _getters[key] = _openblas_symbol(lib, "openblas_get_num_threads")
+    getter = _getters[key]
+    return int(getter()) if getter is not None else lib.num_threads
+
+
+def _openblas_symbol(lib, name: str):
+    """A pthreads OpenBLAS's function `name` (with the build's symbol affixes), else None."""
+    if getattr(lib, "internal_api", None) != "openblas" or getattr(lib, "threading_layer", None) == "openmp":
+        return None
+    dynlib = getattr(lib, "dynlib", None)  # threadpoolctl's ctypes handle and the build's symbol affixes
+    pre, suf = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
+    return getattr(dynlib, f"{pre}{name}{suf}", None) if dynlib is not None else None
 
 
 def _set_numba(n: int) -> None:
@@ -188,18 +200,19 @@ def intra_pool() -> ThreadPoolExecutor:
 
 
 def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False,
-            min_chunk: Optional[int] = None) -> int:
+            min_chunk: Optional[int] = None, flops: bool = False) -> int:
     """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
     caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
-    chunks of at least min_chunk_bytes(). fn must release the GIL to gain (numpy copies and ufuncs
-    do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or not
-    (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe).
-    min_chunk: the least work per chunk, in the unit of `nbytes` (default min_chunk_bytes(); a
-    caller that splits FLOPs passes min_chunk_flops()). How work is cut never changes its bytes:
-    chunks are rows of passes or whole products. Returns the number of chunks."""
-    k = min(intra_threads(), total, int(nbytes // (min_chunk or MIN_CHUNK_BYTES)))
-    if k > 1 and min_chunk is None:  # could split: now the hand-off's price matters
-        k = min(k, int(nbytes // min_chunk_bytes()))
+    chunks of at least min_chunk_bytes() (flops: `nbytes` counts FLOPs, min_chunk_flops()), and
+    of at least `min_chunk` when given. fn must release the GIL to gain (numpy copies, ufuncs
+    and BLAS do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or
+    not (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe, and its
+    threads spin after the call on cores the next pass wants). How work is cut never changes its
+    bytes where the caller cuts rows of a pass or whole summed parts. Returns the number of chunks."""
+    floor = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
+    k = min(intra_threads(), total, int(nbytes // max(floor, min_chunk or 1)))
+    if k > 1:  # could split: now the hand-off's price matters (measured at the first such call)
+        k = min(k, int(nbytes // (min_chunk_flops() if flops else min_chunk_bytes())))
     if k <= 1:
         with (BlasThreads(1) if blas_inside else _NO_LIMIT):
             fn(0, total)
@@ -256,13 +269,6 @@ def min_chunk_flops() -> int:
     return max(1, round(MIN_CHUNK_FLOPS * chunk_scale()))
 
 
-def blas_threads_for(flops: int, n: Optional[int] = None) -> int:
-    """The BLAS threads a product of `flops` should get when BLAS threads it itself: one per
-    BLAS_FLOPS_PER_THREAD, at least 1, at most `n` (default intra_threads())."""
-    n = intra_threads() if n is None else n
-    return max(1, min(n, int(flops // BLAS_FLOPS_PER_THREAD)))
-
-
 _hold = {"held": [], "saved": None}  # the BLAS counts held now (any thread) and the count before
 
 
@@ -280,7 +286,7 @@ class BlasThreads:
         with _lock:
             libs = _blas_libs()
             if not _hold["held"]:
-                _hold["saved"] = [lib.num_threads for lib in libs]
+                _hold["saved"] = [_get_blas(lib) for lib in libs]
             _hold["held"].append(self.n)
             _apply_hold(libs, min(_hold["held"]))
         return self
@@ -293,7 +299,7 @@ class BlasThreads:
                 _apply_hold(libs, min(_hold["held"]))
             else:
                 for lib, k in zip(libs, _hold["saved"] or []):
-                    if lib.num_threads != k:
+                    if _get_blas(lib) != k:
                         _set_blas(lib, k)
                 _hold["saved"] = None
         return False
@@ -303,7 +309,7 @@ def _apply_hold(libs, n: int) -> None:
     """Each library at min(n, its count before the holds)."""
     for lib, k in zip(libs, _hold["saved"] or []):
         want = min(n, k)
-        if lib.num_threads != want:
+        if _get_blas(lib) != want:
             _set_blas(lib, want)
 
 
@@ -347,11 +353,10 @@ _NO_LIMIT = contextlib.nullcontext()
 
 def blas_threads_now() -> Optional[int]:
     """The BLAS thread count now (the largest over the loaded libraries); None without BLAS."""
-    counts = [lib.num_threads for lib in _blas_libs()]
+    counts = [_get_blas(lib) for lib in _blas_libs()]
     return max(counts) if counts else None
 
 
 __all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "BlasThreads",
            "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
-           "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "blas_threads_for", "MIN_CHUNK_BYTES",
-           "MIN_CHUNK_FLOPS", "BLAS_FLOPS_PER_THREAD"]
+           "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -2,8 +2,8 @@
 
 numpy runs a copy or a ufunc on one core but releases the GIL while it does, so the chunks of
 one pass run at once on the threads of threads.fan_out; chunks smaller than
-threads.min_chunk_bytes() (about ten hand-offs of work on this machine) are never handed out.
-2-D products are left to BLAS's own threads (matmul). Other array modules (cupy) run the pass whole:
+threads.min_chunk_bytes() (about ten hand-offs of work on this machine) are never handed out;
+2-D products split the same way by FLOPs (matmul). Other array modules (cupy) run the pass whole:
 a GPU parallelises it itself.
 """
 from __future__ import annotations
@@ -86,23 +86,34 @@ _BLAS_SERIAL_FLOPS = 2 * 4 * 65536
 
 
 def matmul(xp, a, b, out=None):
-    """a [M, K] @ b [K, N] (into `out` when given), threaded by BLAS itself on
-    threads.blas_threads_for(flops) threads (one per BLAS_FLOPS_PER_THREAD, at most the intra-op
-    count; fewer than BLAS has: a hold for the call). Splitting the product across the intra-op
-    pool, one BLAS thread a part, lost to OpenBLAS's own threads at every size on the 2-core VM
-    (one run, load 2: 32x784x512 331 us one thread, 395 split, 194 BLAS; 1024x1024x512 11.4 ms,
-    6.2, 5.8): its threads spin in C between calls, where a pool thread pays a wake-up and the GIL.
-    The product's bytes depend on the BLAS thread count it gets, never on timing."""
+    """a [M, K] @ b [K, N] (into `out` when given) split by the larger of M and N across the
+    intra-op threads into parts of at least threads.min_chunk_flops() (about ten hand-offs of work),
+    each part one-threaded BLAS; a product too small to split runs whole on one BLAS thread.
+    OpenBLAS's own threads beat this split on a quiet machine (the 2-core VM, load 2: 32x784x512
+    331 us one thread, 395 split, 194 BLAS-threaded), but they spin between calls and wait on each
+    other at every call: with the cores shared (load 3.4-3.9, the same process, interleaved) a
+    CNN at batch 32 took 144 ms BLAS-threaded against 18 split and 24 on one thread, a transformer
+    encoder 124 ms against 9.2 and 8.9. The pool's threads sleep when idle and a part waits only
+    for its own chunk."""
     if xp is not np or a.ndim != 2 or b.ndim != 2 or 2 * a.size * b.shape[1] < _BLAS_SERIAL_FLOPS:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
-    t = threads.intra_threads()
-    n = threads.blas_threads_for(2 * a.size * b.shape[1], t)
-    if n == t and (t > 1 or threads.blas_threads_now() == 1):
-        # BLAS has the count the product should get (t, or 1 already): no hold, whose lock and two
-        # writes of BLAS's count cost ~5 us, a third of a [32, 64] x [64, 192] product
+    m, n = a.shape[0], b.shape[1]
+    flops = 2 * m * n * a.shape[1]
+    if flops < 2 * threads.MIN_CHUNK_FLOPS and threads.intra_threads() == 1:
+        # it cannot split and BLAS is on one thread already: fan_out's hold would only cost its
+        # few microseconds, a third of a [32, 64] x [64, 192] product
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
-    with threads.BlasThreads(n):
-        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), dtype=np.result_type(a, b))
+    if n >= m:
+        def part(lo, hi):
+            np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
+        fan_out(part, n, flops, blas_inside=True, flops=True)
+    else:
+        def part(lo, hi):
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+        fan_out(part, m, flops, blas_inside=True, flops=True)
+    return out
 
 
 # matmul_ksplit: at most this many parts, each of at least _KSPLIT_MIN_K contracted columns and
@@ -152,10 +163,9 @@ def sum_of_parts(product: Callable[[int, object], None], parts: int, shape: tupl
     def run(lo, hi):
         for j in range(lo, hi):
             product(j, partial[j])
-    # each thread takes whole parts, at least min_chunk_flops() of them (the parts, and so the bytes,
-    # are the same on any number of threads)
-    fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts, threads.min_chunk_flops()
-                                                               if threads.intra_threads() > 1 else 1))
+    # a thread takes whole parts, min_chunk_flops() at least (the parts, and so the bytes, are the
+    # same on any number of threads)
+    fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts), flops=True)
     if out is None:
         out = partial[0]
     else:

@@ -44,38 +44,33 @@ def test_one_thread_runs_never_measure(monkeypatch):
         intra_op.sum_of_parts(lambda j, dst: dst.fill(j), 4, (2,), np.float32, 1 << 40)
 
 
-@pytest.mark.parametrize("flops,n,want", [(999_999, 16, 1), (2_500_000, 16, 2), (25_700_000, 16, 16),
-                                          (25_700_000, 2, 2), (800_000, 2, 1)])
-def test_blas_threads_follow_the_products_flops(flops, n, want):
-    assert threads.blas_threads_for(flops, n) == want
-
-
-def test_matmul_holds_blas_to_the_threads_its_flops_pay_for(monkeypatch):
+@pytest.mark.parametrize("handoff_us,chunks", [(10, 2), (80, 2), (90, 1)])
+def test_products_split_only_into_parts_worth_the_handoff(monkeypatch, handoff_us, chunks):
+    """A 32x1024x1024 product (67 MFLOP) splits in two at a hand-off of up to 83 us, not at 90 (parts of
+    4 MFLOP x handoff / 10 us at least); every part, and the product left whole, runs on one BLAS
+    thread, and the bytes are those of numpy's one-thread product of the same part."""
     _need_openblas()
-    seen = []
-    real = threads.BlasThreads
+    monkeypatch.setattr(threads, "_handoff", [handoff_us * 1e-6])
+    counts, blas_seen = [], []
+    real = intra_op.fan_out
 
-    class Recording(real):
-        def __enter__(self):
-            out = super().__enter__()
-            seen.append((self.n, threads.blas_threads_now()))
-            return out
-    monkeypatch.setattr(threads, "BlasThreads", Recording)
+    def counting(fn, *args, **kw):
+        def spy(lo, hi):
+            blas_seen.append(threads.blas_threads_now())
+            fn(lo, hi)
+        counts.append(real(spy, *args, **kw))
+        return counts[-1]
+    monkeypatch.setattr(intra_op, "fan_out", counting)
     rng = np.random.default_rng(3)
-    small = rng.standard_normal((1, 784)).astype(np.float32), rng.standard_normal((784, 512)).astype(np.float32)
-    large = rng.standard_normal((32, 784)).astype(np.float32), small[1]
+    a = rng.standard_normal((32, 1024)).astype(np.float32)
+    b = rng.standard_normal((1024, 1024)).astype(np.float32)
     with threadpool_limits(2, user_api="blas"), threads.IntraOpThreads(2):
-        got_small = intra_op.matmul(np, *small)   # 0.8 MFLOP: one BLAS thread
-        assert seen == [(1, 1)] and threads.blas_threads_now() == 2
-        got_large = intra_op.matmul(np, *large)   # 25.7 MFLOP: BLAS's own 2 threads, no hold
-        assert seen == [(1, 1)]
+        got = intra_op.matmul(np, a, b)
+        assert threads.blas_threads_now() == 2
+    assert counts == [chunks] and blas_seen == [1] * chunks
     with threadpool_limits(1, user_api="blas"):
-        one_small = np.matmul(*small)
-    with threadpool_limits(2, user_api="blas"):
-        two_large = np.matmul(*large)
-    assert got_small.tobytes() == one_small.tobytes()   # the bytes of the count it was given
-    assert got_large.tobytes() == two_large.tobytes()
-    np.testing.assert_allclose(got_large, large[0].astype(np.float64) @ large[1], rtol=1e-4, atol=1e-4)
+        want = np.concatenate([a @ b[:, :512], a @ b[:, 512:]], axis=1) if chunks == 2 else a @ b
+    assert got.tobytes() == want.tobytes()
 
 
 def _unit_batch_mlp():

@@ -121,3 +121,49 @@ def test_a_unit_batch_run_keeps_its_one_thread_to_itself(monkeypatch):
     with threadpool_limits(1, user_api="blas"):
         want = ism.Session(g, intra_op_threads=1).run(y, {x: v})
     assert box[0].tobytes() == want.tobytes()
+
+
+def _probed_product(monkeypatch, rows):
+    """A graph y = neg(x @ w) (x [rows, 512], w [512, 512]) whose Neg records (BLAS's count,
+    intra_threads()) as it runs."""
+    from isthmus.core import registry
+    seen = []
+
+    def kernel(node, ctx):
+        def run(v):
+            seen.append((threads.blas_threads_now(), threads.intra_threads()))
+            return -v
+        return run
+    monkeypatch.setattr(registry.get("Neg"), "kernel", kernel)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((512, 512)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (rows, 512), name="x")
+        y = ism.neg(ism.matmul(x, ism.constant(w)), name="y")
+    return g, x, y, w, seen
+
+
+def test_default_runs_with_products_hold_blas_to_one_thread(monkeypatch):
+    """A default-thread run of a plan with a product BLAS would thread runs with BLAS on one
+    thread throughout (its splits still see the default count), and BLAS's count is back after."""
+    _need_openblas()
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])
+    g, x, y, w, seen = _probed_product(monkeypatch, 64)
+    v = np.random.default_rng(5).standard_normal((64, 512)).astype(np.float32)
+    with threadpool_limits(2, user_api="blas"):
+        got = ism.Session(g, inter_op_threads=1).run(y, {x: v})
+        assert threads.blas_threads_now() == 2
+        ism.Session(g, intra_op_threads=2, inter_op_threads=1).run(y, {x: v})  # a session's own count: no hold
+    assert seen == [(1, 2), (2, 2)]
+    np.testing.assert_allclose(got, -(v.astype(np.float64) @ w), rtol=1e-4, atol=1e-3)
+
+
+def test_runs_without_blas_work_take_no_hold(monkeypatch):
+    _need_openblas()
+    g, x, y, _, seen = _probed_product(monkeypatch, 1)
+    with g.as_default():
+        z = ism.neg(x, name="z")   # the Neg alone: a plan with no product
+    with threadpool_limits(2, user_api="blas"):
+        ism.Session(g, inter_op_threads=1).run(z, {x: np.ones((1, 512), np.float32)})
+    assert seen == [(2, 2)]

@@ -208,7 +208,8 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
     and BLAS do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or
     not (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe, and its
     threads spin after the call on cores the next pass wants). How work is cut never changes its
-    bytes where the caller cuts rows of a pass or whole summed parts. Returns the number of chunks."""
+    bytes where the caller cuts rows of a pass or whole summed parts (a product cut by rows or
+    columns may round its last bits otherwise: handoff_s). Returns the number of chunks."""
     floor = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
     k = min(intra_threads(), total, int(nbytes // max(floor, min_chunk or 1)))
     if k > 1:  # could split: now the hand-off's price matters (measured at the first such call)
@@ -233,13 +234,26 @@ def handoff_s() -> float:
     """Seconds to hand a chunk to the intra-op pool and get it back (a submit-and-wait round trip
     after the worker has gone idle, as between two split nodes of a run): measured once per
     process, lazily, in a few milliseconds (the median of 9 pings 0.5 ms apart); the environment
-    variable ISTHMUS_HANDOFF_US sets it instead (for reproducible chunk sizes)."""
+    variable ISTHMUS_HANDOFF_US sets it instead. Where a product is split by rows or columns its
+    last bits can differ from the whole product's, so the split, which depends on the thread
+    count, also depends on this measurement: set the variable for bit-reproducible products
+    across processes."""
     if _handoff[0] is None:
         with _measure_lock:
             if _handoff[0] is None:
                 env = os.environ.get("ISTHMUS_HANDOFF_US", "").strip()
-                _handoff[0] = float(env) * 1e-6 if env else _measure_handoff()
+                _handoff[0] = _env_handoff(env) if env else _measure_handoff()
     return _handoff[0]
+
+
+def _env_handoff(text: str) -> float:
+    try:
+        us = float(text)
+    except ValueError:
+        us = -1.0
+    if not us >= 0 or us == float("inf"):
+        raise ValueError(f"ISTHMUS_HANDOFF_US: expected the hand-off in microseconds (a number >= 0), got {text!r}")
+    return us * 1e-6
 
 
 def _measure_handoff(pings: int = 9, gap_s: float = 5e-4) -> float:

@@ -167,3 +167,11 @@ def test_runs_without_blas_work_take_no_hold(monkeypatch):
     with threadpool_limits(2, user_api="blas"):
         ism.Session(g, inter_op_threads=1).run(z, {x: np.ones((1, 512), np.float32)})
     assert seen == [(2, 2)]
+
+
+@pytest.mark.parametrize("bad", ["fast", "-3", "nan", "inf"])
+def test_a_bad_handoff_variable_is_refused_by_name(monkeypatch, bad):
+    monkeypatch.setattr(threads, "_handoff", [None])
+    monkeypatch.setenv("ISTHMUS_HANDOFF_US", bad)
+    with pytest.raises(ValueError, match="ISTHMUS_HANDOFF_US"):
+        threads.handoff_s()

@@ -10,7 +10,9 @@ from ..graph import Tensor
 from ..registry import Cost, OpDef, register
 from ..shapes import broadcast, dim_compatible, fmt, normalize_axis, num_elements_est
 from .base import convert, make
+from .. import threads
 from .intra_op import matmul as split_matmul
+from .intra_op import sum_of_parts
 from .math import reduce_sum_like
 
 
@@ -114,7 +116,28 @@ def _kernel_bias_add_grad(node, ctx):
     rank = len(node.inputs[0].shape)
     axis = normalize_axis(node.attrs["axis"], rank)
     axes = tuple(i for i in range(rank) if i != axis)
-    return lambda dy: xp.sum(dy, axis=axes)
+    if xp is not np or rank < 2:
+        return lambda dy: xp.sum(dy, axis=axes)
+    split = 0 if axis != 0 else 1
+
+    def bias_grad(dy):
+        # a large dy (the benchmark CNN's first conv: 6.4 MB) is summed in parts along `split`, spread
+        # over the intra-op threads and added in order: their number is fixed by the shape, so the
+        # bytes are the same on any number of threads
+        parts = min(_BIAS_GRAD_MAX_PARTS, dy.shape[split], dy.nbytes // threads.MIN_CHUNK_BYTES)
+        if parts <= 1:
+            return xp.sum(dy, axis=axes)
+        bounds = [dy.shape[split] * j // parts for j in range(parts + 1)]
+        cut = (slice(None),) * split
+
+        def part(j, dst):
+            xp.sum(dy[cut + (slice(bounds[j], bounds[j + 1]),)], axis=axes, out=dst)
+        return sum_of_parts(part, parts, (dy.shape[axis],), dy.dtype, dy.nbytes)
+    return bias_grad
+
+
+# BiasAddGrad sums a large gradient in at most this many parts (see bias_grad)
+_BIAS_GRAD_MAX_PARTS = 8
 
 
 register(OpDef("BiasAdd", inputs=("x", "bias"), attrs={"axis": -1}, infer=_infer_bias_add,

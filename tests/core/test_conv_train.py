@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import isthmus as ism
+from isthmus.core.ops.base import make
 
 from .opcheck import check_gradients
 
@@ -294,3 +295,18 @@ def test_relu_max_pool_fold_by_finite_differences_and_where_it_does_not_apply():
         dx, = ism.gradients(out, [xp])
         ops = [n.op for n in ism.Session(g).plan_for(dx, {xp: x}).nodes]
     assert "ReluGrad" in ops
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,axis", [((6, 5, 4, 3), 1), ((7, 9), -1), ((9, 4, 5), 0), ((3, 4, 2, 6), -1)])
+def test_bias_add_grad_sums_every_other_axis(dtype, shape, axis):
+    """BiasAddGrad (one einsum over the other axes) against a float64 sum, NCHW and the rest."""
+    dy = rng.standard_normal(shape).astype(dtype)
+    g = ism.Graph()
+    with g.as_default():
+        dyt = ism.placeholder(dtype, shape, name="dy")
+        db = make("BiasAddGrad", (dyt,), {"axis": axis}).outputs[0]
+    got = ism.Session(g).run(db, {dyt: dy})
+    axes = tuple(i for i in range(len(shape)) if i != axis % len(shape))
+    assert got.dtype == dtype and got.shape == (shape[axis],)
+    np.testing.assert_allclose(got, dy.astype(np.float64).sum(axis=axes), rtol=1e-5, atol=1e-5)

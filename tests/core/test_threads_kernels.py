@@ -274,22 +274,6 @@ def test_dense_updates_split_across_threads_give_numpys_bytes(fan_outs, opt):
         np.testing.assert_allclose(two, w0 - 0.3 * gv.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape,axis", [((6, 5, 4, 3), 1), ((7, 9), -1), ((9, 4, 5), 0)])
-def test_bias_add_grad_sums_fixed_parts_whatever_the_threads(fan_outs, shape, axis):
-    rng = np.random.default_rng(29)
-    dy = rng.standard_normal(shape).astype(np.float32)
-    g = ism.Graph()
-    with g.as_default():
-        dyt = ism.placeholder(np.float32, shape, name="dy")
-        db = ism.core.ops.base.make("BiasAddGrad", (dyt,), {"axis": axis}).outputs[0]
-    two = ism.Session(g, intra_op_threads=2).run(db, {dyt: dy})
-    assert max(fan_outs) == 2
-    one = ism.Session(g, intra_op_threads=1).run(db, {dyt: dy})
-    assert two.tobytes() == one.tobytes()
-    axes = tuple(i for i in range(len(shape)) if i != axis % len(shape))
-    np.testing.assert_allclose(two, dy.astype(np.float64).sum(axis=axes), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("acc_min_o", [0, 10 ** 9], ids=["gemm_per_kernel_row", "gemm_per_input_row"])
 @pytest.mark.parametrize("block_cols", [1, 10 ** 9], ids=["a_block_per_row", "one_block"])
 def test_row_tap_conv_and_gradients_give_one_threads_bytes(fan_outs, monkeypatch, block_cols, acc_min_o):

@@ -23,7 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import threads
 from .gemm_acc import accumulate
-from .intra_op import contiguous, copy_into, ksplit_parts
+from .intra_op import ksplit_parts, rows_apply
 
 
 def row_spans(g, h):
@@ -40,28 +40,31 @@ def row_spans(g, h):
     return spans
 
 
-def _chwn_wpadded(xp, x, wpads):
-    """x [N, C, H, W] as [C, H, Wp, N], zero-padded along W only (row_spans handles H)."""
-    l, r = wpads
-    n, c, h, w = x.shape
-    if not (l or r):
-        return contiguous(xp, x.transpose(1, 2, 3, 0))
-    out = xp.empty((c, h, w + l + r, n), dtype=x.dtype)
-    out[:, :, :l, :] = 0
-    out[:, :, l + w:, :] = 0
-    copy_into(xp, out[:, :, l:l + w, :], x.transpose(1, 2, 3, 0))
-    return out
-
-
-def row_tap_columns(xp, x, g):
+def row_tap_columns(xp, x, g, also=None):
     """x [N, C, H, W] as [kw*C, H*OW*N] columns: row (j, c), column (h, ow, n) holds
     x[n, c, h, ow*sw + j*dw - left], zero in the W padding. With the batch innermost, a window's
-    shift along W keeps (ow, n) one contiguous run: the copies move runs of OW*N values."""
-    xt = _chwn_wpadded(xp, x, g.pads[1])
-    c, hp, _, n = xt.shape
+    shift along W keeps (ow, n) one contiguous run: the copies move runs of OW*N values.
+    Built in one hand-off over channel ranges: x relaid [C, H, Wp, N] (padded along W only), then
+    its window view copied; also(c0, c1, C), if given, runs in the same chunks (another relayout)."""
+    n, c, h, wd = x.shape
+    l, r = g.pads[1]
+    xt = xp.empty((c, h, wd + l + r, n), dtype=x.dtype)
+    cols = xp.empty((g.kw, c, h, g.ow, n), dtype=x.dtype)
     s0, s1, s2, s3 = xt.strides
-    view = as_strided(xt, (g.kw, c, hp, g.ow, n), (g.dw * s2, s0, s1, g.sw * s2, s3), writeable=False)
-    return contiguous(xp, view, axis=1).reshape(g.kw * c, hp * g.ow * n)
+    view = as_strided(xt, cols.shape, (g.dw * s2, s0, s1, g.sw * s2, s3), writeable=False)
+    src = x.transpose(1, 2, 3, 0)
+
+    def part(c0, c1):
+        if l:
+            xt[c0:c1, :, :l] = 0
+        if r:
+            xt[c0:c1, :, l + wd:] = 0
+        xt[c0:c1, :, l:l + wd] = src[c0:c1]
+        cols[:, c0:c1] = view[:, c0:c1]
+        if also is not None:
+            also(c0, c1, c)
+    rows_apply(xp, part, c, xt.nbytes + cols.nbytes)
+    return cols.reshape(g.kw * c, h * g.ow * n)
 
 
 def stacked_weights(xp, w):
@@ -184,9 +187,15 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
     cut in fixed parts spread over the threads in one hand-off, the parts summed in order."""
     n, c, h = x.shape[0], x.shape[1], x.shape[2]
     o = w_shape[0]
-    cols = row_tap_columns(xp, x, g)
+    dyt = xp.empty((o, g.oh, g.ow, n), dtype=dy.dtype)  # dy's columns in cols' (h, ow, n) order
+    dy_src = dy.transpose(1, 2, 3, 0)
+
+    def relay_dy(c0, c1, c_):  # the channel chunk's share of dy's relayout, in the same hand-off
+        o0, o1 = o * c0 // c_, o * c1 // c_
+        dyt[o0:o1] = dy_src[o0:o1]
+    cols = row_tap_columns(xp, x, g, relay_dy)
     run = n * g.ow
-    dyt = contiguous(xp, dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * run)  # in cols' (h, ow, n) order
+    dyt = dyt.reshape(o, g.oh * run)
     kc = g.kw * c
     tasks = []  # (kernel row, first dy column, first cols column, columns)
     for i, (lo, hi, src) in enumerate(row_spans(g, h)):

@@ -26,6 +26,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
+from .conv_pixels import PixelRows
 from .conv_pointwise import Finish, PackedGemm, Pointwise
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
@@ -132,6 +133,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     pointwise = Pointwise(xp, act, activation)
     finish = Finish(xp, act, activation)
     packed = PackedGemm(activation)
+    pixels = PixelRows(activation)
     row_weights = _RowWeights(xp)
     cache = {}
 
@@ -147,6 +149,8 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
             return depthwise(x, w, g, bias)
+        if pixels.pays(xp, x, w, bias, g):  # few output pixels: constant weights streamed once
+            return pixels(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:

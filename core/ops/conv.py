@@ -26,8 +26,9 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
+from .conv_one_image import OneImage
 from .conv_pixels import PixelRows
-from .conv_pointwise import Finish, PackedGemm, Pointwise
+from .conv_pointwise import Finish, Pointwise
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
 from .intra_op import add_into, contiguous, copy_into, ksplit_parts, matmul_ksplit, rows_apply, serial_blas, sum_of_parts
@@ -132,8 +133,8 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     depthwise = DepthwiseConv(xp, activation)
     pointwise = Pointwise(xp, act, activation)
     finish = Finish(xp, act, activation)
-    packed = PackedGemm(activation)
     pixels = PixelRows(activation)
+    one_image = OneImage(activation, finish)
     row_weights = _RowWeights(xp)
     cache = {}
 
@@ -154,7 +155,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
-            return _one_image_compiled(x, w, g, bias, finish, packed)
+            return one_image(x, w, g, bias)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
             if _images_compiled_pays(xp, x, w, g, bias, finish):
                 return _images_compiled(x, w, g, bias, finish.clamp)
@@ -194,27 +195,6 @@ def _nchw_finished(xp, y_onhw, bias, finish):
         finish(yc.reshape((hi - lo) * o, oh * ow), bias)
     rows_apply(xp, part, n, y.nbytes)
     return y
-
-
-def _one_image_compiled(x, w, g, bias, finish, packed):
-    """Batch 1, float32, groups 1: the im2col gather as one compiled pass (jit.gemm_f32.im2col; numpy's
-    6-d window copy pays its iterator per row of OW elements), then the packed GEMM where it pays,
-    else BLAS and the finish."""
-    from ...jit.gemm_f32 import im2col  # deferred: loads llvmlite, numba
-    c, o = x.shape[1], w.shape[0]
-    xpad = padded_copy(np, x, g.pads)
-    hp, wp = xpad.shape[2], xpad.shape[3]
-    k, p = c * g.kh * g.kw, g.oh * g.ow
-    cols = np.empty((k, p), np.float32)
-    im2col(xpad.reshape(c, hp * wp), wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, cols, g.oh, g.ow)
-    out = np.empty((1, o, g.oh, g.ow), np.float32)
-    y = out.reshape(o, p)
-    if packed.pays(np, x, w, bias, k, p):
-        packed(w, bias, cols, y)
-    else:
-        serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols, out=y))
-        finish(y, bias)
-    return out
 
 
 def _images_compiled_pays(xp, x, w, g, bias, finish) -> bool:

@@ -1,0 +1,77 @@
+"""Batch-1 float32 convolutions (groups 1) at inference: the im2col gather with the padding written
+in place (no padded copy) into a scratch arena at a cache-friendly row stride, then the packed GEMM
+with bias and clamp (jit.gemm_f32) where it beats BLAS, else BLAS and the bias + activation finish."""
+from __future__ import annotations
+
+import numpy as np
+
+from .depthwise import ARENAS, _CLAMPS, _immutable
+from .intra_op import serial_blas
+
+_MAX_PLANS = 8  # input shapes whose geometry a node keeps
+
+
+def _packed_pays(o: int, k: int, p: int) -> bool:
+    """Where jit.gemm_f32's packed kernel (weights packed once, bias and clamp in the epilogue, x at
+    leading_dim's stride) beat BLAS + the finish pass, one thread: 1.0-1.4x for 36 to 576 pixels
+    up to k = 576 and beyond 576 pixels for shallow k (<= 64); 0.8-1.0x on 1024+ pixels with
+    k >= 147 (32-128 outputs; measured at load 3, thread CPU time)."""
+    from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
+    return o % 4 == 0 and p >= 16 and (p <= 576 or k <= 64) and supported()
+
+
+class OneImage:
+    """One node's batch-1 convolution: per input shape the geometry and the GEMM choice, per
+    constant weights their packed copy."""
+
+    def __init__(self, activation: str, finish):
+        self.clamp, self.finish = _CLAMPS.get(activation), finish
+        self._plans = {}
+        self._weights = None  # (w, bias, packed w, bias as float32)
+
+    def __call__(self, x, w, g, bias):
+        from ...jit.gemm_f32 import gemm_bias_clamp_ld, im2col_ld  # deferred: loads llvmlite, numba
+        _, c, h, wd = x.shape
+        o = w.shape[0]
+        plan = self._plans.get(x.shape)
+        if plan is None:
+            plan = self._plan(x.shape, w, g)
+        geo, k, p, ldx, packed = plan
+        packed = packed and _immutable(w) and (bias is None or _immutable(bias))
+        mem = ARENAS.take(np, k * ldx * 4)
+        try:
+            cols = mem[:k * ldx * 4].view(np.float32)
+            im2col_ld(np.ascontiguousarray(x).reshape(c, h * wd), h, wd, geo, cols, ldx)
+            out = np.empty((1, o, g.oh, g.ow), np.float32)
+            y = out.reshape(o, p)
+            if packed:
+                wp, b = self._packed(w, bias)
+                lo, hi = self.clamp
+                gemm_bias_clamp_ld(wp, b, cols, ldx, k, p, np.float32(lo), np.float32(hi), y,
+                                   np.empty((k, 16), np.float32), np.empty((o, 16), np.float32))
+            else:
+                serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols.reshape(k, ldx)[:, :p], out=y))
+                self.finish(y, bias)
+        finally:
+            ARENAS.give(np, mem)
+        return out
+
+    def _plan(self, shape, w, g):
+        from ...jit.gemm_f32 import leading_dim  # deferred: loads llvmlite, numba
+        k, p = shape[1] * g.kh * g.kw, g.oh * g.ow
+        geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pads[0][0], g.pads[1][0], g.oh, g.ow], np.int64)
+        packed = self.clamp is not None and w.dtype == np.float32 and _packed_pays(w.shape[0], k, p)
+        plan = (geo, k, p, leading_dim(p) if packed else p, packed)
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        self._plans[shape] = plan
+        return plan
+
+    def _packed(self, w, bias):
+        cached = self._weights
+        if cached is None or cached[0] is not w or cached[1] is not bias:
+            from ...jit.gemm_f32 import pack_weights  # deferred: loads llvmlite, numba
+            o = w.shape[0]
+            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+            cached = self._weights = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id
+        return cached[2], cached[3]

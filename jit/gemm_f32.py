@@ -216,39 +216,25 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col_ld(x, h, w, geo, cols, ldx):
-    """cols [C kh kw rows of stride ldx, OH OW] (flat) = the windows of one image x [C, H W] (flat
-    planes, unpadded): the padding is written as zeros here instead of read from a padded copy.
-    geo (kh, kw, sh, sw, dh, dw, top, left, oh, ow)."""
-    kh, kw, sh, sw, dh, dw, top, left, oh, ow = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6],
-                                                 geo[7], geo[8], geo[9])
+def im2col_ld(x, h, w, geo, cols):
+    """cols [C kh kw, >= OH OW] (rows (c, ky, kx), any row stride) = the windows of one image x [C,
+    H W] (flat planes, unpadded). geo (kh, kw, sh, sw, dh, dw, top, bottom, left, right, oh, ow).
+    Each channel is padded in a small scratch plane that stays in cache (the borders zeroed once),
+    instead of a padded copy of the whole image; im2col's row copies then read it."""
+    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    top, bottom, left, right, oh, ow = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
     c = x.shape[0]
+    hp, wp = h + top + bottom, w + left + right
+    padded = top + bottom + left + right > 0
+    plane = np.zeros(hp * wp if padded else 1, x.dtype)
     for ch in range(c):
-        src_c = x[ch]
-        for ky in range(kh):
-            for kx in range(kw):
-                base = ((ch * kh + ky) * kw + kx) * ldx
-                off = kx * dw - left  # input column of output column 0
-                lo = 0 if off >= 0 else min(ow, (-off + sw - 1) // sw)  # first output column inside
-                hi = max(lo, min(ow, (w - off + sw - 1) // sw))  # first output column past the input
-                for oy in range(oh):
-                    dst = cols[base + oy * ow:base + (oy + 1) * ow]
-                    y = oy * sh + ky * dh - top
-                    if y < 0 or y >= h:
-                        for ox in range(ow):
-                            dst[ox] = 0
-                        continue
-                    for ox in range(lo):
-                        dst[ox] = 0
-                    for ox in range(hi, ow):
-                        dst[ox] = 0
-                    b0 = y * w + off  # may be negative: only columns lo.. are read
-                    if sw == 1:
-                        for ox in range(lo, hi):
-                            dst[ox] = src_c[b0 + ox]
-                    elif sw == 2:  # a constant stride vectorizes (interleaved loads)
-                        for ox in range(lo, hi):
-                            dst[ox] = src_c[b0 + 2 * ox]
-                    else:
-                        for ox in range(lo, hi):
-                            dst[ox] = src_c[b0 + ox * sw]
+        if padded:
+            src_x = x[ch]
+            for y in range(h):
+                d, sr = plane[(y + top) * wp + left:], src_x[y * w:]
+                for i in range(w):
+                    d[i] = sr[i]
+            src = plane.reshape(1, hp * wp)
+        else:
+            src = x[ch:ch + 1]
+        im2col(src, wp, kh, kw, sh, sw, dh, dw, cols[ch * kh * kw:(ch + 1) * kh * kw], oh, ow)

@@ -41,7 +41,7 @@ class OneImage:
         mem = ARENAS.take(np, k * ldx * 4)
         try:
             cols = mem[:k * ldx * 4].view(np.float32)
-            im2col_ld(np.ascontiguousarray(x).reshape(c, h * wd), h, wd, geo, cols, ldx)
+            im2col_ld(np.ascontiguousarray(x).reshape(c, h * wd), h, wd, geo, cols.reshape(k, ldx))
             out = np.empty((1, o, g.oh, g.ow), np.float32)
             y = out.reshape(o, p)
             if packed:
@@ -59,7 +59,8 @@ class OneImage:
     def _plan(self, shape, w, g):
         from ...jit.gemm_f32 import leading_dim  # deferred: loads llvmlite, numba
         k, p = shape[1] * g.kh * g.kw, g.oh * g.ow
-        geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pads[0][0], g.pads[1][0], g.oh, g.ow], np.int64)
+        (t, b), (l, r) = g.pads
+        geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, b, l, r, g.oh, g.ow], np.int64)
         packed = self.clamp is not None and w.dtype == np.float32 and _packed_pays(w.shape[0], k, p)
         plan = (geo, k, p, leading_dim(p) if packed else p, packed)
         if len(self._plans) >= _MAX_PLANS:

@@ -29,8 +29,8 @@ def test_im2col_writes_the_padding_in_place(k, s, d, top, left, h, w):
             want[:, ky, kx] = xp[:, ky * d:ky * d + (oh - 1) * s + 1:s, kx * d:kx * d + (ow - 1) * s + 1:s]
     ldx = leading_dim(oh * ow)
     cols = np.full(c * k * k * ldx, np.nan, np.float32)
-    geo = np.array([k, k, s, s, d, d, top, left, oh, ow], np.int64)
-    im2col_ld(x.reshape(c, h * w), h, w, geo, cols, ldx)
+    geo = np.array([k, k, s, s, d, d, top, bottom, left, right, oh, ow], np.int64)
+    im2col_ld(x.reshape(c, h * w), h, w, geo, cols.reshape(c * k * k, ldx))
     np.testing.assert_array_equal(cols.reshape(c * k * k, ldx)[:, :oh * ow], want.reshape(c * k * k, oh * ow))
 
 

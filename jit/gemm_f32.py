@@ -238,3 +238,19 @@ def im2col_ld(x, h, w, geo, cols):
         else:
             src = x[ch:ch + 1]
         im2col(src, wp, kh, kw, sh, sw, dh, dw, cols[ch * kh * kw:(ch + 1) * kh * kw], oh, ow)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_images_ld(x, h, w, geo, wp, bias, lo, hi, out, ldx, i0, i1):
+    """out[i] [O, OH OW] = clamp(W @ im2col(x[i]) + bias, lo, hi) for i0 <= i < i1: x [N, C, H W] the
+    unpadded images, wp pack_weights' W, geo as im2col_ld's, the columns at row stride ldx
+    (leading_dim) in a scratch of this call."""
+    k = x.shape[1] * geo[0] * geo[1]
+    o, p = out.shape[1], out.shape[2]
+    cols = np.empty((k, ldx), np.float32)
+    panel = np.empty((k, NR), np.float32)
+    tile = np.empty((o, NR), np.float32)
+    cf = cols.reshape(k * ldx)
+    for i in range(i0, i1):
+        im2col_ld(x[i], h, w, geo, cols)
+        gemm_bias_clamp_ld(wp, bias, cf, ldx, k, p, lo, hi, out[i], panel, tile)

@@ -156,6 +156,9 @@ def _kernel_conv(node, ctx, activation: str = "none"):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
             return one_image(x, w, g, bias)
+        if groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32 \
+                and one_image.batch_pays(x, w, bias, g):  # constant weights: compiled, image by image
+            return one_image.batch(x, w, g, bias)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
             if _images_compiled_pays(xp, x, w, g, bias, finish):
                 return _images_compiled(x, w, g, bias, finish.clamp)

@@ -7,7 +7,7 @@ import pytest
 from isthmus import jit
 from isthmus.core.ops import conv_one_image
 
-from .test_conv_forward import check
+from .test_conv_forward import check, run_conv
 
 pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
 
@@ -59,3 +59,45 @@ def test_batch1_paths_match_the_reference(chosen, act, c, o, k, strides, padding
     b = rng.standard_normal(o).astype(np.float32)
     check(x, w, b, strides, padding, dil, 1, act)
     assert chosen == [packed and act != "sigmoid"]
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """Counts the batches the compiled image-by-image path serves."""
+    calls = []
+    real = conv_one_image.OneImage.batch
+    monkeypatch.setattr(conv_one_image.OneImage, "batch", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "relu6"])
+@pytest.mark.parametrize("n,c,o,k,strides,padding,hw,served", [
+    (3, 3, 16, 7, 2, ((3, 3), (3, 3)), 32, True),  # a 7x7 stem (K 147) on 256 pixels
+    (2, 32, 32, 3, 1, "SAME", 16, True),           # ResNet's 16x16 stage (K 288, 256 pixels)
+    (4, 8, 20, 3, 2, ((0, 1), (1, 0)), 13, True),  # stride 2, asymmetric padding
+    (2, 16, 30, 3, 1, "SAME", 8, False),           # O not a multiple of 4: the BLAS paths
+])
+def test_batches_image_by_image_match_the_reference(batches, act, n, c, o, k, strides, padding, hw, served):
+    rng = np.random.default_rng(n * 1000 + c * 10 + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), strides, padding, 1, 1, act)
+    assert bool(batches) == served
+
+
+def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch):
+    from isthmus.core import threads
+    from isthmus.core.ops import intra_op
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((5, 8, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    chunks = []
+    real = threads.fan_out
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(intra_op, "fan_out", lambda *a, **kw: chunks.append(real(*a, **kw)) or chunks[-1])
+    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    np.testing.assert_array_equal(one, two)
+    assert len(batches) == 2 and max(chunks) == 2

@@ -31,41 +31,46 @@ def pack_weights_t(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(wt.reshape(op // NR, NR, k).transpose(0, 2, 1))
 
 
-def pixel_index(n, c, h, w, kh, kw, sh, sw, dh, dw, top, left, oh, ow) -> np.ndarray:
-    """The gather table of conv_pixels: for the rows r = (image, oy, ox) (padded to a multiple of 4)
-    and the columns k = (channel, ky, kx), in the packed order [R/4, K, 4], the flat index into
-    x [N, C, H, W] of that input element, or N C H W (a zero) where the window reads padding."""
-    rows = n * oh * ow
-    rp = -(-rows // MR) * MR
-    i, oy, ox = np.meshgrid(np.arange(n), np.arange(oh), np.arange(ow), indexing="ij")
+def pixel_index(c, h, w, kh, kw, sh, sw, dh, dw, top, left, oh, ow) -> np.ndarray:
+    """The gather table of conv_pixels, for one image: for each output pixel (oy, ox) and column
+    k = (channel, ky, kx), the flat index into the image [C, H, W] of that input element, or C H W
+    (a zero) where the window reads padding. [OH OW, C kh kw] int32."""
+    oy, ox = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
     ch, ky, kx = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
-    ys = oy.reshape(-1, 1) * sh + ky.reshape(1, -1) * dh - top  # [rows, K]
+    ys = oy.reshape(-1, 1) * sh + ky.reshape(1, -1) * dh - top  # [pixels, K]
     xs = ox.reshape(-1, 1) * sw + kx.reshape(1, -1) * dw - left
-    flat = ((i.reshape(-1, 1) * c + ch.reshape(1, -1)) * h + ys) * w + xs
     inside = (ys >= 0) & (ys < h) & (xs >= 0) & (xs < w)
-    table = np.full((rp, c * kh * kw), n * c * h * w, np.int64)
-    table[:rows] = np.where(inside, flat, n * c * h * w)
-    return np.ascontiguousarray(table.reshape(rp // MR, MR, -1).transpose(0, 2, 1)).astype(np.int32)
+    return np.where(inside, (ch.reshape(1, -1) * h + ys) * w + xs, c * h * w).astype(np.int32)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def conv_pixels(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
-    """out [N, O, P] = clamp(W @ cols + bias, lo, hi) for the images of xf (flat x) with cols gathered
-    by `index` (pixel_index) into a [R/4, K, 4] scratch, yt [R, 16 ceil(O/16)] scratch, wt
-    pack_weights_t's panels, zeros [R] (the tile's row bias), pix = P (output pixels per image)."""
-    nx = xf.size
+    """out [N, O, P] = clamp(W @ cols + bias, lo, hi) for the images of xf (flat x), the rows (image,
+    pixel) of cols gathered by `index` (pixel_index) into a [ceil(R/4), K, 4] scratch, yt [4 ceil(R/4),
+    16 ceil(O/16)] scratch, wt pack_weights_t's panels, zeros [4 ceil(R/4)] (the tile's row bias),
+    pix = P (output pixels per image)."""
+    n, o = out.shape[0], out.shape[1]
+    k = index.shape[1]
+    chw = xf.size // n
+    rows = n * pix
+    for r in range(rows):  # a [R/4, K, 4]: row r's columns at a[r // 4, :, r % 4]
+        i, p = r // pix, r % pix
+        src, t = xf[i * chw:], index[p]
+        dst = a[r // MR]
+        rr = r % MR
+        for q in range(k):
+            j = t[q]
+            dst[q, rr] = src[j] if j < chw else 0
+    for r in range(rows, a.shape[0] * MR):  # rows past the last whole 4: zeros
+        for q in range(k):
+            a[r // MR, q, r % MR] = 0
     af = a.reshape(a.size)
-    ix = index.reshape(index.size)
-    for q in range(ix.size):
-        j = ix[q]
-        af[q] = xf[j] if j < nx else 0
-    rp, k = index.shape[0] * MR, index.shape[1]
+    rp = a.shape[0] * MR
     op = yt.shape[1]
     ytf, wtf = yt.reshape(yt.size), wt.reshape(wt.size)
     inf = np.float32(np.inf)
     for panel in range(op // NR):
         _panels(af, zeros, wtf, NR, panel * k * NR, ytf, op, panel * NR, rp, k, -inf, inf, False)
-    n, o = out.shape[0], out.shape[1]
     for i in range(n):
         for ch in range(o):
             b = bias[ch]

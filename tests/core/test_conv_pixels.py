@@ -76,3 +76,16 @@ def test_weights_from_a_variable_are_not_served():
         sess.run(v.assign(np.full((8, 4, 3, 3), 2, np.float32)))
         second = sess.run(y, {xt: x})
     np.testing.assert_array_equal(second, 2 * first)
+
+
+@pytest.mark.parametrize("n,c,o,k,strides,padding,hw", [
+    (32, 16, 32, 3, 2, "SAME", 4),   # 32 images of 2x2 outputs: 128 rows
+    (5, 24, 20, 1, 2, "VALID", 7),   # 5 images of 4x4 (a strided 1x1): 80 rows
+    (9, 8, 16, 3, 1, "SAME", 3),     # 81 rows: not a multiple of 4
+])
+def test_batches_of_small_planes_as_pixel_rows(served, n, c, o, k, strides, padding, hw):
+    rng = np.random.default_rng(n + c + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), strides, padding, 1, 1, "relu")
+    assert served

@@ -20,8 +20,9 @@ def ref_max_pool(x, k, s, d, pads):
     out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
     for i in range(oh):
         for j in range(ow):
-            win = xp[:, :, i * s[0]:i * s[0] + (k[0] - 1) * d[0] + 1:d[0], j * s[1]:j * s[1] + (k[1] - 1) * d[1] + 1:d[1]]
-            out[:, :, i, j] = win.max(axis=(2, 3))
+            ys = slice(i * s[0], i * s[0] + (k[0] - 1) * d[0] + 1, d[0])
+            xs = slice(j * s[1], j * s[1] + (k[1] - 1) * d[1] + 1, d[1])
+            out[:, :, i, j] = xp[:, :, ys, xs].max(axis=(2, 3))
     return out
 
 

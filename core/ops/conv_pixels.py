@@ -14,6 +14,10 @@ from .depthwise import _CLAMPS, _immutable, compiled_ok
 # 32 (128 and 512 rows) 1.2-4x faster than the BLAS paths, 0.8x on a stride-1 3x3 over 2x2 planes
 # (whose row taps skip the padding's products).
 _MAX_ROWS, _MAX_ROWS_1X1 = 36, 16
+# 1x1 convolutions with at least this many input channels take _MAX_ROWS: MobileNetV2's and
+# SqueezeNet's 6x6 1x1s of 384-576 channels 0.8-0.9x the pointwise path's time (cold, one thread);
+# shallower ones about even
+_DEEP_1X1 = 256
 _MAX_PIXELS_BATCH, _MAX_ROWS_BATCH = 16, 512
 _MAX_TABLES = 4  # geometries (input shapes) whose gather table a node keeps
 
@@ -31,7 +35,8 @@ class PixelRows:
         """float32 constant weights (and bias), groups 1, a clamp activation, few output rows."""
         pix = g.oh * g.ow
         rows = x.shape[0] * pix
-        limit = _MAX_ROWS_1X1 if g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) else _MAX_ROWS
+        pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1)
+        limit = _MAX_ROWS_1X1 if pointwise and x.shape[1] < _DEEP_1X1 else _MAX_ROWS
         few = rows <= limit or (pix <= _MAX_PIXELS_BATCH and rows <= _MAX_ROWS_BATCH)
         return (few and g.groups == 1 and self.clamp is not None and x.dtype == np.float32
                 and w.dtype == np.float32 and compiled_ok(xp, x.dtype) and _immutable(w)

@@ -89,3 +89,13 @@ def test_batches_of_small_planes_as_pixel_rows(served, n, c, o, k, strides, padd
     w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     check(x, w, rng.standard_normal(o).astype(np.float32), strides, padding, 1, 1, "relu")
     assert served
+
+
+def test_deep_1x1_on_36_pixels_takes_the_pixel_rows(served):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 256, 6, 6)).astype(np.float32)
+    w = (rng.standard_normal((40, 256, 1, 1)) / 16).astype(np.float32)
+    check(x, w, rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
+    assert served
+    check(x[:, :64], w[:, :64], rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
+    assert len(served) == 1  # 64 channels: the pointwise path

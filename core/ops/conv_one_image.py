@@ -17,10 +17,13 @@ def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:
     leading_dim's stride) beat BLAS + the finish pass, one thread: 1.0-1.4x for 36 to 576 pixels
     up to k = 576 and beyond 576 pixels for shallow k (<= 64); 0.8-1.0x on 1024+ pixels with
     k >= 147 (32-128 outputs; measured at load 3, thread CPU time). A batch's alternatives cost
-    more (layout passes around BLAS, or jit.conv_images at a conflicting row stride): there up to
-    k = 160 at any size (ResNet's 7x7 stem)."""
+    more (row taps' layout passes around BLAS, or jit.conv_images at a conflicting row stride): at
+    batch 32, up to k = 576 at any size, or up to 64 pixels, 0.65-0.95x their time (Inception's
+    32x32x32 3x3: 25.7 -> 16.5 ms); the CNN's 5x5 over 32 channels (k = 800, 196 pixels) 1.08x."""
     from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
-    return o % 4 == 0 and p >= 16 and (p <= 576 or k <= (160 if batch else 64)) and supported()
+    if batch:
+        return o % 4 == 0 and p >= 16 and (k <= 576 or p <= 64) and supported()
+    return o % 4 == 0 and p >= 16 and (p <= 576 or k <= 64) and supported()
 
 
 class OneImage:

@@ -254,3 +254,13 @@ def conv_images_ld(x, h, w, geo, wp, bias, lo, hi, out, ldx, i0, i1):
     for i in range(i0, i1):
         im2col_ld(x[i], h, w, geo, cols)
         gemm_bias_clamp_ld(wp, bias, cf, ldx, k, p, lo, hi, out[i], panel, tile)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_image_ld(x, h, w, geo, wp, bias, lo, hi, y, cols):
+    """One image's convolution in one call (one dispatch, not two): y [O, OH OW] = clamp(W @
+    im2col(x) + bias, lo, hi), x [C, H W] unpadded, cols a [C kh kw, ldx] scratch (leading_dim)."""
+    k, ldx = cols.shape
+    im2col_ld(x, h, w, geo, cols)
+    gemm_bias_clamp_ld(wp, bias, cols.reshape(k * ldx), ldx, k, y.shape[1], lo, hi, y,
+                       np.empty((k, NR), np.float32), np.empty((y.shape[0], NR), np.float32))

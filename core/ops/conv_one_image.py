@@ -32,35 +32,44 @@ class OneImage:
 
     def __init__(self, activation: str, finish):
         self.clamp, self.finish = _CLAMPS.get(activation), finish
+        if self.clamp is not None:
+            self._lo, self._hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
+        self._fns = None  # the compiled kernels, imported at the first call
         self._plans = {}
         self._weights = None  # (w, bias, packed w, bias as float32)
 
     def __call__(self, x, w, g, bias):
-        from ...jit.gemm_f32 import gemm_bias_clamp_ld, im2col_ld  # deferred: loads llvmlite, numba
         _, c, h, wd = x.shape
         o = w.shape[0]
         plan = self._plans.get(x.shape)
         if plan is None:
             plan = self._plan(x.shape, w, g)
         geo, k, p, ldx, packed = plan
-        packed = packed and _immutable(w) and (bias is None or _immutable(bias))
+        cached = self._weights  # packed weights are kept only for constants: a hit needs no checks
+        packed = packed and ((cached is not None and cached[0] is w and cached[1] is bias)
+                             or (_immutable(w) and (bias is None or _immutable(bias))))
+        fns = self._fns or self._load()
         mem = ARENAS.take(np, k * ldx * 4)
         try:
-            cols = mem[:k * ldx * 4].view(np.float32)
-            im2col_ld(np.ascontiguousarray(x).reshape(c, h * wd), h, wd, geo, cols.reshape(k, ldx))
+            cols = mem[:k * ldx * 4].view(np.float32).reshape(k, ldx)
             out = np.empty((1, o, g.oh, g.ow), np.float32)
             y = out.reshape(o, p)
+            x2 = np.ascontiguousarray(x).reshape(c, h * wd)
             if packed:
                 wp, b = self._packed(w, bias)
-                lo, hi = self.clamp
-                gemm_bias_clamp_ld(wp, b, cols, ldx, k, p, np.float32(lo), np.float32(hi), y,
-                                   np.empty((k, 16), np.float32), np.empty((o, 16), np.float32))
+                fns[1](x2, h, wd, geo, wp, b, self._lo, self._hi, y, cols)
             else:
-                serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols.reshape(k, ldx)[:, :p], out=y))
+                fns[0](x2, h, wd, geo, cols)
+                serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols[:, :p], out=y))
                 self.finish(y, bias)
         finally:
             ARENAS.give(np, mem)
         return out
+
+    def _load(self):
+        from ...jit.gemm_f32 import conv_image_ld, im2col_ld  # deferred: loads llvmlite, numba
+        self._fns = (im2col_ld, conv_image_ld)
+        return self._fns
 
     def batch_pays(self, x, w, bias, g) -> bool:
         """Whether a batch runs here (compiled, per image): the packed GEMM serves its per-image

@@ -30,6 +30,9 @@ class PixelRows:
         self.clamp = _CLAMPS.get(activation)
         self._weights = None  # (w, bias, W^T panels, bias as float32)
         self._tables = {}
+        self._kernel = None  # jit.gemm_pixels.conv_pixels, imported at the first call
+        if self.clamp is not None:
+            self._lo, self._hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
 
     def pays(self, xp, x, w, bias, g) -> bool:
         """float32 constant weights (and bias), groups 1, a clamp activation, few output rows."""
@@ -43,10 +46,10 @@ class PixelRows:
                 and (bias is None or (bias.dtype == np.float32 and _immutable(bias))))
 
     def __call__(self, x, w, g, bias):
-        from ...jit.gemm_pixels import conv_pixels, pack_weights_t  # deferred: loads llvmlite, numba
         o = w.shape[0]
         cached = self._weights
         if cached is None or cached[0] is not w or cached[1] is not bias:
+            from ...jit.gemm_pixels import pack_weights_t  # deferred: loads llvmlite, numba
             b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
             cached = self._weights = (w, bias, pack_weights_t(w.reshape(o, -1)), b)  # holding w keeps its id
         index = self._table(x.shape[1:], g)
@@ -55,13 +58,18 @@ class PixelRows:
         a = np.empty((quads, index.shape[1], 4), np.float32)
         yt = np.empty((quads * 4, cached[2].shape[0] * 16), np.float32)
         out = np.empty((n, o, g.oh, g.ow), np.float32)
-        lo, hi = self.clamp
-        conv_pixels(np.ascontiguousarray(x).reshape(-1), index, cached[2], cached[3], np.float32(lo),
-                    np.float32(hi), np.zeros(yt.shape[0], np.float32), a, yt, out.reshape(n, o, p), p)
+        kernel = self._kernel or self._load()
+        kernel(np.ascontiguousarray(x).reshape(-1), index, cached[2], cached[3], self._lo, self._hi,
+               np.zeros(yt.shape[0], np.float32), a, yt, out.reshape(n, o, p), p)
         return out
 
+    def _load(self):
+        from ...jit.gemm_pixels import conv_pixels  # deferred: loads llvmlite, numba
+        self._kernel = conv_pixels
+        return conv_pixels
+
     def _table(self, shape, g):
-        key = (shape, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pads)
+        key = shape  # the node's window is fixed: the input shape decides the geometry
         table = self._tables.get(key)
         if table is None:
             from ...jit.gemm_pixels import pixel_index  # deferred: loads llvmlite, numba

@@ -34,6 +34,7 @@ from .fused import activation_to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
 CHUNK_BYTES = 1 << 20
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_ZERO, _ZERO_I = np.float32(0), np.int32(0)  # jit.depthwise_blocked's zero point and requantization terms (float)
 _CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
 _MAX_LAYOUTS = 8  # input shapes whose layout and scratch (about CHUNK_BYTES each) a node keeps
 
@@ -90,25 +91,30 @@ class DepthwiseConv:
     def _run_blocked(self, x, w, g, bias):
         """jit.depthwise_blocked over chunks of images on the intra-op threads, each with its own
         scratch (the padded 8-channel block and its output block); the weights blocked once."""
-        from ...jit.depthwise_blocked import block_weights, blocked_rows, blocked_scratch_elems  # deferred: numba
         n, c, h, wd = x.shape
         cached = self._blocked
         if cached is None or cached[0] is not w or cached[1] is not bias:
+            from ...jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
             b = None if bias is None else bias.reshape(c)
-            cached = self._blocked = (w, bias) + block_weights(w.reshape(c, 3, 3), b)  # holding w keeps its id
+            wb, bb = block_weights(w.reshape(c, 3, 3), b)
+            lo, hi = np.float32(self._clamp[0]), np.float32(self._clamp[1])
+            cached = self._blocked = (w, bias, wb, bb, lo, hi, blocked_rows)  # holding w keeps its id
+        _, _, wb, bb, lo, hi, kernel = cached
         (t, b_), (l, r) = g.pads
         hp, wp = h + t + b_, wd + l + r
         xs = np.ascontiguousarray(x).reshape(n * c, h, wd)
         out = np.empty((n, c, g.oh, g.ow), np.float32)
         orow = out.reshape(n * c, g.oh, g.ow)
-        lo, hi = np.float32(self._clamp[0]), np.float32(self._clamp[1])
+        split = hp * wp * 8
 
         def images(i0, i1):
-            scratch = np.empty(blocked_scratch_elems(hp, wp, g.oh, g.ow), np.float32)
-            blocked_rows(xs[i0 * c:i1 * c], np.float32(0), c, cached[2], cached[3], t, l, wp, g.sh, g.sw, lo, hi,
-                         False, np.float32(0), np.int32(0), orow[i0 * c:i1 * c], scratch[:hp * wp * 8],
-                         scratch[hp * wp * 8:])
-        _on_threads(images, _split_rows(n, n * c * g.oh * g.ow * 9))
+            scratch = np.empty(split + g.oh * g.ow * 8, np.float32)  # jit.depthwise_blocked's two blocks
+            kernel(xs[i0 * c:i1 * c], _ZERO, c, wb, bb, t, l, wp, g.sh, g.sw, lo, hi, False, _ZERO, _ZERO_I,
+                   orow[i0 * c:i1 * c], scratch[:split], scratch[split:])
+        if n == 1:
+            images(0, 1)
+        else:
+            _on_threads(images, _split_rows(n, n * c * g.oh * g.ow * 9))
         return out
 
     def __call__(self, x, w, g, bias=None):

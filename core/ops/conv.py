@@ -25,7 +25,9 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
-from .conv_pointwise import Finish, PackedGemm, Pointwise
+from .conv_one_image import OneImage
+from .conv_pixels import PixelRows
+from .conv_pointwise import Finish, Pointwise
 from .conv_rows import conv_rows, filter_grad_rows, stacked_weights
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
@@ -122,7 +124,8 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     depthwise = DepthwiseConv(xp, activation)
     pointwise = Pointwise(xp, act, activation)
     finish = Finish(xp, act, activation)
-    packed = PackedGemm(activation)
+    pixels = PixelRows(activation)
+    one_image = OneImage(activation, finish)
     row_weights = _RowWeights(xp)
     cache = {}
 
@@ -138,10 +141,15 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
             return depthwise(x, w, g, bias)
+        if pixels.pays(xp, x, w, bias, g):  # few output pixels: constant weights streamed once
+            return pixels(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
-            return _one_image_compiled(x, w, g, bias, finish, packed)
+            return one_image(x, w, g, bias)
+        if groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32 \
+                and one_image.batch_pays(x, w, bias, g):  # constant weights: compiled, image by image
+            return one_image.batch(x, w, g, bias)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
             if _images_compiled_pays(xp, x, w, g, bias, finish):
                 return _images_compiled(x, w, g, bias, finish.clamp)
@@ -192,27 +200,6 @@ def _rows_finisher(xp, bias, finish):
         b = np.zeros(y.shape[1], np.float32) if bias is None else bias.reshape(-1)
         ohwn_to_nchw_bias_clamp(src, b, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
     return compiled_rows
-
-
-def _one_image_compiled(x, w, g, bias, finish, packed):
-    """Batch 1, float32, groups 1: the im2col gather as one compiled pass (jit.gemm_f32.im2col; numpy's
-    6-d window copy pays its iterator per row of OW elements), then the packed GEMM where it pays,
-    else BLAS and the finish."""
-    from ...jit.gemm_f32 import im2col  # deferred: loads llvmlite, numba
-    c, o = x.shape[1], w.shape[0]
-    xpad = padded_copy(np, x, g.pads)
-    hp, wp = xpad.shape[2], xpad.shape[3]
-    k, p = c * g.kh * g.kw, g.oh * g.ow
-    cols = np.empty((k, p), np.float32)
-    im2col(xpad.reshape(c, hp * wp), wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, cols, g.oh, g.ow)
-    out = np.empty((1, o, g.oh, g.ow), np.float32)
-    y = out.reshape(o, p)
-    if packed.pays(np, x, w, bias, k, p):
-        packed(w, bias, cols, y)
-    else:
-        serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols, out=y))
-        finish(y, bias)
-    return out
 
 
 def _images_compiled_pays(xp, x, w, g, bias, finish) -> bool:

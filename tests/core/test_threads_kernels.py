@@ -155,6 +155,9 @@ def _images_spy(monkeypatch):
     from isthmus.core.ops import conv as conv_mod
     if not ism.jit.available():
         pytest.skip("numba is not available")
+    from isthmus.core.ops import conv_one_image
+    # constant weights would take the inference path (conv_one_image); this path serves variables
+    monkeypatch.setattr(conv_one_image.OneImage, "batch_pays", lambda self, *a: False)
     used = []
     real = conv_mod._images_compiled
     monkeypatch.setattr(conv_mod, "_images_compiled", lambda *a: used.append(1) or real(*a))

@@ -144,10 +144,12 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
             wt = np.ascontiguousarray(bi.T.astype(np.int16))
             return [(m, nn)], lambda ins, outs, sc: _bind_gemv(wt, rq, ins[0], outs[0])
         # deferred: jit.gemv_int8 loads llvmlite, numba
-        from ..jit.gemv_int8 import activation_elems, pack_weights as pack_rows8
+        from ..jit.gemv_int8 import activation_elems, interleave, pack_weights as pack_rows8, signable
         w8 = pack_rows8(bi.T)
+        sign = signable(w8)  # no -128: the sign loop (|a| times w sign(a) in pmaddubsw)
+        w8 = interleave(w8) if sign else w8
         i_a = ctx.scratch((activation_elems(k),), np.int16)
-        return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0])
+        return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0], sign)
     w32 = pack_weights(np.ascontiguousarray(bi.T))
     i_x = ctx.scratch(packed_shape(k, m), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
@@ -175,10 +177,19 @@ def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[]
     return lambda: gemv_requantize_int(w, a, q, c, s, zp, lo, hi, out)
 
 
-def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray) -> Callable[[], None]:
-    """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16)."""
+def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray, sign: bool) -> Callable[[], None]:
+    """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16),
+    or, `sign`, against |a| and a's signs in a16's bytes (the sign loop)."""
     # deferred: jit.gemv_int8 loads llvmlite, numba
-    from ..jit.gemv_int8 import gemv_requantize_float, gemv_requantize_int
+    from ..jit.gemv_int8 import (gemv_requantize_float, gemv_requantize_int, gemv_sign_requantize_float,
+                                 gemv_sign_requantize_int)
+    if sign:
+        ab = a16.view(np.uint8)
+        if rq[0] == "float":
+            _, mf, cf, flo, fhi, off = rq
+            return lambda: gemv_sign_requantize_float(w8, a, ab, mf, cf, flo, fhi, off, out)
+        _, q, c, s, zp, lo, hi = rq
+        return lambda: gemv_sign_requantize_int(w8, a, ab, q, c, s, zp, lo, hi, out)
     if rq[0] == "float":
         _, mf, cf, flo, fhi, off = rq
         return lambda: gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out)

@@ -91,12 +91,14 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
     """A groups-1 int8 convolution of one image: wi int64 [O, C, kh, kw] (less its zero points),
     bias int64 [O] (the input's zero point folded in), multipliers s_x s_w / s_y per channel."""
     # deferred: jit.gemm_int8 loads llvmlite, numba
-    from ..jit.gemm_int8 import NR, cols_slack, pack_weights, packed_shape
+    from ..jit.gemm_int8 import NR, cols_slack, pack_weights, packed_shape, pair_weights
     o, k = wi.shape[0], int(np.prod(wi.shape[1:]))
     p = g.oh * g.ow
-    w32 = pack_weights(wi.reshape(o, k))
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded
+    if not pointwise and g.c % 2 == 0:
+        return _conv_channel_pairs(ctx, g, pack_weights(pair_weights(wi)), rq, zx)
+    w32 = pack_weights(wi.reshape(o, k))
     kp, p16 = packed_shape(k, p)
     i_x = ctx.scratch((kp + (0 if pointwise else 1), p16), np.int32)  # im2col_pairs writes past the last row
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
@@ -123,6 +125,33 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
         def run():
             pad_planes(x3, zx8, g.t, g.l, xpad)
             im2col_pairs(flat, *geo, xq1)
+            gemm()
+        return run
+    return [(1, o, g.oh, g.ow)], bind
+
+
+def _conv_channel_pairs(ctx: OpContext, g: Window, w32: np.ndarray, rq, zx: int) -> Tuple[list, Callable]:
+    """A windowed convolution over an even number of channels: the input becomes int16 channel pairs
+    in padded planes once per call (jit.gemm_int8.pad_channel_pairs), so im2col only copies int32 runs
+    (the taps' pairs of the other path are built anew for every tap); weights from pair_weights."""
+    from ..jit.gemm_int8 import NR, channel_pairs_elems, packed_shape  # deferred: loads llvmlite, numba
+    o, p, c2n = g.o, g.oh * g.ow, g.c // 2
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    kp, p16 = packed_shape(g.c * g.kh * g.kw, p)
+    i_x = ctx.scratch((kp + 1, p16), np.int32)  # im2col_channel_pairs writes past the last row
+    i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
+    i_c = ctx.scratch((channel_pairs_elems(g.c, hp, wp),), np.int32)
+
+    def bind(ins, outs, sc):
+        # deferred: jit.gemm_int8 loads llvmlite, numba
+        from ..jit.gemm_int8 import im2col_channel_pairs, pad_channel_pairs
+        xq, xc, x3, zx8 = sc[i_x], sc[i_c], ins[0].reshape(g.c, g.h, g.w), np.int8(zx)
+        gemm = _bind_gemm(w32, rq, xq[:kp], sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
+        geo, xq1 = (c2n, hp, wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow), xq.reshape(-1)
+
+        def run():
+            pad_channel_pairs(x3, zx8, g.t, g.l, hp, wp, xc)
+            im2col_channel_pairs(xc, *geo, xq1)
             gemm()
         return run
     return [(1, o, g.oh, g.ow)], bind

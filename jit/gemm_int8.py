@@ -292,6 +292,86 @@ def im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
                     xq[base + ox] = (np.int32(flat[sa + u]) & 0xFFFF) | ((np.int32(flat[sb + u]) << 16) & keep)
 
 
+def pair_weights(w: np.ndarray) -> np.ndarray:
+    """Integer conv weights [O, C, kh, kw], C even -> [O, K] whose consecutive K pairs are channel
+    pairs (2c, 2c + 1) at one tap, rows (c / 2, ky, kx): the order im2col_channel_pairs writes."""
+    o, c, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(o, c // 2, 2, kh, kw).transpose(0, 1, 3, 4, 2)).reshape(o, -1)
+
+
+def channel_pairs_elems(c: int, hp: int, wp: int) -> int:
+    """int32 elements of pad_channel_pairs' output: [C / 2, Hp, Wp] and slack for 16-wide runs past it."""
+    return (c // 2) * hp * wp + 2 * NR
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def pad_channel_pairs(x, zx, pt, pl, hp, wp, xc):
+    """xc int32 flat [C / 2, Hp, Wp] (+ slack) = the int16 pairs (x[2c], x[2c + 1]) of x int8 [C, H, W]
+    (C even) placed at (pt, pl) in planes bordered by zx: one pass over the input, once per call."""
+    c_, h, w = x.shape
+    border = (np.int32(zx) & 0xFFFF) | (np.int32(zx) << 16)
+    plane = hp * wp
+    for c2 in range(c_ // 2):
+        base = c2 * plane
+        for i in range(plane):
+            xc[base + i] = border
+        a, b = x[2 * c2], x[2 * c2 + 1]
+        for iy in range(h):
+            ra, rb, row = a[iy], b[iy], base + (iy + pt) * wp + pl
+            dst = xc[row:row + w]
+            for i in range(w):
+                dst[i] = (np.int32(ra[i]) & 0xFFFF) | (np.int32(rb[i]) << 16)
+
+
+def _copy_intrinsic(stride: int):
+    """An intrinsic copying 16 int32: dst[d + t] = src[s + t stride] for t < 16 (stride 1 or 2)."""
+    @intrinsic
+    def copy16(typingctx, src, s, dst, d):
+        sig = types.void(src, s, dst, d)
+
+        def codegen(context, builder, signature, args):
+            sa, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2))
+            i32 = ir.IntType(32)
+            sptr, dptr = builder.bitcast(sa.data, i32.as_pointer()), builder.bitcast(da.data, i32.as_pointer())
+            wide = ir.VectorType(i32, NR * stride)
+            v = builder.load(builder.bitcast(builder.gep(sptr, [args[1]]), wide.as_pointer()), align=4)
+            if stride > 1:
+                v = builder.shuffle_vector(v, ir.Constant(wide, ir.Undefined),
+                                           ir.Constant(ir.VectorType(i32, NR), [t * stride for t in range(NR)]))
+            builder.store(v, builder.bitcast(builder.gep(dptr, [args[3]]), ir.VectorType(i32, NR).as_pointer()),
+                          align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return copy16
+
+
+_copy16_s1, _copy16_s2 = _copy_intrinsic(1), _copy_intrinsic(2)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def im2col_channel_pairs(xc, c2n, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
+    """im2col over pad_channel_pairs' planes: xq int32 flat [C/2 kh kw + 1, P16] (one spare row),
+    row (c2, ky, kx) holding the channel pairs under that tap for every output. The pairs are built
+    once per call, so each row is a copy of int32 runs (16 wide, past a row's end: the next run or
+    the spare row overwrites them)."""
+    taps = kh * kw
+    p16 = xq.shape[0] // (c2n * taps + 1)
+    for c2 in range(c2n):
+        for t in range(taps):
+            src0, row = c2 * hp * wp + (t // kw) * dh * wp + (t % kw) * dw, (c2 * taps + t) * p16
+            for oy in range(oh):
+                sa, base = src0 + oy * sh * wp, row + oy * ow
+                if sw == 1:
+                    for s in range(0, ow, NR):
+                        _copy16_s1(xc, sa + s, xq, base + s)
+                elif sw == 2:
+                    for s in range(0, ow, NR):
+                        _copy16_s2(xc, sa + 2 * s, xq, base + s)
+                else:
+                    for ox in range(ow):
+                        xq[base + ox] = xc[sa + ox * sw]
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so, sp):
     """out[o so + p sp] (int8, flat) = rint(clamp(acc[o, p] mf[o] + cf[o], flo, fhi)) - off (0 or -1) for o < O, p < P,

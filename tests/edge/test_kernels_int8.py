@@ -96,6 +96,7 @@ CONV_CASES = [
     ((2, 6, 11, 13), (6, 1, 3, 3), (3, 2), (2, 3), (2, 1, 3, 0), 6, "relu", True, True),  # depthwise, 6 phases
     ((2, 3, 12, 12), (5, 3, 3, 3), (2, 2), (1, 1), (0, 1, 0, 1), 1, "relu6", True, True),  # stride 2, SAME
     ((1, 6, 9, 8), (4, 3, 2, 3), (2, 3), (1, 2), (1, 1, 2, 2), 2, "none", True, True),  # grouped, strided
+    ((1, 4, 9, 7), (5, 4, 3, 3), (2, 1), (1, 2), (1, 1, 2, 0), 1, "relu", True, True),  # even C: channel pairs
 ]
 
 

@@ -94,3 +94,44 @@ def test_the_micro_kernel_multiplies_pairs_into_int32():
     fresh(w32, xp, acc, out)
     asm = "".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
     assert "vpmaddwd" in asm or "vpdpwssd" in asm
+
+
+def _conv_int64(x, w, zx, pads, strides, dil):
+    """A plain numpy convolution of one image in int64: x [C, H, W] padded with zx, w [O, C, kh, kw]."""
+    (pt, pb, pl, pr), (sh, sw), (dh, dw) = pads, strides, dil
+    padded = np.pad(x.astype(np.int64), ((0, 0), (pt, pb), (pl, pr)), constant_values=zx)
+    o, c, kh, kw = w.shape
+    oh, ow = (padded.shape[1] - (kh - 1) * dh - 1) // sh + 1, (padded.shape[2] - (kw - 1) * dw - 1) // sw + 1
+    out = np.zeros((o, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            win = padded[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+            out += np.einsum("oc,cyx->oyx", w[:, :, i, j].astype(np.int64), win)
+    return out
+
+
+@pytest.mark.parametrize("c,h,w,o,kh,kw,sh,sw,dh,dw,pads", [(2, 5, 6, 5, 3, 2, 2, 1, 1, 2, (1, 1, 2, 1)),
+                                                           (4, 7, 7, 7, 3, 3, 2, 3, 1, 1, (0, 2, 4, 0)),
+                                                           (6, 9, 40, 13, 3, 3, 2, 2, 1, 1, (1, 1, 1, 1)),
+                                                           (32, 14, 14, 64, 5, 5, 1, 1, 1, 1, (2, 2, 2, 2)),
+                                                           (2, 3, 37, 3, 2, 3, 1, 2, 2, 1, (0, 0, 0, 0)),
+                                                           (8, 6, 6, 9, 3, 3, 1, 1, 1, 1, (1, 1, 1, 1))])
+def test_channel_pair_conv_equals_numpy(c, h, w, o, kh, kw, sh, sw, dh, dw, pads):
+    """pad_channel_pairs + im2col_channel_pairs + the GEMM over pair_weights against a numpy int64
+    convolution (zero point in the border, odd output sizes, strides 1-3, dilation, extremes)."""
+    rng = np.random.default_rng(c * 7 + o)
+    x = rng.choice(np.array([-128, -127, -1, 0, 1, 127], np.int8), (c, h, w))
+    wt = rng.integers(-127, 128, (o, c, kh, kw))
+    zx, (pt, pb, pl, pr) = -5, pads
+    want = _conv_int64(x, wt, zx, pads, (sh, sw), (dh, dw))
+    oh, ow = want.shape[1:]
+    hp, wp = h + pt + pb, w + pl + pr
+    xc = np.full(g8.channel_pairs_elems(c, hp, wp), 4321, np.int32)  # stale scratch
+    g8.pad_channel_pairs(x, np.int8(zx), pt, pl, hp, wp, xc)
+    kp, p16 = g8.packed_shape(c * kh * kw, oh * ow)
+    xq = np.full((kp + 1) * p16, 12345, np.int32)
+    g8.im2col_channel_pairs(xc, c // 2, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq)
+    w32 = g8.pack_weights(g8.pair_weights(wt))
+    got = np.zeros((o, oh * ow), np.int32)
+    g8.gemm_int32(w32, xq.reshape(kp + 1, p16)[:kp], np.zeros((w32.shape[0], g8.NR), np.int32), got)
+    np.testing.assert_array_equal(got, want.reshape(o, -1))

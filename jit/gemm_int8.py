@@ -50,8 +50,8 @@ def supported() -> bool:
     return _SUPPORTED[0]
 
 
-def _accumulate(context, builder, signature, args, mr=MR):
-    """IR of the tile's K loop: the 2 mr <8 x i32> accumulators of rows o..o+mr-1, columns p0..p0+15."""
+def _accumulate(context, builder, signature, args, mr=MR, nv=2):
+    """IR of the tile's K loop: the nv mr <8 x i32> accumulators of rows o..o+mr-1, columns p0..p0+8nv-1."""
     wa, xa = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args[:2], args[:2]))
     o_, p0_, kp_ = args[3:6]
     i32, i64 = ir.IntType(32), ir.IntType(64)
@@ -67,18 +67,18 @@ def _accumulate(context, builder, signature, args, mr=MR):
     builder.position_at_end(loop)
     k = builder.phi(i64)
     k.add_incoming(ir.Constant(i64, 0), entry)
-    accs = [builder.phi(v8) for _ in range(2 * mr)]
+    accs = [builder.phi(v8) for _ in range(nv * mr)]
     for a in accs:
         a.add_incoming(zero, entry)
     xoff = builder.add(builder.mul(k, ldx), p0_)
     xs = [builder.bitcast(builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xoff, ir.Constant(i64, 8 * j))]),
-                                                       v8.as_pointer()), align=4), v16) for j in range(2)]
+                                                       v8.as_pointer()), align=4), v16) for j in range(nv)]
     new = []
     for r in range(mr):
         wv = builder.load(builder.gep(wptr, [builder.add(wrows[r], k)]), align=4)
         b = builder.insert_element(ir.Constant(v8, ir.Undefined), wv, ir.Constant(i32, 0))
         b16 = builder.bitcast(builder.shuffle_vector(b, ir.Constant(v8, ir.Undefined), ir.Constant(v8, None)), v16)
-        new += [builder.add(accs[2 * r + j], builder.call(madd, [b16, xs[j]])) for j in range(2)]
+        new += [builder.add(accs[nv * r + j], builder.call(madd, [b16, xs[j]])) for j in range(nv)]
     k2 = builder.add(k, ir.Constant(i64, 1))
     for a, v in zip(accs, new):
         a.add_incoming(v, loop)
@@ -94,24 +94,31 @@ def _accumulate(context, builder, signature, args, mr=MR):
     return results
 
 
-@intrinsic
-def _tile(typingctx, w, x, acc, o, p0, kp):
-    """acc[o + r, 0:16] = sum over k < kp of pmaddwd(w[o + r, k], x[k, p0:p0 + 16]) for r < 4, where
-    w [Opad, Kp] and x [Kp, P16] hold int16 pairs in int32 and acc is int32 [Opad, 16]."""
-    sig = types.void(w, x, acc, o, p0, kp)
+def _plain_tile(nv: int):
+    """The tile intrinsic storing its int32 accumulators: nv vectors of 8 columns (2: 16, 1: 8)."""
+    @intrinsic
+    def tile(typingctx, w, x, acc, o, p0, kp):
+        """acc[o + r, 0:8 nv] = sum over k < kp of pmaddwd(w[o + r, k], x[k, p0:p0 + 8 nv]) for r < 4, where
+        w [Opad, Kp] and x [Kp, P16] hold int16 pairs in int32 and acc is int32 [Opad, 16]."""
+        sig = types.void(w, x, acc, o, p0, kp)
 
-    def codegen(context, builder, signature, args):
-        results = _accumulate(context, builder, signature, args)
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        aa = context.make_array(signature.args[2])(context, builder, args[2])
-        aptr, lda = builder.bitcast(aa.data, i32.as_pointer()), cgutils.unpack_tuple(builder, aa.shape)[1]
-        for r in range(MR):
-            for j in range(2):
-                off = builder.add(builder.mul(builder.add(args[3], ir.Constant(i64, r)), lda), ir.Constant(i64, 8 * j))
-                builder.store(results[2 * r + j], builder.bitcast(builder.gep(aptr, [off]),
-                                                                  ir.VectorType(i32, 8).as_pointer()), align=4)
-        return context.get_dummy_value()
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            results = _accumulate(context, builder, signature, args, MR, nv)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            aa = context.make_array(signature.args[2])(context, builder, args[2])
+            aptr, lda = builder.bitcast(aa.data, i32.as_pointer()), cgutils.unpack_tuple(builder, aa.shape)[1]
+            for r in range(MR):
+                for j in range(nv):
+                    off = builder.add(builder.mul(builder.add(args[3], ir.Constant(i64, r)), lda),
+                                      ir.Constant(i64, 8 * j))
+                    builder.store(results[nv * r + j], builder.bitcast(builder.gep(aptr, [off]),
+                                                                       ir.VectorType(i32, 8).as_pointer()), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_tile, _tile8 = _plain_tile(2), _plain_tile(1)  # 16 columns; 8 (a block's last 1-8 columns)
 
 
 def _requantizing_tile(mr: int, off: int):
@@ -397,7 +404,10 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so,
                     _tile_requantize_odd(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
         first = full_o if n == NR else 0
         for o in range(first - first % MR, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
+            if n > 8:
+                _tile(w32, x32, acc, o, p0, kp)
+            else:
+                _tile8(w32, x32, acc, o, p0, kp)
         for o in range(first, o_):
             m, c, base, ob = mf[o], cf[o], o * NR, o * so + p0 * sp
             for i in range(n):
@@ -412,9 +422,12 @@ def gemm_requantize_int(w32, x32, acc, q, c, s, zp, lo, hi, out, o_, p_, so, sp)
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     a = acc.reshape(-1)
     for p0 in range(0, ppad, NR):
-        for o in range(0, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
         n = min(NR, p_ - p0)
+        for o in range(0, opad, MR):
+            if n > 8:
+                _tile(w32, x32, acc, o, p0, kp)
+            else:
+                _tile8(w32, x32, acc, o, p0, kp)
         for o in range(o_):
             qo, co, sh, base, ob = q[o], c[o], s[o], o * NR, o * so + p0 * sp
             for i in range(n):
@@ -428,9 +441,12 @@ def gemm_int32(w32, x32, acc, out):
     o_, p_ = out.shape
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     for p0 in range(0, ppad, NR):
-        for o in range(0, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
         n = min(NR, p_ - p0)
+        for o in range(0, opad, MR):
+            if n > 8:
+                _tile(w32, x32, acc, o, p0, kp)
+            else:
+                _tile8(w32, x32, acc, o, p0, kp)
         for o in range(o_):
             for i in range(n):
                 out[o, p0 + i] = acc[o, i]

@@ -386,6 +386,17 @@ def test_quantize_per_tensor_and_per_axis_and_back():
     np.testing.assert_array_equal(requantized, convert_ref(want, 0.05, 4, 0.1, 0))
 
 
+@pytest.mark.parametrize("z", [5, -128, 0])
+def test_dequantize_per_tensor_rounds_as_numpy(z):
+    """Per tensor (the compiled pass where the host has it): every int8 value, a scale whose products
+    round, bit for bit numpy's float32 (x - z) * s."""
+    x = np.arange(-128, 128, dtype=np.int8).reshape(2, 128)
+    s = np.float32(0.0123456789)
+    want = (x.astype(np.float32) - np.float32(z)) * s
+    got = run("Dequantize", [q(x, s, z)], Out("float32"), x.shape)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
+
+
 @pytest.mark.parametrize("z", [3, -4])
 def test_quantize_ties_to_even_and_saturates(z):
     """Halves (exact with scale 0.5) round to even before the zero point is added; values past

@@ -86,6 +86,17 @@ def _bind_gemm(w32: np.ndarray, rq, xp: np.ndarray, acc: np.ndarray, out: np.nda
     return lambda: gemm_requantize_int(w32, xp, acc, q, c, s, zp, lo, hi, out, o, p, so, sp)
 
 
+def _fused(rq, g: Window, zx: int, c: int, hp: int, wp: int):
+    """(geo, fl) for jit.gemm_int8's one-call convolutions when the requantization is in float, else None."""
+    if rq[0] != "float":
+        return None
+    from ..jit.gemm_int8 import GEO_FIELDS  # deferred: jit.gemm_int8 loads llvmlite, numba
+    _, mf, cf, flo, fhi, off = rq
+    vals = dict(zx=zx, pt=g.t, pl=g.l, hp=hp, wp=wp, c=c, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, dh=g.dh, dw=g.dw,
+                oh=g.oh, ow=g.ow, o=g.o, p=g.oh * g.ow, off=int(off))
+    return np.array([vals[f] for f in GEO_FIELDS], np.int64), np.array([flo, fhi], np.float64)
+
+
 def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multipliers, zx: int, zy: int,
          lo: int, hi: int, bound: int) -> Tuple[list, Callable]:
     """A groups-1 int8 convolution of one image: wi int64 [O, C, kh, kw] (less its zero points),
@@ -105,11 +116,20 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
     hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
     planes = g.c * hp * wp  # the input with its border of zero points, and slack for vector reads past it
     i_pad = None if pointwise else ctx.scratch((planes + cols_slack(g.sw),), np.int8)
+    fused = _fused(rq, g, zx, g.c, hp, wp)
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import im2col_pairs, pack_rows, pad_planes  # deferred: jit.gemm_int8 loads llvmlite, numba
+        # deferred: jit.gemm_int8 loads llvmlite, numba
+        from ..jit.gemm_int8 import conv_pointwise_float, conv_tap_pairs_float, im2col_pairs, pack_rows, pad_planes
         xq = sc[i_x]
         xp = xq[:kp]
+        if fused is not None:
+            geo, fl, mf, cf, y1 = *fused, rq[1], rq[2], outs[0].reshape(-1)
+            if pointwise:
+                x2 = ins[0].reshape(g.c, g.h * g.w)
+                return lambda: conv_pointwise_float(x2, xp, w32, sc[i_acc], mf, cf, y1, geo, fl)
+            x3, flat, xq1 = ins[0].reshape(g.c, g.h, g.w), sc[i_pad], xq.reshape(-1)
+            return lambda: conv_tap_pairs_float(x3, flat, xq1, w32, sc[i_acc], mf, cf, y1, geo, fl)
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
         if pointwise:
             x2 = ins[0].reshape(g.c, g.h * g.w)
@@ -142,10 +162,15 @@ def _conv_channel_pairs(ctx: OpContext, g: Window, w32: np.ndarray, rq, zx: int)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
     i_c = ctx.scratch((channel_pairs_elems(g.c, hp, wp),), np.int32)
 
+    fused = _fused(rq, g, zx, g.c, hp, wp)
+
     def bind(ins, outs, sc):
         # deferred: jit.gemm_int8 loads llvmlite, numba
-        from ..jit.gemm_int8 import im2col_channel_pairs, pad_channel_pairs
+        from ..jit.gemm_int8 import conv_channel_pairs_float, im2col_channel_pairs, pad_channel_pairs
         xq, xc, x3, zx8 = sc[i_x], sc[i_c], ins[0].reshape(g.c, g.h, g.w), np.int8(zx)
+        if fused is not None:
+            geo, fl, mf, cf, y1, xq1 = *fused, rq[1], rq[2], outs[0].reshape(-1), xq.reshape(-1)
+            return lambda: conv_channel_pairs_float(x3, xc, xq1, w32, sc[i_acc], mf, cf, y1, geo, fl)
         gemm = _bind_gemm(w32, rq, xq[:kp], sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
         geo, xq1 = (c2n, hp, wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow), xq.reshape(-1)
 

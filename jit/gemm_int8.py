@@ -480,3 +480,46 @@ def gemv_requantize_int(w, a, q, c, s, zp, lo, hi, out):
         for n in range(w.shape[0]):
             v = shift_round_even(np.int64(_dot(w[n], am)) * q[n] + c[n], s[n], zp)
             om[n] = np.int8(min(max(v, lo), hi))
+
+
+# ---- one call per convolution: numba's dispatch costs about 0.1-0.15 us an argument, and a layer's
+# three passes took three calls of 7-13 arguments (about 5 us); geometry travels in one int64 array
+# (GEO_FIELDS), the float clamp bounds in one float64 array [flo, fhi]
+GEO_FIELDS = ("zx", "pt", "pl", "hp", "wp", "c", "kh", "kw", "sh", "sw", "dh", "dw", "oh", "ow", "o", "p", "off")
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_channel_pairs_float(x, xc, xq, w32, acc, mf, cf, out, geo, fl):
+    """pad_channel_pairs, im2col_channel_pairs and gemm_requantize_float in one call: x int8 [C, H, W],
+    xc / xq their scratch, out int8 flat [O P]; geo int64 as GEO_FIELDS."""
+    zx, pt, pl, hp, wp, c_, kh, kw, sh, sw, dh, dw, oh, ow, o_, p_, off = (geo[0], geo[1], geo[2], geo[3], geo[4],
+                                                                        geo[5], geo[6], geo[7], geo[8], geo[9],
+                                                                        geo[10], geo[11], geo[12], geo[13], geo[14],
+                                                                        geo[15], geo[16])
+    pad_channel_pairs(x, np.int8(zx), pt, pl, hp, wp, xc)
+    im2col_channel_pairs(xc, c_ // 2, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq)
+    kp = w32.shape[1]
+    xp = xq[:kp * (xq.shape[0] // (kp + 1))].reshape(kp, -1)
+    gemm_requantize_float(w32, xp, acc, mf, cf, fl[0], fl[1], np.int32(off), out, o_, p_, p_, 1)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_tap_pairs_float(x, flat, xq, w32, acc, mf, cf, out, geo, fl):
+    """pad_planes, im2col_pairs and gemm_requantize_float in one call (conv_channel_pairs_float's
+    operands; flat: the padded planes' int8 scratch with cols_slack)."""
+    zx, pt, pl, hp, wp, c_, kh, kw, sh, sw, dh, dw, oh, ow, o_, p_, off = (geo[0], geo[1], geo[2], geo[3], geo[4],
+                                                                        geo[5], geo[6], geo[7], geo[8], geo[9],
+                                                                        geo[10], geo[11], geo[12], geo[13], geo[14],
+                                                                        geo[15], geo[16])
+    pad_planes(x, np.int8(zx), pt, pl, flat[:c_ * hp * wp].reshape(c_, hp, wp))
+    im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq)
+    kp = w32.shape[1]
+    xp = xq[:kp * (xq.shape[0] // (kp + 1))].reshape(kp, -1)
+    gemm_requantize_float(w32, xp, acc, mf, cf, fl[0], fl[1], np.int32(off), out, o_, p_, p_, 1)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_pointwise_float(x2, xp, w32, acc, mf, cf, out, geo, fl):
+    """pack_rows and gemm_requantize_float in one call: x2 int8 [C, P], xp its packed scratch."""
+    pack_rows(x2, xp)
+    gemm_requantize_float(w32, xp, acc, mf, cf, fl[0], fl[1], np.int32(geo[16]), out, geo[14], geo[15], geo[15], 1)

@@ -136,3 +136,39 @@ def test_channel_pair_conv_equals_numpy(c, h, w, o, kh, kw, sh, sw, dh, dw, pads
     got = np.zeros((o, oh * ow), np.int32)
     g8.gemm_int32(w32, xq.reshape(kp + 1, p16)[:kp], np.zeros((w32.shape[0], g8.NR), np.int32), got)
     np.testing.assert_array_equal(got, want.reshape(o, -1))
+
+
+@pytest.mark.parametrize("c,pads,strides,k", [(4, (1, 2, 0, 1), (1, 1), 3), (3, (1, 1, 1, 1), (2, 2), 3),
+                                              (6, (0, 0, 0, 0), (1, 1), 1)])
+def test_one_call_convolutions_equal_numpy(c, pads, strides, k):
+    """conv_channel_pairs_float (even C), conv_tap_pairs_float (odd C) and conv_pointwise_float (1x1)
+    against a numpy int64 convolution requantized by the same float64 formula (exact: power-of-two
+    multipliers), zero point in the border, ties at an odd zero point (off = -1)."""
+    rng = np.random.default_rng(c + k)
+    h, w, o = 7, 9, 11
+    x = rng.integers(-128, 128, (c, h, w)).astype(np.int8)
+    wt = rng.integers(-127, 128, (o, c, k, k))
+    zx, (pt, pb, pl, pr), (sh, sw) = -7, pads, strides
+    acc = _conv_int64(x, wt, zx, pads, strides, (1, 1))
+    oh, ow = acc.shape[1:]
+    mf, cf = np.ldexp(1.0, -rng.integers(5, 8, o)), rng.integers(-40, 40, o) * 0.5 + 2
+    want = (np.rint(np.clip(acc * mf[:, None, None] + cf[:, None, None], -129.0, 126.0)) + 1).astype(np.int8)
+    hp, wp, p = h + pt + pb, w + pl + pr, oh * ow
+    geo = np.array([zx, pt, pl, hp, wp, c, k, k, sh, sw, 1, 1, oh, ow, o, p, -1], np.int64)
+    assert len(geo) == len(g8.GEO_FIELDS)
+    fl = np.array([-129.0, 126.0])
+    kp, p16 = g8.packed_shape(c * k * k, p)
+    out, acc32 = np.zeros(o * p, np.int8), np.zeros((-(-o // 4) * 4, g8.NR), np.int32)
+    if k == 1:
+        w32 = g8.pack_weights(wt.reshape(o, c))
+        g8.conv_pointwise_float(x.reshape(c, -1), np.zeros((kp, p16), np.int32), w32, acc32, mf, cf, out, geo, fl)
+    elif c % 2 == 0:
+        xc = np.full(g8.channel_pairs_elems(c, hp, wp), 99, np.int32)
+        w32 = g8.pack_weights(g8.pair_weights(wt))
+        g8.conv_channel_pairs_float(x, xc, np.full((kp + 1) * p16, 7, np.int32), w32, acc32, mf, cf, out, geo, fl)
+    else:
+        flat = np.full(c * hp * wp + g8.cols_slack(sw), 5, np.int8)
+        w32 = g8.pack_weights(wt.reshape(o, -1))
+        g8.conv_tap_pairs_float(x, flat, np.full((kp + 1) * p16, 7, np.int32), w32, acc32, mf, cf, out, geo, fl)
+    np.testing.assert_array_equal(out.reshape(o, oh, ow), want)
+    assert len(np.unique(want)) > 20

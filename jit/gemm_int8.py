@@ -151,24 +151,38 @@ def _requantize_ir(context, builder, signature, args, mr, off):
                                                             ir.Constant(i32, 0)),
                                      ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
               for v in (args[8], args[9]))
-    vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum." + suffix)
-    vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
     vrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8]), "llvm.rint." + suffix)
-    i32x8 = ir.VectorType(i32, 8)  # the offset: the zero point's odd part (ties to even before it)
-    bias = ir.Constant(i32x8, [off] * 8)
+    i16x16, i8x32, i32x8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(i8, 32), ir.VectorType(i32, 8)
+    packd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16x16, [i32x8, i32x8]),
+                                           "llvm.x86.avx2.packssdw")
+    packw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8x32, [i16x16, i16x16]),
+                                           "llvm.x86.avx2.packsswb")
+    permd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x8, [i32x8, i32x8]),
+                                           "llvm.x86.avx2.permd")
+    order = ir.Constant(i32x8, [0, 4, 1, 5, 2, 6, 3, 7])  # the packs interleave 128-bit lanes: undo it
+    bias = ir.Constant(i32x8, [off] * 8)  # the offset: the zero point's odd part (ties to even before it)
 
     def splat(v):
         e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
         return builder.shuffle_vector(e, ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
+
+    def clamp(t):  # plain compares (vmaxps / vminps): t is never NaN, so maxnum's NaN blends are not needed
+        t = builder.select(builder.fcmp_ordered(">", t, lo), t, lo)
+        return builder.select(builder.fcmp_ordered("<", t, hi), t, hi)
     for r in range(mr):
         row = builder.add(args[3], ir.Constant(i64, r))
         m, c = splat(builder.load(builder.gep(mptr, [row]))), splat(builder.load(builder.gep(cptr, [row])))
+        q = []
         for j in range(2):
             t = builder.fadd(builder.fmul(builder.sitofp(results[2 * r + j], d8), m), c)
-            t = builder.call(vrint, [builder.call(vmin, [builder.call(vmax, [t, lo]), hi])])
-            q = builder.trunc(builder.sub(builder.fptosi(t, i32x8), bias), ir.VectorType(i8, 8))
-            at = builder.add(builder.add(builder.mul(row, args[10]), args[4]), ir.Constant(i64, 8 * j))
-            builder.store(q, builder.bitcast(builder.gep(optr, [at]), ir.VectorType(i8, 8).as_pointer()), align=1)
+            q.append(builder.sub(builder.fptosi(builder.call(vrint, [clamp(t)]), i32x8), bias))
+        # both halves' values lie in [-128, 127]: the saturating packs are exact narrowing casts
+        b = builder.call(packw, [builder.call(packd, q)] * 2)
+        b = builder.bitcast(builder.call(permd, [builder.bitcast(b, i32x8), order]), i32x8)
+        lo16 = builder.shuffle_vector(b, ir.Constant(i32x8, ir.Undefined), ir.Constant(ir.VectorType(i32, 4),
+                                                                                     [0, 1, 2, 3]))
+        at = builder.add(builder.mul(row, args[10]), args[4])
+        builder.store(lo16, builder.bitcast(builder.gep(optr, [at]), ir.VectorType(i32, 4).as_pointer()), align=1)
     return context.get_dummy_value()
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
+from .arena import aligned_copy
 from .compiled import use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, Window
@@ -108,8 +109,8 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded
     if not pointwise and g.c % 2 == 0:
-        return _conv_channel_pairs(ctx, g, pack_weights(pair_weights(wi)), rq, zx)
-    w32 = pack_weights(wi.reshape(o, k))
+        return _conv_channel_pairs(ctx, g, aligned_copy(pack_weights(pair_weights(wi))), rq, zx)
+    w32 = aligned_copy(pack_weights(wi.reshape(o, k)))
     kp, p16 = packed_shape(k, p)
     i_x = ctx.scratch((kp + (0 if pointwise else 1), p16), np.int32)  # im2col_pairs writes past the last row
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
@@ -201,10 +202,10 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
         from ..jit.gemv_int8 import activation_elems, interleave, pack_weights as pack_rows8, signable
         w8 = pack_rows8(bi.T)
         sign = signable(w8)  # no -128: the sign loop (|a| times w sign(a) in pmaddubsw)
-        w8 = interleave(w8) if sign else w8
+        w8 = aligned_copy(interleave(w8) if sign else w8)
         i_a = ctx.scratch((activation_elems(k),), np.int16)
         return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0], sign)
-    w32 = pack_weights(np.ascontiguousarray(bi.T))
+    w32 = aligned_copy(pack_weights(np.ascontiguousarray(bi.T)))
     i_x = ctx.scratch(packed_shape(k, m), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
 

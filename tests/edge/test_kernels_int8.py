@@ -317,6 +317,17 @@ def test_max_and_avg_pool(k, s, pads, jit, monkeypatch):
     np.testing.assert_array_equal(run("AvgPool", [q(x, 0.1, 3)], Out("int8", [0.1], [3]), want_avg.shape, attrs), want_avg)
 
 
+@pytest.mark.parametrize("shape", [(1, 5, 8, 10), (2, 3, 28, 28), (1, 1, 2, 2), (1, 64, 14, 14)])
+def test_max_pool_2x2_over_whole_planes(shape):
+    """Even planes, no padding (the W2 CNN's pools): numpy's window maxima, the extremes included."""
+    x = rng.choice(np.array([-128, -127, -1, 0, 1, 126, 127], np.int8), shape)
+    n, c, h, w = shape
+    want = x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+    attrs = {"ksize": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0]}
+    np.testing.assert_array_equal(run("MaxPool", [q(x, 0.1, -128)], Out("int8", [0.1], [-128]), want.shape, attrs),
+                                  want)
+
+
 @pytest.mark.parametrize("keep", [0, 1])
 def test_global_avg_pool(keep):
     x = i8((2, 5, 3, 4))

@@ -57,7 +57,8 @@ def test_im2col_pairs_pads_with_the_zero_point(c, h, w, kh, kw, sh, sw, dh, dw, 
 @pytest.mark.parametrize("o", [4, 8, 12, 16, 20, 28, 30, 64])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("p", [41, 36])  # last column block 9 wide (16-column tile) or 4 (8-column tile)
-def test_requantized_rows_in_six_and_four_row_tiles(o, dtype, p):
+@pytest.mark.parametrize("flo,fhi", [(-129.0, 126.0), (-20.0, 50.0)])  # int8's own bounds (the packs clamp), or relu-like
+def test_requantized_rows_in_six_and_four_row_tiles(o, dtype, p, flo, fhi):
     """gemm_requantize_float with rows in 6-row tiles, then 4-row tiles, then scalar rows (o % 4),
     and a last short column block: equal to the same float64 formula in numpy, rounded half to even
     before an odd zero point (3: cf holds its even part 2, off = -1 adds the rest)."""
@@ -77,12 +78,12 @@ def test_requantized_rows_in_six_and_four_row_tiles(o, dtype, p):
     g8.pack_rows(x, xp)
     w32 = g8.pack_weights(w)
     acc, out = np.zeros((w32.shape[0], g8.NR), np.int32), np.zeros(o * p, np.int8)
-    g8.gemm_requantize_float(w32, xp, acc, mf, cf, -129.0, 126.0, np.int32(-1), out, o, p, p, 1)
+    g8.gemm_requantize_float(w32, xp, acc, mf, cf, flo, fhi, np.int32(-1), out, o, p, p, 1)
     t = (w @ x.astype(np.int64)).astype(np.float64) * mf[:, None].astype(np.float64) + cf[:, None].astype(np.float64)
-    want = (np.rint(np.clip(t, -129.0, 126.0)) + 1).astype(np.int8)
+    want = (np.rint(np.clip(t, flo, fhi)) + 1).astype(np.int8)
     assert np.count_nonzero(t % 2 == 0.5) >= 1 and np.count_nonzero(t % 2 == 1.5) >= 1  # exact ties, both parities
     np.testing.assert_array_equal(out.reshape(o, p), want)
-    assert len(np.unique(want)) > 20
+    assert len(np.unique(want)) > 20 and np.any(t < flo) and np.any(t > fhi)  # both clamps bite
 
 
 def test_the_micro_kernel_multiplies_pairs_into_int32():

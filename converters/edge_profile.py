@@ -74,14 +74,15 @@ def _time(data: bytes, values: Sequence[np.ndarray], op: str, budget_s: float) -
 
 
 def measure_edge(ops: Optional[Sequence[str]] = None, level: str = "quick", int8: bool = True,
-                 budget_s: float = 0.03, rounds: int = 2) -> List[cal.Sample]:
+                 budget_s: float = 0.03, rounds: int = 3) -> List[cal.Sample]:
     """Samples (cost key, shapes, FLOPs, bytes, seconds) of every case of `ops` run in the edge
-    interpreter; each case keeps its fastest median over `rounds` passes (a burst of other work
-    slows one round)."""
+    interpreter; each case keeps its fastest median over `rounds` passes over all of them (a burst of
+    other work slows one pass; this VM's speed moves 1.5-1.8x for seconds at a time: three passes, as
+    the core calibration's, leave a case fewer ways to fall in such a stretch every time)."""
     return [s for s, _ in _measure(ops, level, int8, budget_s, rounds)]
 
 
-def _measure(ops, level: str, int8: bool, budget_s: float = 0.03, rounds: int = 2) -> List[Tuple[cal.Sample, int]]:
+def _measure(ops, level: str, int8: bool, budget_s: float = 0.03, rounds: int = 3) -> List[Tuple[cal.Sample, int]]:
     """measure_edge's samples, each with its node's output elements."""
     built = []
     for op in ops or OPS:

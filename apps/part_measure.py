@@ -106,12 +106,13 @@ def _time_part(interp, inputs, runs: int) -> Dict[str, float]:
 
 
 def _priced(g, y, plans, profile) -> List[float]:
-    """Each plan's edge kernels as `profile` prices them (its part section left out: what is fitted)."""
+    """Each plan's edge kernels as `profile` prices them (its part section left out: what is fitted;
+    its weights from memory too: they are priced beside the part, not scaled with its kernels)."""
     from isthmus.partitioner import CostModel, LinkModel  # deferred: partitioner loads scipy
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE  # deferred: partitioner.devices loads scipy
     from isthmus.partitioner.plan import priced  # deferred: partitioner.plan loads scipy
     from isthmus.partitioner.problem import Constraints, Problem  # deferred: partitioner.problem loads scipy
-    edge = replace(profile, part=None, client=None, kernel_table="edge")
+    edge = replace(profile, part=None, client=None, kernel_table="edge", weight_stream_s=0.0)
     p = Problem(g, CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: edge}, LinkModel(10e6, 10e6, 0.01)), [y],
                 Constraints(edge_memory_budget=None))
     return [priced(p, p.assignment(plan.placement))[0].compute.get(EDGE_DEVICE, 0.0) for plan in plans]

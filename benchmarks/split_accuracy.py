@@ -18,7 +18,9 @@ ops and the fused kernels the Session runs); the edge by the edge interpreter's 
 (`isthmus profile --runtime edge-int8` or edge-fp32; --edge-prices core: the cloud's profile) x
 slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
 partitioner/part_cost.py: per part, per boundary byte, and the scale of its kernels in a real part
-per request, fitted against the edge prices in use) x slowdown; the client's own cost as `isthmus profile --client` measures
+per request, fitted against the edge prices in use, its parts run at each slowdown: the idle
+between requests sets how cold a request finds the core) x slowdown, and the weights a part reads
+beyond the edge's cache (DeviceProfile.weight_streaming, measured with the edge profile); the client's own cost as `isthmus profile --client` measures
 it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
 bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
 running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
@@ -76,6 +78,8 @@ def cost_model(cloud, client, slowdown: float, mbps: float, call_s: float, part=
     from isthmus.partitioner.client_cost import ClientCost
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     edge = replace((edge_here or cloud).scaled(slowdown, name=f"edge-{slowdown:g}x"), kernel_table="edge")
+    if isinstance(part, dict):  # fitted per slowdown: the emulated edge's idle between requests differs
+        part = part.get(slowdown, part[min(part, key=lambda k: abs(k - slowdown))])
     if part is not None:
         edge = replace(edge, part=part.scaled(slowdown))
     link = LinkModel(mbps * 1e6, mbps * 1e6, RTT, call_s)
@@ -371,15 +375,21 @@ def main(argv=None) -> int:
     client_cost = measure_client_cost(10)
     # the part's cost and the edge kernels' scale in a real part, fitted against each edge pricing (the
     # parts are measured once): the chosen one prices the plans, the other is reported beside it
+    # at each slowdown its own: a request after a longer idle (the emulated edge sleeps slowdown - 1 times
+    # its compute) finds the core colder, 0.2 ms more after 100 ms than after 5 ms here (CPU time)
     pricings = {"interpreter": interp, "core": None}
-    samples = None if opts.no_part_cost else part_samples(int8=not opts.fp32, profile=replace(interp, kernel_table="edge"))
-    parts = {"interpreter": None if samples is None else PartCost.fit(samples),
-             "core": None if samples is None else PartCost.fit(repriced(samples, replace(cloud, kernel_table="edge")))}
+    samples = None if opts.no_part_cost else {s: part_samples(int8=not opts.fp32, slowdown=s,
+                                                                profile=replace(interp, kernel_table="edge"))
+                                              for s in opts.slowdowns}
+    parts = {"interpreter": None if samples is None else {s: PartCost.fit(v) for s, v in samples.items()},
+             "core": None if samples is None else {s: PartCost.fit(repriced(v, replace(cloud, kernel_table="edge")))
+                                                   for s, v in samples.items()}}
     mine, theirs = opts.edge_prices, ("core" if opts.edge_prices == "interpreter" else "interpreter")
     opts.edge_here, part = pricings[mine], parts[mine]
     opts.other = (pricings[theirs], parts[theirs])
-    print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
-          f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part " + ("not priced" if part is None else
+          "; ".join(f"at {s:g}x {v.describe()}" for s, v in part.items())) + f" ({time.perf_counter() - t0:.0f} s)",
+          file=sys.stderr)
     results, call_s = {}, 0.5e-3
     for name in opts.models:
         results[name] = run_model(name, cloud, client_cost, opts, call_s, part)
@@ -397,9 +407,12 @@ def main(argv=None) -> int:
            "rtt_ms": RTT * 1e3, "bandwidths_mbps": opts.bandwidths, "slowdowns": opts.slowdowns,
            "requests": opts.requests, "blas_threads": 1, "client_cost": client_cost.to_dict(),
            "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
-           "part_cost": None if part is None else part.to_dict(), "edge_prices": opts.edge_prices,
+           "part_cost": None if part is None else {f"{s:g}": v.to_dict() for s, v in part.items()},
+           "edge_prices": opts.edge_prices,
+           "weight_streaming": {"weight_stream_s": interp.weight_stream_s, "weight_cache": interp.weight_cache},
            "summary": aggregate(rows), "gains": gains,
-           "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else parts[theirs].to_dict(),
+           "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else
+                                 {f"{s:g}": v.to_dict() for s, v in parts[theirs].items()},
                                  "summary": aggregate([{**x, "error": x["error_other"]} for x in rows])},
            "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
            "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),

@@ -173,6 +173,9 @@ def summary(blocks: List[dict], cut: str) -> dict:
             "switch_ratio": [round(b["first"]["total_s"] / float(np.median([r["total_s"] for r in b["rows"]])), 3)
                              for b in blocks if b["rows"]],
             "switch_ratio_all": [round(b["first"]["total_s"] / steady, 3) for b in blocks],
+            # pages the request's thread touched for the first time (OffloadClient's last["faults"])
+            "switch_faults": [b["first"].get("faults") for b in blocks],
+            "steady_faults_max": max((r.get("faults") or 0 for r in rows), default=0),
             "probe_us": [round(b["probe_s"] * 1e6, 1) for b in blocks]}
 
 
@@ -433,7 +436,10 @@ def main(argv=None) -> int:
            "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),
                       "max_first_over_steady": round(max(switch), 3),
                       "over_1.2": sum(x > 1.2 for x in switch), "blocks": len(switch),
-                      "max_first_over_all_blocks_steady": round(max(switch_all), 3)},
+                      "max_first_over_all_blocks_steady": round(max(switch_all), 3),
+                      "first_request_faults_max": max((f or 0 for r in rows for f in r["measured"]["switch_faults"]),
+                                                      default=0),
+                      "steady_faults_max": max((r["measured"]["steady_faults_max"] for r in rows), default=0)},
            "speed_probe_us": {"min": min(probes), "median": float(np.median(probes)), "max": max(probes),
                               "p90_over_min": round(float(np.percentile(probes, 90)) / min(probes), 3)},
            "models": {k: {f: v for f, v in r.items() if f not in ("rows", "gains")} for k, r in results.items()},

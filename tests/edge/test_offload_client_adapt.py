@@ -173,6 +173,7 @@ def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, serv
                     c.invoke(v)
                     last = c.last
                     assert 0 < last["client_s"] < last["total_s"] - (last["remote_s"] > 0) * 2e-3 * 0.99, last
+                    assert isinstance(last["faults"], int) and last["faults"] >= 0, last  # its first-touch count
                     runs.append(dict(last))
                 last = min(runs, key=lambda r: r["client_s"])
                 lasts.append(last)

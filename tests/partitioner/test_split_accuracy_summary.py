@@ -9,20 +9,21 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 
-def _row(total, cut="cut0", mode="local"):
+def _row(total, cut="cut0", mode="local", faults=0):
     return {"total_s": total, "edge_s": total, "server_s": 0.0, "remote_s": 0.0, "client_s": 1e-5, "cut": cut,
-            "mode": mode}
+            "mode": mode, "faults": faults}
 
 
 def test_switch_is_against_its_own_block_and_the_median_over_all():
     from split_accuracy import summary
-    fast = {"first": _row(0.011), "rows": [_row(0.010), _row(0.010)], "probe_s": 2e-4}
+    fast = {"first": _row(0.011, faults=3), "rows": [_row(0.010), _row(0.010, faults=1)], "probe_s": 2e-4}
     slow = {"first": _row(0.016), "rows": [_row(0.015), _row(0.015)], "probe_s": 3e-4}  # a slow stretch
     s = summary([fast, slow, fast], "cut0")
     assert s["ms"] == pytest.approx(10.0)
     assert s["switch_ratio"] == [pytest.approx(1.1), pytest.approx(16 / 15, abs=1e-3), pytest.approx(1.1)]
     assert s["switch_ratio_all"][1] == pytest.approx(1.6)  # the old measure: the slow block's switch at 1.6x
     assert s["probe_us"] == [200.0, 300.0, 200.0]
+    assert s["switch_faults"] == [3, 0, 3] and s["steady_faults_max"] == 1
 
 
 def test_a_request_off_the_cut_fails_the_case():

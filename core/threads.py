@@ -203,17 +203,19 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
             min_chunk: Optional[int] = None, flops: bool = False) -> int:
     """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
     caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
-    chunks of at least min_chunk_bytes() (flops: `nbytes` counts FLOPs, min_chunk_flops()), and
-    of at least `min_chunk` when given. fn must release the GIL to gain (numpy copies, ufuncs
-    and BLAS do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or
-    not (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe, and its
-    threads spin after the call on cores the next pass wants). How work is cut never changes its
-    bytes where the caller cuts rows of a pass or whole summed parts (a product cut by rows or
-    columns may round its last bits otherwise: handoff_s). Returns the number of chunks."""
-    floor = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
-    k = min(intra_threads(), total, int(nbytes // max(floor, min_chunk or 1)))
+    chunks of at least min_chunk x chunk_scale(). min_chunk: the least work per chunk, in the unit
+    of `nbytes`, for a hand-off of HANDOFF_REF_S (default MIN_CHUNK_BYTES; flops=True: `nbytes`
+    counts FLOPs and the default is MIN_CHUNK_FLOPS). fn must release the GIL to gain (numpy
+    copies, ufuncs and BLAS do). blas_inside: fn calls BLAS; BLAS is held to one thread while it
+    runs, split or not (the chunks are the parallelism; a threaded BLAS inside each would
+    oversubscribe, and its threads spin after the call on cores the next pass wants). How work is
+    cut never changes its bytes where the caller cuts rows of a pass or whole summed parts (a
+    product cut by rows or columns may round its last bits otherwise: handoff_s). Returns the
+    number of chunks."""
+    least = min_chunk or (MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES)
+    k = min(intra_threads(), total, int(nbytes // least))
     if k > 1:  # could split: now the hand-off's price matters (measured at the first such call)
-        k = min(k, int(nbytes // (min_chunk_flops() if flops else min_chunk_bytes())))
+        k = min(k, int(nbytes // max(1, round(least * chunk_scale()))))
     hold = blas_inside and not getattr(_local, "blas_held", False)  # else the run holds BLAS already
     if k <= 1:
         with (BlasThreads(1) if hold else _NO_LIMIT):

@@ -165,7 +165,7 @@ def sum_of_parts(product: Callable[[int, object], None], parts: int, shape: tupl
             product(j, partial[j])
     # a thread takes whole parts, min_chunk_flops() at least (the parts, and so the bytes, are the
     # same on any number of threads)
-    fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts), flops=True)
+    fan_out(run, parts, flops, blas_inside=True, flops=True)
     if out is None:
         out = partial[0]
     else:

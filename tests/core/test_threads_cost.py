@@ -175,3 +175,14 @@ def test_a_bad_handoff_variable_is_refused_by_name(monkeypatch, bad):
     monkeypatch.setenv("ISTHMUS_HANDOFF_US", bad)
     with pytest.raises(ValueError, match="ISTHMUS_HANDOFF_US"):
         threads.handoff_s()
+
+
+def test_a_callers_least_chunk_is_scaled_by_the_handoff_too(monkeypatch):
+    """fan_out(min_chunk=...) (conv_rows passes FLOPs and MIN_CHUNK_FLOPS) is the least chunk at a
+    10 us hand-off: at 40 us a chunk must carry four times it."""
+    monkeypatch.setattr(threads, "_handoff", [40e-6])
+    with threads.IntraOpThreads(2):
+        assert threads.fan_out(lambda lo, hi: None, 64, 8 * 1000 - 1, min_chunk=1000) == 1
+        assert threads.fan_out(lambda lo, hi: None, 64, 8 * 1000, min_chunk=1000) == 2
+        assert threads.fan_out(lambda lo, hi: None, 64, 8 * threads.MIN_CHUNK_FLOPS, flops=True) == 2
+        assert threads.fan_out(lambda lo, hi: None, 64, 8 * threads.MIN_CHUNK_FLOPS - 1, flops=True) == 1

@@ -171,6 +171,12 @@ def _set_numba(n: int) -> None:
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
 
 
+def blas_held_here() -> bool:
+    """Whether this thread's run holds BLAS to one thread (RunBlasHold, OneThreadRun): a kernel's
+    own one-thread block would only cost its few microseconds."""
+    return getattr(_local, "blas_held", False)
+
+
 def session_intra_threads() -> Optional[int]:
     """The running session's intra_op_threads; None when it left the default (BLAS's count)."""
     return _intra[0]
@@ -397,6 +403,6 @@ def blas_threads_now() -> Optional[int]:
     return max(counts) if counts else None
 
 
-__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads",
+__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
            "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
            "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -64,7 +64,8 @@ def add_into(xp, dst, src, axis: int = 0):
 def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> None:
     """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all;
     blas_inside: fn's small BLAS products run one-threaded while the chunks run)."""
-    if xp is not np or (_never_splits(total, nbytes) and (not blas_inside or threads.intra_threads() == 1)):
+    if xp is not np or (_never_splits(total, nbytes)
+                        and (not blas_inside or threads.blas_held_here() or threads.intra_threads() == 1)):
         fn(0, total)  # one chunk, and BLAS (if fn calls it) on one thread already: no hold needed
         return
     fan_out(fn, total, nbytes, blas_inside)
@@ -99,7 +100,7 @@ def matmul(xp, a, b, out=None):
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
     m, n = a.shape[0], b.shape[1]
     flops = 2 * m * n * a.shape[1]
-    if flops < 2 * threads.MIN_CHUNK_FLOPS and threads.intra_threads() == 1:
+    if flops < 2 * threads.MIN_CHUNK_FLOPS and (threads.blas_held_here() or threads.intra_threads() == 1):
         # it cannot split and BLAS is on one thread already: fan_out's hold would only cost its
         # few microseconds, a third of a [32, 64] x [64, 192] product
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)

@@ -12,7 +12,13 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   starts, which is the cores unless the process was limited (OPENBLAS_NUM_THREADS, threadpoolctl,
   partitioner.set_blas_threads, ISTHMUS_BLAS_THREADS): a session never overrides a limit it was
   not given. Small work never fans out: a chunk carries about ten hand-offs of work, the hand-off
-  measured once per process (handoff_s, min_chunk_bytes, min_chunk_flops).
+  measured once per process (handoff_s, min_chunk_bytes, min_chunk_flops). A default run whose
+  plan has products holds BLAS to one thread throughout (RunBlasHold: the pool's chunks are its
+  parallelism, and BLAS's spinning threads never compete with them); a batch-1 plan of small
+  nodes runs on one intra-op thread (OneThreadRun, thread-local). What this gives: on 1 core,
+  nothing splits and nothing is held; on the 2-core VM (hand-off 50-170 us) chunks of 5-17 MiB
+  or 20-70 MFLOP, so only batch-32 convolutions and the largest passes split; on a server with
+  a 10-30 us hand-off, 1-3 MiB / 4-12 MFLOP chunks over up to cores threads.
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.

@@ -346,18 +346,16 @@ def _apply_hold(libs, n: int) -> None:
 
 class OneThreadRun:
     """One intra-op thread for the calling thread's run: its kernels see intra_threads() == 1
-    (a thread-local count: other threads' runs keep theirs, and so split as before), numba's
-    count on this thread is 1 (numba's is per thread) and BLAS is held to one thread. BLAS's
-    count is process-wide, so BLAS calls that other threads make while this block lasts run
-    one-threaded too: the same bytes for their split passes and summed parts, and for their
-    products the bytes of a one-thread product."""
+    (a thread-local count: other threads' runs keep theirs, and so split as before) and BLAS is
+    held to one thread. BLAS's count is process-wide, so BLAS calls that other threads make while
+    this block lasts run one-threaded too: the same bytes for their split passes and summed parts,
+    and for their products the bytes of a one-thread product (which a default run's products are:
+    RunBlasHold). numba's count is left alone: only `prange` kernels read it, and isthmus's
+    compiled kernels take their ranges from the pool (setting and restoring it cost ~4 us a run)."""
 
     def __enter__(self):
         self._prev = getattr(_local, "intra", None)
         _local.intra = 1
-        self._numba = _numba_threads()
-        if self._numba is not None and self._numba != 1:
-            _set_numba(1)
         self._blas = BlasThreads(1)
         self._blas.__enter__()
         self._held, _local.blas_held = getattr(_local, "blas_held", False), True
@@ -369,8 +367,6 @@ class OneThreadRun:
             self._blas.__exit__(*exc)
         finally:
             _local.intra = self._prev
-            if self._numba is not None and self._numba != 1:
-                _set_numba(self._numba)
         return False
 
 
@@ -393,11 +389,6 @@ class RunBlasHold:
         _local.blas_held = self._prev
         self._blas.__exit__(*exc)
         return False
-
-
-def _numba_threads() -> Optional[int]:
-    numba = sys.modules.get("numba")
-    return numba.get_num_threads() if numba is not None else None
 
 
 _NO_LIMIT = contextlib.nullcontext()

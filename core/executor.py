@@ -20,7 +20,7 @@ from . import threads
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
-from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
+from .scheduler import BranchCosts, ParallelRunner, graph_preds, one_thread_pays, runnable
 from .threads import IntraOpThreads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
@@ -134,17 +134,32 @@ class Plan:
         self.fn = self._generate(ctx, fed)
         if binding is not None and binding.uses_gpu:
             parallel = False  # a GPU queues kernels itself: host threads would only contend
-        if parallel == "auto":
-            parallel = parallelism_pays(self.nodes, fed)
-        self.parallel = bool(parallel)
-        self._runner = ParallelRunner(self, workers) if self.parallel else None
+        self._runner, self._auto = self._branch_runner(parallel, workers, fed)
+        # whether branches run in parallel: always (parallel=True), or, for "auto", what a run at unit
+        # unknown dims with the process's threads now would choose (each run chooses for its sizes)
+        self.parallel = self._runner is not None and (
+            not self._auto or self._runner.choose(1, threads.intra_threads()) is not False)
         # runs whose unknown dims are all 1 take one intra-op thread for the whole run (one BLAS
         # hold, not one per product) when no node could use a second one (scheduler.one_thread_pays);
         # a session given intra_op_threads keeps what it was given
         self._serial_dims = None
-        if not self.parallel and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
+        if not (parallel is True) and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
             self._serial_dims = [(i, tuple(j for j, d in enumerate(t.shape) if d is None))
                                  for i, t in enumerate(self.feeds)]
+        self._unknown = [(i, dims) for i, dims in ((i, tuple(j for j, d in enumerate(t.shape) if d is None))
+                                                   for i, t in enumerate(self.feeds)) if dims]
+
+    def _branch_runner(self, parallel, workers, fed):
+        """(runner, auto): a ParallelRunner when parallel is True, or when "auto" and the graph has
+        branches that could pay at some size (BranchCosts.has_width); auto: each run chooses."""
+        if parallel is True:
+            return ParallelRunner(self, workers), False
+        if parallel != "auto":
+            return None, False
+        nodes = runnable(self.nodes, fed)
+        costs = BranchCosts(nodes, graph_preds(nodes, fed))
+        runner = ParallelRunner(self, workers, costs)
+        return (runner, True) if costs.has_width(runner.workers) else (None, False)
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""
@@ -250,12 +265,39 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
-        if self._runner is not None:
-            return self._runner(*feeds)
+        runner = self._runner
+        if runner is not None:
+            if not self._auto:
+                return runner(*feeds)
+            one = (self._serial_dims is not None and threads.session_intra_threads() is None
+                   and self._unit_dims(feeds))
+            intra = 1 if one else threads.intra_threads()
+            heavy = runner.choose(self._scale(feeds), intra)
+            if heavy is not False:  # branches at one intra-op thread each (scheduler.BranchCosts)
+                if intra == 1 and not one:
+                    return runner(*feeds, heavy=heavy)
+                with IntraOpThreads(1):
+                    return runner(*feeds, heavy=heavy)
+            if one:
+                with IntraOpThreads(1):
+                    return self._call(feeds)
+            return self._call(feeds)
         if self._serial_dims is not None and threads.session_intra_threads() is None and self._unit_dims(feeds):
             with IntraOpThreads(1):
                 return self._call(feeds)
         return self._call(feeds)
+
+    def _scale(self, feeds) -> int:
+        """The run's scale for the cost rule: the largest product of one feed's unknown dims."""
+        scale = 1
+        for i, dims in self._unknown:
+            shape = getattr(feeds[i], "shape", ())
+            k = 1
+            for j in dims:
+                if j < len(shape):
+                    k *= int(shape[j])
+            scale = max(scale, k)
+        return scale
 
     def _unit_dims(self, feeds) -> bool:
         """Whether this run's feeds have 1 wherever the graph left a dim unknown (the sizes

@@ -1,0 +1,171 @@
+"""The branch-parallelism rule (scheduler.BranchCosts) and the branch runner: when branches run
+concurrently, and that they give the serial plan's bytes."""
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import isthmus as ism
+from isthmus.core import scheduler, threads
+from isthmus.core.errors import ExecutionError
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """The rule's machine fixed: 2 cores, 100 us a hand-off (whatever this machine measures)."""
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 100e-6)
+
+
+def _costs(fetches, feeds=()):
+    nodes = scheduler.runnable(ism.core.executor.prune([f.node for f in fetches], set(feeds)), set(feeds))
+    return scheduler.BranchCosts(nodes, scheduler.graph_preds(nodes, set(feeds)))
+
+
+def _block(x, c, seed):
+    """An inception-shaped block: four independent branches of convolutions, concatenated."""
+    rng = np.random.default_rng(seed)
+
+    def conv(h, o, k):
+        w = ism.constant((rng.standard_normal((o, h.shape[1], k, k)) * 0.2).astype(np.float32))
+        return ism.relu(ism.conv2d(h, w, padding="SAME"))
+    a = conv(x, c, 1)
+    b = conv(conv(x, c // 2, 1), c, 3)
+    d = conv(conv(conv(x, c // 2, 1), c, 3), c, 3)
+    p = conv(ism.max_pool(x, 3, 1, "SAME"), c // 2, 1)
+    return ism.concat([a, b, d, p], axis=1)
+
+
+def _inception_graph(channels=16, size=8):
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (None, channels, size, size), name="x")
+        y = _block(_block(x, 16, 1), 16, 2)
+    return g, x, y
+
+
+def test_independent_unsplit_branches_pay_and_chains_never(two_cores):
+    g = ism.Graph()
+    with g.as_default():
+        y = ism.placeholder("float32", (1024, 1024), name="y")
+        a, b = ism.tanh(ism.exp(y * 2.0)), ism.exp(ism.sqrt(y * 3.0))  # elementwise: nothing splits them
+        chain = ism.tanh(ism.exp(ism.sqrt(y * 3.0)))
+    wide = _costs([a + b], [y])
+    assert wide.branches_pay(1, intra=2, workers=2)
+    assert not wide.branches_pay(1, intra=2, workers=1)  # one pool thread: nothing runs beside another
+    assert not _costs([chain], [y]).branches_pay(1, intra=1, workers=8)
+
+
+def test_split_products_stay_serial_unless_one_intra_thread(two_cores):
+    g = ism.Graph()
+    with g.as_default():
+        y = ism.placeholder("float32", (512, 512), name="y")
+        two = (y @ (y * 2.0)) + (y @ (y * 3.0))  # 268 MFLOP each: intra-op threads split both
+    c = _costs([two], [y])
+    assert not c.branches_pay(1, intra=2, workers=2)  # each product on both cores already
+    assert c.branches_pay(1, intra=1, workers=2)      # one thread each: the branches are the parallelism
+
+
+def test_the_rule_follows_the_batch_and_the_hand_off(two_cores, monkeypatch):
+    g, x, y = _inception_graph()
+    c = _costs([y], [x])
+    assert not c.branches_pay(1, intra=1, workers=2)   # batch 1: every node is worth less than a hand-off
+    assert c.branches_pay(64, intra=1, workers=2)      # batch 64: the branches carry milliseconds
+    monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 0.05)  # a machine whose wake-ups take 50 ms
+    assert not c.branches_pay(64, intra=1, workers=2)
+
+
+def test_chunk_sizes_decide_whether_products_split(two_cores, monkeypatch):
+    g = ism.Graph()
+    with g.as_default():
+        y = ism.placeholder("float32", (256, 256), name="y")
+        two = (y @ (y * 2.0)) + (y @ (y * 3.0))  # 33.5 MFLOP each
+    c = _costs([two], [y])
+    assert not c.branches_pay(1, intra=2, workers=2)
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 40_000_000)  # too small to split on this machine
+    assert c.branches_pay(1, intra=2, workers=2)
+
+
+def _feed(batch):
+    return np.random.default_rng(5).standard_normal((batch, 16, 8, 8)).astype(np.float32)
+
+
+@pytest.mark.parametrize("batch", [1, 48])
+def test_branches_give_the_serial_plans_bytes(two_cores, batch):
+    g, x, y = _inception_graph()
+    serial = ism.Session(g, parallel=False, intra_op_threads=1)
+    branches = ism.Session(g, parallel=True, intra_op_threads=1)
+    auto = ism.Session(g, intra_op_threads=1)  # chooses per run: serial at batch 1, branches at 48
+    xv = _feed(batch)
+    want = serial.run(y, {x: xv})
+    assert (auto.plan_for(y, {x: xv})._runner.choose(batch, 1) is not False) == (batch > 1)
+    for _ in range(3):  # deterministic: every run, every plan, the same bytes
+        assert branches.run(y, {x: xv}).tobytes() == want.tobytes()
+        assert auto.run(y, {x: xv}).tobytes() == want.tobytes()
+
+
+def _two_elementwise_branches():
+    g = ism.Graph()
+    with g.as_default():
+        big = ism.placeholder("float32", (None, 1024), name="big")
+        a = ism.tanh(ism.exp(big * 2.0), name="a")
+        b = ism.exp(ism.tanh(big * 3.0), name="b")
+    return g, big, a, b
+
+
+def test_auto_branch_runs_hold_one_intra_op_thread(two_cores, monkeypatch):
+    g, big, a, b = _two_elementwise_branches()
+    seen = []
+    tanh = ism.core.registry.get("Tanh")
+    real = tanh.kernel
+
+    def kernel(node, ctx):
+        run = real(node, ctx)
+
+        def probe(v):
+            seen.append(threads.intra_threads())
+            return run(v)
+        return probe
+    monkeypatch.setattr(tanh, "kernel", kernel)
+    sess = ism.Session(g, optimize=False)
+    with threadpool_limits(2, user_api="blas"):
+        sess.run([a, b], {big: np.ones((1, 1024), np.float32)})  # batch 1: serial, the process's threads
+        assert seen == [2, 2]
+        sess.run([a, b], {big: np.ones((1024, 1024), np.float32)})  # branches: one intra-op thread each
+        assert seen[2:] == [1, 1]
+
+
+def test_a_failing_branch_names_its_node(two_cores):
+    g, big, a, b = _two_elementwise_branches()
+    with g.as_default():
+        idx = ism.placeholder("int32", (None,), name="idx")
+        bad = ism.gather(b, idx, name="bad_lookup")
+    sess = ism.Session(g)
+    feed = {idx: np.array([5000], np.int32), big: np.ones((1024, 1024), np.float32)}
+    assert sess.plan_for([a, bad], feed)._runner.choose(1024, 2) is not False
+    with pytest.raises(ExecutionError, match="'bad_lookup'"):
+        sess.run([a, bad], feed)
+
+
+def test_bidirectional_lstm_directions_run_as_branches(two_cores):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    from isthmus.converters import from_onnx
+    rng = np.random.default_rng(0)
+    units, feat, steps = 64, 32, 16
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n) for n, s in
+             (("W", (2, 4 * units, feat)), ("R", (2, 4 * units, units)), ("B", (2, 8 * units)))]
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("LSTM", ["x", "W", "R", "B"], ["", "h"], hidden_size=units, direction="bidirectional")],
+        "bilstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, "N", feat])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, "N", units])], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    g, ins, outs = from_onnx(m.SerializeToString())
+    xv = rng.standard_normal((steps, 64, feat)).astype(np.float32)
+    feed = {ins["x"]: xv}
+    plan = ism.Session(g).plan_for(outs[0], feed)
+    seqs = [n for n in plan._runner.nodes if n.op == "LSTMSequence"]
+    assert len(seqs) == 2  # one per direction, neither waiting for the other
+    assert plan._runner.choose(64, 2) is not False
+    want = ism.Session(g, parallel=False, intra_op_threads=1).run(outs[0], feed)
+    assert ism.Session(g).run(outs[0], feed).tobytes() == want.tobytes()

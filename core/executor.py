@@ -267,8 +267,8 @@ class Plan:
     def __call__(self, *feeds):
         runner = self._runner
         if runner is not None:
-            if not self._auto:
-                return runner(*feeds)
+            if not self._auto:  # parallel=True: branches at the session's threads
+                return runner(*feeds, heavy=runner.heavy_at(self._scale(feeds)))
             one = (self._serial_dims is not None and threads.session_intra_threads() is None
                    and self._unit_dims(feeds))
             intra = 1 if one else threads.intra_threads()

@@ -247,6 +247,7 @@ class ParallelRunner:
         preds = graph_preds(nodes, plan.fed)
         self.costs = costs if costs is not None and costs.n == len(nodes) else BranchCosts(nodes, preds)
         self._choices: Dict[tuple, object] = {}  # (scale, intra) -> the heavy flags, or False: run serially
+        self._heavy: Dict[float, List[bool]] = {}
         self.deps = [len(p) for p in preds]
         self.users = self.costs.users
         self.priority = self.costs.priority
@@ -273,8 +274,17 @@ class ParallelRunner:
             if len(self._choices) >= 64:  # a plan fed ever new sizes: forget, never grow without bound
                 self._choices.clear()
             pays = self.costs.branches_pay(scale, intra, self.workers)
-            choice = self._choices[key] = self.costs.heavy(scale) if pays else False
+            choice = self._choices[key] = self.heavy_at(scale) if pays else False
         return choice
+
+    def heavy_at(self, scale: float) -> List[bool]:
+        """The nodes worth a hand-off at `scale` (BranchCosts.heavy), remembered per scale."""
+        heavy = self._heavy.get(scale)
+        if heavy is None:
+            if len(self._heavy) >= 64:
+                self._heavy.clear()
+            heavy = self._heavy[scale] = self.costs.heavy(scale)
+        return heavy
 
     def _slot(self, t: Tensor) -> int:
         self.slot_of[t] = self.n_slots

@@ -169,3 +169,15 @@ def test_bidirectional_lstm_directions_run_as_branches(two_cores):
     assert plan._runner.choose(64, 2) is not False
     want = ism.Session(g, parallel=False, intra_op_threads=1).run(outs[0], feed)
     assert ism.Session(g).run(outs[0], feed).tobytes() == want.tobytes()
+
+
+def test_forced_branches_hand_off_by_the_runs_size(two_cores, monkeypatch):
+    g, x, y = _inception_graph()
+    sess = ism.Session(g, parallel=True, intra_op_threads=1)
+    runner = sess.plan_for(y, {x: _feed(1)})._runner
+    assert not any(runner.heavy_at(1)) and sum(runner.heavy_at(48)) >= 8
+    seen = []
+    real = type(runner).__call__
+    monkeypatch.setattr(type(runner), "__call__", lambda self, *f, heavy=None: seen.append(heavy) or real(self, *f, heavy=heavy))
+    sess.run(y, {x: _feed(48)})
+    assert seen == [runner.heavy_at(48)]

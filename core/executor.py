@@ -21,7 +21,7 @@ from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
 from .scheduler import BranchCosts, ParallelRunner, graph_preds, one_thread_pays, runnable
-from .threads import IntraOpThreads
+from .threads import IntraOpThreads, default_inter_op_threads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -158,8 +158,9 @@ class Plan:
             return None, False
         nodes = runnable(self.nodes, fed)
         costs = BranchCosts(nodes, graph_preds(nodes, fed))
-        runner = ParallelRunner(self, workers, costs)
-        return (runner, True) if costs.has_width(runner.workers) else (None, False)
+        if not costs.has_width(workers or default_inter_op_threads()):
+            return None, False
+        return ParallelRunner(self, workers, costs), True
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""

@@ -117,7 +117,8 @@ class Plan:
                  parallel: Union[bool, str] = "auto", binding: Optional["DeviceBinding"] = None,
                  workers: Optional[int] = None):
         """`binding` (device_binding.py): per-node contexts of a session that places nodes on GPUs.
-        `workers`: the branch pool's size when branches run in parallel (Session inter_op_threads)."""
+        `workers`: the branch pool's size when branches run in parallel (Session inter_op_threads;
+        None: the default, of which an auto run uses at most its intra-op budget)."""
         self.binding = binding
         self.fetches = list(fetches)
         self.feeds = list(feeds)
@@ -134,11 +135,12 @@ class Plan:
         self.fn = self._generate(ctx, fed)
         if binding is not None and binding.uses_gpu:
             parallel = False  # a GPU queues kernels itself: host threads would only contend
+        self._workers_given = workers is not None
         self._runner, self._auto = self._branch_runner(parallel, workers, fed)
         # whether branches run in parallel: always (parallel=True), or, for "auto", what a run at unit
         # unknown dims with the process's threads now would choose (each run chooses for its sizes)
         self.parallel = self._runner is not None and (
-            not self._auto or self._runner.choose(1, threads.intra_threads()) is not False)
+            not self._auto or self._branch_choice(1, threads.intra_threads(), threads.intra_threads()) is not False)
         # runs whose unknown dims are all 1 take one intra-op thread for the whole run (one BLAS
         # hold, not one per product) when no node could use a second one (scheduler.one_thread_pays);
         # a session given intra_op_threads keeps what it was given
@@ -266,27 +268,31 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
+        one = (self._serial_dims is not None and threads.session_intra_threads() is None
+               and self._unit_dims(feeds))  # the serial plan holds one intra-op thread for this run
         runner = self._runner
         if runner is not None:
             if not self._auto:  # parallel=True: branches at the session's threads
                 return runner(*feeds, heavy=runner.heavy_at(self._scale(feeds)))
-            one = (self._serial_dims is not None and threads.session_intra_threads() is None
-                   and self._unit_dims(feeds))
-            intra = 1 if one else threads.intra_threads()
-            heavy = runner.choose(self._scale(feeds), intra)
+            budget = threads.intra_threads()
+            heavy = self._branch_choice(self._scale(feeds), 1 if one else budget, budget)
             if heavy is not False:  # branches at one intra-op thread each (scheduler.BranchCosts)
-                if intra == 1 and not one:
+                if budget == 1 and not one:
                     return runner(*feeds, heavy=heavy)
                 with IntraOpThreads(1):
                     return runner(*feeds, heavy=heavy)
-            if one:
-                with IntraOpThreads(1):
-                    return self._call(feeds)
-            return self._call(feeds)
-        if self._serial_dims is not None and threads.session_intra_threads() is None and self._unit_dims(feeds):
+        if one:
             with IntraOpThreads(1):
                 return self._call(feeds)
         return self._call(feeds)
+
+    def _branch_choice(self, scale: int, intra: int, budget: int):
+        """runner.choose for a run at `scale` whose serial plan has `intra` threads: the pool uses at
+        most the run's intra-op `budget` (the session's intra_op_threads, else BLAS's count) unless
+        the session was given inter_op_threads."""
+        runner = self._runner
+        workers = runner.workers if self._workers_given else min(runner.workers, budget)
+        return runner.choose(scale, intra, workers)
 
     def _scale(self, feeds) -> int:
         """The run's scale for the cost rule: the largest product of one feed's unknown dims."""

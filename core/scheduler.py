@@ -265,15 +265,17 @@ class ParallelRunner:
         self.keep = {self.slot_of[f] for f in plan.fetches if isinstance(f, Tensor)}
         self.fetch_slots = [self.slot_of[f] if isinstance(f, Tensor) else -1 for f in plan.fetches]
 
-    def choose(self, scale: float, intra: int):
+    def choose(self, scale: float, intra: int, workers: Optional[int] = None):
         """For a run at `scale` whose serial plan would have `intra` threads: the nodes to hand to the
-        pool when branches pay (BranchCosts.branches_pay), else False. Remembered per (scale, intra)."""
-        key = (scale, intra)
+        pool when branches on `workers` threads (default: the pool's size) pay
+        (BranchCosts.branches_pay), else False. Remembered per (scale, intra, workers)."""
+        workers = workers or self.workers
+        key = (scale, intra, workers)
         choice = self._choices.get(key)
         if choice is None:
             if len(self._choices) >= 64:  # a plan fed ever new sizes: forget, never grow without bound
                 self._choices.clear()
-            pays = self.costs.branches_pay(scale, intra, self.workers)
+            pays = self.costs.branches_pay(scale, intra, workers)
             choice = self._choices[key] = self.heavy_at(scale) if pays else False
         return choice
 

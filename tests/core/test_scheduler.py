@@ -85,6 +85,32 @@ def test_chunk_sizes_decide_whether_products_split(two_cores, monkeypatch):
     assert c.branches_pay(1, intra=2, workers=2)
 
 
+def _ran_branches(sess, fetches, feed) -> bool:
+    """Whether one run of `fetches` went through the branch runner."""
+    calls = []
+    real = scheduler.ParallelRunner.__call__
+
+    def spy(self, *feeds, heavy=None):
+        calls.append(heavy)
+        return real(self, *feeds, heavy=heavy)
+    scheduler.ParallelRunner.__call__ = spy
+    try:
+        sess.run(fetches, feed)
+    finally:
+        scheduler.ParallelRunner.__call__ = real
+    return bool(calls)
+
+
+def test_one_thread_sessions_and_processes_stay_on_one_thread(two_cores):
+    g, big, a, b = _two_elementwise_branches()
+    feed = {big: np.ones((1024, 1024), np.float32)}
+    assert _ran_branches(ism.Session(g), [a, b], feed)
+    assert not _ran_branches(ism.Session(g, intra_op_threads=1), [a, b], feed)  # one thread in all
+    assert _ran_branches(ism.Session(g, intra_op_threads=1, inter_op_threads=2), [a, b], feed)  # as asked
+    with threadpool_limits(1, user_api="blas"):  # a process limited to one BLAS thread
+        assert not _ran_branches(ism.Session(g), [a, b], feed)
+
+
 def _feed(batch):
     return np.random.default_rng(5).standard_normal((batch, 16, 8, 8)).astype(np.float32)
 
@@ -94,10 +120,11 @@ def test_branches_give_the_serial_plans_bytes(two_cores, batch):
     g, x, y = _inception_graph()
     serial = ism.Session(g, parallel=False, intra_op_threads=1)
     branches = ism.Session(g, parallel=True, intra_op_threads=1)
-    auto = ism.Session(g, intra_op_threads=1)  # chooses per run: serial at batch 1, branches at 48
+    # chooses per run: serial at batch 1, branches at 48
+    auto = ism.Session(g, intra_op_threads=1, inter_op_threads=2)
     xv = _feed(batch)
     want = serial.run(y, {x: xv})
-    assert (auto.plan_for(y, {x: xv})._runner.choose(batch, 1) is not False) == (batch > 1)
+    assert _ran_branches(auto, y, {x: xv}) == (batch > 1)
     for _ in range(3):  # deterministic: every run, every plan, the same bytes
         assert branches.run(y, {x: xv}).tobytes() == want.tobytes()
         assert auto.run(y, {x: xv}).tobytes() == want.tobytes()

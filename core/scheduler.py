@@ -18,9 +18,11 @@ from .graph import Node, Tensor
 from . import threads
 from .threads import default_inter_op_threads
 
-# rough device figures for the decision only; the partitioner's calibrated model is the real one
-_FLOPS_PER_S = 20e9
-_BYTES_PER_S = 8e9
+# rough one-core figures for the decisions only (the partitioner's calibrated model is the real
+# one), fitted to the one-thread CPU time of seven imported models at batch 1 and 32 (the
+# converters_infer set plus a bidirectional LSTM; each predicted within 0.6-1.5x, 2026-11-27)
+_FLOPS_PER_S = 50e9
+_BYTES_PER_S = 16e9
 _DISPATCH_S = 2e-6
 
 _pools: Dict[int, ThreadPoolExecutor] = {}  # one shared branch pool per size (Session inter_op_threads)
@@ -88,8 +90,9 @@ def one_thread_pays(nodes: Sequence[Node], fed: set) -> bool:
 _SPLIT_PASS_OPS = frozenset({"MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad", "BiasAdd", "BiasAddGrad"})
 BRANCH_MARGIN = 0.8  # branches must beat the serial plan's predicted time by 20%: the model is rough
 # a node handed to another thread and reported back costs about two thread wake-ups: 20-50 us on a
-# server, 100-150 us on the 2-core development VM, whose idle cores halt (docs: NOTES, issue #24)
-_HANDOFF_S = 100e-6
+# server, ~140 us on the 2-core development VM, whose idle cores halt (a ThreadPoolExecutor
+# submit-and-wait measured 142 us there: notes on issue #24)
+_HANDOFF_S = 150e-6
 
 
 def handoff_seconds() -> float:
@@ -120,13 +123,15 @@ class BranchCosts:
     def __init__(self, nodes: Sequence[Node], preds: Sequence[Sequence[int]]):
         self.n = len(nodes)
         self.preds = [list(p) for p in preds]
-        self.flops, self.nbytes, self.kind, self.scales = [], [], [], []
+        self.flops, self.nbytes, self.kind, self.scales, self.fixed = [], [], [], [], []
         for n in nodes:
             c = _cost(n)
             self.flops.append(c[0] if c else 0.0)
             self.nbytes.append(c[1] if c else 0.0)
             self.kind.append("product" if n.op in BLAS_THREADED_OPS else "pass" if n.op in _SPLIT_PASS_OPS else "")
             self.scales.append(any(d is None for o in n.outputs for d in o.shape))
+            # bytes that do not grow with the unknown dims (weights): those of tensors of known shape
+            self.fixed.append(max(0.0, self.nbytes[-1] - _unknown_bytes(n)))
         users: List[List[int]] = [[] for _ in range(self.n)]
         for i, p in enumerate(self.preds):
             for j in p:
@@ -137,22 +142,26 @@ class BranchCosts:
         for i in reversed(range(self.n)):
             self.priority[i] = t[i] + max((self.priority[u] for u in users[i]), default=0.0)
 
+    def work(self, scale: float):
+        """Each node's (FLOPs, bytes) when the run's unknown dims multiply to `scale`: FLOPs grow
+        with it where the node's outputs have an unknown dim, bytes where its tensors do."""
+        return [((scale if s else 1.0) * f, fx + (scale if s else 1.0) * (b - fx))
+                for f, b, s, fx in zip(self.flops, self.nbytes, self.scales, self.fixed)]
+
     def seconds(self, scale: float) -> List[float]:
-        """Each node's predicted one-thread time when the run's unknown dims multiply to `scale`."""
-        return [_DISPATCH_S + (scale if s else 1.0) * (f / _FLOPS_PER_S + b / _BYTES_PER_S)
-                for f, b, s in zip(self.flops, self.nbytes, self.scales)]
+        """Each node's predicted one-thread time at `scale`."""
+        return [_DISPATCH_S + f / _FLOPS_PER_S + b / _BYTES_PER_S for f, b in self.work(scale)]
 
     def serial_seconds(self, scale: float, intra: int) -> float:
         h, total = handoff_seconds(), 0.0
-        for f, b, kind, s in zip(self.flops, self.nbytes, self.kind, self.scales):
-            k = scale if s else 1.0
-            tf, tb = k * f / _FLOPS_PER_S, k * b / _BYTES_PER_S
+        for (f, b), kind in zip(self.work(scale), self.kind):
+            tf, tb = f / _FLOPS_PER_S, b / _BYTES_PER_S
             chunks = 1
             if intra > 1 and kind == "product":
-                chunks = int(min(intra, k * f // threads.MIN_CHUNK_FLOPS))
+                chunks = int(min(intra, f // threads.MIN_CHUNK_FLOPS))
                 tf = tf / chunks if chunks > 1 else tf
             elif intra > 1 and kind == "pass":
-                chunks = int(min(intra, k * b // threads.MIN_CHUNK_BYTES))
+                chunks = int(min(intra, b // threads.MIN_CHUNK_BYTES))
                 tb = tb / chunks if chunks > 1 else tb
             total += _DISPATCH_S + tf + tb + (h if chunks > 1 else 0.0)
         return total
@@ -203,6 +212,18 @@ def _cost(n: Node):
     except Exception:  # a cost function must never break execution
         return None
     return c.flops, c.bytes_read + c.bytes_written
+
+
+def _unknown_bytes(n: Node) -> float:
+    """Bytes of the node's inputs and outputs whose shapes have unknown dims, counted as 1."""
+    total = 0.0
+    for t in list(n.inputs) + list(n.outputs):
+        if any(d is None for d in t.shape):
+            k = 1
+            for d in t.shape:
+                k *= 1 if d is None else d
+            total += k * t.dtype.itemsize
+    return total
 
 
 def graph_preds(nodes: Sequence[Node], fed: set) -> List[List[int]]:

@@ -35,7 +35,7 @@ def _block(x, c, seed):
     return ism.concat([a, b, d, p], axis=1)
 
 
-def _inception_graph(channels=16, size=8):
+def _inception_graph(channels=16, size=16):
     g = ism.Graph(seed=0)
     with g.as_default():
         x = ism.placeholder("float32", (None, channels, size, size), name="x")
@@ -112,15 +112,15 @@ def test_one_thread_sessions_and_processes_stay_on_one_thread(two_cores):
 
 
 def _feed(batch):
-    return np.random.default_rng(5).standard_normal((batch, 16, 8, 8)).astype(np.float32)
+    return np.random.default_rng(5).standard_normal((batch, 16, 16, 16)).astype(np.float32)
 
 
-@pytest.mark.parametrize("batch", [1, 48])
+@pytest.mark.parametrize("batch", [1, 64])
 def test_branches_give_the_serial_plans_bytes(two_cores, batch):
     g, x, y = _inception_graph()
     serial = ism.Session(g, parallel=False, intra_op_threads=1)
     branches = ism.Session(g, parallel=True, intra_op_threads=1)
-    # chooses per run: serial at batch 1, branches at 48
+    # chooses per run: serial at batch 1, branches at 64
     auto = ism.Session(g, intra_op_threads=1, inter_op_threads=2)
     xv = _feed(batch)
     want = serial.run(y, {x: xv})
@@ -202,9 +202,9 @@ def test_forced_branches_hand_off_by_the_runs_size(two_cores, monkeypatch):
     g, x, y = _inception_graph()
     sess = ism.Session(g, parallel=True, intra_op_threads=1)
     runner = sess.plan_for(y, {x: _feed(1)})._runner
-    assert not any(runner.heavy_at(1)) and sum(runner.heavy_at(48)) >= 8
+    assert not any(runner.heavy_at(1)) and sum(runner.heavy_at(64)) >= 8
     seen = []
     real = type(runner).__call__
     monkeypatch.setattr(type(runner), "__call__", lambda self, *f, heavy=None: seen.append(heavy) or real(self, *f, heavy=heavy))
-    sess.run(y, {x: _feed(48)})
-    assert seen == [runner.heavy_at(48)]
+    sess.run(y, {x: _feed(64)})
+    assert seen == [runner.heavy_at(64)]

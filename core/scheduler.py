@@ -97,9 +97,18 @@ _HANDOFF_S = 150e-6
 
 def handoff_seconds() -> float:
     """A hand-off of one piece of work to another thread and back: core/threads.py's measurement
-    when it offers one, else _HANDOFF_S."""
-    measured = getattr(threads, "handoff_seconds", None)
+    (handoff_s) when it offers one, else _HANDOFF_S."""
+    measured = getattr(threads, "handoff_s", None)
     return float(measured()) if callable(measured) else _HANDOFF_S
+
+
+def chunk_sizes() -> tuple:
+    """(FLOPs, bytes): the least work fan_out gives a thread of a split product or pass on this
+    machine (core/threads.py's min_chunk_flops/min_chunk_bytes when it scales them, else its constants)."""
+    flops, nbytes = getattr(threads, "min_chunk_flops", None), getattr(threads, "min_chunk_bytes", None)
+    if callable(flops) and callable(nbytes):
+        return flops(), nbytes()
+    return threads.MIN_CHUNK_FLOPS, threads.MIN_CHUNK_BYTES
 
 
 def runnable(nodes: Sequence[Node], fed: set) -> List[Node]:
@@ -154,14 +163,15 @@ class BranchCosts:
 
     def serial_seconds(self, scale: float, intra: int) -> float:
         h, total = handoff_seconds(), 0.0
+        chunk_flops, chunk_bytes = chunk_sizes()
         for (f, b), kind in zip(self.work(scale), self.kind):
             tf, tb = f / _FLOPS_PER_S, b / _BYTES_PER_S
             chunks = 1
             if intra > 1 and kind == "product":
-                chunks = int(min(intra, f // threads.MIN_CHUNK_FLOPS))
+                chunks = int(min(intra, f // chunk_flops))
                 tf = tf / chunks if chunks > 1 else tf
             elif intra > 1 and kind == "pass":
-                chunks = int(min(intra, b // threads.MIN_CHUNK_BYTES))
+                chunks = int(min(intra, b // chunk_bytes))
                 tb = tb / chunks if chunks > 1 else tb
             total += _DISPATCH_S + tf + tb + (h if chunks > 1 else 0.0)
         return total

@@ -11,9 +11,11 @@ from isthmus.core.errors import ExecutionError
 
 @pytest.fixture
 def two_cores(monkeypatch):
-    """The rule's machine fixed: 2 cores, 100 us a hand-off (whatever this machine measures)."""
+    """The rule's machine fixed: 2 cores, 100 us a hand-off, chunks of 4 MFLOP and 1 MiB (whatever
+    this machine measures)."""
     monkeypatch.setattr(threads, "cores", lambda: 2)
     monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 100e-6)
+    monkeypatch.setattr(scheduler, "chunk_sizes", lambda: (4_000_000, 1 << 20))
 
 
 def _costs(fetches, feeds=()):
@@ -81,7 +83,7 @@ def test_chunk_sizes_decide_whether_products_split(two_cores, monkeypatch):
         two = (y @ (y * 2.0)) + (y @ (y * 3.0))  # 33.5 MFLOP each
     c = _costs([two], [y])
     assert not c.branches_pay(1, intra=2, workers=2)
-    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 40_000_000)  # too small to split on this machine
+    monkeypatch.setattr(scheduler, "chunk_sizes", lambda: (40_000_000, 1 << 20))  # too small to split here
     assert c.branches_pay(1, intra=2, workers=2)
 
 

@@ -25,6 +25,7 @@ _FLOPS_PER_S = 50e9
 _BYTES_PER_S = 16e9
 _DISPATCH_S = 2e-6
 
+NODE_WAIT_S = 3600.0  # the longest the branch runner waits for one node on the pool
 _pools: Dict[int, ThreadPoolExecutor] = {}  # one shared branch pool per size (Session inter_op_threads)
 _pool_lock = threading.Lock()
 
@@ -341,6 +342,7 @@ class ParallelRunner:
         done: "queue.Queue" = queue.Queue()
         pool = shared_pool(self.workers)
         in_flight = 0
+        running: set = set()  # the nodes on the pool now
         kernels = [plan.kernels[n] for n in self.nodes]
 
         def finish(i, result):
@@ -372,6 +374,7 @@ class ParallelRunner:
                 _, i = heapq.heappop(ready)
                 if heavy[i] and (ready or in_flight):
                     in_flight += 1
+                    running.add(i)
                     pool.submit(call, i)
                 else:
                     try:
@@ -381,8 +384,9 @@ class ParallelRunner:
                         raise self._wrap(i, e) from e
                     finish(i, res)
             if in_flight:
-                i, res, err = done.get(timeout=3600)
+                i, res, err = self._next_done(done, running)
                 in_flight -= 1
+                running.discard(i)
                 if err is not None:
                     self._drain(done, in_flight)
                     raise self._wrap(i, err) from err
@@ -390,10 +394,24 @@ class ParallelRunner:
         return tuple(plan.copy_fetch(f, slots[s]) if s >= 0 else None
                      for f, s in zip(plan.fetches, self.fetch_slots))
 
+    def _next_done(self, done, running: set):
+        """The next (node, result, error) a pool thread reports; an error naming the nodes running
+        if none reports within NODE_WAIT_S (a kernel that never returns must not hang the run silently)."""
+        try:
+            return done.get(timeout=NODE_WAIT_S)
+        except queue.Empty:
+            names = ", ".join(f"'{self.nodes[i].name}' ({self.nodes[i].op})" for i in sorted(running))
+            first = self.nodes[min(running)] if running else None
+            raise ExecutionError(f"branch runner: no node finished within {NODE_WAIT_S:g} s; still running: {names}",
+                                 first.name if first else None, first.op if first else None) from None
+
     @staticmethod
     def _drain(done, in_flight: int) -> None:
         for _ in range(in_flight):  # let running kernels finish before the error propagates
-            done.get(timeout=3600)
+            try:
+                done.get(timeout=NODE_WAIT_S)
+            except queue.Empty:
+                return
 
     def _wrap(self, i: int, e: BaseException) -> Exception:
         n = self.nodes[i]

@@ -210,3 +210,25 @@ def test_forced_branches_hand_off_by_the_runs_size(two_cores, monkeypatch):
     monkeypatch.setattr(type(runner), "__call__", lambda self, *f, heavy=None: seen.append(heavy) or real(self, *f, heavy=heavy))
     sess.run(y, {x: _feed(64)})
     assert seen == [runner.heavy_at(64)]
+
+
+def test_a_node_that_never_finishes_fails_the_run_naming_it(two_cores, monkeypatch):
+    import time
+    g, big, a, b = _two_elementwise_branches()
+    exp = ism.core.registry.get("Exp")
+    real = exp.kernel
+
+    def kernel(node, ctx):
+        run = real(node, ctx)
+
+        def slow(v):
+            if node.name == "b":
+                time.sleep(2.0)  # bounded: the pool thread is free again two seconds later
+            return run(v)
+        return slow
+    monkeypatch.setattr(exp, "kernel", kernel)
+    monkeypatch.setattr(scheduler, "NODE_WAIT_S", 0.3)
+    sess = ism.Session(g, optimize=False, parallel=True, inter_op_threads=2)
+    with pytest.raises(ExecutionError, match=r"within 0.3 s; still running: 'b' \(Exp\)"):
+        sess.run([a, b], {big: np.ones((1024, 1024), np.float32)})
+    time.sleep(2.0)  # let the pool thread finish before the next test

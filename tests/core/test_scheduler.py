@@ -79,11 +79,11 @@ def test_the_rule_follows_the_batch_and_the_hand_off(two_cores, monkeypatch):
 def test_chunk_sizes_decide_whether_products_split(two_cores, monkeypatch):
     g = ism.Graph()
     with g.as_default():
-        y = ism.placeholder("float32", (256, 256), name="y")
-        two = (y @ (y * 2.0)) + (y @ (y * 3.0))  # 33.5 MFLOP each
+        y = ism.placeholder("float32", (384, 384), name="y")
+        two = (y @ (y * 2.0)) + (y @ (y * 3.0))  # 113 MFLOP each
     c = _costs([two], [y])
     assert not c.branches_pay(1, intra=2, workers=2)
-    monkeypatch.setattr(scheduler, "chunk_sizes", lambda: (40_000_000, 1 << 20))  # too small to split here
+    monkeypatch.setattr(scheduler, "chunk_sizes", lambda: (200_000_000, 1 << 20))  # too small to split here
     assert c.branches_pay(1, intra=2, workers=2)
 
 

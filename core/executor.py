@@ -21,7 +21,7 @@ from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
 from .scheduler import BranchCosts, ParallelRunner, graph_preds, one_thread_pays, runnable
-from .threads import IntraOpThreads, default_inter_op_threads
+from .threads import IntraOpThreads, OneThreadRun, RunBlasHold, default_inter_op_threads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -110,6 +110,23 @@ def prune(fetch_nodes: Sequence[Node], fed: set) -> List[Node]:
     return sorted(needed.values(), key=lambda n: n.index)
 
 
+def _has_blas_work(nodes, fed: set) -> bool:
+    """Whether a node does work OpenBLAS would thread (a product over 2 * 4 * 65536 FLOPs; unknown
+    dims count as 1, and a cost that cannot be priced counts as such work)."""
+    for n in nodes:
+        if n.op in ("Const", "Placeholder") or n.opdef.cost is None or (n.outputs and all(o in fed for o in n.outputs)):
+            continue
+        try:
+            if n.opdef.cost(n).flops >= _BLAS_THREADED_FLOPS:
+                return True
+        except Exception:  # a cost function must never break execution
+            return True
+    return False
+
+
+_BLAS_THREADED_FLOPS = 2 * 4 * 65536
+
+
 class Plan:
     """A compiled step: `plan(*feed_values)` returns the tuple of fetched values."""
 
@@ -148,6 +165,11 @@ class Plan:
         if not (parallel is True) and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
             self._serial_dims = [(i, tuple(j for j, d in enumerate(t.shape) if d is None))
                                  for i, t in enumerate(self.feeds)]
+        # other default-thread runs with work BLAS would thread hold BLAS to one thread for the run
+        # (threads.RunBlasHold): the intra-op pool alone splits work, BLAS's spinning threads never
+        # take the cores its chunks need
+        self._hold_blas = (binding is None or not binding.uses_gpu) and threads.cores() > 1 \
+            and _has_blas_work(self.nodes, fed)
         self._unknown = [(i, dims) for i, dims in ((i, tuple(j for j, d in enumerate(t.shape) if d is None))
                                                    for i, t in enumerate(self.feeds)) if dims]
 
@@ -268,21 +290,28 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
-        one = (self._serial_dims is not None and threads.session_intra_threads() is None
-               and self._unit_dims(feeds))  # the serial plan holds one intra-op thread for this run
+        default = threads.session_intra_threads() is None
+        one = self._serial_dims is not None and default and self._unit_dims(feeds)  # one intra-op thread pays
         runner = self._runner
         if runner is not None:
             if not self._auto:  # parallel=True: branches at the session's threads
-                return runner(*feeds, heavy=runner.heavy_at(self._scale(feeds)))
+                heavy = runner.heavy_at(self._scale(feeds))
+                if self._hold_blas and default:
+                    with RunBlasHold():
+                        return runner(*feeds, heavy=heavy)
+                return runner(*feeds, heavy=heavy)
             budget = threads.intra_threads()
             heavy = self._branch_choice(self._scale(feeds), 1 if one else budget, budget)
             if heavy is not False:  # branches at one intra-op thread each (scheduler.BranchCosts)
                 if budget == 1 and not one:
                     return runner(*feeds, heavy=heavy)
-                with IntraOpThreads(1):
+                with IntraOpThreads(1):  # process-wide: the pool's threads run their nodes on one thread too
                     return runner(*feeds, heavy=heavy)
-        if one:
-            with IntraOpThreads(1):
+        if self._hold_blas and default:
+            if one:
+                with OneThreadRun():  # this thread's kernels alone; other threads' runs keep their counts
+                    return self._call(feeds)
+            with RunBlasHold():
                 return self._call(feeds)
         return self._call(feeds)
 

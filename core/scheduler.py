@@ -181,13 +181,15 @@ class BranchCosts:
             total += _DISPATCH_S + tf + tb + (h if chunks > 1 else 0.0)
         return total
 
-    def heavy(self, scale: float) -> List[bool]:
-        """Nodes worth a hand-off to the branch pool: their work outweighs two hand-offs."""
-        h = handoff_seconds()
+    def heavy(self, scale: float, h: Optional[float] = None) -> List[bool]:
+        """Nodes worth a hand-off (`h`, default handoff_seconds()) to the branch pool: their work
+        outweighs two hand-offs."""
+        h = handoff_seconds() if h is None else h
         return [t > 2 * h for t in self.seconds(scale)]
 
-    def branch_seconds(self, scale: float, workers: int) -> float:
-        t, heavy, h = self.seconds(scale), self.heavy(scale), handoff_seconds()
+    def branch_seconds(self, scale: float, workers: int, h: Optional[float] = None) -> float:
+        h = handoff_seconds() if h is None else h
+        t, heavy = self.seconds(scale), self.heavy(scale, h)
         waiting = [len(p) for p in self.preds]
         ready = [(-self.priority[i], i) for i in range(self.n) if waiting[i] == 0]
         heapq.heapify(ready)
@@ -214,9 +216,12 @@ class BranchCosts:
         return self.branch_seconds(scale, workers) < BRANCH_MARGIN * self.serial_seconds(scale, intra)
 
     def has_width(self, workers: int) -> bool:
-        """Whether the graph has branches at all that could pay at some scale: large work, no
-        hand-offs, one intra-op thread."""
-        return self.n >= 2 and self.branches_pay(1e6, 1, workers)
+        """Whether the graph has branches at all that could pay at some scale: large work, free
+        hand-offs (nothing is measured for a plan without width), one intra-op thread."""
+        if self.n < 2 or min(workers, threads.cores()) < 2:
+            return False
+        serial = sum(self.seconds(1e6))
+        return self.branch_seconds(1e6, min(workers, threads.cores()), 0.0) < BRANCH_MARGIN * serial
 
 
 def _cost(n: Node):

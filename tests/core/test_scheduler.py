@@ -214,7 +214,9 @@ def test_forced_branches_hand_off_by_the_runs_size(two_cores, monkeypatch):
 
 def test_a_node_that_never_finishes_fails_the_run_naming_it(two_cores, monkeypatch):
     import time
-    g, big, a, b = _two_elementwise_branches()
+    g = ism.Graph()
+    with g.as_default():
+        big = ism.placeholder("float32", (None, 1024), name="big")
     exp = ism.core.registry.get("Exp")
     real = exp.kernel
 
@@ -228,7 +230,23 @@ def test_a_node_that_never_finishes_fails_the_run_naming_it(two_cores, monkeypat
         return slow
     monkeypatch.setattr(exp, "kernel", kernel)
     monkeypatch.setattr(scheduler, "NODE_WAIT_S", 0.3)
+    with g.as_default():  # two nodes ready at once: both go to the pool, whatever the timing
+        a, b = ism.exp(big, name="a"), ism.exp(big, name="b")
     sess = ism.Session(g, optimize=False, parallel=True, inter_op_threads=2)
     with pytest.raises(ExecutionError, match=r"within 0.3 s; still running: 'b' \(Exp\)"):
         sess.run([a, b], {big: np.ones((1024, 1024), np.float32)})
     time.sleep(2.0)  # let the pool thread finish before the next test
+
+
+def test_a_chain_compiles_without_measuring_the_hand_off(monkeypatch):
+    def measured():
+        raise AssertionError("the hand-off was measured for a plan without branches")
+    monkeypatch.setattr(scheduler, "handoff_seconds", measured)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 64), name="x")
+        y = ism.tanh(ism.exp(x * 2.0))
+    sess = ism.Session(g)
+    assert sess.plan_for(y, {x: None})._runner is None
+    np.testing.assert_allclose(sess.run(y, {x: np.ones((2, 64), np.float32)}), np.tanh(np.exp(2.0)) * np.ones((2, 64)),
+                               rtol=1e-6)

@@ -88,7 +88,8 @@ def bench(name: str, batch: int, repeats: int, rounds: int) -> dict:
     fns["onnxruntime"] = lambda: ort_sess.run(None, feeds)
     plan = sessions["auto"].plan_for(outs[0], feed)
     runner = plan._runner
-    chose = runner is not None and runner.choose(plan._scale(list(feed.values())), threads.intra_threads()) is not False
+    budget = threads.intra_threads()
+    chose = runner is not None and plan._branch_choice(plan._scale(list(feed.values())), budget, budget) is not False
     load0 = os.getloadavg()[0]
     samples = {k: [] for k in fns}
     names = list(fns)

@@ -83,9 +83,9 @@ _BLOCK_MIN_COLS = 2048
 
 # From this many output channels up, each kernel row's GEMM adds into the output itself; below, BLAS's
 # pass over the columns (its packing, once per GEMM) is large beside so few rows of work and a GEMM
-# per input row over the stacked kernel rows wins (the CNN's 64 -> 32 channel input gradient, one
-# core, CPU time of alternating runs at load 3: 22.5 ms vs 24.5-26.5 per kernel row; its
-# 32 -> 64 forward: 18.1 per kernel row vs 18.7).
+# per input row over the stacked kernel rows wins (one core, CPU time of alternating runs at load 3:
+# the CNN's 64 -> 32 channel input gradient 22.5-24.5 ms stacked vs 26.5-26.8 per kernel row;
+# its 32 -> 64 forward 18.1-18.6 per kernel row vs 18.7-20.0 stacked).
 _ACC_MIN_O = 64
 
 
@@ -144,7 +144,7 @@ def conv_rows(xp, x, wt, g, finish_rows):
 
     def rows(b0, b1):  # blocks [b0, b1): every kernel row's product over each, then their finish
         a, b = bounds[b0], bounds[b1]
-        if not full:
+        if not full and not stacked:
             acc[:, a * run:b * run] = 0
         for r0, r1 in zip(bounds[b0:b1], bounds[b0 + 1:b1 + 1]):
             if stacked:
@@ -173,8 +173,9 @@ def _product(xp, a, b, c, add: bool):
 
 
 def _fan_out_rows(xp, fn, total: int, flops: int) -> None:
-    """fn(lo, hi) over chunks of `total` blocks of output rows on the intra-op threads, one BLAS thread each;
-    chunks of at least MIN_CHUNK_FLOPS (other array modules: one call, the device parallelises)."""
+    """fn(lo, hi) over chunks of `total` blocks of output rows on the intra-op threads, one BLAS
+    thread each; chunks of at least MIN_CHUNK_FLOPS (other array modules: one call, the device
+    parallelises)."""
     if xp is not np:
         fn(0, total)
         return

@@ -11,8 +11,9 @@ GEMM per input row over the kernel rows stacked, its product added while in cach
 columns fewer times.
 
 Threads take blocks of output rows: each computes its blocks' GEMMs and finishes them (NCHW, bias,
-activation) in one hand-off. The blocks are fixed by the shape and every output element gets its
-kernel rows' products in the same order, so 1 and 2 threads give the same bytes. The filter
+activation) in one hand-off. The blocks are fixed by the shape and the machine's core count (not the
+session's thread count) and every output element gets its kernel rows' products in the same order,
+so 1 and 2 threads give the same bytes. The filter
 gradient's products are cut along the contraction in parts fixed by the shape
 (intra_op.ksplit_parts), all kernel rows' parts in one hand-off, summed in a fixed order.
 """
@@ -73,11 +74,11 @@ def stacked_weights(xp, w):
     return xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(kh, o, kw * c)
 
 
-# Each GEMM covers a block of output rows fixed by the shape, never by the thread count: BLAS rounds
-# an element differently by where it falls in its tiles, so a cut that moved with the threads would
-# move the bits. The blocks come in an even number (two threads get equal shares) of about this
-# many output columns each at least: fewer, larger GEMMs pack and call less (the CNN's 64 -> 32
-# channel input gradient: 21.5 ms in one-row blocks, 20.4 in 4-row blocks, one core).
+# Each GEMM covers a block of output rows fixed by the shape and the machine's core count, never by
+# the session's thread count: BLAS rounds an element differently by where it falls in its tiles, so
+# a cut that moved with the threads would move the bits. One block per core (each of at least this
+# many output columns): fewer, larger GEMMs pack the columns fewer times and call BLAS less (the
+# CNN's 64 -> 32 channel input gradient, one core: 22.5 ms in one block, 24.5 in six).
 _BLOCK_MIN_COLS = 2048
 
 
@@ -120,9 +121,8 @@ def _input_row_products(xp, cols, wt, acc, g, h, run, a, b):
 
 
 def row_blocks(oh: int, run: int) -> list:
-    """Bounds of the output-row blocks of conv_rows (a function of the shape alone)."""
-    pairs = (oh * run) // (2 * _BLOCK_MIN_COLS)
-    nb = max(1, min(oh, 2 * pairs))
+    """Bounds of the output-row blocks of conv_rows (a function of the shape and threads.cores())."""
+    nb = max(1, min(oh, threads.cores(), (oh * run) // _BLOCK_MIN_COLS))
     return [oh * b // nb for b in range(nb + 1)]
 
 

@@ -233,6 +233,7 @@ def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, gemm)
     from isthmus.core.ops import conv_rows, gemm_acc
     monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 1)
     monkeypatch.setattr(conv_rows, "_BLOCK_MIN_COLS", 1 if gemm == "cblas_row_blocks" else 10 ** 9)
+    monkeypatch.setattr(conv_rows.threads, "cores", lambda: 64)
     monkeypatch.setattr(conv_rows, "_ACC_MIN_O", 10 ** 9 if gemm == "stacked" else 0)
     if gemm == "matmul":
         monkeypatch.setattr(gemm_acc, "_bound", [None])

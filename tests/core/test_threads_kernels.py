@@ -282,6 +282,7 @@ def test_row_tap_conv_and_gradients_give_one_threads_bytes(fan_outs, monkeypatch
     for the forward pass, the input gradient and the filter gradient."""
     from isthmus.core.ops import conv_rows
     monkeypatch.setattr(conv_rows, "_BLOCK_MIN_COLS", block_cols)
+    monkeypatch.setattr(threads, "cores", lambda: 64)  # blocks as on a 64-core machine: one per row
     monkeypatch.setattr(conv_rows, "_ACC_MIN_O", acc_min_o)
     used = []
     real = conv_rows.conv_rows

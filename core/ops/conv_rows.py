@@ -4,7 +4,7 @@ kernel's columns of the input laid out [kw*C, H, OW, N].
 
 Only kw copies of the input are made, not kh*kw: kernel row i's im2col block is the column range of
 the input rows shifted by i*dh, so each kernel row is one GEMM over the output rows it reaches,
-added straight into the output by BLAS (gemm_acc: beta=1). No stacked [kh*O, H*OW*N] product is
+added straight into the output by BLAS (numpy_blas: beta=1). No stacked [kh*O, H*OW*N] product is
 written (16 MB for the benchmark CNN's second layer), nor its temporaries and add passes; rows
 that read only H padding are skipped, so the H padding is never built. With few output channels a
 GEMM per input row over the kernel rows stacked, its product added while in cache, packs the
@@ -23,7 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import threads
-from .gemm_acc import accumulate
+from .numpy_blas import accumulate
 from .intra_op import ksplit_parts, rows_apply
 
 

@@ -85,11 +85,12 @@ def test_batches_image_by_image_match_the_reference(batches, act, n, c, o, k, st
     assert bool(batches) == served
 
 
-def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch):
+@pytest.mark.parametrize("hw", [10, 30])  # im2col per image; 30 columns: jit.conv_wide
+def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch, hw):
     from isthmus.core import threads
     from isthmus.core.ops import intra_op
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((5, 8, 10, 10)).astype(np.float32)
+    x = rng.standard_normal((5, 8, hw, hw)).astype(np.float32)
     w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
     one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
@@ -101,3 +102,27 @@ def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch):
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
     assert len(batches) == 2 and max(chunks) == 2
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """Counts the convolutions jit.conv_wide serves (no im2col)."""
+    calls = []
+    real = conv_one_image.OneImage._wide
+    monkeypatch.setattr(conv_one_image.OneImage, "_wide", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "relu6"])
+@pytest.mark.parametrize("n,c,o,k,padding,dil,hw,served", [
+    (1, 4, 8, 3, "SAME", 1, 30, True),              # 30 columns
+    (1, 32, 12, 3, ((2, 0), (1, 2)), 2, 17, True),  # dilated, asymmetric padding, 32 channels on 16 columns
+    (3, 5, 16, 5, "VALID", 1, 33, True),            # a batch, no padding, 5x5
+    (1, 8, 16, 3, "SAME", 1, 16, False),            # 16 columns, 8 channels: im2col
+])
+def test_stride1_without_im2col_matches_the_reference(wide, act, n, c, o, k, padding, dil, hw, served):
+    rng = np.random.default_rng(n * 100 + c + hw)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), 1, padding, dil, 1, act)
+    assert bool(wide) == served

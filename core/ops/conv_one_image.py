@@ -15,8 +15,9 @@ _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 def _wide_pays(c: int, g) -> bool:
     """Where jit.conv_wide (no im2col; the output at the padded width) beat im2col + the packed GEMM,
     one thread: stride 1 on planes of 28+ columns (0.78-0.92x its time from 28x28 to 48x48), or of 16+
-    with 32+ channels (0.9-0.95x); on 12x12 and on 24x24 with 16 channels it lost (1.1-1.15x)."""
-    return (g.sh, g.sw) == (1, 1) and (g.ow >= 28 or (g.ow >= 16 and c >= 32))
+    with 32+ channels (0.9-0.95x); on 12x12, on 24x24 with 16 channels, and on the CNN's one-channel
+    5x5 (k = 25: im2col is cheap there) it lost (1.1-1.6x)."""
+    return (g.sh, g.sw) == (1, 1) and c * g.kh * g.kw >= 64 and (g.ow >= 28 or (g.ow >= 16 and c >= 32))
 
 
 def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:

@@ -12,6 +12,12 @@ from .intra_op import rows_apply, serial_blas
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 
 
+def _tile_ok() -> bool:
+    """Whether jit.gemm_f32's register tile runs here (AVX2)."""
+    from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
+    return supported()
+
+
 def _wide_pays(c: int, g) -> bool:
     """Where jit.conv_wide (no im2col; the output at the padded width) beat im2col + the packed GEMM,
     one thread: stride 1 on planes of 28+ columns (0.78-0.92x its time from 28x28 to 48x48), or of 16+
@@ -130,9 +136,13 @@ class OneImage:
         k, p = shape[1] * g.kh * g.kw, g.oh * g.ow
         (t, b), (l, r) = g.pads
         geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, b, l, r, g.oh, g.ow], np.int64)
-        packed = self.clamp is not None and w.dtype == np.float32 and _packed_pays(w.shape[0], k, p, shape[0] > 1)
+        ok = self.clamp is not None and w.dtype == np.float32
+        # without im2col the packed GEMM also beats im2col + BLAS where _packed_pays alone says no
+        # (Inception's 32x32x32 3x3 at batch 1: 503 against 596 us with im2col, BLAS about the same)
+        widen = ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and _tile_ok()
+        packed = widen or (ok and _packed_pays(w.shape[0], k, p, shape[0] > 1))
         wide = None
-        if packed and _wide_pays(shape[1], g):
+        if widen:
             from ...jit.conv_wide import plan as wide_plan  # deferred: loads llvmlite, numba
             wide = wide_plan(shape[1], shape[2], shape[3], g.kh, g.kw, g.dh, g.dw, t, b, l, r)
         plan = (geo, k, p, leading_dim(p) if packed else p, packed, wide)

@@ -269,3 +269,14 @@ def conv_image_ld(x, h, w, geo, wp, bias, lo, hi, y, cols):
     im2col_ld(x, h, w, geo, cols)
     gemm_bias_clamp_ld(wp, bias, cols.reshape(k * ldx), ldx, k, y.shape[1], lo, hi, y,
                        np.empty((k, NR), np.float32), np.empty((y.shape[0], NR), np.float32))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def pointwise_images(x, wp, bias, lo, hi, out, i0, i1):
+    """out[i] [O, P] = clamp(W @ x[i] [C, P] + bias, lo, hi) for i0 <= i < i1: a batch's 1x1
+    convolutions on the packed GEMM, the weights packed once (not by BLAS per call)."""
+    k, o = x.shape[1], out.shape[1]
+    panel = np.empty((k, NR), np.float32)
+    tile = np.empty((o, NR), np.float32)
+    for i in range(i0, i1):
+        gemm_bias_clamp(wp, bias, x[i], lo, hi, out[i], panel, tile)

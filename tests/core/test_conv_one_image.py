@@ -128,3 +128,19 @@ def test_stride1_without_im2col_matches_the_reference(wide, act, n, c, o, k, pad
     w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     check(x, w, rng.standard_normal(o).astype(np.float32), 1, padding, dil, 1, act)
     assert bool(wide) == served
+
+
+@pytest.mark.parametrize("act", ["relu6", "none"])
+@pytest.mark.parametrize("n,c,o,hw,served", [(3, 24, 36, 6, True), (4, 16, 96, 9, True), (2, 8, 30, 6, False),
+                                              (2, 40, 24, 6, False)])  # a projection: BLAS
+def test_batch_pointwise_on_the_packed_gemm(monkeypatch, act, n, c, o, hw, served):
+    """A batch's 1x1 expansions image by image on the packed GEMM (O a multiple of 4), else BLAS."""
+    from isthmus.core.ops import conv_pointwise
+    calls = []
+    real = conv_pointwise.PackedGemm.images
+    monkeypatch.setattr(conv_pointwise.PackedGemm, "images", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(n + c + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), 1, "VALID", 1, 1, act)
+    assert bool(calls) == served

@@ -31,13 +31,14 @@ def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:
     leading_dim's stride) beat BLAS + the finish pass, one thread: 1.0-1.4x for 36 to 576 pixels
     up to k = 576 and beyond 576 pixels for shallow k (<= 64); 0.8-1.0x on 1024+ pixels with
     k >= 147 (32-128 outputs; measured at load 3, thread CPU time). A batch's alternatives cost
-    more (row taps' layout passes around BLAS, or jit.conv_images at a conflicting row stride): at
-    batch 32, up to k = 576 at any size, or up to 64 pixels, 0.65-0.95x their time (Inception's
-    32x32x32 3x3: 25.7 -> 16.5 ms); the CNN's 5x5 over 32 channels (k = 800, 196 pixels) 1.08x.
+    more (row taps' passes around BLAS, or jit.conv_images at a conflicting row stride): at batch
+    32, up to k = 576 at any size, 0.69-0.95x their time against main's conv_rows (Inception's
+    32x32x32 3x3: 23.1 -> 16.0 ms); k = 800 (the CNN's 5x5 over 32 channels) 1.13x and k = 864 on
+    8x8 1.05x.
     Batch 1's 3-channel 7x7 stems (k = 147): 0.87x BLAS's time on 1024 pixels, 1.08x on 12544."""
     from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
     if batch:
-        return o % 4 == 0 and p >= 16 and (k <= 576 or p <= 64) and supported()
+        return o % 4 == 0 and p >= 16 and k <= 576 and supported()
     return o % 4 == 0 and p >= 16 and (p <= 576 or k <= 64 or (k <= 160 and p <= 4096)) and supported()
 
 

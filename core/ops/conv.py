@@ -5,7 +5,10 @@ conv2d with stride 1 along H and enough channels, at batch > 1, takes the row ta
 kw copies of the input, one GEMM per kernel row accumulated into the output by BLAS); otherwise it
 builds the im2col matrix one image at a time and multiplies it (always at batch 1: one deeper GEMM
 beats kh shallower ones there). 1x1 convolutions are a GEMM on the input as it lies
-(conv_pointwise.py, with the bias + activation finish every GEMM path shares). The filter
+(conv_pointwise.py, with the bias + activation finish every GEMM path shares). At inference
+(constant float32 weights, a clamp activation) few output pixels run as a GEMM with the pixels as
+rows (conv_pixels.py), and batch 1 and constant-weight batches image by image on the packed GEMM,
+with im2col or without it on wide stride-1 planes (conv_one_image.py). The filter
 gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution
 is itself a convolution (of dy with the flipped, transposed weights), else one GEMM and one
 strided add per kernel tap. Depthwise convolutions skip the

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Dict, List
 
@@ -105,40 +106,39 @@ def _time_part(interp, inputs, runs: int) -> Dict[str, float]:
 
 
 def _priced(g, y, plans, profile) -> List[float]:
-    """Each plan's edge kernels as `profile` prices them (its part section left out: what is fitted)."""
+    """Each plan's edge kernels as `profile` prices them (its part section left out: what is fitted;
+    its weights from memory too: they are priced beside the part, not scaled with its kernels)."""
     from isthmus.partitioner import CostModel, LinkModel  # deferred: partitioner loads scipy
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE  # deferred: partitioner.devices loads scipy
     from isthmus.partitioner.plan import priced  # deferred: partitioner.plan loads scipy
     from isthmus.partitioner.problem import Constraints, Problem  # deferred: partitioner.problem loads scipy
-    edge = replace(profile, part=None, client=None, kernel_table="edge")
+    edge = replace(profile, part=None, client=None, kernel_table="edge", weight_stream_s=0.0)
     p = Problem(g, CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: edge}, LinkModel(10e6, 10e6, 0.01)), [y],
                 Constraints(edge_memory_budget=None))
     return [priced(p, p.assignment(plan.placement))[0].compute.get(EDGE_DEVICE, 0.0) for plan in plans]
 
 
 def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: float = 10.0,
-                 rtt_s: float = 0.02, profile=None) -> List[Dict[str, float]]:
-    """Per edge part of the two CNNs: {"seconds": its edge CPU time per request less its node kernels'
+                 rtt_s: float = 0.02, profile=None, rounds: int = 3) -> List[Dict[str, float]]:
+    """Per edge part of the three CNNs: {"seconds": its edge CPU time per request less its node kernels'
     (timed hot, one by one), "nbytes": bytes entering and leaving it, "edge_s", "kernels_s", "model",
     "cut"}, and with a `profile` (a DeviceProfile of this machine, 1x) "priced_s": its kernels as the
     profile prices them (PartCost.fit then fits the profile's kernel_scale too). The edge time is the
     real OffloadClient's, against an in-process service over a link
     emulated with `rtt_s` (a request finds the caches as cold as after a real round trip), with the
     edge emulated `slowdown` x slower by CPU time (edge_s / slowdown is the CPU time, whatever the load
-    of this machine). One BLAS thread."""
-    from isthmus.cloud.offload import OffloadServer  # deferred: cloud.offload loads grpc, protobuf, scipy
-    # deferred: cloud.offload_model loads protobuf, scipy
-    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    of this machine). One BLAS thread. The `requests` of each part are spread over `rounds` passes over
+    every part of every model (medians of all): this VM's speed moves 1.5-1.8x for seconds at a time
+    (neighbours on the host, invisible to the load average and to CPU time), and parts timed one after
+    another in one such stretch fitted kernel scales from 1.0 to 1.54."""
     # deferred: converters.split_export loads flatbuffers, scipy
     from isthmus.converters.split_export import export_split
-    # deferred: the edge interpreter, loaded only by the commands that need it
-    from isthmus.edge.interpreter import Interpreter
-    # deferred: the edge interpreter, loaded only by the commands that need it
-    from isthmus.edge.link_emulation import EmulatedLink
-    from isthmus.edge.offload_client import OffloadClient  # deferred: edge.offload_client loads protobuf
     from isthmus.partitioner.pinned import PinnedPlans  # deferred: partitioner.pinned loads scipy
     from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
-    out = []
+    if rounds < 1 or requests < 1:
+        raise ValueError(f"need rounds >= 1 and requests >= 1, got rounds={rounds}, requests={requests}")
+    rounds = min(rounds, requests)
+    models = []
     for mi, (g, x, y) in enumerate(_graphs()):
         plans, _ = _plans(g, y, cuts)
         prices = _priced(g, y, plans, profile) if profile is not None else None
@@ -148,37 +148,67 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
         if prices is not None and len(sp.cuts) != len(plans):
             raise RuntimeError(f"parts{mi}: {len(plans)} plans made {len(sp.cuts)} cuts ({sp.skipped})")
         sizes = {t.name: int(np.prod(t.shape)) * 4 for n in g.nodes for t in n.outputs}
+        models.append((sp, prices, sizes, x, y, feeds[0][x.node.name]))
+    with tempfile.TemporaryDirectory(prefix="isthmus-part-cost-") as d, limited_blas_threads(1), ExitStack() as stack:
+        clients = [stack.enter_context(_part_client(sp, os.path.join(d, f"m{mi}"), slowdown, rtt_s))
+                   for mi, (sp, *_rest) in enumerate(models)]
+        hot = [[_hot_interpreter(c, k) for k in range(len(m[0].cuts))] for c, m in zip(clients, models)]
+        edge: Dict[tuple, List[float]] = {}
+        kernels: Dict[tuple, List[float]] = {}
+        per_round = [requests // rounds + (r < requests % rounds) for r in range(rounds)]
+        for n in per_round:
+            for mi, (client, m) in enumerate(zip(clients, models)):
+                xv = m[5]
+                for k in range(len(m[0].cuts)):
+                    client.selector.switch(k)
+                    client.invoke(xv)  # untimed: the switch
+                    for _ in range(n):
+                        client.invoke(xv)
+                        edge.setdefault((mi, k), []).append(client.last["edge_s"] / slowdown)
+                    kernels.setdefault((mi, k), []).append(_time_part(hot[mi][k], [xv], 7)["kernels_s"])
+    out = []
+    for mi, (sp, prices, sizes, x, y, _) in enumerate(models):
         io = sizes[x.name] + sizes[y.name]
-        xv = feeds[0][x.node.name]
-        with tempfile.TemporaryDirectory(prefix="isthmus-part-cost-") as d, limited_blas_threads(1):
-            model, cloud = sp.save(os.path.join(d, "m.isth")), os.path.join(d, "m.cloud")
-            save_cloud_parts(cloud, [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
-            server = OffloadServer(cloud, max_batch_size=1, max_queue_delay_ms=0.0)
-            try:
-                with OffloadClient(model, server.address, link=EmulatedLink(1e9, rtt_s), deadline_ms=60000,
-                                   adapt=False, initial_bandwidth_bps=PinnedPlans.bandwidth(0), ping_every=10 ** 6,
-                                   warm="now", edge_slowdown=slowdown) as client:
-                    for k, info in enumerate(sp.cuts):
-                        client.selector.switch(k)
-                        edge = []
-                        for i in range(requests + 2):
-                            client.invoke(xv)
-                            if i >= 2:
-                                edge.append(client.last["edge_s"] / slowdown)
-                        it = client._full if not info.cloud_part else client._interp[k]
-                        box: list = []
-                        hot = Interpreter(it.model, remote=_zeros_remote(box))
-                        box.append(hot)
-                        kernels = _time_part(hot, [xv], 21)["kernels_s"]
-                        e = float(np.median(edge))
-                        sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
-                        nbytes = io + sum(sizes[n] for n in sent + info.outputs)
-                        out.append({"seconds": max(e - kernels, 0.0), "nbytes": float(nbytes), "edge_s": e,
-                                    "kernels_s": kernels, "model": mi, "cut": k,
-                                    **({"priced_s": prices[k]} if prices is not None else {})})
-            finally:
-                server.stop(grace=0)
+        for k, info in enumerate(sp.cuts):
+            e, kern = float(np.median(edge[(mi, k)])), float(np.median(kernels[(mi, k)]))
+            sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
+            nbytes = io + sum(sizes[n] for n in sent + info.outputs)
+            out.append({"seconds": max(e - kern, 0.0), "nbytes": float(nbytes), "edge_s": e,
+                        "kernels_s": kern, "model": mi, "cut": k,
+                        **({"priced_s": prices[k]} if prices is not None else {})})
     return out
+
+
+@contextmanager
+def _part_client(sp, base: str, slowdown: float, rtt_s: float):
+    """The split `sp` saved under `base`, served in-process, and an OffloadClient on it (warm, pinned)."""
+    from isthmus.cloud.offload import OffloadServer  # deferred: cloud.offload loads grpc, protobuf, scipy
+    # deferred: cloud.offload_model loads protobuf, scipy
+    from isthmus.cloud.offload_model import cloud_part, save_cloud_parts
+    # deferred: the edge interpreter, loaded only by the commands that need it
+    from isthmus.edge.link_emulation import EmulatedLink
+    from isthmus.edge.offload_client import OffloadClient  # deferred: edge.offload_client loads protobuf
+    from isthmus.partitioner.pinned import PinnedPlans  # deferred: partitioner.pinned loads scipy
+    model, cloud = sp.save(base + ".isth"), base + ".cloud"
+    save_cloud_parts(cloud, [cloud_part(sp.graph, i, o, n) for n, i, o in sp.cloud_signatures()])
+    server = OffloadServer(cloud, max_batch_size=1, max_queue_delay_ms=0.0)
+    try:
+        with OffloadClient(model, server.address, link=EmulatedLink(1e9, rtt_s), deadline_ms=60000,
+                           adapt=False, initial_bandwidth_bps=PinnedPlans.bandwidth(0), ping_every=10 ** 6,
+                           warm="now", edge_slowdown=slowdown) as client:
+            yield client
+    finally:
+        server.stop(grace=0)
+
+
+def _hot_interpreter(client, k: int):
+    """A second interpreter of cut k's edge model whose remote parts answer zeros: its kernels timed alone."""
+    from isthmus.edge.interpreter import Interpreter  # deferred: loaded only by the commands that need it
+    it = client._full if not client.split.cuts[k].cloud_part else client._interp[k]
+    box: list = []
+    hot = Interpreter(it.model, remote=_zeros_remote(box))
+    box.append(hot)
+    return hot
 
 
 def repriced(samples: List[Dict[str, float]], profile, cuts: int = 7) -> List[Dict[str, float]]:

@@ -74,6 +74,13 @@ def _terms(cost, m, roles) -> list:
     return [cost_key(run), c.flops, c.bytes_read + c.bytes_written, roles.of(m)]
 
 
+def model_weights(graph) -> int:
+    """Elements of the constants the graph's products read (partitioner/plan.edge_weights' count)."""
+    from isthmus.partitioner.plan import WEIGHT_OPS
+    consts = {t.node for n in graph.nodes if n.op in WEIGHT_OPS for t in n.inputs if t.node.op == "Const"}
+    return int(sum(np.prod(c.outputs[0].shape) for c in consts))
+
+
 def by_key(rows: List[dict]) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
     for r in rows:
@@ -89,7 +96,7 @@ def by_key(rows: List[dict]) -> Dict[str, dict]:
 
 def profiles(models, int8: bool):
     """(core profile, interpreter profile, its samples) calibrated here on the models' ops, one thread, CPU time."""
-    from isthmus.converters.edge_profile import OPS, _measure, fused_share
+    from isthmus.converters.edge_profile import OPS, _measure, fused_share, measure_weight_streaming
     from isthmus.partitioner import calibrate as cal
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import EDGE
@@ -101,6 +108,8 @@ def profiles(models, int8: bool):
     samples = [s for s, _ in measured]
     edge = replace(cal.fit(samples, "interpreter", EDGE), blas_threads=1)
     edge = replace(edge, fused_steps=fused_share(edge, measured, edge.fused_steps))  # as calibrate_edge does
+    stream_s, cache = measure_weight_streaming(int8)
+    edge = replace(edge, weight_stream_s=stream_s, weight_cache=cache)
     return core, replace(edge, op_coeffs={**core.op_coeffs, **edge.op_coeffs}), samples
 
 
@@ -116,7 +125,8 @@ def run_model(name: str, priced: Dict[str, object], int8: bool, runs: int, slowd
     with limited_blas_threads(1):
         ks = emulated_kernel_seconds(Interpreter(data), *args, slowdown=slowdown, runs=runs)
     ks = {k: v / slowdown for k, v in ks.items()}  # CPU seconds here
-    res = {"measured_ms": round(sum(ks.values()) * 1e3, 3), "prices": {}}
+    weights = model_weights(graph)
+    res = {"measured_ms": round(sum(ks.values()) * 1e3, 3), "weights": weights, "prices": {}}
     for label, prof in priced.items():
         edge = replace(prof, kernel_table="edge")
         cost = CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: prof}, LinkModel(1e7, 1e7, 0.04), EDGE_DEVICE)
@@ -124,6 +134,8 @@ def run_model(name: str, priced: Dict[str, object], int8: bool, runs: int, slowd
         worst = sorted(rows, key=lambda r: -abs(r["predicted"] - r["measured"]))
         res["prices"][label] = {
             "predicted_ms": round(sum(r["predicted"] for r in rows) * 1e3, 3),
+            # the part's weights beyond the edge's cache, read from memory (DeviceProfile.weight_streaming)
+            "weights_from_memory_ms": round(prof.weight_streaming(weights) * 1e3, 3),
             "by_key": by_key(rows),
             "worst": [{**r, "measured": round(r["measured"] * 1e6, 1), "predicted": round(r["predicted"] * 1e6, 1)}
                       for r in worst[:12]]}
@@ -149,7 +161,8 @@ def main(argv=None) -> int:
         r = doc["models"][name] = run_model(name, {"core": core, "interpreter": interp}, not opts.fp32, opts.runs,
                                                opts.slowdown)
         print(f"{name}: measured {r['measured_ms']} ms; " + "; ".join(
-            f"{k} predicts {v['predicted_ms']} ms" for k, v in r["prices"].items()), file=sys.stderr)
+            f"{k} predicts {v['predicted_ms']} ms (+ {v['weights_from_memory_ms']} ms of weights from memory)"
+            for k, v in r["prices"].items()), file=sys.stderr)
         for label, v in r["prices"].items():
             for key, d in sorted(v["by_key"].items(), key=lambda kv: -kv[1]["measured_ms"]):
                 print(f"   {label:11s} {key:24s} n={d['kernels']:3d} measured {d['measured_ms']:8.3f} "

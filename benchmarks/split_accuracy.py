@@ -18,7 +18,9 @@ ops and the fused kernels the Session runs); the edge by the edge interpreter's 
 (`isthmus profile --runtime edge-int8` or edge-fp32; --edge-prices core: the cloud's profile) x
 slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`,
 partitioner/part_cost.py: per part, per boundary byte, and the scale of its kernels in a real part
-per request, fitted against the edge prices in use) x slowdown; the client's own cost as `isthmus profile --client` measures
+per request, fitted against the edge prices in use, its parts run at each slowdown: the idle
+between requests sets how cold a request finds the core) x slowdown, and the weights a part reads
+beyond the edge's cache (DeviceProfile.weight_streaming, measured with the edge profile); the client's own cost as `isthmus profile --client` measures
 it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
 bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
 running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
@@ -27,12 +29,15 @@ best single split point in topological order ("layer_split"). Every distinct pla
 of ONE split file per model (partitioner/pinned.py), served by one service, run by one client
 pinned to it (`adapt=False`).
 
-Measured: per point and placement, a block of `--requests` requests after one untimed request
-(the first after the switch to that cut: the switch latency, reported against the steady state),
-in two rounds, the median. Prints JSON and writes benchmarks/results/split_accuracy.json:
+Measured: per point and placement, `--requests` requests in `--rounds` blocks, one per pass over
+every point and placement (this VM's speed moves 1.5-1.8x for seconds at a time, unseen by the
+load average and by CPU time: a case's requests are spread over the run), the median; each block
+after one untimed request, the first after the switch to that cut: the switch latency, against the
+steady requests of its own block. A fixed product timed before every block (`speed_probe`) records
+how this VM's speed moved. Prints JSON and writes benchmarks/results/split_accuracy.json:
 per case the predicted and measured medians (ms) with their parts, and the error (measured /
 predicted - 1); the min cut's gain over the best layer split on the branching graphs, predicted
-and measured; the switch latency; the load average before and after.
+and measured; the switch latency; the speed probe; the load average before and after.
 """
 from __future__ import annotations
 
@@ -73,6 +78,8 @@ def cost_model(cloud, client, slowdown: float, mbps: float, call_s: float, part=
     from isthmus.partitioner.client_cost import ClientCost
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE
     edge = replace((edge_here or cloud).scaled(slowdown, name=f"edge-{slowdown:g}x"), kernel_table="edge")
+    if isinstance(part, dict):  # fitted per slowdown: the emulated edge's idle between requests differs
+        part = part.get(slowdown, part[min(part, key=lambda k: abs(k - slowdown))])
     if part is not None:
         edge = replace(edge, part=part.scaled(slowdown))
     link = LinkModel(mbps * 1e6, mbps * 1e6, RTT, call_s)
@@ -119,8 +126,26 @@ def feeds_of(inputs, n: int, seed: int = 1):
     return [{x.node.name: rng.standard_normal(x.shape).astype(np.float32) for x in inputs} for _ in range(n)]
 
 
+def speed_probe(reps: int = 3) -> float:
+    """CPU seconds of one fixed int8-valued fp32 product (the fastest of `reps`): how fast this VM runs
+    now. Its speed moves 1.5-1.8x for seconds at a time (neighbours on the host, invisible to the load
+    average and to CPU time); the probe beside every block says how much it moved during a run."""
+    a, b = _PROBE
+    best = float("inf")
+    for _ in range(reps):
+        c = time.thread_time()
+        np.dot(a, b)
+        best = min(best, time.thread_time() - c)
+    return best
+
+
+_PROBE = (np.ones((64, 576), np.float32), np.ones((576, 192), np.float32))
+
+
 def block(client, k: int, args, n: int) -> dict:
-    """Switch `client` to cut k, one untimed request (the switch), then n timed: their reports."""
+    """Switch `client` to cut k, one untimed request (the switch), then n timed: their reports, and
+    the speed probe's seconds just before."""
+    probe = speed_probe()
     client.selector.switch(k)
     client.invoke(*args)
     first = dict(client.last)
@@ -128,7 +153,7 @@ def block(client, k: int, args, n: int) -> dict:
     for _ in range(n):
         client.invoke(*args)
         rows.append(dict(client.last))
-    return {"first": first, "rows": rows}
+    return {"first": first, "rows": rows, "probe_s": probe}
 
 
 def summary(blocks: List[dict], cut: str) -> dict:
@@ -143,7 +168,15 @@ def summary(blocks: List[dict], cut: str) -> dict:
             "server_ms": round(med["server_s"] * 1e3, 3), "client_ms": round(med["client_s"] * 1e3, 3),
             "remote_ms": round(med["remote_s"] * 1e3, 3),
             "spread_ms": [round(float(np.percentile([r["total_s"] for r in rows], q)) * 1e3, 2) for q in (25, 75)],
-            "switch_ratio": [round(b["first"]["total_s"] / steady, 3) for b in blocks]}
+            # the first request after the switch against the steady requests of its own block (the same
+            # minutes of this VM's speed), and against the median of all blocks
+            "switch_ratio": [round(b["first"]["total_s"] / float(np.median([r["total_s"] for r in b["rows"]])), 3)
+                             for b in blocks if b["rows"]],
+            "switch_ratio_all": [round(b["first"]["total_s"] / steady, 3) for b in blocks],
+            # pages the request's thread touched for the first time (OffloadClient's last["faults"])
+            "switch_faults": [b["first"].get("faults") for b in blocks],
+            "steady_faults_max": max((r.get("faults") or 0 for r in rows), default=0),
+            "probe_us": [round(b["probe_s"] * 1e6, 1) for b in blocks]}
 
 
 def call_cost(client, cloud_cuts: List[int], args, n: int = 6) -> float:
@@ -259,20 +292,20 @@ def _other_pricing(graph, out, placement, cloud, client_cost, s, mbps, call_s, o
 
 
 def measure(client, plans, sp, args, opts) -> dict:
-    """(slowdown, mbps or None for edge-only cuts, cut) -> summary, in two rounds of blocks."""
+    """(slowdown, mbps or None for edge-only cuts, cut) -> summary, in `opts.rounds` rounds of blocks."""
     from isthmus.edge.link_emulation import EmulatedLink  # noqa: F401  (client.link is one)
-    per_round = max(1, -(-opts.requests // 2))
+    per_round = max(1, -(-opts.requests // opts.rounds))
     blocks: Dict[tuple, List[dict]] = {}
     for s in opts.slowdowns:
         client.edge_slowdown = float(s)
         local = sorted({k for (s2, _), ms in plans.items() if s2 == s for k in ms.values() if not sp.cuts[k].cloud_part})
-        for rnd in range(2):
+        for rnd in range(opts.rounds):
             for k in local:
                 blocks.setdefault((s, None, k), []).append(block(client, k, args, per_round))
             for mbps in opts.bandwidths:
                 client.link.set(mbps * 1e6, RTT)
                 ks = sorted({k for k in plans[(s, mbps)].values() if sp.cuts[k].cloud_part})
-                for k in (ks if rnd == 0 else ks[::-1]):
+                for k in (ks if rnd % 2 == 0 else ks[::-1]):
                     blocks.setdefault((s, mbps, k), []).append(block(client, k, args, per_round))
         print(f"  slowdown {s:g}x measured", file=sys.stderr)
     return {key: summary(bs, sp.cuts[key[2]].name) for key, bs in blocks.items()}
@@ -291,10 +324,25 @@ def aggregate(rows: List[dict]) -> dict:
     return out
 
 
+def at_reference(rows: List[dict], reference_us: float) -> None:
+    """Per case: how much slower than the run's fastest the speed probe found this VM during its blocks
+    (`probe_over_min`, their median), and the error had its edge compute run at that fastest speed
+    (edge_ms / probe_over_min): how much of the error is this VM's speed moving (a diagnostic)."""
+    for r in rows:
+        m = r["measured"]
+        ratio = float(np.median(m["probe_us"])) / reference_us
+        ms = m["ms"] - m["edge_ms"] * (1.0 - 1.0 / ratio)
+        r["probe_over_min"] = round(ratio, 3)
+        r["error_at_reference_speed"] = round(ms / r["predicted"]["ms"] - 1, 4)
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--requests", type=int, default=6, help="timed requests per point and mode (in two blocks)")
+    p.add_argument("--requests", type=int, default=6, help="timed requests per point and mode (over --rounds blocks)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="blocks per point and mode, one per pass over all of them (default %(default)s): this VM's "
+                        "speed moves 1.5-1.8x for seconds at a time, so one case's requests are spread over the run")
     p.add_argument("--bandwidths", type=float, nargs="*", default=[1, 5, 20, 100], help="Mbit/s")
     p.add_argument("--slowdowns", type=float, nargs="*", default=[8, 20],
                    help="edge slowdowns (default 8 20: at 1x the emulated edge is this machine in wall time, "
@@ -316,8 +364,8 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.bandwidths, args.slowdowns, args.requests = ["two_tower"], [5.0], [20.0], 2
-    if args.requests < 1 or not args.models:
-        p.error("--requests must be >= 1 and --models non-empty")
+    if args.requests < 1 or args.rounds < 1 or not args.models:
+        p.error("--requests and --rounds must be >= 1 and --models non-empty")
     args.emulated_client = not args.client_scaled
     return args
 
@@ -342,15 +390,21 @@ def main(argv=None) -> int:
     client_cost = measure_client_cost(10)
     # the part's cost and the edge kernels' scale in a real part, fitted against each edge pricing (the
     # parts are measured once): the chosen one prices the plans, the other is reported beside it
+    # at each slowdown its own: a request after a longer idle (the emulated edge sleeps slowdown - 1 times
+    # its compute) finds the core colder, 0.2 ms more after 100 ms than after 5 ms here (CPU time)
     pricings = {"interpreter": interp, "core": None}
-    samples = None if opts.no_part_cost else part_samples(int8=not opts.fp32, profile=replace(interp, kernel_table="edge"))
-    parts = {"interpreter": None if samples is None else PartCost.fit(samples),
-             "core": None if samples is None else PartCost.fit(repriced(samples, replace(cloud, kernel_table="edge")))}
+    samples = None if opts.no_part_cost else {s: part_samples(int8=not opts.fp32, slowdown=s,
+                                                                profile=replace(interp, kernel_table="edge"))
+                                              for s in opts.slowdowns}
+    parts = {"interpreter": None if samples is None else {s: PartCost.fit(v) for s, v in samples.items()},
+             "core": None if samples is None else {s: PartCost.fit(repriced(v, replace(cloud, kernel_table="edge")))
+                                                   for s, v in samples.items()}}
     mine, theirs = opts.edge_prices, ("core" if opts.edge_prices == "interpreter" else "interpreter")
     opts.edge_here, part = pricings[mine], parts[mine]
     opts.other = (pricings[theirs], parts[theirs])
-    print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part "
-          f"{'not priced' if part is None else part.describe()} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    print(f"calibrated {len(ops)} ops, client {client_cost.describe()}, part " + ("not priced" if part is None else
+          "; ".join(f"at {s:g}x {v.describe()}" for s, v in part.items())) + f" ({time.perf_counter() - t0:.0f} s)",
+          file=sys.stderr)
     results, call_s = {}, 0.5e-3
     for name in opts.models:
         results[name] = run_model(name, cloud, client_cost, opts, call_s, part)
@@ -362,17 +416,32 @@ def main(argv=None) -> int:
     rows = [x for r in results.values() for x in r["rows"]]
     gains = [g for r in results.values() for g in r["gains"]]
     switch = [x for r in rows for x in r["measured"]["switch_ratio"]]
+    switch_all = [x for r in rows for x in r["measured"]["switch_ratio_all"]]
+    probes = [x for r in rows for x in r["measured"]["probe_us"]]
+    at_reference(rows, min(probes))
     doc = {"edge": ("fp32" if opts.fp32 else "int8") + " edge model, this machine x slowdown (CPU time)",
            "rtt_ms": RTT * 1e3, "bandwidths_mbps": opts.bandwidths, "slowdowns": opts.slowdowns,
            "requests": opts.requests, "blas_threads": 1, "client_cost": client_cost.to_dict(),
            "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
-           "part_cost": None if part is None else part.to_dict(), "edge_prices": opts.edge_prices,
+           "part_cost": None if part is None else {f"{s:g}": v.to_dict() for s, v in part.items()},
+           "edge_prices": opts.edge_prices,
+           "weight_streaming": {"weight_stream_s": interp.weight_stream_s, "weight_cache": interp.weight_cache},
            "summary": aggregate(rows), "gains": gains,
-           "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else parts[theirs].to_dict(),
+           # a diagnostic, not the verdict: the errors had the edge run at the fastest speed the probe saw
+           "summary_at_reference_speed": aggregate([{**x, "error": x["error_at_reference_speed"]} for x in rows]),
+           "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else
+                                 {f"{s:g}": v.to_dict() for s, v in parts[theirs].items()},
                                  "summary": aggregate([{**x, "error": x["error_other"]} for x in rows])},
            "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
            "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),
-                      "max_first_over_steady": round(max(switch), 3)},
+                      "max_first_over_steady": round(max(switch), 3),
+                      "over_1.2": sum(x > 1.2 for x in switch), "blocks": len(switch),
+                      "max_first_over_all_blocks_steady": round(max(switch_all), 3),
+                      "first_request_faults_max": max((f or 0 for r in rows for f in r["measured"]["switch_faults"]),
+                                                      default=0),
+                      "steady_faults_max": max((r["measured"]["steady_faults_max"] for r in rows), default=0)},
+           "speed_probe_us": {"min": min(probes), "median": float(np.median(probes)), "max": max(probes),
+                              "p90_over_min": round(float(np.percentile(probes, 90)) / min(probes), 3)},
            "models": {k: {f: v for f, v in r.items() if f not in ("rows", "gains")} for k, r in results.items()},
            "cases": rows, "load_average_before": round(load0, 2), "load_average_after": round(os.getloadavg()[0], 2),
            "seconds": round(time.perf_counter() - t0, 1)}

@@ -48,6 +48,15 @@ from .loader import RemoteInfo
 from .offload_trace import LINK_TRACK, RequestTracing, TraceSpan
 from .split_model import load_split
 
+try:  # the request's first-touch count (pages its thread touched for the first time); Unix only
+    import resource as _resource
+
+    def _minor_faults() -> Optional[int]:
+        return _resource.getrusage(_resource.RUSAGE_THREAD).ru_minflt
+except (ImportError, AttributeError):  # no resource module, or no per-thread usage (macOS)
+    def _minor_faults() -> Optional[int]:
+        return None
+
 MAX_MESSAGE_BYTES = 256 << 20
 
 
@@ -142,7 +151,8 @@ class OffloadClient(RequestTracing):
         # remote_s (in remote calls), server_s (the service's queue + compute), server_compute_s, bytes each way
         # and client_s: the client's own work here (encode, decode, glue, bookkeeping: the request less the
         # edge interpreters' invokes, the stub calls and the link), with edge_part and calls, which is what
-        # partitioner/client_cost.py's ClientCost.fit prices every plan with
+        # partitioner/client_cost.py's ClientCost.fit prices every plan with; faults: minor page faults of
+        # the request's thread (memory it touched for the first time: a switch to a cold cut shows them)
         self.last: Dict[str, object] = {}
         self._local_s = 0.0
         if self.split.full is not None:  # prepared now, so that a fallback costs only its compute
@@ -175,7 +185,7 @@ class OffloadClient(RequestTracing):
 
     def invoke(self, *inputs: np.ndarray) -> List[np.ndarray]:
         with self._lock:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, f0 = time.perf_counter(), time.thread_time(), _minor_faults()
             self._deadline_at = t0 + self.deadline_s
             self.counts["requests"] += 1
             before, self._local_s, cut = dict(self.counts), 0.0, self.split.cuts[self.cut].name
@@ -203,7 +213,8 @@ class OffloadClient(RequestTracing):
                                  server_s=self._server_s, server_compute_s=self._compute_s,
                                  up_bytes=self._up_bytes, down_bytes=self._down_bytes,
                                  client_s=max(here_s - self._invoke_s - self._stub_s - self._link_s, 0.0),
-                                 edge_part=self._edge_part, calls=self._calls)
+                                 edge_part=self._edge_part, calls=self._calls,
+                                 faults=None if f0 is None else _minor_faults() - f0)
                 if self._spans is not None:
                     self._finish_trace(cut, w0, w_done, time.time())
                 self.latencies.append(total)

@@ -41,6 +41,16 @@ class DeviceProfile:
     # of its own price: the core Session runs it as one numpy call in place (1); the int8 interpreter folds
     # it into the product's requantization (measured by converters/edge_profile: about 0)
     fused_steps: float = 1.0
+    # weights streamed from memory (converters/edge_profile.measure_weight_streaming): the calibration
+    # times a product with its weights in the shared cache; a part whose products' weights exceed
+    # `weight_cache` elements reads the excess from memory every request, `weight_stream_s` seconds each
+    # (ResNet-shaped's few-pixel 1x1 convolutions ran 1.7x their one-node time in its 6M weights)
+    weight_stream_s: float = 0.0
+    weight_cache: float = 0.0
+
+    def weight_streaming(self, weights: float) -> float:
+        """Seconds a part whose products read `weights` elements loses to those beyond the cache."""
+        return self.weight_stream_s * max(float(weights) - self.weight_cache, 0.0)
 
     def supports(self, op: str, node=None) -> bool:
         """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
@@ -74,7 +84,8 @@ class DeviceProfile:
                        op_coeffs={k: _mul(c, s) for k, c in self.op_coeffs.items()},
                        default_coeffs=None if self.default_coeffs is None else _mul(self.default_coeffs, s),
                        client=None if self.client is None else self.client.scaled(s),
-                       part=None if self.part is None else self.part.scaled(s))
+                       part=None if self.part is None else self.part.scaled(s),
+                       weight_stream_s=self.weight_stream_s * s)
 
     # ---- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -105,6 +116,10 @@ class DeviceProfile:
         fs = d.get("fused_steps", 1.0)
         if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not 0.0 <= fs < float("inf"):
             raise ValueError(f"device profile field fused_steps must be a finite number >= 0, got {fs!r}")
+        for k in ("weight_stream_s", "weight_cache"):
+            v = d.get(k, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < float("inf"):
+                raise ValueError(f"device profile field {k} must be a finite number >= 0, got {v!r}")
         if d.get("client") is not None:
             d["client"] = ClientCost.from_dict(d["client"], "device profile field client")
         if d.get("part") is not None:

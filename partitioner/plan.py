@@ -68,7 +68,7 @@ class SplitPlan:
         rows = [(f"compute on {short[d]}", s - (self.client_s + part_s if d == edge else 0.0))
                 for d, s in self.predicted.compute.items() if s > 0]
         if part_s > 0:
-            rows.append((f"edge part on {short[edge]} beyond its kernels (invoke, boundary bytes)", part_s))
+            rows.append((f"edge part on {short[edge]} beyond its kernels (invoke, boundary bytes, weights from memory)", part_s))
         if self.client_s > 0:
             rows.append((f"client on {short[edge]} (request, part, calls, bytes)", self.client_s))
         rows += [(f"transfer {m.tensor} {short[m.src]}->{short[m.dst]} ({_bytes(m.nbytes)})", m.seconds)
@@ -157,17 +157,33 @@ def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown) -> float:
     """The edge part's cost beyond its kernels (DeviceProfile.part): one run of the edge's interpreter
     per request (whatever the plan: a cloud-only plan's part still takes the inputs and sends them),
     and the bytes crossing its boundary: the inputs placed there, the tensors it computed and sends,
-    those it receives, the outputs it returns (apps/part_measure.py counts the same)."""
+    those it receives, the outputs it returns (apps/part_measure.py counts the same); and the weights
+    its products read beyond what the edge's cache holds (DeviceProfile.weight_streaming). A part's
+    whole weights decide that, so the min cut's per-node prices leave it out; every plan is priced with it."""
     edge = p.devices[p.edge]
+    stream = p.cost.profiles[edge].weight_streaming(edge_weights(p, assign))
     part = p.cost.profiles[edge].part
     if part is None:
-        return 0.0
+        return stream
     inputs = {f.name: f.nbytes for f in p.flows if p.nodes[f.producer].op == "Placeholder" and assign[f.producer] == p.edge}
     nbytes = sum(inputs.values())
     nbytes += sum(m.nbytes for m in b.moves if (m.src == edge and m.tensor not in inputs) or m.dst == edge)
     if p.return_to == p.edge:
         nbytes += sum(f.nbytes for f in p.flows if f.is_output)
-    return part.seconds(1, nbytes)
+    return part.seconds(1, nbytes) + stream
+
+
+WEIGHT_OPS = ("MatMul", "FusedMatMul", "Conv2D", "FusedConv2D")  # what reads a weight per request
+
+
+def edge_weights(p: Problem, assign: np.ndarray) -> int:
+    """Elements of the constants that the edge part's products read (their weights and biases): what
+    the edge keeps in its cache between requests, or streams from memory (DeviceProfile.weight_streaming)."""
+    total = 0
+    for c, readers in p.const_readers.items():
+        if any(assign[i] == p.edge and p.nodes[i].op in WEIGHT_OPS for i in readers):
+            total += int(np.prod(c.outputs[0].shape))
+    return total
 
 
 # ---- adaptive choice ---------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def test_the_request_after_a_drop_runs_on_the_new_cut(tmp_path):
 
 # a fresh process, as a deployed client is: the int8 kernels load (numba's cache) on their first run
 _SWITCH = textwrap.dedent("""
-    import json, sys, time
+    import json, resource, sys, time
     import numpy as np
     from isthmus.cloud.offload import OffloadServer
     from isthmus.edge.link_emulation import EmulatedLink
@@ -99,12 +99,14 @@ _SWITCH = textwrap.dedent("""
         done = c.warmer.wait(60)             # a client that has run a while
         link.set(1e6)
         c.selector.switch(1)
-        cuts, edge = [], []
+        cuts, edge, faults = [], [], []
         for v in xs[4:]:
+            f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt  # pages touched for the first time
             c.invoke(v)
+            faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0)
             cuts.append(c.last["cut"])
             edge.append(c.last["edge_s"])
-        print(json.dumps(dict(pre=pre, cuts=cuts, edge=edge, done=done, stats=c.stats())))
+        print(json.dumps(dict(pre=pre, cuts=cuts, edge=edge, faults=faults, done=done, stats=c.stats())))
 """)
 
 
@@ -119,11 +121,19 @@ def _switch_run(model, cloud, warm):
     return r, r["edge"][first], float(np.median(r["edge"][first + 1:]))
 
 
+def _first_faults(r):
+    """(minor page faults of the first request on cut1, the most of any later one): memory the
+    request's thread touched for the first time (the arena, the weights, the kernels' code)."""
+    first = r["cuts"].index("cut1")
+    return r["faults"][first], max(r["faults"][first + 1:])
+
+
 def test_the_first_request_after_a_switch_costs_a_steady_request(split, tmp_path):  # noqa: F811
     """int8 split, fresh process, 100 -> 1 Mbit/s: the first request on cut1 (never run before)
     costs, in edge compute (CPU time of the request's thread, not the network), no more than 1.2x
     a steady request on cut1 (+ 1 ms: this cut's edge part takes ~0.1 ms, where a cold cache
-    alone shows). Without warming, that request loads the cut's compiled kernels."""
+    alone shows), and touches no more new pages (minor faults of its thread) than any steady one.
+    Without warming, that request loads the cut's compiled kernels."""
     g, y = split["graph"], split["y"]
     calib = [{"x": v} for v in np.random.default_rng(2).standard_normal((16, 1, 784)).astype(np.float32)]
     sp = export_split(g, [y], planner(g, y), int8=True, calibration=calib)
@@ -133,8 +143,13 @@ def test_the_first_request_after_a_switch_costs_a_steady_request(split, tmp_path
     r, first, steady = _switch_run(model, cloud, "background")
     assert r["done"] and r["stats"]["warm"] and not r["stats"]["warm_errors"], r["stats"]
     assert first <= 1.2 * steady + 1e-3, (first, steady, r["edge"])
+    # and by a count the machine's load cannot move: the switch touches no page a steady request does not
+    # (26 on the cold client's first request, 0 on every warm one here)
+    faults, most = _first_faults(r)
+    assert faults <= most + 2, r["faults"]
     cold, cold_first, cold_steady = _switch_run(model, cloud, "off")
     assert cold_first > 5 * first and cold_first > 2e-3, (cold_first, cold_steady, first, steady)
+    assert _first_faults(cold)[0] > faults + 8, (cold["faults"], r["faults"])
 
 
 def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, server):  # noqa: F811
@@ -158,6 +173,7 @@ def test_the_client_reports_its_own_cost_and_the_partitioner_fits_it(split, serv
                     c.invoke(v)
                     last = c.last
                     assert 0 < last["client_s"] < last["total_s"] - (last["remote_s"] > 0) * 2e-3 * 0.99, last
+                    assert isinstance(last["faults"], int) and last["faults"] >= 0, last  # its first-touch count
                     runs.append(dict(last))
                 last = min(runs, key=lambda r: r["client_s"])
                 lasts.append(last)

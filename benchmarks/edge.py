@@ -15,8 +15,10 @@ beside it; LiteRT's own int8 / fp32 on the same two models (written as .tflite) 
 run, the peer that says what this CPU allows (no VNNI: int8 pays little here); `mac_ceiling_1thread`
 measures it directly: int8's and fp32's multiply-accumulates per second in their AVX2 inner steps. The int8
 model has the quantizer's default scales; its groups-1 convolutions and dense layers run the
-compiled integer GEMM (isthmus.jit.gemm_int8; dense layers of 1-3 rows jit.gemv_int8) where the
-host has it (`int8_gemm`), depthwise convolutions the compiled float kernel on exact integers.
+compiled integer GEMM (isthmus.jit.gemm_int8, one compiled call per layer, windowed convolutions over
+an even channel count from int16 channel pairs built once per call; dense layers of 1-3 rows
+jit.gemv_int8) on 64-byte aligned operands where the host has it (`int8_gemm`), depthwise
+convolutions the compiled float kernel on exact integers.
 `per_op_ms_1thread` says where each path's time goes, by kernel kind.
 """
 from __future__ import annotations

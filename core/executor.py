@@ -21,7 +21,7 @@ from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
 from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
-from .threads import IntraOpThreads
+from .threads import OneThreadRun, RunBlasHold
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -110,6 +110,23 @@ def prune(fetch_nodes: Sequence[Node], fed: set) -> List[Node]:
     return sorted(needed.values(), key=lambda n: n.index)
 
 
+def _has_blas_work(nodes, fed: set) -> bool:
+    """Whether a node does work OpenBLAS would thread (a product over 2 * 4 * 65536 FLOPs; unknown
+    dims count as 1, and a cost that cannot be priced counts as such work)."""
+    for n in nodes:
+        if n.op in ("Const", "Placeholder") or n.opdef.cost is None or (n.outputs and all(o in fed for o in n.outputs)):
+            continue
+        try:
+            if n.opdef.cost(n).flops >= _BLAS_THREADED_FLOPS:
+                return True
+        except Exception:  # a cost function must never break execution
+            return True
+    return False
+
+
+_BLAS_THREADED_FLOPS = 2 * 4 * 65536
+
+
 class Plan:
     """A compiled step: `plan(*feed_values)` returns the tuple of fetched values."""
 
@@ -145,6 +162,11 @@ class Plan:
         if not self.parallel and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
             self._serial_dims = [(i, tuple(j for j, d in enumerate(t.shape) if d is None))
                                  for i, t in enumerate(self.feeds)]
+        # other default-thread runs with work BLAS would thread hold BLAS to one thread for the run
+        # (threads.RunBlasHold): the intra-op pool alone splits work, BLAS's spinning threads never
+        # take the cores its chunks need
+        self._hold_blas = (binding is None or not binding.uses_gpu) and threads.cores() > 1 \
+            and _has_blas_work(self.nodes, fed)
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""
@@ -250,11 +272,14 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
+        if self._hold_blas and threads.session_intra_threads() is None:
+            if self._serial_dims is not None and self._unit_dims(feeds):
+                with OneThreadRun():  # this thread's kernels alone; other threads' runs keep their counts
+                    return self._call(feeds)
+            with RunBlasHold():
+                return self._runner(*feeds) if self._runner is not None else self._call(feeds)
         if self._runner is not None:
             return self._runner(*feeds)
-        if self._serial_dims is not None and threads.session_intra_threads() is None and self._unit_dims(feeds):
-            with IntraOpThreads(1):
-                return self._call(feeds)
         return self._call(feeds)
 
     def _unit_dims(self, feeds) -> bool:

@@ -6,12 +6,13 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   count is process-wide, so concurrent runs of sessions with other counts share the last one
   set), numba through numba.set_num_threads on the calling thread (for `prange` kernels; the
   compiled depthwise and batch-norm kernels take row/channel ranges on the intra-op pool
-  instead), and the kernels' own splits through intra_threads(): numpy passes and 2-D GEMMs cut
-  by `fan_out` (core/ops/intra_op.py; GEMM parts run one-threaded BLAS, so BLAS's own threads
+  instead), and the kernels' own splits through intra_threads(): numpy passes cut by `fan_out`
+  and 2-D GEMMs (core/ops/intra_op.py; GEMM parts run one-threaded BLAS, so BLAS's own threads
   serve only products too small to split). Default (None): the count BLAS has when the run
   starts, which is the cores unless the process was limited (OPENBLAS_NUM_THREADS, threadpoolctl,
   partitioner.set_blas_threads, ISTHMUS_BLAS_THREADS): a session never overrides a limit it was
-  not given. Small work never fans out (MIN_CHUNK_BYTES, MIN_CHUNK_FLOPS).
+  not given. Small work never fans out: a chunk carries about ten hand-offs of work, the hand-off
+  measured once per process (handoff_s, min_chunk_bytes, min_chunk_flops).
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.
@@ -21,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import statistics
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
@@ -32,15 +35,19 @@ _lock = threading.Lock()
 _controller = None  # threadpoolctl's view of the BLAS libraries, made once numpy's BLAS is loaded
 _active = {"runs": 0, "saved": None}  # BLAS count before the first of the concurrent runs began
 _intra = [None]  # the intra-op count of the run in progress (process-wide, like BLAS's); None: BLAS's count
+_local = threading.local()  # .intra: a count for this thread's run alone (OneThreadRun); .blas_held: RunBlasHold's
+_measure_lock = threading.Lock()
 
-# fan_out gives a thread a chunk only when the chunk moves at least this many bytes: a chunk
-# handed to a pool thread costs about 20-50 us of dispatch and wake-up (Python futures) on a
-# server, and a memory-bound numpy pass moves about 1 MiB in 100 us, so smaller work runs on the
-# caller alone. (On the 2-core development VM, whose idle cores halt, a hand-off measured 40-140
-# us: there the sizes are small by several times; they are not scaled per machine yet.)
+# fan_out gives a thread a chunk only when the chunk carries about ten hand-offs of work. These are
+# the sizes for a hand-off (submit to the pool and wait, a round trip) of HANDOFF_REF_S or less: a
+# memory-bound numpy pass moves about 1 MiB in 100 us, a GEMM does about 4 MFLOP in 100 us on one
+# core. A slower hand-off, measured once per process (handoff_s), scales both up (chunk_scale):
+# the 2-core development VM, whose idle vCPUs halt (cpuidle haltpoll, guest_halt_poll_ns 0), took
+# 45-140 us, so its chunks are 5-14 times these.
 MIN_CHUNK_BYTES = 1 << 20
-# the same for a GEMM split by rows or columns: 4 MFLOP take about 100 us on one core here
 MIN_CHUNK_FLOPS = 4_000_000
+HANDOFF_REF_S = 10e-6
+_handoff = [None]  # seconds, measured at the first fan-out that could split (or ISTHMUS_HANDOFF_US)
 _workers = None  # the intra-op pool: the threads besides the caller that fan_out hands chunks to
 
 
@@ -94,10 +101,10 @@ class IntraOpThreads:
         with _lock:
             libs = _blas_libs()
             if _active["runs"] == 0:
-                _active["saved"] = [lib.num_threads for lib in libs]
+                _active["saved"] = [_get_blas(lib) for lib in libs]
             _active["runs"] += 1
             for lib in libs:
-                if lib.num_threads != n:
+                if _get_blas(lib) != n:
                     _set_blas(lib, n)
         _set_numba(n)
         return self
@@ -110,7 +117,7 @@ class IntraOpThreads:
             if _active["runs"] == 0:
                 _intra[0] = None
                 for lib, k in zip(_blas_libs(), _active["saved"] or []):
-                    if lib.num_threads != k:
+                    if _get_blas(lib) != k:
                         _set_blas(lib, k)
                 _active["saved"] = None
         return False
@@ -128,17 +135,34 @@ def _set_blas(lib, n: int) -> None:
     (_lock, the refcounted blocks below), so it calls the library's own setter."""
     key = getattr(lib, "filepath", id(lib))
     if key not in _setters:
-        setter = None
-        if getattr(lib, "internal_api", None) == "openblas" and getattr(lib, "threading_layer", None) != "openmp":
-            dynlib = getattr(lib, "dynlib", None)   # threadpoolctl's ctypes handle and the build's symbol affixes
-            pre, suf = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
-            setter = getattr(dynlib, f"{pre}openblas_set_num_threads{suf}", None) if dynlib is not None else None
-        _setters[key] = setter
+        _setters[key] = _openblas_symbol(lib, "openblas_set_num_threads")
     setter = _setters[key]
     if setter is not None:
         setter(int(n))
     else:
         lib.set_num_threads(n)
+
+
+_getters: dict = {}  # BLAS library path -> its own get_num_threads (None: threadpoolctl's property)
+
+
+def _get_blas(lib) -> int:
+    """One BLAS library's thread count, through OpenBLAS's own getter where there is one (a
+    ctypes call, ~0.2 us; threadpoolctl's property costs about 1 us, and every hold reads it)."""
+    key = getattr(lib, "filepath", id(lib))
+    if key not in _getters:
+        _getters[key] = _openblas_symbol(lib, "openblas_get_num_threads")
+    getter = _getters[key]
+    return int(getter()) if getter is not None else lib.num_threads
+
+
+def _openblas_symbol(lib, name: str):
+    """A pthreads OpenBLAS's function `name` (with the build's symbol affixes), else None."""
+    if getattr(lib, "internal_api", None) != "openblas" or getattr(lib, "threading_layer", None) == "openmp":
+        return None
+    dynlib = getattr(lib, "dynlib", None)  # threadpoolctl's ctypes handle and the build's symbol affixes
+    pre, suf = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
+    return getattr(dynlib, f"{pre}{name}{suf}", None) if dynlib is not None else None
 
 
 def _set_numba(n: int) -> None:
@@ -154,7 +178,9 @@ def session_intra_threads() -> Optional[int]:
 
 def intra_threads() -> int:
     """The threads a kernel may use now: the running session's intra_op_threads, else BLAS's count."""
-    n = _intra[0]
+    n = getattr(_local, "intra", None)
+    if n is None:
+        n = _intra[0]
     if n is not None:
         return n
     saved = _hold["saved"]  # inside another thread's one-BLAS-thread block: the count it will restore,
@@ -174,23 +200,27 @@ def intra_pool() -> ThreadPoolExecutor:
 
 
 def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False,
-            min_chunk: Optional[int] = None) -> int:
+            min_chunk: Optional[int] = None, flops: bool = False) -> int:
     """Run fn(lo, hi) over [lo, hi) chunks of range(total) on up to intra_threads() threads (the
     caller runs the first chunk) and wait for all; work of `nbytes` in all fans out only into
-    chunks of at least MIN_CHUNK_BYTES. fn must release the GIL to gain (numpy copies and ufuncs
-    do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or not
-    (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe, and a
-    product too small to split gains little from BLAS's threads, which then spin for a while
-    after the call on cores the next pass wants).
-    min_chunk: the least work per chunk, in the unit of `nbytes` (default MIN_CHUNK_BYTES; a
-    GEMM passes its FLOPs and MIN_CHUNK_FLOPS). Returns the number of chunks."""
-    k = min(intra_threads(), total, int(nbytes // (min_chunk or MIN_CHUNK_BYTES)))
+    chunks of at least min_chunk_bytes() (flops: `nbytes` counts FLOPs, min_chunk_flops()), and
+    of at least `min_chunk` when given. fn must release the GIL to gain (numpy copies, ufuncs
+    and BLAS do). blas_inside: fn calls BLAS; BLAS is held to one thread while it runs, split or
+    not (the chunks are the parallelism; a threaded BLAS inside each would oversubscribe, and its
+    threads spin after the call on cores the next pass wants). How work is cut never changes its
+    bytes where the caller cuts rows of a pass or whole summed parts (a product cut by rows or
+    columns may round its last bits otherwise: handoff_s). Returns the number of chunks."""
+    floor = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
+    k = min(intra_threads(), total, int(nbytes // max(floor, min_chunk or 1)))
+    if k > 1:  # could split: now the hand-off's price matters (measured at the first such call)
+        k = min(k, int(nbytes // (min_chunk_flops() if flops else min_chunk_bytes())))
+    hold = blas_inside and not getattr(_local, "blas_held", False)  # else the run holds BLAS already
     if k <= 1:
-        with (_OneBlasThread() if blas_inside else _NO_LIMIT):
+        with (BlasThreads(1) if hold else _NO_LIMIT):
             fn(0, total)
         return 1
     bounds = [total * i // k for i in range(k + 1)]
-    with (_OneBlasThread() if blas_inside else _NO_LIMIT):
+    with (BlasThreads(1) if hold else _NO_LIMIT):
         futures = [intra_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
         try:
             fn(bounds[0], bounds[1])
@@ -200,34 +230,160 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
     return k
 
 
-_hold = {"depth": 0, "saved": None}  # the one-BLAS-thread blocks running now (any thread) and the count before
+def handoff_s() -> float:
+    """Seconds to hand a chunk to the intra-op pool and get it back (a submit-and-wait round trip
+    after the worker has gone idle, as between two split nodes of a run): measured once per
+    process, lazily, in a few milliseconds (the median of 9 pings 0.5 ms apart); the environment
+    variable ISTHMUS_HANDOFF_US sets it instead. Where a product is split by rows or columns its
+    last bits can differ from the whole product's, so the split, which depends on the thread
+    count, also depends on this measurement: set the variable for bit-reproducible products
+    across processes."""
+    if _handoff[0] is None:
+        with _measure_lock:
+            if _handoff[0] is None:
+                env = os.environ.get("ISTHMUS_HANDOFF_US", "").strip()
+                _handoff[0] = _env_handoff(env) if env else _measure_handoff()
+    return _handoff[0]
 
 
-class _OneBlasThread:
-    """BLAS on one thread inside the block; the count before is restored when the last block that
-    overlaps it ends (BLAS's count is process-wide: per-call save/restore let two overlapping
-    blocks leave it at 1 for good)."""
+def _env_handoff(text: str) -> float:
+    try:
+        us = float(text)
+    except ValueError:
+        us = -1.0
+    if not us >= 0 or us == float("inf"):
+        raise ValueError(f"ISTHMUS_HANDOFF_US: expected the hand-off in microseconds (a number >= 0), got {text!r}")
+    return us * 1e-6
+
+
+def _measure_handoff(pings: int = 9, gap_s: float = 5e-4) -> float:
+    pool = intra_pool()
+    pool.submit(int).result()  # the worker thread exists
+    samples = []
+    for _ in range(pings):
+        time.sleep(gap_s)
+        t0 = time.perf_counter()
+        pool.submit(int).result()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def chunk_scale() -> float:
+    """How many times MIN_CHUNK_BYTES / MIN_CHUNK_FLOPS a chunk must carry on this machine (>= 1):
+    the measured hand-off over HANDOFF_REF_S, so that a chunk is about ten hand-offs of work."""
+    return max(1.0, handoff_s() / HANDOFF_REF_S)
+
+
+def min_chunk_bytes() -> int:
+    """The least bytes a memory-bound pass hands one thread (MIN_CHUNK_BYTES x chunk_scale())."""
+    return max(1, round(MIN_CHUNK_BYTES * chunk_scale()))
+
+
+def min_chunk_flops() -> int:
+    """The least FLOPs a split product hands one thread (MIN_CHUNK_FLOPS x chunk_scale())."""
+    return max(1, round(MIN_CHUNK_FLOPS * chunk_scale()))
+
+
+_hold = {"held": [], "saved": None}  # the BLAS counts held now (any thread) and the count before
+
+
+class BlasThreads:
+    """BLAS on at most `n` threads inside the block. BLAS's count is process-wide: overlapping
+    blocks (any thread) get the least count any of them asked for, and the count before the first
+    is restored when the last ends (per-call save/restore let two overlapping blocks leave it at
+    1 for good). While a block holds, intra_threads() reports the count before it, so that how
+    other threads split their work does not depend on timing."""
+
+    def __init__(self, n: int = 1):
+        self.n = max(1, int(n))
 
     def __enter__(self):
         with _lock:
-            if _hold["depth"] == 0:
-                libs = _blas_libs()
-                _hold["saved"] = [lib.num_threads for lib in libs]
-                for lib, k in zip(libs, _hold["saved"]):
-                    if k != 1:
-                        _set_blas(lib, 1)
-            _hold["depth"] += 1
+            libs = _blas_libs()
+            if not _hold["held"]:
+                _hold["saved"] = [_get_blas(lib) for lib in libs]
+            _hold["held"].append(self.n)
+            _apply_hold(libs, min(_hold["held"]))
         return self
 
     def __exit__(self, *exc):
         with _lock:
-            _hold["depth"] -= 1
-            if _hold["depth"] == 0:
-                for lib, k in zip(_blas_libs(), _hold["saved"] or []):
-                    if k != 1:
+            _hold["held"].remove(self.n)
+            libs = _blas_libs()
+            if _hold["held"]:
+                _apply_hold(libs, min(_hold["held"]))
+            else:
+                for lib, k in zip(libs, _hold["saved"] or []):
+                    if _get_blas(lib) != k:
                         _set_blas(lib, k)
                 _hold["saved"] = None
         return False
+
+
+def _apply_hold(libs, n: int) -> None:
+    """Each library at min(n, its count before the holds)."""
+    for lib, k in zip(libs, _hold["saved"] or []):
+        want = min(n, k)
+        if _get_blas(lib) != want:
+            _set_blas(lib, want)
+
+
+
+
+class OneThreadRun:
+    """One intra-op thread for the calling thread's run: its kernels see intra_threads() == 1
+    (a thread-local count: other threads' runs keep theirs, and so split as before), numba's
+    count on this thread is 1 (numba's is per thread) and BLAS is held to one thread. BLAS's
+    count is process-wide, so BLAS calls that other threads make while this block lasts run
+    one-threaded too: the same bytes for their split passes and summed parts, and for their
+    products the bytes of a one-thread product."""
+
+    def __enter__(self):
+        self._prev = getattr(_local, "intra", None)
+        _local.intra = 1
+        self._numba = _numba_threads()
+        if self._numba is not None and self._numba != 1:
+            _set_numba(1)
+        self._blas = BlasThreads(1)
+        self._blas.__enter__()
+        self._held, _local.blas_held = getattr(_local, "blas_held", False), True
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            _local.blas_held = self._held
+            self._blas.__exit__(*exc)
+        finally:
+            _local.intra = self._prev
+            if self._numba is not None and self._numba != 1:
+                _set_numba(self._numba)
+        return False
+
+
+class RunBlasHold:
+    """BLAS on one thread for a whole default-thread run (Plan.__call__), its intra-op count left
+    as it was: the pool's chunks are the run's only parallelism. OpenBLAS's threads spin for a
+    while after every call they share; on a shared machine they took the cores the pool's chunks
+    and the next passes needed (2-core VM, load 2.9-4.9, batch 32, process CPU per run at default
+    threads against the same with this hold: Inception 184 -> 147 ms, one thread 145). One hold
+    per run, none per product inside it."""
+
+    def __enter__(self):
+        self._prev = getattr(_local, "blas_held", False)
+        self._blas = BlasThreads(1)
+        self._blas.__enter__()
+        _local.blas_held = True
+        return self
+
+    def __exit__(self, *exc):
+        _local.blas_held = self._prev
+        self._blas.__exit__(*exc)
+        return False
+
+
+def _numba_threads() -> Optional[int]:
+    numba = sys.modules.get("numba")
+    return numba.get_num_threads() if numba is not None else None
 
 
 _NO_LIMIT = contextlib.nullcontext()
@@ -235,9 +391,10 @@ _NO_LIMIT = contextlib.nullcontext()
 
 def blas_threads_now() -> Optional[int]:
     """The BLAS thread count now (the largest over the loaded libraries); None without BLAS."""
-    counts = [lib.num_threads for lib in _blas_libs()]
+    counts = [_get_blas(lib) for lib in _blas_libs()]
     return max(counts) if counts else None
 
 
-__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "blas_threads_now",
-           "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]
+__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads",
+           "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
+           "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

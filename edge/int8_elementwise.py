@@ -342,8 +342,13 @@ def dequantize(ctx: OpContext):
     if x.axis >= len(x.shape):
         raise EdgeModelError(f"Dequantize: axis {x.axis} out of range for {x.shape}")
     s, z = _axis_params(ctx, x)
+    compiled = np.ndim(s) == 0 and use_compiled()  # per tensor: one compiled pass (jit.requantize.dequantize_flat)
 
     def bind(ins, outs, sc):
+        if compiled:  # arena views are contiguous; a constant input is copied once
+            from ..jit.requantize import dequantize_flat  # deferred: jit.requantize loads numba
+            x1, y1 = np.ascontiguousarray(ins[0]).reshape(-1), outs[0].reshape(-1)
+            return lambda: dequantize_flat(x1, z, s, y1)
         xi, yo, copyto, subtract, multiply = ins[0], outs[0], np.copyto, np.subtract, np.multiply
 
         def run():

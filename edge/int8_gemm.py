@@ -16,6 +16,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
+from .arena import aligned_copy
 from .compiled import use_compiled
 from .format import EdgeModelError
 from .opcontext import OpContext, Window
@@ -86,28 +87,50 @@ def _bind_gemm(w32: np.ndarray, rq, xp: np.ndarray, acc: np.ndarray, out: np.nda
     return lambda: gemm_requantize_int(w32, xp, acc, q, c, s, zp, lo, hi, out, o, p, so, sp)
 
 
+def _fused(rq, g: Window, zx: int, c: int, hp: int, wp: int):
+    """(geo, fl) for jit.gemm_int8's one-call convolutions when the requantization is in float, else None."""
+    if rq[0] != "float":
+        return None
+    from ..jit.gemm_int8 import GEO_FIELDS  # deferred: jit.gemm_int8 loads llvmlite, numba
+    _, mf, cf, flo, fhi, off = rq
+    vals = dict(zx=zx, pt=g.t, pl=g.l, hp=hp, wp=wp, c=c, kh=g.kh, kw=g.kw, sh=g.sh, sw=g.sw, dh=g.dh, dw=g.dw,
+                oh=g.oh, ow=g.ow, o=g.o, p=g.oh * g.ow, off=int(off))
+    return np.array([vals[f] for f in GEO_FIELDS], np.int64), np.array([flo, fhi], np.float64)
+
+
 def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multipliers, zx: int, zy: int,
          lo: int, hi: int, bound: int) -> Tuple[list, Callable]:
     """A groups-1 int8 convolution of one image: wi int64 [O, C, kh, kw] (less its zero points),
     bias int64 [O] (the input's zero point folded in), multipliers s_x s_w / s_y per channel."""
     # deferred: jit.gemm_int8 loads llvmlite, numba
-    from ..jit.gemm_int8 import NR, cols_slack, pack_weights, packed_shape
+    from ..jit.gemm_int8 import NR, cols_slack, pack_weights, packed_shape, pair_weights
     o, k = wi.shape[0], int(np.prod(wi.shape[1:]))
     p = g.oh * g.ow
-    w32 = pack_weights(wi.reshape(o, k))
     rq = requantization(multipliers, bias, zy, lo, hi, bound)
     pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and not g.padded
+    if not pointwise and g.c % 2 == 0:
+        return _conv_channel_pairs(ctx, g, aligned_copy(pack_weights(pair_weights(wi))), rq, zx)
+    w32 = aligned_copy(pack_weights(wi.reshape(o, k)))
     kp, p16 = packed_shape(k, p)
     i_x = ctx.scratch((kp + (0 if pointwise else 1), p16), np.int32)  # im2col_pairs writes past the last row
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
     hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
     planes = g.c * hp * wp  # the input with its border of zero points, and slack for vector reads past it
     i_pad = None if pointwise else ctx.scratch((planes + cols_slack(g.sw),), np.int8)
+    fused = _fused(rq, g, zx, g.c, hp, wp)
 
     def bind(ins, outs, sc):
-        from ..jit.gemm_int8 import im2col_pairs, pack_rows, pad_planes  # deferred: jit.gemm_int8 loads llvmlite, numba
+        # deferred: jit.gemm_int8 loads llvmlite, numba
+        from ..jit.gemm_int8 import conv_pointwise_float, conv_tap_pairs_float, im2col_pairs, pack_rows, pad_planes
         xq = sc[i_x]
         xp = xq[:kp]
+        if fused is not None:
+            geo, fl, mf, cf, y1 = *fused, rq[1], rq[2], outs[0].reshape(-1)
+            if pointwise:
+                x2 = ins[0].reshape(g.c, g.h * g.w)
+                return lambda: conv_pointwise_float(x2, xp, w32, sc[i_acc], mf, cf, y1, geo, fl)
+            x3, flat, xq1 = ins[0].reshape(g.c, g.h, g.w), sc[i_pad], xq.reshape(-1)
+            return lambda: conv_tap_pairs_float(x3, flat, xq1, w32, sc[i_acc], mf, cf, y1, geo, fl)
         gemm = _bind_gemm(w32, rq, xp, sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
         if pointwise:
             x2 = ins[0].reshape(g.c, g.h * g.w)
@@ -123,6 +146,38 @@ def conv(ctx: OpContext, g: Window, wi: np.ndarray, bias: np.ndarray, multiplier
         def run():
             pad_planes(x3, zx8, g.t, g.l, xpad)
             im2col_pairs(flat, *geo, xq1)
+            gemm()
+        return run
+    return [(1, o, g.oh, g.ow)], bind
+
+
+def _conv_channel_pairs(ctx: OpContext, g: Window, w32: np.ndarray, rq, zx: int) -> Tuple[list, Callable]:
+    """A windowed convolution over an even number of channels: the input becomes int16 channel pairs
+    in padded planes once per call (jit.gemm_int8.pad_channel_pairs), so im2col only copies int32 runs
+    (the taps' pairs of the other path are built anew for every tap); weights from pair_weights."""
+    from ..jit.gemm_int8 import NR, channel_pairs_elems, packed_shape  # deferred: loads llvmlite, numba
+    o, p, c2n = g.o, g.oh * g.ow, g.c // 2
+    hp, wp = g.h + g.t + g.b, g.w + g.l + g.r
+    kp, p16 = packed_shape(g.c * g.kh * g.kw, p)
+    i_x = ctx.scratch((kp + 1, p16), np.int32)  # im2col_channel_pairs writes past the last row
+    i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
+    i_c = ctx.scratch((channel_pairs_elems(g.c, hp, wp),), np.int32)
+
+    fused = _fused(rq, g, zx, g.c, hp, wp)
+
+    def bind(ins, outs, sc):
+        # deferred: jit.gemm_int8 loads llvmlite, numba
+        from ..jit.gemm_int8 import conv_channel_pairs_float, im2col_channel_pairs, pad_channel_pairs
+        xq, xc, x3, zx8 = sc[i_x], sc[i_c], ins[0].reshape(g.c, g.h, g.w), np.int8(zx)
+        if fused is not None:
+            geo, fl, mf, cf, y1, xq1 = *fused, rq[1], rq[2], outs[0].reshape(-1), xq.reshape(-1)
+            return lambda: conv_channel_pairs_float(x3, xc, xq1, w32, sc[i_acc], mf, cf, y1, geo, fl)
+        gemm = _bind_gemm(w32, rq, xq[:kp], sc[i_acc], outs[0].reshape(-1), o, p, p, 1)
+        geo, xq1 = (c2n, hp, wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow), xq.reshape(-1)
+
+        def run():
+            pad_channel_pairs(x3, zx8, g.t, g.l, hp, wp, xc)
+            im2col_channel_pairs(xc, *geo, xq1)
             gemm()
         return run
     return [(1, o, g.oh, g.ow)], bind
@@ -144,11 +199,13 @@ def dense(ctx: OpContext, bi: np.ndarray, bias: np.ndarray, multipliers, zy: int
             wt = np.ascontiguousarray(bi.T.astype(np.int16))
             return [(m, nn)], lambda ins, outs, sc: _bind_gemv(wt, rq, ins[0], outs[0])
         # deferred: jit.gemv_int8 loads llvmlite, numba
-        from ..jit.gemv_int8 import activation_elems, pack_weights as pack_rows8
+        from ..jit.gemv_int8 import activation_elems, interleave, pack_weights as pack_rows8, signable
         w8 = pack_rows8(bi.T)
+        sign = signable(w8)  # no -128: the sign loop (|a| times w sign(a) in pmaddubsw)
+        w8 = aligned_copy(interleave(w8) if sign else w8)
         i_a = ctx.scratch((activation_elems(k),), np.int16)
-        return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0])
-    w32 = pack_weights(np.ascontiguousarray(bi.T))
+        return [(m, nn)], lambda ins, outs, sc: _bind_gemv8(w8, rq, ins[0], sc[i_a], outs[0], sign)
+    w32 = aligned_copy(pack_weights(np.ascontiguousarray(bi.T)))
     i_x = ctx.scratch(packed_shape(k, m), np.int32)
     i_acc = ctx.scratch((w32.shape[0], NR), np.int32)
 
@@ -175,10 +232,19 @@ def _bind_gemv(w: np.ndarray, rq, a: np.ndarray, out: np.ndarray) -> Callable[[]
     return lambda: gemv_requantize_int(w, a, q, c, s, zp, lo, hi, out)
 
 
-def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray) -> Callable[[], None]:
-    """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16)."""
+def _bind_gemv8(w8: np.ndarray, rq, a: np.ndarray, a16: np.ndarray, out: np.ndarray, sign: bool) -> Callable[[], None]:
+    """jit.gemv_int8: four int8 weight rows per step against the row of a widened once to int16 (a16),
+    or, `sign`, against |a| and a's signs in a16's bytes (the sign loop)."""
     # deferred: jit.gemv_int8 loads llvmlite, numba
-    from ..jit.gemv_int8 import gemv_requantize_float, gemv_requantize_int
+    from ..jit.gemv_int8 import (gemv_requantize_float, gemv_requantize_int, gemv_sign_requantize_float,
+                                 gemv_sign_requantize_int)
+    if sign:
+        ab = a16.view(np.uint8)
+        if rq[0] == "float":
+            _, mf, cf, flo, fhi, off = rq
+            return lambda: gemv_sign_requantize_float(w8, a, ab, mf, cf, flo, fhi, off, out)
+        _, q, c, s, zp, lo, hi = rq
+        return lambda: gemv_sign_requantize_int(w8, a, ab, q, c, s, zp, lo, hi, out)
     if rq[0] == "float":
         _, mf, cf, flo, fhi, off = rq
         return lambda: gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out)

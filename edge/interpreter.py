@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .arena import ArenaPlanner
+from .arena import ArenaPlanner, aligned_empty
 from .format import EdgeModelError
 from .int8_kernels import INT8_KERNELS
 from .kernels import KERNELS
@@ -173,7 +173,7 @@ class Interpreter:
         offsets, peak = planner.plan()
         if peak > limit:
             raise EdgeModelError(f"the arena needs {peak} bytes, beyond the bound ({limit}) for a file of {m.size} bytes")
-        self.arena = np.empty(max(peak, 1), np.uint8)
+        self.arena = aligned_empty(max(peak, 1))  # offsets are ALIGN-multiples: every buffer aligned too
         self.arena_bytes, self.arena_lower_bound = peak, planner.lower_bound()
         self.tensor_bytes = sum(planner.buffers[j][0] for j in ids.values())
         self.scratch_bytes = sum(planner.buffers[j][0] for js in scratch_ids for j in js)

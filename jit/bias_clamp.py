@@ -19,3 +19,20 @@ def bias_clamp_rows(y, bias, lo, hi):
         row, b = y[r], bias[r % c]
         for i in range(row.shape[0]):
             row[i] = min(max(row[i] + b, lo), hi)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def ohwn_to_nchw_bias_clamp(src, bias, lo, hi, y, a):
+    """y[n, o, a + r, w] = min(max(src[o, r, w, n] + bias[o], lo), hi) for src [O, R, W, N] (a
+    row-tap convolution's output rows, batch innermost, any strides) into y [N, O, H, W]: the layout
+    change, the bias and the clamp in one pass, a [W, N] tile at a time (read in runs of N, written
+    in runs of W)."""
+    o_, r_, w_, n_ = src.shape
+    for o in range(o_):
+        b = bias[o]
+        for r in range(r_):
+            tile = src[o, r]
+            for n in range(n_):
+                d = y[n, o, a + r]
+                for w in range(w_):
+                    d[w] = min(max(tile[w, n] + b, lo), hi)

@@ -50,8 +50,8 @@ def supported() -> bool:
     return _SUPPORTED[0]
 
 
-def _accumulate(context, builder, signature, args, mr=MR):
-    """IR of the tile's K loop: the 2 mr <8 x i32> accumulators of rows o..o+mr-1, columns p0..p0+15."""
+def _accumulate(context, builder, signature, args, mr=MR, nv=2):
+    """IR of the tile's K loop: the nv mr <8 x i32> accumulators of rows o..o+mr-1, columns p0..p0+8nv-1."""
     wa, xa = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args[:2], args[:2]))
     o_, p0_, kp_ = args[3:6]
     i32, i64 = ir.IntType(32), ir.IntType(64)
@@ -67,18 +67,18 @@ def _accumulate(context, builder, signature, args, mr=MR):
     builder.position_at_end(loop)
     k = builder.phi(i64)
     k.add_incoming(ir.Constant(i64, 0), entry)
-    accs = [builder.phi(v8) for _ in range(2 * mr)]
+    accs = [builder.phi(v8) for _ in range(nv * mr)]
     for a in accs:
         a.add_incoming(zero, entry)
     xoff = builder.add(builder.mul(k, ldx), p0_)
     xs = [builder.bitcast(builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xoff, ir.Constant(i64, 8 * j))]),
-                                                       v8.as_pointer()), align=4), v16) for j in range(2)]
+                                                       v8.as_pointer()), align=4), v16) for j in range(nv)]
     new = []
     for r in range(mr):
         wv = builder.load(builder.gep(wptr, [builder.add(wrows[r], k)]), align=4)
         b = builder.insert_element(ir.Constant(v8, ir.Undefined), wv, ir.Constant(i32, 0))
         b16 = builder.bitcast(builder.shuffle_vector(b, ir.Constant(v8, ir.Undefined), ir.Constant(v8, None)), v16)
-        new += [builder.add(accs[2 * r + j], builder.call(madd, [b16, xs[j]])) for j in range(2)]
+        new += [builder.add(accs[nv * r + j], builder.call(madd, [b16, xs[j]])) for j in range(nv)]
     k2 = builder.add(k, ir.Constant(i64, 1))
     for a, v in zip(accs, new):
         a.add_incoming(v, loop)
@@ -94,24 +94,31 @@ def _accumulate(context, builder, signature, args, mr=MR):
     return results
 
 
-@intrinsic
-def _tile(typingctx, w, x, acc, o, p0, kp):
-    """acc[o + r, 0:16] = sum over k < kp of pmaddwd(w[o + r, k], x[k, p0:p0 + 16]) for r < 4, where
-    w [Opad, Kp] and x [Kp, P16] hold int16 pairs in int32 and acc is int32 [Opad, 16]."""
-    sig = types.void(w, x, acc, o, p0, kp)
+def _plain_tile(nv: int):
+    """The tile intrinsic storing its int32 accumulators: nv vectors of 8 columns (2: 16, 1: 8)."""
+    @intrinsic
+    def tile(typingctx, w, x, acc, o, p0, kp):
+        """acc[o + r, 0:8 nv] = sum over k < kp of pmaddwd(w[o + r, k], x[k, p0:p0 + 8 nv]) for r < 4, where
+        w [Opad, Kp] and x [Kp, P16] hold int16 pairs in int32 and acc is int32 [Opad, 16]."""
+        sig = types.void(w, x, acc, o, p0, kp)
 
-    def codegen(context, builder, signature, args):
-        results = _accumulate(context, builder, signature, args)
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        aa = context.make_array(signature.args[2])(context, builder, args[2])
-        aptr, lda = builder.bitcast(aa.data, i32.as_pointer()), cgutils.unpack_tuple(builder, aa.shape)[1]
-        for r in range(MR):
-            for j in range(2):
-                off = builder.add(builder.mul(builder.add(args[3], ir.Constant(i64, r)), lda), ir.Constant(i64, 8 * j))
-                builder.store(results[2 * r + j], builder.bitcast(builder.gep(aptr, [off]),
-                                                                  ir.VectorType(i32, 8).as_pointer()), align=4)
-        return context.get_dummy_value()
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            results = _accumulate(context, builder, signature, args, MR, nv)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            aa = context.make_array(signature.args[2])(context, builder, args[2])
+            aptr, lda = builder.bitcast(aa.data, i32.as_pointer()), cgutils.unpack_tuple(builder, aa.shape)[1]
+            for r in range(MR):
+                for j in range(nv):
+                    off = builder.add(builder.mul(builder.add(args[3], ir.Constant(i64, r)), lda),
+                                      ir.Constant(i64, 8 * j))
+                    builder.store(results[nv * r + j], builder.bitcast(builder.gep(aptr, [off]),
+                                                                       ir.VectorType(i32, 8).as_pointer()), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_tile, _tile8 = _plain_tile(2), _plain_tile(1)  # 16 columns; 8 (a block's last 1-8 columns)
 
 
 def _requantizing_tile(mr: int, off: int):
@@ -144,24 +151,38 @@ def _requantize_ir(context, builder, signature, args, mr, off):
                                                             ir.Constant(i32, 0)),
                                      ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
               for v in (args[8], args[9]))
-    vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.maxnum." + suffix)
-    vmin = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8, d8]), "llvm.minnum." + suffix)
     vrint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(d8, [d8]), "llvm.rint." + suffix)
-    i32x8 = ir.VectorType(i32, 8)  # the offset: the zero point's odd part (ties to even before it)
-    bias = ir.Constant(i32x8, [off] * 8)
+    i16x16, i8x32, i32x8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(i8, 32), ir.VectorType(i32, 8)
+    packd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16x16, [i32x8, i32x8]),
+                                           "llvm.x86.avx2.packssdw")
+    packw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8x32, [i16x16, i16x16]),
+                                           "llvm.x86.avx2.packsswb")
+    permd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32x8, [i32x8, i32x8]),
+                                           "llvm.x86.avx2.permd")
+    order = ir.Constant(i32x8, [0, 4, 1, 5, 2, 6, 3, 7])  # the packs interleave 128-bit lanes: undo it
+    bias = ir.Constant(i32x8, [off] * 8)  # the offset: the zero point's odd part (ties to even before it)
 
     def splat(v):
         e = builder.insert_element(ir.Constant(d8, ir.Undefined), v, ir.Constant(i32, 0))
         return builder.shuffle_vector(e, ir.Constant(d8, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), None))
+
+    def clamp(t):  # plain compares (vmaxps / vminps): t is never NaN, so maxnum's NaN blends are not needed
+        t = builder.select(builder.fcmp_ordered(">", t, lo), t, lo)
+        return builder.select(builder.fcmp_ordered("<", t, hi), t, hi)
     for r in range(mr):
         row = builder.add(args[3], ir.Constant(i64, r))
         m, c = splat(builder.load(builder.gep(mptr, [row]))), splat(builder.load(builder.gep(cptr, [row])))
+        q = []
         for j in range(2):
             t = builder.fadd(builder.fmul(builder.sitofp(results[2 * r + j], d8), m), c)
-            t = builder.call(vrint, [builder.call(vmin, [builder.call(vmax, [t, lo]), hi])])
-            q = builder.trunc(builder.sub(builder.fptosi(t, i32x8), bias), ir.VectorType(i8, 8))
-            at = builder.add(builder.add(builder.mul(row, args[10]), args[4]), ir.Constant(i64, 8 * j))
-            builder.store(q, builder.bitcast(builder.gep(optr, [at]), ir.VectorType(i8, 8).as_pointer()), align=1)
+            q.append(builder.sub(builder.fptosi(builder.call(vrint, [clamp(t)]), i32x8), bias))
+        # both halves' values lie in [-128, 127]: the saturating packs are exact narrowing casts
+        b = builder.call(packw, [builder.call(packd, q)] * 2)
+        b = builder.bitcast(builder.call(permd, [builder.bitcast(b, i32x8), order]), i32x8)
+        lo16 = builder.shuffle_vector(b, ir.Constant(i32x8, ir.Undefined), ir.Constant(ir.VectorType(i32, 4),
+                                                                                     [0, 1, 2, 3]))
+        at = builder.add(builder.mul(row, args[10]), args[4])
+        builder.store(lo16, builder.bitcast(builder.gep(optr, [at]), ir.VectorType(i32, 4).as_pointer()), align=1)
     return context.get_dummy_value()
 
 
@@ -292,6 +313,86 @@ def im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
                     xq[base + ox] = (np.int32(flat[sa + u]) & 0xFFFF) | ((np.int32(flat[sb + u]) << 16) & keep)
 
 
+def pair_weights(w: np.ndarray) -> np.ndarray:
+    """Integer conv weights [O, C, kh, kw], C even -> [O, K] whose consecutive K pairs are channel
+    pairs (2c, 2c + 1) at one tap, rows (c / 2, ky, kx): the order im2col_channel_pairs writes."""
+    o, c, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(o, c // 2, 2, kh, kw).transpose(0, 1, 3, 4, 2)).reshape(o, -1)
+
+
+def channel_pairs_elems(c: int, hp: int, wp: int) -> int:
+    """int32 elements of pad_channel_pairs' output: [C / 2, Hp, Wp] and slack for 16-wide runs past it."""
+    return (c // 2) * hp * wp + 2 * NR
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def pad_channel_pairs(x, zx, pt, pl, hp, wp, xc):
+    """xc int32 flat [C / 2, Hp, Wp] (+ slack) = the int16 pairs (x[2c], x[2c + 1]) of x int8 [C, H, W]
+    (C even) placed at (pt, pl) in planes bordered by zx: one pass over the input, once per call."""
+    c_, h, w = x.shape
+    border = (np.int32(zx) & 0xFFFF) | (np.int32(zx) << 16)
+    plane = hp * wp
+    for c2 in range(c_ // 2):
+        base = c2 * plane
+        for i in range(plane):
+            xc[base + i] = border
+        a, b = x[2 * c2], x[2 * c2 + 1]
+        for iy in range(h):
+            ra, rb, row = a[iy], b[iy], base + (iy + pt) * wp + pl
+            dst = xc[row:row + w]
+            for i in range(w):
+                dst[i] = (np.int32(ra[i]) & 0xFFFF) | (np.int32(rb[i]) << 16)
+
+
+def _copy_intrinsic(stride: int):
+    """An intrinsic copying 16 int32: dst[d + t] = src[s + t stride] for t < 16 (stride 1 or 2)."""
+    @intrinsic
+    def copy16(typingctx, src, s, dst, d):
+        sig = types.void(src, s, dst, d)
+
+        def codegen(context, builder, signature, args):
+            sa, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2))
+            i32 = ir.IntType(32)
+            sptr, dptr = builder.bitcast(sa.data, i32.as_pointer()), builder.bitcast(da.data, i32.as_pointer())
+            wide = ir.VectorType(i32, NR * stride)
+            v = builder.load(builder.bitcast(builder.gep(sptr, [args[1]]), wide.as_pointer()), align=4)
+            if stride > 1:
+                v = builder.shuffle_vector(v, ir.Constant(wide, ir.Undefined),
+                                           ir.Constant(ir.VectorType(i32, NR), [t * stride for t in range(NR)]))
+            builder.store(v, builder.bitcast(builder.gep(dptr, [args[3]]), ir.VectorType(i32, NR).as_pointer()),
+                          align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return copy16
+
+
+_copy16_s1, _copy16_s2 = _copy_intrinsic(1), _copy_intrinsic(2)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def im2col_channel_pairs(xc, c2n, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq):
+    """im2col over pad_channel_pairs' planes: xq int32 flat [C/2 kh kw + 1, P16] (one spare row),
+    row (c2, ky, kx) holding the channel pairs under that tap for every output. The pairs are built
+    once per call, so each row is a copy of int32 runs (16 wide, past a row's end: the next run or
+    the spare row overwrites them)."""
+    taps = kh * kw
+    p16 = xq.shape[0] // (c2n * taps + 1)
+    for c2 in range(c2n):
+        for t in range(taps):
+            src0, row = c2 * hp * wp + (t // kw) * dh * wp + (t % kw) * dw, (c2 * taps + t) * p16
+            for oy in range(oh):
+                sa, base = src0 + oy * sh * wp, row + oy * ow
+                if sw == 1:
+                    for s in range(0, ow, NR):
+                        _copy16_s1(xc, sa + s, xq, base + s)
+                elif sw == 2:
+                    for s in range(0, ow, NR):
+                        _copy16_s2(xc, sa + 2 * s, xq, base + s)
+                else:
+                    for ox in range(ow):
+                        xq[base + ox] = xc[sa + ox * sw]
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so, sp):
     """out[o so + p sp] (int8, flat) = rint(clamp(acc[o, p] mf[o] + cf[o], flo, fhi)) - off (0 or -1) for o < O, p < P,
@@ -317,7 +418,10 @@ def gemm_requantize_float(w32, x32, acc, mf, cf, flo, fhi, off, out, o_, p_, so,
                     _tile_requantize_odd(w32, x32, out, o, p0, kp, mf, cf, flo, fhi, so)
         first = full_o if n == NR else 0
         for o in range(first - first % MR, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
+            if n > 8:
+                _tile(w32, x32, acc, o, p0, kp)
+            else:
+                _tile8(w32, x32, acc, o, p0, kp)
         for o in range(first, o_):
             m, c, base, ob = mf[o], cf[o], o * NR, o * so + p0 * sp
             for i in range(n):
@@ -332,9 +436,12 @@ def gemm_requantize_int(w32, x32, acc, q, c, s, zp, lo, hi, out, o_, p_, so, sp)
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     a = acc.reshape(-1)
     for p0 in range(0, ppad, NR):
-        for o in range(0, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
         n = min(NR, p_ - p0)
+        for o in range(0, opad, MR):
+            if n > 8:
+                _tile(w32, x32, acc, o, p0, kp)
+            else:
+                _tile8(w32, x32, acc, o, p0, kp)
         for o in range(o_):
             qo, co, sh, base, ob = q[o], c[o], s[o], o * NR, o * so + p0 * sp
             for i in range(n):
@@ -348,9 +455,12 @@ def gemm_int32(w32, x32, acc, out):
     o_, p_ = out.shape
     kp, opad, ppad = w32.shape[1], w32.shape[0], x32.shape[1]
     for p0 in range(0, ppad, NR):
-        for o in range(0, opad, MR):
-            _tile(w32, x32, acc, o, p0, kp)
         n = min(NR, p_ - p0)
+        for o in range(0, opad, MR):
+            if n > 8:
+                _tile(w32, x32, acc, o, p0, kp)
+            else:
+                _tile8(w32, x32, acc, o, p0, kp)
         for o in range(o_):
             for i in range(n):
                 out[o, p0 + i] = acc[o, i]
@@ -384,3 +494,46 @@ def gemv_requantize_int(w, a, q, c, s, zp, lo, hi, out):
         for n in range(w.shape[0]):
             v = shift_round_even(np.int64(_dot(w[n], am)) * q[n] + c[n], s[n], zp)
             om[n] = np.int8(min(max(v, lo), hi))
+
+
+# ---- one call per convolution: numba's dispatch costs about 0.1-0.15 us an argument, and a layer's
+# three passes took three calls of 7-13 arguments (about 5 us); geometry travels in one int64 array
+# (GEO_FIELDS), the float clamp bounds in one float64 array [flo, fhi]
+GEO_FIELDS = ("zx", "pt", "pl", "hp", "wp", "c", "kh", "kw", "sh", "sw", "dh", "dw", "oh", "ow", "o", "p", "off")
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_channel_pairs_float(x, xc, xq, w32, acc, mf, cf, out, geo, fl):
+    """pad_channel_pairs, im2col_channel_pairs and gemm_requantize_float in one call: x int8 [C, H, W],
+    xc / xq their scratch, out int8 flat [O P]; geo int64 as GEO_FIELDS."""
+    zx, pt, pl, hp, wp, c_, kh, kw, sh, sw, dh, dw, oh, ow, o_, p_, off = (geo[0], geo[1], geo[2], geo[3], geo[4],
+                                                                        geo[5], geo[6], geo[7], geo[8], geo[9],
+                                                                        geo[10], geo[11], geo[12], geo[13], geo[14],
+                                                                        geo[15], geo[16])
+    pad_channel_pairs(x, np.int8(zx), pt, pl, hp, wp, xc)
+    im2col_channel_pairs(xc, c_ // 2, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq)
+    kp = w32.shape[1]
+    xp = xq[:kp * (xq.shape[0] // (kp + 1))].reshape(kp, -1)
+    gemm_requantize_float(w32, xp, acc, mf, cf, fl[0], fl[1], np.int32(off), out, o_, p_, p_, 1)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_tap_pairs_float(x, flat, xq, w32, acc, mf, cf, out, geo, fl):
+    """pad_planes, im2col_pairs and gemm_requantize_float in one call (conv_channel_pairs_float's
+    operands; flat: the padded planes' int8 scratch with cols_slack)."""
+    zx, pt, pl, hp, wp, c_, kh, kw, sh, sw, dh, dw, oh, ow, o_, p_, off = (geo[0], geo[1], geo[2], geo[3], geo[4],
+                                                                        geo[5], geo[6], geo[7], geo[8], geo[9],
+                                                                        geo[10], geo[11], geo[12], geo[13], geo[14],
+                                                                        geo[15], geo[16])
+    pad_planes(x, np.int8(zx), pt, pl, flat[:c_ * hp * wp].reshape(c_, hp, wp))
+    im2col_pairs(flat, c_, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, xq)
+    kp = w32.shape[1]
+    xp = xq[:kp * (xq.shape[0] // (kp + 1))].reshape(kp, -1)
+    gemm_requantize_float(w32, xp, acc, mf, cf, fl[0], fl[1], np.int32(off), out, o_, p_, p_, 1)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_pointwise_float(x2, xp, w32, acc, mf, cf, out, geo, fl):
+    """pack_rows and gemm_requantize_float in one call: x2 int8 [C, P], xp its packed scratch."""
+    pack_rows(x2, xp)
+    gemm_requantize_float(w32, xp, acc, mf, cf, fl[0], fl[1], np.int32(geo[16]), out, geo[14], geo[15], geo[15], 1)

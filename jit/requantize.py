@@ -67,6 +67,13 @@ def quantize_flat(x, s, lo, hi, z, out):
         out[i] = np.int8(np.int32(np.rint(min(max(x[i] / s, lo), hi)) + z))
 
 
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def dequantize_flat(x, z, s, out):
+    """out = (float32(x) - z) * s in float32, each step rounded as numpy's (Dequantize, per tensor)."""
+    for i in range(x.shape[0]):
+        out[i] = (np.float32(x[i]) - z) * s
+
+
 @nb.njit(inline="always")
 def shift_round_even(t, s, zp):
     """edge/quant.Requantizer's int64 rounding: t 2^-s (t holding zp 2^s) to nearest, ties to the

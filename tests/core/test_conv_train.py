@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import isthmus as ism
+from isthmus.core.ops.base import make
 
 from .opcheck import check_gradients
 
@@ -222,12 +223,21 @@ ROW_CASES = [  # stride 1 along H: row taps, whose GEMMs skip the rows that read
 ]
 
 
-@pytest.mark.parametrize("stacked", [True, False], ids=["one_gemm", "gemm_per_row"])
+# a GEMM per kernel row added into the output by BLAS (beta=1 into strided views) over blocks of one
+# output row or all of them, the same through matmul and an add, or a GEMM per input row over the
+# kernel rows stacked (few output channels)
+@pytest.mark.parametrize("gemm", ["cblas", "cblas_row_blocks", "matmul", "stacked"])
 @pytest.mark.parametrize("xs,ws,kw,ref", ROW_CASES, ids=["same5x5", "empty_row", "pad_beyond", "stride_w"])
-def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, stacked):
+def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, gemm):
     from isthmus.core.ops import conv as conv_mod
+    from isthmus.core.ops import conv_rows, gemm_acc
     monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 1)
-    monkeypatch.setattr(conv_mod, "_STACK_MAX_M", 10 ** 9 if stacked else 0)
+    monkeypatch.setattr(conv_rows, "_BLOCK_MIN_COLS", 1 if gemm == "cblas_row_blocks" else 10 ** 9)
+    monkeypatch.setattr(conv_rows, "_ACC_MIN_O", 10 ** 9 if gemm == "stacked" else 0)
+    if gemm == "matmul":
+        monkeypatch.setattr(gemm_acc, "_bound", [None])
+    elif not gemm_acc.available():
+        pytest.skip("numpy's BLAS is not reachable through ctypes here")
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
     g = ism.Graph()
     with g.as_default():
@@ -242,9 +252,10 @@ def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, stack
 
 def test_row_spans_of_the_benchmark_cnn():
     from isthmus.core.ops import conv as conv_mod
+    from isthmus.core.ops.conv_rows import row_spans
     g = conv_mod.WindowGeometry()
     g.kh, g.dh, g.pads, g.oh = 5, 1, ((2, 2), (2, 2)), 14
-    assert conv_mod._row_spans(g, 14) == [(2, 14, 0), (1, 14, 0), (0, 14, 0), (0, 13, 1), (0, 12, 2)]
+    assert row_spans(g, 14) == [(2, 14, 0), (1, 14, 0), (0, 14, 0), (0, 13, 1), (0, 12, 2)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -284,3 +295,18 @@ def test_relu_max_pool_fold_by_finite_differences_and_where_it_does_not_apply():
         dx, = ism.gradients(out, [xp])
         ops = [n.op for n in ism.Session(g).plan_for(dx, {xp: x}).nodes]
     assert "ReluGrad" in ops
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,axis", [((6, 5, 4, 3), 1), ((7, 9), -1), ((9, 4, 5), 0), ((3, 4, 2, 6), -1)])
+def test_bias_add_grad_sums_every_other_axis(dtype, shape, axis):
+    """BiasAddGrad (one einsum over the other axes) against a float64 sum, NCHW and the rest."""
+    dy = rng.standard_normal(shape).astype(dtype)
+    g = ism.Graph()
+    with g.as_default():
+        dyt = ism.placeholder(dtype, shape, name="dy")
+        db = make("BiasAddGrad", (dyt,), {"axis": axis}).outputs[0]
+    got = ism.Session(g).run(db, {dyt: dy})
+    axes = tuple(i for i in range(len(shape)) if i != axis % len(shape))
+    assert got.dtype == dtype and got.shape == (shape[axis],)
+    np.testing.assert_allclose(got, dy.astype(np.float64).sum(axis=axes), rtol=1e-5, atol=1e-5)

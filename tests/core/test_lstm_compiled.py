@@ -29,6 +29,38 @@ def _ref(x, w, r, b, h0, c0, reverse):
 def _set_path(monkeypatch, path):
     monkeypatch.setenv("ISTHMUS_JIT", "0" if path == "numpy" else "1")
     monkeypatch.setattr(recurrent_compiled, "COMPILED_UNITS", 10 ** 9 if path == "loop" else 0)
+    monkeypatch.setattr(recurrent_compiled, "_PACKED_MIN_BATCH", 0 if path == "packed" else 10 ** 9)
+
+
+@pytest.mark.parametrize("reverse,states,batch,scale", [(False, True, 1, 0.5), (True, False, 5, 0.5),
+                                                        (False, True, 6, 8.0), (True, True, 9, 8.0)])
+def test_packed_steps_match_float64(monkeypatch, reverse, states, batch, scale):
+    """lstm_steps_packed (the recurrent product on jit.gemm_f32's tile): batches off a multiple of 4,
+    saturated gates, both directions, given and zero states."""
+    from isthmus.jit import gemm_f32, rnn
+    if not gemm_f32.supported():
+        pytest.skip("needs AVX2")
+    _set_path(monkeypatch, "packed")
+    calls = []
+    real = rnn.lstm_steps_packed
+    monkeypatch.setattr(rnn, "lstm_steps_packed", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(11 + batch)
+    t_len, feat, hid = 7, 6, 8
+    x = rng.standard_normal((t_len, batch, feat)).astype(np.float32)
+    w = (rng.standard_normal((4 * hid, feat)) * scale).astype(np.float32)
+    r = (rng.standard_normal((4 * hid, hid)) * scale).astype(np.float32)
+    b = rng.standard_normal(4 * hid).astype(np.float32)
+    h0, c0 = (rng.standard_normal((2, batch, hid)) if states else np.zeros((2, batch, hid))).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder("float32", (None, None, feat))
+        hp, cp = ism.placeholder("float32", (None, hid)), ism.placeholder("float32", (None, hid))
+        outs = lstm_sequence(xp, w, r, b, hp if states else None, cp if states else None, reverse=reverse)
+        got = ism.Session(g).run(list(outs), {xp: x, hp: h0, cp: c0})
+    assert calls
+    tol = 2e-6 if scale < 1 else 2e-5  # saturated: |z| ~ 100, the float32 sums' order shows at 1e-5
+    for gv, wv in zip(got, _ref(x, w, r, b, h0, c0, reverse)):
+        np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=tol)
 
 
 @pytest.mark.parametrize("path", ["numpy", "loop", "gemm"])

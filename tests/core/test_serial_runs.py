@@ -11,11 +11,11 @@ from isthmus.core import executor
 def holds(monkeypatch):
     entered = []
 
-    class Counting(executor.IntraOpThreads):
+    class Counting(executor.OneThreadRun):
         def __enter__(self):
-            entered.append(self.n)
+            entered.append(1)
             return super().__enter__()
-    monkeypatch.setattr(executor, "IntraOpThreads", Counting)
+    monkeypatch.setattr(executor, "OneThreadRun", Counting)
     return entered
 
 

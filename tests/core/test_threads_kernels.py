@@ -13,14 +13,17 @@ def fan_outs(monkeypatch):
     counts = []
     real = threads.fan_out
 
-    def counting(fn, total, nbytes, blas_inside=False, min_chunk=None):
-        k = real(fn, total, nbytes, blas_inside, min_chunk)
+    def counting(fn, total, nbytes, blas_inside=False, min_chunk=None, flops=False):
+        k = real(fn, total, nbytes, blas_inside, min_chunk, flops)
         counts.append(k)
         return k
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])  # chunk_scale() 1, whatever the machine
     monkeypatch.setattr(intra_op, "_BLAS_SERIAL_FLOPS", 0)
+    monkeypatch.setattr(intra_op, "_KSPLIT_PART_FLOPS", 1)
     monkeypatch.setattr(intra_op, "fan_out", counting)
+    monkeypatch.setattr(threads, "fan_out", counting)  # the kernels that call it directly (conv_rows)
     return counts
 
 
@@ -101,11 +104,17 @@ def test_max_pool_and_its_gradient_split_across_threads(fan_outs):
     np.testing.assert_array_equal(got_dx, ref)
 
 
-def test_small_passes_do_not_fan_out():
+@pytest.mark.parametrize("handoff_us", [5, 10, 80])
+def test_small_passes_do_not_fan_out(monkeypatch, handoff_us):
+    """A chunk carries at least MIN_CHUNK_BYTES, times the measured hand-off over 10 us when slower."""
+    monkeypatch.setattr(threads, "_handoff", [handoff_us * 1e-6])
+    least = threads.MIN_CHUNK_BYTES * max(1, handoff_us // 10)
+    assert threads.min_chunk_bytes() == least
+    assert threads.min_chunk_flops() == threads.MIN_CHUNK_FLOPS * max(1, handoff_us // 10)
     calls = []
     with threads.IntraOpThreads(2):
-        k = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, threads.MIN_CHUNK_BYTES)
-        k2 = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * threads.MIN_CHUNK_BYTES)
+        k = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * least - 1)
+        k2 = threads.fan_out(lambda lo, hi: calls.append((lo, hi)), 64, 2 * least)
     assert k == 1 and calls[0] == (0, 64)
     assert k2 == 2 and sorted(calls[1:]) == [(0, 32), (32, 64)]
 
@@ -146,6 +155,9 @@ def _images_spy(monkeypatch):
     from isthmus.core.ops import conv as conv_mod
     if not ism.jit.available():
         pytest.skip("numba is not available")
+    from isthmus.core.ops import conv_one_image
+    # constant weights would take the inference path (conv_one_image); this path serves variables
+    monkeypatch.setattr(conv_one_image.OneImage, "batch_pays", lambda self, *a: False)
     used = []
     real = conv_mod._images_compiled
     monkeypatch.setattr(conv_mod, "_images_compiled", lambda *a: used.append(1) or real(*a))
@@ -182,9 +194,10 @@ def test_filter_gradients_split_along_the_contraction_give_one_threads_bytes(fan
     """Conv2DBackpropFilter's GEMMs (small output, every pixel of the batch contracted) run as fixed
     parts of K on the threads: two threads give one thread's bytes, and the reference's values."""
     from isthmus.core.ops import conv as conv_mod
+    from isthmus.core.ops import conv_rows
     parts = []
     real = intra_op.ksplit_parts
-    for mod in (intra_op, conv_mod):
+    for mod in (intra_op, conv_mod, conv_rows):
         monkeypatch.setattr(mod, "ksplit_parts", lambda *a: parts.append(real(*a)) or parts[-1])
     rng = np.random.default_rng(13)
     x = rng.standard_normal((6, c, size, size)).astype(np.float32)
@@ -238,3 +251,76 @@ def test_compiled_batch_conv_geometries_match_the_blas_path(fan_outs, monkeypatc
     monkeypatch.setattr(conv_mod, "_images_compiled_pays", lambda *a: False)
     blas = ism.Session(g, intra_op_threads=1).run(y, {xt: x})
     np.testing.assert_allclose(two, blas, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "momentum", "adam"])
+def test_dense_updates_split_across_threads_give_numpys_bytes(fan_outs, opt):
+    """A dense optimizer update runs in chunks of the variable on the threads; its rules are
+    elementwise, so the variable's bytes equal the unsplit numpy update's (one thread, no split)."""
+    rng = np.random.default_rng(23)
+    w0 = rng.standard_normal((37, 11)).astype(np.float32)
+    gv = rng.standard_normal((11, 37)).astype(np.float32).T  # a transposed gradient: chunks along rows
+    make = {"sgd": lambda: ism.optimizers.SGD(0.1), "momentum": lambda: ism.optimizers.Momentum(0.1, 0.9),
+            "adam": lambda: ism.optimizers.Adam(0.01)}[opt]
+
+    def run(threads_):
+        g = ism.Graph()
+        with g.as_default():
+            v = ism.Variable(w0.copy(), name="v")
+            gp = ism.placeholder(np.float32, gv.shape, name="g")
+            train = make().apply_gradients([(gp, v)])
+            sess = ism.Session(g, intra_op_threads=threads_)
+            sess.run(ism.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train, {gp: gv})
+            return sess.run(v)
+    fan_outs.clear()
+    two = run(2)
+    assert max(fan_outs) == 2
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(threads, "MIN_CHUNK_BYTES", 1 << 40)  # nothing splits: the plain numpy update
+        one = run(1)
+    assert two.tobytes() == one.tobytes()
+    if opt == "sgd":
+        np.testing.assert_allclose(two, w0 - 0.3 * gv.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("acc_min_o", [0, 10 ** 9], ids=["gemm_per_kernel_row", "gemm_per_input_row"])
+@pytest.mark.parametrize("block_cols", [1, 10 ** 9], ids=["a_block_per_row", "one_block"])
+def test_row_tap_conv_and_gradients_give_one_threads_bytes(fan_outs, monkeypatch, block_cols, acc_min_o):
+    """Row-tap convolutions (conv_rows) cut the output rows among the threads: each output element
+    gets its kernel rows' products in the same order on any cut, so 2 threads give 1 thread's bytes
+    for the forward pass, the input gradient and the filter gradient."""
+    from isthmus.core.ops import conv_rows
+    monkeypatch.setattr(conv_rows, "_BLOCK_MIN_COLS", block_cols)
+    monkeypatch.setattr(conv_rows, "_ACC_MIN_O", acc_min_o)
+    used = []
+    real = conv_rows.conv_rows
+    monkeypatch.setattr(conv_rows, "conv_rows", lambda *a: used.append(1) or real(*a))
+    from isthmus.core.ops import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "conv_rows", conv_rows.conv_rows)
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((3, 16, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 5)).astype(np.float32) * 0.2
+    b = rng.standard_normal(16).astype(np.float32)
+    r = rng.standard_normal((3, 16, 9, 7)).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")
+        y = ism.relu(ism.conv2d(xt, wt, padding="SAME") + ism.reshape(ism.constant(b), (1, 16, 1, 1)))
+        rt = ism.placeholder(np.float32, r.shape, name="r")
+        dx, dw = ism.gradients(ism.reduce_sum(y * rt), [xt, wt])
+    feed = {xt: x, wt: w, rt: r}
+    two = ism.Session(g, intra_op_threads=2).run([y, dx, dw], feed)
+    assert len(used) == 2 and max(fan_outs) == 2  # forward and input gradient through conv_rows, split
+    one = ism.Session(g, intra_op_threads=1).run([y, dx, dw], feed)
+    for name, a, e in zip(["y", "dx", "dw"], two, one):
+        assert a.tobytes() == e.tobytes(), (name, np.abs(a - e).max())
+    xp_ = np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2))).astype(np.float64)
+    pre = sum(np.einsum("nchw,oc->nohw", xp_[:, :, i:i + 9, j:j + 7], w[:, :, i, j]) for i in range(3) for j in range(5))
+    pre += b.reshape(1, 16, 1, 1)
+    np.testing.assert_allclose(two[0], np.maximum(pre, 0), rtol=1e-4, atol=1e-4)
+    dy = r * (pre > 0)
+    want_dw = np.stack([np.stack([np.einsum("nchw,nohw->oc", xp_[:, :, i:i + 9, j:j + 7], dy) for j in range(5)], -1)
+                        for i in range(3)], -2)
+    np.testing.assert_allclose(two[2], want_dw, rtol=1e-4, atol=1e-3)

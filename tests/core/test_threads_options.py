@@ -140,7 +140,7 @@ def test_overlapping_one_blas_thread_blocks_restore_the_count_once_the_last_ends
     if not any(i["user_api"] == "blas" for i in threadpool_info()):
         pytest.skip("no BLAS library loaded")
     with threadpool_limits(2, user_api="blas"):
-        a, b = threads._OneBlasThread(), threads._OneBlasThread()
+        a, b = threads.BlasThreads(1), threads.BlasThreads(1)
         a.__enter__()
         b.__enter__()                      # another thread's block starting inside the first
         assert threads.blas_threads_now() == 1 and threads.intra_threads() == 2
@@ -175,7 +175,7 @@ def test_one_blas_thread_blocks_hold_from_any_thread():
         assert owner_set.wait(10)
 
         def inside():
-            with threads._OneBlasThread():
+            with threads.BlasThreads(1):
                 one = threads.blas_threads_now()
             with threads.IntraOpThreads(1):
                 intra_one = threads.blas_threads_now()

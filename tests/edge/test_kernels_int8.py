@@ -96,6 +96,7 @@ CONV_CASES = [
     ((2, 6, 11, 13), (6, 1, 3, 3), (3, 2), (2, 3), (2, 1, 3, 0), 6, "relu", True, True),  # depthwise, 6 phases
     ((2, 3, 12, 12), (5, 3, 3, 3), (2, 2), (1, 1), (0, 1, 0, 1), 1, "relu6", True, True),  # stride 2, SAME
     ((1, 6, 9, 8), (4, 3, 2, 3), (2, 3), (1, 2), (1, 1, 2, 2), 2, "none", True, True),  # grouped, strided
+    ((1, 4, 9, 7), (5, 4, 3, 3), (2, 1), (1, 2), (1, 1, 2, 0), 1, "relu", True, True),  # even C: channel pairs
 ]
 
 
@@ -316,6 +317,17 @@ def test_max_and_avg_pool(k, s, pads, jit, monkeypatch):
     np.testing.assert_array_equal(run("AvgPool", [q(x, 0.1, 3)], Out("int8", [0.1], [3]), want_avg.shape, attrs), want_avg)
 
 
+@pytest.mark.parametrize("shape", [(1, 5, 8, 10), (2, 3, 28, 28), (1, 1, 2, 2), (1, 64, 14, 14)])
+def test_max_pool_2x2_over_whole_planes(shape):
+    """Even planes, no padding (the W2 CNN's pools): numpy's window maxima, the extremes included."""
+    x = rng.choice(np.array([-128, -127, -1, 0, 1, 126, 127], np.int8), shape)
+    n, c, h, w = shape
+    want = x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+    attrs = {"ksize": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0]}
+    np.testing.assert_array_equal(run("MaxPool", [q(x, 0.1, -128)], Out("int8", [0.1], [-128]), want.shape, attrs),
+                                  want)
+
+
 @pytest.mark.parametrize("keep", [0, 1])
 def test_global_avg_pool(keep):
     x = i8((2, 5, 3, 4))
@@ -383,6 +395,17 @@ def test_quantize_per_tensor_and_per_axis_and_back():
                                          * s.reshape(3, 1)))
     requantized = run("Quantize", [q(want, 0.05, 4)], Out("int8", [0.1], [0]), x.shape)
     np.testing.assert_array_equal(requantized, convert_ref(want, 0.05, 4, 0.1, 0))
+
+
+@pytest.mark.parametrize("z", [5, -128, 0])
+def test_dequantize_per_tensor_rounds_as_numpy(z):
+    """Per tensor (the compiled pass where the host has it): every int8 value, a scale whose products
+    round, bit for bit numpy's float32 (x - z) * s."""
+    x = np.arange(-128, 128, dtype=np.int8).reshape(2, 128)
+    s = np.float32(0.0123456789)
+    want = (x.astype(np.float32) - np.float32(z)) * s
+    got = run("Dequantize", [q(x, s, z)], Out("float32"), x.shape)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
 
 
 @pytest.mark.parametrize("z", [3, -4])

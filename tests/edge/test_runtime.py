@@ -40,6 +40,19 @@ def test_arena_within_10_percent_of_the_lower_bound(models, kind):
     assert it.arena_bytes < it.tensor_bytes + it.scratch_bytes
 
 
+@pytest.mark.parametrize("kind", ["fp32", "int8"])
+def test_arena_and_packed_weights_start_on_64_byte_boundaries(models, kind):
+    """The compiled kernels' 32-byte loads must not split cache lines (numpy only promises 16 bytes)."""
+    from isthmus.edge.arena import ALIGN, aligned_copy, aligned_empty
+    it = Interpreter(models[kind])
+    assert it.arena.ctypes.data % ALIGN == 0 and it.arena.nbytes == it.arena_bytes
+    for n in (1, 17, 4096, 300_001):
+        assert aligned_empty(n).ctypes.data % ALIGN == 0 and aligned_empty(n).nbytes == n
+    a = rng.integers(-5, 5, (7, 13)).astype(np.int32)
+    b = aligned_copy(a)
+    assert b.ctypes.data % ALIGN == 0 and b.flags.c_contiguous and np.array_equal(a, b)
+
+
 def test_arena_planner_beats_greedy_by_size_on_a_residual():
     """Greedy by size alone puts the largest buffer at 0 and needs 4 units here; 3 suffice."""
     p = ArenaPlanner()

@@ -84,3 +84,38 @@ def test_the_loop_multiplies_pairs_into_int32_on_256_bit_vectors():
           np.zeros((1, 4), np.int32))
     asm = "".join(fresh.inspect_asm(sig) for sig in fresh.signatures)
     assert "vpmaddwd" in asm and "ymm" in asm
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 31, 4), (3, 33, 5), (2, 65, 7), (1, 3136, 66), (1, 0, 3)])
+def test_sign_loop_equals_numpy(m, k, n):
+    """The sign loop (|a| times w sign(a) in pmaddubsw) against numpy's int64 product at the extremes:
+    a = -128 (|a| = 128 as an unsigned byte) and w = +-127 in every pair, odd K and N."""
+    rng = np.random.default_rng(m * 1000 + k + n)
+    w = rng.choice(np.array([-127, -126, -1, 0, 1, 126, 127]), (n, k))
+    a = rng.choice(np.array([-128, -127, -1, 0, 1, 126, 127], np.int8), (m, k))
+    w8 = gv.pack_weights(w)
+    assert gv.signable(w8)
+    ab = np.full(2 * max(gv.activation_elems(k), 1), 77, np.uint8)  # stale scratch
+    out = np.full((m, n), 5, np.int32)
+    gv.gemv_sign_int32(gv.interleave(w8), a, ab, out)
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ w.T)
+
+
+def test_sign_loop_requantizes_like_the_widening_loop():
+    rng = np.random.default_rng(11)
+    m, k, n = 2, 300, 37
+    w = rng.integers(-127, 128, (n, k))
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    w8 = gv.pack_weights(w)
+    a16 = np.zeros(gv.activation_elems(k), np.int16)
+    q, s = rng.integers(1 << 29, 1 << 30, n), rng.integers(36, 40, n)
+    c = rng.integers(-1 << 36, 1 << 36, n) + (np.int64(-3) << s)
+    want, got = np.zeros((m, n), np.int8), np.ones((m, n), np.int8)
+    gv.gemv_requantize_int(w8, a, a16, q, c, s, np.int64(-3), -128, 127, want)
+    gv.gemv_sign_requantize_int(gv.interleave(w8), a, a16.view(np.uint8), q, c, s, np.int64(-3), -128, 127, got)
+    np.testing.assert_array_equal(got, want)
+    mf, cf = np.full(n, 2.0 ** -9), rng.integers(-400, 400, n) * 0.25
+    gv.gemv_requantize_float(w8, a, a16, mf, cf, -128.0, 127.0, np.int32(0), want)
+    gv.gemv_sign_requantize_float(gv.interleave(w8), a, a16.view(np.uint8), mf, cf, -128.0, 127.0, np.int32(0), got)
+    np.testing.assert_array_equal(got, want)
+    assert not gv.signable(gv.pack_weights(np.array([[-128, 3]])))

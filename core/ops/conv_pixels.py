@@ -1,0 +1,82 @@
+"""Inference convolutions with few output pixels (small planes) as one compiled GEMM
+with the pixels as rows and the constant weights streamed once (jit.gemm_pixels), bias and clamp
+included: BLAS repacks all the weights on every call to use them a few times."""
+from __future__ import annotations
+
+import numpy as np
+
+from .depthwise import _CLAMPS, _immutable, compiled_ok
+
+# Most output rows (images x pixels) for which the pixel-rows GEMM beats BLAS (one thread, cold
+# weights, bias and im2col included): 2x at 4 pixels, 1.2x at 16, even at 36 and 64 (1x1
+# convolutions, which need no im2col on the BLAS path: even at 16). A batch of images of at most
+# _MAX_PIXELS_BATCH pixels each, up to _MAX_ROWS_BATCH rows: ResNet's 2x2 and 4x4 stages at batch
+# 32 (128 and 512 rows) 1.2-4x faster than the BLAS paths, 0.8x on a stride-1 3x3 over 2x2 planes
+# (whose row taps skip the padding's products).
+_MAX_ROWS, _MAX_ROWS_1X1 = 36, 16
+# 1x1 convolutions with at least this many input channels take _MAX_ROWS: MobileNetV2's and
+# SqueezeNet's 6x6 1x1s of 384-576 channels 0.8-0.9x the pointwise path's time (cold, one thread);
+# shallower ones about even
+_DEEP_1X1 = 256
+_MAX_PIXELS_BATCH, _MAX_ROWS_BATCH = 16, 512
+_MAX_TABLES = 4  # geometries (input shapes) whose gather table a node keeps
+
+
+class PixelRows:
+    """One node's pixel-rows convolution: the weights relaid once per constant weights, the gather
+    table once per input shape."""
+
+    def __init__(self, activation: str):
+        self.clamp = _CLAMPS.get(activation)
+        self._weights = None  # (w, bias, W^T panels, bias as float32)
+        self._tables = {}
+        self._kernel = None  # jit.gemm_pixels.conv_pixels, imported at the first call
+        if self.clamp is not None:
+            self._lo, self._hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
+
+    def pays(self, xp, x, w, bias, g) -> bool:
+        """float32 constant weights (and bias), groups 1, a clamp activation, few output rows."""
+        pix = g.oh * g.ow
+        rows = x.shape[0] * pix
+        pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1)
+        limit = _MAX_ROWS_1X1 if pointwise and x.shape[1] < _DEEP_1X1 else _MAX_ROWS
+        few = rows <= limit or (pix <= _MAX_PIXELS_BATCH and rows <= _MAX_ROWS_BATCH)
+        return (few and g.groups == 1 and self.clamp is not None and x.dtype == np.float32
+                and w.dtype == np.float32 and compiled_ok(xp, x.dtype) and _immutable(w)
+                and (bias is None or (bias.dtype == np.float32 and _immutable(bias))))
+
+    def __call__(self, x, w, g, bias):
+        o = w.shape[0]
+        cached = self._weights
+        if cached is None or cached[0] is not w or cached[1] is not bias:
+            from ...jit.gemm_pixels import pack_weights_t  # deferred: loads llvmlite, numba
+            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+            cached = self._weights = (w, bias, pack_weights_t(w.reshape(o, -1)), b)  # holding w keeps its id
+        index = self._table(x.shape[1:], g)
+        n, p = x.shape[0], g.oh * g.ow
+        quads = -(-n * p // 4)
+        a = np.empty((quads, index.shape[1], 4), np.float32)
+        yt = np.empty((quads * 4, cached[2].shape[0] * 16), np.float32)
+        out = np.empty((n, o, g.oh, g.ow), np.float32)
+        kernel = self._kernel or self._load()
+        kernel(np.ascontiguousarray(x).reshape(-1), index, cached[2], cached[3], self._lo, self._hi,
+               np.zeros(yt.shape[0], np.float32), a, yt, out.reshape(n, o, p), p)
+        return out
+
+    def _load(self):
+        from ...jit.gemm_pixels import conv_pixels  # deferred: loads llvmlite, numba
+        self._kernel = conv_pixels
+        return conv_pixels
+
+    def _table(self, shape, g):
+        key = shape  # the node's window is fixed: the input shape decides the geometry
+        table = self._tables.get(key)
+        if table is None:
+            from ...jit.gemm_pixels import pixel_index  # deferred: loads llvmlite, numba
+            c, h, w = shape
+            table = pixel_index(c, h, w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pads[0][0], g.pads[1][0],
+                                g.oh, g.ow)
+            if len(self._tables) >= _MAX_TABLES:
+                self._tables.clear()
+            self._tables[key] = table
+        return table

@@ -1,0 +1,84 @@
+"""Convolutions with few output pixels as a GEMM with the pixels as rows: Y^T [P, O] = cols^T [P, K]
+@ W^T [K, O], the weights streamed once, for core's Conv2D at inference.
+
+On small planes (ResNet's 2x2 and 4x4 stages, SqueezeNet's 6x6) a convolution's product W [O, K] @
+cols [K, P] has P of 4 to 36: BLAS packs all O x K weights on every call to use them P times, and
+jit.gemm_f32 (vectors along P) wastes up to half of each 16-wide tile and walks the weights once
+per 16 pixels, O/4 strided streams at a time. With the cold weights of a real model both ran at
+half the speed they reach in a loop (256 x 2304 x 4: 354 and 326 us cold, 186 and 147 warm). Here
+the roles are swapped: the weights, relaid once as [O/16, K, 16] (W^T in 16-column panels), are the
+streamed operand, read once, in order, through jit.gemm_f32's register tile (4 pixel rows x 16
+output channels), and the pixels' columns are the small packed operand ([P/4, K, 4], gathered by an
+index table built once per geometry, padding included). A last pass adds the bias, clamps and
+writes NCHW.
+"""
+from __future__ import annotations
+
+import numba as nb  # imported only when a kernel is first bound
+import numpy as np
+
+from .gemm_f32 import MR, NR, _panels
+
+__all__ = ["pack_weights_t", "pixel_index", "conv_pixels"]
+
+
+def pack_weights_t(w: np.ndarray) -> np.ndarray:
+    """w [O, K] -> W^T in panels of 16 output channels [ceil(O/16), K, 16], zero past O."""
+    o, k = w.shape
+    op = -(-o // NR) * NR
+    wt = np.zeros((op, k), np.float32)
+    wt[:o] = w
+    return np.ascontiguousarray(wt.reshape(op // NR, NR, k).transpose(0, 2, 1))
+
+
+def pixel_index(c, h, w, kh, kw, sh, sw, dh, dw, top, left, oh, ow) -> np.ndarray:
+    """The gather table of conv_pixels, for one image: for each output pixel (oy, ox) and column
+    k = (channel, ky, kx), the flat index into the image [C, H, W] of that input element, or C H W
+    (a zero) where the window reads padding. [OH OW, C kh kw] int32."""
+    oy, ox = np.meshgrid(np.arange(oh), np.arange(ow), indexing="ij")
+    ch, ky, kx = np.meshgrid(np.arange(c), np.arange(kh), np.arange(kw), indexing="ij")
+    ys = oy.reshape(-1, 1) * sh + ky.reshape(1, -1) * dh - top  # [pixels, K]
+    xs = ox.reshape(-1, 1) * sw + kx.reshape(1, -1) * dw - left
+    inside = (ys >= 0) & (ys < h) & (xs >= 0) & (xs < w)
+    return np.where(inside, (ch.reshape(1, -1) * h + ys) * w + xs, c * h * w).astype(np.int32)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_pixels(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
+    """out [N, O, P] = clamp(W @ cols + bias, lo, hi) for the images of xf (flat x), the rows (image,
+    pixel) of cols gathered by `index` (pixel_index) into a [ceil(R/4), K, 4] scratch, yt [4 ceil(R/4),
+    16 ceil(O/16)] scratch, wt pack_weights_t's panels, zeros [4 ceil(R/4)] (the tile's row bias),
+    pix = P (output pixels per image)."""
+    n, o = out.shape[0], out.shape[1]
+    k = index.shape[1]
+    chw = xf.size // n
+    rows = n * pix
+    for r in range(rows):  # a [R/4, K, 4]: row r's columns at a[r // 4, :, r % 4]
+        i, p = r // pix, r % pix
+        src, t = xf[i * chw:], index[p]
+        dst = a[r // MR]
+        rr = r % MR
+        for q in range(k):
+            j = t[q]
+            dst[q, rr] = src[j] if j < chw else 0
+    for r in range(rows, a.shape[0] * MR):  # rows past the last whole 4: zeros
+        for q in range(k):
+            a[r // MR, q, r % MR] = 0
+    af = a.reshape(a.size)
+    rp = a.shape[0] * MR
+    op = yt.shape[1]
+    ytf, wtf = yt.reshape(yt.size), wt.reshape(wt.size)
+    inf = np.float32(np.inf)
+    for panel in range(op // NR):
+        _panels(af, zeros, wtf, NR, panel * k * NR, ytf, op, panel * NR, rp, k, -inf, inf, False)
+    for i in range(n):
+        for ch in range(o):
+            b = bias[ch]
+            dst = out[i, ch]
+            for p in range(pix):
+                v = yt[i * pix + p, ch] + b
+                if v < lo:  # a NaN passes the clamp
+                    v = lo
+                if v > hi:
+                    v = hi
+                dst[p] = v

@@ -1,0 +1,103 @@
+"""Batch-1 convolutions (conv_one_image: im2col with the padding written in place, at a padded row
+stride, then the packed GEMM or BLAS) against test_conv_forward's float64 reference, and the
+gather itself against numpy's windows."""
+import numpy as np
+import pytest
+
+from isthmus import jit
+from isthmus.core.ops import conv_one_image
+
+from .test_conv_forward import check, run_conv
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+
+
+@pytest.mark.parametrize("k,s,d,top,left,h,w", [
+    (3, 1, 1, 1, 1, 9, 11), (7, 2, 1, 3, 3, 20, 17), (3, 3, 2, 2, 0, 13, 13), (5, 1, 1, 4, 4, 4, 6),
+    (2, 2, 1, 0, 1, 7, 8), (1, 2, 1, 0, 0, 8, 8)])
+def test_im2col_writes_the_padding_in_place(k, s, d, top, left, h, w):
+    from isthmus.jit.gemm_f32 import im2col_ld, leading_dim
+    rng = np.random.default_rng(k * 100 + s * 10 + h)
+    c = 3
+    x = rng.standard_normal((c, h, w)).astype(np.float32)
+    bottom, right = top + 1, left  # asymmetric along H
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right)))
+    oh, ow = (h + top + bottom - (k - 1) * d - 1) // s + 1, (w + 2 * left - (k - 1) * d - 1) // s + 1
+    want = np.empty((c, k, k, oh, ow), np.float32)
+    for ky in range(k):
+        for kx in range(k):
+            want[:, ky, kx] = xp[:, ky * d:ky * d + (oh - 1) * s + 1:s, kx * d:kx * d + (ow - 1) * s + 1:s]
+    ldx = leading_dim(oh * ow)
+    cols = np.full(c * k * k * ldx, np.nan, np.float32)
+    geo = np.array([k, k, s, s, d, d, top, bottom, left, right, oh, ow], np.int64)
+    im2col_ld(x.reshape(c, h * w), h, w, geo, cols.reshape(c * k * k, ldx))
+    np.testing.assert_array_equal(cols.reshape(c * k * k, ldx)[:, :oh * ow], want.reshape(c * k * k, oh * ow))
+
+
+@pytest.fixture
+def chosen(monkeypatch):
+    """Records, per batch-1 convolution planned, whether the packed GEMM was chosen."""
+    picks = []
+    real = conv_one_image.OneImage._plan
+    monkeypatch.setattr(conv_one_image.OneImage, "_plan",
+                        lambda self, *a: picks.append(real(self, *a)[4]) or self._plans[a[0]])
+    return picks
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "sigmoid"])
+@pytest.mark.parametrize("c,o,k,strides,padding,dil,hw,packed", [
+    (3, 32, 7, 2, ((3, 3), (3, 3)), 1, 64, False),  # ResNet's stem: 1024 pixels, K 147: BLAS
+    (3, 16, 3, 2, "SAME", 1, 64, True),           # a shallow stem (K 27): packed at 1024 pixels
+    (32, 64, 3, 1, "SAME", 1, 16, True),          # K 288 on 256 pixels: packed at a padded stride
+    (16, 24, 5, 1, ((2, 0), (1, 2)), 2, 12, True),  # dilated, asymmetric padding
+    (8, 20, 3, 3, "VALID", 1, 23, True),          # stride 3
+])
+def test_batch1_paths_match_the_reference(chosen, act, c, o, k, strides, padding, dil, hw, packed):
+    rng = np.random.default_rng(c * 1000 + o * 10 + k)
+    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    check(x, w, b, strides, padding, dil, 1, act)
+    assert chosen == [packed and act != "sigmoid"]
+
+
+@pytest.fixture
+def batches(monkeypatch):
+    """Counts the batches the compiled image-by-image path serves."""
+    calls = []
+    real = conv_one_image.OneImage.batch
+    monkeypatch.setattr(conv_one_image.OneImage, "batch", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "relu6"])
+@pytest.mark.parametrize("n,c,o,k,strides,padding,hw,served", [
+    (3, 3, 16, 7, 2, ((3, 3), (3, 3)), 32, True),  # a 7x7 stem (K 147) on 256 pixels
+    (2, 32, 32, 3, 1, "SAME", 16, True),           # ResNet's 16x16 stage (K 288, 256 pixels)
+    (4, 8, 20, 3, 2, ((0, 1), (1, 0)), 13, True),  # stride 2, asymmetric padding
+    (2, 16, 30, 3, 1, "SAME", 8, False),           # O not a multiple of 4: the BLAS paths
+])
+def test_batches_image_by_image_match_the_reference(batches, act, n, c, o, k, strides, padding, hw, served):
+    rng = np.random.default_rng(n * 1000 + c * 10 + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), strides, padding, 1, 1, act)
+    assert bool(batches) == served
+
+
+def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch):
+    from isthmus.core import threads
+    from isthmus.core.ops import intra_op
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((5, 8, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    chunks = []
+    real = threads.fan_out
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(intra_op, "fan_out", lambda *a, **kw: chunks.append(real(*a, **kw)) or chunks[-1])
+    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    np.testing.assert_array_equal(one, two)
+    assert len(batches) == 2 and max(chunks) == 2

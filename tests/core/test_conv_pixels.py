@@ -1,0 +1,101 @@
+"""Convolutions with few output pixels on the pixel-rows GEMM (jit.gemm_pixels: the constant
+weights streamed once, the pixels as rows) against test_conv_forward's float64 tap-by-tap
+reference: strides, dilations, padding, 1x1, output channels past a 16-wide panel, small batches."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus import jit
+from isthmus.core.ops import conv_pixels
+
+from .test_conv_forward import check, run_conv
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Counts the convolutions the pixel-rows path serves."""
+    calls = []
+    real = conv_pixels.PixelRows.__call__
+    monkeypatch.setattr(conv_pixels.PixelRows, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
+
+CASES = [  # batch, channels, out channels, kernel, strides, padding, dilations, plane
+    (1, 40, 64, 3, 1, "SAME", 1, 2),      # ResNet's 2x2 stage
+    (1, 24, 100, 3, 2, "SAME", 1, 4),     # stride 2, O past a 16-wide panel
+    (1, 64, 20, 1, 1, "VALID", 1, 4),     # a 1x1 on 16 pixels
+    (1, 32, 48, 1, 2, "VALID", 1, 8),     # a strided 1x1 (ResNet's downsampling shortcut)
+    (1, 16, 32, 3, 1, ((2, 0), (1, 2)), 2, 5),  # dilated, asymmetric padding
+    (3, 8, 16, 3, 1, "SAME", 1, 3),       # three images of 9 pixels: 27 rows
+    (1, 12, 36, 5, 1, "VALID", 1, 7),     # 3x3 output, 5x5 kernel
+]
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "relu6"])
+@pytest.mark.parametrize("n,c,o,k,strides,padding,dil,hw", CASES)
+def test_pixel_rows_match_the_reference(served, act, n, c, o, k, strides, padding, dil, hw):
+    rng = np.random.default_rng(n * 1000 + c * 10 + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    check(x, w, b, strides, padding, dil, 1, act)
+    check(x, w, None, strides, padding, dil, 1)  # Conv2D: no bias
+    assert len(served) == 2  # FusedConv2D and Conv2D alike
+
+
+def test_many_pixels_stay_off_the_pixel_rows(served):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    check(x, w, rng.standard_normal(16).astype(np.float32), 1, "SAME", 1, 1, "relu")
+    assert not served
+
+
+def test_a_nan_passes_the_clamp_as_numpy_relu_keeps_it(served):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 8, 2, 2)).astype(np.float32)
+    x[0, 3, 1, 1] = np.nan
+    w = rng.standard_normal((16, 8, 1, 1)).astype(np.float32)
+    out, _ = run_conv(x, w, np.zeros(16, np.float32), 1, "VALID", 1, 1, "relu")
+    assert served and np.isnan(out[0, :, 1, 1]).all() and not np.isnan(out[0, :, 0, 0]).any()
+
+
+def test_weights_from_a_variable_are_not_served():
+    """Variables can change between runs: the relaid weights are kept only for constants."""
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", (1, 4, 2, 2), name="x")
+        v = ism.Variable(np.ones((8, 4, 3, 3), np.float32), name="w")
+        y = ism.conv2d(xt, v, padding="SAME")
+        sess = ism.Session(g)
+        sess.run(ism.global_variables_initializer())
+        x = np.ones((1, 4, 2, 2), np.float32)
+        first = sess.run(y, {xt: x})
+        sess.run(v.assign(np.full((8, 4, 3, 3), 2, np.float32)))
+        second = sess.run(y, {xt: x})
+    np.testing.assert_array_equal(second, 2 * first)
+
+
+@pytest.mark.parametrize("n,c,o,k,strides,padding,hw", [
+    (32, 16, 32, 3, 2, "SAME", 4),   # 32 images of 2x2 outputs: 128 rows
+    (5, 24, 20, 1, 2, "VALID", 7),   # 5 images of 4x4 (a strided 1x1): 80 rows
+    (9, 8, 16, 3, 1, "SAME", 3),     # 81 rows: not a multiple of 4
+])
+def test_batches_of_small_planes_as_pixel_rows(served, n, c, o, k, strides, padding, hw):
+    rng = np.random.default_rng(n + c + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), strides, padding, 1, 1, "relu")
+    assert served
+
+
+def test_deep_1x1_on_36_pixels_takes_the_pixel_rows(served):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 256, 6, 6)).astype(np.float32)
+    w = (rng.standard_normal((40, 256, 1, 1)) / 16).astype(np.float32)
+    check(x, w, rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
+    assert served
+    check(x[:, :64], w[:, :64], rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
+    assert len(served) == 1  # 64 channels: the pointwise path

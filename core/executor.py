@@ -20,8 +20,8 @@ from . import threads
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
-from .scheduler import ParallelRunner, one_thread_pays, parallelism_pays
-from .threads import OneThreadRun, RunBlasHold
+from .scheduler import BranchCosts, ParallelRunner, graph_preds, one_thread_pays, runnable
+from .threads import IntraOpThreads, OneThreadRun, RunBlasHold, default_inter_op_threads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -134,7 +134,8 @@ class Plan:
                  parallel: Union[bool, str] = "auto", binding: Optional["DeviceBinding"] = None,
                  workers: Optional[int] = None):
         """`binding` (device_binding.py): per-node contexts of a session that places nodes on GPUs.
-        `workers`: the branch pool's size when branches run in parallel (Session inter_op_threads)."""
+        `workers`: the branch pool's size when branches run in parallel (Session inter_op_threads;
+        None: the default, of which an auto run uses at most its intra-op budget)."""
         self.binding = binding
         self.fetches = list(fetches)
         self.feeds = list(feeds)
@@ -151,15 +152,17 @@ class Plan:
         self.fn = self._generate(ctx, fed)
         if binding is not None and binding.uses_gpu:
             parallel = False  # a GPU queues kernels itself: host threads would only contend
-        if parallel == "auto":
-            parallel = parallelism_pays(self.nodes, fed)
-        self.parallel = bool(parallel)
-        self._runner = ParallelRunner(self, workers) if self.parallel else None
+        self._workers_given = workers is not None
+        self._runner, self._auto = self._branch_runner(parallel, workers, fed)
+        # whether branches run in parallel: always (parallel=True), or, for "auto", what a run at unit
+        # unknown dims with the process's threads now would choose (each run chooses for its sizes)
+        self.parallel = self._runner is not None and (
+            not self._auto or self._branch_choice(1, threads.intra_threads(), threads.intra_threads()) is not False)
         # runs whose unknown dims are all 1 take one intra-op thread for the whole run (one BLAS
         # hold, not one per product) when no node could use a second one (scheduler.one_thread_pays);
         # a session given intra_op_threads keeps what it was given
         self._serial_dims = None
-        if not self.parallel and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
+        if not (parallel is True) and (binding is None or not binding.uses_gpu) and one_thread_pays(self.nodes, fed):
             self._serial_dims = [(i, tuple(j for j, d in enumerate(t.shape) if d is None))
                                  for i, t in enumerate(self.feeds)]
         # other default-thread runs with work BLAS would thread hold BLAS to one thread for the run
@@ -167,6 +170,21 @@ class Plan:
         # take the cores its chunks need
         self._hold_blas = (binding is None or not binding.uses_gpu) and threads.cores() > 1 \
             and _has_blas_work(self.nodes, fed)
+        self._unknown = [(i, dims) for i, dims in ((i, tuple(j for j, d in enumerate(t.shape) if d is None))
+                                                   for i, t in enumerate(self.feeds)) if dims]
+
+    def _branch_runner(self, parallel, workers, fed):
+        """(runner, auto): a ParallelRunner when parallel is True, or when "auto" and the graph has
+        branches that could pay at some size (BranchCosts.has_width); auto: each run chooses."""
+        if parallel is True:
+            return ParallelRunner(self, workers), False
+        if parallel != "auto":
+            return None, False
+        nodes = runnable(self.nodes, fed)
+        costs = BranchCosts(nodes, graph_preds(nodes, fed))
+        if not costs.has_width(workers or default_inter_op_threads()):
+            return None, False
+        return ParallelRunner(self, workers, costs), True
 
     def copy_fetch(self, f, value):
         """Fetched values that alias a variable are copied: the caller must not hold a live view."""
@@ -272,15 +290,50 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
-        if self._hold_blas and threads.session_intra_threads() is None:
-            if self._serial_dims is not None and self._unit_dims(feeds):
+        default = threads.session_intra_threads() is None
+        one = self._serial_dims is not None and default and self._unit_dims(feeds)  # one intra-op thread pays
+        runner = self._runner
+        if runner is not None:
+            if not self._auto:  # parallel=True: branches at the session's threads
+                heavy = runner.heavy_at(self._scale(feeds))
+                if self._hold_blas and default:
+                    with RunBlasHold():
+                        return runner(*feeds, heavy=heavy)
+                return runner(*feeds, heavy=heavy)
+            budget = threads.intra_threads()
+            heavy = self._branch_choice(self._scale(feeds), 1 if one else budget, budget)
+            if heavy is not False:  # branches at one intra-op thread each (scheduler.BranchCosts)
+                if budget == 1 and not one:
+                    return runner(*feeds, heavy=heavy)
+                with IntraOpThreads(1):  # process-wide: the pool's threads run their nodes on one thread too
+                    return runner(*feeds, heavy=heavy)
+        if self._hold_blas and default:
+            if one:
                 with OneThreadRun():  # this thread's kernels alone; other threads' runs keep their counts
                     return self._call(feeds)
             with RunBlasHold():
-                return self._runner(*feeds) if self._runner is not None else self._call(feeds)
-        if self._runner is not None:
-            return self._runner(*feeds)
+                return self._call(feeds)
         return self._call(feeds)
+
+    def _branch_choice(self, scale: int, intra: int, budget: int):
+        """runner.choose for a run at `scale` whose serial plan has `intra` threads: the pool uses at
+        most the run's intra-op `budget` (the session's intra_op_threads, else BLAS's count) unless
+        the session was given inter_op_threads."""
+        runner = self._runner
+        workers = runner.workers if self._workers_given else min(runner.workers, budget)
+        return runner.choose(scale, intra, workers)
+
+    def _scale(self, feeds) -> int:
+        """The run's scale for the cost rule: the largest product of one feed's unknown dims."""
+        scale = 1
+        for i, dims in self._unknown:
+            shape = getattr(feeds[i], "shape", ())
+            k = 1
+            for j in dims:
+                if j < len(shape):
+                    k *= int(shape[j])
+            scale = max(scale, k)
+        return scale
 
     def _unit_dims(self, feeds) -> bool:
         """Whether this run's feeds have 1 wherever the graph left a dim unknown (the sizes

@@ -69,8 +69,11 @@ class Session:
         (core/ops/numerics.py). Off by default: it costs about one pass over each output.
         intra_op_threads: threads one kernel may use (BLAS, compiled kernels; default: BLAS's count
         now, the cores unless the process limited it).
-        inter_op_threads: the branch pool's threads (1: run serially; default max(2, min(8, cores)));
-        as TensorFlow's ConfigProto (core/threads.py)."""
+        inter_op_threads: the branch pool's threads (1: run serially; default max(2, min(8, cores)),
+        of which a run uses at most its intra-op budget (intra_op_threads, else BLAS's count): a
+        session limited to one thread, or a process limited to one BLAS thread, runs on one thread
+        unless inter_op_threads is given); as TensorFlow's ConfigProto (core/threads.py). Branches
+        run only where the cost rule says they pay (core/scheduler.py)."""
         self.graph = graph if graph is not None else get_default_graph()
         self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
                                    gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
@@ -89,6 +92,8 @@ class Session:
             raise ValueError(f"parallel must be True, False or 'auto', got {parallel!r}")
         self.intra_op_threads = check_option(intra_op_threads, "intra_op_threads", None)
         self.inter_op_threads = check_option(inter_op_threads, "inter_op_threads", default_inter_op_threads())
+        # the branch pool's size as given; None: the default, held to the run's intra-op budget
+        self._workers = None if inter_op_threads is None else self.inter_op_threads
         if self.inter_op_threads == 1:
             if parallel is True:
                 raise ValueError("Session options parallel=True and inter_op_threads=1 disagree: "
@@ -163,7 +168,7 @@ class Session:
         nodes = prune([f.node if isinstance(f, Tensor) else f for f in fetches], set(feeds))
         pins = self.devices.gpu_pins_usable()
         if not needs_devices(nodes, self.devices.default, pins):
-            return Plan(fetches, feeds, self._ctx, self.parallel, workers=self.inter_op_threads)
+            return Plan(fetches, feeds, self._ctx, self.parallel, workers=self._workers)
         graph = nodes[0].graph if nodes else self.graph
         rw = insert_copies(graph, nodes, fetches, feeds, self.devices.default,
                            host_vars=host_variables(self.graph), gpu_pins=pins)
@@ -171,7 +176,7 @@ class Session:
             self._binding = DeviceBinding(self.devices, self.state)
         if self.capture:
             return CapturedPlan.make(rw.fetches, rw.feeds, self._ctx, self._binding, self.capture)
-        return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding, workers=self.inter_op_threads)
+        return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding, workers=self._workers)
 
     def memory_stats(self) -> Dict[str, Dict[str, int]]:
         """Per GPU: peak bytes of the last run, bytes in use now, and the cap."""

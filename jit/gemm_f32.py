@@ -43,11 +43,12 @@ def _make_tile(nv: int, mb: int = 1):
     return tile
 
 
-def _tile_ir(context, builder, signature, args, nv, mb):
+def _tile_ir(context, builder, signature, args, nv, mb, offsets=False):
     """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob + r // 4, i, r % 4]
     x[i ldx + px + j], lo, hi) for r < 4 mb, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else
     that y (a K chunk after the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN
-    passes the clamp."""
+    passes the clamp. offsets: ldx is an int64 array and row i of x starts at ldx[i] (an implicit
+    im2col: jit.conv_wide)."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
     v8 = ir.VectorType(f32, 8)
     arrs = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 4, 8)]
@@ -76,7 +77,11 @@ def _tile_ir(context, builder, signature, args, nv, mb):
     accs = [builder.phi(v8) for _ in range(nv * nr)]
     for n, a in enumerate(accs):
         a.add_incoming(init[n], entry)
-    xo = builder.add(builder.mul(builder.add(k0, i), ldx), px)
+    if offsets:
+        optr = context.make_array(signature.args[2])(context, builder, ldx).data
+        xo = builder.add(builder.load(builder.gep(optr, [builder.add(k0, i)])), px)
+    else:
+        xo = builder.add(builder.mul(builder.add(k0, i), ldx), px)
     xs = [builder.load(builder.bitcast(builder.gep(xptr, [builder.add(xo, ir.Constant(i64, 8 * j))]),
                                        v8.as_pointer()), align=4) for j in range(nv)]
     wos = [builder.add(wb, builder.mul(i, ir.Constant(i64, MR))) for wb in wbases]
@@ -264,3 +269,14 @@ def conv_image_ld(x, h, w, geo, wp, bias, lo, hi, y, cols):
     im2col_ld(x, h, w, geo, cols)
     gemm_bias_clamp_ld(wp, bias, cols.reshape(k * ldx), ldx, k, y.shape[1], lo, hi, y,
                        np.empty((k, NR), np.float32), np.empty((y.shape[0], NR), np.float32))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def pointwise_images(x, wp, bias, lo, hi, out, i0, i1):
+    """out[i] [O, P] = clamp(W @ x[i] [C, P] + bias, lo, hi) for i0 <= i < i1: a batch's 1x1
+    convolutions on the packed GEMM, the weights packed once (not by BLAS per call)."""
+    k, o = x.shape[1], out.shape[1]
+    panel = np.empty((k, NR), np.float32)
+    tile = np.empty((o, NR), np.float32)
+    for i in range(i0, i1):
+        gemm_bias_clamp(wp, bias, x[i], lo, hi, out[i], panel, tile)

@@ -5,7 +5,10 @@ conv2d with stride 1 along H and enough channels, at batch > 1, takes the row ta
 kw copies of the input, one GEMM per kernel row accumulated into the output by BLAS); otherwise it
 builds the im2col matrix one image at a time and multiplies it (always at batch 1: one deeper GEMM
 beats kh shallower ones there). 1x1 convolutions are a GEMM on the input as it lies
-(conv_pointwise.py, with the bias + activation finish every GEMM path shares). The filter
+(conv_pointwise.py, with the bias + activation finish every GEMM path shares). At inference
+(constant float32 weights, a clamp activation) few output pixels run as a GEMM with the pixels as
+rows (conv_pixels.py), and batch 1 and constant-weight batches image by image on the packed GEMM,
+with im2col or without it on wide stride-1 planes (conv_one_image.py). The filter
 gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution
 is itself a convolution (of dy with the flipped, transposed weights), else one GEMM and one
 strided add per kernel tap. Depthwise convolutions skip the
@@ -177,10 +180,12 @@ class _RowWeights:
 
 
 def _rows_finisher(xp, bias, finish):
-    """finish_rows for conv_rows: output rows a.. of y [N, O, OH, OW] = act(src [O, rows, OW, N] + bias),
-    one compiled pass where isthmus.jit serves and the activation is a clamp, else numpy's copy,
-    add and activation over the rows' view."""
+    """finish_rows for conv_rows: output rows a.. of y [N, O, OH, OW] = act(src [O, rows, OW, N] + bias)
+    (finish None: src relaid alone). One compiled pass where isthmus.jit serves float32 and the
+    activation is a clamp or absent (2-3x numpy's strided copy), else numpy's copy, add and activation
+    over the rows' view."""
     act = None if finish is None else finish.act
+    clamp = None if finish is None else finish.clamp
 
     def numpy_rows(src, y, a):
         dst = y[:, :, a:a + src.shape[1], :]
@@ -189,16 +194,18 @@ def _rows_finisher(xp, bias, finish):
             dst += bias.reshape(1, -1, 1, 1)
         if act is not None:
             act(dst)
-    clamp = None if finish is None else finish.clamp
-    if clamp is None or not compiled_ok(xp, np.dtype(np.float32)) or (bias is not None and bias.dtype != np.float32):
+    if ((finish is not None and clamp is None) or not compiled_ok(xp, np.dtype(np.float32))
+            or (bias is not None and bias.dtype != np.float32)):
         return numpy_rows
 
     def compiled_rows(src, y, a):
         if y.dtype != np.float32:
             return numpy_rows(src, y, a)
-        from ...jit.bias_clamp import ohwn_to_nchw_bias_clamp  # deferred: loads numba
+        from ...jit import bias_clamp  # deferred: loads numba
+        if finish is None:
+            return bias_clamp.ohwn_to_nchw(src, y, a)
         b = np.zeros(y.shape[1], np.float32) if bias is None else bias.reshape(-1)
-        ohwn_to_nchw_bias_clamp(src, b, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
+        bias_clamp.ohwn_to_nchw_bias_clamp(src, b, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
     return compiled_rows
 
 

@@ -12,18 +12,34 @@ from .intra_op import rows_apply, serial_blas
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 
 
+def _tile_ok() -> bool:
+    """Whether jit.gemm_f32's register tile runs here (AVX2)."""
+    from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
+    return supported()
+
+
+def _wide_pays(c: int, g) -> bool:
+    """Where jit.conv_wide (no im2col; the output at the padded width) beat im2col + the packed GEMM,
+    one thread: stride 1 on planes of 28+ columns (0.78-0.92x its time from 28x28 to 48x48), or of 16+
+    with 32+ channels (0.9-0.95x); on 12x12, on 24x24 with 16 channels, and on the CNN's one-channel
+    5x5 (k = 25: im2col is cheap there) it lost (1.1-1.6x)."""
+    return (g.sh, g.sw) == (1, 1) and c * g.kh * g.kw >= 64 and (g.ow >= 28 or (g.ow >= 16 and c >= 32))
+
+
 def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:
     """Where jit.gemm_f32's packed kernel (weights packed once, bias and clamp in the epilogue, x at
     leading_dim's stride) beat BLAS + the finish pass, one thread: 1.0-1.4x for 36 to 576 pixels
     up to k = 576 and beyond 576 pixels for shallow k (<= 64); 0.8-1.0x on 1024+ pixels with
     k >= 147 (32-128 outputs; measured at load 3, thread CPU time). A batch's alternatives cost
-    more (row taps' layout passes around BLAS, or jit.conv_images at a conflicting row stride): at
-    batch 32, up to k = 576 at any size, or up to 64 pixels, 0.65-0.95x their time (Inception's
-    32x32x32 3x3: 25.7 -> 16.5 ms); the CNN's 5x5 over 32 channels (k = 800, 196 pixels) 1.08x."""
+    more (row taps' passes around BLAS, or jit.conv_images at a conflicting row stride): at batch
+    32, up to k = 576 at any size, 0.69-0.95x their time against main's conv_rows (Inception's
+    32x32x32 3x3: 23.1 -> 16.0 ms); k = 800 (the CNN's 5x5 over 32 channels) 1.13x and k = 864 on
+    8x8 1.05x.
+    Batch 1's 3-channel 7x7 stems (k = 147): 0.87x BLAS's time on 1024 pixels, 1.08x on 12544."""
     from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
     if batch:
-        return o % 4 == 0 and p >= 16 and (k <= 576 or p <= 64) and supported()
-    return o % 4 == 0 and p >= 16 and (p <= 576 or k <= 64) and supported()
+        return o % 4 == 0 and p >= 16 and k <= 576 and supported()
+    return o % 4 == 0 and p >= 16 and (p <= 576 or k <= 64 or (k <= 160 and p <= 4096)) and supported()
 
 
 class OneImage:
@@ -44,11 +60,13 @@ class OneImage:
         plan = self._plans.get(x.shape)
         if plan is None:
             plan = self._plan(x.shape, w, g)
-        geo, k, p, ldx, packed = plan
+        geo, k, p, ldx, packed, wide = plan
         cached = self._weights  # packed weights are kept only for constants: a hit needs no checks
         packed = packed and ((cached is not None and cached[0] is w and cached[1] is bias)
                              or (_immutable(w) and (bias is None or _immutable(bias))))
         fns = self._fns or self._load()
+        if packed and wide is not None:
+            return self._wide(x, w, g, bias, wide)
         mem = ARENAS.take(np, k * ldx * 4)
         try:
             cols = mem[:k * ldx * 4].view(np.float32).reshape(k, ldx)
@@ -66,9 +84,28 @@ class OneImage:
             ARENAS.give(np, mem)
         return out
 
+    def _wide(self, x, w, g, bias, wide):
+        """Stride 1 on wide planes: jit.conv_wide's implicit im2col (chunks of images on the intra-op
+        threads at a batch)."""
+        n, c, h, wd = x.shape
+        o = w.shape[0]
+        starts, plane, wp, cols, size = wide
+        wpk, b = self._packed(w, bias)
+        x3 = np.ascontiguousarray(x).reshape(n, c, h * wd)
+        out = np.empty((n, o, g.oh, g.ow), np.float32)
+        o3 = out.reshape(n, o, g.oh * g.ow)
+        t, l = g.pads[0][0], g.pads[1][0]
+        args = (x3, h, wd, t, l, starts, plane, wp, cols, wpk, b, self._lo, self._hi, o3, g.oh, g.ow, size)
+        if n == 1:
+            self._fns[2](*args, 0, 1)
+        else:
+            rows_apply(np, lambda i0, i1: self._fns[2](*args, i0, i1), n, out.nbytes + x.nbytes)
+        return out
+
     def _load(self):
+        from ...jit.conv_wide import conv_wide_images  # deferred: loads llvmlite, numba
         from ...jit.gemm_f32 import conv_image_ld, im2col_ld  # deferred: loads llvmlite, numba
-        self._fns = (im2col_ld, conv_image_ld)
+        self._fns = (im2col_ld, conv_image_ld, conv_wide_images)
         return self._fns
 
     def batch_pays(self, x, w, bias, g) -> bool:
@@ -82,7 +119,11 @@ class OneImage:
         from ...jit.gemm_f32 import conv_images_ld  # deferred: loads llvmlite, numba
         n, c, h, wd = x.shape
         o = w.shape[0]
-        geo, k, p, ldx, _ = self._plans[x.shape]
+        geo, k, p, ldx, _, wide = self._plans[x.shape]
+        if wide is not None:
+            if self._fns is None:
+                self._load()
+            return self._wide(x, w, g, bias, wide)
         wp, b = self._packed(w, bias)
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
         x3 = np.ascontiguousarray(x).reshape(n, c, h * wd)
@@ -97,8 +138,16 @@ class OneImage:
         k, p = shape[1] * g.kh * g.kw, g.oh * g.ow
         (t, b), (l, r) = g.pads
         geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, b, l, r, g.oh, g.ow], np.int64)
-        packed = self.clamp is not None and w.dtype == np.float32 and _packed_pays(w.shape[0], k, p, shape[0] > 1)
-        plan = (geo, k, p, leading_dim(p) if packed else p, packed)
+        ok = self.clamp is not None and w.dtype == np.float32
+        # without im2col the packed GEMM also beats im2col + BLAS where _packed_pays alone says no
+        # (Inception's 32x32x32 3x3 at batch 1: 503 against 596 us with im2col, BLAS about the same)
+        widen = ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and _tile_ok()
+        packed = widen or (ok and _packed_pays(w.shape[0], k, p, shape[0] > 1))
+        wide = None
+        if widen:
+            from ...jit.conv_wide import plan as wide_plan  # deferred: loads llvmlite, numba
+            wide = wide_plan(shape[1], shape[2], shape[3], g.kh, g.kw, g.dh, g.dw, t, b, l, r)
+        plan = (geo, k, p, leading_dim(p) if packed else p, packed, wide)
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()
         self._plans[shape] = plan

@@ -4,15 +4,16 @@ kernel's columns of the input laid out [kw*C, H, OW, N].
 
 Only kw copies of the input are made, not kh*kw: kernel row i's im2col block is the column range of
 the input rows shifted by i*dh, so each kernel row is one GEMM over the output rows it reaches,
-added straight into the output by BLAS (gemm_acc: beta=1). No stacked [kh*O, H*OW*N] product is
+added straight into the output by BLAS (numpy_blas: beta=1). No stacked [kh*O, H*OW*N] product is
 written (16 MB for the benchmark CNN's second layer), nor its temporaries and add passes; rows
 that read only H padding are skipped, so the H padding is never built. With few output channels a
 GEMM per input row over the kernel rows stacked, its product added while in cache, packs the
 columns fewer times.
 
 Threads take blocks of output rows: each computes its blocks' GEMMs and finishes them (NCHW, bias,
-activation) in one hand-off. The blocks are fixed by the shape and every output element gets its
-kernel rows' products in the same order, so 1 and 2 threads give the same bytes. The filter
+activation) in one hand-off. The blocks are fixed by the shape and the machine's core count (not the
+session's thread count) and every output element gets its kernel rows' products in the same order,
+so 1 and 2 threads give the same bytes. The filter
 gradient's products are cut along the contraction in parts fixed by the shape
 (intra_op.ksplit_parts), all kernel rows' parts in one hand-off, summed in a fixed order.
 """
@@ -22,7 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import threads
-from .gemm_acc import accumulate
+from .numpy_blas import accumulate
 from .intra_op import ksplit_parts, rows_apply
 
 
@@ -73,19 +74,19 @@ def stacked_weights(xp, w):
     return xp.ascontiguousarray(w.transpose(2, 0, 3, 1)).reshape(kh, o, kw * c)
 
 
-# Each GEMM covers a block of output rows fixed by the shape, never by the thread count: BLAS rounds
-# an element differently by where it falls in its tiles, so a cut that moved with the threads would
-# move the bits. The blocks come in an even number (two threads get equal shares) of about this
-# many output columns each at least: fewer, larger GEMMs pack and call less (the CNN's 64 -> 32
-# channel input gradient: 21.5 ms in one-row blocks, 20.4 in 4-row blocks, one core).
+# Each GEMM covers a block of output rows fixed by the shape and the machine's core count, never by
+# the session's thread count: BLAS rounds an element differently by where it falls in its tiles, so
+# a cut that moved with the threads would move the bits. One block per core (each of at least this
+# many output columns): fewer, larger GEMMs pack the columns fewer times and call BLAS less (the
+# CNN's 64 -> 32 channel input gradient, one core: 22.5 ms in one block, 24.5 in six).
 _BLOCK_MIN_COLS = 2048
 
 
 # From this many output channels up, each kernel row's GEMM adds into the output itself; below, BLAS's
 # pass over the columns (its packing, once per GEMM) is large beside so few rows of work and a GEMM
-# per input row over the stacked kernel rows wins (the CNN's 64 -> 32 channel input gradient, one
-# core, CPU time of alternating runs at load 3: 22.5 ms vs 24.5-26.5 per kernel row; its
-# 32 -> 64 forward: 18.1 per kernel row vs 18.7).
+# per input row over the stacked kernel rows wins (one core, CPU time of alternating runs at load 3:
+# the CNN's 64 -> 32 channel input gradient 22.5-24.5 ms stacked vs 26.5-26.8 per kernel row;
+# its 32 -> 64 forward 18.1-18.6 per kernel row vs 18.7-20.0 stacked).
 _ACC_MIN_O = 64
 
 
@@ -120,9 +121,8 @@ def _input_row_products(xp, cols, wt, acc, g, h, run, a, b):
 
 
 def row_blocks(oh: int, run: int) -> list:
-    """Bounds of the output-row blocks of conv_rows (a function of the shape alone)."""
-    pairs = (oh * run) // (2 * _BLOCK_MIN_COLS)
-    nb = max(1, min(oh, 2 * pairs))
+    """Bounds of the output-row blocks of conv_rows (a function of the shape and threads.cores())."""
+    nb = max(1, min(oh, threads.cores(), (oh * run) // _BLOCK_MIN_COLS))
     return [oh * b // nb for b in range(nb + 1)]
 
 
@@ -144,7 +144,7 @@ def conv_rows(xp, x, wt, g, finish_rows):
 
     def rows(b0, b1):  # blocks [b0, b1): every kernel row's product over each, then their finish
         a, b = bounds[b0], bounds[b1]
-        if not full:
+        if not full and not stacked:
             acc[:, a * run:b * run] = 0
         for r0, r1 in zip(bounds[b0:b1], bounds[b0 + 1:b1 + 1]):
             if stacked:
@@ -173,8 +173,9 @@ def _product(xp, a, b, c, add: bool):
 
 
 def _fan_out_rows(xp, fn, total: int, flops: int) -> None:
-    """fn(lo, hi) over chunks of `total` blocks of output rows on the intra-op threads, one BLAS thread each;
-    chunks of at least MIN_CHUNK_FLOPS (other array modules: one call, the device parallelises)."""
+    """fn(lo, hi) over chunks of `total` blocks of output rows on the intra-op threads, one BLAS
+    thread each; chunks of at least MIN_CHUNK_FLOPS (other array modules: one call, the device
+    parallelises)."""
     if xp is not np:
         fn(0, total)
         return

@@ -20,6 +20,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import compatible, fmt, num_elements_est
 from .base import make
 from .intra_op import rows_apply
+from .numpy_blas import axpy
 
 __all__: list = []
 
@@ -165,16 +166,16 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
 
     def part(lo, hi):
         update(xp, [a[lo:hi] for a in arrays[:-1]], arrays[-1][lo:hi], *scalars, g[lo:hi], **attrs)
-    rows_apply(xp, part, arrays[0].shape[0], var.nbytes * (len(refs) + 3))
+    rows_apply(xp, part, arrays[0].shape[0], var.nbytes * (len(refs) + 3), blas_inside=True)  # axpy
 
 
 # ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------
 def _sub_scaled(xp, var, a: float, x, tmp):
-    """var -= a * x in place, through `tmp` (which may be x itself).
-
-    (BLAS axpy would save a pass, but scipy's OpenBLAS is a second thread pool beside numpy's:
-    measured, it slowed the whole MLP training step by a third.)
-    """
+    """var -= a * x in place: one BLAS axpy pass where numpy's own BLAS is reached (numpy_blas; not
+    scipy's, a second thread pool beside numpy's that slowed the MLP training step by a third), else
+    two numpy passes through `tmp` (which may be x itself)."""
+    if xp is np and axpy(-float(a), x, var):
+        return
     xp.multiply(x, var.dtype.type(a), out=tmp)
     xp.subtract(var, tmp, out=var)
 

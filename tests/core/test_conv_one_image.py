@@ -46,7 +46,8 @@ def chosen(monkeypatch):
 
 @pytest.mark.parametrize("act", ["relu", "none", "sigmoid"])
 @pytest.mark.parametrize("c,o,k,strides,padding,dil,hw,packed", [
-    (3, 32, 7, 2, ((3, 3), (3, 3)), 1, 64, False),  # ResNet's stem: 1024 pixels, K 147: BLAS
+    (3, 32, 7, 2, ((3, 3), (3, 3)), 1, 64, True),   # ResNet's stem: 1024 pixels, K 147: packed
+    (32, 16, 3, 2, "SAME", 1, 96, False),          # 2304 pixels, K 288 at stride 2: BLAS
     (3, 16, 3, 2, "SAME", 1, 64, True),           # a shallow stem (K 27): packed at 1024 pixels
     (32, 64, 3, 1, "SAME", 1, 16, True),          # K 288 on 256 pixels: packed at a padded stride
     (16, 24, 5, 1, ((2, 0), (1, 2)), 2, 12, True),  # dilated, asymmetric padding
@@ -85,11 +86,12 @@ def test_batches_image_by_image_match_the_reference(batches, act, n, c, o, k, st
     assert bool(batches) == served
 
 
-def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch):
+@pytest.mark.parametrize("hw", [10, 30])  # im2col per image; 30 columns: jit.conv_wide
+def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch, hw):
     from isthmus.core import threads
     from isthmus.core.ops import intra_op
     rng = np.random.default_rng(9)
-    x = rng.standard_normal((5, 8, 10, 10)).astype(np.float32)
+    x = rng.standard_normal((5, 8, hw, hw)).astype(np.float32)
     w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
     one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
@@ -101,3 +103,44 @@ def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch):
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
     assert len(batches) == 2 and max(chunks) == 2
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """Counts the convolutions jit.conv_wide serves (no im2col)."""
+    calls = []
+    real = conv_one_image.OneImage._wide
+    monkeypatch.setattr(conv_one_image.OneImage, "_wide", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "relu6"])
+@pytest.mark.parametrize("n,c,o,k,padding,dil,hw,served", [
+    (1, 8, 8, 3, "SAME", 1, 30, True),              # 30 columns
+    (1, 1, 8, 5, "SAME", 1, 28, False),             # one channel (k = 25): im2col
+    (1, 32, 12, 3, ((2, 0), (1, 2)), 2, 17, True),  # dilated, asymmetric padding, 32 channels on 16 columns
+    (3, 5, 16, 5, "VALID", 1, 33, True),            # a batch, no padding, 5x5
+    (1, 8, 16, 3, "SAME", 1, 16, False),            # 16 columns, 8 channels: im2col
+])
+def test_stride1_without_im2col_matches_the_reference(wide, act, n, c, o, k, padding, dil, hw, served):
+    rng = np.random.default_rng(n * 100 + c + hw)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), 1, padding, dil, 1, act)
+    assert bool(wide) == served
+
+
+@pytest.mark.parametrize("act", ["relu6", "none"])
+@pytest.mark.parametrize("n,c,o,hw,served", [(3, 24, 36, 6, True), (4, 16, 96, 9, True), (2, 8, 30, 6, False),
+                                              (2, 40, 24, 6, False)])  # a projection: BLAS
+def test_batch_pointwise_on_the_packed_gemm(monkeypatch, act, n, c, o, hw, served):
+    """A batch's 1x1 expansions image by image on the packed GEMM (O a multiple of 4), else BLAS."""
+    from isthmus.core.ops import conv_pointwise
+    calls = []
+    real = conv_pointwise.PackedGemm.images
+    monkeypatch.setattr(conv_pointwise.PackedGemm, "images", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(n + c + o)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), 1, "VALID", 1, 1, act)
+    assert bool(calls) == served

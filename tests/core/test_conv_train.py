@@ -230,13 +230,14 @@ ROW_CASES = [  # stride 1 along H: row taps, whose GEMMs skip the rows that read
 @pytest.mark.parametrize("xs,ws,kw,ref", ROW_CASES, ids=["same5x5", "empty_row", "pad_beyond", "stride_w"])
 def test_row_tap_gradients_skip_padding_rows(monkeypatch, xs, ws, kw, ref, gemm):
     from isthmus.core.ops import conv as conv_mod
-    from isthmus.core.ops import conv_rows, gemm_acc
+    from isthmus.core.ops import conv_rows, numpy_blas
     monkeypatch.setattr(conv_mod, "_ROW_TAPS_MIN_K", 1)
     monkeypatch.setattr(conv_rows, "_BLOCK_MIN_COLS", 1 if gemm == "cblas_row_blocks" else 10 ** 9)
+    monkeypatch.setattr(conv_rows.threads, "cores", lambda: 64)
     monkeypatch.setattr(conv_rows, "_ACC_MIN_O", 10 ** 9 if gemm == "stacked" else 0)
     if gemm == "matmul":
-        monkeypatch.setattr(gemm_acc, "_bound", [None])
-    elif not gemm_acc.available():
+        monkeypatch.setattr(numpy_blas, "_bound", [None])
+    elif not numpy_blas.available():
         pytest.skip("numpy's BLAS is not reachable through ctypes here")
     x, w = rng.standard_normal(xs), rng.standard_normal(ws)
     g = ism.Graph()

@@ -293,6 +293,7 @@ def test_row_tap_conv_and_gradients_give_one_threads_bytes(fan_outs, monkeypatch
     for the forward pass, the input gradient and the filter gradient."""
     from isthmus.core.ops import conv_rows
     monkeypatch.setattr(conv_rows, "_BLOCK_MIN_COLS", block_cols)
+    monkeypatch.setattr(threads, "cores", lambda: 64)  # blocks as on a 64-core machine: one per row
     monkeypatch.setattr(conv_rows, "_ACC_MIN_O", acc_min_o)
     used = []
     real = conv_rows.conv_rows
@@ -317,7 +318,8 @@ def test_row_tap_conv_and_gradients_give_one_threads_bytes(fan_outs, monkeypatch
     for name, a, e in zip(["y", "dx", "dw"], two, one):
         assert a.tobytes() == e.tobytes(), (name, np.abs(a - e).max())
     xp_ = np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2))).astype(np.float64)
-    pre = sum(np.einsum("nchw,oc->nohw", xp_[:, :, i:i + 9, j:j + 7], w[:, :, i, j]) for i in range(3) for j in range(5))
+    pre = sum(np.einsum("nchw,oc->nohw", xp_[:, :, i:i + 9, j:j + 7], w[:, :, i, j])
+              for i in range(3) for j in range(5))
     pre += b.reshape(1, 16, 1, 1)
     np.testing.assert_allclose(two[0], np.maximum(pre, 0), rtol=1e-4, atol=1e-4)
     dy = r * (pre > 0)

@@ -1,4 +1,5 @@
-"""C (+)= A @ B into strided views, through the BLAS numpy itself links (cblas ?gemm, beta 0 or 1).
+"""Direct calls into the BLAS numpy itself links: C (+)= A @ B into strided views (cblas ?gemm with
+beta 0 or 1) and y += a*x in one pass (cblas ?axpy).
 
 numpy's matmul has no beta: accumulating a product into an existing array costs a temporary and an
 add pass over the output. A convolution's row taps add kh products into one output (the CNN's second
@@ -7,9 +8,13 @@ a tenth of its time and most of what two threads did not speed up. cblas_sgemm w
 inside the GEMM's own tile updates. Operands are any 2-D views with a unit inner stride (leading
 dimensions are passed), so column ranges of larger arrays need no copy.
 
-The library is numpy's own (the same handle, so core.threads' limits on its thread count hold), found
-from numpy's build record; where it cannot be found or fails a self-check, accumulate() falls back to
-matmul and an add (same values to rounding, slower).
+axpy: an SGD update, var -= lr * grad, is two numpy passes through a temporary (a multiply, then a
+subtract: 5 arrays' worth of memory traffic); axpy reads var and grad once and writes var once.
+
+The library is numpy's own (the same handle, so core.threads' limits on its thread count hold; scipy's
+BLAS would be a second thread pool), found from numpy's build record; where it cannot be found or
+fails a self-check, accumulate() falls back to matmul and an add and axpy() reports False (the caller
+then runs numpy's passes).
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import threading
 import numpy as np
 
 _lock = threading.Lock()
-_bound: list = []  # [] not yet tried; [None] unavailable; [{dtype: (function, int type)}]
+_bound: list = []  # [] not yet tried; [None] unavailable; [{(name, dtype): ctypes function}]
 
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
@@ -52,30 +57,36 @@ def _bind():
         return None
     lib, (pre, suf), integer = found
     table = {}
+    i, p = integer, ctypes.c_void_p
     for dtype, letter, scalar in ((np.float32, "s", ctypes.c_float), (np.float64, "d", ctypes.c_double)):
-        fn = getattr(lib, f"{pre}cblas_{letter}gemm{suf}", None)
-        if fn is None:
-            return None
-        i, p = integer, ctypes.c_void_p
-        fn.argtypes = [i, i, i, i, i, i, scalar, p, i, p, i, scalar, p, i]
-        fn.restype = None
-        table[np.dtype(dtype)] = fn
+        for name, args in (("gemm", [i, i, i, i, i, i, scalar, p, i, p, i, scalar, p, i]),
+                           ("axpy", [i, scalar, p, i, p, i])):
+            fn = getattr(lib, f"{pre}cblas_{letter}{name}{suf}", None)
+            if fn is None:
+                return None
+            fn.argtypes, fn.restype = args, None
+            table[(name, np.dtype(dtype))] = fn
     return table if _self_check(table) else None
 
 
 def _self_check(table) -> bool:
     """The bound functions compute what matmul computes on a small strided case (beta 0 and 1)."""
     rng = np.random.default_rng(0)
-    for dtype in table:
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         a = rng.standard_normal((3, 9)).astype(dtype)[:, 2:7]
         b = rng.standard_normal((5, 8)).astype(dtype)[:, 1:5]
         c = np.ones((3, 6), dtype)
-        _call(table[dtype], a, b, c[:, 1:5], 1.0)
+        gemm = table[("gemm", dtype)]
+        _call(gemm, a, b, c[:, 1:5], 1.0)
         want = 1.0 + a.astype(np.float64) @ b
         if not np.allclose(c[:, 1:5], want, rtol=1e-5, atol=1e-5) or not np.all(c[:, [0, 5]] == 1):
             return False
-        _call(table[dtype], a, b, c[:, 1:5], 0.0)
+        _call(gemm, a, b, c[:, 1:5], 0.0)
         if not np.allclose(c[:, 1:5], want - 1.0, rtol=1e-5, atol=1e-5):
+            return False
+        x, y = rng.standard_normal(7).astype(dtype), np.ones(7, dtype)
+        table[("axpy", dtype)](7, -0.5, x.ctypes.data, 1, y.ctypes.data, 1)
+        if not np.allclose(y, 1.0 - 0.5 * x.astype(np.float64), rtol=1e-6, atol=1e-6):
             return False
     return True
 
@@ -104,7 +115,7 @@ def accumulate(a, b, c, add: bool) -> None:
     """c += a @ b (add) or c = a @ b, in place; a [M, K], b [K, N], c [M, N] numpy arrays of one
     float dtype. Views with a unit inner stride go to BLAS as they lie; anything else through matmul."""
     table = _table()
-    fn = None if table is None else table.get(c.dtype)
+    fn = None if table is None else table.get(("gemm", c.dtype))
     if (fn is not None and a.dtype == b.dtype == c.dtype and a.shape[0] and b.shape[1] and a.shape[1]
             and _blasable(a, c.itemsize) and _blasable(b, c.itemsize) and _blasable(c, c.itemsize)):
         _call(fn, a, b, c, 1.0 if add else 0.0)
@@ -115,9 +126,22 @@ def accumulate(a, b, c, add: bool) -> None:
         np.matmul(a, b, out=c)
 
 
+def axpy(a: float, x, y) -> bool:
+    """y += a * x in place, one pass, for C-contiguous numpy arrays of one float dtype and size; False
+    (nothing done) where BLAS is not reached or the arrays do not qualify."""
+    table = _table()
+    fn = None if table is None else table.get(("axpy", y.dtype))
+    if (fn is None or x.dtype != y.dtype or x.size != y.size or not x.flags.c_contiguous
+            or not y.flags.c_contiguous or not y.flags.writeable):
+        return False
+    if y.size:
+        fn(y.size, a, x.ctypes.data, 1, y.ctypes.data, 1)
+    return True
+
+
 def available() -> bool:
-    """Whether accumulate() reaches BLAS directly (else it runs matmul and an add)."""
+    """Whether accumulate() and axpy() reach BLAS directly (else matmul and an add, numpy's passes)."""
     return _table() is not None
 
 
-__all__ = ["accumulate", "available"]
+__all__ = ["accumulate", "axpy", "available"]

@@ -235,13 +235,25 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
         return 1
     bounds = [total * i // k for i in range(k + 1)]
     with (BlasThreads(1) if hold else _NO_LIMIT):
-        futures = [intra_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
+        futures = [(i, intra_pool().submit(fn, bounds[i], bounds[i + 1])) for i in range(1, k)]
         try:
             fn(bounds[0], bounds[1])
+            _run_unstarted(fn, bounds, futures)
         finally:
-            for f in futures:
-                f.result()  # re-raises a chunk's error here, after every chunk has ended
+            for _, f in futures:
+                if not f.cancelled():
+                    f.result()  # re-raises a chunk's error here, after every chunk has ended
     return k
+
+
+def _run_unstarted(fn, bounds, futures) -> None:
+    """The caller, its own chunk done, runs the chunks no pool thread has started (last submitted
+    first): where the other cores are busy (a shared machine, a loaded server) a split then costs
+    about one thread's time instead of waiting for a core. The chunks are the same whoever runs
+    them, and so are their bytes."""
+    for i, f in reversed(futures):
+        if f.cancel():
+            fn(bounds[i], bounds[i + 1])
 
 
 def handoff_s() -> float:

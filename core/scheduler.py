@@ -4,6 +4,8 @@ The serial plan (executor.Plan) is the default: one generated function, no sched
 A ParallelRunner executes the same pruned nodes by dependency counting: the calling
 thread owns all scheduling state, runs cheap nodes itself, and hands expensive ready
 nodes to a small thread pool (numpy releases the GIL in BLAS and most ufunc loops).
+BranchCosts is the one rule that chooses between them per run: the serial plan with each big
+node split across the intra-op threads, or the branches side by side at one intra-op thread each.
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def predicted_seconds(node: Node) -> float:
     return _DISPATCH_S + c.flops / _FLOPS_PER_S + (c.bytes_read + c.bytes_written) / _BYTES_PER_S
 
 
-# Ops whose kernels are BLAS calls that already use every core: running two of them at once
-# gains nothing and oversubscribes the cores (a CNN training step ran 30% slower that way).
+# Ops whose kernels are products that use every intra-op thread (split on the pool, or BLAS's own
+# threads): branches of them run concurrently only at one intra-op thread each (BranchCosts), since
+# two at full width oversubscribe the cores (a CNN training step ran 30% slower that way).
 BLAS_THREADED_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2D", "FusedConv2D", "Conv2DBackpropInput",
                                "Conv2DBackpropFilter"})
 
@@ -94,26 +97,18 @@ _SPLIT_PASS_OPS = frozenset({"MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
 # of 25-100 MFLOP products on the VM: 0.8-1.6x, which this and the hand-off reproduce within 10%)
 SPLIT_EFFICIENCY = 0.85
 BRANCH_MARGIN = 0.8  # branches must beat the serial plan's predicted time by 20%: the model is rough
-# a node handed to another thread and reported back costs about two thread wake-ups: 20-50 us on a
-# server, ~140 us on the 2-core development VM, whose idle cores halt (a ThreadPoolExecutor
-# submit-and-wait measured 142 us there: notes on issue #24)
-_HANDOFF_S = 150e-6
 
 
 def handoff_seconds() -> float:
-    """A hand-off of one piece of work to another thread and back: core/threads.py's measurement
-    (handoff_s) when it offers one, else _HANDOFF_S."""
-    measured = getattr(threads, "handoff_s", None)
-    return float(measured()) if callable(measured) else _HANDOFF_S
+    """A hand-off of one piece of work to another thread and back (threads.handoff_s: measured
+    once per process; 45-140 us on the 2-core development VM, whose idle cores halt)."""
+    return threads.handoff_s()
 
 
 def chunk_sizes() -> tuple:
     """(FLOPs, bytes): the least work fan_out gives a thread of a split product or pass on this
-    machine (core/threads.py's min_chunk_flops/min_chunk_bytes when it scales them, else its constants)."""
-    flops, nbytes = getattr(threads, "min_chunk_flops", None), getattr(threads, "min_chunk_bytes", None)
-    if callable(flops) and callable(nbytes):
-        return flops(), nbytes()
-    return threads.MIN_CHUNK_FLOPS, threads.MIN_CHUNK_BYTES
+    machine (threads.min_chunk_flops/min_chunk_bytes, scaled by the measured hand-off)."""
+    return threads.min_chunk_flops(), threads.min_chunk_bytes()
 
 
 def runnable(nodes: Sequence[Node], fed: set) -> List[Node]:

@@ -166,7 +166,12 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
 
     def part(lo, hi):
         update(xp, [a[lo:hi] for a in arrays[:-1]], arrays[-1][lo:hi], *scalars, g[lo:hi], **attrs)
-    rows_apply(xp, part, arrays[0].shape[0], var.nbytes * (len(refs) + 3), blas_inside=True)  # axpy
+    # blas_inside: the rules' axpy must not start BLAS threads inside a chunk; OpenBLAS runs an axpy of
+    # up to _AXPY_SERIAL elements on one thread by itself, so those skip the hold (a few us an update)
+    rows_apply(xp, part, arrays[0].shape[0], var.nbytes * (len(refs) + 3), blas_inside=var.size > _AXPY_SERIAL)
+
+
+_AXPY_SERIAL = 10000
 
 
 # ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------

@@ -1,4 +1,5 @@
-"""Bias and a clamp over a convolution's output rows in one compiled pass.
+"""Bias and a clamp over a convolution's output rows in one compiled pass (for row-tap convolutions,
+with their relayout to NCHW).
 
 After a 1x1 convolution's GEMM, numpy adds the bias and clamps (relu6) in two passes over the
 output, which at batch 1 cost about 40% of MobileNetV2's expansion layers here (96 x 2304 outputs:

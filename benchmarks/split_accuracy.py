@@ -325,14 +325,15 @@ def aggregate(rows: List[dict]) -> dict:
 
 
 def at_reference(rows: List[dict], reference_us: float) -> None:
-    """Per case: how much slower than the run's fastest the speed probe found this VM during its blocks
-    (`probe_over_min`, their median), and the error had its edge compute run at that fastest speed
-    (edge_ms / probe_over_min): how much of the error is this VM's speed moving (a diagnostic)."""
+    """Per case: how much slower than the run's typical speed (`reference_us`: the median probe, the
+    speed the calibration and the part fit met most) the speed probe found this VM during its blocks
+    (`probe_over_typical`, their median), and the error had its edge compute run at that speed
+    (edge_ms / probe_over_typical): how much of the error is this VM's speed moving (a diagnostic)."""
     for r in rows:
         m = r["measured"]
         ratio = float(np.median(m["probe_us"])) / reference_us
         ms = m["ms"] - m["edge_ms"] * (1.0 - 1.0 / ratio)
-        r["probe_over_min"] = round(ratio, 3)
+        r["probe_over_typical"] = round(ratio, 3)
         r["error_at_reference_speed"] = round(ms / r["predicted"]["ms"] - 1, 4)
 
 
@@ -418,7 +419,7 @@ def main(argv=None) -> int:
     switch = [x for r in rows for x in r["measured"]["switch_ratio"]]
     switch_all = [x for r in rows for x in r["measured"]["switch_ratio_all"]]
     probes = [x for r in rows for x in r["measured"]["probe_us"]]
-    at_reference(rows, min(probes))
+    at_reference(rows, float(np.median(probes)))
     doc = {"edge": ("fp32" if opts.fp32 else "int8") + " edge model, this machine x slowdown (CPU time)",
            "rtt_ms": RTT * 1e3, "bandwidths_mbps": opts.bandwidths, "slowdowns": opts.slowdowns,
            "requests": opts.requests, "blas_threads": 1, "client_cost": client_cost.to_dict(),
@@ -427,7 +428,7 @@ def main(argv=None) -> int:
            "edge_prices": opts.edge_prices,
            "weight_streaming": {"weight_stream_s": interp.weight_stream_s, "weight_cache": interp.weight_cache},
            "summary": aggregate(rows), "gains": gains,
-           # a diagnostic, not the verdict: the errors had the edge run at the fastest speed the probe saw
+           # a diagnostic, not the verdict: the errors had the edge run at the run's median probed speed
            "summary_at_reference_speed": aggregate([{**x, "error": x["error_at_reference_speed"]} for x in rows]),
            "other_edge_prices": {"edge_prices": theirs, "part_cost": None if parts[theirs] is None else
                                  {f"{s:g}": v.to_dict() for s, v in parts[theirs].items()},

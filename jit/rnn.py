@@ -14,21 +14,12 @@ import math
 import numba as nb  # imported only when a recurrent kernel is first bound
 import numpy as np
 
-from .fastexp import FAST, exp_scaled
+from .fastexp import FAST, exp1
 from .gemm_f32 import _panels
 
 _F32 = np.float32
-_ONE = _F32(1.0)
+_ONE, _TWO, _MTWO = _F32(1.0), _F32(2.0), _F32(-2.0)
 _FAST = FAST
-
-
-@nb.njit(**_FAST)
-def _logistic_neg(v, lo, hi, scale, bits):
-    """v[lo:hi] = 1 / (1 + exp(scale * v[lo:hi])), float32, in place (exp as fastexp's, vectorized);
-    bits: int32 scratch as long as v."""
-    exp_scaled(v, lo, hi, scale, bits)
-    for g in range(lo, hi):
-        v[g] = _ONE / (_ONE + v[g])
 
 
 @nb.njit(**_FAST)
@@ -38,13 +29,11 @@ def lstm_steps(proj, rt, order, h0, c, y, z):
     z [4H]. tanh(u) is computed as 2 / (1 + exp(-2 u)) - 1 (absolute error about 1e-7)."""
     steps, batch, g4 = proj.shape
     hid = g4 // 4
-    bits = np.empty(g4, np.int32)
-    cn = np.empty(hid, np.float32)
     for k in range(steps):
         t = order[k]
         for b in range(batch):
             for g in range(g4):
-                z[g] = proj[t, b, g]
+                z[g] = 0
             hp = y[order[k - 1], b] if k > 0 else h0[b]
             j = 0
             while j + 4 <= hid:  # four rows of R^T per pass over z: a quarter of z's loads and stores
@@ -57,41 +46,32 @@ def lstm_steps(proj, rt, order, h0, c, y, z):
                 for g in range(g4):
                     z[g] += hv * rt[j, g]
                 j += 1
-            _lstm_cell(z, c[b], y[t, b], bits, cn)
+            _lstm_cell(z, proj[t, b], c[b], y[t, b])
 
 
 @nb.njit(**_FAST)
-def _lstm_cell(z, c, h, bits, cn):
-    """One example's gates from z [4H] (pre-activations, rows i, o, f negated): c [H] updated in place,
-    h [H] written; bits [4H] and cn [H] scratch."""
+def _lstm_cell(z, p, c, h):
+    """One example's step from z + p [4H] (pre-activations, rows i, o, f negated; z the recurrent
+    product, p the input projection): c [H] updated in place, h [H] written. One pass over the hidden
+    units, all five exps of a unit inlined (exp1), so that LLVM vectorizes it across units."""
     hid = c.shape[0]
-    h3 = 3 * hid
-    two = _F32(2.0)
-    _logistic_neg(z, 0, h3, _ONE, bits)  # i, o, f: sigmoid of the negated rows
-    _logistic_neg(z, h3, 4 * hid, -two, bits)  # the candidate: tanh(u) = 2 sigmoid(2u) - 1
     for j in range(hid):
-        cv = z[2 * hid + j] * c[j] + z[j] * (two * z[h3 + j] - _ONE)
+        gi = _ONE / (_ONE + exp1(z[j] + p[j]))
+        go = _ONE / (_ONE + exp1(z[hid + j] + p[hid + j]))
+        gf = _ONE / (_ONE + exp1(z[2 * hid + j] + p[2 * hid + j]))
+        gg = _TWO / (_ONE + exp1(_MTWO * (z[3 * hid + j] + p[3 * hid + j]))) - _ONE
+        cv = gf * c[j] + gi * gg
         c[j] = cv
-        cn[j] = cv
-    _logistic_neg(cn, 0, hid, -two, bits)
-    for j in range(hid):
-        h[j] = z[hid + j] * (two * cn[j] - _ONE)
+        h[j] = go * (_TWO / (_ONE + exp1(_MTWO * cv)) - _ONE)
 
 
 @nb.njit(**_FAST)
 def lstm_cells(z, proj_t, c, h):
     """float32. One step of a batch whose recurrent product is already in z [B, 4H] (h_prev R^T, rows
-    i, o, f negated; z is overwritten): adds proj_t [B, 4H], updates c [B, H] in place, writes h [B, H].
+    i, o, f negated) and input projection in proj_t [B, 4H]: updates c [B, H] in place, writes h [B, H].
     For batches where one BLAS GEMM per step beats lstm_steps' matrix-vector loops."""
-    batch, g4 = z.shape
-    bits = np.empty(g4, np.int32)
-    cn = np.empty(g4 // 4, np.float32)
-    for b in range(batch):
-        zb = z[b]
-        pb = proj_t[b]
-        for g in range(g4):
-            zb[g] += pb[g]
-        _lstm_cell(zb, c[b], h[b], bits, cn)
+    for b in range(z.shape[0]):
+        _lstm_cell(z[b], proj_t[b], c[b], h[b])
 
 
 @nb.njit(**_FAST)
@@ -104,8 +84,6 @@ def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
     steps, batch, g4 = proj.shape
     hid = g4 // 4
     rows = a.shape[0] * 4
-    bits = np.empty(g4, np.int32)
-    cn = np.empty(hid, np.float32)
     a[:] = 0  # rows past the batch stay zero
     af, zf, wtf = a.reshape(a.size), z.reshape(z.size), wt.reshape(wt.size)
     inf = np.float32(np.inf)
@@ -119,10 +97,7 @@ def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
         for panel in range(g4 // 16):
             _panels(af, zeros, wtf, 16, panel * hid * 16, zf, g4, panel * 16, rows, hid, -inf, inf, False)
         for b in range(batch):
-            zb, pb = z[b], proj[t, b]
-            for g in range(g4):
-                zb[g] += pb[g]
-            _lstm_cell(zb, c[b], y[t, b], bits, cn)
+            _lstm_cell(z[b], proj[t, b], c[b], y[t, b])
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

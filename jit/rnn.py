@@ -29,6 +29,7 @@ def lstm_steps(proj, rt, order, h0, c, y, z):
     z [4H]. tanh(u) is computed as 2 / (1 + exp(-2 u)) - 1 (absolute error about 1e-7)."""
     steps, batch, g4 = proj.shape
     hid = g4 // 4
+    zero = np.zeros(g4, np.float32)  # the biases are in proj
     for k in range(steps):
         t = order[k]
         for b in range(batch):
@@ -46,40 +47,44 @@ def lstm_steps(proj, rt, order, h0, c, y, z):
                 for g in range(g4):
                     z[g] += hv * rt[j, g]
                 j += 1
-            _lstm_cell(z, proj[t, b], c[b], y[t, b])
+            _lstm_cell(z, proj[t, b], zero, c[b], y[t, b])
 
 
 @nb.njit(**_FAST)
-def _lstm_cell(z, p, c, h):
-    """One example's step from z + p [4H] (pre-activations, rows i, o, f negated; z the recurrent
-    product, p the input projection): c [H] updated in place, h [H] written. One pass over the hidden
-    units, all five exps of a unit inlined (exp1), so that LLVM vectorizes it across units."""
+def _lstm_cell(z, p, bias, c, h):
+    """One example's step from z + p + bias [4H] (pre-activations, rows i, o, f negated; z the
+    recurrent product, p the input projection): c [H] updated in place, h [H] written. One pass over
+    the hidden units, all five exps of a unit inlined (exp1), so that LLVM vectorizes it across units."""
     hid = c.shape[0]
+    h2, h3 = 2 * hid, 3 * hid
     for j in range(hid):
-        gi = _ONE / (_ONE + exp1(z[j] + p[j]))
-        go = _ONE / (_ONE + exp1(z[hid + j] + p[hid + j]))
-        gf = _ONE / (_ONE + exp1(z[2 * hid + j] + p[2 * hid + j]))
-        gg = _TWO / (_ONE + exp1(_MTWO * (z[3 * hid + j] + p[3 * hid + j]))) - _ONE
+        gi = _ONE / (_ONE + exp1(z[j] + p[j] + bias[j]))
+        go = _ONE / (_ONE + exp1(z[hid + j] + p[hid + j] + bias[hid + j]))
+        gf = _ONE / (_ONE + exp1(z[h2 + j] + p[h2 + j] + bias[h2 + j]))
+        gg = _TWO / (_ONE + exp1(_MTWO * (z[h3 + j] + p[h3 + j] + bias[h3 + j]))) - _ONE
         cv = gf * c[j] + gi * gg
         c[j] = cv
         h[j] = go * (_TWO / (_ONE + exp1(_MTWO * cv)) - _ONE)
 
 
 @nb.njit(**_FAST)
-def lstm_cells(z, proj_t, c, h):
+def lstm_cells(z, proj_t, bias, c, h):
     """float32. One step of a batch whose recurrent product is already in z [B, 4H] (h_prev R^T, rows
-    i, o, f negated) and input projection in proj_t [B, 4H]: updates c [B, H] in place, writes h [B, H].
+    i, o, f negated), input projection in proj_t [B, 4H] (x_t W^T) and biases in bias [4H]: updates
+    c [B, H] in place, writes h [B, H].
     For batches where one BLAS GEMM per step beats lstm_steps' matrix-vector loops."""
     for b in range(z.shape[0]):
-        _lstm_cell(z[b], proj_t[b], c[b], h[b])
+        _lstm_cell(z[b], proj_t[b], bias, c[b], h[b])
 
 
 @nb.njit(**_FAST)
-def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
+def lstm_steps_packed(proj, bias, wt, order, h0, c, y, z, a, zeros):
     """lstm_steps for larger batches: each step's recurrent product h_prev R^T [B, 4H] is jit.gemm_f32's
     register tile with the examples as rows (a: h_prev packed [ceil(B/4), H, 4] per step) and R^T
     packed once in 16-column panels (wt: gemm_pixels.pack_weights_t of R, rows i, o, f negated),
-    instead of a BLAS call per step that repacks all of R^T (and a Python call per step). z
+    instead of a BLAS call per step that repacks all of R^T (and a Python call per step). proj [T, B,
+    4H] is x W^T without the biases, bias [4H] (W's and R's summed, rows i, o, f negated), which the
+    cell adds (not a pass over proj). z
     [4 ceil(B/4), 4H] scratch, zeros [4 ceil(B/4)]; 4H a multiple of 16."""
     steps, batch, g4 = proj.shape
     hid = g4 // 4
@@ -97,7 +102,7 @@ def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
         for panel in range(g4 // 16):
             _panels(af, zeros, wtf, 16, panel * hid * 16, zf, g4, panel * 16, rows, hid, -inf, inf, False)
         for b in range(batch):
-            _lstm_cell(z[b], proj[t, b], c[b], y[t, b])
+            _lstm_cell(z[b], proj[t, b], bias, c[b], y[t, b])
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

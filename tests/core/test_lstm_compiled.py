@@ -123,8 +123,9 @@ def test_fused_cell_against_float64():
     p = rng.standard_normal((batch, 4 * hid)).astype(np.float32)
     c0 = (rng.standard_normal((batch, hid)) * 4).astype(np.float32)
     c, h = c0.copy(), np.empty((batch, hid), np.float32)
-    lstm_cells(z.copy(), p, c, h)
-    u = z.astype(np.float64) + p
+    bias = rng.standard_normal(4 * hid).astype(np.float32)
+    lstm_cells(z.copy(), p, bias, c, h)
+    u = z.astype(np.float64) + p + bias
     with np.errstate(over="ignore"):
         i, o, f = (1 / (1 + np.exp(u[:, k * hid:(k + 1) * hid])) for k in range(3))  # rows i, o, f negated
     c_want = f * c0 + i * np.tanh(u[:, 3 * hid:])

@@ -1,0 +1,89 @@
+"""FusedMatMul's packed path (CPU, float32, constant weights): a dense layer at small batch on
+jit/dense.py's register tile, the weights and bias packed once per node, the relu/relu6 clamp in
+the tile's epilogue, instead of BLAS (which repacks the weights on every call) and two numpy passes."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import jit
+from .. import threads
+from .depthwise import _immutable
+
+_CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
+
+
+class PackedDense:
+    """One FusedMatMul node's packed path; holds the packed weights of immutable (constant) inputs."""
+
+    def __init__(self, activation: str, transpose_b: bool):
+        self.clamp = tuple(np.float32(v) for v in _CLAMPS[activation]) if activation in _CLAMPS else None
+        self.transpose_b = transpose_b
+        self._cached = None  # (b, bias, packed)
+        self._decided = None  # (b, bias, a's shape, a's dtype, whether the call runs here)
+
+    def applies(self, a, b, bias) -> bool:
+        """Whether this call runs here (else the caller's BLAS path); decided once per constant
+        weights and input shape (the checks cost about 10 us, a tenth of a batch-1 layer)."""
+        d = self._decided
+        if d is not None and d[0] is b and d[1] is bias and d[2] == a.shape and d[3] == a.dtype and \
+                type(a) is np.ndarray:
+            return d[4]
+        ok = self._decide(a, b, bias)
+        if ok is not None:
+            self._decided = (b, bias, a.shape, a.dtype, ok)
+        return bool(ok)
+
+    def _decide(self, a, b, bias):
+        """True or False for constant weights (the decision is then kept), None for others (no)."""
+        if self.clamp is None or not (type(a) is np.ndarray and a.ndim == 2 and b.ndim == 2 and bias.ndim == 1):
+            return None
+        if not (_immutable(b) and _immutable(bias)):
+            return None
+        n = b.shape[0] if self.transpose_b else b.shape[1]
+        if not (a.dtype == b.dtype == bias.dtype == np.float32) or bias.shape[0] != n or not jit.available():
+            return False
+        from ...jit.dense import dense_pays  # deferred: loads llvmlite, numba
+        return dense_pays(a.shape[0], a.shape[1], n)
+
+    def _packed(self, b, bias):
+        cached = self._cached
+        if cached is not None and cached[0] is b and cached[1] is bias:
+            return cached[2]
+        from ...jit.dense import pack_dense  # deferred: loads numba
+        packed = pack_dense(b.T if self.transpose_b else b, bias)
+        self._cached = (b, bias, packed)  # immutable: holding them keeps their identities unique
+        return packed
+
+    def __call__(self, a, b, bias):
+        from ...jit.dense import dense, dense_panels, pack_rows  # deferred: loads numba
+        wt = self._packed(b, bias)
+        m, k = a.shape
+        n = bias.shape[0]
+        quads = -(-m // 4)
+        rows = np.empty((quads, k + 1, 4), np.float32)
+        y = np.empty((4 * quads, wt.shape[0] * wt.shape[2]), np.float32)
+        zeros = _zeros(4 * quads)
+        lo, hi = self.clamp
+        flops = 2 * m * k * n
+        if flops < 2 * threads.MIN_CHUNK_FLOPS or threads.intra_threads() == 1:  # cannot split: one call
+            dense(a, rows, wt, zeros, y, lo, hi)
+        else:  # whole panels per chunk: each output column is computed alike on any number of threads
+            pack_rows(a, rows)
+            threads.fan_out(lambda p0, p1: dense_panels(rows, wt, zeros, y, p0, p1, lo, hi), wt.shape[0],
+                            flops, flops=True)
+        if y.shape[1] != n:  # the last panel's columns past n
+            return np.ascontiguousarray(y[:m, :n])
+        return y if 4 * quads == m else y[:m]
+
+
+_ZEROS = [np.zeros(0, np.float32)]
+
+
+def _zeros(n: int) -> np.ndarray:
+    """A read-only zero vector of at least n floats (the tile's row bias, never written)."""
+    z = _ZEROS[0]
+    if z.size < n:
+        z = np.zeros(max(n, 2 * z.size), np.float32)
+        z.flags.writeable = False
+        _ZEROS[0] = z
+    return z[:n]

@@ -1,0 +1,97 @@
+"""FusedMatMul's packed path (jit/dense.py's tile, weights and bias packed once) against float64 numpy:
+shapes off the tile's multiples, every clamp, transposed weights, and the BLAS path where it does not
+apply (fed weights, one row, narrow outputs)."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus import jit
+from isthmus.core.ops import fused_dense
+from isthmus.core.ops.base import make
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed")
+
+_ACTS = {"none": lambda v: v, "relu": lambda v: np.maximum(v, 0), "relu6": lambda v: np.clip(v, 0, 6)}
+
+
+def _tile_or_skip():
+    from isthmus.jit import gemm_f32
+    if not gemm_f32.supported():
+        pytest.skip("needs AVX2")
+
+
+def _run(x, w, bias, activation, transpose_b, feed_w=False):
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder("float32", (None, x.shape[1]))
+        wt = ism.placeholder("float32", w.shape) if feed_w else ism.constant(w)
+        node = make("FusedMatMul", [xp, wt, ism.constant(bias)],
+                    {"activation": activation, "transpose_b": transpose_b})
+        sess = ism.Session(g)
+        feed = {xp: x, wt: w} if feed_w else {xp: x}
+        return sess.run(node.outputs[0], feed), sess.run(node.outputs[0], feed)
+
+
+def _spy(monkeypatch):
+    calls = []
+    real = fused_dense.PackedDense.__call__
+    monkeypatch.setattr(fused_dense.PackedDense, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("m,k,n,activation,transpose_b", [(2, 7, 128, "relu", False), (5, 64, 130, "none", True),
+                                                         (32, 300, 256, "relu6", False), (13, 1, 144, "relu", True)])
+def test_packed_matches_float64(monkeypatch, m, k, n, activation, transpose_b):
+    _tile_or_skip()
+    calls = _spy(monkeypatch)
+    rng = np.random.default_rng(m * 1000 + n)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    w = rng.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float32)
+    bias = (rng.standard_normal(n) * 2).astype(np.float32)
+    got, again = _run(x, w, bias, activation, transpose_b)
+    assert calls, "the packed path did not run"
+    w64 = w.astype(np.float64).T if transpose_b else w.astype(np.float64)
+    want = _ACTS[activation](x.astype(np.float64) @ w64 + bias)
+    assert got.shape == (m, n) and got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k) * 3)
+    np.testing.assert_array_equal(got, again)  # the packed weights are reused
+    if activation != "none":
+        assert got.min() >= 0 and (activation != "relu6" or got.max() <= 6)
+
+
+@pytest.mark.parametrize("m,n,feed_w", [(1, 128, False), (8, 10, False), (8, 128, True)])
+def test_blas_path_where_packing_does_not_pay(monkeypatch, m, n, feed_w):
+    """One row, narrow outputs and weights fed at run time (not constant) keep the BLAS path."""
+    calls = _spy(monkeypatch)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((m, 20)).astype(np.float32)
+    w = rng.standard_normal((20, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    got, _ = _run(x, w, bias, "relu", False, feed_w=feed_w)
+    assert not calls
+    np.testing.assert_allclose(got, np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_threads_give_the_same_bytes(monkeypatch):
+    """Split over two intra-op threads by whole panels: the bytes of one thread's result."""
+    _tile_or_skip()
+    from isthmus.core import threads
+    monkeypatch.setattr(threads, "chunk_scale", lambda: 1.0)  # split whatever the machine's hand-off costs
+    chunks = []
+    real = threads.fan_out
+    monkeypatch.setattr(threads, "fan_out", lambda *a, **k: chunks.append(real(*a, **k)))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((24, 1000)).astype(np.float32)
+    w = rng.standard_normal((1000, 640)).astype(np.float32)
+    bias = rng.standard_normal(640).astype(np.float32)
+    for a in (w, bias):
+        a.flags.writeable = False
+    dense = fused_dense.PackedDense("relu", False)
+    assert dense.applies(x, w, bias)
+    with threads.IntraOpThreads(1):
+        one = dense(x, w, bias)
+    with threads.IntraOpThreads(2):
+        two = dense(x, w, bias)
+    assert chunks == [2]
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-3)

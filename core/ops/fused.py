@@ -65,8 +65,9 @@ def _kernel_fused_matmul(node, ctx):
         packed = PackedDense(node.attrs["activation"], node.attrs["transpose_b"])
 
     def run(a, b, bias):
-        if packed is not None and packed.applies(a, b, bias):
-            return packed(a, b, bias)
+        path = packed.path(a, b, bias) if packed is not None else ""
+        if path:
+            return packed(a, b, bias, path)
         y = mm(a, b)
         add(y, bias, out=y)
         return act(y)

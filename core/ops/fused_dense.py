@@ -1,6 +1,7 @@
-"""FusedMatMul's packed path (CPU, float32, constant weights): a dense layer at small batch on
+"""FusedMatMul's compiled path (CPU, float32, constant weights): a dense layer at small batch on
 jit/dense.py's register tile, the weights and bias packed once per node, the relu/relu6 clamp in
-the tile's epilogue, instead of BLAS (which repacks the weights on every call) and two numpy passes."""
+the tile's epilogue, instead of BLAS (which repacks the weights on every call) and two numpy passes;
+at batch 1 jit/dense.py's matrix-vector loop with the bias and clamp in the same call."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,31 +20,34 @@ class PackedDense:
         self.clamp = tuple(np.float32(v) for v in _CLAMPS[activation]) if activation in _CLAMPS else None
         self.transpose_b = transpose_b
         self._cached = None  # (b, bias, packed)
-        self._decided = None  # (b, bias, a's shape, a's dtype, whether the call runs here)
+        self._decided = None  # (b, bias, a's shape, a's dtype, the path: "tile", "gemv" or "" for BLAS)
 
-    def applies(self, a, b, bias) -> bool:
-        """Whether this call runs here (else the caller's BLAS path); decided once per constant
-        weights and input shape (the checks cost about 10 us, a tenth of a batch-1 layer)."""
+    def path(self, a, b, bias) -> str:
+        """How this call runs: "tile", "gemv", or "" (the caller's BLAS path); decided once per
+        constant weights and input shape (the checks cost about 10 us, a tenth of a batch-1 layer)."""
         d = self._decided
         if d is not None and d[0] is b and d[1] is bias and d[2] == a.shape and d[3] == a.dtype and \
                 type(a) is np.ndarray:
             return d[4]
-        ok = self._decide(a, b, bias)
-        if ok is not None:
-            self._decided = (b, bias, a.shape, a.dtype, ok)
-        return bool(ok)
+        path = self._decide(a, b, bias)
+        if path is not None:
+            self._decided = (b, bias, a.shape, a.dtype, path)
+        return path or ""
 
     def _decide(self, a, b, bias):
-        """True or False for constant weights (the decision is then kept), None for others (no)."""
+        """The path for constant weights ("tile", "gemv", or "": BLAS; the decision is then kept),
+        None for others (BLAS)."""
         if self.clamp is None or not (type(a) is np.ndarray and a.ndim == 2 and b.ndim == 2 and bias.ndim == 1):
             return None
         if not (_immutable(b) and _immutable(bias)):
             return None
         n = b.shape[0] if self.transpose_b else b.shape[1]
         if not (a.dtype == b.dtype == bias.dtype == np.float32) or bias.shape[0] != n or not jit.available():
-            return False
+            return ""
+        if a.shape[0] == 1:  # a matrix-vector product on the weights as they are
+            return "gemv" if not self.transpose_b and b.flags.c_contiguous else ""
         from ...jit.dense import dense_pays  # deferred: loads llvmlite, numba
-        return dense_pays(a.shape[0], a.shape[1], n)
+        return "tile" if dense_pays(a.shape[0], a.shape[1], n) else ""
 
     def _packed(self, b, bias):
         cached = self._cached
@@ -54,16 +58,20 @@ class PackedDense:
         self._cached = (b, bias, packed)  # immutable: holding them keeps their identities unique
         return packed
 
-    def __call__(self, a, b, bias):
-        from ...jit.dense import dense, dense_panels, pack_rows  # deferred: loads numba
-        wt = self._packed(b, bias)
+    def __call__(self, a, b, bias, path: str):
+        from ...jit.dense import dense, dense_panels, gemv_bias_clamp, pack_rows  # deferred: loads numba
         m, k = a.shape
         n = bias.shape[0]
+        lo, hi = self.clamp
+        if path == "gemv":
+            y = np.empty((1, n), np.float32)
+            gemv_bias_clamp(a[0], b, bias, lo, hi, y[0])
+            return y
+        wt = self._packed(b, bias)
         quads = -(-m // 4)
         rows = np.empty((quads, k + 1, 4), np.float32)
         y = np.empty((4 * quads, wt.shape[0] * wt.shape[2]), np.float32)
         zeros = _zeros(4 * quads)
-        lo, hi = self.clamp
         flops = 2 * m * k * n
         if flops < 2 * threads.MIN_CHUNK_FLOPS or threads.intra_threads() == 1:  # cannot split: one call
             dense(a, rows, wt, zeros, y, lo, hi)

@@ -1,6 +1,6 @@
-"""FusedMatMul's packed path (jit/dense.py's tile, weights and bias packed once) against float64 numpy:
-shapes off the tile's multiples, every clamp, transposed weights, and the BLAS path where it does not
-apply (fed weights, one row, narrow outputs)."""
+"""FusedMatMul's compiled paths (jit/dense.py's tile with the weights and bias packed once; the
+one-row matrix-vector loop) against float64 numpy: shapes off the tile's multiples, every clamp,
+transposed weights, and the BLAS path where neither applies (fed weights, narrow outputs)."""
 import numpy as np
 import pytest
 
@@ -35,7 +35,7 @@ def _run(x, w, bias, activation, transpose_b, feed_w=False):
 def _spy(monkeypatch):
     calls = []
     real = fused_dense.PackedDense.__call__
-    monkeypatch.setattr(fused_dense.PackedDense, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(fused_dense.PackedDense, "__call__", lambda self, *a: calls.append(a[-1]) or real(self, *a))
     return calls
 
 
@@ -49,7 +49,7 @@ def test_packed_matches_float64(monkeypatch, m, k, n, activation, transpose_b):
     w = rng.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float32)
     bias = (rng.standard_normal(n) * 2).astype(np.float32)
     got, again = _run(x, w, bias, activation, transpose_b)
-    assert calls, "the packed path did not run"
+    assert set(calls) == {"tile"}, "the packed path did not run"
     w64 = w.astype(np.float64).T if transpose_b else w.astype(np.float64)
     want = _ACTS[activation](x.astype(np.float64) @ w64 + bias)
     assert got.shape == (m, n) and got.dtype == np.float32 and got.flags.c_contiguous
@@ -59,17 +59,36 @@ def test_packed_matches_float64(monkeypatch, m, k, n, activation, transpose_b):
         assert got.min() >= 0 and (activation != "relu6" or got.max() <= 6)
 
 
-@pytest.mark.parametrize("m,n,feed_w", [(1, 128, False), (8, 10, False), (8, 128, True)])
-def test_blas_path_where_packing_does_not_pay(monkeypatch, m, n, feed_w):
-    """One row, narrow outputs and weights fed at run time (not constant) keep the BLAS path."""
+@pytest.mark.parametrize("k,n,activation", [(784, 512, "relu"), (7, 3, "relu6"), (1, 20, "none")])
+def test_one_row_matches_float64(monkeypatch, k, n, activation):
+    """Batch 1: the matrix-vector loop on the weights as they are (k off its unroll of 4)."""
+    calls = _spy(monkeypatch)
+    rng = np.random.default_rng(k + n)
+    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = (rng.standard_normal(n) * 2).astype(np.float32)
+    got, again = _run(x, w, bias, activation, False)
+    assert calls == ["gemv", "gemv"]
+    want = _ACTS[activation](x.astype(np.float64) @ w + bias)
+    assert got.shape == (1, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k) * 3)
+    np.testing.assert_array_equal(got, again)
+
+
+@pytest.mark.parametrize("m,n,feed_w,transpose_b", [(1, 128, False, True), (8, 10, False, False),
+                                                    (8, 128, True, False), (1, 128, True, False)])
+def test_blas_path_where_packing_does_not_pay(monkeypatch, m, n, feed_w, transpose_b):
+    """Narrow outputs, one row of transposed weights, and weights fed at run time (not constant)
+    keep the BLAS path."""
     calls = _spy(monkeypatch)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((m, 20)).astype(np.float32)
-    w = rng.standard_normal((20, n)).astype(np.float32)
+    w = rng.standard_normal((n, 20) if transpose_b else (20, n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
-    got, _ = _run(x, w, bias, "relu", False, feed_w=feed_w)
+    got, _ = _run(x, w, bias, "relu", transpose_b, feed_w=feed_w)
     assert not calls
-    np.testing.assert_allclose(got, np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-5)
+    w64 = w.T.astype(np.float64) if transpose_b else w.astype(np.float64)
+    np.testing.assert_allclose(got, np.maximum(x.astype(np.float64) @ w64 + bias, 0), rtol=1e-5, atol=1e-5)
 
 
 def test_threads_give_the_same_bytes(monkeypatch):
@@ -87,11 +106,11 @@ def test_threads_give_the_same_bytes(monkeypatch):
     for a in (w, bias):
         a.flags.writeable = False
     dense = fused_dense.PackedDense("relu", False)
-    assert dense.applies(x, w, bias)
+    assert dense.path(x, w, bias) == "tile"
     with threads.IntraOpThreads(1):
-        one = dense(x, w, bias)
+        one = dense(x, w, bias, "tile")
     with threads.IntraOpThreads(2):
-        two = dense(x, w, bias)
+        two = dense(x, w, bias, "tile")
     assert chunks == [2]
     np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(one, np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-3)

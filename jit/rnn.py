@@ -15,7 +15,7 @@ import numba as nb  # imported only when a recurrent kernel is first bound
 import numpy as np
 
 from .fastexp import FAST, exp1
-from .gemm_f32 import _panels
+from .gemm_f32 import _panels, supported  # noqa: F401  (supported: whether lstm_steps_packed's tile serves)
 
 _F32 = np.float32
 _ONE, _TWO, _MTWO = _F32(1.0), _F32(2.0), _F32(-2.0)

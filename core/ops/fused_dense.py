@@ -46,26 +46,24 @@ class PackedDense:
             return ""
         if a.shape[0] == 1:  # a matrix-vector product on the weights as they are
             return "gemv" if not self.transpose_b and b.flags.c_contiguous else ""
-        from ...jit.dense import dense_pays  # deferred: loads llvmlite, numba
-        return "tile" if dense_pays(a.shape[0], a.shape[1], n) else ""
+        return "tile" if _jit_dense().dense_pays(a.shape[0], a.shape[1], n) else ""
 
     def _packed(self, b, bias):
         cached = self._cached
         if cached is not None and cached[0] is b and cached[1] is bias:
             return cached[2]
-        from ...jit.dense import pack_dense  # deferred: loads numba
-        packed = pack_dense(b.T if self.transpose_b else b, bias)
+        packed = _jit_dense().pack_dense(b.T if self.transpose_b else b, bias)
         self._cached = (b, bias, packed)  # immutable: holding them keeps their identities unique
         return packed
 
     def __call__(self, a, b, bias, path: str):
-        from ...jit.dense import dense, dense_panels, gemv_bias_clamp, pack_rows  # deferred: loads numba
+        jd = _jit_dense()
         m, k = a.shape
         n = bias.shape[0]
         lo, hi = self.clamp
         if path == "gemv":
             y = np.empty((1, n), np.float32)
-            gemv_bias_clamp(a[0], b, bias, lo, hi, y[0])
+            jd.gemv_bias_clamp(a[0], b, bias, lo, hi, y[0])
             return y
         wt = self._packed(b, bias)
         quads = -(-m // 4)
@@ -74,14 +72,24 @@ class PackedDense:
         zeros = _zeros(4 * quads)
         flops = 2 * m * k * n
         if flops < 2 * threads.MIN_CHUNK_FLOPS or threads.intra_threads() == 1:  # cannot split: one call
-            dense(a, rows, wt, zeros, y, lo, hi)
+            jd.dense(a, rows, wt, zeros, y, lo, hi)
         else:  # whole panels per chunk: each output column is computed alike on any number of threads
-            pack_rows(a, rows)
-            threads.fan_out(lambda p0, p1: dense_panels(rows, wt, zeros, y, p0, p1, lo, hi), wt.shape[0],
+            jd.pack_rows(a, rows)
+            threads.fan_out(lambda p0, p1: jd.dense_panels(rows, wt, zeros, y, p0, p1, lo, hi), wt.shape[0],
                             flops, flops=True)
         if y.shape[1] != n:  # the last panel's columns past n
             return np.ascontiguousarray(y[:m, :n])
         return y if 4 * quads == m else y[:m]
+
+
+_JIT = []  # jit.dense, once loaded (an import statement per call cost a few us of a batch-1 layer)
+
+
+def _jit_dense():
+    if not _JIT:
+        from ...jit import dense  # deferred: loads llvmlite and numba
+        _JIT.append(dense)
+    return _JIT[0]
 
 
 _ZEROS = [np.zeros(0, np.float32)]

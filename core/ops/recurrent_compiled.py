@@ -78,30 +78,37 @@ class CompiledLSTM:
         c = np.zeros((batch, hid), np.float32) if c0 is None else np.array(c0, np.float32, order="C")
         y = np.empty((steps, batch, hid), np.float32)
         if batch > _PACKED_MIN_BATCH and hid % 4 == 0 and _tile_ok():
-            from ...jit.rnn import lstm_steps_packed  # deferred: jit.rnn loads numba
             quads = -(-batch // 4)
-            lstm_steps_packed(proj, bias, self._packed(rt, w, r, b), order, h0s, c, y,
+            _jit_rnn().lstm_steps_packed(proj, bias, self._packed(rt, w, r, b), order, h0s, c, y,
                               np.empty((4 * quads, 4 * hid), np.float32), np.empty((quads, hid, 4), np.float32),
                               np.zeros(4 * quads, np.float32))
         elif batch * hid <= COMPILED_UNITS:
-            from ...jit.rnn import lstm_steps  # deferred: jit.rnn loads numba
             proj += bias
-            lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))
+            _jit_rnn().lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))
         else:
             serial_blas(np, lambda: _gemm_steps(proj, bias, rt, order, h0s, c, y))
         return y, y[order[-1]], c
 
 
 def _tile_ok() -> bool:
-    from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
-    return supported()
+    return _jit_rnn().supported()
+
+
+_JIT = []  # jit.rnn, once loaded (an import statement per call cost a few us of a batch-1 run)
+
+
+def _jit_rnn():
+    if not _JIT:
+        from ...jit import rnn  # deferred: loads llvmlite and numba
+        _JIT.append(rnn)
+    return _JIT[0]
 
 
 def _gemm_steps(proj, bias, rt, order, h0, c, y) -> None:
     """Larger batches: each step's recurrent product is one BLAS GEMM ([B, H] x [H, 4H]) and its gates
     one compiled call, instead of lstm_steps' per-example matrix-vector loops. The caller holds BLAS
     to one thread (serial_blas): a threaded BLAS waits on its other threads after every step."""
-    from ...jit.rnn import lstm_cells  # deferred: jit.rnn loads numba
+    lstm_cells = _jit_rnn().lstm_cells
     matmul = np.matmul
     z = np.empty(proj.shape[1:], np.float32)
     hp = h0

@@ -114,3 +114,19 @@ def test_threads_give_the_same_bytes(monkeypatch):
     assert chunks == [2]
     np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(one, np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_nan_passes_the_clamp(monkeypatch, m):
+    """As numpy's maximum: a NaN in a row makes that row's outputs NaN under relu and relu6 alike."""
+    _tile_or_skip()
+    calls = _spy(monkeypatch)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((m, 16)).astype(np.float32)
+    x[0, 3] = np.nan
+    w = rng.standard_normal((16, 128)).astype(np.float32)
+    bias = rng.standard_normal(128).astype(np.float32)
+    for activation in ("relu", "relu6"):
+        got, _ = _run(x, w, bias, activation, False)
+        assert np.isnan(got[0]).all() and not np.isnan(got[1:]).any()
+    assert set(calls) == {"gemv" if m == 1 else "tile"}

@@ -1,11 +1,13 @@
-"""The recurrent loops of the edge's fused LSTMSequence and GRUSequence kernels, compiled.
+"""The recurrent loops of the fused LSTMSequence and GRUSequence kernels (the edge's and core's), compiled.
 
 numpy runs a step as about a dozen passes over [B, G H] (one product, then gate by gate), each paying
 a call's overhead: at batch 1 and H = 64 that is most of a step's time. Here a step is one loop per
 example: the recurrent product as rank-1 updates over a row of gates (contiguous, so it vectorizes),
-then every gate of a hidden unit at once. The input projection of all steps stays one BLAS GEMM, done
-by the caller (edge/kernels_rnn.py), which also negates the sigmoid gates' rows (sigmoid(z) is then
-1 / (1 + exp(v)) of what the loops read) and folds in the biases.
+then every gate of a hidden unit at once, in one pass over the units whose exps (fastexp.exp1,
+inlined) LLVM vectorizes across units. At larger batch (lstm_steps_packed) the product runs on
+jit.gemm_f32's register tile instead. The input projection of all steps stays one BLAS GEMM, done
+by the caller, which also negates the sigmoid gates' rows (sigmoid(z) is then 1 / (1 + exp(v)) of
+what the loops read) and folds in the biases (lstm_steps_packed and lstm_cells take them apart).
 """
 from __future__ import annotations
 

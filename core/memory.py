@@ -5,17 +5,20 @@ Why: numpy takes its arrays from malloc. glibc serves a request above its mmap t
 at first, raised on the fly up to 32 MiB as mapped blocks are freed) with a fresh mapping, and
 returns the top of its heap to the kernel once more than its trim threshold (twice the mmap
 threshold) is free there. A plan's intermediates are freed at the end of every run, so a run at
-batch 32 could fault in every page of its working set again: 2,000-3,400 minor faults (8-14 MB)
-per run for the CNN, the transformer and the Inception-shaped net of benchmarks/converters_infer.py,
-depending on which arrays the process had freed before. Setting either threshold alone switches
-glibc's adaptive threshold off and makes it worse (up to 31,000 faults per run for the
-ResNet-50-shaped net); both together remove the faults (measured, see tune_malloc).
+batch 32 faulted much of its working set in again: 1,500-3,900 minor faults (6-16 MB) per run for the CNN,
+the transformer and the Inception-shaped net of benchmarks/converters_infer.py (one model per
+process; how many depends on what the process freed before). strace showed heap-top trims (7-17
+brk calls per run), no munmap: the outputs and conv scratch of 0.5-8 MB lived on the heap, whose top
+was handed back between runs. Setting either threshold alone switches glibc's adaptive threshold
+off and makes it worse (up to 31,700 faults per run for the ResNet-50-shaped net, then mapped);
+both together remove the faults.
 
 What: M_MMAP_THRESHOLD = 32 MiB (glibc's largest: bigger arrays are mapped, and numpy asks the
-kernel for huge pages for them) and M_TRIM_THRESHOLD = 128 MiB (the free memory the heap may keep;
-64 MiB was the least that kept MobileNetV2 at batch 32 from faulting). The first Session does it,
-once per process. Skipped off glibc, when ISTHMUS_MALLOC=0 (or off/false/no), and when the user
-set glibc's malloc tunables (MALLOC_*_ variables, GLIBC_TUNABLES=glibc.malloc.*): theirs win.
+kernel for huge pages for them) and M_TRIM_THRESHOLD = 128 MiB (the free memory the heap may keep:
+32 MiB left MobileNetV2 at batch 32 with 1,965 faults per run, 64 MiB with none; RSS grew by
+0-21 MB). The first Session does it, once per process. Skipped off glibc, when ISTHMUS_MALLOC=0
+(or off/false/no), and when the user set glibc's malloc tunables (MALLOC_*_ variables,
+GLIBC_TUNABLES=glibc.malloc.*): theirs win.
 """
 from __future__ import annotations
 

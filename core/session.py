@@ -14,6 +14,7 @@ from .errors import FeedError
 from .executor import KernelContext, Plan, SessionState, prune
 from .fetches import feed_check, fetch_key, flatten, resolve_feed, resolve_fetch
 from .graph import Graph, Node, Tensor, get_default_graph
+from .memory import tune_malloc
 from .ops.numerics import checked_feed
 from .passes import optimize
 from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
@@ -75,6 +76,7 @@ class Session:
         unless inter_op_threads is given); as TensorFlow's ConfigProto (core/threads.py). Branches
         run only where the cost rule says they pay (core/scheduler.py)."""
         self.graph = graph if graph is not None else get_default_graph()
+        tune_malloc()  # once per process: runs reuse freed buffers instead of faulting them in (core/memory.py)
         self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
                                    gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
         self.state = SessionState(rendezvous, self.devices)

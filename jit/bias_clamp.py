@@ -50,3 +50,22 @@ def ohwn_to_nchw(src, y, a):
                 d = y[n, o, a + r]
                 for w in range(w_):
                     d[w] = tile[w, n]
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def add_clamp(y, r, lo, hi):
+    """y (flat) in place: y[i] = min(max(y[i] + r[i], lo), hi): a residual addend and the clamp in
+    one pass over a finished convolution's output (r any flat array of y's length)."""
+    for i in range(y.shape[0]):
+        y[i] = min(max(y[i] + r[i], lo), hi)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def bias_add_clamp_rows(y, bias, r, lo, hi):
+    """y [R, L] in place: y[i] = min(max(y[i] + bias[i % C] + r[i], lo), hi), r [R, L] the residual
+    addend: bias_clamp_rows with the addend read in the same pass."""
+    c = bias.shape[0]
+    for i in range(y.shape[0]):
+        row, add, b = y[i], r[i], bias[i % c]
+        for j in range(row.shape[0]):
+            row[j] = min(max(row[j] + b + add[j], lo), hi)

@@ -58,10 +58,11 @@ class Builder:
         return new
 
 
-def fuse_bias_activation(rw: Rewrite) -> Rewrite:
+def fuse_bias_activation(rw: Rewrite, residual: bool = False) -> Rewrite:
     """MatMul -> BiasAdd(-> activation) and Conv2D -> BiasAdd(-> activation) become one node,
     emitted where the last node of the group stood (all its inputs exist by then). Conv2D ->
-    BiasAdd -> Add(r) (-> Relu/Relu6), r a residual of the output's shape, becomes FusedConv2DAdd."""
+    BiasAdd -> Add(r) (-> Relu/Relu6), r a residual of the output's shape, becomes FusedConv2DAdd
+    when `residual` (the executor's op only: the edge and the exporters know FusedConv2D and Add)."""
     g = rw.graph
     users: Dict[Tensor, List[Node]] = {}
     for n in g.nodes:
@@ -69,7 +70,7 @@ def fuse_bias_activation(rw: Rewrite) -> Rewrite:
             users.setdefault(t, []).append(n)
     uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
     fused_conv = "FusedConv2D" in registered()
-    residual = "FusedConv2DAdd" in registered()
+    residual = residual and "FusedConv2DAdd" in registered()
     groups: Dict[Node, tuple] = {}  # last node of a group -> (product, bias_add, activation name, residual Add)
     skip, claimed = set(), set()
     for n in g.nodes:

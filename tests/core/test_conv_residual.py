@@ -8,7 +8,7 @@ import pytest
 import isthmus as ism
 from isthmus.core.executor import prune
 from isthmus.core.ops.base import make
-from isthmus.core.passes import optimize
+from isthmus.core.passes import SESSION_PASSES, optimize
 
 from .opcheck import check_gradients
 from .test_conv_forward import ACTS, ref_conv
@@ -16,9 +16,15 @@ from .test_conv_forward import ACTS, ref_conv
 
 def _rewrite(g, fetches, feeds):
     nodes = prune([f.node for f in fetches], set(feeds))
-    rw = optimize(g, nodes, list(fetches), list(feeds))
+    rw = optimize(g, nodes, list(fetches), list(feeds), SESSION_PASSES)
     rw.graph.verify()
     return rw
+
+
+def test_default_passes_leave_the_residual_add_for_the_edge_and_the_exporters():
+    g, x, r, y, feed, _ = _residual_graph("relu", False)
+    rw = optimize(g, prune([y.node], {x, r}), [y], [x, r])
+    assert sorted(n.op for n in rw.graph.nodes if n.op not in ("Const", "Placeholder")) == ["Add", "FusedConv2D", "Relu"]
 
 
 def _residual_graph(act, r_first, n=2, c=8, o=8, hw=6, r_shape=None, extra_use=False):

@@ -69,3 +69,18 @@ def bias_add_clamp_rows(y, bias, r, lo, hi):
         row, add, b = y[i], r[i], bias[i % c]
         for j in range(row.shape[0]):
             row[j] = min(max(row[j] + b + add[j], lo), hi)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def ohwn_to_nchw_bias_add_clamp(src, bias, r, lo, hi, y, a):
+    """ohwn_to_nchw_bias_clamp with a residual addend r of y's shape [N, O, H, W] read in the same
+    pass: y[n, o, a + i, w] = min(max(src[o, i, w, n] + bias[o] + r[n, o, a + i, w], lo), hi)."""
+    o_, r_, w_, n_ = src.shape
+    for o in range(o_):
+        b = bias[o]
+        for i in range(r_):
+            tile = src[o, i]
+            for n in range(n_):
+                d, add = y[n, o, a + i], r[n, o, a + i]
+                for w in range(w_):
+                    d[w] = min(max(tile[w, n] + b + add[w], lo), hi)

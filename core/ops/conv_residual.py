@@ -4,15 +4,11 @@ convolution's paths with the addend added where they finish the output (conv.py'
 and the gradient flows to the addend through the activation alone."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import ShapeError
 from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import make
 from .conv import _conv_attrs, _cost_conv, _infer_conv, _kernel_conv
-from .depthwise import _CLAMPS, compiled_ok
-from .fused import activation_inplace
 
 RESIDUAL_ACTIVATIONS = ("none", "relu", "relu6")  # what the paths clamp (and ReluGrad differentiates)
 
@@ -31,33 +27,7 @@ def _infer_conv_add(node):
 
 
 def _kernel_fused_conv_add(node, ctx):
-    conv = _kernel_conv(node, ctx, "none")
-    finish = addend_finish(ctx.xp, node.attrs["activation"])
-
-    def run(x, w, bias, addend):
-        return finish(conv(x, w, bias), addend)
-    return run
-
-
-def addend_finish(xp, activation: str):
-    """f(y, r) -> act(y + r), in place in y (the convolution's fresh output): one compiled pass where
-    isthmus.jit serves (float32, the clamp of none, relu or relu6), else numpy's add and activation.
-    An addend that only broadcasts to y (unknown dims that differed at run time) gets numpy's
-    broadcasting add into a new array."""
-    act = activation_inplace(xp, activation)
-    lo, hi = _CLAMPS[activation]
-
-    def finish(y, r):
-        if r.shape != y.shape or not y.flags.writeable:
-            return act(xp.add(y, r))
-        if (compiled_ok(xp, y.dtype) and y.dtype == np.float32 and r.dtype == y.dtype
-                and y.flags.c_contiguous and r.flags.c_contiguous):
-            from ...jit.bias_clamp import add_clamp  # deferred: loads numba
-            add_clamp(y.reshape(-1), r.reshape(-1), np.float32(lo), np.float32(hi))
-            return y
-        xp.add(y, r, out=y)
-        return act(y)
-    return finish
+    return _kernel_conv(node, ctx, node.attrs["activation"], residual=True)
 
 
 def _cost_conv_add(node):

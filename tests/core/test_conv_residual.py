@@ -7,6 +7,7 @@ import pytest
 
 import isthmus as ism
 from isthmus.core.executor import prune
+from isthmus.core.ops import conv as conv_ops
 from isthmus.core.ops.base import make
 from isthmus.core.passes import SESSION_PASSES, optimize
 
@@ -129,9 +130,30 @@ PATH_CASES = [
 ]
 
 
+@pytest.mark.parametrize("jit", ["compiled", "numpy"])
 @pytest.mark.parametrize("act", ["none", "relu", "relu6"])
 @pytest.mark.parametrize("n,c,o,hw,k,s,groups", PATH_CASES)
-def test_fused_conv_add_paths_against_reference(n, c, o, hw, k, s, groups, act):
+def test_fused_conv_add_paths_against_reference(n, c, o, hw, k, s, groups, act, jit, monkeypatch):
+    """Every path but depthwise adds the addend where it finishes the output (no pass of its own)."""
+    _check_path(monkeypatch, (n, c, o, hw, k, s, groups), act, jit, fed=False)
+
+
+@pytest.mark.parametrize("jit", ["compiled", "numpy"])
+@pytest.mark.parametrize("n,c,o,hw,k,s,groups", PATH_CASES + [(2, 32, 16, 8, 3, 1, 1)])
+def test_fused_conv_add_with_fed_weights(n, c, o, hw, k, s, groups, jit, monkeypatch):
+    """Weights fed at run time (training): no packed kernels; BLAS, the row taps' finisher, the
+    per-image finish."""
+    _check_path(monkeypatch, (n, c, o, hw, k, s, groups), "relu", jit, fed=True)
+
+
+def _check_path(monkeypatch, case, act, jit, fed):
+    n, c, o, hw, k, s, groups = case
+    monkeypatch.setenv("ISTHMUS_JIT", "1" if jit == "compiled" else "0")
+    after = []
+    original = conv_ops._AddAfter.__call__
+    monkeypatch.setattr(conv_ops._AddAfter, "__call__", lambda self, *a: after.append(1) or original(self, *a))
+    images, images_original = [], conv_ops._images_compiled
+    monkeypatch.setattr(conv_ops, "_images_compiled", lambda *a: images.append(1) or images_original(*a))
     rng = np.random.default_rng(6)
     xv = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
     wv = rng.standard_normal((o, c // groups, k, k)).astype(np.float32) * 0.3
@@ -139,14 +161,18 @@ def test_fused_conv_add_paths_against_reference(n, c, o, hw, k, s, groups, act):
     g = ism.Graph(seed=0)
     with g.as_default():
         x = ism.placeholder("float32", xv.shape, name="x")
-        y0 = ism.conv2d(x, ism.constant(wv), strides=s, padding="SAME", groups=groups)
+        wt = ism.placeholder("float32", wv.shape, name="w") if fed else ism.constant(wv)
+        y0 = ism.conv2d(x, wt, strides=s, padding="SAME", groups=groups)
         rv = (rng.standard_normal(tuple(y0.shape)) * 3).astype(np.float32)
         r = ism.placeholder("float32", rv.shape, name="r")
-        y = _fused(x, ism.constant(wv), ism.constant(bv), r, act, strides=s, groups=groups)
+        y = _fused(x, wt, ism.constant(bv), r, act, strides=s, groups=groups)
+    feed = {x: xv, r: rv, **({wt: wv} if fed else {})}
     r_before = rv.copy()
     pads = y0.node.attrs["pads"]
     for _ in range(2):  # the second run reuses what the first cached (packed weights, plans)
-        got = ism.Session(g, optimize=False).run(y, {x: xv, r: rv})
+        got = ism.Session(g, optimize=False).run(y, feed)
         want = ref_conv(xv, wv, (s, s), pads, (1, 1), groups) + bv.reshape(1, -1, 1, 1) + rv
         np.testing.assert_allclose(got, ACTS[act](want), rtol=2e-5, atol=3e-5)
     np.testing.assert_array_equal(rv, r_before)  # the addend is read, never written
+    # only depthwise and jit.conv_images (fed weights at a batch) add the addend in a pass of their own
+    assert bool(after) == (groups == c or bool(images))

@@ -234,7 +234,7 @@ def addend_finish(xp, activation: str):
     lo, hi = _CLAMPS[activation]
 
     def finish(y, r):
-        if r.shape != y.shape or not y.flags.writeable:
+        if r.shape != y.shape or not getattr(y.flags, "writeable", True):  # cupy arrays have no such flag
             return act(xp.add(y, r))
         if (compiled_ok(xp, y.dtype) and y.dtype == np.float32 and r.dtype == y.dtype
                 and y.flags.c_contiguous and r.flags.c_contiguous):

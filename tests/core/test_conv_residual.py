@@ -176,3 +176,13 @@ def _check_path(monkeypatch, case, act, jit, fed):
     np.testing.assert_array_equal(rv, r_before)  # the addend is read, never written
     # only depthwise and jit.conv_images (fed weights at a batch) add the addend in a pass of their own
     assert bool(after) == (groups == c or bool(images))
+
+
+def test_fused_conv_add_on_the_stand_in_gpu_matches_the_host():
+    """GPU devices run core.gpu_kernels' FusedConv2DAdd (the stand-in runs the same code)."""
+    from isthmus.core import registry
+    from isthmus.core.gpu_kernels import conv as gpu_conv
+    g, x, r, y, feed, _ = _residual_graph("relu6", False)
+    got = ism.Session(g, device="gpu", gpu="simulated").run(y, feed)
+    assert getattr(registry.get("FusedConv2DAdd").kernel, "gpu", None) is gpu_conv.KERNELS["FusedConv2DAdd"]
+    np.testing.assert_allclose(got, ism.Session(g, optimize=False).run(y, feed), rtol=1e-5, atol=1e-5)

@@ -14,6 +14,8 @@ is itself a convolution (of dy with the flipped, transposed weights), else one G
 strided add per kernel tap. Depthwise convolutions skip the
 GEMM: compiled loops (isthmus.jit, forward and both gradients) where numba serves, else
 depthwise.py's chunked forward and a multiply-add per kernel tap for the gradients.
+FusedConv2DAdd (conv_residual.py) runs these paths with a residual addend added where each
+finishes its output (depthwise and jit.conv_images: one add + clamp pass after, _AddAfter).
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The GEMM paths' tails of conv.py: 1x1 convolutions as a matrix product per group of images
-(Pointwise), and the bias + activation that finishes every convolution GEMM's output (Finish)."""
+(Pointwise), and the bias + activation that finishes every convolution GEMM's output (Finish; with
+FusedConv2DAdd's residual addend too, and addend_finish for the paths that cannot take it)."""
 from __future__ import annotations
 
 import numpy as np

@@ -16,7 +16,7 @@ from .fetches import feed_check, fetch_key, flatten, resolve_feed, resolve_fetch
 from .graph import Graph, Node, Tensor, get_default_graph
 from .memory import tune_malloc
 from .ops.numerics import checked_feed
-from .passes import optimize
+from .passes import SESSION_PASSES, optimize
 from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
 from .shapes import compatible, fmt
 from .threads import IntraOpThreads, check_option, default_inter_op_threads
@@ -154,7 +154,7 @@ class Session:
             if self.optimize:
                 fed = set(feeds)
                 nodes = prune([f.node if isinstance(f, Tensor) else f for f in flat], fed)
-                rw = optimize(self.graph, nodes, flat, feeds)
+                rw = optimize(self.graph, nodes, flat, feeds, SESSION_PASSES)
                 run_fetches, run_feeds = rw.fetches, rw.feeds
             plan = self._plan(run_fetches, run_feeds)
             checks = [feed_check(t) for t in feeds]

@@ -24,6 +24,15 @@ def _consumers(g: Graph, fetched: set) -> Dict[Tensor, int]:
     return count
 
 
+def _pinned(rw: Rewrite) -> set:
+    """Nodes a rewrite must not fold away: control inputs of other nodes and nodes fetched as targets
+    (a folded node has no counterpart, so an edge or fetch naming it would be lost)."""
+    pinned = {f for f in rw.fetches if isinstance(f, Node)}
+    for n in rw.graph.nodes:
+        pinned.update(n.control_inputs)
+    return pinned
+
+
 def _rebuild(rw: Rewrite, rewrite: Callable[[Node, "Builder"], Optional[List[Tensor]]], stat: str) -> Rewrite:
     """Copy rw.graph node by node; `rewrite(node, builder)` may return replacement outputs."""
     b = Builder(rw)
@@ -33,6 +42,8 @@ def _rebuild(rw: Rewrite, rewrite: Callable[[Node, "Builder"], Optional[List[Ten
             for t, r in zip(n.outputs, repl):
                 if r is not None:
                     b.map[t] = r
+            if repl and repl[0] is not None:
+                b.node_map[n] = repl[0].node  # control edges on n now wait for its replacement
             if repl or stat == "dead":
                 b.stats[stat] = b.stats.get(stat, 0) + 1
             continue
@@ -73,6 +84,7 @@ def fuse_bias_activation(rw: Rewrite, residual: bool = False) -> Rewrite:
     residual = residual and "FusedConv2DAdd" in registered()
     groups: Dict[Node, tuple] = {}  # last node of a group -> (product, bias_add, activation name, residual Add)
     skip, claimed = set(), set()
+    pinned = _pinned(rw)
     for n in g.nodes:
         if n.op not in ("MatMul", "Conv2D") or n.control_inputs or (n.op == "Conv2D" and not fused_conv):
             continue
@@ -97,8 +109,11 @@ def fuse_bias_activation(rw: Rewrite, residual: bool = False) -> Rewrite:
         if uses.get(z, 0) == 1 and nxt[0].op in _ACT and not nxt[0].control_inputs \
                 and (add is None or _ACT[nxt[0].op] in _RESIDUAL_ACT):
             last, act = nxt[0], _ACT[nxt[0].op]
+        folded = [m for m in (n, ba, add) if m is not None and m is not last]
+        if any(m in pinned for m in folded):
+            continue  # a control edge or target fetch names a node the group would fold away
         groups[last] = (n, ba, act, add)
-        skip.update(m for m in (n, ba, add) if m is not None and m is not last)
+        skip.update(folded)
 
     def rewrite(n: Node, b: Builder):
         if n in skip:
@@ -157,12 +172,13 @@ def fold_batch_norm(rw: Rewrite) -> Rewrite:
     g = rw.graph
     uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
     folds: Dict[Node, tuple] = {}  # BatchNorm node -> (product node, new weights, new bias)
+    pinned = _pinned(rw)
     for n in g.nodes:
         if n.op != "BatchNorm" or n.attrs["training"] or n.control_inputs:
             continue
         x = n.inputs[0]
         prod = x.node
-        if prod.op not in ("MatMul", "Conv2D") or uses.get(x, 0) != 1 or prod.control_inputs:
+        if prod.op not in ("MatMul", "Conv2D") or uses.get(x, 0) != 1 or prod.control_inputs or prod in pinned:
             continue
         if any(uses.get(t, 0) for t in n.outputs[1:]):
             continue

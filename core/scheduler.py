@@ -97,6 +97,11 @@ _SPLIT_PASS_OPS = frozenset({"MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
 # of 25-100 MFLOP products on the VM: 0.8-1.6x, which this and the hand-off reproduce within 10%)
 SPLIT_EFFICIENCY = 0.85
 BRANCH_MARGIN = 0.8  # branches must beat the serial plan's predicted time by 20%: the model is rough
+# a node goes to the branch pool only with about ten hand-offs of work (the rule threads' chunk
+# sizes follow): a bidirectional LSTM at batch 1, two 0.2 ms directions handed off at a measured
+# 50-60 us each, ran 1.3-1.4x slower as branches than serially on the loaded VM (load 2-7)
+HEAVY_HANDOFFS = 10
+_RUNNER_NODE_S = 3e-6  # the branch runner's own bookkeeping per node (heap, counts), on the caller
 
 
 def handoff_seconds() -> float:
@@ -177,10 +182,10 @@ class BranchCosts:
         return total
 
     def heavy(self, scale: float, h: Optional[float] = None) -> List[bool]:
-        """Nodes worth a hand-off (`h`, default handoff_seconds()) to the branch pool: their work
-        outweighs two hand-offs."""
+        """Nodes worth a hand-off (`h`, default handoff_seconds()) to the branch pool: those that
+        carry HEAVY_HANDOFFS hand-offs of work, as threads' chunk sizes do."""
         h = handoff_seconds() if h is None else h
-        return [t > 2 * h for t in self.seconds(scale)]
+        return [t > HEAVY_HANDOFFS * h for t in self.seconds(scale)]
 
     def branch_seconds(self, scale: float, workers: int, h: Optional[float] = None) -> float:
         h = handoff_seconds() if h is None else h
@@ -195,7 +200,7 @@ class BranchCosts:
             _, i = heapq.heappop(ready)
             w = free.index(min(free)) if heavy[i] else 0  # light nodes run on the calling thread
             start = max(max((finish[j] for j in self.preds[i]), default=0.0), free[w])
-            finish[i] = free[w] = start + t[i] + (h if heavy[i] else 0.0)
+            finish[i] = free[w] = start + t[i] + (h if heavy[i] else 0.0) + _RUNNER_NODE_S
             end = max(end, finish[i])
             for u in self.users[i]:
                 waiting[u] -= 1

@@ -91,7 +91,12 @@ def one_thread_pays(nodes: Sequence[Node], fed: set) -> bool:
 # ops whose kernels cut their own work across the intra-op threads (core/ops/intra_op.py): products
 # by rows or columns (their FLOPs in chunks of MIN_CHUNK_FLOPS; BLAS threads the others itself), and
 # passes by rows (their bytes in chunks of MIN_CHUNK_BYTES). Any other op runs on one thread.
-_SPLIT_PASS_OPS = frozenset({"MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad", "BiasAdd", "BiasAddGrad"})
+# Forward convolutions split by images or rows in bytes (rows_apply), not by FLOPs: at Inception's
+# batch-32 sizes none reaches two chunks at the VM's measured chunk size, and the serial plan at
+# default threads ran on one core (process CPU = wall, 86 ms either way, 14:21 UTC).
+_SPLIT_PASS_OPS = frozenset({"Conv2D", "FusedConv2D", "MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
+                             "BiasAdd", "BiasAddGrad"})
+_SPLIT_PRODUCT_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2DBackpropInput", "Conv2DBackpropFilter"})
 # a node split k ways runs its split part about k * 0.85 times faster, not k: each thread packs
 # the shared operand of a product again, and the caller waits for the slowest chunk (2-way splits
 # of 25-100 MFLOP products on the VM: 0.8-1.6x, which this and the hand-off reproduce within 10%)
@@ -142,7 +147,7 @@ class BranchCosts:
             c = _cost(n)
             self.flops.append(c[0] if c else 0.0)
             self.nbytes.append(c[1] if c else 0.0)
-            self.kind.append("product" if n.op in BLAS_THREADED_OPS else "pass" if n.op in _SPLIT_PASS_OPS else "")
+            self.kind.append("product" if n.op in _SPLIT_PRODUCT_OPS else "pass" if n.op in _SPLIT_PASS_OPS else "")
             self.scales.append(any(d is None for o in n.outputs for d in o.shape))
             # bytes that do not grow with the unknown dims (weights): those of tensors of known shape
             self.fixed.append(max(0.0, self.nbytes[-1] - _unknown_bytes(n)))

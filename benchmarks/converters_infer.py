@@ -14,11 +14,15 @@ library its own). One thread: medians of interleaved samples, wall and the calli
 time; default threads: medians of blocks (timing.blocked_medians), since onnxruntime's threads spin
 after each run. Target <= 2x onnxruntime at batch 32 (`target_met` counts every model,
 `over_target_batch32` names the misses); issue #24's: batch 1 <= 1.5x (LSTM 2x), batch 32 <= 1.3x.
+Each row also gives minor page faults per run of each contender (extra calls after the timed ones)
+and the process's RSS after the row; `malloc` says whether isthmus tuned glibc's malloc
+(core/memory.py; ISTHMUS_MALLOC=0 leaves it alone, for a before/after comparison).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 
 import numpy as np
@@ -182,6 +186,24 @@ MODELS = {"mlp": mlp_model, "cnn": cnn_model, "mobilenet_v2": mobilenet_model, "
           "squeezenet": squeezenet_model}
 
 
+def faults_per_run(fns, runs: int = 5) -> dict:
+    """Minor page faults per call of each contender (process-wide ru_minflt, calls interleaved as
+    in the timing), counted in extra calls after the timed ones so the timing pays no getrusage."""
+    got = {k: 0 for k in fns}
+    for _ in range(runs):
+        for k, f in fns.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            f()
+            got[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return {k: round(v / runs, 1) for k, v in got.items()}
+
+
+def rss_mb() -> float:
+    """The process's resident memory now, MB (all models so far: one process runs every row)."""
+    with open("/proc/self/statm") as f:
+        return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6, 1)
+
+
 def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
     import onnxruntime as ort
     from isthmus.converters import from_onnx
@@ -205,10 +227,20 @@ def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
                     "cpu_ratio": round(cpu["isthmus"] / cpu["onnxruntime"], 2)})
     else:  # in blocks: onnxruntime's threads spin after each run and would slow whatever runs next
         wall = blocked_medians(fns, repeats=repeats)
+    faults = faults_per_run(fns)
+    row.update({"isthmus_faults_per_run": faults["isthmus"], "onnxruntime_faults_per_run": faults["onnxruntime"],
+                "rss_mb": rss_mb()})
     row.update({"isthmus_ms": round(wall["isthmus"] * 1e3, 3), "onnxruntime_ms": round(wall["onnxruntime"] * 1e3, 3),
                 "ratio": round(wall["isthmus"] / wall["onnxruntime"], 2), "max_rel_err": float(f"{err:.2e}"),
                 "nodes": len(g.nodes)})
     return row
+
+
+def _malloc_tuning() -> dict:
+    """What the first Session did to glibc's malloc (core/memory.py), for the record."""
+    from isthmus.core.memory import malloc_tuning
+    t = malloc_tuning()
+    return {"applied": t.applied, "reason": t.reason} if t is not None else {"applied": False, "reason": "no Session"}
 
 
 def _issue24_target(row: dict) -> float:
@@ -245,7 +277,7 @@ def main(argv=None) -> int:
                                                       if r["ratio"] > _issue24_target(r)],
                               "note": "ratio: wall time (the target's measure in a quiet window); cpu_ratio (one thread "
                                       "each): the calling thread's CPU time, far less disturbed by other load",
-                              "load_avg": os.getloadavg()[0]})
+                              "malloc": _malloc_tuning(), "load_avg": os.getloadavg()[0]})
     return 0
 
 

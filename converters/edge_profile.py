@@ -155,10 +155,11 @@ def fit_streaming(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
     return best[1], best[2]
 
 
-def measure_weight_streaming(int8: bool = True, convs: int = 32, rounds: int = 5) -> Tuple[float, float]:
+def measure_weight_streaming(int8: bool = True, convs: int = 32, rounds: int = 9) -> Tuple[float, float]:
     """(DeviceProfile.weight_stream_s, weight_cache) of the edge interpreter here: a cycle of the first
     P of `convs` weight-bound convolutions (_stream_chain), each P timed hot in a loop (CPU time, one
-    thread, the median of `rounds` passes); what a convolution takes beyond its time in the smallest
+    thread, the median of `rounds` passes: with 5, ResNet-shaped's 6.0M weights were priced 0.26-0.95 ms
+    across fits, with 9, 0.46-0.47 ms in three); what a convolution takes beyond its time in the smallest
     cycle (its weights in the shared cache, as the one-node calibration finds them), times P, against
     the cycle's weight elements, fitted as s * (weights - cache) (fit_streaming). A cycle of 2 runs
     at its one-node time; of 16 or more, 1.2-1.8x (the weights come from memory)."""

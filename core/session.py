@@ -14,8 +14,9 @@ from .errors import FeedError
 from .executor import KernelContext, Plan, SessionState, prune
 from .fetches import feed_check, fetch_key, flatten, resolve_feed, resolve_fetch
 from .graph import Graph, Node, Tensor, get_default_graph
+from .memory import tune_malloc
 from .ops.numerics import checked_feed
-from .passes import optimize
+from .passes import SESSION_PASSES, optimize
 from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
 from .shapes import compatible, fmt
 from .threads import IntraOpThreads, check_option, default_inter_op_threads
@@ -75,6 +76,7 @@ class Session:
         unless inter_op_threads is given); as TensorFlow's ConfigProto (core/threads.py). Branches
         run only where the cost rule says they pay (core/scheduler.py)."""
         self.graph = graph if graph is not None else get_default_graph()
+        tune_malloc()  # once per process: runs reuse freed buffers instead of faulting them in (core/memory.py)
         self.devices = DeviceTable(device or os.environ.get("ISTHMUS_DEVICE") or "cpu",
                                    gpu or os.environ.get("ISTHMUS_GPU") or "cuda", gpu_memory)
         self.state = SessionState(rendezvous, self.devices)
@@ -152,7 +154,7 @@ class Session:
             if self.optimize:
                 fed = set(feeds)
                 nodes = prune([f.node if isinstance(f, Tensor) else f for f in flat], fed)
-                rw = optimize(self.graph, nodes, flat, feeds)
+                rw = optimize(self.graph, nodes, flat, feeds, SESSION_PASSES)
                 run_fetches, run_feeds = rw.fetches, rw.feeds
             plan = self._plan(run_fetches, run_feeds)
             checks = [feed_check(t) for t in feeds]

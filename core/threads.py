@@ -235,13 +235,25 @@ def fan_out(fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside
         return 1
     bounds = [total * i // k for i in range(k + 1)]
     with (BlasThreads(1) if hold else _NO_LIMIT):
-        futures = [intra_pool().submit(fn, bounds[i], bounds[i + 1]) for i in range(1, k)]
+        futures = [(i, intra_pool().submit(fn, bounds[i], bounds[i + 1])) for i in range(1, k)]
         try:
             fn(bounds[0], bounds[1])
+            _run_unstarted(fn, bounds, futures)
         finally:
-            for f in futures:
-                f.result()  # re-raises a chunk's error here, after every chunk has ended
+            for _, f in futures:
+                if not f.cancelled():
+                    f.result()  # re-raises a chunk's error here, after every chunk has ended
     return k
+
+
+def _run_unstarted(fn, bounds, futures) -> None:
+    """The caller, its own chunk done, runs the chunks no pool thread has started (last submitted
+    first): where the other cores are busy (a shared machine, a loaded server) a split then costs
+    about one thread's time instead of waiting for a core. The chunks are the same whoever runs
+    them, and so are their bytes."""
+    for i, f in reversed(futures):
+        if f.cancel():
+            fn(bounds[i], bounds[i + 1])
 
 
 def handoff_s() -> float:
@@ -346,18 +358,16 @@ def _apply_hold(libs, n: int) -> None:
 
 class OneThreadRun:
     """One intra-op thread for the calling thread's run: its kernels see intra_threads() == 1
-    (a thread-local count: other threads' runs keep theirs, and so split as before), numba's
-    count on this thread is 1 (numba's is per thread) and BLAS is held to one thread. BLAS's
-    count is process-wide, so BLAS calls that other threads make while this block lasts run
-    one-threaded too: the same bytes for their split passes and summed parts, and for their
-    products the bytes of a one-thread product."""
+    (a thread-local count: other threads' runs keep theirs, and so split as before) and BLAS is
+    held to one thread. BLAS's count is process-wide, so BLAS calls that other threads make while
+    this block lasts run one-threaded too: the same bytes for their split passes and summed parts,
+    and for their products the bytes of a one-thread product (which a default run's products are:
+    RunBlasHold). numba's count is left alone: only `prange` kernels read it, and isthmus's
+    compiled kernels take their ranges from the pool (setting and restoring it cost ~4 us a run)."""
 
     def __enter__(self):
         self._prev = getattr(_local, "intra", None)
         _local.intra = 1
-        self._numba = _numba_threads()
-        if self._numba is not None and self._numba != 1:
-            _set_numba(1)
         self._blas = BlasThreads(1)
         self._blas.__enter__()
         self._held, _local.blas_held = getattr(_local, "blas_held", False), True
@@ -369,8 +379,6 @@ class OneThreadRun:
             self._blas.__exit__(*exc)
         finally:
             _local.intra = self._prev
-            if self._numba is not None and self._numba != 1:
-                _set_numba(self._numba)
         return False
 
 
@@ -393,11 +401,6 @@ class RunBlasHold:
         _local.blas_held = self._prev
         self._blas.__exit__(*exc)
         return False
-
-
-def _numba_threads() -> Optional[int]:
-    numba = sys.modules.get("numba")
-    return numba.get_num_threads() if numba is not None else None
 
 
 _NO_LIMIT = contextlib.nullcontext()

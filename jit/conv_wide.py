@@ -81,3 +81,27 @@ def conv_wide_images(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo,
     wide = np.empty((out.shape[1], cols), np.float32)
     for i in range(i0, i1):
         conv_wide(x[i], h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, out[i], oh, ow, pad, wide)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_wide_images_add(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, out, r, oh, ow, size, i0, i1):
+    """conv_wide_images with a residual addend r [N, O, OH OW]: the tiles leave the sum unclamped and
+    the copy out of the padded width adds r and clamps (the same one pass over the output)."""
+    pad = np.zeros(size, np.float32)
+    o = out.shape[1]
+    wide = np.empty((o, cols), np.float32)
+    inf = np.float32(np.inf)
+    for i in range(i0, i1):
+        # oh 0: conv_wide leaves the output at the padded width in wide (its own copy skipped)
+        conv_wide(x[i], h, w, top, left, starts, plane, wp, cols, wpk, bias, -inf, inf, out[i], 0, ow, pad, wide)
+        y, add = out[i], r[i]
+        for ch in range(o):
+            d, s, a = y[ch], wide[ch], add[ch]
+            for oy in range(oh):
+                for ox in range(ow):
+                    v = s[oy * wp + ox] + a[oy * ow + ox]
+                    if v < lo:  # a NaN passes the clamp
+                        v = lo
+                    if v > hi:
+                        v = hi
+                    d[oy * ow + ox] = v

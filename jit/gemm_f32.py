@@ -43,12 +43,23 @@ def _make_tile(nv: int, mb: int = 1):
     return tile
 
 
-def _tile_ir(context, builder, signature, args, nv, mb, offsets=False):
+def _make_tile_add(nv: int, mb: int = 1):
+    """_make_tile's tile with a residual addend r (flat, y's layout): the first K chunk starts at
+    bias + r instead of the bias, so the addend costs no pass of its own."""
+    @intrinsic
+    def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi, r):
+        sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi, r)
+        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb,
+                                                                       residual=True)
+    return tile
+
+
+def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=False):
     """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob + r // 4, i, r % 4]
     x[i ldx + px + j], lo, hi) for r < 4 mb, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else
     that y (a K chunk after the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN
     passes the clamp. offsets: ldx is an int64 array and row i of x starts at ldx[i] (an implicit
-    im2col: jit.conv_wide)."""
+    im2col: jit.conv_wide). residual: args[15] is r (flat, y's layout), and s = bias + r there."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
     v8 = ir.VectorType(f32, 8)
     arrs = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 4, 8)]
@@ -61,13 +72,20 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False):
     rows = [builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
             for r in range(nr)]
     from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
+    if residual:
+        rarr = context.make_array(signature.args[15])(context, builder, args[15])
+        rptr = builder.bitcast(rarr.data, f32.as_pointer())
     init = []
     for r in range(nr):
         b = _splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
                                                                          ir.Constant(i64, r))])), v8)
         for j in range(nv):
-            ptr = builder.bitcast(builder.gep(yptr, [builder.add(rows[r], ir.Constant(i64, 8 * j))]), v8.as_pointer())
-            init.append(builder.select(from_bias, b, builder.load(ptr, align=4)))
+            off = builder.add(rows[r], ir.Constant(i64, 8 * j))
+            ptr = builder.bitcast(builder.gep(yptr, [off]), v8.as_pointer())
+            start = b
+            if residual:
+                start = builder.fadd(b, builder.load(builder.bitcast(builder.gep(rptr, [off]), v8.as_pointer()), align=4))
+            init.append(builder.select(from_bias, start, builder.load(ptr, align=4)))
     entry = builder.basic_block
     loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
     builder.cbranch(builder.icmp_signed(">", kn, ir.Constant(i64, 0)), loop, done)
@@ -115,6 +133,7 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False):
 
 
 _tile, _tile8, _tile8x8 = _make_tile(2), _make_tile(1), _make_tile(1, 2)
+_tile_add, _tile8_add, _tile8x8_add = _make_tile_add(2), _make_tile_add(1), _make_tile_add(1, 2)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

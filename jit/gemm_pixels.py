@@ -19,7 +19,7 @@ import numpy as np
 
 from .gemm_f32 import MR, NR, _panels
 
-__all__ = ["pack_weights_t", "pixel_index", "conv_pixels"]
+__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add"]
 
 
 def pack_weights_t(w: np.ndarray) -> np.ndarray:
@@ -49,7 +49,42 @@ def conv_pixels(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
     pixel) of cols gathered by `index` (pixel_index) into a [ceil(R/4), K, 4] scratch, yt [4 ceil(R/4),
     16 ceil(O/16)] scratch, wt pack_weights_t's panels, zeros [4 ceil(R/4)] (the tile's row bias),
     pix = P (output pixels per image)."""
+    _pixels_product(xf, index, wt, zeros, a, yt, out.shape[0], pix)
     n, o = out.shape[0], out.shape[1]
+    for i in range(n):
+        for ch in range(o):
+            b = bias[ch]
+            dst = out[i, ch]
+            for p in range(pix):
+                v = yt[i * pix + p, ch] + b
+                if v < lo:  # a NaN passes the clamp
+                    v = lo
+                if v > hi:
+                    v = hi
+                dst[p] = v
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_pixels_add(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix):
+    """conv_pixels with a residual addend r [N, O, P] added in the last pass, before the clamp."""
+    _pixels_product(xf, index, wt, zeros, a, yt, out.shape[0], pix)
+    n, o = out.shape[0], out.shape[1]
+    for i in range(n):
+        for ch in range(o):
+            b = bias[ch]
+            dst, add = out[i, ch], r[i, ch]
+            for p in range(pix):
+                v = yt[i * pix + p, ch] + b + add[p]
+                if v < lo:  # a NaN passes the clamp
+                    v = lo
+                if v > hi:
+                    v = hi
+                dst[p] = v
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def _pixels_product(xf, index, wt, zeros, a, yt, n, pix):
+    """yt [rows, O padded] = cols^T @ W^T: the gather of the rows (image, pixel) into a, then the tile."""
     k = index.shape[1]
     chw = xf.size // n
     rows = n * pix
@@ -71,14 +106,3 @@ def conv_pixels(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
     inf = np.float32(np.inf)
     for panel in range(op // NR):
         _panels(af, zeros, wtf, NR, panel * k * NR, ytf, op, panel * NR, rp, k, -inf, inf, False)
-    for i in range(n):
-        for ch in range(o):
-            b = bias[ch]
-            dst = out[i, ch]
-            for p in range(pix):
-                v = yt[i * pix + p, ch] + b
-                if v < lo:  # a NaN passes the clamp
-                    v = lo
-                if v > hi:
-                    v = hi
-                dst[p] = v

@@ -1,34 +1,25 @@
-"""The recurrent loops of the edge's fused LSTMSequence and GRUSequence kernels, compiled.
+"""The recurrent loops of the fused LSTMSequence and GRUSequence kernels (the edge's and core's), compiled.
 
 numpy runs a step as about a dozen passes over [B, G H] (one product, then gate by gate), each paying
 a call's overhead: at batch 1 and H = 64 that is most of a step's time. Here a step is one loop per
 example: the recurrent product as rank-1 updates over a row of gates (contiguous, so it vectorizes),
-then every gate of a hidden unit at once. The input projection of all steps stays one BLAS GEMM, done
-by the caller (edge/kernels_rnn.py), which also negates the sigmoid gates' rows (sigmoid(z) is then
-1 / (1 + exp(v)) of what the loops read) and folds in the biases.
+then every gate of a hidden unit at once, in one pass over the units whose exps (fastexp.exp1,
+inlined) LLVM vectorizes across units. At larger batch (lstm_steps_packed) the product runs on
+jit.gemm_f32's register tile instead. The input projection of all steps stays one BLAS GEMM, done
+by the caller, which also negates the sigmoid gates' rows (sigmoid(z) is then 1 / (1 + exp(v)) of
+what the loops read) and folds in the biases (lstm_steps_packed and lstm_cells take them apart).
 """
 from __future__ import annotations
-
-import math
 
 import numba as nb  # imported only when a recurrent kernel is first bound
 import numpy as np
 
-from .fastexp import FAST, exp_scaled
-from .gemm_f32 import _panels
+from .fastexp import FAST, exp1
+from .gemm_f32 import _panels, supported  # noqa: F401  (supported: whether lstm_steps_packed's tile serves)
 
 _F32 = np.float32
-_ONE = _F32(1.0)
+_ONE, _TWO, _MTWO = _F32(1.0), _F32(2.0), _F32(-2.0)
 _FAST = FAST
-
-
-@nb.njit(**_FAST)
-def _logistic_neg(v, lo, hi, scale, bits):
-    """v[lo:hi] = 1 / (1 + exp(scale * v[lo:hi])), float32, in place (exp as fastexp's, vectorized);
-    bits: int32 scratch as long as v."""
-    exp_scaled(v, lo, hi, scale, bits)
-    for g in range(lo, hi):
-        v[g] = _ONE / (_ONE + v[g])
 
 
 @nb.njit(**_FAST)
@@ -38,13 +29,12 @@ def lstm_steps(proj, rt, order, h0, c, y, z):
     z [4H]. tanh(u) is computed as 2 / (1 + exp(-2 u)) - 1 (absolute error about 1e-7)."""
     steps, batch, g4 = proj.shape
     hid = g4 // 4
-    bits = np.empty(g4, np.int32)
-    cn = np.empty(hid, np.float32)
+    zero = np.zeros(g4, np.float32)  # the biases are in proj
     for k in range(steps):
         t = order[k]
         for b in range(batch):
             for g in range(g4):
-                z[g] = proj[t, b, g]
+                z[g] = 0
             hp = y[order[k - 1], b] if k > 0 else h0[b]
             j = 0
             while j + 4 <= hid:  # four rows of R^T per pass over z: a quarter of z's loads and stores
@@ -57,55 +47,48 @@ def lstm_steps(proj, rt, order, h0, c, y, z):
                 for g in range(g4):
                     z[g] += hv * rt[j, g]
                 j += 1
-            _lstm_cell(z, c[b], y[t, b], bits, cn)
+            _lstm_cell(z, proj[t, b], zero, c[b], y[t, b])
 
 
 @nb.njit(**_FAST)
-def _lstm_cell(z, c, h, bits, cn):
-    """One example's gates from z [4H] (pre-activations, rows i, o, f negated): c [H] updated in place,
-    h [H] written; bits [4H] and cn [H] scratch."""
+def _lstm_cell(z, p, bias, c, h):
+    """One example's step from z + p + bias [4H] (pre-activations, rows i, o, f negated; z the
+    recurrent product, p the input projection): c [H] updated in place, h [H] written. One pass over
+    the hidden units, all five exps of a unit inlined (exp1), so that LLVM vectorizes it across units."""
     hid = c.shape[0]
-    h3 = 3 * hid
-    two = _F32(2.0)
-    _logistic_neg(z, 0, h3, _ONE, bits)  # i, o, f: sigmoid of the negated rows
-    _logistic_neg(z, h3, 4 * hid, -two, bits)  # the candidate: tanh(u) = 2 sigmoid(2u) - 1
+    h2, h3 = 2 * hid, 3 * hid
     for j in range(hid):
-        cv = z[2 * hid + j] * c[j] + z[j] * (two * z[h3 + j] - _ONE)
+        gi = _ONE / (_ONE + exp1(z[j] + p[j] + bias[j]))
+        go = _ONE / (_ONE + exp1(z[hid + j] + p[hid + j] + bias[hid + j]))
+        gf = _ONE / (_ONE + exp1(z[h2 + j] + p[h2 + j] + bias[h2 + j]))
+        gg = _TWO / (_ONE + exp1(_MTWO * (z[h3 + j] + p[h3 + j] + bias[h3 + j]))) - _ONE
+        cv = gf * c[j] + gi * gg
         c[j] = cv
-        cn[j] = cv
-    _logistic_neg(cn, 0, hid, -two, bits)
-    for j in range(hid):
-        h[j] = z[hid + j] * (two * cn[j] - _ONE)
+        h[j] = go * (_TWO / (_ONE + exp1(_MTWO * cv)) - _ONE)
 
 
 @nb.njit(**_FAST)
-def lstm_cells(z, proj_t, c, h):
+def lstm_cells(z, proj_t, bias, c, h):
     """float32. One step of a batch whose recurrent product is already in z [B, 4H] (h_prev R^T, rows
-    i, o, f negated; z is overwritten): adds proj_t [B, 4H], updates c [B, H] in place, writes h [B, H].
+    i, o, f negated), input projection in proj_t [B, 4H] (x_t W^T) and biases in bias [4H]: updates
+    c [B, H] in place, writes h [B, H].
     For batches where one BLAS GEMM per step beats lstm_steps' matrix-vector loops."""
-    batch, g4 = z.shape
-    bits = np.empty(g4, np.int32)
-    cn = np.empty(g4 // 4, np.float32)
-    for b in range(batch):
-        zb = z[b]
-        pb = proj_t[b]
-        for g in range(g4):
-            zb[g] += pb[g]
-        _lstm_cell(zb, c[b], h[b], bits, cn)
+    for b in range(z.shape[0]):
+        _lstm_cell(z[b], proj_t[b], bias, c[b], h[b])
 
 
 @nb.njit(**_FAST)
-def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
+def lstm_steps_packed(proj, bias, wt, order, h0, c, y, z, a, zeros):
     """lstm_steps for larger batches: each step's recurrent product h_prev R^T [B, 4H] is jit.gemm_f32's
     register tile with the examples as rows (a: h_prev packed [ceil(B/4), H, 4] per step) and R^T
     packed once in 16-column panels (wt: gemm_pixels.pack_weights_t of R, rows i, o, f negated),
-    instead of a BLAS call per step that repacks all of R^T (and a Python call per step). z
+    instead of a BLAS call per step that repacks all of R^T (and a Python call per step). proj [T, B,
+    4H] is x W^T without the biases, bias [4H] (W's and R's summed, rows i, o, f negated), which the
+    cell adds (not a pass over proj). z
     [4 ceil(B/4), 4H] scratch, zeros [4 ceil(B/4)]; 4H a multiple of 16."""
     steps, batch, g4 = proj.shape
     hid = g4 // 4
     rows = a.shape[0] * 4
-    bits = np.empty(g4, np.int32)
-    cn = np.empty(hid, np.float32)
     a[:] = 0  # rows past the batch stay zero
     af, zf, wtf = a.reshape(a.size), z.reshape(z.size), wt.reshape(wt.size)
     inf = np.float32(np.inf)
@@ -119,17 +102,15 @@ def lstm_steps_packed(proj, wt, order, h0, c, y, z, a, zeros):
         for panel in range(g4 // 16):
             _panels(af, zeros, wtf, 16, panel * hid * 16, zf, g4, panel * 16, rows, hid, -inf, inf, False)
         for b in range(batch):
-            zb, pb = z[b], proj[t, b]
-            for g in range(g4):
-                zb[g] += pb[g]
-            _lstm_cell(zb, c[b], y[t, b], bits, cn)
+            _lstm_cell(z[b], proj[t, b], bias, c[b], y[t, b])
 
 
-@nb.njit(nogil=True, cache=True, boundscheck=False)
+@nb.njit(**_FAST)
 def gru_steps(proj, rt, rbn, lbr, order, h0, y, z, rec):
-    """proj [T, B, 3H] (x W^T with the biases of the projection, rows z, r negated), rt [H, 3H] (R^T,
-    likewise), rbn [H] (R's bias of the new gate), lbr (linear_before_reset), order [T], h0 [B, H] (zeros
-    for none), y [T, B, H] out, z [3H] and rec [H] scratch."""
+    """float32. proj [T, B, 3H] (x W^T with the biases of the projection, rows z, r negated), rt [H, 3H]
+    (R^T, likewise), rbn [H] (R's bias of the new gate), lbr (linear_before_reset), order [T], h0 [B, H]
+    (zeros for none), y [T, B, H] out, z [3H] and rec [H] scratch. The gates' exps are exp1, inlined, so
+    their loops vectorize; tanh(u) = 2 / (1 + exp(-2 u)) - 1 (absolute error about 1e-7)."""
     steps, batch, g3 = proj.shape
     hid = g3 // 3
     h2 = 2 * hid
@@ -139,18 +120,26 @@ def gru_steps(proj, rt, rbn, lbr, order, h0, y, z, rec):
             hp = y[order[k - 1], b] if k > 0 else h0[b]
             for g in range(g3):
                 z[g] = proj[t, b, g]
-            for j in range(hid):  # z and r gates: h R^T
+            j = 0
+            while j + 4 <= hid:  # z and r gates: h R^T, four rows of R^T per pass over z
+                h_0, h_1, h_2, h_3 = hp[j], hp[j + 1], hp[j + 2], hp[j + 3]
+                for g in range(h2):
+                    z[g] += h_0 * rt[j, g] + h_1 * rt[j + 1, g] + h_2 * rt[j + 2, g] + h_3 * rt[j + 3, g]
+                j += 4
+            while j < hid:
                 hv = hp[j]
                 for g in range(h2):
                     z[g] += hv * rt[j, g]
+                j += 1
             for g in range(h2):
-                z[g] = 1.0 / (1.0 + math.exp(z[g]))
+                z[g] = _ONE / (_ONE + exp1(z[g]))
             for j in range(hid):
-                rec[j] = rbn[j] if lbr else 0.0
+                rec[j] = rbn[j] if lbr else _F32(0.0)
             for j in range(hid):  # the new gate's recurrent term: h R_n^T (+ Rb_n), or (r * h) R_n^T
                 hv = hp[j] if lbr else z[hid + j] * hp[j]
                 for g in range(hid):
                     rec[g] += hv * rt[j, h2 + g]
             for j in range(hid):
-                n = math.tanh(z[h2 + j] + (z[hid + j] * rec[j] if lbr else rec[j]))
+                u = z[h2 + j] + (z[hid + j] * rec[j] if lbr else rec[j])
+                n = _TWO / (_ONE + exp1(_MTWO * u)) - _ONE
                 y[t, b, j] = n + z[j] * (hp[j] - n)

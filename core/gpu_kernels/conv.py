@@ -238,6 +238,23 @@ def _conv(node, ctx):
     return run
 
 
+def _conv_add(node, ctx):
+    """FusedConv2DAdd (the executor's residual fusion): the convolution, then bias, addend and
+    activation over its output, in place."""
+    xp, geom = ctx.xp, _geom_cache(node)
+    _preload(xp)
+    activation = node.attrs["activation"]
+
+    def run(x, w, bias, addend):
+        y = conv_forward(xp, x, w, geom(x.shape, w.shape))
+        xp.add(y, bias.reshape(1, -1, 1, 1), out=y)
+        if addend.shape != y.shape:  # an unknown dim that broadcasts at run time
+            return _activate(xp, y + addend, activation)
+        xp.add(y, addend, out=y)
+        return _activate(xp, y, activation)
+    return run
+
+
 def _conv_input(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
     _preload(xp)
@@ -250,5 +267,5 @@ def _conv_filter(node, ctx):
     return lambda x, dy, w: conv_filter_grad(xp, x, dy, geom(x.shape, w.shape)).astype(w.dtype, copy=False)
 
 
-KERNELS = {"Conv2D": _conv, "FusedConv2D": _conv, "Conv2DBackpropInput": _conv_input,
+KERNELS = {"Conv2D": _conv, "FusedConv2D": _conv, "FusedConv2DAdd": _conv_add, "Conv2DBackpropInput": _conv_input,
            "Conv2DBackpropFilter": _conv_filter}

@@ -14,6 +14,8 @@ is itself a convolution (of dy with the flipped, transposed weights), else one G
 strided add per kernel tap. Depthwise convolutions skip the
 GEMM: compiled loops (isthmus.jit, forward and both gradients) where numba serves, else
 depthwise.py's chunked forward and a multiply-add per kernel tap for the gradients.
+FusedConv2DAdd (conv_residual.py) runs these paths with a residual addend added where each
+finishes its output (depthwise and jit.conv_images: one add + clamp pass after, _AddAfter).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
 from .conv_one_image import OneImage
 from .conv_pixels import PixelRows
-from .conv_pointwise import Finish, Pointwise
+from .conv_pointwise import Finish, Pointwise, addend_finish
 from .conv_rows import conv_rows, filter_grad_rows, stacked_weights
 from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled_input_grad, compiled_ok
 from .fused import activation_inplace
@@ -118,9 +120,10 @@ def _depthwise(node, w_shape, c):
     return node.attrs["groups"] == c and w_shape[1] == 1 and w_shape[0] == c
 
 
-def _kernel_conv(node, ctx, activation: str = "none"):
-    """conv(x, w[, bias]) -> activation(conv2d(x, w) + bias), the bias and activation applied
-    while each chunk of the output is still in cache where the path allows."""
+def _kernel_conv(node, ctx, activation: str = "none", residual: bool = False):
+    """conv(x, w[, bias[, addend]]) -> activation(conv2d(x, w) + bias (+ addend)), the bias, addend
+    and activation applied while each chunk of the output is still in cache where the path allows
+    (residual: FusedConv2DAdd's kernel, whose addend has the output's shape)."""
     xp = ctx.xp
     groups = node.attrs["groups"]
     act = None if activation == "none" else activation_inplace(xp, activation)
@@ -130,6 +133,7 @@ def _kernel_conv(node, ctx, activation: str = "none"):
     pixels = PixelRows(activation)
     one_image = OneImage(activation, finish)
     row_weights = _RowWeights(xp)
+    add_after = _AddAfter(node, ctx, activation) if residual else None
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -138,27 +142,45 @@ def _kernel_conv(node, ctx, activation: str = "none"):
             g = cache[(x_shape, w_shape)] = _geometry(node, x_shape, w_shape)
         return g
 
-    def conv(x, w, bias=None):
+    def conv(x, w, bias=None, addend=None):
         n, c = x.shape[0], x.shape[1]
         g = geom(x.shape, w.shape)
         o = w.shape[0]
+        if addend is not None and (addend.shape != (n, o, g.oh, g.ow) or addend.dtype != x.dtype):
+            return add_after(x, w, bias, addend)
         if _depthwise(node, w.shape, c):
-            return depthwise(x, w, g, bias)
+            return depthwise(x, w, g, bias) if addend is None else add_after(x, w, bias, addend)
         if pixels.pays(xp, x, w, bias, g):  # few output pixels: constant weights streamed once
-            return pixels(x, w, g, bias)
+            return pixels(x, w, g, bias, addend)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
-            return pointwise(x, w, bias).reshape(n, o, g.oh, g.ow)
+            return pointwise(x, w, bias, addend).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
-            return one_image(x, w, g, bias)
+            return one_image(x, w, g, bias, addend)
         if groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32 \
                 and one_image.batch_pays(x, w, bias, g):  # constant weights: compiled, image by image
-            return one_image.batch(x, w, g, bias)
+            return one_image.batch(x, w, g, bias, addend)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
             if _images_compiled_pays(xp, x, w, g, bias, finish):
+                if addend is not None:
+                    return add_after(x, w, bias, addend)
                 return _images_compiled(x, w, g, bias, finish.clamp)
-            return _im2col_per_image(xp, x, w, g, bias, finish)
-        return conv_rows(xp, x, row_weights(w), g, _rows_finisher(xp, bias, finish))
+            return _im2col_per_image(xp, x, w, g, bias, finish, addend)
+        return conv_rows(xp, x, row_weights(w), g, _rows_finisher(xp, bias, finish, addend))
     return conv
+
+
+class _AddAfter:
+    """FusedConv2DAdd where a path takes no addend (depthwise, jit.conv_images) or the addend only
+    broadcasts: the convolution with its bias, then act(y + addend) in one more pass (addend_finish)."""
+
+    def __init__(self, node, ctx, activation: str):
+        self.node, self.ctx, self._conv = node, ctx, None
+        self._finish = addend_finish(ctx.xp, activation)
+
+    def __call__(self, x, w, bias, addend):
+        if self._conv is None:
+            self._conv = _kernel_conv(self.node, self.ctx)
+        return self._finish(self._conv(x, w, bias), addend)
 
 
 class _RowWeights:
@@ -179,11 +201,11 @@ class _RowWeights:
         return wt
 
 
-def _rows_finisher(xp, bias, finish):
-    """finish_rows for conv_rows: output rows a.. of y [N, O, OH, OW] = act(src [O, rows, OW, N] + bias)
-    (finish None: src relaid alone). One compiled pass where isthmus.jit serves float32 and the
-    activation is a clamp or absent (2-3x numpy's strided copy), else numpy's copy, add and activation
-    over the rows' view."""
+def _rows_finisher(xp, bias, finish, addend=None):
+    """finish_rows for conv_rows: output rows a.. of y [N, O, OH, OW] = act(src [O, rows, OW, N] + bias
+    (+ the same rows of addend, of y's shape)) (finish None: src relaid alone). One compiled pass where
+    isthmus.jit serves float32 and the activation is a clamp or absent (2-3x numpy's strided copy), else
+    numpy's copy, add and activation over the rows' view."""
     act = None if finish is None else finish.act
     clamp = None if finish is None else finish.clamp
 
@@ -192,6 +214,8 @@ def _rows_finisher(xp, bias, finish):
         dst[...] = src.transpose(3, 0, 1, 2)
         if bias is not None:
             dst += bias.reshape(1, -1, 1, 1)
+        if addend is not None:
+            dst += addend[:, :, a:a + src.shape[1], :]
         if act is not None:
             act(dst)
     if ((finish is not None and clamp is None) or not compiled_ok(xp, np.dtype(np.float32))
@@ -205,6 +229,8 @@ def _rows_finisher(xp, bias, finish):
         if finish is None:
             return bias_clamp.ohwn_to_nchw(src, y, a)
         b = np.zeros(y.shape[1], np.float32) if bias is None else bias.reshape(-1)
+        if addend is not None:
+            return bias_clamp.ohwn_to_nchw_bias_add_clamp(src, b, addend, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
         bias_clamp.ohwn_to_nchw_bias_clamp(src, b, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
     return compiled_rows
 
@@ -241,7 +267,7 @@ def _images_compiled(x, w, g, bias, clamp):
     return out.reshape(n, o, g.oh, g.ow)
 
 
-def _im2col_per_image(xp, x, w, g, bias, finish):
+def _im2col_per_image(xp, x, w, g, bias, finish, addend=None):
     """The general convolution one image at a time: the image's im2col [C*kh*kw, OH*OW] (in
     cache) times the weights gives its NCHW output directly (no transposes), finished there."""
     n, c = x.shape[0], x.shape[1]
@@ -260,7 +286,7 @@ def _im2col_per_image(xp, x, w, g, bias, finish):
             for k in range(groups):
                 cols[...] = win[i, k * cg:(k + 1) * cg]
                 xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
-            finish(y, bias)
+            finish(y, bias, None if addend is None else addend[i].reshape(y.shape))
     rows_apply(xp, images, n, out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * x.dtype.itemsize, blas_inside=True)
     return out.reshape(n, o, g.oh, g.ow)
 

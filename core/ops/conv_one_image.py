@@ -54,7 +54,8 @@ class OneImage:
         self._plans = {}
         self._weights = None  # (w, bias, packed w, bias as float32)
 
-    def __call__(self, x, w, g, bias):
+    def __call__(self, x, w, g, bias, addend=None):
+        """act(conv(x, w) + bias (+ addend, of the output's shape)) for one image x [1, C, H, W]."""
         _, c, h, wd = x.shape
         o = w.shape[0]
         plan = self._plans.get(x.shape)
@@ -65,28 +66,34 @@ class OneImage:
         packed = packed and ((cached is not None and cached[0] is w and cached[1] is bias)
                              or (_immutable(w) and (bias is None or _immutable(bias))))
         fns = self._fns or self._load()
+        r = None if addend is None else np.ascontiguousarray(addend, np.float32).reshape(1, o, p)
         if packed and wide is not None:
-            return self._wide(x, w, g, bias, wide)
+            return self._wide(x, w, g, bias, wide, r)
         mem = ARENAS.take(np, k * ldx * 4)
         try:
             cols = mem[:k * ldx * 4].view(np.float32).reshape(k, ldx)
             out = np.empty((1, o, g.oh, g.ow), np.float32)
             y = out.reshape(o, p)
             x2 = np.ascontiguousarray(x).reshape(c, h * wd)
-            if packed:
+            if packed and r is not None:
+                from ...jit.gemm_residual import conv_images_ld_add  # deferred: loads llvmlite, numba
+                wp, b = self._packed(w, bias)
+                conv_images_ld_add(x2.reshape(1, c, h * wd), h, wd, geo, wp, b, self._lo, self._hi,
+                                   out.reshape(1, o, p), r, ldx, 0, 1)
+            elif packed:
                 wp, b = self._packed(w, bias)
                 fns[1](x2, h, wd, geo, wp, b, self._lo, self._hi, y, cols)
             else:
                 fns[0](x2, h, wd, geo, cols)
                 serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols[:, :p], out=y))
-                self.finish(y, bias)
+                self.finish(y, bias, None if r is None else r[0])
         finally:
             ARENAS.give(np, mem)
         return out
 
-    def _wide(self, x, w, g, bias, wide):
+    def _wide(self, x, w, g, bias, wide, r=None):
         """Stride 1 on wide planes: jit.conv_wide's implicit im2col (chunks of images on the intra-op
-        threads at a batch)."""
+        threads at a batch); r [N, O, OH OW] the addend or None."""
         n, c, h, wd = x.shape
         o = w.shape[0]
         starts, plane, wp, cols, size = wide
@@ -96,10 +103,14 @@ class OneImage:
         o3 = out.reshape(n, o, g.oh * g.ow)
         t, l = g.pads[0][0], g.pads[1][0]
         args = (x3, h, wd, t, l, starts, plane, wp, cols, wpk, b, self._lo, self._hi, o3, g.oh, g.ow, size)
+        fn = self._fns[2]
+        if r is not None:
+            from ...jit.conv_wide import conv_wide_images_add  # deferred: loads llvmlite, numba
+            fn, args = conv_wide_images_add, args[:14] + (r,) + args[14:]
         if n == 1:
-            self._fns[2](*args, 0, 1)
+            fn(*args, 0, 1)
         else:
-            rows_apply(np, lambda i0, i1: self._fns[2](*args, i0, i1), n, out.nbytes + x.nbytes)
+            rows_apply(np, lambda i0, i1: fn(*args, i0, i1), n, out.nbytes + x.nbytes)
         return out
 
     def _load(self):
@@ -114,21 +125,28 @@ class OneImage:
         plan = self._plans.get(x.shape) or self._plan(x.shape, w, g)
         return plan[4] and _immutable(w) and (bias is None or _immutable(bias))
 
-    def batch(self, x, w, g, bias):
-        """batch_pays' convolutions: chunks of images on the intra-op threads, one compiled call each."""
+    def batch(self, x, w, g, bias, addend=None):
+        """batch_pays' convolutions: chunks of images on the intra-op threads, one compiled call each
+        (addend: an array of the output's shape added before the clamp, or None)."""
         from ...jit.gemm_f32 import conv_images_ld  # deferred: loads llvmlite, numba
         n, c, h, wd = x.shape
         o = w.shape[0]
         geo, k, p, ldx, _, wide = self._plans[x.shape]
+        r = None if addend is None else np.ascontiguousarray(addend, np.float32).reshape(n, o, p)
         if wide is not None:
             if self._fns is None:
                 self._load()
-            return self._wide(x, w, g, bias, wide)
+            return self._wide(x, w, g, bias, wide, r)
         wp, b = self._packed(w, bias)
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
         x3 = np.ascontiguousarray(x).reshape(n, c, h * wd)
         out = np.empty((n, o, g.oh, g.ow), np.float32)
         o3 = out.reshape(n, o, p)
+        if r is not None:
+            from ...jit.gemm_residual import conv_images_ld_add  # deferred: loads llvmlite, numba
+            rows_apply(np, lambda i0, i1: conv_images_ld_add(x3, h, wd, geo, wp, b, lo, hi, o3, r, ldx, i0, i1), n,
+                       out.nbytes + n * k * p * 4 + r.nbytes)
+            return out
         rows_apply(np, lambda i0, i1: conv_images_ld(x3, h, wd, geo, wp, b, lo, hi, o3, ldx, i0, i1), n,
                    out.nbytes + n * k * p * 4)
         return out

@@ -45,7 +45,8 @@ class PixelRows:
                 and w.dtype == np.float32 and compiled_ok(xp, x.dtype) and _immutable(w)
                 and (bias is None or (bias.dtype == np.float32 and _immutable(bias))))
 
-    def __call__(self, x, w, g, bias):
+    def __call__(self, x, w, g, bias, addend=None):
+        """act(conv(x, w) + bias (+ addend, of the output's shape)) as [N, O, OH, OW]."""
         o = w.shape[0]
         cached = self._weights
         if cached is None or cached[0] is not w or cached[1] is not bias:
@@ -58,9 +59,14 @@ class PixelRows:
         a = np.empty((quads, index.shape[1], 4), np.float32)
         yt = np.empty((quads * 4, cached[2].shape[0] * 16), np.float32)
         out = np.empty((n, o, g.oh, g.ow), np.float32)
+        xf, zeros = np.ascontiguousarray(x).reshape(-1), np.zeros(yt.shape[0], np.float32)
+        if addend is not None:
+            from ...jit.gemm_pixels import conv_pixels_add  # deferred: loads llvmlite, numba
+            r = np.ascontiguousarray(addend, np.float32).reshape(n, o, p)
+            conv_pixels_add(xf, index, cached[2], cached[3], r, self._lo, self._hi, zeros, a, yt, out.reshape(n, o, p), p)
+            return out
         kernel = self._kernel or self._load()
-        kernel(np.ascontiguousarray(x).reshape(-1), index, cached[2], cached[3], self._lo, self._hi,
-               np.zeros(yt.shape[0], np.float32), a, yt, out.reshape(n, o, p), p)
+        kernel(xf, index, cached[2], cached[3], self._lo, self._hi, zeros, a, yt, out.reshape(n, o, p), p)
         return out
 
     def _load(self):

@@ -1,10 +1,12 @@
 """The GEMM paths' tails of conv.py: 1x1 convolutions as a matrix product per group of images
-(Pointwise), and the bias + activation that finishes every convolution GEMM's output (Finish)."""
+(Pointwise), and the bias + activation that finishes every convolution GEMM's output (Finish; with
+FusedConv2DAdd's residual addend too, and addend_finish for the paths that cannot take it)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
+from .fused import activation_inplace
 from .intra_op import rows_apply
 
 # a 1x1 convolution's output is finished in groups of images of about this many bytes (in cache)
@@ -42,13 +44,18 @@ class PackedGemm:
         from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
         return supported()
 
-    def images(self, w, bias, xs, out) -> None:
-        """batch_pays' convolutions: xs [N, C, P] -> out [N, O, P], chunks of images on the intra-op
-        threads, one compiled call each (jit.gemm_f32.pointwise_images)."""
+    def images(self, w, bias, xs, out, r=None) -> None:
+        """batch_pays' convolutions: xs [N, C, P] -> out [N, O, P] (+ the addend r [N, O, P]), chunks
+        of images on the intra-op threads, one compiled call each (jit.gemm_f32.pointwise_images)."""
         from ...jit.gemm_f32 import pointwise_images  # deferred: loads llvmlite, numba
         wp, b = self._weights(w, bias)
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
         xs = np.ascontiguousarray(xs)
+        if r is not None:
+            from ...jit.gemm_residual import pointwise_images_add  # deferred: loads llvmlite, numba
+            rows_apply(np, lambda i0, i1: pointwise_images_add(xs, wp, b, lo, hi, out, r, i0, i1), xs.shape[0],
+                       out.nbytes + xs.nbytes + r.nbytes)
+            return
         rows_apply(np, lambda i0, i1: pointwise_images(xs, wp, b, lo, hi, out, i0, i1), xs.shape[0],
                    out.nbytes + xs.nbytes)
 
@@ -61,14 +68,19 @@ class PackedGemm:
             cached = self._cached = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id unique
         return cached[2], cached[3]
 
-    def __call__(self, w, bias, x2, y2) -> None:
-        """w: the constant weights (its identity keys the packing), x2 [K, P], y2 [O, P] out."""
+    def __call__(self, w, bias, x2, y2, r2=None) -> None:
+        """w: the constant weights (its identity keys the packing), x2 [K, P], y2 [O, P] out, r2 [O, P]
+        the addend (or None)."""
         from ...jit.gemm_f32 import NR, gemm_bias_clamp  # deferred: loads llvmlite, numba
         cached = self._weights(w, bias)
         k, o = x2.shape[0], y2.shape[0]
-        lo, hi = self.clamp
-        gemm_bias_clamp(cached[0], cached[1], x2, np.float32(lo), np.float32(hi), y2,
-                        np.empty((k, NR), np.float32), np.empty((o, NR), np.float32))
+        lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
+        panel, tile = np.empty((k, NR), np.float32), np.empty((o, NR), np.float32)
+        if r2 is not None:
+            from ...jit.gemm_residual import gemm_bias_add_clamp  # deferred: loads llvmlite, numba
+            gemm_bias_add_clamp(cached[0], cached[1], x2, lo, hi, y2, r2, panel, tile, np.empty((o, NR), np.float32))
+            return
+        gemm_bias_clamp(cached[0], cached[1], x2, lo, hi, y2, panel, tile)
 
 
 class Finish:
@@ -79,16 +91,23 @@ class Finish:
     def __init__(self, xp, act, activation: str):
         self.xp, self.act, self.clamp = xp, act, _CLAMPS.get(activation)
 
-    def __call__(self, y, bias):
+    def __call__(self, y, bias, addend=None):
+        """addend: an array of y's shape added before the activation (a residual), or None."""
         xp, act = self.xp, self.act
         if bias is not None and self.clamp is not None and compiled_ok(xp, y.dtype) and bias.dtype == y.dtype:
-            from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
             t = y.dtype.type
+            if addend is not None:
+                from ...jit.bias_clamp import bias_add_clamp_rows  # deferred: jit.bias_clamp loads numba
+                bias_add_clamp_rows(y, bias.reshape(-1), addend.reshape(y.shape), t(self.clamp[0]), t(self.clamp[1]))
+                return y
+            from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
             bias_clamp_rows(y, bias.reshape(-1), t(self.clamp[0]), t(self.clamp[1]))
             return y
         if bias is not None:
             yv = y.reshape(-1, bias.size, y.shape[-1])  # (image, channel) rows
             xp.add(yv, bias.reshape(1, -1, 1), out=yv)
+        if addend is not None:
+            xp.add(y, addend.reshape(y.shape), out=y)
         if act is not None:
             act(y)
         return y
@@ -109,31 +128,34 @@ class Pointwise:
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias
         self._packed = PackedGemm(activation)
 
-    def __call__(self, x, w, bias):
+    def __call__(self, x, w, bias, addend=None):
+        """act(W @ x + bias (+ addend, of the output's shape)) as [N, O, H*W]."""
         xp = self.xp
         n, c = x.shape[0], x.shape[1]
         o, hw = w.shape[0], x.shape[2] * x.shape[3]
         xs = x.reshape(n, c, hw)
         out = xp.empty((n, o, hw), dtype=x.dtype)
+        r = None if addend is None else xp.ascontiguousarray(addend).reshape(n, o, hw)
         step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
-        if n == 1 and self._packed.pays(xp, x, w, bias, c, hw):
-            self._packed(w, bias, xs[0], out[0])
+        if n == 1 and self._packed.pays(xp, x, w, bias, c, hw) and (r is None or r.dtype == np.float32):
+            self._packed(w, bias, xs[0], out[0], None if r is None else r[0])
             return out
-        if n > 1 and self._packed.batch_pays(xp, x, w, bias, hw):
-            self._packed.images(w, bias, xs, out)
+        if n > 1 and self._packed.batch_pays(xp, x, w, bias, hw) and (r is None or r.dtype == np.float32):
+            self._packed.images(w, bias, xs, out, r)
             return out
-        if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype):
-            images = self._compiled_finish(xs, w.reshape(o, c), bias, out, step)
-        elif bias is not None and c < o:
+        if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype) \
+                and (r is None or r.dtype == x.dtype):
+            images = self._compiled_finish(xs, w.reshape(o, c), bias, out, step, r)
+        elif bias is not None and c < o and r is None:
             images = self._augmented_images(xs, self._augmented(w, bias, x.dtype), out, step)
         else:
-            images = self._plain_images(xs, w.reshape(o, c), bias, out, step)
+            images = self._plain_images(xs, w.reshape(o, c), bias, out, step, r)
         # image groups on the intra-op threads, every product on one BLAS thread: a threaded BLAS
         # on products this small waits for its other threads, milliseconds each on a busy machine
         rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True)
         return out
 
-    def _plain_images(self, xs, w2, bias, out, step):
+    def _plain_images(self, xs, w2, bias, out, step, r=None):
         xp, act = self.xp, self.act
         b = None if bias is None else bias.reshape(1, -1, 1)
 
@@ -143,6 +165,8 @@ class Pointwise:
                 xp.matmul(w2, xs[i:i + y.shape[0]], out=y)
                 if b is not None:
                     xp.add(y, b, out=y)
+                if r is not None:
+                    xp.add(y, r[i:i + y.shape[0]], out=y)
                 if act is not None:
                     act(y)
         return images
@@ -170,8 +194,8 @@ class Pointwise:
                 ARENAS.give(xp, mem)
         return images
 
-    def _compiled_finish(self, xs, w2, bias, out, step):
-        from ...jit.bias_clamp import bias_clamp_rows  # deferred: jit.bias_clamp loads numba
+    def _compiled_finish(self, xs, w2, bias, out, step, r=None):
+        from ...jit.bias_clamp import bias_add_clamp_rows, bias_clamp_rows  # deferred: loads numba
         o = w2.shape[0]
         dt = out.dtype.type
         lo_, hi_ = dt(self._clamp[0]), dt(self._clamp[1])
@@ -184,7 +208,11 @@ class Pointwise:
             for i in range(lo, hi, step):
                 y = out[i:min(hi, i + step)]
                 matmul(w2, xs[i:i + y.shape[0]], out=y)
-                bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo_, hi_)
+                if r is None:
+                    bias_clamp_rows(y.reshape(-1, y.shape[2]), b, lo_, hi_)
+                else:
+                    bias_add_clamp_rows(y.reshape(-1, y.shape[2]), b, r[i:i + y.shape[0]].reshape(-1, y.shape[2]),
+                                        lo_, hi_)
         return images
 
     def _augmented(self, w, bias, dtype):
@@ -196,3 +224,24 @@ class Pointwise:
         if _immutable(w) and _immutable(bias):
             self._aug = (w, bias, wa)  # holding w and bias keeps their identities unique
         return wa
+
+
+def addend_finish(xp, activation: str):
+    """f(y, r) -> act(y + r), in place in y (the convolution's fresh output): one compiled pass where
+    isthmus.jit serves (float32, the clamp of none, relu or relu6), else numpy's add and activation.
+    An addend that only broadcasts to y (unknown dims that differed at run time) gets numpy's
+    broadcasting add into a new array."""
+    act = activation_inplace(xp, activation)
+    lo, hi = _CLAMPS[activation]
+
+    def finish(y, r):
+        if r.shape != y.shape or not getattr(y.flags, "writeable", True):  # cupy arrays have no such flag
+            return act(xp.add(y, r))
+        if (compiled_ok(xp, y.dtype) and y.dtype == np.float32 and r.dtype == y.dtype
+                and y.flags.c_contiguous and r.flags.c_contiguous):
+            from ...jit.bias_clamp import add_clamp  # deferred: loads numba
+            add_clamp(y.reshape(-1), r.reshape(-1), np.float32(lo), np.float32(hi))
+            return y
+        xp.add(y, r, out=y)
+        return act(y)
+    return finish

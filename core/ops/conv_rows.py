@@ -158,8 +158,7 @@ def conv_rows(xp, x, wt, g, finish_rows):
                     _product(xp, wt[i], cols[:, s * run:(s + hi2 - lo2) * run], acc[:, lo2 * run:hi2 * run],
                              add=not full or i != full[0])
         finish_rows(acc[:, a * run:b * run].reshape(o, b - a, g.ow, n), y, a)
-    flops = 2 * o * wt.shape[2] * run * sum(hi - lo for lo, hi, _ in spans)
-    _fan_out_rows(xp, rows, len(bounds) - 1, flops)
+    _fan_out_rows(xp, rows, len(bounds) - 1, 2 * o * wt.shape[2] * run * sum(max(0, hi - lo) for lo, hi, _ in spans))
     return y
 
 
@@ -172,14 +171,14 @@ def _product(xp, a, b, c, add: bool):
         c[...] = a @ b
 
 
-def _fan_out_rows(xp, fn, total: int, flops: int) -> None:
+def _fan_out_rows(xp, fn, total: int, work: int) -> None:
     """fn(lo, hi) over chunks of `total` blocks of output rows on the intra-op threads, one BLAS
-    thread each; chunks of at least MIN_CHUNK_FLOPS (other array modules: one call, the device
-    parallelises)."""
+    thread each, `work` FLOPs in all (threads.fan_out sizes the chunks; other array modules: one
+    call, the device parallelises)."""
     if xp is not np:
         fn(0, total)
         return
-    threads.fan_out(fn, total, flops, blas_inside=True, min_chunk=threads.MIN_CHUNK_FLOPS)
+    threads.fan_out(fn, total, work, blas_inside=True, flops=True)
 
 
 def filter_grad_rows(xp, x, dy, g, w_shape):
@@ -212,9 +211,8 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
         for t in range(t0, t1):
             _, d0, c0, k = tasks[t]
             _product(xp, dyt[:, d0:d0 + k], cols[:, c0:c0 + k].T, partial[t], add=False)
-    flops = 2 * o * kc * sum(t[3] for t in tasks)
     if xp is np and len(tasks) > 1:
-        threads.fan_out(products, len(tasks), flops, blas_inside=True, min_chunk=threads.MIN_CHUNK_FLOPS)
+        threads.fan_out(products, len(tasks), 2 * o * kc * sum(t[3] for t in tasks), blas_inside=True, flops=True)
     else:
         products(0, len(tasks))
     rows = xp.zeros((g.kh, o, kc), dtype=x.dtype)

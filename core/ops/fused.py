@@ -1,6 +1,9 @@
 """Fused ops the passes create: a product, its bias and its activation in one kernel,
-computed in place in the product's output buffer (two fewer temporaries per layer)."""
+computed in place in the product's output buffer (two fewer temporaries per layer), or, for
+constant float32 weights at small batch, in one pass of a packed product (fused_dense.py)."""
 from __future__ import annotations
+
+import numpy as np
 
 from ..registry import Cost, OpDef, register
 from ..shapes import num_elements_est
@@ -56,8 +59,15 @@ def _kernel_fused_matmul(node, ctx):
     mm = _kernel_matmul(node, ctx)
     act = activation_inplace(ctx.xp, node.attrs["activation"])
     add = ctx.xp.add
+    packed = None
+    if ctx.xp is np and not node.attrs["transpose_a"]:  # constant weights at small batch: packed once
+        from .fused_dense import PackedDense  # deferred: it imports depthwise, which imports this module
+        packed = PackedDense(node.attrs["activation"], node.attrs["transpose_b"])
 
     def run(a, b, bias):
+        path = packed.path(a, b, bias) if packed is not None else ""
+        if path:
+            return packed(a, b, bias, path)
         y = mm(a, b)
         add(y, bias, out=y)
         return act(y)

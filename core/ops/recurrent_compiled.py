@@ -6,8 +6,10 @@ call of jit/rnn.py's lstm_steps (the loop the edge's kernel runs), whose matrix-
 the examples one at a time; beyond, each step is one BLAS GEMM for the recurrent product and one
 compiled call (lstm_cells) for the gates; above batch 2, where the CPU has AVX2 and H is a multiple
 of 4, the whole direction is one call of lstm_steps_packed instead (the recurrent product on
-jit.gemm_f32's register tile with R^T packed once). The input projection of all steps is one GEMM up front;
-the weights are rearranged (sigmoid rows negated, R transposed) once per set of constant weights.
+jit.gemm_f32's register tile with R^T packed once). The input projection of all steps is one GEMM
+up front (the biases are added in the cell, which reads each gate anyway, not in a pass over the
+projection); the weights are rearranged (sigmoid rows negated, R transposed) once per set of
+constant weights.
 """
 from __future__ import annotations
 
@@ -71,39 +73,46 @@ class CompiledLSTM:
         hid = r.shape[1]
         w_t, rt, bias = self._weights(w, r, b)
         proj = split_matmul(np, x.reshape(steps * batch, feat), w_t).reshape(steps, batch, 4 * hid)
-        proj += bias
         order = np.arange(steps - 1, -1, -1) if self.reverse else np.arange(steps)
         h0s = np.zeros((batch, hid), np.float32) if h0 is None else np.array(h0, np.float32, order="C")
         c = np.zeros((batch, hid), np.float32) if c0 is None else np.array(c0, np.float32, order="C")
         y = np.empty((steps, batch, hid), np.float32)
         if batch > _PACKED_MIN_BATCH and hid % 4 == 0 and _tile_ok():
-            from ...jit.rnn import lstm_steps_packed  # deferred: jit.rnn loads numba
             quads = -(-batch // 4)
-            lstm_steps_packed(proj, self._packed(rt, w, r, b), order, h0s, c, y,
+            _jit_rnn().lstm_steps_packed(proj, bias, self._packed(rt, w, r, b), order, h0s, c, y,
                               np.empty((4 * quads, 4 * hid), np.float32), np.empty((quads, hid, 4), np.float32),
                               np.zeros(4 * quads, np.float32))
         elif batch * hid <= COMPILED_UNITS:
-            from ...jit.rnn import lstm_steps  # deferred: jit.rnn loads numba
-            lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))
+            proj += bias
+            _jit_rnn().lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))
         else:
-            serial_blas(np, lambda: _gemm_steps(proj, rt, order, h0s, c, y))
+            serial_blas(np, lambda: _gemm_steps(proj, bias, rt, order, h0s, c, y))
         return y, y[order[-1]], c
 
 
 def _tile_ok() -> bool:
-    from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
-    return supported()
+    return _jit_rnn().supported()
 
 
-def _gemm_steps(proj, rt, order, h0, c, y) -> None:
+_JIT = []  # jit.rnn, once loaded (an import statement per call cost a few us of a batch-1 run)
+
+
+def _jit_rnn():
+    if not _JIT:
+        from ...jit import rnn  # deferred: loads llvmlite and numba
+        _JIT.append(rnn)
+    return _JIT[0]
+
+
+def _gemm_steps(proj, bias, rt, order, h0, c, y) -> None:
     """Larger batches: each step's recurrent product is one BLAS GEMM ([B, H] x [H, 4H]) and its gates
     one compiled call, instead of lstm_steps' per-example matrix-vector loops. The caller holds BLAS
     to one thread (serial_blas): a threaded BLAS waits on its other threads after every step."""
-    from ...jit.rnn import lstm_cells  # deferred: jit.rnn loads numba
+    lstm_cells = _jit_rnn().lstm_cells
     matmul = np.matmul
     z = np.empty(proj.shape[1:], np.float32)
     hp = h0
     for t in order:
         matmul(hp, rt, out=z)
-        lstm_cells(z, proj[t], c, y[t])
+        lstm_cells(z, proj[t], bias, c, y[t])
         hp = y[t]

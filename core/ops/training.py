@@ -153,8 +153,8 @@ def _register(name: str, n_refs: int, scalars: Sequence[str], update, sparse: bo
 def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
     """update() over chunks of the variable, its slots and the gradient on the intra-op threads
     (each rule is elementwise: a chunk's bytes are those of the whole update). A large variable's
-    update is several memory-bound passes (the benchmark CNN's 3136x1024 dense layer: 2.4 ms of a
-    step) that one core runs no faster alone than two."""
+    update is memory-bound passes (the benchmark CNN's 3136x1024 dense layer: 2.4 ms of a step in
+    numpy's two passes, 1.1 as one axpy) that a second core shares."""
     *scalars, g = args
     var = refs[0]
     arrays = list(refs) + [tmp]
@@ -166,7 +166,12 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
 
     def part(lo, hi):
         update(xp, [a[lo:hi] for a in arrays[:-1]], arrays[-1][lo:hi], *scalars, g[lo:hi], **attrs)
-    rows_apply(xp, part, arrays[0].shape[0], var.nbytes * (len(refs) + 3), blas_inside=True)  # axpy
+    # blas_inside: the rules' axpy must not start BLAS threads inside a chunk; OpenBLAS runs an axpy of
+    # up to _AXPY_SERIAL elements on one thread by itself, so those skip the hold (a few us an update)
+    rows_apply(xp, part, arrays[0].shape[0], var.nbytes * (len(refs) + 3), blas_inside=var.size > _AXPY_SERIAL)
+
+
+_AXPY_SERIAL = 10000
 
 
 # ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------

@@ -14,10 +14,14 @@ from .freeze import freeze
 from .simplify import Rewrite, copy_simplified
 
 Fetch = Union[Tensor, Node]
+DEFAULT_PASSES = ("simplify", "fold_batch_norm", "fuse")
+# what a Session's executor runs: also the residual Add (+ Relu) fused into its convolution
+# (FusedConv2DAdd), which the edge runtime, the partitioner's edge table and the exporters do not know
+SESSION_PASSES = DEFAULT_PASSES + ("fuse_residual",)
 
 
 def optimize(graph: Graph, nodes: Sequence[Node], fetches: Sequence[Fetch], feeds: Sequence[Tensor],
-             passes: Sequence[str] = ("simplify", "fold_batch_norm", "fuse")) -> Rewrite:
+             passes: Sequence[str] = DEFAULT_PASSES) -> Rewrite:
     """Rewrite `nodes` (a pruned, ordered subgraph of `graph`) into a fresh graph.
 
     Returns a Rewrite with the new graph and the mapping from old fetches/feeds to new ones.
@@ -26,8 +30,8 @@ def optimize(graph: Graph, nodes: Sequence[Node], fetches: Sequence[Fetch], feed
     if "fold_batch_norm" in passes:
         rw = fold_batch_norm(rw)
     if "fuse" in passes:
-        rw = fuse_bias_activation(rw)
+        rw = fuse_bias_activation(rw, residual="fuse_residual" in passes)
     return prune_dead(rw)
 
 
-__all__ = ["optimize", "freeze", "Rewrite", "copy_simplified", "fold_batch_norm", "fuse_bias_activation", "prune_dead"]
+__all__ = ["optimize", "DEFAULT_PASSES", "SESSION_PASSES", "freeze", "Rewrite", "copy_simplified", "fold_batch_norm", "fuse_bias_activation", "prune_dead"]

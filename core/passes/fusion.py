@@ -11,6 +11,7 @@ from ..registry import registered
 from .simplify import Rewrite
 
 _ACT = {"Relu": "relu", "Relu6": "relu6", "Tanh": "tanh", "Sigmoid": "sigmoid"}
+_RESIDUAL_ACT = ("relu", "relu6")  # the activations FusedConv2DAdd takes
 
 
 def _consumers(g: Graph, fetched: set) -> Dict[Tensor, int]:
@@ -23,6 +24,15 @@ def _consumers(g: Graph, fetched: set) -> Dict[Tensor, int]:
     return count
 
 
+def _pinned(rw: Rewrite) -> set:
+    """Nodes a rewrite must not fold away: control inputs of other nodes and nodes fetched as targets
+    (a folded node has no counterpart, so an edge or fetch naming it would be lost)."""
+    pinned = {f for f in rw.fetches if isinstance(f, Node)}
+    for n in rw.graph.nodes:
+        pinned.update(n.control_inputs)
+    return pinned
+
+
 def _rebuild(rw: Rewrite, rewrite: Callable[[Node, "Builder"], Optional[List[Tensor]]], stat: str) -> Rewrite:
     """Copy rw.graph node by node; `rewrite(node, builder)` may return replacement outputs."""
     b = Builder(rw)
@@ -32,6 +42,8 @@ def _rebuild(rw: Rewrite, rewrite: Callable[[Node, "Builder"], Optional[List[Ten
             for t, r in zip(n.outputs, repl):
                 if r is not None:
                     b.map[t] = r
+            if repl and repl[0] is not None:
+                b.node_map[n] = repl[0].node  # control edges on n now wait for its replacement
             if repl or stat == "dead":
                 b.stats[stat] = b.stats.get(stat, 0) + 1
             continue
@@ -57,9 +69,11 @@ class Builder:
         return new
 
 
-def fuse_bias_activation(rw: Rewrite) -> Rewrite:
+def fuse_bias_activation(rw: Rewrite, residual: bool = False) -> Rewrite:
     """MatMul -> BiasAdd(-> activation) and Conv2D -> BiasAdd(-> activation) become one node,
-    emitted where the last node of the group stood (all its inputs exist by then)."""
+    emitted where the last node of the group stood (all its inputs exist by then). Conv2D ->
+    BiasAdd -> Add(r) (-> Relu/Relu6), r a residual of the output's shape, becomes FusedConv2DAdd
+    when `residual` (the executor's op only: the edge and the exporters know FusedConv2D and Add)."""
     g = rw.graph
     users: Dict[Tensor, List[Node]] = {}
     for n in g.nodes:
@@ -67,8 +81,10 @@ def fuse_bias_activation(rw: Rewrite) -> Rewrite:
             users.setdefault(t, []).append(n)
     uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
     fused_conv = "FusedConv2D" in registered()
-    groups: Dict[Node, tuple] = {}  # last node of a group -> (product, bias_add, activation name)
-    skip = set()
+    residual = residual and "FusedConv2DAdd" in registered()
+    groups: Dict[Node, tuple] = {}  # last node of a group -> (product, bias_add, activation name, residual Add)
+    skip, claimed = set(), set()
+    pinned = _pinned(rw)
     for n in g.nodes:
         if n.op not in ("MatMul", "Conv2D") or n.control_inputs or (n.op == "Conv2D" and not fused_conv):
             continue
@@ -83,15 +99,21 @@ def fuse_bias_activation(rw: Rewrite) -> Rewrite:
             continue
         if n.op == "Conv2D" and axis != 1:
             continue
-        last, act = ba, "none"
         z = ba.outputs[0]
+        add = _residual_add(z, users, uses, claimed) if n.op == "Conv2D" and residual else None
+        last, act = add or ba, "none"
+        if add is not None:
+            claimed.add(add)
+            z = add.outputs[0]
         nxt = users.get(z, [])
-        if uses.get(z, 0) == 1 and nxt[0].op in _ACT and not nxt[0].control_inputs:
+        if uses.get(z, 0) == 1 and nxt[0].op in _ACT and not nxt[0].control_inputs \
+                and (add is None or _ACT[nxt[0].op] in _RESIDUAL_ACT):
             last, act = nxt[0], _ACT[nxt[0].op]
-        groups[last] = (n, ba, act)
-        skip.add(n)
-        if last is not ba:
-            skip.add(ba)
+        folded = [m for m in (n, ba, add) if m is not None and m is not last]
+        if any(m in pinned for m in folded):
+            continue  # a control edge or target fetch names a node the group would fold away
+        groups[last] = (n, ba, act, add)
+        skip.update(folded)
 
     def rewrite(n: Node, b: Builder):
         if n in skip:
@@ -99,15 +121,37 @@ def fuse_bias_activation(rw: Rewrite) -> Rewrite:
         grp = groups.get(n)
         if grp is None:
             return None
-        prod, ba, act = grp
+        prod, ba, act, add = grp
         attrs = dict(prod.attrs)
         attrs["activation"] = act
         op = "FusedMatMul" if prod.op == "MatMul" else "FusedConv2D"
-        new = b.g.add_node(op, [b.map[prod.inputs[0]], b.map[prod.inputs[1]], b.map[ba.inputs[1]]], attrs,
-                           name=n.name, device=prod.device)
+        ins = [b.map[prod.inputs[0]], b.map[prod.inputs[1]], b.map[ba.inputs[1]]]
+        if add is not None:
+            op = "FusedConv2DAdd"
+            ins.append(b.map[_other_operand(add, ba.outputs[0])])
+        new = b.g.add_node(op, ins, attrs, name=n.name, device=prod.device)
         return [new.outputs[0]]
 
     return _rebuild(rw, rewrite, "fused")
+
+
+def _residual_add(z: Tensor, users, uses, claimed) -> Optional[Node]:
+    """The Add that is z's only consumer when its other operand r can be a residual addend: the same
+    dtype and static shape as z (no broadcasting) and not z itself (None otherwise)."""
+    if uses.get(z, 0) != 1:
+        return None
+    add = users[z][0]
+    if add.op != "Add" or add.control_inputs or add in claimed:
+        return None
+    r = _other_operand(add, z)
+    if r is z or r.dtype != z.dtype or tuple(r.shape) != tuple(z.shape) or tuple(add.outputs[0].shape) != tuple(z.shape):
+        return None
+    return add
+
+
+def _other_operand(add: Node, z: Tensor) -> Tensor:
+    a, b = add.inputs
+    return b if a is z else a
 
 
 def prune_dead(rw: Rewrite) -> Rewrite:
@@ -128,12 +172,13 @@ def fold_batch_norm(rw: Rewrite) -> Rewrite:
     g = rw.graph
     uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
     folds: Dict[Node, tuple] = {}  # BatchNorm node -> (product node, new weights, new bias)
+    pinned = _pinned(rw)
     for n in g.nodes:
         if n.op != "BatchNorm" or n.attrs["training"] or n.control_inputs:
             continue
         x = n.inputs[0]
         prod = x.node
-        if prod.op not in ("MatMul", "Conv2D") or uses.get(x, 0) != 1 or prod.control_inputs:
+        if prod.op not in ("MatMul", "Conv2D") or uses.get(x, 0) != 1 or prod.control_inputs or prod in pinned:
             continue
         if any(uses.get(t, 0) for t in n.outputs[1:]):
             continue

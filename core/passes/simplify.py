@@ -53,6 +53,7 @@ class _Copier:
         self.g = Graph(seed=src.seed)
         self.map: Dict[Tensor, Tensor] = {}
         self.node_map: Dict[Node, Node] = {}
+        self.replaced: set = set()  # nodes whose node_map entry is what replaced them (simplified, folded)
         self.cse: Dict[tuple, Node] = {}
         self.fold = fold
         self.stats = {"folded": 0, "cse": 0, "simplified": 0}
@@ -79,11 +80,15 @@ class _Copier:
         pure = not d.stateful and not ctrls and n.op not in ("Placeholder",)
         if pure and n.op == "Const":
             self.map[n.outputs[0]] = self.const(n.attrs["value"], n.name, n.device)
+            self.node_map[n] = self.map[n.outputs[0]].node
+            self.replaced.add(n)
             return
         if pure and self.fold:
             out = self._simplify(n, ins)
             if out is not None:
                 self.map[n.outputs[0]] = out
+                self.node_map[n] = out.node  # control edges on n wait for what replaces it
+                self.replaced.add(n)
                 self.stats["simplified"] += 1
                 return
         if pure:
@@ -100,6 +105,8 @@ class _Copier:
             folded = self._evaluate(new)
             if folded is not None:
                 self.map[n.outputs[0]] = self.const(folded, n.name + "/folded", n.device)
+                self.node_map[n] = self.map[n.outputs[0]].node
+                self.replaced.add(n)
                 self.stats["folded"] += 1
                 return
         if pure:
@@ -209,6 +216,7 @@ def copy_simplified(graph: Graph, nodes: Sequence[Node], fetches: Sequence, feed
         if isinstance(f, Tensor):
             new_fetches.append(c.map[f])
         else:
-            new_fetches.append(c.node_map.get(f) or c.add("NoOp", (), {}, f.name, f.device,
+            same = None if f in c.replaced else c.node_map.get(f)  # a replaced target runs as a NoOp on its edges
+            new_fetches.append(same or c.add("NoOp", (), {}, f.name, f.device,
                                                            [c.node_map[x] for x in f.control_inputs if x in c.node_map]))
     return Rewrite(c.g, new_fetches, new_feeds, c.stats)

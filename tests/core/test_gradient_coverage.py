@@ -36,6 +36,7 @@ CHECKED_ELSEWHERE = {
     "Resize": "test_image_ops.test_resize_forward_and_gradient",
     "LSTMStep": "test_recurrent_ops.test_lstm_step_forward_and_gradient",
     "GRUStep": "test_recurrent_ops.test_gru_step_forward_and_gradient",
+    "FusedConv2DAdd": "test_conv_residual.test_fused_conv_add_gradient_matches_finite_differences",
 }
 
 

@@ -111,17 +111,23 @@ def test_weights_fed_at_run_time_are_not_cached(monkeypatch, path):
             np.testing.assert_allclose(sess.run(y, {wp: w}), want, rtol=1e-5, atol=2e-6)
 
 
-def test_compiled_logistic_against_exp():
-    from isthmus.jit.rnn import _logistic_neg
-    v = np.concatenate([np.linspace(-200, 200, 40001), [np.inf, -np.inf, 0.0]]).astype(np.float32)
-    bits = np.empty(v.size, np.int32)
-    for scale in (1.0, -2.0):
-        got = v.copy()
-        _logistic_neg(got, 0, v.size, np.float32(scale), bits)
-        with np.errstate(over="ignore"):
-            want = 1 / (1 + np.exp(scale * v.astype(np.float64)))
-        np.testing.assert_allclose(got, want, rtol=0, atol=1.5e-7)
-    part = v.copy()
-    _logistic_neg(part, 10, 20, np.float32(1.0), bits)  # only [lo, hi) is touched
-    np.testing.assert_array_equal(part[:10], v[:10])
-    np.testing.assert_array_equal(part[20:], v[20:])
+def test_fused_cell_against_float64():
+    """jit.rnn's one-pass cell (five inlined exps per hidden unit, vectorized across units) against the
+    ONNX equations in float64, over pre-activations from tiny to saturated and infinite."""
+    from isthmus.jit.rnn import lstm_cells
+    rng = np.random.default_rng(5)
+    batch, hid = 7, 37  # not a multiple of the vector width: the remainder loop runs too
+    z = (rng.standard_normal((batch, 4 * hid)) * np.array([0.1, 3, 30, 300])[rng.integers(0, 4, (batch, 1))])
+    z = z.astype(np.float32)
+    z[0, :4] = [np.inf, -np.inf, 0, 1e-30]
+    p = rng.standard_normal((batch, 4 * hid)).astype(np.float32)
+    c0 = (rng.standard_normal((batch, hid)) * 4).astype(np.float32)
+    c, h = c0.copy(), np.empty((batch, hid), np.float32)
+    bias = rng.standard_normal(4 * hid).astype(np.float32)
+    lstm_cells(z.copy(), p, bias, c, h)
+    u = z.astype(np.float64) + p + bias
+    with np.errstate(over="ignore"):
+        i, o, f = (1 / (1 + np.exp(u[:, k * hid:(k + 1) * hid])) for k in range(3))  # rows i, o, f negated
+    c_want = f * c0 + i * np.tanh(u[:, 3 * hid:])
+    np.testing.assert_allclose(c, c_want, rtol=1e-6, atol=3e-7)
+    np.testing.assert_allclose(h, o * np.tanh(c_want), rtol=1e-6, atol=3e-7)

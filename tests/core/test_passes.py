@@ -180,3 +180,43 @@ def test_freeze_turns_variables_into_constants_and_enables_bn_folding():
     np.testing.assert_allclose(fs.run("logits:0", {"x:0": xv}), sess.run(y, {x: xv}), rtol=1e-5)
     plan = fs.plan_for("logits:0", {"x:0": None})
     assert "BatchNorm" not in {n.op for n in plan.nodes}
+
+
+def _controls(rw, name):
+    (n,) = [m for m in rw.graph.nodes if m.name == name]
+    return [c for c in n.control_inputs]
+
+
+def test_fusion_keeps_control_edges_on_the_group_and_its_members():
+    """A control edge on a fused group's last node waits for the fused node; one on a node the group
+    would fold away keeps that node (no fusion) rather than being dropped."""
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 3), name="x")
+        w = ism.constant(np.arange(12, dtype=np.float32).reshape(3, 4) / 7)
+        b = ism.constant(np.ones(4, np.float32))
+        y = ism.relu(ism.bias_add(ism.matmul(x, w), b))            # fused, edge on its last node
+        z = ism.bias_add(ism.matmul(x, w * 2.0), b)                # an edge on the BiasAdd: not folded
+        u = ism.relu(z)
+        with g.control_dependencies([y.node]):
+            after_y = ism.identity(x, name="after_y")
+        with g.control_dependencies([z.node]):
+            after_z = ism.identity(x, name="after_z")
+    rw = _rewrite(g, [y, u, after_y, after_z], [x])
+    (cy,) = _controls(rw, "after_y")
+    assert cy.op == "FusedMatMul" and cy.outputs[0] is rw.fetches[0]
+    (cz,) = _controls(rw, "after_z")
+    assert cz.op == "BiasAdd" and rw.fetches[1].node.inputs[0] is cz.outputs[0]
+    _same_results(g, [y, u, after_y, after_z], {x: np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)})
+
+
+def test_a_control_edge_on_a_simplified_node_waits_for_its_replacement():
+    g = ism.Graph()
+    with g.as_default():
+        v = ism.Variable(np.ones(3, np.float32), name="v")
+        r = v.assign_add(np.ones(3, np.float32)) * 1.0             # simplified to the AssignAdd's output
+        with g.control_dependencies([r.node]):
+            after = ism.identity(ism.constant(np.zeros(3, np.float32)), name="after")
+    rw = _rewrite(g, [after, r])
+    (c,) = _controls(rw, "after")
+    assert c is rw.fetches[1].node and c.op == "AssignAdd"

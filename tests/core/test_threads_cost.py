@@ -186,3 +186,40 @@ def test_a_callers_least_chunk_is_scaled_by_the_handoff_too(monkeypatch):
         assert threads.fan_out(lambda lo, hi: None, 64, 8 * 1000, min_chunk=1000) == 2
         assert threads.fan_out(lambda lo, hi: None, 64, 8 * threads.MIN_CHUNK_FLOPS, flops=True) == 2
         assert threads.fan_out(lambda lo, hi: None, 64, 8 * threads.MIN_CHUNK_FLOPS - 1, flops=True) == 1
+
+
+def test_the_caller_runs_the_chunks_no_pool_thread_started(monkeypatch):
+    """With every pool thread busy (another core taken), fan_out does not wait for one: the caller
+    runs the unstarted chunks itself, the same chunks."""
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])
+    pool = threads.intra_pool()
+    release = threading.Event()
+    busy = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
+    try:
+        ran = []
+        me = threading.get_ident()
+        with threads.IntraOpThreads(3):
+            k = threads.fan_out(lambda lo, hi: ran.append((lo, hi, threading.get_ident() == me)), 90, 1 << 40)
+        assert k == 3 and sorted(ran) == [(0, 30, True), (30, 60, True), (60, 90, True)]
+    finally:
+        release.set()
+        for f in busy:
+            f.result(timeout=10)
+
+
+def test_a_chunk_error_still_reaches_the_caller_when_it_ran_the_chunk(monkeypatch):
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])
+    pool = threads.intra_pool()
+    release = threading.Event()
+    busy = [pool.submit(release.wait, 10) for _ in range(pool._max_workers)]
+
+    def fail(lo, hi):
+        if lo > 0:
+            raise RuntimeError(f"chunk {lo}")
+    try:
+        with threads.IntraOpThreads(2), pytest.raises(RuntimeError, match="chunk 32"):
+            threads.fan_out(fail, 64, 1 << 40)
+    finally:
+        release.set()
+        for f in busy:
+            f.result(timeout=10)

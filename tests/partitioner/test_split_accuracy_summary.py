@@ -43,6 +43,6 @@ def test_the_error_at_reference_speed_takes_out_the_probes_slowdown_of_the_edge_
     rows = [{"measured": {"ms": 30.0, "edge_ms": 20.0, "probe_us": [300.0, 300.0, 200.0]}, "predicted": {"ms": 20.0}},
             {"measured": {"ms": 21.0, "edge_ms": 20.0, "probe_us": [200.0]}, "predicted": {"ms": 20.0}}]
     at_reference(rows, 200.0)
-    assert rows[0]["probe_over_min"] == 1.5
+    assert rows[0]["probe_over_typical"] == 1.5
     assert rows[0]["error_at_reference_speed"] == pytest.approx((30 - 20 / 3) / 20 - 1, abs=1e-4)
-    assert rows[1]["probe_over_min"] == 1.0 and rows[1]["error_at_reference_speed"] == pytest.approx(0.05)
+    assert rows[1]["probe_over_typical"] == 1.0 and rows[1]["error_at_reference_speed"] == pytest.approx(0.05)

@@ -91,12 +91,22 @@ def one_thread_pays(nodes: Sequence[Node], fed: set) -> bool:
 # ops whose kernels cut their own work across the intra-op threads (core/ops/intra_op.py): products
 # by rows or columns (their FLOPs in chunks of MIN_CHUNK_FLOPS; BLAS threads the others itself), and
 # passes by rows (their bytes in chunks of MIN_CHUNK_BYTES). Any other op runs on one thread.
-_SPLIT_PASS_OPS = frozenset({"MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad", "BiasAdd", "BiasAddGrad"})
+# Forward convolutions split by images or rows in bytes (rows_apply), not by FLOPs: at Inception's
+# batch-32 sizes none reaches two chunks at the VM's measured chunk size, and the serial plan at
+# default threads ran on one core (process CPU = wall, 86 ms either way, 14:21 UTC).
+_SPLIT_PASS_OPS = frozenset({"Conv2D", "FusedConv2D", "MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
+                             "BiasAdd", "BiasAddGrad"})
+_SPLIT_PRODUCT_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2DBackpropInput", "Conv2DBackpropFilter"})
 # a node split k ways runs its split part about k * 0.85 times faster, not k: each thread packs
 # the shared operand of a product again, and the caller waits for the slowest chunk (2-way splits
 # of 25-100 MFLOP products on the VM: 0.8-1.6x, which this and the hand-off reproduce within 10%)
 SPLIT_EFFICIENCY = 0.85
 BRANCH_MARGIN = 0.8  # branches must beat the serial plan's predicted time by 20%: the model is rough
+# a node goes to the branch pool only with about ten hand-offs of work (the rule threads' chunk
+# sizes follow): a bidirectional LSTM at batch 1, two 0.2 ms directions handed off at a measured
+# 50-60 us each, ran 1.3-1.4x slower as branches than serially on the loaded VM (load 2-7)
+HEAVY_HANDOFFS = 10
+_RUNNER_NODE_S = 3e-6  # the branch runner's own bookkeeping per node (heap, counts), on the caller
 
 
 def handoff_seconds() -> float:
@@ -137,7 +147,7 @@ class BranchCosts:
             c = _cost(n)
             self.flops.append(c[0] if c else 0.0)
             self.nbytes.append(c[1] if c else 0.0)
-            self.kind.append("product" if n.op in BLAS_THREADED_OPS else "pass" if n.op in _SPLIT_PASS_OPS else "")
+            self.kind.append("product" if n.op in _SPLIT_PRODUCT_OPS else "pass" if n.op in _SPLIT_PASS_OPS else "")
             self.scales.append(any(d is None for o in n.outputs for d in o.shape))
             # bytes that do not grow with the unknown dims (weights): those of tensors of known shape
             self.fixed.append(max(0.0, self.nbytes[-1] - _unknown_bytes(n)))
@@ -177,10 +187,10 @@ class BranchCosts:
         return total
 
     def heavy(self, scale: float, h: Optional[float] = None) -> List[bool]:
-        """Nodes worth a hand-off (`h`, default handoff_seconds()) to the branch pool: their work
-        outweighs two hand-offs."""
+        """Nodes worth a hand-off (`h`, default handoff_seconds()) to the branch pool: those that
+        carry HEAVY_HANDOFFS hand-offs of work, as threads' chunk sizes do."""
         h = handoff_seconds() if h is None else h
-        return [t > 2 * h for t in self.seconds(scale)]
+        return [t > HEAVY_HANDOFFS * h for t in self.seconds(scale)]
 
     def branch_seconds(self, scale: float, workers: int, h: Optional[float] = None) -> float:
         h = handoff_seconds() if h is None else h
@@ -195,7 +205,7 @@ class BranchCosts:
             _, i = heapq.heappop(ready)
             w = free.index(min(free)) if heavy[i] else 0  # light nodes run on the calling thread
             start = max(max((finish[j] for j in self.preds[i]), default=0.0), free[w])
-            finish[i] = free[w] = start + t[i] + (h if heavy[i] else 0.0)
+            finish[i] = free[w] = start + t[i] + (h if heavy[i] else 0.0) + _RUNNER_NODE_S
             end = max(end, finish[i])
             for u in self.users[i]:
                 waiting[u] -= 1

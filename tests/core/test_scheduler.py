@@ -11,10 +11,10 @@ from isthmus.core.errors import ExecutionError
 
 @pytest.fixture
 def two_cores(monkeypatch):
-    """The rule's machine fixed: 2 cores, 100 us a hand-off, chunks of 4 MFLOP and 1 MiB (whatever
-    this machine measures)."""
+    """The rule's machine fixed: 2 cores, 20 us a hand-off (a server's), chunks of 4 MFLOP and 1 MiB
+    (whatever this machine measures)."""
     monkeypatch.setattr(threads, "cores", lambda: 2)
-    monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 100e-6)
+    monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 20e-6)
     monkeypatch.setattr(scheduler, "chunk_sizes", lambda: (4_000_000, 1 << 20))
 
 

@@ -213,7 +213,7 @@ def test_parallel_plan_error_names_node():
 
 def test_auto_parallel_picks_wide_heavy_graphs_only(monkeypatch):
     from isthmus.core import scheduler
-    monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 100e-6)  # not this process's measurement
+    monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 20e-6)  # not this process's measurement
     g, x, v, branches, total, step = _branchy_graph()
     sess = ism.Session(g)
     assert not sess.plan_for(branches[0], {x: None}).parallel  # a chain: nothing to overlap

@@ -50,6 +50,20 @@ def conv_pixels(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
     16 ceil(O/16)] scratch, wt pack_weights_t's panels, zeros [4 ceil(R/4)] (the tile's row bias),
     pix = P (output pixels per image)."""
     _pixels_product(xf, index, wt, zeros, a, yt, out.shape[0], pix)
+    _finish(yt, bias, None, lo, hi, out, pix)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def conv_pixels_add(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix):
+    """conv_pixels with a residual addend r [N, O, P] added in the last pass, before the clamp."""
+    _pixels_product(xf, index, wt, zeros, a, yt, out.shape[0], pix)
+    _finish(yt, bias, r, lo, hi, out, pix)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def _finish(yt, bias, r, lo, hi, out, pix):
+    """out [N, O, P] = clamp(yt's rows (image, pixel) + bias (+ r [N, O, P], or None: pruned at
+    compile time), lo, hi)."""
     n, o = out.shape[0], out.shape[1]
     for i in range(n):
         for ch in range(o):
@@ -57,24 +71,8 @@ def conv_pixels(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
             dst = out[i, ch]
             for p in range(pix):
                 v = yt[i * pix + p, ch] + b
-                if v < lo:  # a NaN passes the clamp
-                    v = lo
-                if v > hi:
-                    v = hi
-                dst[p] = v
-
-
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def conv_pixels_add(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix):
-    """conv_pixels with a residual addend r [N, O, P] added in the last pass, before the clamp."""
-    _pixels_product(xf, index, wt, zeros, a, yt, out.shape[0], pix)
-    n, o = out.shape[0], out.shape[1]
-    for i in range(n):
-        for ch in range(o):
-            b = bias[ch]
-            dst, add = out[i, ch], r[i, ch]
-            for p in range(pix):
-                v = yt[i * pix + p, ch] + b + add[p]
+                if r is not None:
+                    v += r[i, ch, p]
                 if v < lo:  # a NaN passes the clamp
                     v = lo
                 if v > hi:

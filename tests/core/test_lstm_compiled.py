@@ -44,22 +44,12 @@ def test_packed_steps_match_float64(monkeypatch, reverse, states, batch, scale):
     calls = []
     real = rnn.lstm_steps_packed
     monkeypatch.setattr(rnn, "lstm_steps_packed", lambda *a: calls.append(1) or real(*a))
-    rng = np.random.default_rng(11 + batch)
-    t_len, feat, hid = 7, 6, 8
-    x = rng.standard_normal((t_len, batch, feat)).astype(np.float32)
-    w = (rng.standard_normal((4 * hid, feat)) * scale).astype(np.float32)
-    r = (rng.standard_normal((4 * hid, hid)) * scale).astype(np.float32)
-    b = rng.standard_normal(4 * hid).astype(np.float32)
-    h0, c0 = (rng.standard_normal((2, batch, hid)) if states else np.zeros((2, batch, hid))).astype(np.float32)
-    g = ism.Graph()
+    ops, g, run = _lstm_case(np.random.default_rng(11 + batch), (7, batch, 6, 8), scale, states, reverse)
     with g.as_default():
-        xp = ism.placeholder("float32", (None, None, feat))
-        hp, cp = ism.placeholder("float32", (None, hid)), ism.placeholder("float32", (None, hid))
-        outs = lstm_sequence(xp, w, r, b, hp if states else None, cp if states else None, reverse=reverse)
-        got = ism.Session(g).run(list(outs), {xp: x, hp: h0, cp: c0})
+        got = run(ism.Session(g))
     assert calls
     tol = 2e-6 if scale < 1 else 2e-5  # saturated: |z| ~ 100, the float32 sums' order shows at 1e-5
-    for gv, wv in zip(got, _ref(x, w, r, b, h0, c0, reverse)):
+    for gv, wv in zip(got, _ref(*ops, reverse)):
         np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=tol)
 
 
@@ -69,22 +59,13 @@ def test_packed_steps_match_float64(monkeypatch, reverse, states, batch, scale):
 def test_paths_match_float64(monkeypatch, path, reverse, states, batch, scale):
     """scale 8 drives the gates into saturation (|z| up to ~100): the compiled exp's clamp is exercised."""
     _set_path(monkeypatch, path)
-    rng = np.random.default_rng(7 + batch)
-    t_len, feat, hid = 9, 6, 5  # hid not a multiple of 4: the loop's remainder rows run too
-    x = rng.standard_normal((t_len, batch, feat)).astype(np.float32)
-    w = (rng.standard_normal((4 * hid, feat)) * scale).astype(np.float32)
-    r = (rng.standard_normal((4 * hid, hid)) * scale).astype(np.float32)
-    b = rng.standard_normal(4 * hid).astype(np.float32)
-    h0, c0 = (rng.standard_normal((2, batch, hid)) if states else np.zeros((2, batch, hid))).astype(np.float32)
-    g = ism.Graph()
+    # hid 5, not a multiple of 4: the loop's remainder rows run too
+    ops, g, run = _lstm_case(np.random.default_rng(7 + batch), (9, batch, 6, 5), scale, states, reverse)
     with g.as_default():
-        xp = ism.placeholder("float32", (None, None, feat))
-        hp, cp = ism.placeholder("float32", (None, hid)), ism.placeholder("float32", (None, hid))
-        outs = lstm_sequence(xp, w, r, b, hp if states else None, cp if states else None, reverse=reverse)
         sess = ism.Session(g)
-        got = sess.run(list(outs), {xp: x, hp: h0, cp: c0})
-        again = sess.run(list(outs), {xp: x, hp: h0, cp: c0})  # the prepared weights are reused
-    want = _ref(x, w, r, b, h0, c0, reverse)
+        got = run(sess)
+        again = run(sess)  # the prepared weights are reused
+    want = _ref(*ops, reverse)
     for gv, av, wv in zip(got, again, want):
         assert gv.dtype == np.float32 and np.all(np.isfinite(gv))
         np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=2e-6)
@@ -131,3 +112,20 @@ def test_fused_cell_against_float64():
     c_want = f * c0 + i * np.tanh(u[:, 3 * hid:])
     np.testing.assert_allclose(c, c_want, rtol=1e-6, atol=3e-7)
     np.testing.assert_allclose(h, o * np.tanh(c_want), rtol=1e-6, atol=3e-7)
+
+
+def _lstm_case(rng, dims, scale, states, reverse):
+    """Operands (x, w, r, b, h0, c0) for dims (T, batch, features, hidden), the graph of one
+    lstm_sequence over them, and run(session) -> its outputs."""
+    t_len, batch, feat, hid = dims
+    x = rng.standard_normal((t_len, batch, feat)).astype(np.float32)
+    w = (rng.standard_normal((4 * hid, feat)) * scale).astype(np.float32)
+    r = (rng.standard_normal((4 * hid, hid)) * scale).astype(np.float32)
+    b = rng.standard_normal(4 * hid).astype(np.float32)
+    h0, c0 = (rng.standard_normal((2, batch, hid)) if states else np.zeros((2, batch, hid))).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        xp = ism.placeholder("float32", (None, None, feat))
+        hp, cp = ism.placeholder("float32", (None, hid)), ism.placeholder("float32", (None, hid))
+        outs = lstm_sequence(xp, w, r, b, hp if states else None, cp if states else None, reverse=reverse)
+    return (x, w, r, b, h0, c0), g, lambda sess: sess.run(list(outs), {xp: x, hp: h0, cp: c0})

@@ -176,17 +176,31 @@ def gemm_bias_clamp_ld(wp, bias, xf, ldx, k, p, lo, hi, y, panel, tile):
         _panels(wp, bias, xf, ldx, p0, yf, p, p0, o, k, lo, hi, False)
     rest = p - whole
     if rest:
-        for i in range(k):
-            dst = panel[i]
-            for j in range(rest):
-                dst[j] = xf[i * ldx + whole + j]
-            for j in range(rest, NR):
-                dst[j] = 0
+        tail_in(xf, ldx, k, whole, rest, panel)
         _panels(wp, bias, panel.reshape(k * NR), NR, 0, tile.reshape(o * NR), NR, 0, o, k, lo, hi, rest <= NR // 2)
-        for r in range(o):
-            src, dst = tile[r], y[r]
-            for j in range(rest):
-                dst[whole + j] = src[j]
+        tail_out(tile, y, whole, rest)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def tail_in(src, ld, rows, whole, rest, dst):
+    """dst[:rows] [rows, NR] = columns whole .. whole + rest of the flat src [rows, ld], zero-padded: the
+    last P mod 16 columns as a whole panel for the tile."""
+    for i in range(rows):
+        d = dst[i]
+        for j in range(rest):
+            d[j] = src[i * ld + whole + j]
+        for j in range(rest, NR):
+            d[j] = 0
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def tail_out(tile, y, whole, rest):
+    """y[:, whole:whole + rest] = the tile's first rest columns of its first y.shape[0] rows (tail_in's
+    way back)."""
+    for r in range(y.shape[0]):
+        src, dst = tile[r], y[r]
+        for j in range(rest):
+            dst[whole + j] = src[j]
 
 
 def leading_dim(p: int) -> int:

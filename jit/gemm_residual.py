@@ -11,7 +11,8 @@ from __future__ import annotations
 import numba as nb  # imported only when a kernel is first bound
 import numpy as np
 
-from .gemm_f32 import KC, MR, NR, _tile8_add, _tile8x8_add, _tile_add, gemm_bias_clamp_ld, im2col_ld
+from .gemm_f32 import (KC, MR, NR, _tile8_add, _tile8x8_add, _tile_add, gemm_bias_clamp_ld, im2col_ld, tail_in,
+                       tail_out)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
@@ -52,24 +53,11 @@ def gemm_bias_add_clamp_ld(wp, bias, xf, ldx, k, p, lo, hi, y, r, panel, tile, r
         _panels_add(wp, bias, xf, ldx, p0, yf, p, p0, o, k, lo, hi, False, rf)
     rest = p - whole
     if rest:
-        for i in range(k):
-            dst = panel[i]
-            for j in range(rest):
-                dst[j] = xf[i * ldx + whole + j]
-            for j in range(rest, NR):
-                dst[j] = 0
-        for i in range(o):
-            src, dst = r[i], rtile[i]
-            for j in range(rest):
-                dst[j] = src[whole + j]
-            for j in range(rest, NR):
-                dst[j] = 0
+        tail_in(xf, ldx, k, whole, rest, panel)
+        tail_in(rf, p, o, whole, rest, rtile)
         _panels_add(wp, bias, panel.reshape(k * NR), NR, 0, tile.reshape(o * NR), NR, 0, o, k, lo, hi,
                     rest <= NR // 2, rtile.reshape(o * NR))
-        for i in range(o):
-            src, dst = tile[i], y[i]
-            for j in range(rest):
-                dst[whole + j] = src[j]
+        tail_out(tile, y, whole, rest)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

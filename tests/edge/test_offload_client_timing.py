@@ -1,4 +1,5 @@
 """Where a request's time goes (OffloadClient.last) and the emulated slow edge (edge_slowdown)."""
+import types
 import numpy as np
 import pytest
 
@@ -7,6 +8,17 @@ from isthmus.edge.offload_client import OffloadClient
 from isthmus.edge.split_model import load_split
 
 from .test_offload_client import server, split  # noqa: F401  (fixtures)
+
+
+def _time_view(**fakes):
+    """The time module as one module under test sees it, with `fakes` in place of some functions.
+    Patching the time module itself would hand the fakes to every other thread in the process (a
+    server thread left from an earlier test), and theirs to the fake clock."""
+    import time
+    view = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
+    for k, f in fakes.items():
+        setattr(view, k, f)
+    return view
 
 
 def _cloud_cut(path):
@@ -56,7 +68,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
     assert not low.cloud_part
     asked = []
     real_sleep = oc.time.sleep
-    monkeypatch.setattr(oc.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
+    monkeypatch.setattr(oc, "time", _time_view(sleep=lambda s: (asked.append(s), real_sleep(s))))
     with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        edge_slowdown=5.0, ping_every=1000, edge_clock="wall") as c5:
         for v in split["xs"][:4]:
@@ -82,9 +94,8 @@ def test_edge_slowdown_by_cpu_time_counts_only_this_threads_compute(split, monke
     low = sm.cuts[0]
     clock = {"wall": 100.0, "cpu": 7.0}
     asked = []
-    monkeypatch.setattr(oc.time, "perf_counter", lambda: clock["wall"])
-    monkeypatch.setattr(oc.time, "thread_time", lambda: clock["cpu"])
-    monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
+    monkeypatch.setattr(oc, "time", _time_view(perf_counter=lambda: clock["wall"], thread_time=lambda: clock["cpu"],
+                                                sleep=lambda s: asked.append(s)))
     with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,
                        edge_slowdown=8.0, ping_every=1000) as c:
         real_local = c._local
@@ -147,16 +158,14 @@ def test_emulated_kernel_seconds_times_each_kernel_as_the_emulated_edge_runs_it(
     real_steps = interp._steps
     interp._steps = [timed(st) for st in real_steps]
     asked = []
-    orig_put = np.copyto
+    real_set = interp.set_inputs
 
-    assert len(interp._inputs) == 1  # one copy per putting back of the inputs:
-
-    def copyto(dst, src, **kw):  # the warm-up invoke's, then per round the per-kernel runs' and the whole run's
+    def set_inputs(*a, **kw):  # per round: the per-kernel runs' putting back, then the whole run's
         clock["whole"] = not clock.get("whole")
-        return orig_put(dst, src, **kw)
-    monkeypatch.setattr(oc.time, "thread_time", thread_time)
-    monkeypatch.setattr(oc.time, "sleep", lambda s: asked.append(s))
-    monkeypatch.setattr(oc.np, "copyto", copyto)
+        return real_set(*a, **kw)
+    # the module's own view of time (_time_view); the puts counted on this interpreter alone
+    monkeypatch.setattr(oc, "time", _time_view(thread_time=thread_time, sleep=lambda s: asked.append(s)))
+    monkeypatch.setattr(interp, "set_inputs", set_inputs)
     got = oc.emulated_kernel_seconds(interp, x, slowdown=4.0, runs=3)
     monkeypatch.undo()
     interp._steps = real_steps

@@ -68,7 +68,7 @@ class PartCost:
         """Seconds a segment of kernels pays for its caches after the core idled `idle_s` seconds."""
         if self.cold_s == 0.0 or idle_s <= 0.0:
             return 0.0
-        return self.cold_s * (-np.expm1(-idle_s / self.cold_tau_s) if self.cold_tau_s > 0 else 1.0)
+        return self.cold_s * (-float(np.expm1(-idle_s / self.cold_tau_s)) if self.cold_tau_s > 0 else 1.0)
 
     def scaled(self, factor: float) -> "PartCost":
         """The same runtime on a device `factor` times slower (the ratios and the idle's clock unscaled)."""

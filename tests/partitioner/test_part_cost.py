@@ -119,7 +119,7 @@ COLD = PartCost(invoke_s=1e-4, cold_s=2e-4, cold_tau_s=5e-3)
 
 
 def test_the_cold_curve_its_fit_and_its_fields():
-    assert COLD.cold(0.0) == 0.0 and PartCost().cold(1.0) == 0.0
+    assert COLD.cold(0.0) == 0.0 and PartCost().cold(1.0) == 0.0 and type(COLD.cold(1e-3)) is float  # JSON-ready
     assert COLD.cold(5e-3) == pytest.approx(2e-4 * (1 - np.exp(-1.0)), rel=1e-12)
     assert COLD.cold(1.0) == pytest.approx(2e-4, rel=1e-9)
     # a slower device refills its caches slower; the idle's clock (wall) and the ratios do not scale

@@ -75,3 +75,18 @@ def test_the_speed_probe_is_warmed_before_it_is_timed():
         calls.append(1)
     assert speed_probe(reps=3, warm_s=1e-3, clock=lambda: clock[0], work=work) == pytest.approx(1e-4)
     assert len(calls) == 10 + 3  # 1 ms of warming at 0.1 ms a product, then the three timed
+
+
+def test_a_block_whose_memory_probe_was_slow_is_not_in_the_calibrations_state():
+    """The cache-resident probe missed slow stretches that only a larger working set meets: a block
+    counts as the calibration's state only when the memory probe agrees too."""
+    from split_accuracy import by_state, memory_probe, summary
+    a = {"first": _row(0.010), "rows": [_row(0.010)], "probe_s": 2e-4, "probe_mem_s": 3e-4}
+    b = {"first": _row(0.013), "rows": [_row(0.013)], "probe_s": 2e-4, "probe_mem_s": 6e-4}  # memory slow
+    rows = [{"measured": summary([a, b], "cut0"), "predicted": {"ms": 10.0}}]
+    assert rows[0]["measured"]["probe_mem_us"] == [300.0, 600.0]
+    by_state(rows, 200.0, 300.0)
+    assert rows[0]["fast_blocks"] == "1/2" and rows[0]["error_in_calibration_state"] == pytest.approx(0.0)
+    by_state(rows, 200.0)  # without the memory probe's reference: both blocks
+    assert rows[0]["fast_blocks"] == "2/2" and rows[0]["error_in_calibration_state"] == pytest.approx(0.15)
+    assert 0.0 < memory_probe() < 0.5

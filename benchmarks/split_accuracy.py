@@ -174,10 +174,11 @@ def _probe_one_thread() -> float:
         return speed_probe(), memory_probe()
 
 
-def block(client, k: int, args, n: int) -> dict:
+def block(client, k: int, args, n: int, memory: bool = False) -> dict:
     """Switch `client` to cut k, one untimed request (the switch), then n timed: their reports, and
-    the speed probe's seconds just before."""
-    probe, mem = speed_probe(), memory_probe()
+    the speed probe's seconds just before (with `memory`, the memory probe's too: it evicts the
+    caches the switch's request then refills, so it is off by default)."""
+    probe, mem = speed_probe(), (memory_probe() if memory else None)
     client.selector.switch(k)
     client.invoke(*args)
     first = dict(client.last)
@@ -336,12 +337,12 @@ def measure(client, plans, sp, args, opts) -> dict:
         local = sorted({k for (s2, _), ms in plans.items() if s2 == s for k in ms.values() if not sp.cuts[k].cloud_part})
         for rnd in range(opts.rounds):
             for k in local:
-                blocks.setdefault((s, None, k), []).append(block(client, k, args, per_round))
+                blocks.setdefault((s, None, k), []).append(block(client, k, args, per_round, opts.memory_probe))
             for mbps in opts.bandwidths:
                 client.link.set(mbps * 1e6, RTT)
                 ks = sorted({k for k in plans[(s, mbps)].values() if sp.cuts[k].cloud_part})
                 for k in (ks if rnd % 2 == 0 else ks[::-1]):
-                    blocks.setdefault((s, mbps, k), []).append(block(client, k, args, per_round))
+                    blocks.setdefault((s, mbps, k), []).append(block(client, k, args, per_round, opts.memory_probe))
         print(f"  slowdown {s:g}x measured", file=sys.stderr)
     return {key: summary(bs, sp.cuts[key[2]].name) for key, bs in blocks.items()}
 
@@ -423,6 +424,10 @@ def parse(argv=None):
                    help="price every measured placement also another way, paired with the same measurement: "
                         "no-cold (default: the part fitted per slowdown with the cold caches left in, the model "
                         "before they were priced) or core (the core Session's kernels as the edge's prices)")
+    p.add_argument("--memory-probe", action="store_true",
+                   help="also time a product with 8 MB of weights before every block (the slow stretches only a "
+                        "large working set meets); off by default: it evicts what the switch's first request then "
+                        "refills (ResNet-shaped's first request at 8x: 1.15-1.34x its block's steady ones with it)")
     p.add_argument("--no-part-cost", action="store_true",
                    help="price no edge part beyond its kernels (the model before issue 27's item 1)")
     p.add_argument("--client-scaled", action="store_true",
@@ -498,7 +503,7 @@ def main(argv=None) -> int:
     ref_us, ref_mem_us = (float(np.median([c[i] for c in calib_probes])) * 1e6 for i in (0, 1))
     at_reference(rows, ref_us)
     by_state(rows, ref_us, ref_mem_us)
-    mem_probes = [x for r in rows for x in r["measured"]["probe_mem_us"]]
+    mem_probes = [x for r in rows for x in r["measured"]["probe_mem_us"] if x is not None]
     doc = {"edge": ("fp32" if opts.fp32 else "int8") + " edge model, this machine x slowdown (CPU time)",
            "rtt_ms": RTT * 1e3, "bandwidths_mbps": opts.bandwidths, "slowdowns": opts.slowdowns,
            "requests": opts.requests, "blas_threads": 1, "client_cost": client_cost.to_dict(),
@@ -528,9 +533,10 @@ def main(argv=None) -> int:
            "speed_probe_us": {"min": min(probes), "median": float(np.median(probes)), "max": max(probes),
                               "p90_over_min": round(float(np.percentile(probes, 90)) / min(probes), 3),
                               "while_calibrating": [round(x[0] * 1e6, 1) for x in calib_probes]},
-           "memory_probe_us": {"min": min(mem_probes), "median": float(np.median(mem_probes)), "max": max(mem_probes),
-                               "p90_over_min": round(float(np.percentile(mem_probes, 90)) / min(mem_probes), 3),
-                               "while_calibrating": [round(x[1] * 1e6, 1) for x in calib_probes]},
+           "memory_probe_us": None if not mem_probes else {
+               "min": min(mem_probes), "median": float(np.median(mem_probes)), "max": max(mem_probes),
+               "p90_over_min": round(float(np.percentile(mem_probes, 90)) / min(mem_probes), 3),
+               "while_calibrating": [round(x[1] * 1e6, 1) for x in calib_probes]},
            "models": {k: {f: v for f, v in r.items() if f not in ("rows", "gains")} for k, r in results.items()},
            "cases": rows, "load_average_before": round(load0, 2), "load_average_after": round(os.getloadavg()[0], 2),
            "seconds": round(time.perf_counter() - t0, 1)}

@@ -134,13 +134,16 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     and to CPU time), and parts timed one after another in one such stretch fitted kernel scales from
     1.0 to 1.54; slowdowns measured apart fitted 1.29 and 1.61. "cold_s": what the part's kernels lose
     to the caches the idle before the request left cold, by `cold` ((cold_s, cold_tau_s), the curve
-    cold_samples measures; None: 0), after the idle the emulation sleeps ((slowdown - 1) x its CPU time)."""
+    cold_samples measures: a PartCost's cold terms; None: 0), after the idle the emulation sleeps
+    ((slowdown - 1) x its CPU time), of kernels where the part runs any, else of moving tensors; and a
+    part with a call once more, after the call (the emulated round trip), of moving tensors (the
+    calibration parts run no kernel after their call)."""
     from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
     from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
     if rounds < 1 or requests < 1:
         raise ValueError(f"need rounds >= 1 and requests >= 1, got rounds={rounds}, requests={requests}")
     rounds, slowdowns = min(rounds, requests), [float(x) for x in (slowdowns or [slowdown])]
-    curve = PartCost() if cold is None else PartCost(cold_s=cold[0], cold_tau_s=cold[1])
+    curve = PartCost() if cold is None else cold
     models = _models(int8, cuts, profile)
     with _clients(models, rtt_s) as clients, limited_blas_threads(1):
         hot = [[_hot_interpreter(c, k) for k in range(len(m[0].cuts))] for c, m in zip(clients, models)]
@@ -166,7 +169,9 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
                 e, kern = float(np.median(edge[(mi, k, sd)])), float(np.median(kernels[(mi, k)]))
                 sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
                 nbytes = io + sum(sizes[n] for n in sent + info.outputs)
-                c = curve.cold((sd - 1.0) * e) if kern > 0 else 0.0  # no kernel on the edge: nothing to warm
+                c = curve.cold((sd - 1.0) * e, kernels=kern > 0)
+                if info.cloud_part:
+                    c += curve.cold(rtt_s, kernels=False)
                 out.append({"seconds": max(e - kern - c, 0.0), "nbytes": float(nbytes), "edge_s": e,
                             "kernels_s": kern, "model": mi, "cut": k, "slowdown": sd, "cold_s": c,
                             **({"priced_s": prices[k]} if prices is not None else {})})
@@ -177,11 +182,13 @@ IDLES = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)  # seconds of idle cold_sampl
 
 
 def cold_samples(int8: bool = True, reps: int = 9, idles=IDLES, seed: int = 0) -> List[Dict[str, float]]:
-    """What a request's edge kernels lose to caches gone cold while the core idled: per model (the
-    three CNNs' edge-only parts, run by the real OffloadClient at this machine's speed, one BLAS thread)
-    and idle {"idle_s", "cold_s": the median CPU seconds of a request after that idle less the median
-    of one right after another, "hot_s", "model"}. Each timed request follows an untimed one and then the
-    idle, the idles in a random order per pass: this VM's speed drifts over seconds, a pass takes less."""
+    """What a request's edge work loses to caches gone cold while the core idled: per model (the three
+    CNNs, run by the real OffloadClient at this machine's speed, one BLAS thread), kind ("kernels": the
+    edge-only part; "io": the cloud-only one, which only sends the input and takes the answer, the link
+    at zero) and idle {"idle_s", "cold_s": the median edge CPU seconds of a request (its remote calls'
+    left out) after that idle less the median of one right after another, "hot_s", "model", "kind"}.
+    Each timed request follows an untimed one and then the idle, the idles in a random order per
+    pass: this VM's speed drifts over seconds, a pass takes less."""
     from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
     if reps < 1 or 0.0 not in idles or len(idles) < 3:
         raise ValueError(f"need reps >= 1 and idles with 0 and two others, got reps={reps}, idles={idles}")
@@ -192,19 +199,33 @@ def cold_samples(int8: bool = True, reps: int = 9, idles=IDLES, seed: int = 0) -
         for _ in range(reps):
             for mi, (client, m) in enumerate(zip(clients, models)):
                 client.edge_slowdown = 1.0
-                client.selector.switch(len(m[0].cuts) - 1)  # edge-only: every kernel on the edge
-                for idle in rng.permutation(idles):
-                    client.invoke(m[5])
-                    time.sleep(idle)
-                    c = time.thread_time()
-                    client.invoke(m[5])
-                    times.setdefault((mi, float(idle)), []).append(time.thread_time() - c)
+                client.link.set(1e9, 0.0)
+                for kind, k in (("kernels", len(m[0].cuts) - 1), ("io", 0)):  # edge-only; cloud-only
+                    client.selector.switch(k)
+                    for idle in rng.permutation(idles):
+                        client.invoke(m[5])
+                        time.sleep(idle)
+                        c = time.thread_time()
+                        client.invoke(m[5])
+                        cpu = time.thread_time() - c - client.last["remote_cpu_s"]
+                        times.setdefault((mi, kind, float(idle)), []).append(cpu)
     out = []
     for mi in range(len(models)):
-        hot = float(np.median(times[(mi, 0.0)]))
-        out += [{"idle_s": float(i), "cold_s": float(np.median(times[(mi, float(i))])) - hot, "hot_s": hot,
-                 "model": mi} for i in idles]
+        for kind in ("kernels", "io"):
+            hot = float(np.median(times[(mi, kind, 0.0)]))
+            out += [{"idle_s": float(i), "cold_s": float(np.median(times[(mi, kind, float(i))])) - hot, "hot_s": hot,
+                     "model": mi, "kind": kind} for i in idles]
     return out
+
+
+def fit_cold_curve(samples: List[Dict[str, float]]):
+    """The cold terms of a PartCost from cold_samples: the kernels' curve (part_cost.fit_cold), and
+    the io segments' amplitude on the same time constant."""
+    from isthmus.partitioner.part_cost import PartCost, fit_cold  # deferred: partitioner.part_cost loads scipy
+    cold_s, tau = fit_cold(s for s in samples if s.get("kind", "kernels") == "kernels")
+    io = [s for s in samples if s.get("kind") == "io"]
+    cold_io_s = fit_cold(io, tau=tau)[0] if io else 0.0
+    return PartCost(cold_s=cold_s, cold_tau_s=tau, cold_io_s=cold_io_s)
 
 
 def _models(int8: bool, cuts: int, profile):
@@ -282,16 +303,15 @@ def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None, sl
     machine at 1x) its kernel_scale against that profile's prices too. The cold curve is measured
     first (cold_samples), each part sample's cold taken out with it, and the rest fitted once over the
     parts run at `slowdowns` interleaved (their idles differ; their kernel scale does not)."""
-    from isthmus.partitioner.part_cost import fit_cold  # deferred: partitioner.part_cost loads scipy
-    cold = fit_cold(cold_samples(int8))
+    cold = fit_cold_curve(cold_samples(int8))
     fit = fit_parts(part_samples(int8, profile=profile, slowdowns=slowdowns, cold=cold), cold)
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 
 
 def fit_parts(samples: List[Dict[str, float]], cold) -> "PartCost":
-    """PartCost.fit of part_samples (their cold taken out), with the cold curve `cold` ((cold_s, tau)) kept."""
+    """PartCost.fit of part_samples (their cold taken out), with the cold terms of `cold` (a PartCost) kept."""
     from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
-    return replace(PartCost.fit(samples), cold_s=float(cold[0]), cold_tau_s=float(cold[1]))
+    return replace(PartCost.fit(samples), cold_s=cold.cold_s, cold_tau_s=cold.cold_tau_s, cold_io_s=cold.cold_io_s)
 
 
-__all__ = ["measure_part_cost", "part_samples", "cold_samples", "fit_parts", "repriced"]
+__all__ = ["measure_part_cost", "part_samples", "cold_samples", "fit_cold_curve", "fit_parts", "repriced"]

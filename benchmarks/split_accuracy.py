@@ -448,8 +448,8 @@ def main(argv=None) -> int:
     from dataclasses import replace
     opts = parse(argv)
     from isthmus.apps.client_measure import measure_client_cost
-    from isthmus.apps.part_measure import cold_samples, fit_parts, part_samples
-    from isthmus.partitioner.part_cost import PartCost, fit_cold
+    from isthmus.apps.part_measure import cold_samples, fit_cold_curve, fit_parts, part_samples
+    from isthmus.partitioner.part_cost import PartCost
     from isthmus.partitioner.calibrate import calibrate
     load0, t0 = os.getloadavg()[0], time.perf_counter()
     ops = {"FusedConv2D", "FusedMatMul"}  # what the Session's passes run: priced as run (else the default fit)
@@ -472,7 +472,7 @@ def main(argv=None) -> int:
     pricings = {"interpreter": interp, "core": None, "no-cold": interp}
     samples, cold = None, None
     if not opts.no_part_cost:
-        cold = fit_cold(cold_samples(int8=not opts.fp32))
+        cold = fit_cold_curve(cold_samples(int8=not opts.fp32))
         samples = part_samples(int8=not opts.fp32, slowdowns=opts.slowdowns, cold=cold,
                                profile=replace(interp, kernel_table="edge"))
     calib_probes.append(_probe_one_thread())

@@ -25,10 +25,12 @@ one-node timings when emulated at 20x). DeviceProfile.op_time applies it to ever
 A stretch of edge work that starts after the core idled finds its caches cold (the interpreter's
 and the client's code, the arena, the weights): measured here (CPU time, one thread, parts of
 0.2-1.8 ms) about 0.06 ms after 2 ms idle, 0.12 after 5, 0.18 after 20-100, whatever the part's
-size. It is priced per segment that runs kernels, `cold_s * (1 - exp(-idle / cold_tau_s))`: the
-request's first segment after the idle before it (`sleep_ratio` x the request's edge time: the
+size. It is priced per segment of edge work, `cold_s * (1 - exp(-idle / cold_tau_s))` for one that
+runs kernels, `cold_io_s` in its place for one that only moves tensors (a cloud-only request's
+inputs sent, an answer received and returned: about a third of it here): the request's first
+segment after the idle before it (`sleep_ratio` x the request's edge time: the
 emulated edge sleeps (slowdown - 1) x its compute after each request; a real device busy with
-back-to-back requests idles 0), and each segment of kernels after a remote call (idle: the call).
+back-to-back requests idles 0), and the segment after a remote call (idle: the call).
 `isthmus profile --parts` measures the curve directly (apps/part_measure.cold_samples) and fits
 the terms above on parts with their cold taken out, so a slowdown's longer idles do not leak into
 kernel_scale.
@@ -42,7 +44,7 @@ import numpy as np
 
 from .cost_terms import fit_non_negative, seconds_from_dict
 
-FIELDS = ("invoke_s", "byte_s", "kernel_scale", "cold_s", "cold_tau_s", "sleep_ratio")
+FIELDS = ("invoke_s", "byte_s", "kernel_scale", "cold_s", "cold_tau_s", "sleep_ratio", "cold_io_s")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class PartCost:
     cold_s: float = 0.0      # a segment of kernels after a long idle: refilling the caches (device seconds)
     cold_tau_s: float = 0.005  # how fast the caches go cold while the core idles (wall seconds: unscaled)
     sleep_ratio: float = 0.0   # idle before a request per second of its edge time ((s - 1) / s emulated)
+    cold_io_s: float = 0.0     # cold_s of a segment that runs no kernel (sends inputs, takes an answer)
 
     def __post_init__(self):
         for k in FIELDS:
@@ -64,16 +67,18 @@ class PartCost:
     def seconds(self, parts: int, nbytes: float) -> float:
         return self.invoke_s * parts + self.byte_s * nbytes
 
-    def cold(self, idle_s: float) -> float:
-        """Seconds a segment of kernels pays for its caches after the core idled `idle_s` seconds."""
-        if self.cold_s == 0.0 or idle_s <= 0.0:
+    def cold(self, idle_s: float, kernels: bool = True) -> float:
+        """Seconds a segment of edge work (of kernels, or without: `kernels`) pays for its caches after
+        the core idled `idle_s` seconds."""
+        amp = self.cold_s if kernels else self.cold_io_s
+        if amp == 0.0 or idle_s <= 0.0:
             return 0.0
-        return self.cold_s * (-float(np.expm1(-idle_s / self.cold_tau_s)) if self.cold_tau_s > 0 else 1.0)
+        return amp * (-float(np.expm1(-idle_s / self.cold_tau_s)) if self.cold_tau_s > 0 else 1.0)
 
     def scaled(self, factor: float) -> "PartCost":
         """The same runtime on a device `factor` times slower (the ratios and the idle's clock unscaled)."""
         return replace(self, invoke_s=self.invoke_s * factor, byte_s=self.byte_s * factor,
-                       cold_s=self.cold_s * factor)
+                       cold_s=self.cold_s * factor, cold_io_s=self.cold_io_s * factor)
 
     def emulated(self, slowdown: float) -> "PartCost":
         """As OffloadClient's edge_slowdown runs it: after each request the client sleeps
@@ -122,8 +127,8 @@ class PartCost:
 
     def describe(self) -> str:
         scale = f", its kernels x {self.kernel_scale:.3g}" if self.kernel_scale != 1.0 else ""
-        cold = (f", {self.cold_s * 1e3:.3g} ms per segment of kernels after a long idle (tau "
-                f"{self.cold_tau_s * 1e3:.3g} ms)" if self.cold_s else "")
+        cold = (f", {self.cold_s * 1e3:.3g} ms per segment of kernels after a long idle ({self.cold_io_s * 1e3:.3g} "
+                f"without kernels; tau {self.cold_tau_s * 1e3:.3g} ms)" if self.cold_s or self.cold_io_s else "")
         return (f"{self.invoke_s * 1e3:.3g} ms per edge part + {self.byte_s * 1e9:.3g} ms per MB across its "
                 f"boundary{scale}{cold}")
 
@@ -131,9 +136,10 @@ class PartCost:
 TAUS = tuple(float(t) for t in np.geomspace(0.5e-3, 100e-3, 40))  # the time constants fit_cold tries
 
 
-def fit_cold(samples: Iterable[Mapping[str, float]]) -> "tuple[float, float]":
+def fit_cold(samples: Iterable[Mapping[str, float]], tau: "float | None" = None) -> "tuple[float, float]":
     """(cold_s, cold_tau_s) from samples {"idle_s": the idle before a segment, "cold_s": its seconds
-    over the same segment run hot}: least squares of cold_s * (1 - exp(-idle / tau)) over `TAUS`."""
+    over the same segment run hot}: least squares of cold_s * (1 - exp(-idle / tau)) over `TAUS`, or
+    with `tau` given (another curve's: the io segments') its amplitude alone."""
     pts = []
     for k, s in enumerate(samples):
         try:
@@ -145,9 +151,11 @@ def fit_cold(samples: Iterable[Mapping[str, float]]) -> "tuple[float, float]":
         pts.append((idle, cold))
     if len({p[0] for p in pts if p[0] > 0}) < 2:
         raise ValueError(f"fitting the cold curve needs samples at two idles > 0 at least, got {len(pts)} samples")
+    if tau is not None and not (np.isfinite(tau) and tau > 0):
+        raise ValueError(f"fit_cold: tau must be finite seconds > 0, got {tau!r}")
     idle, cold = np.array(pts).T
     best = (float("inf"), 0.0, TAUS[0])
-    for tau in TAUS:
+    for tau in (TAUS if tau is None else (float(tau),)):
         shape = -np.expm1(-idle / tau)
         c = max(float(shape @ cold) / float(shape @ shape), 0.0)
         err = float(((c * shape - cold) ** 2).sum())

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from isthmus.apps import cli
-from isthmus.apps.part_measure import _graphs, cold_samples, fit_parts, part_samples, repriced
+from isthmus.apps.part_measure import _graphs, cold_samples, fit_cold_curve, fit_parts, part_samples, repriced
 from isthmus.partitioner.devices import DeviceProfile
 
 
@@ -13,16 +13,18 @@ def test_samples_count_the_boundary_and_time_the_parts():
     from dataclasses import replace
     from isthmus.partitioner.devices import CLOUD
     from isthmus.partitioner.part_cost import PartCost
-    cold = (2e-4, 5e-3)
+    curve = PartCost(cold_s=2e-4, cold_tau_s=5e-3, cold_io_s=5e-5)
     both = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"),
-                        slowdowns=[8.0, 20.0], cold=cold)
+                        slowdowns=[8.0, 20.0], cold=curve)
     assert sorted({s["slowdown"] for s in both}) == [8.0, 20.0]
-    curve = PartCost(cold_s=cold[0], cold_tau_s=cold[1])
-    for s in both:  # the cold of the idle the emulation slept before it, only where the edge runs kernels
-        assert s["cold_s"] == (curve.cold((s["slowdown"] - 1) * s["edge_s"]) if s["kernels_s"] > 0 else 0.0)
+    for s in both:  # the cold of the idle the emulation slept before it (of kernels where the part runs
+        # any), and with a call (every cut but the last, edge-only) one after the round trip, of no kernel
+        want = curve.cold((s["slowdown"] - 1) * s["edge_s"], kernels=s["kernels_s"] > 0)
+        want += curve.cold(0.02, kernels=False) if s["cut"] < 2 else 0.0
+        assert s["cold_s"] == want
         assert s["seconds"] == max(s["edge_s"] - s["kernels_s"] - s["cold_s"], 0.0)
-    fit = fit_parts(both, cold)
-    assert (fit.cold_s, fit.cold_tau_s) == cold and fit.kernel_scale > 0
+    fit = fit_parts(both, curve)
+    assert (fit.cold_s, fit.cold_tau_s, fit.cold_io_s) == (2e-4, 5e-3, 5e-5) and fit.kernel_scale > 0
     samples = [s for s in both if s["slowdown"] == 8.0]
     graphs = _graphs()
     assert sorted({s["model"] for s in samples}) == [0, 1, 2]
@@ -48,7 +50,10 @@ def test_samples_count_the_boundary_and_time_the_parts():
 
 def test_cold_samples_time_each_idle_against_requests_back_to_back():
     got = cold_samples(int8=True, reps=1, idles=(0.0, 0.001, 0.02))
-    assert sorted({(s["model"], s["idle_s"]) for s in got}) == [(m, i) for m in range(3) for i in (0.0, 0.001, 0.02)]
+    assert sorted((s["model"], s["kind"], s["idle_s"]) for s in got) == [
+        (m, k, i) for m in range(3) for k in ("io", "kernels") for i in (0.0, 0.001, 0.02)]
+    curve = fit_cold_curve(got)
+    assert curve.cold_tau_s > 0 and curve.cold_s >= 0 and curve.cold_io_s >= 0
     for s in got:
         assert s["hot_s"] > 0 and np.isfinite(s["cold_s"])
         if s["idle_s"] == 0.0:

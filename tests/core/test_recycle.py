@@ -29,6 +29,15 @@ def test_a_held_buffer_or_a_view_of_it_is_never_reused():
     assert c.base is None and not np.shares_memory(c, v)
 
 
+def test_large_buffers_are_not_kept():
+    from isthmus.core.ops import recycle
+    r = Recycled()
+    a = r.take((recycle.MAX_BYTES // 4 + 1,), np.float32)
+    assert a.shape == (recycle.MAX_BYTES // 4 + 1,) and not r._free  # handed out, not kept
+    b = r.take((recycle.MAX_BYTES // 4,), np.float32)
+    assert len(r._free) == 1 and r._free[0] is b
+
+
 def test_another_shape_or_dtype_gets_a_new_buffer():
     r = Recycled()
     a = r.take((3, 4), np.float32)

@@ -44,6 +44,9 @@ CASES = [  # ksize, strides, dilations, padding, shape
     ((1, 1), (1, 1), (1, 1), "VALID", (1, 2, 5, 5)),
     ((5, 4), (1, 3), (1, 1), ((2, 2), (3, 0)), (1, 2, 6, 7)),  # windows that reach only padding rows
     ((2, 2), (2, 2), (1, 1), ((1, 1), (1, 1)), (2, 4, 6, 6)),  # padded 2x2: not the tiled fast path
+    ((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)), (1, 16, 12, 12)),  # SqueezeNet's ceil-mode pad, row by row
+    ((5, 3), (2, 3), (1, 2), ((4, 4), (1, 2)), (1, 2, 5, 7)),  # stride 2: windows of only padding rows
+    ((4, 1), (3, 2), (2, 1), ((3, 0), (0, 0)), (2, 3, 10, 6)),  # 4 dilated rows (the general row loop)
 ]
 
 

@@ -29,11 +29,8 @@ g = ism.Graph(seed=0)
 with g.as_default():
     x = ism.placeholder("float32", (None, 1024), name="x")
     a = x * 2.0
-    # the 8 and 16 MiB intermediates come from tile and multiply, not concat: Concat writes into a
-    # buffer it keeps from run to run (ops/recycle.py), and a buffer kept at the heap's top stops
-    # glibc from trimming it (no faults even untuned: the probe would show nothing)
-    b = ism.tile(ism.concat([a, a + 1.0], 1) * 1.0, (1, 1))
-    c = ism.tile(b, (1, 2)) * ism.constant(np.repeat(np.array([1.0, 3.0], np.float32), 2048))
+    b = ism.concat([a, a + 1.0], 1)
+    c = ism.concat([b, b * 3.0], 1)
     y = ism.reduce_sum(ism.relu(c), 1)
 sess = ism.Session(g)
 xv = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)

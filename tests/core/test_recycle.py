@@ -4,9 +4,17 @@ overwritten by a later run; results match numpy's concatenate."""
 import threading
 
 import numpy as np
+import pytest
 
 import isthmus as ism
+from isthmus.core.ops import recycle
 from isthmus.core.ops.recycle import Recycled
+
+
+@pytest.fixture(autouse=True)
+def keep_every_size(monkeypatch):
+    """Small test arrays are recycled too (the lower bound is a speed choice, tested on its own)."""
+    monkeypatch.setattr(recycle, "MIN_BYTES", 0)
 
 
 def test_a_released_buffer_comes_back():
@@ -29,8 +37,16 @@ def test_a_held_buffer_or_a_view_of_it_is_never_reused():
     assert c.base is None and not np.shares_memory(c, v)
 
 
+def test_small_buffers_are_not_kept(monkeypatch):
+    monkeypatch.setattr(recycle, "MIN_BYTES", 1024)
+    r = Recycled()
+    a = r.take((255,), np.float32)
+    assert a.shape == (255,) and not r._free
+    b = r.take((256,), np.float32)
+    assert r._free == [b]
+
+
 def test_large_buffers_are_not_kept():
-    from isthmus.core.ops import recycle
     r = Recycled()
     a = r.take((recycle.MAX_BYTES // 4 + 1,), np.float32)
     assert a.shape == (recycle.MAX_BYTES // 4 + 1,) and not r._free  # handed out, not kept

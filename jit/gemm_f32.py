@@ -22,6 +22,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .gemm_int8 import supported
+from .im2col import im2col, im2col_ld  # noqa: F401  (callers import them from here)
 
 MR, NR = 4, 16  # tile: output rows, columns (two vectors of eight floats)
 KC = 128  # K chunk: a [128, 16] panel of x (8 KB) stays in L1
@@ -54,7 +55,7 @@ def _make_tile_add(nv: int, mb: int = 1):
     return tile
 
 
-def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=False):
+def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=False, rowmap=None):
     """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob + r // 4, i, r % 4]
     x[i ldx + px + j], lo, hi) for r < 4 mb, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else
     that y (a K chunk after the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN
@@ -66,11 +67,13 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
     wptr, xptr, yptr, bptr = (builder.bitcast(a.data, f32.as_pointer()) for a in arrs)
     ldx, px, ldy, py, ob, k, k0, kn, first, lo, hi = (args[i] for i in (2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14))
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
-    nr = MR * mb
+    rowmap = rowmap or [(r // MR, r % MR) for r in range(MR * mb)]
+    nr, mb = len(rowmap), rowmap[-1][0] + 1
+    outrow = [MR * b + lane for b, lane in rowmap]  # the tile's rows, from ob's first
     wbases = [builder.mul(builder.add(builder.mul(builder.add(ob, ir.Constant(i64, b)), k), k0), ir.Constant(i64, MR))
               for b in range(mb)]
     rows = [builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
-            for r in range(nr)]
+            for r in outrow]
     from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
     if residual:
         rarr = context.make_array(signature.args[15])(context, builder, args[15])
@@ -78,7 +81,7 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
     init = []
     for r in range(nr):
         b = _splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
-                                                                         ir.Constant(i64, r))])), v8)
+                                                                         ir.Constant(i64, outrow[r]))])), v8)
         for j in range(nv):
             off = builder.add(rows[r], ir.Constant(i64, 8 * j))
             ptr = builder.bitcast(builder.gep(yptr, [off]), v8.as_pointer())
@@ -104,9 +107,8 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
                                        v8.as_pointer()), align=4) for j in range(nv)]
     wos = [builder.add(wb, builder.mul(i, ir.Constant(i64, MR))) for wb in wbases]
     new = []
-    for r in range(nr):
-        wo = wos[r // MR]
-        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wo, ir.Constant(i64, r % MR))])), v8)
+    for r, (blk, lane) in enumerate(rowmap):
+        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wos[blk], ir.Constant(i64, lane))])), v8)
         new += [builder.call(fma, [wv, xs[j], accs[nv * r + j]]) for j in range(nv)]
     i2 = builder.add(i, ir.Constant(i64, 1))
     for a, v in zip(accs, new):
@@ -210,31 +212,6 @@ def leading_dim(p: int) -> int:
     return NR * (lines + 1 - lines % 2)
 
 
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col(pad, ws, kh, kw, sh, sw, dh, dw, cols, oh, ow):
-    """cols [C kh kw, OH OW] (rows in (c, ky, kx) order) = the windows of pad [C, >= Hp ws] (one image,
-    padded, flat planes of width ws): cols[(c kh + ky) kw + kx, oy OW + ox] =
-    pad[c, (oy sh + ky dh) ws + ox sw + kx dw]. One pass of row copies (numpy's 6-d window copy
-    paid its iterator per row of OW elements)."""
-    c = pad.shape[0]
-    for ch in range(c):
-        src_c = pad[ch]
-        for ky in range(kh):
-            for kx in range(kw):
-                row = cols[(ch * kh + ky) * kw + kx]
-                for oy in range(oh):
-                    src, dst = src_c[(oy * sh + ky * dh) * ws + kx * dw:], row[oy * ow:]
-                    if sw == 1:
-                        for ox in range(ow):
-                            dst[ox] = src[ox]
-                    elif sw == 2:  # a constant stride vectorizes (interleaved loads)
-                        for ox in range(ow):
-                            dst[ox] = src[2 * ox]
-                    else:
-                        for ox in range(ow):
-                            dst[ox] = src[ox * sw]
-
-
 def packed_pays(o: int, k: int, p: int) -> bool:
     """Whether a batch-1 convolution's GEMM of o outputs, k inputs (channels x taps) over p pixels
     runs faster here (weights packed once, bias and clamp in the epilogue) than BLAS, which packs
@@ -251,31 +228,6 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
     if o % MR:
         raise ValueError(f"fp32 GEMM: {o} output rows are not a multiple of {MR}")
     return np.ascontiguousarray(w.astype(np.float32).reshape(o // MR, MR, k).transpose(0, 2, 1))
-
-
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col_ld(x, h, w, geo, cols):
-    """cols [C kh kw, >= OH OW] (rows (c, ky, kx), any row stride) = the windows of one image x [C,
-    H W] (flat planes, unpadded). geo (kh, kw, sh, sw, dh, dw, top, bottom, left, right, oh, ow).
-    Each channel is padded in a small scratch plane that stays in cache (the borders zeroed once),
-    instead of a padded copy of the whole image; im2col's row copies then read it."""
-    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-    top, bottom, left, right, oh, ow = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
-    c = x.shape[0]
-    hp, wp = h + top + bottom, w + left + right
-    padded = top + bottom + left + right > 0
-    plane = np.zeros(hp * wp if padded else 1, x.dtype)
-    for ch in range(c):
-        if padded:
-            src_x = x[ch]
-            for y in range(h):
-                d, sr = plane[(y + top) * wp + left:], src_x[y * w:]
-                for i in range(w):
-                    d[i] = sr[i]
-            src = plane.reshape(1, hp * wp)
-        else:
-            src = x[ch:ch + 1]
-        im2col(src, wp, kh, kw, sh, sw, dh, dw, cols[ch * kh * kw:(ch + 1) * kh * kw], oh, ow)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -34,24 +34,33 @@ def _splat(builder, v, vt):
     return builder.shuffle_vector(e, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(i32, vt.count), None))
 
 
-def _make_tile(nv: int, mb: int = 1):
+# The 6 x 16 tiles: 12 accumulators (and two x vectors and a broadcast: 15 of the 16 ymm registers)
+# against the 4 x 16 tile's 8, which only just covered the FMA latency (4 cycles x 2 ports); two of
+# them cover three packed blocks of 4 rows, the first from lane 0 of block ob, the second from lane 2.
+SIX_A = ((0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1))
+SIX_B = ((0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3))
+
+
+def _make_tile(nv: int, mb: int = 1, rowmap=None):
     """The tile intrinsic over nv vectors of 8 columns (2: the main loop; 1: a short last panel) and
-    mb blocks of 4 rows (2 for a short panel: eight independent accumulators keep the FMAs busy)."""
+    mb blocks of 4 rows (2 for a short panel: eight independent accumulators keep the FMAs busy), or
+    the rows of rowmap ((block after ob, lane) per row)."""
     @intrinsic
     def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi):
         sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi)
-        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb)
+        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb,
+                                                                       rowmap=rowmap)
     return tile
 
 
-def _make_tile_add(nv: int, mb: int = 1):
+def _make_tile_add(nv: int, mb: int = 1, rowmap=None):
     """_make_tile's tile with a residual addend r (flat, y's layout): the first K chunk starts at
     bias + r instead of the bias, so the addend costs no pass of its own."""
     @intrinsic
     def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi, r):
         sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi, r)
         return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb,
-                                                                       residual=True)
+                                                                       residual=True, rowmap=rowmap)
     return tile
 
 
@@ -135,7 +144,9 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
 
 
 _tile, _tile8, _tile8x8 = _make_tile(2), _make_tile(1), _make_tile(1, 2)
+_tile6a, _tile6b = _make_tile(2, rowmap=SIX_A), _make_tile(2, rowmap=SIX_B)
 _tile_add, _tile8_add, _tile8x8_add = _make_tile_add(2), _make_tile_add(1), _make_tile_add(1, 2)
+_tile6a_add, _tile6b_add = _make_tile_add(2, rowmap=SIX_A), _make_tile_add(2, rowmap=SIX_B)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
@@ -153,8 +164,12 @@ def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
                 _tile8x8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
             if nb4 % 2:
                 _tile8(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi)
-        else:
-            for ob in range(o // MR):
+        else:  # pairs of 6-row tiles over three blocks, the last blocks 4 rows at a time
+            nb4 = o // MR
+            for ob in range(0, nb4 - 2, 3):
+                _tile6a(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+                _tile6b(wp, xf, ldx, px, yf, ldy, py, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi)
+            for ob in range(nb4 // 3 * 3, nb4):
                 _tile(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
 
 

@@ -113,6 +113,39 @@ class OneImage:
             rows_apply(np, lambda i0, i1: fn(*args, i0, i1), n, out.nbytes + x.nbytes)
         return out
 
+    def runner(self, x, w, g, bias):
+        """run(x, r) -> [1, O, OH, OW] for batch 1 at x's shape where the packed GEMM serves these
+        constant weights, else None: __call__'s packed paths without their checks (conv_bound)."""
+        if x.shape[0] != 1:
+            return None
+        geo, k, p, ldx, packed, wide = self._plans.get(x.shape) or self._plan(x.shape, w, g)
+        if not (packed and _immutable(w) and (bias is None or _immutable(bias))):
+            return None
+        _, c, h, wd = x.shape
+        o = w.shape[0]
+        fns = self._fns or self._load()
+        if wide is not None:
+            return lambda x, r: self._wide(x, w, g, bias, wide,
+                                           None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p))
+        from ...jit.gemm_residual import conv_images_ld_add  # deferred: loads llvmlite, numba
+        wp, b = self._packed(w, bias)
+        lo, hi, conv = self._lo, self._hi, fns[1]
+
+        def run(x, r):
+            out = np.empty((1, o, g.oh, g.ow), np.float32)
+            x2 = x.reshape(c, h * wd)
+            if r is not None:
+                conv_images_ld_add(x2.reshape(1, c, h * wd), h, wd, geo, wp, b, lo, hi, out.reshape(1, o, p),
+                                   np.ascontiguousarray(r, np.float32).reshape(1, o, p), ldx, 0, 1)
+                return out
+            mem = ARENAS.take(np, k * ldx * 4)
+            try:
+                conv(x2, h, wd, geo, wp, b, lo, hi, out.reshape(o, p), mem[:k * ldx * 4].view(np.float32).reshape(k, ldx))
+            finally:
+                ARENAS.give(np, mem)
+            return out
+        return run
+
     def _load(self):
         from ...jit.conv_wide import conv_wide_images  # deferred: loads llvmlite, numba
         from ...jit.gemm_f32 import conv_image_ld, im2col_ld  # deferred: loads llvmlite, numba

@@ -35,13 +35,9 @@ class PackedGemm:
         """A batch's 1x1 convolutions on the packed GEMM, image by image (images): constant float32
         weights, a clamp, O a multiple of 4, 16+ pixels, and an expansion (more outputs than inputs:
         MobileNetV2-96's at batch 32 0.62-0.88x the time of BLAS per group of images, which repacks
-        the weights every call) or a projection on 64+ pixels: with the 6 x 16 tile, batch 32, node
-        CPU time against BLAS per group of images, 0.85-0.93x on Inception's 16x16 and 8x8 (168 -> 64,
-        224 -> 96, ...), 0.69x SqueezeNet's 128 -> 16 on 24x24; on 6x6 planes (36 pixels: two panels
-        and a 4-column tail) 1.07-1.18x."""
+        the weights every call; projections ran even, and 168 -> 64 on 16x16 1.13x)."""
         o = w.shape[0]
-        if (self.clamp is None or x.dtype != np.float32 or w.dtype != np.float32 or o % 4 or p < 16
-                or (x.shape[1] >= o and p < 64)
+        if (self.clamp is None or x.dtype != np.float32 or w.dtype != np.float32 or o % 4 or p < 16 or x.shape[1] >= o
                 or not compiled_ok(xp, x.dtype) or not _immutable(w)
                 or (bias is not None and (bias.dtype != np.float32 or not _immutable(bias)))):
             return False

@@ -4,10 +4,12 @@ A 1x1 convolution is Y [O, P] = W [O, K] @ X [K, P] + bias, then relu/relu6. num
 through BLAS, which packs both operands on every call (on a MobileNet's 6x6 planes the 576 x 96
 weights cost as much to pack as to multiply), then the bias and the clamp take another pass over
 Y (about 45 us of MobileNetV2-96's 900 us of 1x1 convolutions, one thread). Here the weights are
-packed once, at prepare, as [O/4, K, 4]; X is read in place, 16 columns at a time; a 4 x 16 tile
-of accumulators (eight <8 x float> vectors) starts at the bias, takes one FMA per weight and
-column vector along K, and is clamped and stored. The tile is LLVM IR (a numba intrinsic, as in
-jit/gemm_int8.py), since numba leaves such a register-blocked loop unvectorized.
+packed once, at prepare, as [O/4, K, 4]; X is read in place, 16 columns at a time; a 6 x 16 tile
+of accumulators (twelve <8 x float> vectors; two such tiles cover three packed blocks, the last
+O mod 12 rows a 4 x 16 tile) starts at the bias, takes one FMA per weight and column vector along
+K, and is clamped and stored. The tile is LLVM IR (a numba intrinsic, as in jit/gemm_int8.py),
+since numba leaves such a register-blocked loop unvectorized. The im2col gather lives in
+jit/im2col.py (re-exported here); jit/conv_direct.py turns the tile around for convolutions.
 
 Columns past the last whole 16 go through a zero-padded copy of their [K, P mod 16] panel and a
 [O, 16] tile buffer (scratch). O must be a multiple of 4 (MobileNets' widths are multiples of 8);

@@ -8,7 +8,8 @@ beats kh shallower ones there). 1x1 convolutions are a GEMM on the input as it l
 (conv_pointwise.py, with the bias + activation finish every GEMM path shares). At inference
 (constant float32 weights, a clamp activation) few output pixels run as a GEMM with the pixels as
 rows (conv_pixels.py), and batch 1 and constant-weight batches image by image on the packed GEMM,
-with im2col or without it on wide stride-1 planes (conv_one_image.py). The filter
+with im2col or without it (conv_one_image.py); a node keeps the route it chose for constant weights
+per input shape and takes it again without the checks (conv_bound.py). The filter
 gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution
 is itself a convolution (of dy with the flipped, transposed weights), else one GEMM and one
 strided add per kernel tap. Depthwise convolutions skip the

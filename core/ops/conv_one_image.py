@@ -1,7 +1,9 @@
-"""Inference float32 convolutions (groups 1) image by image: the im2col gather with the padding
-written in place (no padded copy) at a cache-friendly row stride, then the packed GEMM with bias and
-clamp (jit.gemm_f32) where it beats BLAS, else BLAS and the bias + activation finish. Batch 1 always;
-a batch of images as compiled calls over chunks of images where the packed GEMM serves."""
+"""Inference float32 convolutions (groups 1) image by image: without im2col where jit.conv_direct
+pays (output channels in the lanes, 16s of them, K >= 192) or jit.conv_wide does (stride 1, wide
+planes); else the im2col gather with the padding written in place (no padded copy) at a
+cache-friendly row stride, then the packed GEMM with bias and clamp (jit.gemm_f32) where it beats
+BLAS, else BLAS and the bias + activation finish. Batch 1 always; a batch of images as compiled
+calls over chunks of images where the packed kernels serve."""
 from __future__ import annotations
 
 import numpy as np

@@ -35,8 +35,11 @@ def _direct_pays(o: int, k: int, g) -> bool:
     32 -> 64 5x5 on 14x14 0.76-0.83x, 64 x 6x6 -> 256 0.75x, 32 x 32x32 -> 64 0.8x im2col and even
     with conv_wide, stride 2 0.86x); about even at K 216-432 on 8x8 to 16x16; it lost at K 144 on
     24x24 (1.0-1.1x) and K 72 (1.04-1.1x): shallow K pays the tile's start and end more often.
-    Output channels a multiple of 16 (its two vectors), kernels larger than 1x1."""
-    return o % 16 == 0 and k >= 192 and g.kh * g.kw > 1
+    Large kernels on few channels (stems) gain from K 140 on: a 3-channel 7x7 at stride 2 0.84-0.87x
+    (64x64 to 224x224; im2col reads every other value there), at stride 1 0.96x, 6 channels 5x5 0.98x;
+    3 channels 5x5 (K 75) lost (1.16x). Node CPU times, batch 1, one thread. Output channels a
+    multiple of 16 (its two vectors), kernels larger than 1x1."""
+    return o % 16 == 0 and g.kh * g.kw > 1 and (k >= 192 or (k >= 140 and g.kh * g.kw >= 25))
 
 
 def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:

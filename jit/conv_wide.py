@@ -16,7 +16,7 @@ import numpy as np
 from numba.extending import intrinsic
 from numba.core import types
 
-from .gemm_f32 import KC, MR, NR, SIX_A, SIX_B, _tile_ir
+from .gemm_f32 import MR, NR, SIX_A, SIX_B, _tile_ir, chunk_len
 
 
 def _make_tile_off(nv: int, mb: int = 1, rowmap=None):
@@ -59,9 +59,10 @@ def conv_wide(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, y,
                 d[i] = s[i]
     o, k = y.shape[0], starts.shape[0]
     wf = wide.reshape(o * cols)
+    kc = chunk_len(k)
     for p0 in range(0, cols, NR):
-        for k0 in range(0, k, KC):
-            kn = min(KC, k - k0)
+        for k0 in range(0, k, kc):
+            kn = min(kc, k - k0)
             last = k0 + kn >= k
             clo, chi = (lo, hi) if last else (np.float32(-np.inf), np.float32(np.inf))
             nb4 = o // MR  # pairs of 6-row tiles over three blocks (gemm_f32._panels), then 4 rows at a time

@@ -25,7 +25,8 @@ def reference(w, b, x, lo, hi):
 
 
 @pytest.mark.parametrize("o,k,p", [(8, 16, 64), (96, 16, 2304), (4, 7, 37), (12, 33, 45), (16, 1, 20), (24, 96, 5),
-                                   (12, 10, 21), (576, 96, 36)])
+                                   (12, 10, 21), (576, 96, 36),
+                                   (20, 333, 40), (64, 800, 19)])  # K in 3 and 5 equal chunks
 @pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
 def test_gemm_against_reference(o, k, p, lo, hi):
     rng = np.random.default_rng(o * 100 + k + p)

@@ -30,7 +30,7 @@ def reference(w, b, x, lo, hi):
 @pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
 def test_gemm_against_reference(o, k, p, lo, hi):
     rng = np.random.default_rng(o * 100 + k + p)
-    w = rng.standard_normal((o, k)).astype(np.float32)
+    w = (rng.standard_normal((o, k)) / np.sqrt(k)).astype(np.float32)  # outputs of unit size at any K
     x = rng.standard_normal((k, p)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
     np.testing.assert_allclose(run_gemm(w, b, x, lo, hi), reference(w, b, x, lo, hi), rtol=1e-5, atol=1e-5)

@@ -90,3 +90,27 @@ def test_conv_chooses_it_and_matches(monkeypatch, n):
     w = (rng.standard_normal((64, 32, 5, 5)) / 40).astype(np.float32)
     check(x, w, rng.standard_normal(64).astype(np.float32), 1, "SAME", 1, 1, "relu")
     assert calls
+
+
+def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch):
+    """Chunks of images on the intra-op threads: each image's output is computed alone, so the bytes
+    do not depend on the thread count."""
+    from isthmus.core import threads
+    from isthmus.core.ops import conv_one_image, intra_op
+    from tests.core.test_conv_forward import run_conv
+    calls = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 32, 10, 10)).astype(np.float32)
+    w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    chunks = []
+    fan = threads.fan_out
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(intra_op, "fan_out", lambda *a, **kw: chunks.append(fan(*a, **kw)) or chunks[-1])
+    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    np.testing.assert_array_equal(one, two)
+    assert len(calls) == 2 and max(chunks) == 2

@@ -174,7 +174,81 @@ def _openblas_symbol(lib, name: str):
 def _set_numba(n: int) -> None:
     numba = sys.modules.get("numba")  # only when compiled kernels are loaded: never import numba here
     if numba is not None:
+        k = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(k)
+        _local.numba = k
+
+
+def numba_threads(n: int) -> None:
+    """numba's thread count on the calling thread (thread-local in numba) at n, for the prange
+    drivers: set only when the count this module last set here differs (numba's own getter and
+    setter cost 1-1.5 us a call). A count set around isthmus (numba.set_num_threads) is not seen:
+    it changes how many threads run the blocks, never the blocks or their bytes."""
+    if getattr(_local, "numba", None) != n:
+        import numba  # deferred: the caller runs a compiled kernel, so numba is loaded already
+        _local.numba = n
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+# The prange path (jit.par): a split hands blocks to numba's native workers, which spin outside the
+# GIL; the hand-off (an empty two-block region after a pause) measured 2.5-4 us on the 2-core VM.
+# A block carries about ten hand-offs of work, as fan_out's chunks do: MIN_CHUNK_BYTES/FLOPS times
+# the hand-off over HANDOFF_REF_S, but never under PAR_SCALE_FLOOR times them (100 KiB, 0.4 MFLOP).
+PAR_SCALE_FLOOR = 0.1
+_prange: list = [None]  # None: not probed; False: no prange here; else the hand-off in seconds
+
+
+def prange_handoff_s() -> Optional[float]:
+    """Seconds to hand blocks to numba's parallel workers and get them back, measured once per
+    process at the first split that could use them (ISTHMUS_PRANGE_HANDOFF_US sets it instead);
+    None where prange kernels must not run: one core, ISTHMUS_PRANGE=0, or a threading layer that
+    aborts on concurrent parallel calls (numba's workqueue: jit.par.layer_ok)."""
+    if _prange[0] is None:
+        with _measure_lock:
+            if _prange[0] is None:
+                _prange[0] = _probe_prange()
+    return _prange[0] or None
+
+
+def _probe_prange():
+    if os.environ.get("ISTHMUS_PRANGE", "").strip() == "0" or cores() < 2:
+        return False
+    from ..jit import par  # deferred: loads numba
+    if not par.layer_ok():
+        return False
+    env = os.environ.get("ISTHMUS_PRANGE_HANDOFF_US", "").strip()
+    if env:
+        return max(1e-9, _env_handoff(env, "ISTHMUS_PRANGE_HANDOFF_US"))
+    before = getattr(_local, "numba", None)
+    numba_threads(2)
+    try:
+        return max(1e-9, par.ping_s())
+    finally:
+        if before is not None:
+            numba_threads(before)
+
+
+def par_scale() -> float:
+    """How many times MIN_CHUNK_BYTES / MIN_CHUNK_FLOPS a prange block must carry (the prange
+    hand-off over HANDOFF_REF_S, at least PAR_SCALE_FLOOR)."""
+    h = prange_handoff_s()
+    return PAR_SCALE_FLOOR if h is None else max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S)
+
+
+def par_threads(total: int, work: float, flops: bool = False) -> int:
+    """The numba threads a compiled kernel over `total` items of `work` bytes (flops=True: FLOPs)
+    in all should split across: 1 where it runs serially (one intra-op thread, or too little work:
+    no hand-off is measured for work that could never split), 0 where it could split but prange
+    is unavailable (the caller then uses fan_out)."""
+    least = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
+    if total <= 1 or work < 2 * least * PAR_SCALE_FLOOR:
+        return 1
+    k = min(intra_threads(), total)
+    if k <= 1:
+        return 1
+    if prange_handoff_s() is None:
+        return 0
+    return max(1, min(k, int(work // (least * par_scale()))))
 
 
 def blas_held_here() -> bool:
@@ -272,13 +346,13 @@ def handoff_s() -> float:
     return _handoff[0]
 
 
-def _env_handoff(text: str) -> float:
+def _env_handoff(text: str, name: str = "ISTHMUS_HANDOFF_US") -> float:
     try:
         us = float(text)
     except ValueError:
         us = -1.0
     if not us >= 0 or us == float("inf"):
-        raise ValueError(f"ISTHMUS_HANDOFF_US: expected the hand-off in microseconds (a number >= 0), got {text!r}")
+        raise ValueError(f"{name}: expected the hand-off in microseconds (a number >= 0), got {text!r}")
     return us * 1e-6
 
 
@@ -412,6 +486,7 @@ def blas_threads_now() -> Optional[int]:
     return max(counts) if counts else None
 
 
-__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
+__all__ = ["numba_threads", "prange_handoff_s", "par_scale", "par_threads", "PAR_SCALE_FLOOR",
+           "cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
            "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
            "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -22,9 +22,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ... import jit
 from .. import threads
 from .numpy_blas import accumulate
-from .intra_op import ksplit_parts, rows_apply
+from .intra_op import ksplit_parts, par_rows, rows_apply
 
 
 def row_spans(g, h):
@@ -49,6 +50,13 @@ def row_tap_columns(xp, x, g, also=None):
     its window view copied; also(c0, c1, C), if given, runs in the same chunks (another relayout)."""
     n, c, h, wd = x.shape
     l, r = g.pads[1]
+    if _compiled(xp, x):
+        from ...jit.par_conv import row_tap_columns_range  # deferred: loads numba
+        cols = np.empty((g.kw, c, h, g.ow, n), dtype=x.dtype)
+        par_rows(row_tap_columns_range, (x, cols, l, g.sw, g.dw), c, 2 * cols.nbytes)
+        if also is not None:  # the other relayout, in its own region (a few microseconds)
+            also(0, c, c)
+        return cols.reshape(g.kw * c, h * g.ow * n)
     xt = xp.empty((c, h, wd + l + r, n), dtype=x.dtype)
     cols = xp.empty((g.kw, c, h, g.ow, n), dtype=x.dtype)
     s0, s1, s2, s3 = xt.strides
@@ -66,6 +74,11 @@ def row_tap_columns(xp, x, g, also=None):
             also(c0, c1, c)
     rows_apply(xp, part, c, xt.nbytes + cols.nbytes)
     return cols.reshape(g.kw * c, h * g.ow * n)
+
+
+def _compiled(xp, x) -> bool:
+    """Whether jit.par_conv's relayouts serve x (numpy float32/float64, compiled kernels on)."""
+    return xp is np and x.dtype in (np.float32, np.float64) and jit.available()
 
 
 def stacked_weights(xp, w):
@@ -191,6 +204,10 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
     dy_src = dy.transpose(1, 2, 3, 0)
 
     def relay_dy(c0, c1, c_):  # the channel chunk's share of dy's relayout, in the same hand-off
+        if _compiled(xp, dy) and (c0, c1) == (0, c_):
+            from ...jit.par_conv import nchw_to_chwn_range  # deferred: loads numba
+            par_rows(nchw_to_chwn_range, (dy, dyt), o, 2 * dy.nbytes)
+            return
         o0, o1 = o * c0 // c_, o * c1 // c_
         dyt[o0:o1] = dy_src[o0:o1]
     cols = row_tap_columns(xp, x, g, relay_dy)

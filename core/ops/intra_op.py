@@ -8,7 +8,8 @@ a GPU parallelises it itself.
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -69,6 +70,48 @@ def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas
         fn(0, total)  # one chunk, and BLAS (if fn calls it) on one thread already: no hold needed
         return
     fan_out(fn, total, nbytes, blas_inside)
+
+
+def par_rows(kernel, args: tuple, total: int, work: float, flops: bool = False, blocks: Optional[int] = None,
+             blas_inside: bool = False) -> int:
+    """kernel(*args, lo, hi) over range(total) (numpy arrays; `work` bytes, or FLOPs with flops=True,
+    in all), split inside one compiled call across numba's threads where threads.par_threads says
+    it pays (jit.par's prange driver, a hand-off of a few microseconds); one serial call where it
+    does not; fan_out's chunks where prange is unavailable. blocks None: the kernel's results do not
+    depend on where range(total) is cut (each item computed alone), so it is cut once per thread;
+    else into exactly `blocks` cuts whatever the threads (a kernel whose bytes depend on its cuts:
+    a GEMM's tiles), run one by one when serial. blas_inside: the kernel calls BLAS, held to one
+    thread while it runs. Returns the threads used (1: serial)."""
+    k = threads.par_threads(total if blocks is None else blocks, work, flops)
+    hold = blas_inside and not threads.blas_held_here()
+    with (threads.BlasThreads(1) if hold else _NO_HOLD):
+        if k == 1:
+            if blocks is None:
+                kernel(*args, 0, total)
+            else:
+                for b in range(blocks):
+                    kernel(*args, total * b // blocks, total * (b + 1) // blocks)
+            return 1
+        if k == 0:
+            return _pool_rows(kernel, args, total, work, flops, blocks)
+        from ...jit.par import driver  # deferred: loads numba
+        threads.numba_threads(k)
+        driver(kernel)(k if blocks is None else blocks, total, *args)
+        return k
+
+
+def _pool_rows(kernel, args, total, work, flops, blocks) -> int:
+    """par_rows without prange: the same cuts on the intra-op pool (threads.fan_out)."""
+    if blocks is None:
+        return fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work, flops=flops)
+
+    def cuts(b0, b1):
+        for b in range(b0, b1):
+            kernel(*args, total * b // blocks, total * (b + 1) // blocks)
+    return fan_out(cuts, blocks, work, flops=flops)
+
+
+_NO_HOLD = contextlib.nullcontext()
 
 
 def serial_blas(xp, fn: Callable[[], object]):
@@ -176,5 +219,5 @@ def sum_of_parts(product: Callable[[int, object], None], parts: int, shape: tupl
     return out
 
 
-__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul", "matmul_ksplit",
+__all__ = ["par_rows", "copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul", "matmul_ksplit",
            "ksplit_parts", "sum_of_parts"]

@@ -1,0 +1,54 @@
+"""The row-tap convolutions' relayouts as compiled range kernels (core/ops/conv_rows.py runs them over
+channel ranges, split by jit.par's prange drivers).
+
+numpy builds row-tap columns in two strided copies per channel chunk: the input relaid [C, H, Wp, N]
+(padded along W), then its window view copied to [kw, C, H, OW, N]. Here each (channel, row) of the
+input, N x W values, is gathered once into a small [W, N] block in L1 and every kernel column's
+run of N values is written from it, zero in the W padding: one pass over the columns, no padded
+copy. Each output element is a copy, so results do not depend on how the channels are cut.
+"""
+from __future__ import annotations
+
+import numba as nb  # this module is imported only when a compiled kernel first runs
+import numpy as np
+
+_OPTS = dict(nogil=True, cache=True, boundscheck=False)
+
+
+@nb.njit(**_OPTS)
+def row_tap_columns_range(x, cols, left, sw, dw, c0, c1):
+    """cols[j, c, h, ow, n] = x[n, c, h, ow*sw + j*dw - left] (0 outside the row) for channels
+    [c0, c1); x [N, C, H, W], cols [kw, C, H, OW, N]."""
+    n_, _, h_, w_ = x.shape
+    kw, ow_ = cols.shape[0], cols.shape[3]
+    buf = np.empty((w_, n_), x.dtype)
+    for c in range(c0, c1):
+        for h in range(h_):
+            for n in range(n_):
+                for w in range(w_):
+                    buf[w, n] = x[n, c, h, w]
+            for j in range(kw):
+                for o in range(ow_):
+                    iw = o * sw + j * dw - left
+                    dst = cols[j, c, h, o]
+                    if 0 <= iw < w_:
+                        src = buf[iw]
+                        for n in range(n_):
+                            dst[n] = src[n]
+                    else:
+                        for n in range(n_):
+                            dst[n] = 0
+
+
+@nb.njit(**_OPTS)
+def nchw_to_chwn_range(x, y, c0, c1):
+    """y[c, h, w, n] = x[n, c, h, w] for channels [c0, c1): the batch innermost."""
+    n_, _, h_, w_ = x.shape
+    for c in range(c0, c1):
+        for h in range(h_):
+            for n in range(n_):
+                for w in range(w_):
+                    y[c, h, w, n] = x[n, c, h, w]
+
+
+__all__ = ["row_tap_columns_range", "nchw_to_chwn_range"]

@@ -1,0 +1,163 @@
+"""intra_op.par_rows: compiled range kernels split inside one prange call (jit.par), gated by the
+threading layer, with the same bytes at any thread count; and the row-tap relayouts built on it."""
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+from isthmus.core import threads
+from isthmus.core.ops import intra_op
+from isthmus.jit import par
+
+
+@numba.njit(nogil=True)
+def _square(x, y, lo, hi):
+    for i in range(lo, hi):
+        y[i] = x[i] * x[i]
+
+
+@numba.njit(nogil=True)
+def _cut_sums(x, out, lo, hi):
+    # a kernel whose bytes depend on its cut: float32 sums restart at every cut
+    s = np.float32(0)
+    for i in range(lo, hi):
+        s += x[i]
+        out[i] = s
+
+
+@pytest.fixture
+def cheap(monkeypatch):
+    """Every kernel is worth splitting: a 10 us prange hand-off and 1-byte least chunks."""
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
+    if not par.layer_ok():
+        pytest.skip(f"numba's threading layer is {par.layer()}: prange kernels are not used here")
+    monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+
+
+def _at(n):
+    return threads.IntraOpThreads(n)
+
+
+def test_a_cut_free_kernel_splits_across_two_threads(cheap):
+    x = np.random.default_rng(0).standard_normal(10_001).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    with _at(2):
+        used = intra_op.par_rows(_square, (x, y), x.size, 2 * x.nbytes)
+    assert used == 2
+    np.testing.assert_array_equal(y, x * x)
+
+
+def test_fixed_blocks_give_the_same_bytes_at_one_and_two_threads(cheap):
+    x = np.random.default_rng(1).standard_normal(9_999).astype(np.float32)
+    got = {}
+    for n in (1, 2):
+        out = np.full_like(x, np.nan)
+        with _at(n):
+            used = intra_op.par_rows(_cut_sums, (x, out), x.size, 2 * x.nbytes, blocks=7)
+        assert used == n
+        got[n] = out
+    assert got[1].tobytes() == got[2].tobytes()
+    ref = np.concatenate([np.cumsum(x[x.size * b // 7:x.size * (b + 1) // 7], dtype=np.float32) for b in range(7)])
+    np.testing.assert_allclose(got[1], ref, rtol=1e-5, atol=1e-4)
+
+
+def test_small_work_runs_serially_without_measuring(monkeypatch):
+    monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(threads, "_probe_prange", lambda: pytest.fail("probed for work that cannot split"))
+    x = np.ones(100, np.float32)
+    y = np.zeros_like(x)
+    with _at(2):
+        assert intra_op.par_rows(_square, (x, y), x.size, 2 * x.nbytes) == 1
+    with _at(1):
+        assert threads.par_threads(10**6, 10**12) == 1
+    np.testing.assert_array_equal(y, 1.0)
+
+
+def test_without_a_safe_layer_the_pool_runs_the_same_cuts(monkeypatch):
+    """numba's workqueue layer aborts on concurrent parallel calls: no prange there, fan_out instead."""
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(par, "layer_ok", lambda: False)
+    monkeypatch.setattr(par, "driver", lambda kernel: pytest.fail("a prange driver without a safe layer"))
+    x = np.random.default_rng(2).standard_normal(5_000).astype(np.float32)
+    out = np.zeros_like(x)
+    with _at(2):
+        assert threads.par_threads(x.size, 10**9) == 0
+        intra_op.par_rows(_cut_sums, (x, out), x.size, 10**9, blocks=5)
+    ref = np.zeros_like(x)
+    for b in range(5):
+        _cut_sums(x, ref, x.size * b // 5, x.size * (b + 1) // 5)
+    assert out.tobytes() == ref.tobytes()
+
+
+def test_the_environment_can_switch_prange_off_or_pin_its_handoff(monkeypatch):
+    monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setenv("ISTHMUS_PRANGE", "0")
+    assert threads.prange_handoff_s() is None
+    monkeypatch.delenv("ISTHMUS_PRANGE")
+    monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setenv("ISTHMUS_PRANGE_HANDOFF_US", "30")
+    if threads.cores() > 1 and par.layer_ok():
+        assert threads.prange_handoff_s() == pytest.approx(30e-6)
+        assert threads.par_scale() == pytest.approx(3.0)
+    monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setenv("ISTHMUS_PRANGE_HANDOFF_US", "soon")
+    if threads.cores() > 1 and par.layer_ok():
+        with pytest.raises(ValueError, match="ISTHMUS_PRANGE_HANDOFF_US"):
+            threads.prange_handoff_s()
+
+
+def test_two_python_threads_enter_parallel_regions_at_once(cheap):
+    """The executor's branch pool and concurrent sessions call kernels from several threads: under
+    omp/tbb each caller gets its own team. Bounded: every join has a timeout."""
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(4_096).astype(np.float32) for _ in range(2)]
+    errors, done = [], []
+
+    def worker(x):
+        try:
+            y = np.empty_like(x)
+            with _at(2):
+                for _ in range(300):
+                    y[...] = np.nan
+                    intra_op.par_rows(_square, (x, y), x.size, 2 * x.nbytes)
+                    if not np.array_equal(y, x * x):
+                        errors.append("wrong values")
+                        return
+            done.append(1)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+    ts = [threading.Thread(target=worker, args=(x,), daemon=True) for x in xs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in ts), "a parallel region hung"
+    assert errors == [] and len(done) == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pads,sw,dw", [((2, 2), 1, 1), ((0, 1), 2, 1), ((3, 0), 1, 2)])
+def test_row_tap_columns_match_numpys_window_copy(cheap, dtype, pads, sw, dw):
+    """jit.par_conv's columns against a hand-built padded window copy, at one and two threads."""
+    from isthmus.jit.par_conv import nchw_to_chwn_range, row_tap_columns_range
+    rng = np.random.default_rng(4)
+    n, c, h, w, kw = 3, 5, 4, 9, 3
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    l, r = pads
+    ow = (w + l + r - dw * (kw - 1) - 1) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (0, 0), (l, r)))
+    ref = np.stack([xp[:, :, :, j * dw:j * dw + sw * (ow - 1) + 1:sw] for j in range(kw)])  # [kw, N, C, H, OW]
+    ref = ref.transpose(0, 2, 3, 4, 1)
+    for threads_ in (1, 2):
+        cols = np.full((kw, c, h, ow, n), np.nan, dtype)
+        with _at(threads_):
+            intra_op.par_rows(row_tap_columns_range, (x, cols, l, sw, dw), c, 2 * cols.nbytes)
+        assert cols.tobytes() == np.ascontiguousarray(ref).tobytes()
+    y = np.full((c, h, w, n), np.nan, dtype)
+    with _at(2):
+        intra_op.par_rows(nchw_to_chwn_range, (x[:, :, :, ::-1], y), c, 2 * x.nbytes)  # any strides
+    np.testing.assert_array_equal(y, x[:, :, :, ::-1].transpose(1, 2, 3, 0))

@@ -195,19 +195,47 @@ def numba_threads(n: int) -> None:
 # A block carries about ten hand-offs of work, as fan_out's chunks do: MIN_CHUNK_BYTES/FLOPS times
 # the hand-off over HANDOFF_REF_S, but never under PAR_SCALE_FLOOR times them (100 KiB, 0.4 MFLOP).
 PAR_SCALE_FLOOR = 0.1
+# A parallel region ends when its last worker does: where other processes hold the cores, a worker
+# waits for one, and a split costs a scheduler slice (2-core VM at load 4: the CNN training step at
+# two threads 222 ms with prange splits against 131 at one thread). So the hand-off is measured
+# again every PAR_REMEASURE_S while splits are asked for (5 pings, about 0.2 ms), and a loaded
+# machine stops splitting until its load falls.
+PAR_REMEASURE_S = 1.0
 _prange: list = [None]  # None: not probed; False: no prange here; else the hand-off in seconds
+_prange_at = [0.0]  # perf_counter() of the last measurement (0: pinned by the environment)
+_remeasure_lock = threading.Lock()
 
 
 def prange_handoff_s() -> Optional[float]:
-    """Seconds to hand blocks to numba's parallel workers and get them back, measured once per
-    process at the first split that could use them (ISTHMUS_PRANGE_HANDOFF_US sets it instead);
-    None where prange kernels must not run: one core, ISTHMUS_PRANGE=0, or a threading layer that
-    aborts on concurrent parallel calls (numba's workqueue: jit.par.layer_ok)."""
-    if _prange[0] is None:
+    """Seconds to hand blocks to numba's parallel workers and get them back, measured at the first
+    split that could use them and again after PAR_REMEASURE_S (ISTHMUS_PRANGE_HANDOFF_US sets it
+    instead); None where prange kernels must not run: one core, ISTHMUS_PRANGE=0, or a threading
+    layer that aborts on concurrent parallel calls (numba's workqueue: jit.par.layer_ok)."""
+    h = _prange[0]
+    if h is None:
         with _measure_lock:
             if _prange[0] is None:
                 _prange[0] = _probe_prange()
-    return _prange[0] or None
+        h = _prange[0]
+    elif h and _prange_at[0] and time.perf_counter() - _prange_at[0] > PAR_REMEASURE_S \
+            and _remeasure_lock.acquire(blocking=False):  # one thread measures; the others use the last
+        try:
+            from ..jit import par  # deferred: numba is loaded (the first measurement loaded it)
+            h = _prange[0] = max(1e-9, _ping_at_two(lambda: par.ping_s(pings=5, gap_s=5e-5, quantile=0.5)))
+            _prange_at[0] = time.perf_counter()
+        finally:
+            _remeasure_lock.release()
+    return h or None
+
+
+def _ping_at_two(ping) -> float:
+    before = getattr(_local, "numba", None)
+    numba_threads(2)
+    try:
+        return ping()
+    finally:
+        if before is not None:
+            numba_threads(before)
 
 
 def _probe_prange():
@@ -218,14 +246,11 @@ def _probe_prange():
         return False
     env = os.environ.get("ISTHMUS_PRANGE_HANDOFF_US", "").strip()
     if env:
+        _prange_at[0] = 0.0
         return max(1e-9, _env_handoff(env, "ISTHMUS_PRANGE_HANDOFF_US"))
-    before = getattr(_local, "numba", None)
-    numba_threads(2)
-    try:
-        return max(1e-9, par.ping_s())
-    finally:
-        if before is not None:
-            numba_threads(before)
+    h = max(1e-9, _ping_at_two(par.ping_s))
+    _prange_at[0] = time.perf_counter()
+    return h
 
 
 def par_scale() -> float:

@@ -47,12 +47,12 @@ def layer_ok() -> bool:
     return layer() in SAFE_LAYERS
 
 
-def ping_s(pings: int = 9, gap_s: float = 5e-4) -> float:
+def ping_s(pings: int = 9, gap_s: float = 5e-4, quantile: float = 0.5) -> float:
     """Seconds of an empty parallel region of two blocks on the calling thread's numba threads,
-    each after a pause (as between two split kernels of a run): the prange hand-off, the lower
-    quartile of `pings`. A region ends when its last worker does, so on a loaded machine a ping
-    whose worker waited for a core takes a scheduler slice (7-12 ms at load 2.8 on the 2-core VM,
-    against 6-12 us): the quartile is the machine's hand-off, not the moment's load."""
+    each after a pause of gap_s (as between two split kernels of a run): the prange hand-off, the
+    given quantile of `pings`. A region ends when its last worker does, so where other processes
+    hold the cores a ping takes a scheduler slice (7-12 ms at load 2.8 on the 2-core VM, against
+    6-12 us): the median is meant to see that load (core.threads measures it again each second)."""
     a = np.zeros(2)
     _ping(a)
     samples = []
@@ -62,7 +62,7 @@ def ping_s(pings: int = 9, gap_s: float = 5e-4) -> float:
         _ping(a)
         samples.append(time.perf_counter() - t0)
     samples.sort()
-    return samples[len(samples) // 4]
+    return samples[min(len(samples) - 1, int(len(samples) * quantile))]
 
 
 def driver(kernel):

@@ -34,6 +34,7 @@ def cheap(monkeypatch):
     if not par.layer_ok():
         pytest.skip(f"numba's threading layer is {par.layer()}: prange kernels are not used here")
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
 
 
 def _at(n):
@@ -108,6 +109,21 @@ def test_the_environment_can_switch_prange_off_or_pin_its_handoff(monkeypatch):
     if threads.cores() > 1 and par.layer_ok():
         with pytest.raises(ValueError, match="ISTHMUS_PRANGE_HANDOFF_US"):
             threads.prange_handoff_s()
+
+
+def test_the_handoff_is_measured_again_after_a_second(monkeypatch):
+    """A measurement from a loaded moment (here a made-up second) does not stop splits for good."""
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("no prange here")
+    import time
+    monkeypatch.delenv("ISTHMUS_PRANGE_HANDOFF_US", raising=False)
+    monkeypatch.setattr(threads, "_prange", [1.0])
+    monkeypatch.setattr(threads, "_prange_at", [time.perf_counter()])
+    assert threads.prange_handoff_s() == 1.0  # within the second: the last measurement
+    stale = time.perf_counter() - 2 * threads.PAR_REMEASURE_S
+    monkeypatch.setattr(threads, "_prange_at", [stale])
+    h = threads.prange_handoff_s()
+    assert 0 < h < 1.0 and threads._prange_at[0] > stale
 
 
 def test_two_python_threads_enter_parallel_regions_at_once(cheap):

@@ -19,7 +19,8 @@ from ..errors import ExecutionError, ShapeError
 from ..registry import Cost, OpDef, register
 from ..shapes import compatible, fmt, num_elements_est
 from .base import make
-from .intra_op import rows_apply
+from ... import jit
+from .intra_op import par_rows, rows_apply
 from .numpy_blas import axpy
 
 __all__: list = []
@@ -163,6 +164,10 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
         return
     if all(a.flags.c_contiguous for a in arrays) and g.flags.c_contiguous:
         arrays, g = [a.reshape(-1) for a in arrays], g.reshape(-1)  # views: any length splits evenly
+        if update is _sgd and _sgd_compiled(var, g):
+            from ...jit.par_update import sub_scaled_range  # deferred: loads numba
+            par_rows(sub_scaled_range, (arrays[0], g, var.dtype.type(scalars[0])), var.size, 3 * var.nbytes)
+            return
 
     def part(lo, hi):
         update(xp, [a[lo:hi] for a in arrays[:-1]], arrays[-1][lo:hi], *scalars, g[lo:hi], **attrs)
@@ -172,6 +177,15 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
 
 
 _AXPY_SERIAL = 10000
+# From this size up a dense SGD update is one compiled pass split by prange (intra_op.par_rows): a few
+# microseconds to reach the second core, where the pool's hand-off kept a 3136x1024 update on one
+# (2-core VM). Below it, BLAS's axpy on the caller (today's path; a compiled call costs about as much).
+_SGD_COMPILED_MIN = 1 << 16
+
+
+def _sgd_compiled(var, g) -> bool:
+    return (var.size >= _SGD_COMPILED_MIN and var.dtype in (np.float32, np.float64) and g.dtype == var.dtype
+            and var.flags.writeable and jit.available())
 
 
 # ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------

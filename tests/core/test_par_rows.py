@@ -177,3 +177,36 @@ def test_row_tap_columns_match_numpys_window_copy(cheap, dtype, pads, sw, dw):
     with _at(2):
         intra_op.par_rows(nchw_to_chwn_range, (x[:, :, :, ::-1], y), c, 2 * x.nbytes)  # any strides
     np.testing.assert_array_equal(y, x[:, :, :, ::-1].transpose(1, 2, 3, 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_large_sgd_update_is_one_compiled_pass_with_the_same_bytes_at_any_threads(cheap, dtype):
+    """ApplyGradientDescent above training._SGD_COMPILED_MIN elements: par_rows over the flat
+    variable, against var - lr * g in float64; one and two threads give the same bytes."""
+    import isthmus as ism
+    from isthmus.core.ops import training
+    rng = np.random.default_rng(5)
+    shape = (300, 301)
+    assert shape[0] * shape[1] >= training._SGD_COMPILED_MIN
+    w0 = rng.standard_normal(shape).astype(dtype)
+    gv = rng.standard_normal(shape).astype(dtype)
+    got = {}
+    for n in (1, 2):
+        g = ism.Graph()
+        with g.as_default():
+            v = ism.Variable(w0, name="w")
+            gt = ism.placeholder(dtype, shape, name="g")
+            step = training.apply("ApplyGradientDescent", [v], [ism.constant(np.asarray(0.125, dtype))], gt)
+            sess = ism.Session(g, intra_op_threads=n)
+            sess.run(ism.global_variables_initializer())
+        calls = []
+        real = intra_op.par_rows
+        training.par_rows = lambda *a, **k: calls.append(real(*a, **k)) or calls[-1]
+        try:
+            sess.run(step, {gt: gv})
+        finally:
+            training.par_rows = real
+        assert calls == [n]  # the compiled pass ran, split at two threads
+        got[n] = sess.run(v)
+    assert got[1].tobytes() == got[2].tobytes()
+    np.testing.assert_allclose(got[1], w0.astype(np.float64) - 0.125 * gv, rtol=1e-6, atol=1e-6)

@@ -210,3 +210,29 @@ def test_a_large_sgd_update_is_one_compiled_pass_with_the_same_bytes_at_any_thre
         got[n] = sess.run(v)
     assert got[1].tobytes() == got[2].tobytes()
     np.testing.assert_allclose(got[1], w0.astype(np.float64) - 0.125 * gv, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("through_relu", [False, True])
+def test_max_pool_range_forms_match_the_whole_array_kernels(cheap, through_relu):
+    """jit.par_pool's range forms, split at two threads, against jit.pool's whole-array calls (ties,
+    zeros after a relu and a NaN included): the same bytes."""
+    from isthmus.jit.par_pool import max_pool_2x2_float_range, max_pool_2x2_grad_range
+    from isthmus.jit.pool import max_pool_2x2_float_rows, max_pool_2x2_grad_rows
+    rng = np.random.default_rng(6)
+    n, c, h, w = 4, 3, 6, 8
+    x = np.maximum(rng.standard_normal((n, c, h, w)), 0).astype(np.float32)
+    x[0, 0, 0, :2] = x[0, 0, 1, :2] = 5.0
+    x[1, 2, 3, 3] = np.nan
+    ref_y = np.empty((n * c, h // 2, w // 2), np.float32)
+    max_pool_2x2_float_rows(x.reshape(n * c, h, w), ref_y)
+    y = np.full_like(ref_y, -1.0)
+    dy = rng.standard_normal(ref_y.shape).astype(np.float32)
+    rows = n * c * h // 2
+    ref_dx = np.empty(x.size, np.float32)
+    max_pool_2x2_grad_rows(x.reshape(-1), ref_y.reshape(-1), dy.reshape(-1), ref_dx, rows, w, through_relu)
+    dx = np.full(x.size, -1.0, np.float32)
+    with _at(2):
+        assert intra_op.par_rows(max_pool_2x2_float_range, (x.reshape(n * c, h, w), y), n * c, x.nbytes) == 2
+        assert intra_op.par_rows(max_pool_2x2_grad_range, (x.reshape(-1), ref_y.reshape(-1), dy.reshape(-1), dx, w,
+                                                           through_relu), rows, 3 * x.nbytes) == 2
+    assert y.tobytes() == ref_y.tobytes() and dx.tobytes() == ref_dx.tobytes()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numba as nb  # this module is imported only when a compiled kernel first runs
 import numpy as np
 
+from .bias_clamp import ohwn_to_nchw, ohwn_to_nchw_bias_add_clamp, ohwn_to_nchw_bias_clamp
+
 _OPTS = dict(nogil=True, cache=True, boundscheck=False)
 
 
@@ -51,4 +53,25 @@ def nchw_to_chwn_range(x, y, c0, c1):
                     y[c, h, w, n] = x[n, c, h, w]
 
 
-__all__ = ["row_tap_columns_range", "nchw_to_chwn_range"]
+# conv_rows' finish (jit.bias_clamp's [O, rows, OW, N] -> NCHW passes) over output-row blocks
+# [b0, b1) of acc4 [O, OH, OW, N], block r being rows [bounds[r], bounds[r+1])
+@nb.njit(**_OPTS)
+def finish_range(acc4, y, bounds, b0, b1):
+    for r in range(b0, b1):
+        ohwn_to_nchw(acc4[:, bounds[r]:bounds[r + 1]], y, bounds[r])
+
+
+@nb.njit(**_OPTS)
+def finish_bias_clamp_range(acc4, bias, lo, hi, y, bounds, b0, b1):
+    for r in range(b0, b1):
+        ohwn_to_nchw_bias_clamp(acc4[:, bounds[r]:bounds[r + 1]], bias, lo, hi, y, bounds[r])
+
+
+@nb.njit(**_OPTS)
+def finish_bias_add_clamp_range(acc4, bias, addend, lo, hi, y, bounds, b0, b1):
+    for r in range(b0, b1):
+        ohwn_to_nchw_bias_add_clamp(acc4[:, bounds[r]:bounds[r + 1]], bias, addend, lo, hi, y, bounds[r])
+
+
+__all__ = ["row_tap_columns_range", "nchw_to_chwn_range", "finish_range", "finish_bias_clamp_range",
+           "finish_bias_add_clamp_range"]

@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ... import jit
 from .. import threads
+from . import numpy_blas
 from .numpy_blas import accumulate
 from .intra_op import ksplit_parts, par_rows, rows_apply
 
@@ -154,6 +155,10 @@ def conv_rows(xp, x, wt, g, finish_rows):
     y = xp.empty((n, o, g.oh, g.ow), dtype=x.dtype)
     bounds = row_blocks(g.oh, run)
     stacked = xp is np and o < _ACC_MIN_O
+    work = 2 * o * wt.shape[2] * run * sum(max(0, hi - lo) for lo, hi, _ in spans)
+    if not stacked and _par_rows_pay(xp, x, wt, finish_rows, len(bounds) - 1, work):
+        _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work)
+        return y
 
     def rows(b0, b1):  # blocks [b0, b1): every kernel row's product over each, then their finish
         a, b = bounds[b0], bounds[b1]
@@ -171,8 +176,31 @@ def conv_rows(xp, x, wt, g, finish_rows):
                     _product(xp, wt[i], cols[:, s * run:(s + hi2 - lo2) * run], acc[:, lo2 * run:hi2 * run],
                              add=not full or i != full[0])
         finish_rows(acc[:, a * run:b * run].reshape(o, b - a, g.ow, n), y, a)
-    _fan_out_rows(xp, rows, len(bounds) - 1, 2 * o * wt.shape[2] * run * sum(max(0, hi - lo) for lo, hi, _ in spans))
+    _fan_out_rows(xp, rows, len(bounds) - 1, work)
     return y
+
+
+def _par_rows_pay(xp, x, wt, finish_rows, blocks: int, work: int) -> bool:
+    """Whether conv_rows' blocks go to prange (jit.par_blas' GEMMs, then the finish, each one parallel
+    call): float32 numpy arrays, BLAS bound directly (numpy_blas), a compiled finish, and
+    threads.par_threads splitting the blocks. The GEMMs and their order per block are those of the
+    pool path, so the bytes are the same either way."""
+    if (xp is not np or x.dtype != np.float32 or wt.dtype != np.float32 or blocks < 2
+            or getattr(finish_rows, "par_finish", None) is None or numpy_blas.sgemm() is None):
+        return False
+    return threads.par_threads(blocks, work, flops=True) >= 2
+
+
+def _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work) -> None:
+    from ...jit.par_blas import kernels  # deferred: loads numba
+    plan = np.array([(i,) + spans[i][:2] + (spans[i][2], 0 if full and i == full[0] else 1) for i in order],
+                    np.int64).reshape(-1, 5)
+    nb = len(bounds) - 1
+    b = np.asarray(bounds, np.int64)
+    gemms = kernels(numpy_blas.sgemm()).row_taps_range
+    par_rows(gemms, (wt, cols, acc, plan, run, b, not full), nb, work, flops=True, blocks=nb, blas_inside=True)
+    kernel, args = finish_rows.par_finish(acc.reshape(acc.shape[0], g.oh, g.ow, -1), y)
+    par_rows(kernel, args + (b,), nb, 2 * acc.nbytes, blocks=nb)
 
 
 def _product(xp, a, b, c, add: bool):

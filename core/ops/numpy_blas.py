@@ -139,9 +139,16 @@ def axpy(a: float, x, y) -> bool:
     return True
 
 
+def sgemm():
+    """The bound cblas_sgemm (a ctypes function, argtypes set: jit.par_blas calls it from compiled
+    code), or None where BLAS is not reached directly."""
+    table = _table()
+    return None if table is None else table.get(("gemm", np.dtype(np.float32)))
+
+
 def available() -> bool:
     """Whether accumulate() and axpy() reach BLAS directly (else matmul and an add, numpy's passes)."""
     return _table() is not None
 
 
-__all__ = ["accumulate", "axpy", "available"]
+__all__ = ["accumulate", "axpy", "available", "sgemm"]

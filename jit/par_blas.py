@@ -13,7 +13,7 @@ import threading
 
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
-_ROW_MAJOR, _NO_TRANS = 101, 111
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _lock = threading.Lock()
 _made: dict = {}  # id of the ctypes sgemm -> (the function, its kernels)
 
@@ -21,8 +21,9 @@ _made: dict = {}  # id of the ctypes sgemm -> (the function, its kernels)
 class Kernels:
     """The compiled range kernels bound to one sgemm."""
 
-    def __init__(self, cols, rows, taps):
+    def __init__(self, cols, rows, taps, tasks):
         self.gemm_cols_range, self.gemm_rows_range, self.row_taps_range = cols, rows, taps
+        self.filter_tasks_range = tasks
 
 
 def kernels(sgemm) -> Kernels:
@@ -77,7 +78,21 @@ def _make(sgemm) -> Kernels:
                 if hi2 > lo2:
                     s = src + lo2 - lo
                     gemm(wt[i], cols[:, s * run:(s + hi2 - lo2) * run], acc[:, lo2 * run:hi2 * run], float(beta))
-    return Kernels(gemm_cols_range, gemm_rows_range, row_taps_range)
+    @nb.njit(nogil=True, boundscheck=False)
+    def filter_tasks_range(dyt, cols, partial, tasks, t0, t1):
+        """A row-tap filter gradient's products: for task t, (kernel row, first dy column d0, first cols
+        column c0, columns k) in tasks[t], partial[t] = dyt[:, d0:d0+k] @ cols[:, c0:c0+k]^T."""
+        for t in range(t0, t1):
+            d0, c0, k = tasks[t, 1], tasks[t, 2], tasks[t, 3]
+            dst = partial[t]
+            m, n = dst.shape
+            if k == 0:
+                dst[...] = 0
+                continue
+            a, b = dyt[:, d0:d0 + k], cols[:, c0:c0 + k]
+            sgemm(_ROW_MAJOR, _NO_TRANS, _TRANS, m, n, k, 1.0, a.ctypes.data, a.strides[0] // 4,
+                  b.ctypes.data, b.strides[0] // 4, 0.0, dst.ctypes.data, dst.strides[0] // 4)
+    return Kernels(gemm_cols_range, gemm_rows_range, row_taps_range, filter_tasks_range)
 
 
 __all__ = ["Kernels", "kernels"]

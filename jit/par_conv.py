@@ -53,6 +53,18 @@ def nchw_to_chwn_range(x, y, c0, c1):
                     y[c, h, w, n] = x[n, c, h, w]
 
 
+@nb.njit(**_OPTS)
+def sum_parts_range(partial, row_of, rows, lo, hi):
+    """rows[row_of[t], o] += partial[t, o] for every t in order, for o in [lo, hi) (rows zeroed by the
+    caller): a filter gradient's parts summed per kernel row, each element in the order of t."""
+    for t in range(partial.shape[0]):
+        i = row_of[t]
+        for o in range(lo, hi):
+            src, dst = partial[t, o], rows[i, o]
+            for j in range(src.shape[0]):
+                dst[j] += src[j]
+
+
 # conv_rows' finish (jit.bias_clamp's [O, rows, OW, N] -> NCHW passes) over output-row blocks
 # [b0, b1) of acc4 [O, OH, OW, N], block r being rows [bounds[r], bounds[r+1])
 @nb.njit(**_OPTS)
@@ -73,5 +85,5 @@ def finish_bias_add_clamp_range(acc4, bias, addend, lo, hi, y, bounds, b0, b1):
         ohwn_to_nchw_bias_add_clamp(acc4[:, bounds[r]:bounds[r + 1]], bias, addend, lo, hi, y, bounds[r])
 
 
-__all__ = ["row_tap_columns_range", "nchw_to_chwn_range", "finish_range", "finish_bias_clamp_range",
+__all__ = ["row_tap_columns_range", "nchw_to_chwn_range", "sum_parts_range", "finish_range", "finish_bias_clamp_range",
            "finish_bias_add_clamp_range"]

@@ -251,6 +251,8 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
         bounds = [k * p // parts for p in range(parts + 1)]
         tasks += [(i, lo * run + bounds[p], src * run + bounds[p], bounds[p + 1] - bounds[p]) for p in range(parts)]
     partial = xp.empty((len(tasks), o, kc), dtype=x.dtype)
+    if _compiled_products(xp, x, dy, tasks):
+        return _par_filter_grad(dyt, cols, partial, tasks, g, o, c, kc)
 
     def products(t0, t1):
         for t in range(t0, t1):
@@ -264,6 +266,26 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
     for t, (i, _, _, _) in enumerate(tasks):
         rows[i] += partial[t]
     return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
+
+
+def _compiled_products(xp, x, dy, tasks) -> bool:
+    """Whether the filter gradient's products and sums run compiled (jit.par_blas, jit.par_conv): float32
+    numpy arrays and BLAS bound directly. They do at any thread count, in the same tasks, so one and
+    two threads give the same bytes; prange splits them where threads.par_threads says it pays."""
+    return xp is np and x.dtype == dy.dtype == np.float32 and len(tasks) > 0 and numpy_blas.sgemm() is not None \
+        and jit.available()
+
+
+def _par_filter_grad(dyt, cols, partial, tasks, g, o, c, kc):
+    from ...jit.par_blas import kernels  # deferred: loads numba
+    from ...jit.par_conv import sum_parts_range  # deferred: loads numba
+    table = np.array(tasks, np.int64).reshape(-1, 4)
+    flops = 2 * o * kc * int(table[:, 3].sum())
+    par_rows(kernels(numpy_blas.sgemm()).filter_tasks_range, (dyt, cols, partial, table), len(tasks), flops,
+             flops=True, blocks=len(tasks), blas_inside=True)
+    rows = np.zeros((g.kh, o, kc), dtype=partial.dtype)
+    par_rows(sum_parts_range, (partial, np.ascontiguousarray(table[:, 0]), rows), o, 2 * partial.nbytes)
+    return np.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
 
 
 __all__ = ["row_spans", "row_tap_columns", "stacked_weights", "conv_rows", "filter_grad_rows"]

@@ -26,6 +26,25 @@ class Kernels:
         self.filter_tasks_range = tasks
 
 
+@nb.njit(nogil=True, cache=True)
+def _layout(a):
+    """(BLAS transpose flag, leading dimension) of a float32 2-D view with a unit stride on one axis
+    (a transposed view goes to BLAS as it lies, flagged; blasable() checks before any call)."""
+    if a.strides[1] == 4 or a.shape[1] <= 1:
+        return _NO_TRANS, max(1, a.strides[0] // 4, a.shape[1])
+    return _TRANS, max(1, a.strides[1] // 4, a.shape[0])
+
+
+def blasable(a) -> bool:
+    """Whether `a` (2-D float32) has a unit stride on one axis and a leading dimension BLAS accepts."""
+    if a.ndim != 2 or a.dtype.itemsize != 4 or any(st % 4 for st in a.strides):
+        return False
+    s0, s1 = a.strides[0] // 4, a.strides[1] // 4
+    if s1 == 1 or a.shape[1] <= 1:
+        return a.shape[0] <= 1 or s0 >= max(1, a.shape[1])
+    return (s0 == 1 or a.shape[0] <= 1) and s1 >= max(1, a.shape[0])
+
+
 def kernels(sgemm) -> Kernels:
     """The range kernels for `sgemm` (a ctypes cblas_sgemm with argtypes set), made once per function."""
     got = _made.get(id(sgemm))
@@ -49,8 +68,10 @@ def _make(sgemm) -> Kernels:
             if beta == 0:
                 c[...] = 0
             return
-        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, n, k, 1.0, a.ctypes.data, a.strides[0] // 4,
-              b.ctypes.data, b.strides[0] // 4, beta, c.ctypes.data, c.strides[0] // 4)
+        ta, lda = _layout(a)
+        tb, ldb = _layout(b)
+        sgemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, beta,
+              c.ctypes.data, c.strides[0] // 4)
 
     @nb.njit(nogil=True, boundscheck=False)
     def gemm_cols_range(a, b, c, beta, lo, hi):
@@ -95,4 +116,4 @@ def _make(sgemm) -> Kernels:
     return Kernels(gemm_cols_range, gemm_rows_range, row_taps_range, filter_tasks_range)
 
 
-__all__ = ["Kernels", "kernels"]
+__all__ = ["Kernels", "kernels", "blasable"]

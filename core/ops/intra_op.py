@@ -13,8 +13,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ... import jit
 from .. import threads
 from ..threads import fan_out
+from . import numpy_blas
 
 
 def _cut(axis: int, lo: int, hi: int) -> tuple:
@@ -149,6 +151,8 @@ def matmul(xp, a, b, out=None):
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), dtype=np.result_type(a, b))
+    if _par_matmul(a, b, out, m, n, flops):
+        return out
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
@@ -158,6 +162,25 @@ def matmul(xp, a, b, out=None):
             np.matmul(a[lo:hi], b, out=out[lo:hi])
         fan_out(part, m, flops, blas_inside=True, flops=True)
     return out
+
+
+def _par_matmul(a, b, out, m: int, n: int, flops: int) -> bool:
+    """matmul's split as one prange call of BLAS GEMMs over column (or row) ranges (jit.par_blas),
+    where float32 operands go to BLAS as they lie and threads.par_threads splits: the cuts fan_out
+    would make, without the pool's hand-off. False: nothing done (the caller fans out)."""
+    if not (a.dtype == b.dtype == out.dtype == np.float32 and out.strides[1] == 4 and jit.available()
+            and numpy_blas.sgemm() is not None):
+        return False
+    from ...jit import par_blas  # deferred: loads numba
+    if not (par_blas.blasable(a) and par_blas.blasable(b) and par_blas.blasable(out)):
+        return False
+    total = n if n >= m else m
+    if threads.par_threads(total, flops, flops=True) < 2:
+        return False
+    k = par_blas.kernels(numpy_blas.sgemm())
+    par_rows(k.gemm_cols_range if n >= m else k.gemm_rows_range, (a, b, out, 0.0), total, flops, flops=True,
+             blas_inside=True)
+    return True
 
 
 # matmul_ksplit: at most this many parts, each of at least _KSPLIT_MIN_K contracted columns and

@@ -269,3 +269,26 @@ def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeyp
     ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, p:p + 16, q:q + 32], w[:, :, p, q]) for p in range(3) for q in range(5))
     ref = ref + b.reshape(1, 64, 1, 1)
     np.testing.assert_allclose(got[2], np.maximum(ref, 0) if act == "relu" else ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m,n", [(40, 300), (300, 40)])  # split by columns, by rows
+def test_split_matmul_on_prange_matches_float64(cheap, monkeypatch, ta, tb, m, n):
+    """intra_op.matmul's float32 split through BLAS called from compiled code, operands transposed
+    views or not, against float64 numpy; the prange path really ran."""
+    from isthmus.core.ops import numpy_blas
+    if numpy_blas.sgemm() is None:
+        pytest.skip("numpy's BLAS is not reached directly here")
+    monkeypatch.setattr(intra_op, "_BLAS_SERIAL_FLOPS", 0)
+    rng = np.random.default_rng(9)
+    k = 70
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    used = []
+    real = intra_op.par_rows
+    monkeypatch.setattr(intra_op, "par_rows", lambda *args, **kw: used.append(real(*args, **kw)) or used[-1])
+    with _at(2):
+        got = intra_op.matmul(np, a, b)
+    assert used == [2]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

@@ -159,7 +159,7 @@ def test_split_matmul_matches_numpy(fan_outs, m, n):
     b = rng.standard_normal((17, n)).astype(np.float32)
     with threads.IntraOpThreads(2):
         got = intra_op.matmul(np, a, b.T.copy().T)  # a column-strided b, as the conv gradients pass
-    assert fan_outs == [2]
+    assert fan_outs and set(fan_outs) == {2}  # split in two, by the pool or by prange
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 

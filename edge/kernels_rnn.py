@@ -7,11 +7,12 @@ gates' rows are negated once, so sigmoid(z) is 1 / (1 + exp(-z)) as exp, +1, rec
 Constant weights (the usual case) are rearranged once in prepare; weights computed at run time are
 rearranged per call into scratch. Hidden states go straight into y; nothing is allocated per call.
 With numba (edge/compiled.use_compiled) the steps after the projection are one compiled loop
-(jit/rnn.py), which pays no per-pass call overhead but evaluates exp and tanh one at a time (numba has
-no vector math library here): it wins while a step's gates are few. Measured on this machine under
-shared load, T = 50, H = 64, one thread: LSTM batch 1 0.26 ms compiled against 0.48 ms in numpy passes,
-batch 8 2.4 ms against 1.5 ms; GRU (three transcendentals per unit, not five) 0.14 / 0.55 ms at batch 1
-and 1.2 / 1.6 ms at batch 8. Hence the compiled loop up to COMPILED_UNITS gate units (batch x hidden).
+(jit/rnn.py: the recurrent product and the gates, whose exps run vectorized), which pays no per-pass
+call overhead. Measured on this machine (one BLAS thread, T = 50, I = 32, thread CPU time, compiled
+against numpy passes): LSTM H 64 0.08 / 0.77 ms at batch 1, 2.4 / 3.6 ms at batch 32; H 128 batch 32
+6.9 / 10.0 ms, batch 64 13.4 / 15.0; H 256 batch 4 3.6 / 5.5 ms but batch 8 10.0 / 8.1; H 512 batch 1
+4.8 / 4.6. GRU alike (H 128 batch 32 6.5 / 6.5 ms, H 256 batch 16 15.0 / 9.5). The loop's recurrent
+product loses where [G H, H] leaves the cache and batch rows reread it: hence compiled_pays.
 """
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from .format import EdgeModelError
 from .kernel_tables import kernel
 from .opcontext import OpContext
 
-COMPILED_UNITS = {"LSTMSequence": 256, "GRUSequence": 1024}  # batch x hidden up to which the loop is compiled
+SMALL_UNITS = 1024  # batch x hidden up to which the compiled loop wins whatever the hidden size
+NARROW_HIDDEN, NARROW_UNITS = 128, 4096  # and up to which it wins while the hidden size is at most 128
+
+
+def compiled_pays(batch: int, hid: int) -> bool:
+    """Whether the compiled step loop beats the numpy passes for [batch, hid] states (measured above)."""
+    units = batch * hid
+    return units <= SMALL_UNITS or (hid <= NARROW_HIDDEN and units <= NARROW_UNITS)
 
 
 def _check(ctx: OpContext, gates: int, bias_rows: int, n_states: int):
@@ -105,7 +113,7 @@ def lstm_sequence(ctx: OpContext):
     i_c, i_tmp = ctx.scratch((batch, hid), np.float32), ctx.scratch((batch, hid), np.float32)
     order = list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
     has_state = len(ctx.inputs) == 6
-    compiled = use_compiled() and batch * hid <= COMPILED_UNITS[ctx.op]
+    compiled = use_compiled() and compiled_pays(batch, hid)
 
     def bind(ins, outs, sc):
         (wt, rt, bn), refresh = weights(ins, sc)
@@ -165,7 +173,7 @@ def gru_sequence(ctx: OpContext):
     i_tmp = ctx.scratch((batch, hid), np.float32)
     order = list(range(steps - 1, -1, -1)) if reverse else list(range(steps))
     has_state = len(ctx.inputs) == 5
-    compiled = use_compiled() and batch * hid <= COMPILED_UNITS[ctx.op]
+    compiled = use_compiled() and compiled_pays(batch, hid)
     i_h0 = ctx.scratch((batch, hid), np.float32)
 
     def bind(ins, outs, sc):

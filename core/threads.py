@@ -19,6 +19,15 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   nothing splits and nothing is held; on the 2-core VM (hand-off 50-170 us) chunks of 5-17 MiB
   or 20-70 MFLOP, so only batch-32 convolutions and the largest passes split; on a server with
   a 10-30 us hand-off, 1-3 MiB / 4-12 MFLOP chunks over up to cores threads.
+- The prange path (intra_op.par_rows, jit.par): compiled kernels split inside one numba parallel
+  call, whose workers (libgomp's) spin outside the GIL: a hand-off of 2.5-10 us instead of the
+  pool's 50-150 us on the 2-core VM, so a block needs only ~10x less work (prange_handoff_s,
+  par_scale, par_threads; blocks fixed by the shape where a kernel's bytes depend on its cuts). Used
+  only on the omp or tbb layers (numba's workqueue aborts on concurrent parallel calls), never in
+  a forked child, and measured again each second so that a loaded machine stops splitting (a
+  region waits for its last worker). Spinning costs CPU: while a run splits, the workers spin
+  between its regions (process CPU near 2x wall at two threads); OMP_WAIT_POLICY=passive or
+  GOMP_SPINCOUNT (libgomp's own) trade that for a slower hand-off; ISTHMUS_PRANGE=0 turns it off.
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.
@@ -238,11 +247,22 @@ def _ping_at_two(ping) -> float:
             numba_threads(before)
 
 
+def _no_prange_after_fork() -> None:
+    """In a forked child, no prange: GNU OpenMP's workers do not survive fork(), and a child's first
+    parallel region after its parent's can hang (numba: the omp layer is not fork-safe)."""
+    _prange[0] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_no_prange_after_fork)
+
+
 def _probe_prange():
     if os.environ.get("ISTHMUS_PRANGE", "").strip() == "0" or cores() < 2:
         return False
     from ..jit import par  # deferred: loads numba
-    if not par.layer_ok():
+    import numba  # deferred: loaded by jit.par just above
+    if numba.config.NUMBA_NUM_THREADS < 2 or not par.layer_ok():
         return False
     env = os.environ.get("ISTHMUS_PRANGE_HANDOFF_US", "").strip()
     if env:

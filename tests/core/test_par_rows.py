@@ -292,3 +292,33 @@ def test_split_matmul_on_prange_matches_float64(cheap, monkeypatch, ta, tb, m, n
         got = intra_op.matmul(np, a, b)
     assert used == [2]
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    if not (ta or tb):  # the bytes of the pool path's cut: each half a one-thread BLAS product
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(1, user_api="blas"):
+            want = (np.concatenate([a @ b[:, :n // 2], a @ b[:, n // 2:]], axis=1) if n >= m
+                    else np.concatenate([a[:m // 2] @ b, a[m // 2:] @ b]))
+        assert got.tobytes() == want.tobytes()
+
+
+def test_a_forked_child_never_enters_a_parallel_region():
+    """GNU OpenMP is not fork-safe: after fork() the child keeps to serial calls and the pool."""
+    import multiprocessing as mp
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork() here")
+    threads.prange_handoff_s()  # the parent may have measured (and used) prange
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_reports, args=(q,))
+    p.start()
+    try:
+        got = q.get(timeout=60)
+    finally:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+    assert got == (None, 0)
+
+
+def _child_reports(q):
+    with threads.IntraOpThreads(2):
+        q.put((threads.prange_handoff_s(), threads.par_threads(10**6, 10**12)))

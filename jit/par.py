@@ -24,6 +24,7 @@ SAFE_LAYERS = ("omp", "tbb")
 _lock = threading.Lock()
 _layer: list = []  # [] not probed; [name of the layer numba chose]
 _drivers: dict = {}  # kernel -> its prange driver
+PAR_OPTS = dict(parallel=True, nogil=True, cache=True)  # the options of every registered driver
 
 
 @nb.njit(parallel=True, nogil=True, cache=True)
@@ -65,10 +66,19 @@ def ping_s(pings: int = 9, gap_s: float = 5e-4, quantile: float = 0.5) -> float:
     return samples[min(len(samples) - 1, int(len(samples) * quantile))]
 
 
+def register(kernel, drv) -> None:
+    """Record `drv` as the prange driver of `kernel`: a module-level numba function, parallel=True and
+    cache=True, of the form drv(blocks, total, *args) running kernel(*args, lo, hi) over
+    prange(blocks) with lo, hi = total*b//blocks, total*(b+1)//blocks. Written out per kernel because
+    a driver made for a kernel at run time (driver()'s fallback) cannot be cached on disk: each costs
+    about a second of compile in every process (the CNN training step's first run took 14.6 s)."""
+    _drivers[kernel] = drv
+
+
 def driver(kernel):
     """The prange driver of `kernel` (a numba function whose last two arguments are a range lo, hi):
     driver(kernel)(blocks, total, *args) runs kernel(*args, lo, hi) over the `blocks` cuts of
-    range(total). One compiled driver per kernel, made at its first use (about a second of compile)."""
+    range(total). The registered one (register), else one compiled for it now and kept for the process."""
     d = _drivers.get(kernel)
     if d is None:
         with _lock:
@@ -86,4 +96,4 @@ def _make(kernel):
     return run
 
 
-__all__ = ["SAFE_LAYERS", "layer", "layer_ok", "ping_s", "driver"]
+__all__ = ["SAFE_LAYERS", "layer", "layer_ok", "ping_s", "register", "driver"]

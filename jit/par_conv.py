@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba as nb  # this module is imported only when a compiled kernel first runs
 import numpy as np
 
+from . import par
 from .bias_clamp import ohwn_to_nchw, ohwn_to_nchw_bias_add_clamp, ohwn_to_nchw_bias_clamp
 
 _OPTS = dict(nogil=True, cache=True, boundscheck=False)
@@ -83,6 +84,51 @@ def finish_bias_clamp_range(acc4, bias, lo, hi, y, bounds, b0, b1):
 def finish_bias_add_clamp_range(acc4, bias, addend, lo, hi, y, bounds, b0, b1):
     for r in range(b0, b1):
         ohwn_to_nchw_bias_add_clamp(acc4[:, bounds[r]:bounds[r + 1]], bias, addend, lo, hi, y, bounds[r])
+
+
+# the prange drivers (jit.par.register): kernel(*args, lo, hi) over prange(blocks)
+@nb.njit(**par.PAR_OPTS)
+def _row_tap_columns_par(blocks, total, x, cols, left, sw, dw):
+    for b in nb.prange(blocks):
+        row_tap_columns_range(x, cols, left, sw, dw, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _nchw_to_chwn_par(blocks, total, x, y):
+    for b in nb.prange(blocks):
+        nchw_to_chwn_range(x, y, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _sum_parts_par(blocks, total, partial, row_of, rows):
+    for b in nb.prange(blocks):
+        sum_parts_range(partial, row_of, rows, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _finish_par(blocks, total, acc4, y, bounds):
+    for b in nb.prange(blocks):
+        finish_range(acc4, y, bounds, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _finish_bias_clamp_par(blocks, total, acc4, bias, lo, hi, y, bounds):
+    for b in nb.prange(blocks):
+        finish_bias_clamp_range(acc4, bias, lo, hi, y, bounds, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _finish_bias_add_clamp_par(blocks, total, acc4, bias, addend, lo, hi, y, bounds):
+    for b in nb.prange(blocks):
+        finish_bias_add_clamp_range(acc4, bias, addend, lo, hi, y, bounds, total * b // blocks,
+                                    total * (b + 1) // blocks)
+
+
+for _k, _d in ((row_tap_columns_range, _row_tap_columns_par), (nchw_to_chwn_range, _nchw_to_chwn_par),
+               (sum_parts_range, _sum_parts_par), (finish_range, _finish_par),
+               (finish_bias_clamp_range, _finish_bias_clamp_par),
+               (finish_bias_add_clamp_range, _finish_bias_add_clamp_par)):
+    par.register(_k, _d)
 
 
 __all__ = ["row_tap_columns_range", "nchw_to_chwn_range", "sum_parts_range", "finish_range", "finish_bias_clamp_range",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
+from . import par
 from .pool import max_pool_2x2_float_rows, max_pool_2x2_grad_rows
 
 
@@ -23,5 +24,21 @@ def max_pool_2x2_grad_range(xf, yf, dyf, dxf, w, through_relu, lo, hi):
     max_pool_2x2_grad_rows(xf[a:hi * 2 * w], yf[b:hi * ow], dyf[b:hi * ow], dxf[a:hi * 2 * w], hi - lo, w,
                            through_relu)
 
+
+# the prange drivers (jit.par.register)
+@nb.njit(**par.PAR_OPTS)
+def _max_pool_par(blocks, total, x3, y3):
+    for b in nb.prange(blocks):
+        max_pool_2x2_float_range(x3, y3, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _max_pool_grad_par(blocks, total, xf, yf, dyf, dxf, w, through_relu):
+    for b in nb.prange(blocks):
+        max_pool_2x2_grad_range(xf, yf, dyf, dxf, w, through_relu, total * b // blocks, total * (b + 1) // blocks)
+
+
+par.register(max_pool_2x2_float_range, _max_pool_par)
+par.register(max_pool_2x2_grad_range, _max_pool_grad_par)
 
 __all__ = ["max_pool_2x2_float_range", "max_pool_2x2_grad_range"]

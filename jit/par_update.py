@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
+from . import par
+
 
 @nb.njit(nogil=True, cache=True, boundscheck=False, fastmath={"contract"})
 def sub_scaled_range(var, x, a, lo, hi):
@@ -12,5 +14,13 @@ def sub_scaled_range(var, x, a, lo, hi):
     for i in range(lo, hi):
         var[i] = var[i] - a * x[i]
 
+
+@nb.njit(**par.PAR_OPTS)
+def _sub_scaled_par(blocks, total, var, x, a):  # the prange driver (jit.par.register)
+    for b in nb.prange(blocks):
+        sub_scaled_range(var, x, a, total * b // blocks, total * (b + 1) // blocks)
+
+
+par.register(sub_scaled_range, _sub_scaled_par)
 
 __all__ = ["sub_scaled_range"]

@@ -192,13 +192,13 @@ def _par_rows_pay(xp, x, wt, finish_rows, blocks: int, work: int) -> bool:
 
 
 def _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work) -> None:
-    from ...jit.par_blas import kernels  # deferred: loads numba
+    from ...jit.par_blas import row_taps_range  # deferred: loads numba
     plan = np.array([(i,) + spans[i][:2] + (spans[i][2], 0 if full and i == full[0] else 1) for i in order],
                     np.int64).reshape(-1, 5)
     nb = len(bounds) - 1
     b = np.asarray(bounds, np.int64)
-    gemms = kernels(numpy_blas.sgemm()).row_taps_range
-    par_rows(gemms, (wt, cols, acc, plan, run, b, not full), nb, work, flops=True, blocks=nb, blas_inside=True)
+    par_rows(row_taps_range, (numpy_blas.sgemm(), wt, cols, acc, plan, run, b, not full), nb, work, flops=True,
+             blocks=nb, blas_inside=True)
     kernel, args = finish_rows.par_finish(acc.reshape(acc.shape[0], g.oh, g.ow, -1), y)
     par_rows(kernel, args + (b,), nb, 2 * acc.nbytes, blocks=nb)
 
@@ -277,11 +277,11 @@ def _compiled_products(xp, x, dy, tasks) -> bool:
 
 
 def _par_filter_grad(dyt, cols, partial, tasks, g, o, c, kc):
-    from ...jit.par_blas import kernels  # deferred: loads numba
+    from ...jit.par_blas import filter_tasks_range  # deferred: loads numba
     from ...jit.par_conv import sum_parts_range  # deferred: loads numba
     table = np.array(tasks, np.int64).reshape(-1, 4)
     flops = 2 * o * kc * int(table[:, 3].sum())
-    par_rows(kernels(numpy_blas.sgemm()).filter_tasks_range, (dyt, cols, partial, table), len(tasks), flops,
+    par_rows(filter_tasks_range, (numpy_blas.sgemm(), dyt, cols, partial, table), len(tasks), flops,
              flops=True, blocks=len(tasks), blas_inside=True)
     rows = np.zeros((g.kh, o, kc), dtype=partial.dtype)
     par_rows(sum_parts_range, (partial, np.ascontiguousarray(table[:, 0]), rows), o, 2 * partial.nbytes)

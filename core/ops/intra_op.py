@@ -177,9 +177,8 @@ def _par_matmul(a, b, out, m: int, n: int, flops: int) -> bool:
     total = n if n >= m else m
     if threads.par_threads(total, flops, flops=True) < 2:
         return False
-    k = par_blas.kernels(numpy_blas.sgemm())
-    par_rows(k.gemm_cols_range if n >= m else k.gemm_rows_range, (a, b, out, 0.0), total, flops, flops=True,
-             blas_inside=True)
+    par_rows(par_blas.gemm_cols_range if n >= m else par_blas.gemm_rows_range, (numpy_blas.sgemm(), a, b, out, 0.0),
+             total, flops, flops=True, blas_inside=True)
     return True
 
 

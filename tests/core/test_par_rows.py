@@ -322,3 +322,17 @@ def test_a_forked_child_never_enters_a_parallel_region():
 def _child_reports(q):
     with threads.IntraOpThreads(2):
         q.put((threads.prange_handoff_s(), threads.par_threads(10**6, 10**12)))
+
+
+def test_every_range_kernel_has_a_driver_cached_on_disk():
+    """A driver made at run time compiles in every process (about a second each): each range kernel
+    the library splits has a written-out, disk-cached one (jit.par.register)."""
+    from numba.core.caching import NullCache
+    from isthmus.jit import par_blas, par_conv, par_pool, par_update
+    kernels = [getattr(m, name) for m in (par_blas, par_conv, par_pool, par_update)
+               for name in m.__all__ if name.endswith("_range")]
+    assert len(kernels) >= 12
+    for k in kernels:
+        d = par._drivers.get(k)
+        assert d is not None, f"{k.py_func.__name__} has no registered prange driver"
+        assert d.targetoptions.get("parallel") and not isinstance(d._cache, NullCache), k.py_func.__name__

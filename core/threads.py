@@ -116,11 +116,9 @@ class IntraOpThreads:
         with _lock:
             libs = _blas_libs()
             if _active["runs"] == 0:
-                _active["saved"] = [_get_blas(lib) for lib in libs]
+                _active["saved"] = [_hold["saved"][i] if _hold["held"] else _get_blas(lib) for i, lib in enumerate(libs)]
             _active["runs"] += 1
-            for lib in libs:
-                if _get_blas(lib) != n:
-                    _set_blas(lib, n)
+            _blas_to(libs, [n] * len(libs))
         _set_numba(n)
         return self
 
@@ -131,11 +129,23 @@ class IntraOpThreads:
             _active["runs"] -= 1
             if _active["runs"] == 0:
                 _intra[0] = None
-                for lib, k in zip(_blas_libs(), _active["saved"] or []):
-                    if _get_blas(lib) != k:
-                        _set_blas(lib, k)
+                _blas_to(_blas_libs(), _active["saved"] or [])
                 _active["saved"] = None
         return False
+
+
+def _blas_to(libs, counts) -> None:
+    """Each library's count to counts[i], under _lock. While another thread's BlasThreads holds BLAS
+    (a split's one-thread GEMMs), the count is left at the hold's and becomes the one the hold
+    restores: a run starting or ending beside a hold changed BLAS's count under its GEMMs (two
+    sessions at two threads, one thread's input gradient now and then off in its last bits)."""
+    if _hold["held"]:
+        if _hold["saved"] is not None:
+            _hold["saved"] = list(counts) + _hold["saved"][len(counts):]
+        return
+    for lib, k in zip(libs, counts):
+        if _get_blas(lib) != k:
+            _set_blas(lib, k)
 
 
 _setters: dict = {}  # BLAS library path -> its own set_num_threads (None: threadpoolctl's)

@@ -336,3 +336,43 @@ def test_every_range_kernel_has_a_driver_cached_on_disk():
         d = par._drivers.get(k)
         assert d is not None, f"{k.py_func.__name__} has no registered prange driver"
         assert d.targetoptions.get("parallel") and not isinstance(d._cache, NullCache), k.py_func.__name__
+
+
+def test_two_sessions_train_concurrently_with_prange_splits(cheap):
+    """Two sessions (as in one server) run a convolution's forward and gradients at two intra-op
+    threads each from two Python threads at once: every split is a prange region; each thread's
+    results equal a lone run's bytes, and nothing hangs (bounded joins)."""
+    import isthmus as ism
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((8, 16, 16, 32)).astype(np.float32)
+    w = (rng.standard_normal((64, 16, 3, 5)) * 0.2).astype(np.float32)
+    r = rng.standard_normal((8, 64, 16, 32)).astype(np.float32)
+
+    def build():
+        g = ism.Graph()
+        with g.as_default():
+            xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")
+            rt = ism.placeholder(np.float32, r.shape, name="r")
+            y = ism.relu(ism.conv2d(xt, wt, padding="SAME"))
+            dx, dw = ism.gradients(ism.reduce_sum(y * rt), [xt, wt])
+        sess = ism.Session(g, intra_op_threads=2)
+        return lambda: sess.run([y, dx, dw], {xt: x, wt: w, rt: r})
+    runs = [build(), build()]
+    want = [a.tobytes() for a in runs[0]()]
+    errors = []
+
+    def worker(run):
+        try:
+            for _ in range(5):
+                if [a.tobytes() for a in run()] != want:
+                    errors.append("bytes differ")
+                    return
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+    ts = [threading.Thread(target=worker, args=(run,), daemon=True) for run in runs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=240)
+    assert not any(t.is_alive() for t in ts), "a run hung"
+    assert errors == []

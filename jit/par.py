@@ -82,10 +82,17 @@ def driver(kernel):
     d = _drivers.get(kernel)
     if d is None:
         with _lock:
+            _load_registered()
             d = _drivers.get(kernel)
             if d is None:
                 d = _drivers[kernel] = _make(kernel)
     return d
+
+
+def _load_registered() -> None:
+    """Import the modules whose drivers register themselves (a kernel may be split before its
+    driver's module was imported by anyone)."""
+    from . import par_blas, par_conv, par_images, par_pool, par_update  # noqa: F401  # cycle: they import par
 
 
 def _make(kernel):

@@ -328,10 +328,10 @@ def test_every_range_kernel_has_a_driver_cached_on_disk():
     """A driver made at run time compiles in every process (about a second each): each range kernel
     the library splits has a written-out, disk-cached one (jit.par.register)."""
     from numba.core.caching import NullCache
-    from isthmus.jit import par_blas, par_conv, par_pool, par_update
+    from isthmus.jit import par_blas, par_conv, par_images, par_pool, par_update
     kernels = [getattr(m, name) for m in (par_blas, par_conv, par_pool, par_update)
-               for name in m.__all__ if name.endswith("_range")]
-    assert len(kernels) >= 12
+               for name in m.__all__ if name.endswith("_range")] + list(par_images.KERNELS)
+    assert len(kernels) >= 20
     for k in kernels:
         d = par._drivers.get(k)
         assert d is not None, f"{k.py_func.__name__} has no registered prange driver"
@@ -376,3 +376,34 @@ def test_two_sessions_train_concurrently_with_prange_splits(cheap):
         t.join(timeout=240)
     assert not any(t.is_alive() for t in ts), "a run hung"
     assert errors == []
+
+
+def test_other_modules_image_kernels_split_by_their_drivers_give_the_same_bytes(cheap):
+    """jit.par_images' drivers for kernels other modules own: a 3x3/2 max pool over planes and a batch
+    of packed 1x1 convolutions, at two threads, against one whole-range call of the same kernel."""
+    from isthmus.jit import gemm_f32
+    from isthmus.jit.par_images import _conv_images_ld_par  # noqa: F401  (the module registers its drivers)
+    from isthmus.jit.pool_windows import max_pool_planes
+    if not gemm_f32.supported():
+        pytest.skip("the packed GEMM does not run here")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((12, 9, 11)).astype(np.float32)
+    geo = np.array([3, 3, 2, 2, 1, 1, 1, 1, 1, 1], np.int64)
+    want = np.empty((12, 5, 6), np.float32)
+    max_pool_planes(x, want, geo, 0, 12)
+    got = np.full_like(want, np.nan)
+    with _at(2):
+        assert intra_op.par_rows(max_pool_planes, (x, got, geo), 12, x.nbytes) == 2
+    assert got.tobytes() == want.tobytes()
+    xs = rng.standard_normal((6, 8, 40)).astype(np.float32)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    wp, b = gemm_f32.pack_weights(w), rng.standard_normal(16).astype(np.float32)
+    lo, hi = np.float32(0), np.float32(6)
+    want = np.empty((6, 16, 40), np.float32)
+    gemm_f32.pointwise_images(xs, wp, b, lo, hi, want, 0, 6)
+    got = np.full_like(want, np.nan)
+    with _at(2):
+        assert intra_op.par_rows(gemm_f32.pointwise_images, (xs, wp, b, lo, hi, got), 6, xs.nbytes + got.nbytes) == 2
+    assert got.tobytes() == want.tobytes()
+    ref = np.clip(np.einsum("oc,ncp->nop", w.astype(np.float64), xs) + b.reshape(1, 16, 1), 0, 6)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -142,8 +142,14 @@ def axpy(a: float, x, y) -> bool:
 def sgemm():
     """The bound cblas_sgemm (a ctypes function, argtypes set: jit.par_blas calls it from compiled
     code), or None where BLAS is not reached directly."""
+    return function("gemm", np.float32)
+
+
+def function(name: str, dtype):
+    """The bound cblas ?gemm or ?axpy (name "gemm" or "axpy") for float32/float64 as a ctypes
+    function with argtypes set (compiled code may call it), or None where BLAS is not reached."""
     table = _table()
-    return None if table is None else table.get(("gemm", np.dtype(np.float32)))
+    return None if table is None else table.get((name, np.dtype(dtype)))
 
 
 def available() -> bool:
@@ -151,4 +157,4 @@ def available() -> bool:
     return _table() is not None
 
 
-__all__ = ["accumulate", "axpy", "available", "sgemm"]
+__all__ = ["accumulate", "axpy", "available", "sgemm", "function"]

@@ -21,6 +21,7 @@ from ..shapes import compatible, fmt, num_elements_est
 from .base import make
 from ... import jit
 from .intra_op import par_rows, rows_apply
+from . import numpy_blas
 from .numpy_blas import axpy
 
 __all__: list = []
@@ -164,9 +165,11 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
         return
     if all(a.flags.c_contiguous for a in arrays) and g.flags.c_contiguous:
         arrays, g = [a.reshape(-1) for a in arrays], g.reshape(-1)  # views: any length splits evenly
-        if update is _sgd and _sgd_compiled(var, g):
-            from ...jit.par_update import sub_scaled_range  # deferred: loads numba
-            par_rows(sub_scaled_range, (arrays[0], g, var.dtype.type(scalars[0])), var.size, 3 * var.nbytes)
+        blas_axpy = _sgd_compiled(var, g) if update is _sgd else None
+        if blas_axpy is not None:
+            from ...jit.par_update import axpy_range, units  # deferred: loads numba
+            par_rows(axpy_range, (blas_axpy, arrays[0], g, -float(scalars[0])), units(var.size), 3 * var.nbytes,
+                     blas_inside=True)
             return
 
     def part(lo, hi):
@@ -177,15 +180,18 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
 
 
 _AXPY_SERIAL = 10000
-# From this size up a dense SGD update is one compiled pass split by prange (intra_op.par_rows): a few
-# microseconds to reach the second core, where the pool's hand-off kept a 3136x1024 update on one
-# (2-core VM). Below it, BLAS's axpy on the caller (today's path; a compiled call costs about as much).
+# From this size up a dense SGD update is BLAS's axpy over fixed units of the variable, split by prange
+# (intra_op.par_rows, jit.par_update): a few microseconds to reach the second core, where the pool's
+# hand-off kept a 3136x1024 update on one (2-core VM). Below it, one axpy on the caller (_sgd).
 _SGD_COMPILED_MIN = 1 << 16
 
 
-def _sgd_compiled(var, g) -> bool:
-    return (var.size >= _SGD_COMPILED_MIN and var.dtype in (np.float32, np.float64) and g.dtype == var.dtype
-            and var.flags.writeable and jit.available())
+def _sgd_compiled(var, g):
+    """numpy's bound ?axpy for this update when it splits by prange (else None)."""
+    if (var.size < _SGD_COMPILED_MIN or var.dtype not in (np.float32, np.float64) or g.dtype != var.dtype
+            or not var.flags.writeable or not jit.available()):
+        return None
+    return numpy_blas.function("axpy", var.dtype)
 
 
 # ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------

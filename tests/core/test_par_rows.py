@@ -181,10 +181,13 @@ def test_row_tap_columns_match_numpys_window_copy(cheap, dtype, pads, sw, dw):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_large_sgd_update_is_one_compiled_pass_with_the_same_bytes_at_any_threads(cheap, dtype):
-    """ApplyGradientDescent above training._SGD_COMPILED_MIN elements: par_rows over the flat
-    variable, against var - lr * g in float64; one and two threads give the same bytes."""
+    """ApplyGradientDescent above training._SGD_COMPILED_MIN elements: BLAS's axpy over fixed units of
+    the flat variable by par_rows, against var - lr * g in float64; one and two threads give the same
+    bytes, and so does one axpy over the whole variable."""
     import isthmus as ism
-    from isthmus.core.ops import training
+    from isthmus.core.ops import numpy_blas, training
+    if numpy_blas.function("axpy", dtype) is None:
+        pytest.skip("numpy's BLAS is not reached directly here")
     rng = np.random.default_rng(5)
     shape = (300, 301)
     assert shape[0] * shape[1] >= training._SGD_COMPILED_MIN
@@ -209,6 +212,8 @@ def test_a_large_sgd_update_is_one_compiled_pass_with_the_same_bytes_at_any_thre
         assert calls == [n]  # the compiled pass ran, split at two threads
         got[n] = sess.run(v)
     assert got[1].tobytes() == got[2].tobytes()
+    whole = w0.copy()
+    assert numpy_blas.axpy(-0.125, gv, whole) and whole.tobytes() == got[1].tobytes()
     np.testing.assert_allclose(got[1], w0.astype(np.float64) - 0.125 * gv, rtol=1e-6, atol=1e-6)
 
 

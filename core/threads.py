@@ -240,16 +240,18 @@ def prange_handoff_s() -> Optional[float]:
             and _remeasure_lock.acquire(blocking=False):  # one thread measures; the others use the last
         try:
             from ..jit import par  # deferred: numba is loaded (the first measurement loaded it)
-            h = _prange[0] = max(1e-9, _ping_at_two(lambda: par.ping_s(pings=5, gap_s=5e-5, quantile=0.5)))
+            h = _prange[0] = max(1e-9, _ping_at_all(lambda: par.ping_s(pings=5, gap_s=5e-5, quantile=0.5)))
             _prange_at[0] = time.perf_counter()
         finally:
             _remeasure_lock.release()
     return h or None
 
 
-def _ping_at_two(ping) -> float:
+def _ping_at_all(ping) -> float:
+    """ping() with the calling thread's numba count at every core: a region's cost grows with its team
+    (waking and joining more workers), so the widest team's prices every split (on 2 cores, two)."""
     before = getattr(_local, "numba", None)
-    numba_threads(2)
+    numba_threads(cores())
     try:
         return ping()
     finally:
@@ -278,7 +280,7 @@ def _probe_prange():
     if env:
         _prange_at[0] = 0.0
         return max(1e-9, _env_handoff(env, "ISTHMUS_PRANGE_HANDOFF_US"))
-    h = max(1e-9, _ping_at_two(par.ping_s))
+    h = max(1e-9, _ping_at_all(par.ping_s))
     _prange_at[0] = time.perf_counter()
     return h
 

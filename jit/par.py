@@ -49,12 +49,12 @@ def layer_ok() -> bool:
 
 
 def ping_s(pings: int = 9, gap_s: float = 5e-4, quantile: float = 0.5) -> float:
-    """Seconds of an empty parallel region of two blocks on the calling thread's numba threads,
+    """Seconds of an empty parallel region of one block per thread on the calling thread's numba threads,
     each after a pause of gap_s (as between two split kernels of a run): the prange hand-off, the
     given quantile of `pings`. A region ends when its last worker does, so where other processes
     hold the cores a ping takes a scheduler slice (7-12 ms at load 2.8 on the 2-core VM, against
     6-12 us): the median is meant to see that load (core.threads measures it again each second)."""
-    a = np.zeros(2)
+    a = np.zeros(max(2, nb.get_num_threads()))
     _ping(a)
     samples = []
     for _ in range(pings):

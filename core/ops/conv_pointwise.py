@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import jit
 from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
 from .fused import activation_inplace
 from .intra_op import rows_apply
@@ -69,24 +68,27 @@ class PackedGemm:
             cached = self._cached = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id unique
         return cached[2], cached[3]
 
-    def one_image(self, w, bias, x_shape):
-        """run(x, r) -> out [1, O, P] for inputs of x_shape [1, K, H, W] (r: the addend, or None): what
-        __call__ works out per call (imports, the packing's cache check, the clamp bounds) done once;
-        valid while w and bias are these very arrays."""
+    def runner(self, xp, x, w, bias):
+        """run(x, r) -> [1, O, H, W] for batch 1 at x's shape with these constant weights where pays
+        says the packed GEMM serves, else None: __call__'s work without its checks (conv_bound)."""
+        n, c, h, wd = x.shape
+        o, hw = w.shape[0], h * wd
+        if n != 1 or not self.pays(xp, x, w, bias, c, hw):
+            return None
         from ...jit.gemm_f32 import NR, gemm_bias_clamp  # deferred: loads llvmlite, numba
         from ...jit.gemm_residual import gemm_bias_add_clamp  # deferred: loads llvmlite, numba
         wp, b = self._weights(w, bias)
-        k, p, o = x_shape[1], x_shape[2] * x_shape[3], w.shape[0]
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
-        f32, empty = np.float32, np.empty
 
         def run(x, r):
-            out = empty((1, o, p), f32)
+            out = np.empty((1, o, h, wd), np.float32)
+            y, xs = out.reshape(o, hw), x.reshape(c, hw)
+            panel, tile = np.empty((c, NR), np.float32), np.empty((o, NR), np.float32)
             if r is None:
-                gemm_bias_clamp(wp, b, x.reshape(k, p), lo, hi, out[0], empty((k, NR), f32), empty((o, NR), f32))
+                gemm_bias_clamp(wp, b, xs, lo, hi, y, panel, tile)
             else:
-                gemm_bias_add_clamp(wp, b, x.reshape(k, p), lo, hi, out[0], r.reshape(o, p), empty((k, NR), f32),
-                                    empty((o, NR), f32), empty((o, NR), f32))
+                gemm_bias_add_clamp(wp, b, xs, lo, hi, y, np.ascontiguousarray(r).reshape(o, hw), panel, tile,
+                                    np.empty((o, NR), np.float32))
             return out
         return run
 
@@ -149,15 +151,9 @@ class Pointwise:
         self._clamp = _CLAMPS.get(activation)
         self._aug = None  # (w, bias, [W | b]) for immutable w and bias
         self._packed = PackedGemm(activation)
-        self._one = None  # (w, bias, x shape, run) once the packed GEMM served one image of that shape
 
     def __call__(self, x, w, bias, addend=None):
         """act(W @ x + bias (+ addend, of the output's shape)) as [N, O, H*W]."""
-        one = self._one  # batch 1 again on the same constants: straight to the packed GEMM (it paid)
-        if one is not None and one[0] is w and one[1] is bias and one[2] == x.shape and x.dtype == np.float32 \
-                and (addend is None or (addend.dtype == np.float32 and addend.flags.c_contiguous)) \
-                and jit.enabled_by_env():
-            return one[3](x, addend)
         xp = self.xp
         n, c = x.shape[0], x.shape[1]
         o, hw = w.shape[0], x.shape[2] * x.shape[3]
@@ -167,8 +163,6 @@ class Pointwise:
         step = max(1, _POINTWISE_CHUNK_BYTES // (o * hw * x.dtype.itemsize))
         if n == 1 and self._packed.pays(xp, x, w, bias, c, hw) and (r is None or r.dtype == np.float32):
             self._packed(w, bias, xs[0], out[0], None if r is None else r[0])
-            if bias is None or bias.dtype == np.float32:
-                self._one = (w, bias, x.shape, self._packed.one_image(w, bias, x.shape))  # holding w keeps its id
             return out
         if n > 1 and self._packed.batch_pays(xp, x, w, bias, hw) and (r is None or r.dtype == np.float32):
             self._packed.images(w, bias, xs, out, r)
@@ -184,6 +178,10 @@ class Pointwise:
         # on products this small waits for its other threads, milliseconds each on a busy machine
         rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True)
         return out
+
+    def packed_runner(self, x, w, bias):
+        """PackedGemm.runner for this node's batch-1 calls (conv_bound), or None."""
+        return self._packed.runner(self.xp, x, w, bias)
 
     def _plain_images(self, xs, w2, bias, out, step, r=None):
         xp, act = self.xp, self.act

@@ -20,6 +20,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .gemm_f32 import _splat
+from .im2col import _run
 
 NP, NC = 6, 16  # tile: output pixels, output channels (two vectors of eight)
 # pixels per block: its rows of the [P, O] buffer stay in cache until laid out (a multiple of NP and 8;
@@ -188,10 +189,8 @@ def conv_direct(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, y, r, pad, 
     plane = pad.shape[0] // c
     for ch in range(c):
         src = x[ch]
-        for yy in range(h):
-            d, s = pad[ch * plane + (top + yy) * wp + left:], src[yy * w:]
-            for i in range(w):
-                d[i] = s[i]
+        for yy in range(h):  # rows as whole 8-float vector runs (jit.im2col's)
+            _run(pad, ch * plane + (top + yy) * wp + left, src, yy * w, w, 1, h * w)
     o, k, p = y.shape[0], koff.shape[0], y.shape[1]
     ldy = yt.shape[1]
     yf = yt.reshape(yt.shape[0] * ldy)

@@ -32,7 +32,7 @@ KC = 320
 
 
 def _direct_ir(context, builder, signature, args, npx):
-    """yt[(pb + j) ldy + cb 16 + c] = clamp(s + sum over k0 <= i < k0 + kn of img[koff[i] + pix[pb + j]]
+    """yt[(pb - y0 + j) ldy + cb 16 + c] = clamp(s + sum over k0 <= i < k0 + kn of img[koff[i] + pix[pb + j]]
     wt[cb, i, c], lo, hi) for j < npx, c < 16; s = bias[cb 16 + c] when first is nonzero, else that
     yt (a K chunk after the first). A NaN passes the clamp."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
@@ -40,12 +40,12 @@ def _direct_ir(context, builder, signature, args, npx):
     wt, img, koff, pix, yt, bias = (context.make_array(signature.args[i])(context, builder, args[i]).data
                                     for i in (0, 1, 2, 3, 5, 8))
     wptr, iptr, yptr, bptr = (builder.bitcast(a, f32.as_pointer()) for a in (wt, img, yt, bias))
-    pb, ldy, cb, k, k0, kn, first, lo, hi = (args[i] for i in (4, 6, 7, 9, 10, 11, 12, 13, 14))
+    pb, ldy, cb, k, k0, kn, first, lo, hi, y0 = (args[i] for i in (4, 6, 7, 9, 10, 11, 12, 13, 14, 15))
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
     c16 = lambda v: ir.Constant(i64, v)  # noqa: E731
     pixs = [builder.load(builder.gep(pix, [builder.add(pb, c16(j))])) for j in range(npx)]
     ch0 = builder.mul(cb, c16(NC))
-    rows = [builder.add(builder.mul(builder.add(pb, c16(j)), ldy), ch0) for j in range(npx)]
+    rows = [builder.add(builder.mul(builder.add(builder.sub(pb, y0), c16(j)), ldy), ch0) for j in range(npx)]
     from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
     init = []
     for j in range(npx):
@@ -97,8 +97,8 @@ def _direct_ir(context, builder, signature, args, npx):
 
 def _make_tile(npx: int):
     @intrinsic
-    def tile(typingctx, wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi):
-        sig = types.void(wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi)
+    def tile(typingctx, wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi, y0):
+        sig = types.void(wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi, y0)
         return sig, lambda context, builder, signature, args: _direct_ir(context, builder, signature, args, npx)
     return tile
 
@@ -182,9 +182,9 @@ def tables(c, h, w, kh, kw, sh, sw, dh, dw, top, left, bottom, right, oh, ow):
 def conv_direct(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, y, r, pad, yt):
     """y [O, P] = clamp(W @ im2col(x) + bias (+ r), lo, hi) for one image x [C, H W] (r [O, P] the
     addend, or a [0, 0] array for none): x is copied into pad (the zero-padded planes, flat; its
-    borders stay zero), the tiles read it through koff and pix, yt [P rounded up to tiles, O]
-    receives the output pixel-major (clamped there without an addend), then y its transpose, a block
-    of PB pixels at a time."""
+    borders stay zero), the tiles read it through koff and pix; a block of PB pixels at a time, yt
+    [>= min(PB, pix's length), O] receives the block pixel-major (clamped there without an addend),
+    then y its transpose."""
     c = x.shape[0]
     plane = pad.shape[0] // c
     for ch in range(c):
@@ -205,7 +205,7 @@ def conv_direct(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, y, r, pad, 
                 last = k0 + kn >= k and not add
                 clo, chi = (lo, hi) if last else (-inf, inf)
                 for pb in range(q0, q1, NP):
-                    _tile(wt, pad, koff, pix, pb, yf, ldy, cb, bias, k, k0, kn, k0 == 0, clo, chi)
+                    _tile(wt, pad, koff, pix, pb, yf, ldy, cb, bias, k, k0, kn, k0 == 0, clo, chi, q0)
         _lay_out(yt, y, r, add, lo, hi, q0, min(q1, p))
 
 
@@ -222,13 +222,13 @@ def _lay_out(yt, y, r, add, lo, hi, q0, q1):
     for r0 in range(q0, whole, 8):
         for ch in range(0, o, 8):
             if add:
-                _transpose8_add(ytf, r0 * ldy + ch, ldy, yf, ch * p + r0, p, rf, lo, hi)
+                _transpose8_add(ytf, (r0 - q0) * ldy + ch, ldy, yf, ch * p + r0, p, rf, lo, hi)
             else:
-                _transpose8(ytf, r0 * ldy + ch, ldy, yf, ch * p + r0, p)
+                _transpose8(ytf, (r0 - q0) * ldy + ch, ldy, yf, ch * p + r0, p)
     for ch in range(o):
         d = y[ch]
         for q in range(whole, q1):
-            v = yt[q, ch]
+            v = yt[q - q0, ch]
             if add:
                 v += r[ch, q]
                 if v < lo:  # a NaN passes the clamp
@@ -243,7 +243,7 @@ def conv_direct_images(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, out,
     """conv_direct for images i0 <= i < i1 of x [N, C, H W] into out [N, O, P] (r [N, O, P] the addend
     or a [0, 0, 0] array), with this call's scratch (the padded planes' borders zeroed once)."""
     pad = np.zeros(size, np.float32)
-    yt = np.empty((pix.shape[0], out.shape[1]), np.float32)
+    yt = np.empty((min(PB, pix.shape[0]), out.shape[1]), np.float32)
     none = np.empty((0, 0), np.float32)
     for i in range(i0, i1):
         conv_direct(x[i], h, w, top, left, wp, koff, pix, wt, bias, lo, hi, out[i], r[i] if r.shape[0] else none,

@@ -19,6 +19,15 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   nothing splits and nothing is held; on the 2-core VM (hand-off 50-170 us) chunks of 5-17 MiB
   or 20-70 MFLOP, so only batch-32 convolutions and the largest passes split; on a server with
   a 10-30 us hand-off, 1-3 MiB / 4-12 MFLOP chunks over up to cores threads.
+- The prange path (intra_op.par_rows, jit.par): compiled kernels split inside one numba parallel
+  call, whose workers (libgomp's) spin outside the GIL: a hand-off of 2.5-10 us instead of the
+  pool's 50-150 us on the 2-core VM, so a block needs only ~10x less work (prange_handoff_s,
+  par_scale, par_threads; blocks fixed by the shape where a kernel's bytes depend on its cuts). Used
+  only on the omp or tbb layers (numba's workqueue aborts on concurrent parallel calls), never in
+  a forked child, and measured again each second so that a loaded machine stops splitting (a
+  region waits for its last worker). Spinning costs CPU: while a run splits, the workers spin
+  between its regions (process CPU near 2x wall at two threads); OMP_WAIT_POLICY=passive or
+  GOMP_SPINCOUNT (libgomp's own) trade that for a slower hand-off; ISTHMUS_PRANGE=0 turns it off.
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.
@@ -107,11 +116,9 @@ class IntraOpThreads:
         with _lock:
             libs = _blas_libs()
             if _active["runs"] == 0:
-                _active["saved"] = [_get_blas(lib) for lib in libs]
+                _active["saved"] = [_hold["saved"][i] if _hold["held"] else _get_blas(lib) for i, lib in enumerate(libs)]
             _active["runs"] += 1
-            for lib in libs:
-                if _get_blas(lib) != n:
-                    _set_blas(lib, n)
+            _blas_to(libs, [n] * len(libs))
         _set_numba(n)
         return self
 
@@ -122,11 +129,23 @@ class IntraOpThreads:
             _active["runs"] -= 1
             if _active["runs"] == 0:
                 _intra[0] = None
-                for lib, k in zip(_blas_libs(), _active["saved"] or []):
-                    if _get_blas(lib) != k:
-                        _set_blas(lib, k)
+                _blas_to(_blas_libs(), _active["saved"] or [])
                 _active["saved"] = None
         return False
+
+
+def _blas_to(libs, counts) -> None:
+    """Each library's count to counts[i], under _lock. While another thread's BlasThreads holds BLAS
+    (a split's one-thread GEMMs), the count is left at the hold's and becomes the one the hold
+    restores: a run starting or ending beside a hold changed BLAS's count under its GEMMs (two
+    sessions at two threads, one thread's input gradient now and then off in its last bits)."""
+    if _hold["held"]:
+        if _hold["saved"] is not None:
+            _hold["saved"] = list(counts) + _hold["saved"][len(counts):]
+        return
+    for lib, k in zip(libs, counts):
+        if _get_blas(lib) != k:
+            _set_blas(lib, k)
 
 
 _setters: dict = {}  # BLAS library path -> its own set_num_threads (None: threadpoolctl's)
@@ -174,7 +193,119 @@ def _openblas_symbol(lib, name: str):
 def _set_numba(n: int) -> None:
     numba = sys.modules.get("numba")  # only when compiled kernels are loaded: never import numba here
     if numba is not None:
+        k = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(k)
+        _local.numba = k
+
+
+def numba_threads(n: int) -> None:
+    """numba's thread count on the calling thread (thread-local in numba) at n, for the prange
+    drivers: set only when the count this module last set here differs (numba's own getter and
+    setter cost 1-1.5 us a call). A count set around isthmus (numba.set_num_threads) is not seen:
+    it changes how many threads run the blocks, never the blocks or their bytes."""
+    if getattr(_local, "numba", None) != n:
+        import numba  # deferred: the caller runs a compiled kernel, so numba is loaded already
+        _local.numba = n
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+# The prange path (jit.par): a split hands blocks to numba's native workers, which spin outside the
+# GIL; the hand-off (an empty two-block region after a pause) measured 2.5-4 us on the 2-core VM.
+# A block carries about ten hand-offs of work, as fan_out's chunks do: MIN_CHUNK_BYTES/FLOPS times
+# the hand-off over HANDOFF_REF_S, but never under PAR_SCALE_FLOOR times them (100 KiB, 0.4 MFLOP).
+PAR_SCALE_FLOOR = 0.1
+# A parallel region ends when its last worker does: where other processes hold the cores, a worker
+# waits for one, and a split costs a scheduler slice (2-core VM at load 4: the CNN training step at
+# two threads 222 ms with prange splits against 131 at one thread). So the hand-off is measured
+# again every PAR_REMEASURE_S while splits are asked for (5 pings, about 0.2 ms), and a loaded
+# machine stops splitting until its load falls.
+PAR_REMEASURE_S = 1.0
+_prange: list = [None]  # None: not probed; False: no prange here; else the hand-off in seconds
+_prange_at = [0.0]  # perf_counter() of the last measurement (0: pinned by the environment)
+_remeasure_lock = threading.Lock()
+
+
+def prange_handoff_s() -> Optional[float]:
+    """Seconds to hand blocks to numba's parallel workers and get them back, measured at the first
+    split that could use them and again after PAR_REMEASURE_S (ISTHMUS_PRANGE_HANDOFF_US sets it
+    instead); None where prange kernels must not run: one core, ISTHMUS_PRANGE=0, or a threading
+    layer that aborts on concurrent parallel calls (numba's workqueue: jit.par.layer_ok)."""
+    h = _prange[0]
+    if h is None:
+        with _measure_lock:
+            if _prange[0] is None:
+                _prange[0] = _probe_prange()
+        h = _prange[0]
+    elif h and _prange_at[0] and time.perf_counter() - _prange_at[0] > PAR_REMEASURE_S \
+            and _remeasure_lock.acquire(blocking=False):  # one thread measures; the others use the last
+        try:
+            from ..jit import par  # deferred: numba is loaded (the first measurement loaded it)
+            h = _prange[0] = max(1e-9, _ping_at_all(lambda: par.ping_s(pings=5, gap_s=5e-5, quantile=0.5)))
+            _prange_at[0] = time.perf_counter()
+        finally:
+            _remeasure_lock.release()
+    return h or None
+
+
+def _ping_at_all(ping) -> float:
+    """ping() with the calling thread's numba count at every core: a region's cost grows with its team
+    (waking and joining more workers), so the widest team's prices every split (on 2 cores, two)."""
+    before = getattr(_local, "numba", None)
+    numba_threads(cores())
+    try:
+        return ping()
+    finally:
+        if before is not None:
+            numba_threads(before)
+
+
+def _no_prange_after_fork() -> None:
+    """In a forked child, no prange: GNU OpenMP's workers do not survive fork(), and a child's first
+    parallel region after its parent's can hang (numba: the omp layer is not fork-safe)."""
+    _prange[0] = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_no_prange_after_fork)
+
+
+def _probe_prange():
+    if os.environ.get("ISTHMUS_PRANGE", "").strip() == "0" or cores() < 2:
+        return False
+    from ..jit import par  # deferred: loads numba
+    import numba  # deferred: loaded by jit.par just above
+    if numba.config.NUMBA_NUM_THREADS < 2 or not par.layer_ok():
+        return False
+    env = os.environ.get("ISTHMUS_PRANGE_HANDOFF_US", "").strip()
+    if env:
+        _prange_at[0] = 0.0
+        return max(1e-9, _env_handoff(env, "ISTHMUS_PRANGE_HANDOFF_US"))
+    h = max(1e-9, _ping_at_all(par.ping_s))
+    _prange_at[0] = time.perf_counter()
+    return h
+
+
+def par_scale() -> float:
+    """How many times MIN_CHUNK_BYTES / MIN_CHUNK_FLOPS a prange block must carry (the prange
+    hand-off over HANDOFF_REF_S, at least PAR_SCALE_FLOOR)."""
+    h = prange_handoff_s()
+    return PAR_SCALE_FLOOR if h is None else max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S)
+
+
+def par_threads(total: int, work: float, flops: bool = False) -> int:
+    """The numba threads a compiled kernel over `total` items of `work` bytes (flops=True: FLOPs)
+    in all should split across: 1 where it runs serially (one intra-op thread, or too little work:
+    no hand-off is measured for work that could never split), 0 where it could split but prange
+    is unavailable (the caller then uses fan_out)."""
+    least = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
+    if total <= 1 or work < 2 * least * PAR_SCALE_FLOOR:
+        return 1
+    k = min(intra_threads(), total)
+    if k <= 1:
+        return 1
+    if prange_handoff_s() is None:
+        return 0
+    return max(1, min(k, int(work // (least * par_scale()))))
 
 
 def blas_held_here() -> bool:
@@ -272,13 +403,13 @@ def handoff_s() -> float:
     return _handoff[0]
 
 
-def _env_handoff(text: str) -> float:
+def _env_handoff(text: str, name: str = "ISTHMUS_HANDOFF_US") -> float:
     try:
         us = float(text)
     except ValueError:
         us = -1.0
     if not us >= 0 or us == float("inf"):
-        raise ValueError(f"ISTHMUS_HANDOFF_US: expected the hand-off in microseconds (a number >= 0), got {text!r}")
+        raise ValueError(f"{name}: expected the hand-off in microseconds (a number >= 0), got {text!r}")
     return us * 1e-6
 
 
@@ -412,6 +543,7 @@ def blas_threads_now() -> Optional[int]:
     return max(counts) if counts else None
 
 
-__all__ = ["cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
+__all__ = ["numba_threads", "prange_handoff_s", "par_scale", "par_threads", "PAR_SCALE_FLOOR",
+           "cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
            "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
            "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -244,6 +244,17 @@ def _rows_finisher(xp, bias, finish, addend=None):
         if addend is not None:
             return bias_clamp.ohwn_to_nchw_bias_add_clamp(src, b, addend, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
         bias_clamp.ohwn_to_nchw_bias_clamp(src, b, np.float32(clamp[0]), np.float32(clamp[1]), y, a)
+
+    def par_finish(acc4, y):  # the same pass as a range kernel and its leading arguments (conv_rows' prange path)
+        from ...jit import par_conv  # deferred: loads numba
+        if finish is None:
+            return par_conv.finish_range, (acc4, y)
+        b = np.zeros(y.shape[1], np.float32) if bias is None else bias.reshape(-1)
+        lo, hi = np.float32(clamp[0]), np.float32(clamp[1])
+        if addend is not None:
+            return par_conv.finish_bias_add_clamp_range, (acc4, b, addend, lo, hi, y)
+        return par_conv.finish_bias_clamp_range, (acc4, b, lo, hi, y)
+    compiled_rows.par_finish = par_finish
     return compiled_rows
 
 

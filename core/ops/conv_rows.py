@@ -22,9 +22,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ... import jit
 from .. import threads
+from . import numpy_blas
 from .numpy_blas import accumulate
-from .intra_op import ksplit_parts, rows_apply
+from .intra_op import ksplit_parts, par_rows, rows_apply
 
 
 def row_spans(g, h):
@@ -49,6 +51,13 @@ def row_tap_columns(xp, x, g, also=None):
     its window view copied; also(c0, c1, C), if given, runs in the same chunks (another relayout)."""
     n, c, h, wd = x.shape
     l, r = g.pads[1]
+    if _compiled(xp, x):
+        from ...jit.par_conv import row_tap_columns_range  # deferred: loads numba
+        cols = np.empty((g.kw, c, h, g.ow, n), dtype=x.dtype)
+        par_rows(row_tap_columns_range, (x, cols, l, g.sw, g.dw), c, 2 * cols.nbytes)
+        if also is not None:  # the other relayout, in its own region (a few microseconds)
+            also(0, c, c)
+        return cols.reshape(g.kw * c, h * g.ow * n)
     xt = xp.empty((c, h, wd + l + r, n), dtype=x.dtype)
     cols = xp.empty((g.kw, c, h, g.ow, n), dtype=x.dtype)
     s0, s1, s2, s3 = xt.strides
@@ -66,6 +75,11 @@ def row_tap_columns(xp, x, g, also=None):
             also(c0, c1, c)
     rows_apply(xp, part, c, xt.nbytes + cols.nbytes)
     return cols.reshape(g.kw * c, h * g.ow * n)
+
+
+def _compiled(xp, x) -> bool:
+    """Whether jit.par_conv's relayouts serve x (numpy float32/float64, compiled kernels on)."""
+    return xp is np and x.dtype in (np.float32, np.float64) and jit.available()
 
 
 def stacked_weights(xp, w):
@@ -141,6 +155,10 @@ def conv_rows(xp, x, wt, g, finish_rows):
     y = xp.empty((n, o, g.oh, g.ow), dtype=x.dtype)
     bounds = row_blocks(g.oh, run)
     stacked = xp is np and o < _ACC_MIN_O
+    work = 2 * o * wt.shape[2] * run * sum(max(0, hi - lo) for lo, hi, _ in spans)
+    if not stacked and _par_rows_pay(xp, x, wt, finish_rows, len(bounds) - 1, work):
+        _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work)
+        return y
 
     def rows(b0, b1):  # blocks [b0, b1): every kernel row's product over each, then their finish
         a, b = bounds[b0], bounds[b1]
@@ -158,8 +176,31 @@ def conv_rows(xp, x, wt, g, finish_rows):
                     _product(xp, wt[i], cols[:, s * run:(s + hi2 - lo2) * run], acc[:, lo2 * run:hi2 * run],
                              add=not full or i != full[0])
         finish_rows(acc[:, a * run:b * run].reshape(o, b - a, g.ow, n), y, a)
-    _fan_out_rows(xp, rows, len(bounds) - 1, 2 * o * wt.shape[2] * run * sum(max(0, hi - lo) for lo, hi, _ in spans))
+    _fan_out_rows(xp, rows, len(bounds) - 1, work)
     return y
+
+
+def _par_rows_pay(xp, x, wt, finish_rows, blocks: int, work: int) -> bool:
+    """Whether conv_rows' blocks go to prange (jit.par_blas' GEMMs, then the finish, each one parallel
+    call): float32 numpy arrays, BLAS bound directly (numpy_blas), a compiled finish, and
+    threads.par_threads splitting the blocks. The GEMMs and their order per block are those of the
+    pool path, so the bytes are the same either way."""
+    if (xp is not np or x.dtype != np.float32 or wt.dtype != np.float32 or blocks < 2
+            or getattr(finish_rows, "par_finish", None) is None or numpy_blas.sgemm() is None):
+        return False
+    return threads.par_threads(blocks, work, flops=True) >= 2
+
+
+def _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work) -> None:
+    from ...jit.par_blas import row_taps_range  # deferred: loads numba
+    plan = np.array([(i,) + spans[i][:2] + (spans[i][2], 0 if full and i == full[0] else 1) for i in order],
+                    np.int64).reshape(-1, 5)
+    nb = len(bounds) - 1
+    b = np.asarray(bounds, np.int64)
+    par_rows(row_taps_range, (numpy_blas.sgemm(), wt, cols, acc, plan, run, b, not full), nb, work, flops=True,
+             blocks=nb, blas_inside=True)
+    kernel, args = finish_rows.par_finish(acc.reshape(acc.shape[0], g.oh, g.ow, -1), y)
+    par_rows(kernel, args + (b,), nb, 2 * acc.nbytes, blocks=nb)
 
 
 def _product(xp, a, b, c, add: bool):
@@ -191,6 +232,10 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
     dy_src = dy.transpose(1, 2, 3, 0)
 
     def relay_dy(c0, c1, c_):  # the channel chunk's share of dy's relayout, in the same hand-off
+        if _compiled(xp, dy) and (c0, c1) == (0, c_):
+            from ...jit.par_conv import nchw_to_chwn_range  # deferred: loads numba
+            par_rows(nchw_to_chwn_range, (dy, dyt), o, 2 * dy.nbytes)
+            return
         o0, o1 = o * c0 // c_, o * c1 // c_
         dyt[o0:o1] = dy_src[o0:o1]
     cols = row_tap_columns(xp, x, g, relay_dy)
@@ -206,6 +251,8 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
         bounds = [k * p // parts for p in range(parts + 1)]
         tasks += [(i, lo * run + bounds[p], src * run + bounds[p], bounds[p + 1] - bounds[p]) for p in range(parts)]
     partial = xp.empty((len(tasks), o, kc), dtype=x.dtype)
+    if _compiled_products(xp, x, dy, tasks):
+        return _par_filter_grad(dyt, cols, partial, tasks, g, o, c, kc)
 
     def products(t0, t1):
         for t in range(t0, t1):
@@ -219,6 +266,26 @@ def filter_grad_rows(xp, x, dy, g, w_shape):
     for t, (i, _, _, _) in enumerate(tasks):
         rows[i] += partial[t]
     return xp.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
+
+
+def _compiled_products(xp, x, dy, tasks) -> bool:
+    """Whether the filter gradient's products and sums run compiled (jit.par_blas, jit.par_conv): float32
+    numpy arrays and BLAS bound directly. They do at any thread count, in the same tasks, so one and
+    two threads give the same bytes; prange splits them where threads.par_threads says it pays."""
+    return xp is np and x.dtype == dy.dtype == np.float32 and len(tasks) > 0 and numpy_blas.sgemm() is not None \
+        and jit.available()
+
+
+def _par_filter_grad(dyt, cols, partial, tasks, g, o, c, kc):
+    from ...jit.par_blas import filter_tasks_range  # deferred: loads numba
+    from ...jit.par_conv import sum_parts_range  # deferred: loads numba
+    table = np.array(tasks, np.int64).reshape(-1, 4)
+    flops = 2 * o * kc * int(table[:, 3].sum())
+    par_rows(filter_tasks_range, (numpy_blas.sgemm(), dyt, cols, partial, table), len(tasks), flops,
+             flops=True, blocks=len(tasks), blas_inside=True)
+    rows = np.zeros((g.kh, o, kc), dtype=partial.dtype)
+    par_rows(sum_parts_range, (partial, np.ascontiguousarray(table[:, 0]), rows), o, 2 * partial.nbytes)
+    return np.ascontiguousarray(rows.reshape(g.kh, o, g.kw, c).transpose(1, 3, 0, 2))
 
 
 __all__ = ["row_spans", "row_tap_columns", "stacked_weights", "conv_rows", "filter_grad_rows"]

@@ -8,12 +8,15 @@ a GPU parallelises it itself.
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Optional
 
 import numpy as np
 
+from ... import jit
 from .. import threads
 from ..threads import fan_out
+from . import numpy_blas
 
 
 def _cut(axis: int, lo: int, hi: int) -> tuple:
@@ -71,6 +74,48 @@ def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas
     fan_out(fn, total, nbytes, blas_inside)
 
 
+def par_rows(kernel, args: tuple, total: int, work: float, flops: bool = False, blocks: Optional[int] = None,
+             blas_inside: bool = False) -> int:
+    """kernel(*args, lo, hi) over range(total) (numpy arrays; `work` bytes, or FLOPs with flops=True,
+    in all), split inside one compiled call across numba's threads where threads.par_threads says
+    it pays (jit.par's prange driver, a hand-off of a few microseconds); one serial call where it
+    does not; fan_out's chunks where prange is unavailable. blocks None: the kernel's results do not
+    depend on where range(total) is cut (each item computed alone), so it is cut once per thread;
+    else into exactly `blocks` cuts whatever the threads (a kernel whose bytes depend on its cuts:
+    a GEMM's tiles), run one by one when serial. blas_inside: the kernel calls BLAS, held to one
+    thread while it runs. Returns the threads used (1: serial)."""
+    k = threads.par_threads(total if blocks is None else blocks, work, flops)
+    hold = blas_inside and not threads.blas_held_here()
+    with (threads.BlasThreads(1) if hold else _NO_HOLD):
+        if k == 1:
+            if blocks is None:
+                kernel(*args, 0, total)
+            else:
+                for b in range(blocks):
+                    kernel(*args, total * b // blocks, total * (b + 1) // blocks)
+            return 1
+        if k == 0:
+            return _pool_rows(kernel, args, total, work, flops, blocks)
+        from ...jit.par import driver  # deferred: loads numba
+        threads.numba_threads(k)
+        driver(kernel)(k if blocks is None else blocks, total, *args)
+        return k
+
+
+def _pool_rows(kernel, args, total, work, flops, blocks) -> int:
+    """par_rows without prange: the same cuts on the intra-op pool (threads.fan_out)."""
+    if blocks is None:
+        return fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work, flops=flops)
+
+    def cuts(b0, b1):
+        for b in range(b0, b1):
+            kernel(*args, total * b // blocks, total * (b + 1) // blocks)
+    return fan_out(cuts, blocks, work, flops=flops)
+
+
+_NO_HOLD = contextlib.nullcontext()
+
+
 def serial_blas(xp, fn: Callable[[], object]):
     """fn() with BLAS held to one thread (numpy): for a loop of small products (a recurrent step's),
     each of which a threaded BLAS would follow by waiting on its other threads."""
@@ -106,6 +151,8 @@ def matmul(xp, a, b, out=None):
         return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), dtype=np.result_type(a, b))
+    if _par_matmul(a, b, out, m, n, flops):
+        return out
     if n >= m:
         def part(lo, hi):
             np.matmul(a, b[:, lo:hi], out=out[:, lo:hi])
@@ -115,6 +162,24 @@ def matmul(xp, a, b, out=None):
             np.matmul(a[lo:hi], b, out=out[lo:hi])
         fan_out(part, m, flops, blas_inside=True, flops=True)
     return out
+
+
+def _par_matmul(a, b, out, m: int, n: int, flops: int) -> bool:
+    """matmul's split as one prange call of BLAS GEMMs over column (or row) ranges (jit.par_blas),
+    where float32 operands go to BLAS as they lie and threads.par_threads splits: the cuts fan_out
+    would make, without the pool's hand-off. False: nothing done (the caller fans out)."""
+    if not (a.dtype == b.dtype == out.dtype == np.float32 and out.strides[1] == 4 and jit.available()
+            and numpy_blas.sgemm() is not None):
+        return False
+    from ...jit import par_blas  # deferred: loads numba
+    if not (par_blas.blasable(a) and par_blas.blasable(b) and par_blas.blasable(out)):
+        return False
+    total = n if n >= m else m
+    if threads.par_threads(total, flops, flops=True) < 2:
+        return False
+    par_rows(par_blas.gemm_cols_range if n >= m else par_blas.gemm_rows_range, (numpy_blas.sgemm(), a, b, out, 0.0),
+             total, flops, flops=True, blas_inside=True)
+    return True
 
 
 # matmul_ksplit: at most this many parts, each of at least _KSPLIT_MIN_K contracted columns and
@@ -176,5 +241,5 @@ def sum_of_parts(product: Callable[[int, object], None], parts: int, shape: tupl
     return out
 
 
-__all__ = ["copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul", "matmul_ksplit",
+__all__ = ["par_rows", "copy_into", "contiguous", "add_into", "rows_apply", "serial_blas", "matmul", "matmul_ksplit",
            "ksplit_parts", "sum_of_parts"]

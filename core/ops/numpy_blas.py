@@ -139,9 +139,22 @@ def axpy(a: float, x, y) -> bool:
     return True
 
 
+def sgemm():
+    """The bound cblas_sgemm (a ctypes function, argtypes set: jit.par_blas calls it from compiled
+    code), or None where BLAS is not reached directly."""
+    return function("gemm", np.float32)
+
+
+def function(name: str, dtype):
+    """The bound cblas ?gemm or ?axpy (name "gemm" or "axpy") for float32/float64 as a ctypes
+    function with argtypes set (compiled code may call it), or None where BLAS is not reached."""
+    table = _table()
+    return None if table is None else table.get((name, np.dtype(dtype)))
+
+
 def available() -> bool:
     """Whether accumulate() and axpy() reach BLAS directly (else matmul and an add, numpy's passes)."""
     return _table() is not None
 
 
-__all__ = ["accumulate", "axpy", "available"]
+__all__ = ["accumulate", "axpy", "available", "sgemm", "function"]

@@ -19,7 +19,9 @@ from ..errors import ExecutionError, ShapeError
 from ..registry import Cost, OpDef, register
 from ..shapes import compatible, fmt, num_elements_est
 from .base import make
-from .intra_op import rows_apply
+from ... import jit
+from .intra_op import par_rows, rows_apply
+from . import numpy_blas
 from .numpy_blas import axpy
 
 __all__: list = []
@@ -163,6 +165,12 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
         return
     if all(a.flags.c_contiguous for a in arrays) and g.flags.c_contiguous:
         arrays, g = [a.reshape(-1) for a in arrays], g.reshape(-1)  # views: any length splits evenly
+        blas_axpy = _sgd_compiled(var, g) if update is _sgd else None
+        if blas_axpy is not None:
+            from ...jit.par_update import axpy_range, units  # deferred: loads numba
+            par_rows(axpy_range, (blas_axpy, arrays[0], g, -float(scalars[0])), units(var.size), 3 * var.nbytes,
+                     blas_inside=True)
+            return
 
     def part(lo, hi):
         update(xp, [a[lo:hi] for a in arrays[:-1]], arrays[-1][lo:hi], *scalars, g[lo:hi], **attrs)
@@ -172,6 +180,18 @@ def _update_in_chunks(xp, update, refs, tmp, args, attrs) -> None:
 
 
 _AXPY_SERIAL = 10000
+# From this size up a dense SGD update is BLAS's axpy over fixed units of the variable, split by prange
+# (intra_op.par_rows, jit.par_update): a few microseconds to reach the second core, where the pool's
+# hand-off kept a 3136x1024 update on one (2-core VM). Below it, one axpy on the caller (_sgd).
+_SGD_COMPILED_MIN = 1 << 16
+
+
+def _sgd_compiled(var, g):
+    """numpy's bound ?axpy for this update when it splits by prange (else None)."""
+    if (var.size < _SGD_COMPILED_MIN or var.dtype not in (np.float32, np.float64) or g.dtype != var.dtype
+            or not var.flags.writeable or not jit.available()):
+        return None
+    return numpy_blas.function("axpy", var.dtype)
 
 
 # ---- the update rules, shared by the dense and sparse ops; `tmp` is scratch shaped like var -------

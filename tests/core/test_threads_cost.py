@@ -51,6 +51,7 @@ def test_products_split_only_into_parts_worth_the_handoff(monkeypatch, handoff_u
     thread, and the bytes are those of numpy's one-thread product of the same part."""
     _need_openblas()
     monkeypatch.setattr(threads, "_handoff", [handoff_us * 1e-6])
+    monkeypatch.setattr(threads, "_prange", [False])  # the pool's path (the prange path: test_par_rows)
     counts, blas_seen = [], []
     real = intra_op.fan_out
 

@@ -1,0 +1,80 @@
+"""prange drivers (jit.par.register) for other modules' image- and plane-range kernels, so that their
+callers can split them with intra_op.par_rows(kernel, args, total, work) instead of
+rows_apply(np, lambda i0, i1: kernel(*args, i0, i1), ...): the same kernel calls, each image or plane
+computed alone (results do not depend on the cuts), a few microseconds to reach the other cores
+instead of the pool's hand-off. The kernels belong to jit.conv_images, jit.gemm_f32,
+jit.gemm_residual, jit.conv_wide and jit.pool_windows; only their drivers live here."""
+from __future__ import annotations
+
+import numba as nb  # this module is imported only when a compiled kernel first runs
+
+from . import par
+from .conv_images import conv_images_bias_clamp
+from .conv_wide import conv_wide_images, conv_wide_images_add
+from .gemm_f32 import conv_images_ld, pointwise_images
+from .gemm_residual import conv_images_ld_add, pointwise_images_add
+from .pool_windows import max_pool_planes
+
+
+@nb.njit(**par.PAR_OPTS)
+def _conv_images_bias_clamp_par(blocks, total, xpad, ws, wp, bias, lo, hi, geo, out):
+    for b in nb.prange(blocks):
+        conv_images_bias_clamp(xpad, ws, wp, bias, lo, hi, geo, out, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _conv_images_ld_par(blocks, total, x, h, w, geo, wp, bias, lo, hi, out, ldx):
+    for b in nb.prange(blocks):
+        conv_images_ld(x, h, w, geo, wp, bias, lo, hi, out, ldx, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _conv_images_ld_add_par(blocks, total, x, h, w, geo, wp, bias, lo, hi, out, r, ldx):
+    for b in nb.prange(blocks):
+        conv_images_ld_add(x, h, w, geo, wp, bias, lo, hi, out, r, ldx, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _pointwise_images_par(blocks, total, x, wp, bias, lo, hi, out):
+    for b in nb.prange(blocks):
+        pointwise_images(x, wp, bias, lo, hi, out, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _pointwise_images_add_par(blocks, total, x, wp, bias, lo, hi, out, r):
+    for b in nb.prange(blocks):
+        pointwise_images_add(x, wp, bias, lo, hi, out, r, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _conv_wide_images_par(blocks, total, x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, out, oh,
+                          ow, size):
+    for b in nb.prange(blocks):
+        conv_wide_images(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, out, oh, ow, size,
+                         total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _conv_wide_images_add_par(blocks, total, x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, out, r,
+                              oh, ow, size):
+    for b in nb.prange(blocks):
+        conv_wide_images_add(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, out, r, oh, ow, size,
+                             total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _max_pool_planes_par(blocks, total, x, out, geo):
+    for b in nb.prange(blocks):
+        max_pool_planes(x, out, geo, total * b // blocks, total * (b + 1) // blocks)
+
+
+for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_images_ld, _conv_images_ld_par),
+               (conv_images_ld_add, _conv_images_ld_add_par), (pointwise_images, _pointwise_images_par),
+               (pointwise_images_add, _pointwise_images_add_par), (conv_wide_images, _conv_wide_images_par),
+               (conv_wide_images_add, _conv_wide_images_add_par), (max_pool_planes, _max_pool_planes_par)):
+    par.register(_k, _d)
+
+KERNELS = (conv_images_bias_clamp, conv_images_ld, conv_images_ld_add, pointwise_images, pointwise_images_add,
+           conv_wide_images, conv_wide_images_add, max_pool_planes)
+
+__all__ = ["KERNELS"]

@@ -1,0 +1,44 @@
+"""Range forms of jit.pool's max-pool kernels, for jit.par's prange drivers (intra_op.par_rows): the
+kernels themselves take slices, which a driver's blocks cannot make; these cut them inside the
+compiled call. Every output element is computed as the whole-array call computes it."""
+from __future__ import annotations
+
+import numba as nb  # this module is imported only when a compiled kernel first runs
+
+from . import par
+from .pool import max_pool_2x2_float_rows, max_pool_2x2_grad_rows
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def max_pool_2x2_float_range(x3, y3, lo, hi):
+    """max_pool_2x2_float_rows over planes [lo, hi) of x3 [P, H, W] into y3 [P, H/2, W/2]."""
+    max_pool_2x2_float_rows(x3[lo:hi], y3[lo:hi])
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def max_pool_2x2_grad_range(xf, yf, dyf, dxf, w, through_relu, lo, hi):
+    """max_pool_2x2_grad_rows over row pairs [lo, hi) of the flat arrays (x, dx: rows of 2*w; y, dy:
+    rows of w/2)."""
+    ow = w // 2
+    a, b = lo * 2 * w, lo * ow
+    max_pool_2x2_grad_rows(xf[a:hi * 2 * w], yf[b:hi * ow], dyf[b:hi * ow], dxf[a:hi * 2 * w], hi - lo, w,
+                           through_relu)
+
+
+# the prange drivers (jit.par.register)
+@nb.njit(**par.PAR_OPTS)
+def _max_pool_par(blocks, total, x3, y3):
+    for b in nb.prange(blocks):
+        max_pool_2x2_float_range(x3, y3, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _max_pool_grad_par(blocks, total, xf, yf, dyf, dxf, w, through_relu):
+    for b in nb.prange(blocks):
+        max_pool_2x2_grad_range(xf, yf, dyf, dxf, w, through_relu, total * b // blocks, total * (b + 1) // blocks)
+
+
+par.register(max_pool_2x2_float_range, _max_pool_par)
+par.register(max_pool_2x2_grad_range, _max_pool_grad_par)
+
+__all__ = ["max_pool_2x2_float_range", "max_pool_2x2_grad_range"]

@@ -8,8 +8,9 @@ output channels, whose weights sit packed side by side ([O/16, K, 16], once per 
 and each of 6 output pixels takes its input value by a broadcast from anywhere in the image: the
 address is a table of (channel, tap) offsets (koff, per k) plus a table of pixel offsets (pix, per
 output pixel), so any stride, dilation and padding costs nothing per element. A 6 x 16 tile is 12
-accumulators, as gemm_f32's; the tile's rows of 16 channels go to a pixel-major [P, O] buffer (bias
-at the start, clamp at the end) and one pass lays them out as [O, P].
+accumulators, as gemm_f32's; the tile's rows of 16 channels go to a pixel-major buffer (bias at the
+start, clamp at the end) that holds a block of PB pixels, and each finished block is laid out as
+[O, P] in 8 x 8 blocks transposed in registers (the residual addend and the clamp applied there).
 """
 from __future__ import annotations
 

@@ -48,6 +48,8 @@ def _splat(builder, v, vt):
 # the 4 x 16 tile's time, K 96 even, K 16-64 1.04-1.14x (MobileNetV2's expansions; short K spends
 # its time in the tiles' starts and ends, and there the 6-row tile's two weight blocks cost more).
 SIX_MIN_K = 96
+# pixels up to which packed_pays takes any k (6x6 planes; see there)
+DEEP_MAX_P = 36
 SIX_A = ((0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1))
 SIX_B = ((0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3))
 
@@ -249,10 +251,12 @@ def packed_pays(o: int, k: int, p: int) -> bool:
     """Whether a batch-1 convolution's GEMM of o outputs, k inputs (channels x taps) over p pixels
     runs faster here (weights packed once, bias and clamp in the epilogue) than BLAS, which packs
     both operands on every call, plus a bias pass: o a multiple of 4, at least 16 pixels,
-    k <= 256 (the core CNN's k = 800 ran as fast as BLAS; on 6x6 planes k = 384 and 576 ran
-    slower), and AVX2. MobileNet's 6x6 planes with k <= 192: 0.5-0.9x BLAS + the bias pass. The
-    edge interpreter and the executor both ask here (the caller checks constant weights)."""
-    return o % MR == 0 and p >= 16 and k <= 256 and supported()
+    k <= 256 or at most DEEP_MAX_P pixels, and AVX2. MobileNet's 6x6 planes with k <= 192: 0.5-0.9x
+    BLAS + the bias pass. Deeper k (the core CNN's k = 800 ran as fast as BLAS) only on small
+    planes: with the 6 x 16 tiles, 1x1s of k 384-576 on 6x6 planes 0.97-1.02x BLAS + bias (L2-cold,
+    one thread), and 0.83-0.95x the pixel-rows GEMM (core.ops.conv_pixels), whose gather they skip.
+    The edge interpreter and the executor both ask here (the caller checks constant weights)."""
+    return o % MR == 0 and p >= 16 and (k <= 256 or p <= DEEP_MAX_P) and supported()
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:

@@ -14,9 +14,11 @@ from .depthwise import _CLAMPS, _immutable, compiled_ok
 # 32 (128 and 512 rows) 1.2-4x faster than the BLAS paths, 0.8x on a stride-1 3x3 over 2x2 planes
 # (whose row taps skip the padding's products).
 _MAX_ROWS, _MAX_ROWS_1X1 = 36, 16
-# 1x1 convolutions with at least this many input channels take _MAX_ROWS: MobileNetV2's and
-# SqueezeNet's 6x6 1x1s of 384-576 channels 0.8-0.9x the pointwise path's time (cold, one thread);
-# shallower ones about even
+# 1x1 convolutions with at least this many input channels take _MAX_ROWS where the packed GEMM
+# cannot (output channels not a multiple of 4): MobileNetV2's and SqueezeNet's 6x6 1x1s of 384-576
+# channels 0.8-0.9x the time of BLAS + bias (DRAM-cold, one thread). The packed GEMM
+# (jit.gemm_f32.packed_pays) takes the rest: 0.83-0.95x the pixel rows' time, which gather the
+# plane (a transpose, for a 1x1) before their product.
 _DEEP_1X1 = 256
 _MAX_PIXELS_BATCH, _MAX_ROWS_BATCH = 16, 512
 _MAX_TABLES = 4  # geometries (input shapes) whose gather table a node keeps
@@ -39,7 +41,8 @@ class PixelRows:
         pix = g.oh * g.ow
         rows = x.shape[0] * pix
         pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1)
-        limit = _MAX_ROWS_1X1 if pointwise and x.shape[1] < _DEEP_1X1 else _MAX_ROWS
+        deep = x.shape[1] >= _DEEP_1X1 and w.shape[0] % 4 != 0
+        limit = _MAX_ROWS_1X1 if pointwise and not deep else _MAX_ROWS
         few = rows <= limit or (pix <= _MAX_PIXELS_BATCH and rows <= _MAX_ROWS_BATCH)
         return (few and g.groups == 1 and self.clamp is not None and x.dtype == np.float32
                 and w.dtype == np.float32 and compiled_ok(xp, x.dtype) and _immutable(w)

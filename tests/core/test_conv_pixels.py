@@ -91,11 +91,13 @@ def test_batches_of_small_planes_as_pixel_rows(served, n, c, o, k, strides, padd
     assert served
 
 
-def test_deep_1x1_on_36_pixels_takes_the_pixel_rows(served):
+def test_deep_1x1_on_36_pixels_takes_the_pixel_rows_only_off_the_packed_gemm(served):
     rng = np.random.default_rng(8)
     x = rng.standard_normal((1, 256, 6, 6)).astype(np.float32)
-    w = (rng.standard_normal((40, 256, 1, 1)) / 16).astype(np.float32)
-    check(x, w, rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
-    assert served
-    check(x[:, :64], w[:, :64], rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
+    w = (rng.standard_normal((42, 256, 1, 1)) / 16).astype(np.float32)
+    check(x, w, rng.standard_normal(42).astype(np.float32), 1, "VALID", 1, 1, "none")
+    assert served  # 42 outputs: not the packed GEMM's multiple of 4
+    check(x, w[:40], rng.standard_normal(40).astype(np.float32), 1, "VALID", 1, 1, "none")
+    assert len(served) == 1  # 40 outputs: the packed GEMM (jit.gemm_f32.packed_pays, any k on 36 pixels)
+    check(x[:, :64], w[:, :64], rng.standard_normal(42).astype(np.float32), 1, "VALID", 1, 1, "none")
     assert len(served) == 1  # 64 channels: the pointwise path

@@ -81,3 +81,18 @@ def test_switching_jit_off_leaves_the_fast_path(one_image_calls, monkeypatch):
     assert len(calls) == 1  # numpy's products, not the runner
     np.testing.assert_allclose(off, first, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(first, _want(xv, w, b, None, "relu6"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_deep_1x1_on_a_6x6_plane_takes_the_packed_gemm(one_image_calls, residual):
+    """MobileNetV2's 576 -> 96 projection (with its residual) on 6x6: the packed GEMM, not pixel rows
+    or BLAS; 7x7 (49 pixels) at this depth keeps BLAS (no runner)."""
+    c, o = 576, 96
+    sess, x, r, y, w, b = _graph(c, o, "none", residual)
+    rng = np.random.default_rng(5)
+    for hw in (6, 6, 7):
+        xv = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+        rv = rng.standard_normal((1, o, hw, hw)).astype(np.float32) if residual else None
+        got = sess.run(y, {x: xv, r: rv} if residual else {x: xv})
+        np.testing.assert_allclose(got, _want(xv, w, b, rv, "none"), rtol=1e-4, atol=1e-4)
+    assert one_image_calls == [(1, c, 6, 6), "run", (1, c, 7, 7)]

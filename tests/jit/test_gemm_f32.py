@@ -26,7 +26,8 @@ def reference(w, b, x, lo, hi):
 
 @pytest.mark.parametrize("o,k,p", [(8, 16, 64), (96, 16, 2304), (4, 7, 37), (12, 33, 45), (16, 1, 20), (24, 96, 5),
                                    (12, 10, 21), (576, 96, 36),
-                                   (20, 333, 40), (64, 800, 19)])  # K in 3 and 5 equal chunks
+                                   (20, 333, 40), (64, 800, 19),  # K in 3 and 5 equal chunks
+                                   (96, 576, 36), (64, 384, 36)])  # MobileNetV2's deep 6x6 1x1s
 @pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
 def test_gemm_against_reference(o, k, p, lo, hi):
     rng = np.random.default_rng(o * 100 + k + p)
@@ -34,6 +35,14 @@ def test_gemm_against_reference(o, k, p, lo, hi):
     x = rng.standard_normal((k, p)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
     np.testing.assert_allclose(run_gemm(w, b, x, lo, hi), reference(w, b, x, lo, hi), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_pays_takes_deep_k_only_on_small_planes():
+    from isthmus.jit.gemm_f32 import packed_pays, supported
+    if not supported():
+        pytest.skip("needs AVX2")
+    assert packed_pays(96, 576, 36) and packed_pays(64, 384, 16) and packed_pays(64, 256, 2304)
+    assert not packed_pays(96, 576, 37) and not packed_pays(96, 576, 15) and not packed_pays(98, 576, 36)
 
 
 def test_dirty_scratch_nan_and_rows():

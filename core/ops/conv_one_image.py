@@ -15,7 +15,7 @@ _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 _NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.conv_direct's "no residual addend"
 
 
-def _tile_ok() -> bool:
+def tile_ok() -> bool:
     """Whether jit.gemm_f32's register tile runs here (AVX2)."""
     from ...jit.gemm_f32 import supported  # deferred: loads llvmlite, numba
     return supported()
@@ -29,7 +29,7 @@ def _wide_pays(c: int, g) -> bool:
     return (g.sh, g.sw) == (1, 1) and c * g.kh * g.kw >= 64 and (g.ow >= 28 or (g.ow >= 16 and c >= 32))
 
 
-def _direct_pays(o: int, k: int, g) -> bool:
+def direct_pays(o: int, k: int, g) -> bool:
     """Where jit.conv_direct (no im2col, output channels in the lanes) beat im2col + the packed GEMM
     and jit.conv_wide: node CPU times, one thread, with its layout pass in 8 x 8 register blocks.
     Batch 1: K 72-144 0.83-0.97x (16 -> 64 3x3 on 24x24 0.92x, 8 -> 16 0.84x), a 1-channel 5x5 (K 25)
@@ -243,10 +243,10 @@ class OneImage:
         # without im2col the packed GEMM also beats im2col + BLAS where _packed_pays alone says no
         # (Inception's 32x32x32 3x3 at batch 1: 503 against 596 us with im2col, BLAS about the same)
         direct = None
-        if ok and _direct_pays(w.shape[0], k, g) and _tile_ok():
+        if ok and direct_pays(w.shape[0], k, g) and tile_ok():
             from ...jit.conv_direct import tables  # deferred: loads llvmlite, numba
             direct = tables(shape[1], shape[2], shape[3], g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, l, b, r, g.oh, g.ow)
-        widen = direct is None and ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and _tile_ok()
+        widen = direct is None and ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and tile_ok()
         packed = widen or direct is not None or (ok and _packed_pays(w.shape[0], k, p, shape[0] > 1))
         wide = None
         if widen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .conv_one_image import direct_pays, tile_ok
 from .depthwise import _CLAMPS, _immutable, compiled_ok
 
 # Most output rows (images x pixels) for which the pixel-rows GEMM beats BLAS (one thread, cold
@@ -21,6 +22,10 @@ _MAX_ROWS, _MAX_ROWS_1X1 = 36, 16
 # plane (a transpose, for a 1x1) before their product.
 _DEEP_1X1 = 256
 _MAX_PIXELS_BATCH, _MAX_ROWS_BATCH = 16, 512
+# At batch 1, more rows than this leave a convolution that jit.conv_direct serves to it (conv_one_image:
+# no gather, no transposed finish): SqueezeNet's 3x3s on 6x6 planes (64 -> 256, 48 -> 192) 0.90x and
+# 0.88x the pixel rows' time in a loop, 0.94-0.95x in the whole model (one thread, load ~5)
+_MAX_ROWS_DIRECT = 16
 _MAX_TABLES = 4  # geometries (input shapes) whose gather table a node keeps
 
 
@@ -43,6 +48,9 @@ class PixelRows:
         pointwise = g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1)
         deep = x.shape[1] >= _DEEP_1X1 and w.shape[0] % 4 != 0
         limit = _MAX_ROWS_1X1 if pointwise and not deep else _MAX_ROWS
+        if (x.shape[0] == 1 and rows > _MAX_ROWS_DIRECT and direct_pays(w.shape[0], x.shape[1] * g.kh * g.kw, g)
+                and tile_ok()):
+            limit = _MAX_ROWS_DIRECT
         few = rows <= limit or (pix <= _MAX_PIXELS_BATCH and rows <= _MAX_ROWS_BATCH)
         return (few and g.groups == 1 and self.clamp is not None and x.dtype == np.float32
                 and w.dtype == np.float32 and compiled_ok(xp, x.dtype) and _immutable(w)

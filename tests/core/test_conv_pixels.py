@@ -101,3 +101,20 @@ def test_deep_1x1_on_36_pixels_takes_the_pixel_rows_only_off_the_packed_gemm(ser
     assert len(served) == 1  # 40 outputs: the packed GEMM (jit.gemm_f32.packed_pays, any k on 36 pixels)
     check(x[:, :64], w[:, :64], rng.standard_normal(42).astype(np.float32), 1, "VALID", 1, 1, "none")
     assert len(served) == 1  # 64 channels: the pointwise path
+
+
+def test_batch_1_leaves_planes_past_16_pixels_to_conv_direct(served, monkeypatch):
+    """SqueezeNet's 3x3 on a 6x6 plane (16s of outputs, K >= 32): jit.conv_direct, matching the
+    reference; on 4x4 (16 pixels) and at 42 outputs the pixel rows keep it."""
+    from isthmus.core.ops import conv_one_image
+    direct = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: direct.append(1) or real(self, *a))
+    rng = np.random.default_rng(12)
+    for hw, o, pixel_rows in ((6, 64, False), (4, 64, True), (6, 42, True)):
+        served.clear()
+        direct.clear()
+        x = rng.standard_normal((1, 16, hw, hw)).astype(np.float32)
+        w = (rng.standard_normal((o, 16, 3, 3)) / 12).astype(np.float32)
+        check(x, w, rng.standard_normal(o).astype(np.float32), 1, "SAME", 1, 1, "relu")
+        assert bool(served) == pixel_rows and bool(direct) != pixel_rows

@@ -29,15 +29,19 @@ def _wide_pays(c: int, g) -> bool:
     return (g.sh, g.sw) == (1, 1) and c * g.kh * g.kw >= 64 and (g.ow >= 28 or (g.ow >= 16 and c >= 32))
 
 
-def direct_pays(o: int, k: int, g) -> bool:
+def direct_pays(o: int, k: int, g, batch: bool = False) -> bool:
     """Where jit.conv_direct (no im2col, output channels in the lanes) beat im2col + the packed GEMM
     and jit.conv_wide: node CPU times, one thread, with its layout pass in 8 x 8 register blocks.
     Batch 1: K 72-144 0.83-0.97x (16 -> 64 3x3 on 24x24 0.92x, 8 -> 16 0.84x), a 1-channel 5x5 (K 25)
     0.95x, 3 channels 5x5 (K 75) 0.95x; before that pass it won from K 192 (the CNN's 32 -> 64 5x5
     on 14x14 0.83x, 32x96x96 3x3/s2 -> 16 0.58x, 3-channel 7x7/s2 stems 0.84-0.87x). Batch 32: 0.79x
     (8 -> 16 on 24x24) to 0.95x. It lost on 3-channel 3x3 stride-2 stems (K 27: 1.1-1.27x at batch 1,
-    even at 32), hence K >= 32. Output channels a multiple of 16 (its two vectors), kernels past 1x1."""
-    return o % 16 == 0 and g.kh * g.kw > 1 and k >= 32
+    even at 32), hence K >= 32. Output channels a multiple of 16 (its two vectors), kernels past 1x1.
+    Since its pixel blocks (828ed53) a batch-1 stem of K < 32 with at most 32 outputs wins too, in
+    the whole model (one thread, load 3-5): MobileNetV2-96's 3 -> 32 3x3/s2 91 against 94-127 us, the
+    CNN's 1 -> 32 5x5 30-32 against 34; with 64 outputs (SqueezeNet's stem) it lost (146-155 against
+    158 us), and at batch 32 the CNN's 1.1x."""
+    return o % 16 == 0 and g.kh * g.kw > 1 and (k >= 32 or (o <= 32 and not batch))
 
 
 def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:
@@ -243,7 +247,7 @@ class OneImage:
         # without im2col the packed GEMM also beats im2col + BLAS where _packed_pays alone says no
         # (Inception's 32x32x32 3x3 at batch 1: 503 against 596 us with im2col, BLAS about the same)
         direct = None
-        if ok and direct_pays(w.shape[0], k, g) and tile_ok():
+        if ok and direct_pays(w.shape[0], k, g, shape[0] > 1) and tile_ok():
             from ...jit.conv_direct import tables  # deferred: loads llvmlite, numba
             direct = tables(shape[1], shape[2], shape[3], g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, l, b, r, g.oh, g.ow)
         widen = direct is None and ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and tile_ok()

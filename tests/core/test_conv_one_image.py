@@ -49,7 +49,7 @@ def chosen(monkeypatch):
     (3, 32, 7, 2, ((3, 3), (3, 3)), 1, 64, True),   # ResNet's stem: 1024 pixels, K 147: packed
     (32, 16, 3, 2, "SAME", 1, 96, True),           # 2304 pixels, K 288 at stride 2: jit.conv_direct
     (32, 12, 3, 2, "SAME", 1, 96, False),          # the same with 12 outputs (not 16s): BLAS
-    (3, 16, 3, 2, "SAME", 1, 64, True),           # a shallow stem (K 27): packed at 1024 pixels
+    (3, 16, 3, 2, "SAME", 1, 64, True),           # a shallow stem (K 27, 16 outputs): jit.conv_direct
     (32, 64, 3, 1, "SAME", 1, 16, True),          # K 288 on 256 pixels: packed at a padded stride
     (16, 24, 5, 1, ((2, 0), (1, 2)), 2, 12, True),  # dilated, asymmetric padding
     (8, 20, 3, 3, "VALID", 1, 23, True),          # stride 3
@@ -61,6 +61,20 @@ def test_batch1_paths_match_the_reference(chosen, act, c, o, k, strides, padding
     b = rng.standard_normal(o).astype(np.float32)
     check(x, w, b, strides, padding, dil, 1, act)
     assert chosen == [packed and act != "sigmoid"]
+
+
+@pytest.mark.parametrize("n,o,direct", [(1, 32, True), (1, 64, False), (2, 32, False)])
+def test_shallow_stems_take_conv_direct_at_batch_1_up_to_32_outputs(monkeypatch, n, o, direct):
+    """MobileNetV2's 3 -> 32 3x3/s2 stem (K 27) on jit.conv_direct at batch 1; SqueezeNet's 64 outputs
+    and batches keep im2col + the packed GEMM. Each matches the reference."""
+    served = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: served.append(1) or real(self, *a))
+    rng = np.random.default_rng(o + n)
+    x = rng.standard_normal((n, 3, 40, 40)).astype(np.float32)
+    w = (rng.standard_normal((o, 3, 3, 3)) / 5).astype(np.float32)
+    check(x, w, rng.standard_normal(o).astype(np.float32), 2, "SAME", 1, 1, "relu6")
+    assert bool(served) == direct
 
 
 @pytest.fixture

@@ -125,3 +125,37 @@ def test_six_row_tiles_give_the_four_row_tiles_bytes(o):
     four_rows(g.pack_weights(w), b, x.reshape(-1), k, p, o, want.reshape(-1), np.float32(0), np.float32(6))
     np.testing.assert_array_equal(run_gemm(w, b, x, 0.0, 6.0), want)
     np.testing.assert_allclose(want, reference(w, b, x, 0.0, 6.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("o,k,p", [(96, 16, 2304), (100, 40, 1030), (144, 24, 1100), (120, 33, 1200)])
+def test_rows_first_order_gives_the_panel_order_bytes(o, k, p):
+    """gemm_bias_clamp's row groups outer (small weights, 256+ columns) against the same tiles panel
+    by panel (_panels over every whole panel, then the tail): equal bytes, and the reference."""
+    import numba as nb
+    from isthmus.jit.gemm_f32 import (NR, ROWS_FIRST_MAX_OK, ROWS_FIRST_MIN_O, ROWS_FIRST_MIN_P, _panels,
+                                      gemm_bias_clamp, pack_weights, tail_in, tail_out)
+    assert o * k <= ROWS_FIRST_MAX_OK and o >= ROWS_FIRST_MIN_O and p >= ROWS_FIRST_MIN_P
+
+    @nb.njit
+    def by_panels(wp, b, x, lo, hi, y, panel, tile):
+        k, p = x.shape
+        o = y.shape[0]
+        xf, yf = x.reshape(k * p), y.reshape(o * p)
+        whole = p // NR * NR
+        for p0 in range(0, whole, NR):
+            _panels(wp, b, xf, p, p0, yf, p, p0, o, k, lo, hi, False)
+        if p > whole:
+            tail_in(xf, p, k, whole, p - whole, panel)
+            _panels(wp, b, panel.reshape(k * NR), NR, 0, tile.reshape(o * NR), NR, 0, o, k, lo, hi, p - whole <= NR // 2)
+            tail_out(tile, y, whole, p - whole)
+
+    rng = np.random.default_rng(o + k + p)
+    w = (rng.standard_normal((o, k)) / np.sqrt(k)).astype(np.float32)
+    x = rng.standard_normal((k, p)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    wp, lo, hi = pack_weights(w), np.float32(0), np.float32(6)
+    got, want = np.empty((o, p), np.float32), np.empty((o, p), np.float32)
+    gemm_bias_clamp(wp, b, x, lo, hi, got, np.empty((k, NR), np.float32), np.empty((o, NR), np.float32))
+    by_panels(wp, b, x, lo, hi, want, np.empty((k, NR), np.float32), np.empty((o, NR), np.float32))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, reference(w, b, x, 0.0, 6.0), rtol=1e-5, atol=1e-5)

@@ -29,12 +29,16 @@ from numpy.lib.stride_tricks import as_strided
 from ... import jit
 from ..threads import intra_pool, intra_threads
 from .fused import activation_to
+from .intra_op import par_rows
 
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
 CHUNK_BYTES = 1 << 20
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_ZERO, _ZERO_I = np.float32(0), np.int32(0)  # jit.depthwise_blocked's zero point and requantization terms (float)
+# par_rows's work (bytes a copy moves in the same time, ~10 GB/s) of the blocked kernel: half its input
+# and output bytes, and this per (image, 8-channel block) unit; fit one thread, load 1.2, MobileNetV2-96's
+# layers (96x48x48/s2 52 us, 144x24x24 43, 192x12x12 14, 384x6x6 16, 960x3x3 18)
+_DW_UNIT_BYTES = 1500
 _CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
 _MAX_LAYOUTS = 8  # input shapes whose layout and scratch (about CHUNK_BYTES each) a node keeps
 
@@ -88,34 +92,25 @@ class DepthwiseConv:
         return supported()
 
     def _run_blocked(self, x, w, g, bias):
-        """jit.depthwise_blocked over chunks of images on the intra-op threads, each with its own
-        scratch (the padded 8-channel block and its output block); the weights blocked once."""
+        """jit.depthwise_blocked over (image, 8-channel block) units, split across numba's threads
+        where threads.par_threads says it pays (intra_op.par_rows; each unit alone, so the same
+        bytes on any thread count); the weights blocked once."""
         n, c, h, wd = x.shape
         cached = self._blocked
         if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
+            from ...jit import par_pool  # deferred: loads numba; registers the prange driver
+            from ...jit.depthwise_blocked import block_weights
             b = None if bias is None else bias.reshape(c)
             wb, bb = block_weights(w.reshape(c, 3, 3), b)
             lo, hi = np.float32(self._clamp[0]), np.float32(self._clamp[1])
-            cached = self._blocked = (w, bias, wb, bb, lo, hi, blocked_rows)  # holding w keeps its id
+            cached = self._blocked = (w, bias, wb, bb, lo, hi, par_pool.blocked_range)  # holding w keeps its id
         _, _, wb, bb, lo, hi, kernel = cached
         (t, b_), (l, r) = g.pads
-        hp, wp = h + t + b_, wd + l + r
-        xs = np.ascontiguousarray(x).reshape(n * c, h, wd)
+        xs = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(n * c, h, wd)
         out = np.empty((n, c, g.oh, g.ow), np.float32)
-        orow = out.reshape(n * c, g.oh, g.ow)
-        split = hp * wp * 8
-        if n == 1:  # no closure, no thread split: batch 1 pays Python per call (about 1 us a line)
-            scratch = np.empty(split + g.oh * g.ow * 8, np.float32)  # jit.depthwise_blocked's two blocks
-            kernel(xs, _ZERO, c, wb, bb, t, l, wp, g.sh, g.sw, lo, hi, False, _ZERO, _ZERO_I,
-                   orow, scratch[:split], scratch[split:])
-            return out
-
-        def images(i0, i1):
-            scratch = np.empty(split + g.oh * g.ow * 8, np.float32)
-            kernel(xs[i0 * c:i1 * c], _ZERO, c, wb, bb, t, l, wp, g.sh, g.sw, lo, hi, False, _ZERO, _ZERO_I,
-                   orow[i0 * c:i1 * c], scratch[:split], scratch[split:])
-        _on_threads(images, _split_rows(n, n * c * g.oh * g.ow * 9))
+        units = n * wb.shape[0]
+        par_rows(kernel, (xs, c, wb, bb, t, l, h + t + b_, wd + l + r, g.sh, g.sw, lo, hi,
+                          out.reshape(n * c, g.oh, g.ow)), units, (x.nbytes + out.nbytes) // 2 + _DW_UNIT_BYTES * units)
         return out
 
     def __call__(self, x, w, g, bias=None):

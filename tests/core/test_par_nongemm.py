@@ -1,0 +1,112 @@
+"""The non-GEMM kernels split across numba's threads (intra_op.par_rows): the blocked depthwise
+convolution and the 3x3, any-window and 2x2 max pools (and the 2x2 pool's gradient) give the same
+bytes at intra_op_threads 1 and 2, and the float64 numpy reference's values."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus import jit
+from isthmus.core import threads
+from isthmus.core.ops import depthwise, pool
+from isthmus.core.ops.base import make
+
+from .test_conv_forward import ACTS, ref_conv
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+
+
+@pytest.fixture
+def splits(monkeypatch):
+    """Every compiled kernel is worth splitting (1-byte least chunks, a pinned 10 us prange hand-off);
+    records the threads each par_rows call of the depthwise and pool ops used."""
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
+    monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    used = []
+    for mod in (depthwise, pool):
+        real = mod.par_rows
+        monkeypatch.setattr(mod, "par_rows", lambda *a, _r=real, **k: used.append(_r(*a, **k)) or used[-1])
+    return used
+
+
+def _one_and_two(g, fetch, feed, used):
+    """The fetch at intra_op_threads 2 (asserting it split) and 1 (asserting it did not), same bytes."""
+    two = ism.Session(g, optimize=False, intra_op_threads=2).run(fetch, feed)
+    assert used and max(used) == 2
+    used.clear()
+    one = ism.Session(g, optimize=False, intra_op_threads=1).run(fetch, feed)
+    assert used and max(used) == 1
+    for a, b in zip(two if isinstance(two, list) else [two], one if isinstance(one, list) else [one]):
+        assert a.tobytes() == b.tobytes()
+    return one
+
+
+@pytest.mark.parametrize("n,c,hw,stride,act", [(1, 20, 16, 1, "relu6"), (3, 13, 11, 2, "relu"), (2, 8, 6, 1, "relu6")])
+def test_blocked_depthwise_same_bytes_at_one_and_two_threads(splits, n, c, hw, stride, act):
+    rng = np.random.default_rng(n * 100 + c)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        y = ism.conv2d(xt, ism.constant(w), strides=stride, padding="SAME", groups=c)
+        node = y.node
+        y = make("FusedConv2D", (xt, node.inputs[1], ism.constant(b)),
+                 {**{k: node.attrs[k] for k in ("strides", "dilations", "pads", "groups")},
+                  "activation": act}).outputs[0]
+    got = _one_and_two(g, y, {xt: x}, splits)
+    want = ACTS[act](ref_conv(x, w, (stride, stride), node.attrs["pads"], (1, 1), c) + b.reshape(1, -1, 1, 1))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _ref_max_pool(x, k, s, pads):
+    (t, b), (l, r) = pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, b), (l, r)), constant_values=-np.inf)
+    oh, ow = (xp.shape[2] - k) // s + 1, (xp.shape[3] - k) // s + 1
+    out = np.full(x.shape[:2] + (oh, ow), -np.inf)
+    for i in range(k):
+        for j in range(k):
+            out = np.maximum(out, xp[:, :, i:i + s * oh:s, j:j + s * ow:s])
+    return out
+
+
+@pytest.mark.parametrize("shape,k,s,padding,pads", [
+    ((1, 24, 15, 15), 3, 2, "VALID", ((0, 0), (0, 0))),   # the blocked 3x3 kernel, a short last block
+    ((2, 13, 16, 16), 3, 1, "SAME", ((1, 1), (1, 1))),    # blocked, padded, batch 2
+    ((1, 6, 17, 17), 3, 2, "VALID", ((0, 0), (0, 0))),    # under 16 planes: the window kernel
+    ((3, 5, 12, 12), 5, 1, "SAME", ((2, 2), (2, 2))),     # 5x5: the window kernel
+    ((2, 7, 12, 10), 2, 2, "VALID", ((0, 0), (0, 0))),    # 2x2 pairs
+])
+def test_max_pools_same_bytes_at_one_and_two_threads(splits, shape, k, s, padding, pads):
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", shape, name="x")
+        y = ism.max_pool(xt, k, s, padding)
+    got = _one_and_two(g, y, {xt: x}, splits)
+    np.testing.assert_array_equal(got, _ref_max_pool(x, k, s, pads).astype(np.float32))
+
+
+def test_max_pool_grad_same_bytes_at_one_and_two_threads(splits):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 5, 8, 12)).astype(np.float32)
+    r = rng.standard_normal((3, 5, 4, 6)).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        rt = ism.placeholder("float32", r.shape, name="r")
+        y = ism.max_pool(xt, 2)
+        dx = ism.gradients(ism.reduce_sum(y * rt), [xt])[0]
+    got = _one_and_two(g, dx, {xt: x, rt: r}, splits)
+    # reference: each window's gradient to its first maximum (row-major), as numpy's argmax takes it
+    want = np.zeros_like(x)
+    for n, c, i, j in np.ndindex(3, 5, 4, 6):
+        win = x[n, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+        p, q = np.unravel_index(np.argmax(win), (2, 2))
+        want[n, c, 2 * i + p, 2 * j + q] = r[n, c, i, j]
+    np.testing.assert_array_equal(got, want)

@@ -110,3 +110,36 @@ def test_max_pool_grad_same_bytes_at_one_and_two_threads(splits):
         p, q = np.unravel_index(np.argmax(win), (2, 2))
         want[n, c, 2 * i + p, 2 * j + q] = r[n, c, i, j]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("axis", [1, 2, -1])
+def test_concat_split_by_images_same_bytes_at_one_and_two_threads(monkeypatch, axis):
+    """A large Concat past the first axis copies in chunks of images on the intra-op threads: the
+    bytes of np.concatenate at one and two threads."""
+    from isthmus.core.ops import array, intra_op
+    chunks = []
+    real = threads.fan_out
+
+    def counting(fn, total, nbytes, blas_inside=False, min_chunk=None, flops=False):
+        chunks.append(real(fn, total, nbytes, blas_inside, min_chunk, flops))
+        return chunks[-1]
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])  # chunk_scale() 1, whatever the machine
+    monkeypatch.setattr(array, "_CONCAT_SPLIT_BYTES", 0)
+    monkeypatch.setattr(intra_op, "fan_out", counting)
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((5, c, 3, 4)).astype(np.float32) for c in (2, 7, 3)]
+    if axis != 1:
+        xs = [np.ascontiguousarray(np.moveaxis(x, 1, axis)) for x in xs]
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        ts = [ism.placeholder("float32", x.shape, name=f"x{i}") for i, x in enumerate(xs)]
+        y = ism.concat(ts, axis=axis)
+    feed = dict(zip(ts, xs))
+    two = ism.Session(g, optimize=False, intra_op_threads=2).run(y, feed)
+    assert chunks and max(chunks) == 2
+    chunks.clear()
+    one = ism.Session(g, optimize=False, intra_op_threads=1).run(y, feed)
+    assert chunks == [1]
+    want = np.concatenate(xs, axis=axis)
+    assert two.tobytes() == one.tobytes() == want.tobytes()

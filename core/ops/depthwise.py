@@ -35,10 +35,11 @@ from .intra_op import par_rows
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
 CHUNK_BYTES = 1 << 20
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-# par_rows's work (bytes a copy moves in the same time, ~10 GB/s) of the blocked kernel: half its input
-# and output bytes, and this per (image, 8-channel block) unit; fit one thread, load 1.2, MobileNetV2-96's
-# layers (96x48x48/s2 52 us, 144x24x24 43, 192x12x12 14, 384x6x6 16, 960x3x3 18)
-_DW_UNIT_BYTES = 1500
+# par_rows's work for the blocked kernel, in the bytes a copy writes in the same time (intra_op's
+# unit; np.copyto: ~34 GB/s here): 1.7 times its input and output bytes and this per (image,
+# 8-channel block) unit; fit at one thread, load 1.2, to MobileNetV2-96's layers (96x48x48/s2
+# 52 us, 144x24x24 43, 192x12x12 14, 384x6x6 16, 960x3x3 18)
+_DW_UNIT_BYTES = 5000
 _CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
 _MAX_LAYOUTS = 8  # input shapes whose layout and scratch (about CHUNK_BYTES each) a node keeps
 
@@ -110,7 +111,7 @@ class DepthwiseConv:
         out = np.empty((n, c, g.oh, g.ow), np.float32)
         units = n * wb.shape[0]
         par_rows(kernel, (xs, c, wb, bb, t, l, h + t + b_, wd + l + r, g.sh, g.sw, lo, hi,
-                          out.reshape(n * c, g.oh, g.ow)), units, (x.nbytes + out.nbytes) // 2 + _DW_UNIT_BYTES * units)
+                          out.reshape(n * c, g.oh, g.ow)), units, 17 * (x.nbytes + out.nbytes) // 10 + _DW_UNIT_BYTES * units)
         return out
 
     def __call__(self, x, w, g, bias=None):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
 from . import par
+from .depthwise import planes_range
 from .depthwise_blocked import blocked_range
 from .pool import max_pool_2x2_float_rows, max_pool_2x2_grad_rows
 from .pool_blocked import max_pool_blocked_range
@@ -61,11 +62,19 @@ def _depthwise_blocked_par(blocks, total, x, c, wb, bb, pt, pl, hp, wp, sh, sw, 
                       total * b // blocks, total * (b + 1) // blocks)
 
 
+@nb.njit(**par.PAR_OPTS)
+def _depthwise_planes_par(blocks, total, x, w, b, kind, sh, sw, dh, dw, pt, pl, hp, wp, lo, hi, out):
+    for k in nb.prange(blocks):
+        planes_range(x, w, b, kind, sh, sw, dh, dw, pt, pl, hp, wp, lo, hi, out,
+                     total * k // blocks, total * (k + 1) // blocks)
+
+
 par.register(max_pool_2x2_float_range, _max_pool_par)
+par.register(planes_range, _depthwise_planes_par)
 par.register(max_pool_planes, _max_pool_planes_par)
 par.register(max_pool_blocked_range, _max_pool_blocked_par)
 par.register(blocked_range, _depthwise_blocked_par)
 par.register(max_pool_2x2_grad_range, _max_pool_grad_par)
 
-__all__ = ["max_pool_2x2_float_range", "max_pool_2x2_grad_range", "blocked_range", "max_pool_blocked_range",
+__all__ = ["max_pool_2x2_float_range", "max_pool_2x2_grad_range", "blocked_range", "planes_range", "max_pool_blocked_range",
            "max_pool_planes"]

@@ -65,7 +65,8 @@ class DepthwiseConv:
         """One compiled pass per row (image, channel), rows split over threads like the numpy path."""
         if self._blocked_pays(x, w, g, bias):
             return self._run_blocked(x, w, g, bias)
-        from ...jit.depthwise import depthwise_rows  # deferred: jit.depthwise loads numba
+        from ...jit.depthwise import range_args  # deferred: jit.depthwise loads numba
+        from ...jit.par_pool import planes_range  # registers its prange driver
         n, c = x.shape[0], x.shape[1]
         rows = n * c
         dt = x.dtype
@@ -75,7 +76,7 @@ class DepthwiseConv:
         lo, hi = self._clamp if self._clamp is not None else (-np.inf, np.inf)
         out = np.empty((n, c, g.oh, g.ow), dtype=dt)
         orow = out.reshape(rows, g.oh, g.ow)
-        _on_threads(depthwise_rows, _split_rows(rows, rows * g.oh * g.ow * g.kh * g.kw), xs, wk, b, g, lo, hi, orow)
+        par_rows(planes_range, range_args(xs, wk, b, g, lo, hi, orow), rows, _plane_work(xs, orow, g))
         if self._post is not None:
             self._post(out, out)
         return out
@@ -162,6 +163,17 @@ class DepthwiseConv:
         return wt
 
 
+def _plane_work(x, out, g) -> int:
+    """par_rows's work for jit.depthwise's per-plane kernel over x [R, H, W] into out [R, OH, OW], in
+    the bytes a copy writes in the same time (intra_op's unit, ~34 GB/s here). Fit at one thread,
+    load 1.4: 3x3 96x48x48 107 us (stride 2: 90), 576x12x12 111, 1024x28x28 600; the general loop
+    (other kernels, dilation) 5x5 64x24x24 611, 3x3 dilation 2 256x12x12 334."""
+    taps = g.kh * g.kw
+    fast = taps == 9 and g.dh == g.dw == 1 and g.sh == g.sw and g.sh in (1, 2)
+    per_tap = 0.1 if fast else 5.5
+    return int(3.5 * x.nbytes + per_tap * out.nbytes * taps) + 4000 * x.shape[0]
+
+
 def compiled_ok(xp, dtype) -> bool:
     """Whether the compiled depthwise kernels (isthmus.jit) serve arrays of this module and dtype now."""
     return xp is np and dtype in _JIT_DTYPES and jit.available()
@@ -185,14 +197,15 @@ def _on_threads(fn, ranges, *args) -> None:
 def compiled_input_grad(dy, w, g, x_shape):
     """The input gradient [N, C, H, W] of a depthwise convolution by the compiled forward kernel
     (a stride-1 convolution of dy with the weights flipped: jit.depthwise.input_grad_as_forward)."""
-    from ...jit.depthwise import depthwise_rows, input_grad_as_forward  # deferred: jit.depthwise loads numba
+    from ...jit.depthwise import input_grad_as_forward, range_args  # deferred: jit.depthwise loads numba
+    from ...jit.par_pool import planes_range  # registers its prange driver
     n, c, h, wd = x_shape
     rows, dt = n * c, dy.dtype
     dys = np.ascontiguousarray(dy).reshape(rows, g.oh, g.ow)
     src, wf, gt = input_grad_as_forward(dys, np.asarray(w, dtype=dt).reshape(c, g.kh, g.kw), g, h, wd)
     dx = np.empty(x_shape, dtype=dt)
     dxs = dx.reshape(rows, h, wd)
-    _on_threads(depthwise_rows, _split_rows(rows, rows * h * wd * g.kh * g.kw), src, wf, None, gt, -np.inf, np.inf, dxs)
+    par_rows(planes_range, range_args(src, wf, None, gt, -np.inf, np.inf, dxs), rows, _plane_work(src, dxs, g))
     return dx
 
 

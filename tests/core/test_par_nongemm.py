@@ -143,3 +143,35 @@ def test_concat_split_by_images_same_bytes_at_one_and_two_threads(monkeypatch, a
     assert chunks == [1]
     want = np.concatenate(xs, axis=axis)
     assert two.tobytes() == one.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n,c,hw,k,stride,dil", [(2, 5, 12, 3, 1, 1), (3, 4, 11, 3, 2, 1), (2, 3, 10, 5, 1, 1),
+                                                 (1, 6, 9, 3, 1, 2)])
+def test_per_plane_depthwise_and_input_grad_same_bytes_at_one_and_two_threads(splits, n, c, hw, k, stride, dil):
+    """Weights fed at run time (not constant: the per-plane kernel, jit.depthwise) forward and input
+    gradient split by (image, channel) planes: one thread's bytes, and the float64 reference's values."""
+    rng = np.random.default_rng(n * 10 + c + k)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    r = None
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        wt = ism.placeholder("float32", w.shape, name="w")
+        y = ism.conv2d(xt, wt, strides=stride, padding="SAME", dilations=dil, groups=c)
+        r = rng.standard_normal(y.shape).astype(np.float32)
+        rt = ism.placeholder("float32", r.shape, name="r")
+        dx = ism.gradients(ism.reduce_sum(y * rt), [xt])[0]
+    got_y, got_dx = _one_and_two(g, [y, dx], {xt: x, wt: w, rt: r}, splits)
+    pads = y.node.attrs["pads"]
+    np.testing.assert_allclose(got_y, ref_conv(x, w, (stride, stride), pads, (dil, dil), c), rtol=2e-5, atol=2e-5)
+    # dx = the adjoint of the float64 reference: each tap's products scattered back
+    (t, _), (l, _) = pads
+    xp = np.zeros((n, c, hw + 2 * k * dil, hw + 2 * k * dil))
+    oh, ow = r.shape[2], r.shape[3]
+    for i in range(k):
+        for j in range(k):
+            y0, x0 = i * dil, j * dil
+            xp[:, :, y0:y0 + stride * oh:stride, x0:x0 + stride * ow:stride] += r * w[:, 0, i, j].reshape(1, c, 1, 1)
+    want_dx = xp[:, :, t:t + hw, l:l + hw]
+    np.testing.assert_allclose(got_dx, want_dx, rtol=2e-5, atol=2e-5)

@@ -1,4 +1,4 @@
-"""prange drivers (jit.par.register) of the pool and depthwise kernels' range forms (intra_op.par_rows),
+"""prange drivers (jit.par.register) of the pool, depthwise and batch-norm kernels' range forms (intra_op.par_rows),
 and range forms of jit.pool's max-pool kernels (they take slices, which a driver's blocks cannot
 make; these cut them inside the compiled call). Every output element is computed as the
 whole-array call computes it, so the bytes never depend on the threads."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
 from . import par
+from .batchnorm import apply_range, grad_range, stats_range
 from .depthwise import planes_range
 from .depthwise_blocked import blocked_range
 from .pool import max_pool_2x2_float_rows, max_pool_2x2_grad_rows
@@ -69,7 +70,28 @@ def _depthwise_planes_par(blocks, total, x, w, b, kind, sh, sw, dh, dw, pt, pl, 
                      total * k // blocks, total * (k + 1) // blocks)
 
 
+@nb.njit(**par.PAR_OPTS)
+def _bn_stats_par(blocks, total, x, mean, var):
+    for k in nb.prange(blocks):
+        stats_range(x, mean, var, total * k // blocks, total * (k + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _bn_apply_par(blocks, total, x, inv, shift, y):
+    for k in nb.prange(blocks):
+        apply_range(x, inv, shift, y, total * k // blocks, total * (k + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _bn_grad_par(blocks, total, dy, x, mean, inv, scale, training, dx, dgamma, dbeta):
+    for k in nb.prange(blocks):
+        grad_range(dy, x, mean, inv, scale, training, dx, dgamma, dbeta, total * k // blocks, total * (k + 1) // blocks)
+
+
 par.register(max_pool_2x2_float_range, _max_pool_par)
+par.register(stats_range, _bn_stats_par)
+par.register(apply_range, _bn_apply_par)
+par.register(grad_range, _bn_grad_par)
 par.register(planes_range, _depthwise_planes_par)
 par.register(max_pool_planes, _max_pool_planes_par)
 par.register(max_pool_blocked_range, _max_pool_blocked_par)

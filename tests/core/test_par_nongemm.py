@@ -1,13 +1,13 @@
-"""The non-GEMM kernels split across numba's threads (intra_op.par_rows): the blocked depthwise
-convolution and the 3x3, any-window and 2x2 max pools (and the 2x2 pool's gradient) give the same
-bytes at intra_op_threads 1 and 2, and the float64 numpy reference's values."""
+"""The non-GEMM kernels split across numba's threads (intra_op.par_rows): the blocked and per-plane
+depthwise convolutions, the 3x3, any-window and 2x2 max pools (and the 2x2 pool's gradient), batch
+norm and Concat give the same bytes at intra_op_threads 1 and 2, and the numpy reference's values."""
 import numpy as np
 import pytest
 
 import isthmus as ism
 from isthmus import jit
 from isthmus.core import threads
-from isthmus.core.ops import depthwise, pool
+from isthmus.core.ops import depthwise, nn, pool
 from isthmus.core.ops.base import make
 
 from .test_conv_forward import ACTS, ref_conv
@@ -27,7 +27,7 @@ def splits(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     used = []
-    for mod in (depthwise, pool):
+    for mod in (depthwise, pool, nn):
         real = mod.par_rows
         monkeypatch.setattr(mod, "par_rows", lambda *a, _r=real, **k: used.append(_r(*a, **k)) or used[-1])
     return used
@@ -175,3 +175,33 @@ def test_per_plane_depthwise_and_input_grad_same_bytes_at_one_and_two_threads(sp
             xp[:, :, y0:y0 + stride * oh:stride, x0:x0 + stride * ow:stride] += r * w[:, 0, i, j].reshape(1, c, 1, 1)
     want_dx = xp[:, :, t:t + hw, l:l + hw]
     np.testing.assert_allclose(got_dx, want_dx, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, training):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 6, 5, 7)).astype(np.float32)
+    scale, offset = rng.uniform(0.5, 2, 6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    mean, var = rng.standard_normal(6).astype(np.float32), rng.uniform(0.5, 2, 6).astype(np.float32)
+    r = rng.standard_normal(x.shape).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        rt = ism.placeholder("float32", x.shape, name="r")
+        out = ism.batch_norm(xt, scale, offset, mean, var, epsilon=1e-3, training=training)
+        y = out[0] if training else out
+        dx = ism.gradients(ism.reduce_sum(y * rt), [xt])[0]
+    got_y, got_dx = _one_and_two(g, [y, dx], {xt: x, rt: r}, splits)
+    x64, r64 = x.astype(np.float64), r.astype(np.float64)
+    m = x64.mean(axis=(0, 2, 3)) if training else mean.astype(np.float64)
+    v = x64.var(axis=(0, 2, 3)) if training else var.astype(np.float64)
+    inv = (scale / np.sqrt(v + 1e-3)).reshape(1, 6, 1, 1)
+    xhat = (x64 - m.reshape(1, 6, 1, 1)) / np.sqrt(v + 1e-3).reshape(1, 6, 1, 1)
+    np.testing.assert_allclose(got_y, xhat * scale.reshape(1, 6, 1, 1) + offset.reshape(1, 6, 1, 1),
+                               rtol=1e-5, atol=1e-5)
+    if training:  # dx of sum(r * bn(x)) with the batch's own statistics
+        want = inv * (r64 - r64.mean(axis=(0, 2, 3), keepdims=True)
+                      - xhat * (r64 * xhat).mean(axis=(0, 2, 3), keepdims=True))
+    else:
+        want = inv * r64
+    np.testing.assert_allclose(got_dx, want, rtol=1e-4, atol=1e-5)

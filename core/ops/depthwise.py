@@ -29,7 +29,7 @@ from numpy.lib.stride_tricks import as_strided
 from ... import jit
 from ..threads import intra_pool, intra_threads
 from .fused import activation_to
-from .intra_op import par_rows
+from .par_gate import split_rows
 
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
@@ -76,7 +76,7 @@ class DepthwiseConv:
         lo, hi = self._clamp if self._clamp is not None else (-np.inf, np.inf)
         out = np.empty((n, c, g.oh, g.ow), dtype=dt)
         orow = out.reshape(rows, g.oh, g.ow)
-        par_rows(planes_range, range_args(xs, wk, b, g, lo, hi, orow), rows, _plane_work(xs, orow, g))
+        split_rows(planes_range, range_args(xs, wk, b, g, lo, hi, orow), rows, _plane_work(xs, orow, g))
         if self._post is not None:
             self._post(out, out)
         return out
@@ -111,7 +111,7 @@ class DepthwiseConv:
         xs = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(n * c, h, wd)
         out = np.empty((n, c, g.oh, g.ow), np.float32)
         units = n * wb.shape[0]
-        par_rows(kernel, (xs, c, wb, bb, t, l, h + t + b_, wd + l + r, g.sh, g.sw, lo, hi,
+        split_rows(kernel, (xs, c, wb, bb, t, l, h + t + b_, wd + l + r, g.sh, g.sw, lo, hi,
                           out.reshape(n * c, g.oh, g.ow)), units, 17 * (x.nbytes + out.nbytes) // 10 + _DW_UNIT_BYTES * units)
         return out
 
@@ -205,7 +205,7 @@ def compiled_input_grad(dy, w, g, x_shape):
     src, wf, gt = input_grad_as_forward(dys, np.asarray(w, dtype=dt).reshape(c, g.kh, g.kw), g, h, wd)
     dx = np.empty(x_shape, dtype=dt)
     dxs = dx.reshape(rows, h, wd)
-    par_rows(planes_range, range_args(src, wf, None, gt, -np.inf, np.inf, dxs), rows, _plane_work(src, dxs, g))
+    split_rows(planes_range, range_args(src, wf, None, gt, -np.inf, np.inf, dxs), rows, _plane_work(src, dxs, g))
     return dx
 
 

@@ -13,7 +13,7 @@ from ..registry import OpDef, elementwise_cost, register
 from ..shapes import compatible, fmt, normalize_axis
 from . import depthwise as _dw
 from .base import convert, make
-from .intra_op import par_rows
+from .par_gate import split_rows
 from .math import mul
 
 __all__ = ["softmax", "log_softmax", "sparse_softmax_cross_entropy", "softmax_cross_entropy", "dropout",
@@ -260,7 +260,7 @@ def _by_channels(kernel, args: tuple, c: int, work: int) -> None:
     the same bytes on any thread count), split across numba's threads where threads.par_threads
     says `work` (bytes a copy would write in the same time) pays (intra_op.par_rows)."""
     from ...jit import par_pool  # noqa: F401  # deferred: loads numba; registers the kernels' prange drivers
-    par_rows(kernel, args, c, work)
+    split_rows(kernel, args, c, work)
 
 
 def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache):

@@ -15,7 +15,8 @@ from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, padded_copy, resolve_pads, window_out_size, window_pair
 from .depthwise import compiled_ok
-from .intra_op import par_rows, rows_apply
+from .intra_op import rows_apply
+from .par_gate import split_rows
 
 __all__ = ["max_pool", "avg_pool", "global_avg_pool"]
 
@@ -83,7 +84,7 @@ def _max_pool_pairs_compiled(x, g):
     n, c, h, w = x.shape
     out = np.empty((n, c, g.oh, g.ow), x.dtype)
     x3, y3 = x.reshape(n * c, h, w), out.reshape(n * c, g.oh, g.ow)
-    par_rows(max_pool_2x2_float_range, (x3, y3), n * c, x.nbytes)
+    split_rows(max_pool_2x2_float_range, (x3, y3), n * c, x.nbytes)
     return out
 
 
@@ -101,7 +102,7 @@ def _max_pool_windows_compiled(x, g):
     y3 = out.reshape(n * c, g.oh, g.ow)
     # work in the bytes a copy writes in the same time (intra_op's unit), fit at one thread, load 1.3:
     # 64x48x48 3x3/s2 69 us, 96x24x24 2x2/s2 25, 64x28x28 5x5/s1 56
-    par_rows(max_pool_planes, (x3, y3, geo), n * c, 3 * x.nbytes + out.nbytes * (g.kh + g.kw))
+    split_rows(max_pool_planes, (x3, y3, geo), n * c, 3 * x.nbytes + out.nbytes * (g.kh + g.kw))
     return out
 
 
@@ -134,7 +135,7 @@ def _blocked_runner(shape, g):
     def run(x):
         out = np.empty((n, c, oh, ow), np.float32)
         x3 = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(n * c, h, w)
-        par_rows(max_pool_blocked_range, (x3, t, l, hp, wp, sh, sw, out.reshape(n * c, oh, ow)), blocks, work)
+        split_rows(max_pool_blocked_range, (x3, t, l, hp, wp, sh, sw, out.reshape(n * c, oh, ow)), blocks, work)
         return out
     return run
 
@@ -228,7 +229,7 @@ def _max_pool_grad_compiled(x, y, dy, g, through_relu: bool):
     xf, yf = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1)
     dyf = np.ascontiguousarray(dy).reshape(-1)
     dx = np.empty((n, c, h, w), x.dtype)
-    par_rows(max_pool_2x2_grad_range, (xf, yf, dyf, dx.reshape(-1), w, through_relu), rows,
+    split_rows(max_pool_2x2_grad_range, (xf, yf, dyf, dx.reshape(-1), w, through_relu), rows,
              2 * x.nbytes + 2 * y.nbytes)
     return dx
 

@@ -309,8 +309,8 @@ def test_compiled_depthwise_runs_when_available_and_not_when_switched_off(monkey
     layouts stay unbuilt) when on; the numpy kernel when off; both give the reference."""
     from isthmus.core.ops import depthwise as core_dw
     calls = []
-    real = core_dw.par_rows
-    monkeypatch.setattr(core_dw, "par_rows", lambda kernel, args, total, *a, **k: calls.append(
+    real = core_dw.split_rows
+    monkeypatch.setattr(core_dw, "split_rows", lambda kernel, args, total, *a, **k: calls.append(
         (kernel.__name__, total)) or real(kernel, args, total, *a, **k))
     rng = np.random.default_rng(31)
     x = rng.standard_normal((2, 6, 17, 17)).astype(np.float32)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
 @pytest.fixture
 def splits(monkeypatch):
     """Every compiled kernel is worth splitting (1-byte least chunks, a pinned 10 us prange hand-off);
-    records the threads each par_rows call of the depthwise and pool ops used."""
+    records the threads each split_rows call (par_gate) of the depthwise, pool and batch-norm ops used."""
     from isthmus.jit import par
     if threads.cores() < 2 or not par.layer_ok():
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
@@ -28,8 +28,8 @@ def splits(monkeypatch):
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     used = []
     for mod in (depthwise, pool, nn):
-        real = mod.par_rows
-        monkeypatch.setattr(mod, "par_rows", lambda *a, _r=real, **k: used.append(_r(*a, **k)) or used[-1])
+        real = mod.split_rows
+        monkeypatch.setattr(mod, "split_rows", lambda *a, _r=real, **k: used.append(_r(*a, **k)) or used[-1])
     return used
 
 
@@ -205,3 +205,30 @@ def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, t
     else:
         want = inv * r64
     np.testing.assert_allclose(got_dx, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("handoff_us", [3.0, 10.0, 300.0])
+def test_split_gate_decides_as_par_threads(monkeypatch, handoff_us):
+    """par_gate.split_rows skips par_threads only where par_threads could only say one thread: for
+    works around its thresholds it uses as many threads as par_threads gives, and the kernel
+    covers every item once."""
+    import numba
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    least = threads.MIN_CHUNK_BYTES
+    for n in (1, 2):
+        with threads.IntraOpThreads(n):
+            for work in (0, least // 10, least // 5, least, 2 * least, 10 * least, 100 * least):
+                y = np.zeros(64)
+                want = threads.par_threads(64, work)
+                assert par_gate.split_rows(mark, (y,), 64, work) == want, (n, work)
+                assert (y == 1).all()

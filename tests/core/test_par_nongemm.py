@@ -15,10 +15,13 @@ from .test_conv_forward import ACTS, ref_conv
 pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
 
 
-@pytest.fixture
-def splits(monkeypatch):
-    """Every compiled kernel is worth splitting (1-byte least chunks, a pinned 10 us prange hand-off);
-    records the threads each split_rows call (par_gate) of the depthwise, pool and batch-norm ops used."""
+@pytest.fixture(params=["prange", "pool"])
+def splits(monkeypatch, request):
+    """Every compiled kernel is worth splitting (1-byte least chunks, a pinned 10 us prange hand-off),
+    by prange (the pool's hand-off pinned at 100 s: fan_out never pays) or on the intra-op pool (its
+    hand-off pinned at 10 us: fan_out always pays); records the threads each split_rows call
+    (par_gate) of the depthwise, pool and batch-norm ops used."""
+    monkeypatch.setattr(threads, "_handoff", [100.0 if request.param == "prange" else threads.HANDOFF_REF_S])
     from isthmus.jit import par
     if threads.cores() < 2 or not par.layer_ok():
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
@@ -208,10 +211,10 @@ def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, t
 
 
 @pytest.mark.parametrize("handoff_us", [3.0, 10.0, 300.0])
-def test_split_gate_decides_as_par_threads(monkeypatch, handoff_us):
-    """par_gate.split_rows skips par_threads only where par_threads could only say one thread: for
-    works around its thresholds it uses as many threads as par_threads gives, and the kernel
-    covers every item once."""
+def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch, handoff_us):
+    """par_gate.split_rows: below fan_out's least split it uses as many threads as par_threads gives
+    (skipping par_threads only where that could only be one); at or above it, fan_out's chunks
+    (the caller runs those no worker started); the kernel covers every item once either way."""
     import numba
     from isthmus.core.ops import par_gate
     from isthmus.jit import par
@@ -219,6 +222,7 @@ def test_split_gate_decides_as_par_threads(monkeypatch, handoff_us):
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -227,8 +231,10 @@ def test_split_gate_decides_as_par_threads(monkeypatch, handoff_us):
     least = threads.MIN_CHUNK_BYTES
     for n in (1, 2):
         with threads.IntraOpThreads(n):
-            for work in (0, least // 10, least // 5, least, 2 * least, 10 * least, 100 * least):
+            for work in (0, least // 10, least // 5, least, 2 * least, 10 * least, 19 * least, 20 * least,
+                         100 * least):
                 y = np.zeros(64)
-                want = threads.par_threads(64, work)
+                pool_splits = work >= 2 * threads.min_chunk_bytes()
+                want = min(n, 2) if pool_splits else threads.par_threads(64, work)
                 assert par_gate.split_rows(mark, (y,), 64, work) == want, (n, work)
                 assert (y == 1).all()

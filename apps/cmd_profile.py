@@ -50,9 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "section; without it `isthmus split` assumes a documented default")
     p.add_argument("--parts", choices=("int8", "fp32"), default=None,
                    help="also measure what an edge part costs beyond its kernels (the interpreter's call, quantizing "
-                        "at the cut, the client's glue, cold caches after a round trip) on edge parts of several "
-                        "sizes in this format, run by the offload client against an in-process service (about 30 s), "
-                        "and write it, x --slowdown, as the profile's part section, which every plan prices")
+                        "at the cut, the client's glue, and the caches it finds cold after an idle, as a curve of the "
+                        "idle) on edge parts of several sizes in this format, run by the offload client against an "
+                        "in-process service at 8x and 20x interleaved (about 60 s), and write it, x --slowdown, as the "
+                        "profile's part section, which every plan prices")
     p.add_argument("--client-requests", type=positive_int, default=10,
                    help="with --client: requests timed per cut (edge-only, split, cloud-only; default %(default)s)")
 

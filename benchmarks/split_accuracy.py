@@ -35,11 +35,15 @@ Measured: per point and placement, `--requests` requests in `--rounds` blocks, o
 every point and placement (this VM's speed moves 1.5-1.8x for seconds at a time, unseen by the
 load average and by CPU time: a case's requests are spread over the run), the median; each block
 after one untimed request, the first after the switch to that cut: the switch latency, against the
-steady requests of its own block. A fixed product timed before every block (`speed_probe`) records
-how this VM's speed moved. Prints JSON and writes benchmarks/results/split_accuracy.json:
-per case the predicted and measured medians (ms) with their parts, and the error (measured /
-predicted - 1); the min cut's gain over the best layer split on the branching graphs, predicted
-and measured; the switch latency; the speed probe; the load average before and after.
+steady requests of its own block. A fixed product timed before every block (`speed_probe`, warmed
+first; with --memory-probe one reading 8 MB of weights too) records how this VM's speed moved.
+Prints JSON and writes benchmarks/results/split_accuracy.json: per case the predicted and measured
+medians (ms) with their parts, and the error (measured / predicted - 1: the verdict); every block's
+requests beside its probes; as diagnostics beside the verdict, the error of the blocks probed in
+the calibration's speed state (`error_in_calibration_state`, `summary_in_calibration_state`) and
+how far the case's block medians spread (`block_spread`); the same placements priced the --compare
+way (`error_other`); the min cut's gain over the best layer split on the branching graphs,
+predicted and measured; the switch latency; the probes; the load average before and after.
 """
 from __future__ import annotations
 

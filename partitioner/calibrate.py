@@ -140,6 +140,8 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
                 yield [x], _node(op)
             else:
                 yield [x], _node(op, {"ksize": (3, 3), "strides": (2, 2), "pads": ((1, 1), (1, 1))})
+                if op == "MaxPool":  # "MaxPool:2x2" (costmodel.cost_key): one compiled pass on the edge
+                    yield [x], _node(op, {"ksize": (2, 2), "strides": (2, 2), "pads": ((0, 0), (0, 0))})
         return
     if op == "Concat":
         for n, c, hw, k in _CONCATS[level]:

@@ -68,13 +68,17 @@ def cost_key(node: Node, batch_size: int = 1) -> str:
     A dense convolution with at most NARROW_PIXELS output pixels (a ResNet's last stages) is
     "Conv2D:narrow": its GEMM has few columns and large weights, bound by streaming them as a
     narrow product is (the int8 interpreter ran ResNet-50-shaped 4x4 and 2x2 stages 2-3x slower
-    than a fit over wide convolutions said, issue 27)."""
+    than a fit over wide convolutions said, issue 27). A 2x2 max pool at stride 2, unpadded, is
+    "MaxPool:2x2": the edge runs it in one compiled pass, the other windows one pass per tap (the
+    fire-module calibration part's 2x2 pools took 2.3-2.9 us each, priced at 42-53 by the 3x3 fit)."""
     if node.op in ("Conv2D", "FusedConv2D"):
         if node.attrs.get("groups", 1) != 1:
             return f"{node.op}:grouped"
         if 0 < _pixels(node, batch_size) <= NARROW_PIXELS:
             return f"{node.op}:narrow"
         return f"{node.op}:pointwise" if _pointwise(node) else node.op
+    if node.op == "MaxPool" and _pool_2x2(node):
+        return "MaxPool:2x2"
     if node.op in ("MatMul", "FusedMatMul"):
         rows = _rows(node, batch_size)
         if rows == 1:
@@ -91,6 +95,14 @@ def _pixels(node: Node, batch_size: int) -> int:
         return 0
     n, _, h, w = (batch_size if d is None else d for d in y)
     return n * h * w
+
+
+def _pool_2x2(node: Node) -> bool:
+    """A 2x2 window at stride 2 with no padding or dilation."""
+    a = node.attrs
+    pads = a.get("pads", ((0, 0), (0, 0)))
+    return (tuple(a.get("ksize", ())) == (2, 2) and tuple(a.get("strides", ())) == (2, 2)
+            and all(p == 0 for pair in pads for p in pair) and tuple(a.get("dilations", (1, 1))) == (1, 1))
 
 
 def _pointwise(node: Node) -> bool:

@@ -144,3 +144,33 @@ def test_one_row_and_few_row_products_have_their_own_cost_keys():
     assert [cost_key(t.node) for t in (v, few, odd, sixteen, many)] == [
         "MatMul:vector", "MatMul:narrow", "MatMul:narrow_odd", "MatMul:narrow", "MatMul"]
     assert cost_key(batch.node, batch_size=1) == "MatMul:vector" and cost_key(batch.node, 32) == "MatMul"
+
+
+def test_a_2x2_max_pool_at_stride_2_has_its_own_cost_key_and_calibration_case():
+    """The edge runs a 2x2 max pool at stride 2, unpadded, in one compiled pass, other windows one pass
+    per tap: priced by the 3x3 fit, the fire-module calibration part's pools came out 15-20x over."""
+    from isthmus.partitioner.costmodel import cost_key
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (1, 8, 16, 16), name="x")
+        two = ism.max_pool(x, 2, 2, "VALID")
+        three = ism.max_pool(x, 3, 2, "SAME")
+        padded = ism.max_pool(ism.placeholder("float32", (1, 8, 15, 15), name="odd"), 2, 2, "SAME")
+        avg = ism.avg_pool(x, 2, 2, "VALID")
+    assert [cost_key(t.node) for t in (two, three, padded, avg)] == ["MaxPool:2x2", "MaxPool", "MaxPool", "AvgPool"]
+    keys = [(tuple(a["ksize"]), tuple(a["strides"])) for a in _pool_case_attrs("MaxPool")]
+    assert keys.count(((2, 2), (2, 2))) == keys.count(((3, 3), (2, 2))) == 3  # one of each per feature map
+    # a profile without the key prices it as MaxPool (op_time falls back to the op)
+    prof = DeviceProfile("p", op_coeffs={"MaxPool": (1e-6, 0.0, 0.0)})
+    assert prof.op_time("MaxPool:2x2", 0, 0) == prof.op_time("MaxPool", 0, 0)
+
+
+def _pool_case_attrs(op):
+    """The attributes of every calibration case of a pool op, built on its inputs' placeholders."""
+    out = []
+    for inputs, build in cases(op, "quick"):
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            phs = [ism.placeholder("float32", a.shape) for a in inputs]
+            out.append(dict(build(g, phs).attrs))
+    return out

@@ -66,7 +66,7 @@ class DepthwiseConv:
         if self._blocked_pays(x, w, g, bias):
             return self._run_blocked(x, w, g, bias)
         from ...jit.depthwise import range_args  # deferred: jit.depthwise loads numba
-        from ...jit.par_pool import planes_range  # registers its prange driver
+        from ...jit.par_pool import planes_range  # deferred: loads numba; registers its prange driver
         n, c = x.shape[0], x.shape[1]
         rows = n * c
         dt = x.dtype
@@ -101,7 +101,7 @@ class DepthwiseConv:
         cached = self._blocked
         if cached is None or cached[0] is not w or cached[1] is not bias:
             from ...jit import par_pool  # deferred: loads numba; registers the prange driver
-            from ...jit.depthwise_blocked import block_weights
+            from ...jit.depthwise_blocked import block_weights  # deferred: loads numba
             b = None if bias is None else bias.reshape(c)
             wb, bb = block_weights(w.reshape(c, 3, 3), b)
             lo, hi = np.float32(self._clamp[0]), np.float32(self._clamp[1])
@@ -198,7 +198,7 @@ def compiled_input_grad(dy, w, g, x_shape):
     """The input gradient [N, C, H, W] of a depthwise convolution by the compiled forward kernel
     (a stride-1 convolution of dy with the weights flipped: jit.depthwise.input_grad_as_forward)."""
     from ...jit.depthwise import input_grad_as_forward, range_args  # deferred: jit.depthwise loads numba
-    from ...jit.par_pool import planes_range  # registers its prange driver
+    from ...jit.par_pool import planes_range  # deferred: loads numba; registers its prange driver
     n, c, h, wd = x_shape
     rows, dt = n * c, dy.dtype
     dys = np.ascontiguousarray(dy).reshape(rows, g.oh, g.ow)

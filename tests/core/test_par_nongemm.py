@@ -21,7 +21,9 @@ def splits(monkeypatch, request):
     by prange (the pool's hand-off pinned at 100 s: fan_out never pays) or on the intra-op pool (its
     hand-off pinned at 10 us: fan_out always pays); records the threads each split_rows call
     (par_gate) of the depthwise, pool and batch-norm ops used."""
+    from isthmus.core.ops import par_gate
     monkeypatch.setattr(threads, "_handoff", [100.0 if request.param == "prange" else threads.HANDOFF_REF_S])
+    monkeypatch.setattr(par_gate, "_load", [0.0, float("inf")])  # an idle machine, never read again
     from isthmus.jit import par
     if threads.cores() < 2 or not par.layer_ok():
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
@@ -223,6 +225,7 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
     monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
+    monkeypatch.setattr(par_gate, "_load", [0.0, float("inf")])  # an idle machine, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -238,3 +241,32 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
                 want = min(n, 2) if pool_splits else threads.par_threads(64, work)
                 assert par_gate.split_rows(mark, (y,), 64, work) == want, (n, work)
                 assert (y == 1).all()
+
+
+def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
+    """With the load average at the core count, work prange would split runs as one call; work
+    large enough for the pool still fans out (its caller runs the chunks no worker started)."""
+    import numba
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [3e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    monkeypatch.setattr(threads, "_handoff", [100e-6])
+    monkeypatch.setattr(par_gate, "_load", [float(threads.cores()), float("inf")])
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    least = threads.MIN_CHUNK_BYTES
+    with threads.IntraOpThreads(2):
+        y = np.zeros(64)
+        assert threads.par_threads(64, 4 * least) == 2
+        assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 1
+        assert par_gate.split_rows(mark, (y,), 64, 40 * least) == 2
+        assert (y == 2).all()
+        monkeypatch.setattr(par_gate, "_load", [threads.cores() - 1.0, float("inf")])
+        assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 2
+        assert (y == 3).all()

@@ -52,9 +52,13 @@ def split_rows(kernel, args: tuple, total: int, work: int) -> int:
     the bytes a copy writes in the same time): threads.fan_out where the pool's hand-off pays; else
     one call where par_threads could only say one thread or no core is idle (cores_idle); else
     par_rows. Returns the threads used."""
-    if total > 1 and work >= 2 * threads.min_chunk_bytes():
+    least = threads.MIN_CHUNK_BYTES  # the pool splits from 2 * least * chunk_scale() >= 2 * least
+    if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:  # no split either way: no further reads
+        kernel(*args, 0, total)
+        return 1
+    if work >= 2 * threads.min_chunk_bytes():
         return threads.fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work)
-    if total <= 1 or work < 2 * threads.MIN_CHUNK_BYTES * threads.par_scale() or not cores_idle():
+    if not cores_idle() or work < 2 * least * threads.par_scale():
         kernel(*args, 0, total)
         return 1
     return par_rows(kernel, args, total, work)

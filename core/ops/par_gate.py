@@ -32,19 +32,21 @@ from .intra_op import par_rows
 # region's workers kept spinning) against 1.43 serial. Read at most every LOAD_RECHECK_S.
 IDLE_MARGIN = 0.5
 LOAD_RECHECK_S = 1.0
-_load = [0.0, -1.0]  # [the last 1-minute load average read, when (perf_counter); -1: never]
+_load = [True, -1.0]  # [whether a core was idle at the last read, when (perf_counter); -1: never]
 
 
 def cores_idle() -> bool:
-    """Whether the machine's 1-minute load average leaves one of threads.cores() idle."""
+    """Whether the machine's 1-minute load average leaves one of threads.cores() idle (read, with
+    the core count, at most every LOAD_RECHECK_S: each costs a system call, about 1 us)."""
     now = time.perf_counter()
     if now - _load[1] > LOAD_RECHECK_S:
         try:
-            _load[0] = os.getloadavg()[0]
+            load = os.getloadavg()[0]
         except OSError:  # no load average on this platform: assume idle cores (prange as measured)
-            _load[0] = 0.0
+            load = 0.0
+        _load[0] = load < threads.cores() - IDLE_MARGIN
         _load[1] = now
-    return _load[0] < threads.cores() - IDLE_MARGIN
+    return _load[0]
 
 
 def split_rows(kernel, args: tuple, total: int, work: int) -> int:

@@ -23,7 +23,7 @@ def splits(monkeypatch, request):
     (par_gate) of the depthwise, pool and batch-norm ops used."""
     from isthmus.core.ops import par_gate
     monkeypatch.setattr(threads, "_handoff", [100.0 if request.param == "prange" else threads.HANDOFF_REF_S])
-    monkeypatch.setattr(par_gate, "_load", [0.0, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
     from isthmus.jit import par
     if threads.cores() < 2 or not par.layer_ok():
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
@@ -225,7 +225,7 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
     monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
-    monkeypatch.setattr(par_gate, "_load", [0.0, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -244,7 +244,7 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
 
 
 def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
-    """With the load average at the core count, work prange would split runs as one call; work
+    """With no core idle (the load average at the core count), work prange would split runs as one call; work
     large enough for the pool still fans out (its caller runs the chunks no worker started)."""
     import numba
     from isthmus.core.ops import par_gate
@@ -254,7 +254,7 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [3e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])
     monkeypatch.setattr(threads, "_handoff", [100e-6])
-    monkeypatch.setattr(par_gate, "_load", [float(threads.cores()), float("inf")])
+    monkeypatch.setattr(par_gate, "_load", [False, float("inf")])  # no core idle, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -267,6 +267,15 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
         assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 1
         assert par_gate.split_rows(mark, (y,), 64, 40 * least) == 2
         assert (y == 2).all()
-        monkeypatch.setattr(par_gate, "_load", [threads.cores() - 1.0, float("inf")])
+        monkeypatch.setattr(par_gate, "_load", [True, float("inf")])
         assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 2
         assert (y == 3).all()
+
+
+def test_cores_idle_reads_the_load_average_against_the_cores(monkeypatch):
+    from isthmus.core.ops import par_gate
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    for load, idle in ((0.4, True), (1.49, True), (1.5, False), (3.0, False)):
+        monkeypatch.setattr(par_gate.os, "getloadavg", lambda load=load: (load, load, load))
+        monkeypatch.setattr(par_gate, "_load", [not idle, -1.0])  # due for a read
+        assert par_gate.cores_idle() is idle

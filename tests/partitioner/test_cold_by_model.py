@@ -21,3 +21,29 @@ def test_a_part_without_hot_requests_is_an_error():
     from cold_by_model import cold_table
     with pytest.raises(KeyError):
         cold_table({("a", 0.023): [1e-3]}, {"a": 1})
+
+
+def test_held_bytes_counts_a_closures_distinct_arrays_less_the_skipped():
+    import numpy as np
+    from weights_in_model import held_bytes
+    w, arena = np.zeros((100, 10), np.int16), np.zeros(1000, np.int8)
+    view, box = arena[10:20], {"w": w}
+
+    class Holder:
+        def __init__(self):
+            self.parts = [w[:5], np.zeros(7, np.int32)]
+
+    h = Holder()
+
+    def step():
+        return w.sum() + view.sum() + len(box) + len(h.parts)
+    assert held_bytes(step, skip=[arena]) == 2000 + 28  # w once (its slice is a view), the int32 array
+    assert held_bytes(step) == 2000 + 28 + 1000  # the arena counted when not skipped
+
+
+def test_step_medians_run_each_step_in_order():
+    from weights_in_model import step_medians
+    calls = []
+    steps = [lambda: calls.append(0), lambda: calls.append(1), lambda: calls.append(2)]
+    t = step_medians(steps, [2, 0], reps=3)
+    assert calls == [2, 0] * 3 and set(t) == {0, 2} and all(v >= 0 for v in t.values())

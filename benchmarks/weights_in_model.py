@@ -1,0 +1,125 @@
+"""Do a model's weight-bound kernels stream their weights like the calibration's cycle does (issue 27)?
+
+    python benchmarks/weights_in_model.py [--model resnet50_shaped_64] [--rounds 3] [--out FILE]
+
+converters/edge_profile.measure_weight_streaming prices the weights a part reads beyond the cache
+from a tight cycle of weight-bound convolutions and nothing else. Here, for one model's int8 edge
+model (CPU time, one BLAS thread, each step timed by itself): its heavy kernels (each holding at
+least 200 KB of prepared weights) timed inside the whole model's sequence, as a cycle of only
+themselves, and each one repeated alone (its weights hot). In-model minus alone is what the model's
+weights cost it; heavy cycle minus alone is what the calibration's kind of cycle would see."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import types
+from typing import Callable, Dict, List, Sequence
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+HEAVY_BYTES = 200_000
+RESULTS = os.path.join(HERE, "results", "weights_in_model.json")
+
+
+def held_bytes(fn: Callable, skip: Sequence[np.ndarray] = (), depth: int = 6) -> int:
+    """Bytes of the distinct arrays a bound kernel's closure holds (its prepared weights), the
+    arrays in `skip` (and views of them: the arena) left out."""
+    def root(a):
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+    skipped = {id(root(a)) for a in skip}
+    found: Dict[int, int] = {}
+    seen: set = set()
+
+    def walk(obj, d):
+        if id(obj) in seen or d > depth:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            r = root(obj)
+            if id(r) not in skipped:
+                found[id(r)] = r.nbytes
+        elif isinstance(obj, types.FunctionType):
+            for cell in obj.__closure__ or ():
+                try:
+                    walk(cell.cell_contents, d + 1)
+                except ValueError:  # an empty cell
+                    pass
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                walk(x, d + 1)
+        elif isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(obj, type):
+            for x in obj.__dict__.values():
+                walk(x, d + 1)
+    walk(fn, 0)
+    return sum(found.values())
+
+
+def step_medians(steps: List[Callable], idx: Sequence[int], reps: int) -> Dict[int, float]:
+    """Median CPU seconds of each step of `idx`, the steps run in that order `reps` times."""
+    t: Dict[int, List[float]] = {i: [] for i in idx}
+    for _ in range(reps):
+        for i in idx:
+            c = time.thread_time()
+            steps[i]()
+            t[i].append(time.thread_time() - c)
+    return {i: float(np.median(v)) for i, v in t.items()}
+
+
+def measure(model: str, rounds: int) -> dict:
+    from edge_price_breakdown import edge_model
+    from split_models import MODELS
+
+    from isthmus.edge.interpreter import Interpreter
+    from isthmus.partitioner.threads import limited_blas_threads
+    g, inputs, y = MODELS[model]()
+    data, feed = edge_model(g, inputs, y, True)
+    it = Interpreter(data)
+    it.invoke(*[feed[x.node.name] for x in inputs])
+    steps = [s for _, s in it.kernels]
+    held = [held_bytes(s, skip=[it.arena]) for s in steps]
+    heavy = [i for i, h in enumerate(held) if h >= HEAVY_BYTES]
+    runs = []
+    with limited_blas_threads(1):
+        for _ in range(rounds):
+            full = step_medians(steps, range(len(steps)), 40)
+            cyc = step_medians(steps, heavy, 40)
+            alone: Dict[int, float] = {}
+            for i in heavy:
+                alone.update(step_medians(steps, [i], 15))
+            runs.append({"model_ms": round(sum(full.values()) * 1e3, 3),
+                         "heavy_in_model_ms": round(sum(full[i] for i in heavy) * 1e3, 3),
+                         "heavy_cycle_ms": round(sum(cyc.values()) * 1e3, 3),
+                         "heavy_alone_ms": round(sum(alone.values()) * 1e3, 3)})
+    return {"model": model, "steps": len(steps), "heavy_steps": len(heavy),
+            "heavy_mb": round(sum(held[i] for i in heavy) / 1e6, 2), "held_mb": round(sum(held) / 1e6, 2),
+            "rounds": runs}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="resnet50_shaped_64")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=RESULTS)
+    a = p.parse_args(argv)
+    load = os.getloadavg()[0]
+    r = measure(a.model, a.rounds)
+    print(f"{r['model']}: {r['heavy_steps']} of {r['steps']} steps hold {r['heavy_mb']} of {r['held_mb']} MB")
+    for x in r["rounds"]:
+        print(f"  model {x['model_ms']} ms; heavy steps in the model {x['heavy_in_model_ms']}, as a cycle "
+              f"{x['heavy_cycle_ms']}, each alone {x['heavy_alone_ms']} ms")
+    with open(a.out, "w") as f:
+        json.dump({**r, "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2)},
+                  f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,8 +6,9 @@ converters/edge_profile.measure_weight_streaming prices the weights a part reads
 from a tight cycle of weight-bound convolutions and nothing else. Here, for one model's int8 edge
 model (CPU time, one BLAS thread, each step timed by itself): its heavy kernels (each holding at
 least 200 KB of prepared weights) timed inside the whole model's sequence, as a cycle of only
-themselves, and each one repeated alone (its weights hot). In-model minus alone is what the model's
-weights cost it; heavy cycle minus alone is what the calibration's kind of cycle would see."""
+themselves, and every step repeated alone (its weights hot); and, each round, the weights-from-memory
+price that measure_weight_streaming fits then. The model minus its steps alone is what running them
+together costs (the weights beyond the cache among it), to set against that price."""
 from __future__ import annotations
 
 import argparse
@@ -77,9 +78,11 @@ def measure(model: str, rounds: int) -> dict:
     from edge_price_breakdown import edge_model
     from split_models import MODELS
 
+    from isthmus.converters.edge_profile import measure_weight_streaming
     from isthmus.edge.interpreter import Interpreter
     from isthmus.partitioner.threads import limited_blas_threads
     g, inputs, y = MODELS[model]()
+    weights = sum(int(np.prod(n.outputs[0].shape)) for n in g.nodes if n.op == "Const")
     data, feed = edge_model(g, inputs, y, True)
     it = Interpreter(data)
     it.invoke(*[feed[x.node.name] for x in inputs])
@@ -92,12 +95,17 @@ def measure(model: str, rounds: int) -> dict:
             full = step_medians(steps, range(len(steps)), 40)
             cyc = step_medians(steps, heavy, 40)
             alone: Dict[int, float] = {}
-            for i in heavy:
+            for i in range(len(steps)):
                 alone.update(step_medians(steps, [i], 15))
+            s, cache = measure_weight_streaming(True, rounds=5)
             runs.append({"model_ms": round(sum(full.values()) * 1e3, 3),
+                         "model_alone_ms": round(sum(alone.values()) * 1e3, 3),
                          "heavy_in_model_ms": round(sum(full[i] for i in heavy) * 1e3, 3),
                          "heavy_cycle_ms": round(sum(cyc.values()) * 1e3, 3),
-                         "heavy_alone_ms": round(sum(alone.values()) * 1e3, 3)})
+                         "heavy_alone_ms": round(sum(alone[i] for i in heavy) * 1e3, 3),
+                         # what the profile prices the model's weights beyond the cache at, fitted this round
+                         "weights_priced_ms": round(s * max(weights - cache, 0.0) * 1e3, 3),
+                         "weight_cache": cache})
     return {"model": model, "steps": len(steps), "heavy_steps": len(heavy),
             "heavy_mb": round(sum(held[i] for i in heavy) / 1e6, 2), "held_mb": round(sum(held) / 1e6, 2),
             "rounds": runs}
@@ -113,8 +121,9 @@ def main(argv=None) -> int:
     r = measure(a.model, a.rounds)
     print(f"{r['model']}: {r['heavy_steps']} of {r['steps']} steps hold {r['heavy_mb']} of {r['held_mb']} MB")
     for x in r["rounds"]:
-        print(f"  model {x['model_ms']} ms; heavy steps in the model {x['heavy_in_model_ms']}, as a cycle "
-              f"{x['heavy_cycle_ms']}, each alone {x['heavy_alone_ms']} ms")
+        print(f"  model {x['model_ms']} ms (its steps alone {x['model_alone_ms']}; weights priced "
+              f"{x['weights_priced_ms']}, cache {x['weight_cache'] / 1e6:.2f}M); heavy steps in the model "
+              f"{x['heavy_in_model_ms']}, as a cycle {x['heavy_cycle_ms']}, each alone {x['heavy_alone_ms']} ms")
     with open(a.out, "w") as f:
         json.dump({**r, "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2)},
                   f, indent=1)

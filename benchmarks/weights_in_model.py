@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 HEAVY_BYTES = 200_000
-RESULTS = os.path.join(HERE, "results", "weights_in_model.json")
+RESULTS = os.path.join(HERE, "results", "weights_in_model_{model}.json")
 
 
 def held_bytes(fn: Callable, skip: Sequence[np.ndarray] = (), depth: int = 6) -> int:
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet50_shaped_64")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--out", default=RESULTS, help="JSON file ({model}: the model's name; default %(default)s)")
     a = p.parse_args(argv)
     load = os.getloadavg()[0]
     r = measure(a.model, a.rounds)
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         print(f"  model {x['model_ms']} ms (its steps alone {x['model_alone_ms']}; weights priced "
               f"{x['weights_priced_ms']}, cache {x['weight_cache'] / 1e6:.2f}M); heavy steps in the model "
               f"{x['heavy_in_model_ms']}, as a cycle {x['heavy_cycle_ms']}, each alone {x['heavy_alone_ms']} ms")
-    with open(a.out, "w") as f:
+    with open(a.out.format(model=a.model), "w") as f:
         json.dump({**r, "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2)},
                   f, indent=1)
     return 0

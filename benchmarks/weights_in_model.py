@@ -8,7 +8,8 @@ model (CPU time, one BLAS thread, each step timed by itself): its heavy kernels 
 least 200 KB of prepared weights) timed inside the whole model's sequence, as a cycle of only
 themselves, and every step repeated alone (its weights hot); and, each round, the weights-from-memory
 price that measure_weight_streaming fits then. The model minus its steps alone is what running them
-together costs (the weights beyond the cache among it), to set against that price."""
+together costs (the weights beyond the cache among it), to set against that price. With --cycles,
+the calibration's own cycles of 2.1-8.4M weights measured the same way."""
 from __future__ import annotations
 
 import argparse
@@ -111,10 +112,38 @@ def measure(model: str, rounds: int) -> dict:
             "rounds": runs}
 
 
+def measure_cycles(rounds: int, sizes=(8, 16, 20, 24, 28, 32)) -> List[dict]:
+    """The calibration's streaming chain (converters/edge_profile) the same way: per round, for each
+    cycle of its first P convolutions, the cycle's steps together less each one alone (ms), and the
+    weights-from-memory price measure_weight_streaming fits then for the model's weights."""
+    from isthmus.converters import edge_profile as ep
+    from isthmus.edge.interpreter import Interpreter
+    from isthmus.partitioner.threads import limited_blas_threads
+    data, values, per_conv = ep._stream_chain(True, max(sizes))
+    it = Interpreter(data)
+    mine = [k for k, (kind, op) in enumerate(it.steps_info) if kind == "op" and op not in ep.BORDERS]
+    steps = [s for _, s in it.kernels]
+    it.invoke(*values)
+    out = []
+    with limited_blas_threads(1):
+        for _ in range(rounds):
+            alone: Dict[int, float] = {}
+            for i in mine:
+                alone.update(step_medians(steps, [i], 15))
+            row = {}
+            for p in sizes:
+                together = step_medians(steps, mine[:p], 30)
+                row[str(p * per_conv)] = round((sum(together.values()) - sum(alone[i] for i in mine[:p])) * 1e3, 3)
+            s, cache = ep.measure_weight_streaming(True, rounds=5)
+            out.append({"together_less_alone_ms": row, "weight_stream_s": s, "weight_cache": cache})
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet50_shaped_64")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cycles", action="store_true", help="also the calibration's streaming chain, cycles of 2.1-8.4M weights")
     p.add_argument("--out", default=RESULTS, help="JSON file ({model}: the model's name; default %(default)s)")
     a = p.parse_args(argv)
     load = os.getloadavg()[0]
@@ -124,6 +153,11 @@ def main(argv=None) -> int:
         print(f"  model {x['model_ms']} ms (its steps alone {x['model_alone_ms']}; weights priced "
               f"{x['weights_priced_ms']}, cache {x['weight_cache'] / 1e6:.2f}M); heavy steps in the model "
               f"{x['heavy_in_model_ms']}, as a cycle {x['heavy_cycle_ms']}, each alone {x['heavy_alone_ms']} ms")
+    if a.cycles:
+        r["cycles"] = measure_cycles(a.rounds)
+        for x in r["cycles"]:
+            print("  cycle together less alone: " + ", ".join(f"{int(w) / 1e6:.1f}M {v:+.3f}" for w, v in
+                  x["together_less_alone_ms"].items()) + f" ms; fit: cache {x['weight_cache'] / 1e6:.2f}M")
     with open(a.out.format(model=a.model), "w") as f:
         json.dump({**r, "load_average_before": round(load, 2), "load_average_after": round(os.getloadavg()[0], 2)},
                   f, indent=1)

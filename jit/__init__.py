@@ -62,7 +62,7 @@ def available() -> bool:
                     # deferred: numba is optional (its ImportError is handled)
                     import numba  # noqa: F401
 
-                    from . import cache_stamp
+                    from . import cache_stamp  # deferred: it imports numba's caching module
                     cache_stamp.install()  # a change anywhere here recompiles every kernel once
                     _state["ok"] = True
                 except Exception:  # not installed, or broken against this numpy: numpy kernels serve

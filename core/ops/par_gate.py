@@ -26,11 +26,14 @@ from .. import threads
 from .intra_op import par_rows
 
 # prange only while the 1-minute load average leaves a core idle (load < cores - IDLE_MARGIN; this
-# process's own running thread counts in it): at load 2.6 on the 2-core VM, with the hand-off
-# re-measured at 6 us, MobileNetV2-96's batch-1 run took 1.74 ms with its 96x48x48 depthwise split
-# by prange (110 us against 53 serial, and the next depthwise 83 us against 44 as the parallel
-# region's workers kept spinning) against 1.43 serial. Read at most every LOAD_RECHECK_S.
-IDLE_MARGIN = 0.5
+# process's own running thread counts in it, so on 2 cores other processes may hold at most a
+# quarter of a core). A region's worker that finds no core waits a scheduler slice (ms) against a
+# saving of tens of microseconds, so even a small chance of that loses: at load 1.6-1.8 on the
+# 2-core VM, splits forced on (hand-offs pinned at 4 us), MobileNetV2-96 at batch 1 took 22 ms
+# against 1.46 serial, its three split depthwise layers 5-8 ms each against 41-62 us; at load 2.6,
+# with the hand-off re-measured at 6 us, 1.74 ms against 1.43. Not yet measured on an idle machine,
+# where the same kernels alone split 52 -> 33 us (96x48x48/s2) and 1763 -> 840 us (32x144x24x24).
+IDLE_MARGIN = 0.75
 LOAD_RECHECK_S = 1.0
 _load = [True, -1.0]  # [whether a core was idle at the last read, when (perf_counter); -1: never]
 

@@ -275,7 +275,7 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
 def test_cores_idle_reads_the_load_average_against_the_cores(monkeypatch):
     from isthmus.core.ops import par_gate
     monkeypatch.setattr(threads, "cores", lambda: 2)
-    for load, idle in ((0.4, True), (1.49, True), (1.5, False), (3.0, False)):
+    for load, idle in ((0.4, True), (1.2, True), (1.3, False), (3.0, False)):
         monkeypatch.setattr(par_gate.os, "getloadavg", lambda load=load: (load, load, load))
         monkeypatch.setattr(par_gate, "_load", [not idle, -1.0])  # due for a read
         assert par_gate.cores_idle() is idle

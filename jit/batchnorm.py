@@ -81,6 +81,10 @@ def _grad(dy, x, mean, inv, scale, training, dx, dgamma, dbeta, c0, c1):
                     o[b] = f * g[b]
 
 
+# the kernels' range forms (channels c0..c1 last), for intra_op.par_rows and jit.par_pool's drivers
+stats_range, apply_range, grad_range = _stats, _apply, _grad
+
+
 def batch_stats(x3, c0: int, c1: int, mean, var) -> None:
     """mean[c], var[c] (float64 arrays) of channels c0..c1 of x3 [A, C, B] (population variance)."""
     _stats(x3, mean, var, c0, c1)

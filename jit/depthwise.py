@@ -172,6 +172,32 @@ def depthwise_rows(x, w, bias, g, lo: float, hi: float, out, r0: int, r1: int, s
                  scratch[:hp * wp].reshape(hp, wp), scratch[hp * wp:hp * wp + out.shape[2]])
 
 
+def range_args(x, w, bias, g, lo: float, hi: float, out) -> tuple:
+    """The arguments of planes_range before its r0, r1 for depthwise_rows' convolution (the same
+    kernel and scratch layout), for intra_op.par_rows."""
+    (pt, pb), (pl, pr) = g.pads
+    dt = x.dtype.type
+    b = bias if bias is not None else np.zeros(w.shape[0], x.dtype)
+    kind = (1 if g.sh == 1 else 2) if _fast(w.shape, g) else 0
+    return (x, w, b, kind, g.sh, g.sw, g.dh, g.dw, pt, pl, x.shape[1] + pt + pb, x.shape[2] + pl + pr,
+            dt(lo), dt(hi), out)
+
+
+@nb.njit(**_OPTS)
+def planes_range(x, w, b, kind, sh, sw, dh, dw, pt, pl, hp, wp, lo, hi, out, r0, r1):
+    """depthwise_rows' rows r0..r1 as one compiled call with its own scratch (kind 1: 3x3 stride 1,
+    2: 3x3 stride 2, 0: any other): the range form jit.par's drivers split; each row computed alone."""
+    if kind == 1:
+        _s1_3x3(x, w, b, pt, pl, lo, hi, out, r0, r1, np.empty((hp, wp), x.dtype))
+    elif kind == 2:
+        wq = wp // 2 + 1
+        _s2_3x3(x, w, b, pt, pl, lo, hi, out, r0, r1, np.empty((hp, 2 * wq), x.dtype),
+                np.empty((hp, wq), x.dtype), np.empty((hp, wq), x.dtype))
+    else:
+        _general(x, w, b, sh, sw, dh, dw, pt, pl, lo, hi, out, r0, r1, np.empty((hp, wp), x.dtype),
+                 np.empty(out.shape[2], x.dtype))
+
+
 _SUM_OPTS = dict(_OPTS, fastmath={"contract", "reassoc"})  # reassociation lets sums vectorize
 
 

@@ -247,6 +247,28 @@ def blocked_rows(x, zx, c, wb, bb, pt, pl, wp, sh, sw, lo, hi, quant, magic, bas
             _unpack_block(ob, nc, of, r0, ohw, quant, magic, base)
 
 
+@nb.njit(**_OPTS)
+def blocked_range(x, c, wb, bb, pt, pl, hp, wp, sh, sw, cmin, cmax, out, u0, u1):
+    """blocked_rows (float32) over units u0..u1 of (image, 8-channel block), unit u = image u // nblk,
+    block u % nblk, with its own scratch: the range form jit.par's drivers split (each unit computed
+    alone, so the bytes never depend on the cut)."""
+    rows, h, wd = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    hw, ohw = h * wd, oh * ow
+    xf, of = x.reshape(rows * hw), out.reshape(rows * ohw)
+    nblk = wb.shape[0]
+    pb = np.zeros(hp * wp * CB, np.float32)  # the border stays zero; blocks rewrite only the interior
+    ob = np.empty(ohw * CB, np.float32)
+    zero = np.float32(0)
+    for u in range(u0, u1):
+        n, blk = u // nblk, u % nblk
+        r0 = n * c + blk * CB
+        nc = min(CB, c - blk * CB)
+        _pack_block(xf, zero, r0, nc, hw, wd, pb, wp, pt, pl)
+        _plane3x3(pb, wb[blk], bb[blk], ob, wp, sh, sw, oh, ow, cmin, cmax)
+        _unpack_block(ob, nc, of, r0, ohw, False, zero, np.int32(0))
+
+
 def block_weights(w: np.ndarray, bias) -> tuple:
     """(wb [ceil(C / 8), 72], bb [ceil(C / 8), 8]) from w [C, 3, 3] and bias [C] (None: zeros),
     zero padded to whole blocks (once, at prepare)."""

@@ -73,6 +73,25 @@ def max_pool_blocked(x, pt, pl, wp, sh, sw, out, pb, ob):
         _unpack_block(ob, nc, of, r0, ohw, False, zero, np.int32(0))
 
 
+@nb.njit(**_OPTS)
+def max_pool_blocked_range(x, pt, pl, hp, wp, sh, sw, out, b0, b1):
+    """max_pool_blocked over the 8-plane blocks b0..b1 of x (block b: planes 8b..8b+8), with its own
+    scratch: the range form jit.par's drivers split (each block computed alone)."""
+    rows, h, wd = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    hw, ohw = h * wd, oh * ow
+    xf, of = x.reshape(rows * hw), out.reshape(rows * ohw)
+    pb = np.full(hp * wp * CB, -np.inf, np.float32)  # the border; blocks rewrite only the interior
+    ob = np.empty(ohw * CB, np.float32)
+    zero = np.float32(0)
+    for blk in range(b0, b1):
+        r0 = blk * CB
+        nc = min(CB, rows - r0)
+        _pack_block(xf, zero, r0, nc, hw, wd, pb, wp, pt, pl)
+        _plane_max3x3(pb, ob, wp, sh, sw, oh, ow)
+        _unpack_block(ob, nc, of, r0, ohw, False, zero, np.int32(0))
+
+
 def blocked_scratch_elems(hp: int, wp: int, oh: int, ow: int) -> int:
     """float32 elements of scratch max_pool_blocked needs: the padded block and the output block."""
     return (hp * wp + oh * ow) * CB

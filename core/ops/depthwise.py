@@ -29,12 +29,17 @@ from numpy.lib.stride_tricks import as_strided
 from ... import jit
 from ..threads import intra_pool, intra_threads
 from .fused import activation_to
+from .par_gate import split_rows
 
 # bytes of one chunk's padded rows, tap columns and result: 1 MiB measured best of 256 KiB to
 # 4 MiB here (512 KiB L2 per core, 32 MiB shared L3); 256 KiB pays too many calls at batch 1
 CHUNK_BYTES = 1 << 20
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_ZERO, _ZERO_I = np.float32(0), np.int32(0)  # jit.depthwise_blocked's zero point and requantization terms (float)
+# par_rows's work for the blocked kernel, in the bytes a copy writes in the same time (intra_op's
+# unit; np.copyto: ~34 GB/s here): 1.7 times its input and output bytes and this per (image,
+# 8-channel block) unit; fit at one thread, load 1.2, to MobileNetV2-96's layers (96x48x48/s2
+# 52 us, 144x24x24 43, 192x12x12 14, 384x6x6 16, 960x3x3 18)
+_DW_UNIT_BYTES = 5000
 _CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
 _MAX_LAYOUTS = 8  # input shapes whose layout and scratch (about CHUNK_BYTES each) a node keeps
 
@@ -60,7 +65,8 @@ class DepthwiseConv:
         """One compiled pass per row (image, channel), rows split over threads like the numpy path."""
         if self._blocked_pays(x, w, g, bias):
             return self._run_blocked(x, w, g, bias)
-        from ...jit.depthwise import depthwise_rows  # deferred: jit.depthwise loads numba
+        from ...jit.depthwise import range_args  # deferred: jit.depthwise loads numba
+        from ...jit.par_pool import planes_range  # deferred: loads numba; registers its prange driver
         n, c = x.shape[0], x.shape[1]
         rows = n * c
         dt = x.dtype
@@ -70,7 +76,7 @@ class DepthwiseConv:
         lo, hi = self._clamp if self._clamp is not None else (-np.inf, np.inf)
         out = np.empty((n, c, g.oh, g.ow), dtype=dt)
         orow = out.reshape(rows, g.oh, g.ow)
-        _on_threads(depthwise_rows, _split_rows(rows, rows * g.oh * g.ow * g.kh * g.kw), xs, wk, b, g, lo, hi, orow)
+        split_rows(planes_range, range_args(xs, wk, b, g, lo, hi, orow), rows, _plane_work(xs, orow, g))
         if self._post is not None:
             self._post(out, out)
         return out
@@ -88,34 +94,25 @@ class DepthwiseConv:
         return supported()
 
     def _run_blocked(self, x, w, g, bias):
-        """jit.depthwise_blocked over chunks of images on the intra-op threads, each with its own
-        scratch (the padded 8-channel block and its output block); the weights blocked once."""
+        """jit.depthwise_blocked over (image, 8-channel block) units, split across numba's threads
+        where threads.par_threads says it pays (intra_op.par_rows; each unit alone, so the same
+        bytes on any thread count); the weights blocked once."""
         n, c, h, wd = x.shape
         cached = self._blocked
         if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.depthwise_blocked import block_weights, blocked_rows  # deferred: loads numba
+            from ...jit import par_pool  # deferred: loads numba; registers the prange driver
+            from ...jit.depthwise_blocked import block_weights  # deferred: loads numba
             b = None if bias is None else bias.reshape(c)
             wb, bb = block_weights(w.reshape(c, 3, 3), b)
             lo, hi = np.float32(self._clamp[0]), np.float32(self._clamp[1])
-            cached = self._blocked = (w, bias, wb, bb, lo, hi, blocked_rows)  # holding w keeps its id
+            cached = self._blocked = (w, bias, wb, bb, lo, hi, par_pool.blocked_range)  # holding w keeps its id
         _, _, wb, bb, lo, hi, kernel = cached
         (t, b_), (l, r) = g.pads
-        hp, wp = h + t + b_, wd + l + r
-        xs = np.ascontiguousarray(x).reshape(n * c, h, wd)
+        xs = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(n * c, h, wd)
         out = np.empty((n, c, g.oh, g.ow), np.float32)
-        orow = out.reshape(n * c, g.oh, g.ow)
-        split = hp * wp * 8
-        if n == 1:  # no closure, no thread split: batch 1 pays Python per call (about 1 us a line)
-            scratch = np.empty(split + g.oh * g.ow * 8, np.float32)  # jit.depthwise_blocked's two blocks
-            kernel(xs, _ZERO, c, wb, bb, t, l, wp, g.sh, g.sw, lo, hi, False, _ZERO, _ZERO_I,
-                   orow, scratch[:split], scratch[split:])
-            return out
-
-        def images(i0, i1):
-            scratch = np.empty(split + g.oh * g.ow * 8, np.float32)
-            kernel(xs[i0 * c:i1 * c], _ZERO, c, wb, bb, t, l, wp, g.sh, g.sw, lo, hi, False, _ZERO, _ZERO_I,
-                   orow[i0 * c:i1 * c], scratch[:split], scratch[split:])
-        _on_threads(images, _split_rows(n, n * c * g.oh * g.ow * 9))
+        units = n * wb.shape[0]
+        split_rows(kernel, (xs, c, wb, bb, t, l, h + t + b_, wd + l + r, g.sh, g.sw, lo, hi,
+                          out.reshape(n * c, g.oh, g.ow)), units, 17 * (x.nbytes + out.nbytes) // 10 + _DW_UNIT_BYTES * units)
         return out
 
     def __call__(self, x, w, g, bias=None):
@@ -166,6 +163,17 @@ class DepthwiseConv:
         return wt
 
 
+def _plane_work(x, out, g) -> int:
+    """par_rows's work for jit.depthwise's per-plane kernel over x [R, H, W] into out [R, OH, OW], in
+    the bytes a copy writes in the same time (intra_op's unit, ~34 GB/s here). Fit at one thread,
+    load 1.4: 3x3 96x48x48 107 us (stride 2: 90), 576x12x12 111, 1024x28x28 600; the general loop
+    (other kernels, dilation) 5x5 64x24x24 611, 3x3 dilation 2 256x12x12 334."""
+    taps = g.kh * g.kw
+    fast = taps == 9 and g.dh == g.dw == 1 and g.sh == g.sw and g.sh in (1, 2)
+    per_tap = 0.1 if fast else 5.5
+    return int(3.5 * x.nbytes + per_tap * out.nbytes * taps) + 4000 * x.shape[0]
+
+
 def compiled_ok(xp, dtype) -> bool:
     """Whether the compiled depthwise kernels (isthmus.jit) serve arrays of this module and dtype now."""
     return xp is np and dtype in _JIT_DTYPES and jit.available()
@@ -189,14 +197,15 @@ def _on_threads(fn, ranges, *args) -> None:
 def compiled_input_grad(dy, w, g, x_shape):
     """The input gradient [N, C, H, W] of a depthwise convolution by the compiled forward kernel
     (a stride-1 convolution of dy with the weights flipped: jit.depthwise.input_grad_as_forward)."""
-    from ...jit.depthwise import depthwise_rows, input_grad_as_forward  # deferred: jit.depthwise loads numba
+    from ...jit.depthwise import input_grad_as_forward, range_args  # deferred: jit.depthwise loads numba
+    from ...jit.par_pool import planes_range  # deferred: loads numba; registers its prange driver
     n, c, h, wd = x_shape
     rows, dt = n * c, dy.dtype
     dys = np.ascontiguousarray(dy).reshape(rows, g.oh, g.ow)
     src, wf, gt = input_grad_as_forward(dys, np.asarray(w, dtype=dt).reshape(c, g.kh, g.kw), g, h, wd)
     dx = np.empty(x_shape, dtype=dt)
     dxs = dx.reshape(rows, h, wd)
-    _on_threads(depthwise_rows, _split_rows(rows, rows * h * wd * g.kh * g.kw), src, wf, None, gt, -np.inf, np.inf, dxs)
+    split_rows(planes_range, range_args(src, wf, None, gt, -np.inf, np.inf, dxs), rows, _plane_work(src, dxs, g))
     return dx
 
 

@@ -13,6 +13,7 @@ from ..registry import OpDef, elementwise_cost, register
 from ..shapes import compatible, fmt, normalize_axis
 from . import depthwise as _dw
 from .base import convert, make
+from .par_gate import split_rows
 from .math import mul
 
 __all__ = ["softmax", "log_softmax", "sparse_softmax_cross_entropy", "softmax_cross_entropy", "dropout",
@@ -254,16 +255,19 @@ def _bn_view(x, axis):
     return (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(a, x.shape[axis], -1)
 
 
-def _by_channels(fn, c: int, size: int) -> None:
-    """fn(c0, c1) over channel ranges, on as many threads as BLAS has when large (as depthwise rows)."""
-    _dw._on_threads(fn, _dw._split_rows(c, size * 8))
+def _by_channels(kernel, args: tuple, c: int, work: int) -> None:
+    """kernel(*args, c0, c1) over channel ranges (jit.batchnorm's range forms: each channel alone, so
+    the same bytes on any thread count), split across numba's threads where threads.par_threads
+    says `work` (bytes a copy would write in the same time) pays (intra_op.par_rows)."""
+    from ...jit import par_pool  # noqa: F401  # deferred: loads numba; registers the kernels' prange drivers
+    split_rows(kernel, args, c, work)
 
 
 def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache):
     """BatchNorm by the compiled kernels (isthmus.jit.batchnorm): statistics in float64, then
     one pass y = x * inv + shift. In inference mode inv and shift are kept in `cache` (a dict)
     while the four parameters are read-only arrays (frozen constants) that stay the same."""
-    from ...jit.batchnorm import batch_stats, normalize  # deferred: jit.batchnorm loads numba
+    from ...jit.batchnorm import apply_range, stats_range  # deferred: jit.batchnorm loads numba
     x3 = _bn_view(x, axis)
     c, dt = x3.shape[1], x.dtype
     params = (scale, offset, mean, var)
@@ -273,7 +277,7 @@ def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache
     else:
         if training:
             m64, v64 = np.empty(c), np.empty(c)
-            _by_channels(lambda c0, c1: batch_stats(x3, c0, c1, m64, v64), c, x.size)
+            _by_channels(stats_range, (x3, m64, v64), c, x.nbytes)
             mean, var = m64.astype(dt), v64.astype(dt)
         else:
             m64, v64 = mean.astype(np.float64), var.astype(np.float64)
@@ -283,20 +287,19 @@ def _bn_forward_compiled(x, scale, offset, mean, var, axis, eps, training, cache
         if not training and all(_dw._immutable(a) for a in params):
             cache["entry"] = (params, dt, inv_t, shift)  # holding the parameters keeps their ids unique
     y = np.empty(x3.shape, dt)
-    _by_channels(lambda c0, c1: normalize(x3, inv_t, shift, y, c0, c1), c, x.size)
+    _by_channels(apply_range, (x3, inv_t, shift, y), c, y.nbytes)
     return y.reshape(x.shape), mean.astype(dt, copy=False), var.astype(dt, copy=False)
 
 
 def _bn_grad_compiled(dy, x, scale, mean, var, axis, eps, training):
-    from ...jit.batchnorm import batch_norm_grad  # deferred: jit.batchnorm loads numba
+    from ...jit.batchnorm import grad_range  # deferred: jit.batchnorm loads numba
     x3, dy3 = _bn_view(x, axis), _bn_view(dy.astype(x.dtype, copy=False), axis)
     c, dt = x3.shape[1], x.dtype
     inv = 1.0 / np.sqrt(var.astype(np.float64) + eps)
     m64, s64 = mean.astype(np.float64), scale.astype(np.float64)
     dx = np.empty(x3.shape, dt)
     dgamma, dbeta = np.empty(c), np.empty(c)
-    _by_channels(lambda c0, c1: batch_norm_grad(dy3, x3, m64, inv, s64, training, dx, dgamma, dbeta, c0, c1),
-                 c, x.size)
+    _by_channels(grad_range, (dy3, x3, m64, inv, s64, training, dx, dgamma, dbeta), c, 2 * x.nbytes)
     dx = dx.reshape(x.shape)
     if training:
         return dx, dgamma.astype(dt), dbeta.astype(dt), np.zeros_like(mean), np.zeros_like(var)

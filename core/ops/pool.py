@@ -16,6 +16,7 @@ from .base import convert, make
 from .conv_geometry import WindowGeometry, padded_copy, resolve_pads, window_out_size, window_pair
 from .depthwise import compiled_ok
 from .intra_op import rows_apply
+from .par_gate import split_rows
 
 __all__ = ["max_pool", "avg_pool", "global_avg_pool"]
 
@@ -79,11 +80,11 @@ def _max_pool_pairs_compiled(x, g):
     """One compiled pass (jit.pool, the edge's kernel) over chunks of (image, channel) planes on the
     intra-op threads: numpy's two passes pay their iterator per output row on small planes, and
     each pass is a trip through memory (64x32x28x28: 2.3 ms in numpy, one thread)."""
-    from ...jit.pool import max_pool_2x2_float_rows  # deferred: jit.pool loads numba
+    from ...jit.par_pool import max_pool_2x2_float_range  # deferred: loads numba
     n, c, h, w = x.shape
     out = np.empty((n, c, g.oh, g.ow), x.dtype)
     x3, y3 = x.reshape(n * c, h, w), out.reshape(n * c, g.oh, g.ow)
-    rows_apply(np, lambda lo, hi: max_pool_2x2_float_rows(x3[lo:hi], y3[lo:hi]), n * c, x.nbytes)
+    split_rows(max_pool_2x2_float_range, (x3, y3), n * c, x.nbytes)
     return out
 
 
@@ -92,14 +93,16 @@ def _max_pool_windows_compiled(x, g):
     maxima, the padding implicit) per chunk of (image, channel) planes on the intra-op threads:
     numpy's kh*kw passes over strided views pay their iterator per output row on small planes
     (SqueezeNet's 3x3/stride-2 pools at batch 1: 660 us in numpy, onnxruntime 50)."""
-    from ...jit.pool_windows import max_pool_planes  # deferred: loads numba
+    from ...jit.par_pool import max_pool_planes  # deferred: loads numba; registers the prange driver
     n, c, h, w = x.shape
     out = np.empty((n, c, g.oh, g.ow), x.dtype)
     (t, b), (l, r) = g.pads
     geo = np.array([g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, b, l, r], np.int64)
     x3 = np.ascontiguousarray(x).reshape(n * c, h, w)
     y3 = out.reshape(n * c, g.oh, g.ow)
-    rows_apply(np, lambda lo, hi: max_pool_planes(x3, y3, geo, lo, hi), n * c, x.nbytes)
+    # work in the bytes a copy writes in the same time (intra_op's unit), fit at one thread, load 1.3:
+    # 64x48x48 3x3/s2 69 us, 96x24x24 2x2/s2 25, 64x28x28 5x5/s1 56
+    split_rows(max_pool_planes, (x3, y3, geo), n * c, 3 * x.nbytes + out.nbytes * (g.kh + g.kw))
     return out
 
 
@@ -116,30 +119,23 @@ def _blocked_pays(x, g) -> bool:
 
 
 def _blocked_runner(shape, g):
-    """run(x): jit.pool_blocked over chunks of images on the intra-op threads, each with its own
-    scratch (the -inf padded 8-channel block and its output block), for inputs of one shape; what
-    does not change from call to call (the import, the geometry, the scratch sizes) worked out once:
-    at batch 1 that was 11 us a call."""
-    from ...jit.pool_blocked import max_pool_blocked  # deferred: loads numba
+    """run(x): jit.pool_blocked over 8-plane blocks, split across numba's threads where
+    threads.par_threads says it pays (intra_op.par_rows; each block alone, so the same bytes on any
+    thread count), for inputs of one shape; what does not change from call to call (the import,
+    the geometry) worked out once: at batch 1 that was 11 us a call."""
+    from ...jit.par_pool import max_pool_blocked_range  # deferred: loads numba; registers the prange driver
     n, c, h, w = shape
     (t, b), (l, r) = g.pads
-    wp, oh, ow, sh, sw = w + l + r, g.oh, g.ow, g.sh, g.sw
-    split = (h + t + b) * wp * 8
-    scratch_n = split + oh * ow * 8
+    hp, wp, oh, ow, sh, sw = h + t + b, w + l + r, g.oh, g.ow, g.sh, g.sw
+    blocks = -(-(n * c) // 8)
+    # work in the bytes a copy writes in the same time (intra_op's unit), fit at one thread, load 1.3:
+    # 64x48x48/s2 41 us, 256x12x12/s2 10, 224x16x16/s2 15, 168x16x16/s1 31
+    work = 4 * n * c * (h * w + 5 * oh * ow)
 
     def run(x):
         out = np.empty((n, c, oh, ow), np.float32)
         x3 = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(n * c, h, w)
-        y3 = out.reshape(n * c, oh, ow)
-        if n == 1:
-            scratch = np.empty(scratch_n, np.float32)
-            max_pool_blocked(x3, t, l, wp, sh, sw, y3, scratch[:split], scratch[split:])
-            return out
-
-        def images(i0, i1):
-            scratch = np.empty(scratch_n, np.float32)
-            max_pool_blocked(x3[i0 * c:i1 * c], t, l, wp, sh, sw, y3[i0 * c:i1 * c], scratch[:split], scratch[split:])
-        rows_apply(np, images, n, x.nbytes)
+        split_rows(max_pool_blocked_range, (x3, t, l, hp, wp, sh, sw, out.reshape(n * c, oh, ow)), blocks, work)
         return out
     return run
 
@@ -225,21 +221,16 @@ def _max_pool_grad_split(xp, x, y, dy, g):
 
 def _max_pool_grad_compiled(x, y, dy, g, through_relu: bool):
     """MaxPoolGrad of _pairs_tiled windows as one compiled pass (jit.pool) over chunks of (image,
-    channel) planes on the intra-op threads: the same values as _max_pool_grad_pairs' mask passes
+    channel) planes split across numba's threads (intra_op.par_rows) where it pays: the same values as _max_pool_grad_pairs' mask passes
     (ties, NaN and the relu mask alike), in one trip through memory instead of about ten."""
-    from ...jit.pool import max_pool_2x2_grad_rows  # deferred: jit.pool loads numba
+    from ...jit.par_pool import max_pool_2x2_grad_range  # deferred: loads numba
     n, c, h, w = x.shape
     rows = n * c * g.oh  # pairs of input rows, one row of windows each
     xf, yf = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1)
     dyf = np.ascontiguousarray(dy).reshape(-1)
     dx = np.empty((n, c, h, w), x.dtype)
-    dxf = dx.reshape(-1)
-
-    def part(lo, hi):
-        a, b = lo * 2 * w, lo * g.ow
-        max_pool_2x2_grad_rows(xf[a:hi * 2 * w], yf[b:hi * g.ow], dyf[b:hi * g.ow], dxf[a:hi * 2 * w], hi - lo, w,
-                               through_relu)
-    rows_apply(np, part, rows, 2 * x.nbytes + 2 * y.nbytes)
+    split_rows(max_pool_2x2_grad_range, (xf, yf, dyf, dx.reshape(-1), w, through_relu), rows,
+             2 * x.nbytes + 2 * y.nbytes)
     return dx
 
 

@@ -307,10 +307,11 @@ def test_scratch_arenas_are_shared_by_threads_not_kept_per_thread(monkeypatch):
 def test_compiled_depthwise_runs_when_available_and_not_when_switched_off(monkeypatch):
     """ISTHMUS_JIT picks the path at each run: the compiled kernel is called (and the numpy
     layouts stay unbuilt) when on; the numpy kernel when off; both give the reference."""
-    from isthmus.jit import depthwise as jit_dw
+    from isthmus.core.ops import depthwise as core_dw
     calls = []
-    real = jit_dw.depthwise_rows
-    monkeypatch.setattr(jit_dw, "depthwise_rows", lambda *a: calls.append(a[-2:]) or real(*a))
+    real = core_dw.split_rows
+    monkeypatch.setattr(core_dw, "split_rows", lambda kernel, args, total, *a, **k: calls.append(
+        (kernel.__name__, total)) or real(kernel, args, total, *a, **k))
     rng = np.random.default_rng(31)
     x = rng.standard_normal((2, 6, 17, 17)).astype(np.float32)
     w = rng.standard_normal((6, 1, 5, 5)).astype(np.float32)  # 5x5: not the blocked kernel (3x3 only)
@@ -318,7 +319,7 @@ def test_compiled_depthwise_runs_when_available_and_not_when_switched_off(monkey
         monkeypatch.setenv("ISTHMUS_JIT", flag)
         calls.clear()
         check(x, w, None, 1, "SAME", 1, 6)
-        assert (calls == [(0, 12)]) == (flag == "1"), calls
+        assert (calls == [("planes_range", 12)]) == (flag == "1"), calls
 
 
 @pytest.mark.parametrize("act", ["none", "relu", "relu6"])

@@ -50,8 +50,16 @@ def test_blocked_depthwise_split_over_threads_gives_the_same_bytes(blocked, monk
     w = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
     one, _ = run_conv(x, w, b, 1, "SAME", 1, 16, "relu6")
-    monkeypatch.setattr(depthwise, "threads", lambda macs: 3)
+    cuts = []
+
+    def three_cuts(kernel, args, total, work):  # as three threads would cut it (par_gate.split_rows)
+        for i in range(3):
+            kernel(*args, total * i // 3, total * (i + 1) // 3)
+        cuts.append(total)
+        return 3
+    monkeypatch.setattr(depthwise, "split_rows", three_cuts)
     three, _ = run_conv(x, w, b, 1, "SAME", 1, 16, "relu6")
+    assert cuts == [12]  # (image, 8-channel block) units
     np.testing.assert_array_equal(one, three)
     assert len(blocked) == 2
 

@@ -1,0 +1,281 @@
+"""The non-GEMM kernels split across numba's threads (intra_op.par_rows): the blocked and per-plane
+depthwise convolutions, the 3x3, any-window and 2x2 max pools (and the 2x2 pool's gradient), batch
+norm and Concat give the same bytes at intra_op_threads 1 and 2, and the numpy reference's values."""
+import numpy as np
+import pytest
+
+import isthmus as ism
+from isthmus import jit
+from isthmus.core import threads
+from isthmus.core.ops import depthwise, nn, pool
+from isthmus.core.ops.base import make
+
+from .test_conv_forward import ACTS, ref_conv
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+
+
+@pytest.fixture(params=["prange", "pool"])
+def splits(monkeypatch, request):
+    """Every compiled kernel is worth splitting (1-byte least chunks, a pinned 10 us prange hand-off),
+    by prange (the pool's hand-off pinned at 100 s: fan_out never pays) or on the intra-op pool (its
+    hand-off pinned at 10 us: fan_out always pays); records the threads each split_rows call
+    (par_gate) of the depthwise, pool and batch-norm ops used."""
+    from isthmus.core.ops import par_gate
+    monkeypatch.setattr(threads, "_handoff", [100.0 if request.param == "prange" else threads.HANDOFF_REF_S])
+    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
+    monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    used = []
+    for mod in (depthwise, pool, nn):
+        real = mod.split_rows
+        monkeypatch.setattr(mod, "split_rows", lambda *a, _r=real, **k: used.append(_r(*a, **k)) or used[-1])
+    return used
+
+
+def _one_and_two(g, fetch, feed, used):
+    """The fetch at intra_op_threads 2 (asserting it split) and 1 (asserting it did not), same bytes."""
+    two = ism.Session(g, optimize=False, intra_op_threads=2).run(fetch, feed)
+    assert used and max(used) == 2
+    used.clear()
+    one = ism.Session(g, optimize=False, intra_op_threads=1).run(fetch, feed)
+    assert used and max(used) == 1
+    for a, b in zip(two if isinstance(two, list) else [two], one if isinstance(one, list) else [one]):
+        assert a.tobytes() == b.tobytes()
+    return one
+
+
+@pytest.mark.parametrize("n,c,hw,stride,act", [(1, 20, 16, 1, "relu6"), (3, 13, 11, 2, "relu"), (2, 8, 6, 1, "relu6")])
+def test_blocked_depthwise_same_bytes_at_one_and_two_threads(splits, n, c, hw, stride, act):
+    rng = np.random.default_rng(n * 100 + c)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        y = ism.conv2d(xt, ism.constant(w), strides=stride, padding="SAME", groups=c)
+        node = y.node
+        y = make("FusedConv2D", (xt, node.inputs[1], ism.constant(b)),
+                 {**{k: node.attrs[k] for k in ("strides", "dilations", "pads", "groups")},
+                  "activation": act}).outputs[0]
+    got = _one_and_two(g, y, {xt: x}, splits)
+    want = ACTS[act](ref_conv(x, w, (stride, stride), node.attrs["pads"], (1, 1), c) + b.reshape(1, -1, 1, 1))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _ref_max_pool(x, k, s, pads):
+    (t, b), (l, r) = pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, b), (l, r)), constant_values=-np.inf)
+    oh, ow = (xp.shape[2] - k) // s + 1, (xp.shape[3] - k) // s + 1
+    out = np.full(x.shape[:2] + (oh, ow), -np.inf)
+    for i in range(k):
+        for j in range(k):
+            out = np.maximum(out, xp[:, :, i:i + s * oh:s, j:j + s * ow:s])
+    return out
+
+
+@pytest.mark.parametrize("shape,k,s,padding,pads", [
+    ((1, 24, 15, 15), 3, 2, "VALID", ((0, 0), (0, 0))),   # the blocked 3x3 kernel, a short last block
+    ((2, 13, 16, 16), 3, 1, "SAME", ((1, 1), (1, 1))),    # blocked, padded, batch 2
+    ((1, 6, 17, 17), 3, 2, "VALID", ((0, 0), (0, 0))),    # under 16 planes: the window kernel
+    ((3, 5, 12, 12), 5, 1, "SAME", ((2, 2), (2, 2))),     # 5x5: the window kernel
+    ((2, 7, 12, 10), 2, 2, "VALID", ((0, 0), (0, 0))),    # 2x2 pairs
+])
+def test_max_pools_same_bytes_at_one_and_two_threads(splits, shape, k, s, padding, pads):
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", shape, name="x")
+        y = ism.max_pool(xt, k, s, padding)
+    got = _one_and_two(g, y, {xt: x}, splits)
+    np.testing.assert_array_equal(got, _ref_max_pool(x, k, s, pads).astype(np.float32))
+
+
+def test_max_pool_grad_same_bytes_at_one_and_two_threads(splits):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 5, 8, 12)).astype(np.float32)
+    r = rng.standard_normal((3, 5, 4, 6)).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        rt = ism.placeholder("float32", r.shape, name="r")
+        y = ism.max_pool(xt, 2)
+        dx = ism.gradients(ism.reduce_sum(y * rt), [xt])[0]
+    got = _one_and_two(g, dx, {xt: x, rt: r}, splits)
+    # reference: each window's gradient to its first maximum (row-major), as numpy's argmax takes it
+    want = np.zeros_like(x)
+    for n, c, i, j in np.ndindex(3, 5, 4, 6):
+        win = x[n, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+        p, q = np.unravel_index(np.argmax(win), (2, 2))
+        want[n, c, 2 * i + p, 2 * j + q] = r[n, c, i, j]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("axis", [1, 2, -1])
+def test_concat_split_by_images_same_bytes_at_one_and_two_threads(monkeypatch, axis):
+    """A large Concat past the first axis copies in chunks of images on the intra-op threads: the
+    bytes of np.concatenate at one and two threads."""
+    from isthmus.core.ops import array, intra_op
+    chunks = []
+    real = threads.fan_out
+
+    def counting(fn, total, nbytes, blas_inside=False, min_chunk=None, flops=False):
+        chunks.append(real(fn, total, nbytes, blas_inside, min_chunk, flops))
+        return chunks[-1]
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])  # chunk_scale() 1, whatever the machine
+    monkeypatch.setattr(array, "_CONCAT_SPLIT_BYTES", 0)
+    monkeypatch.setattr(intra_op, "fan_out", counting)
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((5, c, 3, 4)).astype(np.float32) for c in (2, 7, 3)]
+    if axis != 1:
+        xs = [np.ascontiguousarray(np.moveaxis(x, 1, axis)) for x in xs]
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        ts = [ism.placeholder("float32", x.shape, name=f"x{i}") for i, x in enumerate(xs)]
+        y = ism.concat(ts, axis=axis)
+    feed = dict(zip(ts, xs))
+    two = ism.Session(g, optimize=False, intra_op_threads=2).run(y, feed)
+    assert chunks and max(chunks) == 2
+    chunks.clear()
+    one = ism.Session(g, optimize=False, intra_op_threads=1).run(y, feed)
+    assert chunks == [1]
+    want = np.concatenate(xs, axis=axis)
+    assert two.tobytes() == one.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n,c,hw,k,stride,dil", [(2, 5, 12, 3, 1, 1), (3, 4, 11, 3, 2, 1), (2, 3, 10, 5, 1, 1),
+                                                 (1, 6, 9, 3, 1, 2)])
+def test_per_plane_depthwise_and_input_grad_same_bytes_at_one_and_two_threads(splits, n, c, hw, k, stride, dil):
+    """Weights fed at run time (not constant: the per-plane kernel, jit.depthwise) forward and input
+    gradient split by (image, channel) planes: one thread's bytes, and the float64 reference's values."""
+    rng = np.random.default_rng(n * 10 + c + k)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    r = None
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        wt = ism.placeholder("float32", w.shape, name="w")
+        y = ism.conv2d(xt, wt, strides=stride, padding="SAME", dilations=dil, groups=c)
+        r = rng.standard_normal(y.shape).astype(np.float32)
+        rt = ism.placeholder("float32", r.shape, name="r")
+        dx = ism.gradients(ism.reduce_sum(y * rt), [xt])[0]
+    got_y, got_dx = _one_and_two(g, [y, dx], {xt: x, wt: w, rt: r}, splits)
+    pads = y.node.attrs["pads"]
+    np.testing.assert_allclose(got_y, ref_conv(x, w, (stride, stride), pads, (dil, dil), c), rtol=2e-5, atol=2e-5)
+    # dx = the adjoint of the float64 reference: each tap's products scattered back
+    (t, _), (l, _) = pads
+    xp = np.zeros((n, c, hw + 2 * k * dil, hw + 2 * k * dil))
+    oh, ow = r.shape[2], r.shape[3]
+    for i in range(k):
+        for j in range(k):
+            y0, x0 = i * dil, j * dil
+            xp[:, :, y0:y0 + stride * oh:stride, x0:x0 + stride * ow:stride] += r * w[:, 0, i, j].reshape(1, c, 1, 1)
+    want_dx = xp[:, :, t:t + hw, l:l + hw]
+    np.testing.assert_allclose(got_dx, want_dx, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, training):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 6, 5, 7)).astype(np.float32)
+    scale, offset = rng.uniform(0.5, 2, 6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    mean, var = rng.standard_normal(6).astype(np.float32), rng.uniform(0.5, 2, 6).astype(np.float32)
+    r = rng.standard_normal(x.shape).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        xt = ism.placeholder("float32", x.shape, name="x")
+        rt = ism.placeholder("float32", x.shape, name="r")
+        out = ism.batch_norm(xt, scale, offset, mean, var, epsilon=1e-3, training=training)
+        y = out[0] if training else out
+        dx = ism.gradients(ism.reduce_sum(y * rt), [xt])[0]
+    got_y, got_dx = _one_and_two(g, [y, dx], {xt: x, rt: r}, splits)
+    x64, r64 = x.astype(np.float64), r.astype(np.float64)
+    m = x64.mean(axis=(0, 2, 3)) if training else mean.astype(np.float64)
+    v = x64.var(axis=(0, 2, 3)) if training else var.astype(np.float64)
+    inv = (scale / np.sqrt(v + 1e-3)).reshape(1, 6, 1, 1)
+    xhat = (x64 - m.reshape(1, 6, 1, 1)) / np.sqrt(v + 1e-3).reshape(1, 6, 1, 1)
+    np.testing.assert_allclose(got_y, xhat * scale.reshape(1, 6, 1, 1) + offset.reshape(1, 6, 1, 1),
+                               rtol=1e-5, atol=1e-5)
+    if training:  # dx of sum(r * bn(x)) with the batch's own statistics
+        want = inv * (r64 - r64.mean(axis=(0, 2, 3), keepdims=True)
+                      - xhat * (r64 * xhat).mean(axis=(0, 2, 3), keepdims=True))
+    else:
+        want = inv * r64
+    np.testing.assert_allclose(got_dx, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("handoff_us", [3.0, 10.0, 300.0])
+def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch, handoff_us):
+    """par_gate.split_rows: below fan_out's least split it uses as many threads as par_threads gives
+    (skipping par_threads only where that could only be one); at or above it, fan_out's chunks
+    (the caller runs those no worker started); the kernel covers every item once either way."""
+    import numba
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
+    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    least = threads.MIN_CHUNK_BYTES
+    for n in (1, 2):
+        with threads.IntraOpThreads(n):
+            for work in (0, least // 10, least // 5, least, 2 * least, 10 * least, 19 * least, 20 * least,
+                         100 * least):
+                y = np.zeros(64)
+                pool_splits = work >= 2 * threads.min_chunk_bytes()
+                want = min(n, 2) if pool_splits else threads.par_threads(64, work)
+                assert par_gate.split_rows(mark, (y,), 64, work) == want, (n, work)
+                assert (y == 1).all()
+
+
+def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
+    """With no core idle (the load average at the core count), work prange would split runs as one call; work
+    large enough for the pool still fans out (its caller runs the chunks no worker started)."""
+    import numba
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [3e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    monkeypatch.setattr(threads, "_handoff", [100e-6])
+    monkeypatch.setattr(par_gate, "_load", [False, float("inf")])  # no core idle, never read again
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    least = threads.MIN_CHUNK_BYTES
+    with threads.IntraOpThreads(2):
+        y = np.zeros(64)
+        assert threads.par_threads(64, 4 * least) == 2
+        assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 1
+        assert par_gate.split_rows(mark, (y,), 64, 40 * least) == 2
+        assert (y == 2).all()
+        monkeypatch.setattr(par_gate, "_load", [True, float("inf")])
+        assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 2
+        assert (y == 3).all()
+
+
+def test_cores_idle_reads_the_load_average_against_the_cores(monkeypatch):
+    from isthmus.core.ops import par_gate
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    for load, idle in ((0.4, True), (1.2, True), (1.3, False), (3.0, False)):
+        monkeypatch.setattr(par_gate.os, "getloadavg", lambda load=load: (load, load, load))
+        monkeypatch.setattr(par_gate, "_load", [not idle, -1.0])  # due for a read
+        assert par_gate.cores_idle() is idle

@@ -3,7 +3,7 @@ several sizes of three CNNs (a chain, fire modules whose cuts send several tenso
 chain with a network's worth of kernels), int8
 or fp32, each run by the real offload client against an in-process service; per part, the edge's
 CPU time per request less its node kernels' (each timed alone, hot, in run order), fitted into a
-PartCost (partitioner/part_cost.py). Timed hot in a loop, the interpreter's own overhead is 10-40
+PartCost (partitioner/part_cost.py), with the cold caches after idle measured apart (cold_samples) and taken out first. Timed hot in a loop, the interpreter's own overhead is 10-40
 us a part here; per request it was 100-250 us: the client's glue around the part and the caches a
 request finds cold after its round trip, which is what a plan must price. `isthmus profile --parts int8|fp32` writes it into the
 profile's `part` section, which every plan prices (partitioner/plan.py, part_seconds)."""
@@ -119,25 +119,120 @@ def _priced(g, y, plans, profile) -> List[float]:
 
 
 def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: float = 10.0,
-                 rtt_s: float = 0.02, profile=None, rounds: int = 3) -> List[Dict[str, float]]:
-    """Per edge part of the three CNNs: {"seconds": its edge CPU time per request less its node kernels'
-    (timed hot, one by one), "nbytes": bytes entering and leaving it, "edge_s", "kernels_s", "model",
-    "cut"}, and with a `profile` (a DeviceProfile of this machine, 1x) "priced_s": its kernels as the
-    profile prices them (PartCost.fit then fits the profile's kernel_scale too). The edge time is the
-    real OffloadClient's, against an in-process service over a link
+                 rtt_s: float = 0.02, profile=None, rounds: int = 3, slowdowns=None,
+                 cold=None) -> List[Dict[str, float]]:
+    """Per edge part of the three CNNs and slowdown: {"seconds": its edge CPU time per request less its
+    node kernels' (timed hot, one by one), "nbytes": bytes entering and leaving it, "edge_s", "kernels_s",
+    "model", "cut", "slowdown", "cold_s"}, and with a `profile` (a DeviceProfile of this machine, 1x)
+    "priced_s": its kernels as the profile prices them (PartCost.fit then fits the profile's kernel_scale
+    too). The edge time is the real OffloadClient's, against an in-process service over a link
     emulated with `rtt_s` (a request finds the caches as cold as after a real round trip), with the
-    edge emulated `slowdown` x slower by CPU time (edge_s / slowdown is the CPU time, whatever the load
-    of this machine). One BLAS thread. The `requests` of each part are spread over `rounds` passes over
-    every part of every model (medians of all): this VM's speed moves 1.5-1.8x for seconds at a time
-    (neighbours on the host, invisible to the load average and to CPU time), and parts timed one after
-    another in one such stretch fitted kernel scales from 1.0 to 1.54."""
-    # deferred: converters.split_export loads flatbuffers, scipy
-    from isthmus.converters.split_export import export_split
-    from isthmus.partitioner.pinned import PinnedPlans  # deferred: partitioner.pinned loads scipy
+    edge emulated `slowdown` (or each of `slowdowns`) x slower by CPU time (edge_s / slowdown is the
+    CPU time, whatever the load of this machine). One BLAS thread. The `requests` of each part are
+    spread over `rounds` passes over every part of every model and slowdown (medians of all): this VM's
+    speed moves 1.5-1.8x for seconds at a time (neighbours on the host, invisible to the load average
+    and to CPU time), and parts timed one after another in one such stretch fitted kernel scales from
+    1.0 to 1.54; slowdowns measured apart fitted 1.29 and 1.61. "cold_s": what the part's kernels lose
+    to the caches the idle before the request left cold, by `cold` ((cold_s, cold_tau_s), the curve
+    cold_samples measures: a PartCost's cold terms; None: 0), after the idle the emulation sleeps
+    ((slowdown - 1) x its CPU time), of kernels where the part runs any, else of moving tensors; and a
+    part with a call once more, after the call (the emulated round trip), of moving tensors (the
+    calibration parts run no kernel after their call)."""
+    from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
     from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
     if rounds < 1 or requests < 1:
         raise ValueError(f"need rounds >= 1 and requests >= 1, got rounds={rounds}, requests={requests}")
-    rounds = min(rounds, requests)
+    rounds, slowdowns = min(rounds, requests), [float(x) for x in (slowdowns or [slowdown])]
+    curve = PartCost() if cold is None else cold
+    models = _models(int8, cuts, profile)
+    with _clients(models, rtt_s) as clients, limited_blas_threads(1):
+        hot = [[_hot_interpreter(c, k) for k in range(len(m[0].cuts))] for c, m in zip(clients, models)]
+        edge: Dict[tuple, List[float]] = {}
+        kernels: Dict[tuple, List[float]] = {}
+        per_round = [requests // rounds + (r < requests % rounds) for r in range(rounds)]
+        for r, n in enumerate(per_round):
+            for sd in (slowdowns if r % 2 == 0 else slowdowns[::-1]):
+                for mi, (client, m) in enumerate(zip(clients, models)):
+                    client.edge_slowdown = sd
+                    for k in range(len(m[0].cuts)):
+                        client.selector.switch(k)
+                        client.invoke(m[5])  # untimed: the switch
+                        for _ in range(n):
+                            client.invoke(m[5])
+                            edge.setdefault((mi, k, sd), []).append(client.last["edge_s"] / sd)
+                        kernels.setdefault((mi, k), []).append(_time_part(hot[mi][k], [m[5]], 7)["kernels_s"])
+    out = []
+    for sd in slowdowns:
+        for mi, (sp, prices, sizes, x, y, _) in enumerate(models):
+            io = sizes[x.name] + sizes[y.name]
+            for k, info in enumerate(sp.cuts):
+                e, kern = float(np.median(edge[(mi, k, sd)])), float(np.median(kernels[(mi, k)]))
+                sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
+                nbytes = io + sum(sizes[n] for n in sent + info.outputs)
+                c = curve.cold((sd - 1.0) * e, kernels=kern > 0)
+                if info.cloud_part:
+                    c += curve.cold(rtt_s, kernels=False)
+                out.append({"seconds": max(e - kern - c, 0.0), "nbytes": float(nbytes), "edge_s": e,
+                            "kernels_s": kern, "model": mi, "cut": k, "slowdown": sd, "cold_s": c,
+                            **({"priced_s": prices[k]} if prices is not None else {})})
+    return out
+
+
+IDLES = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)  # seconds of idle cold_samples puts before a request
+
+
+def cold_samples(int8: bool = True, reps: int = 9, idles=IDLES, seed: int = 0) -> List[Dict[str, float]]:
+    """What a request's edge work loses to caches gone cold while the core idled: per model (the three
+    CNNs, run by the real OffloadClient at this machine's speed, one BLAS thread), kind ("kernels": the
+    edge-only part; "io": the cloud-only one, which only sends the input and takes the answer, the link
+    at zero) and idle {"idle_s", "cold_s": the median edge CPU seconds of a request (its remote calls'
+    left out) after that idle less the median of one right after another, "hot_s", "model", "kind"}.
+    Each timed request follows an untimed one and then the idle, the idles in a random order per
+    pass: this VM's speed drifts over seconds, a pass takes less."""
+    from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
+    if reps < 1 or 0.0 not in idles or len(idles) < 3:
+        raise ValueError(f"need reps >= 1 and idles with 0 and two others, got reps={reps}, idles={idles}")
+    models = _models(int8, 2, None)
+    rng = np.random.default_rng(seed)
+    times: Dict[tuple, List[float]] = {}
+    with _clients(models, 0.02) as clients, limited_blas_threads(1):
+        for _ in range(reps):
+            for mi, (client, m) in enumerate(zip(clients, models)):
+                client.edge_slowdown = 1.0
+                client.link.set(1e9, 0.0)
+                for kind, k in (("kernels", len(m[0].cuts) - 1), ("io", 0)):  # edge-only; cloud-only
+                    client.selector.switch(k)
+                    for idle in rng.permutation(idles):
+                        client.invoke(m[5])
+                        time.sleep(idle)
+                        c = time.thread_time()
+                        client.invoke(m[5])
+                        cpu = time.thread_time() - c - client.last["remote_cpu_s"]
+                        times.setdefault((mi, kind, float(idle)), []).append(cpu)
+    out = []
+    for mi in range(len(models)):
+        for kind in ("kernels", "io"):
+            hot = float(np.median(times[(mi, kind, 0.0)]))
+            out += [{"idle_s": float(i), "cold_s": float(np.median(times[(mi, kind, float(i))])) - hot, "hot_s": hot,
+                     "model": mi, "kind": kind} for i in idles]
+    return out
+
+
+def fit_cold_curve(samples: List[Dict[str, float]]):
+    """The cold terms of a PartCost from cold_samples: the kernels' curve (part_cost.fit_cold), and
+    the io segments' amplitude on the same time constant."""
+    from isthmus.partitioner.part_cost import PartCost, fit_cold  # deferred: partitioner.part_cost loads scipy
+    cold_s, tau = fit_cold(s for s in samples if s.get("kind", "kernels") == "kernels")
+    io = [s for s in samples if s.get("kind") == "io"]
+    cold_io_s = fit_cold(io, tau=tau)[0] if io else 0.0
+    return PartCost(cold_s=cold_s, cold_tau_s=tau, cold_io_s=cold_io_s)
+
+
+def _models(int8: bool, cuts: int, profile):
+    """The three CNNs exported as splits of `cuts` prefixes: (split, prices or None, tensor bytes, x, y, feed)."""
+    # deferred: converters.split_export loads flatbuffers, scipy
+    from isthmus.converters.split_export import export_split
+    from isthmus.partitioner.pinned import PinnedPlans  # deferred: partitioner.pinned loads scipy
     models = []
     for mi, (g, x, y) in enumerate(_graphs()):
         plans, _ = _plans(g, y, cuts)
@@ -149,34 +244,15 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
             raise RuntimeError(f"parts{mi}: {len(plans)} plans made {len(sp.cuts)} cuts ({sp.skipped})")
         sizes = {t.name: int(np.prod(t.shape)) * 4 for n in g.nodes for t in n.outputs}
         models.append((sp, prices, sizes, x, y, feeds[0][x.node.name]))
-    with tempfile.TemporaryDirectory(prefix="isthmus-part-cost-") as d, limited_blas_threads(1), ExitStack() as stack:
-        clients = [stack.enter_context(_part_client(sp, os.path.join(d, f"m{mi}"), slowdown, rtt_s))
-                   for mi, (sp, *_rest) in enumerate(models)]
-        hot = [[_hot_interpreter(c, k) for k in range(len(m[0].cuts))] for c, m in zip(clients, models)]
-        edge: Dict[tuple, List[float]] = {}
-        kernels: Dict[tuple, List[float]] = {}
-        per_round = [requests // rounds + (r < requests % rounds) for r in range(rounds)]
-        for n in per_round:
-            for mi, (client, m) in enumerate(zip(clients, models)):
-                xv = m[5]
-                for k in range(len(m[0].cuts)):
-                    client.selector.switch(k)
-                    client.invoke(xv)  # untimed: the switch
-                    for _ in range(n):
-                        client.invoke(xv)
-                        edge.setdefault((mi, k), []).append(client.last["edge_s"] / slowdown)
-                    kernels.setdefault((mi, k), []).append(_time_part(hot[mi][k], [xv], 7)["kernels_s"])
-    out = []
-    for mi, (sp, prices, sizes, x, y, _) in enumerate(models):
-        io = sizes[x.name] + sizes[y.name]
-        for k, info in enumerate(sp.cuts):
-            e, kern = float(np.median(edge[(mi, k)])), float(np.median(kernels[(mi, k)]))
-            sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
-            nbytes = io + sum(sizes[n] for n in sent + info.outputs)
-            out.append({"seconds": max(e - kern, 0.0), "nbytes": float(nbytes), "edge_s": e,
-                        "kernels_s": kern, "model": mi, "cut": k,
-                        **({"priced_s": prices[k]} if prices is not None else {})})
-    return out
+    return models
+
+
+@contextmanager
+def _clients(models, rtt_s: float):
+    """An OffloadClient per model of `_models`, each against its own in-process service."""
+    with tempfile.TemporaryDirectory(prefix="isthmus-part-cost-") as d, ExitStack() as stack:
+        yield [stack.enter_context(_part_client(m[0], os.path.join(d, f"m{mi}"), 1.0, rtt_s))
+               for mi, m in enumerate(models)]
 
 
 @contextmanager
@@ -222,12 +298,20 @@ def repriced(samples: List[Dict[str, float]], profile, cuts: int = 7) -> List[Di
     return out
 
 
-def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None):
+def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None, slowdowns=(8.0, 20.0)):
     """The PartCost fitted here, scaled to a device `slowdown` times slower; with `profile` (of this
-    machine at 1x) its kernel_scale against that profile's prices too."""
-    from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
-    fit = PartCost.fit(part_samples(int8, profile=profile))
+    machine at 1x) its kernel_scale against that profile's prices too. The cold curve is measured
+    first (cold_samples), each part sample's cold taken out with it, and the rest fitted once over the
+    parts run at `slowdowns` interleaved (their idles differ; their kernel scale does not)."""
+    cold = fit_cold_curve(cold_samples(int8))
+    fit = fit_parts(part_samples(int8, profile=profile, slowdowns=slowdowns, cold=cold), cold)
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 
 
-__all__ = ["measure_part_cost", "part_samples", "repriced"]
+def fit_parts(samples: List[Dict[str, float]], cold) -> "PartCost":
+    """PartCost.fit of part_samples (their cold taken out), with the cold terms of `cold` (a PartCost) kept."""
+    from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
+    return replace(PartCost.fit(samples), cold_s=cold.cold_s, cold_tau_s=cold.cold_tau_s, cold_io_s=cold.cold_io_s)
+
+
+__all__ = ["measure_part_cost", "part_samples", "cold_samples", "fit_cold_curve", "fit_parts", "repriced"]

@@ -148,7 +148,8 @@ class OffloadClient(RequestTracing):
         self.latencies: List[float] = []
         self.last_error: Optional[str] = None
         # the latest request: mode, total_s, local_s (time in the full model), cut, edge_s (emulated edge compute),
-        # remote_s (in remote calls), server_s (the service's queue + compute), server_compute_s, bytes each way
+        # remote_s (in remote calls; remote_cpu_s: this thread's CPU in them, which the emulated edge does not
+        # slow), server_s (the service's queue + compute), server_compute_s, bytes each way
         # and client_s: the client's own work here (encode, decode, glue, bookkeeping: the request less the
         # edge interpreters' invokes, the stub calls and the link), with edge_part and calls, which is what
         # partitioner/client_cost.py's ClientCost.fit prices every plan with; faults: minor page faults of
@@ -209,7 +210,7 @@ class OffloadClient(RequestTracing):
                 # where the time went: computing on the (emulated) edge, in remote calls (link + service)
                 # and, of that, the service's queue + compute; the bytes each way
                 self.last = dict(mode=mode, total_s=total, local_s=self._local_s, cut=cut,
-                                 edge_s=edge_s, remote_s=self._remote_s,
+                                 edge_s=edge_s, remote_s=self._remote_s, remote_cpu_s=self._remote_cpu_s,
                                  server_s=self._server_s, server_compute_s=self._compute_s,
                                  up_bytes=self._up_bytes, down_bytes=self._down_bytes,
                                  client_s=max(here_s - self._invoke_s - self._stub_s - self._link_s, 0.0),

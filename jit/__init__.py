@@ -23,9 +23,31 @@ _state = {"checked": False, "ok": False}
 _lock = threading.Lock()
 
 
+# os.environ.get costs about 1 us (it encodes the key and decodes the value), and a batch-1 run asks
+# once per convolution; where os.environ keeps its bytes-keyed dict (CPython on POSIX) the raw value
+# is looked up there (about 0.1 us) and its verdict remembered. os.environ's own writes (monkeypatch,
+# putenv through os.environ) update that dict, so a flip is still seen at the next call.
+_RAW = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_RAW = _RAW if isinstance(_RAW, dict) else None
+_KEY = b"ISTHMUS_JIT"
+_verdicts: dict = {}  # raw value -> enabled
+
+
 def enabled_by_env() -> bool:
     """False when ISTHMUS_JIT is set to 0/false/no/off (read at each call: tests flip it)."""
-    return os.environ.get("ISTHMUS_JIT", "1").strip().lower() not in ("0", "false", "no", "off")
+    if _RAW is None:
+        return _parse(os.environ.get("ISTHMUS_JIT", "1"))
+    raw = _RAW.get(_KEY)
+    v = _verdicts.get(raw)
+    if v is None:
+        if len(_verdicts) > 16:  # a caller cycling through many spellings: stay bounded
+            _verdicts.clear()
+        v = _verdicts[raw] = _parse("1" if raw is None else os.fsdecode(raw))
+    return v
+
+
+def _parse(value: str) -> bool:
+    return value.strip().lower() not in ("0", "false", "no", "off")
 
 
 def available() -> bool:

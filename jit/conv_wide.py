@@ -16,19 +16,19 @@ import numpy as np
 from numba.extending import intrinsic
 from numba.core import types
 
-from .gemm_f32 import KC, MR, NR, _tile_ir
+from .gemm_f32 import MR, NR, SIX_A, SIX_B, _tile_ir, chunk_len
 
 
-def _make_tile_off(nv: int, mb: int = 1):
+def _make_tile_off(nv: int, mb: int = 1, rowmap=None):
     @intrinsic
     def tile(typingctx, wp, x, off, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi):
         sig = types.void(wp, x, off, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi)
         return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb,
-                                                                       offsets=True)
+                                                                       offsets=True, rowmap=rowmap)
     return tile
 
 
-_tile = _make_tile_off(2)
+_tile, _tile6a, _tile6b = _make_tile_off(2), _make_tile_off(2, rowmap=SIX_A), _make_tile_off(2, rowmap=SIX_B)
 
 
 def plan(c, h, w, kh, kw, dh, dw, top, bottom, left, right):
@@ -59,12 +59,17 @@ def conv_wide(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, y,
                 d[i] = s[i]
     o, k = y.shape[0], starts.shape[0]
     wf = wide.reshape(o * cols)
+    kc = chunk_len(k)
     for p0 in range(0, cols, NR):
-        for k0 in range(0, k, KC):
-            kn = min(KC, k - k0)
+        for k0 in range(0, k, kc):
+            kn = min(kc, k - k0)
             last = k0 + kn >= k
             clo, chi = (lo, hi) if last else (np.float32(-np.inf), np.float32(np.inf))
-            for ob in range(o // MR):
+            nb4 = o // MR  # pairs of 6-row tiles over three blocks (gemm_f32._panels), then 4 rows at a time
+            for ob in range(0, nb4 - 2, 3):
+                _tile6a(wpk, pad, starts, p0, wf, cols, p0, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+                _tile6b(wpk, pad, starts, p0, wf, cols, p0, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi)
+            for ob in range(nb4 // 3 * 3, nb4):
                 _tile(wpk, pad, starts, p0, wf, cols, p0, ob, bias, k, k0, kn, k0 == 0, clo, chi)
     for r in range(o):
         d, s = y[r], wide[r]

@@ -24,6 +24,7 @@ from numba.extending import intrinsic
 
 CB = 8  # channels per block: one AVX2 vector of float32
 
+_RECIP_MAX_PIXELS = 1 << 24  # _pack8's division by a reciprocal is exact below this (rows under 8 pixels)
 _OPTS = dict(nogil=True, cache=True, fastmath={"contract"}, boundscheck=False)
 
 
@@ -102,11 +103,12 @@ def _transpose8(builder, rows):
 
 
 @intrinsic
-def _pack8(typingctx, src, s0, stride, dst, d0, n, zx):
-    """dst[d0 + (i 8 + c)] = src[s0 + c stride + i] - zx for c < 8, i < n rounded down to 8 (8x8
-    transposes): eight channel rows of a plane (float32, or int8 converted) into interleaved float32
-    pixels. Returns the pixels done."""
-    sig = types.int64(src, s0, stride, dst, d0, n, zx)
+def _pack8(typingctx, src, s0, stride, dst, d0, n, zx, wd, gap):
+    """dst[d0 + (i + (i // wd) gap) 8 + c] = src[s0 + c stride + i] - zx for c < 8, i < n rounded down
+    to 8 (8x8 transposes): eight channel planes (float32, or int8 converted), flat, into interleaved
+    float32 pixels of a block whose rows are wd pixels plus gap pixels of padding (a whole plane in
+    one call: planes of 6 or 12 columns need no scalar tail per row). Returns the pixels done."""
+    sig = types.int64(src, s0, stride, dst, d0, n, zx, wd, gap)
 
     def codegen(context, builder, signature, args):
         f32, i64 = ir.FloatType(), ir.IntType(64)
@@ -115,7 +117,7 @@ def _pack8(typingctx, src, s0, stride, dst, d0, n, zx):
         et = ir.IntType(8) if narrow else f32
         sa, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3))
         sptr, dptr = builder.bitcast(sa.data, et.as_pointer()), builder.bitcast(da.data, f32.as_pointer())
-        s0, stride, d0, n = args[1], args[2], args[4], args[5]
+        s0, stride, d0, n, wd, gap = args[1], args[2], args[4], args[5], args[7], args[8]
         zxv = _splat(builder, args[6], v8)
 
         def load(o):
@@ -124,13 +126,36 @@ def _pack8(typingctx, src, s0, stride, dst, d0, n, zx):
             raw = builder.load(_vec_ptr(builder, sptr, o, ir.VectorType(et, CB)), align=1)
             return builder.fsub(builder.sitofp(raw, v8), zxv)
         blocks = builder.sdiv(n, ir.Constant(i64, 8))
-        with cgutils.for_range(builder, blocks) as blk:
-            i = builder.mul(blk.index, ir.Constant(i64, 8))
-            starts = [builder.add(builder.add(s0, builder.mul(ir.Constant(i64, c), stride)), i) for c in range(CB)]
-            rows = [load(o) for o in starts]
-            for j, v in enumerate(_transpose8(builder, rows)):
-                off = builder.add(d0, builder.mul(builder.add(i, ir.Constant(i64, j)), ir.Constant(i64, CB)))
-                builder.store(v, _vec_ptr(builder, dptr, off, v8), align=4)
+
+        def loop(rows_above):  # rows_above(i, j): the block row of pixel i + j
+            with cgutils.for_range(builder, blocks) as blk:
+                i = builder.mul(blk.index, ir.Constant(i64, 8))
+                starts = [builder.add(builder.add(s0, builder.mul(ir.Constant(i64, c), stride)), i) for c in range(CB)]
+                rows = [load(o) for o in starts]
+                above = rows_above(i)
+                for j, v in enumerate(_transpose8(builder, rows)):
+                    px = builder.add(i, ir.Constant(i64, j))
+                    px = builder.add(px, builder.mul(above(j), gap))  # skip the padding of the rows above
+                    off = builder.add(d0, builder.mul(px, ir.Constant(i64, CB)))
+                    builder.store(v, _vec_ptr(builder, dptr, off, v8), align=4)
+
+        def wide(i):  # rows of 8 pixels or more: one division per 8 pixels, then at most one wrap
+            q0 = builder.sdiv(i, wd)
+            r0 = builder.sub(i, builder.mul(q0, wd))
+            return lambda j: builder.add(q0, builder.zext(
+                builder.icmp_signed(">=", builder.add(r0, ir.Constant(i64, j)), wd), i64))
+
+        # rows shorter than 8 pixels: px // wd as (px m) >> 32, m = ceil(2^32 / wd), exact while
+        # px wd^2 < 2^32 (planes far below 2^26 pixels; n is checked by the caller, _pack_block)
+        recip = builder.sdiv(builder.add(ir.Constant(i64, 1 << 32), builder.sub(wd, ir.Constant(i64, 1))), wd)
+
+        def narrow_rows(i):
+            return lambda j: builder.lshr(builder.mul(builder.add(i, ir.Constant(i64, j)), recip), ir.Constant(i64, 32))
+        with builder.if_else(builder.icmp_signed(">=", wd, ir.Constant(i64, CB))) as (then, otherwise):
+            with then:
+                loop(wide)
+            with otherwise:
+                loop(narrow_rows)
         return builder.mul(blocks, ir.Constant(i64, 8))
     return sig, codegen
 
@@ -174,15 +199,14 @@ def _unpack8(typingctx, src, s0, dst, d0, stride, n, magic, base):
 @nb.njit(**_OPTS)
 def _pack_block(xf, zx, r0, nc, hw, wd, pb, wp, pt, pl):
     """The interior of the padded block pb [Hp * Wp * 8] from rows r0..r0+nc of xf [R * H * W] (flat;
-    float32, or int8 less its zero point zx)."""
-    h = hw // wd
-    for y in range(h):
-        s0, d0 = r0 * hw + y * wd, ((pt + y) * wp + pl) * CB
-        done = _pack8(xf, s0, hw, pb, d0, wd, zx) if nc == CB else 0
-        for c in range(nc):
-            src, dst = xf[s0 + c * hw:], pb[d0 + c:]
-            for i in range(done, wd):
-                dst[i * CB] = np.float32(src[i]) - zx
+    float32, or int8 less its zero point zx): the whole plane through 8x8 transposes, only its last
+    hw mod 8 pixels (or a last block of fewer than 8 channels) element by element."""
+    s0, d0, gap = r0 * hw, (pt * wp + pl) * CB, wp - wd
+    done = _pack8(xf, s0, hw, pb, d0, hw, zx, wd, gap) if nc == CB and hw < _RECIP_MAX_PIXELS else 0
+    for c in range(nc):
+        src, dst = xf[s0 + c * hw:], pb[d0 + c:]
+        for i in range(done, hw):
+            dst[(i + (i // wd) * gap) * CB] = np.float32(src[i]) - zx
 
 
 @nb.njit(**_OPTS)

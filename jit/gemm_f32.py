@@ -4,10 +4,12 @@ A 1x1 convolution is Y [O, P] = W [O, K] @ X [K, P] + bias, then relu/relu6. num
 through BLAS, which packs both operands on every call (on a MobileNet's 6x6 planes the 576 x 96
 weights cost as much to pack as to multiply), then the bias and the clamp take another pass over
 Y (about 45 us of MobileNetV2-96's 900 us of 1x1 convolutions, one thread). Here the weights are
-packed once, at prepare, as [O/4, K, 4]; X is read in place, 16 columns at a time; a 4 x 16 tile
-of accumulators (eight <8 x float> vectors) starts at the bias, takes one FMA per weight and
-column vector along K, and is clamped and stored. The tile is LLVM IR (a numba intrinsic, as in
-jit/gemm_int8.py), since numba leaves such a register-blocked loop unvectorized.
+packed once, at prepare, as [O/4, K, 4]; X is read in place, 16 columns at a time; a 6 x 16 tile
+of accumulators (twelve <8 x float> vectors; two such tiles cover three packed blocks, the last
+O mod 12 rows a 4 x 16 tile) starts at the bias, takes one FMA per weight and column vector along
+K, and is clamped and stored. The tile is LLVM IR (a numba intrinsic, as in jit/gemm_int8.py),
+since numba leaves such a register-blocked loop unvectorized. The im2col gather lives in
+jit/im2col.py (re-exported here); jit/conv_direct.py turns the tile around for convolutions.
 
 Columns past the last whole 16 go through a zero-padded copy of their [K, P mod 16] panel and a
 [O, 16] tile buffer (scratch). O must be a multiple of 4 (MobileNets' widths are multiples of 8);
@@ -22,9 +24,15 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .gemm_int8 import supported
+from .im2col import im2col, im2col_ld  # noqa: F401  (callers import them from here)
 
 MR, NR = 4, 16  # tile: output rows, columns (two vectors of eight floats)
-KC = 128  # K chunk: a [128, 16] panel of x (8 KB) stays in L1
+# K chunk: a [KC, 16] panel of x (at most 10 KB) stays in L1 while the row tiles pass. K goes in
+# equal chunks of at most 160 (chunk_len): a fixed 128 left short tails (K 144 = 128 + 16, 147 = 128 +
+# 19), each paying the tiles' start and end; equal chunks ran 5-11% faster on K 144, 147 and 288
+# (one thread, hot caches), even elsewhere. Sums cross chunks through y exactly (float32), so the
+# chunking never changes the bytes.
+KC = 160
 
 
 def _splat(builder, v, vt):
@@ -33,28 +41,37 @@ def _splat(builder, v, vt):
     return builder.shuffle_vector(e, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(i32, vt.count), None))
 
 
-def _make_tile(nv: int, mb: int = 1):
+# The 6 x 16 tiles: 12 accumulators (and two x vectors and a broadcast: 15 of the 16 ymm registers)
+# against the 4 x 16 tile's 8, which only just covered the FMA latency (4 cycles x 2 ports); two of
+# them cover three packed blocks of 4 rows, the first from lane 0 of block ob, the second from lane 2.
+SIX_A = ((0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1))
+SIX_B = ((0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3))
+
+
+def _make_tile(nv: int, mb: int = 1, rowmap=None):
     """The tile intrinsic over nv vectors of 8 columns (2: the main loop; 1: a short last panel) and
-    mb blocks of 4 rows (2 for a short panel: eight independent accumulators keep the FMAs busy)."""
+    mb blocks of 4 rows (2 for a short panel: eight independent accumulators keep the FMAs busy), or
+    the rows of rowmap ((block after ob, lane) per row)."""
     @intrinsic
     def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi):
         sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi)
-        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb)
+        return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb,
+                                                                       rowmap=rowmap)
     return tile
 
 
-def _make_tile_add(nv: int, mb: int = 1):
+def _make_tile_add(nv: int, mb: int = 1, rowmap=None):
     """_make_tile's tile with a residual addend r (flat, y's layout): the first K chunk starts at
     bias + r instead of the bias, so the addend costs no pass of its own."""
     @intrinsic
     def tile(typingctx, wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi, r):
         sig = types.void(wp, x, ldx, px, y, ldy, py, ob, bias, k, k0, kn, first, lo, hi, r)
         return sig, lambda context, builder, signature, args: _tile_ir(context, builder, signature, args, nv, mb,
-                                                                       residual=True)
+                                                                       residual=True, rowmap=rowmap)
     return tile
 
 
-def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=False):
+def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=False, rowmap=None):
     """y[(ob 4 + r) ldy + py + j] = clamp(s + sum over k0 <= i < k0 + kn of wp[ob + r // 4, i, r % 4]
     x[i ldx + px + j], lo, hi) for r < 4 mb, j < 8 nv, s = bias[ob 4 + r] when first is nonzero, else
     that y (a K chunk after the first): wp the packed weights [O/4, k, 4], x and y flat float32. A NaN
@@ -66,11 +83,13 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
     wptr, xptr, yptr, bptr = (builder.bitcast(a.data, f32.as_pointer()) for a in arrs)
     ldx, px, ldy, py, ob, k, k0, kn, first, lo, hi = (args[i] for i in (2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14))
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
-    nr = MR * mb
+    rowmap = rowmap or [(r // MR, r % MR) for r in range(MR * mb)]
+    nr, mb = len(rowmap), rowmap[-1][0] + 1
+    outrow = [MR * b + lane for b, lane in rowmap]  # the tile's rows, from ob's first
     wbases = [builder.mul(builder.add(builder.mul(builder.add(ob, ir.Constant(i64, b)), k), k0), ir.Constant(i64, MR))
               for b in range(mb)]
     rows = [builder.add(builder.mul(builder.add(builder.mul(ob, ir.Constant(i64, MR)), ir.Constant(i64, r)), ldy), py)
-            for r in range(nr)]
+            for r in outrow]
     from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
     if residual:
         rarr = context.make_array(signature.args[15])(context, builder, args[15])
@@ -78,7 +97,7 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
     init = []
     for r in range(nr):
         b = _splat(builder, builder.load(builder.gep(bptr, [builder.add(builder.mul(ob, ir.Constant(i64, MR)),
-                                                                         ir.Constant(i64, r))])), v8)
+                                                                         ir.Constant(i64, outrow[r]))])), v8)
         for j in range(nv):
             off = builder.add(rows[r], ir.Constant(i64, 8 * j))
             ptr = builder.bitcast(builder.gep(yptr, [off]), v8.as_pointer())
@@ -104,9 +123,8 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
                                        v8.as_pointer()), align=4) for j in range(nv)]
     wos = [builder.add(wb, builder.mul(i, ir.Constant(i64, MR))) for wb in wbases]
     new = []
-    for r in range(nr):
-        wo = wos[r // MR]
-        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wo, ir.Constant(i64, r % MR))])), v8)
+    for r, (blk, lane) in enumerate(rowmap):
+        wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wos[blk], ir.Constant(i64, lane))])), v8)
         new += [builder.call(fma, [wv, xs[j], accs[nv * r + j]]) for j in range(nv)]
     i2 = builder.add(i, ir.Constant(i64, 1))
     for a, v in zip(accs, new):
@@ -133,16 +151,25 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
 
 
 _tile, _tile8, _tile8x8 = _make_tile(2), _make_tile(1), _make_tile(1, 2)
+_tile6a, _tile6b = _make_tile(2, rowmap=SIX_A), _make_tile(2, rowmap=SIX_B)
 _tile_add, _tile8_add, _tile8x8_add = _make_tile_add(2), _make_tile_add(1), _make_tile_add(1, 2)
+_tile6a_add, _tile6b_add = _make_tile_add(2, rowmap=SIX_A), _make_tile_add(2, rowmap=SIX_B)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def chunk_len(k):
+    """The length of K's equal chunks of at most KC."""
+    return -(-k // -(-k // KC)) if k > 0 else 1
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
-    """Every row tile over one 16-column panel (8 when narrow), K in chunks of KC (the chunk of x
+    """Every row tile over one 16-column panel (8 when narrow), K in chunks (chunk_len: the chunk of x
     stays in L1 while the row tiles pass; chunks after the first start from y, the last clamps)."""
     inf = np.float32(np.inf)
-    for k0 in range(0, k, KC):
-        kn = min(KC, k - k0)
+    kc = chunk_len(k)
+    for k0 in range(0, k, kc):
+        kn = min(kc, k - k0)
         last = k0 + kn >= k
         clo, chi = (lo, hi) if last else (-inf, inf)
         if narrow:  # 8 rows at a time where two row blocks remain
@@ -151,8 +178,12 @@ def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
                 _tile8x8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
             if nb4 % 2:
                 _tile8(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi)
-        else:
-            for ob in range(o // MR):
+        else:  # pairs of 6-row tiles over three blocks, the last blocks 4 rows at a time
+            nb4 = o // MR
+            for ob in range(0, nb4 - 2, 3):
+                _tile6a(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
+                _tile6b(wp, xf, ldx, px, yf, ldy, py, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi)
+            for ob in range(nb4 // 3 * 3, nb4):
                 _tile(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
 
 
@@ -210,31 +241,6 @@ def leading_dim(p: int) -> int:
     return NR * (lines + 1 - lines % 2)
 
 
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col(pad, ws, kh, kw, sh, sw, dh, dw, cols, oh, ow):
-    """cols [C kh kw, OH OW] (rows in (c, ky, kx) order) = the windows of pad [C, >= Hp ws] (one image,
-    padded, flat planes of width ws): cols[(c kh + ky) kw + kx, oy OW + ox] =
-    pad[c, (oy sh + ky dh) ws + ox sw + kx dw]. One pass of row copies (numpy's 6-d window copy
-    paid its iterator per row of OW elements)."""
-    c = pad.shape[0]
-    for ch in range(c):
-        src_c = pad[ch]
-        for ky in range(kh):
-            for kx in range(kw):
-                row = cols[(ch * kh + ky) * kw + kx]
-                for oy in range(oh):
-                    src, dst = src_c[(oy * sh + ky * dh) * ws + kx * dw:], row[oy * ow:]
-                    if sw == 1:
-                        for ox in range(ow):
-                            dst[ox] = src[ox]
-                    elif sw == 2:  # a constant stride vectorizes (interleaved loads)
-                        for ox in range(ow):
-                            dst[ox] = src[2 * ox]
-                    else:
-                        for ox in range(ow):
-                            dst[ox] = src[ox * sw]
-
-
 def packed_pays(o: int, k: int, p: int) -> bool:
     """Whether a batch-1 convolution's GEMM of o outputs, k inputs (channels x taps) over p pixels
     runs faster here (weights packed once, bias and clamp in the epilogue) than BLAS, which packs
@@ -251,31 +257,6 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
     if o % MR:
         raise ValueError(f"fp32 GEMM: {o} output rows are not a multiple of {MR}")
     return np.ascontiguousarray(w.astype(np.float32).reshape(o // MR, MR, k).transpose(0, 2, 1))
-
-
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def im2col_ld(x, h, w, geo, cols):
-    """cols [C kh kw, >= OH OW] (rows (c, ky, kx), any row stride) = the windows of one image x [C,
-    H W] (flat planes, unpadded). geo (kh, kw, sh, sw, dh, dw, top, bottom, left, right, oh, ow).
-    Each channel is padded in a small scratch plane that stays in cache (the borders zeroed once),
-    instead of a padded copy of the whole image; im2col's row copies then read it."""
-    kh, kw, sh, sw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-    top, bottom, left, right, oh, ow = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
-    c = x.shape[0]
-    hp, wp = h + top + bottom, w + left + right
-    padded = top + bottom + left + right > 0
-    plane = np.zeros(hp * wp if padded else 1, x.dtype)
-    for ch in range(c):
-        if padded:
-            src_x = x[ch]
-            for y in range(h):
-                d, sr = plane[(y + top) * wp + left:], src_x[y * w:]
-                for i in range(w):
-                    d[i] = sr[i]
-            src = plane.reshape(1, hp * wp)
-        else:
-            src = x[ch:ch + 1]
-        im2col(src, wp, kh, kw, sh, sw, dh, dw, cols[ch * kh * kw:(ch + 1) * kh * kw], oh, ow)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -11,16 +11,17 @@ from __future__ import annotations
 import numba as nb  # imported only when a kernel is first bound
 import numpy as np
 
-from .gemm_f32 import (KC, MR, NR, _tile8_add, _tile8x8_add, _tile_add, gemm_bias_clamp_ld, im2col_ld, tail_in,
-                       tail_out)
+from .gemm_f32 import (MR, NR, _tile6a_add, _tile6b_add, _tile8_add, _tile8x8_add, _tile_add, chunk_len,
+                       gemm_bias_clamp_ld, im2col_ld, tail_in, tail_out)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def _panels_add(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow, rf):
     """gemm_f32._panels with the addend rf (flat, yf's layout) in the first K chunk's start."""
     inf = np.float32(np.inf)
-    for k0 in range(0, k, KC):
-        kn = min(KC, k - k0)
+    kc = chunk_len(k)
+    for k0 in range(0, k, kc):
+        kn = min(kc, k - k0)
         last = k0 + kn >= k
         clo, chi = (lo, hi) if last else (-inf, inf)
         if narrow:
@@ -30,7 +31,11 @@ def _panels_add(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow, rf):
             if nb4 % 2:
                 _tile8_add(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi, rf)
         else:
-            for ob in range(o // MR):
+            nb4 = o // MR
+            for ob in range(0, nb4 - 2, 3):
+                _tile6a_add(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi, rf)
+                _tile6b_add(wp, xf, ldx, px, yf, ldy, py, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi, rf)
+            for ob in range(nb4 // 3 * 3, nb4):
                 _tile_add(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi, rf)
 
 

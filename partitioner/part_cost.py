@@ -21,17 +21,30 @@ and kernel_scale is what the device takes for the profile's kernel second inside
 per request: one-node calibration cases find caches that a request, coming after the device did
 other work, does not (issue 27: the int8 interpreter ran the models' kernels 15-30% over their
 one-node timings when emulated at 20x). DeviceProfile.op_time applies it to every kernel it prices.
+
+A stretch of edge work that starts after the core idled finds its caches cold (the interpreter's
+and the client's code, the arena, the weights): measured here (CPU time, one thread, parts of
+0.2-1.8 ms) about 0.06 ms after 2 ms idle, 0.12 after 5, 0.18 after 20-100, whatever the part's
+size. It is priced per segment of edge work, `cold_s * (1 - exp(-idle / cold_tau_s))` for one that
+runs kernels, `cold_io_s` in its place for one that only moves tensors (a cloud-only request's
+inputs sent, an answer received and returned: about a third of it here): the request's first
+segment after the idle before it (`sleep_ratio` x the request's edge time: the
+emulated edge sleeps (slowdown - 1) x its compute after each request; a real device busy with
+back-to-back requests idles 0), and the segment after a remote call (idle: the call).
+`isthmus profile --parts` measures the curve directly (apps/part_measure.cold_samples) and fits
+the terms above on parts with their cold taken out, so a slowdown's longer idles do not leak into
+kernel_scale.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Iterable, Mapping
 
 import numpy as np
 
 from .cost_terms import fit_non_negative, seconds_from_dict
 
-FIELDS = ("invoke_s", "byte_s", "kernel_scale")
+FIELDS = ("invoke_s", "byte_s", "kernel_scale", "cold_s", "cold_tau_s", "sleep_ratio", "cold_io_s")
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,10 @@ class PartCost:
     invoke_s: float = 0.0   # each run of an edge part (the interpreter's call, its step loop)
     byte_s: float = 0.0     # each byte entering or leaving the part (inputs, sent, received, outputs)
     kernel_scale: float = 1.0  # the part's kernels take this many times what the profile prices them at
+    cold_s: float = 0.0      # a segment of kernels after a long idle: refilling the caches (device seconds)
+    cold_tau_s: float = 0.005  # how fast the caches go cold while the core idles (wall seconds: unscaled)
+    sleep_ratio: float = 0.0   # idle before a request per second of its edge time ((s - 1) / s emulated)
+    cold_io_s: float = 0.0     # cold_s of a segment that runs no kernel (sends inputs, takes an answer)
 
     def __post_init__(self):
         for k in FIELDS:
@@ -50,16 +67,31 @@ class PartCost:
     def seconds(self, parts: int, nbytes: float) -> float:
         return self.invoke_s * parts + self.byte_s * nbytes
 
+    def cold(self, idle_s: float, kernels: bool = True) -> float:
+        """Seconds a segment of edge work (of kernels, or without: `kernels`) pays for its caches after
+        the core idled `idle_s` seconds."""
+        amp = self.cold_s if kernels else self.cold_io_s
+        if amp == 0.0 or idle_s <= 0.0:
+            return 0.0
+        return amp * (-float(np.expm1(-idle_s / self.cold_tau_s)) if self.cold_tau_s > 0 else 1.0)
+
     def scaled(self, factor: float) -> "PartCost":
-        """The same runtime on a device `factor` times slower."""
-        return PartCost(self.invoke_s * factor, self.byte_s * factor, self.kernel_scale)  # a ratio: unscaled
+        """The same runtime on a device `factor` times slower (the ratios and the idle's clock unscaled)."""
+        return replace(self, invoke_s=self.invoke_s * factor, byte_s=self.byte_s * factor,
+                       cold_s=self.cold_s * factor, cold_io_s=self.cold_io_s * factor)
+
+    def emulated(self, slowdown: float) -> "PartCost":
+        """As OffloadClient's edge_slowdown runs it: after each request the client sleeps
+        (slowdown - 1) x the request's CPU time, an idle of (slowdown - 1) / slowdown of its edge time."""
+        return replace(self, sleep_ratio=max(slowdown - 1.0, 0.0) / slowdown)
 
     @classmethod
     def fit(cls, samples: Iterable[Mapping[str, float]]) -> "PartCost":
         """From samples {"seconds": a part's time less its node kernels', "nbytes": its boundary
         bytes}, or, when every sample has them, {"edge_s": the part's whole time per request,
         "priced_s": its kernels as a profile prices them, "nbytes"} (then kernel_scale is fitted
-        too); non-negative least squares."""
+        too); non-negative least squares. A sample's "cold_s" (its caches after idle, priced by the
+        measured curve) is taken out of its time first: a term measured apart, not fitted again."""
         samples = list(samples)
         against = bool(samples) and all("priced_s" in s for s in samples)
         need = ("edge_s", "nbytes", "priced_s") if against else ("seconds", "nbytes")
@@ -71,8 +103,11 @@ class PartCost:
                 raise ValueError(f"part cost sample {k}: needs {', '.join(need)} ({e})") from None
             if not (all(np.isfinite(vals)) and min(vals[1:]) >= 0):
                 raise ValueError(f"part cost sample {k}: values must be finite, {', '.join(need[1:])} >= 0, got {dict(s)}")
+            cold = float(s.get("cold_s", 0.0))
+            if not (np.isfinite(cold) and cold >= 0):
+                raise ValueError(f"part cost sample {k}: cold_s must be finite seconds >= 0, got {dict(s)}")
             rows.append([1.0] + vals[1:])
-            ys.append(max(vals[0], 0.0))
+            ys.append(max(vals[0] - cold, 0.0))
         if len(rows) < len(need):
             raise ValueError(f"fitting the part cost needs at least {len(need)} samples, got {len(rows)}")
         coef = fit_non_negative(rows, ys)  # absolute error: a sample can be a difference of two timings near 0
@@ -92,7 +127,41 @@ class PartCost:
 
     def describe(self) -> str:
         scale = f", its kernels x {self.kernel_scale:.3g}" if self.kernel_scale != 1.0 else ""
-        return f"{self.invoke_s * 1e3:.3g} ms per edge part + {self.byte_s * 1e9:.3g} ms per MB across its boundary{scale}"
+        cold = (f", {self.cold_s * 1e3:.3g} ms per segment of kernels after a long idle ({self.cold_io_s * 1e3:.3g} "
+                f"without kernels; tau {self.cold_tau_s * 1e3:.3g} ms)" if self.cold_s or self.cold_io_s else "")
+        return (f"{self.invoke_s * 1e3:.3g} ms per edge part + {self.byte_s * 1e9:.3g} ms per MB across its "
+                f"boundary{scale}{cold}")
 
 
-__all__ = ["PartCost", "FIELDS"]
+TAUS = tuple(float(t) for t in np.geomspace(0.5e-3, 100e-3, 40))  # the time constants fit_cold tries
+
+
+def fit_cold(samples: Iterable[Mapping[str, float]], tau: "float | None" = None) -> "tuple[float, float]":
+    """(cold_s, cold_tau_s) from samples {"idle_s": the idle before a segment, "cold_s": its seconds
+    over the same segment run hot}: least squares of cold_s * (1 - exp(-idle / tau)) over `TAUS`, or
+    with `tau` given (another curve's: the io segments') its amplitude alone."""
+    pts = []
+    for k, s in enumerate(samples):
+        try:
+            idle, cold = float(s["idle_s"]), float(s["cold_s"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"cold sample {k}: needs idle_s, cold_s ({e})") from None
+        if not (np.isfinite(idle) and np.isfinite(cold) and idle >= 0):
+            raise ValueError(f"cold sample {k}: idle_s must be finite >= 0 and cold_s finite, got {dict(s)}")
+        pts.append((idle, cold))
+    if len({p[0] for p in pts if p[0] > 0}) < 2:
+        raise ValueError(f"fitting the cold curve needs samples at two idles > 0 at least, got {len(pts)} samples")
+    if tau is not None and not (np.isfinite(tau) and tau > 0):
+        raise ValueError(f"fit_cold: tau must be finite seconds > 0, got {tau!r}")
+    idle, cold = np.array(pts).T
+    best = (float("inf"), 0.0, TAUS[0])
+    for tau in (TAUS if tau is None else (float(tau),)):
+        shape = -np.expm1(-idle / tau)
+        c = max(float(shape @ cold) / float(shape @ shape), 0.0)
+        err = float(((c * shape - cold) ** 2).sum())
+        if err < best[0]:
+            best = (err, c, tau)
+    return best[1], best[2]
+
+
+__all__ = ["PartCost", "FIELDS", "fit_cold"]

@@ -64,11 +64,15 @@ class SplitPlan:
                 lines.append(f"  {short[d]:<6} {d}: {len(names)} nodes: {shown}")
         lines.append("predicted latency:")
         edge = p.cost.edge
-        part_s = part_seconds(p, p.assignment(self.placement), self.predicted) if p.edge is not None else 0.0
+        part_s = 0.0
+        if p.edge is not None:
+            a = p.assignment(self.placement)
+            part_s = part_seconds(p, a, self.predicted, p.breakdown(a).compute.get(edge, 0.0) + self.client_s)
         rows = [(f"compute on {short[d]}", s - (self.client_s + part_s if d == edge else 0.0))
                 for d, s in self.predicted.compute.items() if s > 0]
         if part_s > 0:
-            rows.append((f"edge part on {short[edge]} beyond its kernels (invoke, boundary bytes, weights from memory)", part_s))
+            rows.append((f"edge part on {short[edge]} beyond its kernels (invoke, boundary bytes, weights from memory, "
+                         "cold caches)", part_s))
         if self.client_s > 0:
             rows.append((f"client on {short[edge]} (request, part, calls, bytes)", self.client_s))
         rows += [(f"transfer {m.tensor} {short[m.src]}->{short[m.dst]} ({_bytes(m.nbytes)})", m.seconds)
@@ -134,7 +138,7 @@ def priced(p: Problem, assign) -> "tuple[Breakdown, float]":
     calls = int(bool((a != p.edge).any()))
     c = p.cost.client.seconds(edge_part, calls, 0.0)
     edge = p.devices[p.edge]
-    b.compute[edge] = b.compute.get(edge, 0.0) + c + part_seconds(p, a, b)
+    b.compute[edge] = b.compute.get(edge, 0.0) + c + part_seconds(p, a, b, b.compute.get(edge, 0.0) + c)
     return b, c
 
 
@@ -153,13 +157,17 @@ def one_latency_each_way(moves: List[Move], edge: str, link: LinkModel) -> List[
     return out
 
 
-def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown) -> float:
+def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown, edge_s: float) -> float:
     """The edge part's cost beyond its kernels (DeviceProfile.part): one run of the edge's interpreter
     per request (whatever the plan: a cloud-only plan's part still takes the inputs and sends them),
     and the bytes crossing its boundary: the inputs placed there, the tensors it computed and sends,
     those it receives, the outputs it returns (apps/part_measure.py counts the same); and the weights
     its products read beyond what the edge's cache holds (DeviceProfile.weight_streaming). A part's
-    whole weights decide that, so the min cut's per-node prices leave it out; every plan is priced with it."""
+    whole weights decide that, so the min cut's per-node prices leave it out; every plan is priced with it.
+    And the caches its segments of kernels find cold (PartCost.cold): the first after the idle before
+    the request (PartCost.sleep_ratio x the request's edge time, `edge_s` with these terms), each
+    after a remote call after the call (its transfers and the cloud's compute). That is a price per
+    plan, not per node, and the same for every split with one call, so the min cut leaves it out too."""
     edge = p.devices[p.edge]
     stream = p.cost.profiles[edge].weight_streaming(edge_weights(p, assign))
     part = p.cost.profiles[edge].part
@@ -170,7 +178,32 @@ def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown) -> float:
     nbytes += sum(m.nbytes for m in b.moves if (m.src == edge and m.tensor not in inputs) or m.dst == edge)
     if p.return_to == p.edge:
         nbytes += sum(f.nbytes for f in p.flows if f.is_output)
-    return part.seconds(1, nbytes) + stream
+    fixed = part.seconds(1, nbytes) + stream
+    return fixed + cold_seconds(p, assign, b, part, edge_s + fixed)
+
+
+def cold_seconds(p: Problem, assign: np.ndarray, b: Breakdown, part, edge_s: float) -> float:
+    """What the edge's segments of work pay for cold caches (PartCost.cold): the request's first after
+    the idle before the request (of kernels when the edge runs one before any call, else of moving
+    tensors: the inputs sent), and, in a plan with a call, the one after it, after the call (of
+    kernels when an edge kernel reads what the cloud computed, else of taking the answer)."""
+    if part.cold_s == 0.0 and part.cold_io_s == 0.0:
+        return 0.0
+    a = np.asarray(assign)
+    works = [bool(a[i] == p.edge) and n.op not in _NO_WORK for i, n in enumerate(p.nodes)]
+    later = [bool(x != p.edge) for x in a]  # off the edge, or reading what came back from it
+    for f in sorted(p.flows, key=lambda f: f.producer):  # nodes are in run order
+        if later[f.producer]:
+            for c in f.consumers:
+                later[c] = True
+    first = any(w and not x for w, x in zip(works, later))
+    after_call = any(w and x for w, x in zip(works, later))
+    edge = p.devices[p.edge]
+    cold = part.cold(part.sleep_ratio * edge_s, kernels=first)
+    if any(later):  # a call: its answer comes back after the link and the cloud's compute
+        call_s = sum(m.seconds for m in b.moves) + sum(v for d, v in b.compute.items() if d != edge)
+        cold += part.cold(call_s, kernels=after_call)
+    return cold
 
 
 WEIGHT_OPS = ("MatMul", "FusedMatMul", "Conv2D", "FusedConv2D")  # what reads a weight per request

@@ -8,7 +8,8 @@ beats kh shallower ones there). 1x1 convolutions are a GEMM on the input as it l
 (conv_pointwise.py, with the bias + activation finish every GEMM path shares). At inference
 (constant float32 weights, a clamp activation) few output pixels run as a GEMM with the pixels as
 rows (conv_pixels.py), and batch 1 and constant-weight batches image by image on the packed GEMM,
-with im2col or without it on wide stride-1 planes (conv_one_image.py). The filter
+with im2col or without it (conv_one_image.py); a node keeps the route it chose for constant weights
+per input shape and takes it again without the checks (conv_bound.py). The filter
 gradient is the same GEMMs against the same columns; the input gradient of a stride-1 convolution
 is itself a convolution (of dy with the flipped, transposed weights), else one GEMM and one
 strided add per kernel tap. Depthwise convolutions skip the
@@ -30,6 +31,7 @@ from ..registry import Cost, OpDef, register
 from ..shapes import fmt, num_elements_est
 from .base import convert, make
 from .conv_geometry import WindowGeometry, _windows, padded_copy, resolve_pads, window_out_size, window_pair
+from .conv_bound import BoundRoutes
 from .conv_one_image import OneImage
 from .conv_pixels import PixelRows
 from .conv_pointwise import Finish, Pointwise, addend_finish
@@ -134,6 +136,7 @@ def _kernel_conv(node, ctx, activation: str = "none", residual: bool = False):
     one_image = OneImage(activation, finish)
     row_weights = _RowWeights(xp)
     add_after = _AddAfter(node, ctx, activation) if residual else None
+    bound = BoundRoutes()
     cache = {}
 
     def geom(x_shape, w_shape):
@@ -143,6 +146,9 @@ def _kernel_conv(node, ctx, activation: str = "none", residual: bool = False):
         return g
 
     def conv(x, w, bias=None, addend=None):
+        run = bound.get(x, w, bias, addend)
+        if run is not None:  # the route chosen below for these constant weights at this shape
+            return run(x, addend)
         n, c = x.shape[0], x.shape[1]
         g = geom(x.shape, w.shape)
         o = w.shape[0]
@@ -150,14 +156,20 @@ def _kernel_conv(node, ctx, activation: str = "none", residual: bool = False):
             return add_after(x, w, bias, addend)
         if _depthwise(node, w.shape, c):
             return depthwise(x, w, g, bias) if addend is None else add_after(x, w, bias, addend)
+        out_shape = (n, o, g.oh, g.ow)
         if pixels.pays(xp, x, w, bias, g):  # few output pixels: constant weights streamed once
+            bound.learn(x, w, bias, addend, out_shape, lambda x, a: pixels(x, w, g, bias, a))
             return pixels(x, w, g, bias, addend)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
+            if n == 1 and (addend is None or addend.dtype == np.float32):
+                bound.learn(x, w, bias, addend, out_shape, pointwise.packed_runner(x, w, bias))
             return pointwise(x, w, bias, addend).reshape(n, o, g.oh, g.ow)
         if n == 1 and groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32:
+            bound.learn(x, w, bias, addend, out_shape, one_image.runner(x, w, g, bias))
             return one_image(x, w, g, bias, addend)
         if groups == 1 and compiled_ok(xp, x.dtype) and x.dtype == w.dtype == np.float32 \
                 and one_image.batch_pays(x, w, bias, g):  # constant weights: compiled, image by image
+            bound.learn(x, w, bias, addend, out_shape, lambda x, a: one_image.batch(x, w, g, bias, a))
             return one_image.batch(x, w, g, bias, addend)
         if n == 1 or not _row_taps(g, c):  # one image: one deeper GEMM beats kh shallower ones
             if _images_compiled_pays(xp, x, w, g, bias, finish):

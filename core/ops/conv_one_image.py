@@ -1,7 +1,9 @@
-"""Inference float32 convolutions (groups 1) image by image: the im2col gather with the padding
-written in place (no padded copy) at a cache-friendly row stride, then the packed GEMM with bias and
-clamp (jit.gemm_f32) where it beats BLAS, else BLAS and the bias + activation finish. Batch 1 always;
-a batch of images as compiled calls over chunks of images where the packed GEMM serves."""
+"""Inference float32 convolutions (groups 1) image by image: without im2col where jit.conv_direct
+pays (output channels in the lanes, 16s of them, K >= 192) or jit.conv_wide does (stride 1, wide
+planes); else the im2col gather with the padding written in place (no padded copy) at a
+cache-friendly row stride, then the packed GEMM with bias and clamp (jit.gemm_f32) where it beats
+BLAS, else BLAS and the bias + activation finish. Batch 1 always; a batch of images as compiled
+calls over chunks of images where the packed kernels serve."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +12,7 @@ from .depthwise import ARENAS, _CLAMPS, _immutable
 from .intra_op import rows_apply, serial_blas
 
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
+_NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.conv_direct's "no residual addend"
 
 
 def _tile_ok() -> bool:
@@ -24,6 +27,19 @@ def _wide_pays(c: int, g) -> bool:
     with 32+ channels (0.9-0.95x); on 12x12, on 24x24 with 16 channels, and on the CNN's one-channel
     5x5 (k = 25: im2col is cheap there) it lost (1.1-1.6x)."""
     return (g.sh, g.sw) == (1, 1) and c * g.kh * g.kw >= 64 and (g.ow >= 28 or (g.ow >= 16 and c >= 32))
+
+
+def _direct_pays(o: int, k: int, g) -> bool:
+    """Where jit.conv_direct (no im2col, output channels in the lanes) beat im2col + the packed GEMM
+    and jit.conv_wide, one thread, batch 1: 0.75-0.93x the better one's time for K >= 288 (the CNN's
+    32 -> 64 5x5 on 14x14 0.76-0.83x, 64 x 6x6 -> 256 0.75x, 32 x 32x32 -> 64 0.8x im2col and even
+    with conv_wide, stride 2 0.86x); about even at K 216-432 on 8x8 to 16x16; it lost at K 144 on
+    24x24 (1.0-1.1x) and K 72 (1.04-1.1x): shallow K pays the tile's start and end more often.
+    Large kernels on few channels (stems) gain from K 140 on: a 3-channel 7x7 at stride 2 0.84-0.87x
+    (64x64 to 224x224; im2col reads every other value there), at stride 1 0.96x, 6 channels 5x5 0.98x;
+    3 channels 5x5 (K 75) lost (1.16x). Node CPU times, batch 1, one thread. Output channels a
+    multiple of 16 (its two vectors), kernels larger than 1x1."""
+    return o % 16 == 0 and g.kh * g.kw > 1 and (k >= 192 or (k >= 140 and g.kh * g.kw >= 25))
 
 
 def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:
@@ -53,6 +69,7 @@ class OneImage:
         self._fns = None  # the compiled kernels, imported at the first call
         self._plans = {}
         self._weights = None  # (w, bias, packed w, bias as float32)
+        self._direct_weights = None  # (w, bias, w packed by output channels, bias as float32)
 
     def __call__(self, x, w, g, bias, addend=None):
         """act(conv(x, w) + bias (+ addend, of the output's shape)) for one image x [1, C, H, W]."""
@@ -61,12 +78,14 @@ class OneImage:
         plan = self._plans.get(x.shape)
         if plan is None:
             plan = self._plan(x.shape, w, g)
-        geo, k, p, ldx, packed, wide = plan
+        geo, k, p, ldx, packed, wide, direct = plan
         cached = self._weights  # packed weights are kept only for constants: a hit needs no checks
         packed = packed and ((cached is not None and cached[0] is w and cached[1] is bias)
                              or (_immutable(w) and (bias is None or _immutable(bias))))
         fns = self._fns or self._load()
         r = None if addend is None else np.ascontiguousarray(addend, np.float32).reshape(1, o, p)
+        if packed and direct is not None:
+            return self._direct(x, w, g, bias, direct, r)
         if packed and wide is not None:
             return self._wide(x, w, g, bias, wide, r)
         mem = ARENAS.take(np, k * ldx * 4)
@@ -91,6 +110,34 @@ class OneImage:
             ARENAS.give(np, mem)
         return out
 
+    def _direct(self, x, w, g, bias, direct, r=None):
+        """jit.conv_direct (no im2col: output channels in the lanes, pixels broadcast from the padded
+        image; chunks of images on the intra-op threads at a batch); r [N, O, OH OW] the addend or None."""
+        from ...jit.conv_direct import conv_direct_images  # deferred: loads llvmlite, numba
+        n, c, h, wd = x.shape
+        o, p = w.shape[0], g.oh * g.ow
+        koff, pix, wp, size = direct
+        wt, b = self._channels(w, bias)
+        x3 = np.ascontiguousarray(x).reshape(n, c, h * wd)
+        out = np.empty((n, o, g.oh, g.ow), np.float32)
+        args = (x3, h, wd, g.pads[0][0], g.pads[1][0], wp, koff, pix, wt, b, self._lo, self._hi, out.reshape(n, o, p),
+                _NO_ADDEND if r is None else r, size)
+        if n == 1:
+            conv_direct_images(*args, 0, 1)
+        else:
+            rows_apply(np, lambda i0, i1: conv_direct_images(*args, i0, i1), n, out.nbytes + x.nbytes)
+        return out
+
+    def _channels(self, w, bias):
+        """conv_direct's packing of constant weights ([O/16, K, 16]) and the bias as float32, kept."""
+        cached = self._direct_weights
+        if cached is None or cached[0] is not w or cached[1] is not bias:
+            from ...jit.conv_direct import pack_channels  # deferred: loads llvmlite, numba
+            o = w.shape[0]
+            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+            cached = self._direct_weights = (w, bias, pack_channels(w.reshape(o, -1)), b)  # holding w keeps its id
+        return cached[2], cached[3]
+
     def _wide(self, x, w, g, bias, wide, r=None):
         """Stride 1 on wide planes: jit.conv_wide's implicit im2col (chunks of images on the intra-op
         threads at a batch); r [N, O, OH OW] the addend or None."""
@@ -113,6 +160,42 @@ class OneImage:
             rows_apply(np, lambda i0, i1: fn(*args, i0, i1), n, out.nbytes + x.nbytes)
         return out
 
+    def runner(self, x, w, g, bias):
+        """run(x, r) -> [1, O, OH, OW] for batch 1 at x's shape where the packed GEMM serves these
+        constant weights, else None: __call__'s packed paths without their checks (conv_bound)."""
+        if x.shape[0] != 1:
+            return None
+        geo, k, p, ldx, packed, wide, direct = self._plans.get(x.shape) or self._plan(x.shape, w, g)
+        if not (packed and _immutable(w) and (bias is None or _immutable(bias))):
+            return None
+        _, c, h, wd = x.shape
+        o = w.shape[0]
+        fns = self._fns or self._load()
+        if direct is not None:
+            return lambda x, r: self._direct(x, w, g, bias, direct,
+                                             None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p))
+        if wide is not None:
+            return lambda x, r: self._wide(x, w, g, bias, wide,
+                                           None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p))
+        from ...jit.gemm_residual import conv_images_ld_add  # deferred: loads llvmlite, numba
+        wp, b = self._packed(w, bias)
+        lo, hi, conv = self._lo, self._hi, fns[1]
+
+        def run(x, r):
+            out = np.empty((1, o, g.oh, g.ow), np.float32)
+            x2 = x.reshape(c, h * wd)
+            if r is not None:
+                conv_images_ld_add(x2.reshape(1, c, h * wd), h, wd, geo, wp, b, lo, hi, out.reshape(1, o, p),
+                                   np.ascontiguousarray(r, np.float32).reshape(1, o, p), ldx, 0, 1)
+                return out
+            mem = ARENAS.take(np, k * ldx * 4)
+            try:
+                conv(x2, h, wd, geo, wp, b, lo, hi, out.reshape(o, p), mem[:k * ldx * 4].view(np.float32).reshape(k, ldx))
+            finally:
+                ARENAS.give(np, mem)
+            return out
+        return run
+
     def _load(self):
         from ...jit.conv_wide import conv_wide_images  # deferred: loads llvmlite, numba
         from ...jit.gemm_f32 import conv_image_ld, im2col_ld  # deferred: loads llvmlite, numba
@@ -131,8 +214,10 @@ class OneImage:
         from ...jit.gemm_f32 import conv_images_ld  # deferred: loads llvmlite, numba
         n, c, h, wd = x.shape
         o = w.shape[0]
-        geo, k, p, ldx, _, wide = self._plans[x.shape]
+        geo, k, p, ldx, _, wide, direct = self._plans[x.shape]
         r = None if addend is None else np.ascontiguousarray(addend, np.float32).reshape(n, o, p)
+        if direct is not None:
+            return self._direct(x, w, g, bias, direct, r)
         if wide is not None:
             if self._fns is None:
                 self._load()
@@ -159,13 +244,17 @@ class OneImage:
         ok = self.clamp is not None and w.dtype == np.float32
         # without im2col the packed GEMM also beats im2col + BLAS where _packed_pays alone says no
         # (Inception's 32x32x32 3x3 at batch 1: 503 against 596 us with im2col, BLAS about the same)
-        widen = ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and _tile_ok()
-        packed = widen or (ok and _packed_pays(w.shape[0], k, p, shape[0] > 1))
+        direct = None
+        if ok and _direct_pays(w.shape[0], k, g) and _tile_ok():
+            from ...jit.conv_direct import tables  # deferred: loads llvmlite, numba
+            direct = tables(shape[1], shape[2], shape[3], g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, t, l, b, r, g.oh, g.ow)
+        widen = direct is None and ok and w.shape[0] % 4 == 0 and _wide_pays(shape[1], g) and _tile_ok()
+        packed = widen or direct is not None or (ok and _packed_pays(w.shape[0], k, p, shape[0] > 1))
         wide = None
         if widen:
             from ...jit.conv_wide import plan as wide_plan  # deferred: loads llvmlite, numba
             wide = wide_plan(shape[1], shape[2], shape[3], g.kh, g.kw, g.dh, g.dw, t, b, l, r)
-        plan = (geo, k, p, leading_dim(p) if packed else p, packed, wide)
+        plan = (geo, k, p, leading_dim(p) if packed else p, packed, wide, direct)
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()
         self._plans[shape] = plan

@@ -68,6 +68,30 @@ class PackedGemm:
             cached = self._cached = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id unique
         return cached[2], cached[3]
 
+    def runner(self, xp, x, w, bias):
+        """run(x, r) -> [1, O, H, W] for batch 1 at x's shape with these constant weights where pays
+        says the packed GEMM serves, else None: __call__'s work without its checks (conv_bound)."""
+        n, c, h, wd = x.shape
+        o, hw = w.shape[0], h * wd
+        if n != 1 or not self.pays(xp, x, w, bias, c, hw):
+            return None
+        from ...jit.gemm_f32 import NR, gemm_bias_clamp  # deferred: loads llvmlite, numba
+        from ...jit.gemm_residual import gemm_bias_add_clamp  # deferred: loads llvmlite, numba
+        wp, b = self._weights(w, bias)
+        lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
+
+        def run(x, r):
+            out = np.empty((1, o, h, wd), np.float32)
+            y, xs = out.reshape(o, hw), x.reshape(c, hw)
+            panel, tile = np.empty((c, NR), np.float32), np.empty((o, NR), np.float32)
+            if r is None:
+                gemm_bias_clamp(wp, b, xs, lo, hi, y, panel, tile)
+            else:
+                gemm_bias_add_clamp(wp, b, xs, lo, hi, y, np.ascontiguousarray(r).reshape(o, hw), panel, tile,
+                                    np.empty((o, NR), np.float32))
+            return out
+        return run
+
     def __call__(self, w, bias, x2, y2, r2=None) -> None:
         """w: the constant weights (its identity keys the packing), x2 [K, P], y2 [O, P] out, r2 [O, P]
         the addend (or None)."""
@@ -154,6 +178,10 @@ class Pointwise:
         # on products this small waits for its other threads, milliseconds each on a busy machine
         rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True)
         return out
+
+    def packed_runner(self, x, w, bias):
+        """PackedGemm.runner for this node's batch-1 calls (conv_bound), or None."""
+        return self._packed.runner(self.xp, x, w, bias)
 
     def _plain_images(self, xs, w2, bias, out, step, r=None):
         xp, act = self.xp, self.act

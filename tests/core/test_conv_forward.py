@@ -312,8 +312,8 @@ def test_compiled_depthwise_runs_when_available_and_not_when_switched_off(monkey
     real = jit_dw.depthwise_rows
     monkeypatch.setattr(jit_dw, "depthwise_rows", lambda *a: calls.append(a[-2:]) or real(*a))
     rng = np.random.default_rng(31)
-    x = rng.standard_normal((2, 6, 17, 17)).astype(np.float32)  # stride 1 on 17x17: not the blocked kernel
-    w = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((2, 6, 17, 17)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 5, 5)).astype(np.float32)  # 5x5: not the blocked kernel (3x3 only)
     for flag in ("1", "0"):
         monkeypatch.setenv("ISTHMUS_JIT", flag)
         calls.clear()

@@ -47,7 +47,8 @@ def chosen(monkeypatch):
 @pytest.mark.parametrize("act", ["relu", "none", "sigmoid"])
 @pytest.mark.parametrize("c,o,k,strides,padding,dil,hw,packed", [
     (3, 32, 7, 2, ((3, 3), (3, 3)), 1, 64, True),   # ResNet's stem: 1024 pixels, K 147: packed
-    (32, 16, 3, 2, "SAME", 1, 96, False),          # 2304 pixels, K 288 at stride 2: BLAS
+    (32, 16, 3, 2, "SAME", 1, 96, True),           # 2304 pixels, K 288 at stride 2: jit.conv_direct
+    (32, 12, 3, 2, "SAME", 1, 96, False),          # the same with 12 outputs (not 16s): BLAS
     (3, 16, 3, 2, "SAME", 1, 64, True),           # a shallow stem (K 27): packed at 1024 pixels
     (32, 64, 3, 1, "SAME", 1, 16, True),          # K 288 on 256 pixels: packed at a padded stride
     (16, 24, 5, 1, ((2, 0), (1, 2)), 2, 12, True),  # dilated, asymmetric padding

@@ -26,7 +26,7 @@ def blocked(monkeypatch):
     (1, 13, 12, 1, "SAME", True),          # 12x12 output, 13 channels: a short last block
     (1, 16, 24, 2, "SAME", True),          # stride 2
     (3, 9, 11, (2, 1), ((0, 2), (1, 1)), True),  # batch 3, asymmetric stride and padding
-    (2, 8, 20, 1, "SAME", False),          # 20x20 at stride 1: the per-plane kernel
+    (2, 8, 20, 1, "SAME", True),           # 20x20 at stride 1, batch 2
 ])
 def test_blocked_depthwise_matches_the_reference(blocked, act, n, c, hw, strides, padding, served):
     rng = np.random.default_rng(n * 100 + c + hw)
@@ -34,6 +34,14 @@ def test_blocked_depthwise_matches_the_reference(blocked, act, n, c, hw, strides
     w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
     check(x, w, rng.standard_normal(c).astype(np.float32), strides, padding, 1, c, act)
     assert bool(blocked) == served
+
+
+def test_dilated_depthwise_stays_on_the_per_plane_kernel(blocked):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((8, 1, 3, 3)).astype(np.float32)
+    check(x, w, rng.standard_normal(8).astype(np.float32), 1, "SAME", 2, 8, "relu6")
+    assert not blocked
 
 
 def test_blocked_depthwise_split_over_threads_gives_the_same_bytes(blocked, monkeypatch):

@@ -1,11 +1,13 @@
 """The compiled max pool over any window (jit.pool_windows) against a window-by-window numpy
-reference: strides, dilations, asymmetric and SAME padding, batch 1 and 32, NaN, float64."""
+reference: strides, dilations, asymmetric and SAME padding, batch 1 and 32, NaN, float64; 3x3 float32
+pools on 16+ planes through the channel-blocked kernel (jit.pool_blocked), the others per plane."""
 import numpy as np
 import pytest
 
 import isthmus as ism
 from isthmus import jit
 from isthmus.core.ops import pool
+from isthmus.jit.gemm_int8 import supported
 
 pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
 
@@ -44,6 +46,13 @@ CASES = [  # ksize, strides, dilations, padding, shape
     ((1, 1), (1, 1), (1, 1), "VALID", (1, 2, 5, 5)),
     ((5, 4), (1, 3), (1, 1), ((2, 2), (3, 0)), (1, 2, 6, 7)),  # windows that reach only padding rows
     ((2, 2), (2, 2), (1, 1), ((1, 1), (1, 1)), (2, 4, 6, 6)),  # padded 2x2: not the tiled fast path
+    ((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)), (1, 16, 12, 12)),  # SqueezeNet's ceil-mode pad, row by row
+    ((5, 3), (2, 3), (1, 2), ((4, 4), (1, 2)), (1, 2, 5, 7)),  # stride 2: windows of only padding rows
+    ((4, 1), (3, 2), (2, 1), ((3, 0), (0, 0)), (2, 3, 10, 6)),  # 4 dilated rows (the general row loop)
+    # 3x3 float32 on 16+ planes: 8 channels at a time (jit.pool_blocked), a short last block of 5
+    ((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)), (1, 21, 12, 12)),
+    ((3, 3), (1, 1), (1, 1), "SAME", (2, 12, 7, 9)),
+    ((3, 3), (2, 1), (1, 1), ((2, 0), (1, 2)), (1, 16, 5, 6)),  # rows of only padding, asymmetric
 ]
 
 
@@ -51,16 +60,19 @@ CASES = [  # ksize, strides, dilations, padding, shape
 @pytest.mark.parametrize("k,s,d,padding,shape", CASES)
 def test_compiled_max_pool_matches_the_window_reference(k, s, d, padding, shape, dtype, monkeypatch):
     calls = []
-    real = pool._max_pool_windows_compiled
-    monkeypatch.setattr(pool, "_max_pool_windows_compiled", lambda x, g: calls.append(1) or real(x, g))
+    for name in ("_max_pool_windows_compiled", "_blocked_runner"):
+        real = getattr(pool, name)
+        monkeypatch.setattr(pool, name, lambda a, g, _real=real, _n=name: calls.append(_n) or _real(a, g))
     x = np.random.default_rng(len(calls) + shape[2]).standard_normal(shape).astype(dtype)
     got, pads = _run(x, k, s, d, padding)
     np.testing.assert_array_equal(got, ref_max_pool(x, k, s, d, pads))
-    assert calls, "the compiled path did not serve"
+    blocked = (k, d) == ((3, 3), (1, 1)) and dtype == np.float32 and shape[0] * shape[1] >= 16 and supported()
+    assert calls == ["_blocked_runner" if blocked else "_max_pool_windows_compiled"], calls
 
 
-def test_a_nan_in_a_window_gives_nan_there_only():
-    x = np.random.default_rng(7).standard_normal((1, 2, 9, 9)).astype(np.float32)
+@pytest.mark.parametrize("channels", [2, 16])  # the plane kernel and the blocked one
+def test_a_nan_in_a_window_gives_nan_there_only(channels):
+    x = np.random.default_rng(7).standard_normal((1, channels, 9, 9)).astype(np.float32)
     x[0, 1, 4, 4] = np.nan
     got, pads = _run(x, (3, 3), (2, 2), (1, 1), "VALID")
     want = ref_max_pool(x, (3, 3), (2, 2), (1, 1), pads)
@@ -74,3 +86,23 @@ def test_integers_keep_the_numpy_taps():
     got, pads = _run(x, (3, 3), (2, 2), (1, 1), "SAME")
     np.testing.assert_array_equal(got, ref_max_pool(x.astype(np.float64), (3, 3), (2, 2), (1, 1), pads)
                                   .astype(np.int32))
+
+
+def test_blocked_runner_is_reused_and_jit_off_leaves_it(monkeypatch):
+    """The runner built for a shape serves its later calls; ISTHMUS_JIT=0 takes numpy's taps."""
+    made = []
+    real = pool._blocked_runner
+    monkeypatch.setattr(pool, "_blocked_runner", lambda shape, g: made.append(shape) or real(shape, g))
+    g = ism.Graph()
+    with g.as_default():
+        xt = ism.placeholder("float32", (1, 16, 9, 9), name="x")
+        y = ism.max_pool(xt, ksize=3, strides=2, padding="SAME")
+    sess = ism.Session(g)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+        np.testing.assert_array_equal(sess.run(y, {xt: x}), ref_max_pool(x, (3, 3), (2, 2), (1, 1), y.node.attrs["pads"]))
+    monkeypatch.setenv("ISTHMUS_JIT", "0")
+    x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(y, {xt: x}), ref_max_pool(x, (3, 3), (2, 2), (1, 1), y.node.attrs["pads"]))
+    assert made == ([(1, 16, 9, 9)] if supported() else [])

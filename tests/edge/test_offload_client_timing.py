@@ -57,6 +57,8 @@ def test_breakdown_adds_up_and_counts_the_bytes(split, server):  # noqa: F811
     assert last["remote_s"] >= floor + last["server_s"] * 0.99
     assert last["server_s"] > 0
     assert last["total_s"] >= last["remote_s"] + last["edge_s"] * 0.99
+    # this thread's CPU inside the call (encode, decode, the stub): some, and never more than the call took
+    assert 0 < last["remote_cpu_s"] <= last["remote_s"]
 
 
 def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeypatch):  # noqa: F811
@@ -75,7 +77,7 @@ def test_edge_slowdown_sleeps_k_minus_one_times_the_local_compute(split, monkeyp
             asked.clear()
             c5.invoke(v)
             last = c5.last
-            assert last["remote_s"] == 0 and last["mode"] == "local"
+            assert last["remote_s"] == 0 == last["remote_cpu_s"] and last["mode"] == "local"
             assert len(asked) == 1 and asked[0] == pytest.approx(last["edge_s"] * 4 / 5, rel=1e-9)
             assert last["total_s"] >= last["edge_s"]  # sleep never returns early
     with OffloadClient(split["model"], "127.0.0.1:1", deadline_ms=5000, adapt=False, initial_bandwidth_bps=low.max_bandwidth_bps / 2,

@@ -48,6 +48,13 @@ CASES = [  # images, channels, H, W, strides, pads ((top, bottom), (left, right)
     (2, 24, 6, 6, (1, 1), ((1, 1), (1, 1))),  # MobileNet's small planes, batch 2
     (1, 9, 9, 20, (2, 1), ((1, 0), (2, 1))),  # mixed strides, asymmetric pads
     (1, 32, 24, 24, (2, 2), ((1, 1), (1, 1))),  # 24 columns: three whole transposes a row
+    # whole-plane transposes that wrap rows: under 8 columns (several wraps in one transpose, the
+    # reciprocal division), 8 to 15 (at most one wrap), wide padding gaps
+    (1, 16, 7, 5, (1, 1), ((1, 1), (1, 1))),
+    (1, 8, 5, 3, (1, 2), ((2, 0), (0, 3))),
+    (1, 8, 9, 7, (1, 1), ((0, 2), (3, 0))),
+    (1, 8, 3, 13, (1, 1), ((1, 1), (1, 1))),
+    (1, 8, 4, 16, (2, 1), ((1, 1), (4, 4))),
 ]
 
 

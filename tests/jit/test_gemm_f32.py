@@ -25,11 +25,12 @@ def reference(w, b, x, lo, hi):
 
 
 @pytest.mark.parametrize("o,k,p", [(8, 16, 64), (96, 16, 2304), (4, 7, 37), (12, 33, 45), (16, 1, 20), (24, 96, 5),
-                                   (12, 10, 21), (576, 96, 36)])
+                                   (12, 10, 21), (576, 96, 36),
+                                   (20, 333, 40), (64, 800, 19)])  # K in 3 and 5 equal chunks
 @pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
 def test_gemm_against_reference(o, k, p, lo, hi):
     rng = np.random.default_rng(o * 100 + k + p)
-    w = rng.standard_normal((o, k)).astype(np.float32)
+    w = (rng.standard_normal((o, k)) / np.sqrt(k)).astype(np.float32)  # outputs of unit size at any K
     x = rng.standard_normal((k, p)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
     np.testing.assert_allclose(run_gemm(w, b, x, lo, hi), reference(w, b, x, lo, hi), rtol=1e-5, atol=1e-5)
@@ -88,3 +89,30 @@ def test_im2col_against_numpy(kh, kw, sh, sw, dh, dw):
     cols = np.full((c * kh * kw, oh * ow), np.nan, np.float32)
     im2col(pad.reshape(c, hp * wp), wp, kh, kw, sh, sw, dh, dw, cols, oh, ow)
     np.testing.assert_array_equal(cols, want)
+
+
+@pytest.mark.parametrize("o", [12, 20, 64])
+def test_six_row_tiles_give_the_four_row_tiles_bytes(o):
+    """_panels runs pairs of 6 x 16 tiles over three packed blocks; each output is still bias + the
+    same FMAs in K order, so the bytes are the 4 x 16 tile's (two K chunks: the chunk boundary too)."""
+    import numba as nb
+    from isthmus.jit import gemm_f32 as g
+
+    @nb.njit
+    def four_rows(wp, bias, xf, k, p, o, yf, lo, hi):
+        inf = np.float32(np.inf)
+        for p0 in range(0, p, 16):
+            for k0 in range(0, k, g.KC):
+                kn = min(g.KC, k - k0)
+                last = k0 + kn >= k
+                for ob in range(o // 4):
+                    g._tile(wp, xf, p, p0, yf, p, p0, ob, bias, k, k0, kn, k0 == 0, lo if last else -inf,
+                            hi if last else inf)
+    rng = np.random.default_rng(o)
+    k, p = 200, 48
+    w, x = rng.standard_normal((o, k)).astype(np.float32), rng.standard_normal((k, p)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    want = np.empty((o, p), np.float32)
+    four_rows(g.pack_weights(w), b, x.reshape(-1), k, p, o, want.reshape(-1), np.float32(0), np.float32(6))
+    np.testing.assert_array_equal(run_gemm(w, b, x, 0.0, 6.0), want)
+    np.testing.assert_allclose(want, reference(w, b, x, 0.0, 6.0), rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 
 from isthmus.partitioner.costmodel import CostModel
 from isthmus.partitioner.devices import EDGE, DeviceProfile
-from isthmus.partitioner.part_cost import PartCost
+from isthmus.partitioner.part_cost import PartCost, fit_cold
 from isthmus.partitioner.plan import ALGORITHMS, plan_split, priced
 from isthmus.partitioner.problem import Constraints, Problem
 from isthmus.wire.link import LinkModel
@@ -113,3 +113,80 @@ def test_with_a_costly_part_byte_the_plan_is_no_worse_than_either_side_alone():
     p = Problem(g, costly, [y], Constraints())
     for algo in ("edge_only", "cloud_only"):
         assert plan.total <= priced(p, ALGORITHMS[algo](p))[0].total + 1e-12
+
+
+COLD = PartCost(invoke_s=1e-4, cold_s=2e-4, cold_tau_s=5e-3, cold_io_s=5e-5)
+
+
+def test_the_cold_curve_its_fit_and_its_fields():
+    assert COLD.cold(0.0) == 0.0 and PartCost().cold(1.0) == 0.0 and type(COLD.cold(1e-3)) is float  # JSON-ready
+    assert COLD.cold(5e-3) == pytest.approx(2e-4 * (1 - np.exp(-1.0)), rel=1e-12)
+    assert COLD.cold(1.0) == pytest.approx(2e-4, rel=1e-9)
+    # a slower device refills its caches slower; the idle's clock (wall) and the ratios do not scale
+    assert COLD.cold(1.0, kernels=False) == pytest.approx(5e-5, rel=1e-9)  # a segment moving tensors only
+    s = COLD.scaled(8)
+    assert (s.cold_s, s.cold_tau_s, s.invoke_s, s.cold_io_s) == pytest.approx((1.6e-3, 5e-3, 8e-4, 4e-4))
+    assert COLD.emulated(20).sleep_ratio == pytest.approx(19 / 20) and COLD.emulated(1).sleep_ratio == 0.0
+    e = COLD.emulated(8)
+    assert PartCost.from_dict(e.to_dict()) == e
+    assert PartCost.from_dict({"invoke_s": 1e-3, "byte_s": 0.0}).cold_s == 0.0  # a profile from before
+    rng = np.random.default_rng(2)
+    idles = np.repeat([0.0, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1], 5)
+    colds = 1.8e-4 * -np.expm1(-idles / 4e-3) + rng.normal(0, 5e-6, idles.size)
+    c, tau = fit_cold({"idle_s": i, "cold_s": v} for i, v in zip(idles, colds))
+    assert c == pytest.approx(1.8e-4, rel=0.05) and tau == pytest.approx(4e-3, rel=0.2)
+    # the io segments' amplitude on the kernels' curve (their time constant given)
+    io = 4e-5 * -np.expm1(-idles / 4e-3)
+    assert fit_cold(({"idle_s": i, "cold_s": v} for i, v in zip(idles, io)), tau=4e-3) == pytest.approx((4e-5, 4e-3))
+    with pytest.raises(ValueError, match="tau must be finite seconds > 0"):
+        fit_cold([{"idle_s": 1e-3, "cold_s": 0.0}, {"idle_s": 2e-3, "cold_s": 0.0}], tau=0.0)
+    with pytest.raises(ValueError, match="two idles > 0"):
+        fit_cold([{"idle_s": 0.0, "cold_s": 0.0}, {"idle_s": 1e-3, "cold_s": 1e-5}])
+    with pytest.raises(ValueError, match="cold sample 0: needs idle_s, cold_s"):
+        fit_cold([{"idle_s": 1e-3}])
+
+
+def test_the_fit_takes_each_samples_measured_cold_out_first():
+    rng = np.random.default_rng(3)
+    nbytes, priced_s, cold = rng.uniform(1e4, 1e6, 30), rng.uniform(0, 5e-3, 30), rng.uniform(0, 2e-4, 30)
+    edge_s = PC.invoke_s + PC.byte_s * nbytes + 1.2 * priced_s + cold
+    got = PartCost.fit({"edge_s": e, "nbytes": b, "priced_s": k, "cold_s": c}
+                       for e, b, k, c in zip(edge_s, nbytes, priced_s, cold))
+    assert got.kernel_scale == pytest.approx(1.2, rel=1e-6) and got.invoke_s == pytest.approx(PC.invoke_s, rel=1e-6)
+    with pytest.raises(ValueError, match="sample 0: cold_s must be finite"):
+        PartCost.fit([{"seconds": 1e-3, "nbytes": 1.0, "cold_s": -1.0}, {"seconds": 1e-3, "nbytes": 2.0}])
+
+
+def test_each_segment_of_edge_work_pays_its_cold_caches():
+    """By hand on the MLP: every plan pays its first segment after the idle the emulation sleeps
+    (sleep_ratio x its edge time), and a plan with a call one more after the call (its link and the
+    cloud's compute); a segment of kernels at cold_s, one that only moves tensors at cold_io_s:
+    edge-only one of kernels; cloud-only two without; a prefix split kernels then none; a plan
+    with edge kernels after the call kernels in both."""
+    g, x, y = _mlp()
+    cm0, _ = _split_link(g, y)
+    part = COLD.scaled(8).emulated(8)
+    cold_model = CostModel({d: (replace(pr, part=part) if d == cm0.edge else pr) for d, pr in cm0.profiles.items()},
+                           cm0.link, cm0.edge)
+    warm_model = CostModel({d: (replace(pr, part=replace(part, cold_s=0.0, cold_io_s=0.0)) if d == cm0.edge else pr)
+                            for d, pr in cm0.profiles.items()}, cm0.link, cm0.edge)
+    p0, p1 = Problem(g, warm_model, [y], Constraints()), Problem(g, cold_model, [y], Constraints())
+    edge, cloud = cm0.edge, cm0.cloud
+    names = [n.name for n in p0.nodes]
+
+    def placed(on_edge):
+        return {n: (edge if n in on_edge or n == "x" else cloud) for n in names}
+    plans = {"edge_only": placed(set(names)), "cloud_only": placed(set()),
+             "prefix": placed({"mm0", "act0"}), "sandwich": placed({"mm0", "act0", "y"})}
+    for name, pl in plans.items():
+        b0, _ = priced(p0, p0.assignment(pl))
+        b1, _ = priced(p1, p1.assignment(pl))
+        first = part.cold(part.sleep_ratio * b0.compute[edge], kernels=name != "cloud_only")
+        call = b0.total - b0.compute[edge]
+        second = 0.0 if name == "edge_only" else part.cold(call, kernels=name == "sandwich")
+        assert b1.total - b0.total == pytest.approx(first + second, rel=1e-9), name
+        # the call (>= the RTT) is long against the 5 ms time constant: its segment is (nearly) fully cold
+        want = {"edge_only": 0.0, "sandwich": part.cold_s}.get(name, part.cold_io_s)
+        assert first > 0 and second == pytest.approx(want, rel=0.01, abs=1e-12), name
+    plan = plan_split(g, cold_model, [y])
+    assert "cold caches" in plan.explain()

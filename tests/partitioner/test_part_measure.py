@@ -2,16 +2,30 @@
 against an in-process service runs every part; each sample counts the part's boundary bytes as the
 plan's pricing does, and the fit writes a part section into the profile."""
 import numpy as np
+import pytest
 
 from isthmus.apps import cli
-from isthmus.apps.part_measure import _graphs, part_samples, repriced
+from isthmus.apps.part_measure import _graphs, cold_samples, fit_cold_curve, fit_parts, part_samples, repriced
 from isthmus.partitioner.devices import DeviceProfile
 
 
 def test_samples_count_the_boundary_and_time_the_parts():
     from dataclasses import replace
     from isthmus.partitioner.devices import CLOUD
-    samples = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"))
+    from isthmus.partitioner.part_cost import PartCost
+    curve = PartCost(cold_s=2e-4, cold_tau_s=5e-3, cold_io_s=5e-5)
+    both = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"),
+                        slowdowns=[8.0, 20.0], cold=curve)
+    assert sorted({s["slowdown"] for s in both}) == [8.0, 20.0]
+    for s in both:  # the cold of the idle the emulation slept before it (of kernels where the part runs
+        # any), and with a call (every cut but the last, edge-only) one after the round trip, of no kernel
+        want = curve.cold((s["slowdown"] - 1) * s["edge_s"], kernels=s["kernels_s"] > 0)
+        want += curve.cold(0.02, kernels=False) if s["cut"] < 2 else 0.0
+        assert s["cold_s"] == want
+        assert s["seconds"] == max(s["edge_s"] - s["kernels_s"] - s["cold_s"], 0.0)
+    fit = fit_parts(both, curve)
+    assert (fit.cold_s, fit.cold_tau_s, fit.cold_io_s) == (2e-4, 5e-3, 5e-5) and fit.kernel_scale > 0
+    samples = [s for s in both if s["slowdown"] == 8.0]
     graphs = _graphs()
     assert sorted({s["model"] for s in samples}) == [0, 1, 2]
     for mi, (g, x, y) in enumerate(graphs):
@@ -29,18 +43,34 @@ def test_samples_count_the_boundary_and_time_the_parts():
             assert s["seconds"] >= 0.0 and s["edge_s"] > 0.0 and np.isfinite(s["edge_s"])
     # the same parts priced by another profile (twice as slow): the measurements kept, the prices doubled
     again = repriced(samples, replace(CLOUD, kernel_table="edge").scaled(2.0), cuts=3)
+    assert len(again) == len(samples)
     assert [s["edge_s"] for s in again] == [s["edge_s"] for s in samples]
     assert np.allclose([s["priced_s"] for s in again], [2 * s["priced_s"] for s in samples])
 
 
+def test_cold_samples_time_each_idle_against_requests_back_to_back():
+    got = cold_samples(int8=True, reps=1, idles=(0.0, 0.001, 0.02))
+    assert sorted((s["model"], s["kind"], s["idle_s"]) for s in got) == [
+        (m, k, i) for m in range(3) for k in ("io", "kernels") for i in (0.0, 0.001, 0.02)]
+    curve = fit_cold_curve(got)
+    assert curve.cold_tau_s > 0 and curve.cold_s >= 0 and curve.cold_io_s >= 0
+    for s in got:
+        assert s["hot_s"] > 0 and np.isfinite(s["cold_s"])
+        if s["idle_s"] == 0.0:
+            assert s["cold_s"] == 0.0  # the hot median against itself
+    with pytest.raises(ValueError, match="idles with 0"):
+        cold_samples(idles=(0.001, 0.002, 0.003))
+
+
 def test_profile_parts_writes_the_part_section(tmp_path, capsys, monkeypatch):
     from isthmus.apps import part_measure
-    fast = part_measure.part_samples
-    monkeypatch.setattr(part_measure, "part_samples", lambda int8, profile=None: fast(int8, cuts=3, requests=2,
-                                                                                      profile=profile))
+    fast, fast_cold = part_measure.part_samples, part_measure.cold_samples
+    monkeypatch.setattr(part_measure, "part_samples", lambda int8, profile=None, slowdowns=None, cold=None:
+                        fast(int8, cuts=3, requests=2, profile=profile, slowdowns=slowdowns, cold=cold))
+    monkeypatch.setattr(part_measure, "cold_samples", lambda int8: fast_cold(int8, reps=1, idles=(0.0, 0.002, 0.02)))
     path = str(tmp_path / "e.json")
     assert cli.main(["profile", "--device", "e", "--ops", "Relu", "--quick", "--slowdown", "8", "--parts", "fp32",
                      "--out", path, "--force"]) == 0
     assert "wrote the part section of" in capsys.readouterr().out
     part = DeviceProfile.load(path).part
-    assert part is not None and part.invoke_s + part.byte_s > 0
+    assert part is not None and part.invoke_s + part.byte_s > 0 and part.cold_tau_s > 0

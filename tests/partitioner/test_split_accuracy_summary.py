@@ -46,3 +46,47 @@ def test_the_error_at_reference_speed_takes_out_the_probes_slowdown_of_the_edge_
     assert rows[0]["probe_over_typical"] == 1.5
     assert rows[0]["error_at_reference_speed"] == pytest.approx((30 - 20 / 3) / 20 - 1, abs=1e-4)
     assert rows[1]["probe_over_typical"] == 1.0 and rows[1]["error_at_reference_speed"] == pytest.approx(0.05)
+
+
+def test_the_state_diagnostic_keeps_the_blocks_probed_in_the_calibrations_state():
+    """by_state: the verdict stays the median of all blocks; beside it the error of the blocks whose
+    probe was within FAST of the calibration's, and how far the blocks' medians spread."""
+    from split_accuracy import FAST, by_state, summary
+    fast = {"first": _row(0.011), "rows": [_row(0.010), _row(0.010)], "probe_s": 2e-4}
+    slow = {"first": _row(0.016), "rows": [_row(0.015), _row(0.016)], "probe_s": 3e-4}
+    rows = [{"measured": summary([fast, slow, slow], "cut0"), "predicted": {"ms": 10.0}},
+            {"measured": summary([slow], "cut0"), "predicted": {"ms": 10.0}}]
+    assert rows[0]["measured"]["block_ms"] == [[10.0, 10.0], [15.0, 16.0], [15.0, 16.0]]
+    by_state(rows, 200.0 / FAST * 1.0001)  # 200 us is within FAST of it, 300 is not
+    assert rows[0]["fast_blocks"] == "1/3" and rows[0]["error_in_calibration_state"] == pytest.approx(0.0)
+    assert rows[0]["block_spread"] == pytest.approx((15.5 - 10.0) / 15.0, abs=1e-4)  # the verdict's median: 15
+    assert rows[1]["fast_blocks"] == "0/1" and rows[1]["error_in_calibration_state"] is None
+    assert rows[1]["block_spread"] == 0.0
+
+
+def test_the_speed_probe_is_warmed_before_it_is_timed():
+    """The probe spends warm_s of CPU untimed first (a probe right after the emulated edge's sleep read
+    cold caches as a slow VM): with a fake CPU clock, the products before the timed ones are counted."""
+    from split_accuracy import speed_probe
+    clock, calls = [0.0], []
+
+    def work():
+        clock[0] += 1e-4 if len(calls) != 11 else 2e-4  # the second timed product is slower
+        calls.append(1)
+    assert speed_probe(reps=3, warm_s=1e-3, clock=lambda: clock[0], work=work) == pytest.approx(1e-4)
+    assert len(calls) == 10 + 3  # 1 ms of warming at 0.1 ms a product, then the three timed
+
+
+def test_a_block_whose_memory_probe_was_slow_is_not_in_the_calibrations_state():
+    """The cache-resident probe missed slow stretches that only a larger working set meets: a block
+    counts as the calibration's state only when the memory probe agrees too."""
+    from split_accuracy import by_state, memory_probe, summary
+    a = {"first": _row(0.010), "rows": [_row(0.010)], "probe_s": 2e-4, "probe_mem_s": 3e-4}
+    b = {"first": _row(0.013), "rows": [_row(0.013)], "probe_s": 2e-4, "probe_mem_s": 6e-4}  # memory slow
+    rows = [{"measured": summary([a, b], "cut0"), "predicted": {"ms": 10.0}}]
+    assert rows[0]["measured"]["probe_mem_us"] == [300.0, 600.0]
+    by_state(rows, 200.0, 300.0)
+    assert rows[0]["fast_blocks"] == "1/2" and rows[0]["error_in_calibration_state"] == pytest.approx(0.0)
+    by_state(rows, 200.0)  # without the memory probe's reference: both blocks
+    assert rows[0]["fast_blocks"] == "2/2" and rows[0]["error_in_calibration_state"] == pytest.approx(0.15)
+    assert 0.0 < memory_probe() < 0.5

@@ -1,0 +1,116 @@
+"""jit.conv_direct (output channels in the lanes, pixels broadcast from the padded image through offset
+tables) against a float64 numpy convolution: strides, dilations, asymmetric padding, several K
+chunks, pixel counts that are not whole 6-pixel tiles, 16 to 48 outputs, a residual addend with the
+clamp after it, a batch with one scratch; and conv.py's batch-1 and batch paths choosing it."""
+import numpy as np
+import pytest
+
+from isthmus.jit.gemm_int8 import supported
+
+pytestmark = pytest.mark.skipif(not supported(), reason="the tile is written for AVX2")
+
+
+def reference(x, w, b, s, d, pads):
+    (t, bo), (l, r) = pads
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, bo), (l, r)))
+    oh = (h + t + bo - (kh - 1) * d - 1) // s + 1
+    ow = (wd + l + r - (kw - 1) * d - 1) // s + 1
+    cols = np.stack([xp[:, :, ky * d:ky * d + (oh - 1) * s + 1:s, kx * d:kx * d + (ow - 1) * s + 1:s]
+                     for ky in range(kh) for kx in range(kw)], 2)  # n, c, taps, oh, ow
+    y = np.einsum("ok,nkp->nop", w.reshape(o, -1).astype(np.float64), cols.reshape(n, c * kh * kw, oh * ow))
+    return y + b.reshape(1, -1, 1), oh, ow
+
+
+def run(x, w, b, s, d, pads, lo, hi, r=None):
+    from isthmus.jit.conv_direct import conv_direct_images, pack_channels, tables
+    (t, bo), (l, rr) = pads
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = (h + t + bo - (kh - 1) * d - 1) // s + 1, (wd + l + rr - (kw - 1) * d - 1) // s + 1
+    koff, pix, wp, size = tables(c, h, wd, kh, kw, s, s, d, d, t, l, bo, rr, oh, ow)
+    out = np.full((n, o, oh * ow), np.nan, np.float32)
+    addend = np.empty((0, 0, 0), np.float32) if r is None else r.reshape(n, o, oh * ow)
+    conv_direct_images(x.reshape(n, c, h * wd), h, wd, t, l, wp, koff, pix, pack_channels(w.reshape(o, -1)), b,
+                       np.float32(lo), np.float32(hi), out, addend, size, 0, n)
+    return out
+
+
+@pytest.mark.parametrize("n,c,o,k,h,w,s,d,pads", [
+    (1, 32, 64, 5, 14, 14, 1, 1, ((2, 2), (2, 2))),   # the core CNN's second convolution (K 800: 7 chunks)
+    (2, 24, 16, 3, 9, 11, 1, 1, ((1, 0), (0, 2))),    # asymmetric padding, 99 pixels
+    (1, 20, 48, 3, 13, 13, 2, 1, ((1, 1), (1, 1))),   # stride 2
+    (1, 16, 32, 3, 12, 10, 1, 2, ((2, 2), (1, 1))),   # dilation 2
+    (3, 8, 32, 2, 7, 7, 3, 1, ((0, 0), (0, 0))),      # stride 3, no padding, 4 pixels (one short tile)
+])
+@pytest.mark.parametrize("lo,hi", [(-np.inf, np.inf), (0.0, 6.0)])
+def test_against_the_reference(n, c, o, k, h, w, s, d, pads, lo, hi):
+    rng = np.random.default_rng(n * 1000 + c * 10 + k)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    want, _, _ = reference(x, wt, b, s, d, pads)
+    np.testing.assert_allclose(run(x, wt, b, s, d, pads, lo, hi), np.clip(want, lo, hi), rtol=1e-5, atol=1e-5)
+
+
+def test_residual_addend_before_the_clamp_and_nan():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 16, 10, 10)).astype(np.float32)
+    w = (rng.standard_normal((32, 16, 3, 3)) / 12).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    r = rng.standard_normal((2, 32, 10, 10)).astype(np.float32)
+    r[1, 3, 4, 5] = np.nan
+    want, _, _ = reference(x, w, b, 1, 1, ((1, 1), (1, 1)))
+    want = want + r.reshape(2, 32, 100)
+    with np.errstate(invalid="ignore"):
+        want = np.where(np.isnan(want), want, np.clip(want, 0.0, 6.0))
+    got = run(x, w, b, 1, 1, ((1, 1), (1, 1)), 0.0, 6.0, r)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.isnan(got).sum() == 1
+
+
+def test_pack_channels_needs_whole_vectors():
+    from isthmus.jit.conv_direct import pack_channels
+    with pytest.raises(ValueError, match="multiple of 16"):
+        pack_channels(np.zeros((24, 9), np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_conv_chooses_it_and_matches(monkeypatch, n):
+    """A 5x5 32 -> 64 convolution (K 800) with constant weights runs jit.conv_direct, at batch 1 and
+    image by image at a batch, and matches the reference."""
+    from isthmus.core.ops import conv_one_image
+    from tests.core.test_conv_forward import check
+    calls = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 32, 14, 14)).astype(np.float32)
+    w = (rng.standard_normal((64, 32, 5, 5)) / 40).astype(np.float32)
+    check(x, w, rng.standard_normal(64).astype(np.float32), 1, "SAME", 1, 1, "relu")
+    assert calls
+
+
+def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch):
+    """Chunks of images on the intra-op threads: each image's output is computed alone, so the bytes
+    do not depend on the thread count."""
+    from isthmus.core import threads
+    from isthmus.core.ops import conv_one_image, intra_op
+    from tests.core.test_conv_forward import run_conv
+    calls = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 32, 10, 10)).astype(np.float32)
+    w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    chunks = []
+    fan = threads.fan_out
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
+    monkeypatch.setattr(intra_op, "fan_out", lambda *a, **kw: chunks.append(fan(*a, **kw)) or chunks[-1])
+    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
+    np.testing.assert_array_equal(one, two)
+    assert len(calls) == 2 and max(chunks) == 2

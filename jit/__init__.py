@@ -8,7 +8,8 @@ and nothing of isthmus, so core and edge may both use it.
 
 numba is imported on the first kernel call, not at `import isthmus` (it costs about 0.4 s);
 each kernel compiles on its first call for a given dtype (about a second) and is cached on disk
-(numba's cache, beside this file or in NUMBA_CACHE_DIR) for later processes. Without numba, or
+(numba's cache, beside this file or in NUMBA_CACHE_DIR) for later processes, stamped with a digest
+of this whole package (cache_stamp: a kernel inlines other modules' functions). Without numba, or
 with ISTHMUS_JIT=0 in the environment, `available()` is False and callers keep their numpy
 kernels: results agree to float rounding either way (tests run both).
 """
@@ -60,6 +61,9 @@ def available() -> bool:
                 try:
                     # deferred: numba is optional (its ImportError is handled)
                     import numba  # noqa: F401
+
+                    from . import cache_stamp
+                    cache_stamp.install()  # a change anywhere here recompiles every kernel once
                     _state["ok"] = True
                 except Exception:  # not installed, or broken against this numpy: numpy kernels serve
                     _state["ok"] = False

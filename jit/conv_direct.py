@@ -8,8 +8,9 @@ output channels, whose weights sit packed side by side ([O/16, K, 16], once per 
 and each of 6 output pixels takes its input value by a broadcast from anywhere in the image: the
 address is a table of (channel, tap) offsets (koff, per k) plus a table of pixel offsets (pix, per
 output pixel), so any stride, dilation and padding costs nothing per element. A 6 x 16 tile is 12
-accumulators, as gemm_f32's; the tile's rows of 16 channels go to a pixel-major [P, O] buffer (bias
-at the start, clamp at the end) and one pass lays them out as [O, P].
+accumulators, as gemm_f32's; the tile's rows of 16 channels go to a pixel-major buffer (bias at the
+start, clamp at the end) that holds a block of PB pixels, and each finished block is laid out as
+[O, P] in 8 x 8 blocks transposed in registers (the residual addend and the clamp applied there).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .gemm_f32 import _splat
+from .im2col import _run
 
 NP, NC = 6, 16  # tile: output pixels, output channels (two vectors of eight)
 # pixels per block: its rows of the [P, O] buffer stay in cache until laid out (a multiple of NP and 8;
@@ -31,7 +33,7 @@ KC = 320
 
 
 def _direct_ir(context, builder, signature, args, npx):
-    """yt[(pb + j) ldy + cb 16 + c] = clamp(s + sum over k0 <= i < k0 + kn of img[koff[i] + pix[pb + j]]
+    """yt[(pb - y0 + j) ldy + cb 16 + c] = clamp(s + sum over k0 <= i < k0 + kn of img[koff[i] + pix[pb + j]]
     wt[cb, i, c], lo, hi) for j < npx, c < 16; s = bias[cb 16 + c] when first is nonzero, else that
     yt (a K chunk after the first). A NaN passes the clamp."""
     f32, i64 = ir.FloatType(), ir.IntType(64)
@@ -39,12 +41,12 @@ def _direct_ir(context, builder, signature, args, npx):
     wt, img, koff, pix, yt, bias = (context.make_array(signature.args[i])(context, builder, args[i]).data
                                     for i in (0, 1, 2, 3, 5, 8))
     wptr, iptr, yptr, bptr = (builder.bitcast(a, f32.as_pointer()) for a in (wt, img, yt, bias))
-    pb, ldy, cb, k, k0, kn, first, lo, hi = (args[i] for i in (4, 6, 7, 9, 10, 11, 12, 13, 14))
+    pb, ldy, cb, k, k0, kn, first, lo, hi, y0 = (args[i] for i in (4, 6, 7, 9, 10, 11, 12, 13, 14, 15))
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.fma.v8f32")
     c16 = lambda v: ir.Constant(i64, v)  # noqa: E731
     pixs = [builder.load(builder.gep(pix, [builder.add(pb, c16(j))])) for j in range(npx)]
     ch0 = builder.mul(cb, c16(NC))
-    rows = [builder.add(builder.mul(builder.add(pb, c16(j)), ldy), ch0) for j in range(npx)]
+    rows = [builder.add(builder.mul(builder.add(builder.sub(pb, y0), c16(j)), ldy), ch0) for j in range(npx)]
     from_bias = builder.icmp_signed("!=", first, ir.Constant(first.type, 0))
     init = []
     for j in range(npx):
@@ -96,13 +98,62 @@ def _direct_ir(context, builder, signature, args, npx):
 
 def _make_tile(npx: int):
     @intrinsic
-    def tile(typingctx, wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi):
-        sig = types.void(wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi)
+    def tile(typingctx, wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi, y0):
+        sig = types.void(wt, img, koff, pix, pb, yt, ldy, cb, bias, k, k0, kn, first, lo, hi, y0)
         return sig, lambda context, builder, signature, args: _direct_ir(context, builder, signature, args, npx)
     return tile
 
 
 _tile = _make_tile(NP)
+
+
+def _transpose8_ir(context, builder, signature, args, add):
+    """dst[d0 + j ldd + i] = src[s0 + i lds + j] (+ r at dst's offset, then the clamp, where add) for
+    i, j < 8: eight row loads, three rounds of shuffles (unpack, pairs, 128-bit halves), eight stores."""
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    v8 = ir.VectorType(f32, 8)
+    src, dst = (builder.bitcast(context.make_array(signature.args[i])(context, builder, args[i]).data,
+                                f32.as_pointer()) for i in (0, 3))
+    s0, lds, d0, ldd = args[1], args[2], args[4], args[5]
+
+    def at(ptr, base, ld, i):
+        return builder.bitcast(builder.gep(ptr, [builder.add(base, builder.mul(ld, ir.Constant(ld.type, i)))]),
+                               v8.as_pointer())
+
+    def shuf(a, b, idx):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 8), idx))
+    rows = [builder.load(at(src, s0, lds, i), align=4) for i in range(8)]
+    lo8, hi8 = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for i in range(0, 8, 2):
+        t += [shuf(rows[i], rows[i + 1], lo8), shuf(rows[i], rows[i + 1], hi8)]
+    pl, ph = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = [shuf(t[0], t[2], pl), shuf(t[0], t[2], ph), shuf(t[1], t[3], pl), shuf(t[1], t[3], ph),
+         shuf(t[4], t[6], pl), shuf(t[4], t[6], ph), shuf(t[5], t[7], pl), shuf(t[5], t[7], ph)]
+    low, high = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    cols = [shuf(u[j], u[j + 4], low) for j in range(4)] + [shuf(u[j], u[j + 4], high) for j in range(4)]
+    if add:
+        r = builder.bitcast(context.make_array(signature.args[6])(context, builder, args[6]).data, f32.as_pointer())
+        lov, hiv = (_splat(builder, a, v8) for a in (args[7], args[8]))
+    for j, c in enumerate(cols):
+        if add:
+            c = builder.fadd(c, builder.load(at(r, d0, ldd, j), align=4))
+            c = builder.select(builder.fcmp_ordered("<", c, lov), lov, c)  # a NaN passes the clamp
+            c = builder.select(builder.fcmp_ordered(">", c, hiv), hiv, c)
+        builder.store(c, at(dst, d0, ldd, j), align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _transpose8(typingctx, src, s0, lds, dst, d0, ldd):
+    sig = types.void(src, s0, lds, dst, d0, ldd)
+    return sig, lambda context, builder, signature, args: _transpose8_ir(context, builder, signature, args, False)
+
+
+@intrinsic
+def _transpose8_add(typingctx, src, s0, lds, dst, d0, ldd, r, lo, hi):
+    sig = types.void(src, s0, lds, dst, d0, ldd, r, lo, hi)
+    return sig, lambda context, builder, signature, args: _transpose8_ir(context, builder, signature, args, True)
 
 
 def pack_channels(w: np.ndarray) -> np.ndarray:
@@ -132,17 +183,15 @@ def tables(c, h, w, kh, kw, sh, sw, dh, dw, top, left, bottom, right, oh, ow):
 def conv_direct(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, y, r, pad, yt):
     """y [O, P] = clamp(W @ im2col(x) + bias (+ r), lo, hi) for one image x [C, H W] (r [O, P] the
     addend, or a [0, 0] array for none): x is copied into pad (the zero-padded planes, flat; its
-    borders stay zero), the tiles read it through koff and pix, yt [P rounded up to tiles, O]
-    receives the output pixel-major (clamped there without an addend), then y its transpose, a block
-    of PB pixels at a time."""
+    borders stay zero), the tiles read it through koff and pix; a block of PB pixels at a time, yt
+    [>= min(PB, pix's length), O] receives the block pixel-major (clamped there without an addend),
+    then y its transpose."""
     c = x.shape[0]
     plane = pad.shape[0] // c
     for ch in range(c):
         src = x[ch]
-        for yy in range(h):
-            d, s = pad[ch * plane + (top + yy) * wp + left:], src[yy * w:]
-            for i in range(w):
-                d[i] = s[i]
+        for yy in range(h):  # rows as whole 8-float vector runs (jit.im2col's)
+            _run(pad, ch * plane + (top + yy) * wp + left, src, yy * w, w, 1, h * w)
     o, k, p = y.shape[0], koff.shape[0], y.shape[1]
     ldy = yt.shape[1]
     yf = yt.reshape(yt.shape[0] * ldy)
@@ -157,30 +206,37 @@ def conv_direct(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, y, r, pad, 
                 last = k0 + kn >= k and not add
                 clo, chi = (lo, hi) if last else (-inf, inf)
                 for pb in range(q0, q1, NP):
-                    _tile(wt, pad, koff, pix, pb, yf, ldy, cb, bias, k, k0, kn, k0 == 0, clo, chi)
+                    _tile(wt, pad, koff, pix, pb, yf, ldy, cb, bias, k, k0, kn, k0 == 0, clo, chi, q0)
         _lay_out(yt, y, r, add, lo, hi, q0, min(q1, p))
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _lay_out(yt, y, r, add, lo, hi, q0, q1):
-    """y[:, q0:q1] = yt[q0:q1] transposed (+ r and the clamp where add), 8 pixels at a time: y's rows
-    may lie 4 KB apart (one L1 set)."""
-    for r0 in range(q0, q1, 8):
-        r1 = min(r0 + 8, q1)
-        for ch in range(y.shape[0]):
-            d = y[ch]
+    """y[:, q0:q1] = yt[q0:q1] transposed (+ r and the clamp where add): whole 8 x 8 blocks by
+    _transpose8 (a scalar loop here was 15% of a 3x3 convolution's time at K 288), the last q1 - q0
+    mod 8 pixels one by one (y's rows may lie 4 KB apart: blocks of 8 pixels, not whole rows)."""
+    o, p = y.shape[0], y.shape[1]
+    ldy = yt.shape[1]
+    ytf, yf = yt.reshape(yt.size), y.reshape(y.size)
+    rf = r.reshape(r.size)
+    whole = q0 + (q1 - q0) // 8 * 8
+    for r0 in range(q0, whole, 8):
+        for ch in range(0, o, 8):
             if add:
-                a = r[ch]
-                for q in range(r0, r1):
-                    v = yt[q, ch] + a[q]
-                    if v < lo:  # a NaN passes the clamp
-                        v = lo
-                    if v > hi:
-                        v = hi
-                    d[q] = v
+                _transpose8_add(ytf, (r0 - q0) * ldy + ch, ldy, yf, ch * p + r0, p, rf, lo, hi)
             else:
-                for q in range(r0, r1):
-                    d[q] = yt[q, ch]
+                _transpose8(ytf, (r0 - q0) * ldy + ch, ldy, yf, ch * p + r0, p)
+    for ch in range(o):
+        d = y[ch]
+        for q in range(whole, q1):
+            v = yt[q - q0, ch]
+            if add:
+                v += r[ch, q]
+                if v < lo:  # a NaN passes the clamp
+                    v = lo
+                if v > hi:
+                    v = hi
+            d[q] = v
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
@@ -188,7 +244,7 @@ def conv_direct_images(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, out,
     """conv_direct for images i0 <= i < i1 of x [N, C, H W] into out [N, O, P] (r [N, O, P] the addend
     or a [0, 0, 0] array), with this call's scratch (the padded planes' borders zeroed once)."""
     pad = np.zeros(size, np.float32)
-    yt = np.empty((pix.shape[0], out.shape[1]), np.float32)
+    yt = np.empty((min(PB, pix.shape[0]), out.shape[1]), np.float32)
     none = np.empty((0, 0), np.float32)
     for i in range(i0, i1):
         conv_direct(x[i], h, w, top, left, wp, koff, pix, wt, bias, lo, hi, out[i], r[i] if r.shape[0] else none,

@@ -16,7 +16,7 @@ import numpy as np
 from numba.extending import intrinsic
 from numba.core import types
 
-from .gemm_f32 import MR, NR, SIX_A, SIX_B, _tile_ir, chunk_len
+from .gemm_f32 import MR, NR, SIX_A, SIX_B, SIX_MIN_K, _tile_ir, chunk_len
 
 
 def _make_tile_off(nv: int, mb: int = 1, rowmap=None):
@@ -66,10 +66,10 @@ def conv_wide(x, h, w, top, left, starts, plane, wp, cols, wpk, bias, lo, hi, y,
             last = k0 + kn >= k
             clo, chi = (lo, hi) if last else (np.float32(-np.inf), np.float32(np.inf))
             nb4 = o // MR  # pairs of 6-row tiles over three blocks (gemm_f32._panels), then 4 rows at a time
-            for ob in range(0, nb4 - 2, 3):
+            for ob in range(0, nb4 - 2 if k >= SIX_MIN_K else 0, 3):
                 _tile6a(wpk, pad, starts, p0, wf, cols, p0, ob, bias, k, k0, kn, k0 == 0, clo, chi)
                 _tile6b(wpk, pad, starts, p0, wf, cols, p0, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi)
-            for ob in range(nb4 // 3 * 3, nb4):
+            for ob in range(nb4 // 3 * 3 if k >= SIX_MIN_K else 0, nb4):
                 _tile(wpk, pad, starts, p0, wf, cols, p0, ob, bias, k, k0, kn, k0 == 0, clo, chi)
     for r in range(o):
         d, s = y[r], wide[r]

@@ -44,6 +44,10 @@ def _splat(builder, v, vt):
 # The 6 x 16 tiles: 12 accumulators (and two x vectors and a broadcast: 15 of the 16 ymm registers)
 # against the 4 x 16 tile's 8, which only just covered the FMA latency (4 cycles x 2 ports); two of
 # them cover three packed blocks of 4 rows, the first from lane 0 of block ob, the second from lane 2.
+# They pay from K 96 on: batches of images, one thread, weights packed, x in place: K 128-144 0.94-0.96x
+# the 4 x 16 tile's time, K 96 even, K 16-64 1.04-1.14x (MobileNetV2's expansions; short K spends
+# its time in the tiles' starts and ends, and there the 6-row tile's two weight blocks cost more).
+SIX_MIN_K = 96
 SIX_A = ((0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1))
 SIX_B = ((0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3))
 
@@ -178,12 +182,12 @@ def _panels(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow):
                 _tile8x8(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
             if nb4 % 2:
                 _tile8(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi)
-        else:  # pairs of 6-row tiles over three blocks, the last blocks 4 rows at a time
+        else:  # pairs of 6-row tiles over three blocks (K >= SIX_MIN_K), the last blocks 4 rows at a time
             nb4 = o // MR
-            for ob in range(0, nb4 - 2, 3):
+            for ob in range(0, nb4 - 2 if k >= SIX_MIN_K else 0, 3):
                 _tile6a(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
                 _tile6b(wp, xf, ldx, px, yf, ldy, py, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi)
-            for ob in range(nb4 // 3 * 3, nb4):
+            for ob in range(nb4 // 3 * 3 if k >= SIX_MIN_K else 0, nb4):
                 _tile(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba as nb  # imported only when a kernel is first bound
 import numpy as np
 
-from .gemm_f32 import (MR, NR, _tile6a_add, _tile6b_add, _tile8_add, _tile8x8_add, _tile_add, chunk_len,
+from .gemm_f32 import (MR, NR, SIX_MIN_K, _tile6a_add, _tile6b_add, _tile8_add, _tile8x8_add, _tile_add, chunk_len,
                        gemm_bias_clamp_ld, im2col_ld, tail_in, tail_out)
 
 
@@ -32,10 +32,10 @@ def _panels_add(wp, bias, xf, ldx, px, yf, ldy, py, o, k, lo, hi, narrow, rf):
                 _tile8_add(wp, xf, ldx, px, yf, ldy, py, nb4 - 1, bias, k, k0, kn, k0 == 0, clo, chi, rf)
         else:
             nb4 = o // MR
-            for ob in range(0, nb4 - 2, 3):
+            for ob in range(0, nb4 - 2 if k >= SIX_MIN_K else 0, 3):
                 _tile6a_add(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi, rf)
                 _tile6b_add(wp, xf, ldx, px, yf, ldy, py, ob + 1, bias, k, k0, kn, k0 == 0, clo, chi, rf)
-            for ob in range(nb4 // 3 * 3, nb4):
+            for ob in range(nb4 // 3 * 3 if k >= SIX_MIN_K else 0, nb4):
                 _tile_add(wp, xf, ldx, px, yf, ldy, py, ob, bias, k, k0, kn, k0 == 0, clo, chi, rf)
 
 

@@ -31,15 +31,13 @@ def _wide_pays(c: int, g) -> bool:
 
 def _direct_pays(o: int, k: int, g) -> bool:
     """Where jit.conv_direct (no im2col, output channels in the lanes) beat im2col + the packed GEMM
-    and jit.conv_wide, one thread, batch 1: 0.75-0.93x the better one's time for K >= 288 (the CNN's
-    32 -> 64 5x5 on 14x14 0.76-0.83x, 64 x 6x6 -> 256 0.75x, 32 x 32x32 -> 64 0.8x im2col and even
-    with conv_wide, stride 2 0.86x); about even at K 216-432 on 8x8 to 16x16; it lost at K 144 on
-    24x24 (1.0-1.1x) and K 72 (1.04-1.1x): shallow K pays the tile's start and end more often.
-    Large kernels on few channels (stems) gain from K 140 on: a 3-channel 7x7 at stride 2 0.84-0.87x
-    (64x64 to 224x224; im2col reads every other value there), at stride 1 0.96x, 6 channels 5x5 0.98x;
-    3 channels 5x5 (K 75) lost (1.16x). Node CPU times, batch 1, one thread. Output channels a
-    multiple of 16 (its two vectors), kernels larger than 1x1."""
-    return o % 16 == 0 and g.kh * g.kw > 1 and (k >= 192 or (k >= 140 and g.kh * g.kw >= 25))
+    and jit.conv_wide: node CPU times, one thread, with its layout pass in 8 x 8 register blocks.
+    Batch 1: K 72-144 0.83-0.97x (16 -> 64 3x3 on 24x24 0.92x, 8 -> 16 0.84x), a 1-channel 5x5 (K 25)
+    0.95x, 3 channels 5x5 (K 75) 0.95x; before that pass it won from K 192 (the CNN's 32 -> 64 5x5
+    on 14x14 0.83x, 32x96x96 3x3/s2 -> 16 0.58x, 3-channel 7x7/s2 stems 0.84-0.87x). Batch 32: 0.79x
+    (8 -> 16 on 24x24) to 0.95x. It lost on 3-channel 3x3 stride-2 stems (K 27: 1.1-1.27x at batch 1,
+    even at 32), hence K >= 32. Output channels a multiple of 16 (its two vectors), kernels past 1x1."""
+    return o % 16 == 0 and g.kh * g.kw > 1 and k >= 32
 
 
 def _packed_pays(o: int, k: int, p: int, batch: bool = False) -> bool:

@@ -115,15 +115,11 @@ def _blocked_pays(x, g) -> bool:
     return supported()
 
 
-def _max_pool_blocked(x, g):
-    """jit.pool_blocked over chunks of images on the intra-op threads, each with its own scratch
-    (the -inf padded 8-channel block and its output block)."""
-    return _blocked_runner(x.shape, g)(x)
-
-
 def _blocked_runner(shape, g):
-    """_max_pool_blocked for inputs of one shape, with what does not change from call to call (the
-    import, the geometry, the scratch sizes) worked out once: at batch 1 that was 11 us a call."""
+    """run(x): jit.pool_blocked over chunks of images on the intra-op threads, each with its own
+    scratch (the -inf padded 8-channel block and its output block), for inputs of one shape; what
+    does not change from call to call (the import, the geometry, the scratch sizes) worked out once:
+    at batch 1 that was 11 us a call."""
     from ...jit.pool_blocked import max_pool_blocked  # deferred: loads numba
     n, c, h, w = shape
     (t, b), (l, r) = g.pads
@@ -165,8 +161,8 @@ def _kernel_max_pool(node, ctx):
             return _max_pool_pairs(xp, x, g)
         if x.dtype.kind == "f" and compiled_ok(xp, x.dtype) and min(g.pads[0] + g.pads[1]) >= 0:
             if _blocked_pays(x, g):
-                if len(blocked) >= 8:  # many input shapes (a varying batch): keep the newest
-                    blocked.pop(next(iter(blocked)))
+                if len(blocked) >= 8:  # many input shapes (a varying batch): start over
+                    blocked.clear()
                 fast = blocked[(x.shape, x.dtype)] = _blocked_runner(x.shape, g)
                 return fast(x)
             return _max_pool_windows_compiled(x, g)

@@ -120,7 +120,7 @@ def wide(monkeypatch):
     (1, 8, 8, 3, "SAME", 1, 30, True),              # 30 columns
     (1, 1, 8, 5, "SAME", 1, 28, False),             # one channel (k = 25): im2col
     (1, 32, 12, 3, ((2, 0), (1, 2)), 2, 17, True),  # dilated, asymmetric padding, 32 channels on 16 columns
-    (3, 5, 16, 5, "VALID", 1, 33, True),            # a batch, no padding, 5x5
+    (3, 5, 20, 5, "VALID", 1, 33, True),            # a batch, no padding, 5x5 (20 outputs: not conv_direct's)
     (1, 8, 16, 3, "SAME", 1, 16, False),            # 16 columns, 8 channels: im2col
 ])
 def test_stride1_without_im2col_matches_the_reference(wide, act, n, c, o, k, padding, dil, hw, served):

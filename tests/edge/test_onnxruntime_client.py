@@ -59,7 +59,7 @@ def test_every_cut_through_onnxruntime_and_the_service(split):
     for cut in split["cuts"]:
         part = split_to_onnx(split["path"], cut=cut.name)
         assert part.post is None and part.wire_inputs == cut.inputs
-        with OnnxRuntimeOffloadClient(_bytes(part.edge), split["server"].address, deadline_ms=5000) as client:
+        with OnnxRuntimeOffloadClient(_bytes(part.edge), split["server"].address, deadline_ms=60000) as client:
             assert client.send_names == cut.inputs and client.part == cut.cloud_part
             for v, r in zip(split["xs"], split["ref"]):
                 got = client.invoke(v)[0]
@@ -73,7 +73,7 @@ def test_every_cut_through_onnxruntime_and_the_service(split):
 
 def test_errors_name_the_part_and_refuse_a_model_that_is_no_edge_part(split):
     part = split_to_onnx(split["path"], cut=split["cuts"][-1].name)
-    client = OnnxRuntimeOffloadClient(_bytes(part.edge), split["server"].address, deadline_ms=5000)
+    client = OnnxRuntimeOffloadClient(_bytes(part.edge), split["server"].address, deadline_ms=60000)
     client.part = "missing"
     with pytest.raises(OffloadCallError, match="Infer 'missing'"):
         client.invoke(split["xs"][0])

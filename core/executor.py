@@ -290,13 +290,17 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
-        default = threads.session_intra_threads() is None
+        intra = threads.session_intra_threads()
+        default = intra is None
         one = self._serial_dims is not None and default and self._unit_dims(feeds)  # one intra-op thread pays
+        # BLAS on one thread for the run: default runs, and runs given several threads where kernels
+        # split by prange (threads.prange_may_run: OpenBLAS's spinning workers kept libgomp's off the cores)
+        hold = self._hold_blas and (default or (intra > 1 and threads.prange_may_run()))
         runner = self._runner
         if runner is not None:
             if not self._auto:  # parallel=True: branches at the session's threads
                 heavy = runner.heavy_at(self._scale(feeds))
-                if self._hold_blas and default:
+                if hold:
                     with RunBlasHold():
                         return runner(*feeds, heavy=heavy)
                 return runner(*feeds, heavy=heavy)
@@ -307,7 +311,7 @@ class Plan:
                     return runner(*feeds, heavy=heavy)
                 with IntraOpThreads(1):  # process-wide: the pool's threads run their nodes on one thread too
                     return runner(*feeds, heavy=heavy)
-        if self._hold_blas and default:
+        if hold:
             if one:
                 with OneThreadRun():  # this thread's kernels alone; other threads' runs keep their counts
                     return self._call(feeds)

@@ -247,6 +247,15 @@ def prange_handoff_s() -> Optional[float]:
     return h or None
 
 
+def prange_may_run() -> bool:
+    """Whether this process's kernels may split by prange (not known to be off): runs given several
+    intra-op threads then hold BLAS to one thread as default runs do (executor.Plan.__call__,
+    RunBlasHold). OpenBLAS's workers spin for milliseconds after a threaded call; beside them
+    libgomp's worker waited for a core (2-core VM: every measured prange hand-off 7.9 ms inside
+    runs at intra_op_threads=2, so nothing split)."""
+    return _prange[0] is not False and cores() > 1 and os.environ.get("ISTHMUS_PRANGE", "").strip() != "0"
+
+
 def _ping_at_all(ping) -> float:
     """ping() with the calling thread's numba count at every core: a region's cost grows with its team
     (waking and joining more workers), so the widest team's prices every split (on 2 cores, two)."""
@@ -543,7 +552,7 @@ def blas_threads_now() -> Optional[int]:
     return max(counts) if counts else None
 
 
-__all__ = ["numba_threads", "prange_handoff_s", "par_scale", "par_threads", "PAR_SCALE_FLOOR",
+__all__ = ["numba_threads", "prange_handoff_s", "prange_may_run", "par_scale", "par_threads", "PAR_SCALE_FLOOR",
            "cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
            "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
            "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -155,8 +155,14 @@ def test_default_runs_with_products_hold_blas_to_one_thread(monkeypatch):
     with threadpool_limits(2, user_api="blas"):
         got = ism.Session(g, inter_op_threads=1).run(y, {x: v})
         assert threads.blas_threads_now() == 2
-        ism.Session(g, intra_op_threads=2, inter_op_threads=1).run(y, {x: v})  # a session's own count: no hold
-    assert seen == [(1, 2), (2, 2)]
+        monkeypatch.setattr(threads, "_prange", [False])  # no prange here: a session's own count, no hold
+        ism.Session(g, intra_op_threads=2, inter_op_threads=1).run(y, {x: v})
+        # where kernels may split by prange, a session's own count holds BLAS too (threads.prange_may_run)
+        monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+        monkeypatch.setattr(threads, "_prange_at", [0.0])
+        ism.Session(g, intra_op_threads=2, inter_op_threads=1).run(y, {x: v})
+        assert threads.blas_threads_now() == 2
+    assert seen == [(1, 2), (2, 2), (1, 2)]
     np.testing.assert_allclose(got, -(v.astype(np.float64) @ w), rtol=1e-4, atol=1e-3)
 
 

@@ -85,7 +85,7 @@ def _add_parts(args) -> int:
     written = DeviceProfile.load(out)
     # the kernels as this profile prices them on this machine (1x, no part yet): kernel_scale is fitted against them
     here = replace(written.scaled(1.0 / args.slowdown) if args.slowdown != 1.0 else written, part=None, client=None)
-    part = measure_part_cost(int8=args.parts == "int8", slowdown=args.slowdown, profile=here)
+    part = measure_part_cost(int8=args.parts == "int8", slowdown=args.slowdown, profile=here, quick=args.quick)
     replace(written, part=part).save(out)
     print(f"wrote the part section of {out} ({args.parts} edge parts): {part.describe()}"
           + (f" (measured here x {args.slowdown:g})" if args.slowdown != 1.0 else " (measured here)"))

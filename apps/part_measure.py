@@ -298,13 +298,20 @@ def repriced(samples: List[Dict[str, float]], profile, cuts: int = 7) -> List[Di
     return out
 
 
-def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None, slowdowns=(8.0, 20.0)):
+QUICK = dict(reps=3, cuts=3, requests=3)  # `isthmus profile --parts --quick`: a rough fit in about a third of the time
+
+
+def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None, slowdowns=(8.0, 20.0),
+                      quick: bool = False):
     """The PartCost fitted here, scaled to a device `slowdown` times slower; with `profile` (of this
     machine at 1x) its kernel_scale against that profile's prices too. The cold curve is measured
     first (cold_samples), each part sample's cold taken out with it, and the rest fitted once over the
-    parts run at `slowdowns` interleaved (their idles differ; their kernel scale does not)."""
-    cold = fit_cold_curve(cold_samples(int8))
-    fit = fit_parts(part_samples(int8, profile=profile, slowdowns=slowdowns, cold=cold), cold)
+    parts run at `slowdowns` interleaved (their idles differ; their kernel scale does not). quick:
+    fewer repetitions, parts and requests (QUICK), for a smoke run rather than a profile to plan with."""
+    reps, cuts, requests = (QUICK["reps"], QUICK["cuts"], QUICK["requests"]) if quick else (9, 7, 9)
+    cold = fit_cold_curve(cold_samples(int8, reps=reps))
+    fit = fit_parts(part_samples(int8, cuts=cuts, requests=requests, profile=profile, slowdowns=slowdowns,
+                                 cold=cold), cold)
     return fit.scaled(slowdown) if slowdown != 1.0 else fit
 
 

@@ -65,13 +65,17 @@ def test_cold_samples_time_each_idle_against_requests_back_to_back():
 def test_profile_parts_writes_the_part_section(tmp_path, capsys, monkeypatch):
     from isthmus.apps import part_measure
     fast, fast_cold = part_measure.part_samples, part_measure.cold_samples
-    monkeypatch.setattr(part_measure, "part_samples", lambda int8, profile=None, slowdowns=None, cold=None:
-                        fast(int8, cuts=3, requests=2, profile=profile, slowdowns=slowdowns, cold=cold))
-    monkeypatch.setattr(part_measure, "cold_samples", lambda int8: fast_cold(int8, reps=1, idles=(0.0, 0.002, 0.02)))
+    asked = []  # --quick asks for part_measure.QUICK's counts; these run fewer still
+    monkeypatch.setattr(part_measure, "part_samples", lambda int8, cuts, requests, profile=None, slowdowns=None, cold=None:
+                        asked.append((cuts, requests)) or fast(int8, cuts=3, requests=2, profile=profile,
+                                                               slowdowns=slowdowns, cold=cold))
+    monkeypatch.setattr(part_measure, "cold_samples", lambda int8, reps: asked.append(reps) or
+                        fast_cold(int8, reps=1, idles=(0.0, 0.002, 0.02)))
     path = str(tmp_path / "e.json")
     assert cli.main(["profile", "--device", "e", "--ops", "Relu", "--quick", "--slowdown", "8", "--parts", "fp32",
                      "--out", path, "--force"]) == 0
     assert "wrote the part section of" in capsys.readouterr().out
+    assert asked == [part_measure.QUICK["reps"], (part_measure.QUICK["cuts"], part_measure.QUICK["requests"])]
     part = DeviceProfile.load(path).part
     # something beyond the kernels is priced (with the cold taken out first, the fixed and byte terms may fit 0)
     assert part is not None and part.invoke_s + part.byte_s + part.cold_s + part.cold_io_s > 0

@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .gemm_f32 import _splat
+from .gemm_f32 import _splat, close_k_loop
 from .im2col import _run
 
 NP, NC = 6, 16  # tile: output pixels, output channels (two vectors of eight)
@@ -73,18 +73,7 @@ def _direct_ir(context, builder, signature, args, npx):
     for j in range(npx):
         xv = _splat(builder, builder.load(builder.gep(iptr, [builder.add(ko, pixs[j])])), v8)
         new += [builder.call(fma, [xv, ws[v], accs[2 * j + v]]) for v in range(2)]
-    i2 = builder.add(i, c16(1))
-    for a, v in zip(accs, new):
-        a.add_incoming(v, loop)
-    i.add_incoming(i2, loop)
-    builder.cbranch(builder.icmp_signed("<", i2, kn), loop, done)
-    builder.position_at_end(done)
-    results = []
-    for n, v in enumerate(new):  # every phi first
-        res = builder.phi(v8)
-        res.add_incoming(init[n], entry)
-        res.add_incoming(v, loop)
-        results.append(res)
+    results = close_k_loop(builder, entry, loop, done, i, kn, accs, new, init)
     lov, hiv = _splat(builder, lo, v8), _splat(builder, hi, v8)
     for j in range(npx):
         for v in range(2):

@@ -41,6 +41,24 @@ def _splat(builder, v, vt):
     return builder.shuffle_vector(e, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(i32, vt.count), None))
 
 
+def close_k_loop(builder, entry, loop, done, i, kn, accs, new, init):
+    """End a tile's K loop: the accumulators' back edges (new), i + 1 while below kn, then at `done`
+    the final accumulators (phis of init from entry and new from the loop), in accs' order."""
+    i2 = builder.add(i, ir.Constant(i.type, 1))
+    for a, v in zip(accs, new):
+        a.add_incoming(v, loop)
+    i.add_incoming(i2, loop)
+    builder.cbranch(builder.icmp_signed("<", i2, kn), loop, done)
+    builder.position_at_end(done)
+    results = []
+    for n, v in enumerate(new):  # every phi first
+        res = builder.phi(v.type)
+        res.add_incoming(init[n], entry)
+        res.add_incoming(v, loop)
+        results.append(res)
+    return results
+
+
 # The 6 x 16 tiles: 12 accumulators (and two x vectors and a broadcast: 15 of the 16 ymm registers)
 # against the 4 x 16 tile's 8, which only just covered the FMA latency (4 cycles x 2 ports); two of
 # them cover three packed blocks of 4 rows, the first from lane 0 of block ob, the second from lane 2.
@@ -141,18 +159,7 @@ def _tile_ir(context, builder, signature, args, nv, mb, offsets=False, residual=
     for r, (blk, lane) in enumerate(rowmap):
         wv = _splat(builder, builder.load(builder.gep(wptr, [builder.add(wos[blk], ir.Constant(i64, lane))])), v8)
         new += [builder.call(fma, [wv, xs[j], accs[nv * r + j]]) for j in range(nv)]
-    i2 = builder.add(i, ir.Constant(i64, 1))
-    for a, v in zip(accs, new):
-        a.add_incoming(v, loop)
-    i.add_incoming(i2, loop)
-    builder.cbranch(builder.icmp_signed("<", i2, kn), loop, done)
-    builder.position_at_end(done)
-    results = []
-    for n, v in enumerate(new):  # every phi first
-        res = builder.phi(v8)
-        res.add_incoming(init[n], entry)
-        res.add_incoming(v, loop)
-        results.append(res)
+    results = close_k_loop(builder, entry, loop, done, i, kn, accs, new, init)
     lov, hiv = _splat(builder, lo, v8), _splat(builder, hi, v8)
     for r in range(nr):
         row = rows[r]

@@ -83,6 +83,12 @@ def _zeros_remote(interp_box: list):
     return call
 
 
+def _at_reference(timed, ref: float) -> float:
+    """The median of (seconds, probe beside them) pairs, each taken to the reference speed state."""
+    from isthmus.partitioner.speed_state import normalised  # deferred: isthmus.partitioner loads scipy
+    return float(np.median(normalised([t for t, _ in timed], [p for _, p in timed], ref)))
+
+
 def _time_part(interp, inputs, runs: int) -> Dict[str, float]:
     """Median CPU seconds of the whole invoke and of its node kernels (all steps but the
     quantizer's borders and the remote call), each timed in run order, hot."""
@@ -137,8 +143,12 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     cold_samples measures: a PartCost's cold terms; None: 0), after the idle the emulation sleeps
     ((slowdown - 1) x its CPU time), of kernels where the part runs any, else of moving tensors; and a
     part with a call once more, after the call (the emulated round trip), of moving tensors (the
-    calibration parts run no kernel after their call)."""
+    calibration parts run no kernel after their call). Each part's group of requests and its hot
+    kernels are timed between two speed probes (partitioner/speed_state.py) and taken to the fast
+    state of all the probes read ("probe_s": the part's median probe, "reference_s": that state):
+    the spread passes alone still fitted kernel scale 1.49 once, all its probes slow."""
     from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
+    from isthmus.partitioner.speed_state import reference, speed_probe  # deferred: isthmus.partitioner loads scipy
     from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
     if rounds < 1 or requests < 1:
         raise ValueError(f"need rounds >= 1 and requests >= 1, got rounds={rounds}, requests={requests}")
@@ -147,26 +157,33 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     models = _models(int8, cuts, profile)
     with _clients(models, rtt_s) as clients, limited_blas_threads(1):
         hot = [[_hot_interpreter(c, k) for k in range(len(m[0].cuts))] for c, m in zip(clients, models)]
-        edge: Dict[tuple, List[float]] = {}
-        kernels: Dict[tuple, List[float]] = {}
+        edge: Dict[tuple, List[tuple]] = {}  # (seconds, the probe beside them)
+        kernels: Dict[tuple, List[tuple]] = {}
         per_round = [requests // rounds + (r < requests % rounds) for r in range(rounds)]
         for r, n in enumerate(per_round):
             for sd in (slowdowns if r % 2 == 0 else slowdowns[::-1]):
                 for mi, (client, m) in enumerate(zip(clients, models)):
                     client.edge_slowdown = sd
                     for k in range(len(m[0].cuts)):
+                        probe = speed_probe()
                         client.selector.switch(k)
-                        client.invoke(m[5])  # untimed: the switch
+                        client.invoke(m[5])  # untimed: the switch (and the caches the probe took)
+                        times = []
                         for _ in range(n):
                             client.invoke(m[5])
-                            edge.setdefault((mi, k, sd), []).append(client.last["edge_s"] / sd)
-                        kernels.setdefault((mi, k), []).append(_time_part(hot[mi][k], [m[5]], 7)["kernels_s"])
+                            times.append(client.last["edge_s"] / sd)
+                        kern = _time_part(hot[mi][k], [m[5]], 7)["kernels_s"]
+                        probe = (probe + speed_probe()) / 2  # the state of the group: probed before and after
+                        edge.setdefault((mi, k, sd), []).extend((t, probe) for t in times)
+                        kernels.setdefault((mi, k), []).append((kern, probe))
+    ref = reference(p for v in edge.values() for _, p in v)
     out = []
     for sd in slowdowns:
         for mi, (sp, prices, sizes, x, y, _) in enumerate(models):
             io = sizes[x.name] + sizes[y.name]
             for k, info in enumerate(sp.cuts):
-                e, kern = float(np.median(edge[(mi, k, sd)])), float(np.median(kernels[(mi, k)]))
+                e, kern = _at_reference(edge[(mi, k, sd)], ref), _at_reference(kernels[(mi, k)], ref)
+                probe = float(np.median([p for _, p in edge[(mi, k, sd)]]))
                 sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
                 nbytes = io + sum(sizes[n] for n in sent + info.outputs)
                 c = curve.cold((sd - 1.0) * e, kernels=kern > 0)
@@ -174,6 +191,8 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
                     c += curve.cold(rtt_s, kernels=False)
                 out.append({"seconds": max(e - kern - c, 0.0), "nbytes": float(nbytes), "edge_s": e,
                             "kernels_s": kern, "model": mi, "cut": k, "slowdown": sd, "cold_s": c,
+                            "probe_s": probe, "reference_s": ref,
+                            "edge_raw_s": float(np.median([t for t, _ in edge[(mi, k, sd)]])),
                             **({"priced_s": prices[k]} if prices is not None else {})})
     return out
 
@@ -188,7 +207,9 @@ def cold_samples(int8: bool = True, reps: int = 9, idles=IDLES, seed: int = 0) -
     at zero) and idle {"idle_s", "cold_s": the median edge CPU seconds of a request (its remote calls'
     left out) after that idle less the median of one right after another, "hot_s", "model", "kind"}.
     Each timed request follows an untimed one and then the idle, the idles in a random order per
-    pass: this VM's speed drifts over seconds, a pass takes less."""
+    pass: this VM's speed drifts over seconds, a pass takes less. Each model's and kind's idles are
+    timed between two speed probes and taken to the fast state of all of them (as part_samples)."""
+    from isthmus.partitioner.speed_state import reference, speed_probe  # deferred: isthmus.partitioner loads scipy
     from isthmus.partitioner.threads import limited_blas_threads  # deferred: partitioner.threads loads scipy
     if reps < 1 or 0.0 not in idles or len(idles) < 3:
         raise ValueError(f"need reps >= 1 and idles with 0 and two others, got reps={reps}, idles={idles}")
@@ -202,18 +223,22 @@ def cold_samples(int8: bool = True, reps: int = 9, idles=IDLES, seed: int = 0) -
                 client.link.set(1e9, 0.0)
                 for kind, k in (("kernels", len(m[0].cuts) - 1), ("io", 0)):  # edge-only; cloud-only
                     client.selector.switch(k)
+                    probe, got = speed_probe(), []
                     for idle in rng.permutation(idles):
                         client.invoke(m[5])
                         time.sleep(idle)
                         c = time.thread_time()
                         client.invoke(m[5])
-                        cpu = time.thread_time() - c - client.last["remote_cpu_s"]
-                        times.setdefault((mi, kind, float(idle)), []).append(cpu)
+                        got.append((float(idle), time.thread_time() - c - client.last["remote_cpu_s"]))
+                    probe = (probe + speed_probe()) / 2
+                    for idle, cpu in got:
+                        times.setdefault((mi, kind, idle), []).append((cpu, probe))
+    ref = reference(p for v in times.values() for _, p in v)
     out = []
     for mi in range(len(models)):
         for kind in ("kernels", "io"):
-            hot = float(np.median(times[(mi, kind, 0.0)]))
-            out += [{"idle_s": float(i), "cold_s": float(np.median(times[(mi, kind, float(i))])) - hot, "hot_s": hot,
+            hot = _at_reference(times[(mi, kind, 0.0)], ref)
+            out += [{"idle_s": float(i), "cold_s": _at_reference(times[(mi, kind, float(i))], ref) - hot, "hot_s": hot,
                      "model": mi, "kind": kind} for i in idles]
     return out
 

@@ -64,6 +64,7 @@ import isthmus as ism  # noqa: E402
 from split_latency import serve, stop  # noqa: E402
 from split_models import BRANCHING, MODELS  # noqa: E402
 from isthmus.partitioner.pinned import PinnedPlans  # noqa: E402
+from isthmus.partitioner.speed_state import speed_probe  # noqa: E402
 from timing import emit  # noqa: E402
 
 RTT = 0.040
@@ -132,30 +133,8 @@ def feeds_of(inputs, n: int, seed: int = 1):
     return [{x.node.name: rng.standard_normal(x.shape).astype(np.float32) for x in inputs} for _ in range(n)]
 
 
-def speed_probe(reps: int = 3, warm_s: float = 2e-3, clock=time.thread_time, work=None) -> float:
-    """CPU seconds of one fixed int8-valued fp32 product (the fastest of `reps`, after `warm_s` of CPU
-    spent on it untimed): how fast this VM runs now. Its speed moves 1.5-1.8x for seconds at a time
-    (neighbours on the host, invisible to the load average and to CPU time); the probe beside every
-    block says how much it moved during a run. Warmed first: a probe right after the emulated edge's
-    sleep found the caches cold (+50-90 us of 165 after 20-100 ms idle here), which read as a slow VM.
-    (`clock`, `work`: the clock and the product, for tests.)"""
-    if work is None:
-        a, b = _PROBE
-
-        def work():
-            np.dot(a, b)
-    c = clock()
-    while clock() - c < warm_s:
-        work()
-    best = float("inf")
-    for _ in range(reps):
-        c = clock()
-        work()
-        best = min(best, clock() - c)
-    return best
-
-
-_PROBE = (np.ones((64, 576), np.float32), np.ones((576, 192), np.float32))
+# speed_probe (a fixed product, warmed, CPU time) is the profiler's (partitioner/speed_state.py): the part
+# fit takes each of its samples to the fast state by the probe read beside it; the blocks read the same
 _MEM_PROBE = (np.ones((1, 2048), np.float32), np.ones((2048, 1024), np.float32))  # 8 MB: beyond a core's L2
 
 
@@ -505,6 +484,8 @@ def main(argv=None) -> int:
     switch_all = [x for r in rows for x in r["measured"]["switch_ratio_all"]]
     probes = [x for r in rows for x in r["measured"]["probe_us"]]
     ref_us, ref_mem_us = (float(np.median([c[i] for c in calib_probes])) * 1e6 for i in (0, 1))
+    if samples:  # the state the part fit took its samples to (its probes' fast state): what the prices hold for
+        ref_us = samples[0]["reference_s"] * 1e6
     at_reference(rows, ref_us)
     by_state(rows, ref_us, ref_mem_us)
     mem_probes = [x for r in rows for x in r["measured"]["probe_mem_us"] if x is not None]
@@ -536,7 +517,11 @@ def main(argv=None) -> int:
                       "steady_faults_max": max((r["measured"]["steady_faults_max"] for r in rows), default=0)},
            "speed_probe_us": {"min": min(probes), "median": float(np.median(probes)), "max": max(probes),
                               "p90_over_min": round(float(np.percentile(probes, 90)) / min(probes), 3),
-                              "while_calibrating": [round(x[0] * 1e6, 1) for x in calib_probes]},
+                              "while_calibrating": [round(x[0] * 1e6, 1) for x in calib_probes],
+                              **({} if not samples else {
+                                  "part_fit_reference": round(samples[0]["reference_s"] * 1e6, 1),
+                                  "part_fit": [round(float(np.percentile([x["probe_s"] for x in samples], q)) * 1e6, 1)
+                                               for q in (0, 50, 90, 100)]})},
            "memory_probe_us": None if not mem_probes else {
                "min": min(mem_probes), "median": float(np.median(mem_probes)), "max": max(mem_probes),
                "p90_over_min": round(float(np.percentile(mem_probes, 90)) / min(mem_probes), 3),

@@ -9,14 +9,25 @@ from isthmus.apps.part_measure import _graphs, cold_samples, fit_cold_curve, fit
 from isthmus.partitioner.devices import DeviceProfile
 
 
-def test_samples_count_the_boundary_and_time_the_parts():
+def test_samples_count_the_boundary_and_time_the_parts(monkeypatch):
     from dataclasses import replace
+    from isthmus.partitioner import speed_state
     from isthmus.partitioner.devices import CLOUD
     from isthmus.partitioner.part_cost import PartCost
     curve = PartCost(cold_s=2e-4, cold_tau_s=5e-3, cold_io_s=5e-5)
+    calls = []  # two probes a part (before, after), 3 parts a model: the fire model's parts read 2x slow
+
+    def probe():
+        calls.append(1)
+        return 2e-4 if ((len(calls) - 1) // 6) % 3 == 1 else 1e-4
+    monkeypatch.setattr(speed_state, "speed_probe", probe)
     both = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"),
                         slowdowns=[8.0, 20.0], cold=curve)
+    assert len(calls) == 2 * 2 * 2 * 9  # rounds x slowdowns x (before, after) x parts
     assert sorted({s["slowdown"] for s in both}) == [8.0, 20.0]
+    for s in both:  # taken to the fast state of the probes: the parts probed slow count half their time
+        assert s["reference_s"] == 1e-4 and s["probe_s"] == (2e-4 if s["model"] == 1 else 1e-4)
+        assert s["edge_s"] == pytest.approx(s["edge_raw_s"] * (0.5 if s["model"] == 1 else 1.0), rel=1e-12)
     for s in both:  # the cold of the idle the emulation slept before it (of kernels where the part runs
         # any), and with a call (every cut but the last, edge-only) one after the round trip, of no kernel
         want = curve.cold((s["slowdown"] - 1) * s["edge_s"], kernels=s["kernels_s"] > 0)

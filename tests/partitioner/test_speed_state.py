@@ -1,0 +1,34 @@
+"""partitioner/speed_state.py: a calibration sample is taken to the fast state by the probe read beside it."""
+import numpy as np
+import pytest
+
+from isthmus.partitioner.speed_state import normalised, reference, speed_probe
+
+
+def test_the_reference_is_the_fast_state_of_the_probes():
+    # 160 us most of the time, a slow stretch at 210-240: the fast state is the low percentile, not the median
+    probes = [160e-6] * 6 + [210e-6, 230e-6, 240e-6, 220e-6]
+    assert reference(probes) == pytest.approx(np.percentile(probes, 10)) and reference(probes) == pytest.approx(160e-6)
+    assert reference([213e-6, 194e-6]) < 200e-6  # a calibration all in a slow stretch keeps its fastest reading
+    for bad in ([], [0.0], [float("nan")], [-1e-4]):
+        with pytest.raises(ValueError, match="speed probes must be finite"):
+            reference(bad)
+
+
+def test_a_sample_is_scaled_by_the_reference_over_its_probe():
+    # a part timed at 3 ms beside a probe 1.5x the reference ran in a state 1.5x slow: 2 ms at the reference
+    assert normalised([3e-3, 2e-3], [240e-6, 160e-6], 160e-6) == pytest.approx([2e-3, 2e-3])
+    with pytest.raises(ValueError, match="2 samples against 1 probes"):
+        normalised([1.0, 2.0], [1.0], 1.0)
+
+
+def test_the_probe_times_cpu_seconds_after_warming():
+    clock, calls = [0.0], []
+
+    def work():
+        clock[0] += 1e-4 if len(calls) != 11 else 3e-4  # the second timed product is slower: the fastest is kept
+        calls.append(1)
+    assert speed_probe(reps=3, warm_s=1e-3, clock=lambda: clock[0], work=work) == pytest.approx(1e-4)
+    assert len(calls) == 10 + 3
+    t = speed_probe(reps=2)  # the real product: tens to hundreds of microseconds here
+    assert 1e-6 < t < 0.1

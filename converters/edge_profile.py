@@ -155,11 +155,18 @@ def fit_streaming(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
     return best[1], best[2]
 
 
+# the cycles measure_weight_streaming times (convolutions of 262K weights each): every 2 from 16 to 32
+# (4.2M-8.4M weights), where the weights stop fitting the cache and a 6.0M-weight network sits. With one
+# point there (24), the fitted cache moved 1.6-5.5M between fits and ResNet-shaped's price 0.10-1.06 ms;
+# measured here (load 5.5-6.5, four fits each) 0.79-1.36 ms with it, 1.01-1.17 with these
+SIZES = (2, 4, 8, 12, 16, 18, 20, 22, 24, 26, 28, 30)
+
+
 def measure_weight_streaming(int8: bool = True, convs: int = 32, rounds: int = 9) -> Tuple[float, float]:
     """(DeviceProfile.weight_stream_s, weight_cache) of the edge interpreter here: a cycle of the first
     P of `convs` weight-bound convolutions (_stream_chain), each P timed hot in a loop (CPU time, one
     thread, the median of `rounds` passes: with 5, ResNet-shaped's 6.0M weights were priced 0.26-0.95 ms
-    across fits, with 9, 0.46-0.47 ms in three); what a convolution takes beyond its time in the smallest
+    across fits, with 9, 0.46-0.47 ms in three; the cycles of `SIZES`); what a convolution takes beyond its time in the smallest
     cycle (its weights in the shared cache, as the one-node calibration finds them), times P, against
     the cycle's weight elements, fitted as s * (weights - cache) (fit_streaming). A cycle of 2 runs
     at its one-node time; of 16 or more, 1.2-1.8x (the weights come from memory)."""
@@ -168,7 +175,7 @@ def measure_weight_streaming(int8: bool = True, convs: int = 32, rounds: int = 9
     mine = [k for k, (kind, op) in enumerate(it.steps_info) if kind == "op" and op not in BORDERS]
     steps = [s for _, s in it.kernels]
     it.invoke(*values)
-    sizes = sorted({p for p in (2, 4, 8, 12, 16, 24, convs) if p <= min(convs, len(mine))})
+    sizes = sorted({p for p in SIZES + (convs,) if p <= min(convs, len(mine))})
     per: dict = {p: [] for p in sizes}
     with limited_blas_threads(1):
         for _ in range(rounds):

@@ -63,6 +63,13 @@ def test_fit_streaming_recovers_the_slope_and_the_cache():
     assert fit_streaming([(w, 0.0) for w in ws])[0] == 0.0
 
 
+def test_the_cycles_cover_where_the_weights_stop_fitting_the_cache():
+    from isthmus.converters.edge_profile import SIZES
+    per_conv = 256 * 1024
+    between = [p for p in SIZES if 4.0e6 <= p * per_conv <= 8.0e6]  # ResNet-shaped's 6.0M among them
+    assert len(between) >= 6 and min(abs(p * per_conv - 6.0e6) for p in between) < 0.3e6
+
+
 def test_measure_weight_streaming_times_the_interpreter():
     from isthmus.converters.edge_profile import measure_weight_streaming
     s, cache = measure_weight_streaming(int8=True, convs=4, rounds=1)

@@ -26,7 +26,7 @@ from ..core import gpu, registry
 from ..core.graph import Graph
 from ..core.registry import REQUIRED
 from ..core.session import Session
-from .costmodel import cost_key, op_cost
+from .costmodel import WIDE_POOLS, cost_key, op_cost
 from .devices import CLOUD, Coeffs, DeviceProfile
 from .threads import blas_threads as current_blas_threads
 from .threads import limited_blas_threads
@@ -94,6 +94,9 @@ _DEPTHWISE = {"quick": ((1, 32, 56, 3, 1), (1, 144, 14, 3, 2), (1, 96, 28, 3, 1)
                        (1, 576, 14, 3, 2), (1, 960, 7, 3, 1), (1, 16, 64, 5, 1), (4, 64, 28, 3, 1))}
 _FEATURE_MAPS = {"quick": ((1, 32, 56), (1, 96, 14), (4, 64, 28)),
                  "full": ((1, 32, 112), (1, 24, 56), (1, 64, 28), (1, 160, 14), (1, 960, 7), (4, 64, 28))}
+# the maps wide pooling windows are calibrated on, NCHW (batch, channels, size): an image's few channels,
+# a network's last maps; fewer or more outputs per pass (one level: k^2 passes whatever the level)
+_WIDE_POOL_MAPS = ((1, 3, 128), (1, 32, 56), (1, 96, 14), (1, 256, 8), (4, 64, 28))
 # channel concatenations, NCHW: (batch, channels of each input, size, inputs): fire and Inception modules'
 # joins (int8: a requantization of every input whose scale differs from the output's)
 _CONCATS = {"quick": ((1, 64, 24, 2), (1, 128, 12, 2), (1, 48, 16, 4), (1, 256, 6, 2)),
@@ -142,6 +145,11 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
                 yield [x], _node(op, {"ksize": (3, 3), "strides": (2, 2), "pads": ((1, 1), (1, 1))})
                 if op == "MaxPool":  # "MaxPool:2x2" (costmodel.cost_key): one compiled pass on the edge
                     yield [x], _node(op, {"ksize": (2, 2), "strides": (2, 2), "pads": ((0, 0), (0, 0))})
+        if op in ("MaxPool", "AvgPool"):  # "AvgPool:8x8"... (costmodel.WIDE_POOLS): k^2 passes, fitted apart
+            for k in WIDE_POOLS:
+                for n, c, hw in _WIDE_POOL_MAPS:
+                    yield [_data(rng, (n, c, hw, hw))], _node(op, {"ksize": (k, k), "strides": (k, k),
+                                                                   "pads": ((0, 0), (0, 0))})
         return
     if op == "Concat":
         for n, c, hw, k in _CONCATS[level]:

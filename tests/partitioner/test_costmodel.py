@@ -165,6 +165,25 @@ def test_a_2x2_max_pool_at_stride_2_has_its_own_cost_key_and_calibration_case():
     assert prof.op_time("MaxPool:2x2", 0, 0) == prof.op_time("MaxPool", 0, 0)
 
 
+def test_a_wide_pooling_window_has_its_own_cost_key_and_calibration_cases():
+    """The edge pools one pass per tap: an 8x8 window makes 64 passes of fixed work that the 3x3 fit's
+    per-output price leaves out (two-tower's 8x8 AvgPool measured 1.8x its price in the model)."""
+    from isthmus.partitioner.costmodel import WIDE_POOLS, cost_key
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (1, 3, 128, 128), name="x")
+        eight = ism.avg_pool(x, 8, 8, "VALID")
+        seven = ism.max_pool(x, 7, 7, "VALID")
+        four = ism.avg_pool(x, 4, 4, "VALID")
+    assert [cost_key(t.node) for t in (eight, seven, four)] == ["AvgPool:8x8", "MaxPool:7x7", "AvgPool"]
+    for op in ("AvgPool", "MaxPool"):
+        keys = [tuple(a["ksize"]) for a in _pool_case_attrs(op)]
+        assert all(keys.count((k, k)) >= 4 for k in WIDE_POOLS)  # enough cases for a fit of its own
+    # a profile without the key prices it as the op (op_time falls back), with it by its own fit
+    prof = DeviceProfile("p", op_coeffs={"AvgPool": (1e-6, 0.0, 0.0), "AvgPool:8x8": (6e-5, 0.0, 0.0)})
+    assert prof.op_time("AvgPool:8x8", 0, 0) == 6e-5 and prof.op_time("AvgPool:7x7", 0, 0) == 1e-6
+
+
 def _pool_case_attrs(op):
     """The attributes of every calibration case of a pool op, built on its inputs' placeholders."""
     out = []

@@ -57,7 +57,7 @@ def _parts(names):
     from isthmus.converters.split_export import export_split
     from isthmus.partitioner.pinned import PinnedPlans
     from split_models import MODELS
-    graphs = [(f"calibration_{k}", g, [x], y) for k, (g, x, y) in zip(("chain", "fire", "wide"), pm._graphs())]
+    graphs = [(f"calibration_{k}", g, [x], y) for k, (g, x, y) in zip(("chain", "fire", "wide", "big"), pm._graphs())]
     graphs += [(n, *MODELS[n]()) for n in names]
     out = []
     for name, g, inputs, y in graphs:

@@ -19,11 +19,11 @@ def test_samples_count_the_boundary_and_time_the_parts(monkeypatch):
 
     def probe():
         calls.append(1)
-        return 2e-4 if ((len(calls) - 1) // 6) % 3 == 1 else 1e-4
+        return 2e-4 if ((len(calls) - 1) // 6) % 4 == 1 else 1e-4
     monkeypatch.setattr(speed_state, "speed_probe", probe)
     both = part_samples(int8=True, cuts=3, requests=2, profile=replace(CLOUD, kernel_table="edge"),
                         slowdowns=[8.0, 20.0], cold=curve)
-    assert len(calls) == 2 * 2 * 2 * 9  # rounds x slowdowns x (before, after) x parts
+    assert len(calls) == 2 * 2 * 2 * 12  # rounds x slowdowns x (before, after) x parts
     assert sorted({s["slowdown"] for s in both}) == [8.0, 20.0]
     for s in both:  # taken to the fast state of the probes: the parts probed slow count half their time
         assert s["reference_s"] == 1e-4 and s["probe_s"] == (2e-4 if s["model"] == 1 else 1e-4)
@@ -38,7 +38,7 @@ def test_samples_count_the_boundary_and_time_the_parts(monkeypatch):
     assert (fit.cold_s, fit.cold_tau_s, fit.cold_io_s) == (2e-4, 5e-3, 5e-5) and fit.kernel_scale > 0
     samples = [s for s in both if s["slowdown"] == 8.0]
     graphs = _graphs()
-    assert sorted({s["model"] for s in samples}) == [0, 1, 2]
+    assert sorted({s["model"] for s in samples}) == [0, 1, 2, 3]
     for mi, (g, x, y) in enumerate(graphs):
         mine = [s for s in samples if s["model"] == mi]
         assert len(mine) == 3  # cloud-only, one inside, edge-only
@@ -62,7 +62,7 @@ def test_samples_count_the_boundary_and_time_the_parts(monkeypatch):
 def test_cold_samples_time_each_idle_against_requests_back_to_back():
     got = cold_samples(int8=True, reps=1, idles=(0.0, 0.001, 0.02))
     assert sorted((s["model"], s["kind"], s["idle_s"]) for s in got) == [
-        (m, k, i) for m in range(3) for k in ("io", "kernels") for i in (0.0, 0.001, 0.02)]
+        (m, k, i) for m in range(4) for k in ("io", "kernels") for i in (0.0, 0.001, 0.02)]
     curve = fit_cold_curve(got)
     assert curve.cold_tau_s > 0 and curve.cold_s >= 0 and curve.cold_io_s >= 0
     for s in got:

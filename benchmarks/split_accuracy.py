@@ -21,7 +21,9 @@ slowdown, plus an edge part's cost beyond its kernels (`isthmus profile --parts`
 partitioner/part_cost.py: per part, per boundary byte, and the scale of its kernels in a real part
 per request, fitted against the edge prices in use, its parts run at every slowdown interleaved; and
 the caches a segment of edge kernels finds cold after the idle before it, measured apart as a curve
-of the idle (apps/part_measure.cold_samples) and taken out of the parts before that fit) x slowdown, and the weights a part reads
+of the idle (apps/part_measure.cold_samples) and taken out of the parts before that fit; every part
+and cold sample taken to the fast speed state by the probe read beside it, partitioner/speed_state.py)
+x slowdown, and the weights a part reads
 beyond the edge's cache (DeviceProfile.weight_streaming, measured with the edge profile); the client's own cost as `isthmus profile --client` measures
 it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
 bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the

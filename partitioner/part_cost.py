@@ -33,7 +33,8 @@ emulated edge sleeps (slowdown - 1) x its compute after each request; a real dev
 back-to-back requests idles 0), and the segment after a remote call (idle: the call).
 `isthmus profile --parts` measures the curve directly (apps/part_measure.cold_samples) and fits
 the terms above on parts with their cold taken out, so a slowdown's longer idles do not leak into
-kernel_scale.
+kernel_scale. Every sample is first taken to the device's fast speed state by a probe read beside it
+(speed_state.py): a fit made in a slow stretch priced every plan 1.3-1.5x slow.
 """
 from __future__ import annotations
 

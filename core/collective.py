@@ -28,11 +28,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from . import gpu
 from .errors import ExecutionError
 from .graph import Tensor, get_default_graph
 from .ops.base import convert
 from .registry import REQUIRED, Cost, OpDef, register
 from .shapes import num_elements_est
+from .simgpu import SimArray
 
 
 class CollectiveAborted(RuntimeError):
@@ -79,7 +81,6 @@ class SimulatedCommunicator(Communicator):
     kind = "simulated"
 
     def all_reduce_sum(self, buffers) -> None:
-        from .simgpu import SimArray  # the stand-in's array type: only its own buffers are accepted
         _check_ranks(self, buffers)
         for k in range(len(buffers[0])):
             parts = [b[k] for b in buffers]
@@ -101,8 +102,7 @@ class NcclCommunicator(Communicator):
 
     def __init__(self, devices: Sequence[int], streams: Optional[Sequence] = None):
         super().__init__(devices)
-        from .gpu import nccl_module  # the one module that imports cupy
-        self.nccl = nccl_module()
+        self.nccl = gpu.nccl_module()  # core/gpu.py: the one module that imports cupy
         self.comms = self.nccl.NcclCommunicator.initAll(list(self.devices))
         self.streams = list(streams) if streams is not None else [None] * len(self.devices)
 

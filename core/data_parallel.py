@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 import numpy as np
 
+from . import gpu as gpu_mod
 from .collective import (AllReduceGroup, CollectiveAborted, CollectiveTimeout, Communicator, NcclCommunicator,
                          SimulatedCommunicator, SingleRank, all_reduce)
 from .graph import Graph, Tensor
@@ -265,13 +266,12 @@ def device_indices(devices, gpu: str) -> List[int]:
     """The GPU indices that `devices` (a count, a list, or "all") names."""
     if gpu not in ("cuda", "simulated"):
         raise ValueError(f"gpu backend {gpu!r}: expected 'cuda' or 'simulated'")
-    from .gpu import device_count, unavailable_reason
-    have = device_count() if gpu == "cuda" else None
+    have = gpu_mod.device_count() if gpu == "cuda" else None
     if devices == "all":
         if gpu == "simulated":
             raise ValueError("devices='all' counts real GPUs; give the stand-in a number of GPUs (devices=2)")
         if not have:
-            raise RuntimeError(f"data-parallel training needs a GPU: {unavailable_reason()}")
+            raise RuntimeError(f"data-parallel training needs a GPU: {gpu_mod.unavailable_reason()}")
         return list(range(have))
     if isinstance(devices, int) and not isinstance(devices, bool):
         idx = list(range(devices))
@@ -283,19 +283,18 @@ def device_indices(devices, gpu: str) -> List[int]:
         raise ValueError(f"devices {devices!r}: need one or more distinct GPU indices")
     if have is not None and max(idx) >= have:
         raise RuntimeError(f"devices {devices!r}: this machine has {have} GPU(s)"
-                           + (f" ({unavailable_reason()})" if not have else ""))
+                           + (f" ({gpu_mod.unavailable_reason()})" if not have else ""))
     return idx
 
 
 def make_communicator(kind: str, gpu: str, indices: List[int], streams) -> Communicator:
     """'auto': the stand-in's communicator on simulated GPUs; NCCL on real ones (one GPU without NCCL:
     the identity)."""
-    from .gpu import nccl_unavailable_reason
     if kind == "auto":
         if gpu == "simulated":
             kind = "simulated"
         else:
-            kind = "single" if len(indices) == 1 and nccl_unavailable_reason() else "nccl"
+            kind = "single" if len(indices) == 1 and gpu_mod.nccl_unavailable_reason() else "nccl"
     if kind == "simulated":
         if gpu != "simulated":
             raise ValueError("communicator='simulated' reduces stand-in GPUs only (gpu='simulated')")
@@ -307,7 +306,7 @@ def make_communicator(kind: str, gpu: str, indices: List[int], streams) -> Commu
     if kind == "nccl":
         if gpu != "cuda":
             raise ValueError("communicator='nccl' needs real GPUs (gpu='cuda')")
-        why = nccl_unavailable_reason()
+        why = gpu_mod.nccl_unavailable_reason()
         if why:
             raise RuntimeError(f"data-parallel training over GPUs {indices} needs NCCL: {why}")
         return NcclCommunicator(indices, streams)
@@ -317,16 +316,14 @@ def make_communicator(kind: str, gpu: str, indices: List[int], streams) -> Commu
 def _streams(gpu: str, indices: List[int]) -> list:
     if gpu != "cuda":
         return [None] * len(indices)
-    from .gpu import new_stream
-    return [new_stream(i) for i in indices]
+    return [gpu_mod.new_stream(i) for i in indices]
 
 
 def _replica_thread(gpu: str, index: int, stream, rank: int) -> ThreadPoolExecutor:
     """One thread for the replica's whole life, with its GPU and stream current (cupy's are per thread)."""
     if gpu != "cuda":
         return ThreadPoolExecutor(1, thread_name_prefix=f"isthmus-replica{rank}")
-    from .gpu import enter_device
-    return ThreadPoolExecutor(1, thread_name_prefix=f"isthmus-replica{rank}", initializer=enter_device,
+    return ThreadPoolExecutor(1, thread_name_prefix=f"isthmus-replica{rank}", initializer=gpu_mod.enter_device,
                               initargs=(index, stream))
 
 

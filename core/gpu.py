@@ -74,7 +74,7 @@ def nccl_module():
     if cp is None:
         raise RuntimeError(f"NCCL needs a GPU: {_probe_error}")
     try:
-        from cupy.cuda import nccl  # noqa: deferred, as cupy itself
+        from cupy.cuda import nccl  # deferred: optional, as cupy itself
     except Exception as e:
         raise RuntimeError(f"cupy.cuda.nccl is not importable ({type(e).__name__}: {e}); install NCCL "
                            "(e.g. the nvidia-nccl wheel matching the CUDA of cupy)") from None

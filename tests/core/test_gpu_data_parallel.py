@@ -281,7 +281,8 @@ def test_nccl_communicator_sums_one_rank_in_place():
     from isthmus.core.collective import NcclCommunicator
     cp = gpu.array_module("GPU")
     comm = NcclCommunicator([0], [gpu.new_stream(0)])
-    buf = cp.arange(5, dtype=cp.float32)
+    with comm.streams[0]:            # made on the stream the reduction runs on (a non-blocking one)
+        buf = cp.arange(5, dtype=cp.float32)
     comm.all_reduce_sum([[buf]])
     comm.streams[0].synchronize()
     np.testing.assert_array_equal(cp.asnumpy(buf), np.arange(5, dtype=np.float32))

@@ -23,6 +23,7 @@ present, else the identity: `communicator.kind` says which ('nccl', 'single' or 
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
@@ -88,6 +89,7 @@ class DataParallel:
         self.timeout_s = timeout_s
         self.steps = 0
         self._diverged: Optional[str] = None
+        self._step_lock = threading.Lock()   # one step at a time: the group holds one round
         self.replicas = [_Replica(r, f"/device:GPU:{i}", _replica_thread(self.gpu, i, self.streams[r], r))
                          for r, i in enumerate(self.indices)]
         try:
@@ -127,17 +129,18 @@ class DataParallel:
     def step(self, feeds) -> float:
         """One synchronous step on the whole batch `feeds` (a dict keyed by input, input name or
         position, or a list in input order), split evenly across the replicas; the mean loss."""
-        if self._diverged:
-            raise ReplicaDivergedError(f"the replicas diverged ({self._diverged}); call sync_parameters() first",
-                                       -1, "", True)
         shards = self._shards(feeds)
-        self.group.reset()
-        futs = [rep.pool.submit(self._replica_step, rep, shards[rep.rank]) for rep in self.replicas]
-        losses, errors = self._collect(futs)
-        if errors:
-            raise self._step_error(errors)
-        self.steps += 1
-        return float(np.mean(losses))
+        with self._step_lock:
+            if self._diverged:
+                raise ReplicaDivergedError(f"the replicas diverged ({self._diverged}); call sync_parameters() first",
+                                           -1, "", True)
+            self.group.reset()
+            futs = [rep.pool.submit(self._replica_step, rep, shards[rep.rank]) for rep in self.replicas]
+            losses, errors = self._collect(futs)
+            if errors:
+                raise self._step_error(errors)
+            self.steps += 1
+            return float(np.mean(losses))
 
     def fit(self, feeds: Iterable, epochs: int = 1, steps_per_epoch: Optional[int] = None) -> List[float]:
         """`step` over `feeds` (re-iterated each epoch, e.g. core.train.Batches with drop_last); the
@@ -237,6 +240,7 @@ class DataParallel:
         return out
 
     def close(self) -> None:
+        self.group.abort("the DataParallel was closed")  # releases a replica still waiting in a step
         for rep in self.replicas:
             if rep.session is not None:
                 rep.session.close()

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 import numpy as np
 
 from . import gpu as gpu_mod
-from .collective import (AllReduceGroup, CollectiveAborted, CollectiveTimeout, Communicator, NcclCommunicator,
+from .collective import (AllReduceGroup, CollectiveAborted, Communicator, NcclCommunicator,
                          SimulatedCommunicator, SingleRank, all_reduce)
 from .graph import Graph, Tensor
 from .optimizers import UPDATE_OPS, get_or_create_global_step
@@ -93,7 +93,9 @@ class DataParallel:
         self.replicas = [_Replica(r, f"/device:GPU:{i}", _replica_thread(self.gpu, i, self.streams[r], r))
                          for r, i in enumerate(self.indices)]
         try:
-            self._on_all(lambda rep: self._build(rep, model_fn, optimizer_fn, mems[rep.rank], seed), "building")
+            # one replica after another, in rank order: model_fn may have side effects (a shared generator)
+            self._on_all(lambda rep: self._build(rep, model_fn, optimizer_fn, mems[rep.rank], seed), "building",
+                         one_by_one=True)
             self._on_all(lambda rep: rep.session.run(rep.init), "initializing")
             self.sync_parameters()
         except BaseException:
@@ -256,8 +258,14 @@ class DataParallel:
     def _on_one(self, rep: _Replica, fn):
         return rep.pool.submit(fn, rep).result(timeout=self.timeout_s)
 
-    def _on_all(self, fn, what: str) -> None:
-        futs = [rep.pool.submit(fn, rep) for rep in self.replicas]
+    def _on_all(self, fn, what: str, one_by_one: bool = False) -> None:
+        """fn(replica) on every replica's thread (all at once, or in rank order); the first failure
+        raises, naming the replica."""
+        futs = []
+        for rep in self.replicas:
+            futs.append(rep.pool.submit(fn, rep))
+            if one_by_one:
+                wait(futs[-1:], timeout=self.timeout_s)
         done, _ = wait(futs, timeout=self.timeout_s)
         for rep, f in zip(self.replicas, futs):
             e = f.exception() if f in done else TimeoutError(f"no answer within {self.timeout_s:g} s")
@@ -335,7 +343,7 @@ def _is_abort(e: BaseException) -> bool:
     """Whether `e` only reports another replica's failure (the aborted all-reduce)."""
     seen = 0
     while e is not None and seen < 8:
-        if isinstance(e, (CollectiveAborted, CollectiveTimeout)) and "waited" not in str(e):
+        if isinstance(e, CollectiveAborted):  # (a CollectiveTimeout is a cause: it names the missing ranks)
             return True
         e, seen = e.__cause__ or e.__context__, seen + 1
     return False

@@ -151,6 +151,27 @@ def test_a_failing_replica_is_named_and_no_replica_applies_the_step():
         assert int(dp.variable_value("global_step", 2)) == 2
 
 
+def test_a_failure_after_the_all_reduce_stops_training_until_resynchronised():
+    from isthmus.core.data_parallel import ReplicaDivergedError
+    x, y = _batch(4)
+    with DataParallel(_model_fn(), _opt(False), devices=2, gpu="simulated") as dp:
+        sess = dp.replicas[1].session
+        run = sess.run
+
+        def failing_after(*a, **k):   # replica 1's step runs (all-reduce included), then fails
+            run(*a, **k)
+            raise RuntimeError("injected after the update")
+        sess.run = failing_after
+        with pytest.raises(ReplicaDivergedError, match=r"replica 1 \(/device:GPU:1\).*replicas \[0\] applied"):
+            dp.step({"x": x, "y": y})
+        sess.run = run
+        with pytest.raises(ReplicaDivergedError, match="call sync_parameters"):
+            dp.step({"x": x, "y": y})
+        dp.sync_parameters()
+        dp.step({"x": x, "y": y})
+        assert np.array_equal(dp.variable_value("W0", 0), dp.variable_value("W0", 1))
+
+
 def test_memory_cap_per_device():
     x, y = _batch(8)
     with DataParallel(_model_fn(), _opt(False), devices=2, gpu="simulated",

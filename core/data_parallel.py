@@ -33,6 +33,7 @@ import numpy as np
 from . import gpu as gpu_mod
 from .collective import (AllReduceGroup, CollectiveAborted, Communicator, NcclCommunicator,
                          SimulatedCommunicator, SingleRank, all_reduce)
+from .checkpoint import Saver
 from .graph import Graph, Tensor
 from .optimizers import UPDATE_OPS, get_or_create_global_step
 from .ops.sparse import IndexedSlices, to_dense
@@ -62,6 +63,7 @@ class _Replica:
     loss: Optional[Tensor] = None
     inputs: List[Tensor] = field(default_factory=list)
     train_op: Any = None
+    global_step: Any = None
     init: Any = None
     variables: list = field(default_factory=list)
 
@@ -90,6 +92,7 @@ class DataParallel:
         self.steps = 0
         self._diverged: Optional[str] = None
         self._step_lock = threading.Lock()   # one step at a time: the group holds one round
+        self._saver: Optional[Saver] = None
         self.replicas = [_Replica(r, f"/device:GPU:{i}", _replica_thread(self.gpu, i, self.streams[r], r))
                          for r, i in enumerate(self.indices)]
         try:
@@ -115,8 +118,8 @@ class DataParallel:
             pairs = [(to_dense(gr) if isinstance(gr, IndexedSlices) else gr, v)
                      for gr, v in opt.compute_gradients(loss) if gr is not None]
             reduced = all_reduce([gr for gr, _ in pairs], self.group, rep.rank, name="gradients_all_reduce")
-            rep.train_op = opt.apply_gradients(list(zip(reduced, [v for _, v in pairs])),
-                                               global_step=get_or_create_global_step(g))
+            rep.global_step = get_or_create_global_step(g)
+            rep.train_op = opt.apply_gradients(list(zip(reduced, [v for _, v in pairs])), global_step=rep.global_step)
             rep.init = global_variables_initializer()
         rep.graph, rep.loss, rep.inputs = g, loss, list(inputs)
         rep.variables = global_variables(g)
@@ -228,6 +231,19 @@ class DataParallel:
                     rep.session.set_variable_value(v, values[v.node.name])
         self._on_all(load, "copying parameters to")
         self._diverged = None
+
+    def save(self, prefix: str) -> str:
+        """A checkpoint (core.checkpoint.Saver) of replica 0, which every replica equals, named by
+        the global step; returns its path."""
+        if self._saver is None:
+            self._saver = Saver()
+        return self._on_one(self.replicas[0], lambda r: self._saver.save(r.session, prefix, global_step=r.global_step))
+
+    def restore(self, path: str) -> None:
+        """Load a checkpoint into replica 0 and copy it to every replica."""
+        saver = self._saver or Saver()
+        self._on_one(self.replicas[0], lambda r: saver.restore(r.session, path))
+        self.sync_parameters()
 
     def variable_value(self, name: str, rank: int = 0) -> np.ndarray:
         """A host copy of variable `name` on replica `rank`."""

@@ -122,6 +122,22 @@ def test_replicas_start_identical_even_when_model_fn_draws_differently():
         assert np.array_equal(dp.variable_value("W0", 0), dp.variable_value("W0", 1))
 
 
+def test_a_checkpoint_restores_every_replica(tmp_path):
+    x, y = _batch(6)
+    with DataParallel(_model_fn(), _opt(True), devices=3, gpu="simulated") as dp:
+        dp.step({"x": x, "y": y})
+        path = dp.save(str(tmp_path / "dp"))
+        ahead = [dp.step({"x": x, "y": y}) for _ in range(2)]
+        w_ahead = dp.variable_value("W1", 2)
+    assert path.endswith("dp-1.npz")
+    with DataParallel(_model_fn(), _opt(True), devices=3, gpu="simulated") as dp:
+        dp.restore(path)
+        assert int(dp.variable_value("global_step", 2)) == 1
+        again = [dp.step({"x": x, "y": y}) for _ in range(2)]   # the momentum slots came back too
+        assert again == ahead
+        assert np.array_equal(dp.variable_value("W1", 2), w_ahead)
+
+
 def test_one_replica_with_the_single_rank_communicator():
     x, y = _batch(6)
     want_losses, want = _reference(2, x, y, False)

@@ -211,6 +211,13 @@ def test_memory_cap_per_device():
         dp.step({"x": x, "y": y})
 
 
+def test_fit_over_batches_keyed_by_input_name():
+    x, y = _batch(20)
+    with DataParallel(_model_fn(), _opt(False), devices=2, gpu="simulated") as dp:
+        hist = dp.fit(ism.train.Batches({"x": x, "y": y}, batch_size=8, seed=0, drop_last=True), epochs=3)
+        assert len(hist) == 3 and dp.steps == 6 and hist[-1] < hist[0]
+
+
 def test_feeds_must_split_evenly_and_name_an_input():
     with DataParallel(_model_fn(), _opt(False), devices=2, gpu="simulated") as dp:
         x, y = _batch(5)

@@ -26,7 +26,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from .collective import (AllReduceGroup, CollectiveAborted, Communicator, NcclCo
 from .checkpoint import Saver
 from .graph import Graph, Tensor
 from .optimizers import UPDATE_OPS, get_or_create_global_step
+from .ops.base import group
 from .ops.sparse import IndexedSlices, to_dense
 from .session import Session
 from .variables import global_variables, global_variables_initializer
@@ -110,16 +111,17 @@ class DataParallel:
         g = Graph(seed=seed)
         with g.as_default():
             loss, inputs = model_fn()
-            if g.get_collection(UPDATE_OPS):
-                names = ", ".join(f"'{u.name}'" for u in g.get_collection(UPDATE_OPS)[:3])
-                raise NotImplementedError(f"the model has update ops ({names}, e.g. batch-norm moving averages): "
-                                          "each replica would update them from its own shard; not supported yet")
+            moving = _moving_updates(g)
             opt = optimizer_fn()
             pairs = [(to_dense(gr) if isinstance(gr, IndexedSlices) else gr, v)
                      for gr, v in opt.compute_gradients(loss) if gr is not None]
-            reduced = all_reduce([gr for gr, _ in pairs], self.group, rep.rank, name="gradients_all_reduce")
+            # one rendezvous per step: the gradients and the replicas' new moving statistics together
+            reduced = all_reduce([gr for gr, _ in pairs] + [new for _, new in moving], self.group, rep.rank,
+                                 name="gradients_all_reduce")
             rep.global_step = get_or_create_global_step(g)
-            rep.train_op = opt.apply_gradients(list(zip(reduced, [v for _, v in pairs])), global_step=rep.global_step)
+            step = opt.apply_gradients(list(zip(reduced, [v for _, v in pairs])), global_step=rep.global_step)
+            stats = [var.assign(r).node for (var, _), r in zip(moving, reduced[len(pairs):])]
+            rep.train_op = group(step, *stats, name="data_parallel_step") if stats else step
             rep.init = global_variables_initializer()
         rep.graph, rep.loss, rep.inputs = g, loss, list(inputs)
         rep.variables = global_variables(g)
@@ -288,6 +290,23 @@ class DataParallel:
             if e is not None:
                 raise ReplicaStepError(f"{what} replica {rep.rank} ({rep.device}) failed: {type(e).__name__}: {e}",
                                        rep.rank, rep.device, False) from e
+
+
+def _moving_updates(g: Graph) -> List[Tuple[Any, Tensor]]:
+    """(variable, its new value on this replica) of each update op of the model (batch-norm moving
+    averages: `moving = m * moving + (1 - m) * batch statistic`). The replicas' new values are
+    averaged with the gradients and assigned after: since every replica starts from the same moving
+    value, that is the moving average of the mean of the shards' statistics (non-synchronised batch
+    norm, as TensorFlow's MirroredStrategy and PyTorch's DDP do). The model's own update ops are left
+    out of the step."""
+    out = []
+    for u in g.get_collection(UPDATE_OPS):
+        node = getattr(u, "node", u)
+        if node.op != "Assign":
+            raise NotImplementedError(f"update op '{node.name}' ({node.op}): DataParallel averages Assign updates "
+                                      "(batch-norm moving statistics) across replicas, nothing else yet")
+        out.append((node.inputs[0], node.inputs[1]))   # (the Variable is its node's output tensor)
+    return out
 
 
 def device_indices(devices, gpu: str) -> List[int]:

@@ -4,6 +4,8 @@ In CI on 2 and 3 stand-in GPUs (each with its own array module, meter and cap, a
 to meet another GPU's without a copy or the communicator); under `pytest -m gpu` on real GPUs with
 NCCL (one GPU: a one-rank NCCL communicator; two where the machine has them).
 """
+import gc
+
 import numpy as np
 import pytest
 
@@ -107,6 +109,53 @@ def test_all_reduced_step_equals_one_step_on_the_whole_batch(n, momentum):
     np.testing.assert_allclose(got, single, rtol=2e-5)
 
 
+def _bn_model_fn():
+    rng = np.random.default_rng(3)
+    x = ism.placeholder("float32", (None, D), name="x")
+    y = ism.placeholder("int32", (None,), name="y")
+    h = x @ ism.Variable((rng.standard_normal((D, H)) * 0.5).astype(np.float32), name="W0")
+    h = ism.relu(ism.nn.BatchNorm(momentum=0.8, name="bn")(h, training=True))
+    logits = ism.bias_add(h @ ism.Variable((rng.standard_normal((H, C)) * 0.5).astype(np.float32), name="W1"),
+                          ism.Variable(np.zeros(C, np.float32), name="b1"))
+    return ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, logits)), [x, y]
+
+
+def test_batch_norm_moving_statistics_are_averaged_across_replicas():
+    n, x, y = 2, *_batch(8)
+    with DataParallel(_bn_model_fn, _opt(False), devices=n, gpu="simulated") as dp:
+        names = [v.node.name for v in dp.replicas[0].variables]
+        before = {k: dp.variable_value(k) for k in names}
+        dp.step({"x": x, "y": y})
+        after = {k: dp.variable_value(k) for k in names}
+        for k in names:
+            assert np.array_equal(dp.variable_value(k, 1), after[k]), k
+    # the reference: each shard on a single-device session, its gradients and new moving
+    # statistics averaged here, the SGD step applied here
+    grads, stats = [], []
+    for r in range(n):
+        g = ism.Graph()
+        with g.as_default():
+            loss, (xt, yt) = _bn_model_fn()
+            trainable = ism.trainable_variables()
+            gr = ism.gradients(loss, trainable)
+            upd = g.get_collection("update_ops")
+            init = ism.global_variables_initializer()
+        s = ism.Session(g)
+        s.run(init)
+        m = len(y) // n
+        out = s.run(gr + [u.outputs[0] for u in upd], {xt: x[r * m:(r + 1) * m], yt: y[r * m:(r + 1) * m]})
+        grads.append(dict(zip([v.node.name for v in trainable], out[:len(gr)])))
+        stats.append(dict(zip([u.inputs[0].node.name for u in upd], out[len(gr):])))
+    for k in grads[0]:
+        want = before[k] - LR * np.mean([gd[k] for gd in grads], axis=0)
+        np.testing.assert_allclose(after[k], want, rtol=1e-5, atol=1e-6, err_msg=k)
+    assert set(stats[0]) == {"bn/moving_mean", "bn/moving_variance"}
+    for k in stats[0]:
+        np.testing.assert_allclose(after[k], np.mean([st[k] for st in stats], axis=0), rtol=1e-5, atol=1e-7,
+                                   err_msg=k)
+        assert not np.allclose(after[k], before[k])
+
+
 def test_replicas_start_identical_even_when_model_fn_draws_differently():
     calls = []
 
@@ -200,11 +249,14 @@ def test_memory_cap_per_device():
         # GPU:1's cap just above what it holds now: its step runs out of memory, GPU:0's does not
         dev1 = dp.replicas[1].session.devices.get("/device:GPU:1")
         w_before = dp.variable_value("W0", 0)
+        gc.collect()     # GPU:1's meter is the process's: earlier tests' garbage freed mid-step would make room
+        gc.disable()
         dev1.set_memory_cap(dev1.used_bytes() + 64)
         try:
             with pytest.raises(ReplicaStepError, match=r"replica 1 \(/device:GPU:1\).*out of device memory"):
                 dp.step({"x": x, "y": y})
         finally:
+            gc.enable()
             dev1.set_memory_cap(64 << 20)
         assert dp.memory_stats()["/device:GPU:0"]["cap_bytes"] == 1 << 30   # the other GPU's cap is its own
         assert np.array_equal(dp.variable_value("W0", 0), w_before)

@@ -44,7 +44,7 @@ def main(folder: str) -> int:
         ms = r.get("ms", {})
         many = {k: v for k, v in ms.items() if k.startswith("data_parallel_") and k != "data_parallel_1gpu"}
         rows.append((f"DataParallel 1 GPU b{b}", f"{ms.get('data_parallel_1gpu')}", f"{ms.get('session_gpu0')}",
-                     f"{r.get('ratio_1gpu_vs_session')}", f"ms vs a plain Session; {r.get('communicator_1gpu')} "
+                     f"{r.get('ratio_1gpu_vs_session')}", f"ms vs a plain Session; {dp.get('communicator_1gpu')} "
                      + " ".join(f"{k[14:]} {v}" for k, v in many.items()),
                      f"loss_matches={r.get('first_loss_matches_1gpu')}"))
     print(f"{'workload':26} {'isthmus':>10} {'peer':>10} {'ratio':>7}  notes")

@@ -21,6 +21,7 @@ reduces them through its group and returns views of the result, scaled by 1/n fo
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -155,7 +156,7 @@ class AllReduceGroup:
         self._pending: Dict[int, list] = {}
         self.reduced = False           # this round's collective ran: the replicas may apply
         self.aborted: Optional[str] = None
-        self.key = f"allreduce/{id(self):x}"
+        self.key = f"allreduce/{next(_KEYS)}"   # never reused, unlike id(): a closed group's graphs stay unbound
         _GROUPS[self.key] = self
 
     def reset(self) -> None:
@@ -184,6 +185,7 @@ class AllReduceGroup:
                     self._cond.notify_all()
                     raise
                 self.reduced = True
+                self._pending = dict.fromkeys(self._pending)  # the buffers live on as the ranks' outputs only
                 self._cond.notify_all()
                 return
             deadline = time.monotonic() + self.timeout_s
@@ -200,6 +202,7 @@ class AllReduceGroup:
 
 
 _GROUPS: "weakref.WeakValueDictionary[str, AllReduceGroup]" = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
 
 
 # ---- the AllReduce op -------------------------------------------------------------------------

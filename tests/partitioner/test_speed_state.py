@@ -32,3 +32,19 @@ def test_the_probe_times_cpu_seconds_after_warming():
     assert len(calls) == 10 + 3
     t = speed_probe(reps=2)  # the real product: tens to hundreds of microseconds here
     assert 1e-6 < t < 0.1
+
+
+def test_the_scaling_benchmark_tells_work_that_slows_with_the_probe_from_work_that_does_not():
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from speed_state_scaling import analyse
+    rng = np.random.default_rng(0)
+    probes = np.where(rng.random(200) < 0.3, 220e-6, 160e-6) * (1 + 0.01 * rng.standard_normal(200))
+    rows = [(p, p, 2e-3 * p / 160e-6, 3e-3, 1e-3 * (p / 160e-6) ** 0.5) for p in probes]
+    got = analyse(rows, ("alike", "memory", "half"))
+    assert got["alike"]["loglog_slope"] == pytest.approx(1.0, abs=1e-6) and got["alike"]["cv_normalised"] < 1e-6
+    assert got["memory"]["loglog_slope"] == pytest.approx(0.0, abs=1e-6) and got["memory"]["slow_over_fast"] == 1.0
+    assert got["half"]["loglog_slope"] == pytest.approx(0.5, abs=1e-3)
+    assert got["alike"]["slow_over_fast"] == pytest.approx(got["alike"]["probe_slow_over_fast"], rel=0.01)
+    assert 40 < got["slow_blocks"] < 80 and got["blocks"] == 200

@@ -106,9 +106,9 @@ def _zeros_remote(interp_box: list):
 
 
 def _at_reference(timed, ref: float) -> float:
-    """The median of (seconds, probe beside them) pairs, each taken to the reference speed state."""
-    from isthmus.partitioner.speed_state import normalised  # deferred: isthmus.partitioner loads scipy
-    return float(np.median(normalised([t for t, _ in timed], [p for _, p in timed], ref)))
+    """The median of (seconds, probe beside them) pairs at the reference speed state (speed_state)."""
+    from isthmus.partitioner.speed_state import median_at_reference  # deferred: isthmus.partitioner loads scipy
+    return median_at_reference(timed, ref)
 
 
 def _time_part(interp, inputs, runs: int) -> Dict[str, float]:

@@ -8,12 +8,13 @@ calibration that meets a slow stretch prices every plan slow: issue 27's part fi
 1.49 (0.98-1.17 in eight other fits). A sample timed beside a probe reading `probe_s` is worth
 `sample x reference / probe_s` at the reference state (`normalised`); the reference is the fast state,
 the low quantile of every probe read during the calibration (`reference`): the fastest state recurs
-within every stretch of a minute here, a slow one does not hold for the whole calibration.
+within every stretch of a minute here, a slow one does not hold for the whole calibration. A fit keeps
+the samples timed in the fast state where it has them (`median_at_reference`).
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -59,4 +60,19 @@ def normalised(seconds: Sequence[float], probes: Sequence[float], ref: float) ->
     return [float(s) * ref / float(p) for s, p in zip(seconds, probes)]
 
 
-__all__ = ["speed_probe", "reference", "normalised", "QUANTILE"]
+FAST_STATE = 1.1  # a sample whose probe is within this of the reference was timed in the fast state
+
+
+def median_at_reference(timed: Sequence[Tuple[float, float]], ref: float, within: float = FAST_STATE) -> float:
+    """The median of (seconds, the probe beside them) pairs at the reference state: of those timed in the
+    fast state (probe <= `within` x ref), normalised; only when there is none, of all of them normalised.
+    Normalising alone is not enough across a long slow stretch: a fit with half its samples probed at
+    1.2-1.35x the reference came out kernel scale 1.19, where fits in the fast state gave 1.04-1.06
+    (a network's kernels slow 1.08x as much as the probe does, weights read from memory half as much)."""
+    if not timed:
+        raise ValueError("median_at_reference: no samples")
+    fast = [(t, p) for t, p in timed if p <= within * ref] or list(timed)
+    return float(np.median(normalised([t for t, _ in fast], [p for _, p in fast], ref)))
+
+
+__all__ = ["speed_probe", "reference", "normalised", "median_at_reference", "QUANTILE", "FAST_STATE"]

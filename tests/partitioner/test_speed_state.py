@@ -48,3 +48,17 @@ def test_the_scaling_benchmark_tells_work_that_slows_with_the_probe_from_work_th
     assert got["half"]["loglog_slope"] == pytest.approx(0.5, abs=1e-3)
     assert got["alike"]["slow_over_fast"] == pytest.approx(got["alike"]["probe_slow_over_fast"], rel=0.01)
     assert 40 < got["slow_blocks"] < 80 and got["blocks"] == 200
+
+
+def test_a_fit_keeps_the_samples_timed_in_the_fast_state_where_it_has_them():
+    from isthmus.partitioner.speed_state import FAST_STATE, median_at_reference
+    # one group in the fast state, two probed 2x slow (their time 3x: more than the probe's slowdown)
+    timed = [(3e-3, 2e-4), (3e-3, 2e-4), (1.0e-3, 1.05e-4)]
+    assert median_at_reference(timed, 1e-4) == pytest.approx(1.0e-3 / 1.05)
+    # normalising all of them would have kept the slow ones' excess: 1.5 ms
+    assert np.median(normalised([t for t, _ in timed], [p for _, p in timed], 1e-4)) == pytest.approx(1.5e-3)
+    # none in the fast state: all of them, normalised
+    slow = [(2e-3, 2e-4), (2.2e-3, 2e-4)]
+    assert median_at_reference(slow, 1e-4) == pytest.approx(1.05e-3) and FAST_STATE * 1e-4 < 2e-4
+    with pytest.raises(ValueError, match="no samples"):
+        median_at_reference([], 1e-4)

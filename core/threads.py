@@ -309,6 +309,9 @@ def par_threads(total: int, work: float, flops: bool = False) -> int:
     least = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * PAR_SCALE_FLOOR:
         return 1
+    h = _prange[0]  # the last measured hand-off: too little work for it needs no read of BLAS's count (~2 us)
+    if h and work < 2 * least * max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S):
+        return 1
     k = min(intra_threads(), total)
     if k <= 1:
         return 1

@@ -214,9 +214,10 @@ def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, t
 
 @pytest.mark.parametrize("handoff_us", [3.0, 10.0, 300.0])
 def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch, handoff_us):
-    """par_gate.split_rows: below fan_out's least split it uses as many threads as par_threads gives
-    (skipping par_threads only where that could only be one); at or above it, fan_out's chunks
-    (the caller runs those no worker started); the kernel covers every item once either way."""
+    """par_gate.split_rows on an idle machine: as many threads as par_threads gives (skipping it only
+    where that could only be one), large work included (prange's blocks, not the pool's chunks,
+    whose worker would share a core with libgomp's spinning one); where the prange hand-off is too
+    dear for the work, fan_out's chunks once they pay; the kernel covers every item once either way."""
     import numba
     from isthmus.core.ops import par_gate
     from isthmus.jit import par
@@ -237,8 +238,9 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
             for work in (0, least // 10, least // 5, least, 2 * least, 10 * least, 19 * least, 20 * least,
                          100 * least):
                 y = np.zeros(64)
+                prange_splits = work >= 2 * least * threads.par_scale()
                 pool_splits = work >= 2 * threads.min_chunk_bytes()
-                want = min(n, 2) if pool_splits else threads.par_threads(64, work)
+                want = threads.par_threads(64, work) if prange_splits else min(n, 2) if pool_splits else 1
                 assert par_gate.split_rows(mark, (y,), 64, work) == want, (n, work)
                 assert (y == 1).all()
 
@@ -272,10 +274,30 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
         assert (y == 3).all()
 
 
-def test_cores_idle_reads_the_load_average_against_the_cores(monkeypatch):
+def test_cores_idle_counts_other_processes_busy_time_not_this_ones(monkeypatch):
+    """par_gate.cores_idle: the machine's busy ticks over the interval less this process's own CPU
+    time: a run whose two threads keep both cores busy still sees a core for its splits; other
+    processes holding more than a quarter of a core (on 2 cores) shut prange off. The first read has
+    no interval: the 1-minute load average less the caller's thread."""
     from isthmus.core.ops import par_gate
     monkeypatch.setattr(threads, "cores", lambda: 2)
-    for load, idle in ((0.4, True), (1.2, True), (1.3, False), (3.0, False)):
-        monkeypatch.setattr(par_gate.os, "getloadavg", lambda load=load: (load, load, load))
-        monkeypatch.setattr(par_gate, "_load", [not idle, -1.0])  # due for a read
-        assert par_gate.cores_idle() is idle
+    tick = par_gate._TICK_S
+    clock = {"busy": 1000, "mine": 10.0, "now": 50.0}
+    monkeypatch.setattr(par_gate, "_busy_ticks", lambda: clock["busy"])
+    monkeypatch.setattr(par_gate.time, "process_time", lambda: clock["mine"])
+    monkeypatch.setattr(par_gate.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(par_gate.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    monkeypatch.setattr(par_gate, "_stat", [None])
+    monkeypatch.setattr(par_gate, "_load", [True, -1.0])
+    assert par_gate.cores_idle() is False  # first read: load 2.0 less this thread leaves 1.0 busy
+    # (machine busy seconds, this process's seconds) over 2 s: this process alone on both cores,
+    # others at 0.2 cores, others at 0.4, this process idle and others on one core
+    for busy_s, mine_s, idle in ((4.0, 4.0, True), (4.0, 3.6, True), (2.0, 1.2, False), (2.0, 0.0, False),
+                                 (0.2, 0.0, True)):
+        clock["busy"] += round(busy_s / tick)
+        clock["mine"] += mine_s
+        clock["now"] += 2.0
+        assert par_gate.cores_idle() is idle, (busy_s, mine_s)
+    clock["busy"] += round(2.0 / tick)  # others on a core, but read within LOAD_RECHECK_S: the last answer
+    clock["now"] += par_gate.LOAD_RECHECK_S / 2
+    assert par_gate.cores_idle() is True

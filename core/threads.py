@@ -46,6 +46,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from . import idle
+
 _lock = threading.Lock()
 _controller = None  # threadpoolctl's view of the BLAS libraries, made once numpy's BLAS is loaded
 _active = {"runs": 0, "saved": None}  # BLAS count before the first of the concurrent runs began
@@ -305,7 +307,8 @@ def par_threads(total: int, work: float, flops: bool = False) -> int:
     """The numba threads a compiled kernel over `total` items of `work` bytes (flops=True: FLOPs)
     in all should split across: 1 where it runs serially (one intra-op thread, or too little work:
     no hand-off is measured for work that could never split), 0 where it could split but prange
-    is unavailable (the caller then uses fan_out)."""
+    is unavailable, or other processes hold the cores (idle.cores_idle: a region would wait for
+    its worker), and the caller then uses fan_out, whose caller runs the chunks no worker started."""
     least = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * PAR_SCALE_FLOOR:
         return 1
@@ -315,7 +318,7 @@ def par_threads(total: int, work: float, flops: bool = False) -> int:
     k = min(intra_threads(), total)
     if k <= 1:
         return 1
-    if prange_handoff_s() is None:
+    if not idle.cores_idle(cores()) or prange_handoff_s() is None:
         return 0
     return max(1, min(k, int(work // (least * par_scale()))))
 

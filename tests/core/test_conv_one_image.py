@@ -4,6 +4,7 @@ gather itself against numpy's windows."""
 import numpy as np
 import pytest
 
+from isthmus.core import idle
 from isthmus import jit
 from isthmus.core.ops import conv_one_image
 
@@ -121,9 +122,10 @@ def test_batch_split_over_threads_gives_one_threads_bytes(batches, monkeypatch, 
     monkeypatch.setattr(conv_one_image, "split_rows", lambda *a, **kw: used.append(real(*a, **kw)) or used[-1])
     monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # these small convolutions split
     monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     monkeypatch.setattr(threads, "_handoff", [1e-6])
-    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "intra_threads", lambda: 2)
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)

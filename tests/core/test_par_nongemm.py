@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import isthmus as ism
+from isthmus.core import idle
 from isthmus import jit
 from isthmus.core import threads
 from isthmus.core.ops import depthwise, nn, pool
@@ -23,13 +24,14 @@ def splits(monkeypatch, request):
     (par_gate) of the depthwise, pool and batch-norm ops used."""
     from isthmus.core.ops import par_gate
     monkeypatch.setattr(threads, "_handoff", [100.0 if request.param == "prange" else threads.HANDOFF_REF_S])
-    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     from isthmus.jit import par
     if threads.cores() < 2 or not par.layer_ok():
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     used = []
     for mod in (depthwise, pool, nn):
@@ -226,7 +228,7 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
     monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
-    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -246,8 +248,9 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
 
 
 def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
-    """With no core idle (the load average at the core count), work prange would split runs as one call; work
-    large enough for the pool still fans out (its caller runs the chunks no worker started)."""
+    """With no core idle (other processes' CPU time), par_threads sends work to the pool (0) and work
+    prange would split runs as one call; work large enough for the pool still fans out (its caller
+    runs the chunks no worker started)."""
     import numba
     from isthmus.core.ops import par_gate
     from isthmus.jit import par
@@ -256,7 +259,7 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [3e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])
     monkeypatch.setattr(threads, "_handoff", [100e-6])
-    monkeypatch.setattr(par_gate, "_load", [False, float("inf")])  # no core idle, never read again
+    monkeypatch.setattr(idle, "_load", [False, float("inf")])  # no core idle, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -265,39 +268,37 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
     least = threads.MIN_CHUNK_BYTES
     with threads.IntraOpThreads(2):
         y = np.zeros(64)
-        assert threads.par_threads(64, 4 * least) == 2
+        assert threads.par_threads(64, 4 * least) == 0  # could split, but not by prange now: the pool's size decides
         assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 1
         assert par_gate.split_rows(mark, (y,), 64, 40 * least) == 2
         assert (y == 2).all()
-        monkeypatch.setattr(par_gate, "_load", [True, float("inf")])
+        monkeypatch.setattr(idle, "_load", [True, float("inf")])
         assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 2
         assert (y == 3).all()
 
 
 def test_cores_idle_counts_other_processes_busy_time_not_this_ones(monkeypatch):
-    """par_gate.cores_idle: the machine's busy ticks over the interval less this process's own CPU
+    """idle.cores_idle: the machine's busy ticks over the interval less this process's own CPU
     time: a run whose two threads keep both cores busy still sees a core for its splits; other
     processes holding more than a quarter of a core (on 2 cores) shut prange off. The first read has
     no interval: the 1-minute load average less the caller's thread."""
-    from isthmus.core.ops import par_gate
-    monkeypatch.setattr(threads, "cores", lambda: 2)
-    tick = par_gate._TICK_S
+    tick = idle._TICK_S
     clock = {"busy": 1000, "mine": 10.0, "now": 50.0}
-    monkeypatch.setattr(par_gate, "_busy_ticks", lambda: clock["busy"])
-    monkeypatch.setattr(par_gate.time, "process_time", lambda: clock["mine"])
-    monkeypatch.setattr(par_gate.time, "perf_counter", lambda: clock["now"])
-    monkeypatch.setattr(par_gate.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
-    monkeypatch.setattr(par_gate, "_stat", [None])
-    monkeypatch.setattr(par_gate, "_load", [True, -1.0])
-    assert par_gate.cores_idle() is False  # first read: load 2.0 less this thread leaves 1.0 busy
+    monkeypatch.setattr(idle, "_busy_ticks", lambda: clock["busy"])
+    monkeypatch.setattr(idle, "process_time", lambda: clock["mine"])
+    monkeypatch.setattr(idle, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(idle.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    monkeypatch.setattr(idle, "_stat", [None])
+    monkeypatch.setattr(idle, "_load", [True, -1.0])
+    assert idle.cores_idle(2) is False  # first read: load 2.0 less this thread leaves 1.0 busy
     # (machine busy seconds, this process's seconds) over 2 s: this process alone on both cores,
     # others at 0.2 cores, others at 0.4, this process idle and others on one core
-    for busy_s, mine_s, idle in ((4.0, 4.0, True), (4.0, 3.6, True), (2.0, 1.2, False), (2.0, 0.0, False),
+    for busy_s, mine_s, want in ((4.0, 4.0, True), (4.0, 3.6, True), (2.0, 1.2, False), (2.0, 0.0, False),
                                  (0.2, 0.0, True)):
         clock["busy"] += round(busy_s / tick)
         clock["mine"] += mine_s
         clock["now"] += 2.0
-        assert par_gate.cores_idle() is idle, (busy_s, mine_s)
+        assert idle.cores_idle(2) is want, (busy_s, mine_s)
     clock["busy"] += round(2.0 / tick)  # others on a core, but read within LOAD_RECHECK_S: the last answer
-    clock["now"] += par_gate.LOAD_RECHECK_S / 2
-    assert par_gate.cores_idle() is True
+    clock["now"] += idle.LOAD_RECHECK_S / 2
+    assert idle.cores_idle(2) is True

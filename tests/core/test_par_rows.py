@@ -6,6 +6,7 @@ import numba
 import numpy as np
 import pytest
 
+from isthmus.core import idle
 from isthmus.core import threads
 from isthmus.core.ops import intra_op
 from isthmus.jit import par
@@ -34,6 +35,7 @@ def cheap(monkeypatch):
     if not par.layer_ok():
         pytest.skip(f"numba's threading layer is {par.layer()}: prange kernels are not used here")
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
 
 
@@ -66,6 +68,7 @@ def test_fixed_blocks_give_the_same_bytes_at_one_and_two_threads(cheap):
 
 def test_small_work_runs_serially_without_measuring(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_probe_prange", lambda: pytest.fail("probed for work that cannot split"))
     x = np.ones(100, np.float32)
     y = np.zeros_like(x)
@@ -81,6 +84,7 @@ def test_without_a_safe_layer_the_pool_runs_the_same_cuts(monkeypatch):
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(par, "layer_ok", lambda: False)
     monkeypatch.setattr(par, "driver", lambda kernel: pytest.fail("a prange driver without a safe layer"))
     x = np.random.default_rng(2).standard_normal(5_000).astype(np.float32)
@@ -96,15 +100,18 @@ def test_without_a_safe_layer_the_pool_runs_the_same_cuts(monkeypatch):
 
 def test_the_environment_can_switch_prange_off_or_pin_its_handoff(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setenv("ISTHMUS_PRANGE", "0")
     assert threads.prange_handoff_s() is None
     monkeypatch.delenv("ISTHMUS_PRANGE")
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setenv("ISTHMUS_PRANGE_HANDOFF_US", "30")
     if threads.cores() > 1 and par.layer_ok():
         assert threads.prange_handoff_s() == pytest.approx(30e-6)
         assert threads.par_scale() == pytest.approx(3.0)
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setenv("ISTHMUS_PRANGE_HANDOFF_US", "soon")
     if threads.cores() > 1 and par.layer_ok():
         with pytest.raises(ValueError, match="ISTHMUS_PRANGE_HANDOFF_US"):
@@ -118,6 +125,7 @@ def test_the_handoff_is_measured_again_after_a_second(monkeypatch):
     import time
     monkeypatch.delenv("ISTHMUS_PRANGE_HANDOFF_US", raising=False)
     monkeypatch.setattr(threads, "_prange", [1.0])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [time.perf_counter()])
     assert threads.prange_handoff_s() == 1.0  # within the second: the last measurement
     stale = time.perf_counter() - 2 * threads.PAR_REMEASURE_S

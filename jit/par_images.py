@@ -9,7 +9,7 @@ from __future__ import annotations
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
 from . import par
-from .conv_direct import conv_direct_images
+from .conv_direct import blocks_range, conv_direct_images
 from .conv_images import conv_images_bias_clamp
 from .conv_wide import conv_wide_images, conv_wide_images_add
 from .gemm_f32 import conv_images_ld, pointwise_images
@@ -97,16 +97,23 @@ def _images_add_range_par(blocks, total, xf, index, wt, bias, r, lo, hi, zeros, 
                          total * (b + 1) // blocks)
 
 
+@nb.njit(**par.PAR_OPTS)
+def _blocks_range_par(blocks, total, pad, koff, pix, wt, bias, lo, hi, y, r):
+    for b in nb.prange(blocks):
+        blocks_range(pad, koff, pix, wt, bias, lo, hi, y, r, total * b // blocks, total * (b + 1) // blocks)
+
+
 for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_images_ld, _conv_images_ld_par),
                (conv_images_ld_add, _conv_images_ld_add_par), (pointwise_images, _pointwise_images_par),
                (pointwise_images_add, _pointwise_images_add_par), (conv_wide_images, _conv_wide_images_par),
                (conv_wide_images_add, _conv_wide_images_add_par), (conv_direct_images, _conv_direct_images_par),
                (max_pool_planes, _max_pool_planes_par), (panels_range, _panels_range_par),
-               (images_range, _images_range_par), (images_add_range, _images_add_range_par)):
+               (images_range, _images_range_par), (images_add_range, _images_add_range_par),
+               (blocks_range, _blocks_range_par)):
     par.register(_k, _d)
 
 KERNELS = (conv_images_bias_clamp, conv_images_ld, conv_images_ld_add, pointwise_images, pointwise_images_add,
            conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range,
-           images_range, images_add_range)
+           images_range, images_add_range, blocks_range)
 
 __all__ = ["KERNELS"]

@@ -10,10 +10,11 @@ import numpy as np
 
 from .depthwise import ARENAS, _CLAMPS, _immutable
 from .intra_op import serial_blas
-from .par_gate import split_rows
+from .par_gate import may_split, split_rows
 
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 _NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.conv_direct's "no residual addend"
+_NO_ADDEND_2D = np.empty((0, 0), np.float32)  # the same for one image (blocks_range)
 
 
 def tile_ok() -> bool:
@@ -116,7 +117,7 @@ class OneImage:
     def _direct(self, x, w, g, bias, direct, r=None):
         """jit.conv_direct (no im2col: output channels in the lanes, pixels broadcast from the padded
         image; a batch's images split by FLOPs: par_gate.split_rows); r [N, O, OH OW] the addend or None."""
-        from ...jit.conv_direct import conv_direct_images  # deferred: loads llvmlite, numba
+        from ...jit.conv_direct import PB, conv_direct_images  # deferred: loads llvmlite, numba
         n, c, h, wd = x.shape
         o, p = w.shape[0], g.oh * g.ow
         koff, pix, wp, size = direct
@@ -125,11 +126,24 @@ class OneImage:
         out = np.empty((n, o, g.oh, g.ow), np.float32)
         args = (x3, h, wd, g.pads[0][0], g.pads[1][0], wp, koff, pix, wt, b, self._lo, self._hi, out.reshape(n, o, p),
                 _NO_ADDEND if r is None else r, size)
-        if n == 1:
+        flops = 2 * n * o * p * c * g.kh * g.kw
+        if n == 1 and pix.shape[0] > PB and may_split(-(-pix.shape[0] // PB), flops, flops=True):
+            self._direct_blocks(x3[0], h, wd, g, wp, koff, pix, wt, b, out.reshape(o, p),
+                                _NO_ADDEND_2D if r is None else r[0], size, flops)
+        elif n == 1:
             conv_direct_images(*args, 0, 1)
         else:
-            split_rows(conv_direct_images, args, n, 2 * n * o * p * c * g.kh * g.kw, flops=True)
+            split_rows(conv_direct_images, args, n, flops, flops=True)
         return out
+
+    def _direct_blocks(self, x2, h, wd, g, wp, koff, pix, wt, b, y, r, size, flops):
+        """One image's conv_direct split by its blocks of PB output pixels (par_gate.split_rows: each
+        block computed alone, the same bytes however they are cut), the padded copy made first."""
+        from ...jit.conv_direct import PB, blocks_range, pad_image  # deferred: loads llvmlite, numba
+        pad = np.zeros(size, np.float32)
+        pad_image(x2, h, wd, g.pads[0][0], g.pads[1][0], wp, pad)
+        split_rows(blocks_range, (pad, koff, pix, wt, b, self._lo, self._hi, y, r), -(-pix.shape[0] // PB), flops,
+                   flops=True)
 
     def _channels(self, w, bias):
         """conv_direct's packing of constant weights ([O/16, K, 16]) and the bias as float32, kept."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import threads
 from .conv_one_image import direct_pays, tile_ok
-from .par_gate import split_rows
+from .par_gate import may_split, split_rows
 from .depthwise import _CLAMPS, _immutable, compiled_ok
 
 # Most output rows (images x pixels) for which the pixel-rows GEMM beats BLAS (one thread, cold
@@ -74,7 +73,7 @@ class PixelRows:
         out = np.empty((n, o, g.oh, g.ow), np.float32)
         xf, zeros = np.ascontiguousarray(x).reshape(-1), np.zeros(yt.shape[0], np.float32)
         flops = 2 * yt.shape[0] * yt.shape[1] * index.shape[1]
-        if flops >= 2 * threads.MIN_CHUNK_FLOPS * threads.PAR_SCALE_FLOOR:  # could split: by weight panels
+        if may_split(n if n > 1 and p % 4 == 0 else yt.shape[1] // 16, flops, flops=True):
             return self._split(xf, index, cached, zeros, a, yt, out, n, p, flops, addend)
         if addend is not None:
             from ...jit.gemm_pixels import conv_pixels_add  # deferred: loads llvmlite, numba

@@ -44,4 +44,15 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
     return 1
 
 
-__all__ = ["split_rows"]
+def may_split(total: int, work: float, flops: bool = False) -> bool:
+    """Whether split_rows would cut this work now (False: it would make one call): for a kernel whose
+    range form costs more calls than its whole form (a numba dispatch of a dozen arrays is a few
+    microseconds), so that work which will not split keeps its one call."""
+    least = threads.MIN_CHUNK_FLOPS if flops else threads.MIN_CHUNK_BYTES
+    if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:
+        return False
+    scale = threads.par_scale() if idle.cores_idle(threads.cores()) else threads.chunk_scale()
+    return work >= 2 * least * scale and threads.intra_threads() > 1
+
+
+__all__ = ["split_rows", "may_split"]

@@ -151,9 +151,10 @@ def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_ad
         cuts.append(total)
         return 3
     monkeypatch.setattr(conv_pixels, "split_rows", three_cuts)
+    monkeypatch.setattr(conv_pixels, "may_split", lambda *a, **kw: True)  # as on an idle machine with work enough
     three = rows(x, w, g, b, r)
     assert cuts == [blocks]
-    monkeypatch.setattr(conv_pixels.threads, "MIN_CHUNK_FLOPS", 10 ** 12)  # too little work to split: one call
+    monkeypatch.setattr(conv_pixels, "may_split", lambda *a, **kw: False)  # no split: the one whole call
     whole = rows(x, w, g, b, r)
     assert cuts == [blocks]
     np.testing.assert_array_equal(three, whole)

@@ -302,3 +302,32 @@ def test_cores_idle_counts_other_processes_busy_time_not_this_ones(monkeypatch):
     clock["busy"] += round(2.0 / tick)  # others on a core, but read within LOAD_RECHECK_S: the last answer
     clock["now"] += idle.LOAD_RECHECK_S / 2
     assert idle.cores_idle(2) is True
+
+
+def test_may_split_says_what_split_rows_does(monkeypatch):
+    """par_gate.may_split (callers keep a kernel's one whole call where it is False) agrees with the
+    threads split_rows uses: on an idle and a busy machine, one and two intra-op threads, work around
+    prange's and the pool's thresholds."""
+    import numba
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [3e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    monkeypatch.setattr(threads, "_handoff", [100e-6])
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    least = threads.MIN_CHUNK_FLOPS
+    for idle_now in (True, False):
+        monkeypatch.setattr(idle, "_load", [idle_now, float("inf")])
+        for n in (1, 2):
+            with threads.IntraOpThreads(n):
+                for work in (least // 10, least // 2, least, 4 * least, 19 * least, 21 * least, 100 * least):
+                    y = np.zeros(64)
+                    used = par_gate.split_rows(mark, (y,), 64, work, flops=True)
+                    assert par_gate.may_split(64, work, flops=True) is (used > 1), (idle_now, n, work, used)
+                    assert (y == 1).all()

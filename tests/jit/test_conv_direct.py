@@ -123,3 +123,36 @@ def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch, route):
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
     assert len(calls) == 2 and used == [2]
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_batch_one_split_by_pixel_blocks_gives_one_calls_bytes(monkeypatch, act):
+    """Batch 1 split by blocks of PB output pixels (jit.conv_direct.blocks_range, cut in three as three
+    threads would by par_gate.split_rows) gives the bytes of the one whole call, and the reference's values."""
+    from isthmus.core import threads
+    from isthmus.core.ops import conv_one_image
+    from isthmus.jit.conv_direct import PB
+    from tests.core.test_conv_forward import check, run_conv
+    calls = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 32, 16, 17)).astype(np.float32)  # 272 pixels: blocks of 96, 96, 80
+    w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    cuts = []
+
+    def three_cuts(kernel, args, total, work, flops=False):
+        for i in range(3):
+            kernel(*args, total * i // 3, total * (i + 1) // 3)
+        cuts.append(total)
+        return 3
+    monkeypatch.setattr(conv_one_image, "split_rows", three_cuts)
+    monkeypatch.setattr(conv_one_image, "may_split", lambda *a, **kw: True)  # as on an idle machine with work enough
+    three, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
+    assert cuts == [-(-272 // PB)] and calls
+    check(x, w, b, 1, "SAME", 1, 1, act)
+    monkeypatch.setattr(conv_one_image, "may_split", lambda *a, **kw: False)  # no split: the one whole call
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
+    np.testing.assert_array_equal(one, three)
+    assert len(cuts) == 2  # check's run split too; the last run did not

@@ -252,11 +252,12 @@ def test_max_pool_range_forms_match_the_whole_array_kernels(cheap, through_relu)
 
 
 @pytest.mark.parametrize("act", ["relu", "none"])
-def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeypatch, act):
+@pytest.mark.parametrize("o,path", [(64, "_par_conv_rows"), (32, "_par_stacked_rows")])
+def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeypatch, act, o, path):
     """conv_rows' blocks as one prange call of BLAS GEMMs (jit.par_blas) and one of the finish, at two
     threads, against the same convolution at one thread (the pool path's GEMMs, in the same blocks
     and order): the same bytes; and against a float64 reference. 64 output channels: the per-kernel-row
-    GEMMs (fewer take the stacked path)."""
+    GEMMs; 32: the stacked path (one GEMM per input row over the kernel rows, jit.par_blas.stacked_rows_range)."""
     import isthmus as ism
     from isthmus.core.ops import conv_rows, numpy_blas
     if numpy_blas.sgemm() is None:
@@ -264,23 +265,23 @@ def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeyp
     monkeypatch.setattr(threads, "cores", lambda: 2)  # two row blocks whatever the machine
     rng = np.random.default_rng(8)
     x = rng.standard_normal((8, 16, 16, 32)).astype(np.float32)  # 16 x 256 output columns: two blocks
-    w = (rng.standard_normal((64, 16, 3, 5)) * 0.2).astype(np.float32)
-    b = rng.standard_normal(64).astype(np.float32)
+    w = (rng.standard_normal((o, 16, 3, 5)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
     g = ism.Graph()
     with g.as_default():
         xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")
-        y = ism.conv2d(xt, wt, padding="SAME") + ism.reshape(ism.constant(b), (1, 64, 1, 1))
+        y = ism.conv2d(xt, wt, padding="SAME") + ism.reshape(ism.constant(b), (1, o, 1, 1))
         if act == "relu":
             y = ism.relu(y)
     calls = []
-    real = conv_rows._par_conv_rows
-    monkeypatch.setattr(conv_rows, "_par_conv_rows", lambda *a: calls.append(1) or real(*a))
+    real = getattr(conv_rows, path)
+    monkeypatch.setattr(conv_rows, path, lambda *a: calls.append(1) or real(*a))
     got = {n: ism.Session(g, intra_op_threads=n).run(y, {xt: x, wt: w}) for n in (1, 2)}
     assert calls == [1]  # the two-thread run took the prange path, the one-thread run did not
     assert got[1].tobytes() == got[2].tobytes()
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2))).astype(np.float64)
     ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, p:p + 16, q:q + 32], w[:, :, p, q]) for p in range(3) for q in range(5))
-    ref = ref + b.reshape(1, 64, 1, 1)
+    ref = ref + b.reshape(1, o, 1, 1)
     np.testing.assert_allclose(got[2], np.maximum(ref, 0) if act == "relu" else ref, rtol=1e-4, atol=1e-4)
 
 

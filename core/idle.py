@@ -63,9 +63,14 @@ def others_busy() -> float:
 
 def cores_idle(cores: int) -> bool:
     """Whether other processes leave this one, on `cores` cores, a second core (others_busy under
-    cores - 2 + (1 - IDLE_MARGIN)), read at most every LOAD_RECHECK_S (a read costs about 10 us)."""
+    cores - 2 + (1 - IDLE_MARGIN)), read at most every LOAD_RECHECK_S (a read costs about 10 us).
+    ISTHMUS_IDLE_GATE=0 answers True always: for a process the scheduler favours over the others
+    (a higher priority, or autogroup nice), whose splits their CPU time does not delay."""
     now = perf_counter()
     if now - _load[1] > LOAD_RECHECK_S:
+        if os.environ.get("ISTHMUS_IDLE_GATE", "").strip() == "0":  # the gate off: as on an idle machine
+            _load[0], _load[1] = True, now
+            return True
         first = _stat[0] is None
         _load[0] = others_busy() < cores - 1 - IDLE_MARGIN
         _load[1] = now - LOAD_RECHECK_S + FIRST_WINDOW_S if first else now  # a first interval soon

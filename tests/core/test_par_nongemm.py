@@ -331,3 +331,16 @@ def test_may_split_says_what_split_rows_does(monkeypatch):
                     used = par_gate.split_rows(mark, (y,), 64, work, flops=True)
                     assert par_gate.may_split(64, work, flops=True) is (used > 1), (idle_now, n, work, used)
                     assert (y == 1).all()
+
+
+def test_the_idle_gate_can_be_switched_off(monkeypatch):
+    """ISTHMUS_IDLE_GATE=0: cores_idle says True however busy the other processes are."""
+    monkeypatch.setattr(idle, "_busy_ticks", lambda: None)
+    monkeypatch.setattr(idle.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(idle, "_stat", [None])
+    monkeypatch.setattr(idle, "_load", [False, -1.0])
+    monkeypatch.setenv("ISTHMUS_IDLE_GATE", "0")
+    assert idle.cores_idle(2) is True
+    monkeypatch.setenv("ISTHMUS_IDLE_GATE", "1")
+    monkeypatch.setattr(idle, "_load", [True, -1.0])
+    assert idle.cores_idle(2) is False

@@ -15,8 +15,9 @@ from time import perf_counter, process_time  # module names: tests replace them
 # 1.74 ms against 1.43. The gate read the 1-minute load average before, which counts this process's own
 # threads: a two-thread run that kept both cores busy (its spinning libgomp worker included) read load
 # ~2 and shut its own splits off. Where /proc/stat is missing: the load average less one (the caller).
-# Niced processes do not count while this one is not niced: the scheduler gives it the core they hold
-# (where autogroups are on, as on the 2-core VM, only across sessions whose autogroup nice says so).
+# Niced processes do not count while this one is not niced and the scheduler has no autogroups: it
+# gives this process the core they hold. With autogroups (the 2-core VM), nice works only within a
+# session: other sessions' niced processes took half the cores from un-niced benchmarks.
 IDLE_MARGIN = 0.75
 LOAD_RECHECK_S = 1.0
 FIRST_WINDOW_S = 0.05
@@ -37,14 +38,23 @@ def _busy_ticks():
     if len(fields) < 5 or fields[0] != b"cpu":
         return None
     ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(ticks) - ticks[3] - ticks[4] - (ticks[1] if _own_nice() <= 0 else 0)
+    return sum(ticks) - ticks[3] - ticks[4] - (ticks[1] if _nice_yields() else 0)
 
 
-def _own_nice() -> int:
+def _nice_yields() -> bool:
+    """Whether niced processes yield the core to this one: it is not niced itself and the scheduler
+    weighs processes by their own nice (no autogroups: with them, as on the 2-core VM, a process's
+    nice counts only within its session, and a niced process of another session competes fully)."""
     try:
-        return os.getpriority(os.PRIO_PROCESS, 0)
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            return False
     except (AttributeError, OSError):
-        return 0
+        return False
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled", "rb") as f:
+            return f.read().strip() == b"0"
+    except OSError:
+        return True  # no autogroups on this system
 
 
 def others_busy() -> float:

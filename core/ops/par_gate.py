@@ -36,6 +36,9 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
     if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:  # no split either way: no further reads
         kernel(*args, 0, total)
         return 1
+    if threads.intra_threads() == 1:  # before par_scale, which would probe (and ping) numba's workers
+        kernel(*args, 0, total)
+        return 1
     if idle.cores_idle(threads.cores()) and work >= 2 * least * threads.par_scale():
         return par_rows(kernel, args, total, work, flops=flops)
     if work >= 2 * least * threads.chunk_scale():
@@ -51,8 +54,10 @@ def may_split(total: int, work: float, flops: bool = False) -> bool:
     least = threads.MIN_CHUNK_FLOPS if flops else threads.MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:
         return False
+    if threads.intra_threads() == 1:
+        return False
     scale = threads.par_scale() if idle.cores_idle(threads.cores()) else threads.chunk_scale()
-    return work >= 2 * least * scale and threads.intra_threads() > 1
+    return work >= 2 * least * scale
 
 
 __all__ = ["split_rows", "may_split"]

@@ -344,3 +344,24 @@ def test_the_idle_gate_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("ISTHMUS_IDLE_GATE", "1")
     monkeypatch.setattr(idle, "_load", [True, -1.0])
     assert idle.cores_idle(2) is False
+
+
+def test_niced_processes_count_as_busy_where_autogroups_make_nice_per_session(monkeypatch, tmp_path):
+    """idle._busy_ticks leaves niced processes' user time out only where they yield to this process:
+    it is not niced and the scheduler has no autogroups (with them, another session's niced process
+    competes fully, as on the 2-core VM)."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 50 20 1000 5 1 2 3 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    auto = tmp_path / "autogroup"
+    real_open = open
+
+    def fake_open(path, *a, **kw):
+        return real_open({"/proc/stat": stat, "/proc/sys/kernel/sched_autogroup_enabled": auto}.get(path, path), *a, **kw)
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(idle.os, "getpriority", lambda *a: 0)
+    auto.write_text("1\n")
+    assert idle._busy_ticks() == 100 + 50 + 20 + 1 + 2 + 3
+    auto.write_text("0\n")
+    assert idle._busy_ticks() == 100 + 20 + 1 + 2 + 3
+    monkeypatch.setattr(idle.os, "getpriority", lambda *a: 10)  # niced itself: the niced compete with it
+    assert idle._busy_ticks() == 100 + 50 + 20 + 1 + 2 + 3

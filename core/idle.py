@@ -21,7 +21,9 @@ from time import perf_counter, process_time  # module names: tests replace them
 IDLE_MARGIN = 0.75
 LOAD_RECHECK_S = 1.0
 FIRST_WINDOW_S = 0.05
-_load = [True, -1.0]  # [whether a core was idle at the last read, when (perf_counter); -1: never]
+# [whether a core was idle at the last read, when (perf_counter; -1: never), the free cores then (absent
+# or None: all)]
+_load = [True, -1.0]
 _stat = [None]  # (busy ticks of all cores, this process's CPU seconds, perf_counter) at the last read
 _TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
@@ -71,6 +73,13 @@ def others_busy() -> float:
     return max(0.0, ((busy - prev[0]) * _TICK_S - (mine - prev[1])) / (now - prev[2]))
 
 
+def free_cores(cores: int) -> int:
+    """The cores other processes leave this one at the last read (cores_idle's; at least 1, `cores` when
+    the gate is off or not yet read): a split across more threads than this waits for a core."""
+    free = _load[2] if len(_load) > 2 else None
+    return cores if free is None else max(1, min(cores, free))
+
+
 def cores_idle(cores: int) -> bool:
     """Whether other processes leave this one, on `cores` cores, a second core (others_busy under
     cores - 2 + (1 - IDLE_MARGIN)), read at most every LOAD_RECHECK_S (a read costs about 10 us).
@@ -79,13 +88,14 @@ def cores_idle(cores: int) -> bool:
     now = perf_counter()
     if now - _load[1] > LOAD_RECHECK_S:
         if os.environ.get("ISTHMUS_IDLE_GATE", "").strip() == "0":  # the gate off: as on an idle machine
-            _load[0], _load[1] = True, now
+            _load[:] = [True, now]
             return True
         first = _stat[0] is None
-        _load[0] = others_busy() < cores - 1 - IDLE_MARGIN
-        _load[1] = now - LOAD_RECHECK_S + FIRST_WINDOW_S if first else now  # a first interval soon
+        others = others_busy()
+        # a first interval soon; the free cores: cores - others, with a quarter core's slack
+        _load[:] = [others < cores - 1 - IDLE_MARGIN, now - LOAD_RECHECK_S + FIRST_WINDOW_S if first else now,
+                    int(cores + 1 - IDLE_MARGIN - others)]
     return _load[0]
 
 
-
-__all__ = ["cores_idle", "others_busy", "IDLE_MARGIN", "LOAD_RECHECK_S", "FIRST_WINDOW_S"]
+__all__ = ["cores_idle", "free_cores", "others_busy", "IDLE_MARGIN", "LOAD_RECHECK_S", "FIRST_WINDOW_S"]

@@ -327,7 +327,7 @@ def par_threads(total: int, work: float, flops: bool = False) -> int:
         return 1
     if not idle.cores_idle(cores()) or prange_handoff_s() is None:
         return 0
-    return max(1, min(k, int(work // (least * par_scale()))))
+    return max(1, min(k, idle.free_cores(k), int(work // (least * par_scale()))))
 
 
 def blas_held_here() -> bool:

@@ -365,3 +365,21 @@ def test_niced_processes_count_as_busy_where_autogroups_make_nice_per_session(mo
     assert idle._busy_ticks() == 100 + 20 + 1 + 2 + 3
     monkeypatch.setattr(idle.os, "getpriority", lambda *a: 10)  # niced itself: the niced compete with it
     assert idle._busy_ticks() == 100 + 50 + 20 + 1 + 2 + 3
+
+
+def test_splits_take_no_more_threads_than_other_processes_leave_cores(monkeypatch):
+    """idle.free_cores: on 16 cores with other processes on 9.5 of them, a split takes at most 6
+    threads (6.5 cores free, whole ones with a quarter core of slack) however much work it has; the gate off: all 16."""
+    monkeypatch.setattr(idle, "_busy_ticks", lambda: None)
+    monkeypatch.setattr(idle.os, "getloadavg", lambda: (10.5, 10.5, 10.5))  # the first read: less the caller
+    monkeypatch.setattr(idle, "_stat", [None])
+    monkeypatch.setattr(idle, "_load", [True, -1.0])
+    assert idle.cores_idle(16) is True and idle.free_cores(16) == 6 and idle.free_cores(4) == 4
+    monkeypatch.setattr(threads, "cores", lambda: 16)
+    monkeypatch.setattr(threads, "_prange", [1e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    with threads.IntraOpThreads(16):
+        assert threads.par_threads(64, 1e12, flops=True) == 6
+        monkeypatch.setenv("ISTHMUS_IDLE_GATE", "0")
+        monkeypatch.setattr(idle, "_load", [True, -1.0])
+        assert threads.par_threads(64, 1e12, flops=True) == 16

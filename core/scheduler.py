@@ -94,9 +94,11 @@ def one_thread_pays(nodes: Sequence[Node], fed: set) -> bool:
 # Forward convolutions split by images or rows in bytes (rows_apply), not by FLOPs: at Inception's
 # batch-32 sizes none reaches two chunks at the VM's measured chunk size, and the serial plan at
 # default threads ran on one core (process CPU = wall, 86 ms either way, 14:21 UTC).
-_SPLIT_PASS_OPS = frozenset({"Conv2D", "FusedConv2D", "MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad",
-                             "BiasAdd", "BiasAddGrad"})
-_SPLIT_PRODUCT_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2DBackpropInput", "Conv2DBackpropFilter"})
+# Since issue 24's threads work (par_gate.split_rows) the forward convolutions' batches, pixel blocks and
+# weight panels split by FLOPs again (prange, or the pool where the machine is busy): products here.
+_SPLIT_PASS_OPS = frozenset({"MaxPool", "MaxPoolGrad", "AvgPool", "AvgPoolGrad", "BiasAdd", "BiasAddGrad"})
+_SPLIT_PRODUCT_OPS = frozenset({"MatMul", "FusedMatMul", "Conv2D", "FusedConv2D", "FusedConv2DAdd",
+                                "Conv2DBackpropInput", "Conv2DBackpropFilter"})
 # a node split k ways runs its split part about k * 0.85 times faster, not k: each thread packs
 # the shared operand of a product again, and the caller waits for the slowest chunk (2-way splits
 # of 25-100 MFLOP products on the VM: 0.8-1.6x, which this and the hand-off reproduce within 10%)

@@ -25,9 +25,16 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   par_scale, par_threads; blocks fixed by the shape where a kernel's bytes depend on its cuts). Used
   only on the omp or tbb layers (numba's workqueue aborts on concurrent parallel calls), never in
   a forked child, and measured again each second so that a loaded machine stops splitting (a
-  region waits for its last worker). Spinning costs CPU: while a run splits, the workers spin
-  between its regions (process CPU near 2x wall at two threads); OMP_WAIT_POLICY=passive or
-  GOMP_SPINCOUNT (libgomp's own) trade that for a slower hand-off; ISTHMUS_PRANGE=0 turns it off.
+  region waits for its last worker); par_threads also asks core/idle.py whether other processes
+  leave a core (their CPU time over the last second, this process's own threads excluded) and
+  sends the work to the pool (0) when they do not. Compute-bound kernels are sized by FLOPs
+  (convolutions over images, pixel blocks or weight panels: par_gate.split_rows). Spinning costs
+  CPU: while a run splits, the workers spin between its regions (process CPU near 2x wall at two
+  threads); libgomp's default spin is left as it is: bounded (GOMP_SPINCOUNT 1000 / 10000, set
+  before the first region) the hand-off after a 0.1-2 ms serial stretch rose from 4-13 us to
+  34-118 / 2-520 us on the 2-core VM, where waking a sleeping vCPU's thread is slow.
+  OMP_WAIT_POLICY=passive trades the same way; ISTHMUS_PRANGE=0 turns prange off,
+  ISTHMUS_IDLE_GATE=0 the idle-core gate.
 - inter_op_threads: the executor's branch pool for independent nodes (scheduler.py). 1 runs the
   plan serially; default: max(2, min(8, cores)), the rule the pool has always had, and the pool
   is used only where the cost model says branches pay.
@@ -45,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import numpy as np
+
+from . import idle
 
 _lock = threading.Lock()
 _controller = None  # threadpoolctl's view of the BLAS libraries, made once numpy's BLAS is loaded
@@ -305,16 +314,20 @@ def par_threads(total: int, work: float, flops: bool = False) -> int:
     """The numba threads a compiled kernel over `total` items of `work` bytes (flops=True: FLOPs)
     in all should split across: 1 where it runs serially (one intra-op thread, or too little work:
     no hand-off is measured for work that could never split), 0 where it could split but prange
-    is unavailable (the caller then uses fan_out)."""
+    is unavailable, or other processes hold the cores (idle.cores_idle: a region would wait for
+    its worker), and the caller then uses fan_out, whose caller runs the chunks no worker started."""
     least = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * PAR_SCALE_FLOOR:
+        return 1
+    h = _prange[0]  # the last measured hand-off: too little work for it needs no read of BLAS's count (~2 us)
+    if h and work < 2 * least * max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S):
         return 1
     k = min(intra_threads(), total)
     if k <= 1:
         return 1
-    if prange_handoff_s() is None:
+    if not idle.cores_idle(cores()) or prange_handoff_s() is None:
         return 0
-    return max(1, min(k, int(work // (least * par_scale()))))
+    return max(1, min(k, idle.free_cores(k), int(work // (least * par_scale()))))
 
 
 def blas_held_here() -> bool:

@@ -175,19 +175,38 @@ def conv_direct(x, h, w, top, left, wp, koff, pix, wt, bias, lo, hi, y, r, pad, 
     borders stay zero), the tiles read it through koff and pix; a block of PB pixels at a time, yt
     [>= min(PB, pix's length), O] receives the block pixel-major (clamped there without an addend),
     then y its transpose."""
+    pad_image(x, h, w, top, left, wp, pad)
+    _blocks(pad, koff, pix, wt, bias, lo, hi, y, r, yt, 0, -(-pix.shape[0] // PB))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def pad_image(x, h, w, top, left, wp, pad):
+    """x [C, H W] into pad, the zero-padded planes (flat; their borders left as they are: zero)."""
     c = x.shape[0]
     plane = pad.shape[0] // c
     for ch in range(c):
         src = x[ch]
         for yy in range(h):  # rows as whole 8-float vector runs (jit.im2col's)
             _run(pad, ch * plane + (top + yy) * wp + left, src, yy * w, w, 1, h * w)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def blocks_range(pad, koff, pix, wt, bias, lo, hi, y, r, b0, b1):
+    """conv_direct's pixel blocks [b0, b1) (PB pixels each) of one image already in pad, with this
+    call's own block buffer: each block is computed alone, so the bytes do not depend on the cuts."""
+    yt = np.empty((min(PB, pix.shape[0]), y.shape[0]), np.float32)
+    _blocks(pad, koff, pix, wt, bias, lo, hi, y, r, yt, b0, b1)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _blocks(pad, koff, pix, wt, bias, lo, hi, y, r, yt, b0, b1):
     o, k, p = y.shape[0], koff.shape[0], y.shape[1]
     ldy = yt.shape[1]
     yf = yt.reshape(yt.shape[0] * ldy)
     inf = np.float32(np.inf)
     add = r.shape[0] > 0
     kc = -(-k // -(-k // KC))  # K in equal chunks of at most KC
-    for q0 in range(0, pix.shape[0], PB):  # a block of pixels through every channel block, then out
+    for q0 in range(b0 * PB, min(b1 * PB, pix.shape[0]), PB):  # a block of pixels through every channel block, then out
         q1 = min(q0 + PB, pix.shape[0])
         for cb in range(o // NC):
             for k0 in range(0, k, kc):

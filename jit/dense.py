@@ -18,7 +18,7 @@ import numpy as np
 from .gemm_f32 import MR, NR, _panels, supported
 from .gemm_pixels import pack_weights_t
 
-__all__ = ["pack_dense", "pack_rows", "dense_panels", "dense", "dense_pays", "gemv_bias_clamp"]
+__all__ = ["pack_dense", "pack_rows", "dense_panels", "dense_panels_range", "dense", "dense_pays", "gemv_bias_clamp"]
 
 
 def pack_dense(w: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -56,6 +56,12 @@ def dense_panels(a, wt, zeros, y, p0, p1, lo, hi):
     af, wtf, yf = a.reshape(a.size), wt.reshape(wt.size), y.reshape(y.size)
     for p in range(p0, p1):
         _panels(af, zeros, wtf, NR, p * kk * NR, yf, n, p * NR, rows, kk, lo, hi, False)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def dense_panels_range(a, wt, zeros, y, lo, hi, p0, p1):
+    """dense_panels with its range last (the form jit.par's prange drivers split)."""
+    dense_panels(a, wt, zeros, y, p0, p1, lo, hi)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -19,7 +19,8 @@ import numpy as np
 
 from .gemm_f32 import MR, NR, _panels
 
-__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add"]
+__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add", "gather_rows", "panels_range",
+           "finish_range", "finish_add_range", "images_range", "images_add_range"]
 
 
 def pack_weights_t(w: np.ndarray) -> np.ndarray:
@@ -61,16 +62,17 @@ def conv_pixels_add(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def _finish(yt, bias, r, lo, hi, out, pix):
-    """out [N, O, P] = clamp(yt's rows (image, pixel) + bias (+ r [N, O, P], or None: pruned at
-    compile time), lo, hi)."""
+def _finish(yt, bias, r, lo, hi, out, pix, first=0):
+    """out [N, O, P] = clamp(yt's rows (image first + i, pixel) + bias (+ r [N, O, P], or None: pruned
+    at compile time), lo, hi)."""
     n, o = out.shape[0], out.shape[1]
     for i in range(n):
+        base = (first + i) * pix
         for ch in range(o):
             b = bias[ch]
             dst = out[i, ch]
             for p in range(pix):
-                v = yt[i * pix + p, ch] + b
+                v = yt[base + p, ch] + b
                 if r is not None:
                     v += r[i, ch, p]
                 if v < lo:  # a NaN passes the clamp
@@ -81,8 +83,8 @@ def _finish(yt, bias, r, lo, hi, out, pix):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def _pixels_product(xf, index, wt, zeros, a, yt, n, pix):
-    """yt [rows, O padded] = cols^T @ W^T: the gather of the rows (image, pixel) into a, then the tile."""
+def gather_rows(xf, index, a, n, pix):
+    """The columns of the rows (image, pixel) of n images into a [ceil(R/4), K, 4] (zero past R)."""
     k = index.shape[1]
     chw = xf.size // n
     rows = n * pix
@@ -97,10 +99,60 @@ def _pixels_product(xf, index, wt, zeros, a, yt, n, pix):
     for r in range(rows, a.shape[0] * MR):  # rows past the last whole 4: zeros
         for q in range(k):
             a[r // MR, q, r % MR] = 0
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def panels_range(a, wt, zeros, yt, p0, p1):
+    """yt's 16-column panels [p0, p1) = the gathered rows a @ W^T's panels (conv_pixels' product,
+    each panel computed alone: the same bytes however the panels are cut)."""
+    k = a.shape[1]
     af = a.reshape(a.size)
     rp = a.shape[0] * MR
     op = yt.shape[1]
     ytf, wtf = yt.reshape(yt.size), wt.reshape(wt.size)
     inf = np.float32(np.inf)
-    for panel in range(op // NR):
+    for panel in range(p0, p1):
         _panels(af, zeros, wtf, NR, panel * k * NR, ytf, op, panel * NR, rp, k, -inf, inf, False)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def images_range(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix, i0, i1):
+    """conv_pixels for images [i0, i1) alone (pix a multiple of 4: an image's rows fill whole row
+    quads of a, so every row meets the same tiles however the images are cut): their gather, every
+    weight panel over their rows, their finish."""
+    n = out.shape[0]
+    chw = xf.size // n
+    q0, q1 = i0 * pix // MR, i1 * pix // MR
+    gather_rows(xf[i0 * chw:i1 * chw], index, a[q0:q1], i1 - i0, pix)
+    panels_range(a[q0:q1], wt, zeros[:(q1 - q0) * MR], yt[i0 * pix:i1 * pix], 0, yt.shape[1] // NR)
+    _finish(yt, bias, None, lo, hi, out[i0:i1], pix, i0)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def images_add_range(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix, i0, i1):
+    """images_range with the residual addend r [N, O, P] added before the clamp."""
+    n = out.shape[0]
+    chw = xf.size // n
+    q0, q1 = i0 * pix // MR, i1 * pix // MR
+    gather_rows(xf[i0 * chw:i1 * chw], index, a[q0:q1], i1 - i0, pix)
+    panels_range(a[q0:q1], wt, zeros[:(q1 - q0) * MR], yt[i0 * pix:i1 * pix], 0, yt.shape[1] // NR)
+    _finish(yt, bias, r[i0:i1], lo, hi, out[i0:i1], pix, i0)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def finish_range(yt, bias, lo, hi, out, pix, i0, i1):
+    """conv_pixels' last pass for images [i0, i1)."""
+    _finish(yt, bias, None, lo, hi, out[i0:i1], pix, i0)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def finish_add_range(yt, bias, r, lo, hi, out, pix, i0, i1):
+    """conv_pixels_add's last pass for images [i0, i1)."""
+    _finish(yt, bias, r[i0:i1], lo, hi, out[i0:i1], pix, i0)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def _pixels_product(xf, index, wt, zeros, a, yt, n, pix):
+    """yt [rows, O padded] = cols^T @ W^T: the gather of the rows (image, pixel) into a, then the tile."""
+    gather_rows(xf, index, a, n, pix)
+    panels_range(a, wt, zeros, yt, 0, yt.shape[1] // NR)

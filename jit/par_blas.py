@@ -12,6 +12,7 @@ a unit inner stride.
 from __future__ import annotations
 
 import numba as nb  # this module is imported only when a compiled kernel first runs
+import numpy as np
 
 from . import par
 
@@ -85,6 +86,48 @@ def row_taps_range(sgemm, wt, cols, acc, plan, run, bounds, zero, b0, b1):
 
 
 @nb.njit(**_OPTS)
+def stacked_rows_range(sgemm, wst, cols, acc, h, kh, dh, top, run, bounds, b0, b1):
+    """conv_rows' stacked form (core/ops/conv_rows._input_row_products) for output-row blocks
+    [b0, b1): per input row one GEMM over every kernel row that carries it into the block (wst
+    [kh*O, kw*C]), each part written (its output row's first kernel row) or added into acc's row in
+    increasing kernel-row order; rows no kernel row reaches are zeroed."""
+    o = wst.shape[0] // kh
+    buf = np.empty((kh * o, run), np.float32)
+    for r in range(b0, b1):
+        a, b = bounds[r], bounds[r + 1]
+        for oh in range(a, b):
+            reached = False
+            for i in range(kh):
+                if 0 <= oh + i * dh - top < h:
+                    reached = True
+            if not reached:
+                acc[:, oh * run:(oh + 1) * run] = 0
+        for hh in range(max(0, a - top), min(h, b - top + (kh - 1) * dh)):
+            i0, i1 = -1, -1
+            for i in range(kh):
+                if a <= hh + top - i * dh < b:
+                    if i0 < 0:
+                        i0 = i
+                    i1 = i
+            if i0 < 0:
+                continue
+            big = buf[:(i1 + 1 - i0) * o]
+            gemm(sgemm, wst[i0 * o:(i1 + 1) * o], cols[:, hh * run:(hh + 1) * run], big, 0.0)
+            for i in range(i0, i1 + 1):
+                oh = hh + top - i * dh
+                first = 0
+                while not (0 <= oh + first * dh - top < h):
+                    first += 1
+                dst, part = acc[:, oh * run:(oh + 1) * run], big[(i - i0) * o:(i - i0 + 1) * o]
+                if i == first:
+                    dst[...] = part
+                else:
+                    for q in range(o):
+                        for c in range(run):
+                            dst[q, c] += part[q, c]
+
+
+@nb.njit(**_OPTS)
 def filter_tasks_range(sgemm, dyt, cols, partial, tasks, t0, t1):
     """A row-tap filter gradient's products: for task t, (kernel row, first dy column d0, first cols
     column c0, columns k) in tasks[t], partial[t] = dyt[:, d0:d0+k] @ cols[:, c0:c0+k]^T."""
@@ -118,8 +161,16 @@ def _filter_tasks_par(blocks, total, sgemm, dyt, cols, partial, tasks):
         filter_tasks_range(sgemm, dyt, cols, partial, tasks, total * q // blocks, total * (q + 1) // blocks)
 
 
-for _k, _d in ((gemm_cols_range, _gemm_cols_par), (gemm_rows_range, _gemm_rows_par),
+@nb.njit(**par.PAR_OPTS)
+def _stacked_rows_par(blocks, total, sgemm, wst, cols, acc, h, kh, dh, top, run, bounds):
+    for q in nb.prange(blocks):
+        stacked_rows_range(sgemm, wst, cols, acc, h, kh, dh, top, run, bounds, total * q // blocks,
+                           total * (q + 1) // blocks)
+
+
+for _k, _d in ((gemm_cols_range, _gemm_cols_par), (stacked_rows_range, _stacked_rows_par), (gemm_rows_range, _gemm_rows_par),
                (row_taps_range, _row_taps_par), (filter_tasks_range, _filter_tasks_par)):
     par.register(_k, _d)
 
-__all__ = ["blasable", "gemm", "gemm_cols_range", "gemm_rows_range", "row_taps_range", "filter_tasks_range"]
+__all__ = ["blasable", "gemm", "gemm_cols_range", "gemm_rows_range", "row_taps_range", "filter_tasks_range",
+           "stacked_rows_range"]

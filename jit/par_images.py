@@ -3,18 +3,21 @@ callers can split them with intra_op.par_rows(kernel, args, total, work) instead
 rows_apply(np, lambda i0, i1: kernel(*args, i0, i1), ...): the same kernel calls, each image or plane
 computed alone (results do not depend on the cuts), a few microseconds to reach the other cores
 instead of the pool's hand-off. The kernels belong to jit.conv_images, jit.gemm_f32,
-jit.gemm_residual, jit.conv_wide, jit.conv_direct and jit.pool_windows; only their drivers live here."""
+jit.gemm_residual, jit.conv_wide, jit.conv_direct, jit.gemm_pixels, jit.dense, jit.rnn and jit.pool_windows; only their drivers live here."""
 from __future__ import annotations
 
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
 from . import par
-from .conv_direct import conv_direct_images
+from .conv_direct import blocks_range, conv_direct_images
 from .conv_images import conv_images_bias_clamp
+from .dense import dense_panels_range
 from .conv_wide import conv_wide_images, conv_wide_images_add
 from .gemm_f32 import conv_images_ld, pointwise_images
+from .gemm_pixels import images_add_range, images_range, panels_range
 from .gemm_residual import conv_images_ld_add, pointwise_images_add
 from .pool_windows import max_pool_planes
+from .rnn import lstm_quads_range
 
 
 @nb.njit(**par.PAR_OPTS)
@@ -76,14 +79,57 @@ def _max_pool_planes_par(blocks, total, x, out, geo):
         max_pool_planes(x, out, geo, total * b // blocks, total * (b + 1) // blocks)
 
 
+@nb.njit(**par.PAR_OPTS)
+def _panels_range_par(blocks, total, a, wt, zeros, yt):
+    for b in nb.prange(blocks):
+        panels_range(a, wt, zeros, yt, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _images_range_par(blocks, total, xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
+    for b in nb.prange(blocks):
+        images_range(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix, total * b // blocks,
+                     total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _images_add_range_par(blocks, total, xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix):
+    for b in nb.prange(blocks):
+        images_add_range(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix, total * b // blocks,
+                         total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _blocks_range_par(blocks, total, pad, koff, pix, wt, bias, lo, hi, y, r):
+    for b in nb.prange(blocks):
+        blocks_range(pad, koff, pix, wt, bias, lo, hi, y, r, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _dense_panels_par(blocks, total, a, wt, zeros, y, lo, hi):
+    for b in nb.prange(blocks):
+        dense_panels_range(a, wt, zeros, y, lo, hi, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _lstm_quads_par(blocks, total, proj, bias, wt, order, h0, c, y, z, a, zeros):
+    for b in nb.prange(blocks):
+        lstm_quads_range(proj, bias, wt, order, h0, c, y, z, a, zeros, total * b // blocks, total * (b + 1) // blocks)
+
+
 for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_images_ld, _conv_images_ld_par),
                (conv_images_ld_add, _conv_images_ld_add_par), (pointwise_images, _pointwise_images_par),
                (pointwise_images_add, _pointwise_images_add_par), (conv_wide_images, _conv_wide_images_par),
                (conv_wide_images_add, _conv_wide_images_add_par), (conv_direct_images, _conv_direct_images_par),
-               (max_pool_planes, _max_pool_planes_par)):
+               (max_pool_planes, _max_pool_planes_par), (panels_range, _panels_range_par),
+               (images_range, _images_range_par), (images_add_range, _images_add_range_par),
+               (blocks_range, _blocks_range_par), (dense_panels_range, _dense_panels_par),
+               (lstm_quads_range, _lstm_quads_par)):
     par.register(_k, _d)
 
 KERNELS = (conv_images_bias_clamp, conv_images_ld, conv_images_ld_add, pointwise_images, pointwise_images_add,
-           conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes)
+           conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range,
+           images_range, images_add_range, blocks_range, dense_panels_range,
+           lstm_quads_range)
 
 __all__ = ["KERNELS"]

@@ -86,23 +86,33 @@ def lstm_steps_packed(proj, bias, wt, order, h0, c, y, z, a, zeros):
     4H] is x W^T without the biases, bias [4H] (W's and R's summed, rows i, o, f negated), which the
     cell adds (not a pass over proj). z
     [4 ceil(B/4), 4H] scratch, zeros [4 ceil(B/4)]; 4H a multiple of 16."""
+    lstm_quads_range(proj, bias, wt, order, h0, c, y, z, a, zeros, 0, a.shape[0])
+
+
+@nb.njit(**_FAST)
+def lstm_quads_range(proj, bias, wt, order, h0, c, y, z, a, zeros, q0, q1):
+    """lstm_steps_packed for the examples of row quads [q0, q1) alone, every step (an example's
+    recurrence reads only its own state; a quad's rows meet the same tiles however the quads are
+    cut, so the bytes do not depend on the cuts), with those quads' rows of the scratch a and z."""
     steps, batch, g4 = proj.shape
     hid = g4 // 4
-    rows = a.shape[0] * 4
-    a[:] = 0  # rows past the batch stay zero
-    af, zf, wtf = a.reshape(a.size), z.reshape(z.size), wt.reshape(wt.size)
+    b0, b1 = 4 * q0, min(4 * q1, batch)
+    rows = (q1 - q0) * 4
+    aq, zq = a[q0:q1], z[4 * q0:4 * q1]
+    aq[:] = 0  # rows past the batch stay zero
+    af, zf, wtf = aq.reshape(aq.size), zq.reshape(zq.size), wt.reshape(wt.size)
     inf = np.float32(np.inf)
     for k in range(steps):
         t = order[k]
         hp = y[order[k - 1]] if k > 0 else h0
-        for b in range(batch):
-            dst, src, r = a[b // 4], hp[b], b % 4
+        for b in range(b0, b1):
+            dst, src, r = aq[(b - b0) // 4], hp[b], b % 4
             for j in range(hid):
                 dst[j, r] = src[j]
         for panel in range(g4 // 16):
             _panels(af, zeros, wtf, 16, panel * hid * 16, zf, g4, panel * 16, rows, hid, -inf, inf, False)
-        for b in range(batch):
-            _lstm_cell(z[b], proj[t, b], bias, c[b], y[t, b])
+        for b in range(b0, b1):
+            _lstm_cell(zq[b - b0], proj[t, b], bias, c[b], y[t, b])
 
 
 @nb.njit(**_FAST)

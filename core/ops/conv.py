@@ -40,6 +40,7 @@ from .depthwise import DepthwiseConv, _immutable, compiled_filter_grad, compiled
 from .fused import activation_inplace
 from .intra_op import contiguous, copy_into, ksplit_parts, matmul_ksplit, rows_apply, serial_blas, sum_of_parts
 from .intra_op import matmul as split_matmul
+from .par_gate import split_rows
 
 __all__ = ["conv2d", "depthwise_conv2d"]
 
@@ -269,7 +270,7 @@ def _images_compiled_pays(xp, x, w, g, bias, finish) -> bool:
 
 
 def _images_compiled(x, w, g, bias, clamp):
-    """A batch's convolution as compiled calls over chunks of images on the intra-op threads
+    """A batch's convolution as compiled calls over blocks of images split by FLOPs (par_gate.split_rows)
     (jit.conv_images: im2col and the packed GEMM with bias and clamp, nogil), not a Python loop of
     per-image copies, BLAS products and bias passes. Chunks change no arithmetic: each image's
     output is the same whichever thread computes it."""
@@ -285,8 +286,8 @@ def _images_compiled(x, w, g, bias, clamp):
     out = np.empty((n, o, g.oh * g.ow), np.float32)
     x3 = xpad.reshape(n, c, hp * wp)
     lo, hi = np.float32(clamp[0]), np.float32(clamp[1])
-    rows_apply(np, lambda i0, i1: conv_images_bias_clamp(x3, wp, packed, b, lo, hi, geo, out, i0, i1), n,
-               out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * 4)
+    split_rows(conv_images_bias_clamp, (x3, wp, packed, b, lo, hi, geo, out), n, 2 * out.size * c * g.kh * g.kw,
+               flops=True)
     return out.reshape(n, o, g.oh, g.ow)
 
 
@@ -310,7 +311,8 @@ def _im2col_per_image(xp, x, w, g, bias, finish, addend=None):
                 cols[...] = win[i, k * cg:(k + 1) * cg]
                 xp.matmul(wk[k], cols2, out=y[k * og:(k + 1) * og])
             finish(y, bias, None if addend is None else addend[i].reshape(y.shape))
-    rows_apply(xp, images, n, out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * x.dtype.itemsize, blas_inside=True)
+    rows_apply(xp, images, n, out.nbytes + n * c * g.kh * g.kw * g.oh * g.ow * x.dtype.itemsize, blas_inside=True,
+               flops=2 * out.size * cg * g.kh * g.kw)
     return out.reshape(n, o, g.oh, g.ow)
 
 

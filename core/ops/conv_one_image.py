@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from .depthwise import ARENAS, _CLAMPS, _immutable
-from .intra_op import rows_apply, serial_blas
+from .intra_op import serial_blas
+from .par_gate import may_split, split_rows
 
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 _NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.conv_direct's "no residual addend"
+_NO_ADDEND_2D = np.empty((0, 0), np.float32)  # the same for one image (blocks_range)
 
 
 def tile_ok() -> bool:
@@ -114,8 +116,8 @@ class OneImage:
 
     def _direct(self, x, w, g, bias, direct, r=None):
         """jit.conv_direct (no im2col: output channels in the lanes, pixels broadcast from the padded
-        image; chunks of images on the intra-op threads at a batch); r [N, O, OH OW] the addend or None."""
-        from ...jit.conv_direct import conv_direct_images  # deferred: loads llvmlite, numba
+        image; a batch's images split by FLOPs: par_gate.split_rows); r [N, O, OH OW] the addend or None."""
+        from ...jit.conv_direct import PB, conv_direct_images  # deferred: loads llvmlite, numba
         n, c, h, wd = x.shape
         o, p = w.shape[0], g.oh * g.ow
         koff, pix, wp, size = direct
@@ -124,11 +126,24 @@ class OneImage:
         out = np.empty((n, o, g.oh, g.ow), np.float32)
         args = (x3, h, wd, g.pads[0][0], g.pads[1][0], wp, koff, pix, wt, b, self._lo, self._hi, out.reshape(n, o, p),
                 _NO_ADDEND if r is None else r, size)
-        if n == 1:
+        flops = 2 * n * o * p * c * g.kh * g.kw
+        if n == 1 and pix.shape[0] > PB and may_split(-(-pix.shape[0] // PB), flops, flops=True):
+            self._direct_blocks(x3[0], h, wd, g, wp, koff, pix, wt, b, out.reshape(o, p),
+                                _NO_ADDEND_2D if r is None else r[0], size, flops)
+        elif n == 1:
             conv_direct_images(*args, 0, 1)
         else:
-            rows_apply(np, lambda i0, i1: conv_direct_images(*args, i0, i1), n, out.nbytes + x.nbytes)
+            split_rows(conv_direct_images, args, n, flops, flops=True)
         return out
+
+    def _direct_blocks(self, x2, h, wd, g, wp, koff, pix, wt, b, y, r, size, flops):
+        """One image's conv_direct split by its blocks of PB output pixels (par_gate.split_rows: each
+        block computed alone, the same bytes however they are cut), the padded copy made first."""
+        from ...jit.conv_direct import PB, blocks_range, pad_image  # deferred: loads llvmlite, numba
+        pad = np.zeros(size, np.float32)
+        pad_image(x2, h, wd, g.pads[0][0], g.pads[1][0], wp, pad)
+        split_rows(blocks_range, (pad, koff, pix, wt, b, self._lo, self._hi, y, r), -(-pix.shape[0] // PB), flops,
+                   flops=True)
 
     def _channels(self, w, bias):
         """conv_direct's packing of constant weights ([O/16, K, 16]) and the bias as float32, kept."""
@@ -141,8 +156,8 @@ class OneImage:
         return cached[2], cached[3]
 
     def _wide(self, x, w, g, bias, wide, r=None):
-        """Stride 1 on wide planes: jit.conv_wide's implicit im2col (chunks of images on the intra-op
-        threads at a batch); r [N, O, OH OW] the addend or None."""
+        """Stride 1 on wide planes: jit.conv_wide's implicit im2col (a batch's images split by FLOPs:
+        par_gate.split_rows); r [N, O, OH OW] the addend or None."""
         n, c, h, wd = x.shape
         o = w.shape[0]
         starts, plane, wp, cols, size = wide
@@ -159,7 +174,7 @@ class OneImage:
         if n == 1:
             fn(*args, 0, 1)
         else:
-            rows_apply(np, lambda i0, i1: fn(*args, i0, i1), n, out.nbytes + x.nbytes)
+            split_rows(fn, args, n, 2 * n * o * g.oh * g.ow * c * g.kh * g.kw, flops=True)
         return out
 
     def runner(self, x, w, g, bias):
@@ -211,8 +226,8 @@ class OneImage:
         return plan[4] and _immutable(w) and (bias is None or _immutable(bias))
 
     def batch(self, x, w, g, bias, addend=None):
-        """batch_pays' convolutions: chunks of images on the intra-op threads, one compiled call each
-        (addend: an array of the output's shape added before the clamp, or None)."""
+        """batch_pays' convolutions: a compiled call over each block of images, split by FLOPs
+        (par_gate.split_rows; addend: an array of the output's shape added before the clamp, or None)."""
         from ...jit.gemm_f32 import conv_images_ld  # deferred: loads llvmlite, numba
         n, c, h, wd = x.shape
         o = w.shape[0]
@@ -231,11 +246,9 @@ class OneImage:
         o3 = out.reshape(n, o, p)
         if r is not None:
             from ...jit.gemm_residual import conv_images_ld_add  # deferred: loads llvmlite, numba
-            rows_apply(np, lambda i0, i1: conv_images_ld_add(x3, h, wd, geo, wp, b, lo, hi, o3, r, ldx, i0, i1), n,
-                       out.nbytes + n * k * p * 4 + r.nbytes)
+            split_rows(conv_images_ld_add, (x3, h, wd, geo, wp, b, lo, hi, o3, r, ldx), n, 2 * n * o * k * p, flops=True)
             return out
-        rows_apply(np, lambda i0, i1: conv_images_ld(x3, h, wd, geo, wp, b, lo, hi, o3, ldx, i0, i1), n,
-                   out.nbytes + n * k * p * 4)
+        split_rows(conv_images_ld, (x3, h, wd, geo, wp, b, lo, hi, o3, ldx), n, 2 * n * o * k * p, flops=True)
         return out
 
     def _plan(self, shape, w, g):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .conv_one_image import direct_pays, tile_ok
+from .par_gate import may_split, split_rows
 from .depthwise import _CLAMPS, _immutable, compiled_ok
 
 # Most output rows (images x pixels) for which the pixel-rows GEMM beats BLAS (one thread, cold
@@ -71,6 +72,9 @@ class PixelRows:
         yt = np.empty((quads * 4, cached[2].shape[0] * 16), np.float32)
         out = np.empty((n, o, g.oh, g.ow), np.float32)
         xf, zeros = np.ascontiguousarray(x).reshape(-1), np.zeros(yt.shape[0], np.float32)
+        flops = 2 * yt.shape[0] * yt.shape[1] * index.shape[1]
+        if may_split(n if n > 1 and p % 4 == 0 else yt.shape[1] // 16, flops, flops=True):
+            return self._split(xf, index, cached, zeros, a, yt, out, n, p, flops, addend)
         if addend is not None:
             from ...jit.gemm_pixels import conv_pixels_add  # deferred: loads llvmlite, numba
             r = np.ascontiguousarray(addend, np.float32).reshape(n, o, p)
@@ -78,6 +82,33 @@ class PixelRows:
             return out
         kernel = self._kernel or self._load()
         kernel(xf, index, cached[2], cached[3], self._lo, self._hi, zeros, a, yt, out.reshape(n, o, p), p)
+        return out
+
+    def _split(self, xf, index, cached, zeros, a, yt, out, n, p, flops, addend):
+        """__call__ split across threads (par_gate.split_rows): a batch whose images fill whole row quads
+        by blocks of images (each block's gather, product and finish; each thread streams all the
+        weights, from its cache), else the product by 16-channel weight panels (each thread streams its
+        own panels once; batch 1 included) with the gather and the finish around it."""
+        from ...jit import gemm_pixels as gp  # deferred: loads llvmlite, numba
+        o = out.shape[1]
+        if n > 1 and p % 4 == 0:  # whole row quads per image: blocks of images, gather and finish included
+            o3, lo, hi = out.reshape(n, o, p), self._lo, self._hi
+            if addend is None:
+                split_rows(gp.images_range, (xf, index, cached[2], cached[3], lo, hi, zeros, a, yt, o3, p), n, flops,
+                           flops=True)
+            else:
+                r = np.ascontiguousarray(addend, np.float32).reshape(n, o, p)
+                split_rows(gp.images_add_range, (xf, index, cached[2], cached[3], r, lo, hi, zeros, a, yt, o3, p), n,
+                           flops, flops=True)
+            return out
+        gp.gather_rows(xf, index, a, n, p)
+        split_rows(gp.panels_range, (a, cached[2], zeros, yt), yt.shape[1] // 16, flops, flops=True)
+        o3 = out.reshape(n, o, p)
+        if addend is None:
+            gp.finish_range(yt, cached[3], self._lo, self._hi, o3, p, 0, n)
+        else:
+            gp.finish_add_range(yt, cached[3], np.ascontiguousarray(addend, np.float32).reshape(n, o, p), self._lo,
+                                self._hi, o3, p, 0, n)
         return out
 
     def _load(self):

@@ -8,6 +8,7 @@ import numpy as np
 from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
 from .fused import activation_inplace
 from .intra_op import rows_apply
+from .par_gate import split_rows
 
 # a 1x1 convolution's output is finished in groups of images of about this many bytes (in cache)
 _POINTWISE_CHUNK_BYTES = 1 << 20
@@ -45,19 +46,18 @@ class PackedGemm:
         return supported()
 
     def images(self, w, bias, xs, out, r=None) -> None:
-        """batch_pays' convolutions: xs [N, C, P] -> out [N, O, P] (+ the addend r [N, O, P]), chunks
-        of images on the intra-op threads, one compiled call each (jit.gemm_f32.pointwise_images)."""
+        """batch_pays' convolutions: xs [N, C, P] -> out [N, O, P] (+ the addend r [N, O, P]), blocks
+        of images split by FLOPs (par_gate.split_rows), one compiled call each (jit.gemm_f32.pointwise_images)."""
         from ...jit.gemm_f32 import pointwise_images  # deferred: loads llvmlite, numba
         wp, b = self._weights(w, bias)
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
         xs = np.ascontiguousarray(xs)
+        flops = 2 * out.size * xs.shape[1]
         if r is not None:
             from ...jit.gemm_residual import pointwise_images_add  # deferred: loads llvmlite, numba
-            rows_apply(np, lambda i0, i1: pointwise_images_add(xs, wp, b, lo, hi, out, r, i0, i1), xs.shape[0],
-                       out.nbytes + xs.nbytes + r.nbytes)
+            split_rows(pointwise_images_add, (xs, wp, b, lo, hi, out, r), xs.shape[0], flops, flops=True)
             return
-        rows_apply(np, lambda i0, i1: pointwise_images(xs, wp, b, lo, hi, out, i0, i1), xs.shape[0],
-                   out.nbytes + xs.nbytes)
+        split_rows(pointwise_images, (xs, wp, b, lo, hi, out), xs.shape[0], flops, flops=True)
 
     def _weights(self, w, bias):
         cached = self._cached
@@ -176,7 +176,7 @@ class Pointwise:
             images = self._plain_images(xs, w.reshape(o, c), bias, out, step, r)
         # image groups on the intra-op threads, every product on one BLAS thread: a threaded BLAS
         # on products this small waits for its other threads, milliseconds each on a busy machine
-        rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True)
+        rows_apply(xp, images, n, out.nbytes + x.nbytes, blas_inside=True, flops=2 * out.size * c)
         return out
 
     def packed_runner(self, x, w, bias):

@@ -156,8 +156,11 @@ def conv_rows(xp, x, wt, g, finish_rows):
     bounds = row_blocks(g.oh, run)
     stacked = xp is np and o < _ACC_MIN_O
     work = 2 * o * wt.shape[2] * run * sum(max(0, hi - lo) for lo, hi, _ in spans)
-    if not stacked and _par_rows_pay(xp, x, wt, finish_rows, len(bounds) - 1, work):
-        _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work)
+    if _par_rows_pay(xp, x, wt, finish_rows, len(bounds) - 1, work):
+        if stacked:
+            _par_stacked_rows(wt, cols, acc, y, h, run, bounds, g, finish_rows, work)
+        else:
+            _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_rows, work)
         return y
 
     def rows(b0, b1):  # blocks [b0, b1): every kernel row's product over each, then their finish
@@ -199,6 +202,19 @@ def _par_conv_rows(wt, cols, acc, y, spans, order, full, run, bounds, g, finish_
     b = np.asarray(bounds, np.int64)
     par_rows(row_taps_range, (numpy_blas.sgemm(), wt, cols, acc, plan, run, b, not full), nb, work, flops=True,
              blocks=nb, blas_inside=True)
+    kernel, args = finish_rows.par_finish(acc.reshape(acc.shape[0], g.oh, g.ow, -1), y)
+    par_rows(kernel, args + (b,), nb, 2 * acc.nbytes, blocks=nb)
+
+
+def _par_stacked_rows(wt, cols, acc, y, h, run, bounds, g, finish_rows, work) -> None:
+    """conv_rows' stacked form (_input_row_products) as one prange call of BLAS GEMMs per output-row
+    block (jit.par_blas.stacked_rows_range: the same GEMMs and adds in the same order), then the finish."""
+    from ...jit.par_blas import stacked_rows_range  # deferred: loads numba
+    nb = len(bounds) - 1
+    b = np.asarray(bounds, np.int64)
+    wst = wt.reshape(g.kh * wt.shape[1], -1)
+    par_rows(stacked_rows_range, (numpy_blas.sgemm(), wst, cols, acc, h, g.kh, g.dh, g.pads[0][0], run, b), nb, work,
+             flops=True, blocks=nb, blas_inside=True)
     kernel, args = finish_rows.par_finish(acc.reshape(acc.shape[0], g.oh, g.ow, -1), y)
     par_rows(kernel, args + (b,), nb, 2 * acc.nbytes, blocks=nb)
 

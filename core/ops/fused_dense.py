@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ... import jit
-from .. import threads
 from .depthwise import _immutable
+from .par_gate import may_split, split_rows
 
 _CLAMPS = {"none": (-np.inf, np.inf), "relu": (0.0, np.inf), "relu6": (0.0, 6.0)}
 
@@ -71,12 +71,11 @@ class PackedDense:
         y = np.empty((4 * quads, wt.shape[0] * wt.shape[2]), np.float32)
         zeros = _zeros(4 * quads)
         flops = 2 * m * k * n
-        if flops < 2 * threads.MIN_CHUNK_FLOPS or threads.intra_threads() == 1:  # cannot split: one call
+        if not may_split(wt.shape[0], flops, flops=True):  # one call
             jd.dense(a, rows, wt, zeros, y, lo, hi)
-        else:  # whole panels per chunk: each output column is computed alike on any number of threads
+        else:  # whole panels per block (par_gate.split_rows): each output column is computed alike on any threads
             jd.pack_rows(a, rows)
-            threads.fan_out(lambda p0, p1: jd.dense_panels(rows, wt, zeros, y, p0, p1, lo, hi), wt.shape[0],
-                            flops, flops=True)
+            split_rows(jd.dense_panels_range, (rows, wt, zeros, y, lo, hi), wt.shape[0], flops, flops=True)
         if y.shape[1] != n:  # the last panel's columns past n
             return np.ascontiguousarray(y[:m, :n])
         return y if 4 * quads == m else y[:m]

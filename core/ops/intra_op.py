@@ -64,14 +64,17 @@ def add_into(xp, dst, src, axis: int = 0):
     return dst
 
 
-def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False) -> None:
-    """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all;
+def rows_apply(xp, fn: Callable[[int, int], None], total: int, nbytes: int, blas_inside: bool = False,
+               flops: int = 0) -> None:
+    """fn(lo, hi) over chunks of range(total) (the caller's own pass over `nbytes` in all; flops > 0:
+    chunks sized by these FLOPs instead, for compute-bound work such as a batch's per-image GEMMs;
     blas_inside: fn's small BLAS products run one-threaded while the chunks run)."""
-    if xp is not np or (_never_splits(total, nbytes)
+    small = flops < 2 * threads.MIN_CHUNK_FLOPS if flops else _never_splits(total, nbytes)
+    if xp is not np or ((small or total <= 1)
                         and (not blas_inside or threads.blas_held_here() or threads.intra_threads() == 1)):
         fn(0, total)  # one chunk, and BLAS (if fn calls it) on one thread already: no hold needed
         return
-    fan_out(fn, total, nbytes, blas_inside)
+    fan_out(fn, total, flops or nbytes, blas_inside, flops=bool(flops))
 
 
 def par_rows(kernel, args: tuple, total: int, work: float, flops: bool = False, blocks: Optional[int] = None,

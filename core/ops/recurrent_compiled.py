@@ -19,6 +19,7 @@ from ... import jit
 from .depthwise import _immutable
 from .intra_op import matmul as split_matmul
 from .intra_op import serial_blas
+from .par_gate import split_rows
 
 # batch x hidden up to which lstm_steps' matrix-vector loops beat a GEMM per step (measured here,
 # one thread, T = 32, I = 64, H = 128, shared load: batch 1 0.24 against 0.33 ms, 4 0.71 / 1.06 ms,
@@ -79,9 +80,11 @@ class CompiledLSTM:
         y = np.empty((steps, batch, hid), np.float32)
         if batch > _PACKED_MIN_BATCH and hid % 4 == 0 and _tile_ok():
             quads = -(-batch // 4)
-            _jit_rnn().lstm_steps_packed(proj, bias, self._packed(rt, w, r, b), order, h0s, c, y,
-                              np.empty((4 * quads, 4 * hid), np.float32), np.empty((quads, hid, 4), np.float32),
-                              np.zeros(4 * quads, np.float32))
+            args = (proj, bias, self._packed(rt, w, r, b), order, h0s, c, y, np.empty((4 * quads, 4 * hid), np.float32),
+                    np.empty((quads, hid, 4), np.float32), np.zeros(4 * quads, np.float32))
+            # the examples' recurrences split by row quads across threads (par_gate.split_rows: one
+            # parallel region for the whole sequence, the same bytes however the quads are cut)
+            split_rows(_jit_rnn().lstm_quads_range, args, quads, 8.0 * steps * batch * hid * hid, flops=True)
         elif batch * hid <= COMPILED_UNITS:
             proj += bias
             _jit_rnn().lstm_steps(proj, rt, order, h0s, c, y, np.empty(4 * hid, np.float32))

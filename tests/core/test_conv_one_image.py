@@ -4,6 +4,7 @@ gather itself against numpy's windows."""
 import numpy as np
 import pytest
 
+from isthmus.core import idle
 from isthmus import jit
 from isthmus.core.ops import conv_one_image
 
@@ -101,23 +102,34 @@ def test_batches_image_by_image_match_the_reference(batches, act, n, c, o, k, st
     assert bool(batches) == served
 
 
+@pytest.mark.parametrize("route", ["prange", "pool"])
 @pytest.mark.parametrize("hw", [10, 30])  # im2col per image; 30 columns: jit.conv_wide
-def test_batch_chunks_on_threads_give_one_threads_bytes(batches, monkeypatch, hw):
+def test_batch_split_over_threads_gives_one_threads_bytes(batches, monkeypatch, hw, route):
+    """A batch's images split by FLOPs (par_gate.split_rows: prange's blocks on an idle machine, the
+    intra-op pool's chunks where prange is unavailable) give the bytes of one thread's run."""
     from isthmus.core import threads
-    from isthmus.core.ops import intra_op
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     rng = np.random.default_rng(9)
     x = rng.standard_normal((5, 8, hw, hw)).astype(np.float32)
     w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
     one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
-    chunks = []
-    real = threads.fan_out
-    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(intra_op, "fan_out", lambda *a, **kw: chunks.append(real(*a, **kw)) or chunks[-1])
+    used = []
+    real = par_gate.split_rows
+    monkeypatch.setattr(conv_one_image, "split_rows", lambda *a, **kw: used.append(real(*a, **kw)) or used[-1])
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # these small convolutions split
+    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(threads, "_handoff", [1e-6])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "intra_threads", lambda: 2)
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
-    assert len(batches) == 2 and max(chunks) == 2
+    assert len(batches) == 2 and used == [2]
 
 
 @pytest.fixture

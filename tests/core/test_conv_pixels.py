@@ -118,3 +118,52 @@ def test_batch_1_leaves_planes_past_16_pixels_to_conv_direct(served, monkeypatch
         w = (rng.standard_normal((o, 16, 3, 3)) / 12).astype(np.float32)
         check(x, w, rng.standard_normal(o).astype(np.float32), 1, "SAME", 1, 1, "relu")
         assert bool(served) == pixel_rows and bool(direct) != pixel_rows
+
+
+@pytest.mark.parametrize("with_addend", [False, True])
+@pytest.mark.parametrize("n,hw,blocks", [(32, 4, 32), (10, 3, 7), (1, 12, 7)])
+def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_addend, n, hw, blocks):
+    """Work large enough to split runs by blocks of images where each image fills whole row quads (16
+    pixels: jit.gemm_pixels.images_range), else by 16-channel weight panels (9 pixels, or batch 1:
+    panels_range): cut in three by par_gate.split_rows, or whole in one compiled call, the same
+    bytes, and those of the reference."""
+    from isthmus.core.ops.conv import _geometry
+    rng = np.random.default_rng(11)
+    c, o = 48, 100  # 7 panels; 2 * rows * 432 * 112 FLOPs
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    r = rng.standard_normal((n, o, hw, hw)).astype(np.float32) if with_addend else None
+    for a in (w, b):
+        a.flags.writeable = False
+
+    class Node:
+        attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1}
+    g = _geometry(Node, x.shape, w.shape)
+    rows = conv_pixels.PixelRows("relu")
+    monkeypatch.setattr(conv_pixels, "_MAX_ROWS", 144)  # batch 1's 144 pixels on the pixel rows too
+    assert rows.pays(np, x, w, b, g)
+    cuts = []
+
+    def three_cuts(kernel, args, total, work, flops=False):  # as three threads would cut it
+        for i in range(3):
+            kernel(*args, total * i // 3, total * (i + 1) // 3)
+        cuts.append(total)
+        return 3
+    monkeypatch.setattr(conv_pixels, "split_rows", three_cuts)
+    monkeypatch.setattr(conv_pixels, "may_split", lambda *a, **kw: True)  # as on an idle machine with work enough
+    three = rows(x, w, g, b, r)
+    assert cuts == [blocks]
+    monkeypatch.setattr(conv_pixels, "may_split", lambda *a, **kw: False)  # no split: the one whole call
+    whole = rows(x, w, g, b, r)
+    assert cuts == [blocks]
+    np.testing.assert_array_equal(three, whole)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((n, o, hw, hw))
+    for i in range(3):
+        for j in range(3):
+            want += np.einsum("nchw,oc->nohw", xp[:, :, i:i + hw, j:j + hw], w[:, :, i, j].astype(np.float64))
+    want += b.reshape(1, o, 1, 1)
+    if r is not None:
+        want += r
+    np.testing.assert_allclose(three, np.maximum(want, 0), rtol=1e-4, atol=1e-4)

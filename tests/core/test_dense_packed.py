@@ -91,14 +91,23 @@ def test_blas_path_where_packing_does_not_pay(monkeypatch, m, n, feed_w, transpo
     np.testing.assert_allclose(got, np.maximum(x.astype(np.float64) @ w64 + bias, 0), rtol=1e-5, atol=1e-5)
 
 
-def test_threads_give_the_same_bytes(monkeypatch):
-    """Split over two intra-op threads by whole panels: the bytes of one thread's result."""
+@pytest.mark.parametrize("route", ["prange", "pool"])
+def test_threads_give_the_same_bytes(monkeypatch, route):
+    """Split over two intra-op threads by whole panels (par_gate.split_rows: prange's blocks on an idle
+    machine, the pool's chunks where prange is unavailable): the bytes of one thread's result."""
     _tile_or_skip()
-    from isthmus.core import threads
-    monkeypatch.setattr(threads, "chunk_scale", lambda: 1.0)  # split whatever the machine's hand-off costs
-    chunks = []
-    real = threads.fan_out
-    monkeypatch.setattr(threads, "fan_out", lambda *a, **k: chunks.append(real(*a, **k)))
+    from isthmus.core import idle, threads
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(threads, "_handoff", [1e-6])  # the pool splits whatever the machine's hand-off costs
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
+    used = []
+    real = par_gate.split_rows
+    monkeypatch.setattr(fused_dense, "split_rows", lambda *a, **k: used.append(real(*a, **k)) or used[-1])
     rng = np.random.default_rng(9)
     x = rng.standard_normal((24, 1000)).astype(np.float32)
     w = rng.standard_normal((1000, 640)).astype(np.float32)
@@ -111,7 +120,7 @@ def test_threads_give_the_same_bytes(monkeypatch):
         one = dense(x, w, bias, "tile")
     with threads.IntraOpThreads(2):
         two = dense(x, w, bias, "tile")
-    assert chunks == [2]
+    assert used == [2]
     np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(one, np.maximum(x.astype(np.float64) @ w + bias, 0), rtol=1e-5, atol=1e-3)
 

@@ -42,8 +42,8 @@ def test_packed_steps_match_float64(monkeypatch, reverse, states, batch, scale):
         pytest.skip("needs AVX2")
     _set_path(monkeypatch, "packed")
     calls = []
-    real = rnn.lstm_steps_packed
-    monkeypatch.setattr(rnn, "lstm_steps_packed", lambda *a: calls.append(1) or real(*a))
+    real = rnn.lstm_quads_range
+    monkeypatch.setattr(rnn, "lstm_quads_range", lambda *a: calls.append(1) or real(*a))
     ops, g, run = _lstm_case(np.random.default_rng(11 + batch), (7, batch, 6, 8), scale, states, reverse)
     with g.as_default():
         got = run(ism.Session(g))
@@ -51,6 +51,20 @@ def test_packed_steps_match_float64(monkeypatch, reverse, states, batch, scale):
     tol = 2e-6 if scale < 1 else 2e-5  # saturated: |z| ~ 100, the float32 sums' order shows at 1e-5
     for gv, wv in zip(got, _ref(*ops, reverse)):
         np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=tol)
+    # the examples' recurrences cut by row quads, as threads would cut them: the same bytes
+    cuts = []
+
+    def quad_cuts(kernel, args, total, work, flops=False):
+        for i in range(total):
+            kernel(*args, i, i + 1)
+        cuts.append(total)
+        return total
+    monkeypatch.setattr(recurrent_compiled, "split_rows", quad_cuts)
+    with g.as_default():
+        cut = run(ism.Session(g))
+    assert cuts == [-(-batch // 4)]
+    for gv, cv in zip(got, cut):
+        np.testing.assert_array_equal(gv, cv)
 
 
 @pytest.mark.parametrize("path", ["numpy", "loop", "gemm"])

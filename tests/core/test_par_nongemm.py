@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import isthmus as ism
+from isthmus.core import idle
 from isthmus import jit
 from isthmus.core import threads
 from isthmus.core.ops import depthwise, nn, pool
@@ -23,13 +24,14 @@ def splits(monkeypatch, request):
     (par_gate) of the depthwise, pool and batch-norm ops used."""
     from isthmus.core.ops import par_gate
     monkeypatch.setattr(threads, "_handoff", [100.0 if request.param == "prange" else threads.HANDOFF_REF_S])
-    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     from isthmus.jit import par
     if threads.cores() < 2 or not par.layer_ok():
         pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1)
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     used = []
     for mod in (depthwise, pool, nn):
@@ -214,9 +216,10 @@ def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, t
 
 @pytest.mark.parametrize("handoff_us", [3.0, 10.0, 300.0])
 def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch, handoff_us):
-    """par_gate.split_rows: below fan_out's least split it uses as many threads as par_threads gives
-    (skipping par_threads only where that could only be one); at or above it, fan_out's chunks
-    (the caller runs those no worker started); the kernel covers every item once either way."""
+    """par_gate.split_rows on an idle machine: as many threads as par_threads gives (skipping it only
+    where that could only be one), large work included (prange's blocks, not the pool's chunks,
+    whose worker would share a core with libgomp's spinning one); where the prange hand-off is too
+    dear for the work, fan_out's chunks once they pay; the kernel covers every item once either way."""
     import numba
     from isthmus.core.ops import par_gate
     from isthmus.jit import par
@@ -225,7 +228,7 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
     monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
     monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
-    monkeypatch.setattr(par_gate, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -237,15 +240,17 @@ def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch
             for work in (0, least // 10, least // 5, least, 2 * least, 10 * least, 19 * least, 20 * least,
                          100 * least):
                 y = np.zeros(64)
+                prange_splits = work >= 2 * least * threads.par_scale()
                 pool_splits = work >= 2 * threads.min_chunk_bytes()
-                want = min(n, 2) if pool_splits else threads.par_threads(64, work)
+                want = threads.par_threads(64, work) if prange_splits else min(n, 2) if pool_splits else 1
                 assert par_gate.split_rows(mark, (y,), 64, work) == want, (n, work)
                 assert (y == 1).all()
 
 
 def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
-    """With no core idle (the load average at the core count), work prange would split runs as one call; work
-    large enough for the pool still fans out (its caller runs the chunks no worker started)."""
+    """With no core idle (other processes' CPU time), par_threads sends work to the pool (0) and work
+    prange would split runs as one call; work large enough for the pool still fans out (its caller
+    runs the chunks no worker started)."""
     import numba
     from isthmus.core.ops import par_gate
     from isthmus.jit import par
@@ -254,7 +259,7 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [3e-6])
     monkeypatch.setattr(threads, "_prange_at", [0.0])
     monkeypatch.setattr(threads, "_handoff", [100e-6])
-    monkeypatch.setattr(par_gate, "_load", [False, float("inf")])  # no core idle, never read again
+    monkeypatch.setattr(idle, "_load", [False, float("inf")])  # no core idle, never read again
 
     @numba.njit(nogil=True)
     def mark(y, lo, hi):
@@ -263,19 +268,118 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
     least = threads.MIN_CHUNK_BYTES
     with threads.IntraOpThreads(2):
         y = np.zeros(64)
-        assert threads.par_threads(64, 4 * least) == 2
+        assert threads.par_threads(64, 4 * least) == 0  # could split, but not by prange now: the pool's size decides
         assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 1
         assert par_gate.split_rows(mark, (y,), 64, 40 * least) == 2
         assert (y == 2).all()
-        monkeypatch.setattr(par_gate, "_load", [True, float("inf")])
+        monkeypatch.setattr(idle, "_load", [True, float("inf")])
         assert par_gate.split_rows(mark, (y,), 64, 4 * least) == 2
         assert (y == 3).all()
 
 
-def test_cores_idle_reads_the_load_average_against_the_cores(monkeypatch):
+def test_cores_idle_counts_other_processes_busy_time_not_this_ones(monkeypatch):
+    """idle.cores_idle: the machine's busy ticks over the interval less this process's own CPU
+    time: a run whose two threads keep both cores busy still sees a core for its splits; other
+    processes holding more than a quarter of a core (on 2 cores) shut prange off. The first read has
+    no interval: the 1-minute load average less the caller's thread."""
+    tick = idle._TICK_S
+    clock = {"busy": 1000, "mine": 10.0, "now": 50.0}
+    monkeypatch.setattr(idle, "_busy_ticks", lambda: clock["busy"])
+    monkeypatch.setattr(idle, "process_time", lambda: clock["mine"])
+    monkeypatch.setattr(idle, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(idle.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    monkeypatch.setattr(idle, "_stat", [None])
+    monkeypatch.setattr(idle, "_load", [True, -1.0])
+    assert idle.cores_idle(2) is False  # first read: load 2.0 less this thread leaves 1.0 busy
+    # (machine busy seconds, this process's seconds) over 2 s: this process alone on both cores,
+    # others at 0.2 cores, others at 0.4, this process idle and others on one core
+    for busy_s, mine_s, want in ((4.0, 4.0, True), (4.0, 3.6, True), (2.0, 1.2, False), (2.0, 0.0, False),
+                                 (0.2, 0.0, True)):
+        clock["busy"] += round(busy_s / tick)
+        clock["mine"] += mine_s
+        clock["now"] += 2.0
+        assert idle.cores_idle(2) is want, (busy_s, mine_s)
+    clock["busy"] += round(2.0 / tick)  # others on a core, but read within LOAD_RECHECK_S: the last answer
+    clock["now"] += idle.LOAD_RECHECK_S / 2
+    assert idle.cores_idle(2) is True
+
+
+def test_may_split_says_what_split_rows_does(monkeypatch):
+    """par_gate.may_split (callers keep a kernel's one whole call where it is False) agrees with the
+    threads split_rows uses: on an idle and a busy machine, one and two intra-op threads, work around
+    prange's and the pool's thresholds."""
+    import numba
     from isthmus.core.ops import par_gate
-    monkeypatch.setattr(threads, "cores", lambda: 2)
-    for load, idle in ((0.4, True), (1.2, True), (1.3, False), (3.0, False)):
-        monkeypatch.setattr(par_gate.os, "getloadavg", lambda load=load: (load, load, load))
-        monkeypatch.setattr(par_gate, "_load", [not idle, -1.0])  # due for a read
-        assert par_gate.cores_idle() is idle
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [3e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    monkeypatch.setattr(threads, "_handoff", [100e-6])
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    least = threads.MIN_CHUNK_FLOPS
+    for idle_now in (True, False):
+        monkeypatch.setattr(idle, "_load", [idle_now, float("inf")])
+        for n in (1, 2):
+            with threads.IntraOpThreads(n):
+                for work in (least // 10, least // 2, least, 4 * least, 19 * least, 21 * least, 100 * least):
+                    y = np.zeros(64)
+                    used = par_gate.split_rows(mark, (y,), 64, work, flops=True)
+                    assert par_gate.may_split(64, work, flops=True) is (used > 1), (idle_now, n, work, used)
+                    assert (y == 1).all()
+
+
+def test_the_idle_gate_can_be_switched_off(monkeypatch):
+    """ISTHMUS_IDLE_GATE=0: cores_idle says True however busy the other processes are."""
+    monkeypatch.setattr(idle, "_busy_ticks", lambda: None)
+    monkeypatch.setattr(idle.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(idle, "_stat", [None])
+    monkeypatch.setattr(idle, "_load", [False, -1.0])
+    monkeypatch.setenv("ISTHMUS_IDLE_GATE", "0")
+    assert idle.cores_idle(2) is True
+    monkeypatch.setenv("ISTHMUS_IDLE_GATE", "1")
+    monkeypatch.setattr(idle, "_load", [True, -1.0])
+    assert idle.cores_idle(2) is False
+
+
+def test_niced_processes_count_as_busy_where_autogroups_make_nice_per_session(monkeypatch, tmp_path):
+    """idle._busy_ticks leaves niced processes' user time out only where they yield to this process:
+    it is not niced and the scheduler has no autogroups (with them, another session's niced process
+    competes fully, as on the 2-core VM)."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 50 20 1000 5 1 2 3 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    auto = tmp_path / "autogroup"
+    real_open = open
+
+    def fake_open(path, *a, **kw):
+        return real_open({"/proc/stat": stat, "/proc/sys/kernel/sched_autogroup_enabled": auto}.get(path, path), *a, **kw)
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(idle.os, "getpriority", lambda *a: 0)
+    auto.write_text("1\n")
+    assert idle._busy_ticks() == 100 + 50 + 20 + 1 + 2 + 3
+    auto.write_text("0\n")
+    assert idle._busy_ticks() == 100 + 20 + 1 + 2 + 3
+    monkeypatch.setattr(idle.os, "getpriority", lambda *a: 10)  # niced itself: the niced compete with it
+    assert idle._busy_ticks() == 100 + 50 + 20 + 1 + 2 + 3
+
+
+def test_splits_take_no_more_threads_than_other_processes_leave_cores(monkeypatch):
+    """idle.free_cores: on 16 cores with other processes on 9.5 of them, a split takes at most 6
+    threads (6.5 cores free, whole ones with a quarter core of slack) however much work it has; the gate off: all 16."""
+    monkeypatch.setattr(idle, "_busy_ticks", lambda: None)
+    monkeypatch.setattr(idle.os, "getloadavg", lambda: (10.5, 10.5, 10.5))  # the first read: less the caller
+    monkeypatch.setattr(idle, "_stat", [None])
+    monkeypatch.setattr(idle, "_load", [True, -1.0])
+    assert idle.cores_idle(16) is True and idle.free_cores(16) == 6 and idle.free_cores(4) == 4
+    monkeypatch.setattr(threads, "cores", lambda: 16)
+    monkeypatch.setattr(threads, "_prange", [1e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    with threads.IntraOpThreads(16):
+        assert threads.par_threads(64, 1e12, flops=True) == 6
+        monkeypatch.setenv("ISTHMUS_IDLE_GATE", "0")
+        monkeypatch.setattr(idle, "_load", [True, -1.0])
+        assert threads.par_threads(64, 1e12, flops=True) == 16

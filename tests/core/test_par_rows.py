@@ -6,6 +6,7 @@ import numba
 import numpy as np
 import pytest
 
+from isthmus.core import idle
 from isthmus.core import threads
 from isthmus.core.ops import intra_op
 from isthmus.jit import par
@@ -34,6 +35,7 @@ def cheap(monkeypatch):
     if not par.layer_ok():
         pytest.skip(f"numba's threading layer is {par.layer()}: prange kernels are not used here")
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
 
 
@@ -66,6 +68,7 @@ def test_fixed_blocks_give_the_same_bytes_at_one_and_two_threads(cheap):
 
 def test_small_work_runs_serially_without_measuring(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_probe_prange", lambda: pytest.fail("probed for work that cannot split"))
     x = np.ones(100, np.float32)
     y = np.zeros_like(x)
@@ -81,6 +84,7 @@ def test_without_a_safe_layer_the_pool_runs_the_same_cuts(monkeypatch):
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
     monkeypatch.setattr(threads, "_handoff", [threads.HANDOFF_REF_S])
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(par, "layer_ok", lambda: False)
     monkeypatch.setattr(par, "driver", lambda kernel: pytest.fail("a prange driver without a safe layer"))
     x = np.random.default_rng(2).standard_normal(5_000).astype(np.float32)
@@ -96,15 +100,18 @@ def test_without_a_safe_layer_the_pool_runs_the_same_cuts(monkeypatch):
 
 def test_the_environment_can_switch_prange_off_or_pin_its_handoff(monkeypatch):
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setenv("ISTHMUS_PRANGE", "0")
     assert threads.prange_handoff_s() is None
     monkeypatch.delenv("ISTHMUS_PRANGE")
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setenv("ISTHMUS_PRANGE_HANDOFF_US", "30")
     if threads.cores() > 1 and par.layer_ok():
         assert threads.prange_handoff_s() == pytest.approx(30e-6)
         assert threads.par_scale() == pytest.approx(3.0)
     monkeypatch.setattr(threads, "_prange", [None])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setenv("ISTHMUS_PRANGE_HANDOFF_US", "soon")
     if threads.cores() > 1 and par.layer_ok():
         with pytest.raises(ValueError, match="ISTHMUS_PRANGE_HANDOFF_US"):
@@ -118,6 +125,7 @@ def test_the_handoff_is_measured_again_after_a_second(monkeypatch):
     import time
     monkeypatch.delenv("ISTHMUS_PRANGE_HANDOFF_US", raising=False)
     monkeypatch.setattr(threads, "_prange", [1.0])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "_prange_at", [time.perf_counter()])
     assert threads.prange_handoff_s() == 1.0  # within the second: the last measurement
     stale = time.perf_counter() - 2 * threads.PAR_REMEASURE_S
@@ -244,11 +252,12 @@ def test_max_pool_range_forms_match_the_whole_array_kernels(cheap, through_relu)
 
 
 @pytest.mark.parametrize("act", ["relu", "none"])
-def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeypatch, act):
+@pytest.mark.parametrize("o,path", [(64, "_par_conv_rows"), (32, "_par_stacked_rows")])
+def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeypatch, act, o, path):
     """conv_rows' blocks as one prange call of BLAS GEMMs (jit.par_blas) and one of the finish, at two
     threads, against the same convolution at one thread (the pool path's GEMMs, in the same blocks
     and order): the same bytes; and against a float64 reference. 64 output channels: the per-kernel-row
-    GEMMs (fewer take the stacked path)."""
+    GEMMs; 32: the stacked path (one GEMM per input row over the kernel rows, jit.par_blas.stacked_rows_range)."""
     import isthmus as ism
     from isthmus.core.ops import conv_rows, numpy_blas
     if numpy_blas.sgemm() is None:
@@ -256,23 +265,23 @@ def test_row_tap_convolutions_on_prange_give_the_pool_paths_bytes(cheap, monkeyp
     monkeypatch.setattr(threads, "cores", lambda: 2)  # two row blocks whatever the machine
     rng = np.random.default_rng(8)
     x = rng.standard_normal((8, 16, 16, 32)).astype(np.float32)  # 16 x 256 output columns: two blocks
-    w = (rng.standard_normal((64, 16, 3, 5)) * 0.2).astype(np.float32)
-    b = rng.standard_normal(64).astype(np.float32)
+    w = (rng.standard_normal((o, 16, 3, 5)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
     g = ism.Graph()
     with g.as_default():
         xt, wt = ism.placeholder(np.float32, x.shape, name="x"), ism.placeholder(np.float32, w.shape, name="w")
-        y = ism.conv2d(xt, wt, padding="SAME") + ism.reshape(ism.constant(b), (1, 64, 1, 1))
+        y = ism.conv2d(xt, wt, padding="SAME") + ism.reshape(ism.constant(b), (1, o, 1, 1))
         if act == "relu":
             y = ism.relu(y)
     calls = []
-    real = conv_rows._par_conv_rows
-    monkeypatch.setattr(conv_rows, "_par_conv_rows", lambda *a: calls.append(1) or real(*a))
+    real = getattr(conv_rows, path)
+    monkeypatch.setattr(conv_rows, path, lambda *a: calls.append(1) or real(*a))
     got = {n: ism.Session(g, intra_op_threads=n).run(y, {xt: x, wt: w}) for n in (1, 2)}
     assert calls == [1]  # the two-thread run took the prange path, the one-thread run did not
     assert got[1].tobytes() == got[2].tobytes()
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2))).astype(np.float64)
     ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, p:p + 16, q:q + 32], w[:, :, p, q]) for p in range(3) for q in range(5))
-    ref = ref + b.reshape(1, 64, 1, 1)
+    ref = ref + b.reshape(1, o, 1, 1)
     np.testing.assert_allclose(got[2], np.maximum(ref, 0) if act == "relu" else ref, rtol=1e-4, atol=1e-4)
 
 

@@ -7,6 +7,7 @@ import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import isthmus as ism
+from isthmus.core import idle
 from isthmus.core import threads
 from isthmus.core.ops import intra_op
 
@@ -52,6 +53,7 @@ def test_products_split_only_into_parts_worth_the_handoff(monkeypatch, handoff_u
     _need_openblas()
     monkeypatch.setattr(threads, "_handoff", [handoff_us * 1e-6])
     monkeypatch.setattr(threads, "_prange", [False])  # the pool's path (the prange path: test_par_rows)
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     counts, blas_seen = [], []
     real = intra_op.fan_out
 
@@ -156,9 +158,11 @@ def test_default_runs_with_products_hold_blas_to_one_thread(monkeypatch):
         got = ism.Session(g, inter_op_threads=1).run(y, {x: v})
         assert threads.blas_threads_now() == 2
         monkeypatch.setattr(threads, "_prange", [False])  # no prange here: a session's own count, no hold
+        monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
         ism.Session(g, intra_op_threads=2, inter_op_threads=1).run(y, {x: v})
         # where kernels may split by prange, a session's own count holds BLAS too (threads.prange_may_run)
         monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S])
+        monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
         monkeypatch.setattr(threads, "_prange_at", [0.0])
         ism.Session(g, intra_op_threads=2, inter_op_threads=1).run(y, {x: v})
         assert threads.blas_threads_now() == 2

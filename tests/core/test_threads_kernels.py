@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import isthmus as ism
+from isthmus.core import idle
 from isthmus.core import threads
 from isthmus.core.ops import intra_op
 
@@ -29,6 +30,7 @@ def fan_outs(monkeypatch):
     monkeypatch.setattr(threads, "par_threads", lambda *a, **k: counts.append(real_par(*a, **k)) or counts[-1])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # a pinned prange hand-off, never measured again
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S if _prange_safe() else False])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     return counts
 
 

@@ -92,12 +92,17 @@ def test_conv_chooses_it_and_matches(monkeypatch, n):
     assert calls
 
 
-def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch):
-    """Chunks of images on the intra-op threads: each image's output is computed alone, so the bytes
-    do not depend on the thread count."""
-    from isthmus.core import threads
-    from isthmus.core.ops import conv_one_image, intra_op
+@pytest.mark.parametrize("route", ["prange", "pool"])
+def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch, route):
+    """A batch's images split by FLOPs (par_gate.split_rows: prange's blocks on an idle machine, the
+    intra-op pool's chunks where prange is unavailable): each image's output is computed alone, so
+    the bytes do not depend on the thread count."""
+    from isthmus.core import idle, threads
+    from isthmus.core.ops import conv_one_image, par_gate
+    from isthmus.jit import par
     from tests.core.test_conv_forward import run_conv
+    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     calls = []
     real = conv_one_image.OneImage._direct
     monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
@@ -106,11 +111,48 @@ def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch):
     w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
     b = rng.standard_normal(32).astype(np.float32)
     one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
-    chunks = []
-    fan = threads.fan_out
-    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 1)
-    monkeypatch.setattr(intra_op, "fan_out", lambda *a, **kw: chunks.append(fan(*a, **kw)) or chunks[-1])
+    used = []
+    split = par_gate.split_rows
+    monkeypatch.setattr(conv_one_image, "split_rows", lambda *a, **kw: used.append(split(*a, **kw)) or used[-1])
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small batch splits
+    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(threads, "_handoff", [1e-6])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
     monkeypatch.setattr(threads, "intra_threads", lambda: 2)
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
-    assert len(calls) == 2 and max(chunks) == 2
+    assert len(calls) == 2 and used == [2]
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_batch_one_split_by_pixel_blocks_gives_one_calls_bytes(monkeypatch, act):
+    """Batch 1 split by blocks of PB output pixels (jit.conv_direct.blocks_range, cut in three as three
+    threads would by par_gate.split_rows) gives the bytes of the one whole call, and the reference's values."""
+    from isthmus.core import threads
+    from isthmus.core.ops import conv_one_image
+    from isthmus.jit.conv_direct import PB
+    from tests.core.test_conv_forward import check, run_conv
+    calls = []
+    real = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 32, 16, 17)).astype(np.float32)  # 272 pixels: blocks of 96, 96, 80
+    w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    cuts = []
+
+    def three_cuts(kernel, args, total, work, flops=False):
+        for i in range(3):
+            kernel(*args, total * i // 3, total * (i + 1) // 3)
+        cuts.append(total)
+        return 3
+    monkeypatch.setattr(conv_one_image, "split_rows", three_cuts)
+    monkeypatch.setattr(conv_one_image, "may_split", lambda *a, **kw: True)  # as on an idle machine with work enough
+    three, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
+    assert cuts == [-(-272 // PB)] and calls
+    check(x, w, b, 1, "SAME", 1, 1, act)
+    monkeypatch.setattr(conv_one_image, "may_split", lambda *a, **kw: False)  # no split: the one whole call
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
+    np.testing.assert_array_equal(one, three)
+    assert len(cuts) == 2  # check's run split too; the last run did not

@@ -96,7 +96,7 @@ def test_edge_run_with_litert_alone_and_as_the_edge_part_of_a_split(model, capsy
         for p in cuts:
             saved = d / f"{p['cut']}.npy"
             assert cli.main(["edge-run", str(out / "tflite" / p["file"]), "--runtime", "litert", "--cloud",
-                             server.address, "--deadline-ms", "10000", "--input", str(d / "x.npy"), "--repeat", "1",
+                             server.address, "--deadline-ms", "60000", "--input", str(d / "x.npy"), "--repeat", "1",
                              "--save", str(saved)]) == 0, p
             _close(np.load(saved), want)
     finally:

@@ -38,10 +38,19 @@ def main(folder: str) -> int:
     ad = _load(folder, "gpu_adds.json").get("us_per_op", {})
     rows.append(("1000 adds us/op", str(ad.get("isthmus_eager")), str(ad.get("cupy_eager")), "",
                  f"torch {ad.get('torch_eager')} graph {ad.get('cupy_cuda_graph')} capture {ad.get('isthmus_capture')}", ""))
+    dp = _load(folder, "gpu_data_parallel.json")
+    for b in (128, 4096):
+        r = dp.get(f"mlp_b{b}") or {}
+        ms = r.get("ms", {})
+        many = {k: v for k, v in ms.items() if k.startswith("data_parallel_") and k != "data_parallel_1gpu"}
+        rows.append((f"DataParallel 1 GPU b{b}", f"{ms.get('data_parallel_1gpu')}", f"{ms.get('session_gpu0')}",
+                     f"{r.get('ratio_1gpu_vs_session')}", f"ms vs a plain Session; {dp.get('communicator_1gpu')} "
+                     + " ".join(f"{k[14:]} {v}" for k, v in many.items()),
+                     f"loss_matches={r.get('first_loss_matches_1gpu')}"))
     print(f"{'workload':26} {'isthmus':>10} {'peer':>10} {'ratio':>7}  notes")
     for r in rows:
         print(f"{r[0]:26} {r[1]:>10} {r[2]:>10} {r[3]:>7}  {r[4]} {r[5]}")
-    for name in ("gpu_train.json", "gpu_matmul.json", "gpu_transfer.json", "gpu_adds.json"):
+    for name in ("gpu_train.json", "gpu_matmul.json", "gpu_transfer.json", "gpu_adds.json", "gpu_data_parallel.json"):
         d = _load(folder, name)
         errs = {k: v for k, v in d.items() if "error" in k}
         if errs:
@@ -80,7 +89,7 @@ def record(folder: str, results_dir: str) -> None:
     words = next((ln.split() for ln in setup.splitlines() if ln.startswith("isthmus ")), [])
     numpy_v = words[words.index("numpy") + 1] if "numpy" in words else "?"
     torch_v = next((ln.split()[1] for ln in setup.splitlines() if ln.startswith("torch ")), "-")
-    for name in ("gpu_train", "gpu_matmul", "gpu_transfer", "gpu_adds"):
+    for name in ("gpu_train", "gpu_matmul", "gpu_transfer", "gpu_adds", "gpu_data_parallel"):
         d = _load(folder, name + ".json")
         ok = "error" not in d or len(d) > 1
         dev = d.get("device", {}) if isinstance(d.get("device"), dict) else {}

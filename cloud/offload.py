@@ -58,8 +58,9 @@ the benchmark's three 1024-wide dense layers at batch 1 took 43 ms under load wi
 Without TLS and a token the service binds 127.0.0.1 whatever --host says (--insecure overrides, with a
 warning); see docs/security.md.
 
-The parts run on this machine's CPU through numpy: the core executor has no GPU path yet
-(core/gpu.py, issue #9), so a cloud GPU is not used by this service today.
+The parts run on this machine's CPU through numpy by default; `--device gpu` (or `auto`, or
+ISTHMUS_DEVICE) makes every part's Session place its nodes on the GPU (core/gpu.py, docs/gpu.md):
+requests' inputs go up through copy nodes once per batch and the outputs come back once.
 
 `OffloadService` is the in-process object (tested without a network); `offload_handler` is the
 thin gRPC adapter; `OffloadServer` starts both on a port (TLS and a bearer token through

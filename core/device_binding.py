@@ -105,7 +105,11 @@ def _checked_kernel(n: Node, kernel, device: str):
             if isinstance(v, SimArray):
                 raise DeviceMixError(f"node '{n.name}' ({n.op}) on {device}: {what} is on the simulated GPU but "
                                      "must be on the host: a copy node is missing")
-        elif isinstance(v, (np.ndarray, np.generic)) and not isinstance(v, SimArray):
+        elif isinstance(v, SimArray):
+            if v.gpu_index is not None and f"/device:GPU:{v.gpu_index}" != want:
+                raise DeviceMixError(f"node '{n.name}' ({n.op}) on {device}: {what} is on /device:GPU:{v.gpu_index}, "
+                                     f"not {want}: a copy node or the communicator (core/collective.py) is missing")
+        elif isinstance(v, (np.ndarray, np.generic)):
             raise DeviceMixError(f"node '{n.name}' ({n.op}) on {device}: {what} is a host "
                                  f"{type(v).__name__}: a copy node is missing, or the kernel computed it with "
                                  "numpy instead of its array module")

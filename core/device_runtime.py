@@ -38,10 +38,11 @@ class SimulatedGPU:
     simulated = True
 
     def __init__(self, index: int = 0, memory=None):
+        self.index = index
         self.name = f"/device:GPU:{index}"
-        self.xp = simgpu.SIM_XP
+        self.xp = simgpu.sim_xp(index)   # its own array module, meter and cap, as each CUDA device has
         self.total_bytes = 16 << 30  # what the stand-in pretends to have
-        self.meter = simgpu.meter()
+        self.meter = simgpu.meter(index)
         self.cap_bytes = self.set_memory_cap(memory)
 
     def set_memory_cap(self, limit) -> int:
@@ -52,13 +53,13 @@ class SimulatedGPU:
         return cap
 
     def to_device(self, x):
-        return simgpu.to_device(x)
+        return simgpu.to_device(x, index=self.index)
 
     def to_host(self, x):
         return simgpu.to_host(x)
 
     def is_device_array(self, x) -> bool:
-        return isinstance(x, simgpu.SimArray)
+        return isinstance(x, simgpu.SimArray) and x.gpu_index == self.index
 
     def is_out_of_memory(self, e: BaseException) -> bool:
         return isinstance(e, simgpu.SimulatedOutOfMemory)

@@ -61,6 +61,51 @@ def require_gpu(node_name: str, device: str):
     return cp
 
 
+def device_count() -> int:
+    """CUDA devices this process sees (0 without cupy or a GPU)."""
+    cp = _probe()
+    return int(cp.cuda.runtime.getDeviceCount()) if cp is not None else 0
+
+
+def nccl_module():
+    """`cupy.cuda.nccl`, or a RuntimeError naming why not (NCCL is a library of its own, which a
+    cupy install may lack)."""
+    cp = _probe()
+    if cp is None:
+        raise RuntimeError(f"NCCL needs a GPU: {_probe_error}")
+    try:
+        from cupy.cuda import nccl  # deferred: optional, as cupy itself
+    except Exception as e:
+        raise RuntimeError(f"cupy.cuda.nccl is not importable ({type(e).__name__}: {e}); install NCCL "
+                           "(e.g. the nvidia-nccl wheel matching the CUDA of cupy)") from None
+    if not getattr(nccl, "available", True):
+        raise RuntimeError("cupy was built without NCCL (cupy.cuda.nccl.available is False)")
+    return nccl
+
+
+def nccl_unavailable_reason() -> Optional[str]:
+    try:
+        nccl_module()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def new_stream(index: int):
+    """A stream of its own on GPU `index` (made with that GPU current)."""
+    cp = array_module("GPU")
+    with cp.cuda.Device(index):
+        return cp.cuda.Stream(non_blocking=True)
+
+
+def enter_device(index: int, stream=None) -> None:
+    """Make GPU `index` (and `stream`, one of its streams) current in the calling thread."""
+    cp = array_module("GPU")
+    cp.cuda.Device(index).use()
+    if stream is not None:
+        stream.use()
+
+
 def array_module(kind: str):
     """numpy for CPU, cupy for GPU (error when absent)."""
     if kind == "CPU":
@@ -155,8 +200,9 @@ class CudaDevice:
         cp = require_gpu("<session>", f"/device:GPU:{index}")
         if index >= cp.cuda.runtime.getDeviceCount():
             raise RuntimeError(f"/device:GPU:{index}: this machine has {cp.cuda.runtime.getDeviceCount()} GPU(s)")
-        if index:
-            cp.cuda.Device(index).use()  # one GPU per process is what the rest assumes (see docs)
+        # the calling thread's current GPU (CUDA's is per thread): a process uses one GPU, except
+        # data-parallel replicas (core/data_parallel.py), each of which runs in a thread of its own
+        cp.cuda.Device(index).use()
         self.cp = self.xp = cp
         self.index = index
         self.name = f"/device:GPU:{index}"

@@ -4,6 +4,7 @@
     history = fit(sess, train_op, loss, batches, epochs=5)
 
 Everything here is a convenience over Session.run; nothing in it is needed to train.
+`DataParallel` (core/data_parallel.py) trains one replica per GPU of a host, gradients all-reduced.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 
 import numpy as np
 
+from .data_parallel import DataParallel  # noqa: F401  (ism.train.DataParallel)
 from .progress import ProgressBar
 from .summary import log_step
 

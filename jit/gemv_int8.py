@@ -29,7 +29,7 @@ import numba as nb  # imported only when an int8 GEMV kernel is first prepared
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .requantize import shift_round_even
 
@@ -201,49 +201,6 @@ def _widen(src, a16):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out):
-    """out[m, n] = rint(clamp(dot(w8[n], a[m]) mf[n] + cf[n], flo, fhi)) - off for n < N = out.shape[1];
-    a int8 [M, K], a16 int16 scratch (activation_elems(K)), w8 from pack_weights."""
-    n_, kb = out.shape[1], w8.shape[1] // KB
-    for m in range(a.shape[0]):
-        _widen(a[m], a16)
-        om = out[m]
-        for n0 in range(0, n_, ROWS):
-            s = _dot_rows(w8, a16, n0, kb)
-            for r in range(min(ROWS, n_ - n0)):
-                t = np.float64(s[r]) * mf[n0 + r] + cf[n0 + r]
-                om[n0 + r] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)
-
-
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_requantize_int(w8, a, a16, q, c, s, zp, lo, hi, out):
-    """gemv_requantize_float's product, requantized in int64:
-    clamp(shift_round_even(acc q[n] + c[n], s[n], zp), lo, hi)."""
-    n_, kb = out.shape[1], w8.shape[1] // KB
-    for m in range(a.shape[0]):
-        _widen(a[m], a16)
-        om = out[m]
-        for n0 in range(0, n_, ROWS):
-            t = _dot_rows(w8, a16, n0, kb)
-            for r in range(min(ROWS, n_ - n0)):
-                n = n0 + r
-                v = shift_round_even(np.int64(t[r]) * q[n] + c[n], s[n], zp)
-                om[n] = np.int8(min(max(v, lo), hi))
-
-
-@nb.njit(nogil=True, cache=True, boundscheck=False)
-def gemv_int32(w8, a, a16, out):
-    """out int32 [M, N] = the plain integer product a @ w8[:N].T (for tests and references)."""
-    n_, kb = out.shape[1], w8.shape[1] // KB
-    for m in range(a.shape[0]):
-        _widen(a[m], a16)
-        for n0 in range(0, n_, ROWS):
-            s = _dot_rows(w8, a16, n0, kb)
-            for r in range(min(ROWS, n_ - n0)):
-                out[m, n0 + r] = s[r]
-
-
-@nb.njit(nogil=True, cache=True, boundscheck=False)
 def _abs_sign(src, ab):
     """ab[:Kpad] = |src| as unsigned bytes (|-128| wraps to 128), ab[Kpad:] = src; zeros after K."""
     kpad, k = ab.shape[0] // 2, src.shape[0]
@@ -257,43 +214,104 @@ def _abs_sign(src, ab):
         signs[i] = 0
 
 
+def _prep(src, scratch):
+    """Row m's activations into the dot's scratch: _widen (int16 scratch) or _abs_sign (uint8)."""
+
+
+@overload(_prep)
+def _prep_for(src, scratch):
+    """_prep chosen by the scratch's type when the kernel compiles."""
+    if scratch.dtype == types.int16:
+        return lambda src, scratch: _widen(src, scratch)
+    return lambda src, scratch: _abs_sign(src, scratch)
+
+
+def _dot(w8, scratch, n0, kb):
+    """ROWS int32 sums: _dot_rows (int16 scratch) or _dot_rows_sign (uint8)."""
+
+
+@overload(_dot)
+def _dot_for(w8, scratch, n0, kb):
+    """_dot chosen by the scratch's type when the kernel compiles."""
+    if scratch.dtype == types.int16:
+        return lambda w8, scratch, n0, kb: _dot_rows(w8, scratch, n0, kb)
+    return lambda w8, scratch, n0, kb: _dot_rows_sign(w8, scratch, n0, kb)
+
+
+def _put(om, s, n0, p):
+    """om[n0:n0 + ROWS] from the sums s, by p: (mf, cf, flo, fhi, off) float requantization,
+    (q, c, s, zp, lo, hi) integer requantization, None the plain int32 product."""
+
+
+@overload(_put)
+def _put_for(om, s, n0, p):
+    """_put chosen by p's type when the kernel compiles."""
+    if isinstance(p, types.NoneType):
+        def put(om, s, n0, p):
+            for r in range(min(ROWS, om.shape[0] - n0)):
+                om[n0 + r] = s[r]
+    elif len(p) == 5:
+        def put(om, s, n0, p):
+            mf, cf, flo, fhi, off = p
+            for r in range(min(ROWS, om.shape[0] - n0)):
+                t = np.float64(s[r]) * mf[n0 + r] + cf[n0 + r]
+                om[n0 + r] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)
+    else:
+        def put(om, s, n0, p):
+            q, c, sh, zp, lo, hi = p
+            for r in range(min(ROWS, om.shape[0] - n0)):
+                n = n0 + r
+                v = shift_round_even(np.int64(s[r]) * q[n] + c[n], sh[n], zp)
+                om[n] = np.int8(min(max(v, lo), hi))
+    return put
+
+
+@nb.njit(nogil=True, boundscheck=False)
+def _rows(w8, a, scratch, kb, p, out):
+    """Every kernel's loop: per input row m, _prep(a[m], scratch), then ROWS outputs at a time
+    _put(out[m], _dot(w8, scratch, n0, kb), n0, p); the scratch's type picks the dot, p's the
+    requantization, when a kernel below compiles."""
+    for m in range(a.shape[0]):
+        _prep(a[m], scratch)
+        om = out[m]
+        for n0 in range(0, out.shape[1], ROWS):
+            _put(om, _dot(w8, scratch, n0, kb), n0, p)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemv_requantize_float(w8, a, a16, mf, cf, flo, fhi, off, out):
+    """out[m, n] = rint(clamp(dot(w8[n], a[m]) mf[n] + cf[n], flo, fhi)) - off for n < N = out.shape[1];
+    a int8 [M, K], a16 int16 scratch (activation_elems(K)), w8 from pack_weights."""
+    _rows(w8, a, a16, w8.shape[1] // KB, (mf, cf, flo, fhi, off), out)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemv_requantize_int(w8, a, a16, q, c, s, zp, lo, hi, out):
+    """gemv_requantize_float's product, requantized in int64:
+    clamp(shift_round_even(acc q[n] + c[n], s[n], zp), lo, hi)."""
+    _rows(w8, a, a16, w8.shape[1] // KB, (q, c, s, zp, lo, hi), out)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def gemv_int32(w8, a, a16, out):
+    """out int32 [M, N] = the plain integer product a @ w8[:N].T (for tests and references)."""
+    _rows(w8, a, a16, w8.shape[1] // KB, None, out)
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemv_sign_requantize_float(w8, a, ab, mf, cf, flo, fhi, off, out):
     """gemv_requantize_float through the sign loop: w8 = interleave(pack_weights(.)) with signable, ab
     uint8 scratch [2 activation_elems(K)] (the int16 scratch's bytes)."""
-    n_, kb = out.shape[1], w8.shape[1] // KB2
-    for m in range(a.shape[0]):
-        _abs_sign(a[m], ab)
-        om = out[m]
-        for n0 in range(0, n_, ROWS):
-            s = _dot_rows_sign(w8, ab, n0, kb)
-            for r in range(min(ROWS, n_ - n0)):
-                t = np.float64(s[r]) * mf[n0 + r] + cf[n0 + r]
-                om[n0 + r] = np.int8(np.int32(np.rint(min(max(t, flo), fhi))) - off)
+    _rows(w8, a, ab, w8.shape[1] // KB2, (mf, cf, flo, fhi, off), out)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemv_sign_requantize_int(w8, a, ab, q, c, s, zp, lo, hi, out):
     """gemv_requantize_int through the sign loop (gemv_sign_requantize_float's operands)."""
-    n_, kb = out.shape[1], w8.shape[1] // KB2
-    for m in range(a.shape[0]):
-        _abs_sign(a[m], ab)
-        om = out[m]
-        for n0 in range(0, n_, ROWS):
-            t = _dot_rows_sign(w8, ab, n0, kb)
-            for r in range(min(ROWS, n_ - n0)):
-                n = n0 + r
-                v = shift_round_even(np.int64(t[r]) * q[n] + c[n], s[n], zp)
-                om[n] = np.int8(min(max(v, lo), hi))
+    _rows(w8, a, ab, w8.shape[1] // KB2, (q, c, s, zp, lo, hi), out)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def gemv_sign_int32(w8, a, ab, out):
     """gemv_int32 through the sign loop (for tests and references)."""
-    n_, kb = out.shape[1], w8.shape[1] // KB2
-    for m in range(a.shape[0]):
-        _abs_sign(a[m], ab)
-        for n0 in range(0, n_, ROWS):
-            s = _dot_rows_sign(w8, ab, n0, kb)
-            for r in range(min(ROWS, n_ - n0)):
-                out[m, n0 + r] = s[r]
+    _rows(w8, a, ab, w8.shape[1] // KB2, None, out)

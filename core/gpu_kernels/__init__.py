@@ -7,11 +7,14 @@ factory: a context whose array module is numpy keeps the CPU kernel, any other g
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .. import registry
 
 _installed = False
+_install_lock = threading.Lock()  # data-parallel replicas bind their sessions in threads of their own
 
 
 def _dispatch(cpu_factory, gpu_factory):
@@ -35,6 +38,13 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    with _install_lock:
+        if not _installed:
+            _install()
+
+
+def _install() -> None:
+    global _installed
     # cycle: core.gpu_kernels <-> core.gpu_kernels.batchnorm
     from . import batchnorm, conv, elementwise, gemm, pool, state
     table = {**conv.KERNELS, **pool.KERNELS, **gemm.KERNELS, **elementwise.KERNELS, **state.KERNELS,

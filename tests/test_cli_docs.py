@@ -43,9 +43,10 @@ EXCLUDED = {
 # flag is on the line (None: always), flags, why)
 ADDED = [("profile", None, ["--quick", "--ops", "MatMul"],
           "a full profile times every op at every size: about 3 minutes here"),
-         ("edge-run", "--cloud", ["--deadline-ms", "20000"],
+         ("edge-run", "--cloud", ["--deadline-ms", "60000"],
           "a loaded CI machine may answer the first call after the default 1 s deadline; the line then runs "
-          "locally, and --require-cloud fails it")]
+          "locally, and --require-cloud fails it; a cold server compiles its kernels on that call (with two test "
+          "workers compiling too, 20 s was once not enough)")]
 # the value a `...` or a user's own path stands for after these flags (the docs' /etc/isthmus/*, C, K, T)
 FLAG_FILES = {"--tls-cert": "tls/server.pem", "--tls-key": "tls/server.key", "--tls-ca": "tls/ca.pem",
               "--tls-client-ca": "tls/ca.pem", "--token-file": "tls/token.txt"}

@@ -86,7 +86,7 @@ def test_four_commands_from_onnx_to_a_running_int8_split(tmp_path):
         run = _isthmus("edge-run", str(tmp_path / "deploy" / "model.isth"), "--cloud", address, "--require-cloud",
                        "--cut", plan["chosen_cut"],
                        "--input", f"image={x}", "--emulate-link", "5mbps", "--rtt", "1ms", "--repeat", "3",
-                       "--save", str(tmp_path / "y.npy"), "--deadline-ms", "20000")
+                       "--save", str(tmp_path / "y.npy"), "--deadline-ms", "60000")
     seconds = time.perf_counter() - t0
     stats = json.loads(run.split("stats ", 1)[1].splitlines()[0])
     assert stats["cloud"] >= 3 and stats["fallback"] == 0, stats
@@ -111,7 +111,7 @@ def test_fp32_split_equals_the_unsplit_model(tmp_path):
             assert cut["cloud_part"], cuts
             out = _isthmus("edge-run", str(tmp_path / "d" / "model.isth"), "--cloud", address, "--require-cloud",
                            "--cut", cut["name"], "--input", x, "--emulate-link", f"{bw / 1e6:g}mbps", "--rtt", "1ms",
-                           "--repeat", "1", "--save", str(tmp_path / "y.npy"), "--force", "--deadline-ms", "20000")
+                           "--repeat", "1", "--save", str(tmp_path / "y.npy"), "--force", "--deadline-ms", "60000")
             assert '"cloud": 2' in out, out
             np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(model, xv), rtol=1e-4, atol=1e-5)
         r = subprocess.run([*ISTHMUS, "edge-run", str(tmp_path / "d" / "model.isth"), "--cloud", address,

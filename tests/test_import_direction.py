@@ -35,10 +35,32 @@ _IMPORT_BY_NAME = {"import_module", "__import__"}
 KNOWN_BY_NAME: set = set()  # (core's Session finds the cloud runtime through register_remote_session)
 
 
+_TREES: dict = {}  # (path, mtime, size) -> its parsed tree: every check reads the same ~300 files
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_trees():
+    """The parsed package (about 120 MB of trees) lives as long as this module's tests."""
+    yield
+    _TREES.clear()
+
+
+def _tree(path: pathlib.Path, text=None):
+    """`path` parsed once for all the checks here (the probes' given text is parsed as given)."""
+    if text is not None:
+        return ast.parse(text, str(path))
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    tree = _TREES.get(key)
+    if tree is None:
+        tree = _TREES[key] = ast.parse(path.read_text(), str(path))
+    return tree
+
+
 def _imports(path: pathlib.Path, folder: str = ""):
     """Every module `path` imports: import statements, and import_module("isthmus...") /
     __import__ calls whose name is a string constant (an f-string's constant head counts)."""
-    yield from _imports_in(ast.parse(path.read_text(), str(path)),
+    yield from _imports_in(_tree(path),
                            ["isthmus"] + list(path.relative_to(ROOT).parent.parts))
 
 
@@ -86,7 +108,7 @@ def test_import_arrows(folder):
 def _module_strings(path: pathlib.Path):
     """String constants in `path` that name an isthmus module ("isthmus.<folder>..."), e.g. a table
     of command modules handed to import_module later."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             parts = node.value.split(".")
             if len(parts) > 1 and parts[0] == "isthmus" and parts[1] in ALLOWED and " " not in node.value:
@@ -108,7 +130,7 @@ def test_no_import_by_name_around_the_layering(folder):
 def _private_names_from_other_folders(path: pathlib.Path, folder: str, text=None):
     """`from isthmus.<other folder>.m import _name`, and `m._name` where m was imported from another
     folder: a private name used across folders (give it a public name where it lives)."""
-    tree = ast.parse(path.read_text() if text is None else text, str(path))
+    tree = _tree(path, text)
     pkg = ["isthmus"] + list(path.relative_to(ROOT).parent.parts)
     bound = {}
     for node in ast.walk(tree):
@@ -193,7 +215,7 @@ def test_no_pickle_or_eval_in_the_package():
         rel = path.relative_to(ROOT)
         if rel.parts[0] in ("tests", "benchmarks", "build") or ".venv" in rel.parts:
             continue
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 f = node.func
@@ -253,9 +275,10 @@ def _function_imports(tree):
 def _unexplained_function_imports(path: pathlib.Path, text=None):
     """Function-level imports with no `# deferred: ...` or `# cycle: ...` comment on their own line or
     the line just above."""
-    text = path.read_text() if text is None else text
+    given = text is not None
+    text = text if given else path.read_text()
     lines = text.splitlines()
-    for node in _function_imports(ast.parse(text, str(path))):
+    for node in _function_imports(_tree(path, text if given else None)):
         above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
         if _REASON.search(lines[node.lineno - 1]) or (above.startswith("#") and _REASON.search(above)):
             continue
@@ -322,7 +345,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _module_level_imports(path: pathlib.Path, modules):
     """The modules of the package that `path` imports when it is loaded (not inside functions)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     pkg = _module_name(path).split(".") if path.name == "__init__.py" else _module_name(path).split(".")[:-1]
     found = set()
 

@@ -62,8 +62,9 @@ def available() -> bool:
                     # deferred: numba is optional (its ImportError is handled)
                     import numba  # noqa: F401
 
-                    from . import cache_stamp  # deferred: it imports numba's caching module
+                    from . import cache_lock, cache_stamp  # deferred: they import numba's caching module
                     cache_stamp.install()  # a change anywhere here recompiles every kernel once
+                    cache_lock.install()  # processes compiling the same kernel cold do not mix their files
                     _state["ok"] = True
                 except Exception:  # not installed, or broken against this numpy: numpy kernels serve
                     _state["ok"] = False

@@ -214,26 +214,34 @@ def test_batch_norm_and_its_gradient_same_bytes_at_one_and_two_threads(splits, t
     np.testing.assert_allclose(got_dx, want, rtol=1e-4, atol=1e-5)
 
 
+def _pinned_gate(monkeypatch, prange_handoff_s: float, idle_now: bool):
+    """The split gate's inputs pinned (prange hand-off, the pool's 100 us hand-off: fan_out splits from
+    20 MB, the idle state; none measured or read again); returns a compiled kernel adding 1 to y[lo:hi].
+    Skips without two cores and a threading layer that takes concurrent parallel calls."""
+    import numba
+    from isthmus.jit import par
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    monkeypatch.setattr(threads, "_prange", [prange_handoff_s])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])
+    monkeypatch.setattr(threads, "_handoff", [100e-6])
+    monkeypatch.setattr(idle, "_load", [idle_now, float("inf")])
+
+    @numba.njit(nogil=True)
+    def mark(y, lo, hi):
+        for i in range(lo, hi):
+            y[i] += 1.0
+    return mark
+
+
 @pytest.mark.parametrize("handoff_us", [3.0, 10.0, 300.0])
 def test_split_gate_decides_as_par_threads_below_the_pools_threshold(monkeypatch, handoff_us):
     """par_gate.split_rows on an idle machine: as many threads as par_threads gives (skipping it only
     where that could only be one), large work included (prange's blocks, not the pool's chunks,
     whose worker would share a core with libgomp's spinning one); where the prange hand-off is too
     dear for the work, fan_out's chunks once they pay; the kernel covers every item once either way."""
-    import numba
     from isthmus.core.ops import par_gate
-    from isthmus.jit import par
-    if threads.cores() < 2 or not par.layer_ok():
-        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
-    monkeypatch.setattr(threads, "_prange", [handoff_us * 1e-6])
-    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
-    monkeypatch.setattr(threads, "_handoff", [100e-6])  # the pool's: fan_out splits from 20 MB
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
-
-    @numba.njit(nogil=True)
-    def mark(y, lo, hi):
-        for i in range(lo, hi):
-            y[i] += 1.0
+    mark = _pinned_gate(monkeypatch, handoff_us * 1e-6, idle_now=True)
     least = threads.MIN_CHUNK_BYTES
     for n in (1, 2):
         with threads.IntraOpThreads(n):
@@ -251,20 +259,8 @@ def test_split_gate_keeps_prange_off_while_no_core_is_idle(monkeypatch):
     """With no core idle (other processes' CPU time), par_threads sends work to the pool (0) and work
     prange would split runs as one call; work large enough for the pool still fans out (its caller
     runs the chunks no worker started)."""
-    import numba
     from isthmus.core.ops import par_gate
-    from isthmus.jit import par
-    if threads.cores() < 2 or not par.layer_ok():
-        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
-    monkeypatch.setattr(threads, "_prange", [3e-6])
-    monkeypatch.setattr(threads, "_prange_at", [0.0])
-    monkeypatch.setattr(threads, "_handoff", [100e-6])
-    monkeypatch.setattr(idle, "_load", [False, float("inf")])  # no core idle, never read again
-
-    @numba.njit(nogil=True)
-    def mark(y, lo, hi):
-        for i in range(lo, hi):
-            y[i] += 1.0
+    mark = _pinned_gate(monkeypatch, 3e-6, idle_now=False)
     least = threads.MIN_CHUNK_BYTES
     with threads.IntraOpThreads(2):
         y = np.zeros(64)

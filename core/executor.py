@@ -21,7 +21,7 @@ from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
 from .ops.numerics import checked_kernel
 from .scheduler import BranchCosts, ParallelRunner, graph_preds, one_thread_pays, runnable
-from .threads import IntraOpThreads, OneThreadRun, RunBlasHold, default_inter_op_threads
+from .threads import IntraOpThreads, OneThreadRun, RunBlasHold, RunGate, default_inter_op_threads
 
 # ops whose kernels may return a view of their first input: a fetch through them of a variable's
 # value is copied, so the caller never holds a live view of state
@@ -290,6 +290,10 @@ class Plan:
         return env["plan"]
 
     def __call__(self, *feeds):
+        with RunGate():  # the split gates read once for the run (threads.RunGate)
+            return self._run(feeds)
+
+    def _run(self, feeds):
         intra = threads.session_intra_threads()
         default = intra is None
         one = self._serial_dims is not None and default and self._unit_dims(feeds)  # one intra-op thread pays

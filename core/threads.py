@@ -75,12 +75,21 @@ _handoff = [None]  # seconds, measured at the first fan-out that could split (or
 _workers = None  # the intra-op pool: the threads besides the caller that fan_out hands chunks to
 
 
+CORES_RECHECK_S = 1.0
+_cores = [1, -1.0]  # the count at the last read, when (perf_counter; -1: never)
+
+
 def cores() -> int:
-    """The cores this process may run on (its CPU affinity where the platform tells it)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """The cores this process may run on (its CPU affinity where the platform tells it), read again
+    after CORES_RECHECK_S (a read costs about 0.8 us, and every split gate asks)."""
+    now = time.perf_counter()
+    if now - _cores[1] > CORES_RECHECK_S:
+        try:
+            n = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            n = max(1, os.cpu_count() or 1)
+        _cores[:] = [n, now]
+    return _cores[0]
 
 
 def default_inter_op_threads() -> int:
@@ -219,9 +228,15 @@ def numba_threads(n: int) -> None:
 
 
 # The prange path (jit.par): a split hands blocks to numba's native workers, which spin outside the
-# GIL; the hand-off (an empty two-block region after a pause) measured 2.5-4 us on the 2-core VM.
-# A block carries about ten hand-offs of work, as fan_out's chunks do: MIN_CHUNK_BYTES/FLOPS times
-# the hand-off over HANDOFF_REF_S, but never under PAR_SCALE_FLOOR times them (100 KiB, 0.4 MFLOP).
+# GIL; the hand-off (an empty two-block region after a busy stretch, as inside a run) measured 2-4 us
+# on the 2-core VM. A block carries about PRANGE_BLOCK_HANDOFFS hand-offs of work (fan_out's chunks
+# ten: a pool thread wakes from sleep, a spinning worker does not): MIN_CHUNK_BYTES/FLOPS times the
+# hand-off over HANDOFF_REF_S times PRANGE_BLOCK_HANDOFFS / 10, but never under PAR_SCALE_FLOOR times
+# them (100 KiB, 0.4 MFLOP). Batch-1 networks at default threads, the hand-off pinned (one process,
+# the settings interleaved, 7 rounds): ResNet-shaped 3.49 / 3.44 / 3.72 / 4.07 ms at 1 / 2 / 4 / 8 us
+# (one thread 4.23), Inception 1.80 / 1.89 / 1.86 / 2.03 (2.28), SqueezeNet 1.77 / 1.80 / 1.75 / 1.91
+# (2.01), MobileNetV2-96 1.41 / 1.44 / 1.47 / 1.56 (1.47): blocks of five measured hand-offs.
+PRANGE_BLOCK_HANDOFFS = 5
 PAR_SCALE_FLOOR = 0.1
 # A parallel region ends when its last worker does: where other processes hold the cores, a worker
 # waits for one, and a split costs a scheduler slice (2-core VM at load 4: the CNN training step at
@@ -305,9 +320,50 @@ def _probe_prange():
 
 def par_scale() -> float:
     """How many times MIN_CHUNK_BYTES / MIN_CHUNK_FLOPS a prange block must carry (the prange
-    hand-off over HANDOFF_REF_S, at least PAR_SCALE_FLOOR)."""
+    hand-off over HANDOFF_REF_S, times PRANGE_BLOCK_HANDOFFS / 10; at least PAR_SCALE_FLOOR)."""
     h = prange_handoff_s()
-    return PAR_SCALE_FLOOR if h is None else max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S)
+    return PAR_SCALE_FLOOR if h is None else max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S * PRANGE_BLOCK_HANDOFFS / 10)
+
+
+_FRESH = ("fresh",)  # a run's gate not read yet (RunGate)
+
+
+class RunGate:
+    """One read of the split gates per run on the calling thread (Plan.__call__): the intra-op count,
+    whether prange may run now (another core idle, prange available, its hand-off measured) and the
+    free cores. A batch-1 network asks the gates a few dozen times a run; each full read (BLAS's count,
+    the idle gate, the hand-off's age, the free cores) cost about 4 us, a batch-1 split's whole saving.
+    The state they read changes at most once a second (idle.LOAD_RECHECK_S, PAR_REMEASURE_S), so a run
+    of milliseconds reads it once. Outside a run, and on the branch pool's threads, every ask reads."""
+
+    def __enter__(self):
+        self._prev = getattr(_local, "gate", None)
+        _local.gate = _FRESH
+        return self
+
+    def __exit__(self, *exc):
+        _local.gate = self._prev
+        return False
+
+
+def gate_now() -> tuple:
+    """(intra-op threads, prange's par_scale or 0.0 where prange may not run now, free cores for it):
+    this run's read (RunGate), else a fresh one. Reading it probes the prange hand-off (the first
+    time) where several threads are allowed and another core is idle: callers ask only for work that
+    could split."""
+    g = getattr(_local, "gate", None)
+    if g is not None and g is not _FRESH:
+        return g
+    intra = intra_threads()
+    if intra <= 1:
+        snap = (1, 0.0, 1)
+    elif idle.cores_idle(cores()) and prange_handoff_s() is not None:
+        snap = (intra, par_scale(), idle.free_cores(intra))
+    else:
+        snap = (intra, 0.0, 0)
+    if g is _FRESH:
+        _local.gate = snap
+    return snap
 
 
 def par_threads(total: int, work: float, flops: bool = False) -> int:
@@ -319,15 +375,16 @@ def par_threads(total: int, work: float, flops: bool = False) -> int:
     least = MIN_CHUNK_FLOPS if flops else MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * PAR_SCALE_FLOOR:
         return 1
-    h = _prange[0]  # the last measured hand-off: too little work for it needs no read of BLAS's count (~2 us)
-    if h and work < 2 * least * max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S):
+    h = _prange[0]  # the last measured hand-off: too little work for it needs no read of the gates
+    if h and work < 2 * least * max(PAR_SCALE_FLOOR, h / HANDOFF_REF_S * PRANGE_BLOCK_HANDOFFS / 10):
         return 1
-    k = min(intra_threads(), total)
+    intra, scale, free = gate_now()
+    k = min(intra, total)
     if k <= 1:
         return 1
-    if not idle.cores_idle(cores()) or prange_handoff_s() is None:
+    if not scale:
         return 0
-    return max(1, min(k, idle.free_cores(k), int(work // (least * par_scale()))))
+    return max(1, min(k, free, int(work // (least * scale))))
 
 
 def blas_held_here() -> bool:
@@ -565,7 +622,7 @@ def blas_threads_now() -> Optional[int]:
     return max(counts) if counts else None
 
 
-__all__ = ["numba_threads", "prange_handoff_s", "prange_may_run", "par_scale", "par_threads", "PAR_SCALE_FLOOR",
+__all__ = ["numba_threads", "RunGate", "gate_now", "prange_handoff_s", "prange_may_run", "par_scale", "par_threads", "PAR_SCALE_FLOOR", "PRANGE_BLOCK_HANDOFFS",
            "cores", "default_inter_op_threads", "check_option", "IntraOpThreads", "OneThreadRun", "RunBlasHold", "BlasThreads", "blas_held_here",
            "blas_threads_now", "session_intra_threads", "intra_threads", "intra_pool", "fan_out", "handoff_s",
            "chunk_scale", "min_chunk_bytes", "min_chunk_flops", "MIN_CHUNK_BYTES", "MIN_CHUNK_FLOPS"]

@@ -198,6 +198,20 @@ def blocks_range(pad, koff, pix, wt, bias, lo, hi, y, r, b0, b1):
     _blocks(pad, koff, pix, wt, bias, lo, hi, y, r, yt, b0, b1)
 
 
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def channels_range(pad, koff, pix, wt, bias, lo, hi, y, r, c0, c1):
+    """conv_direct's output channel blocks [c0, c1) (NC channels each) over all pixel blocks of one image
+    already in pad, with this call's own block buffer: for planes of few pixel blocks, where a split by
+    pixels would leave threads idle, each thread streams its own channels' weights. Each (pixel tile,
+    channel block) is computed as in the whole call: the same bytes however the blocks are cut."""
+    o0, o1 = c0 * NC, min(c1 * NC, y.shape[0])
+    if o1 > o0:
+        ys = y[o0:o1]
+        yt = np.empty((min(PB, pix.shape[0]), o1 - o0), np.float32)
+        _blocks(pad, koff, pix, wt[c0:c1], bias[o0:o1], lo, hi, ys, r[o0:o1] if r.shape[0] > 0 else r, yt, 0,
+                -(-pix.shape[0] // PB))
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _blocks(pad, koff, pix, wt, bias, lo, hi, y, r, yt, b0, b1):
     o, k, p = y.shape[0], koff.shape[0], y.shape[1]

@@ -253,6 +253,47 @@ def gemm_bias_clamp_ld(wp, bias, xf, ldx, k, p, lo, hi, y, panel, tile):
         tail_out(tile, y, whole, rest)
 
 
+# output rows per block of a split GEMM (rows_range): 24 = the 12-row groups of the six-row tile pairs and
+# the 8-row groups of the narrow tail's tiles, so every row gets the tile it gets in the whole product
+# (the same FMA chains: the same bytes however the blocks are cut)
+ROWS_BLOCK = 24
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def rows_range(wp, bias, xf, ldx, k, p, lo, hi, y, b0, b1):
+    """gemm_bias_clamp_ld over output rows [ROWS_BLOCK b0, min(ROWS_BLOCK b1, O)) of y [O, P] (xf, ldx,
+    k, p as there; wp pack_weights' [O/4, K, 4]), with this call's tail scratch: a batch-1 product split
+    by output rows, each thread streaming its own rows' weights."""
+    r0, r1 = b0 * ROWS_BLOCK, min(b1 * ROWS_BLOCK, y.shape[0])
+    if r1 > r0:
+        gemm_bias_clamp_ld(wp[r0 // MR:r1 // MR], bias[r0:r1], xf, ldx, k, p, lo, hi, y[r0:r1],
+                           np.empty((k, NR), np.float32), np.empty((r1 - r0, NR), np.float32))
+
+
+# columns per block of a split GEMM over few output rows (cols_range): whole 16-column panels
+COLS_BLOCK = 64
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def cols_range(wp, bias, xf, ldx, k, p, lo, hi, y, b0, b1):
+    """gemm_bias_clamp_ld over columns [COLS_BLOCK b0, min(COLS_BLOCK b1, P)) of y [O, P]: a batch-1
+    product of few output rows (one ROWS_BLOCK) over a wide plane, split by pixels. Each 16-column
+    panel gets the tiles of the whole call (the row-groups-first order of gemm_bias_clamp_ld runs the
+    same tiles), the last P mod 16 columns through this call's tail scratch: the same bytes."""
+    o = y.shape[0]
+    yf = y.reshape(o * p)
+    whole = p // NR * NR
+    c0, c1 = b0 * COLS_BLOCK, min(b1 * COLS_BLOCK, p)
+    for p0 in range(c0, min(c1, whole), NR):
+        _panels(wp, bias, xf, ldx, p0, yf, p, p0, o, k, lo, hi, False)
+    rest = p - whole
+    if rest and c1 == p and c0 < p:
+        panel, tile = np.empty((k, NR), np.float32), np.empty((o, NR), np.float32)
+        tail_in(xf, ldx, k, whole, rest, panel)
+        _panels(wp, bias, panel.reshape(k * NR), NR, 0, tile.reshape(o * NR), NR, 0, o, k, lo, hi, rest <= NR // 2)
+        tail_out(tile, y, whole, rest)
+
+
 @nb.njit(nogil=True, cache=True, boundscheck=False)
 def tail_in(src, ld, rows, whole, rest, dst):
     """dst[:rows] [rows, NR] = columns whole .. whole + rest of the flat src [rows, ld], zero-padded: the

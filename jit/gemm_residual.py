@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba as nb  # imported only when a kernel is first bound
 import numpy as np
 
-from .gemm_f32 import (MR, NR, SIX_MIN_K, _tile6a_add, _tile6b_add, _tile8_add, _tile8x8_add, _tile_add, chunk_len,
-                       gemm_bias_clamp_ld, im2col_ld, tail_in, tail_out)
+from .gemm_f32 import (COLS_BLOCK, MR, NR, ROWS_BLOCK, SIX_MIN_K, _tile6a_add, _tile6b_add, _tile8_add, _tile8x8_add,
+                       _tile_add, chunk_len, cols_range, gemm_bias_clamp_ld, im2col_ld, tail_in, tail_out)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
@@ -70,6 +70,37 @@ def gemm_bias_add_clamp(wp, bias, x, lo, hi, y, r, panel, tile, rtile):
     """gemm_bias_add_clamp_ld with x [K, P] contiguous."""
     k, p = x.shape
     gemm_bias_add_clamp_ld(wp, bias, x.reshape(k * p), p, k, p, lo, hi, y, r, panel, tile, rtile)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def rows_add_range(wp, bias, xf, ldx, k, p, lo, hi, y, r, b0, b1):
+    """gemm_bias_add_clamp_ld over output rows [ROWS_BLOCK b0, min(ROWS_BLOCK b1, O)) of y and r [O, P]
+    (gemm_f32.rows_range with the addend)."""
+    r0, r1 = b0 * ROWS_BLOCK, min(b1 * ROWS_BLOCK, y.shape[0])
+    if r1 > r0:
+        gemm_bias_add_clamp_ld(wp[r0 // MR:r1 // MR], bias[r0:r1], xf, ldx, k, p, lo, hi, y[r0:r1], r[r0:r1],
+                               np.empty((k, NR), np.float32), np.empty((r1 - r0, NR), np.float32),
+                               np.empty((r1 - r0, NR), np.float32))
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def cols_add_range(wp, bias, xf, ldx, k, p, lo, hi, y, r, b0, b1):
+    """gemm_bias_add_clamp_ld over columns [COLS_BLOCK b0, min(COLS_BLOCK b1, P)) (gemm_f32.cols_range
+    with the addend: the product unclamped, then the addend and the clamp over the block's columns, as
+    the whole call's pass over wide rows does; P <= 16 is one block, the whole call)."""
+    o = y.shape[0]
+    if p <= NR:
+        if b0 == 0 and b1 > 0:
+            gemm_bias_add_clamp_ld(wp, bias, xf, ldx, k, p, lo, hi, y, r, np.empty((k, NR), np.float32),
+                                   np.empty((o, NR), np.float32), np.empty((o, NR), np.float32))
+        return
+    inf = np.float32(np.inf)
+    cols_range(wp, bias, xf, ldx, k, p, -inf, inf, y, b0, b1)
+    c0, c1 = b0 * COLS_BLOCK, min(b1 * COLS_BLOCK, p)
+    for i in range(o):
+        row, add = y[i], r[i]
+        for j in range(c0, c1):
+            row[j] = min(max(row[j] + add[j], lo), hi)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

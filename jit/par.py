@@ -48,17 +48,21 @@ def layer_ok() -> bool:
     return layer() in SAFE_LAYERS
 
 
-def ping_s(pings: int = 9, gap_s: float = 5e-4, quantile: float = 0.5) -> float:
+def ping_s(pings: int = 9, gap_s: float = 5e-5, quantile: float = 0.5) -> float:
     """Seconds of an empty parallel region of one block per thread on the calling thread's numba threads,
-    each after a pause of gap_s (as between two split kernels of a run): the prange hand-off, the
-    given quantile of `pings`. A region ends when its last worker does, so where other processes
-    hold the cores a ping takes a scheduler slice (7-12 ms at load 2.8 on the 2-core VM, against
-    6-12 us): the median is meant to see that load (core.threads measures it again each second)."""
+    each after gap_s of work on the calling thread (a busy wait, as the serial kernels between two split
+    ones of a run: a sleeping caller's vCPU halts, and waking it cost the ping 6-12 us on the 2-core VM
+    against 2-4 us after a busy gap): the prange hand-off, the given quantile of `pings`. A region ends
+    when its last worker does, so where other processes hold the cores a ping takes a scheduler slice
+    (7-12 ms at load 2.8 on the 2-core VM): the median is meant to see that load (core.threads
+    measures it again each second)."""
     a = np.zeros(max(2, nb.get_num_threads()))
     _ping(a)
     samples = []
     for _ in range(pings):
-        time.sleep(gap_s)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < gap_s:
+            pass
         t0 = time.perf_counter()
         _ping(a)
         samples.append(time.perf_counter() - t0)

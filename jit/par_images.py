@@ -9,13 +9,13 @@ from __future__ import annotations
 import numba as nb  # this module is imported only when a compiled kernel first runs
 
 from . import par
-from .conv_direct import blocks_range, conv_direct_images
+from .conv_direct import blocks_range, channels_range, conv_direct_images
 from .conv_images import conv_images_bias_clamp
 from .dense import dense_panels_range
 from .conv_wide import conv_wide_images, conv_wide_images_add
-from .gemm_f32 import conv_images_ld, pointwise_images
+from .gemm_f32 import cols_range, conv_images_ld, pointwise_images, rows_range
 from .gemm_pixels import images_add_range, images_range, panels_range
-from .gemm_residual import conv_images_ld_add, pointwise_images_add
+from .gemm_residual import cols_add_range, conv_images_ld_add, pointwise_images_add, rows_add_range
 from .pool_windows import max_pool_planes
 from .rnn import lstm_quads_range
 
@@ -106,6 +106,36 @@ def _blocks_range_par(blocks, total, pad, koff, pix, wt, bias, lo, hi, y, r):
 
 
 @nb.njit(**par.PAR_OPTS)
+def _channels_range_par(blocks, total, pad, koff, pix, wt, bias, lo, hi, y, r):
+    for b in nb.prange(blocks):
+        channels_range(pad, koff, pix, wt, bias, lo, hi, y, r, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _rows_range_par(blocks, total, wp, bias, xf, ldx, k, p, lo, hi, y):
+    for b in nb.prange(blocks):
+        rows_range(wp, bias, xf, ldx, k, p, lo, hi, y, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _rows_add_range_par(blocks, total, wp, bias, xf, ldx, k, p, lo, hi, y, r):
+    for b in nb.prange(blocks):
+        rows_add_range(wp, bias, xf, ldx, k, p, lo, hi, y, r, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _cols_range_par(blocks, total, wp, bias, xf, ldx, k, p, lo, hi, y):
+    for b in nb.prange(blocks):
+        cols_range(wp, bias, xf, ldx, k, p, lo, hi, y, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
+def _cols_add_range_par(blocks, total, wp, bias, xf, ldx, k, p, lo, hi, y, r):
+    for b in nb.prange(blocks):
+        cols_add_range(wp, bias, xf, ldx, k, p, lo, hi, y, r, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
 def _dense_panels_par(blocks, total, a, wt, zeros, y, lo, hi):
     for b in nb.prange(blocks):
         dense_panels_range(a, wt, zeros, y, lo, hi, total * b // blocks, total * (b + 1) // blocks)
@@ -123,13 +153,16 @@ for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_imag
                (conv_wide_images_add, _conv_wide_images_add_par), (conv_direct_images, _conv_direct_images_par),
                (max_pool_planes, _max_pool_planes_par), (panels_range, _panels_range_par),
                (images_range, _images_range_par), (images_add_range, _images_add_range_par),
-               (blocks_range, _blocks_range_par), (dense_panels_range, _dense_panels_par),
+               (blocks_range, _blocks_range_par), (channels_range, _channels_range_par), (rows_range, _rows_range_par),
+               (rows_add_range, _rows_add_range_par), (cols_range, _cols_range_par),
+               (cols_add_range, _cols_add_range_par), (dense_panels_range, _dense_panels_par),
                (lstm_quads_range, _lstm_quads_par)):
     par.register(_k, _d)
 
 KERNELS = (conv_images_bias_clamp, conv_images_ld, conv_images_ld_add, pointwise_images, pointwise_images_add,
            conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range,
-           images_range, images_add_range, blocks_range, dense_panels_range,
+           images_range, images_add_range, blocks_range, channels_range, rows_range, rows_add_range, cols_range, cols_add_range,
+           dense_panels_range,
            lstm_quads_range)
 
 __all__ = ["KERNELS"]

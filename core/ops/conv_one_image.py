@@ -15,6 +15,8 @@ from .par_gate import may_split, split_rows
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 _NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.conv_direct's "no residual addend"
 _NO_ADDEND_2D = np.empty((0, 0), np.float32)  # the same for one image (blocks_range)
+# a batch-1 conv_direct splits by pixel blocks from this many (else by output channel blocks)
+_MIN_PIXEL_BLOCKS = 4
 
 
 def tile_ok() -> bool:
@@ -127,7 +129,8 @@ class OneImage:
         args = (x3, h, wd, g.pads[0][0], g.pads[1][0], wp, koff, pix, wt, b, self._lo, self._hi, out.reshape(n, o, p),
                 _NO_ADDEND if r is None else r, size)
         flops = 2 * n * o * p * c * g.kh * g.kw
-        if n == 1 and pix.shape[0] > PB and may_split(-(-pix.shape[0] // PB), flops, flops=True):
+        pixel_blocks = -(-pix.shape[0] // PB)
+        if n == 1 and may_split(max(pixel_blocks, o // 16), flops, flops=True):
             self._direct_blocks(x3[0], h, wd, g, wp, koff, pix, wt, b, out.reshape(o, p),
                                 _NO_ADDEND_2D if r is None else r[0], size, flops)
         elif n == 1:
@@ -137,13 +140,20 @@ class OneImage:
         return out
 
     def _direct_blocks(self, x2, h, wd, g, wp, koff, pix, wt, b, y, r, size, flops):
-        """One image's conv_direct split by its blocks of PB output pixels (par_gate.split_rows: each
-        block computed alone, the same bytes however they are cut), the padded copy made first."""
-        from ...jit.conv_direct import PB, blocks_range, pad_image  # deferred: loads llvmlite, numba
+        """One image's conv_direct split (par_gate.split_rows: each block computed alone, the same bytes
+        however they are cut), the padded copy made first: by its blocks of PB output pixels where there
+        are at least _MIN_PIXEL_BLOCKS of them (fewer leave threads idle: 3 blocks on 2 threads run
+        as 2), else by its blocks of 16 output channels (each thread streams its own weights: the
+        small planes of deep layers, whose weights outweigh their pixels)."""
+        from ...jit.conv_direct import NC, PB, blocks_range, channels_range, pad_image  # deferred: loads llvmlite, numba
         pad = np.zeros(size, np.float32)
         pad_image(x2, h, wd, g.pads[0][0], g.pads[1][0], wp, pad)
-        split_rows(blocks_range, (pad, koff, pix, wt, b, self._lo, self._hi, y, r), -(-pix.shape[0] // PB), flops,
-                   flops=True)
+        args = (pad, koff, pix, wt, b, self._lo, self._hi, y, r)
+        pixel_blocks = -(-pix.shape[0] // PB)
+        if pixel_blocks >= _MIN_PIXEL_BLOCKS or pixel_blocks >= y.shape[0] // NC:
+            split_rows(blocks_range, args, pixel_blocks, flops, flops=True)
+        else:
+            split_rows(channels_range, args, y.shape[0] // NC, flops, flops=True)
 
     def _channels(self, w, bias):
         """conv_direct's packing of constant weights ([O/16, K, 16]) and the bias as float32, kept."""

@@ -75,36 +75,45 @@ class PackedGemm:
         o, hw = w.shape[0], h * wd
         if n != 1 or not self.pays(xp, x, w, bias, c, hw):
             return None
-        from ...jit.gemm_f32 import NR, gemm_bias_clamp  # deferred: loads llvmlite, numba
-        from ...jit.gemm_residual import gemm_bias_add_clamp  # deferred: loads llvmlite, numba
         wp, b = self._weights(w, bias)
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
 
         def run(x, r):
             out = np.empty((1, o, h, wd), np.float32)
-            y, xs = out.reshape(o, hw), x.reshape(c, hw)
-            panel, tile = np.empty((c, NR), np.float32), np.empty((o, NR), np.float32)
-            if r is None:
-                gemm_bias_clamp(wp, b, xs, lo, hi, y, panel, tile)
-            else:
-                gemm_bias_add_clamp(wp, b, xs, lo, hi, y, np.ascontiguousarray(r).reshape(o, hw), panel, tile,
-                                    np.empty((o, NR), np.float32))
+            _rows(wp, b, x.reshape(c * hw), c, hw, lo, hi, out.reshape(o, hw),
+                  None if r is None else np.ascontiguousarray(r).reshape(o, hw))
             return out
         return run
 
     def __call__(self, w, bias, x2, y2, r2=None) -> None:
         """w: the constant weights (its identity keys the packing), x2 [K, P], y2 [O, P] out, r2 [O, P]
         the addend (or None)."""
-        from ...jit.gemm_f32 import NR, gemm_bias_clamp  # deferred: loads llvmlite, numba
-        cached = self._weights(w, bias)
-        k, o = x2.shape[0], y2.shape[0]
-        lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
-        panel, tile = np.empty((k, NR), np.float32), np.empty((o, NR), np.float32)
-        if r2 is not None:
-            from ...jit.gemm_residual import gemm_bias_add_clamp  # deferred: loads llvmlite, numba
-            gemm_bias_add_clamp(cached[0], cached[1], x2, lo, hi, y2, r2, panel, tile, np.empty((o, NR), np.float32))
-            return
-        gemm_bias_clamp(cached[0], cached[1], x2, lo, hi, y2, panel, tile)
+        wp, b = self._weights(w, bias)
+        k, p = x2.shape
+        _rows(wp, b, np.ascontiguousarray(x2).reshape(k * p), k, p, np.float32(self.clamp[0]),
+              np.float32(self.clamp[1]), y2, r2)
+
+
+def _rows(wp, b, xf, k: int, p: int, lo, hi, y, r) -> None:
+    """y [O, P] = clamp(W @ x [K, P] + b (+ r [O, P]), lo, hi) on the packed GEMM (wp: pack_weights'),
+    split where it pays (par_gate.split_rows) by blocks of output rows (each thread streams its own
+    rows' weights), or, where the rows make one block, by blocks of columns (a wide plane's few
+    outputs); every row and column gets the tiles the whole product gives it: the same bytes."""
+    from ...jit import gemm_f32 as gf  # deferred: loads llvmlite, numba
+    o = y.shape[0]
+    flops = 2 * o * k * p
+    row_blocks = -(-o // gf.ROWS_BLOCK)
+    if r is None:
+        if row_blocks > 1 or p <= gf.COLS_BLOCK:
+            split_rows(gf.rows_range, (wp, b, xf, p, k, p, lo, hi, y), row_blocks, flops, flops=True)
+        else:
+            split_rows(gf.cols_range, (wp, b, xf, p, k, p, lo, hi, y), -(-p // gf.COLS_BLOCK), flops, flops=True)
+        return
+    from ...jit import gemm_residual as gr  # deferred: loads llvmlite, numba
+    if row_blocks > 1 or p <= gf.COLS_BLOCK:
+        split_rows(gr.rows_add_range, (wp, b, xf, p, k, p, lo, hi, y, r), row_blocks, flops, flops=True)
+    else:
+        split_rows(gr.cols_add_range, (wp, b, xf, p, k, p, lo, hi, y, r), -(-p // gf.COLS_BLOCK), flops, flops=True)
 
 
 class Finish:

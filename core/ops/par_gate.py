@@ -27,19 +27,30 @@ from .intra_op import par_rows
 def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False) -> int:
     """kernel(*args, lo, hi) over range(total) (a cut-free kernel: each item computed alone; `work` in
     the bytes a copy writes in the same time, or FLOPs with flops=True): one call where the work could
-    never split; while another core is idle (cores_idle), par_rows (prange, however large: the pool's
-    worker would compete with libgomp's, which spins for milliseconds after each region), or
+    never split; while another core is idle (cores_idle), prange (however large: the pool's worker
+    would compete with libgomp's, which spins for milliseconds after each region), or
     threads.fan_out where prange is unavailable; on a busy machine, fan_out only where the pool's
     hand-off pays (its caller runs the chunks no worker started, so a split costs at most about the
-    serial time), else one call. Returns the threads used."""
+    serial time), else one call. The gates are read once per run (threads.RunGate). Returns the
+    threads used."""
     least = threads.MIN_CHUNK_FLOPS if flops else threads.MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:  # no split either way: no further reads
         kernel(*args, 0, total)
         return 1
-    if threads.intra_threads() == 1:  # before par_scale, which would probe (and ping) numba's workers
+    intra, scale, _ = threads.gate_now()
+    if intra == 1:
         kernel(*args, 0, total)
         return 1
-    if idle.cores_idle(threads.cores()) and work >= 2 * least * threads.par_scale():
+    if scale and work >= 2 * least * scale:
+        k = threads.par_threads(total, work, flops)  # the same read of the gates (this run's)
+        if k < 2:
+            kernel(*args, 0, total)
+            return 1
+        from ...jit.par import driver  # deferred: loads numba
+        threads.numba_threads(k)
+        driver(kernel)(k, total, *args)
+        return k
+    if not scale and idle.cores_idle(threads.cores()):  # idle, no prange here: the pool's chunks
         return par_rows(kernel, args, total, work, flops=flops)
     if work >= 2 * least * threads.chunk_scale():
         return threads.fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work, flops=flops)
@@ -54,10 +65,11 @@ def may_split(total: int, work: float, flops: bool = False) -> bool:
     least = threads.MIN_CHUNK_FLOPS if flops else threads.MIN_CHUNK_BYTES
     if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:
         return False
-    if threads.intra_threads() == 1:
+    intra, scale, _ = threads.gate_now()
+    if intra == 1:
         return False
-    scale = threads.par_scale() if idle.cores_idle(threads.cores()) else threads.chunk_scale()
-    return work >= 2 * least * scale
+    return work >= 2 * least * (scale or (threads.par_scale() if idle.cores_idle(threads.cores())
+                                          else threads.chunk_scale()))
 
 
 __all__ = ["split_rows", "may_split"]

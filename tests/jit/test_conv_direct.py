@@ -156,3 +156,55 @@ def test_batch_one_split_by_pixel_blocks_gives_one_calls_bytes(monkeypatch, act)
     one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
     np.testing.assert_array_equal(one, three)
     assert len(cuts) == 2  # check's run split too; the last run did not
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_batch_one_small_plane_split_by_channel_blocks_gives_one_calls_bytes(monkeypatch, act):
+    """Batch 1 on a plane of one pixel block (6x6: a deep layer's) splits by blocks of 16 output channels
+    (jit.conv_direct.channels_range, cut in three as three threads would), with a residual addend too:
+    the bytes of the one whole call, and the reference's values."""
+    from isthmus.core.ops import conv_one_image
+    from isthmus.jit.conv_direct import NC
+    from tests.core.test_conv_forward import check, run_conv
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((1, 48, 6, 6)).astype(np.float32)
+    w = (rng.standard_normal((80, 48, 3, 3)) / 20).astype(np.float32)  # 5 channel blocks
+    b = rng.standard_normal(80).astype(np.float32)
+    cuts = []
+
+    def three_cuts(kernel, args, total, work, flops=False):
+        for i in range(3):
+            kernel(*args, total * i // 3, total * (i + 1) // 3)
+        cuts.append((kernel.__name__, total))
+        return 3
+    monkeypatch.setattr(conv_one_image, "split_rows", three_cuts)
+    monkeypatch.setattr(conv_one_image, "may_split", lambda *a, **kw: True)
+    three, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
+    assert cuts == [("channels_range", 80 // NC)]
+    check(x, w, b, 1, "SAME", 1, 1, act)
+    monkeypatch.setattr(conv_one_image, "may_split", lambda *a, **kw: False)
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, act)
+    np.testing.assert_array_equal(one, three)
+
+
+def test_channels_range_with_an_addend_matches_the_whole_call():
+    """channels_range over uneven cuts, with the residual addend and a clamp, writes exactly what the
+    whole conv_direct writes (each channel block of each pixel tile computed alone)."""
+    from isthmus.jit.conv_direct import channels_range, pack_channels, pad_image, tables
+    rng = np.random.default_rng(14)
+    c, h, o = 24, 5, 64
+    x = rng.standard_normal((1, c, h, h)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 3, 3)) / 15).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    r = rng.standard_normal((1, o, h * h)).astype(np.float32)
+    whole = run(x, w, b, 1, 1, ((1, 1), (1, 1)), 0.0, 6.0, r=r)
+    koff, pix, wp, size = tables(c, h, h, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, h, h)
+    pad = np.zeros(size, np.float32)
+    pad_image(x.reshape(c, h * h), h, h, 1, 1, wp, pad)
+    y = np.full((o, h * h), np.nan, np.float32)
+    wt = pack_channels(w.reshape(o, -1))
+    for c0, c1 in ((0, 1), (1, 3), (3, 4)):
+        channels_range(pad, koff, pix, wt, b, np.float32(0), np.float32(6), y, r[0], c0, c1)
+    np.testing.assert_array_equal(y, whole[0])
+    ref, _, _ = reference(x, w, b, 1, 1, ((1, 1), (1, 1)))
+    np.testing.assert_allclose(y, np.clip(ref[0] + r[0], 0, 6), rtol=1e-5, atol=1e-5)

@@ -159,3 +159,95 @@ def test_rows_first_order_gives_the_panel_order_bytes(o, k, p):
     by_panels(wp, b, x, lo, hi, want, np.empty((k, NR), np.float32), np.empty((o, NR), np.float32))
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, reference(w, b, x, 0.0, 6.0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("o,k,p", [(100, 96, 36), (48, 20, 7), (300, 64, 1024), (52, 200, 45)])
+@pytest.mark.parametrize("addend", [False, True])
+def test_rows_range_cuts_give_the_whole_products_bytes(o, k, p, addend):
+    """A batch-1 product split by blocks of ROWS_BLOCK output rows (rows_range, rows_add_range), cut
+    unevenly and in any order, writes exactly what the one whole call writes: each row keeps the tile
+    the whole product gives it (six-row pairs, four-row tiles, the narrow tail's eight-row tiles)."""
+    from isthmus.jit.gemm_f32 import ROWS_BLOCK, pack_weights, rows_range
+    from isthmus.jit.gemm_residual import rows_add_range
+    rng = np.random.default_rng(o + k + p)
+    w = rng.standard_normal((o, k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    x = rng.standard_normal((k, p)).astype(np.float32)
+    r = rng.standard_normal((o, p)).astype(np.float32)
+    wp, lo, hi = pack_weights(w), np.float32(-1.0), np.float32(2.0)
+    blocks = -(-o // ROWS_BLOCK)
+
+    def call(b0, b1, y):
+        if addend:
+            rows_add_range(wp, b, x.reshape(-1), p, k, p, lo, hi, y, r, b0, b1)
+        else:
+            rows_range(wp, b, x.reshape(-1), p, k, p, lo, hi, y, b0, b1)
+    whole = np.full((o, p), np.nan, np.float32)
+    call(0, blocks, whole)
+    cut = np.full((o, p), np.nan, np.float32)
+    bounds = sorted({0, blocks, blocks // 3, blocks // 2 + 1})
+    for b0, b1 in reversed(list(zip(bounds, bounds[1:]))):
+        call(b0, b1, cut)
+    np.testing.assert_array_equal(cut, whole)
+    want = reference(w, b, x, -np.inf, np.inf) + (r if addend else 0)
+    np.testing.assert_allclose(whole, np.clip(want, -1.0, 2.0), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_one_pointwise_conv_splits_by_rows_with_the_same_bytes(monkeypatch):
+    """A batch-1 1x1 convolution on the packed GEMM (conv_pointwise) splits by row blocks where
+    par_gate.split_rows says so: two threads' prange blocks give the one-thread bytes."""
+    from isthmus.core import idle, threads
+    from isthmus.jit import par
+    from tests.core.test_conv_forward import run_conv
+    if threads.cores() < 2 or not par.layer_ok():
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    from isthmus.core.ops import conv_pointwise
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((1, 40, 6, 6)).astype(np.float32)
+    w = (rng.standard_normal((96, 40, 1, 1)) / 6).astype(np.float32)
+    b = rng.standard_normal(96).astype(np.float32)
+    one, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu6")
+    used = []
+    real = conv_pointwise.split_rows
+    monkeypatch.setattr(conv_pointwise, "split_rows", lambda *a, **kw: used.append((a[0].__name__, real(*a, **kw))))
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small product splits
+    monkeypatch.setattr(threads, "_prange", [3e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu6")
+    assert ("rows_range", 2) in used
+    np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("o,k,p", [(24, 96, 2304), (16, 33, 150), (8, 200, 64), (12, 16, 77)])
+@pytest.mark.parametrize("addend", [False, True])
+def test_cols_range_cuts_give_the_whole_products_bytes(o, k, p, addend):
+    """A product of few output rows split by blocks of COLS_BLOCK columns (cols_range, cols_add_range),
+    cut unevenly and in any order, writes exactly what the one whole call writes (the tail's columns
+    included), and the reference's values."""
+    from isthmus.jit.gemm_f32 import COLS_BLOCK, cols_range, pack_weights
+    from isthmus.jit.gemm_residual import cols_add_range, gemm_bias_add_clamp
+    rng = np.random.default_rng(o * k + p)
+    w = rng.standard_normal((o, k)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    x = rng.standard_normal((k, p)).astype(np.float32)
+    r = rng.standard_normal((o, p)).astype(np.float32)
+    wp, lo, hi = pack_weights(w), np.float32(-1.0), np.float32(2.0)
+    blocks = -(-p // COLS_BLOCK)
+    whole = np.full((o, p), np.nan, np.float32)
+    if addend:
+        gemm_bias_add_clamp(wp, b, x, lo, hi, whole, r, np.empty((k, 16), np.float32), np.empty((o, 16), np.float32),
+                            np.empty((o, 16), np.float32))
+    else:
+        whole = run_gemm(w, b, x, -1.0, 2.0)
+    cut = np.full((o, p), np.nan, np.float32)
+    bounds = sorted({0, blocks, blocks // 3, blocks // 2 + 1} & set(range(blocks + 1)))
+    for b0, b1 in reversed(list(zip(bounds, bounds[1:]))):
+        if addend:
+            cols_add_range(wp, b, x.reshape(-1), p, k, p, lo, hi, cut, r, b0, b1)
+        else:
+            cols_range(wp, b, x.reshape(-1), p, k, p, lo, hi, cut, b0, b1)
+    np.testing.assert_array_equal(cut, whole)
+    want = reference(w, b, x, -np.inf, np.inf) + (r if addend else 0)
+    np.testing.assert_allclose(whole, np.clip(want, -1.0, 2.0), rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Dict, List, Sequence, Tuple, Union
 
 from ..graph import Graph, Node, Tensor
+from .concat import split_channel_concat
 from .fusion import fold_batch_norm, fuse_bias_activation, prune_dead
 from .freeze import freeze
 from .simplify import Rewrite, copy_simplified
@@ -16,8 +17,9 @@ from .simplify import Rewrite, copy_simplified
 Fetch = Union[Tensor, Node]
 DEFAULT_PASSES = ("simplify", "fold_batch_norm", "fuse")
 # what a Session's executor runs: also the residual Add (+ Relu) fused into its convolution
-# (FusedConv2DAdd), which the edge runtime, the partitioner's edge table and the exporters do not know
-SESSION_PASSES = DEFAULT_PASSES + ("fuse_residual",)
+# (FusedConv2DAdd), which the edge runtime, the partitioner's edge table and the exporters do not know,
+# and two-part channel Concats read by pools and 1x1 convolutions left unmade (passes/concat.py)
+SESSION_PASSES = DEFAULT_PASSES + ("fuse_residual", "split_concat")
 
 
 def optimize(graph: Graph, nodes: Sequence[Node], fetches: Sequence[Fetch], feeds: Sequence[Tensor],
@@ -31,7 +33,10 @@ def optimize(graph: Graph, nodes: Sequence[Node], fetches: Sequence[Fetch], feed
         rw = fold_batch_norm(rw)
     if "fuse" in passes:
         rw = fuse_bias_activation(rw, residual="fuse_residual" in passes)
+    if "split_concat" in passes and "fuse" in passes:
+        rw = split_channel_concat(prune_dead(rw))
     return prune_dead(rw)
 
 
-__all__ = ["optimize", "DEFAULT_PASSES", "SESSION_PASSES", "freeze", "Rewrite", "copy_simplified", "fold_batch_norm", "fuse_bias_activation", "prune_dead"]
+__all__ = ["optimize", "DEFAULT_PASSES", "SESSION_PASSES", "freeze", "Rewrite", "copy_simplified", "fold_batch_norm",
+           "fuse_bias_activation", "prune_dead", "split_channel_concat"]

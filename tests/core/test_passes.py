@@ -220,3 +220,71 @@ def test_a_control_edge_on_a_simplified_node_waits_for_its_replacement():
     rw = _rewrite(g, [after, r])
     (c,) = _controls(rw, "after")
     assert c is rw.fetches[1].node and c.op == "AssignAdd"
+
+
+def _fire(rng, x, squeeze, expand, name):
+    """A SqueezeNet fire module with constant weights: 1x1 squeeze, then 1x1 and 3x3 expands, concatenated."""
+    def conv(h, out, k):
+        w = (rng.standard_normal((out, h.shape[1], k, k)) / np.sqrt(h.shape[1] * k * k)).astype(np.float32)
+        b = (rng.standard_normal(out) * 0.1).astype(np.float32)
+        return ism.relu(ism.bias_add(ism.conv2d(h, ism.constant(w), padding="SAME"), ism.constant(b), axis=1))
+    with ism.name_scope(name):
+        s = conv(x, squeeze, 1)
+        return ism.concat([conv(s, expand, 1), conv(s, expand, 3)], axis=1)
+
+
+def _ref_conv1x1_relu(x, w, b):
+    y = np.einsum("oc,nchw->nohw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64)) + b.reshape(1, -1, 1, 1)
+    return np.maximum(y, 0)
+
+
+def test_a_channel_concat_read_by_pools_and_1x1_convolutions_is_never_made():
+    """Two fire modules with a max pool between: the pool moves before the first Concat, and both
+    Concats, read only by 1x1 convolutions, are dropped (each reader sums its two parts' products).
+    The session's result matches the unoptimized graph's and a float64 reference of the head."""
+    from isthmus.core.passes import SESSION_PASSES
+    rng = np.random.default_rng(31)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (None, 8, 12, 12), name="x")
+        h = ism.max_pool(_fire(rng, x, 4, 6, "fire1"), 3, 2, "SAME")
+        h = _fire(rng, h, 5, 7, "fire2")
+        w = (rng.standard_normal((3, 14, 1, 1)) / 4).astype(np.float32)
+        b = (rng.standard_normal(3) * 0.1).astype(np.float32)
+        y = ism.relu(ism.bias_add(ism.conv2d(h, ism.constant(w)), ism.constant(b), axis=1))
+    nodes = prune([y.node], {x})
+    rw = optimize(g, nodes, [y], [x], SESSION_PASSES)
+    rw.graph.verify()
+    ops = [n.op for n in rw.graph.nodes]
+    assert "Concat" not in ops and ops.count("MaxPool") == 2 and rw.stats.get("concat_split") == 2
+    assert ops.count("FusedConv2DAdd") == 2  # fire2's squeeze and the head each sum two parts
+    xv = rng.standard_normal((3, 8, 12, 12)).astype(np.float32)
+    on = ism.Session(g).run(y, {x: xv})
+    off = ism.Session(g, optimize=False).run(y, {x: xv})
+    np.testing.assert_allclose(on, off, rtol=1e-5, atol=1e-6)
+    hv = ism.Session(g, optimize=False).run(h, {x: xv})
+    np.testing.assert_allclose(on, _ref_conv1x1_relu(hv, w, b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_concat_read_whole_or_fetched_stays():
+    """A Concat read by a 3x3 convolution, by an Add, or fetched is made as before; the edge's passes
+    (DEFAULT_PASSES) never split one."""
+    from isthmus.core.passes import DEFAULT_PASSES, SESSION_PASSES
+    rng = np.random.default_rng(32)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2, 8, 6, 6), name="x")
+        cat = _fire(rng, x, 4, 6, "fire1")
+        w3 = (rng.standard_normal((5, 12, 3, 3)) / 10).astype(np.float32)
+        y3 = ism.relu(ism.bias_add(ism.conv2d(cat, ism.constant(w3), padding="SAME"), ism.constant(np.zeros(5, np.float32)), axis=1))
+        cat2 = _fire(rng, x, 4, 6, "fire2")
+        w1 = (rng.standard_normal((5, 12, 1, 1)) / 4).astype(np.float32)
+        y1 = ism.relu(ism.bias_add(ism.conv2d(cat2, ism.constant(w1)), ism.constant(np.zeros(5, np.float32)), axis=1))
+        both = y3 + y1
+    for fetches, concats in (([both], 1), ([both, cat2], 2)):
+        nodes = prune([f.node for f in fetches], {x})
+        rw = optimize(g, nodes, fetches, [x], SESSION_PASSES)
+        assert [n.op for n in rw.graph.nodes].count("Concat") == concats
+        rw = optimize(g, nodes, fetches, [x], DEFAULT_PASSES)
+        assert [n.op for n in rw.graph.nodes].count("Concat") == 2
+    _same_results(g, [both, cat2], {x: rng.standard_normal((2, 8, 6, 6)).astype(np.float32)})

@@ -7,9 +7,11 @@ import numpy as np
 
 from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
 from .fused import activation_inplace
-from .intra_op import rows_apply
+from . import numpy_blas
+from .intra_op import par_rows, rows_apply
 from .par_gate import split_rows
 
+_NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.par_blas.pointwise_blas_range's "no residual addend"
 # a 1x1 convolution's output is finished in groups of images of about this many bytes (in cache)
 _POINTWISE_CHUNK_BYTES = 1 << 20
 
@@ -178,6 +180,9 @@ class Pointwise:
             return out
         if bias is not None and self._clamp is not None and compiled_ok(xp, x.dtype) \
                 and (r is None or r.dtype == x.dtype):
+            if x.dtype == np.float32 and numpy_blas.sgemm() is not None:
+                self._blas_images(xs, w.reshape(o, c), bias, out, r)
+                return out
             images = self._compiled_finish(xs, w.reshape(o, c), bias, out, step, r)
         elif bias is not None and c < o and r is None:
             images = self._augmented_images(xs, self._augmented(w, bias, x.dtype), out, step)
@@ -230,6 +235,19 @@ class Pointwise:
             finally:
                 ARENAS.give(xp, mem)
         return images
+
+    def _blas_images(self, xs, w2, bias, out, r=None) -> None:
+        """A batch's images as one compiled call per block of them (jit.par_blas.pointwise_blas_range:
+        numpy's own sgemm per image, then the bias, addend and clamp), split by prange where it pays
+        (par_rows, BLAS held to one thread): the numpy path's products and finish, so its bytes."""
+        from ...jit.par_blas import pointwise_blas_range  # deferred: loads numba
+        o = w2.shape[0]
+        lo, hi = np.float32(self._clamp[0]), np.float32(self._clamp[1])
+        b = np.ascontiguousarray(bias.reshape(o), dtype=np.float32)
+        w2 = np.ascontiguousarray(w2, dtype=np.float32)
+        rr = _NO_ADDEND if r is None else r
+        par_rows(pointwise_blas_range, (numpy_blas.sgemm(), w2, np.ascontiguousarray(xs), out, b, rr, lo, hi),
+                 xs.shape[0], 2 * out.size * xs.shape[1], flops=True, blas_inside=True)
 
     def _compiled_finish(self, xs, w2, bias, out, step, r=None):
         from ...jit.bias_clamp import bias_add_clamp_rows, bias_clamp_rows  # deferred: loads numba

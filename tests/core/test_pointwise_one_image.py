@@ -96,3 +96,47 @@ def test_deep_1x1_on_a_6x6_plane_takes_the_packed_gemm(one_image_calls, residual
         got = sess.run(y, {x: xv, r: rv} if residual else {x: xv})
         np.testing.assert_allclose(got, _want(xv, w, b, rv, "none"), rtol=1e-4, atol=1e-4)
     assert one_image_calls == [(1, c, 6, 6), "run", (1, c, 7, 7)]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("act", ["none", "relu6"])
+def test_batch_projection_on_blas_splits_by_images_with_the_same_bytes(monkeypatch, residual, act):
+    """A batch's projection (fewer outputs than inputs: not the packed GEMM) runs as compiled calls of
+    numpy's sgemm per image plus the finish (jit.par_blas.pointwise_blas_range); split by prange
+    across two threads it gives the one-thread bytes, and a float64 reference's values."""
+    from isthmus.core import idle, threads
+    from isthmus.core.ops import numpy_blas
+    from isthmus.jit import par
+    if numpy_blas.sgemm() is None:
+        pytest.skip("numpy's sgemm could not be bound")
+    c, o, n = 24, 8, 6
+    rng = np.random.default_rng(9)
+    w = (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (n, c, 7, 5), name="x")
+        r = ism.placeholder("float32", (n, o, 7, 5), name="r") if residual else None
+        y = ism.conv2d(x, ism.constant(w), padding="VALID")
+        attrs = {**{k: y.node.attrs[k] for k in ("strides", "dilations", "pads", "groups")}, "activation": act}
+        ins = (x, y.node.inputs[1], ism.constant(b)) + ((r,) if residual else ())
+        y = make("FusedConv2DAdd" if residual else "FusedConv2D", ins, attrs).outputs[0]
+    xv = rng.standard_normal((n, c, 7, 5)).astype(np.float32)
+    rv = rng.standard_normal((n, o, 7, 5)).astype(np.float32) if residual else None
+    feed = {x: xv, r: rv} if residual else {x: xv}
+    one = ism.Session(g, optimize=False, intra_op_threads=1).run(y, feed)
+    want = np.einsum("ok,nkp->nop", w.reshape(o, c).astype(np.float64), xv.reshape(n, c, -1).astype(np.float64))
+    want = want.reshape(n, o, 7, 5) + b.reshape(1, -1, 1, 1) + (rv if residual else 0)
+    np.testing.assert_allclose(one, np.clip(want, 0, 6) if act == "relu6" else want, rtol=1e-5, atol=1e-5)
+    if threads.cores() < 2 or not par.layer_ok():
+        return
+    used = []
+    real = conv_pointwise.par_rows
+    monkeypatch.setattr(conv_pointwise, "par_rows", lambda *a, **kw: used.append(real(*a, **kw)) or used[-1])
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small batch splits
+    monkeypatch.setattr(threads, "_prange", [3e-6])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
+    two = ism.Session(g, optimize=False, intra_op_threads=2).run(y, feed)
+    assert used == [2]
+    np.testing.assert_array_equal(one, two)

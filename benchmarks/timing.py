@@ -26,14 +26,20 @@ def median_seconds(fn: Callable[[], object], repeats: int = 15, inner: int = 1, 
     return statistics.median(samples)
 
 
-def blocked_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21, rounds: int = 3) -> Dict[str, float]:
+def blocked_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21, rounds: int = 3,
+                    pause_s: float = 0.05) -> Dict[str, float]:
     """Per contender, the median of its block medians: each round times every contender in a block
     of `repeats` calls (median_seconds), in an order rotating by round, so that no contender's
-    threads (onnxruntime's spin after a run) disturb another's calls, and drift reaches all alike."""
+    threads (onnxruntime's spin after a run) disturb another's calls, and drift reaches all alike.
+    Each block starts `pause_s` after the one before, once the last contender's threads stopped
+    spinning: straight after an onnxruntime block, isthmus's batch-1 networks at default threads ran
+    7-11% slower on the 2-core VM (its split kernels waited for the core onnxruntime's worker spun on);
+    onnxruntime after isthmus's blocks was unchanged either way."""
     names = list(fns)
     blocks: Dict[str, list] = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
+            time.sleep(pause_s)
             blocks[k].append(median_seconds(fns[k], repeats=repeats))
     return {k: statistics.median(v) for k, v in blocks.items()}
 

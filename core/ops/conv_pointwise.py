@@ -96,12 +96,21 @@ class PackedGemm:
               np.float32(self.clamp[1]), y2, r2)
 
 
+_JIT: list = []  # (jit.gemm_f32, jit.gemm_residual) once loaded: a function-level import costs ~0.6 us a call
+
+
+def _load_jit() -> list:
+    from ...jit import gemm_f32, gemm_residual  # deferred: loads llvmlite, numba
+    _JIT[:] = [gemm_f32, gemm_residual]
+    return _JIT
+
+
 def _rows(wp, b, xf, k: int, p: int, lo, hi, y, r) -> None:
     """y [O, P] = clamp(W @ x [K, P] + b (+ r [O, P]), lo, hi) on the packed GEMM (wp: pack_weights'),
     split where it pays (par_gate.split_rows) by blocks of output rows (each thread streams its own
     rows' weights), or, where the rows make one block, by blocks of columns (a wide plane's few
     outputs); every row and column gets the tiles the whole product gives it: the same bytes."""
-    from ...jit import gemm_f32 as gf  # deferred: loads llvmlite, numba
+    gf, gr = _JIT or _load_jit()
     o = y.shape[0]
     flops = 2 * o * k * p
     row_blocks = -(-o // gf.ROWS_BLOCK)
@@ -111,7 +120,6 @@ def _rows(wp, b, xf, k: int, p: int, lo, hi, y, r) -> None:
         else:
             split_rows(gf.cols_range, (wp, b, xf, p, k, p, lo, hi, y), -(-p // gf.COLS_BLOCK), flops, flops=True)
         return
-    from ...jit import gemm_residual as gr  # deferred: loads llvmlite, numba
     if row_blocks > 1 or p <= gf.COLS_BLOCK:
         split_rows(gr.rows_add_range, (wp, b, xf, p, k, p, lo, hi, y, r), row_blocks, flops, flops=True)
     else:

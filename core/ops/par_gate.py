@@ -46,9 +46,8 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
         if k < 2:
             kernel(*args, 0, total)
             return 1
-        from ...jit.par import driver  # deferred: loads numba
         threads.numba_threads(k)
-        driver(kernel)(k, total, *args)
+        (_JIT[0] or _load_jit())(kernel)(k, total, *args)
         return k
     if not scale and idle.cores_idle(threads.cores()):  # idle, no prange here: the pool's chunks
         return par_rows(kernel, args, total, work, flops=flops)
@@ -56,6 +55,15 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
         return threads.fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work, flops=flops)
     kernel(*args, 0, total)
     return 1
+
+
+_JIT = [None]  # jit.par.driver once loaded: a function-level import costs ~0.6 us a call, a few dozen a batch-1 run
+
+
+def _load_jit():
+    from ...jit.par import driver  # deferred: loads numba
+    _JIT[0] = driver
+    return driver
 
 
 def may_split(total: int, work: float, flops: bool = False) -> bool:

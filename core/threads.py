@@ -20,9 +20,11 @@ As TensorFlow's ConfigProto: `Session(g, intra_op_threads=..., inter_op_threads=
   or 20-70 MFLOP, so only batch-32 convolutions and the largest passes split; on a server with
   a 10-30 us hand-off, 1-3 MiB / 4-12 MFLOP chunks over up to cores threads.
 - The prange path (intra_op.par_rows, jit.par): compiled kernels split inside one numba parallel
-  call, whose workers (libgomp's) spin outside the GIL: a hand-off of 2.5-10 us instead of the
-  pool's 50-150 us on the 2-core VM, so a block needs only ~10x less work (prange_handoff_s,
-  par_scale, par_threads; blocks fixed by the shape where a kernel's bytes depend on its cuts). Used
+  call, whose workers (libgomp's) spin outside the GIL: a hand-off of 2-4 us (measured after a busy
+  stretch, as a run's caller meets it) instead of the pool's 50-150 us on the 2-core VM, and a block
+  carries five hand-offs of work where a pool chunk carries ten (prange_handoff_s, par_scale,
+  par_threads; blocks fixed by the shape where a kernel's bytes depend on its cuts). A run reads
+  the gates once (RunGate: the intra-op count, the idle gate, the scale, the free cores). Used
   only on the omp or tbb layers (numba's workqueue aborts on concurrent parallel calls), never in
   a forked child, and measured again each second so that a loaded machine stops splitting (a
   region waits for its last worker); par_threads also asks core/idle.py whether other processes

@@ -107,7 +107,7 @@ class OneImage:
                                    out.reshape(1, o, p), r, ldx, 0, 1)
             elif packed:
                 wp, b = self._packed(w, bias)
-                fns[1](x2, h, wd, geo, wp, b, self._lo, self._hi, y, cols)
+                self._packed_image(x2, h, wd, geo, wp, b, y, cols)
             else:
                 fns[0](x2, h, wd, geo, cols)
                 serial_blas(np, lambda: np.matmul(w.reshape(o, k), cols[:, :p], out=y))
@@ -206,7 +206,7 @@ class OneImage:
                                            None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p))
         from ...jit.gemm_residual import conv_images_ld_add  # deferred: loads llvmlite, numba
         wp, b = self._packed(w, bias)
-        lo, hi, conv = self._lo, self._hi, fns[1]
+        lo, hi = self._lo, self._hi
 
         def run(x, r):
             out = np.empty((1, o, g.oh, g.ow), np.float32)
@@ -217,11 +217,28 @@ class OneImage:
                 return out
             mem = ARENAS.take(np, k * ldx * 4)
             try:
-                conv(x2, h, wd, geo, wp, b, lo, hi, out.reshape(o, p), mem[:k * ldx * 4].view(np.float32).reshape(k, ldx))
+                self._packed_image(x2, h, wd, geo, wp, b, out.reshape(o, p), mem[:k * ldx * 4].view(np.float32).reshape(k, ldx))
             finally:
                 ARENAS.give(np, mem)
             return out
         return run
+
+    def _packed_image(self, x2, h, wd, geo, wp, b, y, cols):
+        """One image's im2col + packed GEMM (jit.gemm_f32.conv_image_ld) into y [O, P], cols its [K, ldx]
+        scratch: where par_gate says the product splits (a stem's thousands of pixels), the gather
+        first, then the GEMM by blocks of COLS_BLOCK columns (gemm_f32.cols_range: each panel gets
+        the whole call's tiles, so the same bytes)."""
+        from ...jit import gemm_f32 as gf  # deferred: loads llvmlite, numba
+        k, ldx = cols.shape
+        o, p = y.shape
+        flops = 2 * o * k * p
+        blocks = -(-p // gf.COLS_BLOCK)
+        if may_split(blocks, flops, flops=True):
+            gf.im2col_ld(x2, h, wd, geo, cols)
+            split_rows(gf.cols_range, (wp, b, cols.reshape(k * ldx), ldx, k, p, self._lo, self._hi, y), blocks, flops,
+                       flops=True)
+            return
+        (self._fns or self._load())[1](x2, h, wd, geo, wp, b, self._lo, self._hi, y, cols)
 
     def _load(self):
         from ...jit.conv_wide import conv_wide_images  # deferred: loads llvmlite, numba

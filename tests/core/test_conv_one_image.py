@@ -171,3 +171,37 @@ def test_batch_pointwise_on_the_packed_gemm(monkeypatch, act, n, c, o, hw, serve
     w = (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
     check(x, w, rng.standard_normal(o).astype(np.float32), 1, "VALID", 1, 1, act)
     assert bool(calls) == served
+
+
+@pytest.mark.parametrize("route", ["prange", "pool"])
+def test_batch1_stem_splits_its_gemm_by_column_blocks_with_one_calls_bytes(monkeypatch, route):
+    """A batch-1 stem on the packed im2col GEMM (three channels, 64 outputs: not conv_direct) splits its
+    product by blocks of COLS_BLOCK pixels (gemm_f32.cols_range) after the gather: the bytes of the
+    one whole call (jit.gemm_f32.conv_image_ld), and the reference's values."""
+    from isthmus.core import threads
+    from isthmus.core.ops import par_gate
+    from isthmus.jit import par
+    from tests.core.test_conv_forward import check
+    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
+        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((1, 3, 40, 38)).astype(np.float32)
+    w = (rng.standard_normal((64, 3, 3, 3)) / 5).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    with monkeypatch.context() as m:
+        m.setattr(threads, "intra_threads", lambda: 1)  # the one whole call
+        one, _ = run_conv(x, w, b, 2, "SAME", 1, 1, "relu")
+    used = []
+    real = par_gate.split_rows
+    monkeypatch.setattr(conv_one_image, "split_rows",
+                        lambda *a, **kw: used.append((a[0].__name__, real(*a, **kw))) or used[-1][1])
+    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small stem splits
+    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
+    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
+    monkeypatch.setattr(threads, "_handoff", [1e-6])
+    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
+    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    two, _ = run_conv(x, w, b, 2, "SAME", 1, 1, "relu")
+    np.testing.assert_array_equal(one, two)
+    assert used and used[0][0] == "cols_range" and used[0][1] == 2
+    check(x, w, b, 2, "SAME", 1, 1, "relu")

@@ -305,7 +305,9 @@ def test_dense_steps_allocate_nothing_the_size_of_the_variable():
         steps = [o.apply_gradients([(grad, w)]) for o in
                  (opt.SGD(0.1), opt.Momentum(0.1, 0.9), opt.Momentum(0.1, 0.9, nesterov=True), opt.Adam(0.1),
                   opt.AdaGrad(0.1))]
-        sess = ism.Session(g)
+        # the host's in-place steps, also when the suite runs with ISTHMUS_DEVICE=gpu (gpu_check.sh): a GPU
+        # session copies the host gradient feed to the device each step (the variable's size, by design)
+        sess = ism.Session(g, device="cpu")
         sess.run(ism.global_variables_initializer(g))
     gv = np.ones(shape, np.float32)
     for step in steps:

@@ -201,14 +201,14 @@ def part_samples(int8: bool = True, cuts: int = 7, requests: int = 9, slowdown: 
     ref = reference(p for v in edge.values() for _, p in v)
     out = []
     for sd in slowdowns:
-        for mi, (sp, prices, sizes, x, y, _) in enumerate(models):
+        for mi, (sp, prices, sizes, x, y, _, weights) in enumerate(models):
             io = sizes[x.name] + sizes[y.name]
             for k, info in enumerate(sp.cuts):
                 e, kern = _at_reference(edge[(mi, k, sd)], ref), _at_reference(kernels[(mi, k)], ref)
                 probe = float(np.median([p for _, p in edge[(mi, k, sd)]]))
                 sent = [n for n in info.inputs if n != x.name]  # an input sent as it came is counted once
                 nbytes = io + sum(sizes[n] for n in sent + info.outputs)
-                c = curve.cold((sd - 1.0) * e, kernels=kern > 0)
+                c = curve.cold((sd - 1.0) * e, kernels=kern > 0, weights=weights[k])
                 if info.cloud_part:
                     c += curve.cold(rtt_s, kernels=False)
                 out.append({"seconds": max(e - kern - c, 0.0), "nbytes": float(nbytes), "edge_s": e,
@@ -260,19 +260,27 @@ def cold_samples(int8: bool = True, reps: int = 9, idles=IDLES, seed: int = 0) -
     for mi in range(len(models)):
         for kind in ("kernels", "io"):
             hot = _at_reference(times[(mi, kind, 0.0)], ref)
+            w = models[mi][6][-1] if kind == "kernels" else 0  # the edge-only part's weights; a cloud-only part reads none
             out += [{"idle_s": float(i), "cold_s": _at_reference(times[(mi, kind, float(i))], ref) - hot, "hot_s": hot,
-                     "model": mi, "kind": kind} for i in idles]
+                     "model": mi, "kind": kind, "weights": float(w)} for i in idles]
     return out
 
 
 def fit_cold_curve(samples: List[Dict[str, float]]):
-    """The cold terms of a PartCost from cold_samples: the kernels' curve (part_cost.fit_cold), and
-    the io segments' amplitude on the same time constant."""
-    from isthmus.partitioner.part_cost import PartCost, fit_cold  # deferred: partitioner.part_cost loads scipy
-    cold_s, tau = fit_cold(s for s in samples if s.get("kind", "kernels") == "kernels")
+    """The cold terms of a PartCost from cold_samples: the kernels' curve (part_cost.fit_cold: its time
+    constant), its amplitude as a fixed term plus one per weight element where the samples carry the
+    parts' weights in two counts or more (part_cost.fit_cold_weights), and the io segments' amplitude
+    on the same time constant."""
+    # deferred: partitioner.part_cost loads scipy
+    from isthmus.partitioner.part_cost import PartCost, fit_cold, fit_cold_weights
+    kern = [s for s in samples if s.get("kind", "kernels") == "kernels"]
+    cold_s, tau = fit_cold(kern)
+    cold_w_s = 0.0
+    if all("weights" in s for s in kern) and len({s["weights"] for s in kern}) > 1:
+        cold_s, cold_w_s = fit_cold_weights(kern, tau)
     io = [s for s in samples if s.get("kind") == "io"]
     cold_io_s = fit_cold(io, tau=tau)[0] if io else 0.0
-    return PartCost(cold_s=cold_s, cold_tau_s=tau, cold_io_s=cold_io_s)
+    return PartCost(cold_s=cold_s, cold_tau_s=tau, cold_io_s=cold_io_s, cold_w_s=cold_w_s)
 
 
 def _models(int8: bool, cuts: int, profile):
@@ -290,8 +298,23 @@ def _models(int8: bool, cuts: int, profile):
         if prices is not None and len(sp.cuts) != len(plans):
             raise RuntimeError(f"parts{mi}: {len(plans)} plans made {len(sp.cuts)} cuts ({sp.skipped})")
         sizes = {t.name: int(np.prod(t.shape)) * 4 for n in g.nodes for t in n.outputs}
-        models.append((sp, prices, sizes, x, y, feeds[0][x.node.name]))
+        models.append((sp, prices, sizes, x, y, feeds[0][x.node.name], [_edge_weights(g, pl) for pl in plans]))
     return models
+
+
+def _edge_weights(g, plan) -> int:
+    """Weight elements of the constants the plan's edge products read (partitioner.plan.edge_weights's
+    count, from a SplitPlan's placement)."""
+    from isthmus.partitioner.devices import EDGE_DEVICE  # deferred: partitioner.devices loads scipy
+    from isthmus.partitioner.plan import WEIGHT_OPS  # deferred: partitioner.plan loads scipy
+    seen, total = set(), 0
+    for n in g.nodes:
+        if n.op in WEIGHT_OPS and plan.placement.get(n.name) == EDGE_DEVICE:
+            for t in n.inputs[1:]:
+                if t.node.op == "Const" and t.node.name not in seen:
+                    seen.add(t.node.name)
+                    total += int(np.prod(t.shape))
+    return total
 
 
 @contextmanager
@@ -365,7 +388,8 @@ def measure_part_cost(int8: bool = True, slowdown: float = 1.0, profile=None, sl
 def fit_parts(samples: List[Dict[str, float]], cold) -> "PartCost":
     """PartCost.fit of part_samples (their cold taken out), with the cold terms of `cold` (a PartCost) kept."""
     from isthmus.partitioner.part_cost import PartCost  # deferred: partitioner.part_cost loads scipy
-    return replace(PartCost.fit(samples), cold_s=cold.cold_s, cold_tau_s=cold.cold_tau_s, cold_io_s=cold.cold_io_s)
+    return replace(PartCost.fit(samples), cold_s=cold.cold_s, cold_tau_s=cold.cold_tau_s, cold_io_s=cold.cold_io_s,
+                   cold_w_s=cold.cold_w_s)
 
 
 __all__ = ["measure_part_cost", "part_samples", "cold_samples", "fit_cold_curve", "fit_parts", "repriced"]

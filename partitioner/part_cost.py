@@ -45,7 +45,7 @@ import numpy as np
 
 from .cost_terms import fit_non_negative, seconds_from_dict
 
-FIELDS = ("invoke_s", "byte_s", "kernel_scale", "cold_s", "cold_tau_s", "sleep_ratio", "cold_io_s")
+FIELDS = ("invoke_s", "byte_s", "kernel_scale", "cold_s", "cold_tau_s", "sleep_ratio", "cold_io_s", "cold_w_s")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class PartCost:
     cold_tau_s: float = 0.005  # how fast the caches go cold while the core idles (wall seconds: unscaled)
     sleep_ratio: float = 0.0   # idle before a request per second of its edge time ((s - 1) / s emulated)
     cold_io_s: float = 0.0     # cold_s of a segment that runs no kernel (sends inputs, takes an answer)
+    cold_w_s: float = 0.0      # and per weight element its kernels read (re-read from memory after a long idle)
 
     def __post_init__(self):
         for k in FIELDS:
@@ -68,10 +69,10 @@ class PartCost:
     def seconds(self, parts: int, nbytes: float) -> float:
         return self.invoke_s * parts + self.byte_s * nbytes
 
-    def cold(self, idle_s: float, kernels: bool = True) -> float:
+    def cold(self, idle_s: float, kernels: bool = True, weights: float = 0.0) -> float:
         """Seconds a segment of edge work (of kernels, or without: `kernels`) pays for its caches after
-        the core idled `idle_s` seconds."""
-        amp = self.cold_s if kernels else self.cold_io_s
+        the core idled `idle_s` seconds; `weights`: the weight elements its kernels read."""
+        amp = self.cold_s + self.cold_w_s * max(float(weights), 0.0) if kernels else self.cold_io_s
         if amp == 0.0 or idle_s <= 0.0:
             return 0.0
         return amp * (-float(np.expm1(-idle_s / self.cold_tau_s)) if self.cold_tau_s > 0 else 1.0)
@@ -79,7 +80,7 @@ class PartCost:
     def scaled(self, factor: float) -> "PartCost":
         """The same runtime on a device `factor` times slower (the ratios and the idle's clock unscaled)."""
         return replace(self, invoke_s=self.invoke_s * factor, byte_s=self.byte_s * factor,
-                       cold_s=self.cold_s * factor, cold_io_s=self.cold_io_s * factor)
+                       cold_s=self.cold_s * factor, cold_io_s=self.cold_io_s * factor, cold_w_s=self.cold_w_s * factor)
 
     def emulated(self, slowdown: float) -> "PartCost":
         """As OffloadClient's edge_slowdown runs it: after each request the client sleeps
@@ -128,8 +129,9 @@ class PartCost:
 
     def describe(self) -> str:
         scale = f", its kernels x {self.kernel_scale:.3g}" if self.kernel_scale != 1.0 else ""
-        cold = (f", {self.cold_s * 1e3:.3g} ms per segment of kernels after a long idle ({self.cold_io_s * 1e3:.3g} "
-                f"without kernels; tau {self.cold_tau_s * 1e3:.3g} ms)" if self.cold_s or self.cold_io_s else "")
+        per_w = f" + {self.cold_w_s * 1e9:.3g} ms per million weights" if self.cold_w_s else ""
+        cold = (f", {self.cold_s * 1e3:.3g} ms{per_w} per segment of kernels after a long idle ({self.cold_io_s * 1e3:.3g} "
+                f"without kernels; tau {self.cold_tau_s * 1e3:.3g} ms)" if self.cold_s or self.cold_io_s or self.cold_w_s else "")
         return (f"{self.invoke_s * 1e3:.3g} ms per edge part + {self.byte_s * 1e9:.3g} ms per MB across its "
                 f"boundary{scale}{cold}")
 
@@ -165,4 +167,30 @@ def fit_cold(samples: Iterable[Mapping[str, float]], tau: "float | None" = None)
     return best[1], best[2]
 
 
-__all__ = ["PartCost", "FIELDS", "fit_cold"]
+def fit_cold_weights(samples: Iterable[Mapping[str, float]], tau: float) -> "tuple[float, float]":
+    """(cold_s, cold_w_s) on the time constant `tau` (fit_cold's) from samples {"idle_s", "cold_s",
+    "weights": the weight elements the segment's kernels read}: non-negative least squares of
+    (cold_s + cold_w_s x weights) x (1 - exp(-idle / tau)). One amplitude for every part priced the
+    weight-heavy ones low: after 50-100 ms idle the calibration CNNs of 21K-450K weights lost 0.18-0.33
+    ms, the one of 3.5M 0.61-0.80 (the weights re-read from memory), and the 6.0M-weight
+    ResNet-shaped part ran 0.3-0.8 ms a request over its price at 8x and 20x."""
+    if not (np.isfinite(tau) and tau > 0):
+        raise ValueError(f"fit_cold_weights: tau must be finite seconds > 0, got {tau!r}")
+    rows, ys = [], []
+    for k, s in enumerate(samples):
+        try:
+            idle, cold, w = float(s["idle_s"]), float(s["cold_s"]), float(s["weights"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"cold sample {k}: needs idle_s, cold_s, weights ({e})") from None
+        if not (np.isfinite(idle) and np.isfinite(cold) and np.isfinite(w) and idle >= 0 and w >= 0):
+            raise ValueError(f"cold sample {k}: idle_s, weights must be finite >= 0 and cold_s finite, got {dict(s)}")
+        shape = -float(np.expm1(-idle / tau))
+        rows.append([shape, shape * w])
+        ys.append(cold)
+    if len({r[1] / r[0] for r in rows if r[0] > 0}) < 2:
+        raise ValueError("fitting a per-weight cold term needs segments of two weight counts at least")
+    a, b = fit_non_negative(rows, ys)
+    return float(a), float(b)
+
+
+__all__ = ["PartCost", "FIELDS", "fit_cold", "fit_cold_weights"]

@@ -184,10 +184,11 @@ def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown, edge_s: float) ->
 
 def cold_seconds(p: Problem, assign: np.ndarray, b: Breakdown, part, edge_s: float) -> float:
     """What the edge's segments of work pay for cold caches (PartCost.cold): the request's first after
-    the idle before the request (of kernels when the edge runs one before any call, else of moving
-    tensors: the inputs sent), and, in a plan with a call, the one after it, after the call (of
-    kernels when an edge kernel reads what the cloud computed, else of taking the answer)."""
-    if part.cold_s == 0.0 and part.cold_io_s == 0.0:
+    the idle before the request (of kernels when the edge runs one before any call, with the part's
+    weights, else of moving tensors: the inputs sent), and, in a plan with a call, the one after it,
+    after the call (of kernels when an edge kernel reads what the cloud computed, else of taking the
+    answer; its weights counted with the first segment's, which idled the longer)."""
+    if part.cold_s == 0.0 and part.cold_io_s == 0.0 and part.cold_w_s == 0.0:
         return 0.0
     a = np.asarray(assign)
     works = [bool(a[i] == p.edge) and n.op not in _NO_WORK for i, n in enumerate(p.nodes)]
@@ -199,7 +200,8 @@ def cold_seconds(p: Problem, assign: np.ndarray, b: Breakdown, part, edge_s: flo
     first = any(w and not x for w, x in zip(works, later))
     after_call = any(w and x for w, x in zip(works, later))
     edge = p.devices[p.edge]
-    cold = part.cold(part.sleep_ratio * edge_s, kernels=first)
+    cold = part.cold(part.sleep_ratio * edge_s, kernels=first,
+                     weights=edge_weights(p, assign) if first and part.cold_w_s else 0.0)
     if any(later):  # a call: its answer comes back after the link and the cloud's compute
         call_s = sum(m.seconds for m in b.moves) + sum(v for d, v in b.compute.items() if d != edge)
         cold += part.cold(call_s, kernels=after_call)

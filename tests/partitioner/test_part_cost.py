@@ -190,3 +190,42 @@ def test_each_segment_of_edge_work_pays_its_cold_caches():
         assert first > 0 and second == pytest.approx(want, rel=0.01, abs=1e-12), name
     plan = plan_split(g, cold_model, [y])
     assert "cold caches" in plan.explain()
+
+
+def test_a_per_weight_cold_term_its_fit_and_its_price():
+    """cold_w_s: a segment of kernels after idle pays cold_s + cold_w_s x the weights it reads (re-read
+    from memory); fit_cold_weights recovers both from parts of several weight counts on a given time
+    constant; the field scales with the device, round-trips, and defaults to 0 in older profiles; a plan's
+    first segment of edge kernels is priced with the part's weights (plan.edge_weights)."""
+    from isthmus.partitioner.part_cost import fit_cold_weights
+    from isthmus.partitioner.plan import edge_weights
+    c = PartCost(cold_s=2e-4, cold_tau_s=5e-3, cold_io_s=5e-5, cold_w_s=1e-10)
+    assert c.cold(1.0, weights=3e6) == pytest.approx(2e-4 + 3e-4, rel=1e-9)
+    assert c.cold(1.0, kernels=False, weights=3e6) == pytest.approx(5e-5, rel=1e-9)  # moving tensors reads no weights
+    assert c.cold(5e-3, weights=1e6) == pytest.approx(3e-4 * (1 - np.exp(-1.0)), rel=1e-12)
+    assert c.scaled(8).cold_w_s == pytest.approx(8e-10) and PartCost.from_dict(c.to_dict()) == c
+    assert PartCost.from_dict({"cold_s": 1e-4}).cold_w_s == 0.0 and "per million weights" in c.describe()
+    rng = np.random.default_rng(4)
+    idles = np.tile([1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1], 4)
+    weights = np.repeat([2e4, 5e4, 4.5e5, 3.5e6], 7)
+    colds = (3e-4 + 1.2e-10 * weights) * -np.expm1(-idles / 1e-2) + rng.normal(0, 5e-6, idles.size)
+    a, b = fit_cold_weights(({"idle_s": i, "cold_s": v, "weights": w} for i, v, w in zip(idles, colds, weights)), 1e-2)
+    assert a == pytest.approx(3e-4, rel=0.05) and b == pytest.approx(1.2e-10, rel=0.05)
+    with pytest.raises(ValueError, match="two weight counts"):
+        fit_cold_weights([{"idle_s": 1e-3, "cold_s": 1e-5, "weights": 1e5}] * 3, 1e-2)
+    with pytest.raises(ValueError, match="cold sample 0: needs idle_s, cold_s, weights"):
+        fit_cold_weights([{"idle_s": 1e-3, "cold_s": 1e-5}], 1e-2)
+    # the price: an edge-only plan's first segment carries the part's weights
+    g, x, y = _mlp()
+    cm0, _ = _split_link(g, y)
+    part = c.scaled(8).emulated(8)
+    models = [CostModel({d: (replace(pr, part=replace(part, cold_w_s=w)) if d == cm0.edge else pr)
+                         for d, pr in cm0.profiles.items()}, cm0.link, cm0.edge) for w in (0.0, part.cold_w_s)]
+    p0, p1 = (Problem(g, m, [y], Constraints()) for m in models)
+    pl = {n.name: cm0.edge for n in p0.nodes}
+    b0, _ = priced(p0, p0.assignment(pl))
+    b1, _ = priced(p1, p1.assignment(pl))
+    w = edge_weights(p1, p1.assignment(pl))
+    assert w > 0
+    idle = part.sleep_ratio * b0.compute[cm0.edge]  # about: the priced idle leaves the part's own cold out
+    assert b1.total - b0.total == pytest.approx(part.cold(idle, weights=w) - part.cold(idle), rel=2e-3)

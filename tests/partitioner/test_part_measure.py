@@ -64,7 +64,14 @@ def test_cold_samples_time_each_idle_against_requests_back_to_back():
     assert sorted((s["model"], s["kind"], s["idle_s"]) for s in got) == [
         (m, k, i) for m in range(4) for k in ("io", "kernels") for i in (0.0, 0.001, 0.02)]
     curve = fit_cold_curve(got)
-    assert curve.cold_tau_s > 0 and curve.cold_s >= 0 and curve.cold_io_s >= 0
+    assert curve.cold_tau_s > 0 and curve.cold_s >= 0 and curve.cold_io_s >= 0 and curve.cold_w_s >= 0
+    # each sample carries the weights its segment's kernels read: the edge-only parts' (each model's own,
+    # counted from its graph), none for a cloud-only part
+    weights = {s["model"]: s["weights"] for s in got if s["kind"] == "kernels"}
+    assert all(s["weights"] == 0.0 for s in got if s["kind"] == "io") and len(set(weights.values())) == 4
+    for mi, (g, _, _) in enumerate(_graphs()):
+        assert weights[mi] == sum(int(np.prod(n.inputs[1].shape)) for n in g.nodes
+                                  if n.op in ("Conv2D", "MatMul") and n.inputs[1].node.op == "Const")
     for s in got:
         assert s["hot_s"] > 0 and np.isfinite(s["cold_s"])
         if s["idle_s"] == 0.0:

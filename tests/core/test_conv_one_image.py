@@ -4,10 +4,10 @@ gather itself against numpy's windows."""
 import numpy as np
 import pytest
 
-from isthmus.core import idle
 from isthmus import jit
 from isthmus.core.ops import conv_one_image
 
+from .split_gate import pin_split_gate
 from .test_conv_forward import check, run_conv
 
 pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
@@ -107,11 +107,7 @@ def test_batches_image_by_image_match_the_reference(batches, act, n, c, o, k, st
 def test_batch_split_over_threads_gives_one_threads_bytes(batches, monkeypatch, hw, route):
     """A batch's images split by FLOPs (par_gate.split_rows: prange's blocks on an idle machine, the
     intra-op pool's chunks where prange is unavailable) give the bytes of one thread's run."""
-    from isthmus.core import threads
     from isthmus.core.ops import par_gate
-    from isthmus.jit import par
-    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
-        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     rng = np.random.default_rng(9)
     x = rng.standard_normal((5, 8, hw, hw)).astype(np.float32)
     w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
@@ -120,13 +116,7 @@ def test_batch_split_over_threads_gives_one_threads_bytes(batches, monkeypatch, 
     used = []
     real = par_gate.split_rows
     monkeypatch.setattr(conv_one_image, "split_rows", lambda *a, **kw: used.append(real(*a, **kw)) or used[-1])
-    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # these small convolutions split
-    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
-    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
-    monkeypatch.setattr(threads, "_handoff", [1e-6])
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
-    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    pin_split_gate(monkeypatch, route)  # these small convolutions split
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
     assert len(batches) == 2 and used == [2]
@@ -180,10 +170,6 @@ def test_batch1_stem_splits_its_gemm_by_column_blocks_with_one_calls_bytes(monke
     one whole call (jit.gemm_f32.conv_image_ld), and the reference's values."""
     from isthmus.core import threads
     from isthmus.core.ops import par_gate
-    from isthmus.jit import par
-    from tests.core.test_conv_forward import check
-    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
-        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     rng = np.random.default_rng(17)
     x = rng.standard_normal((1, 3, 40, 38)).astype(np.float32)
     w = (rng.standard_normal((64, 3, 3, 3)) / 5).astype(np.float32)
@@ -195,12 +181,7 @@ def test_batch1_stem_splits_its_gemm_by_column_blocks_with_one_calls_bytes(monke
     real = par_gate.split_rows
     monkeypatch.setattr(conv_one_image, "split_rows",
                         lambda *a, **kw: used.append((a[0].__name__, real(*a, **kw))) or used[-1][1])
-    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small stem splits
-    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
-    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
-    monkeypatch.setattr(threads, "_handoff", [1e-6])
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
-    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    pin_split_gate(monkeypatch, route)  # this small stem splits
     two, _ = run_conv(x, w, b, 2, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
     assert used and used[0][0] == "cols_range" and used[0][1] == 2

@@ -104,9 +104,8 @@ def test_batch_projection_on_blas_splits_by_images_with_the_same_bytes(monkeypat
     """A batch's projection (fewer outputs than inputs: not the packed GEMM) runs as compiled calls of
     numpy's sgemm per image plus the finish (jit.par_blas.pointwise_blas_range); split by prange
     across two threads it gives the one-thread bytes, and a float64 reference's values."""
-    from isthmus.core import idle, threads
     from isthmus.core.ops import numpy_blas
-    from isthmus.jit import par
+    from .split_gate import pin_split_gate
     if numpy_blas.sgemm() is None:
         pytest.skip("numpy's sgemm could not be bound")
     c, o, n = 24, 8, 6
@@ -128,15 +127,10 @@ def test_batch_projection_on_blas_splits_by_images_with_the_same_bytes(monkeypat
     want = np.einsum("ok,nkp->nop", w.reshape(o, c).astype(np.float64), xv.reshape(n, c, -1).astype(np.float64))
     want = want.reshape(n, o, 7, 5) + b.reshape(1, -1, 1, 1) + (rv if residual else 0)
     np.testing.assert_allclose(one, np.clip(want, 0, 6) if act == "relu6" else want, rtol=1e-5, atol=1e-5)
-    if threads.cores() < 2 or not par.layer_ok():
-        return
     used = []
     real = conv_pointwise.par_rows
     monkeypatch.setattr(conv_pointwise, "par_rows", lambda *a, **kw: used.append(real(*a, **kw)) or used[-1])
-    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small batch splits
-    monkeypatch.setattr(threads, "_prange", [3e-6])
-    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
+    pin_split_gate(monkeypatch, intra=None)  # this small batch splits (the session's two threads)
     two = ism.Session(g, optimize=False, intra_op_threads=2).run(y, feed)
     assert used == [2]
     np.testing.assert_array_equal(one, two)

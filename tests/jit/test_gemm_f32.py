@@ -196,12 +196,9 @@ def test_rows_range_cuts_give_the_whole_products_bytes(o, k, p, addend):
 def test_batch_one_pointwise_conv_splits_by_rows_with_the_same_bytes(monkeypatch):
     """A batch-1 1x1 convolution on the packed GEMM (conv_pointwise) splits by row blocks where
     par_gate.split_rows says so: two threads' prange blocks give the one-thread bytes."""
-    from isthmus.core import idle, threads
-    from isthmus.jit import par
-    from tests.core.test_conv_forward import run_conv
-    if threads.cores() < 2 or not par.layer_ok():
-        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     from isthmus.core.ops import conv_pointwise
+    from tests.core.split_gate import pin_split_gate
+    from tests.core.test_conv_forward import run_conv
     rng = np.random.default_rng(21)
     x = rng.standard_normal((1, 40, 6, 6)).astype(np.float32)
     w = (rng.standard_normal((96, 40, 1, 1)) / 6).astype(np.float32)
@@ -210,11 +207,7 @@ def test_batch_one_pointwise_conv_splits_by_rows_with_the_same_bytes(monkeypatch
     used = []
     real = conv_pointwise.split_rows
     monkeypatch.setattr(conv_pointwise, "split_rows", lambda *a, **kw: used.append((a[0].__name__, real(*a, **kw))))
-    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small product splits
-    monkeypatch.setattr(threads, "_prange", [3e-6])
-    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
-    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    pin_split_gate(monkeypatch)  # this small product splits
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu6")
     assert ("rows_range", 2) in used
     np.testing.assert_array_equal(one, two)

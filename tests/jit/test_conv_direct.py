@@ -97,12 +97,9 @@ def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch, route):
     """A batch's images split by FLOPs (par_gate.split_rows: prange's blocks on an idle machine, the
     intra-op pool's chunks where prange is unavailable): each image's output is computed alone, so
     the bytes do not depend on the thread count."""
-    from isthmus.core import idle, threads
     from isthmus.core.ops import conv_one_image, par_gate
-    from isthmus.jit import par
+    from tests.core.split_gate import pin_split_gate
     from tests.core.test_conv_forward import run_conv
-    if threads.cores() < 2 or (route == "prange" and not par.layer_ok()):
-        pytest.skip("needs two cores and a threading layer that takes concurrent parallel calls")
     calls = []
     real = conv_one_image.OneImage._direct
     monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: calls.append(1) or real(self, *a))
@@ -114,12 +111,7 @@ def test_batch_on_two_threads_gives_one_threads_bytes(monkeypatch, route):
     used = []
     split = par_gate.split_rows
     monkeypatch.setattr(conv_one_image, "split_rows", lambda *a, **kw: used.append(split(*a, **kw)) or used[-1])
-    monkeypatch.setattr(threads, "MIN_CHUNK_FLOPS", 1000)  # this small batch splits
-    monkeypatch.setattr(threads, "_prange", [3e-6 if route == "prange" else False])
-    monkeypatch.setattr(threads, "_prange_at", [0.0])  # pinned: never measured again
-    monkeypatch.setattr(threads, "_handoff", [1e-6])
-    monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again
-    monkeypatch.setattr(threads, "intra_threads", lambda: 2)
+    pin_split_gate(monkeypatch, route)  # this small batch splits
     two, _ = run_conv(x, w, b, 1, "SAME", 1, 1, "relu")
     np.testing.assert_array_equal(one, two)
     assert len(calls) == 2 and used == [2]

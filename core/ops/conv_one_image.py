@@ -228,7 +228,8 @@ class OneImage:
         scratch: where par_gate says the product splits (a stem's thousands of pixels), the gather
         first, then the GEMM by blocks of COLS_BLOCK columns (gemm_f32.cols_range: each panel gets
         the whole call's tiles, so the same bytes)."""
-        from ...jit import gemm_f32 as gf  # deferred: loads llvmlite, numba
+        fns = self._fns or self._load()
+        gf = fns[3]
         k, ldx = cols.shape
         o, p = y.shape
         flops = 2 * o * k * p
@@ -238,12 +239,13 @@ class OneImage:
             split_rows(gf.cols_range, (wp, b, cols.reshape(k * ldx), ldx, k, p, self._lo, self._hi, y), blocks, flops,
                        flops=True)
             return
-        (self._fns or self._load())[1](x2, h, wd, geo, wp, b, self._lo, self._hi, y, cols)
+        fns[1](x2, h, wd, geo, wp, b, self._lo, self._hi, y, cols)
 
     def _load(self):
         from ...jit.conv_wide import conv_wide_images  # deferred: loads llvmlite, numba
         from ...jit.gemm_f32 import conv_image_ld, im2col_ld  # deferred: loads llvmlite, numba
-        self._fns = (im2col_ld, conv_image_ld, conv_wide_images)
+        from ...jit import gemm_f32  # deferred: loads llvmlite, numba (its cols_range splits a stem's product)
+        self._fns = (im2col_ld, conv_image_ld, conv_wide_images, gemm_f32)
         return self._fns
 
     def batch_pays(self, x, w, bias, g) -> bool:

@@ -37,7 +37,8 @@ Measured: per point and placement, `--requests` requests in `--rounds` blocks, o
 every point and placement (this VM's speed moves 1.5-1.8x for seconds at a time, unseen by the
 load average and by CPU time: a case's requests are spread over the run), the median; each block
 after one untimed request, the first after the switch to that cut: the switch latency, against the
-steady requests of its own block. A fixed product timed before every block (`speed_probe`, warmed
+steady requests of its own block, per block and per cut (the median of its blocks: a switch that
+costs, costs in every block), with the speed probe read on both sides of that first request. A fixed product timed before every block (`speed_probe`, warmed
 first; with --memory-probe one reading 8 MB of weights too) records how this VM's speed moved.
 Prints JSON and writes benchmarks/results/split_accuracy.json: per case the predicted and measured
 medians (ms) with their parts, and the error (measured / predicted - 1: the verdict); every block's
@@ -167,6 +168,9 @@ def block(client, k: int, args, n: int, memory: bool = False) -> dict:
     client.selector.switch(k)
     client.invoke(*args)
     first = dict(client.last)
+    # the speed state the first request ran in is read on both sides of it: a block whose state
+    # flips between the probes measured the VM, not the switch
+    first["probe_after_s"] = speed_probe()
     rows = []
     for _ in range(n):
         client.invoke(*args)
@@ -193,11 +197,36 @@ def summary(blocks: List[dict], cut: str) -> dict:
             "switch_ratio_all": [round(b["first"]["total_s"] / steady, 3) for b in blocks],
             # pages the request's thread touched for the first time (OffloadClient's last["faults"])
             "switch_faults": [b["first"].get("faults") for b in blocks],
+            "switch_probe_after_us": [None if b["first"].get("probe_after_s") is None
+                                      else round(b["first"]["probe_after_s"] * 1e6, 1) for b in blocks],
+            # where the first request's time went (ms), to tell a cold edge from a cold service or link
+            "switch_first_ms": [{f: round(b["first"][f + "_s"] * 1e3, 3) for f in ("total", "edge", "server", "remote",
+                                                                                  "client")} for b in blocks],
             "steady_faults_max": max((r.get("faults") or 0 for r in rows), default=0),
             "probe_us": [round(b["probe_s"] * 1e6, 1) for b in blocks],
             "probe_mem_us": [None if b.get("probe_mem_s") is None else round(b["probe_mem_s"] * 1e6, 1) for b in blocks],
             # every block's requests (ms), beside its probe: the state diagnostics are recomputed from these
             "block_ms": [[round(r["total_s"] * 1e3, 3) for r in b["rows"]] for b in blocks]}
+
+
+def switch_summary(measured: List[dict]) -> dict:
+    """The switch latency over every measured case (`summary`'s dicts, each measured block once): the
+    first request after a switch over its block's steady ones, per block and per cut (the median of
+    its blocks: a switch that costs, cold kernels or arena or caches, costs in every block; one
+    block's speed flip does not move it), and the blocks over 1.2 beside the speed probes on both
+    sides of their first request."""
+    switch = [x for m in measured for x in m["switch_ratio"]]
+    per_cut = [float(np.median(m["switch_ratio"])) for m in measured if m["switch_ratio"]]
+    over = [{"ratio": x, "probe_before_us": m["probe_us"][i], "probe_after_us": m["switch_probe_after_us"][i],
+             "first_ms": m["switch_first_ms"][i], "steady_ms": m["block_ms"][i]}
+            for m in measured for i, x in enumerate(m["switch_ratio"]) if x > 1.2]
+    return {"median_first_over_steady": round(float(np.median(switch)), 3),
+            "max_first_over_steady": round(max(switch), 3),
+            "over_1.2": sum(x > 1.2 for x in switch), "blocks": len(switch),
+            "max_per_cut_median": round(max(per_cut), 3), "cuts": len(per_cut), "blocks_over_1.2": over,
+            "max_first_over_all_blocks_steady": round(max(x for m in measured for x in m["switch_ratio_all"]), 3),
+            "first_request_faults_max": max((f or 0 for m in measured for f in m["switch_faults"]), default=0),
+            "steady_faults_max": max((m["steady_faults_max"] for m in measured), default=0)}
 
 
 def call_cost(client, cloud_cuts: List[int], args, n: int = 6) -> float:
@@ -485,8 +514,6 @@ def main(argv=None) -> int:
     # each measured block once: a cut with no remote part is measured once per slowdown and shared by
     # every bandwidth's cases (and modes) that chose it, which counted one slow first request 12 times
     blocks_measured = list({id(r["measured"]): r["measured"] for r in rows}.values())
-    switch = [x for m in blocks_measured for x in m["switch_ratio"]]
-    switch_all = [x for m in blocks_measured for x in m["switch_ratio_all"]]
     probes = [x for m in blocks_measured for x in m["probe_us"]]
     ref_us, ref_mem_us = (float(np.median([c[i] for c in calib_probes])) * 1e6 for i in (0, 1))
     if samples:  # the state the part fit took its samples to (its probes' fast state): what the prices hold for
@@ -513,13 +540,7 @@ def main(argv=None) -> int:
            "other_pricing": {"compare": theirs, "part_cost": _part_dict(parts[theirs]),
                              "summary": aggregate([{**x, "error": x["error_other"]} for x in rows])},
            "best_measured_gain": max((g["measured_gain"] for g in gains), default=None),
-           "switch": {"median_first_over_steady": round(float(np.median(switch)), 3),
-                      "max_first_over_steady": round(max(switch), 3),
-                      "over_1.2": sum(x > 1.2 for x in switch), "blocks": len(switch),
-                      "max_first_over_all_blocks_steady": round(max(switch_all), 3),
-                      "first_request_faults_max": max((f or 0 for m in blocks_measured for f in m["switch_faults"]),
-                                                      default=0),
-                      "steady_faults_max": max((r["measured"]["steady_faults_max"] for r in rows), default=0)},
+           "switch": switch_summary(blocks_measured),
            "speed_probe_us": {"min": min(probes), "median": float(np.median(probes)), "max": max(probes),
                               "p90_over_min": round(float(np.percentile(probes, 90)) / min(probes), 3),
                               "while_calibrating": [round(x[0] * 1e6, 1) for x in calib_probes],

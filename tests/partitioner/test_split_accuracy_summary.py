@@ -26,6 +26,23 @@ def test_switch_is_against_its_own_block_and_the_median_over_all():
     assert s["switch_faults"] == [3, 0, 3] and s["steady_faults_max"] == 1
 
 
+def test_the_switch_per_cut_is_the_median_of_its_blocks_and_the_slow_blocks_carry_their_probes():
+    from split_accuracy import summary, switch_summary
+    first = dict(_row(0.011), probe_after_s=2e-4)
+    flipped = dict(_row(0.014), probe_after_s=3e-4)  # the VM slow during this first request only
+    fast = {"first": first, "rows": [_row(0.010), _row(0.010)], "probe_s": 2e-4}
+    one = summary([fast, {**fast, "first": flipped, "probe_s": 3e-4}, fast], "cut0")
+    cold = {"first": dict(_row(0.013), probe_after_s=2e-4), "rows": [_row(0.010)], "probe_s": 2e-4}
+    two = summary([cold, cold, fast], "cut0")  # another cut whose switch costs in most blocks
+    s = switch_summary([one, two])
+    assert s["blocks"] == 6 and s["over_1.2"] == 3 and s["cuts"] == 2
+    assert s["max_first_over_steady"] == pytest.approx(1.4)
+    assert s["max_per_cut_median"] == pytest.approx(1.3)  # cut1's cost shows; cut0's one flip does not
+    flip = s["blocks_over_1.2"][0]
+    assert flip["probe_before_us"] == 300.0 and flip["probe_after_us"] == 300.0
+    assert flip["first_ms"]["total"] == pytest.approx(14.0) and flip["steady_ms"] == [10.0, 10.0]
+
+
 def test_a_request_off_the_cut_fails_the_case():
     from split_accuracy import summary
     with pytest.raises(SystemExit, match="expected every request on cut0"):

@@ -140,7 +140,8 @@ def _priced(g, y, plans, profile) -> List[float]:
     from isthmus.partitioner.devices import CLOUD_DEVICE, EDGE_DEVICE  # deferred: partitioner.devices loads scipy
     from isthmus.partitioner.plan import priced  # deferred: partitioner.plan loads scipy
     from isthmus.partitioner.problem import Constraints, Problem  # deferred: partitioner.problem loads scipy
-    edge = replace(profile, part=None, client=None, kernel_table="edge", weight_stream_s=0.0)
+    edge = replace(profile, part=None, client=None, kernel_table="edge", weight_stream_s=0.0,
+                   weight_cache_hi=0.0)
     p = Problem(g, CostModel({EDGE_DEVICE: edge, CLOUD_DEVICE: edge}, LinkModel(10e6, 10e6, 0.01)), [y],
                 Constraints(edge_memory_budget=None))
     return [priced(p, p.assignment(plan.placement))[0].compute.get(EDGE_DEVICE, 0.0) for plan in plans]

@@ -51,6 +51,7 @@ def kernel_rows(cost, graph, out, kernel_s: Dict[str, float], device: str) -> Li
     outs = resolve_outputs(graph, [out])
     roles = cost.roles(needed_nodes(outs), outs)
     rows = []
+    frac = cost.profiles[device].weight_fraction(model_weights(graph))
     for name, sec in _attach_quantize_steps(kernel_s, groups).items():
         members = groups.get(name)
         if members is None:
@@ -60,7 +61,10 @@ def kernel_rows(cost, graph, out, kernel_s: Dict[str, float], device: str) -> Li
         run = roles.runs_as.get(head[0], head[0])
         shapes = "x".join(str(tuple(t.shape)) for t in run.inputs[:2])
         rows.append({"kernel": name, "key": cost_key(run), "shapes": shapes, "measured": sec,
-                     "predicted": sum(cost.model_time(m, device, roles) for m in members),
+                     # with what its weights from memory add, as far as the model's weights pass the cache
+                     "predicted": sum(cost.model_time(m, device, roles) + frac * cost.streamed_extra(m, device, roles)
+                                      for m in members),
+                     "streamed": sum(frac * cost.streamed_extra(m, device, roles) for m in members),
                      "absorbed": [m.op for m in members if roles.of(m) == ABSORBED],
                      "terms": [_terms(cost, m, roles) for m in members]})
     return rows
@@ -96,7 +100,7 @@ def by_key(rows: List[dict]) -> Dict[str, dict]:
 
 def profiles(models, int8: bool):
     """(core profile, interpreter profile, its samples) calibrated here on the models' ops, one thread, CPU time."""
-    from isthmus.converters.edge_profile import OPS, _measure, fused_share, measure_weight_streaming
+    from isthmus.converters.edge_profile import OPS, _build, _measure, fused_share, with_weights_from_memory
     from isthmus.partitioner import calibrate as cal
     from isthmus.partitioner.calibrate import calibrate
     from isthmus.partitioner.devices import EDGE
@@ -104,12 +108,12 @@ def profiles(models, int8: bool):
     for name in models:
         ops |= {n.op for n in MODELS[name]()[0].nodes}
     core = calibrate("core", sorted(ops), "quick", blas_threads=1, clock="cpu")
-    measured = _measure(sorted(ops & set(OPS)), "quick", int8)
+    built = _build(sorted(ops & set(OPS)), "quick", int8)
+    measured = _measure(sorted(ops & set(OPS)), "quick", int8, built=built)
     samples = [s for s, _ in measured]
     edge = replace(cal.fit(samples, "interpreter", EDGE), blas_threads=1)
     edge = replace(edge, fused_steps=fused_share(edge, measured, edge.fused_steps))  # as calibrate_edge does
-    stream_s, cache = measure_weight_streaming(int8)
-    edge = replace(edge, weight_stream_s=stream_s, weight_cache=cache)
+    edge = with_weights_from_memory(edge, built, int8)
     return core, replace(edge, op_coeffs={**core.op_coeffs, **edge.op_coeffs}), samples
 
 
@@ -133,13 +137,15 @@ def run_model(name: str, priced: Dict[str, object], int8: bool, runs: int, slowd
         rows = kernel_rows(cost, graph, out, ks, EDGE_DEVICE)
         worst = sorted(rows, key=lambda r: -abs(r["predicted"] - r["measured"]))
         res["prices"][label] = {
-            "predicted_ms": round(sum(r["predicted"] for r in rows) * 1e3, 3),
-            # the part's weights beyond the edge's cache, read from memory (DeviceProfile.weight_streaming)
-            "weights_from_memory_ms": round(prof.weight_streaming(weights) * 1e3, 3),
+            "predicted_ms": round((sum(r["predicted"] for r in rows) + prof.weight_streaming(weights)) * 1e3, 3),
+            # of predicted_ms: the kernels' weights read from memory (plan.weights_from_memory's terms)
+            "weights_from_memory_ms": round((prof.weight_streaming(weights) + sum(
+                r.get("streamed", 0.0) for r in rows)) * 1e3, 3),
             "by_key": by_key(rows),
             "worst": [{**r, "measured": round(r["measured"] * 1e6, 1), "predicted": round(r["predicted"] * 1e6, 1)}
                       for r in worst[:12]]}
-        res["kernels"] = [{k: r[k] for k in ("kernel", "key", "shapes", "measured", "terms") if k in r} for r in rows]
+        res["kernels"] = [{k: r[k] for k in ("kernel", "key", "shapes", "measured", "predicted", "terms") if k in r}
+                          for r in rows]
     return res
 
 
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
         r = doc["models"][name] = run_model(name, {"core": core, "interpreter": interp}, not opts.fp32, opts.runs,
                                                opts.slowdown)
         print(f"{name}: measured {r['measured_ms']} ms; " + "; ".join(
-            f"{k} predicts {v['predicted_ms']} ms (+ {v['weights_from_memory_ms']} ms of weights from memory)"
+            f"{k} predicts {v['predicted_ms']} ms ({v['weights_from_memory_ms']} ms of it weights from memory)"
             for k, v in r["prices"].items()), file=sys.stderr)
         for label, v in r["prices"].items():
             for key, d in sorted(v["by_key"].items(), key=lambda kv: -kv[1]["measured_ms"]):

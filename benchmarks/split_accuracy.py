@@ -24,7 +24,7 @@ the caches a segment of edge kernels finds cold after the idle before it, measur
 of the idle (apps/part_measure.cold_samples) and taken out of the parts before that fit; every part
 and cold sample taken to the fast speed state by the probe read beside it, partitioner/speed_state.py)
 x slowdown, and the weights a part reads
-beyond the edge's cache (DeviceProfile.weight_streaming, measured with the edge profile); the client's own cost as `isthmus profile --client` measures
+beyond the edge's cache (plan.weights_from_memory, measured with the edge profile); the client's own cost as `isthmus profile --client` measures
 it, priced as the emulation runs it (per call and byte, unslowed: see cost_model); the link
 bytes / bandwidth + RTT once each way, plus the service's own cost per call, measured against the
 running service with the link at zero. Per model, slowdown and bandwidth the modes are: the plan
@@ -527,7 +527,9 @@ def main(argv=None) -> int:
            "client_priced": "as emulated (per call and byte, unslowed)" if opts.emulated_client else "x slowdown",
            "part_cost": None if part is None else part.to_dict(),
            "edge_prices": opts.edge_prices,
-           "weight_streaming": {"weight_stream_s": interp.weight_stream_s, "weight_cache": interp.weight_cache},
+           "weight_streaming": {"weight_stream_s": interp.weight_stream_s, "weight_cache": interp.weight_cache,
+                                 "weight_cache_hi": interp.weight_cache_hi,
+                                 "memory_coeffs": {k: v for k, v in interp.op_coeffs.items() if k.endswith("@memory")}},
            "summary": aggregate(rows), "gains": gains,
            # a diagnostic, not the verdict: the errors had the edge run at the speed probed while calibrating
            "summary_at_reference_speed": aggregate([{**x, "error": x["error_at_reference_speed"]} for x in rows]),

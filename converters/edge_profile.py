@@ -28,7 +28,7 @@ from isthmus.core.session import Session
 from isthmus.edge.interpreter import Interpreter
 from isthmus.partitioner import calibrate as cal
 from isthmus.partitioner.costmodel import cost_key, op_cost
-from isthmus.partitioner.devices import EDGE, DeviceProfile
+from isthmus.partitioner.devices import EDGE, MEMORY, DeviceProfile
 from isthmus.partitioner.threads import limited_blas_threads
 
 from .edge_export import to_edge
@@ -82,23 +82,32 @@ def measure_edge(ops: Optional[Sequence[str]] = None, level: str = "quick", int8
     return [s for s, _ in _measure(ops, level, int8, budget_s, rounds)]
 
 
-def _measure(ops, level: str, int8: bool, budget_s: float = 0.03, rounds: int = 3) -> List[Tuple[cal.Sample, int]]:
-    """measure_edge's samples, each with its node's output elements."""
+def _build(ops, level: str, int8: bool) -> list:
+    """Every calibration case of `ops` as an edge model: (model bytes, input values, op, cost key,
+    shapes, FLOPs, bytes, output elements, weight elements)."""
     built = []
     for op in ops or OPS:
         for inputs, build in cal.cases(op, level):
             g, live, values, node = case_graph(op, inputs, build)
             c = op_cost(node)
+            weights = int(np.prod(node.inputs[1].shape)) if op in cal.WEIGHT_OPS and len(node.inputs) > 1 else 0
             built.append((_edge_model(g, live, values, node, int8), values, op, cost_key(node),
                           "x".join(str(a.shape) for a in inputs), c.flops, c.bytes_read + c.bytes_written,
-                          int(np.prod(node.outputs[0].shape))))
+                          int(np.prod(node.outputs[0].shape)), weights))
+    return built
+
+
+def _measure(ops, level: str, int8: bool, budget_s: float = 0.03, rounds: int = 3,
+             built: Optional[list] = None) -> List[Tuple[cal.Sample, int]]:
+    """measure_edge's samples, each with its node's output elements (`built`: _build's, else built here)."""
+    built = _build(ops, level, int8) if built is None else built
     best = [float("inf")] * len(built)
     with limited_blas_threads(1):
         for _ in range(rounds):
             for k, (data, values, op, *_rest) in enumerate(built):
                 best[k] = min(best[k], _time(data, values, op, budget_s / rounds))
     return [(cal.Sample(key, shape, flops, nbytes, sec), out)
-            for (_, _, _, key, shape, flops, nbytes, out), sec in zip(built, best)]
+            for (_, _, _, key, shape, flops, nbytes, out, _), sec in zip(built, best)]
 
 
 def fused_share(profile: DeviceProfile, measured: Sequence[Tuple[cal.Sample, int]], default: float = 1.0) -> float:
@@ -140,36 +149,36 @@ def _stream_chain(int8: bool, convs: int):
     return _edge_model(g, [x], values, y.node, int8), values, 256 * 1024 + 512
 
 
-def fit_streaming(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
-    """(seconds per element, cache elements) of extra = s * max(weights - cache, 0), least squares
-    over (weights, extra seconds) points, the cache on a grid of 1/64ths of the largest weights."""
-    pts = sorted((float(w), float(e)) for w, e in points)
+def fit_ramp(points: Sequence[Tuple[float, float]]) -> Tuple[float, float]:
+    """(lo, hi) weight elements of fraction = clamp((weights - lo) / (hi - lo), 0, 1), least squares
+    over (weights, fraction) points, both ends on a grid of 1/64ths of the largest weights."""
+    pts = sorted((float(w), float(f)) for w, f in points)
+    ws, fs = np.array([w for w, _ in pts]), np.array([f for _, f in pts])
+    grid = np.linspace(0.0, ws[-1], 65)
     best = (float("inf"), 0.0, 0.0)
-    for cache in np.linspace(0.0, pts[-1][0], 64, endpoint=False):
-        xs = np.array([max(w - cache, 0.0) for w, _ in pts])
-        ys = np.array([e for _, e in pts])
-        s = max(float(xs @ ys) / float(xs @ xs), 0.0) if xs @ xs > 0 else 0.0
-        sse = float(((s * xs - ys) ** 2).sum())
-        if sse < best[0]:
-            best = (sse, s, float(cache))
+    for i, lo in enumerate(grid[:-1]):
+        for hi in grid[i + 1:]:
+            sse = float(((np.clip((ws - lo) / (hi - lo), 0.0, 1.0) - fs) ** 2).sum())
+            if sse < best[0]:
+                best = (sse, float(lo), float(hi))
     return best[1], best[2]
 
 
-# the cycles measure_weight_streaming times (convolutions of 262K weights each): every 2 from 16 to 32
-# (4.2M-8.4M weights), where the weights stop fitting the cache and a 6.0M-weight network sits. With one
-# point there (24), the fitted cache moved 1.6-5.5M between fits and ResNet-shaped's price 0.10-1.06 ms;
-# measured here (load 5.5-6.5, four fits each) 0.79-1.36 ms with it, 1.01-1.17 with these
-SIZES = (2, 4, 8, 12, 16, 18, 20, 22, 24, 26, 28, 30)
+# the cycles measure_weight_streaming times (convolutions of 262K weights each): dense from 12 to 30
+# (3.1M-7.9M weights), where the weights stop fitting the cache and a 6.0M-weight network sits, and
+# beyond, where every convolution reads its weights from memory (measured here: 45 us each up to 3.1M,
+# 62 at 4.2M, 86 at 5.2M, 101 at 6.3M, 100-106 from there to 12.6M)
+SIZES = (2, 4, 8, 12, 16, 18, 20, 22, 24, 26, 28, 30, 36, 42, 48)
 
 
-def measure_weight_streaming(int8: bool = True, convs: int = 32, rounds: int = 9) -> Tuple[float, float]:
-    """(DeviceProfile.weight_stream_s, weight_cache) of the edge interpreter here: a cycle of the first
+def measure_weight_streaming(int8: bool = True, convs: int = 48, rounds: int = 7) -> Tuple[float, float]:
+    """(DeviceProfile.weight_cache, weight_cache_hi) of the edge interpreter here: a cycle of the first
     P of `convs` weight-bound convolutions (_stream_chain), each P timed hot in a loop (CPU time, one
-    thread, the median of `rounds` passes: with 5, ResNet-shaped's 6.0M weights were priced 0.26-0.95 ms
-    across fits, with 9, 0.46-0.47 ms in three; the cycles of `SIZES`); what a convolution takes beyond its time in the smallest
-    cycle (its weights in the shared cache, as the one-node calibration finds them), times P, against
-    the cycle's weight elements, fitted as s * (weights - cache) (fit_streaming). A cycle of 2 runs
-    at its one-node time; of 16 or more, 1.2-1.8x (the weights come from memory)."""
+    thread, the median of `rounds` passes; the cycles of `SIZES`); what a convolution takes beyond its
+    time in the smallest cycle (its weights in the shared cache, as the one-node calibration finds
+    them), as a fraction of that beyond in the largest cycles (every weight from memory), against the
+    cycle's weight elements, fitted as a ramp (fit_ramp). (0, 0) where the largest cycles take under
+    5% more than the smallest: no cache edge measured."""
     data, values, per_conv = _stream_chain(int8, convs)
     it = Interpreter(data)
     mine = [k for k, (kind, op) in enumerate(it.steps_info) if kind == "op" and op not in BORDERS]
@@ -190,13 +199,70 @@ def measure_weight_streaming(int8: bool = True, convs: int = 32, rounds: int = 9
                         step()
                     times.append(time.thread_time() - c)
                 per[p].append(float(np.median(times)) / p)
-    # the median pass: what the shared cache holds depends on the neighbours, and a plan meets them as they are
-    best = {p: float(np.median(v)) for p, v in per.items()}
-    base = best[sizes[0]]
-    s, cache = fit_streaming([(p * per_conv, p * (best[p] - base)) for p in sizes])
-    if s * (sizes[-1] * per_conv - cache) < 0.05 * base * sizes[-1]:  # under 5% at the largest cycle: none measured
+    # per pass (a pass takes a fraction of a second: one speed state of this VM), the fraction of the
+    # largest cycles' extra; then the median pass: what the shared cache holds depends on the neighbours
+    largest = sizes[-max(2, len(sizes) // 5):]
+    fracs: dict = {p: [] for p in sizes}
+    tops = []
+    for r in range(rounds):
+        base = per[sizes[0]][r]
+        top = float(np.median([per[p][r] for p in largest])) - base
+        tops.append(top / base)
+        for p in sizes:
+            fracs[p].append(min(max((per[p][r] - base) / top, 0.0), 1.5) if top > 0 else 0.0)
+    if float(np.median(tops)) < 0.05:
         return 0.0, 0.0
-    return s, cache
+    return fit_ramp([(p * per_conv, float(np.median(fracs[p]))) for p in sizes])
+
+
+# the weight-bound cost keys: few output pixels, so a convolution's time is its weights' read (ResNet-
+# shaped's 2x2 and 4x4 stages ran 1.2-2.2x their one-node time inside the whole 6.0M-weight model)
+STREAMED_KEYS = ("Conv2D:narrow", "FusedConv2D:narrow")
+STREAM_WEIGHTS = 12e6  # weight elements a streamed case's copies hold together: past the cache's edge
+
+
+def measure_streamed(built: list, rounds: int = 3) -> List[cal.Sample]:
+    """Samples "<key>@memory" of _build's cases of STREAMED_KEYS timed with their weights from memory:
+    copies of the case's edge model (each interpreter packs its own weights), as many as hold
+    STREAM_WEIGHTS elements, run in a cycle; per case the fastest over `rounds` passes over all of
+    them of the median cycle's seconds per copy (CPU time, one thread)."""
+    cases = [b for b in built if b[3] in STREAMED_KEYS and b[8] > 0]
+    best = [float("inf")] * len(cases)
+    cycles = []
+    for data, values, *_rest in cases:
+        copies = max(4, int(np.ceil(STREAM_WEIGHTS / _rest[-1])))
+        its = [Interpreter(data) for _ in range(copies)]
+        steps = []
+        for it in its:
+            it.invoke(*values)
+            steps += [s for (kind, name), (_, s) in zip(it.steps_info, it.kernels) if kind == "op" and name not in BORDERS]
+        cycles.append((steps, copies))
+    with limited_blas_threads(1):
+        for _ in range(rounds):
+            for k, (steps, copies) in enumerate(cycles):
+                times = []
+                for _ in range(4):
+                    c = time.thread_time()
+                    for step in steps:
+                        step()
+                    times.append(time.thread_time() - c)
+                best[k] = min(best[k], float(np.median(times[1:])) / copies)  # the first warms the code
+    return [cal.Sample(key + MEMORY, shape, flops, nbytes, sec)
+            for (_, _, _, key, shape, flops, nbytes, _, _), sec in zip(cases, best)]
+
+
+def with_weights_from_memory(profile: DeviceProfile, built: list, int8: bool = True) -> DeviceProfile:
+    """`profile` with the weights a part reads from memory priced (DeviceProfile.weight_fraction,
+    streamed_extra): the cache's edge from measure_weight_streaming, a "<key>@memory" regression per
+    STREAMED_KEYS key from measure_streamed on `built`'s cases (_build's). The older whole-part term
+    (weight_stream_s) is left at 0."""
+    lo, hi = measure_weight_streaming(int8)
+    by: dict = {}
+    for smp in measure_streamed(built):
+        by.setdefault(smp.op, []).append(smp)
+    coeffs = {op: cal.fit_coeffs(ss) for op, ss in by.items()}
+    return replace(profile, op_coeffs={**profile.op_coeffs, **coeffs}, weight_stream_s=0.0, weight_cache=lo,
+                   weight_cache_hi=hi)
 
 
 def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = None, level: str = "quick",
@@ -204,11 +270,11 @@ def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = Non
                    path: Optional[str] = None) -> DeviceProfile:
     """The profile of the edge interpreter on this machine (int8 or fp32 models; `slowdown` > 1: a
     device that many times slower), with `base`'s kernel table, memory budget, client and part."""
-    measured = _measure(ops, level, int8)
+    built = _build(ops, level, int8)
+    measured = _measure(ops, level, int8, built=built)
     profile = replace(cal.fit([s for s, _ in measured], device, base), blas_threads=1)
     profile = replace(profile, fused_steps=fused_share(profile, measured, profile.fused_steps))
-    stream_s, cache = measure_weight_streaming(int8)
-    profile = replace(profile, weight_stream_s=stream_s, weight_cache=cache)
+    profile = with_weights_from_memory(profile, built, int8)
     if slowdown != 1.0:
         profile = profile.scaled(slowdown, name=device)
     if path:
@@ -216,4 +282,5 @@ def calibrate_edge(device: str = "edge-int8", ops: Optional[Sequence[str]] = Non
     return profile
 
 
-__all__ = ["calibrate_edge", "measure_edge", "fused_share", "fit_streaming", "measure_weight_streaming", "OPS"]
+__all__ = ["calibrate_edge", "measure_edge", "fused_share", "fit_ramp", "measure_weight_streaming", "measure_streamed",
+           "with_weights_from_memory", "OPS", "STREAMED_KEYS"]

@@ -260,6 +260,18 @@ class CostModel:
         m = roles.runs_as.get(node, node)
         return self.node_time(m, device)
 
+    def streamed_extra(self, node: Node, device: str, roles: Roles) -> float:
+        """What the node's kernel takes beyond run_time when its weights come from memory, not the
+        shared cache (DeviceProfile.streamed_extra; a part's whole weights decide how far: plan.py)."""
+        if roles.of(node) in (FREE, ABSORBED):
+            return 0.0
+        m = roles.runs_as.get(node, node)
+        if m.op in _FREE_OPS:
+            return 0.0
+        c = self.cost(m)
+        return self.profiles[device].streamed_extra(cost_key(m, self.batch_size), c.flops,
+                                                    c.bytes_read + c.bytes_written)
+
     def _absorbed_time(self, node: Node, device: str) -> float:
         """An elementwise step inside a fused kernel: priced as its op, fixed cost included (the
         fused kernel still makes one numpy call per step; only the executor's dispatch, which no

@@ -20,6 +20,7 @@ EDGE_DEVICE = "/job:edge/task:0/device:CPU:0"
 CLOUD_DEVICE = "/job:cloud/task:0/device:CPU:0"
 
 Coeffs = Tuple[float, float, float]  # seconds = c0 + c_flops * flops + c_bytes * bytes
+MEMORY = "@memory"  # op_coeffs' suffix of a kernel's regression timed with its weights from memory
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,38 @@ class DeviceProfile:
     # times a product with its weights in the shared cache; a part whose products' weights exceed
     # `weight_cache` elements reads the excess from memory every request, `weight_stream_s` seconds each
     # (ResNet-shaped's few-pixel 1x1 convolutions ran 1.7x their one-node time in its 6M weights)
+    # (an older profile's measure; calibrate_edge now writes the one below and leaves this at 0)
     weight_stream_s: float = 0.0
     weight_cache: float = 0.0
+    # the same effect measured per kernel: a weight-bound kernel (few output pixels: STREAMED_KEYS) has
+    # a second regression "<key>@memory", timed with its weights coming from memory, not the shared
+    # cache; a part whose products read W weight elements pays weight_fraction(W) of the difference
+    # for each of its such kernels, the fraction rising from 0 at `weight_cache` to 1 at
+    # `weight_cache_hi` (a cycle of such convolutions here: 45 us each up to 3M weights, 100 from 6.3M)
+    weight_cache_hi: float = 0.0
 
     def weight_streaming(self, weights: float) -> float:
-        """Seconds a part whose products read `weights` elements loses to those beyond the cache."""
+        """Seconds a part whose products read `weights` elements loses to those beyond the cache
+        (the older, whole-part measure: weight_stream_s)."""
         return self.weight_stream_s * max(float(weights) - self.weight_cache, 0.0)
+
+    def weight_fraction(self, weights: float) -> float:
+        """How far a part reading `weights` elements has its kernels' weights come from memory (0-1)."""
+        lo, hi = self.weight_cache, self.weight_cache_hi
+        if hi <= lo:
+            return 0.0
+        return min(max((float(weights) - lo) / (hi - lo), 0.0), 1.0)
+
+    def streamed_extra(self, op: str, flops: float, nbytes: float) -> float:
+        """What a kernel of cost key `op` takes beyond its calibration when its weights come from
+        memory ("<op>@memory" less the regression op_time uses; 0 without that regression). Priced
+        beside the part, as weight_streaming is: not scaled by its kernel_scale."""
+        c = self.op_coeffs.get(op + MEMORY)
+        if c is None:
+            return 0.0
+        t = c[0] + c[1] * flops + c[2] * nbytes
+        hot = self.op_time(op, flops, nbytes) / (1.0 if self.part is None else self.part.kernel_scale)
+        return max(t - hot, 0.0)
 
     def supports(self, op: str, node=None) -> bool:
         """Whether this device runs `op`; given the graph node, its attributes and dtypes count too."""
@@ -116,7 +143,7 @@ class DeviceProfile:
         fs = d.get("fused_steps", 1.0)
         if isinstance(fs, bool) or not isinstance(fs, (int, float)) or not 0.0 <= fs < float("inf"):
             raise ValueError(f"device profile field fused_steps must be a finite number >= 0, got {fs!r}")
-        for k in ("weight_stream_s", "weight_cache"):
+        for k in ("weight_stream_s", "weight_cache", "weight_cache_hi"):
             v = d.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < float("inf"):
                 raise ValueError(f"device profile field {k} must be a finite number >= 0, got {v!r}")

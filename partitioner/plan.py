@@ -162,14 +162,14 @@ def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown, edge_s: float) ->
     per request (whatever the plan: a cloud-only plan's part still takes the inputs and sends them),
     and the bytes crossing its boundary: the inputs placed there, the tensors it computed and sends,
     those it receives, the outputs it returns (apps/part_measure.py counts the same); and the weights
-    its products read beyond what the edge's cache holds (DeviceProfile.weight_streaming). A part's
+    its products read beyond what the edge's cache holds (weights_from_memory). A part's
     whole weights decide that, so the min cut's per-node prices leave it out; every plan is priced with it.
     And the caches its segments of kernels find cold (PartCost.cold): the first after the idle before
     the request (PartCost.sleep_ratio x the request's edge time, `edge_s` with these terms), each
     after a remote call after the call (its transfers and the cloud's compute). That is a price per
     plan, not per node, and the same for every split with one call, so the min cut leaves it out too."""
     edge = p.devices[p.edge]
-    stream = p.cost.profiles[edge].weight_streaming(edge_weights(p, assign))
+    stream = weights_from_memory(p, assign)
     part = p.cost.profiles[edge].part
     if part is None:
         return stream
@@ -180,6 +180,17 @@ def part_seconds(p: Problem, assign: np.ndarray, b: Breakdown, edge_s: float) ->
         nbytes += sum(f.nbytes for f in p.flows if f.is_output)
     fixed = part.seconds(1, nbytes) + stream
     return fixed + cold_seconds(p, assign, b, part, edge_s + fixed)
+
+
+def weights_from_memory(p: Problem, assign: np.ndarray) -> float:
+    """Seconds the edge part's kernels lose to weights read from memory: as far as the part's weights
+    exceed the edge's cache (DeviceProfile.weight_fraction), the extra of each of its weight-bound
+    kernels (Problem.streamed), and the older whole-part measure (DeviceProfile.weight_streaming)."""
+    prof = p.cost.profiles[p.devices[p.edge]]
+    w = edge_weights(p, assign)
+    frac = prof.weight_fraction(w)
+    mine = np.asarray(assign) == p.edge
+    return prof.weight_streaming(w) + (frac * float(p.streamed[mine].sum()) if frac > 0.0 else 0.0)
 
 
 def cold_seconds(p: Problem, assign: np.ndarray, b: Breakdown, part, edge_s: float) -> float:

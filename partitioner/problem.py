@@ -125,6 +125,10 @@ class Problem:
         self.roles = self.cost.roles(everything, self.outputs)
         self.times = np.array([[self.cost.run_time(n, d, self.roles) for d in self.devices] for n in self.nodes],
                               dtype=np.float64).reshape(len(self.nodes), len(self.devices))
+        # what each node's edge kernel adds with its weights from memory (a part's price: plan.part_seconds)
+        self.streamed = np.array([0.0 if self.edge is None else
+                                  self.cost.streamed_extra(n, self.devices[self.edge], self.roles) for n in self.nodes],
+                                 dtype=np.float64)
 
     def _collect_flows(self) -> None:
         idx = self.index

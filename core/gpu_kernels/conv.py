@@ -116,14 +116,17 @@ def depthwise_forward(xp, x, w, g: Geometry):
         raw.launch(xp, "isthmus_dw_forward", y.size, (xp.ascontiguousarray(x), xp.ascontiguousarray(w), y) + _raw_geom(g))
         return y
     xpad = _padded(xp, x, g)
-    y = xp.zeros((g.n, g.c, g.oh, g.ow), dtype=x.dtype)
+    # a half-precision input sums its taps in float32 (as the CPU path and cuDNN do): in float16 the
+    # rounding of every partial sum put ONNX's float16 causal convolution 1e-3 off its reference
+    acc = xp.float32 if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x.dtype
+    y = xp.zeros((g.n, g.c, g.oh, g.ow), dtype=acc)
     tmp = xp.empty_like(y)
     for i in range(g.kh):
         for j in range(g.kw):
             rs, cs = g.tap(i, j)
             xp.multiply(xpad[:, :, rs, cs], w[:, 0, i, j].reshape(1, -1, 1, 1), out=tmp)
             xp.add(y, tmp, out=y)
-    return y
+    return y if y.dtype == x.dtype else y.astype(x.dtype)
 
 
 def _grouped(xp, g: Geometry, fn, x, w, axis_out: int):

@@ -1,7 +1,7 @@
 """Discrete Fourier transforms in ONNX's layout (a last axis of 1 for real, 2 for real/imaginary): DFT
 along one axis (inverse normalised by 1/n; onesided keeps n // 2 + 1 bins, or for the inverse reads
-them and returns a real signal) and STFT (frames of a signal, windowed, transformed). numpy FFT
-kernels, no gradient."""
+them and returns a real signal) and STFT (frames of a signal, windowed, transformed). FFT kernels
+of the device's array module (numpy.fft, cupy.fft), no gradient."""
 from __future__ import annotations
 
 from typing import Optional
@@ -18,15 +18,15 @@ __all__ = ["dft", "stft"]
 
 
 def _scalar(v) -> int:
-    return int(np.asarray(v).reshape(-1)[0])
+    return int(np.asarray(v).reshape(-1)[0])  # a size or an axis: host memory (passes/copies.py)
 
 
-def _complex(x):
-    return x[..., 0] + 1j * x[..., 1] if x.shape[-1] == 2 else x[..., 0].astype(np.complex128)
+def _complex(xp, x):
+    return x[..., 0] + 1j * x[..., 1] if x.shape[-1] == 2 else x[..., 0].astype(xp.complex128)
 
 
-def _as_pairs(z, dtype):
-    return np.stack([z.real, z.imag], -1).astype(dtype)
+def _as_pairs(xp, z, dtype):
+    return xp.stack([z.real, z.imag], -1).astype(dtype)
 
 
 def _infer_dft(node):
@@ -52,23 +52,23 @@ def _infer_dft(node):
 
 
 def _kernel_dft(node, ctx):
-    a = node.attrs
+    a, xp = node.attrs, ctx.xp
 
     def run(x, length=None, axis_t=None):
-        x = np.asarray(x)
+        x = xp.asarray(x)
         axis = _scalar(axis_t) if axis_t is not None else a["axis"]
         axis = axis + x.ndim if axis < 0 else axis  # counted over every axis, the real/imaginary one included
         if not 0 <= axis < x.ndim - 1:
             raise ValueError(f"DFT axis {axis} is not a signal axis of an input of rank {x.ndim}")
         n = _scalar(length) if length is not None and np.asarray(length).size else None
-        z = _complex(x)
+        z = _complex(xp, x)
         if a["inverse"] and a["onesided"]:
-            y = np.fft.irfft(z, n=n, axis=axis)
+            y = xp.fft.irfft(z, n=n, axis=axis)
             return y[..., None].astype(x.dtype)
-        y = np.fft.ifft(z, n=n, axis=axis) if a["inverse"] else np.fft.fft(z, n=n, axis=axis)
+        y = xp.fft.ifft(z, n=n, axis=axis) if a["inverse"] else xp.fft.fft(z, n=n, axis=axis)
         if a["onesided"]:
-            y = np.take(y, np.arange(y.shape[axis] // 2 + 1), axis=axis)
-        return _as_pairs(y, x.dtype)
+            y = y[(slice(None),) * axis + (slice(0, y.shape[axis] // 2 + 1),)]
+        return _as_pairs(xp, y, x.dtype)
     return run
 
 
@@ -97,24 +97,24 @@ def _infer_stft(node):
 
 
 def _kernel_stft(node, ctx):
-    onesided = node.attrs["onesided"]
+    onesided, xp = node.attrs["onesided"], ctx.xp
 
     def run(signal, step, window=None, length=None):
-        x = np.asarray(signal)
+        x = xp.asarray(signal)
         step = _scalar(step)
-        win = None if window is None or np.asarray(window).size == 0 else np.asarray(window)
+        win = None if window is None or window.size == 0 else xp.asarray(window)
         n = _scalar(length) if length is not None and np.asarray(length).size else (len(win) if win is not None else None)
         if n is None or step < 1 or n < 1:
             raise ValueError(f"STFT needs a frame length (window or frame_length) and a positive step, got {n}, {step}")
         frames = (x.shape[1] - n) // step + 1
-        idx = np.arange(frames)[:, None] * step + np.arange(n)[None, :]
-        z = _complex(x)[:, idx]  # [batch, frames, n]
+        idx = xp.arange(frames)[:, None] * step + xp.arange(n)[None, :]
+        z = _complex(xp, x)[:, idx]  # [batch, frames, n]
         if win is not None:
             z = z * win
-        y = np.fft.fft(z, axis=-1)
+        y = xp.fft.fft(z, axis=-1)
         if onesided:
             y = y[..., :n // 2 + 1]
-        return _as_pairs(y, x.dtype)
+        return _as_pairs(xp, y, x.dtype)
     return run
 
 

@@ -22,15 +22,18 @@ from .simplify import Rewrite
 # and the cross-task transfers
 HOST_OPS = frozenset({"Placeholder", "RandomNormal", "RandomUniform", "RandomUniformInt", "TruncatedNormal",
                       "Dropout", "Send", "Recv", "If", "While", "WhileGrad", "Shape", "Range", "NoOp",
-                      "Resize", "ResizeGrad"})
+                      "Resize", "ResizeGrad",
+                      # sequential, data-sized outputs: the host runs them (as TensorFlow's CPU-only kernels)
+                      "NonMaxSuppression", "Unique"})
 # inputs that hold sizes, axes or indices the kernel turns into Python ints: kept in host memory
 # even when the node runs on a GPU (TensorFlow's HostMemory)
 _HOST_INPUTS_FROM = {"Fill": 0, "ReshapeTo": 1, "ExpandDynamic": 1, "ReduceDynamic": 1, "SqueezeDynamic": 1,
-                     "SliceDynamic": 2, "SliceDynamicGrad": 2, "SplitSizes": 1}
-# the scalar hyperparameters of the optimizer updates: the kernels read them as Python floats
+                     "SliceDynamic": 2, "SliceDynamicGrad": 2, "SplitSizes": 1, "DFT": 1}
+# the scalar hyperparameters of the optimizer updates: the kernels read them as Python floats; STFT's sizes
 _HOST_INPUTS = {"ApplyGradientDescent": {1}, "ApplyMomentum": {2}, "ApplyAdagrad": {2},
                 "ApplyAdam": {3, 4, 5, 6, 7}, "SparseApplyGradientDescent": {1}, "SparseApplyMomentum": {2},
-                "SparseApplyAdagrad": {2}, "SparseApplyAdam": {3, 4, 5, 6, 7}}
+                "SparseApplyAdagrad": {2}, "SparseApplyAdam": {3, 4, 5, 6, 7},
+                "STFT": {1, 3}}  # the frame step and length (its window is data)
 # inputs of which the kernel reads only the shape: no copy, whatever device they are on
 _SHAPE_ONLY: Dict[str, Tuple[int, ...]] = {"Shape": (0,)}
 # inputs whose values a GPU kernel cannot check without a host sync (class ids): when they come

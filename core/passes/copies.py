@@ -145,9 +145,9 @@ class _CopyBuilder:
         if hit is not None:
             return hit
         tag = dst.rsplit("/device:", 1)[-1].replace(":", "")
-        if t.node.op == "Const":
+        if t.node.op == "Const":  # its control inputs too: what it waits for (a Recv's token) still runs
             n = self.g.add_node("Const", (), {"value": t.node.attrs["value"]}, name=f"{t.node.name}/on_{tag}",
-                                device=dst)
+                                device=dst, control_inputs=list(t.node.control_inputs))
             self.stats["consts_remade"] += 1
         else:
             n = self.g.add_node("DeviceCopy", (t,), {"src": src, "dst": dst}, name=f"{t.node.name}/to_{tag}",

@@ -56,6 +56,22 @@ def test_training_on_gpu_matches_cpu(backend):
     assert type(w) is np.ndarray and w.shape == (20, 32)
 
 
+def test_a_constant_remade_on_another_device_keeps_what_it_waits_for():
+    """A Const placed on the GPU and fetched to the host is made again there, with its control inputs:
+    without them the run pruned what it waited for (a split part's Recv of a token), and that token's
+    Send stayed pending in the rendezvous every step."""
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder("float32", (2,), name="x")
+        gate = ism.exp(x, name="gate")
+        with ism.control_dependencies([gate]):
+            k = ism.constant(np.ones(2, np.float32), name="k")
+    rw = insert_copies(g, list(g.nodes), [k], [x], "/device:GPU:0")
+    remade = rw.fetches[0].node
+    assert remade.op == "Const" and remade.device == "/device:CPU:0" and rw.stats["consts_remade"] == 1
+    assert [c.name for c in remade.control_inputs] == ["gate"]
+
+
 def test_copy_pass_one_copy_per_tensor_per_destination():
     g = ism.Graph()
     with g.as_default():

@@ -176,8 +176,8 @@ def cases(op: str, level: str = "full", rng=None) -> Iterator[Case]:
             g = Graph()
             phs = [placeholder_in(g, dtype, (4,), f"in{i}") for i in range(arity)]
             node = _node(op)(g, phs)
-            Session(g, parallel=False, optimize=False).run(node.outputs[0],
-                                                           {p: _data(rng, (4,), dtype) for p in phs})
+            Session(g, parallel=False, optimize=False, device="cpu").run(node.outputs[0],
+                                                                         {p: _data(rng, (4,), dtype) for p in phs})
         except Exception:
             continue
         for size in _SIZES[level]:
@@ -270,7 +270,9 @@ def _build_case(op: str, inputs: List[np.ndarray], build: Callable):
     g = Graph(seed=0)
     phs = [placeholder_in(g, a.dtype, a.shape, f"in{i}") for i, a in enumerate(inputs)]
     node = build(g, phs)
-    sess = Session(g, parallel=False, optimize=False)
+    # the CPU's kernels, whatever ISTHMUS_DEVICE says (`isthmus server --device gpu` sets it for its
+    # process): a GPU profile is calibrate_gpu's
+    sess = Session(g, parallel=False, optimize=False, device="cpu")
     feed = dict(zip(phs, inputs))
     c = op_cost(node)
     return (sess, feed, node, op, cost_key(node), "x".join(str(a.shape) for a in inputs), c.flops,

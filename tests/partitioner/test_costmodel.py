@@ -73,6 +73,15 @@ def test_calibration_times_real_kernels(tmp_path):
     assert DeviceProfile.load(str(path)) == edge and edge.name == "edge"
 
 
+def test_calibration_times_the_cpu_whatever_isthmus_device_says(monkeypatch):
+    """`isthmus server --device gpu` sets ISTHMUS_DEVICE for its process; the CPU calibration still
+    times the CPU's kernels (it failed on the GPU's copy nodes: a KeyError on 'in0/to_GPU0')."""
+    monkeypatch.setenv("ISTHMUS_DEVICE", "gpu")
+    monkeypatch.setenv("ISTHMUS_GPU", "simulated")
+    samples = measure(["Add", "MatMul"], "quick", budget_s=0.002, rounds=1)
+    assert {"Add", "MatMul"} <= {s.op for s in samples} and all(s.seconds > 0 for s in samples)
+
+
 def test_grouped_convolutions_have_their_own_cost_key():
     from isthmus.partitioner.costmodel import cost_key
     g = ism.Graph()
@@ -119,7 +128,7 @@ def test_the_cost_model_prices_the_graph_the_session_runs():
     assert t["bn"] == pytest.approx(prof.op_time("BiasAdd", 0, 0))     # a bias now, not a BatchNorm
     assert t["mm"] + t["ba"] + t["act"] == pytest.approx(sum(prof.op_coeffs[o][0] for o in ("MatMul", "BiasAdd", "Relu")))
     # what runs is what was priced: one kernel per priced node (fused kernels named after their last node)
-    ran = time_nodes(ism.Session(g, parallel=False), y, {x: np.ones((2, 8), np.float32)}, repeats=1)
+    ran = time_nodes(ism.Session(g, parallel=False, device="cpu"), y, {x: np.ones((2, 8), np.float32)}, repeats=1)
     kernels = {n.name for n in ran}
     runs = {n.name for n in p.nodes if role[n.name] == RUNS and n.op != "Placeholder"}
     assert {n.op for n in ran} >= {"FusedMatMul", "FusedConv2D"}

@@ -49,7 +49,7 @@ def test_kernel_groups_name_what_the_session_runs_and_measured_times_add_up():
     groups = kernel_groups(cm, g, [y])
     # the fused layers: product + bias + activation, named after the activation
     assert [n.op for n in groups["layer0"]] == ["Relu", "BiasAdd", "MatMul"]
-    sess = ism.Session(g, parallel=False)
+    sess = ism.Session(g, parallel=False, device="cpu")  # the CPU session the cost model prices
     xv = np.ones((4, 32), np.float32)
     ran = {n.name for n in time_nodes(sess, y, {x: xv}, repeats=1)}
     assert ran <= set(groups), ran - set(groups)

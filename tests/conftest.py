@@ -1,5 +1,9 @@
 """Suite-wide setup for parallel workers: the longest modules first (so two workers finish together),
-and numba's disk-cache writes serialized between the workers' processes (jit/cache_lock.py)."""
+and numba's disk-cache writes serialized between the workers' processes (jit/cache_lock.py); tests
+marked `cpu` (the CPU's own kernels and thread scheduling) keep their sessions on the CPU when the
+suite runs with ISTHMUS_DEVICE=gpu (the whole suite on the stand-in or a real GPU)."""
+import pytest
+
 from isthmus.jit import cache_lock
 
 # Modules holding one test of 20 s or more in a clean clone (a subprocess demo, a chain of CLI
@@ -24,3 +28,9 @@ def pytest_configure(config):
     """numba's cache writes locked in the test processes before any kernel compiles (the library
     installs the same lock at jit.available(); tests may compile before that)."""
     cache_lock.install()
+
+
+@pytest.fixture(autouse=True)
+def _cpu_marked_tests_on_the_cpu(request, monkeypatch):
+    if request.node.get_closest_marker("cpu") is not None:
+        monkeypatch.delenv("ISTHMUS_DEVICE", raising=False)

@@ -232,6 +232,10 @@ def _conv(node, ctx):
     activation = node.attrs.get("activation", "none")
 
     def run(x, w, bias=None):
+        if x.dtype.kind == "f" and x.dtype.itemsize < 4:  # half precision: the whole chain in float32,
+            y = run(x.astype(xp.float32), w.astype(xp.float32),  # rounded once at the end (as the CPU)
+                    None if bias is None else bias.astype(xp.float32))
+            return y.astype(x.dtype)
         y = conv_forward(xp, x, w, geom(x.shape, w.shape))
         if bias is not None and hasattr(xp, "ElementwiseKernel") and y.dtype == bias.dtype:
             return bias_act(xp, y, bias.reshape(1, -1, 1, 1), activation)  # one launch

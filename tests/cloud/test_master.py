@@ -188,6 +188,7 @@ def test_control_flow_runs_distributed():
         assert np.asarray(s.run(pos, {x: xv})).tobytes() == np.asarray(want).tobytes()
 
 
+@pytest.mark.cpu  # bit for bit against a CPU session
 def test_lstm_training_with_variables_on_ps_equals_local():
     def build():
         g = ism.Graph(seed=3)

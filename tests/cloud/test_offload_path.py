@@ -72,6 +72,7 @@ def test_a_lone_request_does_not_wait_for_its_batch_to_fill(model):
             assert r.request_id == "q7" and r.batch_size == 2 and not r.HasField("trace")
 
 
+@pytest.mark.cpu  # names the CPU plan's kernels
 def test_a_traced_request_answers_its_service_spans_on_the_callers_timeline(model):
     with OffloadServer(model, max_batch_size=64, max_queue_delay_ms=2) as srv:
         with grpc.insecure_channel(srv.address) as ch:

@@ -48,6 +48,7 @@ def run(sess, parts):
     return [np.asarray(v).tobytes() for v in out]
 
 
+@pytest.mark.cpu  # bit for bit against a CPU session
 def test_session_with_a_grpc_target_is_a_distributed_session():
     made = servers({"ps": 1, "worker": 1})
     try:

@@ -9,7 +9,7 @@ from isthmus import jit
 from isthmus.core.ops import fused_dense
 from isthmus.core.ops.base import make
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed")
+pytestmark = [pytest.mark.skipif(not jit.available(), reason="numba is not installed"), pytest.mark.cpu]
 
 _ACTS = {"none": lambda v: v, "relu": lambda v: np.maximum(v, 0), "relu6": lambda v: np.clip(v, 0, 6)}
 

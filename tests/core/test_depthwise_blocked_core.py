@@ -9,7 +9,7 @@ from isthmus.core.ops import depthwise
 
 from .test_conv_forward import check, run_conv
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+pytestmark = [pytest.mark.skipif(not jit.available(), reason="needs numba"), pytest.mark.cpu]
 
 
 @pytest.fixture

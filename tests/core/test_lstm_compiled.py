@@ -8,7 +8,7 @@ from isthmus import jit
 from isthmus.core.ops import recurrent_compiled
 from isthmus.core.ops.recurrent import lstm_sequence
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed")
+pytestmark = [pytest.mark.skipif(not jit.available(), reason="numba is not installed"), pytest.mark.cpu]
 
 
 def _ref(x, w, r, b, h0, c0, reverse):

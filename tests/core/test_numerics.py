@@ -88,6 +88,7 @@ def _batches():
 
 @pytest.mark.parametrize("opt", [lambda: ism.optimizers.SGD(0.1), lambda: ism.optimizers.Adam(0.01),
                                  lambda: ism.optimizers.Momentum(0.1)], ids=["sgd", "adam", "momentum"])
+@pytest.mark.cpu  # bit for bit on the CPU; on a GPU the guarded step is 1 ulp off the plain one
 def test_a_nan_batch_is_skipped_and_counted_and_training_goes_on_as_without_it(opt):
     data = _batches()
     poisoned = data[1][0].copy()

@@ -13,7 +13,7 @@ from isthmus.core.ops.base import make
 
 from .test_conv_forward import ACTS, ref_conv
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+pytestmark = [pytest.mark.skipif(not jit.available(), reason="needs numba"), pytest.mark.cpu]
 
 
 @pytest.fixture(params=["prange", "pool"])

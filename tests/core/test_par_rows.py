@@ -11,6 +11,8 @@ from isthmus.core import threads
 from isthmus.core.ops import intra_op
 from isthmus.jit import par
 
+pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
+
 
 @numba.njit(nogil=True)
 def _square(x, y, lo, hi):

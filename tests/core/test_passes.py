@@ -112,11 +112,11 @@ def test_matmul_bias_activation_fusion(act):
     rw = _rewrite(g, [loss_like], [x])
     fused = [n for n in rw.graph.nodes if n.op == "FusedMatMul"]
     assert len(fused) == 1 and fused[0].attrs["activation"] == (act or "none")
-    sess = ism.Session(g)
+    sess = ism.Session(g, device="cpu")  # the second session shares the first's host state
     sess.run(ism.global_variables_initializer(g))
     xv = rng.standard_normal((3, 5)).astype(np.float32)
     on = sess.run(loss_like, {x: xv})
-    off = ism.Session(g, optimize=False)
+    off = ism.Session(g, optimize=False, device="cpu")
     off.state = sess.state
     off._ctx = sess._ctx
     np.testing.assert_allclose(on, off.run(loss_like, {x: xv}), rtol=1e-6)

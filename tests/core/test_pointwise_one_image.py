@@ -9,7 +9,7 @@ from isthmus import jit
 from isthmus.core.ops import conv_pointwise
 from isthmus.core.ops.base import make
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+pytestmark = [pytest.mark.skipif(not jit.available(), reason="needs numba"), pytest.mark.cpu]
 
 
 def _graph(c, o, act, residual):

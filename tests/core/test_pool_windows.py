@@ -9,7 +9,7 @@ from isthmus import jit
 from isthmus.core.ops import pool
 from isthmus.jit.gemm_int8 import supported
 
-pytestmark = pytest.mark.skipif(not jit.available(), reason="needs numba")
+pytestmark = [pytest.mark.skipif(not jit.available(), reason="needs numba"), pytest.mark.cpu]
 
 
 def ref_max_pool(x, k, s, d, pads):

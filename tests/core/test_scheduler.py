@@ -8,6 +8,8 @@ import isthmus as ism
 from isthmus.core import scheduler, threads
 from isthmus.core.errors import ExecutionError
 
+pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
+
 
 @pytest.fixture
 def two_cores(monkeypatch):

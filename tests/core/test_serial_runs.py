@@ -6,6 +6,8 @@ import pytest
 import isthmus as ism
 from isthmus.core import executor
 
+pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
+
 
 @pytest.fixture
 def holds(monkeypatch):

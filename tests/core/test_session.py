@@ -52,6 +52,7 @@ def test_fetch_from_another_graph_is_refused(g):
         ism.Session(g).run(c)
 
 
+@pytest.mark.cpu  # counts the CPU plan's node kinds
 def test_pruning_runs_only_what_the_fetches_need(g):
     x = ism.placeholder("float32", (2,), name="x")
     v = ism.Variable(np.zeros(2, np.float32), name="v")
@@ -184,6 +185,7 @@ def _branchy_graph():
     return g, x, v, branches, total, step
 
 
+@pytest.mark.cpu  # the CPU branch pool
 @pytest.mark.parametrize("parallel", [False, True])
 def test_parallel_and_serial_plans_agree(parallel):
     g, x, v, branches, total, step = _branchy_graph()
@@ -211,6 +213,7 @@ def test_parallel_plan_error_names_node():
         sess.run([a, b], {idx: np.array([5], np.int32), big: np.ones((64, 64))})
 
 
+@pytest.mark.cpu  # the CPU branch pool
 def test_auto_parallel_picks_wide_heavy_graphs_only(monkeypatch):
     from isthmus.core import scheduler
     monkeypatch.setattr(scheduler, "handoff_seconds", lambda: 20e-6)  # not this process's measurement

@@ -11,6 +11,8 @@ from isthmus.core import idle
 from isthmus.core import threads
 from isthmus.core.ops import intra_op
 
+pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
+
 
 def _need_openblas():
     if not any(i["user_api"] == "blas" and i["internal_api"] == "openblas" for i in threadpool_info()):

@@ -7,6 +7,8 @@ from isthmus.core import idle
 from isthmus.core import threads
 from isthmus.core.ops import intra_op
 
+pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
+
 
 @pytest.fixture
 def fan_outs(monkeypatch):

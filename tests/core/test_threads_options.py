@@ -7,6 +7,8 @@ import isthmus as ism
 from isthmus.core import registry
 from isthmus.core.threads import blas_threads_now, default_inter_op_threads
 
+pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
+
 
 def _blas_count():
     return blas_threads_now()

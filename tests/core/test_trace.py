@@ -2,10 +2,12 @@
 import json
 
 import numpy as np
+import pytest
 
 import isthmus as ism
 
 
+@pytest.mark.cpu  # names the CPU plan's kernels
 def test_traced_run_matches_and_exports_chrome_trace(tmp_path):
     g = ism.Graph(seed=0)
     with g.as_default():

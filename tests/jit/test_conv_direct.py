@@ -7,7 +7,7 @@ import pytest
 
 from isthmus.jit.gemm_int8 import supported
 
-pytestmark = pytest.mark.skipif(not supported(), reason="the tile is written for AVX2")
+pytestmark = [pytest.mark.skipif(not supported(), reason="the tile is written for AVX2"), pytest.mark.cpu]
 
 
 def reference(x, w, b, s, d, pads):

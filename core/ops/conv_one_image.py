@@ -145,15 +145,15 @@ class OneImage:
         are at least _MIN_PIXEL_BLOCKS of them (fewer leave threads idle: 3 blocks on 2 threads run
         as 2), else by its blocks of 16 output channels (each thread streams its own weights: the
         small planes of deep layers, whose weights outweigh their pixels)."""
-        from ...jit.conv_direct import NC, PB, blocks_range, channels_range, pad_image  # deferred: loads llvmlite, numba
+        cd = _CONV_DIRECT[0] or _load_conv_direct()
         pad = np.zeros(size, np.float32)
-        pad_image(x2, h, wd, g.pads[0][0], g.pads[1][0], wp, pad)
+        cd.pad_image(x2, h, wd, g.pads[0][0], g.pads[1][0], wp, pad)
         args = (pad, koff, pix, wt, b, self._lo, self._hi, y, r)
-        pixel_blocks = -(-pix.shape[0] // PB)
-        if pixel_blocks >= _MIN_PIXEL_BLOCKS or pixel_blocks >= y.shape[0] // NC:
-            split_rows(blocks_range, args, pixel_blocks, flops, flops=True)
+        pixel_blocks = -(-pix.shape[0] // cd.PB)
+        if pixel_blocks >= _MIN_PIXEL_BLOCKS or pixel_blocks >= y.shape[0] // cd.NC:
+            split_rows(cd.blocks_range, args, pixel_blocks, flops, flops=True)
         else:
-            split_rows(channels_range, args, y.shape[0] // NC, flops, flops=True)
+            split_rows(cd.channels_range, args, y.shape[0] // cd.NC, flops, flops=True)
 
     def _channels(self, w, bias):
         """conv_direct's packing of constant weights ([O/16, K, 16]) and the bias as float32, kept."""
@@ -312,3 +312,12 @@ class OneImage:
             b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
             cached = self._weights = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id
         return cached[2], cached[3]
+
+
+_CONV_DIRECT = [None]  # jit.conv_direct once loaded: a function-level import costs ~0.6 us a name, a call
+
+
+def _load_conv_direct():
+    from ...jit import conv_direct  # deferred: loads llvmlite, numba
+    _CONV_DIRECT[0] = conv_direct
+    return conv_direct

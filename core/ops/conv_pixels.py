@@ -89,7 +89,7 @@ class PixelRows:
         by blocks of images (each block's gather, product and finish; each thread streams all the
         weights, from its cache), else the product by 16-channel weight panels (each thread streams its
         own panels once; batch 1 included) with the gather and the finish around it."""
-        from ...jit import gemm_pixels as gp  # deferred: loads llvmlite, numba
+        gp = _GEMM_PIXELS[0] or _load_gemm_pixels()
         o = out.shape[1]
         if n > 1 and p % 4 == 0:  # whole row quads per image: blocks of images, gather and finish included
             o3, lo, hi = out.reshape(n, o, p), self._lo, self._hi
@@ -128,3 +128,12 @@ class PixelRows:
                 self._tables.clear()
             self._tables[key] = table
         return table
+
+
+_GEMM_PIXELS = [None]  # jit.gemm_pixels once loaded: a function-level import costs ~0.6 us a call
+
+
+def _load_gemm_pixels():
+    from ...jit import gemm_pixels  # deferred: loads llvmlite, numba
+    _GEMM_PIXELS[0] = gemm_pixels
+    return gemm_pixels

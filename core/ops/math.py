@@ -307,11 +307,20 @@ def _erf_float32(xp, x):
 
 def _erf_compiled(x):
     """_erf_float32 of a float32 array in one compiled pass (isthmus.jit), the same polynomial."""
-    from ...jit.erf import erf_rational  # deferred: jit.erf loads numba
-    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
     out = np.empty(x.shape, np.float32)
-    erf_rational(flat, out.reshape(-1), np.float32(4.0), _ERF_P32, _ERF_Q32)
+    (_ERF[0] or _load_erf())(flat, out.reshape(-1), _FOUR, _ERF_P32, _ERF_Q32)
     return out
+
+
+_ERF = [None]  # jit.erf.erf_rational once loaded: a function-level import costs ~0.6 us a call
+_FOUR = np.float32(4.0)
+
+
+def _load_erf():
+    from ...jit.erf import erf_rational  # deferred: jit.erf loads numba
+    _ERF[0] = erf_rational
+    return erf_rational
 
 
 _ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) for c in _ERF_Q)

@@ -457,7 +457,30 @@ def _kernel_gelu(node, ctx):
         return lambda x: 0.5 * x * (1 + xp.tanh(c * (x + 0.044715 * x ** 3)))
     erf_ = _kernel_erf(node, ctx)
     inv = 1.0 / _math.sqrt(2.0)
-    return lambda x: (0.5 * x * (1 + erf_(x * x.dtype.type(inv)))).astype(x.dtype, copy=False)
+
+    def numpy_gelu(x):
+        return (0.5 * x * (1 + erf_(x * x.dtype.type(inv)))).astype(x.dtype, copy=False)
+    if node.outputs[0].dtype.name != "float32" or xp is not np:
+        return numpy_gelu
+    consts = (np.float32(inv), np.float32(0.5), np.float32(1.0), _FOUR, _ERF_P32, _ERF_Q32)
+
+    def gelu32(x):  # one compiled pass, the same bits as the numpy passes with the compiled erf
+        if not jit.available():
+            return numpy_gelu(x)
+        flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
+        out = np.empty(x.shape, np.float32)
+        (_GELU[0] or _load_gelu())(flat, out.reshape(-1), *consts)
+        return out
+    return gelu32
+
+
+_GELU = [None]  # jit.erf.gelu_erf once loaded
+
+
+def _load_gelu():
+    from ...jit.erf import gelu_erf  # deferred: jit.erf loads numba
+    _GELU[0] = gelu_erf
+    return gelu_erf
 
 
 def _kernel_relu_grad(node, ctx):

@@ -15,6 +15,7 @@ from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
 from ..shapes import broadcast, fully_defined
 from .base import constant, convert, convert_pair, make
+from .erf_approx import _ERF_P32, _ERF_Q32, _FOUR, _erf_compiled, _erf_float32, gelu_compiled
 
 __all__ = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod", "add_n", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "where", "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "square", "reciprocal", "tanh", "sigmoid", "erf", "floor", "ceil", "logical_not", "cast", "relu", "relu6", "leaky_relu", "gelu", "ones_like", "zeros_like", "reduce_sum_like", "broadcast_like"]
 
@@ -279,53 +280,6 @@ def _kernel_sigmoid(node, ctx):
     return run
 
 
-# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf is +-1 in float32): the float32
-# rational approximation of Eigen and XLA, max relative error 4.5e-7 against float64 erf
-# (tests/core/test_erf.py). numpy has no erf; scipy's float32 one costs ~15 ns per element,
-# this ~1 (13x on a 1024x256 GELU input, one thread).
-_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
-_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-          -1.42647390514189e-02)
-
-
-def _erf_float32(xp, x):
-    x = xp.clip(x.astype(np.float32, copy=False), np.float32(-4.0), np.float32(4.0))  # cupy's clip takes no dtype
-    x2 = x * x
-    p = xp.full_like(x, _ERF_P[0])
-    for c in _ERF_P[1:]:
-        p *= x2
-        p += np.float32(c)
-    p *= x
-    q = xp.full_like(x, _ERF_Q[0])
-    for c in _ERF_Q[1:]:
-        q *= x2
-        q += np.float32(c)
-    p /= q
-    return p
-
-
-def _erf_compiled(x):
-    """_erf_float32 of a float32 array in one compiled pass (isthmus.jit), the same polynomial."""
-    flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
-    out = np.empty(x.shape, np.float32)
-    (_ERF[0] or _load_erf())(flat, out.reshape(-1), _FOUR, _ERF_P32, _ERF_Q32)
-    return out
-
-
-_ERF = [None]  # jit.erf.erf_rational once loaded: a function-level import costs ~0.6 us a call
-_FOUR = np.float32(4.0)
-
-
-def _load_erf():
-    from ...jit.erf import erf_rational  # deferred: jit.erf loads numba
-    _ERF[0] = erf_rational
-    return erf_rational
-
-
-_ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) for c in _ERF_Q)
-
-
 def _kernel_erf(node, ctx):
     xp = ctx.xp
     if node.outputs[0].dtype.name == "float32" and xp is np:
@@ -469,18 +423,11 @@ def _kernel_gelu(node, ctx):
             return numpy_gelu(x)
         flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
         out = np.empty(x.shape, np.float32)
-        (_GELU[0] or _load_gelu())(flat, out.reshape(-1), *consts)
+        gelu_compiled(flat, out.reshape(-1), *consts)
         return out
     return gelu32
 
 
-_GELU = [None]  # jit.erf.gelu_erf once loaded
-
-
-def _load_gelu():
-    from ...jit.erf import gelu_erf  # deferred: jit.erf loads numba
-    _GELU[0] = gelu_erf
-    return gelu_erf
 
 
 def _kernel_relu_grad(node, ctx):

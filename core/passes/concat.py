@@ -15,12 +15,12 @@ executor pass (SESSION_PASSES): the edge runtime and the exporters keep the grap
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 
 from ..graph import Node, Tensor
-from .fusion import Builder, _consumers, _frozen, _pinned, _rebuild
+from .fusion import Builder, _consumers, _frozen, _pinned, _rebuild, _users
 from .simplify import Rewrite
 
 _POOLS = ("MaxPool", "AvgPool")
@@ -51,14 +51,6 @@ def _pointwise(n: Node, y: Tensor) -> bool:
             and tuple(a["strides"]) == (1, 1) and tuple(a["dilations"]) == (1, 1) and a["groups"] == 1
             and all(p == 0 for pair in a["pads"] for p in pair) and a["activation"] in _SPLIT_ACTS
             and w.dtype.kind == "f" and b.dtype.kind == "f")
-
-
-def _users(rw: Rewrite) -> Dict[Tensor, List[Node]]:
-    users: Dict[Tensor, List[Node]] = {}
-    for n in rw.graph.nodes:
-        for t in n.inputs:
-            users.setdefault(t, []).append(n)
-    return users
 
 
 def _pools_first(rw: Rewrite) -> Rewrite:

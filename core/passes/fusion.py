@@ -24,6 +24,15 @@ def _consumers(g: Graph, fetched: set) -> Dict[Tensor, int]:
     return count
 
 
+def _users(rw: Rewrite) -> Dict[Tensor, List[Node]]:
+    """Each tensor of rw.graph -> the nodes reading it (once per input slot), in graph order."""
+    users: Dict[Tensor, List[Node]] = {}
+    for n in rw.graph.nodes:
+        for t in n.inputs:
+            users.setdefault(t, []).append(n)
+    return users
+
+
 def _pinned(rw: Rewrite) -> set:
     """Nodes a rewrite must not fold away: control inputs of other nodes and nodes fetched as targets
     (a folded node has no counterpart, so an edge or fetch naming it would be lost)."""
@@ -75,10 +84,7 @@ def fuse_bias_activation(rw: Rewrite, residual: bool = False) -> Rewrite:
     BiasAdd -> Add(r) (-> Relu/Relu6), r a residual of the output's shape, becomes FusedConv2DAdd
     when `residual` (the executor's op only: the edge and the exporters know FusedConv2D and Add)."""
     g = rw.graph
-    users: Dict[Tensor, List[Node]] = {}
-    for n in g.nodes:
-        for t in n.inputs:
-            users.setdefault(t, []).append(n)
+    users = _users(rw)
     uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
     fused_conv = "FusedConv2D" in registered()
     residual = residual and "FusedConv2DAdd" in registered()

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..graph import Node, Tensor
-from .fusion import Builder, _consumers, _pinned, _rebuild
+from .fusion import Builder, _consumers, _pinned, _rebuild, _users
 from .simplify import Rewrite
 
 _INV_SQRT2, _SQRT2 = 1.0 / math.sqrt(2.0), math.sqrt(2.0)
@@ -103,10 +103,7 @@ def fuse_gelu(rw: Rewrite) -> Rewrite:
     """Every exact GELU written out as Mul/Div, Erf, Add, Mul, Mul becomes one Gelu node named after
     its last node (module docstring)."""
     g = rw.graph
-    users: Dict[Tensor, List[Node]] = {}
-    for n in g.nodes:
-        for t in n.inputs:
-            users.setdefault(t, []).append(n)
+    users = _users(rw)
     uses = _consumers(g, {f for f in rw.fetches if isinstance(f, Tensor)})
     pinned = _pinned(rw)
     groups: Dict[Node, Tensor] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import jit
 from .depthwise import ARENAS, _CLAMPS, _immutable
 from .intra_op import serial_blas
 from .par_gate import may_split, split_rows
@@ -145,7 +146,7 @@ class OneImage:
         are at least _MIN_PIXEL_BLOCKS of them (fewer leave threads idle: 3 blocks on 2 threads run
         as 2), else by its blocks of 16 output channels (each thread streams its own weights: the
         small planes of deep layers, whose weights outweigh their pixels)."""
-        cd = _CONV_DIRECT[0] or _load_conv_direct()
+        cd = jit.loaded("conv_direct")
         pad = np.zeros(size, np.float32)
         cd.pad_image(x2, h, wd, g.pads[0][0], g.pads[1][0], wp, pad)
         args = (pad, koff, pix, wt, b, self._lo, self._hi, y, r)
@@ -313,11 +314,3 @@ class OneImage:
             cached = self._weights = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id
         return cached[2], cached[3]
 
-
-_CONV_DIRECT = [None]  # jit.conv_direct once loaded: a function-level import costs ~0.6 us a name, a call
-
-
-def _load_conv_direct():
-    from ...jit import conv_direct  # deferred: loads llvmlite, numba
-    _CONV_DIRECT[0] = conv_direct
-    return conv_direct

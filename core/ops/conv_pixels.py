@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import jit
 from .conv_one_image import direct_pays, tile_ok
 from .par_gate import may_split, split_rows
 from .depthwise import _CLAMPS, _immutable, compiled_ok
@@ -89,7 +90,7 @@ class PixelRows:
         by blocks of images (each block's gather, product and finish; each thread streams all the
         weights, from its cache), else the product by 16-channel weight panels (each thread streams its
         own panels once; batch 1 included) with the gather and the finish around it."""
-        gp = _GEMM_PIXELS[0] or _load_gemm_pixels()
+        gp = jit.loaded("gemm_pixels")
         o = out.shape[1]
         if n > 1 and p % 4 == 0:  # whole row quads per image: blocks of images, gather and finish included
             o3, lo, hi = out.reshape(n, o, p), self._lo, self._hi
@@ -129,11 +130,3 @@ class PixelRows:
             self._tables[key] = table
         return table
 
-
-_GEMM_PIXELS = [None]  # jit.gemm_pixels once loaded: a function-level import costs ~0.6 us a call
-
-
-def _load_gemm_pixels():
-    from ...jit import gemm_pixels  # deferred: loads llvmlite, numba
-    _GEMM_PIXELS[0] = gemm_pixels
-    return gemm_pixels

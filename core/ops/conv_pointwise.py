@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import jit
 from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
 from .fused import activation_inplace
 from . import numpy_blas
@@ -96,21 +97,12 @@ class PackedGemm:
               np.float32(self.clamp[1]), y2, r2)
 
 
-_JIT: list = []  # (jit.gemm_f32, jit.gemm_residual) once loaded: a function-level import costs ~0.6 us a call
-
-
-def _load_jit() -> list:
-    from ...jit import gemm_f32, gemm_residual  # deferred: loads llvmlite, numba
-    _JIT[:] = [gemm_f32, gemm_residual]
-    return _JIT
-
-
 def _rows(wp, b, xf, k: int, p: int, lo, hi, y, r) -> None:
     """y [O, P] = clamp(W @ x [K, P] + b (+ r [O, P]), lo, hi) on the packed GEMM (wp: pack_weights'),
     split where it pays (par_gate.split_rows) by blocks of output rows (each thread streams its own
     rows' weights), or, where the rows make one block, by blocks of columns (a wide plane's few
     outputs); every row and column gets the tiles the whole product gives it: the same bytes."""
-    gf, gr = _JIT or _load_jit()
+    gf, gr = jit.loaded("gemm_f32"), jit.loaded("gemm_residual")
     o = y.shape[0]
     flops = 2 * o * k * p
     row_blocks = -(-o // gf.ROWS_BLOCK)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import jit
+
 # erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf is +-1 in float32): the float32
 # rational approximation of Eigen and XLA, max relative error 4.5e-7 against float64 erf
 # (tests/core/test_erf.py). numpy has no erf; scipy's float32 one costs ~15 ns per element,
@@ -34,32 +36,14 @@ def _erf_compiled(x):
     """_erf_float32 of a float32 array in one compiled pass (isthmus.jit), the same polynomial."""
     flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
     out = np.empty(x.shape, np.float32)
-    (_ERF[0] or _load_erf())(flat, out.reshape(-1), _FOUR, _ERF_P32, _ERF_Q32)
+    jit.loaded("erf").erf_rational(flat, out.reshape(-1), _FOUR, _ERF_P32, _ERF_Q32)
     return out
 
 
-_ERF = [None]  # jit.erf.erf_rational once loaded: a function-level import costs ~0.6 us a call
 _FOUR = np.float32(4.0)
-
-
-def _load_erf():
-    from ...jit.erf import erf_rational  # deferred: jit.erf loads numba
-    _ERF[0] = erf_rational
-    return erf_rational
-
-
 _ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) for c in _ERF_Q)
-
-
-_GELU = [None]  # jit.erf.gelu_erf once loaded
 
 
 def gelu_compiled(flat, out, inv, half, one, bound, p, q) -> None:
     """jit.erf.gelu_erf(flat, out, ...): the exact GELU of a flat float32 array in one compiled pass."""
-    (_GELU[0] or _load_gelu())(flat, out, inv, half, one, bound, p, q)
-
-
-def _load_gelu():
-    from ...jit.erf import gelu_erf  # deferred: jit.erf loads numba
-    _GELU[0] = gelu_erf
-    return gelu_erf
+    jit.loaded("erf").gelu_erf(flat, out, inv, half, one, bound, p, q)

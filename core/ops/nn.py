@@ -60,19 +60,10 @@ def _kernel_softmax(node, ctx):
         if _compiled_rows(xp, x, axis):
             n = x.shape[-1]
             out = np.empty(x.shape, np.float32)
-            (_ROWS[0] or _load_rows())(_rows_of(x, n), out.reshape(-1, n))
+            jit.loaded("rows").softmax_rows(_rows_of(x, n), out.reshape(-1, n))
             return out
         return _softmax(xp, x, axis)
     return run
-
-
-_ROWS = [None]  # jit.rows.softmax_rows once loaded: a function-level import costs ~0.6 us a call
-
-
-def _load_rows():
-    from ...jit.rows import softmax_rows  # deferred: jit.rows loads numba
-    _ROWS[0] = softmax_rows
-    return softmax_rows
 
 
 register(OpDef("Softmax", inputs=("x",), attrs={"axis": -1}, infer=_infer_softmax, kernel=_kernel_softmax,
@@ -452,17 +443,13 @@ class _LastAxisNorm:
 
     def __init__(self, xp, eps: float):
         self.xp, self.eps, self._inv_n = xp, float(eps), {}
-        self._rows = None  # jit.rows.layer_norm_rows once loaded
 
     def __call__(self, x, gamma, beta):
         xp, n = self.xp, x.shape[-1]
         if n == 0:  # nothing to normalise (numpy's mean of nothing would warn)
             return x.copy()
         if _compiled_rows(xp, x, -1):  # one compiled pass per row (jit/rows.py)
-            rows = self._rows
-            if rows is None:
-                from ...jit.rows import layer_norm_rows as rows  # deferred: jit.rows loads numba
-                self._rows = rows
+            rows = jit.loaded("rows").layer_norm_rows
             # contiguous operands as they come (the usual case: a transformer's [1, 32, 64] LayerNorm
             # spent 4.5 us of its 6 in these calls and the import, 1.6 in the pass)
             out = np.empty(x.shape, np.float32)

@@ -20,6 +20,7 @@ milliseconds after each region, and a pool worker woken beside it shares its cor
 """
 from __future__ import annotations
 
+from ... import jit
 from .. import idle, threads
 from .intra_op import par_rows
 
@@ -47,7 +48,7 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
             kernel(*args, 0, total)
             return 1
         threads.numba_threads(k)
-        (_JIT[0] or _load_jit())(kernel)(k, total, *args)
+        jit.loaded("par").driver(kernel)(k, total, *args)
         return k
     if not scale and idle.cores_idle(threads.cores()):  # idle, no prange here: the pool's chunks
         return par_rows(kernel, args, total, work, flops=flops)
@@ -55,15 +56,6 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
         return threads.fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work, flops=flops)
     kernel(*args, 0, total)
     return 1
-
-
-_JIT = [None]  # jit.par.driver once loaded: a function-level import costs ~0.6 us a call, a few dozen a batch-1 run
-
-
-def _load_jit():
-    from ...jit.par import driver  # deferred: loads numba
-    _JIT[0] = driver
-    return driver
 
 
 def may_split(total: int, work: float, flops: bool = False) -> bool:

@@ -76,20 +76,11 @@ def _max_pool_pairs(xp, x, g):
     return out
 
 
-_PAR_POOL = [None]  # jit.par_pool once loaded: a function-level import costs ~0.6 us a call
-
-
-def _load_par_pool():
-    from ...jit import par_pool  # deferred: loads numba; registers the prange driver
-    _PAR_POOL[0] = par_pool
-    return par_pool
-
-
 def _max_pool_pairs_compiled(x, g):
     """One compiled pass (jit.pool, the edge's kernel) over chunks of (image, channel) planes on the
     intra-op threads: numpy's two passes pay their iterator per output row on small planes, and
     each pass is a trip through memory (64x32x28x28: 2.3 ms in numpy, one thread)."""
-    pp = _PAR_POOL[0] or _load_par_pool()
+    pp = jit.loaded("par_pool")
     n, c, h, w = x.shape
     out = np.empty((n, c, g.oh, g.ow), x.dtype)
     x3, y3 = x.reshape(n * c, h, w), out.reshape(n * c, g.oh, g.ow)
@@ -102,7 +93,7 @@ def _max_pool_windows_compiled(x, g):
     maxima, the padding implicit) per chunk of (image, channel) planes on the intra-op threads:
     numpy's kh*kw passes over strided views pay their iterator per output row on small planes
     (SqueezeNet's 3x3/stride-2 pools at batch 1: 660 us in numpy, onnxruntime 50)."""
-    max_pool_planes = (_PAR_POOL[0] or _load_par_pool()).max_pool_planes  # loading registers the prange driver
+    max_pool_planes = jit.loaded("par_pool").max_pool_planes  # loading registers the prange driver
     n, c, h, w = x.shape
     out = np.empty((n, c, g.oh, g.ow), x.dtype)
     (t, b), (l, r) = g.pads

@@ -59,12 +59,12 @@ def kernel_rows(cost, graph, out, kernel_s: Dict[str, float], device: str) -> Li
             continue
         head = [m for m in members if roles.of(m) != ABSORBED] or members
         run = roles.runs_as.get(head[0], head[0])
+        streamed = frac * sum(cost.streamed_extra(m, device, roles) for m in members)
         shapes = "x".join(str(tuple(t.shape)) for t in run.inputs[:2])
         rows.append({"kernel": name, "key": cost_key(run), "shapes": shapes, "measured": sec,
                      # with what its weights from memory add, as far as the model's weights pass the cache
-                     "predicted": sum(cost.model_time(m, device, roles) + frac * cost.streamed_extra(m, device, roles)
-                                      for m in members),
-                     "streamed": sum(frac * cost.streamed_extra(m, device, roles) for m in members),
+                     "predicted": sum(cost.model_time(m, device, roles) for m in members) + streamed,
+                     "streamed": streamed,
                      "absorbed": [m.op for m in members if roles.of(m) == ABSORBED],
                      "terms": [_terms(cost, m, roles) for m in members]})
     return rows

@@ -2,13 +2,15 @@
 module) or one compiled pass (jit.erf), and the exact GELU as one compiled pass."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ... import jit
 
 # erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (beyond it erf is +-1 in float32): the float32
 # rational approximation of Eigen and XLA, max relative error 4.5e-7 against float64 erf
-# (tests/core/test_erf.py). numpy has no erf; scipy's float32 one costs ~15 ns per element,
+# (tests/core/test_math_ops.py). numpy has no erf; scipy's float32 one costs ~15 ns per element,
 # this ~1 (13x on a 1024x256 GELU input, one thread).
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
@@ -32,18 +34,25 @@ def _erf_float32(xp, x):
     return p
 
 
-def _erf_compiled(x):
-    """_erf_float32 of a float32 array in one compiled pass (isthmus.jit), the same polynomial."""
+_ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) for c in _ERF_Q)
+_ERF_ARGS = (np.float32(4.0), _ERF_P32, _ERF_Q32)  # bound, P, Q
+_GELU_ARGS = (np.float32(1.0 / math.sqrt(2.0)), np.float32(0.5), np.float32(1.0)) + _ERF_ARGS  # inv, half, one
+
+
+def _compiled(kernel: str, x, args):
+    """jit.erf.<kernel>(x flat, out flat, *args) over a float32 array: a new array of x's shape."""
     flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
     out = np.empty(x.shape, np.float32)
-    jit.loaded("erf").erf_rational(flat, out.reshape(-1), _FOUR, _ERF_P32, _ERF_Q32)
+    getattr(jit.loaded("erf"), kernel)(flat, out.reshape(-1), *args)
     return out
 
 
-_FOUR = np.float32(4.0)
-_ERF_P32, _ERF_Q32 = tuple(np.float32(c) for c in _ERF_P), tuple(np.float32(c) for c in _ERF_Q)
+def _erf_compiled(x):
+    """_erf_float32 of a float32 array in one compiled pass (isthmus.jit), the same polynomial."""
+    return _compiled("erf_rational", x, _ERF_ARGS)
 
 
-def gelu_compiled(flat, out, inv, half, one, bound, p, q) -> None:
-    """jit.erf.gelu_erf(flat, out, ...): the exact GELU of a flat float32 array in one compiled pass."""
-    jit.loaded("erf").gelu_erf(flat, out, inv, half, one, bound, p, q)
+def gelu_compiled(x):
+    """The exact GELU of a float32 array in one compiled pass: the bits of 0.5 x (1 + erf(x / sqrt 2))
+    in numpy passes with _erf_compiled's erf."""
+    return _compiled("gelu_erf", x, _GELU_ARGS)

@@ -15,7 +15,7 @@ from ..graph import Tensor
 from ..registry import OpDef, elementwise_cost, register
 from ..shapes import broadcast, fully_defined
 from .base import constant, convert, convert_pair, make
-from .erf_approx import _ERF_P32, _ERF_Q32, _FOUR, _erf_compiled, _erf_float32, gelu_compiled
+from .erf_approx import _erf_compiled, _erf_float32, gelu_compiled
 
 __all__ = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod", "add_n", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "where", "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "square", "reciprocal", "tanh", "sigmoid", "erf", "floor", "ceil", "logical_not", "cast", "relu", "relu6", "leaky_relu", "gelu", "ones_like", "zeros_like", "reduce_sum_like", "broadcast_like"]
 
@@ -416,16 +416,7 @@ def _kernel_gelu(node, ctx):
         return (0.5 * x * (1 + erf_(x * x.dtype.type(inv)))).astype(x.dtype, copy=False)
     if node.outputs[0].dtype.name != "float32" or xp is not np:
         return numpy_gelu
-    consts = (np.float32(inv), np.float32(0.5), np.float32(1.0), _FOUR, _ERF_P32, _ERF_Q32)
-
-    def gelu32(x):  # one compiled pass, the same bits as the numpy passes with the compiled erf
-        if not jit.available():
-            return numpy_gelu(x)
-        flat = (x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
-        out = np.empty(x.shape, np.float32)
-        gelu_compiled(flat, out.reshape(-1), *consts)
-        return out
-    return gelu32
+    return lambda x: gelu_compiled(x) if jit.available() else numpy_gelu(x)
 
 
 

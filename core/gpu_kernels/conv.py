@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from . import raw
+from . import generic_factory, raw
 from .elementwise import bias_act
 
 
@@ -67,7 +67,7 @@ def _cols(xp, x, g: Geometry):
     n, c = x.shape[0], x.shape[1]
     if raw.usable(xp, x):
         cols = xp.empty((c * g.kh * g.kw, n * g.oh * g.ow), dtype=x.dtype)
-        raw.launch(xp, "isthmus_im2col", cols.size, (xp.ascontiguousarray(x), cols) + _raw_geom(g, c))
+        raw.im2col(xp, xp.ascontiguousarray(x), cols, _raw_geom(g, c))
         return cols
     xpad = _padded(xp, x, g)
     s0, s1, s2, s3 = xpad.strides
@@ -185,8 +185,8 @@ def conv_filter_grad(xp, x, dy, g: Geometry):
     """dL/dw: dy [O, N*OH*OW] times the im2col columns' transpose, one GEMM."""
     if g.groups == g.c == g.o and g.groups > 1 and raw.usable(xp, x, dy):
         dw = xp.empty((g.c, 1, g.kh, g.kw), dtype=x.dtype)
-        raw.kernel(xp, "isthmus_dw_filter_grad")((g.c * g.kh * g.kw,), (256,),
-                                                 (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw) + _raw_geom(g))
+        args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw) + _raw_geom(g)
+        raw.kernel(xp, "isthmus_dw_filter_grad", raw.wide(args))((g.c * g.kh * g.kw,), (256,), args)
         return dw
     if g.groups == g.c == g.o and g.groups > 1:
         xpad = _padded(xp, x, g)
@@ -223,7 +223,7 @@ def _grouped_grad(xp, g: Geometry, fn, axis: int):
 def _preload(xp) -> None:
     """Compile the RawKernels when the plan is compiled, never inside a captured step."""
     if hasattr(xp, "RawModule"):
-        raw.kernel(xp, "isthmus_im2col")
+        raw.preload(xp, "isthmus_im2col")
 
 
 def _conv(node, ctx):
@@ -274,5 +274,23 @@ def _conv_filter(node, ctx):
     return lambda x, dy, w: conv_filter_grad(xp, x, dy, geom(x.shape, w.shape)).astype(w.dtype, copy=False)
 
 
-KERNELS = {"Conv2D": _conv, "FusedConv2D": _conv, "FusedConv2DAdd": _conv_add, "Conv2DBackpropInput": _conv_input,
+def _bias_add_grad(node, ctx):
+    """BiasAddGrad over a channel axis 1 of rank >= 3 (a convolution's bias): partial sums per
+    channel and image group in one RawKernel. cupy's sum over axes (0, 2, 3) gives each channel
+    one block: 385 us for the CNN's [512, 32, 28, 28] on the H100, against 77 in two stages."""
+    generic = generic_factory("BiasAddGrad")(node, ctx)
+    xp = ctx.xp
+    rank = len(node.inputs[0].shape)
+    if not hasattr(xp, "RawModule") or rank < 3 or node.attrs["axis"] not in (1, 1 - rank):
+        return generic
+    raw.preload(xp, "isthmus_bias_grad_nchw")
+
+    def run(dy):
+        if dy.dtype != xp.float32:
+            return generic(dy)
+        return raw.bias_grad_nchw(xp, xp.ascontiguousarray(dy))
+    return run
+
+
+KERNELS = {"BiasAddGrad": _bias_add_grad, "Conv2D": _conv, "FusedConv2D": _conv, "FusedConv2DAdd": _conv_add, "Conv2DBackpropInput": _conv_input,
            "Conv2DBackpropFilter": _conv_filter}

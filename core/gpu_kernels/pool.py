@@ -24,7 +24,7 @@ def _max_pool(node, ctx):
     xp = ctx.xp
     if not hasattr(xp, "RawModule"):
         return generic
-    raw.kernel(xp, "isthmus_max_pool")  # compiled now, not inside a captured step
+    raw.preload(xp, "isthmus_max_pool")  # compiled now, not inside a captured step
 
     def run(x):
         if x.dtype != np.float32:
@@ -42,7 +42,7 @@ def _max_pool_grad(node, ctx):
     if not hasattr(xp, "RawModule"):
         return generic
     through_relu = np.int32(1 if node.attrs.get("through_relu") else 0)
-    raw.kernel(xp, "isthmus_max_pool_grad")
+    raw.preload(xp, "isthmus_max_pool_grad")
 
     def run(x, y, dy):
         if not raw.usable(xp, x, y, dy):

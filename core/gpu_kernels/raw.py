@@ -14,17 +14,24 @@ _GEOM = "int n, int c, int h, int w, int oh, int ow, int kh, int kw, int sh, int
 
 SOURCE = r"""
 #define GEOM """ + _GEOM + r"""
+// flat indices: 32-bit in the module for calls whose arrays all have under 2^30 elements (integer
+// division, which every kernel does per item, costs several times more in 64 bits), else 64-bit
+#ifdef NARROW_INDEX
+typedef int idx_t;
+#else
+typedef long long idx_t;
+#endif
 // The taps (i, j) of a kh x kw window whose output (y, x) reads input pixel (iy, ix): the one
 // inversion of the strided, dilated, padded window that col2im and the depthwise input gradient share.
 #define FOR_OUTPUT_TAPS(BODY)                                              \
   for (int i = 0; i < kh; ++i) {                                           \
     const int ty = iy + pt - i * dh;                                       \
-    if (ty < 0 || ty % sh) continue;                                       \
+    if (ty < 0 || (sh > 1 && ty % sh)) continue;                           \
     const int y = ty / sh;                                                 \
     if (y >= oh) continue;                                                 \
     for (int j = 0; j < kw; ++j) {                                         \
       const int tx = ix + pl - j * dw;                                     \
-      if (tx < 0 || tx % sw) continue;                                     \
+      if (tx < 0 || (sw > 1 && tx % sw)) continue;                         \
       const int x = tx / sw;                                               \
       if (x >= ow) continue;                                               \
       BODY                                                                 \
@@ -32,30 +39,58 @@ SOURCE = r"""
   }
 extern "C" {
 
-// cols[(ci*kh + i)*kw + j][(ni*oh + y)*ow + x] = x_in[ni][ci][y*sh - pt + i*dh][x*sw - pl + j*dw] (0 outside)
+// cols[(ci*kh + i)*kw + j][(ni*oh + y)*ow + x] = x_in[ni][ci][y*sh - pt + i*dh][x*sw - pl + j*dw] (0 outside).
+// A 2-D launch: blockIdx.y walks the rows (ci, i, j), so a column costs two divisions, not eight
+// (the 1-D form with 64-bit indices ran at a seventh of the copy's memory speed on the H100).
 __global__ void isthmus_im2col(const float* __restrict__ src, float* __restrict__ cols, GEOM) {
-  const long long cols_w = (long long)n * oh * ow;
-  const long long total = (long long)c * kh * kw * cols_w;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
-       k += (long long)gridDim.x * blockDim.x) {
-    const long long col = k % cols_w, row = k / cols_w;
-    const int x = col % ow, y = (col / ow) % oh, ni = col / ((long long)ow * oh);
-    const int j = row % kw, i = (row / kw) % kh, ci = row / ((long long)kw * kh);
-    const int iy = y * sh - pt + i * dh, ix = x * sw - pl + j * dw;
-    cols[k] = (iy >= 0 && iy < h && ix >= 0 && ix < w)
-        ? src[(((long long)ni * c + ci) * h + iy) * w + ix] : 0.f;
+  const idx_t cols_w = (idx_t)n * oh * ow;
+  const int rows = c * kh * kw;
+  for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+    const int j = row % kw, i = (row / kw) % kh, ci = row / (kw * kh);
+    const int oy = i * dh - pt, ox = j * dw - pl;
+    float* out = cols + (idx_t)row * cols_w;
+    for (idx_t col = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; col < cols_w;
+         col += (idx_t)gridDim.x * blockDim.x) {
+      const idx_t t = col / ow;
+      const int x = col - t * ow, y = t % oh;
+      const idx_t ni = t / oh;
+      const int iy = y * sh + oy, ix = x * sw + ox;
+      out[col] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? src[((ni * c + ci) * h + iy) * w + ix] : 0.f;
+    }
   }
+}
+
+// bias gradient of an NCHW tensor, first pass: part[ci][s] = the sum of dy[ni][ci][:, :] over the
+// images ni = s, s + splits, ... (one block each; a second, small reduction sums the splits)
+__global__ void isthmus_bias_grad_nchw(const float* __restrict__ dy, float* __restrict__ part,
+                                       int n, int c, int hw, int splits) {
+  __shared__ float red[256];
+  const int ci = blockIdx.x, s = blockIdx.y;
+  const int per = (n - s + splits - 1) / splits;  // this block's images
+  const idx_t items = (idx_t)per * hw;
+  float acc = 0.f;
+  for (idx_t k = threadIdx.x; k < items; k += blockDim.x) {
+    const idx_t m = k / hw;
+    acc += dy[(((idx_t)s + m * splits) * c + ci) * hw + (k - m * hw)];
+  }
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+    if (threadIdx.x < st) red[threadIdx.x] += red[threadIdx.x + st];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) part[ci * splits + s] = red[0];
 }
 
 // dx[ni][ci][iy][ix] = sum over taps reaching it of dcols (the layout im2col writes)
 __global__ void isthmus_col2im(const float* __restrict__ dcols, float* __restrict__ dx, GEOM) {
-  const long long total = (long long)n * c * h * w;
-  const long long cols_w = (long long)n * oh * ow;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
-       k += (long long)gridDim.x * blockDim.x) {
-    const int ix = k % w, iy = (k / w) % h, ci = (k / ((long long)w * h)) % c, ni = k / ((long long)w * h * c);
+  const idx_t total = (idx_t)n * c * h * w;
+  const idx_t cols_w = (idx_t)n * oh * ow;
+  for (idx_t k = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; k < total;
+       k += (idx_t)gridDim.x * blockDim.x) {
+    const int ix = k % w, iy = (k / w) % h, ci = (k / ((idx_t)w * h)) % c, ni = k / ((idx_t)w * h * c);
     float acc = 0.f;
-    FOR_OUTPUT_TAPS(acc += dcols[((long long)(ci * kh + i) * kw + j) * cols_w + ((long long)ni * oh + y) * ow + x];)
+    FOR_OUTPUT_TAPS(acc += dcols[((idx_t)(ci * kh + i) * kw + j) * cols_w + ((idx_t)ni * oh + y) * ow + x];)
     dx[k] = acc;
   }
 }
@@ -63,14 +98,14 @@ __global__ void isthmus_col2im(const float* __restrict__ dcols, float* __restric
 // depthwise: out[ni][ci][y][x] = sum_ij in[ni][ci][..][..] * wt[ci][i][j]
 __global__ void isthmus_dw_forward(const float* __restrict__ src, const float* __restrict__ wt,
                                    float* __restrict__ out, GEOM) {
-  const long long total = (long long)n * c * oh * ow;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
-       k += (long long)gridDim.x * blockDim.x) {
+  const idx_t total = (idx_t)n * c * oh * ow;
+  for (idx_t k = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; k < total;
+       k += (idx_t)gridDim.x * blockDim.x) {
     const int x = k % ow, y = (k / ow) % oh;
-    const long long plane = k / ((long long)ow * oh);  // ni * c + ci
+    const idx_t plane = k / ((idx_t)ow * oh);  // ni * c + ci
     const int ci = plane % c;
     const float* s = src + plane * h * w;
-    const float* f = wt + (long long)ci * kh * kw;
+    const float* f = wt + (idx_t)ci * kh * kw;
     float acc = 0.f;
     for (int i = 0; i < kh; ++i) {
       const int iy = y * sh - pt + i * dh;
@@ -78,7 +113,7 @@ __global__ void isthmus_dw_forward(const float* __restrict__ src, const float* _
       for (int j = 0; j < kw; ++j) {
         const int ix = x * sw - pl + j * dw;
         if (ix < 0 || ix >= w) continue;
-        acc += s[(long long)iy * w + ix] * f[i * kw + j];
+        acc += s[(idx_t)iy * w + ix] * f[i * kw + j];
       }
     }
     out[k] = acc;
@@ -88,16 +123,16 @@ __global__ void isthmus_dw_forward(const float* __restrict__ src, const float* _
 // depthwise input gradient: dx[ni][ci][iy][ix] = sum over taps of dy * wt
 __global__ void isthmus_dw_input_grad(const float* __restrict__ dy, const float* __restrict__ wt,
                                       float* __restrict__ dx, GEOM) {
-  const long long total = (long long)n * c * h * w;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
-       k += (long long)gridDim.x * blockDim.x) {
+  const idx_t total = (idx_t)n * c * h * w;
+  for (idx_t k = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; k < total;
+       k += (idx_t)gridDim.x * blockDim.x) {
     const int ix = k % w, iy = (k / w) % h;
-    const long long plane = k / ((long long)w * h);
+    const idx_t plane = k / ((idx_t)w * h);
     const int ci = plane % c;
     const float* g = dy + plane * oh * ow;
-    const float* f = wt + (long long)ci * kh * kw;
+    const float* f = wt + (idx_t)ci * kh * kw;
     float acc = 0.f;
-    FOR_OUTPUT_TAPS(acc += g[(long long)y * ow + x] * f[i * kw + j];)
+    FOR_OUTPUT_TAPS(acc += g[(idx_t)y * ow + x] * f[i * kw + j];)
     dx[k] = acc;
   }
 }
@@ -108,13 +143,13 @@ __global__ void isthmus_dw_filter_grad(const float* __restrict__ src, const floa
   __shared__ float part[256];
   const int tap = blockIdx.x;  // (ci * kh + i) * kw + j
   const int j = tap % kw, i = (tap / kw) % kh, ci = tap / (kw * kh);
-  const long long per = (long long)n * oh * ow;
+  const idx_t per = (idx_t)n * oh * ow;
   float acc = 0.f;
-  for (long long k = threadIdx.x; k < per; k += blockDim.x) {
-    const int x = k % ow, y = (k / ow) % oh, ni = k / ((long long)ow * oh);
+  for (idx_t k = threadIdx.x; k < per; k += blockDim.x) {
+    const int x = k % ow, y = (k / ow) % oh, ni = k / ((idx_t)ow * oh);
     const int iy = y * sh - pt + i * dh, ix = x * sw - pl + j * dw;
     if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
-    const long long plane = (long long)ni * c + ci;
+    const idx_t plane = (idx_t)ni * c + ci;
     acc += dy[(plane * oh + y) * ow + x] * src[(plane * h + iy) * w + ix];
   }
   part[threadIdx.x] = acc;
@@ -128,11 +163,11 @@ __global__ void isthmus_dw_filter_grad(const float* __restrict__ src, const floa
 
 // max pooling: the maximum over the window's taps inside the input (padding never wins)
 __global__ void isthmus_max_pool(const float* __restrict__ src, float* __restrict__ out, GEOM) {
-  const long long total = (long long)n * c * oh * ow;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
-       k += (long long)gridDim.x * blockDim.x) {
+  const idx_t total = (idx_t)n * c * oh * ow;
+  for (idx_t k = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; k < total;
+       k += (idx_t)gridDim.x * blockDim.x) {
     const int x = k % ow, y = (k / ow) % oh;
-    const float* s = src + (k / ((long long)ow * oh)) * h * w;
+    const float* s = src + (k / ((idx_t)ow * oh)) * h * w;
     float m = __int_as_float(0xff800000);  // -inf
     for (int i = 0; i < kh; ++i) {
       const int iy = y * sh - pt + i * dh;
@@ -140,7 +175,7 @@ __global__ void isthmus_max_pool(const float* __restrict__ src, float* __restric
       for (int j = 0; j < kw; ++j) {
         const int ix = x * sw - pl + j * dw;
         if (ix < 0 || ix >= w) continue;
-        m = fmaxf(m, s[(long long)iy * w + ix]);
+        m = fmaxf(m, s[(idx_t)iy * w + ix]);
       }
     }
     out[k] = m;
@@ -152,23 +187,23 @@ __global__ void isthmus_max_pool(const float* __restrict__ src, float* __restric
 __global__ void isthmus_max_pool_grad(const float* __restrict__ src, const float* __restrict__ yv,
                                       const float* __restrict__ dy, float* __restrict__ dx,
                                       int through_relu, GEOM) {
-  const long long total = (long long)n * c * oh * ow;
-  for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
-       k += (long long)gridDim.x * blockDim.x) {
+  const idx_t total = (idx_t)n * c * oh * ow;
+  for (idx_t k = blockIdx.x * (idx_t)blockDim.x + threadIdx.x; k < total;
+       k += (idx_t)gridDim.x * blockDim.x) {
     const int x = k % ow, y = (k / ow) % oh;
-    const long long base = (k / ((long long)ow * oh)) * h * w;
+    const idx_t base = (k / ((idx_t)ow * oh)) * h * w;
     const float m = yv[k];
     float g = dy[k];
     if (through_relu && !(m > 0.f)) g = 0.f;
     if (g == 0.f) continue;
-    long long at = -1;
+    idx_t at = -1;
     for (int i = 0; i < kh && at < 0; ++i) {
       const int iy = y * sh - pt + i * dh;
       if (iy < 0 || iy >= h) continue;
       for (int j = 0; j < kw; ++j) {
         const int ix = x * sw - pl + j * dw;
         if (ix < 0 || ix >= w) continue;
-        if (src[base + (long long)iy * w + ix] == m) { at = base + (long long)iy * w + ix; break; }
+        if (src[base + (idx_t)iy * w + ix] == m) { at = base + (idx_t)iy * w + ix; break; }
       }
     }
     if (at >= 0) atomicAdd(dx + at, g);
@@ -180,15 +215,29 @@ __global__ void isthmus_max_pool_grad(const float* __restrict__ src, const float
 
 _MODULE: dict = {}
 NAMES = ("isthmus_im2col", "isthmus_col2im", "isthmus_dw_forward", "isthmus_dw_input_grad",
-         "isthmus_dw_filter_grad", "isthmus_max_pool", "isthmus_max_pool_grad")
+         "isthmus_dw_filter_grad", "isthmus_max_pool", "isthmus_max_pool_grad", "isthmus_bias_grad_nchw")
+NARROW_LIMIT = 1 << 30  # elements: below it every flat index, and every grid stride added to one, fits an int
 
 
-def kernel(cp, name: str):
-    """The compiled kernel `name` (the module is compiled once per process)."""
-    mod = _MODULE.get("m")
+def kernel(cp, name: str, wide: bool = True):
+    """The compiled kernel `name`, with 64-bit (`wide`) or 32-bit flat indices (each module is
+    compiled once per process)."""
+    mod = _MODULE.get(wide)
     if mod is None:
-        mod = _MODULE["m"] = cp.RawModule(code=SOURCE, name_expressions=None)
+        mod = _MODULE[wide] = cp.RawModule(code=SOURCE, options=() if wide else ("-DNARROW_INDEX",))
     return mod.get_function(name)
+
+
+def preload(cp, *names: str) -> None:
+    """Compile both modules now (when a plan is compiled), never inside a captured step."""
+    for name in names:
+        kernel(cp, name, True)
+        kernel(cp, name, False)
+
+
+def wide(args) -> bool:
+    """Whether any array among a launch's arguments is too large for 32-bit indices."""
+    return any(getattr(a, "size", 0) >= NARROW_LIMIT for a in args)
 
 
 def geom_args(n, c, h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):
@@ -199,7 +248,27 @@ def launch(cp, name: str, total: int, args) -> None:
     """A grid-stride launch over `total` items."""
     threads = 256
     blocks = max(1, min((total + threads - 1) // threads, 65535 * 4))
-    kernel(cp, name)((blocks,), (threads,), args)
+    kernel(cp, name, wide(args))((blocks,), (threads,), args)
+
+
+def im2col(cp, x, cols, geom) -> None:
+    """cols [C*kh*kw, N*OH*OW] from x (both contiguous): a block row per (ci, i, j)."""
+    rows, cols_w = cols.shape
+    grid = (max(1, min((cols_w + 255) // 256, 1 << 14)), min(rows, 65535))
+    args = (x, cols) + geom
+    kernel(cp, "isthmus_im2col", wide(args))(grid, (256,), args)
+
+
+def bias_grad_nchw(cp, dy):
+    """The per-channel sums of a contiguous float32 NCHW (or N, C, any) tensor: about 512 blocks
+    of partial sums, then one small reduction (deterministic: no atomics)."""
+    n, c = dy.shape[0], dy.shape[1]
+    hw = dy.size // max(n * c, 1)
+    splits = max(1, min(n, -(-512 // c)))
+    part = cp.empty((c, splits), dtype=cp.float32)
+    args = (dy, part, np.int32(n), np.int32(c), np.int32(hw), np.int32(splits))
+    kernel(cp, "isthmus_bias_grad_nchw", wide(args))((c, splits), (256,), args)
+    return part.sum(axis=1)
 
 
 def usable(xp, *arrays) -> bool:

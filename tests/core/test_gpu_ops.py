@@ -117,3 +117,29 @@ def test_optimizer_steps_match_cpu(backend, opt):
         out.append((losses, s.variable_value(w)))
     np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5)
     np.testing.assert_allclose(out[1][1], out[0][1], rtol=1e-5, atol=1e-6)
+
+
+CUDA = pytest.mark.skipif(not gpu.gpu_available(), reason=f"no GPU: {gpu.unavailable_reason()}")
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("case", [CONVS[1], CONVS[2], CONVS[3]], ids=["s2", "dil2", "depthwise"])
+def test_conv_kernels_with_64_bit_indices_match_32(monkeypatch, case):
+    """The RawKernels compile twice (32-bit flat indices below 2^30 elements, else 64-bit): force
+    the 64-bit module on small shapes and compare with the CPU path, as the 32-bit run does."""
+    from isthmus.core.gpu_kernels import raw
+    monkeypatch.setattr(raw, "NARROW_LIMIT", 0)
+    test_conv_forward_and_gradients("cuda", case)
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("shape", [(37, 5, 3, 7), (3, 600, 2, 2), (64, 32, 28, 28), (5, 4, 1)])
+def test_bias_grad_by_channel_against_float64(shape):
+    from isthmus.core.gpu_kernels import raw
+    cp = gpu.array_module("GPU")
+    dy = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    got = raw.bias_grad_nchw(cp, cp.asarray(dy)).get()
+    want = dy.astype(np.float64).sum(axis=tuple(i for i in range(dy.ndim) if i != 1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

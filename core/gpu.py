@@ -196,18 +196,20 @@ def _staging_pool():
         return _stage_pool
 
 
-def staged_copy(src: np.ndarray, slots, alloc, dma, pool=None) -> None:
+def staged_copy(src: np.ndarray, slots, alloc, dma, pool=None, start: int = 0) -> int:
     """Copy the bytes `src` (1-D uint8) out through pinned chunks, in waves: each wave's chunks
     are filled (by `pool`'s threads when given) and then handed to `dma(buffer, offset, nbytes)`,
     which starts the transfer and returns an event; a chunk is refilled only after its event.
-    `slots`: [buffer or None, event or None] pairs, two waves' worth (buffers made by `alloc()`
-    on first use, so a small copy pins one chunk)."""
+    `slots`: a ring of [buffer or None, event or None] pairs, two waves' worth (buffers made by
+    `alloc()` on first use, so a small copy pins one chunk), used from `start` on; returns where
+    the next copy starts. Consecutive copies take consecutive slots, so a step's small feeds wait
+    only for transfers a ring's length back, never for the step before's (which queue behind its
+    kernels)."""
     width = max(1, len(slots) // 2)
     chunk = _CHUNK_BYTES
     offs = range(0, src.size, chunk)
     for w0 in range(0, len(offs), width):
-        base = (w0 // width) % 2 * width
-        wave = [(slots[base + j], offs[w0 + j]) for j in range(min(width, len(offs) - w0))]
+        wave = [(slots[(start + w0 + j) % len(slots)], offs[w0 + j]) for j in range(min(width, len(offs) - w0))]
         for slot, _ in wave:
             if slot[0] is None:
                 slot[0] = alloc()
@@ -226,16 +228,7 @@ def staged_copy(src: np.ndarray, slots, alloc, dma, pool=None) -> None:
             list(pool.map(fill, wave))
         for slot, off in wave:
             slot[1] = dma(slot[0], off, min(chunk, src.size - off))
-
-
-def pinned_empty(shape, dtype) -> np.ndarray:
-    """A host array in page-locked memory (from cupy's pinned pool): feeds allocated this way
-    reach the GPU at full DMA speed, with no staging copy."""
-    cp = array_module("GPU")
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    mem = cp.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
-    return np.frombuffer(mem, dtype, count).reshape(shape)
+    return (start + len(offs)) % len(slots)
 
 
 class CudaDevice:
@@ -257,7 +250,8 @@ class CudaDevice:
         self.cap_bytes = configure_memory_pool(memory if memory is not None else os.environ.get("ISTHMUS_GPU_MEMORY"))
         self.peak = 0
         self._lock = threading.Lock()
-        self._staging = [[None, None] for _ in range(2 * STAGE_THREADS)]  # pinned chunks, made on first use
+        self._staging = [[None, None] for _ in range(max(4, 2 * STAGE_THREADS))]  # pinned chunks, made on first use
+        self._stage_next = 0  # the ring slot the next staged copy starts at
 
     # ---- copies ---------------------------------------------------------------------------------
     def to_device(self, x):
@@ -286,8 +280,9 @@ class CudaDevice:
             def dma(buf, off, m):
                 cp.cuda.runtime.memcpyAsync(dst + off, buf.ctypes.data, m, 1, stream.ptr)  # 1: host to device
                 return stream.record()
-            staged_copy(src, self._staging, lambda: pinned_empty((_CHUNK_BYTES,), np.uint8), dma,
-                        _staging_pool() if STAGE_THREADS > 1 and src.size > _CHUNK_BYTES else None)
+            self._stage_next = staged_copy(
+                src, self._staging, lambda: pinned_empty((_CHUNK_BYTES,), np.uint8), dma,
+                _staging_pool() if STAGE_THREADS > 1 and src.size > _CHUNK_BYTES else None, self._stage_next)
 
     def to_host(self, x) -> np.ndarray:
         if x.nbytes < STAGE_MIN_BYTES:

@@ -1,6 +1,7 @@
-"""Batch norm on a CUDA GPU (float32): per-channel statistics by one block per channel (float64
-accumulation, as the CPU's compiled kernels), then one elementwise launch; the gradient likewise
-(one reduction launch for dscale and doffset, one elementwise launch for dx). The generic
+"""Batch norm on a CUDA GPU (float32): per-channel statistics as partial sums by channel and image
+group (float64 accumulation, as the CPU's compiled kernels) and one small launch that combines
+them, then one elementwise launch; the gradient likewise (partial sums of dy and dy * (x - mean),
+one combining launch that also gives 1/sqrt(var + eps), one elementwise launch for dx). The generic
 array-module kernels take a dozen or more launches per layer. Other dtypes and the CI stand-in
 keep the generic kernels."""
 from __future__ import annotations
@@ -10,66 +11,105 @@ import numpy as np
 from . import generic_factory
 
 _SRC = r"""
+#ifdef NARROW_INDEX
+typedef int idx_t;
+#else
+typedef long long idx_t;
+#endif
+// x (and dy) viewed as [A, C, B]. Blocks (C, S): block (c, s) sums channel c over the images
+// a = s, s + S, ... in double; part[(c * S + s) * 2 + 0/1]. One block per channel, as before,
+// left most of the H100 idle on the few-channel layers of a small batch.
+#define BN_PARTIAL(ACCUMULATE)                                                    \
+  __shared__ double r1[256], r2[256];                                             \
+  const int c = blockIdx.x, s = blockIdx.y;                                      \
+  const int per = (A - s + S - 1) / S;                                           \
+  const idx_t items = (idx_t)per * B;                                            \
+  double a1 = 0.0, a2 = 0.0;                                                     \
+  for (idx_t k = threadIdx.x; k < items; k += blockDim.x) {                      \
+    const idx_t m = k / B;                                                       \
+    const idx_t at = (((idx_t)s + m * S) * C + c) * B + (k - m * B);             \
+    ACCUMULATE                                                                   \
+  }                                                                              \
+  r1[threadIdx.x] = a1; r2[threadIdx.x] = a2;                                     \
+  __syncthreads();                                                               \
+  for (int st = blockDim.x / 2; st > 0; st >>= 1) {                              \
+    if (threadIdx.x < st) { r1[threadIdx.x] += r1[threadIdx.x + st]; r2[threadIdx.x] += r2[threadIdx.x + st]; } \
+    __syncthreads();                                                             \
+  }                                                                              \
+  if (threadIdx.x == 0) { part[(c * S + s) * 2] = r1[0]; part[(c * S + s) * 2 + 1] = r2[0]; }
+
 extern "C" {
-// x viewed as [A, C, B]; one block of 256 threads per channel: mean and population variance
-__global__ void isthmus_bn_stats(const float* __restrict__ x, float* __restrict__ mean, float* __restrict__ var,
-                                 long long A, int C, long long B) {
-  __shared__ double s1[256], s2[256];
-  const int c = blockIdx.x;
-  const long long n = A * B;
-  double a1 = 0.0, a2 = 0.0;
-  for (long long k = threadIdx.x; k < n; k += blockDim.x) {
-    const long long a = k / B, b = k - a * B;
-    const double v = x[(a * C + c) * B + b];
-    a1 += v; a2 += v * v;
-  }
-  s1[threadIdx.x] = a1; s2[threadIdx.x] = a2;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) { s1[threadIdx.x] += s1[threadIdx.x + s]; s2[threadIdx.x] += s2[threadIdx.x + s]; }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    const double m = s1[0] / n;
-    double v = s2[0] / n - m * m;
-    mean[c] = (float)m; var[c] = (float)(v > 0.0 ? v : 0.0);
-  }
+// sums of x and x^2
+__global__ void isthmus_bn_stats(const float* __restrict__ x, double* __restrict__ part, int A, int C, idx_t B, int S) {
+  BN_PARTIAL(const double v = x[at]; a1 += v; a2 += v * v;)
 }
 
-// per channel: dbeta = sum dy, dgamma = sum dy * (x - mean) * inv
+// sums of dy and dy * (x - mean)
 __global__ void isthmus_bn_grad_sums(const float* __restrict__ dy, const float* __restrict__ x,
-                                     const float* __restrict__ mean, const float* __restrict__ inv,
-                                     float* __restrict__ dgamma, float* __restrict__ dbeta,
-                                     long long A, int C, long long B) {
-  __shared__ double s1[256], s2[256];
-  const int c = blockIdx.x;
-  const long long n = A * B;
-  const double m = mean[c], iv = inv[c];
-  double a1 = 0.0, a2 = 0.0;
-  for (long long k = threadIdx.x; k < n; k += blockDim.x) {
-    const long long a = k / B, b = k - a * B;
-    const long long at = (a * C + c) * B + b;
-    const double g = dy[at];
-    a1 += g; a2 += g * (x[at] - m) * iv;
+                                     const float* __restrict__ mean, double* __restrict__ part,
+                                     int A, int C, idx_t B, int S) {
+  const double mc = mean[blockIdx.x];
+  BN_PARTIAL(const double g = dy[at]; a1 += g; a2 += g * (x[at] - mc);)
+}
+
+// one thread per channel: the S partial sums to mean and population variance (stats), or to
+// dbeta, dgamma and inv = 1 / sqrt(var + eps) (gradient)
+__global__ void isthmus_bn_finish(const double* __restrict__ part, const float* __restrict__ var,
+                                  float* __restrict__ o1, float* __restrict__ o2, float* __restrict__ inv,
+                                  int C, int S, double count, float eps, int stats) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double s1 = 0.0, s2 = 0.0;
+  for (int s = 0; s < S; ++s) { s1 += part[(c * S + s) * 2]; s2 += part[(c * S + s) * 2 + 1]; }
+  if (stats) {
+    const double m = s1 / count, v = s2 / count - m * m;
+    o1[c] = (float)m; o2[c] = (float)(v > 0.0 ? v : 0.0);
+  } else {
+    const float iv = 1.0f / sqrtf(var[c] + eps);
+    inv[c] = iv; o1[c] = (float)s1; o2[c] = (float)(s2 * iv);
   }
-  s1[threadIdx.x] = a1; s2[threadIdx.x] = a2;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) { s1[threadIdx.x] += s1[threadIdx.x + s]; s2[threadIdx.x] += s2[threadIdx.x + s]; }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) { dbeta[c] = (float)s1[0]; dgamma[c] = (float)s2[0]; }
 }
 }
 """
 _MOD: dict = {}
+_NARROW = 1 << 30  # elements: below it the flat indices are 32-bit (as gpu_kernels/raw.py)
 
 
-def _fn(cp, name):
-    mod = _MOD.get("m")
+def _fn(cp, name, narrow=True):
+    mod = _MOD.get(narrow)
     if mod is None:
-        mod = _MOD["m"] = cp.RawModule(code=_SRC)
+        mod = _MOD[narrow] = cp.RawModule(code=_SRC, options=("-DNARROW_INDEX",) if narrow else ())
     return mod.get_function(name)
+
+
+def _preload(cp):
+    for narrow in (True, False):
+        for name in ("isthmus_bn_stats", "isthmus_bn_grad_sums", "isthmus_bn_finish"):
+            _fn(cp, name, narrow)
+
+
+def _sums(cp, name, arrays, a, c, b):
+    """Launch a partial-sums kernel over [A, C, B] arrays: about 512 blocks; returns (part, S)."""
+    splits = max(1, min(a, -(-512 // c)))
+    part = cp.empty((c, splits, 2), dtype=cp.float64)
+    narrow = all(x.size < _NARROW for x in arrays if hasattr(x, "size"))
+    _fn(cp, name, narrow)((c, splits), (256,), tuple(arrays) + (part, np.int32(a), np.int32(c),
+                                                               (np.int32 if narrow else np.int64)(b), np.int32(splits)))
+    return part, splits
+
+
+def _finish(cp, part, splits, c, count, var=None, eps=0.0):
+    o1, o2 = cp.empty(c, cp.float32), cp.empty(c, cp.float32)
+    inv = cp.empty(c, cp.float32) if var is not None else o1
+    _fn(cp, "isthmus_bn_finish")(((c + 127) // 128,), (128,), (
+        part, var if var is not None else o1, o1, o2, inv, np.int32(c), np.int32(splits), np.float64(count),
+        np.float32(eps), np.int32(var is None)))
+    return o1, o2, inv
+
+
+def _channel(narrow: bool) -> str:
+    """The channel of flat item i of an [A, C, B] array, in ElementwiseKernel code."""
+    return "const int c = (int)(((int)i / nB) % nC); " if narrow else "const int c = (int)((i / nB) % nC); "
 
 
 def _ew(cp, name, params, outs, body):
@@ -103,7 +143,7 @@ def _batch_norm(node, ctx):
     if not hasattr(xp, "RawModule"):
         return generic
     axis, eps, training = _axis(node), float(node.attrs["epsilon"]), node.attrs["training"]
-    _fn(xp, "isthmus_bn_stats")  # compiled now, not inside a captured step
+    _preload(xp)  # compiled now, not inside a captured step
 
     def run(x, scale, offset, mean, var):
         if not _usable(xp, x, scale, offset, mean, var) or x.ndim < 2:
@@ -111,13 +151,13 @@ def _batch_norm(node, ctx):
         x = xp.ascontiguousarray(x)
         a, c, b = _acb(x, axis)
         if training:
-            mean, var = xp.empty(c, xp.float32), xp.empty(c, xp.float32)
-            _fn(xp, "isthmus_bn_stats")((c,), (256,), (x, mean, var, np.int64(a), np.int32(c), np.int64(b)))
-        k = _ew(xp, "isthmus_bn_apply", "T x, raw T mean, raw T var, raw T scale, raw T offset, float32 eps, "
-                "int64 nB, int32 nC", "T y",
-                "const int c = (int)((i / nB) % nC); "
-                "const T s = scale[c] * rsqrtf(var[c] + eps); y = (x - mean[c]) * s + offset[c];")
-        y = k(x, mean, var, scale, offset, np.float32(eps), np.int64(b), np.int32(c))
+            part, splits = _sums(xp, "isthmus_bn_stats", (x,), a, c, b)
+            mean, var, _ = _finish(xp, part, splits, c, a * b)
+        narrow = x.size < _NARROW
+        k = _ew(xp, f"isthmus_bn_apply{'32' if narrow else ''}",
+                "T x, raw T mean, raw T var, raw T scale, raw T offset, float32 eps, I nB, int32 nC", "T y",
+                _channel(narrow) + "const T s = scale[c] * rsqrtf(var[c] + eps); y = (x - mean[c]) * s + offset[c];")
+        y = k(x, mean, var, scale, offset, np.float32(eps), (np.int32 if narrow else np.int64)(b), np.int32(c))
         return y, mean, var
     return run
 
@@ -128,26 +168,28 @@ def _batch_norm_grad(node, ctx):
     if not hasattr(xp, "RawModule"):
         return generic
     axis, eps, training = _axis(node), float(node.attrs["epsilon"]), node.attrs["training"]
+    _preload(xp)
 
     def run(dy, x, scale, mean, var):
         if not _usable(xp, dy, x, scale, mean, var) or x.ndim < 2:
             return generic(dy, x, scale, mean, var)
         x, dy = xp.ascontiguousarray(x), xp.ascontiguousarray(dy)
         a, c, b = _acb(x, axis)
-        inv = 1.0 / xp.sqrt(var + xp.float32(eps))
-        dgamma, dbeta = xp.empty(c, xp.float32), xp.empty(c, xp.float32)
-        _fn(xp, "isthmus_bn_grad_sums")((c,), (256,), (dy, x, mean, inv, dgamma, dbeta,
-                                                       np.int64(a), np.int32(c), np.int64(b)))
+        part, splits = _sums(xp, "isthmus_bn_grad_sums", (dy, x, mean), a, c, b)
+        dbeta, dgamma, inv = _finish(xp, part, splits, c, a * b, var, eps)
+        narrow = x.size < _NARROW
+        nb = (np.int32 if narrow else np.int64)(b)
+        tag = "32" if narrow else ""
         if training:
-            k = _ew(xp, "isthmus_bn_dx_train", "T dy, T x, raw T mean, raw T inv, raw T scale, raw T dgamma, "
-                    "raw T dbeta, float32 cnt, int64 nB, int32 nC", "T dx",
-                    "const int c = (int)((i / nB) % nC); const T xhat = (x - mean[c]) * inv[c]; "
+            k = _ew(xp, "isthmus_bn_dx_train" + tag, "T dy, T x, raw T mean, raw T inv, raw T scale, raw T dgamma, "
+                    "raw T dbeta, float32 cnt, I nB, int32 nC", "T dx",
+                    _channel(narrow) + "const T xhat = (x - mean[c]) * inv[c]; "
                     "dx = (dy - dbeta[c] / cnt - xhat * dgamma[c] / cnt) * scale[c] * inv[c];")
-            dx = k(dy, x, mean, inv, scale, dgamma, dbeta, np.float32(a * b), np.int64(b), np.int32(c))
+            dx = k(dy, x, mean, inv, scale, dgamma, dbeta, np.float32(a * b), nb, np.int32(c))
             return dx, dgamma, dbeta, xp.zeros_like(mean), xp.zeros_like(var)
-        k = _ew(xp, "isthmus_bn_dx_infer", "T dy, raw T inv, raw T scale, int64 nB, int32 nC", "T dx",
-                "const int c = (int)((i / nB) % nC); dx = dy * scale[c] * inv[c];")
-        dx = k(dy, inv, scale, np.int64(b), np.int32(c))
+        k = _ew(xp, "isthmus_bn_dx_infer" + tag, "T dy, raw T inv, raw T scale, I nB, int32 nC", "T dx",
+                _channel(narrow) + "dx = dy * scale[c] * inv[c];")
+        dx = k(dy, inv, scale, nb, np.int32(c))
         dmean = -(dbeta * scale * inv)
         dvar = -0.5 * dgamma * scale * inv * inv
         return dx, dgamma, dbeta, dmean.astype(xp.float32), dvar.astype(xp.float32)

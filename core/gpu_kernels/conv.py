@@ -3,6 +3,7 @@ convolution as one multiply-add per kernel tap. Written against the array module
 the CI stand-in GPU runs exactly this code (cupyx.cudnn is absent in CuPy 14: no cuDNN)."""
 from __future__ import annotations
 
+import weakref
 from typing import Tuple
 
 from . import generic_factory, raw
@@ -98,12 +99,17 @@ def _activate(xp, y, activation: str):
     raise ValueError(f"unknown activation {activation!r}")
 
 
-def conv_forward(xp, x, w, g: Geometry):
+def conv_forward(xp, x, w, g: Geometry, keep=None):
+    """keep: a handoff entry (_handoff) that the weight gradient of the same input will read:
+    the columns are left there for it."""
     if g.groups == 1 and g.plain_1x1:  # per image W @ x[n]: NCHW in and out, no transposes
         y = xp.matmul(w.reshape(g.o, g.c), xp.ascontiguousarray(x).reshape(g.n, g.c, g.h * g.w))
         return y.reshape(g.n, g.o, g.oh, g.ow)
     if g.groups == 1:
-        y2 = xp.matmul(w.reshape(g.o, -1), _cols(xp, x, g))
+        cols = _cols(xp, x, g)
+        if keep is not None:
+            keep[0], keep[1] = x, cols
+        y2 = xp.matmul(w.reshape(g.o, -1), cols)
         return _nchw(xp, y2, g, g.o)
     if g.groups == g.c == g.o and w.shape[1] == 1:
         return depthwise_forward(xp, x, w, g)
@@ -157,7 +163,7 @@ def conv_input_grad(xp, dy, w, g: Geometry, dtype):
         else:
             dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
             dcols = xp.matmul(w.reshape(g.o, -1).T, dy2)
-            raw.launch(xp, "isthmus_col2im", dx.size, (dcols, dx) + _raw_geom(g))
+            raw.col2im(xp, dcols, dx, _raw_geom(g))
         return dx
     dxpad = xp.zeros((g.n, g.c, g.h + t + b, g.w + l + r), dtype=dtype)
     if depthwise:
@@ -181,8 +187,9 @@ def conv_input_grad(xp, dy, w, g: Geometry, dtype):
     return dxpad[:, :, t:t + g.h, l:l + g.w] if (t or b or l or r) else dxpad
 
 
-def conv_filter_grad(xp, x, dy, g: Geometry):
-    """dL/dw: dy [O, N*OH*OW] times the im2col columns' transpose, one GEMM."""
+def conv_filter_grad(xp, x, dy, g: Geometry, kept=None):
+    """dL/dw: dy [O, N*OH*OW] times the im2col columns' transpose, one GEMM (the columns the
+    forward convolution left in the handoff entry `kept` when they are of this very input)."""
     if g.groups == g.c == g.o and g.groups > 1 and raw.usable(xp, x, dy):
         dw = xp.empty((g.c, 1, g.kh, g.kw), dtype=x.dtype)
         args = (xp.ascontiguousarray(x), xp.ascontiguousarray(dy), dw) + _raw_geom(g)
@@ -202,7 +209,14 @@ def conv_filter_grad(xp, x, dy, g: Geometry):
         return xp.tensordot(dy3, x3, axes=([0, 2], [0, 2])).reshape(g.o, g.c, 1, 1)
     if g.groups == 1:
         dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
-        return xp.matmul(dy2, _cols(xp, x, g).T).reshape(g.o, g.c, g.kh, g.kw)
+        cols = None
+        if kept is not None:
+            if kept[0] is x and kept[1].shape == (g.c * g.kh * g.kw, g.n * g.oh * g.ow):
+                cols = kept[1]
+            kept[0] = kept[1] = None
+        if cols is None:
+            cols = _cols(xp, x, g)
+        return xp.matmul(dy2, cols.T).reshape(g.o, g.c, g.kh, g.kw)
     cg, og = g.c // g.groups, g.o // g.groups
     return _grouped_grad(xp, g, lambda sub, k: conv_filter_grad(
         xp, x[:, k * cg:(k + 1) * cg], dy[:, k * og:(k + 1) * og], sub), axis=0)
@@ -220,6 +234,31 @@ def _grouped_grad(xp, g: Geometry, fn, axis: int):
 
 
 # ---- kernel factories (node, ctx) -> fn ----------------------------------------------------------
+# A forward convolution's im2col columns, kept for the weight gradient of the same input in the
+# same step (im2col of the CNN's second convolution at batch 512 writes 321 MB: done once, not
+# twice). Conv2DBackpropFilter's factory asks for them, keyed by its input tensor and geometry;
+# the forward kernel, on its first run, finds the entry and fills it each step; the gradient
+# empties it. Not for an input a stateful op gives (a variable read: its array is updated in place).
+_HANDOFF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _handoff(node, ask: bool):
+    """The handoff entry [x, cols] for node's input 0 and geometry; `ask` creates it."""
+    x_t = node.inputs[0]
+    if x_t.node.opdef.stateful:
+        return None
+    key = (tuple(node.attrs["strides"]), tuple(node.attrs["dilations"]),
+           tuple(tuple(p) for p in node.attrs["pads"]), node.attrs["groups"])
+    entries = _HANDOFF.get(x_t)
+    if entries is None:
+        if not ask:
+            return None
+        entries = _HANDOFF[x_t] = {}
+    if ask:
+        return entries.setdefault(key, [None, None])
+    return entries.get(key)
+
+
 def _preload(xp) -> None:
     """Compile the RawKernels when the plan is compiled, never inside a captured step."""
     if hasattr(xp, "RawModule"):
@@ -230,13 +269,16 @@ def _conv(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
     _preload(xp)
     activation = node.attrs.get("activation", "none")
+    keep = []  # the handoff entry for the weight gradient (or None), looked up on the first run
 
     def run(x, w, bias=None):
         if x.dtype.kind == "f" and x.dtype.itemsize < 4:  # half precision: the whole chain in float32,
             y = run(x.astype(xp.float32), w.astype(xp.float32),  # rounded once at the end (as the CPU)
                     None if bias is None else bias.astype(xp.float32))
             return y.astype(x.dtype)
-        y = conv_forward(xp, x, w, geom(x.shape, w.shape))
+        if not keep:
+            keep.append(_handoff(node, ask=False))
+        y = conv_forward(xp, x, w, geom(x.shape, w.shape), keep[0])
         if bias is not None and hasattr(xp, "ElementwiseKernel") and y.dtype == bias.dtype:
             return bias_act(xp, y, bias.reshape(1, -1, 1, 1), activation)  # one launch
         if bias is not None:
@@ -251,9 +293,12 @@ def _conv_add(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
     _preload(xp)
     activation = node.attrs["activation"]
+    keep = []
 
     def run(x, w, bias, addend):
-        y = conv_forward(xp, x, w, geom(x.shape, w.shape))
+        if not keep:
+            keep.append(_handoff(node, ask=False))
+        y = conv_forward(xp, x, w, geom(x.shape, w.shape), keep[0])
         xp.add(y, bias.reshape(1, -1, 1, 1), out=y)
         if addend.shape != y.shape:  # an unknown dim that broadcasts at run time
             return _activate(xp, y + addend, activation)
@@ -271,7 +316,8 @@ def _conv_input(node, ctx):
 def _conv_filter(node, ctx):
     xp, geom = ctx.xp, _geom_cache(node)
     _preload(xp)
-    return lambda x, dy, w: conv_filter_grad(xp, x, dy, geom(x.shape, w.shape)).astype(w.dtype, copy=False)
+    kept = _handoff(node, ask=True)
+    return lambda x, dy, w: conv_filter_grad(xp, x, dy, geom(x.shape, w.shape), kept).astype(w.dtype, copy=False)
 
 
 def _bias_add_grad(node, ctx):
@@ -292,5 +338,5 @@ def _bias_add_grad(node, ctx):
     return run
 
 
-KERNELS = {"BiasAddGrad": _bias_add_grad, "Conv2D": _conv, "FusedConv2D": _conv, "FusedConv2DAdd": _conv_add, "Conv2DBackpropInput": _conv_input,
-           "Conv2DBackpropFilter": _conv_filter}
+KERNELS = {"BiasAddGrad": _bias_add_grad, "Conv2D": _conv, "FusedConv2D": _conv, "FusedConv2DAdd": _conv_add,
+           "Conv2DBackpropInput": _conv_input, "Conv2DBackpropFilter": _conv_filter}

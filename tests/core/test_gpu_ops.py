@@ -143,3 +143,38 @@ def test_bias_grad_by_channel_against_float64(shape):
     got = raw.bias_grad_nchw(cp, cp.asarray(dy)).get()
     want = dy.astype(np.float64).sum(axis=tuple(i for i in range(dy.ndim) if i != 1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weight_gradient_reuses_the_forward_columns(backend, monkeypatch):
+    """A training step does im2col once per convolution: the weight gradient takes the columns
+    the forward kernel left for it (core/gpu_kernels/conv.py _HANDOFF), and its result still
+    equals the CPU's."""
+    from isthmus.core.gpu_kernels import conv
+    calls = []
+    real = conv._cols
+    monkeypatch.setattr(conv, "_cols", lambda xp, x, g: calls.append(x.shape) or real(xp, x, g))
+    rng = np.random.default_rng(5)
+    xv = rng.standard_normal((4, 2, 8, 8)).astype(np.float32)
+    w1 = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    got = []
+    for dev in ("cpu", "gpu"):
+        g = ism.Graph(seed=0)
+        with g.as_default():
+            x = ism.placeholder("float32", xv.shape)
+            a, b = ism.Variable(w1, name="a"), ism.Variable(w2, name="b")
+            h = ism.max_pool(ism.relu(ism.conv2d(x, a, 1, "SAME")), 2, 2, "VALID")
+            loss = ism.reduce_sum(ism.conv2d(h, b, 1, "SAME") ** 2)
+            train = ism.optimizers.SGD(0.01).minimize(loss)
+            init = ism.global_variables_initializer()
+        s = ism.Session(g, device=dev, gpu=backend)
+        s.run(init)
+        for _ in range(2):
+            del calls[:]
+            s.run(train, {x: xv})
+        if dev == "gpu":
+            assert len(calls) == 2, calls  # one im2col per convolution, none again for the weight gradients
+        got.append([s.variable_value(a), s.variable_value(b)])
+    for d, c in zip(got[1], got[0]):
+        np.testing.assert_allclose(d, c, rtol=1e-4, atol=1e-5)

@@ -57,3 +57,39 @@ def test_staged_copy_delivers_every_byte_in_order(width, nbytes, monkeypatch):
 def test_stage_threads_leave_half_the_cores():
     import os
     assert 1 <= gpu.STAGE_THREADS <= max(1, (os.cpu_count() or 2) // 2)
+
+
+def test_consecutive_copies_take_the_next_slots_of_the_ring(monkeypatch):
+    """A step's small feeds each take a fresh slot: the second copy neither waits for the first's
+    transfer nor overwrites its buffer before that transfer has read it."""
+    monkeypatch.setattr(gpu, "_CHUNK_BYTES", 1 << 10)
+    rng = np.random.default_rng(1)
+    slots = [[None, None] for _ in range(4)]
+    srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in (300, 1000, 2500, 700, 90)]
+    dsts = [np.zeros_like(s) for s in srcs]
+    waited = []
+    start, dmas = 0, []
+    for src, dst in zip(srcs, dsts):
+        dma = _LazyDMA(dst)
+        for slot in slots:  # note which events this copy had to wait for
+            if slot[1] is not None and not getattr(slot[1], "watched", False):
+                slot[1].watched = True
+                orig = slot[1].synchronize
+
+                def sync(orig=orig):
+                    waited.append(1)
+                    orig()
+                slot[1].synchronize = sync
+        before = start
+        start = gpu.staged_copy(src, slots, dma.alloc, dma, None, start)
+        assert start == (before + -(-src.size // gpu._CHUNK_BYTES)) % len(slots)
+        dmas.append(dma)
+    waits_while_copying = len(waited)
+    for dma in dmas:
+        dma.finish()
+    for src, dst in zip(srcs, dsts):
+        np.testing.assert_array_equal(dst, src)
+    assert sum(d.allocs for d in dmas) == 4  # the ring's four buffers, made once
+    # 1 + 1 + 3 + 1 + 1 chunks through 4 slots: the first four chunks found their slots free,
+    # each of the other three waited for the transfer a ring's length back
+    assert waits_while_copying == 7 - 4

@@ -107,6 +107,10 @@ def _finish(cp, part, splits, c, count, var=None, eps=0.0):
     return o1, o2, inv
 
 
+def _nb(narrow: bool) -> str:
+    return "int32 nB" if narrow else "int64 nB"
+
+
 def _channel(narrow: bool) -> str:
     """The channel of flat item i of an [A, C, B] array, in ElementwiseKernel code."""
     return "const int c = (int)(((int)i / nB) % nC); " if narrow else "const int c = (int)((i / nB) % nC); "
@@ -155,7 +159,7 @@ def _batch_norm(node, ctx):
             mean, var, _ = _finish(xp, part, splits, c, a * b)
         narrow = x.size < _NARROW
         k = _ew(xp, f"isthmus_bn_apply{'32' if narrow else ''}",
-                "T x, raw T mean, raw T var, raw T scale, raw T offset, float32 eps, I nB, int32 nC", "T y",
+                "T x, raw T mean, raw T var, raw T scale, raw T offset, float32 eps, " + _nb(narrow) + ", int32 nC", "T y",
                 _channel(narrow) + "const T s = scale[c] * rsqrtf(var[c] + eps); y = (x - mean[c]) * s + offset[c];")
         y = k(x, mean, var, scale, offset, np.float32(eps), (np.int32 if narrow else np.int64)(b), np.int32(c))
         return y, mean, var
@@ -182,12 +186,12 @@ def _batch_norm_grad(node, ctx):
         tag = "32" if narrow else ""
         if training:
             k = _ew(xp, "isthmus_bn_dx_train" + tag, "T dy, T x, raw T mean, raw T inv, raw T scale, raw T dgamma, "
-                    "raw T dbeta, float32 cnt, I nB, int32 nC", "T dx",
+                    "raw T dbeta, float32 cnt, " + _nb(narrow) + ", int32 nC", "T dx",
                     _channel(narrow) + "const T xhat = (x - mean[c]) * inv[c]; "
                     "dx = (dy - dbeta[c] / cnt - xhat * dgamma[c] / cnt) * scale[c] * inv[c];")
             dx = k(dy, x, mean, inv, scale, dgamma, dbeta, np.float32(a * b), nb, np.int32(c))
             return dx, dgamma, dbeta, xp.zeros_like(mean), xp.zeros_like(var)
-        k = _ew(xp, "isthmus_bn_dx_infer" + tag, "T dy, raw T inv, raw T scale, I nB, int32 nC", "T dx",
+        k = _ew(xp, "isthmus_bn_dx_infer" + tag, "T dy, raw T inv, raw T scale, " + _nb(narrow) + ", int32 nC", "T dx",
                 _channel(narrow) + "dx = dy * scale[c] * inv[c];")
         dx = k(dy, inv, scale, nb, np.int32(c))
         dmean = -(dbeta * scale * inv)

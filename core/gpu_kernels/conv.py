@@ -7,7 +7,7 @@ import weakref
 from typing import Tuple
 
 from . import generic_factory, raw
-from .elementwise import bias_act
+from .elementwise import ACT_CODES, bias_act
 
 
 class Geometry:
@@ -106,14 +106,18 @@ def conv_forward(xp, x, w, g: Geometry, keep=None):
         y = xp.matmul(w.reshape(g.o, g.c), xp.ascontiguousarray(x).reshape(g.n, g.c, g.h * g.w))
         return y.reshape(g.n, g.o, g.oh, g.ow)
     if g.groups == 1:
-        cols = _cols(xp, x, g)
-        if keep is not None:
-            keep[0], keep[1] = x, cols
-        y2 = xp.matmul(w.reshape(g.o, -1), cols)
-        return _nchw(xp, y2, g, g.o)
+        return _nchw(xp, _im2col_product(xp, x, w, g, keep), g, g.o)
     if g.groups == g.c == g.o and w.shape[1] == 1:
         return depthwise_forward(xp, x, w, g)
     return _grouped(xp, g, lambda x_, w_, g_: conv_forward(xp, x_, w_, g_), x, w, axis_out=1)
+
+
+def _im2col_product(xp, x, w, g: Geometry, keep):
+    """W [O, C*kh*kw] times the columns: [O, N*OH*OW] (the columns left in `keep` when given)."""
+    cols = _cols(xp, x, g)
+    if keep is not None:
+        keep[0], keep[1] = x, cols
+    return xp.matmul(w.reshape(g.o, -1), cols)
 
 
 def depthwise_forward(xp, x, w, g: Geometry):
@@ -208,7 +212,6 @@ def conv_filter_grad(xp, x, dy, g: Geometry, kept=None):
         x3 = xp.ascontiguousarray(x).reshape(g.n, g.c, -1)
         return xp.tensordot(dy3, x3, axes=([0, 2], [0, 2])).reshape(g.o, g.c, 1, 1)
     if g.groups == 1:
-        dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
         cols = None
         if kept is not None:
             if kept[0] is x and kept[1].shape == (g.c * g.kh * g.kw, g.n * g.oh * g.ow):
@@ -216,6 +219,11 @@ def conv_filter_grad(xp, x, dy, g: Geometry, kept=None):
             kept[0] = kept[1] = None
         if cols is None:
             cols = _cols(xp, x, g)
+        r = g.c * g.kh * g.kw
+        if raw.usable(xp, dy, cols) and g.o * r <= raw.WGRAD_SMALL_OUTPUTS and g.o + r <= 128:
+            dw = raw.wgrad_small(xp, xp.ascontiguousarray(dy), cols, g.n, g.o, r, g.oh * g.ow)
+            return dw.reshape(g.o, g.c, g.kh, g.kw)
+        dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
         return xp.matmul(dy2, cols.T).reshape(g.o, g.c, g.kh, g.kw)
     cg, og = g.c // g.groups, g.o // g.groups
     return _grouped_grad(xp, g, lambda sub, k: conv_filter_grad(
@@ -278,7 +286,13 @@ def _conv(node, ctx):
             return y.astype(x.dtype)
         if not keep:
             keep.append(_handoff(node, ask=False))
-        y = conv_forward(xp, x, w, geom(x.shape, w.shape), keep[0])
+        g = geom(x.shape, w.shape)
+        if bias is not None and g.groups == 1 and not g.plain_1x1 and raw.usable(xp, x, w, bias):
+            # the product's transpose to NCHW, bias and activation in one pass
+            y2 = _im2col_product(xp, x, w, g, keep[0])
+            y = raw.nchw_bias_act(xp, y2, xp.ascontiguousarray(bias), g.n, g.o, g.oh * g.ow, ACT_CODES[activation])
+            return y.reshape(g.n, g.o, g.oh, g.ow)
+        y = conv_forward(xp, x, w, g, keep[0])
         if bias is not None and hasattr(xp, "ElementwiseKernel") and y.dtype == bias.dtype:
             return bias_act(xp, y, bias.reshape(1, -1, 1, 1), activation)  # one launch
         if bias is not None:

@@ -178,3 +178,37 @@ def test_weight_gradient_reuses_the_forward_columns(backend, monkeypatch):
         got.append([s.variable_value(a), s.variable_value(b)])
     for d, c in zip(got[1], got[0]):
         np.testing.assert_allclose(d, c, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("n,o,r,plane", [(300, 5, 12, 63), (3, 32, 32, 200), (7, 1, 1, 1)])
+def test_small_weight_gradient_kernel_against_float64(n, o, r, plane):
+    """raw.wgrad_small: images spread over blocks (n > 264 loops), a plane that is no multiple of
+    the 64-pixel tile, and the O * R = 1024 edge."""
+    from isthmus.core.gpu_kernels import raw
+    cp = gpu.array_module("GPU")
+    rng = np.random.default_rng(6)
+    dy = rng.standard_normal((n, o, plane)).astype(np.float32)
+    cols = rng.standard_normal((r, n * plane)).astype(np.float32)
+    got = raw.wgrad_small(cp, cp.asarray(dy), cp.asarray(cols), n, o, r, plane).get()
+    want = dy.transpose(1, 0, 2).reshape(o, -1).astype(np.float64) @ cols.T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "tanh", "sigmoid"])
+def test_nchw_bias_activation_kernel(act):
+    from isthmus.core.gpu_kernels import raw
+    from isthmus.core.gpu_kernels.elementwise import ACT_CODES
+    cp = gpu.array_module("GPU")
+    rng = np.random.default_rng(7)
+    n, o, plane = 5, 3, 37
+    y2 = (rng.standard_normal((o, n * plane)) * 4).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    got = raw.nchw_bias_act(cp, cp.asarray(y2), cp.asarray(b), n, o, plane, ACT_CODES[act]).get()
+    v = y2.reshape(o, n, plane).transpose(1, 0, 2).astype(np.float64) + b.reshape(1, o, 1)
+    want = {"none": v, "relu": np.maximum(v, 0), "relu6": np.clip(v, 0, 6), "tanh": np.tanh(v),
+            "sigmoid": 1 / (1 + np.exp(-v))}[act]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -204,9 +204,7 @@ def pieces():
              "biasgrad_raw_kernel": _event_us(cp, lambda: raw.bias_grad_nchw(cp, dy)),
              "fwd_fused_nchw_bias_relu": _event_us(cp, lambda: raw.nchw_bias_act(
                  cp, y2, cp.zeros(g.o, cp.float32), g.n, g.o, g.oh * g.ow, 1))}
-        rr = g.c * g.kh * g.kw
-        if g.o * rr <= raw.WGRAD_SMALL_OUTPUTS and g.o + rr <= 128:
-            r["wgrad_small_kernel"] = _event_us(cp, lambda: raw.wgrad_small(cp, dy, cols, g.n, g.o, rr, g.oh * g.ow))
+
         # split-K for the weight gradient: K chunks as a batched product, then a sum
         k = dy2.shape[1]
         for chunks in (8, 32):

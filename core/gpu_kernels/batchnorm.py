@@ -76,10 +76,13 @@ _NARROW = 1 << 30  # elements: below it the flat indices are 32-bit (as gpu_kern
 
 
 def _fn(cp, name, narrow=True):
-    mod = _MOD.get(narrow)
-    if mod is None:
-        mod = _MOD[narrow] = cp.RawModule(code=_SRC, options=("-DNARROW_INDEX",) if narrow else ())
-    return mod.get_function(name)
+    fn = _MOD.get((narrow, name))
+    if fn is None:
+        mod = _MOD.get(narrow)
+        if mod is None:
+            mod = _MOD[narrow] = cp.RawModule(code=_SRC, options=("-DNARROW_INDEX",) if narrow else ())
+        fn = _MOD[(narrow, name)] = mod.get_function(name)
+    return fn
 
 
 def _preload(cp):

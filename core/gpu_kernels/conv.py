@@ -6,7 +6,9 @@ from __future__ import annotations
 import weakref
 from typing import Tuple
 
-from . import generic_factory, raw
+import numpy as np
+
+from . import blas, generic_factory, raw
 from .elementwise import ACT_CODES, bias_act
 
 
@@ -77,6 +79,14 @@ def _cols(xp, x, g: Geometry):
     return xp.ascontiguousarray(win).reshape(c * g.kh * g.kw, n * g.oh * g.ow)
 
 
+_PARTIALS_MAX = 1 << 24  # elements of the per-image weight-gradient partials (64 MiB in float32)
+
+
+def _batched_ok(*arrays) -> bool:
+    """float32 arrays: the 1x1 convolutions' products go through blas.gemm_batched."""
+    return all(a.dtype == np.float32 for a in arrays)
+
+
 def _nchw(xp, y2, g: Geometry, o: int):
     """[O, N*OH*OW] -> contiguous [N, O, OH, OW]."""
     return xp.ascontiguousarray(y2.reshape(o, g.n, g.oh, g.ow).transpose(1, 0, 2, 3))
@@ -103,7 +113,14 @@ def conv_forward(xp, x, w, g: Geometry, keep=None):
     """keep: a handoff entry (_handoff) that the weight gradient of the same input will read:
     the columns are left there for it."""
     if g.groups == 1 and g.plain_1x1:  # per image W @ x[n]: NCHW in and out, no transposes
-        y = xp.matmul(w.reshape(g.o, g.c), xp.ascontiguousarray(x).reshape(g.n, g.c, g.h * g.w))
+        x = xp.ascontiguousarray(x)
+        if _batched_ok(x, w):  # column-major: y_n^T [hw, o] = x_n^T [hw, c] @ W^T [c, o]
+            y = xp.empty((g.n, g.o, g.oh, g.ow), dtype=x.dtype)
+            hw = g.h * g.w
+            blas.gemm_batched(xp, blas.N, blas.N, hw, g.o, g.c, x, hw, g.c * hw, xp.ascontiguousarray(w), g.c, 0,
+                              y, hw, g.o * hw, g.n)
+            return y
+        y = xp.matmul(w.reshape(g.o, g.c), x.reshape(g.n, g.c, g.h * g.w))
         return y.reshape(g.n, g.o, g.oh, g.ow)
     if g.groups == 1:
         return _nchw(xp, _im2col_product(xp, x, w, g, keep), g, g.o)
@@ -157,7 +174,14 @@ def conv_input_grad(xp, dy, w, g: Geometry, dtype):
     (t, b), (l, r) = g.pads
     depthwise = g.groups == g.c == g.o and w.shape[1] == 1 and g.groups > 1
     if g.groups == 1 and g.plain_1x1:  # per image W^T @ dy[n]
-        dx = xp.matmul(w.reshape(g.o, g.c).T, xp.ascontiguousarray(dy).reshape(g.n, g.o, g.h * g.w))
+        dy = xp.ascontiguousarray(dy)
+        if _batched_ok(dy, w) and dtype == dy.dtype:  # dx_n^T [hw, c] = dy_n^T [hw, o] @ W [o, c]
+            dx = xp.empty((g.n, g.c, g.h, g.w), dtype=dtype)
+            hw = g.h * g.w
+            blas.gemm_batched(xp, blas.N, blas.T, hw, g.c, g.o, dy, hw, g.o * hw, xp.ascontiguousarray(w), g.c, 0,
+                              dx, hw, g.c * hw, g.n)
+            return dx
+        dx = xp.matmul(w.reshape(g.o, g.c).T, dy.reshape(g.n, g.o, g.h * g.w))
         return dx.reshape(g.n, g.c, g.h, g.w).astype(dtype, copy=False)
     if raw.usable(xp, dy, w) and (depthwise or (g.groups == 1 and not g.plain_1x1)):
         dx = xp.empty((g.n, g.c, g.h, g.w), dtype=dtype)
@@ -208,8 +232,15 @@ def conv_filter_grad(xp, x, dy, g: Geometry, kept=None):
                 dw[:, 0, i, j] = (dy * xpad[:, :, rs, cs]).sum(axis=(0, 2, 3))
         return dw
     if g.groups == 1 and g.plain_1x1:
-        dy3 = xp.ascontiguousarray(dy).reshape(g.n, g.o, -1)
-        x3 = xp.ascontiguousarray(x).reshape(g.n, g.c, -1)
+        dy, x = xp.ascontiguousarray(dy), xp.ascontiguousarray(x)
+        if _batched_ok(x, dy) and g.n * g.o * g.c <= _PARTIALS_MAX:
+            # per image dW_n^T [c, o] = x_n [c, hw] @ dy_n^T [hw, o], then the sum over images
+            part = xp.empty((g.n, g.o, g.c), dtype=x.dtype)
+            hw = g.h * g.w
+            blas.gemm_batched(xp, blas.T, blas.N, g.c, g.o, hw, x, hw, g.c * hw, dy, hw, g.o * hw,
+                              part, g.c, g.o * g.c, g.n)
+            return part.sum(axis=0).reshape(g.o, g.c, 1, 1)
+        dy3, x3 = dy.reshape(g.n, g.o, -1), x.reshape(g.n, g.c, -1)
         return xp.tensordot(dy3, x3, axes=([0, 2], [0, 2])).reshape(g.o, g.c, 1, 1)
     if g.groups == 1:
         cols = None
@@ -219,10 +250,6 @@ def conv_filter_grad(xp, x, dy, g: Geometry, kept=None):
             kept[0] = kept[1] = None
         if cols is None:
             cols = _cols(xp, x, g)
-        r = g.c * g.kh * g.kw
-        if raw.usable(xp, dy, cols) and g.o * r <= raw.WGRAD_SMALL_OUTPUTS and g.o + r <= 128:
-            dw = raw.wgrad_small(xp, xp.ascontiguousarray(dy), cols, g.n, g.o, r, g.oh * g.ow)
-            return dw.reshape(g.o, g.c, g.kh, g.kw)
         dy2 = xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(g.o, -1)
         return xp.matmul(dy2, cols.T).reshape(g.o, g.c, g.kh, g.kw)
     cg, og = g.c // g.groups, g.o // g.groups

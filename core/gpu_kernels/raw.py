@@ -121,46 +121,6 @@ __global__ void isthmus_nchw_bias_act(const float* __restrict__ y2, const float*
   }
 }
 
-// The weight gradient of a convolution with few outputs (O * R <= 1024, O + R <= 128, R = C*kh*kw):
-// part[blk][oc][rr] = sum over this block's images ni and pixels p of dy[ni][oc][p] * cols[rr][ni*plane + p],
-// read straight from NCHW dy (no transpose). cuBLAS took 165 us for the CNN's first convolution at
-// batch 512 (K = 401408, M = 32, N = 25) plus 64 for the transpose of dy. A second reduction sums the blocks.
-#define WG_T 64
-__global__ void isthmus_wgrad_small(const float* __restrict__ dy, const float* __restrict__ cols,
-                                    float* __restrict__ part, int n, int o, int r, idx_t plane) {
-  extern __shared__ float tile[];  // (o + r) rows of WG_T + 1 (the + 1 keeps rows off one bank)
-  const int outs = o * r, rows = o + r;
-  const idx_t cols_w = (idx_t)n * plane;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (idx_t ni = blockIdx.x; ni < n; ni += gridDim.x) {
-    for (idx_t p0 = 0; p0 < plane; p0 += WG_T) {
-      for (int k = threadIdx.x; k < rows * WG_T; k += blockDim.x) {
-        const int row = k / WG_T, t = k % WG_T;
-        const idx_t p = p0 + t;
-        float v = 0.f;
-        if (p < plane) v = row < o ? dy[(ni * o + row) * plane + p] : cols[(idx_t)(row - o) * cols_w + ni * plane + p];
-        tile[row * (WG_T + 1) + t] = v;
-      }
-      __syncthreads();
-      for (int q = 0; q < 4; ++q) {
-        const int j = threadIdx.x + q * blockDim.x;
-        if (j < outs) {
-          const float* a = tile + (j / r) * (WG_T + 1);
-          const float* b = tile + (o + j % r) * (WG_T + 1);
-          float sum = 0.f;
-          for (int t = 0; t < WG_T; ++t) sum += a[t] * b[t];
-          acc[q] += sum;
-        }
-      }
-      __syncthreads();
-    }
-  }
-  for (int q = 0; q < 4; ++q) {
-    const int j = threadIdx.x + q * blockDim.x;
-    if (j < outs) part[(idx_t)blockIdx.x * outs + j] = acc[q];
-  }
-}
-
 // depthwise: out[ni][ci][y][x] = sum_ij in[ni][ci][..][..] * wt[ci][i][j]
 __global__ void isthmus_dw_forward(const float* __restrict__ src, const float* __restrict__ wt,
                                    float* __restrict__ out, GEOM) {
@@ -280,19 +240,23 @@ __global__ void isthmus_max_pool_grad(const float* __restrict__ src, const float
 """
 
 _MODULE: dict = {}
+_FUNCTION: dict = {}
 NAMES = ("isthmus_im2col", "isthmus_col2im", "isthmus_dw_forward", "isthmus_dw_input_grad",
          "isthmus_dw_filter_grad", "isthmus_max_pool", "isthmus_max_pool_grad", "isthmus_bias_grad_nchw",
-         "isthmus_nchw_bias_act", "isthmus_wgrad_small")
+         "isthmus_nchw_bias_act")
 NARROW_LIMIT = 1 << 30  # elements: below it every flat index, and every grid stride added to one, fits an int
 
 
 def kernel(cp, name: str, wide: bool = True):
     """The compiled kernel `name`, with 64-bit (`wide`) or 32-bit flat indices (each module is
     compiled once per process)."""
-    mod = _MODULE.get(wide)
-    if mod is None:
-        mod = _MODULE[wide] = cp.RawModule(code=SOURCE, options=() if wide else ("-DNARROW_INDEX",))
-    return mod.get_function(name)
+    fn = _FUNCTION.get((wide, name))
+    if fn is None:
+        mod = _MODULE.get(wide)
+        if mod is None:
+            mod = _MODULE[wide] = cp.RawModule(code=SOURCE, options=() if wide else ("-DNARROW_INDEX",))
+        fn = _FUNCTION[(wide, name)] = mod.get_function(name)  # (get_function costs a few us a call)
+    return fn
 
 
 def preload(cp, *names: str) -> None:
@@ -340,20 +304,6 @@ def nchw_bias_act(cp, y2, bias, n: int, o: int, plane: int, act: int):
     grid = (max(1, min((plane + 255) // 256, 4096)), max(1, min(n * o, 65535)))
     kernel(cp, "isthmus_nchw_bias_act", w)(grid, (256,), args)
     return y
-
-
-WGRAD_SMALL_OUTPUTS = 1024  # O * R at most (four per thread of 256), and O + R at most 128
-
-
-def wgrad_small(cp, dy, cols, n: int, o: int, r: int, plane: int):
-    """dw [O, R] = dy (NCHW, as [N, O, plane]) times cols [R, N*plane] transposed, by block partial
-    sums over images and one small reduction (deterministic: no atomics)."""
-    blocks = max(1, min(n, 264))
-    part = cp.empty((blocks, o * r), dtype=cp.float32)
-    w = wide((dy, cols))
-    args = (dy, cols, part, np.int32(n), np.int32(o), np.int32(r), (np.int64 if w else np.int32)(plane))
-    kernel(cp, "isthmus_wgrad_small", w)((blocks,), (256,), args, shared_mem=(o + r) * 65 * 4)
-    return part.sum(axis=0).reshape(o, r)
 
 
 def bias_grad_nchw(cp, dy):

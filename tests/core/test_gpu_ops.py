@@ -182,22 +182,6 @@ def test_weight_gradient_reuses_the_forward_columns(backend, monkeypatch):
 
 @pytest.mark.gpu
 @CUDA
-@pytest.mark.parametrize("n,o,r,plane", [(300, 5, 12, 63), (3, 32, 32, 200), (7, 1, 1, 1)])
-def test_small_weight_gradient_kernel_against_float64(n, o, r, plane):
-    """raw.wgrad_small: images spread over blocks (n > 264 loops), a plane that is no multiple of
-    the 64-pixel tile, and the O * R = 1024 edge."""
-    from isthmus.core.gpu_kernels import raw
-    cp = gpu.array_module("GPU")
-    rng = np.random.default_rng(6)
-    dy = rng.standard_normal((n, o, plane)).astype(np.float32)
-    cols = rng.standard_normal((r, n * plane)).astype(np.float32)
-    got = raw.wgrad_small(cp, cp.asarray(dy), cp.asarray(cols), n, o, r, plane).get()
-    want = dy.transpose(1, 0, 2).reshape(o, -1).astype(np.float64) @ cols.T.astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
-
-
-@pytest.mark.gpu
-@CUDA
 @pytest.mark.parametrize("act", ["none", "relu", "relu6", "tanh", "sigmoid"])
 def test_nchw_bias_activation_kernel(act):
     from isthmus.core.gpu_kernels import raw

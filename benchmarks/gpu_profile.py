@@ -89,7 +89,7 @@ def model_section(out, name, make, iters, torch_build=None):
         res = out[name] = {}  # filled as it goes: a failure keeps what came before it
         (g, phs, loss, train, init), feeds, extra = make()
         fd = dict(zip(phs, feeds))
-        s = ism.Session(g, device="gpu")
+        s = ism.Session(g, device="gpu", capture=False)
         s.run(init)
         from isthmus.core import gpu
         pinned = []

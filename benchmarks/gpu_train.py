@@ -2,7 +2,8 @@
 in one run. Prints JSON. Workloads and targets (issue #19): MLP 784-512-512-10 SGD b128 and
 b4096 (<= 1.2x torch eager; with step capture <= 2x torch's CUDA-graph replay), the CNN
 (conv5x5 32, pool, conv5x5 64, pool, 1024, 10) b64 and b512 (<= 1.5x), MobileNetV2 96x96 b32
-(<= 1.5x). Each isthmus result is first checked against the CPU path (first-step loss).
+(<= 1.5x): the default Session (capture="auto") and capture=False. Each isthmus result is first
+checked against the CPU path (first-step loss).
 Without a GPU it prints a skip record."""
 from __future__ import annotations
 
@@ -195,12 +196,20 @@ def _vs_torch(name, build, feeds, torch_build, out, iters):
             s.run(init)
             first[dev] = float(s.run(loss, dict(zip(phs, feeds))))
         g, phs, loss, train, init = build()
-        s = ism.Session(g, device="gpu")
+        s = ism.Session(g, device="gpu", capture=False)
         s.run(init)
         fd = dict(zip(phs, feeds))
         res["isthmus_eager"] = per_call_ms(lambda: s.run(train, fd), iters=iters, budget_s=30)
         out[f"{name}_peak_device_bytes"] = s.memory_stats()
         out[f"{name}_profile"] = _profile(s, train, fd)
+        # the default Session (capture="auto": the step replays as CUDA graphs from its second run)
+        g, phs, loss, train, init = build()
+        s = ism.Session(g, device="gpu")
+        s.run(init)
+        fd = dict(zip(phs, feeds))
+        res["isthmus_default"] = per_call_ms(lambda: s.run(train, fd), iters=iters, budget_s=30)
+        plan = s.plan_for(train, fd)
+        out[f"{name}_default_capture_report"] = plan.report() if hasattr(plan, "report") else "not captured"
     except Exception as e:
         out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
     if torch_build is not None:
@@ -211,7 +220,8 @@ def _vs_torch(name, build, feeds, torch_build, out, iters):
             out[f"{name}_torch_error"] = f"{type(e).__name__}: {e}"[:300]
     ok = bool(first) and abs(first.get("gpu", 0) - first.get("cpu", 1)) <= 1e-3 * max(1.0, abs(first.get("cpu", 1)))
     out[name] = {"ms": {k: round(v, 3) for k, v in res.items()}, "first_loss": first, "same_as_cpu": ok,
-                 "ratio_vs_torch_eager": ratio(res.get("isthmus_eager"), res.get("torch_eager"))}
+                 "ratio_vs_torch_eager": ratio(res.get("isthmus_default"), res.get("torch_eager")),
+                 "ratio_eager_vs_torch_eager": ratio(res.get("isthmus_eager"), res.get("torch_eager"))}
 
 
 def bench_cnn(batch, torch, out):

@@ -58,9 +58,9 @@ class CapturedPlan:
             plan = Plan(fetches, feeds, ctx, False, binding)  # its kernels, bound for capture
         finally:
             binding.capture = False
-        return cls(plan, binding)
+        return cls(plan, binding, ctx)
 
-    def __init__(self, plan: Plan, binding):
+    def __init__(self, plan: Plan, binding, ctx: Optional[KernelContext] = None):
         self.plan = plan
         self.binding = binding
         self.nodes, self.fetches, self.feeds, self.kernels = plan.nodes, plan.fetches, plan.feeds, plan.kernels
@@ -91,10 +91,25 @@ class CapturedPlan:
                 step.eager_reason = "reads a host value that may change between steps"
             self.steps.append(step)
         self.fetch_slots = [slot[f] if isinstance(f, Tensor) else None for f in plan.fetches]
+        # the variables whose arrays the graphs read or update at fixed addresses: a slot given a
+        # new array (a checkpoint restore, set_variable_value, an Assign of another shape) makes
+        # the next call record the step again instead of replaying stale addresses
+        self._var_slots = []
+        if ctx is not None:
+            seen = set()
+            for st in self.steps:
+                n = st.node
+                vars_ = [n] if n.op == "Variable" else [n.inputs[i].node for i in n.opdef.ref_inputs]
+                for vn in vars_:
+                    if vn.op == "Variable" and vn.name not in seen:
+                        seen.add(vn.name)
+                        self._var_slots.append(ctx.var_slot(vn))
+        self._var_arrays: list = []
         self.gpu = binding.table.gpus()[0]
         self.segments: Optional[list] = None  # ("graph", graph, steps) | ("eager", step, fixed)
         self.values: List[object] = list(self.init)
         self._graph_read: set = set()
+        self._current: Optional[_Step] = None  # the step running now (errors name its node)
         self._lock = threading.Lock()
         self._make_runtime()
 
@@ -123,8 +138,12 @@ class CapturedPlan:
     def _call(self, feeds):
         try:
             with self._context():
+                if self.segments is not None and any(
+                        sl.value is not a for sl, a in zip(self._var_slots, self._var_arrays)):
+                    self._forget()  # a variable's array was replaced since the recording
                 if self.segments is None:
                     self._record(feeds)
+                    self._var_arrays = [sl.value for sl in self._var_slots]
                 else:
                     self._replay(feeds)
         except Exception as e:
@@ -136,6 +155,7 @@ class CapturedPlan:
 
     def _run_step(self, s: _Step) -> None:
         v = self.values
+        self._current = s
         out = s.kernel(*[v[i] for i in s.ins])
         if len(s.outs) == 1:
             v[s.outs[0]] = out
@@ -167,6 +187,12 @@ class CapturedPlan:
             if seg[0] == "eager" and seg[1].gpu and any(o in self._graph_read for o in seg[1].outs):
                 seg[2] = [v[o] for o in seg[1].outs]
         self.segments = segments
+
+    def _forget(self) -> None:
+        """Drop the recorded graphs and fixed buffers: the next call records afresh."""
+        self.segments = None
+        self.values = list(self.init)
+        self._graph_read = set()
 
     def _capture_from(self, i: int):
         """Capture steps i.. up to the next eager one; (end, graph), or (failing step, None)."""
@@ -212,11 +238,13 @@ class CapturedPlan:
         if self.stream is not None:
             graph.launch(self.stream)
             return
-        # the stand-in: re-run the kernels and write their results where the recorded ones are
+        # the stand-in: re-run the kernels and write their results where the recorded ones are;
+        # a variable read keeps the array it gave when recorded, as a CUDA graph reads that address
         v, xp = self.values, self.gpu.xp
         kept = {o: v[o] for s in seg_steps for o in s.outs}
         for s in seg_steps:
-            self._run_step(s)
+            if s.node.op != "Variable":
+                self._run_step(s)
         for o, arr in kept.items():  # in node order: a view's base is rewritten before the view
             if arr is not None and v[o] is not arr:
                 if getattr(arr, "flags", None) is not None and arr.flags.writeable:
@@ -241,7 +269,10 @@ class CapturedPlan:
     def _raise(self, e: Exception) -> None:
         if isinstance(e, IsthmusError):
             raise e
-        raise ExecutionError(f"captured step failed: {type(e).__name__}: {e}") from e
+        n = getattr(self._current, "node", None)
+        if n is None:
+            raise ExecutionError(f"captured step failed: {type(e).__name__}: {e}") from e
+        raise ExecutionError(f"node '{n.name}' ({n.op}) failed: {type(e).__name__}: {e}", n.name, n.op) from e
 
     # ---- what was captured ------------------------------------------------------------------------
     def report(self) -> dict:
@@ -256,3 +287,43 @@ class CapturedPlan:
 
     def copy_fetch(self, f, value):
         return self.plan.copy_fetch(f, value)
+
+
+# ops that meet other processes or replicas step by step: Send and Recv count their runs per plan
+# (ops/comm.py: one plan for a part's life), AllReduce's replicas must all run it eagerly or all
+# replay it. capture="auto" leaves plans holding them eager.
+RENDEZVOUS_OPS = frozenset({"Send", "Recv", "AllReduce"})
+
+
+class AutoCapture:
+    """capture="auto" (the Session default): a fixed-shape GPU plan runs as compiled for its first
+    call and is captured from its second on, so one-off plans (an initializer, a single
+    evaluation) are never recorded and never hold a captured plan's fixed buffers, while a step
+    run in a loop (training, serving) replays as CUDA graphs. Traced runs use the eager plan."""
+
+    def __init__(self, eager: Plan, build):
+        self.eager, self._build = eager, build
+        self.captured: Optional[CapturedPlan] = None
+        self.calls = 0
+        self._lock = threading.Lock()
+        self.nodes, self.fetches, self.feeds, self.kernels = eager.nodes, eager.fetches, eager.feeds, eager.kernels
+        self.constants, self.source = eager.constants, eager.source
+        self.binding = eager.binding
+
+    def __call__(self, *feeds):
+        plan = self.captured
+        if plan is None:
+            with self._lock:
+                self.calls += 1
+                if self.calls >= 2 and self.captured is None:
+                    self.captured = self._build()
+                plan = self.captured or self.eager
+        return plan(*feeds)
+
+    def report(self) -> dict:
+        rep = self.captured.report() if self.captured is not None else {"recorded": False}
+        return {**rep, "auto": True, "calls": self.calls}
+
+    def copy_fetch(self, f, value):
+        return self.eager.copy_fetch(f, value)
+

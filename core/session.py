@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .capture import CapturedPlan
+from .capture import RENDEZVOUS_OPS, AutoCapture, CapturedPlan
 from .device_binding import DeviceBinding
 from .device_runtime import DeviceTable, HOST, to_host_any
 from .errors import FeedError
@@ -18,7 +18,7 @@ from .memory import tune_malloc
 from .ops.numerics import checked_feed
 from .passes import SESSION_PASSES, optimize
 from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
-from .shapes import compatible, fmt
+from .shapes import compatible, fmt, fully_defined
 from .threads import IntraOpThreads, check_option, default_inter_op_threads
 from .trace import RunMetadata, run_traced
 
@@ -58,13 +58,15 @@ class Session:
     def __init__(self, graph: Optional[Graph] = None, target: Optional[str] = None,
                  parallel: "bool | str" = "auto", rendezvous=None, optimize: bool = True,
                  device: Optional[str] = None, gpu: Optional[str] = None, gpu_memory=None,
-                 capture: "bool | str" = False, check_numerics: bool = False,
+                 capture: "bool | str" = "auto", check_numerics: bool = False,
                  intra_op_threads: Optional[int] = None, inter_op_threads: Optional[int] = None):
         """device: where unpinned nodes run: "cpu" (default; ISTHMUS_DEVICE overrides), "gpu", "auto"
         (a GPU when one is usable) or a name such as "/device:GPU:1". gpu: "cuda" (cupy) or
         "simulated" (the CI stand-in; default ISTHMUS_GPU, else "cuda"). gpu_memory: the device memory cap, a fraction or bytes
         (default ISTHMUS_GPU_MEMORY, else 0.8 of the device). capture: replay fixed-shape GPU steps
-        as CUDA graphs (core/capture.py).
+        as CUDA graphs (core/capture.py): True captures every fixed-shape GPU plan on its first
+        run, "auto" (default) from its second (a step run in a loop; one-off plans stay eager),
+        False never.
         check_numerics: check every float output of every node as it runs (and every float
         feed); the first holding NaN or Inf fails the step with a NonFiniteError naming that node
         (core/ops/numerics.py). Off by default: it costs about one pass over each output.
@@ -119,6 +121,7 @@ class Session:
         with self._threads:
             if options is not None and options.trace:
                 md = run_metadata if run_metadata is not None else RunMetadata()
+                plan = getattr(plan, "eager", plan)  # capture="auto": trace the plan node by node
                 return unflatten(run_traced(plan, [c(v) for c, v in zip(checks, feed_dict.values())], md))
             if checks:
                 values = [check(v) for check, v in zip(checks, feed_dict.values())]
@@ -176,6 +179,13 @@ class Session:
                            host_vars=host_variables(self.graph), gpu_pins=pins)
         if self._binding is None:
             self._binding = DeviceBinding(self.devices, self.state)
+        if self.capture == "auto":
+            eager = Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding, workers=self._workers)
+            if not all(fully_defined(t.shape) for t in rw.feeds):
+                return eager  # shapes may vary: capture is off
+            if any(n.op in RENDEZVOUS_OPS for n in eager.nodes):
+                return eager
+            return AutoCapture(eager, lambda: CapturedPlan.make(rw.fetches, rw.feeds, self._ctx, self._binding, True))
         if self.capture:
             return CapturedPlan.make(rw.fetches, rw.feeds, self._ctx, self._binding, self.capture)
         return Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding, workers=self._workers)

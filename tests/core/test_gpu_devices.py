@@ -9,6 +9,7 @@ import pytest
 import isthmus as ism
 from isthmus.core import gpu
 from isthmus.core.device_binding import DeviceMemoryError
+from isthmus.core.errors import ExecutionError
 from isthmus.core.passes.copies import copies_of, insert_copies
 from isthmus.core.simgpu import SIM_XP, DeviceMixError
 
@@ -222,6 +223,65 @@ def test_captured_step_matches_eager(backend):
             assert rep["recorded"] and rep["graphs"] >= 1 and rep["captured_nodes"] > 10, rep
     for a, b in zip(res[True], res[False]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_session_captures_a_step_from_its_second_run(backend):
+    """capture="auto" (the default): the initializer (run once) stays eager, the training step is
+    recorded on its second run and replayed after; the losses and weights equal capture=False's."""
+    from isthmus.core.capture import AutoCapture, CapturedPlan
+    res = {}
+    for cap in ("default", False):
+        g, x, y, loss, train, init, xs, ys = _mlp()
+        s = ism.Session(g, device="gpu", gpu=backend) if cap == "default" else \
+            ism.Session(g, device="gpu", gpu=backend, capture=False)
+        s.run(init)
+        losses = []
+        for k in range(4):
+            losses.append(s.run([loss, train], {x: xs, y: ys})[0])
+            if cap == "default":
+                plan = s.plan_for([loss, train], {x: xs, y: ys})
+                assert isinstance(plan, AutoCapture)
+                assert (plan.captured is None) == (k == 0), k  # eager first, recorded on the second run
+        res[cap] = losses + [s.variable_value(g.node("W1"))]
+        if cap == "default":
+            assert isinstance(plan.captured, CapturedPlan) and plan.report()["recorded"]
+            assert getattr(s.plan_for(init), "captured", None) is None  # run once: never recorded
+    for a, b in zip(res["default"], res[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_captured_step_sees_a_restored_variable(backend):
+    """A graph reads a variable at the address it had when recorded: set_variable_value (as a
+    checkpoint restore does) gives the slot a new array, and the next call records again."""
+    res = {}
+    for cap in (True, False):
+        g, x, y, loss, train, init, xs, ys = _mlp()
+        s = ism.Session(g, device="gpu", gpu=backend, capture=cap)
+        s.run(init)
+        w0 = s.variable_value(g.node("W0"))
+        out = [s.run([loss, train], {x: xs, y: ys})[0] for _ in range(3)]
+        s.set_variable_value(g.node("W0"), w0 * 0.5)  # a host value: the slot's array changes
+        out += [s.run([loss, train], {x: xs, y: ys})[0] for _ in range(3)]
+        res[cap] = out + [s.variable_value(g.node("W0"))]
+    assert not np.isclose(res[False][3], res[False][2])  # the restore changed the loss
+    for a, b in zip(res[True], res[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_captured_step_error_names_the_node():
+    g = ism.Graph()
+    with g.as_default():
+        i = ism.placeholder("int32", (2,), name="i")
+        v = ism.Variable(np.zeros(3, np.float32), name="v")
+        bad = ism.gather(v * 2.0, i, name="picks")  # an index out of range fails at run time
+        init = ism.global_variables_initializer()
+    s = ism.Session(g, device="gpu", gpu="simulated", capture=True)
+    s.run(init)
+    with pytest.raises(ExecutionError, match="node 'picks' \\(Gather") as e:
+        s.run(bad, {i: np.array([0, 7], np.int32)})
+    assert e.value.node_name == "picks"
 
 
 def test_capture_is_off_where_shapes_vary():

@@ -317,6 +317,8 @@ class AutoCapture:
                 self.calls += 1
                 if self.calls >= 2 and self.captured is None:
                     self.captured = self._build()
+                    for d in self.binding.table.gpus():
+                        getattr(d, "release_cached", lambda: None)()
                 plan = self.captured or self.eager
         return plan(*feeds)
 

@@ -324,6 +324,11 @@ class CudaDevice:
     def reset_peak(self) -> None:
         self.peak = int(self.pool.used_bytes())
 
+    def release_cached(self) -> None:
+        """Free the blocks cupy's pool keeps for reuse (a captured plan allocates from a pool of
+        its own: what the eager runs left cached would sit beside it)."""
+        self.pool.free_all_blocks()
+
     def peak_bytes(self) -> int:
         return int(self.peak)
 

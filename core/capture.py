@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 from .device_runtime import HOST
 from .errors import ExecutionError, IsthmusError
-from .executor import KernelContext, Plan
+from .executor import KernelContext, Plan, prune
 from .graph import Node, Tensor
 from .passes.copies import input_device
 from .shapes import fully_defined
@@ -46,12 +46,24 @@ def _reads_changing_host_value(n: Node) -> bool:
                for i, t in enumerate(n.inputs) if i not in n.opdef.ref_inputs)
 
 
+def static_shapes(fetches, feeds) -> bool:
+    """Whether every value of the plan has one shape for all runs: fixed feed shapes, and no
+    tensor whose shape depends on a fed value (a Pad or Reshape sized at run time, NonZero...),
+    which a fixed-shape feed does not rule out. A graph replays at fixed buffers: only such a
+    plan may be captured."""
+    if not all(fully_defined(t.shape) for t in feeds):
+        return False
+    fed = set(feeds)
+    nodes = prune([f.node if isinstance(f, Tensor) else f for f in fetches], fed)
+    return all(fully_defined(t.shape) for n in nodes for t in n.outputs if t not in fed)
+
+
 class CapturedPlan:
     """A Plan whose GPU work replays as CUDA graphs; callable like a Plan."""
 
     @classmethod
     def make(cls, fetches, feeds, ctx: KernelContext, binding, mode):
-        if not all(fully_defined(t.shape) for t in feeds):
+        if not static_shapes(fetches, feeds):
             return Plan(fetches, feeds, ctx, False, binding)  # shapes may vary: capture is off
         binding.capture = True
         try:
@@ -272,6 +284,7 @@ class CapturedPlan:
         n = getattr(self._current, "node", None)
         if n is None:
             raise ExecutionError(f"captured step failed: {type(e).__name__}: {e}") from e
+        self.binding.raise_out_of_memory(e, n)  # a DeviceMemoryError naming the node, shape and cap
         raise ExecutionError(f"node '{n.name}' ({n.op}) failed: {type(e).__name__}: {e}", n.name, n.op) from e
 
     # ---- what was captured ------------------------------------------------------------------------

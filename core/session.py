@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .capture import RENDEZVOUS_OPS, AutoCapture, CapturedPlan
+from .capture import RENDEZVOUS_OPS, AutoCapture, CapturedPlan, static_shapes
 from .device_binding import DeviceBinding
 from .device_runtime import DeviceTable, HOST, to_host_any
 from .errors import FeedError
@@ -18,7 +18,7 @@ from .memory import tune_malloc
 from .ops.numerics import checked_feed
 from .passes import SESSION_PASSES, optimize
 from .passes.copies import assign_devices, host_variables, insert_copies, needs_devices
-from .shapes import compatible, fmt, fully_defined
+from .shapes import compatible, fmt
 from .threads import IntraOpThreads, check_option, default_inter_op_threads
 from .trace import RunMetadata, run_traced
 
@@ -181,7 +181,7 @@ class Session:
             self._binding = DeviceBinding(self.devices, self.state)
         if self.capture == "auto":
             eager = Plan(rw.fetches, rw.feeds, self._ctx, self.parallel, self._binding, workers=self._workers)
-            if not all(fully_defined(t.shape) for t in rw.feeds):
+            if not static_shapes(rw.fetches, rw.feeds):
                 return eager  # shapes may vary: capture is off
             if any(n.op in RENDEZVOUS_OPS for n in eager.nodes):
                 return eager

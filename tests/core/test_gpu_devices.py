@@ -154,6 +154,18 @@ def test_memory_cap_error_names_node_shape_and_cap(backend):
     assert stats["cap_bytes"] == 64 << 20 and stats["peak_bytes"] >= 4 << 20  # the product was live
 
 
+def test_memory_cap_error_in_a_captured_step_names_the_node():
+    import gc
+    gc.collect()
+    g = ism.Graph()
+    with g.as_default():
+        a = ism.placeholder("float32", (1024, 512), name="a")
+        big = ism.matmul(a, ism.transpose(a), name="big_product")
+    s = ism.Session(g, device="gpu", gpu="simulated", gpu_memory="3MiB", capture=True)
+    with pytest.raises(DeviceMemoryError, match="big_product.*float32\\[1024,1024\\]"):
+        s.run(big, {a: np.ones((1024, 512), np.float32)})
+
+
 def test_default_cap_is_never_the_whole_device(monkeypatch):
     monkeypatch.delenv("ISTHMUS_GPU_MEMORY", raising=False)
     s = ism.Session(ism.Graph(), device="gpu", gpu="simulated")
@@ -282,6 +294,31 @@ def test_captured_step_error_names_the_node():
     with pytest.raises(ExecutionError, match="node 'picks' \\(Gather") as e:
         s.run(bad, {i: np.array([0, 7], np.int32)})
     assert e.value.node_name == "picks"
+
+
+@pytest.mark.parametrize("capture", [True, "auto"])
+def test_capture_is_off_where_a_fed_value_sets_a_shape(capture):
+    """Fixed feed shapes do not make a fixed-shape plan: an ONNX Pad whose pads are fed gives a
+    new output shape per run, which fixed graph buffers cannot hold (core/capture.static_shapes)."""
+    from onnx import TensorProto, helper
+    from isthmus.converters.onnx_import import from_onnx
+    from isthmus.core.capture import CapturedPlan
+    node = helper.make_node
+    gr = helper.make_graph([node("Pad", ["x", "p"], ["y"]), node("Exp", ["y"], ["z"])], "pad",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                            helper.make_tensor_value_info("p", TensorProto.INT64, [4])],
+                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    g, ins, outs = from_onnx(m)
+    s = ism.Session(g, device="gpu", gpu="simulated", capture=capture)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 6
+    for pads in ([0, 1, 0, 2], [1, 0, 0, 0], [0, 0, 2, 4], [1, 1, 1, 1]):
+        got = s.run(outs[0], {ins["x"]: x, ins["p"]: np.array(pads, np.int64)})
+        want = np.exp(np.pad(x, ((pads[0], pads[2]), (pads[1], pads[3]))))
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    plan = s.plan_for(outs[0], {ins["x"]: x, ins["p"]: np.zeros(4, np.int64)})
+    assert not isinstance(plan, CapturedPlan) and getattr(plan, "captured", None) is None
 
 
 def test_capture_is_off_where_shapes_vary():

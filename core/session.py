@@ -88,6 +88,8 @@ class Session:
         if self.devices.default != HOST:
             self.devices.get(self.devices.default)  # fails now, naming the reason, when there is no GPU
             self._binding = DeviceBinding(self.devices, self.state)
+        if capture not in (True, False, "auto"):
+            raise ValueError(f"capture must be True, False or 'auto', got {capture!r}")
         self.capture = capture
         self._plans: Dict[Any, Tuple[Plan, Callable, list]] = {}
         self._lock = threading.Lock()

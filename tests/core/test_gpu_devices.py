@@ -431,3 +431,8 @@ def test_gpu_pins_run_on_the_host_without_a_gpu(monkeypatch):
     s = ism.Session(g)
     np.testing.assert_allclose(s.run(y, {x: np.zeros(3, np.float32)}), np.ones(3))
     assert all(n.op != "DeviceCopy" for n in s.plan_for(y, {x: np.zeros(3, np.float32)}).nodes)
+
+
+def test_capture_option_is_checked():
+    with pytest.raises(ValueError, match="capture must be True, False or 'auto'"):
+        ism.Session(ism.Graph(), capture="always")

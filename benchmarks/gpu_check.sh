@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check (issue #19): on a fresh GPU machine, run `pytest -m gpu` on the GPU tests and the
-# GPU benchmarks, write their JSON and logs under ${OUT:-./gpu_out} (9 files, flat) and print a
-# summary table last. Finishes within 6 minutes (every step has its own timeout; together 330 s,
-# the op suites took 16 s and `pytest -m gpu` 17 s on the H100 on 2026-11-27).
+# GPU benchmarks, write their JSON and logs under ${OUT:-./gpu_out} and print a summary table last;
+# everything also goes into one archive, $OUT/gpu_check.tgz (the lent machines return at most 8
+# files: unpack it here, then `python benchmarks/gpu_summary.py DIR --record benchmarks/results`).
+# Finishes within 6 minutes (every step has its own timeout; together 390 s; the whole check took
+# 124 s on the H100 on 2026-11-28, gpu_profile.py's diagnosis of the training steps 20 s more).
 #
 # The machine has python3 3.12 with cupy (cupy-cuda13x 14.2), torch, numba, onnx, onnxruntime and
 # scipy, and no network. isthmus's other pins travel as wheels in .whl/ at the repository root,
@@ -52,9 +54,11 @@ step gpu_adds 25 "$OUT/gpu_adds.json" python3 benchmarks/gpu_adds.py
 step gpu_data_parallel 25 "$OUT/gpu_data_parallel.json" python3 benchmarks/gpu_data_parallel.py
 # the op tables (forward against numpy references, finite-difference gradients) with every Session on the GPU
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
+step gpu_profile 60 "$OUT/gpu_profile.json" python3 benchmarks/gpu_profile.py --only pieces --only cnn --only mobilenet
 step op_suites_on_gpu 50 "$OUT/pytest_ops_on_gpu.log" env ISTHMUS_DEVICE=gpu python3 -m pytest $XDIST -p no:cacheprovider \
   -rfE --tb=line tests/core/test_math_ops.py tests/core/test_nn_ops.py tests/core/test_reduce_ops.py \
   tests/core/test_conv_ops.py tests/core/test_batchnorm_paths.py tests/core/test_depthwise_grad.py \
   tests/core/test_pool_dilation.py tests/core/test_optimizers.py tests/core/test_array_ops.py
 echo "total $(( $(date +%s) - T0 ))s" >>"$LOG"
 python3 benchmarks/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"
+tar czf /tmp/gpu_check.tgz -C "$OUT" --exclude gpu_check.tgz . && mv /tmp/gpu_check.tgz "$OUT/"

@@ -51,17 +51,8 @@ def _cnn(batch):
 
 
 def _mobilenet(batch, res=96):
-    from models import mobilenet_v2
-    g, x, logits = mobilenet_v2(batch=batch, res=res, training=True)
-    with g.as_default():
-        y = ism.placeholder("int32", (batch,), name="labels")
-        loss = ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, logits))
-        train = ism.optimizers.SGD(LR).minimize(loss)
-        init = ism.global_variables_initializer()
-    rng = np.random.default_rng(1)
-    xs = rng.standard_normal((batch, 3, res, res)).astype(np.float32)
-    ys = rng.integers(0, 10, batch).astype(np.int32)
-    return (g, (x, y), loss, train, init), (xs, ys), None
+    from gpu_train import mobilenet_feeds, mobilenet_graph
+    return mobilenet_graph(batch, res), mobilenet_feeds(batch, res), None
 
 
 def _traced_nodes(sess, train, fd, top=25):

@@ -241,20 +241,26 @@ def bench_cnn(batch, torch, out):
     _vs_torch(f"cnn_b{batch}", lambda: _cnn_graph(p, batch), [xs, ys], tb, out, iters=20)
 
 
-def bench_mobilenet(batch, torch, out, res=96):
+def mobilenet_graph(batch, res=96):
+    """MobileNetV2's SGD training step: (graph, (images, labels), loss, train, init)."""
     from models import mobilenet_v2
+    g, x, logits = mobilenet_v2(batch=batch, res=res, training=True)
+    with g.as_default():
+        y = ism.placeholder("int32", (batch,), name="labels")
+        loss = ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, logits))
+        train = ism.optimizers.SGD(LR).minimize(loss)
+        init = ism.global_variables_initializer()
+    return g, (x, y), loss, train, init
 
-    def build():
-        g, x, logits = mobilenet_v2(batch=batch, res=res, training=True)
-        with g.as_default():
-            y = ism.placeholder("int32", (batch,), name="labels")
-            loss = ism.reduce_mean(ism.sparse_softmax_cross_entropy(y, logits))
-            train = ism.optimizers.SGD(LR).minimize(loss)
-            init = ism.global_variables_initializer()
-        return g, (x, y), loss, train, init
+
+def mobilenet_feeds(batch, res=96):
     rng = np.random.default_rng(1)
-    xs = rng.standard_normal((batch, 3, res, res)).astype(np.float32)
-    ys = rng.integers(0, 10, batch).astype(np.int32)
+    return (rng.standard_normal((batch, 3, res, res)).astype(np.float32),
+            rng.integers(0, 10, batch).astype(np.int32))
+
+
+def bench_mobilenet(batch, torch, out, res=96):
+    xs, ys = mobilenet_feeds(batch, res)
     tb = None
     if torch is not None:
         def tb():
@@ -265,7 +271,7 @@ def bench_mobilenet(batch, torch, out, res=96):
             return _torch_step(torch, m, lossf, torch.from_numpy(xs).cuda(),
                                torch.from_numpy(ys.astype(np.int64)).cuda())[0]
         tb.sync = torch.cuda.synchronize
-    _vs_torch(f"mobilenet_v2_{res}_b{batch}", build, [xs, ys], tb, out, iters=5)
+    _vs_torch(f"mobilenet_v2_{res}_b{batch}", lambda: mobilenet_graph(batch, res), [xs, ys], tb, out, iters=5)
 
 
 def main(argv=None) -> int:

@@ -34,6 +34,22 @@ def _pool_geometry(node, shape):
     return g
 
 
+def _geometry_cache(node):
+    """shape -> (the node's window geometry, whether its 2x2 windows tile the input), computed once
+    per input shape (a kernel asked for them on every call: about 3 us of a 10 us batch-1 pool)."""
+    cache = {}
+
+    def geometry(shape):
+        got = cache.get(shape)
+        if got is None:
+            if len(cache) >= 8:  # many input shapes (a varying batch): start over
+                cache.clear()
+            g = _pool_geometry(node, shape)
+            got = cache[shape] = (g, _pairs_tiled(g, shape))
+        return got
+    return geometry
+
+
 def _infer_pool(node):
     x = node.inputs[0]
     kinds = "fiu" if node.op == "MaxPool" else "f"  # a maximum is exact on integers, a mean is not
@@ -145,13 +161,14 @@ def _kernel_max_pool(node, ctx):
     views, several times faster than a numpy reduction over window axes."""
     xp = ctx.xp
     blocked = {}  # (shape, dtype) -> the blocked kernel's runner, once it served that shape
+    geometry = _geometry_cache(node)
 
     def run(x):
         fast = blocked.get((x.shape, x.dtype))
         if fast is not None and jit.enabled_by_env():
             return fast(x)
-        g = _pool_geometry(node, x.shape)
-        if _pairs_tiled(g, x.shape) and x.flags.c_contiguous:
+        g, pairs = geometry(x.shape)
+        if pairs and x.flags.c_contiguous:
             if x.dtype.kind == "f" and compiled_ok(xp, x.dtype):
                 return _max_pool_pairs_compiled(x, g)
             return _max_pool_pairs(xp, x, g)
@@ -238,14 +255,15 @@ def _kernel_max_pool_grad(node, ctx):
     xp = ctx.xp
 
     through_relu = node.attrs["through_relu"]
+    geometry = _geometry_cache(node)
 
     def run(x, y, dy):
-        g = _pool_geometry(node, x.shape)
-        if _pairs_tiled(g, x.shape) and x.dtype == y.dtype == dy.dtype and compiled_ok(xp, x.dtype):
+        g, pairs = geometry(x.shape)
+        if pairs and x.dtype == y.dtype == dy.dtype and compiled_ok(xp, x.dtype):
             return _max_pool_grad_compiled(x, y, dy, g, through_relu)
         if through_relu:  # see math.max_pool_grad_through_relu: the relu's mask at the pooled size
             dy = xp.multiply(dy, y > 0)
-        if _pairs_tiled(g, x.shape) and x.dtype == np.float32:
+        if pairs and x.dtype == np.float32:
             return _max_pool_grad_split(xp, xp.ascontiguousarray(x), xp.ascontiguousarray(y),
                                         xp.ascontiguousarray(dy), g)
         n, c, h, w = x.shape

@@ -107,4 +107,6 @@ def main():
 
 
 if __name__ == "__main__":
+    from blas_env import unpin_openblas  # measured without this workplace's OpenBLAS pins (NOTES.md)
+    unpin_openblas()
     main()

@@ -198,4 +198,6 @@ def run(args) -> None:
 
 
 if __name__ == "__main__":
+    from blas_env import unpin_openblas  # measured without this workplace's OpenBLAS pins (NOTES.md)
+    unpin_openblas()
     main()

@@ -84,7 +84,9 @@ def run_one(name: str, args: List[str], timeout: float) -> dict:
     load = os.getloadavg()[0]
     t0 = time.time()
     try:
-        out = subprocess.run([sys.executable, *args], cwd=HERE, capture_output=True, text=True, timeout=timeout)
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+        out = subprocess.run([sys.executable, *args], cwd=HERE, capture_output=True, text=True, timeout=timeout,
+                             env=env)  # measured without this workplace's OpenBLAS pins (NOTES.md)
         result = last_json(out.stdout)
         status = "ok" if out.returncode == 0 and result is not None else f"exit {out.returncode}"
         err = out.stderr[-500:] if status != "ok" else ""

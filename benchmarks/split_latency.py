@@ -336,4 +336,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from blas_env import unpin_openblas  # measured without this workplace's OpenBLAS pins (NOTES.md)
+    unpin_openblas()
     sys.exit(main())

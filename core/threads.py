@@ -143,11 +143,15 @@ class IntraOpThreads:
 
 
 def _set_numba(n: int) -> None:
+    """numba's count on the calling thread at n (clamped to its pool), set only when the count this
+    module last set here differs, as numba_threads: numba's setter takes a lock and checks its pool
+    (about 2 us), and a default run asked for it every time (its count follows BLAS's)."""
     numba = sys.modules.get("numba")  # only when compiled kernels are loaded: never import numba here
     if numba is not None:
         k = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
-        numba.set_num_threads(k)
-        _local.numba = k
+        if getattr(_local, "numba", None) != k:
+            numba.set_num_threads(k)
+            _local.numba = k
 
 
 def numba_threads(n: int) -> None:
@@ -157,8 +161,10 @@ def numba_threads(n: int) -> None:
     it changes how many threads run the blocks, never the blocks or their bytes."""
     if getattr(_local, "numba", None) != n:
         import numba  # deferred: the caller runs a compiled kernel, so numba is loaded already
-        _local.numba = n
-        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+        k = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+        if getattr(_local, "numba", None) != k:  # the clamped count, as _set_numba keeps it
+            _local.numba = k
+            numba.set_num_threads(k)
 
 
 # The prange path (jit.par): a split hands blocks to numba's native workers, which spin outside the

@@ -88,6 +88,37 @@ def test_intra_op_threads_reach_numba(probe):
     assert probe[-1][1] == 1
 
 
+def test_default_runs_set_numbas_count_only_when_it_changes(monkeypatch):
+    """A default run follows BLAS's count into numba; numba's setter (a lock and a check of its pool)
+    is called only when that count changes, not on every run."""
+    nb = pytest.importorskip("numba")
+    if nb.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread here")
+    g, x, y = _graph()
+    s = ism.Session(g, optimize=False)
+    calls = []
+    real = nb.set_num_threads
+    monkeypatch.setattr(nb, "set_num_threads", lambda n: (calls.append(n), real(n)))
+    with threadpool_limits(2, user_api="blas"):
+        _run(s, x, y)
+        first = len(calls)
+        for _ in range(3):
+            _run(s, x, y)
+        assert len(calls) == first and nb.get_num_threads() == 2
+    with threadpool_limits(1, user_api="blas"):
+        _run(s, x, y)
+        assert calls[-1] == 1 and nb.get_num_threads() == 1
+
+
+@needs_blas
+def test_blas_count_read_agrees_with_threadpoolctl():
+    from threadpoolctl import threadpool_info
+    for n in (1, 2):
+        with threadpool_limits(n, user_api="blas"):
+            want = max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+            assert blas_threads_now() == want == n
+
+
 def test_inter_op_threads_size_the_branch_pool():
     g, x, y = _graph()
     s = ism.Session(g, optimize=False, parallel=True, inter_op_threads=3)

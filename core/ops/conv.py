@@ -159,7 +159,8 @@ def _kernel_conv(node, ctx, activation: str = "none", residual: bool = False):
             return depthwise(x, w, g, bias) if addend is None else add_after(x, w, bias, addend)
         out_shape = (n, o, g.oh, g.ow)
         if pixels.pays(xp, x, w, bias, g):  # few output pixels: constant weights streamed once
-            bound.learn(x, w, bias, addend, out_shape, lambda x, a: pixels(x, w, g, bias, a))
+            bound.learn(x, w, bias, addend, out_shape,
+                        pixels.runner(x, w, g, bias) or (lambda x, a: pixels(x, w, g, bias, a)))
             return pixels(x, w, g, bias, addend)
         if groups == 1 and g.kh == g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.pads == ((0, 0), (0, 0)):
             if n == 1 and (addend is None or addend.dtype == np.float32):

@@ -7,7 +7,7 @@ import numpy as np
 
 from ... import jit
 from .conv_one_image import direct_pays, tile_ok
-from .par_gate import may_split, split_rows
+from .par_gate import may_split, prange_threads, split_rows
 from .depthwise import _CLAMPS, _immutable, compiled_ok
 
 # Most output rows (images x pixels) for which the pixel-rows GEMM beats BLAS (one thread, cold
@@ -61,11 +61,7 @@ class PixelRows:
     def __call__(self, x, w, g, bias, addend=None):
         """act(conv(x, w) + bias (+ addend, of the output's shape)) as [N, O, OH, OW]."""
         o = w.shape[0]
-        cached = self._weights
-        if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.gemm_pixels import pack_weights_t  # deferred: loads llvmlite, numba
-            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
-            cached = self._weights = (w, bias, pack_weights_t(w.reshape(o, -1)), b)  # holding w keeps its id
+        cached = self._packed(w, bias)
         index = self._table(x.shape[1:], g)
         n, p = x.shape[0], g.oh * g.ow
         quads = -(-n * p // 4)
@@ -84,6 +80,62 @@ class PixelRows:
         kernel = self._kernel or self._load()
         kernel(xf, index, cached[2], cached[3], self._lo, self._hi, zeros, a, yt, out.reshape(n, o, p), p)
         return out
+
+    def runner(self, x, w, g, bias):
+        """run(x, r) -> [1, O, OH, OW] at batch 1 for x's shape and these constant weights (conv_bound):
+        __call__ with what depends only on the shape and the weights worked out once (the gather table,
+        the scratch sizes, the kernels and the product's driver), and the product split by prange where
+        split_rows would; anything else (the pool's split, on a machine without prange) goes to
+        __call__. The same kernels on the same cuts: the same bytes."""
+        if x.shape[0] != 1:
+            return None
+        o = w.shape[0]
+        _, _, wt, b = self._packed(w, bias)
+        index = self._table(x.shape[1:], g)
+        p, kk = g.oh * g.ow, index.shape[1]
+        quads, cols = -(-p // 4), wt.shape[0] * 16
+        panels, flops = cols // 16, 2 * (-(-p // 4) * 4) * cols * kk
+        zeros = np.zeros(quads * 4, np.float32)  # the tile's row bias: only read
+        lo, hi, out_shape = self._lo, self._hi, (1, o, g.oh, g.ow)
+        gp = jit.loaded("gemm_pixels")
+        gather, product = gp.gather_rows, jit.loaded("par").driver(gp.panels_range)
+        whole, whole_add, finish, finish_add = gp.conv_pixels, gp.conv_pixels_add, gp.finish_range, gp.finish_add_range
+
+        def run(x, r):
+            if not x.flags.c_contiguous:
+                x = np.ascontiguousarray(x)
+            if r is not None:
+                r = np.ascontiguousarray(r, np.float32).reshape(1, o, p)
+            k = prange_threads(panels, flops, flops=True)
+            if not k and may_split(panels, flops, flops=True):  # the pool's split: __call__'s path
+                return self(x, w, g, bias, r)
+            a = np.empty((quads, kk, 4), np.float32)
+            yt = np.empty((quads * 4, cols), np.float32)
+            out = np.empty(out_shape, np.float32)
+            xf, o3 = x.reshape(-1), out.reshape(1, o, p)
+            if k:
+                gather(xf, index, a, 1, p)
+                product(k, panels, a, wt, zeros, yt)
+                if r is None:
+                    finish(yt, b, lo, hi, o3, p, 0, 1)
+                else:
+                    finish_add(yt, b, r, lo, hi, o3, p, 0, 1)
+            elif r is None:
+                whole(xf, index, wt, b, lo, hi, zeros, a, yt, o3, p)
+            else:
+                whole_add(xf, index, wt, b, r, lo, hi, zeros, a, yt, o3, p)
+            return out
+        return run
+
+    def _packed(self, w, bias):
+        """(w, bias, W^T panels, bias as float32) for these weights, relaid once (holding w keeps its id)."""
+        cached = self._weights
+        if cached is None or cached[0] is not w or cached[1] is not bias:
+            from ...jit.gemm_pixels import pack_weights_t  # deferred: loads llvmlite, numba
+            o = w.shape[0]
+            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+            cached = self._weights = (w, bias, pack_weights_t(w.reshape(o, -1)), b)
+        return cached
 
     def _split(self, xf, index, cached, zeros, a, yt, out, n, p, flops, addend):
         """__call__ split across threads (par_gate.split_rows): a batch whose images fill whole row quads

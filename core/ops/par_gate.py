@@ -25,6 +25,9 @@ from .. import idle, threads
 from .intra_op import par_rows
 
 
+_DRIVERS: dict = {}  # kernel -> its prange driver (jit.par.driver), looked up once
+
+
 def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False) -> int:
     """kernel(*args, lo, hi) over range(total) (a cut-free kernel: each item computed alone; `work` in
     the bytes a copy writes in the same time, or FLOPs with flops=True): one call where the work could
@@ -38,17 +41,19 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
     if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:  # no split either way: no further reads
         kernel(*args, 0, total)
         return 1
-    intra, scale, _ = threads.gate_now()
+    intra, scale, free = threads.gate_now()
     if intra == 1:
         kernel(*args, 0, total)
         return 1
     if scale and work >= 2 * least * scale:
-        k = threads.par_threads(total, work, flops)  # the same read of the gates (this run's)
+        k = _prange_k(total, work, least, intra, scale, free)
         if k < 2:
             kernel(*args, 0, total)
             return 1
-        threads.numba_threads(k)
-        jit.loaded("par").driver(kernel)(k, total, *args)
+        drv = _DRIVERS.get(kernel)
+        if drv is None:
+            drv = _DRIVERS[kernel] = jit.loaded("par").driver(kernel)
+        drv(k, total, *args)
         return k
     if not scale and idle.cores_idle(threads.cores()):  # idle, no prange here: the pool's chunks
         return par_rows(kernel, args, total, work, flops=flops)
@@ -56,6 +61,30 @@ def split_rows(kernel, args: tuple, total: int, work: float, flops: bool = False
         return threads.fan_out(lambda lo, hi: kernel(*args, lo, hi), total, work, flops=flops)
     kernel(*args, 0, total)
     return 1
+
+
+def _prange_k(total: int, work: float, least: int, intra: int, scale: float, free: int) -> int:
+    """threads.par_threads on this run's read of the gates, written out (a batch-1 network splits a few
+    dozen kernels a run, and the calls around each split cost as much as a block's hand-off); numba's
+    count set to it when two or more."""
+    k = min(intra, total, free, int(work // (least * scale)))
+    if k >= 2:
+        threads.numba_threads(k)
+    return k
+
+
+def prange_threads(total: int, work: float, flops: bool = False) -> int:
+    """The threads split_rows would split this work across by prange now (numba's count set to them),
+    else 0 (split_rows would make one call, or use the pool): for callers that run the driver
+    themselves, with the serial steps around it (conv_pixels.PixelRows.runner)."""
+    least = threads.MIN_CHUNK_FLOPS if flops else threads.MIN_CHUNK_BYTES
+    if total <= 1 or work < 2 * least * threads.PAR_SCALE_FLOOR:
+        return 0
+    intra, scale, free = threads.gate_now()
+    if intra == 1 or not scale or work < 2 * least * scale:
+        return 0
+    k = _prange_k(total, work, least, intra, scale, free)
+    return k if k >= 2 else 0
 
 
 def may_split(total: int, work: float, flops: bool = False) -> bool:
@@ -72,4 +101,4 @@ def may_split(total: int, work: float, flops: bool = False) -> bool:
                                           else threads.chunk_scale()))
 
 
-__all__ = ["split_rows", "may_split"]
+__all__ = ["split_rows", "may_split", "prange_threads"]

@@ -167,3 +167,50 @@ def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_ad
     if r is not None:
         want += r
     np.testing.assert_allclose(three, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("with_addend", [False, True])
+def test_batch_1_runner_splits_by_prange_with_one_calls_bytes(monkeypatch, with_addend):
+    """PixelRows.runner (the settled batch-1 route): the gather, the product by prange over weight
+    panels (jit.par's driver, here cut in three) and the finish give the whole call's bytes; where
+    the split would go to the pool it hands the call to __call__."""
+    from isthmus.core.ops.conv import _geometry
+    rng = np.random.default_rng(5)
+    c, o, hw = 48, 100, 3
+    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+    w = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    r = rng.standard_normal((1, o, hw, hw)).astype(np.float32) if with_addend else None
+    for a in (w, b):
+        a.flags.writeable = False
+
+    class Node:
+        attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1}
+    g = _geometry(Node, x.shape, w.shape)
+    rows = conv_pixels.PixelRows("relu")
+    run = rows.runner(x, w, g, b)
+    asked = []
+    monkeypatch.setattr(conv_pixels, "prange_threads", lambda total, work, flops=False: asked.append(total) or 3)
+    three = run(x, r)
+    assert asked == [7]  # 100 channels: 7 panels of 16
+    monkeypatch.setattr(conv_pixels, "prange_threads", lambda *a, **kw: 0)
+    monkeypatch.setattr(conv_pixels, "may_split", lambda *a, **kw: False)
+    whole = run(x, r)
+    np.testing.assert_array_equal(three, whole)
+    want = rows(x, w, g, b, r)  # __call__, unsplit
+    np.testing.assert_array_equal(whole, want)
+    calls = []
+    real = conv_pixels.PixelRows.__call__
+    monkeypatch.setattr(conv_pixels.PixelRows, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    monkeypatch.setattr(conv_pixels, "may_split", lambda *a, **kw: True)  # the pool's split: __call__'s path
+    monkeypatch.setattr(conv_pixels, "split_rows", lambda kernel, args, total, work, flops=False:
+                        kernel(*args, 0, total) or 1)
+    np.testing.assert_array_equal(run(x, r), want)
+    assert calls == [1]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((1, o, hw, hw))
+    for i in range(3):
+        for j in range(3):
+            ref += np.einsum("nchw,oc->nohw", xp[:, :, i:i + hw, j:j + hw], w[:, :, i, j].astype(np.float64))
+    ref += b.reshape(1, o, 1, 1) + (0 if r is None else r)
+    np.testing.assert_allclose(three, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)

@@ -5,7 +5,7 @@ import pytest
 import isthmus as ism
 from isthmus.core import idle
 from isthmus.core import threads
-from isthmus.core.ops import intra_op
+from isthmus.core.ops import intra_op, par_gate
 
 pytestmark = pytest.mark.cpu  # the CPU's own kernels and threads (conftest.py)
 
@@ -30,6 +30,8 @@ def fan_outs(monkeypatch):
     # compiled kernels split by prange (intra_op.par_rows) count too: the threads par_threads gives
     real_par = threads.par_threads
     monkeypatch.setattr(threads, "par_threads", lambda *a, **k: counts.append(real_par(*a, **k)) or counts[-1])
+    real_k = par_gate._prange_k  # par_gate.split_rows's own reading of the same gates
+    monkeypatch.setattr(par_gate, "_prange_k", lambda *a: counts.append(real_k(*a)) or counts[-1])
     monkeypatch.setattr(threads, "_prange_at", [0.0])  # a pinned prange hand-off, never measured again
     monkeypatch.setattr(threads, "_prange", [threads.HANDOFF_REF_S if _prange_safe() else False])
     monkeypatch.setattr(idle, "_load", [True, float("inf")])  # an idle machine, never read again

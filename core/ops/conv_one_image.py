@@ -11,7 +11,7 @@ import numpy as np
 from ... import jit
 from .depthwise import ARENAS, _CLAMPS, _immutable
 from .intra_op import serial_blas
-from .par_gate import may_split, split_rows
+from .par_gate import may_split, prange_threads, split_rows
 
 _MAX_PLANS = 8  # input shapes whose geometry a node keeps
 _NO_ADDEND = np.empty((0, 0, 0), np.float32)  # jit.conv_direct's "no residual addend"
@@ -140,6 +140,44 @@ class OneImage:
             split_rows(conv_direct_images, args, n, flops, flops=True)
         return out
 
+    def _direct_runner(self, x, w, g, bias, direct):
+        """run(x, r) for _direct at batch 1, this shape and these weights (conv_bound): the packing, the
+        block kind (_direct_blocks') and the driver worked out once; the split by prange where
+        split_rows would take it, one whole call where no split pays, and _direct itself otherwise
+        (the pool's split). The same kernels on the same cuts: the same bytes."""
+        cd = jit.loaded("conv_direct")
+        _, c, h, wd = x.shape
+        o, p = w.shape[0], g.oh * g.ow
+        koff, pix, wp, size = direct
+        wt, b = self._channels(w, bias)
+        flops = 2 * o * p * c * g.kh * g.kw
+        pixel_blocks = -(-pix.shape[0] // cd.PB)
+        asked = max(pixel_blocks, o // 16)  # the blocks _direct asks may_split about
+        if pixel_blocks >= _MIN_PIXEL_BLOCKS or pixel_blocks >= o // cd.NC:
+            total, product = pixel_blocks, jit.loaded("par").driver(cd.blocks_range)
+        else:
+            total, product = o // cd.NC, jit.loaded("par").driver(cd.channels_range)
+        top, left, lo, hi, out_shape = g.pads[0][0], g.pads[1][0], self._lo, self._hi, (1, o, g.oh, g.ow)
+        whole, pad_image = cd.conv_direct_images, cd.pad_image
+
+        def run(x, r):
+            r3 = None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p)
+            if not may_split(asked, flops, flops=True):
+                x3 = np.ascontiguousarray(x).reshape(1, c, h * wd)
+                out = np.empty(out_shape, np.float32)
+                whole(x3, h, wd, top, left, wp, koff, pix, wt, b, lo, hi, out.reshape(1, o, p),
+                      _NO_ADDEND if r3 is None else r3, size, 0, 1)
+                return out
+            k = prange_threads(total, flops, flops=True)
+            if not k:
+                return self._direct(x, w, g, bias, direct, r3)
+            out = np.empty(out_shape, np.float32)
+            pad = np.zeros(size, np.float32)
+            pad_image(np.ascontiguousarray(x).reshape(c, h * wd), h, wd, top, left, wp, pad)
+            product(k, total, pad, koff, pix, wt, b, lo, hi, out.reshape(o, p), _NO_ADDEND_2D if r3 is None else r3[0])
+            return out
+        return run
+
     def _direct_blocks(self, x2, h, wd, g, wp, koff, pix, wt, b, y, r, size, flops):
         """One image's conv_direct split (par_gate.split_rows: each block computed alone, the same bytes
         however they are cut), the padded copy made first: by its blocks of PB output pixels where there
@@ -200,8 +238,7 @@ class OneImage:
         o = w.shape[0]
         fns = self._fns or self._load()
         if direct is not None:
-            return lambda x, r: self._direct(x, w, g, bias, direct,
-                                             None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p))
+            return self._direct_runner(x, w, g, bias, direct)
         if wide is not None:
             return lambda x, r: self._wide(x, w, g, bias, wide,
                                            None if r is None else np.ascontiguousarray(r, np.float32).reshape(1, o, p))

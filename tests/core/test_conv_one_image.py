@@ -4,6 +4,7 @@ gather itself against numpy's windows."""
 import numpy as np
 import pytest
 
+import isthmus as ism
 from isthmus import jit
 from isthmus.core.ops import conv_one_image
 
@@ -186,3 +187,53 @@ def test_batch1_stem_splits_its_gemm_by_column_blocks_with_one_calls_bytes(monke
     np.testing.assert_array_equal(one, two)
     assert used and used[0][0] == "cols_range" and used[0][1] == 2
     check(x, w, b, 2, "SAME", 1, 1, "relu")
+
+
+@pytest.mark.parametrize("route", ["prange", "pool"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("hw,o", [(24, 32), (6, 64)])  # 6 blocks of 96 pixels; one, so 4 of 16 channels
+def test_settled_conv_direct_route_splits_with_one_threads_bytes(monkeypatch, route, residual, hw, o):
+    """A batch-1 conv_direct convolution's settled route (OneImage._direct_runner, conv_bound) on later
+    runs: split by prange (the driver called by the route itself) or on the pool (through _direct), the
+    bytes of the one-thread runs and the reference's values."""
+    from isthmus.core import threads
+    from isthmus.core.ops import conv_bound
+    from .test_conv_forward import ref_conv
+    rng = np.random.default_rng(hw + o)
+    c = 32
+    w = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    g = ism.Graph(seed=0)
+    with g.as_default():
+        x = ism.placeholder("float32", (1, c, hw, hw), name="x")
+        r = ism.placeholder("float32", (1, o, hw, hw), name="r")
+        z = ism.bias_add(ism.conv2d(x, ism.constant(w), padding="SAME"), ism.constant(b), axis=1)
+        y = ism.relu(z + r if residual else z)
+    feeds = [{x: rng.standard_normal((1, c, hw, hw)).astype(np.float32),
+              r: rng.standard_normal((1, o, hw, hw)).astype(np.float32)} for _ in range(3)]
+    if not residual:
+        feeds = [{x: f[x]} for f in feeds]
+    with monkeypatch.context() as m:
+        m.setattr(threads, "intra_threads", lambda: 1)
+        sess = ism.Session(g)
+        one = [sess.run(y, f) for f in feeds]
+    served, split = [], []
+    real_get, real_k = conv_bound.BoundRoutes.get, conv_one_image.prange_threads
+    monkeypatch.setattr(conv_bound.BoundRoutes, "get", lambda self, *a: served.append(real_get(self, *a)) or served[-1])
+    monkeypatch.setattr(conv_one_image, "prange_threads", lambda *a, **kw: split.append(real_k(*a, **kw)) or split[-1])
+    direct = []
+    real_direct = conv_one_image.OneImage._direct
+    monkeypatch.setattr(conv_one_image.OneImage, "_direct", lambda self, *a: direct.append(1) or real_direct(self, *a))
+    pin_split_gate(monkeypatch, route)
+    sess = ism.Session(g)
+    two = [sess.run(y, f) for f in feeds]
+    for a, b2 in zip(one, two):
+        np.testing.assert_array_equal(a, b2)
+    assert served[0] is None and all(s is not None for s in served[1:])  # later runs on the settled route
+    if route == "prange":
+        assert split and all(k == 2 for k in split) and len(direct) == 1  # _direct only on the first run
+    else:
+        assert split == [0, 0] and len(direct) == 3  # the pool's split: the route hands over to _direct
+    for f, got in zip(feeds, two):
+        want = ref_conv(f[x], w, (1, 1), ((1, 1), (1, 1)), (1, 1), 1) + b.reshape(1, -1, 1, 1)
+        np.testing.assert_allclose(got, np.maximum(want + f[r] if residual else want, 0), rtol=2e-5, atol=2e-5)

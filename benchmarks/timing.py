@@ -27,20 +27,32 @@ def median_seconds(fn: Callable[[], object], repeats: int = 15, inner: int = 1, 
 
 
 def blocked_medians(fns: Dict[str, Callable[[], object]], repeats: int = 21, rounds: int = 3,
-                    pause_s: float = 0.05) -> Dict[str, float]:
+                    pause_s: float = 0.05, warm_s: float = 0.02) -> Dict[str, float]:
     """Per contender, the median of its block medians: each round times every contender in a block
     of `repeats` calls (median_seconds), in an order rotating by round, so that no contender's
     threads (onnxruntime's spin after a run) disturb another's calls, and drift reaches all alike.
     Each block starts `pause_s` after the one before, once the last contender's threads stopped
     spinning: straight after an onnxruntime block, isthmus's batch-1 networks at default threads ran
     7-11% slower on the 2-core VM (its split kernels waited for the core onnxruntime's worker spun on);
-    onnxruntime after isthmus's blocks was unchanged either way."""
+    onnxruntime after isthmus's blocks was unchanged either way.
+    After the pause each block first runs its contender untimed for `warm_s`: the 2-core VM's cores
+    come back from 50 ms of idle slowly, and the first calls of a block ran 2-6x their steady time
+    for about 2 ms (a batch-1 MLP: 452, 155, 104, 98 ... 75 us; the LSTM 584, 306, 283 ... 210 us,
+    medians of 10 blocks), so a block's median of 21 calls sat inside that ramp for the small models
+    and compared default threads' blocks with one thread's back-to-back calls unfairly (MLP b1 138
+    against 107 us, LSTM b1 344 against 224; onnxruntime's own rows alike)."""
     names = list(fns)
     blocks: Dict[str, list] = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
             time.sleep(pause_s)
-            blocks[k].append(median_seconds(fns[k], repeats=repeats))
+            t0 = time.perf_counter()
+            while True:  # untimed, at least two calls
+                fns[k]()
+                fns[k]()
+                if time.perf_counter() - t0 >= warm_s:
+                    break
+            blocks[k].append(median_seconds(fns[k], repeats=repeats, warmup=0))
     return {k: statistics.median(v) for k, v in blocks.items()}
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .gemm_f32 import MR, NR, _panels
 
-__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add", "gather_rows", "panels_range",
+__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add", "gather_rows", "panels_range", "panels_finish_range",
            "finish_range", "finish_add_range", "images_range", "images_add_range"]
 
 
@@ -62,13 +62,14 @@ def conv_pixels_add(xf, index, wt, bias, r, lo, hi, zeros, a, yt, out, pix):
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)
-def _finish(yt, bias, r, lo, hi, out, pix, first=0):
+def _finish(yt, bias, r, lo, hi, out, pix, first=0, c0=0, c1=-1):
     """out [N, O, P] = clamp(yt's rows (image first + i, pixel) + bias (+ r [N, O, P], or None: pruned
-    at compile time), lo, hi)."""
-    n, o = out.shape[0], out.shape[1]
+    at compile time), lo, hi), over the output channels [c0, c1) (c1 -1: to O)."""
+    n = out.shape[0]
+    o = out.shape[1] if c1 < 0 else c1
     for i in range(n):
         base = (first + i) * pix
-        for ch in range(o):
+        for ch in range(c0, o):
             b = bias[ch]
             dst = out[i, ch]
             for p in range(pix):
@@ -113,6 +114,18 @@ def panels_range(a, wt, zeros, yt, p0, p1):
     inf = np.float32(np.inf)
     for panel in range(p0, p1):
         _panels(af, zeros, wtf, NR, panel * k * NR, ytf, op, panel * NR, rp, k, -inf, inf, False)
+
+
+@nb.njit(nogil=True, cache=True, boundscheck=False)
+def panels_finish_range(a, wt, zeros, yt, bias, r, lo, hi, out, pix, p0, p1):
+    """panels_range over panels [p0, p1), then the finish (bias, addend r [N, O, P] or None, clamp) of
+    those panels' output channels: a batch-1 split's last pass done by the thread that computed each
+    channel, in its cache, instead of by the caller after the split (the same operations on each
+    value: the same bytes)."""
+    panels_range(a, wt, zeros, yt, p0, p1)
+    c0, c1 = p0 * NR, min(p1 * NR, out.shape[1])
+    if c1 > c0:
+        _finish(yt, bias, r, lo, hi, out, pix, 0, c0, c1)
 
 
 @nb.njit(nogil=True, cache=True, boundscheck=False)

@@ -14,7 +14,7 @@ from .conv_images import conv_images_bias_clamp
 from .dense import dense_panels_range
 from .conv_wide import conv_wide_images, conv_wide_images_add
 from .gemm_f32 import cols_range, conv_images_ld, pointwise_images, rows_range
-from .gemm_pixels import images_add_range, images_range, panels_range
+from .gemm_pixels import images_add_range, images_range, panels_finish_range, panels_range
 from .gemm_residual import cols_add_range, conv_images_ld_add, pointwise_images_add, rows_add_range
 from .pool_windows import max_pool_planes
 from .rnn import lstm_quads_range
@@ -86,6 +86,12 @@ def _panels_range_par(blocks, total, a, wt, zeros, yt):
 
 
 @nb.njit(**par.PAR_OPTS)
+def _panels_finish_par(blocks, total, a, wt, zeros, yt, bias, r, lo, hi, out, pix):
+    for b in nb.prange(blocks):
+        panels_finish_range(a, wt, zeros, yt, bias, r, lo, hi, out, pix, total * b // blocks, total * (b + 1) // blocks)
+
+
+@nb.njit(**par.PAR_OPTS)
 def _images_range_par(blocks, total, xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix):
     for b in nb.prange(blocks):
         images_range(xf, index, wt, bias, lo, hi, zeros, a, yt, out, pix, total * b // blocks,
@@ -152,6 +158,7 @@ for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_imag
                (pointwise_images_add, _pointwise_images_add_par), (conv_wide_images, _conv_wide_images_par),
                (conv_wide_images_add, _conv_wide_images_add_par), (conv_direct_images, _conv_direct_images_par),
                (max_pool_planes, _max_pool_planes_par), (panels_range, _panels_range_par),
+               (panels_finish_range, _panels_finish_par),
                (images_range, _images_range_par), (images_add_range, _images_add_range_par),
                (blocks_range, _blocks_range_par), (channels_range, _channels_range_par), (rows_range, _rows_range_par),
                (rows_add_range, _rows_add_range_par), (cols_range, _cols_range_par),
@@ -160,7 +167,7 @@ for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_imag
     par.register(_k, _d)
 
 KERNELS = (conv_images_bias_clamp, conv_images_ld, conv_images_ld_add, pointwise_images, pointwise_images_add,
-           conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range,
+           conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range, panels_finish_range,
            images_range, images_add_range, blocks_range, channels_range, rows_range, rows_add_range, cols_range, cols_add_range,
            dense_panels_range,
            lstm_quads_range)

@@ -98,8 +98,8 @@ class PixelRows:
         zeros = np.zeros(quads * 4, np.float32)  # the tile's row bias: only read
         lo, hi, out_shape = self._lo, self._hi, (1, o, g.oh, g.ow)
         gp = jit.loaded("gemm_pixels")
-        gather, product = gp.gather_rows, jit.loaded("par").driver(gp.panels_range)
-        whole, whole_add, finish, finish_add = gp.conv_pixels, gp.conv_pixels_add, gp.finish_range, gp.finish_add_range
+        gather, product = gp.gather_rows, jit.loaded("par").driver(gp.panels_finish_range)
+        whole, whole_add = gp.conv_pixels, gp.conv_pixels_add
 
         def run(x, r):
             if not x.flags.c_contiguous:
@@ -113,13 +113,9 @@ class PixelRows:
             yt = np.empty((quads * 4, cols), np.float32)
             out = np.empty(out_shape, np.float32)
             xf, o3 = x.reshape(-1), out.reshape(1, o, p)
-            if k:
+            if k:  # the gather, then each thread's panels with their channels' finish
                 gather(xf, index, a, 1, p)
-                product(k, panels, a, wt, zeros, yt)
-                if r is None:
-                    finish(yt, b, lo, hi, o3, p, 0, 1)
-                else:
-                    finish_add(yt, b, r, lo, hi, o3, p, 0, 1)
+                product(k, panels, a, wt, zeros, yt, b, r, lo, hi, o3, p)
             elif r is None:
                 whole(xf, index, wt, b, lo, hi, zeros, a, yt, o3, p)
             else:

@@ -42,3 +42,46 @@ class BoundRoutes:
         if len(self._routes) >= _MAX_ROUTES:
             self._routes.clear()
         self._routes[(x.shape, addend is None)] = (w, bias, run, tuple(out_shape))
+
+
+class PackedOnce:
+    """Constant weights (and bias) relaid for a kernel once, and kept while the same objects come
+    back: get(w, bias) -> (pack(w as [O, K]), bias as float32 [O], zeros without one). Holding w and
+    bias keeps their identities unique. pack is called with the weights when they change (a
+    deferred import inside it keeps numba unloaded until then)."""
+
+    def __init__(self, pack: Callable):
+        self._pack = pack
+        self._cached = None  # (w, bias, packed, bias as float32)
+
+    def holds(self, w, bias) -> bool:
+        """Whether these weights are packed already (a hit: they were constants, no checks needed)."""
+        c = self._cached
+        return c is not None and c[0] is w and c[1] is bias
+
+    def get(self, w, bias):
+        c = self._cached
+        if c is None or c[0] is not w or c[1] is not bias:
+            o = w.shape[0]
+            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
+            c = self._cached = (w, bias, self._pack(w.reshape(o, -1)), b)
+        return c[2], c[3]
+
+
+# what PackedOnce relays weights with (deferred imports: they load llvmlite and numba)
+def pack_tile(w2):
+    """For jit.gemm_f32's register tile ([O/4, K, 4])."""
+    from ...jit.gemm_f32 import pack_weights  # deferred: loads llvmlite, numba
+    return pack_weights(w2)
+
+
+def pack_channels(w2):
+    """By output channels, for jit.conv_direct ([O/16, K, 16])."""
+    from ...jit.conv_direct import pack_channels as pack  # deferred: loads llvmlite, numba
+    return pack(w2)
+
+
+def pack_panels_t(w2):
+    """W^T in 16-channel panels, for jit.gemm_pixels."""
+    from ...jit.gemm_pixels import pack_weights_t  # deferred: loads llvmlite, numba
+    return pack_weights_t(w2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import jit
+from .conv_bound import PackedOnce, pack_channels, pack_tile
 from .depthwise import ARENAS, _CLAMPS, _immutable
 from .intra_op import serial_blas
 from .par_gate import may_split, prange_threads, split_rows
@@ -75,8 +76,8 @@ class OneImage:
             self._lo, self._hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
         self._fns = None  # the compiled kernels, imported at the first call
         self._plans = {}
-        self._weights = None  # (w, bias, packed w, bias as float32)
-        self._direct_weights = None  # (w, bias, w packed by output channels, bias as float32)
+        self._weights = PackedOnce(pack_tile)  # for jit.gemm_f32's tile
+        self._direct_weights = PackedOnce(pack_channels)  # by output channels, for jit.conv_direct
 
     def __call__(self, x, w, g, bias, addend=None):
         """act(conv(x, w) + bias (+ addend, of the output's shape)) for one image x [1, C, H, W]."""
@@ -86,9 +87,8 @@ class OneImage:
         if plan is None:
             plan = self._plan(x.shape, w, g)
         geo, k, p, ldx, packed, wide, direct = plan
-        cached = self._weights  # packed weights are kept only for constants: a hit needs no checks
-        packed = packed and ((cached is not None and cached[0] is w and cached[1] is bias)
-                             or (_immutable(w) and (bias is None or _immutable(bias))))
+        # packed weights are kept only for constants: a hit needs no checks
+        packed = packed and (self._weights.holds(w, bias) or (_immutable(w) and (bias is None or _immutable(bias))))
         fns = self._fns or self._load()
         r = None if addend is None else np.ascontiguousarray(addend, np.float32).reshape(1, o, p)
         if packed and direct is not None:
@@ -196,13 +196,7 @@ class OneImage:
 
     def _channels(self, w, bias):
         """conv_direct's packing of constant weights ([O/16, K, 16]) and the bias as float32, kept."""
-        cached = self._direct_weights
-        if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.conv_direct import pack_channels  # deferred: loads llvmlite, numba
-            o = w.shape[0]
-            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
-            cached = self._direct_weights = (w, bias, pack_channels(w.reshape(o, -1)), b)  # holding w keeps its id
-        return cached[2], cached[3]
+        return self._direct_weights.get(w, bias)
 
     def _wide(self, x, w, g, bias, wide, r=None):
         """Stride 1 on wide planes: jit.conv_wide's implicit im2col (a batch's images split by FLOPs:
@@ -343,11 +337,5 @@ class OneImage:
         return plan
 
     def _packed(self, w, bias):
-        cached = self._weights
-        if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.gemm_f32 import pack_weights  # deferred: loads llvmlite, numba
-            o = w.shape[0]
-            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
-            cached = self._weights = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id
-        return cached[2], cached[3]
+        return self._weights.get(w, bias)
 

@@ -8,6 +8,7 @@ import numpy as np
 from ... import jit
 from .conv_one_image import direct_pays, tile_ok
 from .par_gate import may_split, prange_threads, split_rows
+from .conv_bound import PackedOnce, pack_panels_t
 from .depthwise import _CLAMPS, _immutable, compiled_ok
 
 # Most output rows (images x pixels) for which the pixel-rows GEMM beats BLAS (one thread, cold
@@ -37,7 +38,7 @@ class PixelRows:
 
     def __init__(self, activation: str):
         self.clamp = _CLAMPS.get(activation)
-        self._weights = None  # (w, bias, W^T panels, bias as float32)
+        self._weights = PackedOnce(pack_panels_t)  # W^T in 16-channel panels
         self._tables = {}
         self._kernel = None  # jit.gemm_pixels.conv_pixels, imported at the first call
         if self.clamp is not None:
@@ -61,7 +62,7 @@ class PixelRows:
     def __call__(self, x, w, g, bias, addend=None):
         """act(conv(x, w) + bias (+ addend, of the output's shape)) as [N, O, OH, OW]."""
         o = w.shape[0]
-        cached = self._packed(w, bias)
+        cached = (w, bias) + self._weights.get(w, bias)
         index = self._table(x.shape[1:], g)
         n, p = x.shape[0], g.oh * g.ow
         quads = -(-n * p // 4)
@@ -90,7 +91,7 @@ class PixelRows:
         if x.shape[0] != 1:
             return None
         o = w.shape[0]
-        _, _, wt, b = self._packed(w, bias)
+        wt, b = self._weights.get(w, bias)
         index = self._table(x.shape[1:], g)
         p, kk = g.oh * g.ow, index.shape[1]
         quads, cols = -(-p // 4), wt.shape[0] * 16
@@ -122,16 +123,6 @@ class PixelRows:
                 whole_add(xf, index, wt, b, r, lo, hi, zeros, a, yt, o3, p)
             return out
         return run
-
-    def _packed(self, w, bias):
-        """(w, bias, W^T panels, bias as float32) for these weights, relaid once (holding w keeps its id)."""
-        cached = self._weights
-        if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.gemm_pixels import pack_weights_t  # deferred: loads llvmlite, numba
-            o = w.shape[0]
-            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
-            cached = self._weights = (w, bias, pack_weights_t(w.reshape(o, -1)), b)
-        return cached
 
     def _split(self, xf, index, cached, zeros, a, yt, out, n, p, flops, addend):
         """__call__ split across threads (par_gate.split_rows): a batch whose images fill whole row quads

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import jit
+from .conv_bound import PackedOnce, pack_tile
 from .depthwise import _CLAMPS, ARENAS, _immutable, compiled_ok
 from .fused import activation_inplace
 from . import numpy_blas
@@ -25,7 +26,7 @@ class PackedGemm:
 
     def __init__(self, activation: str):
         self.clamp = _CLAMPS.get(activation)
-        self._cached = None  # (w, bias, packed w, bias as float32) for immutable w and bias
+        self._packed_w = PackedOnce(pack_tile)  # for immutable w and bias
 
     def pays(self, xp, x, w, bias, k: int, p: int) -> bool:
         if (self.clamp is None or x.dtype != np.float32 or w.dtype != np.float32
@@ -63,13 +64,7 @@ class PackedGemm:
         split_rows(pointwise_images, (xs, wp, b, lo, hi, out), xs.shape[0], flops, flops=True)
 
     def _weights(self, w, bias):
-        cached = self._cached
-        if cached is None or cached[0] is not w or cached[1] is not bias:
-            from ...jit.gemm_f32 import pack_weights  # deferred: loads llvmlite, numba
-            o = w.shape[0]
-            b = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(o)
-            cached = self._cached = (w, bias, pack_weights(w.reshape(o, -1)), b)  # holding w keeps its id unique
-        return cached[2], cached[3]
+        return self._packed_w.get(w, bias)
 
     def runner(self, xp, x, w, bias):
         """run(x, r) -> [1, O, H, W] for batch 1 at x's shape with these constant weights where pays

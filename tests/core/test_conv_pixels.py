@@ -120,16 +120,9 @@ def test_batch_1_leaves_planes_past_16_pixels_to_conv_direct(served, monkeypatch
         assert bool(served) == pixel_rows and bool(direct) != pixel_rows
 
 
-@pytest.mark.parametrize("with_addend", [False, True])
-@pytest.mark.parametrize("n,hw,blocks", [(32, 4, 32), (10, 3, 7), (1, 12, 7)])
-def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_addend, n, hw, blocks):
-    """Work large enough to split runs by blocks of images where each image fills whole row quads (16
-    pixels: jit.gemm_pixels.images_range), else by 16-channel weight panels (9 pixels, or batch 1:
-    panels_range): cut in three by par_gate.split_rows, or whole in one compiled call, the same
-    bytes, and those of the reference."""
+def _same_3x3_case(rng, n, c, o, hw, with_addend):
+    """x [n, c, hw, hw], read-only 3x3 weights and bias, an addend or None, and the SAME geometry."""
     from isthmus.core.ops.conv import _geometry
-    rng = np.random.default_rng(11)
-    c, o = 48, 100  # 7 panels; 2 * rows * 432 * 112 FLOPs
     x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
@@ -139,7 +132,31 @@ def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_ad
 
     class Node:
         attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1}
-    g = _geometry(Node, x.shape, w.shape)
+    return x, w, b, r, _geometry(Node, x.shape, w.shape)
+
+
+def _same_3x3_relu_ref(x, w, b, r):
+    """relu(conv(x, w) + b (+ r)) in float64, tap by tap."""
+    n, _, hw, _ = x.shape
+    o = w.shape[0]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((n, o, hw, hw))
+    for i in range(3):
+        for j in range(3):
+            want += np.einsum("nchw,oc->nohw", xp[:, :, i:i + hw, j:j + hw], w[:, :, i, j].astype(np.float64))
+    want += b.reshape(1, o, 1, 1)
+    return np.maximum(want if r is None else want + r, 0)
+
+
+@pytest.mark.parametrize("with_addend", [False, True])
+@pytest.mark.parametrize("n,hw,blocks", [(32, 4, 32), (10, 3, 7), (1, 12, 7)])
+def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_addend, n, hw, blocks):
+    """Work large enough to split runs by blocks of images where each image fills whole row quads (16
+    pixels: jit.gemm_pixels.images_range), else by 16-channel weight panels (9 pixels, or batch 1:
+    panels_range): cut in three by par_gate.split_rows, or whole in one compiled call, the same
+    bytes, and those of the reference."""
+    c, o = 48, 100  # 7 panels; 2 * rows * 432 * 112 FLOPs
+    x, w, b, r, g = _same_3x3_case(np.random.default_rng(11), n, c, o, hw, with_addend)
     rows = conv_pixels.PixelRows("relu")
     monkeypatch.setattr(conv_pixels, "_MAX_ROWS", 144)  # batch 1's 144 pixels on the pixel rows too
     assert rows.pays(np, x, w, b, g)
@@ -158,15 +175,7 @@ def test_pixel_rows_split_over_threads_give_one_calls_bytes(monkeypatch, with_ad
     whole = rows(x, w, g, b, r)
     assert cuts == [blocks]
     np.testing.assert_array_equal(three, whole)
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    want = np.zeros((n, o, hw, hw))
-    for i in range(3):
-        for j in range(3):
-            want += np.einsum("nchw,oc->nohw", xp[:, :, i:i + hw, j:j + hw], w[:, :, i, j].astype(np.float64))
-    want += b.reshape(1, o, 1, 1)
-    if r is not None:
-        want += r
-    np.testing.assert_allclose(three, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(three, _same_3x3_relu_ref(x, w, b, r), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("with_addend", [False, True])
@@ -174,19 +183,8 @@ def test_batch_1_runner_splits_by_prange_with_one_calls_bytes(monkeypatch, with_
     """PixelRows.runner (the settled batch-1 route): the gather, the product by prange over weight
     panels (jit.par's driver, here cut in three) and the finish give the whole call's bytes; where
     the split would go to the pool it hands the call to __call__."""
-    from isthmus.core.ops.conv import _geometry
-    rng = np.random.default_rng(5)
     c, o, hw = 48, 100, 3
-    x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
-    w = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(c * 9)).astype(np.float32)
-    b = rng.standard_normal(o).astype(np.float32)
-    r = rng.standard_normal((1, o, hw, hw)).astype(np.float32) if with_addend else None
-    for a in (w, b):
-        a.flags.writeable = False
-
-    class Node:
-        attrs = {"strides": (1, 1), "dilations": (1, 1), "pads": ((1, 1), (1, 1)), "groups": 1}
-    g = _geometry(Node, x.shape, w.shape)
+    x, w, b, r, g = _same_3x3_case(np.random.default_rng(5), 1, c, o, hw, with_addend)
     rows = conv_pixels.PixelRows("relu")
     run = rows.runner(x, w, g, b)
     asked = []
@@ -207,10 +205,4 @@ def test_batch_1_runner_splits_by_prange_with_one_calls_bytes(monkeypatch, with_
                         kernel(*args, 0, total) or 1)
     np.testing.assert_array_equal(run(x, r), want)
     assert calls == [1]
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    ref = np.zeros((1, o, hw, hw))
-    for i in range(3):
-        for j in range(3):
-            ref += np.einsum("nchw,oc->nohw", xp[:, :, i:i + hw, j:j + hw], w[:, :, i, j].astype(np.float64))
-    ref += b.reshape(1, o, 1, 1) + (0 if r is None else r)
-    np.testing.assert_allclose(three, np.maximum(ref, 0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(three, _same_3x3_relu_ref(x, w, b, r), rtol=1e-4, atol=1e-4)

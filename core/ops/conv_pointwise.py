@@ -75,11 +75,17 @@ class PackedGemm:
             return None
         wp, b = self._weights(w, bias)
         lo, hi = np.float32(self.clamp[0]), np.float32(self.clamp[1])
+        plain, added, blocks = _row_kernels(o, hw)  # _rows' choice, made once for this shape
+        flops = 2 * o * c * hw
 
         def run(x, r):
             out = np.empty((1, o, h, wd), np.float32)
-            _rows(wp, b, x.reshape(c * hw), c, hw, lo, hi, out.reshape(o, hw),
-                  None if r is None else np.ascontiguousarray(r).reshape(o, hw))
+            y, xf = out.reshape(o, hw), x.reshape(c * hw)
+            if r is None:
+                split_rows(plain, (wp, b, xf, hw, c, hw, lo, hi, y), blocks, flops, flops=True)
+            else:
+                split_rows(added, (wp, b, xf, hw, c, hw, lo, hi, y, np.ascontiguousarray(r).reshape(o, hw)), blocks,
+                           flops, flops=True)
             return out
         return run
 
@@ -97,20 +103,22 @@ def _rows(wp, b, xf, k: int, p: int, lo, hi, y, r) -> None:
     split where it pays (par_gate.split_rows) by blocks of output rows (each thread streams its own
     rows' weights), or, where the rows make one block, by blocks of columns (a wide plane's few
     outputs); every row and column gets the tiles the whole product gives it: the same bytes."""
-    gf, gr = jit.loaded("gemm_f32"), jit.loaded("gemm_residual")
     o = y.shape[0]
-    flops = 2 * o * k * p
-    row_blocks = -(-o // gf.ROWS_BLOCK)
+    plain, added, blocks = _row_kernels(o, p)
     if r is None:
-        if row_blocks > 1 or p <= gf.COLS_BLOCK:
-            split_rows(gf.rows_range, (wp, b, xf, p, k, p, lo, hi, y), row_blocks, flops, flops=True)
-        else:
-            split_rows(gf.cols_range, (wp, b, xf, p, k, p, lo, hi, y), -(-p // gf.COLS_BLOCK), flops, flops=True)
-        return
-    if row_blocks > 1 or p <= gf.COLS_BLOCK:
-        split_rows(gr.rows_add_range, (wp, b, xf, p, k, p, lo, hi, y, r), row_blocks, flops, flops=True)
+        split_rows(plain, (wp, b, xf, p, k, p, lo, hi, y), blocks, 2 * o * k * p, flops=True)
     else:
-        split_rows(gr.cols_add_range, (wp, b, xf, p, k, p, lo, hi, y, r), -(-p // gf.COLS_BLOCK), flops, flops=True)
+        split_rows(added, (wp, b, xf, p, k, p, lo, hi, y, r), blocks, 2 * o * k * p, flops=True)
+
+
+def _row_kernels(o: int, p: int):
+    """(range kernel, its residual twin, blocks) for _rows: by blocks of ROWS_BLOCK output rows, or by
+    blocks of COLS_BLOCK columns where the rows make one block over a wide plane."""
+    gf, gr = jit.loaded("gemm_f32"), jit.loaded("gemm_residual")
+    row_blocks = -(-o // gf.ROWS_BLOCK)
+    if row_blocks > 1 or p <= gf.COLS_BLOCK:
+        return gf.rows_range, gr.rows_add_range, row_blocks
+    return gf.cols_range, gr.cols_add_range, -(-p // gf.COLS_BLOCK)
 
 
 class Finish:

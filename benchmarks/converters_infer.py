@@ -220,6 +220,10 @@ def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
     got = sess.run(outs[0], feed)
     err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
     fns = {"isthmus": lambda: sess.run(outs[0], feed), "onnxruntime": lambda: ort_sess.run(None, feeds)}
+    if not threads:  # the same graph held to one thread, timed alike: "no row slower than at one thread"
+        one = ism.Session(g, intra_op_threads=1)
+        np.testing.assert_allclose(one.run(outs[0], feed), got, rtol=1e-4, atol=1e-5 * float(np.max(np.abs(got))))
+        fns["isthmus_one_thread"] = lambda: one.run(outs[0], feed)
     row = {"model": name, "batch": batch}
     if threads == 1:  # both compute on the calling thread: its CPU time is robust to the machine's load
         wall, cpu = wall_and_cpu_medians(fns, repeats)
@@ -230,6 +234,9 @@ def bench(name: str, batch: int, repeats: int, threads: int = 0) -> dict:
     faults = faults_per_run(fns)
     row.update({"isthmus_faults_per_run": faults["isthmus"], "onnxruntime_faults_per_run": faults["onnxruntime"],
                 "rss_mb": rss_mb()})
+    if "isthmus_one_thread" in wall:
+        row.update({"isthmus_one_thread_ms": round(wall["isthmus_one_thread"] * 1e3, 3),
+                    "default_over_one_thread": round(wall["isthmus"] / wall["isthmus_one_thread"], 2)})
     row.update({"isthmus_ms": round(wall["isthmus"] * 1e3, 3), "onnxruntime_ms": round(wall["onnxruntime"] * 1e3, 3),
                 "ratio": round(wall["isthmus"] / wall["onnxruntime"], 2), "max_rel_err": float(f"{err:.2e}"),
                 "nodes": len(g.nodes)})
@@ -276,6 +283,8 @@ def main(argv=None) -> int:
                               "over_target_batch32": [r["model"] for r in rows if r["batch"] == 32 and r["ratio"] > 2.0],
                               "worst_cpu_ratio_batch32": max((r["cpu_ratio"] for r in rows if r["batch"] == 32
                                                               and "cpu_ratio" in r), default=None),
+                              "slower_than_one_thread": [f"{r['model']} b{r['batch']}" for r in rows
+                                                         if r.get("default_over_one_thread", 0) > 1.0],
                               "issue24_over_target": [f"{r['model']} b{r['batch']}" for r in rows
                                                       if r["ratio"] > _issue24_target(r, args.threads)],
                               "note": "ratio: wall time (the target's measure in a quiet window); cpu_ratio (one thread "

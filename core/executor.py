@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .. import jit
 from . import threads
 from .errors import ExecutionError, FeedError, GraphError, IsthmusError
 from .graph import Node, Tensor
@@ -110,11 +111,15 @@ def prune(fetch_nodes: Sequence[Node], fed: set) -> List[Node]:
     return sorted(needed.values(), key=lambda n: n.index)
 
 
-def _has_blas_work(nodes, fed: set) -> bool:
+def _has_blas_work(nodes, fed: set, unit_dims: bool = False) -> bool:
     """Whether a node does work OpenBLAS would thread (a product over 2 * 4 * 65536 FLOPs; unknown
-    dims count as 1, and a cost that cannot be priced counts as such work)."""
+    dims count as 1, and a cost that cannot be priced counts as such work). unit_dims: for a run whose
+    unknown dims are 1, where a dense layer on constant weights is jit.dense's matrix-vector loop
+    (fused_dense: no BLAS call) and does not count."""
     for n in nodes:
         if n.op in ("Const", "Placeholder") or n.opdef.cost is None or (n.outputs and all(o in fed for o in n.outputs)):
+            continue
+        if unit_dims and _gemv_served(n):
             continue
         try:
             if n.opdef.cost(n).flops >= _BLAS_THREADED_FLOPS:
@@ -125,6 +130,25 @@ def _has_blas_work(nodes, fed: set) -> bool:
 
 
 _BLAS_THREADED_FLOPS = 2 * 4 * 65536
+
+
+def _gemv_served(n: Node) -> bool:
+    """Whether a FusedMatMul takes fused_dense's matrix-vector path when its input has one row (as
+    PackedDense._decide chooses it): float32 constant weights and bias, b not transposed, a clamp
+    activation, the compiled kernels allowed."""
+    if n.op != "FusedMatMul" or n.attrs.get("transpose_a") or n.attrs.get("transpose_b") \
+            or n.attrs.get("activation") not in ("none", "relu", "relu6"):
+        return False
+    a, b, bias = n.inputs
+    if b.node.op != "Const" or bias.node.op != "Const" or len(b.shape or ()) != 2 or len(bias.shape or ()) != 1:
+        return False
+    if not (a.dtype == b.dtype == bias.dtype == np.float32):
+        return False
+    from .ops.depthwise import _immutable  # deferred: the ops package imports this module's peers
+    value, bv = b.node.attrs.get("value"), bias.node.attrs.get("value")
+    if not (isinstance(value, np.ndarray) and value.flags.c_contiguous and _immutable(value) and _immutable(bv)):
+        return False
+    return jit.available()
 
 
 class Plan:
@@ -170,6 +194,8 @@ class Plan:
         # take the cores its chunks need
         self._hold_blas = (binding is None or not binding.uses_gpu) and threads.cores() > 1 \
             and _has_blas_work(self.nodes, fed)
+        # a one-intra-thread run whose BLAS work is all matrix-vector loops at these sizes holds nothing
+        self._hold_blas_unit = self._hold_blas and _has_blas_work(self.nodes, fed, unit_dims=True)
         self._unknown = [(i, dims) for i, dims in ((i, tuple(j for j, d in enumerate(t.shape) if d is None))
                                                    for i, t in enumerate(self.feeds)) if dims]
 
@@ -316,8 +342,9 @@ class Plan:
                 with IntraOpThreads(1):  # process-wide: the pool's threads run their nodes on one thread too
                     return runner(*feeds, heavy=heavy)
         if hold:
-            if one:
-                with OneThreadRun():  # this thread's kernels alone; other threads' runs keep their counts
+            if one:  # this thread's kernels alone; other threads' runs keep their counts. BLAS is held
+                # unless the run's BLAS work is all matrix-vector loops at these sizes (no BLAS call)
+                with OneThreadRun(hold_blas=self._hold_blas_unit or not jit.enabled_by_env()):
                     return self._call(feeds)
             with RunBlasHold():
                 return self._call(feeds)

@@ -469,18 +469,23 @@ class OneThreadRun:
     RunBlasHold). numba's count is left alone: only `prange` kernels read it, and isthmus's
     compiled kernels take their ranges from the pool (setting and restoring it cost ~4 us a run)."""
 
+    def __init__(self, hold_blas: bool = True):
+        self.hold_blas = hold_blas  # False: a run that makes no BLAS call (executor: matrix-vector loops only)
+
     def __enter__(self):
         self._prev = getattr(_local, "intra", None)
         _local.intra = 1
-        self._blas = BlasThreads(1)
-        self._blas.__enter__()
-        self._held, _local.blas_held = getattr(_local, "blas_held", False), True
+        if self.hold_blas:
+            self._blas = BlasThreads(1)
+            self._blas.__enter__()
+            self._held, _local.blas_held = getattr(_local, "blas_held", False), True
         return self
 
     def __exit__(self, *exc):
         try:
-            _local.blas_held = self._held
-            self._blas.__exit__(*exc)
+            if self.hold_blas:
+                _local.blas_held = self._held
+                self._blas.__exit__(*exc)
         finally:
             _local.intra = self._prev
         return False

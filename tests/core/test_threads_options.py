@@ -219,3 +219,43 @@ def test_one_blas_thread_blocks_hold_from_any_thread():
     finally:
         release.set()
         t.join(10)
+
+
+@needs_blas
+def test_batch_1_dense_layers_on_the_matrix_vector_loop_leave_blas_alone(monkeypatch):
+    """A batch-1 MLP whose dense layers take jit.dense's matrix-vector loop (constant float32 weights)
+    makes no BLAS call, so its one-intra-thread run does not set BLAS's count (a hold cost ~9 us of a
+    63 us run); the same layers on fed weights go through BLAS and are held to one thread."""
+    from isthmus import jit
+    from isthmus.core import blas_libs, threads as th
+    if not jit.available() or th.cores() < 2:
+        pytest.skip("needs numba and two cores")
+    rng = np.random.default_rng(3)
+    w1, w2 = rng.standard_normal((784, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
+    b1, b2 = rng.standard_normal(512).astype(np.float32), rng.standard_normal(512).astype(np.float32)
+    g = ism.Graph()
+    with g.as_default():
+        x = ism.placeholder(np.float32, (None, 784), name="x")
+        fw1 = ism.placeholder(np.float32, (784, 512), name="fw1")
+        fw2 = ism.placeholder(np.float32, (512, 512), name="fw2")
+
+        def mlp(a, b):
+            h = ism.relu(ism.bias_add(ism.matmul(x, a), ism.constant(b1)))
+            return ism.relu(ism.bias_add(ism.matmul(h, b), ism.constant(b2)))
+        y_const, y_fed = mlp(ism.constant(w1), ism.constant(w2)), mlp(fw1, fw2)
+    xv = rng.standard_normal((1, 784)).astype(np.float32)
+    want = np.maximum(np.maximum(xv.astype(np.float64) @ w1 + b1, 0) @ w2 + b2, 0)
+    sets = []
+    real = blas_libs._set_blas
+    monkeypatch.setattr(blas_libs, "_set_blas", lambda lib, n: sets.append(n) or real(lib, n))
+    with threadpool_limits(2, user_api="blas"):
+        s = ism.Session(g)
+        for y, feed in ((y_const, {x: xv}), (y_fed, {x: xv, fw1: w1, fw2: w2})):
+            s.run(y, feed)  # the first run chooses each layer's path
+            sets.clear()
+            got = s.run(y, feed)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+            if y is y_const:
+                assert sets == []  # no hold: BLAS's count never set
+            else:
+                assert sets == [1, 2]  # held to one thread for the run, then restored

@@ -258,4 +258,4 @@ def test_batch_1_dense_layers_on_the_matrix_vector_loop_leave_blas_alone(monkeyp
             if y is y_const:
                 assert sets == []  # no hold: BLAS's count never set
             else:
-                assert sets == [1, 2]  # held to one thread for the run, then restored
+                assert sets and min(sets) == 1 and sets[-1] == 2  # held to one thread, then restored (per library)

@@ -115,11 +115,12 @@ def _has_blas_work(nodes, fed: set, unit_dims: bool = False) -> bool:
     """Whether a node does work OpenBLAS would thread (a product over 2 * 4 * 65536 FLOPs; unknown
     dims count as 1, and a cost that cannot be priced counts as such work). unit_dims: for a run whose
     unknown dims are 1, where a dense layer on constant weights is jit.dense's matrix-vector loop
-    (fused_dense: no BLAS call) and does not count."""
+    (fused_dense.gemv_at_batch_1: no BLAS call) and does not count."""
+    from .ops.fused_dense import gemv_at_batch_1  # deferred: the ops package imports this module's peers
     for n in nodes:
         if n.op in ("Const", "Placeholder") or n.opdef.cost is None or (n.outputs and all(o in fed for o in n.outputs)):
             continue
-        if unit_dims and _gemv_served(n):
+        if unit_dims and gemv_at_batch_1(n):
             continue
         try:
             if n.opdef.cost(n).flops >= _BLAS_THREADED_FLOPS:
@@ -130,25 +131,6 @@ def _has_blas_work(nodes, fed: set, unit_dims: bool = False) -> bool:
 
 
 _BLAS_THREADED_FLOPS = 2 * 4 * 65536
-
-
-def _gemv_served(n: Node) -> bool:
-    """Whether a FusedMatMul takes fused_dense's matrix-vector path when its input has one row (as
-    PackedDense._decide chooses it): float32 constant weights and bias, b not transposed, a clamp
-    activation, the compiled kernels allowed."""
-    if n.op != "FusedMatMul" or n.attrs.get("transpose_a") or n.attrs.get("transpose_b") \
-            or n.attrs.get("activation") not in ("none", "relu", "relu6"):
-        return False
-    a, b, bias = n.inputs
-    if b.node.op != "Const" or bias.node.op != "Const" or len(b.shape or ()) != 2 or len(bias.shape or ()) != 1:
-        return False
-    if not (a.dtype == b.dtype == bias.dtype == np.float32):
-        return False
-    from .ops.depthwise import _immutable  # deferred: the ops package imports this module's peers
-    value, bv = b.node.attrs.get("value"), bias.node.attrs.get("value")
-    if not (isinstance(value, np.ndarray) and value.flags.c_contiguous and _immutable(value) and _immutable(bv)):
-        return False
-    return jit.available()
 
 
 class Plan:

@@ -19,8 +19,8 @@ import numpy as np
 
 from .gemm_f32 import MR, NR, _panels
 
-__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add", "gather_rows", "panels_range", "panels_finish_range",
-           "finish_range", "finish_add_range", "images_range", "images_add_range"]
+__all__ = ["pack_weights_t", "pixel_index", "conv_pixels", "conv_pixels_add", "gather_rows", "panels_range",
+           "panels_finish_range", "finish_range", "finish_add_range", "images_range", "images_add_range"]
 
 
 def pack_weights_t(w: np.ndarray) -> np.ndarray:

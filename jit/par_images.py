@@ -88,7 +88,8 @@ def _panels_range_par(blocks, total, a, wt, zeros, yt):
 @nb.njit(**par.PAR_OPTS)
 def _panels_finish_par(blocks, total, a, wt, zeros, yt, bias, r, lo, hi, out, pix):
     for b in nb.prange(blocks):
-        panels_finish_range(a, wt, zeros, yt, bias, r, lo, hi, out, pix, total * b // blocks, total * (b + 1) // blocks)
+        panels_finish_range(a, wt, zeros, yt, bias, r, lo, hi, out, pix, total * b // blocks,
+                            total * (b + 1) // blocks)
 
 
 @nb.njit(**par.PAR_OPTS)
@@ -167,7 +168,8 @@ for _k, _d in ((conv_images_bias_clamp, _conv_images_bias_clamp_par), (conv_imag
     par.register(_k, _d)
 
 KERNELS = (conv_images_bias_clamp, conv_images_ld, conv_images_ld_add, pointwise_images, pointwise_images_add,
-           conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range, panels_finish_range,
+           conv_wide_images, conv_wide_images_add, conv_direct_images, max_pool_planes, panels_range,
+           panels_finish_range,
            images_range, images_add_range, blocks_range, channels_range, rows_range, rows_add_range, cols_range, cols_add_range,
            dense_panels_range,
            lstm_quads_range)

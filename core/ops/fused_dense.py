@@ -45,7 +45,7 @@ class PackedDense:
         if not (a.dtype == b.dtype == bias.dtype == np.float32) or bias.shape[0] != n or not jit.available():
             return ""
         if a.shape[0] == 1:  # a matrix-vector product on the weights as they are
-            return "gemv" if not self.transpose_b and b.flags.c_contiguous else ""
+            return "gemv" if gemv_weights(b, bias, self.transpose_b) else ""
         return "tile" if _jit_dense().dense_pays(a.shape[0], a.shape[1], n) else ""
 
     def _packed(self, b, bias):
@@ -79,6 +79,27 @@ class PackedDense:
         if y.shape[1] != n:  # the last panel's columns past n
             return np.ascontiguousarray(y[:m, :n])
         return y if 4 * quads == m else y[:m]
+
+
+def gemv_weights(b, bias, transpose_b: bool) -> bool:
+    """Whether constant weights b [K, N] and bias [N] take the matrix-vector loop for one input row
+    (PackedDense._decide's "gemv"): float32, read-only, b as it lies (not transposed, C order)."""
+    return (not transpose_b and getattr(b, "ndim", 0) == 2 and getattr(bias, "ndim", 0) == 1
+            and b.dtype == bias.dtype == np.float32 and bias.shape[0] == b.shape[1] and b.flags.c_contiguous
+            and _immutable(b) and _immutable(bias))
+
+
+def gemv_at_batch_1(node) -> bool:
+    """Whether a FusedMatMul node runs on the matrix-vector loop when its input has one row, decided from
+    the graph (its weights and bias constants): such a run makes no BLAS call (core.executor holds
+    BLAS to one thread only for runs that make one)."""
+    if node.op != "FusedMatMul" or node.attrs.get("transpose_a") or node.attrs.get("activation") not in _CLAMPS:
+        return False
+    a, b, bias = node.inputs
+    if b.node.op != "Const" or bias.node.op != "Const" or a.dtype != np.float32:
+        return False
+    return gemv_weights(b.node.attrs.get("value"), bias.node.attrs.get("value"),
+                        bool(node.attrs.get("transpose_b"))) and jit.available()
 
 
 _JIT = []  # jit.dense, once loaded (an import statement per call cost a few us of a batch-1 layer)
